@@ -1,0 +1,3 @@
+from gradscope.cli import main
+
+main()

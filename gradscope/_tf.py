@@ -1,0 +1,104 @@
+"""Import TensorFlow without letting its start-up log lines reach the terminal.
+
+TF 2.21 prints absl lines (``WARNING: All log messages before absl::InitializeLog()…``,
+``I0000 … oneDNN custom operations are on…``) straight to file descriptor 2, at import and again
+at the first op, whatever ``TF_CPP_MIN_LOG_LEVEL`` says. So file descriptor 2 is pointed at
+/dev/null while TensorFlow runs, and Python's ``sys.stderr`` is re-pointed at a duplicate of the
+real stderr, so that gradscope's own progress and error messages still get through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+_lock = threading.Lock()
+_depth = 0
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Send native (C/C++) writes to fd 2 to /dev/null; keep Python's ``sys.stderr`` working.
+
+    Re-entrant: nested uses share the outer redirection.
+    """
+    global _depth
+    with _lock:
+        _depth += 1
+        outer = _depth == 1
+    if not outer:
+        try:
+            yield
+        finally:
+            with _lock:
+                _depth -= 1
+        return
+    saved_stream = sys.stderr
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stderr.flush()
+    try:
+        saved_fd = os.dup(2)
+    except OSError:  # no fd 2 at all: nothing to protect
+        saved_fd = None
+    replacement = None
+    if saved_fd is not None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        if _stream_is_fd2(saved_stream):
+            replacement = io.TextIOWrapper(
+                os.fdopen(os.dup(saved_fd), "wb", buffering=0),
+                encoding=getattr(saved_stream, "encoding", None) or "utf-8",
+                errors="backslashreplace",
+                write_through=True,
+            )
+            sys.stderr = replacement
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+        if replacement is not None:
+            with contextlib.suppress(Exception):
+                replacement.flush()
+            sys.stderr = saved_stream
+            with contextlib.suppress(Exception):
+                replacement.close()
+        if saved_fd is not None:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+
+
+def _stream_is_fd2(stream: Any) -> bool:
+    try:
+        return bool(stream.fileno() == 2)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def import_tensorflow() -> ModuleType:
+    """Import TF quietly, once; later calls return the module."""
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "function"):
+        return sys.modules["tensorflow"]
+    # Even a user's TF_CPP_MIN_LOG_LEVEL=0 must not bring the start-up lines back.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    with native_stderr_silenced(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import tensorflow as tf
+
+        tf.get_logger().setLevel(logging.ERROR)
+        with contextlib.suppress(Exception):
+            from absl import logging as absl_logging
+
+            absl_logging.set_verbosity(absl_logging.ERROR)
+        # The first op prints its own lines (oneDNN, CUDA stub): run one here, silenced.
+        _ = (tf.constant([[1.0]]) @ tf.constant([[1.0]])).numpy()
+    return tf

@@ -1,0 +1,173 @@
+"""What every cell module provides, and the small records the shape algebra is made of.
+
+A cell module holds everything about one (cell type, layout) pair: its weights and their
+meaning (pure Python), its TensorFlow sequence function, and its NumPy reference. TensorFlow
+is never imported at module level here: the TF functions receive the ``tf`` module as an
+argument, so ``gradscope shapes`` can use the algebra without importing TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+TensorKind = Literal["weight", "state", "input"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """A half-open index range ``[start, stop)`` of one axis and what it holds."""
+
+    start: int
+    stop: int
+    label: str
+
+    def describe(self) -> str:
+        span = f"{self.start}" if self.stop - self.start == 1 else f"{self.start}–{self.stop - 1}"
+        return f"{span} {self.label}"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor whose gradient gradscope explains: its name, shape, formula and meaning."""
+
+    name: str  # gradscope's name, e.g. gru_1/w_ru
+    layer: str  # gru_1
+    short: str  # w_ru
+    alias: str  # the name in the other naming, e.g. gru_1/gru_cell/gates/kernel (TF1)
+    shape: tuple[int, ...]
+    formula: str  # with the user's numbers: "(input 200 + units 64) × 2·units 64"
+    role: str  # what the tensor does, one clause
+    kind: TensorKind = "weight"
+    rows: tuple[Block, ...] = ()
+    columns: tuple[Block, ...] = ()
+    note: str = ""  # e.g. how the gradient sums over positions
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def meaning(self) -> str:
+        parts = [self.role]
+        if self.rows:
+            parts.append("rows " + ", ".join(block.describe() for block in self.rows))
+        if self.columns:
+            axis = "columns" if len(self.shape) > 1 else "entries"
+            parts.append(f"{axis} " + ", ".join(block.describe() for block in self.columns))
+        if self.note:
+            parts.append(self.note)
+        return "; ".join(parts)
+
+
+def split_blocks(labels: list[str], width: int) -> tuple[Block, ...]:
+    """Consecutive blocks of ``width`` entries, one per label: the gate blocks of a kernel."""
+    return tuple(Block(i * width, (i + 1) * width, label) for i, label in enumerate(labels))
+
+
+def concat_rows(parts: list[tuple[int, str]]) -> tuple[Block, ...]:
+    """Row blocks of a kernel applied to a concatenation, e.g. [(200, 'x_t'), (64, 'h_{t−1}')]."""
+    blocks, start = [], 0
+    for size, label in parts:
+        blocks.append(Block(start, start + size, label))
+        start += size
+    return tuple(blocks)
+
+
+def glorot_uniform(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
+    return rng.uniform(-limit, limit, size=shape)
+
+
+def tf_project(tf: Any, inputs: Any, kernel: Any, bias: Any = None) -> Any:
+    """``inputs @ kernel + bias`` over all leading axes at once: one matmul for every step."""
+    lead = tf.shape(inputs)[:-1]
+    flat = tf.reshape(inputs, [-1, tf.shape(inputs)[-1]]) @ kernel
+    if bias is not None:
+        flat = flat + bias
+    return tf.reshape(flat, tf.concat([lead, tf.shape(kernel)[-1:]], axis=0))
+
+
+@dataclass
+class Cell:
+    """A recurrent layer's cell in one layout. Subclasses fill in the class attributes.
+
+    ``input_size`` is the feature size this layer sees; ``input_label`` names where it comes
+    from in formulas ("input" for the first layer, "gru_1 units" for a stacked one).
+    """
+
+    name: str
+    units: int
+    input_size: int
+    input_label: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    kind: ClassVar[str]
+    layout: ClassVar[str]
+    #: TF1 / Keras cell scope used in aliases, e.g. "gru_cell".
+    cell_scope: ClassVar[str]
+    #: Names of the initial states, e.g. ("h0",) or ("h0", "c0").
+    state_names: ClassVar[tuple[str, ...]] = ("h0",)
+
+    # -- algebra (pure Python) -----------------------------------------------------------
+
+    @property
+    def input_term(self) -> str:
+        return f"{self.input_label} {self.input_size}"
+
+    @property
+    def x_label(self) -> str:
+        """What x_t is for this layer: the data, or the previous layer's output."""
+        if self.input_label == "input":
+            return "x_t"
+        return f"x_t (= {self.input_label.removesuffix(' units')} h_t)"
+
+    def weights(self) -> list[TensorInfo]:
+        raise NotImplementedError
+
+    def states(self, batch_size: int) -> list[TensorInfo]:
+        labels = {"h0": "hidden state h", "c0": "cell state c"}
+        return [
+            TensorInfo(
+                name=f"{self.name}/{state}",
+                layer=self.name,
+                short=state,
+                alias="initial_state" + (f"[{index}]" if len(self.state_names) > 1 else ""),
+                shape=(batch_size, self.units),
+                formula=f"batch {batch_size} × units {self.units}",
+                role=f"initial {labels[state]} of {self.name} (zeros unless supplied)",
+                kind="state",
+            )
+            for index, state in enumerate(self.state_names)
+        ]
+
+    def weight(self, short: str, shape: tuple[int, ...], formula: str, role: str,
+               alias: str, rows: tuple[Block, ...] = (),
+               columns: tuple[Block, ...] = ()) -> TensorInfo:
+        return TensorInfo(
+            name=f"{self.name}/{short}",
+            layer=self.name,
+            short=short,
+            alias=f"{self.cell_scope}/{alias}",
+            shape=shape,
+            formula=formula,
+            role=role,
+            rows=rows,
+            columns=columns,
+        )
+
+    # -- numerics -----------------------------------------------------------------------------
+
+    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Float64 initial weights keyed by short name; deterministic for a given ``rng``."""
+        raise NotImplementedError
+
+    def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
+                    states: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
+
+        Returns the outputs ``(T, B, units)`` and the final states.
+        """
+        raise NotImplementedError

@@ -1,0 +1,245 @@
+"""Click commands only: load a spec, make one library call, hand the report to a renderer.
+
+Exit codes are decided here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from gradscope import __version__
+from gradscope.errors import GradscopeError
+from gradscope.report import json as json_render
+from gradscope.report.models import REPORTS, ExplainReport, ShapesReport, json_schema
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  all good
+  1  a check found a problem (or gradscope disagreed with itself)
+  2  usage, config or data error
+"""
+
+MAIN_HELP = f"""Explain and verify the gradients of recurrent TensorFlow models.
+
+gradscope builds the model a YAML config describes (GRU layers in the TF1 block layout or the
+Keras 3 layout, then dense layers), runs a real forward and backward pass, and explains every
+gradient tensor: its shape, the arithmetic behind it with your numbers, what its rows and
+columns hold, and its statistics. With no CONFIG, commands use the embedded seed model
+(input 200 → GRU 64 → GRU 32 → dense 3, batch 34, 100 steps).
+
+\b
+Examples:
+  gradscope explain                      # the embedded seed model
+  gradscope explain sample_configs/keras_gru.yaml
+  gradscope shapes config.yaml --json    # shapes only, no TensorFlow
+  gradscope explain config.yaml --json | jq '.gradients[].shape'
+
+{EXIT_CODES_HELP}"""
+
+
+class _State:
+    """Per-invocation settings that the error handler needs too."""
+
+    json_errors = False
+
+
+#: Width for output that is not going to a terminal (a pipe, a file) unless COLUMNS says.
+PIPE_WIDTH = 120
+
+
+def _stdout_console() -> Console:
+    no_color = bool(os.environ.get("NO_COLOR"))
+    console = Console(color_system=None if no_color else "auto", no_color=no_color,
+                      highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH
+    return console
+
+
+def _stderr_console(quiet: bool = False) -> Console:
+    no_color = bool(os.environ.get("NO_COLOR"))
+    return Console(stderr=True, quiet=quiet, color_system=None if no_color else "auto",
+                   no_color=no_color, highlight=False)
+
+
+def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The output flags every reporting command shares."""
+
+    @click.option("--json", "as_json", is_flag=True,
+                  help="Print exactly one JSON document on stdout (see `gradscope schema`).")
+    @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+                  help="Write the report to FILE instead of stdout. Refuses to overwrite an "
+                       "existing file unless --force is given.")
+    @click.option("--force", is_flag=True, help="With -o, overwrite FILE if it exists.")
+    @click.option("-q", "--quiet", is_flag=True, help="No progress messages on stderr.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, as_json: bool, **kwargs: Any) -> Any:
+        _State.json_errors = as_json
+        return func(*args, as_json=as_json, **kwargs)
+
+    return wrapper
+
+
+def _emit(report: ExplainReport | ShapesReport, as_json: bool, output: Path | None,
+          force: bool) -> None:
+    from gradscope.report.text import print_report
+
+    if output is None:
+        if as_json:
+            sys.stdout.write(json_render.render_report(report))
+            sys.stdout.flush()
+        else:
+            print_report(_stdout_console(), report)
+        return
+    if output.exists() and not force:
+        raise GradscopeError(
+            f"{output}: already exists; gradscope does not overwrite files (use --force)",
+            where=str(output),
+        )
+    if as_json:
+        text = json_render.render_report(report)
+    else:
+        console = Console(record=True, file=open(os.devnull, "w"), width=PIPE_WIDTH,  # noqa: SIM115
+                          color_system=None, highlight=False)
+        print_report(console, report)
+        text = console.export_text()
+    _write_atomically(output, text)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise GradscopeError(f"{path}: the folder {directory} does not exist", where=str(path))
+    try:
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        message = f"{path}: cannot write: {exc.strerror or exc}"
+        raise GradscopeError(message, where=str(path)) from None
+
+
+def _load(config: str | None) -> Any:
+    from gradscope.spec import load_spec
+
+    return load_spec(config)
+
+
+@click.group(help=MAIN_HELP, context_settings={"help_option_names": ["-h", "--help"],
+                                                 "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="gradscope")
+def cli() -> None:
+    pass
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("config", required=False)
+@output_options
+def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
+           quiet: bool) -> int:
+    """Derive every weight and initial-state shape from CONFIG, without TensorFlow.
+
+    Each shape comes with its formula, your numbers substituted, and what its rows and
+    column blocks hold. Nothing is run: this answers instantly.
+
+    \b
+    Example:
+      gradscope shapes sample_configs/seed.yaml
+    """
+    from gradscope.inspect import shapes as shapes_report
+
+    _emit(shapes_report(_load(config)), as_json, output, force)
+    return EXIT_OK
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("config", required=False)
+@output_options
+@click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
+def explain(config: str | None, as_json: bool, output: Path | None, force: bool, quiet: bool,
+            timings: bool) -> int:
+    """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
+
+    For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
+    shape, cross-checked against the shape algebra), the formula behind it with your numbers,
+    what its rows and column blocks mean, and its L2 norm, mean |g|, max |g| and count of
+    non-finite values. Then the initial-state gradients ∂L/∂h0 and how to carry them into the
+    previous truncated batch.
+
+    \b
+    Example:
+      gradscope explain sample_configs/seed.yaml
+      gradscope explain --json > report.json
+    """
+    from gradscope.inspect import explain as explain_report
+
+    spec = _load(config)
+    progress = _stderr_console(quiet=quiet)
+    with progress.status("gradscope explain", spinner="dots") as status:
+        report = explain_report(spec, progress=lambda message: status.update(message),
+                                timings=timings)
+    _emit(report, as_json, output, force)
+    return EXIT_OK
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("command", type=click.Choice(sorted(REPORTS)), default="explain")
+def schema(command: str) -> int:
+    """Print the JSON Schema of a command's --json output.
+
+    \b
+    Example:
+      gradscope schema explain > explain.schema.json
+    """
+    sys.stdout.write(json_render.dumps(json_schema(command)))
+    return EXIT_OK
+
+
+def _fail(message: str, where: str | None, code: int) -> None:
+    if _State.json_errors:
+        sys.stdout.write(json_render.render_error(message, where))
+        sys.stdout.flush()
+    _stderr_console().print(f"gradscope: error: {message}", markup=False)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    _State.json_errors = "--json" in args
+    try:
+        code = cli.main(args=args, prog_name="gradscope", standalone_mode=False)
+    except GradscopeError as exc:
+        _fail(exc.message, exc.where, exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        if _State.json_errors:
+            _fail(exc.format_message(), None, EXIT_USAGE)
+        exc.show()
+        sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except click.exceptions.Abort:
+        _fail("interrupted", None, 130)
+    except KeyboardInterrupt:
+        _fail("interrupted", None, 130)
+    except Exception as exc:  # a bug in gradscope: say so, in one line unless asked
+        if os.environ.get("GRADSCOPE_DEBUG"):
+            raise
+        _fail(
+            f"internal error: {type(exc).__name__}: {exc} (set GRADSCOPE_DEBUG=1 for the "
+            "traceback, and please report it)",
+            None,
+            EXIT_PROBLEM,
+        )
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

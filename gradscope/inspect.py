@@ -1,0 +1,211 @@
+"""The library calls behind ``shapes`` and ``explain``: each returns a report object."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from gradscope.cells.base import TensorInfo
+from gradscope.data import Batch, initial_params, synthetic_batch
+from gradscope.errors import InternalError
+from gradscope.report.models import (
+    BlockEntry,
+    CarryEntry,
+    CarryPair,
+    ExplainReport,
+    GradientEntry,
+    LayerEntry,
+    LossEntry,
+    ModelEntry,
+    PerExampleNorms,
+    ShapesReport,
+    StateGradientEntry,
+    Stats,
+    TensorEntry,
+)
+from gradscope.shapes import ModelShapes, model_shapes
+from gradscope.spec import Spec
+
+Progress = Callable[[str], None]
+
+
+def shapes(spec: Spec) -> ShapesReport:
+    """The shape algebra alone: no TensorFlow."""
+    algebra = model_shapes(spec)
+    return ShapesReport(
+        model=model_entry(algebra, data="none (shapes only)"),
+        loss=LossEntry(name=spec.loss, value=None),
+        tensors=[tensor_entry(info) for info in algebra.weights],
+        initial_states=[tensor_entry(info) for info in algebra.states],
+    )
+
+
+def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = None,
+            timings: bool = False) -> ExplainReport:
+    """Build the model in TF, run one forward/backward pass, explain every gradient."""
+    from gradscope.model import Engine  # imports TensorFlow
+
+    say = progress or (lambda message: None)
+    clock = _Clock()
+    algebra = model_shapes(spec)
+    batch = data if data is not None else synthetic_batch(algebra)
+    params = initial_params(algebra)
+    say("importing TensorFlow")
+    engine = Engine(algebra)
+    clock.lap("import_and_build")
+    say("running one forward and backward pass")
+    result = engine.run(params, batch)
+    clock.lap("forward_backward")
+
+    weight_gradients = _checked_against_algebra(algebra.weights, result.weight_gradients)
+    state_gradients = _checked_against_algebra(algebra.states, result.state_gradients)
+    gradients = [
+        GradientEntry(**tensor_entry(info).model_dump(), stats=stats(weight_gradients[info.name]))
+        for info in algebra.weights
+    ]
+    state_entries = [
+        state_gradient_entry(info, state_gradients[info.name]) for info in algebra.states
+    ]
+    clock.lap("statistics")
+    return ExplainReport(
+        model=model_entry(algebra, data=batch.source),
+        loss=LossEntry(name=spec.loss, value=_finite_or_none(result.loss)),
+        gradients=gradients,
+        initial_state_gradients=state_entries,
+        carry=carry_entry(algebra),
+        timings=clock.laps if timings else None,
+    )
+
+
+# -- pieces ---------------------------------------------------------------------------------------
+
+
+def model_entry(algebra: ModelShapes, data: str) -> ModelEntry:
+    spec = algebra.spec
+    return ModelEntry(
+        chain=algebra.chain,
+        input_size=spec.input_size,
+        time_steps=spec.time_steps,
+        batch_size=spec.batch_size,
+        layout=spec.layout,
+        dtype=spec.dtype,
+        seed=spec.seed,
+        weight_count=algebra.weight_count,
+        dense_positions=algebra.positions,
+        data=data,
+        layers=[LayerEntry(**layer.model_dump()) for layer in spec.layers],
+    )
+
+
+def tensor_entry(info: TensorInfo) -> TensorEntry:
+    return TensorEntry(
+        name=info.name,
+        alias=info.alias,
+        layer=info.layer,
+        shape=list(info.shape),
+        formula=info.formula,
+        meaning=info.meaning,
+        rows=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in info.rows],
+        columns=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in info.columns],
+    )
+
+
+def stats(values: np.ndarray) -> Stats:
+    """L2 norm, mean |g| and max |g| over the finite entries, and the count of the others."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.isfinite(flat)
+    kept = np.abs(flat[finite])
+    return Stats(
+        l2=float(np.sqrt(np.sum(kept * kept))),
+        mean_abs=float(kept.mean()) if kept.size else 0.0,
+        max_abs=float(kept.max()) if kept.size else 0.0,
+        nonfinite=int(flat.size - kept.size),
+    )
+
+
+def state_gradient_entry(info: TensorInfo, gradient: np.ndarray) -> StateGradientEntry:
+    per_example = np.sqrt(np.sum(np.asarray(gradient, np.float64) ** 2, axis=1))
+    return StateGradientEntry(
+        name=info.name,
+        alias=info.alias,
+        layer=info.layer,
+        shape=list(gradient.shape),
+        formula=info.formula,
+        stats=stats(gradient),
+        per_example_norm=PerExampleNorms(
+            min=float(np.min(per_example)),
+            median=float(np.median(per_example)),
+            max=float(np.max(per_example)),
+        ),
+    )
+
+
+def carry_entry(algebra: ModelShapes) -> CarryEntry:
+    """Truncated BPTT: this batch's ∂L/∂h0 are the grad_ys of the previous batch's final states."""
+    pairs = [
+        CarryPair(
+            y=info.name.replace(f"/{info.short}", f"/{info.short[0]}_T"),
+            y_shape=list(info.shape),
+            grad_y=info.name,
+            grad_y_shape=list(info.shape),
+        )
+        for info in algebra.states
+    ]
+    n_ys, n_weights = len(pairs), len(algebra.weights)
+    error = f"Passed {n_weights} grad_ys for {n_ys} ys"
+    ys = ", ".join(pair.y for pair in pairs)
+    grad_ys = ", ".join(f"∂L/∂{pair.grad_y}" for pair in pairs)
+    explanation = [
+        f"ys are the previous batch's final states ({ys}); grad_ys are this batch's "
+        f"initial-state gradients ({grad_ys}): one grad_y per y, of the same shape.",
+        "TF2: tape.gradient(target=[" + ys + "], sources=previous_weights, "
+        "output_gradients=[" + grad_ys + "]); add the result to the previous batch's own "
+        "weight gradients.",
+        f"Passing the {n_weights} weight gradients as grad_ys instead raises "
+        f"'{error}': grad_ys must match ys one to one, in number and shape.",
+    ]
+    return CarryEntry(
+        pairs=pairs,
+        ys_count=n_ys,
+        weight_gradient_count=n_weights,
+        wrong_call_error=error,
+        explanation=explanation,
+    )
+
+
+def _checked_against_algebra(infos: tuple[TensorInfo, ...],
+                             gradients: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Every number is real: a TF gradient whose shape differs from the algebra is a bug."""
+    checked: dict[str, np.ndarray] = {}
+    for info in infos:
+        gradient = gradients.get(info.name)
+        if gradient is None:
+            raise InternalError(
+                f"internal error: TensorFlow returned no gradient for {info.name}; the algebra "
+                f"expects one of shape {info.shape}"
+            )
+        if tuple(gradient.shape) != info.shape:
+            raise InternalError(
+                f"internal error: the TF gradient of {info.name} has shape "
+                f"{tuple(gradient.shape)}, but the shape algebra says {info.shape} "
+                f"= {info.formula}"
+            )
+        checked[info.name] = gradient
+    return checked
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if np.isfinite(value) else None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 4)
+        self._last = now

@@ -1,0 +1,107 @@
+"""The TensorFlow engine: one ``tf.function`` that runs the spec's model forward over time with
+``tf.scan`` (never a Python loop over steps) and returns the loss, every weight gradient, every
+initial-state gradient and the final states, from one backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope._tf import import_tensorflow, native_stderr_silenced
+from gradscope.cells.base import tf_project
+from gradscope.data import Batch
+from gradscope.shapes import ModelShapes
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What one forward/backward pass produced, as NumPy arrays keyed by gradscope names."""
+
+    loss: float
+    weight_gradients: dict[str, np.ndarray | None]
+    state_gradients: dict[str, np.ndarray | None]
+    final_states: dict[str, np.ndarray | None]
+
+
+class Engine:
+    """Builds the model of ``shapes`` in TensorFlow, in ``dtype``; traced once per shape."""
+
+    def __init__(self, shapes: ModelShapes, dtype: str | None = None) -> None:
+        self.shapes = shapes
+        self.dtype = dtype or shapes.spec.dtype
+        self.tf = import_tensorflow()
+        self._loss_and_gradients = self.tf.function(self._loss_and_gradients_graph)
+
+    # -- graph pieces (run inside tf.function) -------------------------------------------------
+
+    def forward(self, params: dict[str, Any], x: Any,
+                states: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """x (B, T, F) → predictions (B, T, L) or (B, L), and the final states by name.
+
+        Final states are named like the initial ones with ``_T``: ``gru_1/h_T``.
+        """
+        tf = self.tf
+        sequence = tf.transpose(x, [1, 0, 2])  # time-major for tf.scan
+        finals: dict[str, Any] = {}
+        for cell in self.shapes.cells:
+            cell_params = {info.short: params[info.name] for info in cell.weights()}
+            initial = tuple(states[f"{cell.name}/{s}"] for s in cell.state_names)
+            sequence, final = cell.tf_sequence(tf, cell_params, sequence, initial)
+            for state, value in zip(cell.state_names, final, strict=False):
+                finals[f"{cell.name}/{state[0]}_T"] = value
+        outputs = sequence if self.shapes.spec.sequence_output else sequence[-1]
+        for layer in self.shapes.dense:
+            outputs = tf_project(tf, outputs, params[f"{layer.name}/kernel"],
+                                 params[f"{layer.name}/bias"])
+        if self.shapes.spec.sequence_output:
+            outputs = tf.transpose(outputs, [1, 0, 2])
+        return outputs, finals
+
+    def loss(self, predictions: Any, targets: Any) -> Any:
+        tf = self.tf
+        if self.shapes.spec.loss == "softmax_cross_entropy":
+            return tf.reduce_mean(
+                tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=predictions)
+            )
+        return tf.reduce_mean(tf.square(predictions - targets))
+
+    def _loss_and_gradients_graph(self, params: dict[str, Any], x: Any, y: Any,
+                                  states: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            tape.watch([params, states])
+            predictions, finals = self.forward(params, x, states)
+            loss = self.loss(predictions, y)
+        weight_gradients, state_gradients = tape.gradient(loss, [params, states])
+        return loss, weight_gradients, state_gradients, finals
+
+    # -- NumPy in, NumPy out --------------------------------------------------------------------
+
+    def run(self, params: dict[str, np.ndarray], batch: Batch) -> Pass:
+        """One forward and backward pass, watching every weight and every initial state."""
+        tf = self.tf
+        cast = {name: tf.constant(value, dtype=self.dtype) for name, value in params.items()}
+        states = {
+            name: tf.constant(value, dtype=self.dtype)
+            for name, value in batch.initial_states.items()
+        }
+        with native_stderr_silenced():
+            x = tf.constant(batch.x, dtype=self.dtype)
+            y = tf.constant(batch.y, dtype=self.dtype)
+            loss, weight_gradients, state_gradients, finals = self._loss_and_gradients(
+                cast, x, y, states
+            )
+        return Pass(
+            loss=float(loss.numpy()),
+            weight_gradients=_to_numpy(weight_gradients),
+            state_gradients=_to_numpy(state_gradients),
+            final_states=_to_numpy(finals),
+        )
+
+
+def _to_numpy(tensors: dict[str, Any]) -> dict[str, np.ndarray | None]:
+    """None stays None: a disconnected gradient is reported by the caller, not hidden here."""
+    return {name: (None if t is None else t.numpy()) for name, t in tensors.items()}

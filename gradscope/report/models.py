@@ -1,0 +1,148 @@
+"""Report objects: what the library returns and both renderers (text, JSON) draw.
+
+They are pydantic models so that ``to_dict()`` and the published JSON Schema
+(``gradscope schema``) come from one definition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1"
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class BlockEntry(_Report):
+    start: int = Field(description="first index of the block")
+    stop: int = Field(description="one past the last index")
+    label: str
+
+
+class LayerEntry(_Report):
+    name: str
+    type: str
+    units: int
+    layout: str | None = None
+    reset_after: bool | None = None
+    return_sequences: bool | None = None
+
+
+class ModelEntry(_Report):
+    chain: str = Field(description="e.g. 'input 200 → gru_1(64) → gru_2(32) → dense_1(3)'")
+    input_size: int
+    time_steps: int
+    batch_size: int
+    layout: str
+    dtype: str
+    seed: int
+    weight_count: int
+    dense_positions: int = Field(
+        description="positions the dense layers sum over: batch × time, or batch only"
+    )
+    data: str = Field(description="where the batch came from, e.g. 'synthetic (seed 0)'")
+    layers: list[LayerEntry]
+
+
+class LossEntry(_Report):
+    name: str
+    value: float | None = Field(description="the mean loss; null if it is not finite")
+
+
+class Stats(_Report):
+    """Statistics of one gradient tensor, over its finite entries."""
+
+    l2: float = Field(description="L2 (Frobenius) norm")
+    mean_abs: float = Field(description="mean of |g|")
+    max_abs: float = Field(description="largest |g|")
+    nonfinite: int = Field(description="count of NaN and ±Inf entries")
+
+
+class PerExampleNorms(_Report):
+    min: float
+    median: float
+    max: float
+
+
+class TensorEntry(_Report):
+    """What the shape algebra says about one tensor (no numbers from a run)."""
+
+    name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
+    alias: str = Field(description="the name in the other naming, e.g. the TF1 variable")
+    layer: str
+    shape: list[int]
+    formula: str = Field(description="the shape's arithmetic with the model's numbers")
+    meaning: str = Field(description="what the tensor does and what its rows/columns hold")
+    rows: list[BlockEntry] = Field(default_factory=list)
+    columns: list[BlockEntry] = Field(default_factory=list)
+
+
+class GradientEntry(TensorEntry):
+    stats: Stats
+
+
+class StateGradientEntry(_Report):
+    name: str = Field(description="e.g. gru_1/h0")
+    alias: str
+    layer: str
+    shape: list[int]
+    formula: str
+    stats: Stats
+    per_example_norm: PerExampleNorms = Field(
+        description="min/median/max over the batch of each example's L2 norm"
+    )
+
+
+class CarryPair(_Report):
+    y: str = Field(description="final state of the previous batch, e.g. gru_1/h_T")
+    y_shape: list[int]
+    grad_y: str = Field(description="this batch's initial-state gradient, e.g. gru_1/h0")
+    grad_y_shape: list[int]
+
+
+class CarryEntry(_Report):
+    """How to carry gradients into the previous truncated batch."""
+
+    pairs: list[CarryPair]
+    ys_count: int
+    weight_gradient_count: int
+    wrong_call_error: str = Field(description="what passing the weight gradients raises")
+    explanation: list[str]
+
+
+class ShapesReport(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["shapes"] = "shapes"
+    model: ModelEntry
+    loss: LossEntry
+    tensors: list[TensorEntry]
+    initial_states: list[TensorEntry]
+
+
+class ExplainReport(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["explain"] = "explain"
+    model: ModelEntry
+    loss: LossEntry
+    gradients: list[GradientEntry]
+    initial_state_gradients: list[StateGradientEntry]
+    carry: CarryEntry
+    timings: dict[str, float] | None = Field(
+        default=None, description="seconds per phase; only with --timings"
+    )
+
+
+REPORTS: dict[str, type[_Report]] = {"explain": ExplainReport, "shapes": ShapesReport}
+
+
+def json_schema(command: str = "explain") -> dict[str, Any]:
+    schema = REPORTS[command].model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
