@@ -27,14 +27,15 @@ class DenseLayer:
 
     def weights(self, positions_note: str, output_label: str) -> list[TensorInfo]:
         u_in, u = self.input_size, self.units
-        rows = (Block(0, u_in, f"{self.input_label.removesuffix(' units')} output"),)
+        source = self.input_label.removesuffix(" units")
+        rows = (Block(0, u_in, f"{source} output"),)
         columns = (Block(0, u, output_label),)
         return [
             TensorInfo(
                 name=f"{self.name}/kernel", layer=self.name, short="kernel",
                 alias=self._alias("kernel"), shape=(u_in, u),
                 formula=f"{self.input_label} {u_in} × units {u}",
-                role=f"maps each {self.input_label.removesuffix(' units')} output to {u} outputs",
+                role=f"maps each {source} output to {u} output{'s' if u != 1 else ''}",
                 rows=rows, columns=columns, note=positions_note,
             ),
             TensorInfo(

@@ -1,0 +1,33 @@
+"""Shared helpers: the repository root and a way to run the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "sample_configs"
+
+
+def run_gradscope(*args: str, env: dict[str, str] | None = None,
+                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m gradscope ARGS`` as a user would, without a TTY."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    full_env.pop("COLUMNS", None)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "gradscope", *args],
+        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="session")
+def tf():
+    from gradscope._tf import import_tensorflow
+
+    return import_tensorflow()

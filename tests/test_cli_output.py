@@ -1,0 +1,121 @@
+"""The CLI as a user meets it: golden text at a fixed width, clean streams, one JSON document,
+byte-identical repeats, and no TensorFlow log lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, run_gradscope
+from jsonschema import Draft202012Validator
+
+GOLDEN = REPO / "tests" / "golden"
+REGENERATE = bool(os.environ.get("GRADSCOPE_REGEN_GOLDEN"))
+PLAIN = {"COLUMNS": "120", "NO_COLOR": "1"}
+ANSI = re.compile(r"\x1b\[")
+TF_NOISE = re.compile(r"absl|oneDNN|cuda|I0000|W0000|E0000|tensorflow/|TF_ENABLE|WARNING")
+
+
+def _compare_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if REGENERATE or not path.exists():
+        path.write_text(text, encoding="utf-8")
+        if not REGENERATE:
+            pytest.fail(f"golden file {name} was missing and has been written; check it in")
+    assert text == path.read_text(encoding="utf-8"), (
+        f"output differs from {path}; if the change is intended, rerun with "
+        "GRADSCOPE_REGEN_GOLDEN=1"
+    )
+
+
+def test_explain_seed_golden_and_no_tf_log_lines():
+    # The user's environment asks TF for every log line; none may reach either stream.
+    result = run_gradscope("explain", env={**PLAIN, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert not TF_NOISE.search(result.stdout)
+    assert not ANSI.search(result.stdout)
+    for shape in ["(264, 128)", "(128,)", "(264, 64)", "(64,)", "(96, 64)", "(96, 32)",
+                  "(32,)", "(32, 3)", "(3,)", "(34, 64)", "(34, 32)"]:
+        assert shape in result.stdout
+    assert "Passed 10 grad_ys for 2 ys" in result.stdout
+    _compare_golden("explain_seed.txt", result.stdout)
+
+
+@pytest.mark.parametrize("config", ["keras_gru", "last_step", "mixed_regression"])
+def test_explain_sample_configs_golden(config):
+    result = run_gradscope("explain", f"sample_configs/{config}.yaml", env=PLAIN)
+    assert result.returncode == 0, result.stderr
+    _compare_golden(f"explain_{config}.txt", result.stdout)
+
+
+def test_shapes_golden():
+    result = run_gradscope("shapes", env=PLAIN)
+    assert result.returncode == 0, result.stderr
+    _compare_golden("shapes_seed.txt", result.stdout)
+
+
+def test_explain_json_is_one_valid_document_and_byte_identical_on_repeat():
+    first = run_gradscope("explain", "--json")
+    second = run_gradscope("explain", "--json")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout
+    document = json.loads(first.stdout)  # raises if there is anything but one document
+    schema = json.loads(run_gradscope("schema", "explain").stdout)
+    Draft202012Validator(schema).validate(document)
+    assert document["schema_version"] == "1"
+    assert {"schema_version", "model", "loss", "gradients", "initial_state_gradients"} <= set(
+        document)
+    for entry in document["gradients"]:
+        assert {"name", "alias", "shape", "formula", "meaning", "stats"} <= set(entry)
+    assert "timings" not in document or document["timings"] is None
+
+
+def _run_in_pty(args: list[str], env: dict[str, str]) -> str:
+    """Run the CLI with stdout on a pseudo-terminal, as in an interactive shell."""
+    main_fd, child_fd = pty.openpty()
+    full_env = {**os.environ, **env}
+    full_env.pop("COLUMNS", None)
+    process = subprocess.Popen([sys.executable, "-m", "gradscope", *args], cwd=REPO,
+                               stdout=child_fd, stderr=child_fd, env=full_env)
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait(timeout=60)
+    os.close(main_fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_terminal_gets_colour_but_not_with_no_color():
+    env = {"TERM": "xterm-256color"}
+    coloured = _run_in_pty(["shapes"], {**env, "NO_COLOR": ""})
+    assert ANSI.search(coloured), "a terminal should get styled output"
+    plain = _run_in_pty(["shapes"], {**env, "NO_COLOR": "1"})
+    assert "gru_1/w_ru" in plain
+    assert not ANSI.search(plain)
+
+
+def test_output_file_is_written_and_never_overwritten(tmp_path):
+    target = tmp_path / "report.json"
+    first = run_gradscope("shapes", "--json", "-o", str(target))
+    assert first.returncode == 0, first.stderr
+    assert json.loads(target.read_text())["command"] == "shapes"
+    target.write_text("keep me")
+    second = run_gradscope("shapes", "-o", str(target))
+    assert second.returncode == 2
+    assert "already exists" in second.stderr
+    assert target.read_text() == "keep me"
+    forced = run_gradscope("shapes", "-o", str(target), "--force")
+    assert forced.returncode == 0 and "gru_1/w_ru" in target.read_text()
