@@ -50,7 +50,7 @@ class Engine:
             cell_params = {info.short: params[info.name] for info in cell.weights()}
             initial = tuple(states[f"{cell.name}/{s}"] for s in cell.state_names)
             sequence, final = cell.tf_sequence(tf, cell_params, sequence, initial)
-            for state, value in zip(cell.state_names, final, strict=False):
+            for state, value in zip(cell.state_names, final, strict=True):
                 finals[f"{cell.name}/{state[0]}_T"] = value
         outputs = sequence if self.shapes.spec.sequence_output else sequence[-1]
         for layer in self.shapes.dense:

@@ -104,7 +104,8 @@ def test_parameter_counts_sum_and_stacked_inputs_chain(input_size, layers, heads
             if w.columns:
                 assert w.columns[0].start == 0 and w.columns[-1].stop == w.shape[-1]
         fan_in = u
-    assert all(s.shape == (batch, c.units) for s, c in zip(algebra.states, algebra.cells))
+    for state, cell in zip(algebra.states, algebra.cells, strict=True):
+        assert state.shape == (batch, cell.units)
 
 
 def test_shapes_command_never_imports_tensorflow_and_is_fast():
