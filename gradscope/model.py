@@ -24,6 +24,11 @@ class Pass:
     weight_gradients: dict[str, np.ndarray | None]
     state_gradients: dict[str, np.ndarray | None]
     final_states: dict[str, np.ndarray | None]
+    input_gradient: np.ndarray
+    #: With ``per_step=True``: every state sequence ``gru_1/h`` (B, T, u) ...
+    sequences: dict[str, np.ndarray] | None = None
+    #: ... and the total ∂L/∂h_t for every step, recurrence included, same names and shapes.
+    sequence_gradients: dict[str, np.ndarray] | None = None
 
 
 class Engine:
@@ -37,11 +42,14 @@ class Engine:
 
     # -- graph pieces (run inside tf.function) -------------------------------------------------
 
-    def forward(self, params: dict[str, Any], x: Any,
-                states: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def forward(self, params: dict[str, Any], x: Any, states: dict[str, Any],
+                probes: dict[str, Any] | None = None,
+                sequences: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         """x (B, T, F) → predictions (B, T, L) or (B, L), and the final states by name.
 
-        Final states are named like the initial ones with ``_T``: ``gru_1/h_T``.
+        Final states are named like the initial ones with ``_T``: ``gru_1/h_T``. ``probes``
+        (time-major zeros named ``gru_1/h``) expose the total ∂L/∂h_t; ``sequences``, if given,
+        collects each layer's time-major output.
         """
         tf = self.tf
         sequence = tf.transpose(x, [1, 0, 2])  # time-major for tf.scan
@@ -49,7 +57,12 @@ class Engine:
         for cell in self.shapes.cells:
             cell_params = {info.short: params[info.name] for info in cell.weights()}
             initial = tuple(states[f"{cell.name}/{s}"] for s in cell.state_names)
-            sequence, final = cell.tf_sequence(tf, cell_params, sequence, initial)
+            cell_probes = None
+            if probes is not None:
+                cell_probes = tuple(probes[f"{cell.name}/{s[0]}"] for s in cell.state_names)
+            sequence, final = cell.tf_sequence(tf, cell_params, sequence, initial, cell_probes)
+            if sequences is not None:
+                sequences[f"{cell.name}/h"] = sequence
             for state, value in zip(cell.state_names, final, strict=True):
                 finals[f"{cell.name}/{state[0]}_T"] = value
         outputs = sequence if self.shapes.spec.sequence_output else sequence[-1]
@@ -68,20 +81,44 @@ class Engine:
             )
         return tf.reduce_mean(tf.square(predictions - targets))
 
-    def _loss_and_gradients_graph(self, params: dict[str, Any], x: Any, y: Any,
-                                  states: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    def probe_zeros(self, x: Any) -> dict[str, Any]:
+        """Time-major zeros, one per state sequence: see :meth:`forward`."""
         tf = self.tf
+        steps, batch = tf.shape(x)[1], tf.shape(x)[0]
+        return {
+            f"{cell.name}/{state[0]}": tf.zeros([steps, batch, cell.units], dtype=x.dtype)
+            for cell in self.shapes.cells for state in cell.state_names
+        }
+
+    def _loss_and_gradients_graph(self, params: dict[str, Any], x: Any, y: Any,
+                                  states: dict[str, Any], per_step: bool) -> dict[str, Any]:
+        tf = self.tf
+        probes = self.probe_zeros(x) if per_step else {}
+        sequences: dict[str, Any] = {}
         with tf.GradientTape() as tape:
-            tape.watch([params, states])
-            predictions, finals = self.forward(params, x, states)
+            tape.watch([params, states, x, probes])
+            predictions, finals = self.forward(params, x, states, probes or None, sequences)
             loss = self.loss(predictions, y)
-        weight_gradients, state_gradients = tape.gradient(loss, [params, states])
-        return loss, weight_gradients, state_gradients, finals
+        weight_gradients, state_gradients, input_gradient, probe_gradients = tape.gradient(
+            loss, [params, states, x, probes]
+        )
+        out = {"loss": loss, "weights": weight_gradients, "states": state_gradients,
+               "x": input_gradient, "finals": finals}
+        if per_step:
+            batch_major = {name: tf.transpose(v, [1, 0, 2]) for name, v in sequences.items()}
+            out["sequences"] = batch_major
+            out["sequence_gradients"] = {
+                name: tf.transpose(v, [1, 0, 2]) for name, v in probe_gradients.items()
+            }
+        return out
 
     # -- NumPy in, NumPy out --------------------------------------------------------------------
 
-    def run(self, params: dict[str, np.ndarray], batch: Batch) -> Pass:
-        """One forward and backward pass, watching every weight and every initial state."""
+    def run(self, params: dict[str, np.ndarray], batch: Batch, per_step: bool = False) -> Pass:
+        """One forward and backward pass, watching every weight, every initial state and x.
+
+        ``per_step`` also returns every state sequence and the total ∂L/∂h_t at every step.
+        """
         tf = self.tf
         cast = {name: tf.constant(value, dtype=self.dtype) for name, value in params.items()}
         states = {
@@ -91,14 +128,17 @@ class Engine:
         with native_stderr_silenced():
             x = tf.constant(batch.x, dtype=self.dtype)
             y = tf.constant(batch.y, dtype=self.dtype)
-            loss, weight_gradients, state_gradients, finals = self._loss_and_gradients(
-                cast, x, y, states
-            )
+            out = self._loss_and_gradients(cast, x, y, states, per_step)
         return Pass(
-            loss=float(loss.numpy()),
-            weight_gradients=_to_numpy(weight_gradients),
-            state_gradients=_to_numpy(state_gradients),
-            final_states=_to_numpy(finals),
+            loss=float(out["loss"].numpy()),
+            weight_gradients=_to_numpy(out["weights"]),
+            state_gradients=_to_numpy(out["states"]),
+            final_states=_to_numpy(out["finals"]),
+            input_gradient=out["x"].numpy(),
+            sequences=_to_numpy(out["sequences"]) if per_step else None,  # type: ignore[arg-type]
+            sequence_gradients=(
+                _to_numpy(out["sequence_gradients"]) if per_step else None  # type: ignore[arg-type]
+            ),
         )
 
 

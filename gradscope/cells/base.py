@@ -164,10 +164,37 @@ class Cell:
         """Float64 initial weights keyed by short name; deterministic for a given ``rng``."""
         raise NotImplementedError
 
-    def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
-                    states: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-        """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        """Per-step tensors ``(T, B, ·)`` computed before the scan: the input projections.
 
-        Returns the outputs ``(T, B, units)`` and the final states.
+        The part of every gate that depends on x_t alone is one matmul for all steps at once.
         """
         raise NotImplementedError
+
+    def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """One step: the new states (the first one is the output h_t)."""
+        raise NotImplementedError
+
+    def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
+                    states: tuple[Any, ...],
+                    probes: tuple[Any, ...] | None = None) -> tuple[Any, tuple[Any, ...]]:
+        """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
+
+        Returns the outputs ``(T, B, units)`` and the final states. ``probes``, one
+        ``(T, B, units)`` tensor of zeros per state, are added to the states after each step:
+        they change no value, but the gradient with respect to a probe is the *total*
+        ∂L/∂h_t, including what flows back through the recurrence from t+1.
+        """
+        step_inputs = self.tf_inputs(tf, params, inputs)
+        n_states = len(self.state_names)
+
+        def step(carry: tuple[Any, ...], elems: tuple[Any, ...]) -> tuple[Any, ...]:
+            new = self.tf_step(tf, params, carry, elems[: len(step_inputs)])
+            if probes is not None:
+                new = tuple(s + p for s, p in zip(new, elems[len(step_inputs):], strict=True))
+            return new
+
+        elems = step_inputs + (tuple(probes) if probes is not None else ())
+        sequences = tf.scan(step, elems, initializer=tuple(states[:n_states]))
+        return sequences[0], tuple(s[-1] for s in sequences)

@@ -63,22 +63,18 @@ class GRUBlock(Cell):
             "b_c": np.zeros(u),
         }
 
-    def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
-                    states: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        # Rows 0..F-1 of both kernels see x_t; rows F.. see h_{t-1} (or r∘h_{t-1}).
+        F = self.input_size
+        return (tf_project(tf, inputs, params["w_ru"][:F], params["b_ru"]),
+                tf_project(tf, inputs, params["w_c"][:F], params["b_c"]))
+
+    def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         F, u = self.input_size, self.units
-        w_ru, w_c = params["w_ru"], params["w_c"]
-        # Rows 0..F-1 of both kernels see x_t, rows F.. see h_{t-1} (or r∘h_{t-1}). The x
-        # part does not depend on the state, so it is one matmul for every step at once.
-        x_ru = tf_project(tf, inputs, w_ru[:F], params["b_ru"])
-        x_c = tf_project(tf, inputs, w_c[:F], params["b_c"])
-        w_ru_h, w_c_h = w_ru[F:], w_c[F:]
-
-        def step(h: Any, step_inputs: tuple[Any, Any]) -> Any:
-            x_ru_t, x_c_t = step_inputs
-            ru = tf.sigmoid(x_ru_t + h @ w_ru_h)
-            r, z = ru[:, :u], ru[:, u:]
-            c = tf.tanh(x_c_t + (r * h) @ w_c_h)
-            return z * h + (1.0 - z) * c
-
-        outputs = tf.scan(step, (x_ru, x_c), initializer=states[0])
-        return outputs, (outputs[-1],)
+        (h,) = states
+        x_ru_t, x_c_t = step_inputs
+        ru = tf.sigmoid(x_ru_t + h @ params["w_ru"][F:])
+        r, z = ru[:, :u], ru[:, u:]
+        c = tf.tanh(x_c_t + (r * h) @ params["w_c"][F:])
+        return (z * h + (1.0 - z) * c,)

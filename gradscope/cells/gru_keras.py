@@ -68,27 +68,25 @@ class GRUKeras(Cell):
             "bias": np.zeros(bias_shape),
         }
 
-    def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
-                    states: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-        u = self.units
-        kernel, recurrent, bias = params["kernel"], params["recurrent_kernel"], params["bias"]
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        bias = params["bias"]
         input_bias = bias[0] if self.reset_after else bias
-        x_all = tf_project(tf, inputs, kernel, input_bias)  # (T, B, 3u), one matmul
-        reset_after = self.reset_after
+        return (tf_project(tf, inputs, params["kernel"], input_bias),)  # (T, B, 3u)
 
-        def step(h: Any, x_t: Any) -> Any:
-            x_z, x_r, x_h = x_t[:, :u], x_t[:, u : 2 * u], x_t[:, 2 * u :]
-            if reset_after:
-                inner = h @ recurrent + bias[1]
-                z = tf.sigmoid(x_z + inner[:, :u])
-                r = tf.sigmoid(x_r + inner[:, u : 2 * u])
-                candidate = tf.tanh(x_h + r * inner[:, 2 * u :])
-            else:
-                inner = h @ recurrent[:, : 2 * u]
-                z = tf.sigmoid(x_z + inner[:, :u])
-                r = tf.sigmoid(x_r + inner[:, u:])
-                candidate = tf.tanh(x_h + (r * h) @ recurrent[:, 2 * u :])
-            return z * h + (1.0 - z) * candidate
-
-        outputs = tf.scan(step, x_all, initializer=states[0])
-        return outputs, (outputs[-1],)
+    def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        u = self.units
+        (h,), (x_t,) = states, step_inputs
+        recurrent = params["recurrent_kernel"]
+        x_z, x_r, x_h = x_t[:, :u], x_t[:, u : 2 * u], x_t[:, 2 * u :]
+        if self.reset_after:
+            inner = h @ recurrent + params["bias"][1]
+            z = tf.sigmoid(x_z + inner[:, :u])
+            r = tf.sigmoid(x_r + inner[:, u : 2 * u])
+            candidate = tf.tanh(x_h + r * inner[:, 2 * u :])
+        else:
+            inner = h @ recurrent[:, : 2 * u]
+            z = tf.sigmoid(x_z + inner[:, :u])
+            r = tf.sigmoid(x_r + inner[:, u:])
+            candidate = tf.tanh(x_h + (r * h) @ recurrent[:, 2 * u :])
+        return (z * h + (1.0 - z) * candidate,)
