@@ -19,7 +19,13 @@ from rich.console import Console
 from gradscope import __version__
 from gradscope.errors import GradscopeError
 from gradscope.report import json as json_render
-from gradscope.report.models import REPORTS, ExplainReport, ShapesReport, json_schema
+from gradscope.report.models import (
+    REPORTS,
+    CheckReport,
+    ExplainReport,
+    ShapesReport,
+    json_schema,
+)
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -91,8 +97,8 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _emit(report: ExplainReport | ShapesReport, as_json: bool, output: Path | None,
-          force: bool) -> None:
+def _emit(report: ExplainReport | ShapesReport | CheckReport, as_json: bool,
+          output: Path | None, force: bool, equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
     if output is None:
@@ -100,7 +106,7 @@ def _emit(report: ExplainReport | ShapesReport, as_json: bool, output: Path | No
             sys.stdout.write(json_render.render_report(report))
             sys.stdout.flush()
         else:
-            print_report(_stdout_console(), report)
+            print_report(_stdout_console(), report, equations)
         return
     if output.exists() and not force:
         raise GradscopeError(
@@ -112,7 +118,7 @@ def _emit(report: ExplainReport | ShapesReport, as_json: bool, output: Path | No
     else:
         console = Console(record=True, file=open(os.devnull, "w"), width=PIPE_WIDTH,  # noqa: SIM115
                           color_system=None, highlight=False)
-        print_report(console, report)
+        print_report(console, report, equations)
         text = console.export_text()
     _write_atomically(output, text)
 
@@ -192,6 +198,74 @@ def explain(config: str | None, as_json: bool, output: Path | None, force: bool,
                                 timings=timings)
     _emit(report, as_json, output, force)
     return EXIT_OK
+
+
+CHECK_EPILOG = """\b
+Relative tolerances (what each witness must agree with TF autodiff to):
+  finite differences   1e-5   float64 central differences (as jax's check_grads)
+  NumPy reference      1e-9   float64 vs float64
+  GRUBlockCellGrad     2e-3   float32 kernel (it has no float64 version)
+  TBPTT carry          1e-9   float64
+  --against            1e-6   float64 (and per element, so one element 5% off fails)
+--rtol replaces every float64 tolerance; --atol adds an absolute allowance to the
+finite differences.
+
+""" + EXIT_CODES_HELP
+
+
+@cli.command(epilog=CHECK_EPILOG)
+@click.argument("config", required=False)
+@click.option("--against", metavar="FILE.py:FUNC",
+              help="Also compare your own backward function FUNC(params, x, y, h0) -> dict of "
+                   "gradients of the mean loss (see README). This imports and runs FILE.py: "
+                   "your code, at your request.")
+@click.option("--chunks", type=click.IntRange(min=1), metavar="K",
+              help="Also run truncated BPTT in K chunks, carrying each chunk's initial-state "
+                   "gradients as grad_ys into the previous chunk, and compare the summed "
+                   "weight gradients with full BPTT.")
+@click.option("--directions", type=click.IntRange(min=1, max=100), default=3, show_default=True,
+              metavar="N", help="Random directions per tensor for finite differences.")
+@click.option("--rtol", type=click.FloatRange(min=0, min_open=True), metavar="R",
+              help="Relative tolerance for every float64 witness.")
+@click.option("--atol", type=click.FloatRange(min=0), metavar="A",
+              help="Absolute allowance added to the finite-difference comparison.")
+@click.option("--equations", is_flag=True,
+              help="Print GRUBlockCellGrad's corrected backward equations and the errata of its "
+                   "public documentation, with evidence from this model.")
+@output_options
+@click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
+def check(config: str | None, against: str | None, chunks: int | None, directions: int,
+          rtol: float | None, atol: float | None, equations: bool, as_json: bool,
+          output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
+    """Verify every gradient of CONFIG's model with independent witnesses.
+
+    Each weight, each initial state (gru_k/h0) and the input x is checked on a float64
+    copy of the model against: finite differences along random directions and single
+    elements; a NumPy forward/BPTT written without TensorFlow; for block-layout GRU layers,
+    TF's GRUBlockCellGrad kernel; and, on request, truncated BPTT (--chunks) and your own
+    backward (--against). Exits 1 if any witness disagrees.
+
+    \b
+    Example:
+      gradscope check
+      gradscope check config.yaml --chunks 4
+      gradscope check config.yaml --against my_bptt.py:backward --json
+    """
+    from gradscope.check import check as check_report
+
+    spec = _load(config)
+    progress = _stderr_console(quiet=quiet)
+    with progress.status("gradscope check", spinner="dots") as status:
+        report = check_report(spec, against=against, chunks=chunks, directions=directions,
+                              rtol=rtol, atol=atol, timings=timings,
+                              progress=lambda message: status.update(message))
+    equations_text = None
+    if equations:
+        from gradscope.check.kernel import CORRECTED_EQUATIONS
+
+        equations_text = CORRECTED_EQUATIONS
+    _emit(report, as_json, output, force, equations_text)
+    return EXIT_OK if report.summary.passed else EXIT_PROBLEM
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

@@ -139,7 +139,79 @@ class ExplainReport(_Report):
     )
 
 
-REPORTS: dict[str, type[_Report]] = {"explain": ExplainReport, "shapes": ShapesReport}
+class WitnessEntry(_Report):
+    witness: str = Field(description="finite_differences, numpy_reference, gru_block_kernel, "
+                                     "tbptt_carry or against")
+    error: float | None = Field(description="relative error; null when there is no number "
+                                            "(e.g. a wrong shape)")
+    tolerance: float
+    passed: bool
+    detail: str = ""
+    first_bad_step: int | None = Field(
+        default=None,
+        description="for time-indexed tensors: the first step, counting back from the end, "
+                    "where the values diverge")
+
+
+class CheckedTensor(_Report):
+    name: str
+    shape: list[int] | None
+    passed: bool
+    witnesses: list[WitnessEntry]
+
+
+class NamedShape(_Report):
+    name: str
+    shape: list[int]
+    norm: float | None = None
+
+
+class CarryBoundaryEntry(_Report):
+    step: int = Field(description="the time index where the later chunk starts")
+    ys: list[NamedShape] = Field(description="the earlier chunk's final states")
+    grad_ys: list[NamedShape] = Field(description="the later chunk's initial-state gradients")
+
+
+class CarryCheck(_Report):
+    chunks: int
+    chunk_lengths: list[int]
+    boundaries: list[CarryBoundaryEntry]
+
+
+class ErratumEntry(_Report):
+    number: int
+    documented: str
+    actual: str
+    evidence: str
+    confirmed: bool
+
+
+class CheckSummary(_Report):
+    passed: bool
+    checked_tensors: int
+    failed_tensors: list[str]
+    witnesses: list[str]
+    comparisons: int
+    failures: int
+
+
+class CheckReport(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["check"] = "check"
+    model: ModelEntry
+    loss: LossEntry
+    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tensors: list[CheckedTensor]
+    carry: CarryCheck | None = None
+    errata: list[ErratumEntry] | None = None
+    against: str | None = Field(default=None, description="FILE.py:FUNC that was compared")
+    summary: CheckSummary
+    timings: dict[str, float] | None = None
+
+
+REPORTS: dict[str, type[_Report]] = {
+    "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
+}
 
 
 def json_schema(command: str = "explain") -> dict[str, Any]:

@@ -11,13 +11,17 @@ from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.models import (
+    CarryCheck,
     CarryEntry,
+    CheckReport,
+    ErratumEntry,
     ExplainReport,
     GradientEntry,
     ModelEntry,
     ShapesReport,
     StateGradientEntry,
     TensorEntry,
+    WitnessEntry,
 )
 
 
@@ -157,10 +161,135 @@ def render_shapes(report: ShapesReport) -> list[RenderableType]:
     ]
 
 
-def print_report(console: Console, report: ExplainReport | ShapesReport) -> None:
+def print_report(console: Console, report: ExplainReport | ShapesReport | CheckReport,
+                 equations: str | None = None) -> None:
     if isinstance(report, ExplainReport):
         parts = render_explain(report, console.width)
+    elif isinstance(report, CheckReport):
+        parts = render_check(report, equations)
     else:
         parts = render_shapes(report)
     for part in parts:
         console.print(part)
+
+
+WITNESS_TITLES = {
+    "finite_differences": "finite diff.",
+    "numpy_reference": "NumPy ref.",
+    "gru_block_kernel": "GRUBlockCellGrad",
+    "tbptt_carry": "TBPTT carry",
+    "against": "--against",
+}
+
+
+def _verdict(entry: WitnessEntry) -> Text:
+    value = "no value" if entry.error is None else f"{entry.error:.1e}"
+    if entry.passed:
+        return Text(f"✓ {value}", style="green")
+    return Text(f"✗ {value}", style="bold red")
+
+
+def check_table(report: CheckReport) -> Table:
+    witnesses = report.summary.witnesses
+    table = _table(("tensor", "left"), ("shape", "left"),
+                   *((WITNESS_TITLES[w], "right") for w in witnesses))
+    table.columns[0].no_wrap = True
+    for tensor in report.tensors:
+        cells: list[Text | str] = [
+            Text(tensor.name, style="bold" if tensor.passed else "bold red"),
+            shape_text(tensor.shape) if tensor.shape else "",
+        ]
+        for witness in witnesses:
+            entries = [e for e in tensor.witnesses if e.witness == witness]
+            if not entries:
+                cells.append(Text("–", style="dim"))
+            else:
+                worst = max(entries, key=lambda e: (not e.passed, e.error or 0.0))
+                cells.append(_verdict(worst))
+        table.add_row(*cells)
+    return table
+
+
+def check_failures(report: CheckReport) -> list[Text]:
+    lines = []
+    for tensor in report.tensors:
+        for entry in tensor.witnesses:
+            if entry.passed:
+                continue
+            where = f" (first wrong step counting back: t={entry.first_bad_step})" if (
+                entry.first_bad_step is not None) else ""
+            value = "" if entry.error is None else (
+                f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
+            lines.append(Text(f"✗ {tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}",
+                              style="red"))
+            if entry.detail:
+                lines.append(Text(f"    {entry.detail}"))
+    return lines
+
+
+def carry_check_section(carry: CarryCheck) -> Group:
+    table = _table(("boundary", "left"), ("ys: earlier chunk's final states", "left"),
+                   ("grad_ys: later chunk's ∂L/∂(initial states)", "left"))
+    for boundary in carry.boundaries:
+        ys = "\n".join(f"{y.name} {shape_text(y.shape)}" for y in boundary.ys)
+        grad_ys = "\n".join(f"{g.name} {shape_text(g.shape)} ‖·‖ {number(g.norm)}"
+                            for g in boundary.grad_ys)
+        table.add_row(f"t = {boundary.step}", ys, grad_ys)
+    lengths = " + ".join(str(n) for n in carry.chunk_lengths)
+    intro = Text(
+        f"{carry.chunks} chunks of {lengths} steps, backpropagated last to first; each "
+        "chunk's initial-state gradients are the output_gradients (grad_ys) of the earlier "
+        "chunk's final states, one per y. The summed weight gradients are compared with "
+        "full BPTT in the table above."
+    )
+    return Group(intro, table)
+
+
+def errata_section(errata: list[ErratumEntry]) -> Table:
+    table = _table(("#", "right"), ("the documentation says", "left"), ("the kernel does", "left"),
+                   ("evidence on this model", "left"), ("", "left"))
+    for erratum in errata:
+        table.add_row(str(erratum.number), erratum.documented, erratum.actual, erratum.evidence,
+                      Text("confirmed" if erratum.confirmed else "not confirmed",
+                           style="yellow" if erratum.confirmed else "dim"))
+    return table
+
+
+def render_check(report: CheckReport, equations: str | None = None) -> list[RenderableType]:
+    summary = report.summary
+    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
+    parts: list[RenderableType] = [
+        header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}"),
+        Text(f"every witness compares with TF autodiff on a float64 copy of the model; "
+             f"relative tolerances: {tolerances}", style="dim"),
+        section(f"Gradients checked ({summary.checked_tensors} tensors, "
+                f"{summary.comparisons} comparisons)"),
+        check_table(report),
+    ]
+    failures = check_failures(report)
+    if failures:
+        parts += [section("What failed"), *failures]
+    if report.carry is not None:
+        parts += [section("Truncated BPTT: carrying gradients across chunk boundaries"),
+                  carry_check_section(report.carry)]
+    if report.errata:
+        confirmed = sum(e.confirmed for e in report.errata)
+        if equations is not None:
+            parts += [section("GRUBlockCellGrad: the corrected backward equations"),
+                      Text(equations),
+                      section("Errata in the public GRUBlockCellGrad documentation"),
+                      errata_section(report.errata)]
+        else:
+            parts.append(Text(
+                f"\nGRUBlockCellGrad documentation: {confirmed} of {len(report.errata)} errata "
+                "confirmed on this model (gradscope check --equations shows them)", style="dim"))
+    verdict = (Text(f"\nPASSED: all {summary.checked_tensors} tensors agree with every witness "
+                    f"({', '.join(summary.witnesses)})", style="bold green")
+               if summary.passed else
+               Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} "
+                    f"tensors disagree: {', '.join(summary.failed_tensors)}", style="bold red"))
+    parts.append(verdict)
+    if report.timings:
+        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
+        parts.append(Text(f"timings: {laps}", style="dim"))
+    return parts

@@ -1,0 +1,187 @@
+"""``gradscope check``: every gradient verified by independent witnesses.
+
+The witnesses, each in its own module, all compare with TF autodiff on a float64 copy of the
+model (same weights, same batch):
+
+- ``finite_differences``: central differences along random directions and single elements;
+- ``numpy_reference``: a NumPy forward/BPTT written without TensorFlow;
+- ``gru_block_kernel``: TF's GRUBlockCellGrad kernel and the weight-gradient assembly
+  (block-layout GRU layers; float32);
+- ``tbptt_carry`` (with ``chunks``): truncated BPTT with the initial-state gradients carried
+  as grad_ys into the previous chunk;
+- ``against`` (with ``against``): the user's own backward function.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gradscope.check.context import TOLERANCES, CheckContext, Progress, WitnessResult
+from gradscope.data import Batch, initial_params, synthetic_batch
+from gradscope.report.models import (
+    CarryBoundaryEntry,
+    CarryCheck,
+    CheckedTensor,
+    CheckReport,
+    CheckSummary,
+    ErratumEntry,
+    LossEntry,
+    NamedShape,
+    WitnessEntry,
+)
+from gradscope.shapes import model_shapes
+from gradscope.spec import Spec
+
+
+def check(spec: Spec, against: str | Callable[..., Any] | None = None,
+          chunks: int | None = None, directions: int = 3, rtol: float | None = None,
+          atol: float | None = None, data: Batch | None = None,
+          progress: Progress | None = None, timings: bool = False) -> CheckReport:
+    """Verify every gradient of ``spec``'s model; see the module docstring for the witnesses.
+
+    ``against`` is ``"FILE.py:FUNC"`` or a callable with the contract
+    ``FUNC(params, x, y, h0) -> dict`` (see README). ``rtol`` overrides the relative tolerance
+    of every float64 witness; ``atol`` adds an absolute allowance to finite differences.
+    """
+    from gradscope.check.carry import carry_witness
+    from gradscope.check.finite_differences import finite_difference_witness
+    from gradscope.check.kernel import errata_evidence, kernel_witness
+    from gradscope.check.numpy_reference import reference_witness
+    from gradscope.inspect import model_entry
+    from gradscope.model import Engine
+
+    say = progress or (lambda message: None)
+    laps: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        laps[name] = round(now - clock, 4)
+        clock = now
+
+    user_function = None
+    if isinstance(against, str):
+        from gradscope.check.against import load_against
+
+        say(f"loading {against}")
+        user_function = load_against(against)
+    elif against is not None:
+        user_function = against
+
+    algebra = model_shapes(spec)
+    batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
+    params = {name: value.astype(np.float64) for name, value in initial_params(algebra).items()}
+    say("importing TensorFlow")
+    engine = Engine(algebra, dtype="float64")
+    lap("import_and_build")
+    say("TF autodiff in float64")
+    autodiff = engine.run(params, batch, per_step=True)
+    lap("autodiff")
+    # --rtol applies to the float64 witnesses; the float32 kernel keeps its own tolerance.
+    overrides = {w: rtol for w in TOLERANCES if rtol is not None and w != "gru_block_kernel"}
+    ctx = CheckContext(algebra, params, batch, engine, autodiff, rtol=overrides, atol=atol,
+                       directions=directions, progress=say)
+
+    results: list[WitnessResult] = []
+    witnesses = ["finite_differences", "numpy_reference"]
+    results += finite_difference_witness(ctx)
+    lap("finite_differences")
+    results += reference_witness(ctx)
+    lap("numpy_reference")
+    errata = None
+    if any(cell.kind == "gru" and cell.layout == "block" for cell in algebra.cells):
+        say("GRUBlockCellGrad kernel")
+        witnesses.append("gru_block_kernel")
+        results += kernel_witness(ctx)
+        errata = [ErratumEntry(**vars(e)) for e in errata_evidence(ctx)]
+        lap("gru_block_kernel")
+    carry = None
+    if chunks is not None:
+        say(f"truncated BPTT in {chunks} chunks")
+        witnesses.append("tbptt_carry")
+        outcome = carry_witness(ctx, chunks)
+        results += outcome.results
+        carry = CarryCheck(
+            chunks=chunks,
+            chunk_lengths=list(outcome.chunk_lengths),
+            boundaries=[
+                CarryBoundaryEntry(
+                    step=b.step,
+                    ys=[NamedShape(name=n, shape=list(s)) for n, s in b.ys],
+                    grad_ys=[NamedShape(name=n, shape=list(s), norm=float(norm))
+                             for (n, s), norm in zip(b.grad_ys, b.grad_ys_norm, strict=True)],
+                )
+                for b in outcome.boundaries
+            ],
+        )
+        lap("tbptt_carry")
+    if user_function is not None:
+        from gradscope.check.against import against_witness
+
+        say("comparing with the user's backward")
+        witnesses.append("against")
+        results += against_witness(ctx, user_function)
+        lap("against")
+
+    tensors = _group(results, _shapes_by_name(ctx))
+    failed = [t.name for t in tensors if not t.passed]
+    return CheckReport(
+        model=model_entry(algebra, data=batch.source),
+        loss=LossEntry(name=spec.loss, value=float(autodiff.loss)),
+        tolerances={w: ctx.tolerance(w, "float32" if w == "gru_block_kernel" else "float64")
+                    for w in witnesses},
+        tensors=tensors,
+        carry=carry,
+        errata=errata,
+        against=against if isinstance(against, str) else (
+            getattr(against, "__name__", "function") if against is not None else None),
+        summary=CheckSummary(
+            passed=not failed,
+            checked_tensors=len(tensors),
+            failed_tensors=failed,
+            witnesses=witnesses,
+            comparisons=len(results),
+            failures=sum(not r.passed for r in results),
+        ),
+        timings=laps if timings else None,
+    )
+
+
+def _shapes_by_name(ctx: CheckContext) -> dict[str, list[int]]:
+    shapes = {info.name: list(info.shape) for info in (*ctx.shapes.weights, *ctx.shapes.states)}
+    shapes["x"] = list(ctx.batch.x.shape)
+    return shapes
+
+
+def _group(results: list[WitnessResult], shapes: dict[str, list[int]]) -> list[CheckedTensor]:
+    """One row per tensor: the model's tensors first, in their order, then any others."""
+    order = list(shapes)
+    by_name: dict[str, list[WitnessResult]] = {}
+    for result in results:
+        by_name.setdefault(result.tensor, []).append(result)
+    names = [n for n in order if n in by_name] + [n for n in by_name if n not in shapes]
+    return [
+        CheckedTensor(
+            name=name,
+            shape=shapes.get(name),
+            passed=all(r.passed for r in by_name[name]),
+            witnesses=[
+                WitnessEntry(witness=r.witness, error=_finite(r.error), tolerance=r.tolerance,
+                             passed=r.passed, detail=r.detail, first_bad_step=r.first_bad_step)
+                for r in by_name[name]
+            ],
+        )
+        for name in names
+    ]
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+__all__ = ["check"]

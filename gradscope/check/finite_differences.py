@@ -1,0 +1,184 @@
+"""Finite differences: the witness that knows nothing of derivatives.
+
+For every tensor (each weight, each initial state and the input x), on the float64 copy of the
+model: central differences of the loss along a few random unit directions restricted to that
+tensor, plus single elements (the largest |g| and random ones), compared with the autodiff
+directional derivative ⟨g, v⟩.
+
+Cost: two loss evaluations per probe, never two per element. The perturbed copies of a tensor
+are evaluated together in one call: perturbations of x and of the initial states are folded
+into the batch axis (each copy is a block of examples), and perturbations of a weight run as
+one in-graph ``tf.map_fn`` over the stacked perturbed weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.check.context import CheckContext, WitnessResult
+
+WITNESS = "finite_differences"
+#: Step along a unit direction. Central differences in float64: the truncation error grows
+#: as step², the rounding error of the loss as 1/step. At 1e-3 the truncation error on these
+#: models is ~1e-7 relative and the rounding error ~1e-11 absolute.
+STEP = 1e-3
+RANDOM_ELEMENTS = 2
+
+
+@dataclass(frozen=True)
+class Probe:
+    tensor: str
+    label: str  # "direction 1", "element (3, 7) (largest |g|)"
+    direction: np.ndarray  # unit norm, the tensor's shape
+
+
+def probes_for(name: str, gradient: np.ndarray, directions: int,
+               rng: np.random.Generator) -> list[Probe]:
+    """Random unit directions, the element of largest |g|, and random single elements."""
+    out = []
+    for k in range(directions):
+        v = rng.standard_normal(gradient.shape)
+        out.append(Probe(name, f"direction {k + 1}", v / np.linalg.norm(v)))
+    flat_size = gradient.size
+    largest = int(np.argmax(np.abs(gradient)))
+    chosen = [(largest, "largest |g|")]
+    others = [i for i in rng.choice(flat_size, size=min(flat_size, RANDOM_ELEMENTS + 1),
+                                    replace=False) if i != largest]
+    chosen += [(int(i), "random") for i in others[:RANDOM_ELEMENTS]]
+    for index, why in chosen:
+        v = np.zeros(gradient.size)
+        v[index] = 1.0
+        where = np.unravel_index(index, gradient.shape)
+        out.append(Probe(name, f"element {tuple(int(w) for w in where)} ({why})",
+                         v.reshape(gradient.shape)))
+    return out
+
+
+class _Evaluator:
+    """Loss evaluations of perturbed copies of the model, two calls in all.
+
+    Weight copies are flattened into rows of one matrix and evaluated by one ``tf.map_fn``;
+    copies of x and of the initial states are folded into the batch axis of one forward pass.
+    Both functions are traced once.
+    """
+
+    def __init__(self, ctx: CheckContext) -> None:
+        self.ctx = ctx
+        tf = self.tf = ctx.tf
+        engine = ctx.engine
+        self.weight_names = list(ctx.params)
+        self.weight_shapes = [ctx.params[n].shape for n in self.weight_names]
+        self.weight_sizes = [int(np.prod(s, dtype=np.int64)) for s in self.weight_shapes]
+        self.flat_weights = np.concatenate([ctx.params[n].ravel() for n in self.weight_names])
+        self.batch_size = ctx.batch.x.shape[0]
+        spec = ctx.shapes.spec
+        x, y = tf.constant(ctx.batch.x), tf.constant(ctx.batch.y)
+        states = {k: tf.constant(v) for k, v in ctx.batch.initial_states.items()}
+        params = {k: tf.constant(v) for k, v in ctx.params.items()}
+
+        def example_losses(params: dict[str, Any], x: Any, y: Any,
+                           states: dict[str, Any]) -> Any:
+            """Each example's share of the mean loss: copies folded into the batch axis are
+            summed back per copy."""
+            predictions, _ = engine.forward(params, x, states)
+            if spec.loss == "softmax_cross_entropy":
+                per_position = tf.nn.softmax_cross_entropy_with_logits(labels=y,
+                                                                        logits=predictions)
+            else:
+                per_position = tf.reduce_mean(tf.square(predictions - y), axis=-1)
+            if spec.sequence_output:
+                per_position = tf.reduce_mean(per_position, axis=1)
+            return per_position / self.batch_size
+
+        @tf.function
+        def folded(x: Any, y: Any, states: dict[str, Any]) -> Any:
+            losses = example_losses(params, x, y, states)
+            return tf.reduce_sum(tf.reshape(losses, [-1, self.batch_size]), axis=1)
+
+        @tf.function
+        def stacked(rows: Any) -> Any:
+            def one(row: Any) -> Any:
+                pieces = tf.split(row, self.weight_sizes)
+                perturbed = {name: tf.reshape(piece, shape) for name, piece, shape in
+                             zip(self.weight_names, pieces, self.weight_shapes, strict=True)}
+                return tf.reduce_sum(example_losses(perturbed, x, y, states))
+
+            return tf.map_fn(one, rows, fn_output_signature=rows.dtype)
+
+        self._folded, self._stacked = folded, stacked
+
+    def weight_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
+        """Loss with weight ``name`` replaced by each ``value``."""
+        rows = np.repeat(self.flat_weights[None, :], len(perturbations), axis=0)
+        offsets = np.cumsum([0, *self.weight_sizes])
+        for row, (name, value) in zip(rows, perturbations, strict=True):
+            i = self.weight_names.index(name)
+            row[offsets[i]:offsets[i + 1]] = value.ravel()
+        return np.asarray(self._stacked(self.tf.constant(rows)).numpy())
+
+    def input_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
+        """Loss with x or one initial state replaced by each ``value``, all in one batch."""
+        batch = self.ctx.batch
+        xs = [value if name == "x" else batch.x for name, value in perturbations]
+        states = {
+            key: np.concatenate([value if name == key else base
+                                 for name, value in perturbations])
+            for key, base in batch.initial_states.items()
+        }
+        tf = self.tf
+        return np.asarray(self._folded(
+            tf.constant(np.concatenate(xs)),
+            tf.constant(np.concatenate([batch.y] * len(perturbations))),
+            {k: tf.constant(v) for k, v in states.items()},
+        ).numpy())
+
+
+def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
+    rng = np.random.default_rng([ctx.shapes.spec.seed, 2])
+    gradients = ctx.autodiff_gradients()
+    values = {**ctx.params, **ctx.batch.initial_states, "x": ctx.batch.x}
+    probes = {name: probes_for(name, g, ctx.directions, rng) for name, g in gradients.items()}
+    weight_jobs: list[tuple[str, np.ndarray]] = []
+    input_jobs: list[tuple[str, np.ndarray]] = []
+    for name, tensor_probes in probes.items():
+        jobs = weight_jobs if name in ctx.params else input_jobs
+        for sign in (1.0, -1.0):
+            jobs += [(name, values[name] + sign * STEP * p.direction) for p in tensor_probes]
+    evaluator = _Evaluator(ctx)
+    ctx.progress(f"finite differences: {len(weight_jobs)} weight evaluations")
+    weight_losses = iter(evaluator.weight_losses(weight_jobs)) if weight_jobs else iter(())
+    ctx.progress(f"finite differences: {len(input_jobs)} input and state evaluations")
+    input_losses = iter(evaluator.input_losses(input_jobs)) if input_jobs else iter(())
+
+    rtol = ctx.tolerance(WITNESS)
+    # Rounding in the loss, amplified by 1/(2·step): below this no disagreement is real.
+    noise = 64 * np.finfo(np.float64).eps * max(abs(ctx.autodiff.loss), 1.0) / (2 * STEP)
+    results = []
+    for name, tensor_probes in probes.items():
+        source = weight_losses if name in ctx.params else input_losses
+        count = len(tensor_probes)
+        plus = np.array([next(source) for _ in range(count)])
+        minus = np.array([next(source) for _ in range(count)])
+        numerical = (plus - minus) / (2 * STEP)
+        gradient = gradients[name]
+        analytic = np.array([float(np.sum(gradient * p.direction)) for p in tensor_probes])
+        # A directional derivative can be near zero by chance: measure errors against the
+        # typical size of one, ‖g‖/√n, when that is larger.
+        typical = float(np.linalg.norm(gradient)) / np.sqrt(gradient.size)
+        scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
+        difference = np.abs(numerical - analytic)
+        # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so
+        # that it passes exactly when it is ≤ rtol.
+        allowance = noise + (ctx.atol or 0.0)
+        errors = difference / (scale + allowance / rtol)
+        worst = int(np.argmax(errors))
+        passed = bool(errors[worst] <= rtol)
+        detail = (
+            f"{count} probes; worst: {tensor_probes[worst].label}, finite difference "
+            f"{numerical[worst]:.6e} vs autodiff {analytic[worst]:.6e}"
+        )
+        results.append(WitnessResult(WITNESS, name, float(errors[worst]), rtol, passed, detail))
+    return results

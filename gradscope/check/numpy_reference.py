@@ -1,0 +1,29 @@
+"""The NumPy-reference witness: an independent float64 BPTT, written without TensorFlow
+(``gradscope/reference.py``), against TF autodiff on the same float64 model."""
+
+from __future__ import annotations
+
+from gradscope.check.context import CheckContext, WitnessResult, relative_error
+
+WITNESS = "numpy_reference"
+
+
+def reference_witness(ctx: CheckContext) -> list[WitnessResult]:
+    from gradscope.reference import reference_gradients
+
+    ctx.progress("NumPy reference: forward and BPTT")
+    reference = reference_gradients(ctx.shapes, ctx.params, ctx.batch)
+    tolerance = ctx.tolerance(WITNESS)
+    results = []
+    loss_error = abs(reference.loss - ctx.autodiff.loss) / max(abs(ctx.autodiff.loss), 1e-300)
+    results.append(WitnessResult(WITNESS, "loss", loss_error, tolerance, loss_error <= tolerance,
+                                 f"NumPy {reference.loss:.12g} vs TF {ctx.autodiff.loss:.12g}"))
+    for name, expected in ctx.autodiff_gradients().items():
+        ours = reference.gradients.get(name)
+        if ours is None:
+            results.append(WitnessResult(WITNESS, name, None, tolerance, False,
+                                         "the NumPy reference has no gradient for it"))
+            continue
+        error = relative_error(ours, expected)
+        results.append(WitnessResult(WITNESS, name, error, tolerance, error <= tolerance))
+    return results

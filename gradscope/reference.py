@@ -1,0 +1,534 @@
+"""A from-scratch NumPy forward pass and backpropagation through time (BPTT), float64 throughout.
+
+This module never imports TensorFlow. It is the independent witness that TF autodiff is
+checked against (the ``numpy_reference`` witness of ``gradscope check``), and it is written to
+be read: it is the derivation users ask for when they write their own BPTT.
+
+The model a spec describes::
+
+    x (B, T, F) → recurrent layer 1 → … → recurrent layer n → dense → … → dense → mean loss
+
+Every recurrent layer hands its whole output sequence h_1 … h_T to the next one. The dense
+layers (linear, no activation) are applied at every step, or to h_T only when the last
+recurrent layer has ``return_sequences: false``.
+
+The one line every hand-written BPTT must get right. h_t feeds two places: the layer above
+at step t, and the same layer at step t+1. So its total gradient is the sum
+
+    ∂L/∂h_t = (gradient from above at step t) + (gradient carried back from step t+1)
+    d_h     =  d_h_seq[t]                     +  d_h_next
+
+Forgetting ``d_h_next`` gives gradients that are right at the last step only.
+
+Shapes: the public functions take and return batch-major arrays (B, T, ·), like the rest of
+gradscope. Inside a layer's backward pass, ``d_h_seq[t]`` is the (B, u) slice of step t.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gradscope.cells.base import Cell
+from gradscope.data import Batch
+from gradscope.errors import ConfigError
+from gradscope.shapes import ModelShapes
+
+Params = dict[str, np.ndarray]  # one layer's weights by short name: w_ru, b_ru, …
+StepCache = dict[str, np.ndarray]  # what one forward step keeps for its backward step
+Cache = list[StepCache]  # one StepCache per time step, in time order
+Forward = Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarray, Cache]]
+Backward = Callable[[Params, Cache, np.ndarray, np.ndarray | None],
+                    tuple[np.ndarray, np.ndarray, Params]]
+StepBackward = Callable[[Params, StepCache, np.ndarray], tuple[np.ndarray, np.ndarray, Params]]
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    """The mean loss, every gradient by gradscope name, and the final states.
+
+    ``gradients`` holds every weight (``gru_1/w_ru``, ``dense_1/kernel``, …), every initial
+    state (``gru_1/h0``) and ``"x"``, the input gradient (B, T, F). ``final_states`` holds
+    h_T of every recurrent layer, keyed ``gru_1/h_T``.
+    """
+
+    loss: float
+    gradients: dict[str, np.ndarray] = field(default_factory=dict)
+    final_states: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+# -- small pieces ---------------------------------------------------------------------------
+
+
+def sigmoid(a: np.ndarray) -> np.ndarray:
+    """σ(a) = 1 / (1 + e^(−a)), computed without overflow for large |a|."""
+    e = np.exp(-np.abs(a))
+    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def interpolate_backward(d_h: np.ndarray, gate: np.ndarray, h_prev: np.ndarray,
+                         candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Backward through the GRU output h_t = g∘h_{t−1} + (1−g)∘c (g: the update gate).
+
+        d_g         = d_h∘(h_{t−1} − c)
+        d_c         = d_h∘(1 − g)
+        d_h_{t−1}  += d_h∘g            (the direct path; the gates add more)
+
+    Returns (d_gate, d_candidate, the direct part of d_h_prev).
+    """
+    return d_h * (h_prev - candidate), d_h * (1.0 - gate), d_h * gate
+
+
+def _zeros_like(params: Params) -> Params:
+    return {name: np.zeros_like(value) for name, value in params.items()}
+
+
+def _add_into(total: Params, part: Params) -> None:
+    """total += part, weight by weight: the weights are shared by every step, so their
+    gradients are sums over the steps."""
+    for name, value in part.items():
+        total[name] += value
+
+
+def _time_major(seq: np.ndarray) -> np.ndarray:
+    """(B, T, ·) ↔ (T, B, ·)."""
+    return np.swapaxes(seq, 0, 1)
+
+
+def _scan(step: Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarray, StepCache]],
+          params: Params, x_seq: np.ndarray, h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """Run ``step`` over x_seq (B, T, F) from h0 (B, u): h_t = step(x_t, h_{t−1}).
+
+    Returns h_seq (B, T, u), holding h_1 … h_T, and the per-step caches.
+    """
+    h = h0
+    outputs: list[np.ndarray] = []
+    cache: Cache = []
+    for t in range(x_seq.shape[1]):
+        h, step_cache = step(params, x_seq[:, t], h)
+        outputs.append(h)
+        cache.append(step_cache)
+    return np.stack(outputs, axis=1), cache
+
+
+# -- GRU, block layout (TF1 GRUCell / GRUBlockCell) -----------------------------------------
+
+
+def gru_block_step(params: Params, x_t: np.ndarray,
+                   h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """One step of the block-layout GRU. w_ru (F+u, 2u) has columns [r | u].
+
+        xh   = [x_t, h_{t−1}]
+        r, u = σ(xh·w_ru + b_ru)
+        xrh  = [x_t, r∘h_{t−1}]
+        c    = tanh(xrh·w_c + b_c)
+        h_t  = u∘h_{t−1} + (1−u)∘c
+    """
+    units = h_prev.shape[1]
+    xh = np.concatenate([x_t, h_prev], axis=1)
+    ru = sigmoid(xh @ params["w_ru"] + params["b_ru"])
+    r, u = ru[:, :units], ru[:, units:]
+    xrh = np.concatenate([x_t, r * h_prev], axis=1)
+    c = np.tanh(xrh @ params["w_c"] + params["b_c"])
+    h = u * h_prev + (1.0 - u) * c
+    return h, {"x": x_t, "h_prev": h_prev, "xh": xh, "xrh": xrh, "r": r, "u": u, "c": c}
+
+
+def gru_block_step_backward(params: Params, cache: StepCache,
+                            d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+    """Backward through one block GRU step, given d_h, the *total* ∂L/∂h_t.
+
+        d_u, d_c   from h_t = u∘h_{t−1} + (1−u)∘c       (see interpolate_backward)
+        d_c_bar    = d_c∘(1 − c²)                          (through tanh)
+        d_xrh      = d_c_bar·w_cᵀ      = [d_x part 1 | d_rh]
+        d_r        = d_rh∘h_{t−1}
+        d_ru_bar   = [d_r∘r∘(1−r) | d_u∘u∘(1−u)]           (through σ)
+        d_xh       = d_ru_bar·w_ruᵀ    = [d_x part 2 | d_h_prev part 3]
+        d_x_t      = part 1 + part 2
+        d_h_{t−1}  = d_h∘u + d_rh∘r + part 3
+        d_w_ru = xhᵀ·d_ru_bar,  d_b_ru = Σ_batch d_ru_bar
+        d_w_c  = xrhᵀ·d_c_bar,  d_b_c  = Σ_batch d_c_bar
+
+    Returns (d_x_t, d_h_prev, this step's weight gradients).
+    """
+    F = cache["x"].shape[1]
+    h_prev, r, u, c = cache["h_prev"], cache["r"], cache["u"], cache["c"]
+    d_u, d_c, d_h_prev = interpolate_backward(d_h, u, h_prev, c)
+    d_c_bar = d_c * (1.0 - c**2)
+    d_xrh = d_c_bar @ params["w_c"].T
+    d_rh = d_xrh[:, F:]
+    d_r = d_rh * h_prev
+    d_ru_bar = np.concatenate([d_r * r * (1.0 - r), d_u * u * (1.0 - u)], axis=1)
+    d_xh = d_ru_bar @ params["w_ru"].T
+    d_x_t = d_xrh[:, :F] + d_xh[:, :F]
+    d_h_prev = d_h_prev + d_rh * r + d_xh[:, F:]
+    d_params = {
+        "w_ru": cache["xh"].T @ d_ru_bar,
+        "b_ru": d_ru_bar.sum(axis=0),
+        "w_c": cache["xrh"].T @ d_c_bar,
+        "b_c": d_c_bar.sum(axis=0),
+    }
+    return d_x_t, d_h_prev, d_params
+
+
+def forward_gru_block(params: Params, x_seq: np.ndarray,
+                      h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """The block GRU over x_seq (B, T, F) from h0 (B, u): h_seq (B, T, u) and the cache."""
+    return _scan(gru_block_step, params, x_seq, h0)
+
+
+def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.ndarray,
+         d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
+    """Backpropagation through time for any cell with one state, given its step backward.
+
+    d_h_seq (B, T, u) is ∂L/∂h_t arriving from above at every step: from the next layer, or
+    from the dense head (zeros except the last step when the head sees h_T only).
+    d_h_final (B, u) is a gradient on h_T from outside the sequence (a truncated-BPTT carry).
+
+        for t = T−1 … 0:
+            d_h = d_h_seq[t] + d_h_next        (d_h_next: carried back from step t+1)
+            d_x_t, d_h_next, d_W_t = step backward(d_h)
+            d_W += d_W_t
+
+    Returns d_x_seq (B, T, F), d_h0 = ∂L/∂h_0 (B, u), and the weight gradients.
+    """
+    d_h_seq = _time_major(d_h_seq)  # from here on, d_h_seq[t] is step t's (B, u) slice
+    d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
+    d_params = _zeros_like(params)
+    d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
+    for t in reversed(range(len(cache))):
+        # h_t went up to the layer above AND on to step t+1: add the gradient carried back
+        # from t+1. Dropping "+ d_h_next" is the classic BPTT bug.
+        d_h = d_h_seq[t] + d_h_next
+        d_x_seq[t], d_h_next, d_params_t = step_backward(params, cache[t], d_h)
+        _add_into(d_params, d_params_t)
+    d_h0 = d_h_next  # after step 0, the carry is ∂L/∂h_0
+    return _time_major(d_x_seq), d_h0, d_params
+
+
+def backward_gru_block(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                       d_h_final: np.ndarray | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, Params]:
+    """BPTT through the block GRU (see :func:`bptt`)."""
+    return bptt(gru_block_step_backward, params, cache, d_h_seq, d_h_final)
+
+
+# -- GRU, Keras layout, reset_after=True (the Keras default) --------------------------------
+
+
+def gru_keras_step(params: Params, x_t: np.ndarray,
+                   h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """One step of the Keras GRU with reset_after=True. Columns [z | r | h]; bias (2, 3u).
+
+        x_proj = x_t·kernel + bias[0]                   (the input part of z, r, ĥ)
+        inner  = h_{t−1}·recurrent_kernel + bias[1]     (the recurrent part)
+        z   = σ(x_proj_z + inner_z)                      (update gate)
+        r   = σ(x_proj_r + inner_r)                      (reset gate)
+        ĥ   = tanh(x_proj_h + r∘inner_h)                 (reset applied after the matmul)
+        h_t = z∘h_{t−1} + (1−z)∘ĥ
+    """
+    units = h_prev.shape[1]
+    x_proj = x_t @ params["kernel"] + params["bias"][0]
+    inner = h_prev @ params["recurrent_kernel"] + params["bias"][1]
+    zr = sigmoid(x_proj[:, : 2 * units] + inner[:, : 2 * units])
+    z, r = zr[:, :units], zr[:, units:]
+    inner_h = inner[:, 2 * units :]
+    candidate = np.tanh(x_proj[:, 2 * units :] + r * inner_h)
+    h = z * h_prev + (1.0 - z) * candidate
+    return h, {"x": x_t, "h_prev": h_prev, "z": z, "r": r, "inner_h": inner_h,
+               "candidate": candidate}
+
+
+def gru_keras_step_backward(params: Params, cache: StepCache,
+                            d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+    """Backward through one Keras GRU step (reset_after=True), given the total ∂L/∂h_t.
+
+        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
+        d_ĥ_bar      = d_ĥ∘(1 − ĥ²)                        (through tanh)
+        d_z_bar      = d_z∘z∘(1−z)
+        d_r_bar      = (d_ĥ_bar∘inner_h)∘r∘(1−r)
+        d_x_proj     = [d_z_bar | d_r_bar | d_ĥ_bar]
+        d_inner      = [d_z_bar | d_r_bar | d_ĥ_bar∘r]
+        d_x_t        = d_x_proj·kernelᵀ
+        d_h_{t−1}    = d_h∘z + d_inner·recurrent_kernelᵀ
+        d_kernel = x_tᵀ·d_x_proj,  d_recurrent_kernel = h_{t−1}ᵀ·d_inner
+        d_bias   = [Σ_batch d_x_proj ; Σ_batch d_inner]        (2, 3u)
+    """
+    h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
+    d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
+    d_candidate_bar = d_candidate * (1.0 - candidate**2)
+    d_z_bar = d_z * z * (1.0 - z)
+    d_r_bar = d_candidate_bar * cache["inner_h"] * r * (1.0 - r)
+    d_x_proj = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar], axis=1)
+    d_inner = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar * r], axis=1)
+    d_x_t = d_x_proj @ params["kernel"].T
+    d_h_prev = d_h_prev + d_inner @ params["recurrent_kernel"].T
+    d_params = {
+        "kernel": cache["x"].T @ d_x_proj,
+        "recurrent_kernel": h_prev.T @ d_inner,
+        "bias": np.stack([d_x_proj.sum(axis=0), d_inner.sum(axis=0)]),
+    }
+    return d_x_t, d_h_prev, d_params
+
+
+def forward_gru_keras(params: Params, x_seq: np.ndarray,
+                      h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """The Keras GRU (reset_after=True) over x_seq (B, T, F) from h0 (B, u)."""
+    return _scan(gru_keras_step, params, x_seq, h0)
+
+
+def backward_gru_keras(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                       d_h_final: np.ndarray | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, Params]:
+    """BPTT through the Keras GRU (reset_after=True) (see :func:`bptt`)."""
+    return bptt(gru_keras_step_backward, params, cache, d_h_seq, d_h_final)
+
+
+# -- GRU, Keras layout, reset_after=False ---------------------------------------------------
+
+
+def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
+                                h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """One step of the Keras GRU with reset_after=False. Columns [z | r | h]; bias (3u,).
+
+        x_proj = x_t·kernel + bias
+        z, r   = σ(x_proj_zr + h_{t−1}·U_zr)        U_zr = recurrent_kernel[:, :2u]
+        ĥ      = tanh(x_proj_h + (r∘h_{t−1})·U_h)   U_h  = recurrent_kernel[:, 2u:]
+        h_t    = z∘h_{t−1} + (1−z)∘ĥ
+    """
+    units = h_prev.shape[1]
+    recurrent = params["recurrent_kernel"]
+    x_proj = x_t @ params["kernel"] + params["bias"]
+    zr = sigmoid(x_proj[:, : 2 * units] + h_prev @ recurrent[:, : 2 * units])
+    z, r = zr[:, :units], zr[:, units:]
+    rh = r * h_prev
+    candidate = np.tanh(x_proj[:, 2 * units :] + rh @ recurrent[:, 2 * units :])
+    h = z * h_prev + (1.0 - z) * candidate
+    return h, {"x": x_t, "h_prev": h_prev, "z": z, "r": r, "rh": rh, "candidate": candidate}
+
+
+def gru_keras_reset_before_step_backward(
+    params: Params, cache: StepCache, d_h: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, Params]:
+    """Backward through one Keras GRU step (reset_after=False), given the total ∂L/∂h_t.
+
+        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
+        d_ĥ_bar      = d_ĥ∘(1 − ĥ²)
+        d_rh         = d_ĥ_bar·U_hᵀ
+        d_zr_bar     = [d_z∘z∘(1−z) | (d_rh∘h_{t−1})∘r∘(1−r)]
+        d_x_proj     = [d_zr_bar | d_ĥ_bar]
+        d_x_t        = d_x_proj·kernelᵀ
+        d_h_{t−1}    = d_h∘z + d_rh∘r + d_zr_bar·U_zrᵀ
+        d_kernel = x_tᵀ·d_x_proj,  d_bias = Σ_batch d_x_proj
+        d_recurrent_kernel = [h_{t−1}ᵀ·d_zr_bar | (r∘h_{t−1})ᵀ·d_ĥ_bar]
+    """
+    units = cache["h_prev"].shape[1]
+    recurrent = params["recurrent_kernel"]
+    h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
+    d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
+    d_candidate_bar = d_candidate * (1.0 - candidate**2)
+    d_rh = d_candidate_bar @ recurrent[:, 2 * units :].T
+    d_zr_bar = np.concatenate([d_z * z * (1.0 - z), d_rh * h_prev * r * (1.0 - r)], axis=1)
+    d_x_proj = np.concatenate([d_zr_bar, d_candidate_bar], axis=1)
+    d_x_t = d_x_proj @ params["kernel"].T
+    d_h_prev = d_h_prev + d_rh * r + d_zr_bar @ recurrent[:, : 2 * units].T
+    d_params = {
+        "kernel": cache["x"].T @ d_x_proj,
+        "recurrent_kernel": np.concatenate(
+            [h_prev.T @ d_zr_bar, cache["rh"].T @ d_candidate_bar], axis=1
+        ),
+        "bias": d_x_proj.sum(axis=0),
+    }
+    return d_x_t, d_h_prev, d_params
+
+
+def forward_gru_keras_reset_before(params: Params, x_seq: np.ndarray,
+                                   h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+    """The Keras GRU (reset_after=False) over x_seq (B, T, F) from h0 (B, u)."""
+    return _scan(gru_keras_reset_before_step, params, x_seq, h0)
+
+
+def backward_gru_keras_reset_before(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                                    d_h_final: np.ndarray | None = None,
+                                    ) -> tuple[np.ndarray, np.ndarray, Params]:
+    """BPTT through the Keras GRU (reset_after=False) (see :func:`bptt`)."""
+    return bptt(gru_keras_reset_before_step_backward, params, cache, d_h_seq, d_h_final)
+
+
+#: (forward, backward) for every recurrent cell, keyed by :func:`cell_key`. A new cell is a
+#: forward_<cell>, a backward_<cell> and one line here.
+RECURRENT: dict[str, tuple[Forward, Backward]] = {
+    "gru_block": (forward_gru_block, backward_gru_block),
+    "gru_keras": (forward_gru_keras, backward_gru_keras),
+    "gru_keras_reset_before": (forward_gru_keras_reset_before, backward_gru_keras_reset_before),
+}
+
+
+def cell_key(cell: Cell) -> str:
+    """``<kind>_<layout>`` as in gradscope/cells, plus ``_reset_before`` for reset_after=False."""
+    key = f"{cell.kind}_{cell.layout}"
+    if key == "gru_keras" and not cell.options.get("reset_after", True):
+        key += "_reset_before"
+    return key
+
+
+def _functions(cell: Cell) -> tuple[Forward, Backward]:
+    functions = RECURRENT.get(cell_key(cell))
+    if functions is None or cell.state_names != ("h0",):
+        raise ConfigError(
+            f"{cell.name}: the NumPy reference has no {cell.kind} in the {cell.layout} layout; "
+            f"expected one of {', '.join(sorted(RECURRENT))}",
+            where=cell.name,
+        )
+    return functions
+
+
+# -- dense layers and losses ----------------------------------------------------------------
+
+
+def forward_dense(kernel: np.ndarray, bias: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """y = a·kernel + bias at every leading position: a is (B, T, n) or (B, n)."""
+    return a @ kernel + bias
+
+
+def backward_dense(kernel: np.ndarray, a: np.ndarray,
+                   d_y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Backward through y = a·kernel + bias. The same weights serve every position, so
+
+        d_a      = d_y·kernelᵀ
+        d_kernel = Σ_positions aᵀ·d_y     (B×T positions, or B with return_sequences false)
+        d_bias   = Σ_positions d_y
+
+    Returns (d_a, d_kernel, d_bias).
+    """
+    flat_a = a.reshape(-1, a.shape[-1])
+    flat_d_y = d_y.reshape(-1, d_y.shape[-1])
+    return d_y @ kernel.T, flat_a.T @ flat_d_y, flat_d_y.sum(axis=0)
+
+
+def mse_loss(prediction: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
+    """L = mean over every element of (p − y)²;  ∂L/∂p = 2(p − y) / (number of elements)."""
+    error = prediction - target
+    return float(np.mean(error**2)), 2.0 * error / error.size
+
+
+def softmax_cross_entropy_loss(logits: np.ndarray,
+                               target: np.ndarray) -> tuple[float, np.ndarray]:
+    """L = mean over the positions (B×T, or B) of −Σ_l y_l·log softmax(logits)_l.
+
+        ∂L/∂logits = (softmax(logits)·Σ_l y_l − y) / N      (N positions)
+
+    which is the familiar (softmax − y)/N when each target row sums to 1 (one-hot or
+    probabilities).
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    positions = logits.size // logits.shape[-1]
+    loss = -float(np.sum(target * log_softmax)) / positions
+    d_logits = np.exp(log_softmax) * target.sum(axis=-1, keepdims=True) - target
+    return loss, d_logits / positions
+
+
+LOSSES: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]] = {
+    "mse": mse_loss,
+    "softmax_cross_entropy": softmax_cross_entropy_loss,
+}
+
+
+# -- the whole model ------------------------------------------------------------------------
+
+
+@dataclass
+class _ForwardPass:
+    """What the forward pass keeps for the backward pass."""
+
+    loss: float
+    d_prediction: np.ndarray  # ∂L/∂(the last layer's output)
+    cell_params: list[Params]  # per recurrent layer, by short name
+    caches: list[Cache]  # per recurrent layer
+    dense_inputs: list[np.ndarray]  # the input of every dense layer
+    final_states: dict[str, np.ndarray]
+
+
+def _cell_params(cell: Cell, params: dict[str, np.ndarray]) -> Params:
+    return {info.short: np.asarray(params[info.name], dtype=np.float64)
+            for info in cell.weights()}
+
+
+def _initial_state(cell: Cell, batch: Batch) -> np.ndarray:
+    """h0 from the batch, or zeros when the batch does not supply it."""
+    value = batch.initial_states.get(f"{cell.name}/h0")
+    if value is None:
+        return np.zeros((batch.x.shape[0], cell.units))
+    return np.asarray(value, dtype=np.float64)
+
+
+def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -> _ForwardPass:
+    """Recurrent layers, then the dense head, then the loss."""
+    sequence = np.asarray(batch.x, dtype=np.float64)
+    cell_params: list[Params] = []
+    caches: list[Cache] = []
+    final_states: dict[str, np.ndarray] = {}
+    for cell in shapes.cells:
+        forward, _ = _functions(cell)
+        cell_params.append(_cell_params(cell, params))
+        sequence, cache = forward(cell_params[-1], sequence, _initial_state(cell, batch))
+        caches.append(cache)
+        final_states[f"{cell.name}/h_T"] = sequence[:, -1]
+    output = sequence if shapes.spec.sequence_output else sequence[:, -1]
+    dense_inputs: list[np.ndarray] = []
+    for layer in shapes.dense:
+        dense_inputs.append(output)
+        output = forward_dense(np.asarray(params[f"{layer.name}/kernel"], dtype=np.float64),
+                               np.asarray(params[f"{layer.name}/bias"], dtype=np.float64),
+                               output)
+    loss, d_prediction = LOSSES[shapes.spec.loss](output, np.asarray(batch.y, dtype=np.float64))
+    return _ForwardPass(loss, d_prediction, cell_params, caches, dense_inputs, final_states)
+
+
+def _backward(shapes: ModelShapes, params: dict[str, np.ndarray],
+              forward: _ForwardPass) -> dict[str, np.ndarray]:
+    """The dense head backwards, then every recurrent layer's BPTT, top layer first."""
+    gradients: dict[str, np.ndarray] = {}
+    d_output = forward.d_prediction
+    for layer, a in reversed(list(zip(shapes.dense, forward.dense_inputs, strict=True))):
+        kernel = np.asarray(params[f"{layer.name}/kernel"], dtype=np.float64)
+        d_output, d_kernel, d_bias = backward_dense(kernel, a, d_output)
+        gradients[f"{layer.name}/kernel"], gradients[f"{layer.name}/bias"] = d_kernel, d_bias
+    if shapes.spec.sequence_output:
+        d_h_seq = d_output
+    else:  # the head saw h_T only: every other step gets nothing from above
+        d_h_seq = np.zeros((*d_output.shape[:1], shapes.spec.time_steps, d_output.shape[-1]))
+        d_h_seq[:, -1] = d_output
+    layers = zip(shapes.cells, forward.cell_params, forward.caches, strict=True)
+    for cell, cell_params, cache in reversed(list(layers)):
+        _, backward = _functions(cell)
+        d_h_seq, d_h0, d_cell = backward(cell_params, cache, d_h_seq, None)
+        gradients[f"{cell.name}/h0"] = d_h0
+        gradients.update({f"{cell.name}/{short}": value for short, value in d_cell.items()})
+    gradients["x"] = d_h_seq  # the first layer's d_x_seq
+    return gradients
+
+
+def reference_gradients(shapes: ModelShapes, params: dict[str, np.ndarray],
+                        batch: Batch) -> ReferenceResult:
+    """The mean loss and every gradient of the model ``shapes`` describes, in float64.
+
+    ``params`` are keyed by gradscope name (``gru_1/w_ru``, ``dense_1/kernel``); ``batch``
+    supplies x (B, T, F), the targets and the initial states (zeros where missing).
+    """
+    forward = _forward(shapes, params, batch)
+    gradients = _backward(shapes, params, forward)
+    order = [info.name for info in (*shapes.weights, *shapes.states)] + ["x"]
+    return ReferenceResult(
+        loss=forward.loss,
+        gradients={name: gradients[name] for name in order},
+        final_states=forward.final_states,
+    )
+
+
+def reference_loss(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -> float:
+    """The mean loss alone (the forward pass), e.g. for finite differences."""
+    return _forward(shapes, params, batch).loss

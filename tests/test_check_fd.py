@@ -1,0 +1,85 @@
+"""The finite-difference witness: it passes on correct gradients and catches wrong ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gradscope.check.context import CheckContext
+from gradscope.check.finite_differences import finite_difference_witness, probes_for
+from gradscope.data import initial_params, synthetic_batch
+from gradscope.model import Engine
+from gradscope.shapes import model_shapes
+from gradscope.spec import load_spec
+
+SPECS = {
+    "block": {"layers": [{"gru": 4}, {"gru": 3}, {"dense": 3}]},
+    "keras": {"layout": "keras", "layers": [{"gru": 4}, {"type": "gru", "units": 3,
+                                                          "reset_after": False}, {"dense": 2}],
+              "loss": "mse"},
+    "last_step": {"layers": [{"gru": 5, "return_sequences": False}, {"dense": 3}]},
+}
+
+
+def _context(name: str, directions: int = 3) -> CheckContext:
+    spec = load_spec({"input_size": 6, "time_steps": 5, "batch_size": 4, **SPECS[name]})
+    algebra = model_shapes(spec)
+    params = {k: v.astype(np.float64) for k, v in initial_params(algebra).items()}
+    batch = synthetic_batch(algebra).astype("float64")
+    rng = np.random.default_rng(11)
+    for value in batch.initial_states.values():
+        value[...] = rng.standard_normal(value.shape)
+    engine = Engine(algebra, dtype="float64")
+    return CheckContext(algebra, params, batch, engine, engine.run(params, batch),
+                        directions=directions)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_correct_gradients_pass_for_every_tensor(name, tf):
+    ctx = _context(name)
+    results = finite_difference_witness(ctx)
+    names = {r.tensor for r in results}
+    assert names == {*ctx.params, *ctx.batch.initial_states, "x"}
+    for result in results:
+        assert result.passed, (result.tensor, result.error, result.detail)
+        assert result.error < 5e-6  # well inside the 1e-5 tolerance
+
+
+@pytest.mark.parametrize("tensor,factor", [("gru_1/w_ru", 1.001), ("gru_2/b_c", 0.99),
+                                           ("dense_1/kernel", -1.0), ("gru_1/h0", 1.01)])
+def test_a_wrong_autodiff_gradient_is_caught_and_named(tensor, factor, tf):
+    ctx = _context("block")
+    weights = dict(ctx.autodiff.weight_gradients)
+    states = dict(ctx.autodiff.state_gradients)
+    target = weights if tensor in weights else states
+    target[tensor] = target[tensor] * factor
+    ctx.autodiff = dataclasses.replace(ctx.autodiff, weight_gradients=weights,
+                                       state_gradients=states)
+    failed = [r.tensor for r in finite_difference_witness(ctx) if not r.passed]
+    assert failed == [tensor]
+
+
+def test_a_single_wrong_element_is_caught_by_the_element_probes(tf):
+    ctx = _context("block")
+    weights = dict(ctx.autodiff.weight_gradients)
+    gradient = weights["gru_1/w_c"].copy()
+    gradient.flat[np.argmax(np.abs(gradient))] *= 1.05
+    weights["gru_1/w_c"] = gradient
+    ctx.autodiff = dataclasses.replace(ctx.autodiff, weight_gradients=weights)
+    failed = {r.tensor: r for r in finite_difference_witness(ctx) if not r.passed}
+    assert list(failed) == ["gru_1/w_c"]
+    assert "largest |g|" in failed["gru_1/w_c"].detail
+
+
+def test_probes_are_unit_directions_and_include_the_largest_element():
+    rng = np.random.default_rng(0)
+    gradient = rng.standard_normal((7, 5))
+    probes = probes_for("w", gradient, 3, rng)
+    assert len(probes) == 3 + 1 + 2
+    for probe in probes:
+        assert probe.direction.shape == gradient.shape
+        assert np.linalg.norm(probe.direction) == pytest.approx(1.0)
+    largest = np.unravel_index(np.argmax(np.abs(gradient)), gradient.shape)
+    assert probes[3].direction[largest] == 1.0

@@ -1,0 +1,215 @@
+"""The NumPy reference (gradscope/reference.py): against TF autodiff, against finite
+differences, and against a mutant that forgets the gradient carried back from t+1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from gradscope import reference
+from gradscope.data import Batch, initial_params, synthetic_batch
+from gradscope.reference import reference_gradients, reference_loss
+from gradscope.shapes import ModelShapes, model_shapes
+from gradscope.spec import load_spec
+
+RTOL, ATOL = 1e-10, 1e-12
+
+
+def _keras(units: int, **options: object) -> dict[str, object]:
+    return {"type": "gru", "units": units, "layout": "keras", **options}
+
+
+def _block(units: int, **options: object) -> dict[str, object]:
+    return {"type": "gru", "units": units, "layout": "block", **options}
+
+
+SPECS: dict[str, dict[str, object]] = {
+    "block_ce": {"layers": [_block(4), {"dense": 3}]},
+    "keras_mse": {"layers": [_keras(4), {"dense": 2}], "loss": "mse"},
+    "keras_reset_before_last_step": {
+        "layers": [_keras(3, reset_after=False), _keras(4, reset_after=False,
+                                                        return_sequences=False), {"dense": 3}],
+    },
+    "mixed_three_two_dense_mse": {
+        "layers": [_block(3), _keras(4, reset_after=False), _keras(3), {"dense": 4},
+                   {"dense": 2}],
+        "loss": "mse",
+    },
+    "mixed_last_step_two_dense_ce": {
+        "layers": [_keras(4), _block(3, return_sequences=False), {"dense": 5}, {"dense": 3}],
+    },
+    "block_two_last_step_mse": {
+        "layers": [_block(3), _block(4, return_sequences=False), {"dense": 2}], "loss": "mse",
+    },
+    "keras_no_dense_mse": {"layers": [_keras(3)], "loss": "mse"},
+}
+
+
+def _setup(name: str, seed: int = 0) -> tuple[ModelShapes, dict[str, np.ndarray], Batch]:
+    """A float64 model, B=3, T=5, F=4, with perturbed weights (so no bias is zero) and random
+    nonzero initial states (so h0 matters)."""
+    spec = load_spec({"input_size": 4, "time_steps": 5, "batch_size": 3, "dtype": "float64",
+                      "seed": seed, **SPECS[name]})
+    shapes = model_shapes(spec)
+    rng = np.random.default_rng([seed, 99])
+    params = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in initial_params(shapes).items()}
+    batch = synthetic_batch(shapes)
+    states = {k: rng.standard_normal(v.shape) for k, v in batch.initial_states.items()}
+    return shapes, params, Batch(x=batch.x, y=batch.y, initial_states=states)
+
+
+def _tf_gradients(shapes: ModelShapes, params: dict[str, np.ndarray],
+                  batch: Batch) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    from gradscope.model import Engine
+
+    result = Engine(shapes).run(params, batch)
+    gradients = {**result.weight_gradients, **result.state_gradients}
+    assert all(value is not None for value in gradients.values())
+    gradients["x"] = result.input_gradient
+    finals = {k: v for k, v in result.final_states.items() if v is not None}
+    return result.loss, gradients, finals  # type: ignore[return-value]
+
+
+_MAX_RELATIVE_ERROR: list[float] = []
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_reference_matches_tensorflow(name, tf):
+    shapes, params, batch = _setup(name)
+    tf_loss, tf_grads, tf_finals = _tf_gradients(shapes, params, batch)
+    ours = reference_gradients(shapes, params, batch)
+
+    expected_names = {*params, *(info.name for info in shapes.states), "x"}
+    assert set(ours.gradients) == expected_names == set(tf_grads)
+    np.testing.assert_allclose(ours.loss, tf_loss, rtol=RTOL, atol=ATOL)
+    for tensor, expected in tf_grads.items():
+        assert ours.gradients[tensor].shape == expected.shape, tensor
+        assert ours.gradients[tensor].dtype == np.float64, tensor
+        np.testing.assert_allclose(ours.gradients[tensor], expected, rtol=RTOL, atol=ATOL,
+                                   err_msg=tensor)
+        scale = np.max(np.abs(expected))
+        _MAX_RELATIVE_ERROR.append(float(np.max(np.abs(ours.gradients[tensor] - expected))
+                                         / scale))
+    assert set(ours.final_states) == set(tf_finals)
+    for state, expected in tf_finals.items():
+        np.testing.assert_allclose(ours.final_states[state], expected, rtol=RTOL, atol=ATOL)
+
+
+def test_report_max_relative_error(capsys):
+    """Runs after the TF comparisons (file order): prints the worst error seen, for the log."""
+    if _MAX_RELATIVE_ERROR:
+        with capsys.disabled():
+            print(f"\nreference vs TF: max |Δ|/max|g| over {len(_MAX_RELATIVE_ERROR)} tensors = "
+                  f"{max(_MAX_RELATIVE_ERROR):.3g}")
+
+
+# -- finite differences, no TensorFlow --------------------------------------------------------
+
+
+def _with(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch, tensor: str,
+          index: tuple[int, ...], delta: float) -> float:
+    """The loss with one element of one tensor (a weight, an initial state, or x) moved."""
+    params = dict(params)
+    states = dict(batch.initial_states)
+    x = batch.x
+    if tensor == "x":
+        x = x.copy()
+        x[index] += delta
+    elif tensor in states:
+        states[tensor] = states[tensor].copy()
+        states[tensor][index] += delta
+    else:
+        params[tensor] = params[tensor].copy()
+        params[tensor][index] += delta
+    return reference_loss(shapes, params, Batch(x=x, y=batch.y, initial_states=states))
+
+
+@pytest.mark.parametrize("name", ["block_two_last_step_mse", "keras_mse",
+                                  "keras_reset_before_last_step"])
+def test_reference_matches_central_differences(name):
+    shapes, params, batch = _setup(name, seed=3)
+    ours = reference_gradients(shapes, params, batch)
+    rng = np.random.default_rng(5)
+    eps = 1e-6
+    for tensor, gradient in ours.gradients.items():
+        for flat in rng.choice(gradient.size, size=min(4, gradient.size), replace=False):
+            index = np.unravel_index(flat, gradient.shape)
+            numeric = (_with(shapes, params, batch, tensor, index, eps)
+                       - _with(shapes, params, batch, tensor, index, -eps)) / (2 * eps)
+            np.testing.assert_allclose(gradient[index], numeric, rtol=1e-6, atol=1e-9,
+                                       err_msg=f"{tensor}{list(index)}")
+
+
+def test_softmax_cross_entropy_gradient_holds_for_unnormalised_targets():
+    """The reference differentiates the loss as written, −Σ_l y_l·log softmax_l, so its
+    gradient is softmax·Σy − y; it reduces to softmax − y only when Σy = 1."""
+    rng = np.random.default_rng(2)
+    logits, target = rng.standard_normal((3, 5, 4)), rng.uniform(0, 1, (3, 5, 4))
+    _, gradient = reference.softmax_cross_entropy_loss(logits, target)
+    eps = 1e-6
+    for index in [(0, 0, 0), (1, 2, 3), (2, 4, 1)]:
+        moved = [logits.copy(), logits.copy()]
+        moved[0][index] += eps
+        moved[1][index] -= eps
+        plus, minus = (reference.softmax_cross_entropy_loss(m, target)[0] for m in moved)
+        np.testing.assert_allclose(gradient[index], (plus - minus) / (2 * eps), rtol=1e-6,
+                                   atol=1e-9)
+    softmax = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    assert not np.allclose(gradient, (softmax - target) / 15, rtol=1e-3)  # not softmax − y
+
+
+# -- a mutant: the classic BPTT bug -----------------------------------------------------------
+
+
+def _backward_gru_block_without_carry(params, cache, d_h_seq, d_h_final=None):
+    """backward_gru_block with the classic bug: d_h = d_h_seq[t], no + d_h_next."""
+    d_h_seq = np.swapaxes(d_h_seq, 0, 1)
+    d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
+    d_params = {name: np.zeros_like(value) for name, value in params.items()}
+    d_h_next = np.zeros_like(d_h_seq[0])
+    for t in reversed(range(len(cache))):
+        d_h = d_h_seq[t]  # BUG: forgets the gradient carried back from t+1
+        d_x_seq[t], d_h_next, d_params_t = reference.gru_block_step_backward(params, cache[t],
+                                                                             d_h)
+        for key, value in d_params_t.items():
+            d_params[key] += value
+    return np.swapaxes(d_x_seq, 0, 1), d_h_next, d_params
+
+
+def test_a_backward_without_the_carry_fails_the_comparison(tf, monkeypatch):
+    shapes, params, batch = _setup("block_ce")
+    _, tf_grads, _ = _tf_gradients(shapes, params, batch)
+    np.testing.assert_allclose(reference_gradients(shapes, params, batch).gradients["x"],
+                               tf_grads["x"], rtol=RTOL, atol=ATOL)  # the real one passes
+
+    monkeypatch.setitem(reference.RECURRENT, "gru_block",
+                        (reference.forward_gru_block, _backward_gru_block_without_carry))
+    mutant = reference_gradients(shapes, params, batch).gradients
+    for tensor in ["x", "gru_1/h0", "gru_1/w_ru", "gru_1/w_c"]:
+        with pytest.raises(AssertionError):
+            np.testing.assert_allclose(mutant[tensor], tf_grads[tensor], rtol=RTOL, atol=ATOL)
+    # The head does not go through the recurrence, so its gradients stay right; and at the
+    # last step nothing is carried yet, so d_x_T is still right: the bug hides in earlier steps.
+    for tensor in ["dense_1/kernel", "dense_1/bias"]:
+        np.testing.assert_allclose(mutant[tensor], tf_grads[tensor], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(mutant["x"][:, -1], tf_grads["x"][:, -1], rtol=RTOL, atol=ATOL)
+
+
+# -- no TensorFlow in the reference -----------------------------------------------------------
+
+
+def test_importing_the_reference_does_not_import_tensorflow():
+    code = "import gradscope.reference, sys; assert 'tensorflow' not in sys.modules"
+    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                               text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_the_reference_source_never_mentions_tensorflow():
+    source = (REPO / "gradscope" / "reference.py").read_text(encoding="utf-8")
+    assert "import tensorflow" not in source and "gradscope.model" not in source
+    assert "gradscope._tf" not in source
