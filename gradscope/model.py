@@ -38,7 +38,7 @@ class Engine:
         self.shapes = shapes
         self.dtype = dtype or shapes.spec.dtype
         self.tf = import_tensorflow()
-        self._loss_and_gradients = self.tf.function(self._loss_and_gradients_graph)
+        self._loss_and_gradients = self.tf.function(self._loss_and_gradients_graph, autograph=False)
 
     # -- graph pieces (run inside tf.function) -------------------------------------------------
 
