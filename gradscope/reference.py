@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -357,12 +358,174 @@ def backward_gru_keras_reset_before(params: Params, cache: Cache, d_h_seq: np.nd
     return bptt(gru_keras_reset_before_step_backward, params, cache, d_h_seq, d_h_final)
 
 
+# -- SimpleRNN, block layout (TF1 BasicRNNCell) and Keras layout ---------------------------
+
+
+def simple_rnn_block_step(params: Params, x_t: np.ndarray,
+                          h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """h_t = tanh([x_t, h_{t−1}]·kernel + bias);  kernel (F+u, u)."""
+    xh = np.concatenate([x_t, h_prev], axis=1)
+    h = np.tanh(xh @ params["kernel"] + params["bias"])
+    return h, {"x": x_t, "xh": xh, "h": h}
+
+
+def simple_rnn_block_step_backward(params: Params, cache: StepCache,
+                                   d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+    """d_pre = d_h∘(1 − h_t²);  [d_x_t | d_h_{t−1}] = d_pre·kernelᵀ;  d_kernel = xhᵀ·d_pre."""
+    F = cache["x"].shape[1]
+    d_pre = d_h * (1.0 - cache["h"] ** 2)
+    d_xh = d_pre @ params["kernel"].T
+    return d_xh[:, :F], d_xh[:, F:], {"kernel": cache["xh"].T @ d_pre,
+                                      "bias": d_pre.sum(axis=0)}
+
+
+def simple_rnn_keras_step(params: Params, x_t: np.ndarray,
+                          h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """h_t = tanh(x_t·kernel + h_{t−1}·recurrent_kernel + bias)."""
+    h = np.tanh(x_t @ params["kernel"] + h_prev @ params["recurrent_kernel"] + params["bias"])
+    return h, {"x": x_t, "h_prev": h_prev, "h": h}
+
+
+def simple_rnn_keras_step_backward(params: Params, cache: StepCache,
+                                   d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+    """d_pre = d_h∘(1 − h_t²);  d_x_t = d_pre·kernelᵀ;  d_h_{t−1} = d_pre·recurrent_kernelᵀ."""
+    d_pre = d_h * (1.0 - cache["h"] ** 2)
+    return d_pre @ params["kernel"].T, d_pre @ params["recurrent_kernel"].T, {
+        "kernel": cache["x"].T @ d_pre,
+        "recurrent_kernel": cache["h_prev"].T @ d_pre,
+        "bias": d_pre.sum(axis=0),
+    }
+
+
+def forward_simple_rnn_block(params: Params, x_seq: np.ndarray,
+                             h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+    return _scan(simple_rnn_block_step, params, x_seq, h0)
+
+
+def backward_simple_rnn_block(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                              d_h_final: np.ndarray | None = None,
+                              ) -> tuple[np.ndarray, np.ndarray, Params]:
+    return bptt(simple_rnn_block_step_backward, params, cache, d_h_seq, d_h_final)
+
+
+def forward_simple_rnn_keras(params: Params, x_seq: np.ndarray,
+                             h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+    return _scan(simple_rnn_keras_step, params, x_seq, h0)
+
+
+def backward_simple_rnn_keras(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                              d_h_final: np.ndarray | None = None,
+                              ) -> tuple[np.ndarray, np.ndarray, Params]:
+    return bptt(simple_rnn_keras_step_backward, params, cache, d_h_seq, d_h_final)
+
+
+# -- LSTM: two states, h and c ----------------------------------------------------------------
+
+#: Column blocks of the fused gate pre-activations: TF1 LSTMCell [i | j | f | o] with
+#: forget_bias 1.0 added to f; Keras [i | f | c̃ | o] with no forget bias.
+LSTM_LAYOUTS = {"block": ("i", "j", "f", "o", 1.0), "keras": ("i", "j", "f", "o", 0.0)}
+
+
+def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.ndarray,
+              layout: str) -> tuple[np.ndarray, np.ndarray, StepCache]:
+    """One LSTM step (j is the new input, c̃ in Keras' words).
+
+        z          = [x_t, h_{t−1}]·kernel + bias              (block)
+                   = x_t·kernel + h_{t−1}·recurrent_kernel + bias   (keras)
+        c_t        = σ(f + forget_bias)∘c_{t−1} + σ(i)∘tanh(j)
+        h_t        = σ(o)∘tanh(c_t)
+    """
+    u = h_prev.shape[1]
+    if layout == "block":
+        xh = np.concatenate([x_t, h_prev], axis=1)
+        z = xh @ params["kernel"] + params["bias"]
+        i, j, f, o = (z[:, k * u:(k + 1) * u] for k in range(4))
+    else:
+        xh = x_t
+        z = x_t @ params["kernel"] + h_prev @ params["recurrent_kernel"] + params["bias"]
+        i, f, j, o = (z[:, k * u:(k + 1) * u] for k in range(4))
+    si, tj, so = sigmoid(i), np.tanh(j), sigmoid(o)
+    sf = sigmoid(f + LSTM_LAYOUTS[layout][4])
+    c = sf * c_prev + si * tj
+    tc = np.tanh(c)
+    h = so * tc
+    cache = {"x": x_t, "xh": xh, "h_prev": h_prev, "c_prev": c_prev, "si": si, "tj": tj,
+             "sf": sf, "so": so, "tc": tc, "c": c}
+    return h, c, cache
+
+
+def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_next: np.ndarray,
+                       layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+    """Backward through one LSTM step, given the total ∂L/∂h_t and the c-gradient carried
+    back from t+1.
+
+        d_c        = d_c_next + d_h∘σ(o)∘(1 − tanh²c_t)     (c_t also went on to t+1)
+        d_o_pre    = d_h∘tanh(c_t)∘σ'(o)
+        d_f_pre    = d_c∘c_{t−1}∘σ'(f)
+        d_i_pre    = d_c∘tanh(j)∘σ'(i)
+        d_j_pre    = d_c∘σ(i)∘(1 − tanh²j)
+        d_c_{t−1}  = d_c∘σ(f)
+        d_z        = the four blocks in the layout's order
+    Returns (d_x_t, d_h_{t−1}, d_c_{t−1}, this step's weight gradients).
+    """
+    si, tj, sf, so, tc = (cache[k] for k in ("si", "tj", "sf", "so", "tc"))
+    d_c = d_c_next + d_h * so * (1.0 - tc**2)
+    d_o = d_h * tc * so * (1.0 - so)
+    d_f = d_c * cache["c_prev"] * sf * (1.0 - sf)
+    d_i = d_c * tj * si * (1.0 - si)
+    d_j = d_c * si * (1.0 - tj**2)
+    blocks = [d_i, d_j, d_f, d_o] if layout == "block" else [d_i, d_f, d_j, d_o]
+    d_z = np.concatenate(blocks, axis=1)
+    d_c_prev = d_c * sf
+    if layout == "block":
+        F = cache["x"].shape[1]
+        d_xh = d_z @ params["kernel"].T
+        d_params = {"kernel": cache["xh"].T @ d_z, "bias": d_z.sum(axis=0)}
+        return d_xh[:, :F], d_xh[:, F:], d_c_prev, d_params
+    d_params = {"kernel": cache["x"].T @ d_z, "recurrent_kernel": cache["h_prev"].T @ d_z,
+                "bias": d_z.sum(axis=0)}
+    return d_z @ params["kernel"].T, d_z @ params["recurrent_kernel"].T, d_c_prev, d_params
+
+
+def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
+    def forward(params: Params, x_seq: np.ndarray, h0: np.ndarray,
+                c0: np.ndarray | None = None) -> tuple[np.ndarray, Cache]:
+        h, c = h0, (np.zeros_like(h0) if c0 is None else c0)
+        outputs, cache = [], []
+        for t in range(x_seq.shape[1]):
+            h, c, step_cache = lstm_step(params, x_seq[:, t], h, c, layout)
+            outputs.append(h)
+            cache.append(step_cache)
+        return np.stack(outputs, axis=1), cache
+
+    def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                 d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, Any, Params]:
+        """BPTT with two carries: d_h_next and d_c_next both come back from t+1."""
+        d_h_seq = _time_major(d_h_seq)
+        d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
+        d_params = _zeros_like(params)
+        d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
+        d_c_next = np.zeros_like(d_h_seq[0])
+        for t in reversed(range(len(cache))):
+            d_h = d_h_seq[t] + d_h_next  # the gradient carried back from t+1 is added
+            d_x_seq[t], d_h_next, d_c_next, d_params_t = lstm_step_backward(
+                params, cache[t], d_h, d_c_next, layout)
+            _add_into(d_params, d_params_t)
+        return _time_major(d_x_seq), (d_h_next, d_c_next), d_params
+
+    return forward, backward
+
+
 #: (forward, backward) for every recurrent cell, keyed by :func:`cell_key`. A new cell is a
 #: forward_<cell>, a backward_<cell> and one line here.
 RECURRENT: dict[str, tuple[Forward, Backward]] = {
     "gru_block": (forward_gru_block, backward_gru_block),
     "gru_keras": (forward_gru_keras, backward_gru_keras),
     "gru_keras_reset_before": (forward_gru_keras_reset_before, backward_gru_keras_reset_before),
+    "simple_rnn_block": (forward_simple_rnn_block, backward_simple_rnn_block),
+    "simple_rnn_keras": (forward_simple_rnn_keras, backward_simple_rnn_keras),
+    "lstm_block": _lstm_functions("block"),
+    "lstm_keras": _lstm_functions("keras"),
 }
 
 
@@ -376,7 +539,7 @@ def cell_key(cell: Cell) -> str:
 
 def _functions(cell: Cell) -> tuple[Forward, Backward]:
     functions = RECURRENT.get(cell_key(cell))
-    if functions is None or cell.state_names != ("h0",):
+    if functions is None:
         raise ConfigError(
             f"{cell.name}: the NumPy reference has no {cell.kind} in the {cell.layout} layout; "
             f"expected one of {', '.join(sorted(RECURRENT))}",
@@ -457,12 +620,14 @@ def _cell_params(cell: Cell, params: dict[str, np.ndarray]) -> Params:
             for info in cell.weights()}
 
 
-def _initial_state(cell: Cell, batch: Batch) -> np.ndarray:
-    """h0 from the batch, or zeros when the batch does not supply it."""
-    value = batch.initial_states.get(f"{cell.name}/h0")
-    if value is None:
-        return np.zeros((batch.x.shape[0], cell.units))
-    return np.asarray(value, dtype=np.float64)
+def _initial_states(cell: Cell, batch: Batch) -> list[np.ndarray]:
+    """h0 (and c0) from the batch, or zeros when the batch does not supply them."""
+    states = []
+    for state in cell.state_names:
+        value = batch.initial_states.get(f"{cell.name}/{state}")
+        states.append(np.zeros((batch.x.shape[0], cell.units)) if value is None
+                      else np.asarray(value, dtype=np.float64))
+    return states
 
 
 def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -> _ForwardPass:
@@ -474,9 +639,11 @@ def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -
     for cell in shapes.cells:
         forward, _ = _functions(cell)
         cell_params.append(_cell_params(cell, params))
-        sequence, cache = forward(cell_params[-1], sequence, _initial_state(cell, batch))
+        sequence, cache = forward(cell_params[-1], sequence, *_initial_states(cell, batch))
         caches.append(cache)
         final_states[f"{cell.name}/h_T"] = sequence[:, -1]
+        if "c0" in cell.state_names:
+            final_states[f"{cell.name}/c_T"] = cache[-1]["c"]
     output = sequence if shapes.spec.sequence_output else sequence[:, -1]
     dense_inputs: list[np.ndarray] = []
     for layer in shapes.dense:
@@ -505,8 +672,10 @@ def _backward(shapes: ModelShapes, params: dict[str, np.ndarray],
     layers = zip(shapes.cells, forward.cell_params, forward.caches, strict=True)
     for cell, cell_params, cache in reversed(list(layers)):
         _, backward = _functions(cell)
-        d_h_seq, d_h0, d_cell = backward(cell_params, cache, d_h_seq, None)
-        gradients[f"{cell.name}/h0"] = d_h0
+        d_h_seq, d_initial, d_cell = backward(cell_params, cache, d_h_seq, None)
+        d_states = d_initial if isinstance(d_initial, tuple) else (d_initial,)
+        for state, d_state in zip(cell.state_names, d_states, strict=True):
+            gradients[f"{cell.name}/{state}"] = d_state
         gradients.update({f"{cell.name}/{short}": value for short, value in d_cell.items()})
     gradients["x"] = d_h_seq  # the first layer's d_x_seq
     return gradients

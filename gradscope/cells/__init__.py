@@ -5,10 +5,18 @@ from __future__ import annotations
 from gradscope.cells.base import Block, Cell, TensorInfo
 from gradscope.cells.gru_block import GRUBlock
 from gradscope.cells.gru_keras import GRUKeras
+from gradscope.cells.lstm_block import LSTMBlock
+from gradscope.cells.lstm_keras import LSTMKeras
+from gradscope.cells.simple_rnn_block import SimpleRNNBlock
+from gradscope.cells.simple_rnn_keras import SimpleRNNKeras
 
 CELLS: dict[str, type[Cell]] = {
     "gru_block": GRUBlock,
     "gru_keras": GRUKeras,
+    "lstm_block": LSTMBlock,
+    "lstm_keras": LSTMKeras,
+    "simple_rnn_block": SimpleRNNBlock,
+    "simple_rnn_keras": SimpleRNNKeras,
 }
 
 __all__ = ["CELLS", "Block", "Cell", "TensorInfo"]

@@ -1,0 +1,63 @@
+"""LSTM in the block layout: TF1 ``LSTMCell`` weights, gate columns [i | j | f | o].
+
+    i, j, f, o = split([x_t, h_{t−1}]·kernel + bias)       kernel (F+u, 4u), bias (4u,)
+    c_t = σ(f + forget_bias)∘c_{t−1} + σ(i)∘tanh(j)         forget_bias = 1.0, as in TF1
+    h_t = σ(o)∘tanh(c_t)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gradscope.cells.base import (
+    Cell,
+    TensorInfo,
+    concat_rows,
+    glorot_uniform,
+    split_blocks,
+    tf_project,
+)
+
+GATES = ["input gate i", "new input j", "forget gate f", "output gate o"]
+FORGET_BIAS = 1.0
+
+
+class LSTMBlock(Cell):
+    kind: ClassVar[str] = "lstm"
+    layout: ClassVar[str] = "block"
+    cell_scope: ClassVar[str] = "lstm_cell"
+    state_names: ClassVar[tuple[str, ...]] = ("h0", "c0")
+
+    def weights(self) -> list[TensorInfo]:
+        F, u = self.input_size, self.units
+        columns = split_blocks(GATES, u)
+        return [
+            self.weight(
+                "kernel", (F + u, 4 * u), f"({self.input_term} + units {u}) × 4·units {u}",
+                "maps [x_t, h_{t−1}] to the gates i, j, f and o",
+                "kernel", rows=concat_rows([(F, self.x_label), (u, "h_{t−1}")]), columns=columns,
+            ),
+            self.weight(
+                "bias", (4 * u,), f"4·units {u}",
+                f"bias of i, j, f and o (TF1 adds forget_bias {FORGET_BIAS} to f)", "bias",
+                columns=columns,
+            ),
+        ]
+
+    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        F, u = self.input_size, self.units
+        return {"kernel": glorot_uniform(rng, (F + u, 4 * u)), "bias": np.zeros(4 * u)}
+
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        return (tf_project(tf, inputs, params["kernel"][: self.input_size], params["bias"]),)
+
+    def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        u = self.units
+        (h, c), (x_t,) = states, step_inputs
+        z = x_t + h @ params["kernel"][self.input_size:]
+        i, j, f, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
+        c_new = tf.sigmoid(f + FORGET_BIAS) * c + tf.sigmoid(i) * tf.tanh(j)
+        return (tf.sigmoid(o) * tf.tanh(c_new), c_new)

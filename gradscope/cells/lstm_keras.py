@@ -1,0 +1,59 @@
+"""LSTM in the Keras 3 layout: ``kernel``, ``recurrent_kernel``, ``bias``; gates [i | f | c | o].
+
+    i, f, c̃, o = split(x_t·kernel + h_{t−1}·recurrent_kernel + bias)
+    c_t = σ(f)∘c_{t−1} + σ(i)∘tanh(c̃)
+    h_t = σ(o)∘tanh(c_t)
+
+Keras initialises the forget block of the bias to 1 (unit_forget_bias).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+
+GATES = ["input gate i", "forget gate f", "candidate c̃", "output gate o"]
+
+
+class LSTMKeras(Cell):
+    kind: ClassVar[str] = "lstm"
+    layout: ClassVar[str] = "keras"
+    cell_scope: ClassVar[str] = "lstm_cell"
+    state_names: ClassVar[tuple[str, ...]] = ("h0", "c0")
+
+    def weights(self) -> list[TensorInfo]:
+        F, u = self.input_size, self.units
+        columns = split_blocks(GATES, u)
+        return [
+            self.weight("kernel", (F, 4 * u), f"{self.input_term} × 4·units {u}",
+                        "maps x_t to the gates i, f, c̃ and o", "kernel",
+                        rows=(Block(0, F, self.x_label),), columns=columns),
+            self.weight("recurrent_kernel", (u, 4 * u), f"units {u} × 4·units {u}",
+                        "maps h_{t−1} to the gates i, f, c̃ and o", "recurrent_kernel",
+                        rows=(Block(0, u, "h_{t−1}"),), columns=columns),
+            self.weight("bias", (4 * u,), f"4·units {u}",
+                        "bias of i, f, c̃ and o (Keras starts the f block at 1)", "bias",
+                        columns=columns),
+        ]
+
+    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        F, u = self.input_size, self.units
+        bias = np.zeros(4 * u)
+        bias[u : 2 * u] = 1.0
+        return {"kernel": glorot_uniform(rng, (F, 4 * u)),
+                "recurrent_kernel": glorot_uniform(rng, (u, 4 * u)), "bias": bias}
+
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        return (tf_project(tf, inputs, params["kernel"], params["bias"]),)
+
+    def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        u = self.units
+        (h, c), (x_t,) = states, step_inputs
+        z = x_t + h @ params["recurrent_kernel"]
+        i, f, g, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
+        c_new = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+        return (tf.sigmoid(o) * tf.tanh(c_new), c_new)

@@ -1,0 +1,43 @@
+"""SimpleRNN in the Keras 3 layout.
+
+    h_t = tanh(x_t·kernel + h_{t−1}·recurrent_kernel + bias)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+
+
+class SimpleRNNKeras(Cell):
+    kind: ClassVar[str] = "simple_rnn"
+    layout: ClassVar[str] = "keras"
+    cell_scope: ClassVar[str] = "simple_rnn_cell"
+
+    def weights(self) -> list[TensorInfo]:
+        F, u = self.input_size, self.units
+        columns = split_blocks(["h_t"], u)
+        return [
+            self.weight("kernel", (F, u), f"{self.input_term} × units {u}", "maps x_t to h_t",
+                        "kernel", rows=(Block(0, F, self.x_label),), columns=columns),
+            self.weight("recurrent_kernel", (u, u), f"units {u} × units {u}",
+                        "maps h_{t−1} to h_t", "recurrent_kernel",
+                        rows=(Block(0, u, "h_{t−1}"),), columns=columns),
+            self.weight("bias", (u,), f"units {u}", "bias of h_t", "bias", columns=columns),
+        ]
+
+    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        F, u = self.input_size, self.units
+        return {"kernel": glorot_uniform(rng, (F, u)),
+                "recurrent_kernel": glorot_uniform(rng, (u, u)), "bias": np.zeros(u)}
+
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        return (tf_project(tf, inputs, params["kernel"], params["bias"]),)
+
+    def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        (h,), (x_t,) = states, step_inputs
+        return (tf.tanh(x_t + h @ params["recurrent_kernel"]),)
