@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from gradscope.report.models import ExplainReport, ShapesReport
+    from gradscope.report.models import CheckReport, ExplainReport, ShapesReport
     from gradscope.spec import Spec
 
 
@@ -35,11 +35,39 @@ def shapes(spec: Spec) -> ShapesReport:
     return _shapes(spec)
 
 
+def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
+    """``data``: None (synthetic), a path to an .npz, or a dict of arrays (x, y, h0s)."""
+    if data is None:
+        return spec, None
+    from gradscope.data import load_batch, validate_batch
+
+    if isinstance(data, dict):
+        return validate_batch(spec, data, origin="the data")
+    return load_batch(spec, data=data)
+
+
 def explain(spec: Spec, data: Any = None) -> ExplainReport:
-    """One forward/backward pass in TensorFlow, every gradient explained."""
+    """One forward/backward pass in TensorFlow, every gradient explained.
+
+    ``data`` is None (a synthetic batch from the seed), a path to an .npz file or a dict
+    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``.
+    """
     from gradscope.inspect import explain as _explain
 
-    return _explain(spec, data=data)
+    spec, batch = _with_data(spec, data)
+    return _explain(spec, data=batch)
 
 
-__all__ = ["__version__", "explain", "load_spec", "shapes"]
+def check(spec: Spec, against: Any = None, chunks: int | None = None,
+          data: Any = None, **options: Any) -> CheckReport:
+    """Verify every gradient with independent witnesses (see ``gradscope check --help``).
+
+    ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``.
+    """
+    from gradscope.check import check as _check
+
+    spec, batch = _with_data(spec, data)
+    return _check(spec, against=against, chunks=chunks, data=batch, **options)
+
+
+__all__ = ["__version__", "check", "explain", "load_spec", "shapes"]

@@ -64,9 +64,17 @@ class _State:
 PIPE_WIDTH = 120
 
 
+class _StdoutConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`gradscope explain | head`): that is not a failure."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(EXIT_OK)
+
+
 def _stdout_console() -> Console:
     no_color = bool(os.environ.get("NO_COLOR"))
-    console = Console(color_system=None if no_color else "auto", no_color=no_color,
+    console = _StdoutConsole(color_system=None if no_color else "auto", no_color=no_color,
                       highlight=False)
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPE_WIDTH
@@ -95,6 +103,32 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(*args, as_json=as_json, **kwargs)
 
     return wrapper
+
+
+def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags that replace the synthetic batch with the user's own arrays."""
+
+    @click.option("--data", "data_file", metavar="FILE.npz",
+                  help="Use this batch: arrays x (B, T, F), y (targets) and optionally initial "
+                       "states named like gru_1/h0. Batch and time sizes come from the data.")
+    @click.option("--x", "x_file", metavar="FILE.npy", help="Inputs (B, T, F); with --y.")
+    @click.option("--y", "y_file", metavar="FILE.npy", help="Targets; with --x.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, data_file: str | None, x_file: str | None, y_file: str | None,
+                **kwargs: Any) -> Any:
+        return func(*args, data_files=(data_file, x_file, y_file), **kwargs)
+
+    return wrapper
+
+
+def _load_with_data(config: str | None, data_files: tuple[str | None, ...]) -> tuple[Any, Any]:
+    spec = _load(config)
+    if not any(data_files):
+        return spec, None
+    from gradscope.data import load_batch
+
+    data, x, y = data_files
+    return load_batch(spec, data=data, x=x, y=y)
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport, as_json: bool,
@@ -172,10 +206,11 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("config", required=False)
+@data_options
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def explain(config: str | None, as_json: bool, output: Path | None, force: bool, quiet: bool,
-            timings: bool) -> int:
+def explain(config: str | None, data_files: tuple[str | None, ...], as_json: bool,
+            output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
     For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
@@ -191,11 +226,11 @@ def explain(config: str | None, as_json: bool, output: Path | None, force: bool,
     """
     from gradscope.inspect import explain as explain_report
 
-    spec = _load(config)
+    spec, batch = _load_with_data(config, data_files)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
-        report = explain_report(spec, progress=lambda message: status.update(message),
-                                timings=timings)
+        report = explain_report(spec, data=batch, timings=timings,
+                                progress=lambda message: status.update(message))
     _emit(report, as_json, output, force)
     return EXIT_OK
 
@@ -232,11 +267,13 @@ finite differences.
 @click.option("--equations", is_flag=True,
               help="Print GRUBlockCellGrad's corrected backward equations and the errata of its "
                    "public documentation, with evidence from this model.")
+@data_options
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def check(config: str | None, against: str | None, chunks: int | None, directions: int,
-          rtol: float | None, atol: float | None, equations: bool, as_json: bool,
-          output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
+          rtol: float | None, atol: float | None, equations: bool,
+          data_files: tuple[str | None, ...], as_json: bool, output: Path | None, force: bool,
+          quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
 
     Each weight, each initial state (gru_k/h0) and the input x is checked on a float64
@@ -253,11 +290,11 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     """
     from gradscope.check import check as check_report
 
-    spec = _load(config)
+    spec, batch = _load_with_data(config, data_files)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,
-                              rtol=rtol, atol=atol, timings=timings,
+                              rtol=rtol, atol=atol, timings=timings, data=batch,
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:
@@ -285,7 +322,7 @@ def _fail(message: str, where: str | None, code: int) -> None:
     if _State.json_errors:
         sys.stdout.write(json_render.render_error(message, where))
         sys.stdout.flush()
-    _stderr_console().print(f"gradscope: error: {message}", markup=False)
+    _stderr_console().print(f"gradscope: error: {message}", markup=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -307,6 +344,11 @@ def main(argv: list[str] | None = None) -> None:
         _fail("interrupted", None, 130)
     except KeyboardInterrupt:
         _fail("interrupted", None, 130)
+    except BrokenPipeError:
+        # The reader went away (`gradscope explain | head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(EXIT_OK)
     except Exception as exc:  # a bug in gradscope: say so, in one line unless asked
         if os.environ.get("GRADSCOPE_DEBUG"):
             raise

@@ -7,12 +7,18 @@ here: a float64 copy of a float32 model then has *the same* weights.
 
 from __future__ import annotations
 
+import difflib
+import os
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from gradscope.cells.base import glorot_uniform
+from gradscope.errors import DataError
 from gradscope.shapes import ModelShapes
+from gradscope.spec import Spec
 
 
 @dataclass(frozen=True)
@@ -63,3 +69,198 @@ def synthetic_batch(shapes: ModelShapes) -> Batch:
     return Batch(x=x, y=y, initial_states=states, source=f"synthetic (seed {spec.seed})").astype(
         spec.dtype
     )
+
+
+# -- supplied batches -------------------------------------------------------------------------
+
+
+def load_batch(spec: Spec, data: str | os.PathLike[str] | None = None,
+               x: str | os.PathLike[str] | None = None,
+               y: str | os.PathLike[str] | None = None) -> tuple[Spec, Batch]:
+    """A user's batch: ``data`` (an .npz with x, y and optionally initial states such as
+    ``gru_1/h0``) or ``x`` and ``y`` (.npy files).
+
+    The batch and time sizes come from the data: the returned spec carries them. Every
+    mismatch is a one-line :class:`DataError` in the user's terms. Arrays are loaded with
+    ``allow_pickle=False``.
+    """
+    if data is not None and (x is not None or y is not None):
+        raise DataError("give either --data FILE.npz or --x and --y, not both", where="--data")
+    if data is not None:
+        arrays = _load_npz(Path(data))
+        origin = str(data)
+    elif x is not None and y is not None:
+        arrays = {"x": _load_npy(Path(x), "x"), "y": _load_npy(Path(y), "y")}
+        origin = f"{x} and {y}"
+    else:
+        raise DataError("--x and --y go together: give both", where="--x" if y is None else "--y")
+    return validate_batch(spec, arrays, origin)
+
+
+def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
+                   origin: str = "the data") -> tuple[Spec, Batch]:
+    """Check supplied arrays against the spec; return the spec resized to them and the batch."""
+    for name in ("x", "y"):
+        if name not in arrays:
+            found = ", ".join(sorted(arrays)) or "no arrays"
+            raise DataError(
+                f"{origin}: has no array '{name}' (found {found}); expected x, y and optionally "
+                "initial states such as gru_1/h0",
+                where=name,
+            )
+    for name, value in arrays.items():
+        _check_numeric(name, value)
+    x = arrays["x"]
+    if x.ndim != 3:
+        raise DataError(
+            f"x has {x.ndim} dimensions {x.shape}; expected 3: (batch, time, features) with "
+            f"features = input_size {spec.input_size}",
+            where="x",
+        )
+    batch_size, time_steps, features = x.shape
+    if features != spec.input_size:
+        raise DataError(
+            f"x has {features} features per step but the config says input_size "
+            f"{spec.input_size}",
+            where="x",
+        )
+    if batch_size == 0 or time_steps == 0:
+        raise DataError(f"x has shape {x.shape}; expected at least one example and one step",
+                        where="x")
+    resized = spec.model_copy(update={"batch_size": batch_size, "time_steps": time_steps})
+    from gradscope.shapes import model_shapes
+
+    shapes = model_shapes(resized)
+    y = arrays["y"]
+    expected_y = shapes.output_shape
+    last = spec.layers[-1]
+    if y.shape != expected_y:
+        axes = ["batch", "time", "outputs"] if len(expected_y) == 3 else ["batch", "outputs"]
+        if y.ndim != len(expected_y):
+            raise DataError(
+                f"y has {y.ndim} dimensions {y.shape}; expected {len(expected_y)}: "
+                f"({', '.join(axes)}) = {expected_y}"
+                + ("" if spec.sequence_output else " (return_sequences is false)"),
+                where="y",
+            )
+        for axis, (found, wanted) in enumerate(zip(y.shape, expected_y, strict=True)):
+            if found != wanted:
+                source = (f"{last.name} has {wanted} units" if axis == len(expected_y) - 1
+                          else f"x has {wanted}")
+                raise DataError(
+                    f"y has {found} along its {axes[axis]} axis (dimension {axis}) but "
+                    f"{source}; expected y of shape {expected_y}",
+                    where="y",
+                )
+    if spec.loss == "softmax_cross_entropy":
+        _check_targets(y)
+    states: dict[str, np.ndarray] = {}
+    known = {info.name: info for info in shapes.states}
+    for name, value in arrays.items():
+        if name in ("x", "y"):
+            continue
+        info = known.get(name)
+        if info is None:
+            hint = difflib.get_close_matches(name, list(known), n=1)
+            did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise DataError(
+                f"{origin}: unknown array '{name}'{did_you_mean}; expected x, y and initial "
+                f"states among {', '.join(known)}",
+                where=name,
+            )
+        if value.shape != info.shape:
+            raise DataError(
+                f"{name} has shape {value.shape}; expected {info.shape} = {info.formula}",
+                where=name,
+            )
+        states[name] = value
+    for info in shapes.states:
+        states.setdefault(info.name, np.zeros(info.shape))
+    batch = Batch(x=x, y=y, initial_states=states, source=f"supplied ({origin})")
+    return resized, batch.astype(spec.dtype)
+
+
+def _check_numeric(name: str, value: np.ndarray) -> None:
+    if value.dtype.kind not in "fiub":
+        raise DataError(
+            f"{name} has dtype {value.dtype}; expected real numbers (float or int)", where=name
+        )
+    if value.dtype.kind == "f":
+        bad = ~np.isfinite(value)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{name} has a non-finite value ({value[index]}) at index {index}; expected "
+                "finite numbers",
+                where=name,
+            )
+
+
+def _check_targets(y: np.ndarray) -> None:
+    """softmax_cross_entropy needs one-hot or probability rows (TF's gradient assumes it)."""
+    if (y < 0).any():
+        index = tuple(int(i) for i in np.argwhere(y < 0)[0])
+        raise DataError(
+            f"y has a negative value ({y[index]}) at index {index}; softmax_cross_entropy "
+            "expects one-hot or probability targets",
+            where="y",
+        )
+    sums = y.sum(axis=-1)
+    off = np.abs(sums - 1.0) > 1e-6
+    if off.any():
+        index = tuple(int(i) for i in np.argwhere(off)[0])
+        raise DataError(
+            f"y at {index} sums to {sums[index]:.6g}; softmax_cross_entropy expects each "
+            "target row to sum to 1 (one-hot or probabilities)",
+            where="y",
+        )
+
+
+def _open_checked(path: Path, what: str) -> None:
+    if not path.exists():
+        raise DataError(f"{path}: file not found", where=str(path))
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; expected {what}", where=str(path))
+
+
+def _load_npy(path: Path, name: str) -> np.ndarray:
+    _open_checked(path, "an .npy file")
+    try:
+        value = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise DataError(_pickle_message(path, exc), where=name) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}", where=name) from None
+    if not isinstance(value, np.ndarray):
+        raise DataError(f"{path}: is an .npz archive; use --data for it", where=name)
+    return value
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    _open_checked(path, "an .npz file")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if not hasattr(archive, "files"):
+                raise DataError(f"{path}: is a single array; expected an .npz archive with x "
+                                "and y (or use --x and --y)", where=str(path))
+            arrays = {}
+            for key in archive.files:
+                try:
+                    arrays[key] = archive[key]
+                except ValueError as exc:
+                    raise DataError(f"{path}: array '{key}': {_pickle_message(path, exc)}",
+                                    where=key) from None
+            return arrays
+    except DataError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        message = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise DataError(f"{path}: not a readable .npz or .npy file: {message}",
+                        where=str(path)) from None
+
+
+def _pickle_message(path: Path, exc: Exception) -> str:
+    if "pickle" in str(exc).lower():
+        return (f"{path}: holds pickled Python objects; gradscope loads plain numeric arrays "
+                "only (allow_pickle=False)")
+    return f"{path}: not a readable array file: {str(exc).splitlines()[0]}"
