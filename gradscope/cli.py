@@ -207,10 +207,22 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("config", required=False)
 @data_options
+@click.option("--jacobians", is_flag=True,
+              help="Add ∂h_T/∂h_0 between every pair of recurrent layers, per example: Frobenius "
+                   "norm and singular values.")
+@click.option("--flow", is_flag=True,
+              help="Add the gradient norms per time step, the influence ‖∂h_t/∂x_s‖ of every "
+                   "input step, and flags for vanishing or exploding gradients.")
+@click.option("--at", type=int, metavar="T",
+              help="With --flow: the step t of ‖∂h_t/∂x_s‖ (default: the last step).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
+              help="With --flow: write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to "
+                   "FILE.png (needs matplotlib: pip install 'gradscope[plot]').")
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def explain(config: str | None, data_files: tuple[str | None, ...], as_json: bool,
-            output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
+def explain(config: str | None, data_files: tuple[str | None, ...], jacobians: bool, flow: bool,
+            at: int | None, plot: Path | None, as_json: bool, output: Path | None, force: bool,
+            quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
     For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
@@ -223,14 +235,21 @@ def explain(config: str | None, data_files: tuple[str | None, ...], as_json: boo
     Example:
       gradscope explain sample_configs/seed.yaml
       gradscope explain --json > report.json
+      gradscope explain --jacobians --flow --plot flow.png
     """
     from gradscope.inspect import explain as explain_report
 
     spec, batch = _load_with_data(config, data_files)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
-        report = explain_report(spec, data=batch, timings=timings,
+        report = explain_report(spec, data=batch, timings=timings, jacobians=jacobians,
+                                flow=flow or plot is not None, at=at,
+                                heatmap=plot is not None,
                                 progress=lambda message: status.update(message))
+    if plot is not None:
+        from gradscope.report.plot import write_flow_plot
+
+        write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
     return EXIT_OK
 

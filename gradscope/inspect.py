@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from gradscope.cells.base import TensorInfo
 from gradscope.data import Batch, initial_params, synthetic_batch
-from gradscope.errors import InternalError
+from gradscope.errors import ConfigError, InternalError
 from gradscope.report.models import (
     BlockEntry,
     CarryEntry,
     CarryPair,
     ExplainReport,
+    FlowFlag,
     GradientEntry,
+    GradientFlow,
+    InfluenceMap,
+    JacobianEntry,
     LayerEntry,
     LossEntry,
     ModelEntry,
@@ -27,6 +32,9 @@ from gradscope.report.models import (
 )
 from gradscope.shapes import ModelShapes, model_shapes
 from gradscope.spec import Spec
+
+if TYPE_CHECKING:
+    from gradscope.dynamics import Dynamics, JacobianBlock
 
 Progress = Callable[[str], None]
 
@@ -43,8 +51,14 @@ def shapes(spec: Spec) -> ShapesReport:
 
 
 def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = None,
-            timings: bool = False) -> ExplainReport:
-    """Build the model in TF, run one forward/backward pass, explain every gradient."""
+            timings: bool = False, jacobians: bool = False, flow: bool = False,
+            at: int | None = None, heatmap: bool = False) -> ExplainReport:
+    """Build the model in TF, run one forward/backward pass, explain every gradient.
+
+    ``jacobians`` adds ∂h_T/∂h_0 between every pair of layers; ``flow`` adds the gradient
+    norms per step and the influence ‖∂h_t/∂x_s‖ of every input step (t = ``at``, by
+    default the last step); ``heatmap`` adds ‖∂h_t/∂x_s‖ for up to 16 steps t.
+    """
     from gradscope.model import Engine  # imports TensorFlow
 
     say = progress or (lambda message: None)
@@ -56,8 +70,31 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     engine = Engine(algebra)
     clock.lap("import_and_build")
     say("running one forward and backward pass")
-    result = engine.run(params, batch)
+    across_time = jacobians or flow
+    result = engine.run(params, batch, per_step=across_time)
     clock.lap("forward_backward")
+    state_jacobians = gradient_flow = None
+    if across_time:
+        from gradscope.dynamics import dynamics
+
+        steps = batch.x.shape[1]
+        if at is not None and not 0 <= at < steps:
+            raise ConfigError(f"--at {at} is outside the {steps} time steps; expected 0 to "
+                              f"{steps - 1}", where="--at")
+        say("state Jacobians and gradient flow")
+        found = dynamics(engine, params, batch, result, at)
+        state_jacobians = ([jacobian_entry(algebra, block) for block in found.jacobians]
+                           if jacobians else None)
+        gradient_flow = flow_entry(found) if flow else None
+        if heatmap and gradient_flow is not None:
+            from gradscope.dynamics import influence_map
+
+            rows = sorted({int(t) for t in np.linspace(0, steps - 1, min(steps, HEATMAP_ROWS))})
+            say("influence map ‖∂h_t/∂x_s‖")
+            values = influence_map(engine, params, batch, rows)
+            gradient_flow = gradient_flow.model_copy(update={"influence_map": InfluenceMap(
+                steps=rows, values=[[float(v) for v in row] for row in values])})
+        clock.lap("across_time")
 
     weight_gradients = _checked_against_algebra(algebra.weights, result.weight_gradients)
     state_gradients = _checked_against_algebra(algebra.states, result.state_gradients)
@@ -75,6 +112,8 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         gradients=gradients,
         initial_state_gradients=state_entries,
         carry=carry_entry(algebra),
+        state_jacobians=state_jacobians,
+        gradient_flow=gradient_flow,
         timings=clock.laps if timings else None,
     )
 
@@ -194,6 +233,61 @@ def _checked_against_algebra(infos: tuple[TensorInfo, ...],
             )
         checked[info.name] = gradient
     return checked
+
+
+def _state_label(algebra: ModelShapes, layer: str, final: bool) -> str:
+    """gru_1/h_T, or lstm_1/[h_T, c_T] for a two-state cell; h0 and [h0, c0] for sources."""
+    cell = next(cell for cell in algebra.cells if cell.name == layer)
+    names = [f"{s[0]}_T" if final else s for s in cell.state_names]
+    return f"{layer}/{names[0]}" if len(names) == 1 else f"{layer}/[{', '.join(names)}]"
+
+
+def jacobian_entry(algebra: ModelShapes, block: JacobianBlock) -> JacobianEntry:
+    return JacobianEntry(
+        target=_state_label(algebra, block.target_layer, final=True),
+        source=_state_label(algebra, block.source_layer, final=False),
+        shape=list(block.shape),
+        frobenius_median=float(np.median(block.frobenius)),
+        frobenius_min=float(np.min(block.frobenius)),
+        frobenius_max=float(np.max(block.frobenius)),
+        largest_singular_median=float(np.median(block.largest_singular)),
+        smallest_singular_median=float(np.median(block.smallest_singular)),
+    )
+
+
+#: Rows t of the --plot heatmap (one backward pass per row and unit of the last layer).
+HEATMAP_ROWS = 16
+
+#: A gradient norm that shrinks (grows) by more than this factor from the last step back to
+#: the first is flagged as vanishing (exploding).
+FLOW_FACTOR = 100.0
+
+
+def flow_entry(found: Dynamics) -> GradientFlow:
+    flags = []
+    sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}
+    sequences["∂L/∂x_t"] = found.input_gradient_norms
+    for what, norms in sequences.items():
+        if len(norms) < 2 or norms[-1] == 0:
+            continue
+        ratio = float(norms[0] / norms[-1])
+        if ratio < 1 / FLOW_FACTOR or ratio > FLOW_FACTOR:
+            kind: Literal["vanishing", "exploding"] = "vanishing" if ratio < 1 else "exploding"
+            flags.append(FlowFlag(
+                what=what, kind=kind, ratio=ratio,
+                message=f"{what} is {ratio:.2e} × as large at t=0 as at t={len(norms) - 1}: "
+                        f"{kind} gradients (flagged beyond a factor {FLOW_FACTOR:g})",
+            ))
+    return GradientFlow(
+        steps=len(found.input_gradient_norms),
+        state_gradient_norms={name: [float(v) for v in norms]
+                              for name, norms in found.state_gradient_norms.items()},
+        input_gradient_norms=[float(v) for v in found.input_gradient_norms],
+        influence_layer=found.influence_layer,
+        influence_step=found.influence_step,
+        influence=[float(v) for v in found.influence],
+        flags=flags,
+    )
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -126,6 +126,44 @@ class ShapesReport(_Report):
     initial_states: list[TensorEntry]
 
 
+class JacobianEntry(_Report):
+    """∂(final state of one layer)/∂(initial state of a layer at or below it), per example."""
+
+    target: str = Field(description="e.g. gru_2/h_T (an LSTM's state is [h_T, c_T])")
+    source: str = Field(description="e.g. gru_1/h0 (an LSTM's is [h0, c0])")
+    shape: list[int] = Field(description="(rows, columns) of each example's block")
+    frobenius_median: float
+    frobenius_min: float
+    frobenius_max: float
+    largest_singular_median: float
+    smallest_singular_median: float
+
+
+class FlowFlag(_Report):
+    what: str = Field(description="the sequence flagged, e.g. ∂L/∂gru_1/h_t")
+    kind: Literal["vanishing", "exploding"]
+    ratio: float = Field(description="norm at the first step over the norm at the last")
+    message: str
+
+
+class InfluenceMap(_Report):
+    steps: list[int] = Field(description="the state steps t of the rows")
+    values: list[list[float]] = Field(description="rows t, columns s: median ‖∂h_t/∂x_s‖_F")
+
+
+class GradientFlow(_Report):
+    steps: int
+    state_gradient_norms: dict[str, list[float]] = Field(
+        description="‖∂L/∂h_t‖ per step (Frobenius over the batch), per state sequence")
+    input_gradient_norms: list[float] = Field(description="‖∂L/∂x_t‖ per step")
+    influence_layer: str
+    influence_step: int = Field(description="t of ‖∂h_t/∂x_s‖")
+    influence: list[float] = Field(
+        description="per input step s: the median over the batch of ‖∂h_t/∂x_s‖_F")
+    flags: list[FlowFlag]
+    influence_map: InfluenceMap | None = Field(default=None, description="with --plot")
+
+
 class ExplainReport(_Report):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
@@ -134,6 +172,9 @@ class ExplainReport(_Report):
     gradients: list[GradientEntry]
     initial_state_gradients: list[StateGradientEntry]
     carry: CarryEntry
+    state_jacobians: list[JacobianEntry] | None = Field(
+        default=None, description="with --jacobians: ∂h_T^(j)/∂h_0^(i) for i ≤ j")
+    gradient_flow: GradientFlow | None = Field(default=None, description="with --flow")
     timings: dict[str, float] | None = Field(
         default=None, description="seconds per phase; only with --timings"
     )

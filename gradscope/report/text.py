@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -17,6 +18,8 @@ from gradscope.report.models import (
     ErratumEntry,
     ExplainReport,
     GradientEntry,
+    GradientFlow,
+    JacobianEntry,
     ModelEntry,
     ShapesReport,
     StateGradientEntry,
@@ -114,7 +117,7 @@ def carry_section(carry: CarryEntry) -> Group:
     table = _table(("y: previous batch's final state", "left"), ("shape", "left"),
                    ("grad_y: this batch's gradient", "left"), ("shape", "left"))
     for pair in carry.pairs:
-        table.add_row(pair.y, shape_text(pair.y_shape), f"∂L/∂{pair.grad_y}",
+        table.add_row(Text(pair.y), shape_text(pair.y_shape), Text(f"∂L/∂{pair.grad_y}"),
                       shape_text(pair.grad_y_shape))
     lines = [Text("• " + line) for line in carry.explanation]
     return Group(table, *lines)
@@ -139,10 +142,69 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
         section("Carrying gradients into the previous truncated batch"),
         carry_section(report.carry),
     ]
+    if report.state_jacobians is not None:
+        parts += [section("State Jacobians ∂h_T^(j)/∂h_0^(i): how much of the initial state "
+                          "survives to the end (medians over the batch)"),
+                  jacobian_table(report.state_jacobians)]
+    if report.gradient_flow is not None:
+        parts += [section("Gradient flow over time (log-scale sparklines, t = 0 … T−1)"),
+                  *flow_lines(report.gradient_flow)]
     if report.timings:
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"\ntimings: {laps}", style="dim"))
     return parts
+
+
+def jacobian_table(entries: list[JacobianEntry]) -> Table:
+    table = _table(("∂ final state", "left"), ("/ ∂ initial state", "left"), ("block", "left"),
+                   ("‖J‖_F median", "right"), ("(min … max)", "right"), ("σ_max", "right"),
+                   ("σ_min", "right"))
+    for entry in entries:
+        table.add_row(Text(entry.target), Text(entry.source), shape_text(entry.shape),
+                      number(entry.frobenius_median),
+                      f"{number(entry.frobenius_min)} … {number(entry.frobenius_max)}",
+                      number(entry.largest_singular_median), number(entry.smallest_singular_median))
+    return table
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """Log-scale sparkline of positive values, averaged down to ``width`` characters."""
+    if not values:
+        return ""
+    array = np.asarray(values, dtype=np.float64)
+    chunks = np.array_split(array, min(width, len(array)))
+    means = np.array([chunk.mean() for chunk in chunks])
+    logs = np.log10(np.maximum(means, 1e-300))
+    positive = means > 0
+    if not positive.any():
+        return SPARKS[0] * len(means)
+    low, high = logs[positive].min(), logs[positive].max()
+    span = high - low if high > low else 1.0
+    return "".join(
+        SPARKS[int(round((value - low) / span * (len(SPARKS) - 1)))] if ok else " "
+        for value, ok in zip(logs, positive, strict=True)
+    )
+
+
+def flow_lines(flow: GradientFlow) -> list[RenderableType]:
+    table = _table(("sequence", "left"), ("t = 0 … T−1", "left"), ("at t=0", "right"),
+                   ("at t=T−1", "right"))
+    rows = {f"‖∂L/∂{name}_t‖": norms for name, norms in flow.state_gradient_norms.items()}
+    rows["‖∂L/∂x_t‖"] = flow.input_gradient_norms
+    rows[f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s = 0 … T−1)"] = \
+        flow.influence
+    for label, norms in rows.items():
+        table.add_row(Text(label), Text(sparkline(norms), style="cyan"), number(norms[0]),
+                      number(norms[-1]))
+    lines: list[RenderableType] = [table]
+    for flag in flow.flags:
+        lines.append(Text(f"⚠ {flag.message}", style="bold yellow"))
+    if not flow.flags:
+        lines.append(Text("no vanishing or exploding gradients flagged", style="dim"))
+    return lines
 
 
 def render_shapes(report: ShapesReport) -> list[RenderableType]:
@@ -234,7 +296,7 @@ def carry_check_section(carry: CarryCheck) -> Group:
         ys = "\n".join(f"{y.name} {shape_text(y.shape)}" for y in boundary.ys)
         grad_ys = "\n".join(f"{g.name} {shape_text(g.shape)} ‖·‖ {number(g.norm)}"
                             for g in boundary.grad_ys)
-        table.add_row(f"t = {boundary.step}", ys, grad_ys)
+        table.add_row(f"t = {boundary.step}", Text(ys), Text(grad_ys))
     lengths = " + ".join(str(n) for n in carry.chunk_lengths)
     intro = Text(
         f"{carry.chunks} chunks of {lengths} steps, backpropagated last to first; each "
@@ -249,7 +311,8 @@ def errata_section(errata: list[ErratumEntry]) -> Table:
     table = _table(("#", "right"), ("the documentation says", "left"), ("the kernel does", "left"),
                    ("evidence on this model", "left"), ("", "left"))
     for erratum in errata:
-        table.add_row(str(erratum.number), erratum.documented, erratum.actual, erratum.evidence,
+        table.add_row(str(erratum.number), Text(erratum.documented), Text(erratum.actual),
+                      Text(erratum.evidence),
                       Text("confirmed" if erratum.confirmed else "not confirmed",
                            style="yellow" if erratum.confirmed else "dim"))
     return table

@@ -1,0 +1,226 @@
+"""Across time: state Jacobians, gradient flow per step, and the influence of each input step.
+
+- ``∂h_T^(j)/∂h_0^(i)`` for every pair of recurrent layers i ≤ j (block lower-triangular:
+  a later layer's initial state cannot reach an earlier layer), per example, with its
+  Frobenius norm and singular values. For an LSTM the state is [h, c].
+- ``‖∂L/∂h_t‖`` per layer and step, and ``‖∂L/∂x_t‖`` per step: from ONE backward pass, through
+  the zero probes of :meth:`gradscope.model.Engine.forward`.
+- ``‖∂h_t/∂x_s‖`` for a chosen t (the last step by default): the influence of input step s on
+  the last recurrent layer's state at step t.
+
+The Jacobians come from one ``tf.function``: a forward pass on a persistent tape, then one
+backward pass per Jacobian row inside an in-graph loop (``tf.map_fn``), each with a one-hot
+``output_gradients``: examples are independent, so one pass gives that row for every example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.data import Batch
+from gradscope.model import Engine
+
+
+@dataclass(frozen=True)
+class StateRef:
+    """One state of one recurrent layer: ``gru_1/h`` or ``lstm_1/c``."""
+
+    layer: str
+    state: str  # "h" or "c"
+    units: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.layer}/{self.state}"
+
+
+@dataclass(frozen=True)
+class JacobianBlock:
+    """∂(layer j's final state)/∂(layer i's initial state), per example."""
+
+    target_layer: str
+    source_layer: str
+    shape: tuple[int, int]  # (rows: state size of j, columns: state size of i)
+    frobenius: np.ndarray  # (B,)
+    largest_singular: np.ndarray  # (B,)
+    smallest_singular: np.ndarray  # (B,)
+    blocks: np.ndarray  # (B, rows, columns)
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    jacobians: list[JacobianBlock]
+    state_gradient_norms: dict[str, np.ndarray]  # "gru_1/h" → (T,), ‖∂L/∂h_t‖ over the batch
+    input_gradient_norms: np.ndarray  # (T,)
+    influence_step: int  # t
+    influence: np.ndarray  # (T,) median over the batch of ‖∂h_t/∂x_s‖_F, zero for s > t
+    influence_layer: str
+
+
+def layer_states(engine: Engine) -> dict[str, list[StateRef]]:
+    return {
+        cell.name: [StateRef(cell.name, s[0], cell.units) for s in cell.state_names]
+        for cell in engine.shapes.cells
+    }
+
+
+def state_jacobians_and_influence(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
+                                  at: int) -> tuple[list[JacobianBlock], np.ndarray]:
+    """The Jacobian blocks and ‖∂h_at/∂x_s‖ (B, T) of the last recurrent layer."""
+    tf = engine.tf
+    dtype = engine.dtype
+    states_by_layer = layer_states(engine)
+    layers = list(states_by_layer)
+    last = layers[-1]
+    initial_names = [f"{ref.layer}/{ref.state}0" for refs in states_by_layer.values()
+                     for ref in refs]
+    final_names = [f"{ref.layer}/{ref.state}_T" for refs in states_by_layer.values()
+                   for ref in refs]
+    last_size = engine.shapes.cells[-1].units
+
+    # Rows of the final-state vector that are the last layer's h_T: when t is the last step,
+    # their backward passes give the influence of x as well, so they are not run twice.
+    offset = sum(ref.units for refs in states_by_layer.values() for ref in refs) - sum(
+        ref.units for ref in states_by_layer[last])
+    last_h_rows = list(range(offset, offset + last_size))
+    at_last = at == batch.x.shape[1] - 1
+
+    @tf.function(autograph=False)
+    def compute(params: dict[str, Any], x: Any, states: dict[str, Any],
+                at: Any) -> tuple[Any, Any]:
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, states])
+            sequences: dict[str, Any] = {}
+            _, finals = engine.forward(params, x, states, sequences=sequences)
+            target = tf.concat([finals[name] for name in final_names], axis=1)  # (B, S)
+            h_at = tf.gather(sequences[f"{last}/h"], at)  # (B, u_last), time-major source
+        batch_size, size = tf.shape(target)[0], target.shape[1]
+        sources = [states[name] for name in initial_names]
+
+        def one_hot(k: Any, width: int) -> Any:
+            return tf.one_hot(tf.fill([batch_size], k), width, dtype=target.dtype)
+
+        def jacobian_row(k: Any) -> Any:
+            grads = tape.gradient(target, sources, output_gradients=one_hot(k, size),
+                                  unconnected_gradients="zero")
+            return tf.concat(grads, axis=1)  # (B, S)
+
+        def jacobian_and_influence_row(k: Any) -> tuple[Any, Any]:
+            *grads, d_x = tape.gradient(target, [*sources, x], output_gradients=one_hot(k, size),
+                                        unconnected_gradients="zero")
+            return tf.concat(grads, axis=1), tf.reduce_sum(tf.square(d_x), axis=2)
+
+        def influence_row(k: Any) -> Any:
+            d_x = tape.gradient(h_at, x, output_gradients=one_hot(k, last_size),
+                                unconnected_gradients="zero")
+            return tf.reduce_sum(tf.square(d_x), axis=2)  # (B, T)
+
+        dtype_out = target.dtype
+        if at_last:
+            other = [k for k in range(size) if k not in last_h_rows]
+            rows_other = (tf.map_fn(jacobian_row, tf.constant(other, tf.int32),
+                                    fn_output_signature=dtype_out)
+                          if other else tf.zeros([0, batch_size, size], dtype_out))
+            rows_last, influence = tf.map_fn(
+                jacobian_and_influence_row, tf.constant(last_h_rows, tf.int32),
+                fn_output_signature=(dtype_out, dtype_out))
+            order = np.argsort(other + last_h_rows)
+            rows = tf.gather(tf.concat([rows_other, rows_last], axis=0), order)
+        else:
+            rows = tf.map_fn(jacobian_row, tf.range(size), fn_output_signature=dtype_out)
+            influence = tf.map_fn(influence_row, tf.range(last_size),
+                                  fn_output_signature=dtype_out)
+        return tf.transpose(rows, [1, 0, 2]), tf.sqrt(tf.reduce_sum(influence, axis=0))
+
+    full, influence = compute(
+        {k: tf.constant(v, dtype=dtype) for k, v in params.items()},
+        tf.constant(batch.x, dtype=dtype),
+        {k: tf.constant(v, dtype=dtype) for k, v in batch.initial_states.items()},
+        tf.constant(at),
+    )
+    full = full.numpy().astype(np.float64)  # (B, S, S): rows finals, columns initials
+    offsets: dict[str, tuple[int, int]] = {}
+    position = 0
+    for layer, refs in states_by_layer.items():
+        size = sum(ref.units for ref in refs)
+        offsets[layer] = (position, position + size)
+        position += size
+    blocks = []
+    for j, target_layer in enumerate(layers):
+        for source_layer in layers[: j + 1]:
+            r0, r1 = offsets[target_layer]
+            c0, c1 = offsets[source_layer]
+            block = full[:, r0:r1, c0:c1]
+            singular = np.linalg.svd(block, compute_uv=False)
+            blocks.append(JacobianBlock(
+                target_layer=target_layer, source_layer=source_layer,
+                shape=(r1 - r0, c1 - c0),
+                frobenius=np.sqrt(np.sum(block**2, axis=(1, 2))),
+                largest_singular=singular[:, 0], smallest_singular=singular[:, -1],
+                blocks=block,
+            ))
+    return blocks, influence.numpy().astype(np.float64)
+
+
+def dynamics(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
+             per_step_pass: Any, at: int | None = None) -> Dynamics:
+    """Everything across time, from a pass run with ``per_step=True`` and one more call."""
+    steps = batch.x.shape[1]
+    at = steps - 1 if at is None else at
+    jacobians, influence = state_jacobians_and_influence(engine, params, batch, at)
+    state_norms = {
+        name: np.sqrt(np.sum(np.asarray(g, np.float64) ** 2, axis=(0, 2)))
+        for name, g in per_step_pass.sequence_gradients.items()
+    }
+    input_norms = np.sqrt(np.sum(np.asarray(per_step_pass.input_gradient, np.float64) ** 2,
+                                 axis=(0, 2)))
+    return Dynamics(
+        jacobians=jacobians,
+        state_gradient_norms=state_norms,
+        input_gradient_norms=input_norms,
+        influence_step=at,
+        influence=np.median(influence, axis=0),
+        influence_layer=engine.shapes.cells[-1].name,
+    )
+
+
+def influence_map(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
+                  steps: list[int]) -> np.ndarray:
+    """Median over the batch of ‖∂h_t/∂x_s‖_F for each t in ``steps`` and every s: (len, T).
+
+    One backward pass per (t, unit of the last layer), all in one in-graph loop.
+    """
+    tf = engine.tf
+    dtype = engine.dtype
+    last = engine.shapes.cells[-1]
+    pairs = np.array([(t, k) for t in steps for k in range(last.units)], dtype=np.int32)
+
+    @tf.function(autograph=False)
+    def compute(params: dict[str, Any], x: Any, states: dict[str, Any], pairs: Any) -> Any:
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            sequences: dict[str, Any] = {}
+            engine.forward(params, x, states, sequences=sequences)
+            sequence = sequences[f"{last.name}/h"]  # (T, B, u), time-major
+        batch_size = tf.shape(x)[0]
+
+        def row(pair: Any) -> Any:
+            cotangent = tf.one_hot(tf.fill([batch_size], pair[1]), last.units, dtype=x.dtype)
+            cotangent = tf.scatter_nd(pair[:1][None], cotangent[None], tf.shape(sequence))
+            d_x = tape.gradient(sequence, x, output_gradients=cotangent,
+                                unconnected_gradients="zero")
+            return tf.reduce_sum(tf.square(d_x), axis=2)  # (B, T)
+
+        return tf.map_fn(row, pairs, fn_output_signature=x.dtype)
+
+    squares = compute(
+        {k: tf.constant(v, dtype=dtype) for k, v in params.items()},
+        tf.constant(batch.x, dtype=dtype),
+        {k: tf.constant(v, dtype=dtype) for k, v in batch.initial_states.items()},
+        tf.constant(pairs),
+    ).numpy().astype(np.float64)  # (pairs, B, T)
+    per_step = squares.reshape(len(steps), last.units, *squares.shape[1:]).sum(axis=1)
+    return np.asarray(np.median(np.sqrt(per_step), axis=1))
