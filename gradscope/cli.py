@@ -9,6 +9,7 @@ import functools
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,22 +114,43 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
                        "states named like gru_1/h0. Batch and time sizes come from the data.")
     @click.option("--x", "x_file", metavar="FILE.npy", help="Inputs (B, T, F); with --y.")
     @click.option("--y", "y_file", metavar="FILE.npy", help="Targets; with --x.")
+    @click.option("--batch-size", type=click.IntRange(min=1), metavar="B",
+                  help="For a .keras model: the batch size (default 32).")
+    @click.option("--time-steps", type=click.IntRange(min=1), metavar="T",
+                  help="For a .keras model whose time dimension is None.")
     @functools.wraps(func)
     def wrapper(*args: Any, data_file: str | None, x_file: str | None, y_file: str | None,
-                **kwargs: Any) -> Any:
-        return func(*args, data_files=(data_file, x_file, y_file), **kwargs)
+                batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
+        return func(*args, data_files=(data_file, x_file, y_file),
+                    model_sizes=(batch_size, time_steps), **kwargs)
 
     return wrapper
 
 
-def _load_with_data(config: str | None, data_files: tuple[str | None, ...]) -> tuple[Any, Any]:
-    spec = _load(config)
+def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
+                    model_sizes: tuple[int | None, int | None] = (None, None),
+                    ) -> tuple[Any, Any, Any]:
+    """The spec (from YAML or a saved .keras model), the batch (or None) and the weights
+    (a .keras model's own, or None for the seeded ones)."""
+    from gradscope.keras_model import is_keras_file, load_keras_model
+
+    params = None
+    if is_keras_file(config):
+        assert config is not None
+        batch_size, time_steps = model_sizes
+        spec, params = load_keras_model(config, batch_size=batch_size, time_steps=time_steps)
+    else:
+        if any(size is not None for size in model_sizes):
+            raise GradscopeError("--batch-size and --time-steps are for .keras models; set "
+                                 "batch_size and time_steps in the YAML config",
+                                 where="--batch-size")
+        spec = _load(config)
     if not any(data_files):
-        return spec, None
+        return spec, None, params
     from gradscope.data import load_batch
 
     data, x, y = data_files
-    return load_batch(spec, data=data, x=x, y=y)
+    return (*load_batch(spec, data=data, x=x, y=y), params)
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport, as_json: bool,
@@ -200,6 +222,9 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
     """
     from gradscope.inspect import shapes as shapes_report
 
+    if config is not None and config.endswith(".keras"):
+        raise GradscopeError(f"{config}: shapes reads YAML configs without TensorFlow; for a "
+                             f"saved Keras model use: gradscope explain {config}", where=config)
     _emit(shapes_report(_load(config)), as_json, output, force)
     return EXIT_OK
 
@@ -220,7 +245,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
                    "FILE.png (needs matplotlib: pip install 'gradscope[plot]').")
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def explain(config: str | None, data_files: tuple[str | None, ...], jacobians: bool, flow: bool,
+def explain(config: str | None, data_files: tuple[str | None, ...],
+            model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
             at: int | None, plot: Path | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
@@ -239,10 +265,11 @@ def explain(config: str | None, data_files: tuple[str | None, ...], jacobians: b
     """
     from gradscope.inspect import explain as explain_report
 
-    spec, batch = _load_with_data(config, data_files)
+    spec, batch, params = _load_with_data(config, data_files, model_sizes)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
-        report = explain_report(spec, data=batch, timings=timings, jacobians=jacobians,
+        report = explain_report(spec, data=batch, params=params, timings=timings,
+                                jacobians=jacobians,
                                 flow=flow or plot is not None, at=at,
                                 heatmap=plot is not None,
                                 progress=lambda message: status.update(message))
@@ -291,8 +318,8 @@ finite differences.
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def check(config: str | None, against: str | None, chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
-          data_files: tuple[str | None, ...], as_json: bool, output: Path | None, force: bool,
-          quiet: bool, timings: bool) -> int:
+          data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
+          as_json: bool, output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
 
     Each weight, each initial state (gru_k/h0) and the input x is checked on a float64
@@ -309,11 +336,11 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     """
     from gradscope.check import check as check_report
 
-    spec, batch = _load_with_data(config, data_files)
+    spec, batch, params = _load_with_data(config, data_files, model_sizes)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,
-                              rtol=rtol, atol=atol, timings=timings, data=batch,
+                              rtol=rtol, atol=atol, timings=timings, data=batch, params=params,
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:
@@ -348,6 +375,9 @@ def _fail(message: str, where: str | None, code: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     _State.json_errors = "--json" in args
+    if not os.environ.get("GRADSCOPE_DEBUG"):
+        # Deprecation chatter from TensorFlow, Keras or NumPy is not the user's business.
+        warnings.simplefilter("ignore")
     try:
         code = cli.main(args=args, prog_name="gradscope", standalone_mode=False)
     except GradscopeError as exc:

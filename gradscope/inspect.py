@@ -52,12 +52,14 @@ def shapes(spec: Spec) -> ShapesReport:
 
 def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = None,
             timings: bool = False, jacobians: bool = False, flow: bool = False,
-            at: int | None = None, heatmap: bool = False) -> ExplainReport:
+            at: int | None = None, heatmap: bool = False,
+            params: dict[str, np.ndarray] | None = None) -> ExplainReport:
     """Build the model in TF, run one forward/backward pass, explain every gradient.
 
     ``jacobians`` adds ∂h_T/∂h_0 between every pair of layers; ``flow`` adds the gradient
     norms per step and the influence ‖∂h_t/∂x_s‖ of every input step (t = ``at``, by
-    default the last step); ``heatmap`` adds ‖∂h_t/∂x_s‖ for up to 16 steps t.
+    default the last step); ``heatmap`` adds ‖∂h_t/∂x_s‖ for up to 16 steps t. ``params``
+    replaces the seeded initial weights (e.g. a saved Keras model's).
     """
     from gradscope.model import Engine  # imports TensorFlow
 
@@ -65,7 +67,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     clock = _Clock()
     algebra = model_shapes(spec)
     batch = data if data is not None else synthetic_batch(algebra)
-    params = initial_params(algebra)
+    params = initial_params(algebra) if params is None else params
     say("importing TensorFlow")
     engine = Engine(algebra)
     clock.lap("import_and_build")

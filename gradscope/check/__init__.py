@@ -40,7 +40,8 @@ from gradscope.spec import Spec
 def check(spec: Spec, against: str | Callable[..., Any] | None = None,
           chunks: int | None = None, directions: int = 3, rtol: float | None = None,
           atol: float | None = None, data: Batch | None = None,
-          progress: Progress | None = None, timings: bool = False) -> CheckReport:
+          progress: Progress | None = None, timings: bool = False,
+          params: dict[str, np.ndarray] | None = None) -> CheckReport:
     """Verify every gradient of ``spec``'s model; see the module docstring for the witnesses.
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable with the contract
@@ -75,7 +76,9 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
 
     algebra = model_shapes(spec)
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
-    params = {name: value.astype(np.float64) for name, value in initial_params(algebra).items()}
+    if params is None:
+        params = initial_params(algebra)
+    params = {name: value.astype(np.float64) for name, value in params.items()}
     say("importing TensorFlow")
     engine = Engine(algebra, dtype="float64")
     lap("import_and_build")
