@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--gradscope-args", default="explain",
                         help="arguments after `python -m gradscope` (default: explain)")
     parser.add_argument("--floor-args", default="", help="extra arguments for the floor")
+    parser.add_argument("--baseline-gradscope-args", metavar="ARGS",
+                        help="compare with this gradscope command instead of the floor, "
+                             "e.g. 'explain' as the baseline of 'explain --jacobians --flow'")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 5:
@@ -59,14 +62,19 @@ def main() -> None:
     gradscope = [sys.executable, "-m", "gradscope", *shlex.split(args.gradscope_args)]
     floor = [sys.executable, str(REPO / "bench" / "floor_explain.py"),
              *shlex.split(args.floor_args)]
+    baseline_name = "floor_explain.py"
+    if args.baseline_gradscope_args:
+        floor = [sys.executable, "-m", "gradscope", *shlex.split(args.baseline_gradscope_args)]
+        baseline_name = "gradscope " + args.baseline_gradscope_args
     figures = compare(gradscope, floor, args.repeats)
     if args.json:
         print(json.dumps(figures, indent=2))
         return
-    print(f"{'program':<28}{'median':>10}{'min':>10}")
-    print(f"{'gradscope ' + args.gradscope_args:<28}{figures['gradscope_median_s']:>9.2f}s"
+    width = max(28, len(args.gradscope_args) + 12)
+    print(f"{'program':<{width}}{'median':>10}{'min':>10}")
+    print(f"{'gradscope ' + args.gradscope_args:<{width}}{figures['gradscope_median_s']:>9.2f}s"
           f"{figures['gradscope_min_s']:>9.2f}s")
-    print(f"{'floor_explain.py':<28}{figures['floor_median_s']:>9.2f}s"
+    print(f"{baseline_name:<{width}}{figures['floor_median_s']:>9.2f}s"
           f"{figures['floor_min_s']:>9.2f}s")
     print(f"ratio of medians {figures['ratio_of_medians']:.3f}, median of pair ratios "
           f"{figures['median_pair_ratio']:.3f} ({args.repeats} runs each)")

@@ -75,89 +75,81 @@ def state_jacobians_and_influence(engine: Engine, params: dict[str, np.ndarray],
     states_by_layer = layer_states(engine)
     layers = list(states_by_layer)
     last = layers[-1]
-    initial_names = [f"{ref.layer}/{ref.state}0" for refs in states_by_layer.values()
-                     for ref in refs]
-    final_names = [f"{ref.layer}/{ref.state}_T" for refs in states_by_layer.values()
-                   for ref in refs]
     last_size = engine.shapes.cells[-1].units
-
-    # Rows of the final-state vector that are the last layer's h_T: when t is the last step,
-    # their backward passes give the influence of x as well, so they are not run twice.
-    offset = sum(ref.units for refs in states_by_layer.values() for ref in refs) - sum(
-        ref.units for ref in states_by_layer[last])
-    last_h_rows = list(range(offset, offset + last_size))
     at_last = at == batch.x.shape[1] - 1
 
+    def names(layer: str, final: bool) -> list[str]:
+        return [f"{ref.layer}/{ref.state}{'_T' if final else '0'}"
+                for ref in states_by_layer[layer]]
+
+    # Rows are grouped by target layer j: their backward passes only go through layers ≤ j,
+    # towards the initial states of those layers. When t is the last step, the last layer's
+    # h rows are h_t itself, so the same passes give the influence of x.
     @tf.function(autograph=False)
     def compute(params: dict[str, Any], x: Any, states: dict[str, Any],
-                at: Any) -> tuple[Any, Any]:
+                at: Any) -> tuple[list[Any], Any]:
         with tf.GradientTape(persistent=True) as tape:
             tape.watch([x, states])
             sequences: dict[str, Any] = {}
             _, finals = engine.forward(params, x, states, sequences=sequences)
-            target = tf.concat([finals[name] for name in final_names], axis=1)  # (B, S)
             h_at = tf.gather(sequences[f"{last}/h"], at)  # (B, u_last), time-major source
-        batch_size, size = tf.shape(target)[0], target.shape[1]
-        sources = [states[name] for name in initial_names]
+            targets = [tf.concat([finals[n] for n in names(layer, final=True)], axis=1)
+                       for layer in layers]
+        batch_size = tf.shape(x)[0]
 
         def one_hot(k: Any, width: int) -> Any:
-            return tf.one_hot(tf.fill([batch_size], k), width, dtype=target.dtype)
+            return tf.one_hot(tf.fill([batch_size], k), width, dtype=x.dtype)
 
-        def jacobian_row(k: Any) -> Any:
-            grads = tape.gradient(target, sources, output_gradients=one_hot(k, size),
-                                  unconnected_gradients="zero")
-            return tf.concat(grads, axis=1)  # (B, S)
+        groups = []
+        influence = None
+        for j, (layer, target) in enumerate(zip(layers, targets, strict=True)):
+            sources = [states[n] for lower in layers[: j + 1] for n in names(lower, False)]
+            size = target.shape[1]
+            with_x = layer == last and at_last
 
-        def jacobian_and_influence_row(k: Any) -> tuple[Any, Any]:
-            *grads, d_x = tape.gradient(target, [*sources, x], output_gradients=one_hot(k, size),
-                                        unconnected_gradients="zero")
-            return tf.concat(grads, axis=1), tf.reduce_sum(tf.square(d_x), axis=2)
+            def row(k: Any, target: Any = target, sources: Any = sources, size: int = size,
+                    with_x: bool = with_x) -> Any:
+                grads = tape.gradient(target, [*sources, x] if with_x else sources,
+                                      output_gradients=one_hot(k, size),
+                                      unconnected_gradients="zero")
+                if with_x:
+                    return tf.concat(grads[:-1], axis=1), tf.reduce_sum(tf.square(grads[-1]), 2)
+                return tf.concat(grads, axis=1)
 
-        def influence_row(k: Any) -> Any:
-            d_x = tape.gradient(h_at, x, output_gradients=one_hot(k, last_size),
-                                unconnected_gradients="zero")
-            return tf.reduce_sum(tf.square(d_x), axis=2)  # (B, T)
+            signature = (x.dtype, x.dtype) if with_x else x.dtype
+            out = tf.map_fn(row, tf.range(size), fn_output_signature=signature)
+            if with_x:
+                out, squares = out
+                influence = tf.reduce_sum(squares[:last_size], axis=0)  # the h rows only
+            groups.append(tf.transpose(out, [1, 0, 2]))  # (B, rows, columns)
 
-        dtype_out = target.dtype
-        if at_last:
-            other = [k for k in range(size) if k not in last_h_rows]
-            rows_other = (tf.map_fn(jacobian_row, tf.constant(other, tf.int32),
-                                    fn_output_signature=dtype_out)
-                          if other else tf.zeros([0, batch_size, size], dtype_out))
-            rows_last, influence = tf.map_fn(
-                jacobian_and_influence_row, tf.constant(last_h_rows, tf.int32),
-                fn_output_signature=(dtype_out, dtype_out))
-            order = np.argsort(other + last_h_rows)
-            rows = tf.gather(tf.concat([rows_other, rows_last], axis=0), order)
-        else:
-            rows = tf.map_fn(jacobian_row, tf.range(size), fn_output_signature=dtype_out)
-            influence = tf.map_fn(influence_row, tf.range(last_size),
-                                  fn_output_signature=dtype_out)
-        return tf.transpose(rows, [1, 0, 2]), tf.sqrt(tf.reduce_sum(influence, axis=0))
+        if influence is None:
+            def influence_row(k: Any) -> Any:
+                d_x = tape.gradient(h_at, x, output_gradients=one_hot(k, last_size),
+                                    unconnected_gradients="zero")
+                return tf.reduce_sum(tf.square(d_x), axis=2)  # (B, T)
 
-    full, influence = compute(
+            influence = tf.reduce_sum(tf.map_fn(influence_row, tf.range(last_size),
+                                                fn_output_signature=x.dtype), axis=0)
+        return groups, tf.sqrt(influence)
+
+    groups, influence = compute(
         {k: tf.constant(v, dtype=dtype) for k, v in params.items()},
         tf.constant(batch.x, dtype=dtype),
         {k: tf.constant(v, dtype=dtype) for k, v in batch.initial_states.items()},
         tf.constant(at),
     )
-    full = full.numpy().astype(np.float64)  # (B, S, S): rows finals, columns initials
-    offsets: dict[str, tuple[int, int]] = {}
-    position = 0
-    for layer, refs in states_by_layer.items():
-        size = sum(ref.units for ref in refs)
-        offsets[layer] = (position, position + size)
-        position += size
+    sizes = {layer: sum(ref.units for ref in refs) for layer, refs in states_by_layer.items()}
     blocks = []
     for j, target_layer in enumerate(layers):
+        group = groups[j].numpy().astype(np.float64)  # (B, rows of j, columns of layers ≤ j)
+        column = 0
         for source_layer in layers[: j + 1]:
-            r0, r1 = offsets[target_layer]
-            c0, c1 = offsets[source_layer]
-            block = full[:, r0:r1, c0:c1]
+            block = group[:, :, column:column + sizes[source_layer]]
+            column += sizes[source_layer]
             singular = np.linalg.svd(block, compute_uv=False)
             blocks.append(JacobianBlock(
-                target_layer=target_layer, source_layer=source_layer,
-                shape=(r1 - r0, c1 - c0),
+                target_layer=target_layer, source_layer=source_layer, shape=block.shape[1:],
                 frobenius=np.sqrt(np.sum(block**2, axis=(1, 2))),
                 largest_singular=singular[:, 0], smallest_singular=singular[:, -1],
                 blocks=block,
