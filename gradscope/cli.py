@@ -344,7 +344,7 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:
-        from gradscope.check.kernel import CORRECTED_EQUATIONS
+        from gradscope.check.block_kernel import CORRECTED_EQUATIONS
 
         equations_text = CORRECTED_EQUATIONS
     _emit(report, as_json, output, force, equations_text)

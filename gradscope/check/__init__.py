@@ -48,9 +48,9 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     ``FUNC(params, x, y, h0) -> dict`` (see README). ``rtol`` overrides the relative tolerance
     of every float64 witness; ``atol`` adds an absolute allowance to finite differences.
     """
+    from gradscope.check.block_kernel import errata_evidence, kernel_witness
     from gradscope.check.carry import carry_witness
     from gradscope.check.finite_differences import finite_difference_witness
-    from gradscope.check.kernel import errata_evidence, kernel_witness
     from gradscope.check.numpy_reference import reference_witness
     from gradscope.inspect import model_entry
     from gradscope.model import Engine

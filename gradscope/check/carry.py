@@ -211,9 +211,11 @@ class _ChunkFunctions:
         else:
             y = tf.TensorSpec(y_shape, f64)
         scale = tf.TensorSpec((), f64)
-        self.forward = tf.function(self._forward, input_signature=[params, x, states])
+        self.forward = tf.function(self._forward, input_signature=[params, x, states],
+                                   autograph=False)
         self.backward = tf.function(
-            self._backward, input_signature=[params, x, y, states, states, scale]
+            self._backward, input_signature=[params, x, y, states, states, scale],
+            autograph=False,
         )
 
     def _forward(self, params: dict[str, Any], x: Any, states: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,8 @@ WITNESS = "finite_differences"
 #: models is ~1e-7 relative and the rounding error ~1e-11 absolute.
 STEP = 1e-3
 RANDOM_ELEMENTS = 2
+#: Perturbed copies of x or of an initial state folded into one forward pass.
+COPIES_PER_CALL = 4
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,12 @@ class _Evaluator:
                 per_position = tf.reduce_mean(per_position, axis=1)
             return per_position / self.batch_size
 
-        @tf.function
+        @tf.function(autograph=False)
         def folded(x: Any, y: Any, states: dict[str, Any]) -> Any:
             losses = example_losses(params, x, y, states)
             return tf.reduce_sum(tf.reshape(losses, [-1, self.batch_size]), axis=1)
 
-        @tf.function
+        @tf.function(autograph=False)
         def stacked(rows: Any) -> Any:
             def one(row: Any) -> Any:
                 pieces = tf.split(row, self.weight_sizes)
@@ -120,7 +122,20 @@ class _Evaluator:
         return np.asarray(self._stacked(self.tf.constant(rows)).numpy())
 
     def input_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
-        """Loss with x or one initial state replaced by each ``value``, all in one batch."""
+        """Loss with x or one initial state replaced by each ``value``.
+
+        The copies go through in groups of ``COPIES_PER_CALL`` folded into the batch axis: one
+        trace (the last group is padded to the same shape), and a working set that stays in
+        memory instead of growing with the number of probes.
+        """
+        losses = []
+        for start in range(0, len(perturbations), COPIES_PER_CALL):
+            group = perturbations[start:start + COPIES_PER_CALL]
+            padded = group + [group[-1]] * (COPIES_PER_CALL - len(group))
+            losses.append(self._input_group(padded)[: len(group)])
+        return np.concatenate(losses)
+
+    def _input_group(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
         batch = self.ctx.batch
         xs = [value if name == "x" else batch.x for name, value in perturbations]
         states = {
