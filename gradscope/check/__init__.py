@@ -67,7 +67,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
 
     user_function = None
     if isinstance(against, str):
-        from gradscope.check.against import load_against
+        from gradscope.check.user_backward import load_against
 
         say(f"loading {against}")
         user_function = load_against(against)
@@ -124,7 +124,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         )
         lap("tbptt_carry")
     if user_function is not None:
-        from gradscope.check.against import against_witness
+        from gradscope.check.user_backward import against_witness
 
         say("comparing with the user's backward")
         witnesses.append("against")

@@ -1,0 +1,166 @@
+"""``check --against FILE.py:FUNC``: the user's own backward function as a witness.
+
+Contract: ``FUNC(params, x, y, h0) -> dict`` of gradients of the MEAN loss, keyed by
+gradscope names (weights, ``x``, ``gru_k/h0``). Each returned array is checked for its shape,
+then its values, against TF autodiff on the float64 model. Time-indexed gradients are compared
+step by step, so a wrong carry shows as "right at the last step, wrong before it".
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradscope.check.context import CheckContext, WitnessResult, relative_error
+from gradscope.errors import ConfigError
+
+WITNESS = "against"
+
+
+def load_against(target: str) -> Callable[..., Any]:
+    """Import FILE.py and return FUNC. This runs the user's file, at the user's request."""
+    file, _, name = target.rpartition(":")
+    if not file or not name:
+        raise ConfigError(f"--against {target!r}: expected FILE.py:FUNC", where="--against")
+    path = Path(file)
+    if not path.exists():
+        raise ConfigError(f"--against: {file}: file not found", where="--against")
+    if path.suffix != ".py" or path.is_dir():
+        raise ConfigError(f"--against: {file}: expected a Python file (FILE.py)",
+                          where="--against")
+    spec = importlib.util.spec_from_file_location(f"gradscope_against_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"--against: {file}: cannot be imported", where="--against")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: any failure is reported, not propagated
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(f"--against: importing {file} raised {type(exc).__name__}: {message}",
+                          where="--against") from None
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    function = getattr(module, name, None)
+    if function is None:
+        names = [n for n in vars(module) if callable(vars(module)[n]) and not n.startswith("_")]
+        hint = difflib.get_close_matches(name, names, n=1)
+        did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise ConfigError(f"--against: {file} has no function {name!r}{did_you_mean}",
+                          where="--against")
+    if not callable(function):
+        raise ConfigError(f"--against: {file}:{name} is not a function", where="--against")
+    return function
+
+
+def against_witness(ctx: CheckContext, function: Callable[..., Any]) -> list[WitnessResult]:
+    tolerance = ctx.tolerance(WITNESS)
+    expected = ctx.autodiff_gradients()
+    params = {name: value.copy() for name, value in ctx.params.items()}
+    h0 = {name: value.copy() for name, value in ctx.batch.initial_states.items()}
+    try:
+        returned = function(params, ctx.batch.x.copy(), ctx.batch.y.copy(), h0)
+    except Exception as exc:  # the user's code
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        return [WitnessResult(WITNESS, "<call>", None, tolerance, False,
+                              f"the function raised {type(exc).__name__}: {message}")]
+    if not isinstance(returned, dict):
+        return [WitnessResult(WITNESS, "<call>", None, tolerance, False,
+                              f"the function returned {type(returned).__name__}; expected a "
+                              "dict of gradients keyed by name")]
+    results = []
+    for name, value in returned.items():
+        if name not in expected:
+            hint = difflib.get_close_matches(str(name), list(expected), n=1)
+            did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+            results.append(WitnessResult(WITNESS, str(name), None, tolerance, False,
+                                         f"unknown name{did_you_mean}"))
+            continue
+        results.append(_compare(ctx, str(name), value, expected[name], expected, tolerance))
+    for name in expected:
+        if name not in returned and name != "x":
+            results.append(WitnessResult(WITNESS, name, None, tolerance, False,
+                                         "missing from the returned dict"))
+    return results
+
+
+def _compare(ctx: CheckContext, name: str, value: Any, truth: np.ndarray,
+             everything: dict[str, np.ndarray], tolerance: float) -> WitnessResult:
+    try:
+        value = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return WitnessResult(WITNESS, name, None, tolerance, False,
+                             "not an array of numbers")
+    if value.shape != truth.shape:
+        others = [n for n, g in everything.items() if n != name and g.shape == value.shape]
+        hint = f"; that is the shape of {', '.join(others)}" if others else ""
+        return WitnessResult(WITNESS, name, None, tolerance, False,
+                             f"shape {value.shape}, expected {truth.shape}{hint}")
+    if not np.all(np.isfinite(value)):
+        return WitnessResult(WITNESS, name, None, tolerance, False, "has NaN or Inf values")
+    error = relative_error(value, truth)
+    # Element by element too, so one wrong element in a large tensor cannot hide in the norm.
+    scale = np.abs(truth) + 1e-3 * float(np.max(np.abs(truth), initial=0.0))
+    elementwise = np.abs(value - truth) <= tolerance * scale + 1e-300
+    passed = error <= tolerance and bool(np.all(elementwise))
+    if passed:
+        return WitnessResult(WITNESS, name, error, tolerance, True)
+    detail = _diagnose(ctx, name, value, truth, everything, tolerance)
+    worst = np.unravel_index(int(np.argmax(np.abs(value - truth) / scale)), truth.shape)
+    where = tuple(int(i) for i in worst)
+    detail = "; ".join(part for part in (
+        detail, f"largest disagreement at element {where}: {value[where]:.6e}, TF says "
+                f"{truth[where]:.6e}") if part)
+    first_bad = None
+    if name == "x":
+        first_bad, time_detail = _locate_in_time(value, truth, tolerance)
+        detail = "; ".join(part for part in (time_detail, detail) if part)
+    return WitnessResult(WITNESS, name, error, tolerance, False, detail, first_bad)
+
+
+def _locate_in_time(value: np.ndarray, truth: np.ndarray,
+                    tolerance: float) -> tuple[int | None, str]:
+    """The first step, counting back from the end, where x's gradient diverges."""
+    steps = truth.shape[1]
+    errors = [relative_error(value[:, t], truth[:, t]) for t in range(steps)]
+    bad = [t for t in range(steps) if errors[t] > tolerance]
+    if not bad:
+        return None, ""
+    first = max(bad)
+    last = steps - 1
+    if first == last - 1 and bad == list(range(last)) and steps > 1:
+        return first, (f"matches at t=T−1={last}, wrong from t=T−2={last - 1} backwards: "
+                       "the gradient carried from t+1 is not added (or not right)")
+    if first == last and len(bad) == steps:
+        return first, ("wrong at every step, including the last: the error is inside one "
+                       "step, not in the carry")
+    return first, f"first wrong at t={first} (counting back from t={last})"
+
+
+def _diagnose(ctx: CheckContext, name: str, value: np.ndarray, truth: np.ndarray,
+              everything: dict[str, np.ndarray], tolerance: float) -> str:
+    """Recognise classic mistakes from the returned array itself."""
+    batch, steps = ctx.batch.x.shape[:2]
+    positions = batch * steps if ctx.shapes.spec.sequence_output else batch
+    # The mean loss divides by the positions (softmax cross-entropy) or by every element (mse).
+    count = positions * (ctx.shapes.spec.output_size if ctx.shapes.spec.loss == "mse" else 1)
+    for factor, story in ((count, "the gradient of the sum loss, not the mean loss"),
+                          (1 / positions, "averaged over the positions instead of summed")):
+        if relative_error(value, truth * factor) <= max(tolerance, 1e-6):
+            return f"{factor:g} × the right values: {story}"
+    for other, gradient in everything.items():
+        if other != name and gradient.shape == value.shape and \
+                relative_error(value, gradient) <= max(tolerance, 1e-6):
+            return f"equals the gradient of {other}: swapped?"
+    if value.shape[-1] % 2 == 0 and value.shape[-1] >= 2:
+        half = value.shape[-1] // 2
+        swapped = np.concatenate([value[..., half:], value[..., :half]], axis=-1)
+        if relative_error(swapped, truth) <= max(tolerance, 1e-6):
+            return "its two column halves are swapped (r and u?)"
+    return ""
