@@ -385,10 +385,10 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        if _State.json_errors:
-            _fail(exc.format_message(), None, EXIT_USAGE)
-        exc.show()
-        sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+        message = exc.format_message()
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            message += f" (see '{exc.ctx.command_path} --help')"
+        _fail(message, getattr(getattr(exc, "param", None), "name", None), EXIT_USAGE)
     except click.exceptions.Abort:
         _fail("interrupted", None, 130)
     except KeyboardInterrupt:

@@ -146,7 +146,7 @@ class Spec(BaseModel):
                         update={
                             "name": name,
                             "layout": layout,
-                            "reset_after": reset_after if layer.type == "gru" else None,
+                            "reset_after": reset_after if keras_gru else None,
                             "return_sequences": return_sequences,
                         }
                     )

@@ -1,0 +1,67 @@
+"""Bad input from the command line: exit 2, one line on stderr, never a traceback; with
+--json, exactly one error object on stdout. And the help is the documentation of the contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_gradscope
+
+
+@pytest.fixture()
+def configs(tmp_path):
+    files = {
+        "typo.yaml": "input_sise: 4\ntime_steps: 3\nbatch_size: 2\nlayers: [{gru: 2}]\n",
+        "dense_first.yaml": "input_size: 4\ntime_steps: 3\nbatch_size: 2\n"
+                            "layers: [{dense: 2}, {gru: 2}]\n",
+        "broken.yaml": "input_size: [4\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["shapes", "{dir}/missing.yaml"], "file not found"),
+    (["shapes", "{dir}"], "is a directory"),
+    (["shapes", "{dir}/typo.yaml"], "did you mean 'input_size'"),
+    (["shapes", "{dir}/dense_first.yaml"], "found a dense layer first"),
+    (["shapes", "{dir}/broken.yaml"], "not valid YAML"),
+    (["shapes", "--bogus"], "No such option"),
+    (["explain", "{dir}/typo.yaml"], "did you mean 'input_size'"),
+    (["check", "{dir}/dense_first.yaml"], "found a dense layer first"),
+    (["check", "--chunks", "0"], "0 is not in the range x>=1"),
+])
+def test_bad_input_exits_2_with_one_clear_line(configs, args, fragment):
+    args = [a.replace("{dir}", str(configs)) for a in args]
+    result = run_gradscope(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 3
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["shapes", "explain", "check"])
+def test_json_errors_are_one_object_on_stdout(configs, command):
+    result = run_gradscope(command, str(configs / "typo.yaml"), "--json")
+    assert result.returncode == 2
+    document = json.loads(result.stdout)
+    assert set(document) == {"error"}
+    assert "input_sise" in document["error"]["message"]
+    assert document["error"]["where"] == "input_sise"
+
+
+def test_help_documents_exit_codes_examples_and_version():
+    main = run_gradscope("--help")
+    assert main.returncode == 0
+    for line in ["0  all good", "1  a check found a problem", "2  usage, config or data error"]:
+        assert line in main.stdout
+    for command in ["shapes", "explain", "check", "schema"]:
+        text = run_gradscope(command, "--help").stdout
+        assert "Example" in text, command
+    check_help = run_gradscope("check", "--help").stdout
+    assert "1e-5" in check_help and "2e-3" in check_help  # the tolerance table
+    version = run_gradscope("--version")
+    assert version.returncode == 0 and "gradscope, version" in version.stdout
