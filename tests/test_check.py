@@ -15,7 +15,7 @@ from gradscope.report.models import json_schema
 from gradscope.spec import load_spec
 
 recurrent = st.fixed_dictionaries(
-    {"type": st.just("gru"), "units": st.integers(1, 8),
+    {"type": st.sampled_from(["gru", "lstm", "simple_rnn"]), "units": st.integers(1, 8),
      "layout": st.sampled_from(["block", "keras"])},
     optional={"reset_after": st.booleans()},
 )
@@ -24,7 +24,8 @@ recurrent = st.fixed_dictionaries(
 @st.composite
 def float32_models(draw):
     layers = [
-        {k: v for k, v in layer.items() if k != "reset_after" or layer["layout"] == "keras"}
+        {k: v for k, v in layer.items()
+         if k != "reset_after" or (layer["layout"] == "keras" and layer["type"] == "gru")}
         for layer in draw(st.lists(recurrent, min_size=1, max_size=3))
     ]
     if draw(st.booleans()):

@@ -18,7 +18,7 @@ from gradscope.shapes import model_shapes
 from gradscope.spec import load_spec
 
 recurrent = st.fixed_dictionaries(
-    {"type": st.just("gru"), "units": st.integers(1, 9),
+    {"type": st.sampled_from(["gru", "lstm", "simple_rnn"]), "units": st.integers(1, 9),
      "layout": st.sampled_from(["block", "keras"])},
     optional={"reset_after": st.booleans()},
 )
@@ -34,7 +34,8 @@ def _spec(layers, **extra):
 def stacks(draw):
     layers = draw(st.lists(recurrent, min_size=1, max_size=4))
     layers = [
-        {k: v for k, v in layer.items() if k != "reset_after" or layer["layout"] == "keras"}
+        {k: v for k, v in layer.items()
+         if k != "reset_after" or (layer["layout"] == "keras" and layer["type"] == "gru")}
         for layer in layers
     ]
     if draw(st.booleans()):
