@@ -131,3 +131,43 @@ def test_cli_exit_codes_for_against(tmp_path):
     assert "x" in document["summary"]["failed_tensors"]
     usage = run_gradscope("check", str(config), "--against", f"{ZOO}:nope")
     assert usage.returncode == 2 and "has no function 'nope'" in usage.stderr
+
+
+LSTM_ZOO = str(REPO / "tests" / "against" / "user_lstm_bptt.py")
+LSTM_WEIGHTS = [f"lstm_{k}/{w}" for k in (1, 2) for w in ("kernel", "bias")]
+LSTM_STATES = [f"lstm_{k}/{s}" for k in (1, 2) for s in ("h0", "c0")]
+
+
+@pytest.fixture(scope="module")
+def lstm_zoo(tf):
+    spec = load_spec({"input_size": 4, "time_steps": 5, "batch_size": 3, "dtype": "float64",
+                      "layers": [{"lstm": 3}, {"lstm": 2}, {"dense": 3}]})
+    algebra = model_shapes(spec)
+    params = initial_params(algebra)
+    batch = synthetic_batch(algebra)
+    rng = np.random.default_rng(6)
+    for value in batch.initial_states.values():
+        value[...] = rng.standard_normal(value.shape)
+    engine = Engine(algebra)
+    ctx = CheckContext(algebra, params, batch, engine, engine.run(params, batch))
+    return ctx, SimpleNamespace(**load_against(f"{LSTM_ZOO}:correct").__globals__)
+
+
+@pytest.mark.parametrize("mutant,expected", [
+    ("correct", set()),
+    ("no_h_carry", {*LSTM_WEIGHTS, *LSTM_STATES, "x"}),
+    ("no_c_carry", {*LSTM_WEIGHTS, *LSTM_STATES, "x"}),
+    ("no_tanh_derivative", {*LSTM_WEIGHTS, *LSTM_STATES, "x"}),
+    ("swap_i_f", {*LSTM_WEIGHTS, *LSTM_STATES, "x"}),
+    ("no_forget_bias", {*LSTM_WEIGHTS, "dense_1/kernel", "dense_1/bias", *LSTM_STATES, "x"}),
+    ("sum_loss", {*LSTM_WEIGHTS, "dense_1/kernel", "dense_1/bias", *LSTM_STATES, "x"}),
+    ("one_element_off", {"lstm_1/kernel"}),
+])
+def test_lstm_zoo_is_caught_with_h0_and_c0(lstm_zoo, mutant, expected):
+    ctx, module = lstm_zoo
+    results = against_witness(ctx, getattr(module, mutant))
+    assert {r.tensor for r in results} == {*ctx.params, *LSTM_STATES, "x"}
+    assert {r.tensor for r in results if not r.passed} == expected
+    if mutant in ("no_h_carry", "no_c_carry"):
+        x = next(r for r in results if r.tensor == "x")
+        assert x.first_bad_step == 3 and "carried from t+1" in x.detail
