@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from gradscope._tf import native_stderr_silenced
 from gradscope.data import Batch
-from gradscope.model import Engine
+from gradscope.model import Engine, Pass
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,11 @@ def layer_states(engine: Engine) -> dict[str, list[StateRef]]:
     }
 
 
-def state_jacobians_and_influence(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
-                                  at: int) -> tuple[list[JacobianBlock], np.ndarray]:
-    """The Jacobian blocks and ‖∂h_at/∂x_s‖ (B, T) of the last recurrent layer."""
+def state_jacobians_and_influence(
+    engine: Engine, params: dict[str, np.ndarray], batch: Batch, at: int,
+) -> tuple[list[JacobianBlock], np.ndarray, Pass]:
+    """The Jacobian blocks, ‖∂h_at/∂x_s‖ (B, T) of the last recurrent layer, and the ordinary
+    pass (loss, every gradient, total ∂L/∂h_t per step), all from one traced forward pass."""
     tf = engine.tf
     dtype = engine.dtype
     states_by_layer = layer_states(engine)
@@ -86,15 +89,26 @@ def state_jacobians_and_influence(engine: Engine, params: dict[str, np.ndarray],
     # towards the initial states of those layers. When t is the last step, the last layer's
     # h rows are h_t itself, so the same passes give the influence of x.
     @tf.function(autograph=False)
-    def compute(params: dict[str, Any], x: Any, states: dict[str, Any],
-                at: Any) -> tuple[list[Any], Any]:
+    def compute(params: dict[str, Any], x: Any, y: Any, states: dict[str, Any],
+                at: Any) -> tuple[list[Any], Any, dict[str, Any]]:
+        probes = engine.probe_zeros(x)
         with tf.GradientTape(persistent=True) as tape:
-            tape.watch([x, states])
+            tape.watch([params, x, states, probes])
             sequences: dict[str, Any] = {}
-            _, finals = engine.forward(params, x, states, sequences=sequences)
+            predictions, finals = engine.forward(params, x, states, probes, sequences)
+            loss = engine.loss(predictions, y)
             h_at = tf.gather(sequences[f"{last}/h"], at)  # (B, u_last), time-major source
             targets = [tf.concat([finals[n] for n in names(layer, final=True)], axis=1)
                        for layer in layers]
+        weight_gradients, state_gradients, input_gradient, probe_gradients = tape.gradient(
+            loss, [params, states, x, probes])
+        ordinary = {
+            "loss": loss, "weights": weight_gradients, "states": state_gradients,
+            "x": input_gradient, "finals": finals,
+            "sequences": {k: tf.transpose(v, [1, 0, 2]) for k, v in sequences.items()},
+            "sequence_gradients": {k: tf.transpose(v, [1, 0, 2])
+                                   for k, v in probe_gradients.items()},
+        }
         batch_size = tf.shape(x)[0]
 
         def one_hot(k: Any, width: int) -> Any:
@@ -131,13 +145,23 @@ def state_jacobians_and_influence(engine: Engine, params: dict[str, np.ndarray],
 
             influence = tf.reduce_sum(tf.map_fn(influence_row, tf.range(last_size),
                                                 fn_output_signature=x.dtype), axis=0)
-        return groups, tf.sqrt(influence)
+        return groups, tf.sqrt(influence), ordinary
 
-    groups, influence = compute(
-        {k: tf.constant(v, dtype=dtype) for k, v in params.items()},
-        tf.constant(batch.x, dtype=dtype),
-        {k: tf.constant(v, dtype=dtype) for k, v in batch.initial_states.items()},
-        tf.constant(at),
+    with native_stderr_silenced():
+        groups, influence, ordinary = compute(
+            {k: tf.constant(v, dtype=dtype) for k, v in params.items()},
+            tf.constant(batch.x, dtype=dtype), tf.constant(batch.y, dtype=dtype),
+            {k: tf.constant(v, dtype=dtype) for k, v in batch.initial_states.items()},
+            tf.constant(at),
+        )
+    def arrays(tensors: dict[str, Any]) -> dict[str, Any]:
+        return {name: value.numpy() for name, value in tensors.items()}
+
+    ordinary_pass = Pass(
+        loss=float(ordinary["loss"].numpy()), weight_gradients=arrays(ordinary["weights"]),
+        state_gradients=arrays(ordinary["states"]), final_states=arrays(ordinary["finals"]),
+        input_gradient=ordinary["x"].numpy(), sequences=arrays(ordinary["sequences"]),
+        sequence_gradients=arrays(ordinary["sequence_gradients"]),
     )
     sizes = {layer: sum(ref.units for ref in refs) for layer, refs in states_by_layer.items()}
     blocks = []
@@ -154,22 +178,24 @@ def state_jacobians_and_influence(engine: Engine, params: dict[str, np.ndarray],
                 largest_singular=singular[:, 0], smallest_singular=singular[:, -1],
                 blocks=block,
             ))
-    return blocks, influence.numpy().astype(np.float64)
+    return blocks, influence.numpy().astype(np.float64), ordinary_pass
 
 
 def dynamics(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
-             per_step_pass: Any, at: int | None = None) -> Dynamics:
-    """Everything across time, from a pass run with ``per_step=True`` and one more call."""
+             at: int | None = None) -> tuple[Pass, Dynamics]:
+    """The ordinary pass and everything across time, from one ``tf.function`` call."""
     steps = batch.x.shape[1]
     at = steps - 1 if at is None else at
-    jacobians, influence = state_jacobians_and_influence(engine, params, batch, at)
+    jacobians, influence, per_step_pass = state_jacobians_and_influence(engine, params, batch,
+                                                                        at)
+    assert per_step_pass.sequence_gradients is not None
     state_norms = {
         name: np.sqrt(np.sum(np.asarray(g, np.float64) ** 2, axis=(0, 2)))
         for name, g in per_step_pass.sequence_gradients.items()
     }
     input_norms = np.sqrt(np.sum(np.asarray(per_step_pass.input_gradient, np.float64) ** 2,
                                  axis=(0, 2)))
-    return Dynamics(
+    return per_step_pass, Dynamics(
         jacobians=jacobians,
         state_gradient_norms=state_norms,
         input_gradient_norms=input_norms,

@@ -71,20 +71,20 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     say("importing TensorFlow")
     engine = Engine(algebra)
     clock.lap("import_and_build")
-    say("running one forward and backward pass")
-    across_time = jacobians or flow
-    result = engine.run(params, batch, per_step=across_time)
-    clock.lap("forward_backward")
     state_jacobians = gradient_flow = None
-    if across_time:
+    if not (jacobians or flow):
+        say("running one forward and backward pass")
+        result = engine.run(params, batch)
+        clock.lap("forward_backward")
+    else:
         from gradscope.dynamics import dynamics
 
         steps = batch.x.shape[1]
         if at is not None and not 0 <= at < steps:
             raise ConfigError(f"--at {at} is outside the {steps} time steps; expected 0 to "
                               f"{steps - 1}", where="--at")
-        say("state Jacobians and gradient flow")
-        found = dynamics(engine, params, batch, result, at)
+        say("forward, backward, state Jacobians and gradient flow")
+        result, found = dynamics(engine, params, batch, at)
         state_jacobians = ([jacobian_entry(algebra, block) for block in found.jacobians]
                            if jacobians else None)
         gradient_flow = flow_entry(found) if flow else None

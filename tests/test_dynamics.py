@@ -48,7 +48,7 @@ STACKS = [
 @pytest.mark.parametrize("layers", STACKS)
 def test_state_jacobians_match_finite_differences(layers, tf):
     engine, params, batch = _model(layers)
-    found = dynamics(engine, params, batch, engine.run(params, batch, per_step=True))
+    _, found = dynamics(engine, params, batch)
     cells = engine.shapes.cells
     for block in found.jacobians:
         source = next(c for c in cells if c.name == block.source_layer)
@@ -97,7 +97,7 @@ def test_per_step_gradients_are_the_total_gradient_of_each_state(tf):
 
 def test_influence_matches_finite_differences_and_is_causal(tf):
     engine, params, batch = _model(STACKS[0])
-    found = dynamics(engine, params, batch, engine.run(params, batch, per_step=True), at=3)
+    _, found = dynamics(engine, params, batch, at=3)
     last = engine.shapes.cells[-1].name
     per_example = np.zeros((2, 6))
     for s in range(6):
@@ -117,3 +117,18 @@ def test_influence_matches_finite_differences_and_is_causal(tf):
     assert np.all(found.influence[4:] == 0)  # x_s after t cannot influence h_t
     heat = influence_map(engine, params, batch, [3, 5])
     np.testing.assert_allclose(heat[0], found.influence, rtol=1e-12)
+
+
+def test_the_combined_pass_equals_the_ordinary_engine_pass(tf):
+    engine, params, batch = _model(STACKS[1])
+    combined, _ = dynamics(engine, params, batch)
+    ordinary = engine.run(params, batch, per_step=True)
+    assert combined.loss == pytest.approx(ordinary.loss, rel=1e-12)
+    for name in ordinary.weight_gradients:
+        np.testing.assert_allclose(combined.weight_gradients[name],
+                                   ordinary.weight_gradients[name], rtol=1e-10, atol=1e-14)
+    for name in ordinary.sequence_gradients:
+        np.testing.assert_allclose(combined.sequence_gradients[name],
+                                   ordinary.sequence_gradients[name], rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(combined.input_gradient, ordinary.input_gradient, rtol=1e-10,
+                               atol=1e-14)
