@@ -171,3 +171,24 @@ def test_lstm_zoo_is_caught_with_h0_and_c0(lstm_zoo, mutant, expected):
     if mutant in ("no_h_carry", "no_c_carry"):
         x = next(r for r in results if r.tensor == "x")
         assert x.first_bad_step == 3 and "carried from t+1" in x.detail
+
+
+@pytest.mark.parametrize("mutant", ["correct", "no_carry", "swap_ru", "drop_one_minus_u",
+                                    "dense_last_step_only", "sum_loss", "bias_averaged",
+                                    "doc_plus_u", "swap_w_ru_w_c", "one_element_off"])
+def test_every_mutant_makes_the_cli_exit_1_and_the_correct_one_0(mutant, tmp_path, tf, capsys):
+    from gradscope.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("input_size: 5\ntime_steps: 6\nbatch_size: 4\n"
+                      "layers: [{gru: 4}, {gru: 3}, {dense: 3}]\n")
+    load_against(f"{ZOO}:correct").__globals__["LOSS"] = "softmax_cross_entropy"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", str(config), "--against", f"{ZOO}:{mutant}", "--json", "--quiet"])
+    document = json.loads(capsys.readouterr().out)
+    assert exit_info.value.code == (0 if mutant == "correct" else 1)
+    against_failures = [t["name"] for t in document["tensors"]
+                        if any(w["witness"] == "against" and not w["passed"]
+                               for w in t["witnesses"])]
+    assert bool(against_failures) == (mutant != "correct")
+    assert set(against_failures) == set(document["summary"]["failed_tensors"])
