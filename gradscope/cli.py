@@ -106,6 +106,20 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def memory_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    @click.option("--max-memory", metavar="SIZE",
+                  help="Refuse (exit 2, before anything is allocated) a run estimated to need "
+                       "more than SIZE, e.g. 4G or 512M. Default: a quarter of physical RAM.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, max_memory: str | None, **kwargs: Any) -> Any:
+        from gradscope.guard import parse_size
+
+        limit = parse_size(max_memory) if max_memory is not None else None
+        return func(*args, memory_limit=limit, **kwargs)
+
+    return wrapper
+
+
 def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The flags that replace the synthetic batch with the user's own arrays."""
 
@@ -243,12 +257,13 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
               help="With --flow: write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to "
                    "FILE.png (needs matplotlib: pip install 'gradscope[plot]').")
+@memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: tuple[str | None, ...],
             model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, as_json: bool, output: Path | None, force: bool,
-            quiet: bool, timings: bool) -> int:
+            at: int | None, plot: Path | None, memory_limit: int | None, as_json: bool,
+            output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
     For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
@@ -266,6 +281,9 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     from gradscope.inspect import explain as explain_report
 
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
+    from gradscope.guard import guard
+
+    guard(spec, "explain", memory_limit, across_time=jacobians or flow or plot is not None)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
         report = explain_report(spec, data=batch, params=params, timings=timings,
@@ -314,12 +332,14 @@ finite differences.
               help="Print GRUBlockCellGrad's corrected backward equations and the errata of its "
                    "public documentation, with evidence from this model.")
 @data_options
+@memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def check(config: str | None, against: str | None, chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
           data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
-          as_json: bool, output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
+          memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
+          quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
 
     Each weight, each initial state (gru_k/h0) and the input x is checked on a float64
@@ -337,6 +357,9 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     from gradscope.check import check as check_report
 
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
+    from gradscope.guard import guard
+
+    guard(spec, "check", memory_limit)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,

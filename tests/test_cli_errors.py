@@ -65,3 +65,31 @@ def test_help_documents_exit_codes_examples_and_version():
     assert "1e-5" in check_help and "2e-3" in check_help  # the tolerance table
     version = run_gradscope("--version")
     assert version.returncode == 0 and "gradscope, version" in version.stdout
+
+
+def test_a_huge_config_is_refused_before_tensorflow_is_imported(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    config = tmp_path / "huge.yaml"
+    config.write_text("input_size: 100000\ntime_steps: 100000\nbatch_size: 32\n"
+                      "layers: [{gru: 100000}, {dense: 3}]\n")
+    code = (
+        "import sys\nfrom gradscope.cli import main\n"
+        f"try:\n    main(['explain', {str(config)!r}])\nexcept SystemExit as e:\n"
+        "    assert e.code == 2, e.code\n"
+        "assert 'tensorflow' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "more than the limit" in result.stderr
+    assert "the largest term is" in result.stderr
+
+
+def test_max_memory_is_checked_for_check_too(tmp_path):
+    result = run_gradscope("check", "--max-memory", "10M")
+    assert result.returncode == 2
+    assert "finite differences" in result.stderr
