@@ -16,19 +16,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
 
-
-def wall(command: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   check=True)
-    return time.perf_counter() - start
+from explain_latency import wall  # noqa: E402  (the same whole-process timer)
 
 
 def compute_gradient_seconds_per_element(elements: int) -> tuple[float, int]:

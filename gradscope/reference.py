@@ -174,12 +174,6 @@ def gru_block_step_backward(params: Params, cache: StepCache,
     return d_x_t, d_h_prev, d_params
 
 
-def forward_gru_block(params: Params, x_seq: np.ndarray,
-                      h0: np.ndarray) -> tuple[np.ndarray, Cache]:
-    """The block GRU over x_seq (B, T, F) from h0 (B, u): h_seq (B, T, u) and the cache."""
-    return _scan(gru_block_step, params, x_seq, h0)
-
-
 def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.ndarray,
          d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
     """Backpropagation through time for any cell with one state, given its step backward.
@@ -207,13 +201,6 @@ def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.
         _add_into(d_params, d_params_t)
     d_h0 = d_h_next  # after step 0, the carry is ∂L/∂h_0
     return _time_major(d_x_seq), d_h0, d_params
-
-
-def backward_gru_block(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                       d_h_final: np.ndarray | None = None,
-                       ) -> tuple[np.ndarray, np.ndarray, Params]:
-    """BPTT through the block GRU (see :func:`bptt`)."""
-    return bptt(gru_block_step_backward, params, cache, d_h_seq, d_h_final)
 
 
 # -- GRU, Keras layout, reset_after=True (the Keras default) --------------------------------
@@ -274,19 +261,6 @@ def gru_keras_step_backward(params: Params, cache: StepCache,
     return d_x_t, d_h_prev, d_params
 
 
-def forward_gru_keras(params: Params, x_seq: np.ndarray,
-                      h0: np.ndarray) -> tuple[np.ndarray, Cache]:
-    """The Keras GRU (reset_after=True) over x_seq (B, T, F) from h0 (B, u)."""
-    return _scan(gru_keras_step, params, x_seq, h0)
-
-
-def backward_gru_keras(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                       d_h_final: np.ndarray | None = None,
-                       ) -> tuple[np.ndarray, np.ndarray, Params]:
-    """BPTT through the Keras GRU (reset_after=True) (see :func:`bptt`)."""
-    return bptt(gru_keras_step_backward, params, cache, d_h_seq, d_h_final)
-
-
 # -- GRU, Keras layout, reset_after=False ---------------------------------------------------
 
 
@@ -345,19 +319,6 @@ def gru_keras_reset_before_step_backward(
     return d_x_t, d_h_prev, d_params
 
 
-def forward_gru_keras_reset_before(params: Params, x_seq: np.ndarray,
-                                   h0: np.ndarray) -> tuple[np.ndarray, Cache]:
-    """The Keras GRU (reset_after=False) over x_seq (B, T, F) from h0 (B, u)."""
-    return _scan(gru_keras_reset_before_step, params, x_seq, h0)
-
-
-def backward_gru_keras_reset_before(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                                    d_h_final: np.ndarray | None = None,
-                                    ) -> tuple[np.ndarray, np.ndarray, Params]:
-    """BPTT through the Keras GRU (reset_after=False) (see :func:`bptt`)."""
-    return bptt(gru_keras_reset_before_step_backward, params, cache, d_h_seq, d_h_final)
-
-
 # -- SimpleRNN, block layout (TF1 BasicRNNCell) and Keras layout ---------------------------
 
 
@@ -395,28 +356,6 @@ def simple_rnn_keras_step_backward(params: Params, cache: StepCache,
         "recurrent_kernel": cache["h_prev"].T @ d_pre,
         "bias": d_pre.sum(axis=0),
     }
-
-
-def forward_simple_rnn_block(params: Params, x_seq: np.ndarray,
-                             h0: np.ndarray) -> tuple[np.ndarray, Cache]:
-    return _scan(simple_rnn_block_step, params, x_seq, h0)
-
-
-def backward_simple_rnn_block(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                              d_h_final: np.ndarray | None = None,
-                              ) -> tuple[np.ndarray, np.ndarray, Params]:
-    return bptt(simple_rnn_block_step_backward, params, cache, d_h_seq, d_h_final)
-
-
-def forward_simple_rnn_keras(params: Params, x_seq: np.ndarray,
-                             h0: np.ndarray) -> tuple[np.ndarray, Cache]:
-    return _scan(simple_rnn_keras_step, params, x_seq, h0)
-
-
-def backward_simple_rnn_keras(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                              d_h_final: np.ndarray | None = None,
-                              ) -> tuple[np.ndarray, np.ndarray, Params]:
-    return bptt(simple_rnn_keras_step_backward, params, cache, d_h_seq, d_h_final)
 
 
 # -- LSTM: two states, h and c ----------------------------------------------------------------
@@ -516,14 +455,33 @@ def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
     return forward, backward
 
 
-#: (forward, backward) for every recurrent cell, keyed by :func:`cell_key`. A new cell is a
-#: forward_<cell>, a backward_<cell> and one line here.
+def single_state(step: Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarray, StepCache]],
+                 step_backward: StepBackward) -> tuple[Forward, Backward]:
+    """The forward pass (:func:`_scan`) and BPTT (:func:`bptt`) of a one-state cell, from its
+    step and step backward."""
+
+    def forward(params: Params, x_seq: np.ndarray, h0: np.ndarray) -> tuple[np.ndarray, Cache]:
+        return _scan(step, params, x_seq, h0)
+
+    def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                 d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
+        return bptt(step_backward, params, cache, d_h_seq, d_h_final)
+
+    return forward, backward
+
+
+forward_gru_block, backward_gru_block = single_state(gru_block_step, gru_block_step_backward)
+
+
+#: (forward, backward) for every recurrent cell, keyed by :func:`cell_key`. A new one-state
+#: cell is a step, a step backward and one line here.
 RECURRENT: dict[str, tuple[Forward, Backward]] = {
     "gru_block": (forward_gru_block, backward_gru_block),
-    "gru_keras": (forward_gru_keras, backward_gru_keras),
-    "gru_keras_reset_before": (forward_gru_keras_reset_before, backward_gru_keras_reset_before),
-    "simple_rnn_block": (forward_simple_rnn_block, backward_simple_rnn_block),
-    "simple_rnn_keras": (forward_simple_rnn_keras, backward_simple_rnn_keras),
+    "gru_keras": single_state(gru_keras_step, gru_keras_step_backward),
+    "gru_keras_reset_before": single_state(gru_keras_reset_before_step,
+                                           gru_keras_reset_before_step_backward),
+    "simple_rnn_block": single_state(simple_rnn_block_step, simple_rnn_block_step_backward),
+    "simple_rnn_keras": single_state(simple_rnn_keras_step, simple_rnn_keras_step_backward),
     "lstm_block": _lstm_functions("block"),
     "lstm_keras": _lstm_functions("keras"),
 }
