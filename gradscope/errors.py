@@ -6,12 +6,19 @@ The CLI decides exit codes in one place (``cli.py``); the library only raises th
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """Escape control characters (a key named "\n" in a config, say): messages stay one line."""
+    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode()
+                   for ch in text)
+
+
 class GradscopeError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""
 
     exit_code = 2
 
     def __init__(self, message: str, where: str | None = None) -> None:
+        message = one_line(message)
         super().__init__(message)
         self.message = message
         self.where = where
