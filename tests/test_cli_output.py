@@ -119,3 +119,14 @@ def test_output_file_is_written_and_never_overwritten(tmp_path):
     assert target.read_text() == "keep me"
     forced = run_gradscope("shapes", "-o", str(target), "--force")
     assert forced.returncode == 0 and "gru_1/w_ru" in target.read_text()
+
+
+def test_check_json_is_byte_identical_on_repeat(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("input_size: 5\ntime_steps: 6\nbatch_size: 4\n"
+                      "layers: [{gru: 4}, {lstm: 3, layout: keras}, {dense: 3}]\n")
+    first = run_gradscope("check", str(config), "--json", "--chunks", "2")
+    second = run_gradscope("check", str(config), "--json", "--chunks", "2")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr
+    assert first.stdout == second.stdout
+    assert first.stderr == "" and second.stderr == ""
