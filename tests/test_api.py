@@ -1,0 +1,31 @@
+"""The Python API the README documents: load_spec, shapes, explain, check."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import gradscope
+
+
+def test_load_explain_and_check_from_python(tf):
+    spec = gradscope.load_spec({"input_size": 4, "time_steps": 5, "batch_size": 3,
+                                "layers": [{"gru": 3}, {"lstm": 2}, {"dense": 2}]})
+    assert [t["shape"] for t in gradscope.shapes(spec).to_dict()["tensors"]][0] == [7, 6]
+    rng = np.random.default_rng(0)
+    data = {"x": rng.standard_normal((6, 8, 4)), "y": np.eye(2)[rng.integers(0, 2, (6, 8))]}
+    report = gradscope.explain(spec, data=data).to_dict()
+    assert report["model"]["batch_size"] == 6 and report["model"]["time_steps"] == 8
+    assert [s["name"] for s in report["initial_state_gradients"]] == [
+        "gru_1/h0", "lstm_1/h0", "lstm_1/c0"]
+    checked = gradscope.check(spec, chunks=2)
+    assert checked.summary.passed and "tbptt_carry" in checked.summary.witnesses
+    assert checked.to_dict()["summary"]["passed"] is True
+
+
+def test_importing_gradscope_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, gradscope; gradscope.load_spec(None); "
+            "assert 'tensorflow' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
