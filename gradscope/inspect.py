@@ -74,7 +74,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     state_jacobians = gradient_flow = None
     if not (jacobians or flow):
         say("running one forward and backward pass")
-        result = engine.run(params, batch)
+        result = engine.run(params, batch, watch_input=False)
         clock.lap("forward_backward")
     else:
         from gradscope.dynamics import dynamics

@@ -24,7 +24,7 @@ class Pass:
     weight_gradients: dict[str, np.ndarray | None]
     state_gradients: dict[str, np.ndarray | None]
     final_states: dict[str, np.ndarray | None]
-    input_gradient: np.ndarray
+    input_gradient: np.ndarray | None  # None when run with watch_input=False
     #: With ``per_step=True``: every state sequence ``gru_1/h`` (B, T, u) ...
     sequences: dict[str, np.ndarray] | None = None
     #: ... and the total ∂L/∂h_t for every step, recurrence included, same names and shapes.
@@ -91,17 +91,20 @@ class Engine:
         }
 
     def _loss_and_gradients_graph(self, params: dict[str, Any], x: Any, y: Any,
-                                  states: dict[str, Any], per_step: bool) -> dict[str, Any]:
+                                  states: dict[str, Any], per_step: bool,
+                                  watch_input: bool) -> dict[str, Any]:
         tf = self.tf
         probes = self.probe_zeros(x) if per_step else {}
         sequences: dict[str, Any] = {}
+        inputs = [x] if watch_input else []
         with tf.GradientTape() as tape:
-            tape.watch([params, states, x, probes])
+            tape.watch([params, states, inputs, probes])
             predictions, finals = self.forward(params, x, states, probes or None, sequences)
             loss = self.loss(predictions, y)
-        weight_gradients, state_gradients, input_gradient, probe_gradients = tape.gradient(
-            loss, [params, states, x, probes]
+        weight_gradients, state_gradients, input_gradients, probe_gradients = tape.gradient(
+            loss, [params, states, inputs, probes]
         )
+        input_gradient = input_gradients[0] if watch_input else None
         out = {"loss": loss, "weights": weight_gradients, "states": state_gradients,
                "x": input_gradient, "finals": finals}
         if per_step:
@@ -114,10 +117,12 @@ class Engine:
 
     # -- NumPy in, NumPy out --------------------------------------------------------------------
 
-    def run(self, params: dict[str, np.ndarray], batch: Batch, per_step: bool = False) -> Pass:
+    def run(self, params: dict[str, np.ndarray], batch: Batch, per_step: bool = False,
+            watch_input: bool = True) -> Pass:
         """One forward and backward pass, watching every weight, every initial state and x.
 
-        ``per_step`` also returns every state sequence and the total ∂L/∂h_t at every step.
+        ``per_step`` also returns every state sequence and the total ∂L/∂h_t at every step;
+        ``watch_input=False`` skips ∂L/∂x (explain does not report it).
         """
         tf = self.tf
         cast = {name: tf.constant(value, dtype=self.dtype) for name, value in params.items()}
@@ -128,13 +133,13 @@ class Engine:
         with native_stderr_silenced():
             x = tf.constant(batch.x, dtype=self.dtype)
             y = tf.constant(batch.y, dtype=self.dtype)
-            out = self._loss_and_gradients(cast, x, y, states, per_step)
+            out = self._loss_and_gradients(cast, x, y, states, per_step, watch_input)
         return Pass(
             loss=float(out["loss"].numpy()),
             weight_gradients=_to_numpy(out["weights"]),
             state_gradients=_to_numpy(out["states"]),
             final_states=_to_numpy(out["finals"]),
-            input_gradient=out["x"].numpy(),
+            input_gradient=None if out["x"] is None else out["x"].numpy(),
             sequences=_to_numpy(out["sequences"]) if per_step else None,  # type: ignore[arg-type]
             sequence_gradients=(
                 _to_numpy(out["sequence_gradients"]) if per_step else None  # type: ignore[arg-type]

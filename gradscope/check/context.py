@@ -83,7 +83,8 @@ class CheckContext:
         out: dict[str, np.ndarray] = {}
         for source in (self.autodiff.weight_gradients, self.autodiff.state_gradients):
             out.update({name: value for name, value in source.items() if value is not None})
-        out["x"] = self.autodiff.input_gradient
+        if self.autodiff.input_gradient is not None:
+            out["x"] = self.autodiff.input_gradient
         return out
 
     @property
