@@ -171,9 +171,15 @@ class Cell:
         """
         raise NotImplementedError
 
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        """The weights the step uses, sliced once outside the loop (slicing inside it would
+        make every backward step build a full-size gradient of the slice)."""
+        return params
+
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        """One step: the new states (the first one is the output h_t)."""
+        """One step: the new states (the first one is the output h_t). ``params`` is what
+        :meth:`tf_step_weights` returned."""
         raise NotImplementedError
 
     def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
@@ -187,10 +193,11 @@ class Cell:
         ∂L/∂h_t, including what flows back through the recurrence from t+1.
         """
         step_inputs = self.tf_inputs(tf, params, inputs)
+        step_weights = self.tf_step_weights(tf, params)
         n_states = len(self.state_names)
 
         def step(carry: tuple[Any, ...], elems: tuple[Any, ...]) -> tuple[Any, ...]:
-            new = self.tf_step(tf, params, carry, elems[: len(step_inputs)])
+            new = self.tf_step(tf, step_weights, carry, elems[: len(step_inputs)])
             if probes is not None:
                 new = tuple(s + p for s, p in zip(new, elems[len(step_inputs):], strict=True))
             return new

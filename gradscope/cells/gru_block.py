@@ -69,12 +69,16 @@ class GRUBlock(Cell):
         return (tf_project(tf, inputs, params["w_ru"][:F], params["b_ru"]),
                 tf_project(tf, inputs, params["w_c"][:F], params["b_c"]))
 
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        F = self.input_size
+        return {"w_ru_h": params["w_ru"][F:], "w_c_h": params["w_c"][F:]}
+
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        F, u = self.input_size, self.units
+        u = self.units
         (h,) = states
         x_ru_t, x_c_t = step_inputs
-        ru = tf.sigmoid(x_ru_t + h @ params["w_ru"][F:])
+        ru = tf.sigmoid(x_ru_t + h @ params["w_ru_h"])
         r, z = ru[:, :u], ru[:, u:]
-        c = tf.tanh(x_c_t + (r * h) @ params["w_c"][F:])
+        c = tf.tanh(x_c_t + (r * h) @ params["w_c_h"])
         return (z * h + (1.0 - z) * c,)

@@ -73,20 +73,25 @@ class GRUKeras(Cell):
         input_bias = bias[0] if self.reset_after else bias
         return (tf_project(tf, inputs, params["kernel"], input_bias),)  # (T, B, 3u)
 
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        u, recurrent = self.units, params["recurrent_kernel"]
+        if self.reset_after:
+            return {"recurrent": recurrent, "recurrent_bias": params["bias"][1]}
+        return {"recurrent_zr": recurrent[:, : 2 * u], "recurrent_h": recurrent[:, 2 * u :]}
+
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         u = self.units
         (h,), (x_t,) = states, step_inputs
-        recurrent = params["recurrent_kernel"]
         x_z, x_r, x_h = x_t[:, :u], x_t[:, u : 2 * u], x_t[:, 2 * u :]
         if self.reset_after:
-            inner = h @ recurrent + params["bias"][1]
+            inner = h @ params["recurrent"] + params["recurrent_bias"]
             z = tf.sigmoid(x_z + inner[:, :u])
             r = tf.sigmoid(x_r + inner[:, u : 2 * u])
             candidate = tf.tanh(x_h + r * inner[:, 2 * u :])
         else:
-            inner = h @ recurrent[:, : 2 * u]
+            inner = h @ params["recurrent_zr"]
             z = tf.sigmoid(x_z + inner[:, :u])
             r = tf.sigmoid(x_r + inner[:, u:])
-            candidate = tf.tanh(x_h + (r * h) @ recurrent[:, 2 * u :])
+            candidate = tf.tanh(x_h + (r * h) @ params["recurrent_h"])
         return (z * h + (1.0 - z) * candidate,)

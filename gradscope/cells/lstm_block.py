@@ -53,11 +53,14 @@ class LSTMBlock(Cell):
     def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
         return (tf_project(tf, inputs, params["kernel"][: self.input_size], params["bias"]),)
 
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        return {"kernel_h": params["kernel"][self.input_size:]}
+
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         u = self.units
         (h, c), (x_t,) = states, step_inputs
-        z = x_t + h @ params["kernel"][self.input_size:]
+        z = x_t + h @ params["kernel_h"]
         i, j, f, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
         c_new = tf.sigmoid(f + FORGET_BIAS) * c + tf.sigmoid(i) * tf.tanh(j)
         return (tf.sigmoid(o) * tf.tanh(c_new), c_new)

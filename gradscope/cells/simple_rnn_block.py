@@ -42,7 +42,10 @@ class SimpleRNNBlock(Cell):
     def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
         return (tf_project(tf, inputs, params["kernel"][: self.input_size], params["bias"]),)
 
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        return {"kernel_h": params["kernel"][self.input_size:]}
+
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         (h,), (x_t,) = states, step_inputs
-        return (tf.tanh(x_t + h @ params["kernel"][self.input_size:]),)
+        return (tf.tanh(x_t + h @ params["kernel_h"]),)
