@@ -205,3 +205,14 @@ class Cell:
         elems = step_inputs + (tuple(probes) if probes is not None else ())
         sequences = tf.scan(step, elems, initializer=tuple(states[:n_states]))
         return sequences[0], tuple(s[-1] for s in sequences)
+
+
+class ConcatKernelCell(Cell):
+    """A block-layout cell whose one ``kernel`` maps the concatenation [x_t, h_{t−1}] (TF1's
+    LSTMCell, BasicRNNCell): rows 0..F−1 see x_t, the rows after them h_{t−1}."""
+
+    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
+        return (tf_project(tf, inputs, params["kernel"][: self.input_size], params["bias"]),)
+
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        return {"kernel_h": params["kernel"][self.input_size:]}

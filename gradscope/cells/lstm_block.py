@@ -12,19 +12,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells.base import (
-    Cell,
+    ConcatKernelCell,
     TensorInfo,
     concat_rows,
     glorot_uniform,
     split_blocks,
-    tf_project,
 )
 
 GATES = ["input gate i", "new input j", "forget gate f", "output gate o"]
 FORGET_BIAS = 1.0
 
 
-class LSTMBlock(Cell):
+class LSTMBlock(ConcatKernelCell):
     kind: ClassVar[str] = "lstm"
     layout: ClassVar[str] = "block"
     cell_scope: ClassVar[str] = "lstm_cell"
@@ -49,12 +48,6 @@ class LSTMBlock(Cell):
     def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         F, u = self.input_size, self.units
         return {"kernel": glorot_uniform(rng, (F + u, 4 * u)), "bias": np.zeros(4 * u)}
-
-    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
-        return (tf_project(tf, inputs, params["kernel"][: self.input_size], params["bias"]),)
-
-    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
-        return {"kernel_h": params["kernel"][self.input_size:]}
 
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:

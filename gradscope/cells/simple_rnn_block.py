@@ -10,16 +10,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells.base import (
-    Cell,
+    ConcatKernelCell,
     TensorInfo,
     concat_rows,
     glorot_uniform,
     split_blocks,
-    tf_project,
 )
 
 
-class SimpleRNNBlock(Cell):
+class SimpleRNNBlock(ConcatKernelCell):
     kind: ClassVar[str] = "simple_rnn"
     layout: ClassVar[str] = "block"
     cell_scope: ClassVar[str] = "basic_rnn_cell"
@@ -38,12 +37,6 @@ class SimpleRNNBlock(Cell):
     def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         F, u = self.input_size, self.units
         return {"kernel": glorot_uniform(rng, (F + u, u)), "bias": np.zeros(u)}
-
-    def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
-        return (tf_project(tf, inputs, params["kernel"][: self.input_size], params["bias"]),)
-
-    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
-        return {"kernel_h": params["kernel"][self.input_size:]}
 
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
