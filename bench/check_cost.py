@@ -32,9 +32,9 @@ def compute_gradient_seconds_per_element(elements: int) -> tuple[float, int]:
     import numpy as np
 
     from gradscope._tf import import_tensorflow
+    from gradscope.algebra import model_shapes
     from gradscope.data import initial_params, synthetic_batch
     from gradscope.model import Engine
-    from gradscope.shapes import model_shapes
     from gradscope.spec import load_spec
 
     tf = import_tensorflow()

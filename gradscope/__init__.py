@@ -64,7 +64,7 @@ def check(spec: Spec, against: Any = None, chunks: int | None = None,
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``.
     """
-    from gradscope.check import check as _check
+    from gradscope.witnesses import check as _check
 
     spec, batch = _with_data(spec, data)
     return _check(spec, against=against, chunks=chunks, data=batch, **options)

@@ -354,7 +354,7 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
       gradscope check config.yaml --chunks 4
       gradscope check config.yaml --against my_bptt.py:backward --json
     """
-    from gradscope.check import check as check_report
+    from gradscope.witnesses import check as check_report
 
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
     from gradscope.guard import guard
@@ -367,7 +367,7 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:
-        from gradscope.check.block_kernel import CORRECTED_EQUATIONS
+        from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
         equations_text = CORRECTED_EQUATIONS
     _emit(report, as_json, output, force, equations_text)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gradscope.algebra import ModelShapes
 from gradscope.cells.base import glorot_uniform
 from gradscope.errors import DataError
-from gradscope.shapes import ModelShapes
 from gradscope.spec import Spec
 
 
@@ -128,7 +128,7 @@ def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
         raise DataError(f"x has shape {x.shape}; expected at least one example and one step",
                         where="x")
     resized = spec.model_copy(update={"batch_size": batch_size, "time_steps": time_steps})
-    from gradscope.shapes import model_shapes
+    from gradscope.algebra import model_shapes
 
     shapes = model_shapes(resized)
     y = arrays["y"]

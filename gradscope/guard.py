@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 
+from gradscope.algebra import model_shapes
 from gradscope.errors import ConfigError
-from gradscope.shapes import model_shapes
 from gradscope.spec import Spec
 
 #: Per step and unit, how many numbers a cell keeps for its backward pass (gates, candidates).

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from gradscope.algebra import ModelShapes, model_shapes
 from gradscope.cells.base import TensorInfo
 from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.errors import ConfigError, InternalError
@@ -30,7 +31,6 @@ from gradscope.report.models import (
     Stats,
     TensorEntry,
 )
-from gradscope.shapes import ModelShapes, model_shapes
 from gradscope.spec import Spec
 
 if TYPE_CHECKING:

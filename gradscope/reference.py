@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from gradscope.algebra import ModelShapes
 from gradscope.cells.base import Cell
 from gradscope.data import Batch
 from gradscope.errors import ConfigError
-from gradscope.shapes import ModelShapes
 
 Params = dict[str, np.ndarray]  # one layer's weights by short name: w_ru, b_ru, …
 StepCache = dict[str, np.ndarray]  # what one forward step keeps for its backward step

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 import gradscope
 
 
 def test_load_explain_and_check_from_python(tf):
+    # Importing every submodule first must not shadow the API functions (a module named
+    # gradscope.shapes or gradscope.check once did).
+    for module in ("gradscope.algebra", "gradscope.witnesses", "gradscope.inspect"):
+        importlib.import_module(module)
+
+    assert callable(gradscope.shapes) and callable(gradscope.check)
     spec = gradscope.load_spec({"input_size": 4, "time_steps": 5, "batch_size": 3,
                                 "layers": [{"gru": 3}, {"lstm": 2}, {"dense": 2}]})
     assert [t["shape"] for t in gradscope.shapes(spec).to_dict()["tensors"]][0] == [7, 6]

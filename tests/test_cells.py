@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradscope.algebra import model_shapes
 from gradscope.data import initial_params, synthetic_batch
 from gradscope.model import Engine
-from gradscope.shapes import model_shapes
 from gradscope.spec import load_spec
 
 

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from gradscope.check import check
 from gradscope.report.models import json_schema
 from gradscope.spec import load_spec
+from gradscope.witnesses import check
 
 recurrent = st.fixed_dictionaries(
     {"type": st.sampled_from(["gru", "lstm", "simple_rnn"]), "units": st.integers(1, 8),
@@ -72,10 +72,10 @@ def test_seed_model_passes_every_witness_and_exits_0():
 def _block_context():
     import numpy as np
 
-    from gradscope.check.context import CheckContext
+    from gradscope.algebra import model_shapes
     from gradscope.data import initial_params, synthetic_batch
     from gradscope.model import Engine
-    from gradscope.shapes import model_shapes
+    from gradscope.witnesses.context import CheckContext
 
     spec = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
                       "layers": [{"gru": 4}, {"type": "gru", "units": 3, "layout": "keras"},
@@ -90,7 +90,7 @@ def _block_context():
 def test_kernel_witness_skips_keras_layers_and_catches_a_wrong_gradient(tf):
     import dataclasses
 
-    from gradscope.check.block_kernel import errata_evidence, kernel_witness
+    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
 
     ctx = _block_context()
     results = kernel_witness(ctx)
@@ -108,7 +108,7 @@ def test_kernel_witness_locates_a_missing_carry_in_time(tf):
     comparison still agrees step by step, but the weight sums and h0 disagree with autodiff."""
     import dataclasses
 
-    from gradscope.check.block_kernel import kernel_witness
+    from gradscope.witnesses.block_kernel import kernel_witness
 
     ctx = _block_context()
     gradients = dict(ctx.autodiff.sequence_gradients)

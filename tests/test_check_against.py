@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from conftest import REPO, run_gradscope
 
-from gradscope.check.context import CheckContext
-from gradscope.check.user_backward import against_witness, load_against
+from gradscope.algebra import model_shapes
 from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import ConfigError
 from gradscope.model import Engine
-from gradscope.shapes import model_shapes
 from gradscope.spec import load_spec
+from gradscope.witnesses.context import CheckContext
+from gradscope.witnesses.user_backward import against_witness, load_against
 
 ZOO = str(REPO / "tests" / "against" / "user_gru_bptt.py")
 RECURRENT = [f"gru_{k}/{w}" for k in (1, 2) for w in ("w_ru", "b_ru", "w_c", "b_c")]

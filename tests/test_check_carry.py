@@ -8,20 +8,20 @@ from functools import cache
 import numpy as np
 import pytest
 
-from gradscope.check import carry
-from gradscope.check.carry import (
+from gradscope.algebra import model_shapes
+from gradscope.data import initial_params, synthetic_batch
+from gradscope.errors import ConfigError
+from gradscope.model import Engine
+from gradscope.spec import load_spec
+from gradscope.witnesses import carry
+from gradscope.witnesses.carry import (
     CarryResult,
     carry_witness,
     chunk_lengths,
     compare_with_full_bptt,
     truncated_gradients,
 )
-from gradscope.check.context import TOLERANCES, CheckContext
-from gradscope.data import initial_params, synthetic_batch
-from gradscope.errors import ConfigError
-from gradscope.model import Engine
-from gradscope.shapes import model_shapes
-from gradscope.spec import load_spec
+from gradscope.witnesses.context import TOLERANCES, CheckContext
 
 TIME_STEPS = 7
 CHUNKS = (1, 2, 3, 5, 7)

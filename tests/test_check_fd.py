@@ -7,12 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gradscope.check.context import CheckContext
-from gradscope.check.finite_differences import finite_difference_witness, probes_for
+from gradscope.algebra import model_shapes
 from gradscope.data import initial_params, synthetic_batch
 from gradscope.model import Engine
-from gradscope.shapes import model_shapes
 from gradscope.spec import load_spec
+from gradscope.witnesses.context import CheckContext
+from gradscope.witnesses.finite_differences import finite_difference_witness, probes_for
 
 SPECS = {
     "block": {"layers": [{"gru": 4}, {"gru": 3}, {"dense": 3}]},

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradscope.algebra import model_shapes
 from gradscope.data import initial_params, synthetic_batch
 from gradscope.dynamics import dynamics, influence_map
 from gradscope.model import Engine
-from gradscope.shapes import model_shapes
 from gradscope.spec import load_spec
 
 EPS = 1e-6

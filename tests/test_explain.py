@@ -9,12 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from gradscope.algebra import model_shapes
 from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import InternalError
 from gradscope.inspect import explain
 from gradscope.model import Engine
 from gradscope.report.models import json_schema
-from gradscope.shapes import model_shapes
 from gradscope.spec import load_spec
 
 recurrent = st.fixed_dictionaries(

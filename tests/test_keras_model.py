@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from conftest import run_gradscope
 
+from gradscope.algebra import model_shapes
 from gradscope.data import synthetic_batch
 from gradscope.errors import ConfigError
 from gradscope.keras_model import load_keras_model
 from gradscope.model import Engine
-from gradscope.shapes import model_shapes
 
 
 @pytest.fixture(scope="module")

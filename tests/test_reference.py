@@ -11,9 +11,9 @@ import pytest
 from conftest import REPO
 
 from gradscope import reference
+from gradscope.algebra import ModelShapes, model_shapes
 from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.reference import reference_gradients, reference_loss
-from gradscope.shapes import ModelShapes, model_shapes
 from gradscope.spec import load_spec
 
 RTOL, ATOL = 1e-10, 1e-12

@@ -10,7 +10,7 @@ from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradscope.shapes import model_shapes
+from gradscope.algebra import model_shapes
 from gradscope.spec import load_spec
 
 SEED_SHAPES = {

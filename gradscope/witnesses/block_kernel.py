@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.check.context import CheckContext, WitnessResult, relative_error
+from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
 
 WITNESS = "gru_block_kernel"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.check.context import TOLERANCES, CheckContext, Progress, WitnessResult
+from gradscope.algebra import model_shapes
 from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.report.models import (
     CarryBoundaryEntry,
@@ -33,8 +33,8 @@ from gradscope.report.models import (
     NamedShape,
     WitnessEntry,
 )
-from gradscope.shapes import model_shapes
 from gradscope.spec import Spec
+from gradscope.witnesses.context import TOLERANCES, CheckContext, Progress, WitnessResult
 
 
 def check(spec: Spec, against: str | Callable[..., Any] | None = None,
@@ -48,12 +48,12 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     ``FUNC(params, x, y, h0) -> dict`` (see README). ``rtol`` overrides the relative tolerance
     of every float64 witness; ``atol`` adds an absolute allowance to finite differences.
     """
-    from gradscope.check.block_kernel import errata_evidence, kernel_witness
-    from gradscope.check.carry import carry_witness
-    from gradscope.check.finite_differences import finite_difference_witness
-    from gradscope.check.numpy_reference import reference_witness
     from gradscope.inspect import model_entry
     from gradscope.model import Engine
+    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
+    from gradscope.witnesses.carry import carry_witness
+    from gradscope.witnesses.finite_differences import finite_difference_witness
+    from gradscope.witnesses.numpy_reference import reference_witness
 
     say = progress or (lambda message: None)
     laps: dict[str, float] = {}
@@ -67,7 +67,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
 
     user_function = None
     if isinstance(against, str):
-        from gradscope.check.user_backward import load_against
+        from gradscope.witnesses.user_backward import load_against
 
         say(f"loading {against}")
         user_function = load_against(against)
@@ -124,7 +124,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         )
         lap("tbptt_carry")
     if user_function is not None:
-        from gradscope.check.user_backward import against_witness
+        from gradscope.witnesses.user_backward import against_witness
 
         say("comparing with the user's backward")
         witnesses.append("against")

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.check.context import CheckContext, WitnessResult, relative_error
 from gradscope.errors import ConfigError
+from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
 
 WITNESS = "against"
 

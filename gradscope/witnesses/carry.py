@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
-from gradscope.check.context import CheckContext, WitnessResult, relative_error
 from gradscope.errors import ConfigError
+from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
 
 WITNESS = "tbptt_carry"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.check.context import CheckContext, WitnessResult
+from gradscope.witnesses.context import CheckContext, WitnessResult
 
 WITNESS = "finite_differences"
 #: Step along a unit direction. Central differences in float64: the truncation error grows

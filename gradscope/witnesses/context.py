@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from gradscope.algebra import ModelShapes
 from gradscope.data import Batch
 from gradscope.model import Engine, Pass
-from gradscope.shapes import ModelShapes
 
 Progress = Callable[[str], None]
 
@@ -54,7 +54,7 @@ class WitnessResult:
 
 @dataclass
 class CheckContext:
-    """Everything a witness needs. Built once by :func:`gradscope.check.check`.
+    """Everything a witness needs. Built once by :func:`gradscope.witnesses.check`.
 
     - ``params`` and ``batch`` are the float64 copy of the model's weights and batch (the same
       values as the model's own dtype, widened).

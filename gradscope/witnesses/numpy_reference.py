@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gradscope.check.context import CheckContext, WitnessResult, relative_error
+from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
 
 WITNESS = "numpy_reference"
 
