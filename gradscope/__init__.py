@@ -50,11 +50,14 @@ def explain(spec: Spec, data: Any = None) -> ExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
     ``data`` is None (a synthetic batch from the seed), a path to an .npz file or a dict
-    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``.
+    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. Refused (ConfigError) when the
+    resource guard estimates more memory than a quarter of RAM.
     """
+    from gradscope.guard import guard
     from gradscope.inspect import explain as _explain
 
     spec, batch = _with_data(spec, data)
+    guard(spec, "explain")
     return _explain(spec, data=batch)
 
 
@@ -64,9 +67,11 @@ def check(spec: Spec, against: Any = None, chunks: int | None = None,
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``.
     """
+    from gradscope.guard import guard
     from gradscope.witnesses import check as _check
 
     spec, batch = _with_data(spec, data)
+    guard(spec, "check")
     return _check(spec, against=against, chunks=chunks, data=batch, **options)
 
 

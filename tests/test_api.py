@@ -37,3 +37,14 @@ def test_importing_gradscope_does_not_import_tensorflow():
     code = ("import sys, gradscope; gradscope.load_spec(None); "
             "assert 'tensorflow' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_the_api_refuses_a_model_that_cannot_fit():
+    import pytest
+
+    from gradscope.errors import ConfigError
+
+    spec = gradscope.load_spec({"input_size": 100000, "time_steps": 100000, "batch_size": 64,
+                                "layers": [{"gru": 50000}, {"dense": 2}]})
+    with pytest.raises(ConfigError, match="the largest term is"):
+        gradscope.explain(spec)
