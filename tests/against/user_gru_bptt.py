@@ -110,37 +110,20 @@ def correct(params, x, y, h0):
     return backward(params, x, y, h0)
 
 
-def no_carry(params, x, y, h0):
-    return backward(params, x, y, h0, "no_carry")
+def _mutant(bug):
+    def function(params, x, y, h0):
+        return backward(params, x, y, h0, bug)
+
+    function.__name__ = bug
+    return function
 
 
-def swap_ru(params, x, y, h0):
-    return backward(params, x, y, h0, "swap_ru")
-
-
-def drop_one_minus_u(params, x, y, h0):
-    return backward(params, x, y, h0, "drop_one_minus_u")
-
-
-def dense_last_step_only(params, x, y, h0):
-    return backward(params, x, y, h0, "dense_last_step_only")
-
-
-def sum_loss(params, x, y, h0):
-    return backward(params, x, y, h0, "sum_loss")
-
-
-def bias_averaged(params, x, y, h0):
-    return backward(params, x, y, h0, "bias_averaged")
-
-
-def doc_plus_u(params, x, y, h0):
-    return backward(params, x, y, h0, "doc_plus_u")
-
-
-def swap_w_ru_w_c(params, x, y, h0):
-    return backward(params, x, y, h0, "swap_w_ru_w_c")
-
-
-def one_element_off(params, x, y, h0):
-    return backward(params, x, y, h0, "one_element_off")
+no_carry = _mutant("no_carry")
+swap_ru = _mutant("swap_ru")
+drop_one_minus_u = _mutant("drop_one_minus_u")
+dense_last_step_only = _mutant("dense_last_step_only")
+sum_loss = _mutant("sum_loss")
+bias_averaged = _mutant("bias_averaged")
+doc_plus_u = _mutant("doc_plus_u")
+swap_w_ru_w_c = _mutant("swap_w_ru_w_c")
+one_element_off = _mutant("one_element_off")
