@@ -10,8 +10,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1"
-
 
 class _Report(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -105,7 +105,7 @@ def _fold(ctx: CheckContext, cell: Any, inputs: np.ndarray) -> _Folded:
 def _step_autodiff(ctx: CheckContext, folded: _Folded) -> tuple[np.ndarray, np.ndarray]:
     """Autodiff of one step on every folded row (float64): d_x and d_h_prev."""
     tf = ctx.tf
-    F, u = folded.F, folded.u
+    u = folded.u
     x, h_prev = tf.constant(folded.x), tf.constant(folded.h_prev)
     w = {k: tf.constant(v) for k, v in folded.weights.items()}
     with tf.GradientTape() as tape:
@@ -115,7 +115,6 @@ def _step_autodiff(ctx: CheckContext, folded: _Folded) -> tuple[np.ndarray, np.n
         c = tf.tanh(tf.concat([x, r * h_prev], 1) @ w["w_c"] + w["b_c"])
         h = z * h_prev + (1 - z) * c
     d_x, d_h_prev = tape.gradient(h, [x, h_prev], output_gradients=tf.constant(folded.d_h))
-    del F
     return d_x.numpy(), d_h_prev.numpy()
 
 
@@ -138,7 +137,7 @@ def kernel_witness(ctx: CheckContext) -> list[WitnessResult]:
     results: list[WitnessResult] = []
     for cell, inputs in _block_layers(ctx):
         folded = _fold(ctx, cell, inputs)
-        k, F, u = folded.kernel, folded.F, folded.u
+        k, u = folded.kernel, folded.u
         xh = np.concatenate([folded.x, folded.h_prev], axis=1)
         xrh = np.concatenate([folded.x, k["r"] * folded.h_prev], axis=1)
         assembled = {
@@ -162,7 +161,6 @@ def kernel_witness(ctx: CheckContext) -> list[WitnessResult]:
         h_seq = np.asarray(ctx.autodiff.sequences[f"{cell.name}/h"])  # type: ignore[index]
         results.append(_per_step(cell.name, "h (forward)", k["h"],
                                  h_seq.reshape(-1, u), steps, tolerance))
-        del F
     return results
 
 
