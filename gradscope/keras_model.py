@@ -1,19 +1,23 @@
 """A saved Keras 3 model (``.keras``) as a gradscope spec plus its own weights.
 
-Supported: Sequential or functional models made of GRU, LSTM, SimpleRNN and Dense layers
-(Dense may be wrapped in TimeDistributed), in a chain, with the default activations and no
-dropout. Everything else is listed in one clear error (exit 2).
+Supported: single-input, single-output chains of GRU, LSTM, SimpleRNN and Dense layers (Dense
+may be wrapped in TimeDistributed), with the default activations and no dropout. Everything else
+is refused from ``config.json`` alone, before TensorFlow is imported (exit 2): a model that is
+not read exactly is never explained.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gradscope.errors import ConfigError
+from gradscope.keras.archive import is_keras_file
+from gradscope.keras.graph import LayerNode, plain_chain, read_graph, refuse_code
 from gradscope.spec import Spec, spec_from_dict
+
+__all__ = ["is_keras_file", "load_keras_model"]
 
 RECURRENT = {"GRU": "gru", "LSTM": "lstm", "SimpleRNN": "simple_rnn"}
 #: Settings that change the maths; gradscope's cells implement the defaults only.
@@ -22,32 +26,19 @@ DEFAULTS = {"activation": "tanh", "recurrent_activation": "sigmoid", "use_bias":
             "recurrent_dropout": 0.0, "unit_forget_bias": True}
 
 
-def is_keras_file(source: str | None) -> bool:
-    return source is not None and str(source).endswith(".keras")
-
-
 def load_keras_model(path: str, batch_size: int | None = None, time_steps: int | None = None,
                      loss: str = "softmax_cross_entropy",
                      dtype: str = "float32") -> tuple[Spec, dict[str, np.ndarray]]:
     """The spec of a saved model (keras layout, the model's layer names) and its weights."""
-    file = Path(path)
-    if not file.exists():
-        raise ConfigError(f"{path}: file not found", where=path)
-    if file.is_dir():
-        raise ConfigError(f"{path}: is a directory; expected a .keras file", where=path)
-    from gradscope._tf import import_tensorflow, native_stderr_silenced
-
-    import_tensorflow()
-    import keras
-
-    try:
-        with native_stderr_silenced():
-            model = keras.saving.load_model(path, compile=False, safe_mode=True)
-    except Exception as exc:  # keras raises many kinds; all mean "not a model we can read"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"{path}: cannot load as a Keras 3 model: {first}", where=path) \
-            from None
-    layers, unsupported = _chain(model)
+    graph = read_graph(path)
+    refuse_code(graph)
+    layers, reason = plain_chain(graph)
+    if reason is not None:
+        raise ConfigError(
+            f"{path}: not a single chain of layers ({reason}); this version of gradscope reads "
+            "only one-input, one-output chains of GRU, LSTM, SimpleRNN and Dense layers, and "
+            "refuses other models rather than misread them", where=path)
+    entries, unsupported = _chain(layers)
     if unsupported:
         raise ConfigError(
             f"{path}: unsupported layers: {', '.join(unsupported)}; gradscope explains chains "
@@ -55,7 +46,8 @@ def load_keras_model(path: str, batch_size: int | None = None, time_steps: int |
             "activations and no dropout",
             where=path,
         )
-    input_shape = tuple(model.inputs[0].shape)
+    input_layer = graph.layer(graph.inputs[0].layer)
+    input_shape = tuple(input_layer.config.get("batch_shape") or ())
     if len(input_shape) != 3:
         raise ConfigError(f"{path}: the model's input has shape {input_shape}; expected "
                           "(batch, time, features)", where=path)
@@ -70,29 +62,40 @@ def load_keras_model(path: str, batch_size: int | None = None, time_steps: int |
     spec = spec_from_dict({
         "input_size": int(features), "time_steps": int(steps),
         "batch_size": batch_size or 32, "layout": "keras",
-        "layers": [entry for entry, _ in layers], "loss": loss, "dtype": dtype,
+        "layers": entries, "loss": loss, "dtype": dtype,
     }, origin=path)
+
+    from gradscope._tf import import_tensorflow, native_stderr_silenced
+
+    import_tensorflow()
+    import keras
+
+    try:
+        with native_stderr_silenced():
+            model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as exc:  # keras raises many kinds; all mean "not a model we can read"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: cannot load as a Keras 3 model: {first}", where=path) \
+            from None
     params: dict[str, np.ndarray] = {}
-    for (entry, layer), resolved in zip(layers, spec.layers, strict=True):
+    for entry, resolved in zip(entries, spec.layers, strict=True):
+        layer = model.get_layer(entry["name"])
+        inner = layer.layer if isinstance(layer, keras.layers.TimeDistributed) else layer
         names = (["kernel", "recurrent_kernel", "bias"] if entry["type"] != "dense"
                  else ["kernel", "bias"])
-        for short, variable in zip(names, layer.weights, strict=True):
+        for short, variable in zip(names, inner.weights, strict=True):
             params[f"{resolved.name}/{short}"] = np.asarray(variable.numpy(), dtype=dtype)
     return spec, params
 
 
-def _chain(model: Any) -> tuple[list[tuple[dict[str, Any], Any]], list[str]]:
-    """The layers as spec entries (with the Keras layer objects), and what is unsupported."""
-    import keras
-
-    entries: list[tuple[dict[str, Any], Any]] = []
+def _chain(layers: list[LayerNode]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The layers as spec entries, and what is unsupported, from their saved configs."""
+    entries: list[dict[str, Any]] = []
     unsupported: list[str] = []
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        inner = layer.layer if isinstance(layer, keras.layers.TimeDistributed) else layer
-        kind = type(inner).__name__
-        config = inner.get_config()
+    for layer in layers:
+        inner = layer.inner if layer.class_name == "TimeDistributed" else layer
+        kind = inner.class_name if inner is not None else layer.class_name
+        config = inner.config if inner is not None else {}
         if kind in RECURRENT:
             wrong = [f"{key}={config[key]!r}" for key, value in DEFAULTS.items()
                      if key in config and config[key] != value]
@@ -104,14 +107,13 @@ def _chain(model: Any) -> tuple[list[tuple[dict[str, Any], Any]], list[str]]:
                                      "return_sequences": bool(config["return_sequences"])}
             if kind == "GRU":
                 entry["reset_after"] = bool(config.get("reset_after", True))
-            entries.append((entry, inner))
+            entries.append(entry)
         elif kind == "Dense":
             if config.get("activation") != "linear" or not config.get("use_bias", True):
                 unsupported.append(f"{layer.name} (Dense with activation "
                                    f"{config.get('activation')!r}; expected linear, with bias)")
                 continue
-            entries.append(({"type": "dense", "units": int(config["units"]),
-                             "name": layer.name}, inner))
+            entries.append({"type": "dense", "units": int(config["units"]), "name": layer.name})
         else:
-            unsupported.append(f"{layer.name} ({type(layer).__name__})")
+            unsupported.append(f"{layer.name} ({layer.class_name})")
     return entries, unsupported

@@ -1,0 +1,58 @@
+"""Read a saved Keras 3 model (``.keras``, a zip archive) without TensorFlow or Keras.
+
+Only ``config.json`` and ``metadata.json`` are read, as JSON: nothing in the file is executed,
+and no Python object is built from it.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import ConfigError
+
+#: A config.json larger than this is not a model gradscope reads (a model of a few thousand
+#: layers is a few MiB).
+MAX_CONFIG_BYTES = 64 << 20
+
+
+def is_keras_file(source: object) -> bool:
+    return isinstance(source, str | Path) and str(source).endswith(".keras")
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The model's ``config.json`` as a dict, with ``compile_config`` if it was saved."""
+    file = Path(path)
+    if not file.exists():
+        raise ConfigError(f"{path}: file not found", where=str(path))
+    if file.is_dir():
+        raise ConfigError(f"{path}: is a directory; expected a .keras file", where=str(path))
+    try:
+        with zipfile.ZipFile(file) as archive:
+            try:
+                info = archive.getinfo("config.json")
+            except KeyError:
+                raise ConfigError(f"{path}: the archive has no config.json; expected a model "
+                                  "saved by Keras 3 with model.save('model.keras')",
+                                  where=str(path)) from None
+            if info.file_size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"{path}: config.json is {info.file_size} bytes; expected at "
+                                  f"most {MAX_CONFIG_BYTES}", where=str(path))
+            raw = archive.read(info)
+    except zipfile.BadZipFile:
+        raise ConfigError(f"{path}: not a zip archive; expected a model saved by Keras 3 with "
+                          "model.save('model.keras')", where=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}", where=str(path)) \
+            from None
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: config.json is not valid JSON: {exc}", where=str(path)) \
+            from None
+    if not isinstance(config, dict) or "class_name" not in config:
+        raise ConfigError(f"{path}: config.json does not describe a Keras model; expected an "
+                          "object with class_name and config", where=str(path))
+    return config

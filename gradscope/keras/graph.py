@@ -1,0 +1,274 @@
+"""A saved model's structure as a graph of layer calls, read from ``config.json`` alone.
+
+Keras records, for every layer, each call (an "inbound node") with the tensors it received:
+``keras_history = [layer, node, index]`` names the layer call that produced a tensor and which
+of its outputs it is. This module turns that record into :class:`ModelGraph` without TensorFlow,
+so that structural refusals happen before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import ConfigError
+from gradscope.keras.archive import read_config
+
+#: Layers that hold Python code (bytecode or a function reference): never loaded.
+CODE_LAYERS = {"Lambda", "TFOpLambda", "TorchModuleWrapper", "JaxLayer", "FlaxLayer"}
+#: Model classes that appear as layers inside a model.
+MODEL_CLASSES = {"Functional", "Sequential", "Model"}
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One tensor: output ``index`` of call ``node`` of ``layer``."""
+
+    layer: str
+    node: int
+    index: int
+    shape: tuple[int | None, ...] | None = field(default=None, compare=False)
+    dtype: str | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return self.layer if (self.node, self.index) == (0, 0) else \
+            f"{self.layer}[{self.node}][{self.index}]"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a layer: its positional and keyword arguments, tensors as :class:`Ref`."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def refs(self) -> list[Ref]:
+        """Every tensor the call received, positional first."""
+        return list(_refs(self.args)) + list(_refs(self.kwargs))
+
+    def kwarg_refs(self) -> dict[str, list[Ref]]:
+        return {key: list(_refs(value)) for key, value in self.kwargs.items()
+                if any(True for _ in _refs(value))}
+
+
+@dataclass(frozen=True)
+class LayerNode:
+    name: str
+    class_name: str
+    module: str | None
+    registered_name: str | None
+    config: dict[str, Any]
+    calls: tuple[Call, ...]
+    input_shape: Any = None  # from build_config, when the layer was built
+
+    @property
+    def is_input(self) -> bool:
+        return self.class_name == "InputLayer"
+
+    @property
+    def inner(self) -> LayerNode | None:
+        """The wrapped layer of TimeDistributed or Bidirectional."""
+        wrapped = self.config.get("layer")
+        return _layer_node(wrapped, calls=()) if isinstance(wrapped, dict) else None
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    source: str
+    name: str
+    kind: str  # "Sequential" or "Functional"
+    layers: tuple[LayerNode, ...]
+    inputs: tuple[Ref, ...]
+    outputs: tuple[Ref, ...]
+    compile_config: dict[str, Any] | None = None
+
+    def layer(self, name: str) -> LayerNode:
+        return next(layer for layer in self.layers if layer.name == name)
+
+    @property
+    def computing_layers(self) -> list[LayerNode]:
+        return [layer for layer in self.layers if not layer.is_input]
+
+    def consumers(self, ref: Ref) -> list[tuple[LayerNode, int]]:
+        """The (layer, call index) pairs that receive ``ref``."""
+        return [(layer, k) for layer in self.layers for k, call in enumerate(layer.calls)
+                if ref in call.refs()]
+
+    def walk(self) -> Iterator[LayerNode]:
+        """Every layer, nested ones (wrappers, sub-models) included."""
+        for layer in self.layers:
+            yield from _walk(layer)
+
+
+def read_graph(path: str | Path) -> ModelGraph:
+    """The graph of a saved model; ConfigError (exit 2) for what is not a Keras model."""
+    config = read_config(path)
+    source = str(path)
+    try:
+        return _graph(config, source)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise ConfigError(f"{source}: config.json is not a Keras 3 model config this version "
+                          f"of gradscope reads ({type(exc).__name__}: {exc})",
+                          where=source) from None
+
+
+def refuse_code(graph: ModelGraph) -> None:
+    """Layers whose behaviour is Python code in (or referenced by) the file are never loaded."""
+    for layer in graph.walk():
+        if layer.class_name in CODE_LAYERS:
+            raise ConfigError(
+                f"{graph.source}: layer '{layer.name}' is a {layer.class_name}: it holds Python "
+                "code, which gradscope never loads or runs (Keras' safe_mode refuses it too); "
+                "replace it with built-in layers", where=layer.name)
+        registered = layer.registered_name or ""
+        module = layer.module or ""
+        if registered and not registered.startswith("keras") or (
+                module and not module.startswith("keras")):
+            raise ConfigError(
+                f"{graph.source}: layer '{layer.name}' is a custom class "
+                f"'{registered or layer.class_name}' (module {module or 'unknown'}): its code is "
+                "not in the file and gradscope never imports it; expected built-in Keras layers",
+                where=layer.name)
+
+
+def plain_chain(graph: ModelGraph) -> tuple[list[LayerNode], str | None]:
+    """The layers in order if the model is one input → one chain of single calls → one output.
+
+    Otherwise the reason it is not, in words.
+    """
+    layers = graph.computing_layers
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        return layers, (f"it has {len(graph.inputs)} input(s) and {len(graph.outputs)} "
+                        "output(s)")
+    previous = graph.inputs[0]
+    for layer in layers:
+        if layer.class_name in MODEL_CLASSES:
+            return layers, f"layer '{layer.name}' is a nested model"
+        if len(layer.calls) != 1:
+            return layers, f"layer '{layer.name}' is shared ({len(layer.calls)} calls)"
+        call = layer.calls[0]
+        refs = call.refs()
+        if refs != [previous]:
+            received = ", ".join(str(ref) for ref in refs) or "no tensor"
+            return layers, (f"layer '{layer.name}' receives {received}, not only the output of "
+                            f"'{previous}'")
+        if layer.config.get("return_state"):
+            return layers, f"layer '{layer.name}' returns its states (return_state=True)"
+        if len(graph.consumers(previous)) != 1:
+            users = ", ".join(user.name for user, _ in graph.consumers(previous))
+            return layers, f"'{previous}' feeds several layers ({users})"
+        previous = Ref(layer.name, 0, 0)
+    if graph.outputs[0] != previous:
+        return layers, f"the output is '{graph.outputs[0]}', not the last layer '{previous}'"
+    return layers, None
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+
+def _graph(config: dict[str, Any], source: str) -> ModelGraph:
+    kind = config["class_name"]
+    body = config["config"]
+    compile_config = config.get("compile_config")
+    if kind == "Sequential":
+        return _sequential(body, source, config.get("build_config"), compile_config)
+    if kind not in MODEL_CLASSES:
+        raise ConfigError(f"{source}: config.json holds a {kind}, not a model; expected a "
+                          "Sequential or functional model", where=source)
+    layers = tuple(_layer_node(entry) for entry in body["layers"])
+    return ModelGraph(source=source, name=body.get("name", "model"), kind="Functional",
+                      layers=layers, inputs=_history_list(body["input_layers"]),
+                      outputs=_history_list(body["output_layers"]),
+                      compile_config=compile_config)
+
+
+def _sequential(body: dict[str, Any], source: str, build_config: Any,
+                compile_config: dict[str, Any] | None) -> ModelGraph:
+    entries = list(body["layers"])
+    nodes: list[LayerNode] = []
+    if entries and entries[0]["class_name"] == "InputLayer":
+        first = _layer_node(entries.pop(0), calls=())
+    else:
+        shape = (build_config or {}).get("input_shape")
+        if shape is None:
+            raise ConfigError(f"{source}: the Sequential model was saved before it was built "
+                              "(no input shape); build or call it once before saving",
+                              where=source)
+        first = LayerNode(name="input", class_name="InputLayer", module="keras.layers",
+                          registered_name=None, config={"batch_shape": shape, "name": "input"},
+                          calls=())
+    nodes.append(first)
+    previous = Ref(first.name, 0, 0, _shape(first.config.get("batch_shape")))
+    for entry in entries:
+        node = _layer_node(entry, calls=(Call(args=(previous,), kwargs={}),))
+        nodes.append(node)
+        previous = Ref(node.name, 0, 0)
+    return ModelGraph(source=source, name=body.get("name", "sequential"), kind="Sequential",
+                      layers=tuple(nodes), inputs=(Ref(first.name, 0, 0),),
+                      outputs=(previous,), compile_config=compile_config)
+
+
+def _layer_node(entry: dict[str, Any], calls: tuple[Call, ...] | None = None) -> LayerNode:
+    config = entry.get("config") or {}
+    if calls is None:
+        calls = tuple(Call(args=tuple(_value(arg) for arg in node.get("args", [])),
+                           kwargs={key: _value(value)
+                                   for key, value in (node.get("kwargs") or {}).items()})
+                      for node in entry.get("inbound_nodes", []))
+    name = entry.get("name") or config.get("name") or entry["class_name"]
+    return LayerNode(name=str(name), class_name=str(entry["class_name"]),
+                     module=entry.get("module"), registered_name=entry.get("registered_name"),
+                     config=config, calls=calls,
+                     input_shape=(entry.get("build_config") or {}).get("input_shape"))
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, dict):
+        if value.get("class_name") == "__keras_tensor__":
+            tensor = value["config"]
+            layer, node, index = tensor["keras_history"]
+            return Ref(str(layer), int(node), int(index), _shape(tensor.get("shape")),
+                       tensor.get("dtype"))
+        return {key: _value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return tuple(_value(item) for item in value)
+    return value
+
+
+def _refs(value: Any) -> Iterator[Ref]:
+    if isinstance(value, Ref):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs(item)
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _refs(item)
+
+
+def _history_list(value: Any) -> tuple[Ref, ...]:
+    """``input_layers``/``output_layers``: one [name, node, index], a list of them, or a dict."""
+    if isinstance(value, dict):
+        return tuple(ref for item in value.values() for ref in _history_list(item))
+    if len(value) == 3 and isinstance(value[0], str):
+        return (Ref(value[0], int(value[1]), int(value[2])),)
+    return tuple(ref for item in value for ref in _history_list(item))
+
+
+def _shape(value: Any) -> tuple[int | None, ...] | None:
+    return None if value is None else tuple(None if d is None else int(d) for d in value)
+
+
+def _walk(layer: LayerNode) -> Iterator[LayerNode]:
+    yield layer
+    inner = layer.inner
+    if inner is not None:
+        yield from _walk(inner)
+    for key in ("forward_layer", "backward_layer"):
+        wrapped = layer.config.get(key)
+        if isinstance(wrapped, dict):
+            yield from _walk(_layer_node(wrapped, calls=()))
+    for nested in layer.config.get("layers", []) if layer.class_name in MODEL_CLASSES else []:
+        yield from _walk(_layer_node(nested))
