@@ -122,7 +122,9 @@ class Cell:
         """What x_t is for this layer: the data, or the previous layer's output."""
         if self.input_label == "input":
             return "x_t"
-        return f"x_t (= {self.input_label.removesuffix(' units')} h_t)"
+        if self.input_label.endswith(" units"):
+            return f"x_t (= {self.input_label.removesuffix(' units')} h_t)"
+        return f"x_t (= {self.input_label})"
 
     def weights(self) -> list[TensorInfo]:
         raise NotImplementedError

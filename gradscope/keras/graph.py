@@ -122,13 +122,12 @@ def refuse_code(graph: ModelGraph) -> None:
                 f"{graph.source}: layer '{layer.name}' is a {layer.class_name}: it holds Python "
                 "code, which gradscope never loads or runs (Keras' safe_mode refuses it too); "
                 "replace it with built-in layers", where=layer.name)
-        registered = layer.registered_name or ""
         module = layer.module or ""
-        if registered and not registered.startswith("keras") or (
-                module and not module.startswith("keras")):
+        if not (module == "keras" or module.startswith("keras.")):
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' is a custom class "
-                f"'{registered or layer.class_name}' (module {module or 'unknown'}): its code is "
+                f"'{layer.registered_name or layer.class_name}' (module {module or 'unknown'}): "
+                "its code is "
                 "not in the file and gradscope never imports it; expected built-in Keras layers",
                 where=layer.name)
 

@@ -1,0 +1,47 @@
+"""One module per Keras layer type: its algebra (weight shapes with formulas in the user's
+numbers, what their rows and columns hold) and what it does to the gradient.
+
+Adding a layer type means adding one module here that subclasses
+:class:`~gradscope.keras.layers.base.LayerExplainer` and decorates it with ``@register``; every
+module of this package is imported by :func:`explainer_for`. Pure Python: no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from gradscope.keras.layers.base import (
+    REGISTRY,
+    LayerExplainer,
+    LayerFacts,
+    WeightNote,
+    register,
+)
+
+_loaded = False
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            importlib.import_module(f"{__name__}.{module.name}")
+    _loaded = True
+
+
+def explainer_for(class_name: str) -> LayerExplainer | None:
+    """The explainer registered for a Keras class name, or None (no derivation)."""
+    _load_all()
+    return REGISTRY.get(class_name)
+
+
+def known_layers() -> list[str]:
+    _load_all()
+    return sorted(REGISTRY)
+
+
+__all__ = ["LayerExplainer", "LayerFacts", "WeightNote", "explainer_for", "known_layers",
+           "register"]
