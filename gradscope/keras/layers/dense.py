@@ -17,13 +17,14 @@ from gradscope.keras.layers.base import (
 
 def positions_note(facts: LayerFacts) -> str:
     """Over what the weight gradient sums: the batch and every axis before the last."""
-    middle = [d for d in facts.input_shape[1:-1]]
+    middle = list(facts.input_shape[1:-1])
     if not middle:
         return "its gradient is a sum over the batch"
-    if any(d is None for d in middle):
+    known = [d for d in middle if d is not None]
+    if len(known) != len(middle):
         return "its gradient is a sum over the batch and every position of the sequence"
-    return (f"its gradient is a sum over the batch × {' × '.join(str(d) for d in middle)} = "
-            f"batch × {prod(int(d) for d in middle)} positions")
+    return (f"its gradient is a sum over the batch × {' × '.join(str(d) for d in known)} = "
+            f"batch × {prod(known)} positions")
 
 
 @register
