@@ -24,6 +24,7 @@ from gradscope.report.models import (
     REPORTS,
     CheckReport,
     ExplainReport,
+    KerasExplainReport,
     ShapesReport,
     json_schema,
 )
@@ -167,7 +168,8 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
     return (*load_batch(spec, data=data, x=x, y=y), params)
 
 
-def _emit(report: ExplainReport | ShapesReport | CheckReport, as_json: bool,
+def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport,
+          as_json: bool,
           output: Path | None, force: bool, equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
@@ -257,13 +259,24 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
               help="With --flow: write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to "
                    "FILE.png (needs matplotlib: pip install 'gradscope[plot]').")
+@click.option("--loss", "loss_name", metavar="NAME",
+              help="For a .keras model: explain with this Keras loss (e.g. mse, "
+                   "categorical_crossentropy; from_logits is set when the output is linear) "
+                   "instead of the compiled or inferred one.")
+@click.option("--training", is_flag=True,
+              help="For a .keras model: run in training mode (dropout on, batch norm with "
+                   "batch statistics), with a fixed seed. Default: inference mode.")
+@click.option("--pad", type=click.IntRange(min=0), default=0, metavar="N",
+              help="For a .keras model: pad the last N steps of the synthetic sequences (with "
+                   "the Masking layer's mask_value, or token 0), to see masking's effect.")
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: tuple[str | None, ...],
             model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, memory_limit: int | None, as_json: bool,
-            output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
+            at: int | None, plot: Path | None, loss_name: str | None, training: bool, pad: int,
+            memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
+            quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
     For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
@@ -279,7 +292,17 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
       gradscope explain --jacobians --flow --plot flow.png
     """
     from gradscope.inspect import explain as explain_report
+    from gradscope.keras.archive import is_keras_file
 
+    if is_keras_file(config):
+        assert config is not None
+        return _explain_keras(config, data_files, model_sizes, jacobians or flow or
+                              plot is not None or at is not None, loss_name, training, pad,
+                              as_json, output, force, quiet, timings)
+    for option, given in (("--loss", loss_name), ("--training", training), ("--pad", pad)):
+        if given:
+            raise GradscopeError(f"{option} is for .keras models; a YAML config sets its loss "
+                                 "and has no training mode or padding", where=option)
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
     from gradscope.guard import guard
 
@@ -295,6 +318,33 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
         from gradscope.report.plot import write_flow_plot
 
         write_flow_plot(report, plot, force)
+    _emit(report, as_json, output, force)
+    return EXIT_OK
+
+
+def _explain_keras(path: str, data_files: tuple[str | None, ...],
+                   model_sizes: tuple[int | None, int | None], across_time: bool,
+                   loss_name: str | None, training: bool, pad: int, as_json: bool,
+                   output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
+    """A saved Keras model: read and refused without TensorFlow, then run by Keras itself."""
+    from gradscope.keras.explain import explain as explain_keras
+    from gradscope.keras.explain import prepare
+
+    data, x_file, y_file = data_files
+    if x_file or y_file:
+        raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
+                             "the model's inputs and outputs (x and y for one of each)",
+                             where="--x")
+    if across_time:
+        raise GradscopeError("--jacobians, --flow, --at and --plot are not available for "
+                             ".keras models yet; plain explain is", where="--flow")
+    batch_size, time_steps = model_sizes
+    job = prepare(path, batch_size=batch_size, time_steps=time_steps, loss=loss_name,
+                  training=training, pad=pad, data=data)
+    progress = _stderr_console(quiet=quiet)
+    with progress.status("gradscope explain", spinner="dots") as status:
+        report = explain_keras(job, progress=lambda message: status.update(message),
+                               timings=timings)
     _emit(report, as_json, output, force)
     return EXIT_OK
 

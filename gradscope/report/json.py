@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gradscope.report.models import CheckReport, ExplainReport, ShapesReport
+from gradscope.report.models import CheckReport, ExplainReport, KerasExplainReport, ShapesReport
 
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def render_report(report: ExplainReport | ShapesReport | CheckReport) -> str:
+def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport,
+                  ) -> str:
     return dumps(report.to_dict())
 
 

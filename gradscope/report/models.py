@@ -248,8 +248,118 @@ class CheckReport(_Report):
     timings: dict[str, float] | None = None
 
 
+# -- the user's own Keras model ----------------------------------------------------------------
+
+
+class KerasTensorSpec(_Report):
+    name: str
+    shape: list[int | None] = Field(description="null for an axis of any size; axis 0 is the "
+                                                "batch")
+    dtype: str | None = None
+
+
+class KerasModelEntry(_Report):
+    name: str
+    file: str
+    kind: str = Field(description="Sequential or Functional")
+    inputs: list[KerasTensorSpec]
+    outputs: list[KerasTensorSpec]
+    batch_size: int
+    mode: Literal["inference", "training"] = Field(
+        description="inference: dropout off, batch norm with its moving statistics; training: "
+                    "as in fit, with a fixed seed")
+    seed: int
+    weight_count: int = Field(description="trainable weights (numbers)")
+    non_trainable_count: int
+    data: str
+
+
+class KerasOutputLoss(_Report):
+    output: str
+    loss: str
+    from_logits: bool
+    weight: float
+    rule: str
+
+
+class KerasLossEntry(_Report):
+    name: str = Field(description="what the header says: the losses and the rule that chose "
+                                  "them")
+    value: float | None
+    source: Literal["option", "compiled", "inferred"]
+    outputs: list[KerasOutputLoss]
+
+
+class KerasLayerEntry(_Report):
+    name: str
+    class_name: str
+    calls: int
+    input_shapes: list[list[int | None]] = Field(description="of the first call, batch axis "
+                                                             "included")
+    output_shapes: list[list[int | None]]
+    summary: str
+    gradient_note: str
+    derivation: bool = Field(description="false: no derivation for this layer type (its "
+                                         "gradients are still real and listed)")
+
+
+class SparseRows(_Report):
+    rows_with_gradient: int
+    rows: int
+
+
+class KerasGradientEntry(_Report):
+    name: str = Field(description="<layer>/<weight>, e.g. encoder/kernel")
+    path: str = Field(description="the Keras variable path, e.g. encoder/gru_cell/kernel")
+    layer: str
+    class_name: str
+    shape: list[int]
+    formula: str | None = Field(description="null when there is no derivation for the layer")
+    meaning: str
+    rows: list[BlockEntry] = Field(default_factory=list)
+    columns: list[BlockEntry] = Field(default_factory=list)
+    trainable: bool
+    stats: Stats | None = Field(description="null for a weight that gets no gradient")
+    sparse: SparseRows | None = Field(default=None, description="an Embedding's IndexedSlices")
+
+
+class KerasStateEntry(_Report):
+    name: str = Field(description="e.g. decoder/h0, bidirectional/forward/h0")
+    layer: str
+    shape: list[int]
+    source: str = Field(description="zeros (Keras' default, made explicit by gradscope) or "
+                                    "where the wired state comes from")
+    flows_to: str = Field(description="where this gradient goes")
+    stats: Stats | None
+    per_example_norm: PerExampleNorms | None
+
+
+class KerasWitnessEntry(_Report):
+    layer: str
+    witness: str = Field(description="e.g. the NumPy reference cell gru_keras")
+    max_abs_error: float | None
+    tolerance: float
+    passed: bool | None = Field(description="null: not witnessed (see detail)")
+    detail: str
+
+
+class KerasExplainReport(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["explain"] = "explain"
+    source: Literal["keras"] = "keras"
+    model: KerasModelEntry
+    loss: KerasLossEntry
+    layers: list[KerasLayerEntry]
+    gradients: list[KerasGradientEntry]
+    initial_state_gradients: list[KerasStateEntry]
+    witnesses: list[KerasWitnessEntry]
+    warnings: list[str]
+    timings: dict[str, float] | None = None
+
+
 REPORTS: dict[str, type[_Report]] = {
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
+    "explain-keras": KerasExplainReport,
 }
 
 

@@ -20,6 +20,7 @@ from gradscope.report.models import (
     GradientEntry,
     GradientFlow,
     JacobianEntry,
+    KerasExplainReport,
     ModelEntry,
     ShapesReport,
     StateGradientEntry,
@@ -223,9 +224,14 @@ def render_shapes(report: ShapesReport) -> list[RenderableType]:
     ]
 
 
-def print_report(console: Console, report: ExplainReport | ShapesReport | CheckReport,
+def print_report(console: Console,
+                 report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport,
                  equations: str | None = None) -> None:
-    if isinstance(report, ExplainReport):
+    if isinstance(report, KerasExplainReport):
+        from gradscope.report.keras_text import render_keras_explain
+
+        parts = render_keras_explain(report)
+    elif isinstance(report, ExplainReport):
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):
         parts = render_check(report, equations)

@@ -23,8 +23,10 @@ def positions_note(facts: LayerFacts) -> str:
     known = [d for d in middle if d is not None]
     if len(known) != len(middle):
         return "its gradient is a sum over the batch and every position of the sequence"
-    return (f"its gradient is a sum over the batch × {' × '.join(str(d) for d in known)} = "
-            f"batch × {prod(known)} positions")
+    if len(known) == 1:
+        return f"its gradient is a sum over the batch and the {known[0]} steps"
+    return (f"its gradient is a sum over the batch and {' × '.join(str(d) for d in known)} = "
+            f"{prod(known)} positions")
 
 
 @register
@@ -41,7 +43,7 @@ class DenseExplainer(LayerExplainer):
 
     def weights(self, facts: LayerFacts) -> list[WeightNote]:
         F, u = facts.features, int(facts.config["units"])
-        source = facts.input_label
+        source = facts.input_label.replace(" units", " output")
         note = positions_note(facts)
         columns = (Block(0, u, "outputs" if u != 1 else "output"),)
         notes = [WeightNote(

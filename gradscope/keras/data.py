@@ -1,0 +1,205 @@
+"""The batch a Keras model is explained on: synthetic (seeded NumPy) or the user's arrays, named
+after the model's inputs and outputs. No TensorFlow.
+
+Synthetic inputs are standard normal, except the ones an Embedding reads: token ids below its
+``input_dim``. ``pad`` puts padded steps at the end of every sequence (the Masking layer's
+``mask_value``, or token 0 for an Embedding with ``mask_zero``). Targets follow the loss:
+one-hot classes, integer classes for sparse losses, 0/1 labels for binary ones, standard normal
+otherwise.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gradscope.data import _check_numeric, _load_npz
+from gradscope.errors import ConfigError, DataError
+from gradscope.keras.graph import LayerNode, ModelGraph, Ref
+from gradscope.keras.loss import LossPlan
+
+Shape = tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: Shape  # batch axis None
+    dtype: str
+    vocabulary: int | None = None  # the smallest input_dim of the Embeddings that read it
+    pad_value: float = 0.0
+    pad_reader: str | None = None  # the Masking or Embedding layer that reads the padding
+
+    @property
+    def is_integer(self) -> bool:
+        return self.vocabulary is not None or self.dtype.startswith(("int", "uint"))
+
+
+@dataclass(frozen=True)
+class KerasBatch:
+    inputs: dict[str, np.ndarray]
+    targets: dict[str, np.ndarray] | None  # None: synthetic, drawn once the outputs are known
+    source: str
+    pad: int = 0
+
+
+def input_specs(graph: ModelGraph) -> list[InputSpec]:
+    specs = []
+    for ref in graph.inputs:
+        layer = graph.layer(ref.layer)
+        shape = tuple(layer.config.get("batch_shape") or layer.config.get("batch_input_shape")
+                      or (None,))
+        vocabulary, pad_value, reader = None, 0.0, None
+        for consumer in _readers(graph, ref):
+            if consumer.class_name == "Embedding":
+                dim = int(consumer.config["input_dim"])
+                vocabulary = dim if vocabulary is None else min(vocabulary, dim)
+                if consumer.config.get("mask_zero"):
+                    reader = consumer.name
+            elif consumer.class_name == "Masking":
+                pad_value = float(consumer.config.get("mask_value", 0.0))
+                reader = consumer.name
+        specs.append(InputSpec(name=ref.layer, shape=tuple(shape),
+                               dtype=str(layer.config.get("dtype", "float32")),
+                               vocabulary=vocabulary, pad_value=pad_value, pad_reader=reader))
+    return specs
+
+
+def _readers(graph: ModelGraph, ref: Ref) -> list[LayerNode]:
+    return [layer for layer, _ in graph.consumers(ref)]
+
+
+def resolve_shape(spec: InputSpec, batch: int, steps: int | None) -> tuple[int, ...]:
+    dims: list[int] = [batch]
+    for axis, dim in enumerate(spec.shape[1:], start=1):
+        if dim is not None:
+            dims.append(int(dim))
+        else:
+            if axis != 1 or steps is None:
+                raise ConfigError(
+                    f"input '{spec.name}' has shape {spec.shape}: its axis {axis} is None; "
+                    + ("pass --time-steps" if axis == 1 else "supply the data with --data"),
+                    where="--time-steps" if axis == 1 else "--data")
+            dims.append(steps)
+    return tuple(dims)
+
+
+def synthetic_inputs(specs: list[InputSpec], batch: int, steps: int | None, pad: int,
+                     seed: int) -> KerasBatch:
+    rng = np.random.default_rng([seed, 1])
+    inputs: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = resolve_shape(spec, batch, steps)
+        if spec.is_integer:
+            low = 1 if spec.pad_reader and pad else 0  # keep token 0 for the padding
+            high = spec.vocabulary if spec.vocabulary is not None else 10
+            value = rng.integers(low, max(high, low + 1), size=shape)
+            value = value.astype(spec.dtype if spec.dtype.startswith(("int", "uint"))
+                                 else "int32")
+        else:
+            value = rng.standard_normal(shape).astype(spec.dtype)
+        if pad:
+            if len(shape) < 2 or pad >= shape[1]:
+                raise ConfigError(f"--pad {pad}: input '{spec.name}' has "
+                                  f"{shape[1] if len(shape) > 1 else 0} steps; expected fewer "
+                                  "padded steps than steps", where="--pad")
+            value[:, shape[1] - pad:] = spec.pad_value
+        inputs[spec.name] = value
+    detail = f"synthetic (seed {seed}" + (f", last {pad} steps padded)" if pad else ")")
+    return KerasBatch(inputs=inputs, targets=None, source=detail, pad=pad)
+
+
+def synthetic_targets(plan: LossPlan, output_shapes: dict[str, tuple[int, ...]],
+                      seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([seed, 2])
+    targets: dict[str, np.ndarray] = {}
+    losses = {entry.output: entry for entry in plan.outputs}
+    for name, shape in output_shapes.items():
+        entry = losses.get(name)
+        kind = entry.target if entry is not None else "real"
+        if kind == "classes":
+            targets[name] = rng.integers(0, shape[-1], size=shape[:-1]).astype("int32")
+        elif kind == "one_hot":
+            targets[name] = np.eye(shape[-1], dtype="float32")[
+                rng.integers(0, shape[-1], size=shape[:-1])]
+        elif kind == "binary":
+            targets[name] = rng.integers(0, 2, size=shape).astype("float32")
+        else:
+            targets[name] = rng.standard_normal(shape).astype("float32")
+    return targets
+
+
+def load_named(path: str, specs: list[InputSpec], outputs: list[str]) -> KerasBatch:
+    """An .npz whose arrays are named after the model's inputs (or ``x`` for a single input)
+    and its outputs (or ``y`` for a single output)."""
+    arrays = _load_npz(Path(path))
+    for name, value in arrays.items():
+        _check_numeric(name, value)
+    inputs: dict[str, np.ndarray] = {}
+    targets: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    input_names = [spec.name for spec in specs]
+    for spec in specs:
+        key = spec.name if spec.name in arrays else ("x" if len(specs) == 1 and "x" in arrays
+                                                     else None)
+        if key is None:
+            raise DataError(f"{path}: has no array for the input '{spec.name}' (found "
+                            f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
+                            f"named {', '.join(input_names)}"
+                            + (" (or x)" if len(specs) == 1 else ""), where=spec.name)
+        inputs[spec.name] = _checked_input(spec, arrays[key], key)
+        used.add(key)
+    for name in outputs:
+        key = name if name in arrays else ("y" if len(outputs) == 1 and "y" in arrays else None)
+        if key is None:
+            raise DataError(f"{path}: has no targets for the output '{name}' (found "
+                            f"{', '.join(sorted(arrays))}); expected arrays named "
+                            f"{', '.join(outputs)}" + (" (or y)" if len(outputs) == 1 else ""),
+                            where=name)
+        targets[name] = arrays[key]
+        used.add(key)
+    extra = sorted(set(arrays) - used)
+    if extra:
+        hint = difflib.get_close_matches(extra[0], input_names + outputs, n=1)
+        did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise DataError(f"{path}: unknown array '{extra[0]}'{did_you_mean}; expected the "
+                        f"inputs {', '.join(input_names)} and the outputs {', '.join(outputs)}",
+                        where=extra[0])
+    batches = {name: value.shape[0] for name, value in {**inputs, **targets}.items()
+               if value.ndim}
+    if len(set(batches.values())) > 1:
+        listed = ", ".join(f"{name} {size}" for name, size in batches.items())
+        raise DataError(f"{path}: the arrays disagree on the batch size ({listed}); expected "
+                        "one batch size along axis 0", where=path)
+    return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})")
+
+
+def _checked_input(spec: InputSpec, value: np.ndarray, key: str) -> np.ndarray:
+    if value.ndim != len(spec.shape):
+        raise DataError(f"{key} has {value.ndim} dimensions {value.shape}; the input "
+                        f"'{spec.name}' expects {len(spec.shape)}: {_shape_text(spec.shape)}",
+                        where=key)
+    for axis, (found, wanted) in enumerate(zip(value.shape, spec.shape, strict=True)):
+        if wanted is not None and found != wanted:
+            raise DataError(f"{key} has {found} along axis {axis} but the input '{spec.name}' "
+                            f"expects {wanted}: {_shape_text(spec.shape)}", where=key)
+    if value.shape[0] == 0:
+        raise DataError(f"{key} has no examples; expected at least one", where=key)
+    if spec.vocabulary is not None:
+        if value.dtype.kind not in "iu":
+            raise DataError(f"{key} has dtype {value.dtype}; the input '{spec.name}' feeds an "
+                            "Embedding and expects integer token ids", where=key)
+        if value.min() < 0 or value.max() >= spec.vocabulary:
+            bad = int(value.min() if value.min() < 0 else value.max())
+            raise DataError(f"{key} holds the token id {bad}; the Embedding it feeds has "
+                            f"input_dim {spec.vocabulary}: expected ids 0 to "
+                            f"{spec.vocabulary - 1}", where=key)
+    return value
+
+
+def _shape_text(shape: Shape) -> str:
+    return "(" + ", ".join("batch" if i == 0 else ("any" if d is None else str(d))
+                           for i, d in enumerate(shape)) + ")"

@@ -1,0 +1,255 @@
+"""Run the user's own Keras model under ``tf.GradientTape``: every gradient is Keras' own.
+
+The model's functional graph is executed layer call by layer call through Keras' own graph
+runner, with a wrapper around each call that
+
+- records what the call received and returned (for the explanation and the witnesses),
+- passes the inference/training flag, as ``Model.__call__`` would,
+- gives every recurrent layer that starts from Keras' default zero state an explicit zero
+  initial state, watched by the tape, so that ∂L/∂(initial state) is real. A state wired from
+  another layer (encoder → decoder) is watched where it arrives.
+
+The loss is Keras' ``model.compute_loss``: the compiled loss, or the one gradscope chose,
+compiled into the model in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gradscope._tf import import_tensorflow, native_stderr_silenced
+from gradscope.errors import ConfigError
+from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
+
+RECURRENT = {"GRU", "LSTM", "SimpleRNN"}
+
+
+@dataclass
+class CapturedCall:
+    """One call of one layer: its tensors as they flowed, and the initial states it started
+    from (``state_source`` says whether gradscope injected Keras' zeros or they were wired in)."""
+
+    layer: str
+    index: int
+    class_name: str
+    args: list[Any]
+    outputs: list[Any]
+    states: list[Any] = field(default_factory=list)
+    state_source: str = ""  # "zeros" or the description of the wired tensors
+    mask: Any = None
+
+
+@dataclass
+class KerasPass:
+    loss: float
+    gradients: dict[str, np.ndarray | None]  # by variable path
+    sparse_rows: dict[str, tuple[int, int]]  # path → (rows that received a gradient, rows)
+    state_gradients: dict[str, list[np.ndarray | None]]  # call label → per state
+    calls: list[CapturedCall]
+    output_shapes: dict[str, tuple[int, ...]]
+    output_gradients: dict[str, list[np.ndarray | None]] = field(default_factory=dict)
+
+
+def call_label(layer: str, index: int) -> str:
+    return layer if index == 0 else f"{layer}[{index}]"
+
+
+class KerasEngine:
+    """Loads the model (``safe_mode=True``) and runs it forward and backward."""
+
+    def __init__(self, path: str, outputs: list[str], plan: LossPlan, training: bool = False,
+                 seed: int = 0, dtype: str | None = None) -> None:
+        self.tf = import_tensorflow()
+        import keras
+
+        self.keras = keras
+        self.path = path
+        self.plan = plan
+        self.output_names = outputs
+        self.dtype_name = dtype or "float32"
+        self.training = training
+        self.seed = seed
+        compile_saved = plan.source == "compiled"
+        try:
+            with native_stderr_silenced():
+                self.model = keras.saving.load_model(path, compile=compile_saved,
+                                                     safe_mode=True)
+        except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            hint = ("; pass --loss NAME to use another loss" if compile_saved else "")
+            raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}",
+                              where=path) from None
+        if dtype is not None:
+            self.model = self._cast(dtype)
+        if len(self.model.outputs) != len(outputs):
+            raise ConfigError(f"{path}: Keras built {len(self.model.outputs)} outputs from the "
+                              f"file, but its config lists {len(outputs)}", where=path)
+        if not compile_saved or not getattr(self.model, "compiled", False):
+            by_output = {o.output: o for o in plan.outputs}
+            self.model.compile(loss=[self._loss(by_output.get(name)) for name in outputs],
+                               loss_weights=[by_output[name].weight if name in by_output
+                                             else 0.0 for name in outputs])
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _loss(self, entry: OutputLoss | None) -> Any:
+        """A Keras loss object for one output (None: the output takes no part in the loss)."""
+        if entry is None:
+            return None
+        class_name = "".join(part.capitalize() for part in entry.loss.split("_"))
+        class_name = {"KlDivergence": "KLDivergence"}.get(class_name, class_name)
+        config: dict[str, Any] = {}
+        if entry.loss in CROSS_ENTROPIES:
+            config["from_logits"] = entry.from_logits
+        return self.keras.losses.get({"class_name": class_name, "config": config})
+
+    def _cast(self, dtype: str) -> Any:
+        """A copy of the model in ``dtype`` with the same weights (for check's float64 copy)."""
+        keras = self.keras
+        config = keras.saving.serialize_keras_object(self.model)
+        _set_dtype(config, dtype)
+        with keras.saving.custom_object_scope({}):
+            copy = keras.saving.deserialize_keras_object(config, safe_mode=True)
+        copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
+                          else w for w in self.model.get_weights()])
+        return copy
+
+    def output_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """The outputs' shapes for this batch, from Keras' own shape inference (no run)."""
+        specs = [self.keras.KerasTensor(value.shape, dtype=str(value.dtype))
+                 for value in inputs.values()]
+        result = self.model.compute_output_spec(specs if len(specs) > 1 else specs[0])
+        flat = self.keras.tree.flatten(result)
+        return {name: tuple(int(d) for d in spec.shape)
+                for name, spec in zip(self.output_names, flat, strict=True)}
+
+    def operation(self, name: str) -> Any:
+        """The layer (or Keras op) of the model's graph called ``name``."""
+        runner = getattr(self.model, "_functional", None) or self.model
+        for operation in getattr(runner, "operations", None) or self.model.layers:
+            if operation.name == name:
+                return operation
+        raise KeyError(name)
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+            watch_outputs: bool = False) -> KerasPass:
+        tf, keras = self.tf, self.keras
+        model = self.model
+        runner = getattr(model, "_functional", None) or model
+        if not hasattr(runner, "_run_through_graph"):
+            raise ConfigError(f"{self.path}: gradscope cannot walk this model's graph (a "
+                              "subclassed model); save a Sequential or functional model",
+                              where=self.path)
+        if self.training:
+            keras.utils.set_random_seed(self.seed)
+        calls: list[CapturedCall] = []
+        counts: dict[str, int] = {}
+        training = self.training
+
+        def operation_fn(operation: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if "training" in getattr(operation, "_call_context_args", {}):
+                    kwargs["training"] = training
+                name = getattr(operation, "name", type(operation).__name__)
+                index = counts.get(name, 0)
+                counts[name] = index + 1
+                captured = CapturedCall(layer=name, index=index,
+                                        class_name=type(operation).__name__,
+                                        args=list(keras.tree.flatten(args)), outputs=[],
+                                        mask=kwargs.get("mask"))
+                states = _state_count(operation)
+                if states and not getattr(operation, "stateful", False):
+                    given = kwargs.get("initial_state")
+                    if given is None:
+                        batch = tf.shape(captured.args[0])[0]
+                        zeros = [tf.zeros(tf.stack([batch, units]), dtype=captured.args[0].dtype)
+                                 for units in _state_units(operation)]
+                        tape.watch(zeros)
+                        kwargs["initial_state"] = zeros
+                        captured.states, captured.state_source = zeros, "zeros"
+                    else:
+                        flat = list(keras.tree.flatten(given))
+                        tape.watch(flat)
+                        captured.states, captured.state_source = flat, "wired"
+                out = operation(*args, **kwargs)
+                captured.outputs = list(keras.tree.flatten(out))
+                if watch_outputs:
+                    tape.watch(captured.outputs)
+                calls.append(captured)
+                return out
+
+            return call
+
+        feed = [tf.convert_to_tensor(value) for value in inputs.values()]
+        y = [tf.convert_to_tensor(targets[name]) for name in self.output_names]
+        variables = model.trainable_variables
+        with native_stderr_silenced(), tf.GradientTape(persistent=watch_outputs) as tape:
+            outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
+            flat_outputs = list(keras.tree.flatten(outputs))
+            y_pred = flat_outputs if len(flat_outputs) > 1 else flat_outputs[0]
+            y_true = y if len(y) > 1 else y[0]
+            loss = model.compute_loss(x=feed if len(feed) > 1 else feed[0], y=y_true,
+                                      y_pred=y_pred, training=training)
+        states = [call.states for call in calls]
+        watched_outputs = [call.outputs for call in calls] if watch_outputs else []
+        with native_stderr_silenced():
+            grads, state_grads, output_grads = tape.gradient(
+                loss, [variables, states, watched_outputs])
+        gradients: dict[str, np.ndarray | None] = {}
+        sparse: dict[str, tuple[int, int]] = {}
+        for variable, gradient in zip(variables, grads, strict=True):
+            if isinstance(gradient, tf.IndexedSlices):
+                rows = int(np.unique(gradient.indices.numpy()).size)
+                sparse[variable.path] = (rows, int(variable.shape[0]))
+                gradient = tf.convert_to_tensor(gradient)
+            gradients[variable.path] = None if gradient is None else gradient.numpy()
+        state_gradients = {
+            call_label(call.layer, call.index): [None if g is None else g.numpy() for g in grads]
+            for call, grads in zip(calls, state_grads, strict=True) if call.states}
+        output_gradients = {
+            call_label(call.layer, call.index): [None if g is None else g.numpy() for g in grads]
+            for call, grads in zip(calls, output_grads, strict=True)} if watch_outputs else {}
+        if watch_outputs:
+            del tape
+        return KerasPass(
+            loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse,
+            state_gradients=state_gradients, calls=calls,
+            output_shapes={name: tuple(int(d) for d in value.shape)
+                           for name, value in zip(self.output_names, flat_outputs, strict=True)},
+            output_gradients=output_gradients)
+
+
+def _state_count(operation: Any) -> int:
+    return len(_state_units(operation))
+
+
+def _state_units(operation: Any) -> list[int]:
+    """Units of each initial state Keras takes, for GRU/LSTM/SimpleRNN and Bidirectional."""
+    kind = type(operation).__name__
+    if kind in RECURRENT:
+        units = int(operation.units)
+        return [units, units] if kind == "LSTM" else [units]
+    if kind == "Bidirectional":
+        return _state_units(operation.forward_layer) + _state_units(operation.backward_layer)
+    return []
+
+
+def _set_dtype(config: Any, dtype: str) -> None:
+    """Every float dtype and dtype policy in a serialised model config → ``dtype``."""
+    if isinstance(config, dict):
+        for key, value in list(config.items()):
+            if key == "dtype" and isinstance(value, str) and value.startswith("float"):
+                config[key] = dtype
+            elif (key == "dtype" and isinstance(value, dict)
+                  and value.get("class_name") == "DTypePolicy"):
+                value.setdefault("config", {})["name"] = dtype
+            else:
+                _set_dtype(value, dtype)
+    elif isinstance(config, list):
+        for item in config:
+            _set_dtype(item, dtype)

@@ -1,0 +1,306 @@
+"""``gradscope explain MODEL.keras``: the user's own model, run by Keras, explained layer by
+layer. :func:`prepare` does everything that needs no TensorFlow (and refuses early);
+:func:`explain` runs the model once under the tape and builds the report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import ConfigError, InternalError
+from gradscope.keras.data import (
+    InputSpec,
+    KerasBatch,
+    input_specs,
+    load_named,
+    synthetic_inputs,
+    synthetic_targets,
+)
+from gradscope.keras.graph import LayerNode, ModelGraph, Ref, read_graph, refuse_code
+from gradscope.keras.layers import LayerFacts, explainer_for
+from gradscope.keras.layers.base import variable_key
+from gradscope.keras.loss import LossPlan, output_names, plan_loss
+from gradscope.report.models import (
+    BlockEntry,
+    KerasExplainReport,
+    KerasGradientEntry,
+    KerasLayerEntry,
+    KerasLossEntry,
+    KerasModelEntry,
+    KerasOutputLoss,
+    KerasStateEntry,
+    KerasTensorSpec,
+    KerasWitnessEntry,
+    PerExampleNorms,
+    SparseRows,
+)
+
+Progress = Callable[[str], None]
+NO_DERIVATION = "no derivation for this layer type"
+
+
+@dataclass(frozen=True)
+class KerasJob:
+    """A saved model, read and checked without TensorFlow, with the batch to run it on."""
+
+    path: str
+    graph: ModelGraph
+    plan: LossPlan
+    inputs: list[InputSpec]
+    outputs: list[str]
+    batch: KerasBatch
+    batch_size: int
+    training: bool
+    seed: int
+
+
+def prepare(path: str, batch_size: int | None = None, time_steps: int | None = None,
+            loss: str | None = None, training: bool = False, pad: int = 0,
+            data: str | None = None, seed: int = 0) -> KerasJob:
+    """Read the model's structure, choose the loss, make or load the batch: no TensorFlow."""
+    graph = read_graph(path)
+    refuse_code(graph)
+    plan = plan_loss(graph, loss)
+    specs = input_specs(graph)
+    outputs = output_names(graph)
+    if data is not None:
+        if pad:
+            raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
+                              where="--pad")
+        batch = load_named(data, specs, outputs)
+    else:
+        batch = synthetic_inputs(specs, batch_size or 32, time_steps, pad, seed)
+    size = next(iter(batch.inputs.values())).shape[0]
+    return KerasJob(path=path, graph=graph, plan=plan, inputs=specs, outputs=outputs,
+                    batch=batch, batch_size=int(size), training=training, seed=seed)
+
+
+def explain(job: KerasJob, progress: Progress | None = None,
+            timings: bool = False) -> KerasExplainReport:
+    from gradscope.keras.engine import KerasEngine
+
+    say = progress or (lambda message: None)
+    clock: dict[str, float] = {}
+    start = time.perf_counter()
+    say("importing TensorFlow and loading the model (safe_mode)")
+    engine = KerasEngine(job.path, job.outputs, job.plan, training=job.training, seed=job.seed)
+    clock["load"] = time.perf_counter() - start
+    targets = job.batch.targets
+    if targets is None:
+        targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
+    say("running the model forward and backward under the tape")
+    result = engine.run(job.batch.inputs, targets)
+    clock["forward_backward"] = time.perf_counter() - start - clock["load"]
+    report = _report(job, engine, result)
+    clock["explain"] = time.perf_counter() - start - clock["load"] - clock["forward_backward"]
+    if timings:
+        report = report.model_copy(update={"timings": {k: round(v, 4) for k, v in clock.items()}})
+    return report
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def layer_facts(graph: ModelGraph, layer: LayerNode, shapes: list[tuple[int | None, ...]] | None
+                = None, output_shapes: list[tuple[int | None, ...]] | None = None) -> LayerFacts:
+    """The facts of a layer's first call; ``shapes`` (captured in a run) replace the saved ones.
+    """
+    call = layer.calls[0] if layer.calls else None
+    refs = call.refs() if call is not None else []
+    positional = [ref for ref in refs if ref not in _kwarg_refs(call)] if call else []
+    saved = [ref.shape or () for ref in positional]
+    input_shapes = shapes if shapes is not None else saved
+    labels = tuple(_label(graph, ref) for ref in positional)
+    return LayerFacts(name=layer.name, class_name=layer.class_name, config=layer.config,
+                      input_shapes=tuple(tuple(s) for s in input_shapes), input_labels=labels,
+                      output_shapes=tuple(tuple(s) for s in (output_shapes or [])))
+
+
+def _kwarg_refs(call: Any) -> list[Ref]:
+    return [ref for refs in call.kwarg_refs().values() for ref in refs]
+
+
+def _label(graph: ModelGraph, ref: Ref) -> str:
+    producer = graph.layer(ref.layer)
+    if producer.is_input:
+        return "input" if len(graph.inputs) == 1 else f"input {producer.name}"
+    if producer.class_name in {"GRU", "LSTM", "SimpleRNN"}:
+        return f"{producer.name} units"
+    return f"{producer.name} output"
+
+
+def _batchless(shape: tuple[int, ...]) -> tuple[int | None, ...]:
+    return (None, *shape[1:])
+
+
+def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
+    from gradscope.inspect import stats
+
+    graph, model = job.graph, engine.model
+    calls = {(c.layer, c.index): c for c in result.calls}
+    layers: list[KerasLayerEntry] = []
+    gradients: list[KerasGradientEntry] = []
+    states: list[KerasStateEntry] = []
+    witnesses: list[KerasWitnessEntry] = []
+    trainable_ids = {id(v) for v in model.trainable_variables}
+    seen: set[int] = set()
+    for node in graph.computing_layers:
+        call = calls.get((node.name, 0))
+        outs = ([_batchless(tuple(int(d) for d in o.shape)) for o in call.outputs]
+                if call is not None else [])
+        facts = layer_facts(graph, node, _positional_shapes(node, call), outs)
+        explainer = explainer_for(node.class_name)
+        notes = {}
+        if explainer is not None:
+            try:
+                notes = {note.key: note for note in explainer.weights(facts)}
+            except (KeyError, ValueError, TypeError) as exc:
+                raise InternalError(f"internal error: layer {node.name} ({node.class_name}): "
+                                    f"its algebra failed: {exc}; please report it") from None
+        layers.append(KerasLayerEntry(
+            name=node.name, class_name=node.class_name, calls=len(node.calls),
+            input_shapes=[list(s) for s in facts.input_shapes],
+            output_shapes=[list(s) for s in facts.output_shapes],
+            summary=explainer.summary(facts) if explainer else node.class_name,
+            gradient_note=explainer.gradient_note(facts) if explainer else NO_DERIVATION,
+            derivation=explainer is not None))
+        keras_layer = engine.operation(node.name)
+        for variable in getattr(keras_layer, "weights", []):
+            if id(variable) in seen:
+                continue
+            seen.add(id(variable))
+            key = variable_key(variable.path, node.name)
+            shape = [int(d) for d in variable.shape]
+            note = notes.get(key)
+            if explainer is not None and note is None:
+                raise InternalError(f"internal error: layer {node.name} ({node.class_name}) has "
+                                    f"the weight {variable.path}, which gradscope's algebra for "
+                                    f"{node.class_name} does not know; please report it")
+            if note is not None and list(note.shape) != shape:
+                raise InternalError(f"internal error: {variable.path} is {tuple(shape)} in "
+                                    f"Keras, but the algebra says {note.shape} = "
+                                    f"{note.formula}; please report it")
+            trainable = id(variable) in trainable_ids
+            gradient = result.gradients.get(variable.path) if trainable else None
+            meaning = note.meaning if note else NO_DERIVATION
+            if not trainable:
+                meaning += "; non-trainable: it gets no gradient"
+            elif gradient is None:
+                meaning += "; it does not reach the loss: no gradient"
+            sparse = result.sparse_rows.get(variable.path)
+            gradients.append(KerasGradientEntry(
+                name=f"{node.name}/{key}", path=variable.path, layer=node.name,
+                class_name=node.class_name, shape=shape,
+                formula=note.formula if note else None, meaning=meaning,
+                rows=[BlockEntry(start=b.start, stop=b.stop, label=b.label)
+                      for b in (note.rows if note else ())],
+                columns=[BlockEntry(start=b.start, stop=b.stop, label=b.label)
+                         for b in (note.columns if note else ())],
+                trainable=trainable, stats=None if gradient is None else stats(gradient),
+                sparse=SparseRows(rows_with_gradient=sparse[0], rows=sparse[1])
+                if sparse else None))
+        for index in range(len(node.calls)):
+            captured = calls.get((node.name, index))
+            if captured is None or not captured.states or explainer is None:
+                continue
+            states += _state_entries(graph, node, index, captured, explainer, facts,
+                                     result.state_gradients)
+            from gradscope.keras.layers.recurrent import RecurrentExplainer
+
+            if isinstance(explainer, RecurrentExplainer):
+                from gradscope.keras.witness import weights_by_key, witness_call
+
+                witnesses.append(witness_call(captured, facts, explainer,
+                                              weights_by_key(keras_layer, facts),
+                                              engine.dtype_name))
+    trainable_count = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    non_trainable = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables
+                        if "seed_generator" not in v.path)
+    warnings = _warnings(result, gradients)
+    return KerasExplainReport(
+        model=KerasModelEntry(
+            name=graph.name, file=job.path, kind=graph.kind,
+            inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
+                                    dtype=str(value.dtype))
+                    for name, value in job.batch.inputs.items()],
+            outputs=[KerasTensorSpec(name=name, shape=[None, *shape[1:]])
+                     for name, shape in result.output_shapes.items()],
+            batch_size=job.batch_size, mode="training" if job.training else "inference",
+            seed=job.seed, weight_count=trainable_count, non_trainable_count=non_trainable,
+            data=job.batch.source),
+        loss=KerasLossEntry(
+            name=job.plan.description, value=result.loss if np.isfinite(result.loss) else None,
+            source=job.plan.source,
+            outputs=[KerasOutputLoss(output=o.output, loss=o.loss, from_logits=o.from_logits,
+                                     weight=o.weight, rule=o.rule) for o in job.plan.outputs]),
+        layers=layers, gradients=gradients, initial_state_gradients=states,
+        witnesses=witnesses, warnings=warnings)
+
+
+def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...]] | None:
+    """The captured shapes of the tensors passed positionally (not masks or states)."""
+    if call is None or not node.calls:
+        return None
+    saved = node.calls[0]
+    count = len([ref for ref in saved.refs() if ref not in _kwarg_refs(saved)])
+    return [_batchless(tuple(int(d) for d in a.shape)) for a in call.args[:count]]
+
+
+def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any,
+                   explainer: Any, facts: LayerFacts,
+                   gradients: dict[str, list[np.ndarray | None]]) -> list[KerasStateEntry]:
+    from gradscope.inspect import stats
+    from gradscope.keras.engine import call_label
+
+    label = call_label(node.name, index)
+    notes = explainer.states(facts)
+    wired = _wired_sources(node, index)
+    entries = []
+    for k, (note, value) in enumerate(zip(notes, gradients.get(label, []), strict=False)):
+        shape = [int(d) for d in captured.states[k].shape]
+        if captured.state_source == "zeros":
+            source = "zeros (Keras' default, made explicit by gradscope)"
+            flows_to = ("nowhere in this batch: with truncated BPTT it is the grad_y of the "
+                        f"previous batch's final {note.key.split('/')[-1][0]}_T")
+        else:
+            origin = wired[k] if k < len(wired) else "another layer"
+            source = f"wired from {origin}"
+            flows_to = f"back into {origin}, and through it to the layers below"
+        per_example = None
+        if value is not None and value.ndim == 2:
+            norms = np.sqrt(np.sum(np.asarray(value, np.float64) ** 2, axis=1))
+            per_example = PerExampleNorms(min=float(norms.min()), median=float(np.median(norms)),
+                                          max=float(norms.max()))
+        entries.append(KerasStateEntry(
+            name=f"{label}/{note.key}", layer=node.name, shape=shape, source=source,
+            flows_to=flows_to, stats=None if value is None else stats(value),
+            per_example_norm=per_example))
+    return entries
+
+
+def _wired_sources(node: LayerNode, index: int) -> list[str]:
+    if index >= len(node.calls):
+        return []
+    refs = node.calls[index].kwarg_refs().get("initial_state", [])
+    return [f"{ref.layer}'s returned state (its output {ref.index})" for ref in refs]
+
+
+def _warnings(result: Any, gradients: list[KerasGradientEntry]) -> list[str]:
+    warnings = []
+    if result.loss == 0:
+        warnings.append("the loss is exactly 0: every gradient is 0 and says nothing about "
+                        "the model; check the targets and the loss (--loss, --data)")
+    trained = [g for g in gradients if g.trainable and g.stats is not None]
+    if trained and all(g.stats.l2 == 0 for g in trained if g.stats is not None):
+        warnings.append("every gradient is exactly 0: nothing of the loss reaches the "
+                        "weights on this batch")
+    missing = [g.name for g in gradients if g.trainable and g.stats is None]
+    if missing:
+        warnings.append(f"{len(missing)} trainable weight(s) get no gradient from this loss: "
+                        + ", ".join(missing))
+    return warnings

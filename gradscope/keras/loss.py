@@ -1,0 +1,188 @@
+"""Which loss a Keras model is explained with, decided from its config alone (no TensorFlow).
+
+1. ``--loss NAME`` always wins (a Keras loss name; ``from_logits`` is set where it applies:
+   a cross-entropy on a linear output reads logits).
+2. Otherwise the loss saved with the compiled model, with its loss weights: Keras' own
+   ``model.compute_loss`` computes it, exactly as ``fit`` would.
+3. Otherwise a rule reads each output's activation: softmax → categorical cross-entropy;
+   sigmoid → binary cross-entropy; linear with one unit → mean squared error; linear with
+   several units → categorical cross-entropy on logits (the seed model's loss); anything else
+   → mean squared error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gradscope.errors import ConfigError
+from gradscope.keras.graph import LayerNode, ModelGraph, Ref
+
+TargetKind = Literal["one_hot", "classes", "binary", "real"]
+
+#: Loss names gradscope knows the targets of (aliases map to the canonical name).
+ALIASES = {
+    "mse": "mean_squared_error", "mae": "mean_absolute_error",
+    "mape": "mean_absolute_percentage_error", "msle": "mean_squared_logarithmic_error",
+    "kld": "kl_divergence", "kullback_leibler_divergence": "kl_divergence",
+    "huber_loss": "huber", "logcosh": "log_cosh",
+}
+CROSS_ENTROPIES = {"categorical_crossentropy", "sparse_categorical_crossentropy",
+                   "binary_crossentropy", "binary_focal_crossentropy",
+                   "categorical_focal_crossentropy"}
+KNOWN = CROSS_ENTROPIES | {
+    "mean_squared_error", "mean_absolute_error", "mean_absolute_percentage_error",
+    "mean_squared_logarithmic_error", "kl_divergence", "huber", "log_cosh", "poisson",
+    "cosine_similarity", "hinge", "squared_hinge", "categorical_hinge",
+}
+
+
+@dataclass(frozen=True)
+class OutputLoss:
+    output: str
+    loss: str
+    from_logits: bool
+    weight: float
+    target: TargetKind
+    rule: str
+
+    @property
+    def label(self) -> str:
+        logits = " (from logits)" if self.from_logits else ""
+        weight = f" × {self.weight:g}" if self.weight != 1 else ""
+        return f"{self.loss}{logits}{weight}"
+
+
+@dataclass(frozen=True)
+class LossPlan:
+    source: Literal["option", "compiled", "inferred"]
+    outputs: tuple[OutputLoss, ...]
+
+    @property
+    def description(self) -> str:
+        if self.source == "compiled":
+            how = "saved with the compiled model"
+        elif self.source == "option":
+            how = "--loss"
+        else:
+            how = "; ".join(f"{o.output}: {o.rule}" for o in self.outputs)
+        losses = " + ".join(o.label if len(self.outputs) == 1 else f"{o.output} {o.label}"
+                            for o in self.outputs)
+        return f"{losses} ({how})"
+
+
+def output_names(graph: ModelGraph) -> list[str]:
+    """A name per model output: the producing layer's, with the output index where needed."""
+    names = []
+    for ref in graph.outputs:
+        clash = sum(1 for other in graph.outputs if other.layer == ref.layer) > 1
+        names.append(f"{ref.layer}_{ref.index}" if clash or ref.index else ref.layer)
+    return names
+
+
+def canonical(name: str) -> str:
+    """'CategoricalCrossentropy' / 'categorical_crossentropy' / 'mse' → one spelling."""
+    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+    snake = snake.replace("cross_entropy", "crossentropy").replace("k_l_", "kl_")
+    return ALIASES.get(snake, snake)
+
+
+def target_kind(loss: str) -> TargetKind:
+    if loss.startswith("sparse_"):
+        return "classes"
+    if loss.startswith("binary") or loss in {"hinge", "squared_hinge"}:
+        return "binary"
+    if loss in {"categorical_crossentropy", "categorical_focal_crossentropy",
+                "kl_divergence", "categorical_hinge"}:
+        return "one_hot"
+    return "real"
+
+
+def plan_loss(graph: ModelGraph, override: str | None = None) -> LossPlan:
+    names = output_names(graph)
+    if override is not None:
+        loss = canonical(override)
+        if loss not in KNOWN:
+            raise ConfigError(f"--loss {override!r}: not a Keras loss gradscope knows; expected "
+                              f"one of {', '.join(sorted(KNOWN))}", where="--loss")
+        return LossPlan("option", tuple(
+            OutputLoss(name, loss, _from_logits(loss, _activation(graph, ref)), 1.0,
+                       target_kind(loss), "--loss")
+            for name, ref in zip(names, graph.outputs, strict=True)))
+    compiled = (graph.compile_config or {}).get("loss")
+    if compiled is not None:
+        return _compiled(graph, names, compiled, (graph.compile_config or {}).get("loss_weights"))
+    return LossPlan("inferred", tuple(_inferred(graph, name, ref)
+                                      for name, ref in zip(names, graph.outputs, strict=True)))
+
+
+def _compiled(graph: ModelGraph, names: list[str], loss: Any, weights: Any) -> LossPlan:
+    per_output: list[Any]
+    if isinstance(loss, dict) and "class_name" not in loss:
+        per_output = [loss.get(name) for name in names]
+    elif isinstance(loss, list):
+        per_output = list(loss)
+    else:
+        per_output = [loss] * len(names)
+    if isinstance(weights, dict):
+        weight_list = [float(weights.get(name, 1.0)) for name in names]
+    elif isinstance(weights, list):
+        weight_list = [float(w) for w in weights]
+    else:
+        weight_list = [1.0] * len(names)
+    outputs = []
+    for name, entry, weight in zip(names, per_output, weight_list, strict=False):
+        if entry is None:
+            continue
+        if isinstance(entry, dict):
+            loss_name = canonical(str(entry.get("class_name", "")))
+            from_logits = bool((entry.get("config") or {}).get("from_logits", False))
+        else:
+            loss_name, from_logits = canonical(str(entry)), False
+        outputs.append(OutputLoss(name, loss_name, from_logits, weight, target_kind(loss_name),
+                                  "saved with the compiled model"))
+    return LossPlan("compiled", tuple(outputs))
+
+
+def _inferred(graph: ModelGraph, name: str, ref: Ref) -> OutputLoss:
+    activation = _activation(graph, ref)
+    units = _units(graph.layer(ref.layer))
+    if activation == "softmax":
+        loss, rule = "categorical_crossentropy", "softmax output → categorical cross-entropy"
+    elif activation == "sigmoid":
+        loss, rule = "binary_crossentropy", "sigmoid output → binary cross-entropy"
+    elif activation == "linear" and units == 1:
+        loss, rule = "mean_squared_error", "linear output of one unit → mean squared error"
+    elif activation == "linear":
+        loss = "categorical_crossentropy"
+        rule = "linear output of several units → softmax cross-entropy on logits"
+    else:
+        loss = "mean_squared_error"
+        rule = f"{activation or 'unknown'} output → mean squared error (no other rule applies)"
+    return OutputLoss(name, loss, _from_logits(loss, activation), 1.0, target_kind(loss), rule)
+
+
+def _from_logits(loss: str, activation: str | None) -> bool:
+    return loss in CROSS_ENTROPIES and activation not in {"softmax", "sigmoid"}
+
+
+def _activation(graph: ModelGraph, ref: Ref) -> str | None:
+    """The activation that produced an output, read from the producing layer's config."""
+    layer: LayerNode | None = graph.layer(ref.layer)
+    while layer is not None and layer.class_name in {"TimeDistributed", "Bidirectional"}:
+        layer = layer.inner
+    if layer is None:
+        return None
+    if layer.class_name == "Softmax":
+        return "softmax"
+    if layer.class_name in {"GRU", "LSTM", "SimpleRNN"} and ref.index > 0:
+        return "state"
+    activation = layer.config.get("activation")
+    return activation if isinstance(activation, str) else None
+
+
+def _units(layer: LayerNode) -> int | None:
+    inner = layer.inner if layer.class_name == "TimeDistributed" else layer
+    units = (inner or layer).config.get("units")
+    return int(units) if isinstance(units, int) else None

@@ -1,0 +1,89 @@
+"""gradscope's own cells as witnesses inside the user's model.
+
+For every GRU, LSTM and SimpleRNN call, the layer's captured input and initial state go through
+gradscope's NumPy reference cell (float64, no TensorFlow) with the layer's real weights. It must
+reproduce what Keras computed; a mismatch means gradscope misread the layer, and is an internal
+error naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import InternalError
+from gradscope.keras.engine import CapturedCall, call_label
+from gradscope.keras.layers.base import LayerFacts
+from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.reference import RECURRENT, cell_key
+from gradscope.report.models import KerasWitnessEntry
+
+#: Keras (float32, its own op order) against the float64 NumPy cell: |error| ≤ ATOL + RTOL·|h|.
+TOLERANCES = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9)}
+
+
+def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExplainer,
+                 weights: dict[str, np.ndarray], dtype: str) -> KerasWitnessEntry:
+    cell = explainer.cell(facts)
+    key = cell_key(cell)
+    label = call_label(call.layer, call.index)
+    name = f"the NumPy reference cell {key}"
+    skip = _unwitnessed(call, facts)
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    if skip:
+        return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
+                                 tolerance=rtol, passed=None, detail=f"not witnessed: {skip}")
+    forward, _ = RECURRENT[key]
+    params = {short: np.asarray(value, np.float64) for short, value in weights.items()}
+    if "bias" not in params:  # use_bias=False: the same cell with a zero bias
+        shape = (2, 3 * cell.units) if key == "gru_keras" else (
+            {"gru": 3, "lstm": 4, "simple_rnn": 1}[cell.kind] * cell.units,)
+        params["bias"] = np.zeros(shape)
+    x = np.asarray(call.args[0], np.float64)
+    states = [np.asarray(s, np.float64) for s in call.states]
+    sequence, _ = forward(params, x, *states)
+    keras_output = np.asarray(call.outputs[0], np.float64)
+    ours = sequence if facts.option("return_sequences") else sequence[:, -1]
+    if ours.shape != keras_output.shape:
+        raise InternalError(f"internal error: layer {label}: gradscope's {key} cell gives an "
+                            f"output of shape {ours.shape}, Keras {keras_output.shape}")
+    error = float(np.max(np.abs(ours - keras_output))) if ours.size else 0.0
+    allowed = atol + rtol * float(np.max(np.abs(keras_output))) if ours.size else atol
+    if not error <= allowed:
+        raise InternalError(
+            f"internal error: layer {label} ({facts.class_name}): gradscope's {key} cell does "
+            f"not reproduce Keras' output (max |error| {error:.2e} > {allowed:.1e}); gradscope "
+            "misreads this layer, so its explanation would be wrong; please report it")
+    return KerasWitnessEntry(layer=label, witness=name, max_abs_error=error, tolerance=rtol,
+                             passed=True,
+                             detail=f"reproduces Keras' output to {error:.1e} "
+                                    f"(allowed {allowed:.1e})")
+
+
+def _unwitnessed(call: CapturedCall, facts: LayerFacts) -> str | None:
+    """Why the cell cannot stand in for this call (it models the plain recurrence only)."""
+    if call.mask is not None:
+        return "the input is masked (Keras skips masked steps; the cell does not model masks)"
+    reasons = []
+    if facts.option("activation", "tanh") != "tanh":
+        reasons.append(f"activation {facts.option('activation')}")
+    if facts.class_name != "SimpleRNN" and facts.option("recurrent_activation",
+                                                        "sigmoid") != "sigmoid":
+        reasons.append(f"recurrent_activation {facts.option('recurrent_activation')}")
+    if facts.option("go_backwards"):
+        reasons.append("go_backwards")
+    if facts.option("stateful"):
+        reasons.append("stateful")
+    if not call.states:
+        reasons.append("no initial state captured")
+    if reasons:
+        return "the cell models tanh/sigmoid, forward, stateless layers only (" + \
+            ", ".join(reasons) + ")"
+    return None
+
+
+def weights_by_key(layer: Any, facts: LayerFacts) -> dict[str, np.ndarray]:
+    from gradscope.keras.layers.base import variable_key
+
+    return {variable_key(v.path, facts.name): np.asarray(v.numpy()) for v in layer.weights}

@@ -1,0 +1,126 @@
+"""Render the explanation of a user's Keras model for a terminal (rich), at any width from 60
+columns: two columns, the name and shape never wrapped, the words folded between words."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gradscope.report.models import (
+    KerasExplainReport,
+    KerasGradientEntry,
+    KerasLayerEntry,
+    KerasStateEntry,
+    Stats,
+)
+from gradscope.report.text import number, section, shape_text
+
+
+def _dims(shape: list[int | None]) -> str:
+    return "(" + ", ".join("batch" if i == 0 and d is None else ("?" if d is None else str(d))
+                           for i, d in enumerate(shape)) + ")"
+
+
+def _two_columns(left: str, right: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    table.add_column(left, no_wrap=True)
+    table.add_column(right, overflow="fold")
+    return table
+
+
+def _stats_line(stats: Stats | None) -> str:
+    if stats is None:
+        return "no gradient"
+    return (f"‖g‖₂ {number(stats.l2)} · mean|g| {number(stats.mean_abs)} · "
+            f"max|g| {number(stats.max_abs)} · NaN/Inf {stats.nonfinite}")
+
+
+def header(report: KerasExplainReport) -> list[RenderableType]:
+    model, loss = report.model, report.loss
+    value = "n/a" if loss.value is None else f"{loss.value:.6g}"
+    inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in model.inputs)
+    outputs = ", ".join(f"{o.name} {_dims(o.shape)}" for o in model.outputs)
+    return [
+        Text.assemble(("gradscope explain", "bold"), "  ",
+                      (f"{model.file} ({model.kind} '{model.name}')", "bold cyan")),
+        Text(f"batch {model.batch_size} · {model.mode} mode"
+             + (" (dropout off, batch norm uses its moving statistics)"
+                if model.mode == "inference" else f" (seed {model.seed})")
+             + f" · {model.weight_count:,} trainable weights", style="dim"),
+        Text(f"loss = {value}: {loss.name}", style="dim"),
+        Text(f"inputs {inputs} · outputs {outputs}", style="dim"),
+        Text(f"data {model.data}", style="dim"),
+    ]
+
+
+def layer_table(layers: list[KerasLayerEntry]) -> Table:
+    table = _two_columns("layer · type", "what it computes · what it does to the gradient")
+    for layer in layers:
+        ins = " ".join(_dims(s) for s in layer.input_shapes) or "–"
+        outs = " ".join(_dims(s) for s in layer.output_shapes) or "–"
+        calls = f" · {layer.calls} calls" if layer.calls > 1 else ""
+        right = Text.assemble((layer.summary, "cyan"), "\n",
+                              (f"{ins} → {outs}", "dim"), "\n",
+                              ("∂: " + layer.gradient_note, ""))
+        table.add_row(Text.assemble((layer.name, "bold"), "\n", (layer.class_name + calls,
+                                                                    "dim")), right)
+    return table
+
+
+def gradient_table(gradients: list[KerasGradientEntry]) -> Table:
+    table = _two_columns("tensor · shape", "formula · meaning · statistics")
+    for entry in gradients:
+        left = Text.assemble((entry.name, "bold"), "\n", (shape_text(entry.shape), "cyan"))
+        right = Text()
+        if entry.formula:
+            right.append(f"= {entry.formula}\n", style="cyan")
+        right.append(entry.meaning)
+        if entry.sparse is not None:
+            right.append(f"\nIndexedSlices: {entry.sparse.rows_with_gradient} of "
+                         f"{entry.sparse.rows} rows received a gradient (the token ids in "
+                         "the batch)")
+        right.append("\n" + _stats_line(entry.stats), style="bold")
+        table.add_row(left, right)
+    return table
+
+
+def state_table(states: list[KerasStateEntry]) -> Table:
+    table = _two_columns("∂L/∂ initial state", "where it comes from · where its gradient goes")
+    for entry in states:
+        norms = entry.per_example_norm
+        per_example = ("" if norms is None else
+                       f"\nper-example ‖g‖ min {number(norms.min)} · median "
+                       f"{number(norms.median)} · max {number(norms.max)}")
+        table.add_row(Text.assemble((entry.name, "bold"), "\n", (shape_text(entry.shape),
+                                                                  "cyan")),
+                      Text(f"{entry.source}\n→ {entry.flows_to}\n{_stats_line(entry.stats)}"
+                           f"{per_example}"))
+    return table
+
+
+def render_keras_explain(report: KerasExplainReport) -> list[RenderableType]:
+    parts: list[RenderableType] = [*header(report)]
+    for warning in report.warnings:
+        parts.append(Text(f"⚠ {warning}", style="bold yellow"))
+    parts += [
+        section(f"Layers ({len(report.layers)})"),
+        layer_table(report.layers),
+        section(f"Gradients of the loss ({len(report.gradients)} tensors; every value is "
+                "Keras' own, every shape checked against gradscope's algebra)"),
+        gradient_table(report.gradients),
+    ]
+    if report.initial_state_gradients:
+        parts += [section("Initial-state gradients ∂L/∂(initial state)"),
+                  state_table(report.initial_state_gradients)]
+    if report.witnesses:
+        parts.append(section("Witnesses: gradscope's own cells rerun each recurrent layer"))
+        for witness in report.witnesses:
+            mark = "✓" if witness.passed else "·"
+            parts.append(Text(f"{mark} {witness.layer}: {witness.witness} {witness.detail}",
+                              style="green" if witness.passed else "dim"))
+    if report.timings:
+        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
+        parts.append(Text(f"\ntimings: {laps}", style="dim"))
+    return parts

@@ -1,0 +1,115 @@
+"""The user's own Keras model, exactly: for every model of the zoo, gradscope's loss and every
+weight gradient equal what Keras' own GradientTape gives on the same batch, computed here
+independently (the model loaded again, called as a user calls it, the loss written out)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from keras_zoo import B, Entry, zoo
+
+from gradscope.keras.explain import explain, prepare
+from gradscope.keras.graph import read_graph
+from gradscope.keras.loss import output_names
+
+ZOO = {entry.name: entry for entry in zoo()}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, tf):
+    import keras
+
+    keras.utils.set_random_seed(1)
+    folder = tmp_path_factory.mktemp("zoo")
+    paths = {}
+    for name, entry in ZOO.items():
+        paths[name] = folder / f"{name}.keras"
+        entry.build().save(paths[name])
+    return folder, paths
+
+
+def _batch(entry: Entry, model, path, folder):
+    """Inputs and targets for the model, written to an .npz named after its inputs/outputs."""
+    rng = np.random.default_rng(7)
+    inputs = {}
+    for tensor in model.inputs:
+        name = tensor._keras_history[0].name
+        shape = (B, *tensor.shape[1:])
+        if name in entry.vocab or (entry.vocab and len(model.inputs) == 1):
+            vocab = entry.vocab.get(name, next(iter(entry.vocab.values())))
+            value = rng.integers(1, vocab, size=shape).astype("int32")
+        else:
+            value = rng.standard_normal(shape).astype("float32")
+        if entry.pad:
+            value[:, -entry.pad:] = 0
+        inputs[name] = value
+    predictions = model([*inputs.values()] if len(inputs) > 1 else next(iter(inputs.values())),
+                        training=False)
+    predictions = predictions if isinstance(predictions, list | tuple) else [predictions]
+    targets = {}
+    names = output_names(read_graph(path))
+    for name, kind, prediction in zip(names, entry.targets, predictions, strict=True):
+        shape = tuple(prediction.shape)
+        if kind == "one_hot":
+            targets[name] = np.eye(shape[-1], dtype="float32")[
+                rng.integers(0, shape[-1], size=shape[:-1])]
+        elif kind == "classes":
+            targets[name] = rng.integers(0, shape[-1], size=shape[:-1]).astype("int32")
+        elif kind == "binary":
+            targets[name] = rng.integers(0, 2, size=shape).astype("float32")
+        else:
+            targets[name] = rng.standard_normal(shape).astype("float32")
+    data = folder / f"{path.stem}.npz"
+    np.savez(data, **inputs, **targets)
+    return inputs, targets, data
+
+
+def _keras_truth(entry: Entry, path, inputs, targets, tf):
+    """Keras' own tape on a freshly loaded copy, the loss computed from the outputs here."""
+    import keras
+
+    model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    feed = [*inputs.values()]
+    with tf.GradientTape() as tape:
+        predictions = model(feed if len(feed) > 1 else feed[0], training=False)
+        predictions = predictions if isinstance(predictions, list | tuple) else [predictions]
+        loss = sum(weight * loss_object(target, prediction)
+                   for (loss_object, weight), target, prediction
+                   in zip(entry.truth(keras), targets.values(), predictions, strict=True))
+    gradients = tape.gradient(loss, model.trainable_variables)
+    return float(loss), {v.path: tf.convert_to_tensor(g).numpy()
+                         for v, g in zip(model.trainable_variables, gradients, strict=True)}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_gradients_equal_keras_own_tape(saved, name, tf):
+    import keras
+
+    from gradscope.keras.engine import KerasEngine
+
+    folder, paths = saved
+    entry, path = ZOO[name], paths[name]
+    model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    inputs, targets, data = _batch(entry, model, path, folder)
+    truth_loss, truth = _keras_truth(entry, path, inputs, targets, tf)
+
+    job = prepare(str(path), data=str(data))
+    engine = KerasEngine(str(path), job.outputs, job.plan)
+    result = engine.run(job.batch.inputs, job.batch.targets)
+    assert result.loss == pytest.approx(truth_loss, rel=1e-5)
+    assert set(result.gradients) == set(truth)
+    for variable_path, gradient in truth.items():
+        ours = result.gradients[variable_path]
+        assert ours is not None, variable_path
+        np.testing.assert_allclose(ours, gradient, rtol=1e-5, atol=1e-7, err_msg=variable_path)
+
+    report = explain(job)  # the algebra's shapes and the cell witnesses hold, or it raises
+    assert report.loss.value == pytest.approx(truth_loss, rel=1e-5)
+    assert {g.path for g in report.gradients if g.trainable} == set(truth)
+    for entry_ in report.gradients:
+        if entry_.trainable:
+            assert entry_.stats is not None
+            assert entry_.stats.l2 == pytest.approx(float(np.linalg.norm(truth[entry_.path])),
+                                                    rel=1e-4, abs=1e-12)
+    assert all(w.passed in (True, None) for w in report.witnesses)
+    assert not report.warnings, report.warnings
