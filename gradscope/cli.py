@@ -110,7 +110,8 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
                        "existing file unless --force is given. A FILE ending in .json needs "
                        "--json (a text report there is refused).")
     @click.option("--force", is_flag=True,
-                  help="With -o (or --plot), overwrite FILE if it exists.")
+                  help="Overwrite the -o FILE (for explain, also the --plot FILE) if it "
+                       "exists.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress messages on stderr.")
     @functools.wraps(func)
     def wrapper(*args: Any, as_json: bool, **kwargs: Any) -> Any:
