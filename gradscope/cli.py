@@ -202,7 +202,7 @@ def _emit(report: ExplainReport | ShapesReport | CheckReport, as_json: bool,
         return
     if output.exists() and not force:
         raise GradscopeError(
-            f"{output}: already exists; gradscope does not overwrite files (use --force)",
+            f"-o {output}: already exists; gradscope does not overwrite files (use --force)",
             where=str(output),
         )
     if as_json:
@@ -218,7 +218,8 @@ def _emit(report: ExplainReport | ShapesReport | CheckReport, as_json: bool,
 def _write_atomically(path: Path, text: str) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
-        raise GradscopeError(f"{path}: the folder {directory} does not exist", where=str(path))
+        raise GradscopeError(f"-o {path}: the folder {directory} does not exist; expected an "
+                             "existing folder", where=str(path))
     try:
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
