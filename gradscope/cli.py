@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 from rich.console import Console
 
-from gradscope import __version__
+from gradscope import __version__, preflight
 from gradscope.errors import GradscopeError
 from gradscope.report import json as json_render
 from gradscope.report.models import (
@@ -25,6 +26,7 @@ from gradscope.report.models import (
     CheckReport,
     ExplainReport,
     KerasExplainReport,
+    KerasShapesReport,
     ShapesReport,
     json_schema,
 )
@@ -89,6 +91,17 @@ def _stderr_console(quiet: bool = False) -> Console:
                    no_color=no_color, highlight=False)
 
 
+def _complete_path(ctx: click.Context, param: click.Parameter,
+                   incomplete: str) -> list[CompletionItem]:
+    """Let the shell complete file names, while gradscope keeps its own messages for missing
+    or unreadable files (a click.Path type would check them itself)."""
+    return [CompletionItem(incomplete, type="file")]
+
+
+def config_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.argument("config", required=False, shell_complete=_complete_path)(func)
+
+
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The output flags every reporting command shares."""
 
@@ -96,8 +109,11 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
                   help="Print exactly one JSON document on stdout (see `gradscope schema`).")
     @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
                   help="Write the report to FILE instead of stdout. Refuses to overwrite an "
-                       "existing file unless --force is given.")
-    @click.option("--force", is_flag=True, help="With -o, overwrite FILE if it exists.")
+                       "existing file unless --force is given. A FILE ending in .json needs "
+                       "--json (a text report there is refused).")
+    @click.option("--force", is_flag=True,
+                  help="Overwrite the -o FILE (for explain, also the --plot FILE) if it "
+                       "exists.")
     @click.option("-q", "--quiet", is_flag=True, help="No progress messages on stderr.")
     @functools.wraps(func)
     def wrapper(*args: Any, as_json: bool, **kwargs: Any) -> Any:
@@ -124,15 +140,17 @@ def memory_option(func: Callable[..., Any]) -> Callable[..., Any]:
 def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The flags that replace the synthetic batch with the user's own arrays."""
 
-    @click.option("--data", "data_file", metavar="FILE.npz",
+    @click.option("--data", "data_file", metavar="FILE.npz", shell_complete=_complete_path,
                   help="Use this batch: arrays x (B, T, F), y (targets) and optionally initial "
                        "states named like gru_1/h0. Batch and time sizes come from the data.")
-    @click.option("--x", "x_file", metavar="FILE.npy", help="Inputs (B, T, F); with --y.")
-    @click.option("--y", "y_file", metavar="FILE.npy", help="Targets; with --x.")
+    @click.option("--x", "x_file", metavar="FILE.npy", shell_complete=_complete_path,
+                  help="Inputs (B, T, F); with --y.")
+    @click.option("--y", "y_file", metavar="FILE.npy", shell_complete=_complete_path,
+                  help="Targets; with --x.")
     @click.option("--batch-size", type=click.IntRange(min=1), metavar="B",
-                  help="For a .keras model: the batch size (default 32).")
+                  help="For a .keras model without --data/--x: the batch size (default 32).")
     @click.option("--time-steps", type=click.IntRange(min=1), metavar="T",
-                  help="For a .keras model whose time dimension is None.")
+                  help="For a .keras model whose time dimension is None, without --data/--x.")
     @functools.wraps(func)
     def wrapper(*args: Any, data_file: str | None, x_file: str | None, y_file: str | None,
                 batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
@@ -146,19 +164,24 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
                     model_sizes: tuple[int | None, int | None] = (None, None),
                     ) -> tuple[Any, Any, Any]:
     """The spec (from YAML or a saved .keras model), the batch (or None) and the weights
-    (a .keras model's own, or None for the seeded ones)."""
+    (a .keras model's own, or None for the seeded ones).
+
+    The option combinations and the data files are checked first: loading a .keras model
+    imports TensorFlow.
+    """
     from gradscope.keras_model import is_keras_file, load_keras_model
 
+    preflight.check_model_sizes(config, model_sizes, data_files)
+    if any(data_files):
+        from gradscope.data import check_data_files
+
+        check_data_files(*data_files)
     params = None
     if is_keras_file(config):
         assert config is not None
         batch_size, time_steps = model_sizes
         spec, params = load_keras_model(config, batch_size=batch_size, time_steps=time_steps)
     else:
-        if any(size is not None for size in model_sizes):
-            raise GradscopeError("--batch-size and --time-steps are for .keras models; set "
-                                 "batch_size and time_steps in the YAML config",
-                                 where="--batch-size")
         spec = _load(config)
     if not any(data_files):
         return spec, None, params
@@ -168,8 +191,8 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
     return (*load_batch(spec, data=data, x=x, y=y), params)
 
 
-def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport,
-          as_json: bool,
+def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
+          | KerasShapesReport, as_json: bool,
           output: Path | None, force: bool, equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
@@ -182,7 +205,7 @@ def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainRepor
         return
     if output.exists() and not force:
         raise GradscopeError(
-            f"{output}: already exists; gradscope does not overwrite files (use --force)",
+            f"-o {output}: already exists; gradscope does not overwrite files (use --force)",
             where=str(output),
         )
     if as_json:
@@ -198,7 +221,8 @@ def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainRepor
 def _write_atomically(path: Path, text: str) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
-        raise GradscopeError(f"{path}: the folder {directory} does not exist", where=str(path))
+        raise GradscopeError(f"-o {path}: the folder {directory} does not exist; expected an "
+                             "existing folder", where=str(path))
     try:
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -223,11 +247,11 @@ def cli() -> None:
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
-@click.argument("config", required=False)
+@config_argument
 @output_options
 def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
            quiet: bool) -> int:
-    """Derive every weight and initial-state shape from CONFIG, without TensorFlow.
+    """Derive every weight and initial-state shape from CONFIG (or MODEL.keras), without TF.
 
     Each shape comes with its formula, your numbers substituted, and what its rows and
     column blocks hold. Nothing is run: this answers instantly.
@@ -237,16 +261,22 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
       gradscope shapes sample_configs/seed.yaml
     """
     from gradscope.inspect import shapes as shapes_report
+    from gradscope.keras.archive import is_keras_file
 
-    if config is not None and config.endswith(".keras"):
-        raise GradscopeError(f"{config}: shapes reads YAML configs without TensorFlow; for a "
-                             f"saved Keras model use: gradscope explain {config}", where=config)
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    if is_keras_file(config):
+        from gradscope.keras.shapes import keras_shapes
+
+        assert config is not None
+        _emit(keras_shapes(config), as_json, output, force)
+        return EXIT_OK
     _emit(shapes_report(_load(config)), as_json, output, force)
     return EXIT_OK
 
 
 @cli.command(epilog=EXIT_CODES_HELP)
-@click.argument("config", required=False)
+@config_argument
 @data_options
 @click.option("--jacobians", is_flag=True,
               help="Add ∂h_T/∂h_0 between every pair of recurrent layers, per example: Frobenius "
@@ -255,10 +285,11 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
               help="Add the gradient norms per time step, the influence ‖∂h_t/∂x_s‖ of every "
                    "input step, and flags for vanishing or exploding gradients.")
 @click.option("--at", type=int, metavar="T",
-              help="With --flow: the step t of ‖∂h_t/∂x_s‖ (default: the last step).")
+              help="The step t of ‖∂h_t/∂x_s‖, 0 to time steps − 1 (default: the last step). "
+                   "Implies --flow.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
-              help="With --flow: write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to "
-                   "FILE.png (needs matplotlib: pip install 'gradscope[plot]').")
+              help="Write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to FILE.png "
+                   "(needs matplotlib: pip install 'gradscope[plot]'). Implies --flow.")
 @click.option("--loss", "loss_name", metavar="NAME",
               help="For a .keras model: explain with this Keras loss (e.g. mse, "
                    "categorical_crossentropy; from_logits is set when the output is linear) "
@@ -294,6 +325,9 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     from gradscope.inspect import explain as explain_report
     from gradscope.keras.archive import is_keras_file
 
+    preflight.check_force(force, {"-o": output, "--plot": plot})
+    preflight.check_output(output, force, as_json)
+    preflight.check_plot(plot, force, output)
     if is_keras_file(config):
         assert config is not None
         return _explain_keras(config, data_files, model_sizes, jacobians or flow or
@@ -304,14 +338,15 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
             raise GradscopeError(f"{option} is for .keras models; a YAML config sets its loss "
                                  "and has no training mode or padding", where=option)
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
+    preflight.check_time_steps(spec.time_steps, at=at)
     from gradscope.guard import guard
 
-    guard(spec, "explain", memory_limit, across_time=jacobians or flow or plot is not None)
+    flow = flow or plot is not None or at is not None
+    guard(spec, "explain", memory_limit, across_time=jacobians or flow)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
         report = explain_report(spec, data=batch, params=params, timings=timings,
-                                jacobians=jacobians,
-                                flow=flow or plot is not None, at=at,
+                                jacobians=jacobians, flow=flow, at=at,
                                 heatmap=plot is not None,
                                 progress=lambda message: status.update(message))
     if plot is not None:
@@ -330,6 +365,11 @@ def _explain_keras(path: str, data_files: tuple[str | None, ...],
     from gradscope.keras.explain import explain as explain_keras
     from gradscope.keras.explain import prepare
 
+    preflight.check_model_sizes(path, model_sizes, data_files)
+    if any(data_files):
+        from gradscope.data import check_data_files
+
+        check_data_files(*data_files)
     data, x_file, y_file = data_files
     if x_file or y_file:
         raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
@@ -363,8 +403,8 @@ finite differences.
 
 
 @cli.command(epilog=CHECK_EPILOG)
-@click.argument("config", required=False)
-@click.option("--against", metavar="FILE.py:FUNC",
+@config_argument
+@click.option("--against", metavar="FILE.py:FUNC", shell_complete=_complete_path,
               help="Also compare your own backward function FUNC(params, x, y, h0) -> dict of "
                    "gradients of the mean loss (see README). This imports and runs FILE.py: "
                    "your code, at your request.")
@@ -380,7 +420,8 @@ finite differences.
               help="Absolute allowance added to the finite-difference comparison.")
 @click.option("--equations", is_flag=True,
               help="Print GRUBlockCellGrad's corrected backward equations and the errata of its "
-                   "public documentation, with evidence from this model.")
+                   "public documentation, with evidence from this model (text only: the JSON "
+                   "report always carries the errata).")
 @data_options
 @memory_option
 @output_options
@@ -406,7 +447,14 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     """
     from gradscope.witnesses import check as check_report
 
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    if equations and as_json:
+        raise GradscopeError("--equations prints text and does not go with --json; the JSON "
+                             "report has the errata (of block-layout GRU layers) under "
+                             "'errata'", where="--equations")
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
+    preflight.check_time_steps(spec.time_steps, chunks=chunks)
     from gradscope.guard import guard
 
     guard(spec, "check", memory_limit)
@@ -453,6 +501,10 @@ def main(argv: list[str] | None = None) -> None:
         warnings.simplefilter("ignore")
     try:
         code = cli.main(args=args, prog_name="gradscope", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # `gradscope` alone asks for the help: it is not an error.
+        sys.stdout.write(exc.ctx.get_help() + "\n")
+        sys.exit(EXIT_OK)
     except GradscopeError as exc:
         _fail(exc.message, exc.where, exc.exit_code)
     except click.exceptions.Exit as exc:

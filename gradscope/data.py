@@ -84,17 +84,34 @@ def load_batch(spec: Spec, data: str | os.PathLike[str] | None = None,
     mismatch is a one-line :class:`DataError` in the user's terms. Arrays are loaded with
     ``allow_pickle=False``.
     """
-    if data is not None and (x is not None or y is not None):
-        raise DataError("give either --data FILE.npz or --x and --y, not both", where="--data")
+    check_data_files(data, x, y)
     if data is not None:
         arrays = _load_npz(Path(data))
         origin = str(data)
-    elif x is not None and y is not None:
+    else:
+        assert x is not None and y is not None
         arrays = {"x": _load_npy(Path(x), "x"), "y": _load_npy(Path(y), "y")}
         origin = f"{x} and {y}"
-    else:
-        raise DataError("--x and --y go together: give both", where="--x" if y is None else "--y")
     return validate_batch(spec, arrays, origin)
+
+
+def check_data_files(data: str | os.PathLike[str] | None = None,
+                     x: str | os.PathLike[str] | None = None,
+                     y: str | os.PathLike[str] | None = None) -> None:
+    """``data`` alone or ``x`` with ``y``, each an existing file; nothing is read yet.
+
+    The CLI calls this before it loads the model (a saved Keras model needs TensorFlow), so
+    a mistyped file name costs no TensorFlow import.
+    """
+    if data is not None and (x is not None or y is not None):
+        raise DataError("give either --data FILE.npz or --x and --y, not both", where="--data")
+    if data is None and (x is None or y is None):
+        raise DataError("--x and --y go together: give both", where="--x" if y is None else "--y")
+    if data is not None:
+        _open_checked(Path(data), "an .npz file")
+    for path in (x, y):
+        if path is not None:
+            _open_checked(Path(path), "an .npy file")
 
 
 def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],

@@ -113,12 +113,15 @@ def test_output_file_is_written_and_never_overwritten(tmp_path):
     assert first.returncode == 0, first.stderr
     assert json.loads(target.read_text())["command"] == "shapes"
     target.write_text("keep me")
-    second = run_gradscope("shapes", "-o", str(target))
+    second = run_gradscope("shapes", "--json", "-o", str(target))
     assert second.returncode == 2
     assert "already exists" in second.stderr
     assert target.read_text() == "keep me"
-    forced = run_gradscope("shapes", "-o", str(target), "--force")
+    forced = run_gradscope("shapes", "--json", "-o", str(target), "--force")
     assert forced.returncode == 0 and "gru_1/w_ru" in target.read_text()
+    text = tmp_path / "report.txt"
+    assert run_gradscope("shapes", "-o", str(text)).returncode == 0
+    assert "gru_1/w_ru" in text.read_text() and not text.read_text().startswith("{")
 
 
 def test_check_json_is_byte_identical_on_repeat(tmp_path):

@@ -75,15 +75,16 @@ def test_cli_explains_a_functional_model_given_its_missing_time_steps(saved):
     paths, _, functional = saved
     missing = run_gradscope("explain", str(paths["functional"]))
     assert missing.returncode == 2
-    assert "time dimension is None; pass --time-steps" in missing.stderr
+    assert "its axis 1 is None; pass --time-steps" in missing.stderr
     result = run_gradscope("explain", str(paths["functional"]), "--time-steps", "7",
                            "--batch-size", "2", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["model"]["chain"] == "input 5 → rnn(4) → out(3)"
+    assert document["source"] == "keras"
+    assert [layer["name"] for layer in document["layers"]] == ["rnn", "out"]
     assert [g["shape"] for g in document["gradients"]] == [
         list(v.shape) for v in functional.weights]
-    assert "sum over batch 2 only" in document["gradients"][-1]["meaning"]
+    assert "sum over the batch" in document["gradients"][-1]["meaning"]
 
 
 def test_unsupported_layers_are_listed(saved):

@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gradscope.report.models import CheckReport, ExplainReport, KerasExplainReport, ShapesReport
+from gradscope.report.models import (
+    CheckReport,
+    ExplainReport,
+    KerasExplainReport,
+    KerasShapesReport,
+    ShapesReport,
+)
 
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport,
-                  ) -> str:
+def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
+                  | KerasShapesReport) -> str:
     return dumps(report.to_dict())
 
 

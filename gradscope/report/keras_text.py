@@ -12,6 +12,7 @@ from gradscope.report.models import (
     KerasExplainReport,
     KerasGradientEntry,
     KerasLayerEntry,
+    KerasShapesReport,
     KerasStateEntry,
     Stats,
 )
@@ -59,10 +60,11 @@ def layer_table(layers: list[KerasLayerEntry]) -> Table:
     table = _two_columns("layer · type", "what it computes · what it does to the gradient")
     for layer in layers:
         ins = " ".join(_dims(s) for s in layer.input_shapes) or "–"
-        outs = " ".join(_dims(s) for s in layer.output_shapes) or "–"
+        outs = " ".join(_dims(s) for s in layer.output_shapes)
+        flow = f"{ins} → {outs}" if outs else f"input {ins}"
         calls = f" · {layer.calls} calls" if layer.calls > 1 else ""
         right = Text.assemble((layer.summary, "cyan"), "\n",
-                              (f"{ins} → {outs}", "dim"), "\n",
+                              (flow, "dim"), "\n",
                               ("∂: " + layer.gradient_note, ""))
         table.add_row(Text.assemble((layer.name, "bold"), "\n", (layer.class_name + calls,
                                                                     "dim")), right)
@@ -124,3 +126,40 @@ def render_keras_explain(report: KerasExplainReport) -> list[RenderableType]:
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"\ntimings: {laps}", style="dim"))
     return parts
+
+
+def render_keras_shapes(report: KerasShapesReport) -> list[RenderableType]:
+    inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in report.inputs)
+    parts: list[RenderableType] = [
+        Text.assemble(("gradscope shapes", "bold"), "  ",
+                      (f"{report.file} ({report.kind} '{report.name}')", "bold cyan")),
+        Text(f"inputs {inputs} · outputs {', '.join(report.outputs)} · "
+             f"{report.weight_count:,} weights derived", style="dim"),
+        Text(f"loss: {report.loss}", style="dim"),
+        section(f"Layers ({len(report.layers)}; read from config.json, nothing is run)"),
+        layer_table(report.layers),
+        section(f"Weights ({len(report.weights)} tensors; each gradient has the same shape)"),
+    ]
+    table = _two_columns("tensor · shape", "formula · meaning")
+    for entry in report.weights:
+        right = Text()
+        if entry.formula:
+            right.append(f"= {entry.formula}\n", style="cyan")
+        right.append(entry.meaning)
+        table.add_row(Text.assemble((entry.name, "bold"), "\n", (shape_text(entry.shape),
+                                                                   "cyan")), right)
+    parts.append(table)
+    if report.underived:
+        parts.append(Text(f"{NO_DERIVATION_SHAPES}: {', '.join(report.underived)}",
+                          style="yellow"))
+    return parts
+
+
+NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weight shapes are known "
+                        "once explain runs")
+
+
+def render_keras(report: KerasExplainReport | KerasShapesReport) -> list[RenderableType]:
+    if isinstance(report, KerasShapesReport):
+        return render_keras_shapes(report)
+    return render_keras_explain(report)

@@ -357,9 +357,29 @@ class KerasExplainReport(_Report):
     timings: dict[str, float] | None = None
 
 
+class KerasShapesReport(_Report):
+    """``gradscope shapes MODEL.keras``: the algebra of every layer, read from config.json."""
+
+    schema_version: Literal["1"] = "1"
+    command: Literal["shapes"] = "shapes"
+    source: Literal["keras"] = "keras"
+    file: str
+    name: str
+    kind: str
+    inputs: list[KerasTensorSpec]
+    outputs: list[str]
+    loss: str = Field(description="the loss explain would use, and the rule that chose it")
+    layers: list[KerasLayerEntry]
+    weights: list[KerasGradientEntry] = Field(description="every weight the algebra derives; "
+                                                          "stats are null (nothing is run)")
+    weight_count: int = Field(description="numbers in the derived weights")
+    underived: list[str] = Field(description="layers with weights but no derivation: their "
+                                             "shapes are known once explain runs")
+
+
 REPORTS: dict[str, type[_Report]] = {
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
-    "explain-keras": KerasExplainReport,
+    "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
 }
 
 

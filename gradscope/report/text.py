@@ -21,6 +21,7 @@ from gradscope.report.models import (
     GradientFlow,
     JacobianEntry,
     KerasExplainReport,
+    KerasShapesReport,
     ModelEntry,
     ShapesReport,
     StateGradientEntry,
@@ -225,12 +226,13 @@ def render_shapes(report: ShapesReport) -> list[RenderableType]:
 
 
 def print_report(console: Console,
-                 report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport,
+                 report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
+                 | KerasShapesReport,
                  equations: str | None = None) -> None:
-    if isinstance(report, KerasExplainReport):
-        from gradscope.report.keras_text import render_keras_explain
+    if isinstance(report, KerasExplainReport | KerasShapesReport):
+        from gradscope.report.keras_text import render_keras
 
-        parts = render_keras_explain(report)
+        parts = render_keras(report)
     elif isinstance(report, ExplainReport):
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):

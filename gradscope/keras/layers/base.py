@@ -67,6 +67,7 @@ class WeightNote:
     rows: tuple[Block, ...] = ()
     columns: tuple[Block, ...] = ()
     note: str = ""
+    trainable: bool = True  # False: Keras keeps it out of the gradient (moving statistics)
 
     @property
     def meaning(self) -> str:
@@ -88,7 +89,8 @@ class WeightNote:
 
     def prefixed(self, prefix: str) -> WeightNote:
         return WeightNote(key=f"{prefix}/{self.key}", shape=self.shape, formula=self.formula,
-                          role=self.role, rows=self.rows, columns=self.columns, note=self.note)
+                          role=self.role, rows=self.rows, columns=self.columns, note=self.note,
+                          trainable=self.trainable)
 
 
 @dataclass(frozen=True)

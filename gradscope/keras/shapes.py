@@ -1,0 +1,63 @@
+"""``gradscope shapes MODEL.keras``: the algebra of every layer from the file's config.json,
+without TensorFlow (it answers in well under a second)."""
+
+from __future__ import annotations
+
+from math import prod
+
+from gradscope.keras.explain import NO_DERIVATION, layer_facts
+from gradscope.keras.graph import read_graph, refuse_code
+from gradscope.keras.layers import explainer_for
+from gradscope.keras.loss import output_names, plan_loss
+from gradscope.report.models import (
+    BlockEntry,
+    KerasGradientEntry,
+    KerasLayerEntry,
+    KerasShapesReport,
+    KerasTensorSpec,
+)
+
+#: Layers known to hold no weights even without an explainer (Keras ops in the graph).
+WEIGHTLESS_MODULE_PREFIX = "keras.src.ops"
+
+
+def keras_shapes(path: str, loss: str | None = None) -> KerasShapesReport:
+    graph = read_graph(path)
+    refuse_code(graph)
+    plan = plan_loss(graph, loss)
+    layers, weights, underived = [], [], []
+    for node in graph.computing_layers:
+        facts = layer_facts(graph, node)
+        explainer = explainer_for(node.class_name)
+        notes = []
+        if explainer is not None:
+            try:
+                notes = explainer.weights(facts)
+            except (KeyError, ValueError, TypeError):
+                underived.append(node.name)
+        elif not (node.module or "").startswith(WEIGHTLESS_MODULE_PREFIX):
+            underived.append(node.name)
+        layers.append(KerasLayerEntry(
+            name=node.name, class_name=node.class_name, calls=len(node.calls),
+            input_shapes=[list(s) for s in facts.input_shapes], output_shapes=[],
+            summary=explainer.summary(facts) if explainer else node.class_name,
+            gradient_note=explainer.gradient_note(facts) if explainer else NO_DERIVATION,
+            derivation=explainer is not None))
+        for note in notes:
+            weights.append(KerasGradientEntry(
+                name=f"{node.name}/{note.key}", path=f"{node.name}/{note.key}", layer=node.name,
+                class_name=node.class_name, shape=list(note.shape), formula=note.formula,
+                meaning=note.meaning,
+                rows=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in note.rows],
+                columns=[BlockEntry(start=b.start, stop=b.stop, label=b.label)
+                         for b in note.columns],
+                trainable=note.trainable, stats=None))
+    inputs = []
+    for ref in graph.inputs:
+        config = graph.layer(ref.layer).config
+        inputs.append(KerasTensorSpec(name=ref.layer, shape=list(config.get("batch_shape") or []),
+                                      dtype=config.get("dtype")))
+    return KerasShapesReport(
+        file=path, name=graph.name, kind=graph.kind, inputs=inputs,
+        outputs=output_names(graph), loss=plan.description, layers=layers, weights=weights,
+        weight_count=sum(prod(w.shape) for w in weights), underived=underived)
