@@ -65,7 +65,9 @@ def check(spec: Spec, against: Any = None, chunks: int | None = None,
           data: Any = None, **options: Any) -> CheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
-    ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``.
+    ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``. The
+    names it leaves out are in ``report.against_not_returned``; if it raises or returns no
+    known name, ``ConfigError`` says where.
     """
     from gradscope.guard import guard
     from gradscope.witnesses import check as _check

@@ -9,14 +9,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import REPO, run_gradscope
+from jsonschema import Draft202012Validator
 
 from gradscope.algebra import model_shapes
 from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import ConfigError
 from gradscope.model import Engine
+from gradscope.report.models import json_schema
 from gradscope.spec import load_spec
 from gradscope.witnesses.context import CheckContext
-from gradscope.witnesses.user_backward import against_witness, load_against
+from gradscope.witnesses.user_backward import against_witness, load_against, not_returned
 
 ZOO = str(REPO / "tests" / "against" / "user_gru_bptt.py")
 RECURRENT = [f"gru_{k}/{w}" for k in (1, 2) for w in ("w_ru", "b_ru", "w_c", "b_c")]
@@ -90,27 +92,78 @@ def test_recognisable_scale_and_shape_mistakes_get_hints(zoo):
     assert "element (0, 0)" in off.detail
 
 
-def test_missing_unknown_and_crashing_functions_are_reported(zoo):
+def test_names_not_returned_are_not_checked_and_unknown_names_fail(zoo):
     ctx, module = zoo
-    partial = {r.tensor: r for r in against_witness(
+    results = against_witness(
         ctx, lambda p, x, y, h0: {"gru_1/w_ru": module.correct(p, x, y, h0)["gru_1/w_ru"],
-                                  "gru_1/wru": 0})}
-    assert partial["gru_1/w_ru"].passed
-    assert "did you mean 'gru_1/w_ru'" in partial["gru_1/wru"].detail
-    assert partial["dense_1/kernel"].detail == "missing from the returned dict"
-    assert "x" not in partial  # x is optional
-    crash = against_witness(ctx, lambda *args: 1 / 0)
-    assert crash[0].tensor == "<call>" and "ZeroDivisionError" in crash[0].detail
+                                  "gru_1/wru": 0})
+    by_name = {r.tensor: r for r in results}
+    assert set(by_name) == {"gru_1/w_ru", "gru_1/wru"}
+    assert by_name["gru_1/w_ru"].passed
+    assert not by_name["gru_1/wru"].passed
+    assert "did you mean 'gru_1/w_ru'" in by_name["gru_1/wru"].detail
+    assert not_returned(ctx, results) == [n for n in ctx.autodiff_gradients()
+                                          if n != "gru_1/w_ru"]
+
+
+@pytest.mark.parametrize("returned,fragments", [
+    ({}, ["returned an empty dict", "expected one or more of: gru_1/w_ru, "]),
+    ({"gru1/w_ru": 0, "dense/kernel": 1},
+     ["returned only unknown names: 'gru1/w_ru' (did you mean 'gru_1/w_ru'?), 'dense/kernel'",
+      ", gru_1/h0, gru_2/h0, x"]),
+    ([1, 2], ["returned list; expected a dict of gradients keyed by name"]),
+])
+def test_returning_nothing_known_is_a_contract_error(zoo, returned, fragments):
+    ctx, _ = zoo
+
+    def backward(params, x, y, h0):
+        return returned
+
+    with pytest.raises(ConfigError) as caught:
+        against_witness(ctx, backward)
+    assert "test_check_against.py:backward returned" in caught.value.message
+    assert all(f in caught.value.message for f in fragments), caught.value.message
+    assert caught.value.exit_code == 2 and "\n" not in caught.value.message
+
+
+def test_a_raising_function_is_reported_at_its_line_in_the_users_file(zoo, tmp_path):
+    ctx, _ = zoo
+    user_file = tmp_path / "my_bptt.py"
+    user_file.write_text(
+        "import numpy as np\n"
+        "\n"
+        "def _step(params):\n"
+        "    return np.dot(params['gru_1/w_ru'], params['gru_1/w_c'])\n"
+        "\n"
+        "def backward(params, x, y, h0):\n"
+        "    return {'gru_1/w_ru': _step(params)}\n"
+        "\n"
+        "def three(params, x, y):\n"
+        "    return {}\n")
+    with pytest.raises(ConfigError) as caught:
+        against_witness(ctx, load_against(f"{user_file}:backward"))
+    # The exception is raised inside NumPy; the line reported is the user's.
+    assert caught.value.message.startswith(
+        f"--against: {user_file}:4 in _step (from backward): ValueError: shapes (9,8) and "
+        "(9,4) not aligned")
+    with pytest.raises(ConfigError) as caught:
+        against_witness(ctx, load_against(f"{user_file}:three"))
+    assert caught.value.message == (
+        f"--against: {user_file}:9 in three: TypeError: three() takes 3 positional arguments "
+        "but 4 were given")
 
 
 def test_loader_errors_are_one_line_config_errors(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import nonexistent_module_xyz\n")
+    unparsable = tmp_path / "unparsable.py"
+    unparsable.write_text("import numpy as np\n\ndef backward(params, x, y, h0)\n    pass\n")
     for target, fragment in [
         (f"{ZOO}", "expected FILE.py:FUNC"),
         (f"{tmp_path}/missing.py:f", "file not found"),
         (f"{ZOO}:corect", "did you mean 'correct'"),
-        (f"{broken}:f", "raised ModuleNotFoundError"),
+        (f"{broken}:f", f"{broken}:1 (while importing it): ModuleNotFoundError: No module named"),
+        (f"{unparsable}:backward", f"{unparsable}:3: SyntaxError: expected ':'"),
         (f"{tmp_path}:f", "expected a Python file"),
     ]:
         with pytest.raises(ConfigError) as caught:
@@ -192,3 +245,79 @@ def test_every_mutant_makes_the_cli_exit_1_and_the_correct_one_0(mutant, tmp_pat
                                for w in t["witnesses"])]
     assert bool(against_failures) == (mutant != "correct")
     assert set(against_failures) == set(document["summary"]["failed_tensors"])
+
+
+def _user_file(tmp_path, body):
+    """A user's file that builds on the worked example, as a real module on disk."""
+    user_file = tmp_path / "my_bptt.py"
+    user_file.write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('worked_example', {ZOO!r})\n"
+        "example = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(example)\n"
+        "\n"
+        "def backward(params, x, y, h0):\n"
+        f"    {body}\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("input_size: 5\ntime_steps: 6\nbatch_size: 4\n"
+                      "layers: [{gru: 4}, {gru: 3}, {dense: 3}]\n")
+    return user_file, config
+
+
+def _run(capsys, *args):
+    from gradscope.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def test_weights_only_passes_and_lists_x_and_h0_as_not_returned(tmp_path, tf, capsys):
+    user_file, config = _user_file(
+        tmp_path, "grads = example.correct(params, x, y, h0)\n"
+                  "    return {name: grads[name] for name in params}")
+    code, out, _ = _run(capsys, "check", str(config), "--against", f"{user_file}:backward",
+                        "--json", "--quiet")
+    assert code == 0
+    document = json.loads(out)
+    Draft202012Validator(json_schema("check")).validate(document)
+    assert document["against_not_returned"] == ["gru_1/h0", "gru_2/h0", "x"]
+    checked = {t["name"] for t in document["tensors"]
+               if any(w["witness"] == "against" for w in t["witnesses"])}
+    assert checked == set(RECURRENT) | {"dense_1/kernel", "dense_1/bias"}
+    code, out, _ = _run(capsys, "check", str(config), "--against", f"{user_file}:backward",
+                        "--quiet")
+    assert code == 0
+    assert "not returned by --against (not checked by it): gru_1/h0, gru_2/h0, x\n" in out
+
+
+def test_the_cli_says_in_one_line_when_nothing_known_is_returned(tmp_path, tf, capsys):
+    user_file, config = _user_file(tmp_path, "return {'gru1/w_ru': 0}")
+    code, out, err = _run(capsys, "check", str(config), "--against", f"{user_file}:backward",
+                          "--quiet")
+    assert code == 2 and out == ""
+    assert err == (f"gradscope: error: --against: {user_file}:backward returned only unknown "
+                   "names: 'gru1/w_ru' (did you mean 'gru_1/w_ru'?); expected one or more of: "
+                   "gru_1/w_ru, gru_1/b_ru, gru_1/w_c, gru_1/b_c, gru_2/w_ru, gru_2/b_ru, "
+                   "gru_2/w_c, gru_2/b_c, dense_1/kernel, dense_1/bias, gru_1/h0, gru_2/h0, x\n")
+
+
+def test_the_real_cli_reports_a_raising_function_in_one_line(tmp_path):
+    user_file, config = _user_file(tmp_path, "return {'x': x @ params['gru_1/w_c']}")
+    result = run_gradscope("check", str(config), "--against", f"{user_file}:backward")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(
+        f"gradscope: error: --against: {user_file}:7 in backward: ValueError: matmul: ")
+    assert result.stderr.count("\n") == 1
+
+
+def test_the_readme_lstm_worked_example_runs_from_the_clone(monkeypatch, tf, capsys):
+    command = ("check tests/against/lstm_model.yaml --against "
+               "tests/against/user_lstm_bptt.py:correct")
+    assert f".venv/bin/gradscope {command}" in (REPO / "README.md").read_text()
+    monkeypatch.chdir(REPO)
+    code, out, _ = _run(capsys, *command.split(), "--json", "--quiet")
+    document = json.loads(out)
+    assert code == 0 and document["summary"]["passed"] is True
+    assert document["against_not_returned"] == []

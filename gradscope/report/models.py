@@ -244,6 +244,10 @@ class CheckReport(_Report):
     carry: CarryCheck | None = None
     errata: list[ErratumEntry] | None = None
     against: str | None = Field(default=None, description="FILE.py:FUNC that was compared")
+    against_not_returned: list[str] | None = Field(
+        default=None,
+        description="gradient names the --against function did not return: optional, so not "
+                    "failures, but not checked by it (null without --against)")
     summary: CheckSummary
     timings: dict[str, float] | None = None
 

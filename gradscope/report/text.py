@@ -337,6 +337,9 @@ def render_check(report: CheckReport, equations: str | None = None) -> list[Rend
                 f"{summary.comparisons} comparisons)"),
         check_table(report),
     ]
+    if report.against_not_returned:
+        parts.append(Text(f"not returned by --against (not checked by it): "
+                          f"{', '.join(report.against_not_returned)}", style="yellow"))
     failures = check_failures(report)
     if failures:
         parts += [section("What failed"), *failures]

@@ -90,6 +90,18 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     ctx = CheckContext(algebra, params, batch, engine, autodiff, rtol=overrides, atol=atol,
                        directions=directions, progress=say)
 
+    against_results: list[WitnessResult] = []
+    not_returned: list[str] | None = None
+    if user_function is not None:
+        # First, so a function that breaks the contract (raises, returns no known name) is
+        # reported at once; its column still comes last.
+        from gradscope.witnesses import user_backward
+
+        say("comparing with the user's backward")
+        against_results = user_backward.against_witness(ctx, user_function)
+        not_returned = user_backward.not_returned(ctx, against_results)
+        lap("against")
+
     results: list[WitnessResult] = []
     witnesses = ["finite_differences", "numpy_reference"]
     results += finite_difference_witness(ctx)
@@ -124,12 +136,8 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         )
         lap("tbptt_carry")
     if user_function is not None:
-        from gradscope.witnesses.user_backward import against_witness
-
-        say("comparing with the user's backward")
         witnesses.append("against")
-        results += against_witness(ctx, user_function)
-        lap("against")
+        results += against_results
 
     tensors = _group(results, _shapes_by_name(ctx))
     failed = [t.name for t in tensors if not t.passed]
@@ -143,6 +151,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         errata=errata,
         against=against if isinstance(against, str) else (
             getattr(against, "__name__", "function") if against is not None else None),
+        against_not_returned=not_returned,
         summary=CheckSummary(
             passed=not failed,
             checked_tensors=len(tensors),

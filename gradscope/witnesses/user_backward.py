@@ -1,18 +1,23 @@
 """``check --against FILE.py:FUNC``: the user's own backward function as a witness.
 
 Contract: ``FUNC(params, x, y, h0) -> dict`` of gradients of the MEAN loss, keyed by
-gradscope names (weights, ``x``, ``gru_k/h0``). Each returned array is checked for its shape,
-then its values, against TF autodiff on the float64 model. Time-indexed gradients are compared
-step by step, so a wrong carry shows as "right at the last step, wrong before it".
+gradscope names (weights, ``x``, ``gru_k/h0``). Every name is optional, but at least one must
+be known: a function that returns nothing gradscope can check, or that raises, breaks the
+contract (a ``ConfigError``, exit 2, naming the user's file and line). Each returned array is
+checked for its shape, then its values, against TF autodiff on the float64 model; names not
+returned are listed as not checked. Time-indexed gradients are compared step by step, so a
+wrong carry shows as "right at the last step, wrong before it".
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -41,10 +46,15 @@ def load_against(target: str) -> Callable[..., Any]:
     sys.path.insert(0, str(path.resolve().parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # the user's code: any failure is reported, not propagated
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(f"--against: importing {file} raised {type(exc).__name__}: {message}",
+    except SyntaxError as exc:  # the user's file (or one it imports) does not parse
+        where = _short(exc.filename) if exc.filename else file
+        line = f":{exc.lineno}" if exc.lineno else ""
+        raise ConfigError(f"--against: {where}{line}: {type(exc).__name__}: {exc.msg}",
                           where="--against") from None
+    except Exception as exc:  # the user's code: any failure is reported, not propagated
+        raise ConfigError(
+            f"--against: {_user_frame(exc.__traceback__, module.__file__ or file)} (while "
+            f"importing it): {_exception_text(exc)}", where="--against") from None
     finally:
         sys.path.remove(str(path.resolve().parent))
     function = getattr(module, name, None)
@@ -59,35 +69,108 @@ def load_against(target: str) -> Callable[..., Any]:
     return function
 
 
+def _exception_text(exc: BaseException) -> str:
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _short(filename: str) -> str:
+    """A path relative to the working directory when it lies inside it, as a user typed it."""
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:  # another drive
+        return filename
+    return filename if relative.startswith(os.pardir) else relative
+
+
+def _user_frame(traceback: TracebackType | None, filename: str) -> str:
+    """``FILE:LINE in NAME`` for the last traceback frame inside ``filename``: where the
+    exception arose in the user's code, even when it was raised deeper (in NumPy, say)."""
+    last = None
+    while traceback is not None:
+        if traceback.tb_frame.f_code.co_filename == filename:
+            last = traceback
+        traceback = traceback.tb_next
+    if last is None:
+        return _short(filename)
+    name = last.tb_frame.f_code.co_name
+    return f"{_short(filename)}:{last.tb_lineno}" + ("" if name == "<module>" else f" in {name}")
+
+
+def _call_site(function: Callable[..., Any], traceback: TracebackType | None) -> str:
+    """Where the user's function failed: ``FILE:LINE in NAME``.
+
+    The user's file is the file of the first frame below gradscope's call (the function
+    itself, or a callable object's ``__call__``). If the call never entered Python code (a
+    wrong number of arguments, say), the function's ``def`` line is the place to look.
+    """
+    entered = traceback.tb_next if traceback is not None else None
+    if entered is not None:
+        called = entered.tb_frame.f_code
+        site = _user_frame(entered, called.co_filename)
+        return site if site.endswith(f" in {called.co_name}") else f"{site} (from {called.co_name})"
+    code = getattr(function, "__code__", None)
+    name = getattr(function, "__qualname__", None) or type(function).__name__
+    if code is None:
+        return name
+    return f"{_short(code.co_filename)}:{code.co_firstlineno} in {name}"
+
+
+def _label(function: Callable[..., Any]) -> str:
+    code = getattr(function, "__code__", None)
+    name = getattr(function, "__name__", None) or type(function).__name__
+    return f"{_short(code.co_filename)}:{name}" if code is not None else name
+
+
 def against_witness(ctx: CheckContext, function: Callable[..., Any]) -> list[WitnessResult]:
+    """One result per returned name; the names not returned are :func:`not_returned`.
+
+    Raises ``ConfigError`` (exit 2) when the function breaks the contract: it raises, returns
+    something other than a dict, or returns no name gradscope knows.
+    """
     tolerance = ctx.tolerance(WITNESS)
     expected = ctx.autodiff_gradients()
     params = {name: value.copy() for name, value in ctx.params.items()}
     h0 = {name: value.copy() for name, value in ctx.batch.initial_states.items()}
     try:
         returned = function(params, ctx.batch.x.copy(), ctx.batch.y.copy(), h0)
-    except Exception as exc:  # the user's code
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        return [WitnessResult(WITNESS, "<call>", None, tolerance, False,
-                              f"the function raised {type(exc).__name__}: {message}")]
+    except Exception as exc:  # the user's code: reported where it arose, in one line
+        raise ConfigError(f"--against: {_call_site(function, exc.__traceback__)}: "
+                          f"{_exception_text(exc)}", where="--against") from None
     if not isinstance(returned, dict):
-        return [WitnessResult(WITNESS, "<call>", None, tolerance, False,
-                              f"the function returned {type(returned).__name__}; expected a "
-                              "dict of gradients keyed by name")]
+        raise ConfigError(f"--against: {_label(function)} returned {type(returned).__name__}; "
+                          "expected a dict of gradients keyed by name, e.g. "
+                          f"{{{next(iter(expected))!r}: array}}", where="--against")
+    if not any(name in expected for name in returned):
+        what = ("an empty dict" if not returned else
+                "only unknown names: " + ", ".join(_with_hint(name, expected)
+                                                   for name in returned))
+        raise ConfigError(f"--against: {_label(function)} returned {what}; expected one or "
+                          f"more of: {', '.join(expected)}", where="--against")
     results = []
     for name, value in returned.items():
         if name not in expected:
-            hint = difflib.get_close_matches(str(name), list(expected), n=1)
-            did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
             results.append(WitnessResult(WITNESS, str(name), None, tolerance, False,
-                                         f"unknown name{did_you_mean}"))
+                                         "unknown name" + _hint(name, expected)))
             continue
         results.append(_compare(ctx, str(name), value, expected[name], expected, tolerance))
-    for name in expected:
-        if name not in returned and name != "x":
-            results.append(WitnessResult(WITNESS, name, None, tolerance, False,
-                                         "missing from the returned dict"))
     return results
+
+
+def not_returned(ctx: CheckContext, results: list[WitnessResult]) -> list[str]:
+    """The gradients the user's function did not return: optional, so not failures, but not
+    checked by it either. In the model's order."""
+    checked = {result.tensor for result in results}
+    return [name for name in ctx.autodiff_gradients() if name not in checked]
+
+
+def _hint(name: object, expected: dict[str, np.ndarray]) -> str:
+    match = difflib.get_close_matches(str(name), list(expected), n=1)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _with_hint(name: object, expected: dict[str, np.ndarray]) -> str:
+    return repr(name) + _hint(name, expected)
 
 
 def _compare(ctx: CheckContext, name: str, value: Any, truth: np.ndarray,

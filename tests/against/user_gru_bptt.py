@@ -1,8 +1,10 @@
 """A hand-written NumPy BPTT, as a user writes it for `gradscope check --against`, and a zoo
 of mutants, each with one classic bug. Stacked block-layout GRUs (TF1 GRUCell weights),
-dense layers at every step, and the mean loss (softmax cross-entropy or mse).
+dense layers at every step, and the mean loss (softmax cross-entropy or mse). The seed model
+is such a model, so from the clone:
 
-    gradscope check config.yaml --against tests/against/user_gru_bptt.py:correct
+    .venv/bin/gradscope check --against tests/against/user_gru_bptt.py:correct    # exit 0
+    .venv/bin/gradscope check --against tests/against/user_gru_bptt.py:no_carry   # exit 1
 """
 
 import numpy as np

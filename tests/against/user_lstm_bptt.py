@@ -1,6 +1,11 @@
 """A hand-written NumPy BPTT for stacked block-layout LSTMs (TF1 LSTMCell: kernel (F+u, 4u),
 gates [i | j | f | o], forget_bias 1.0) → dense → mean softmax cross-entropy, written to the
-`gradscope check --against` contract, and mutants with one classic bug each."""
+`gradscope check --against` contract, and mutants with one classic bug each. Its model is
+tests/against/lstm_model.yaml; from the clone:
+
+    .venv/bin/gradscope check tests/against/lstm_model.yaml \
+        --against tests/against/user_lstm_bptt.py:correct
+"""
 
 import numpy as np
 
