@@ -256,7 +256,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
               help="With --flow: the step t of ‖∂h_t/∂x_s‖ (default: the last step).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
               help="With --flow: write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to "
-                   "FILE.png (needs matplotlib: pip install 'gradscope[plot]').")
+                   "FILE.png (needs matplotlib: `make install` in the clone, or "
+                   "`.venv/bin/pip install matplotlib`).")
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
