@@ -6,9 +6,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test lint unit bench clean
 
+# Every extra (plot, notebook, tensorboard) and the test tools, so that each feature works
+# right after `make demo`. A .venv made before the distribution was renamed to gradscope-rnn
+# holds it as "gradscope" (or holds the unrelated project of that name): that goes first.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@if $(BIN)/python -m pip show --quiet gradscope >/dev/null 2>&1; then \
+	    $(BIN)/python -m pip uninstall --quiet --disable-pip-version-check -y gradscope; fi
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[all,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -289,7 +289,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
                    "Implies --flow.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
               help="Write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to FILE.png "
-                   "(needs matplotlib: pip install 'gradscope[plot]'). Implies --flow.")
+                   "(needs matplotlib: `make install` in the clone, or "
+                   "`.venv/bin/pip install matplotlib`). Implies --flow.")
 @click.option("--loss", "loss_name", metavar="NAME",
               help="For a .keras model: explain with this Keras loss (e.g. mse, "
                    "categorical_crossentropy; from_logits is set when the output is linear) "

@@ -40,9 +40,15 @@ def check_plot(plot: Path | None, force: bool, output: Path | None = None) -> No
     writes, a new file (without ``--force``) in an existing folder, not the ``-o`` file."""
     if plot is None:
         return
-    if importlib.util.find_spec("matplotlib") is None:
-        raise GradscopeError("--plot needs matplotlib, which is not installed: "
-                             "pip install 'gradscope[plot]'", where="--plot")
+    try:
+        missing = importlib.util.find_spec("matplotlib") is None
+    except (ImportError, ValueError):  # hidden or broken: as good as missing
+        missing = True
+    if missing:
+        from gradscope.report.plot import matplotlib_install_line
+
+        raise GradscopeError("--plot needs matplotlib, which is not installed; install it with: "
+                             + matplotlib_install_line(), where="--plot")
     if plot.suffix and plot.suffix.lower() not in PLOT_EXTENSIONS:
         raise GradscopeError(
             f"--plot {plot}: matplotlib cannot write {plot.suffix} files; expected FILE.png "

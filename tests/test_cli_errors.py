@@ -93,3 +93,48 @@ def test_max_memory_is_checked_for_check_too(tmp_path):
     result = run_gradscope("check", "--max-memory", "10M")
     assert result.returncode == 2
     assert "finite differences" in result.stderr
+
+
+def test_plot_without_matplotlib_names_an_install_line_that_works(tmp_path):
+    """matplotlib hidden for real (an import of it fails) as in an environment without it.
+
+    Whether the CLI checks for matplotlib before TensorFlow or after the explain run, the
+    outcome must be the same: exit 2, one line naming a pip of the running interpreter, no
+    traceback, no file, nothing on stdout."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import REPO
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text("input_size: 3\ntime_steps: 4\nbatch_size: 2\n"
+                      "layers: [{gru: 2}, {dense: 2}]\n")
+    picture = tmp_path / "flow.png"
+    code = (
+        "import sys\nsys.modules['matplotlib'] = None\n"
+        "from gradscope.cli import main\n"
+        f"main(['explain', {str(config)!r}, '--flow', '--plot', {str(picture)!r}])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gradscope: error: --plot needs matplotlib")
+    assert "gradscope[" not in lines[0]  # that name on the registry is another project
+    command = shlex.split(lines[0].split("install it with: ", 1)[1])
+    assert command[1:] == ["-m", "pip", "install", "matplotlib"]
+    # The named interpreter is the one that ran gradscope (relative paths are from the cwd),
+    # and it has pip.
+    python = Path(REPO, command[0])
+    assert os.path.samefile(python, sys.executable)
+    assert subprocess.run([str(python), "-m", "pip", "--version"],
+                          capture_output=True).returncode == 0
+    assert not picture.exists()

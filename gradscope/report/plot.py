@@ -1,15 +1,48 @@
 """``explain --plot FILE.png``: gradient-norm curves and the heatmap of ‖∂h_t/∂x_s‖.
 
-matplotlib is an optional extra (``pip install 'gradscope[plot]'``)."""
+matplotlib is optional: the ``plot`` extra of the gradscope-rnn distribution (``make install``
+in the clone installs it), or ``pip install matplotlib`` into gradscope's environment."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from gradscope.errors import GradscopeError
 from gradscope.report.models import ExplainReport
+
+
+def matplotlib_install_line() -> str:
+    """The command that installs matplotlib where this gradscope runs.
+
+    It names the running interpreter, so it works whether or not the user's ``pip`` on the
+    PATH belongs to the same environment (``.venv/bin/gradscope`` run without activating
+    ``.venv``, say). Inside the current directory the path is relative: ``.venv/bin/python``.
+    """
+    python = Path(sys.executable)
+    try:
+        shown = os.path.relpath(python) if python.is_relative_to(Path.cwd()) else str(python)
+    except (OSError, ValueError):
+        shown = str(python)
+    return f"{shlex.quote(shown)} -m pip install matplotlib"
+
+
+def require_matplotlib() -> Any:
+    """matplotlib's pyplot on the Agg backend, or the one-line exit-2 error naming the fix."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GradscopeError("--plot needs matplotlib, which is not installed; install it with: "
+                             + matplotlib_install_line(), where="--plot") from None
+    return plt
 
 
 def write_flow_plot(report: ExplainReport, path: Path, force: bool = False) -> None:
@@ -20,14 +53,7 @@ def write_flow_plot(report: ExplainReport, path: Path, force: bool = False) -> N
     if path.exists() and not force:
         raise GradscopeError(f"{path}: already exists; gradscope does not overwrite files "
                              "(use --force)", where=str(path))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise GradscopeError("--plot needs matplotlib, which is not installed: "
-                             "pip install 'gradscope[plot]'", where="--plot") from None
+    plt = require_matplotlib()
     figure, (curves, heat) = plt.subplots(1, 2, figsize=(12, 4.5))
     steps = np.arange(flow.steps)
     for name, norms in flow.state_gradient_norms.items():
