@@ -68,8 +68,9 @@ class BatchNormalizationExplainer(LayerExplainer):
         formula = f"features {c}"
         entries = (Block(0, c, "features"),)
         over = reduced(facts)
-        frozen = ("non-trainable: it gets no gradient; training mode updates it by momentum "
-                  f"{facts.option('momentum', 0.99)} from the batch statistics")
+        frozen = ("non-trainable: not among the trainable weights, it gets no gradient; "
+                  f"training mode updates it by momentum {facts.option('momentum', 0.99)} "
+                  "from the batch statistics")
         notes = []
         if facts.option("scale", True):
             notes.append(WeightNote(key="gamma", shape=shape, formula=formula,
@@ -89,8 +90,9 @@ class BatchNormalizationExplainer(LayerExplainer):
                        role="running variance of each feature, used in inference mode",
                        columns=entries, note=frozen)]
         if facts.option("renorm"):
-            renorm = ("non-trainable: it gets no gradient; training mode updates it by "
-                      f"renorm_momentum {facts.option('renorm_momentum', 0.99)}")
+            renorm = ("non-trainable: not among the trainable weights, it gets no gradient; "
+                      "training mode updates it by renorm_momentum "
+                      f"{facts.option('renorm_momentum', 0.99)}")
             notes += [
                 WeightNote(key="moving_stddev", shape=shape, formula=formula,
                            role="running standard deviation (renorm derives moving_variance "

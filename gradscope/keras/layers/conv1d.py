@@ -101,7 +101,7 @@ class Geometry:
 
 @register
 class Conv1DExplainer(LayerExplainer):
-    class_names = ("Conv1D", "Convolution1D")
+    class_names = ("Conv1D",)
 
     def summary(self, facts: LayerFacts) -> str:
         g = Geometry(facts)
