@@ -205,14 +205,14 @@ def test_bidirectional_lstm_initial_state_takes_forward_then_backward(keras, tf)
     layer = keras.layers.Bidirectional(keras.layers.LSTM(3, return_sequences=True))
     x = np.zeros((1, 4, 2), dtype="float32")
     zeros = [np.zeros((1, 3), dtype="float32") for _ in range(4)]
-    base = np.asarray(layer(x, initial_state=zeros))
+    base = layer(x, initial_state=zeros).numpy()
     states = explainer_for("Bidirectional").states(  # type: ignore[union-attr]
         LayerFacts(name=layer.name, class_name="Bidirectional", config=layer.get_config(),
                    input_shapes=((None, 4, 2),)))
     for index, state in enumerate(states):
         fed = list(zeros)
         fed[index] = np.ones((1, 3), dtype="float32")
-        changed = np.abs(np.asarray(layer(x, initial_state=fed)) - base).max(axis=(0, 1)) > 0
+        changed = np.abs(layer(x, initial_state=fed).numpy() - base).max(axis=(0, 1)) > 0
         half = slice(0, 3) if state.key.startswith("forward/") else slice(3, 6)
         other = slice(3, 6) if half == slice(0, 3) else slice(0, 3)
         assert changed[half].any() and not changed[other].any(), state.key
