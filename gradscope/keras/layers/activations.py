@@ -32,11 +32,15 @@ class ActivationExplainer(LayerExplainer):
         if activation == "softmax":
             return (f"Activation softmax on {shape_text(facts.input_shape)}: y = softmax(x) over "
                     f"the last axis ({size(dim(facts.input_shape, -1))} values)")
+        if activation == "linear":
+            return f"Activation linear on {shape_text(facts.input_shape)}: y = x (the identity)"
         return (f"Activation {activation} on {shape_text(facts.input_shape)}: y = "
                 f"{activation}(x), value by value")
 
     def gradient_note(self, facts: LayerFacts) -> str:
         activation = _name(facts.option("activation"))
+        if activation == "linear":
+            return activation_note(activation)
         return f"{activation} {activation_note(activation)}"
 
 
@@ -89,7 +93,8 @@ class ReLUExplainer(LayerExplainer):
     def summary(self, facts: LayerFacts) -> str:
         max_value, slope, threshold = self._options(facts)
         t = number(threshold)
-        below = "0" if slope == 0 else f"{number(slope)}·(x − {t})"
+        shifted = "x" if threshold == 0 else f"(x − {t})"
+        below = "0" if slope == 0 else f"{number(slope)}·{shifted}"
         top = f"; capped at max_value {max_value}" if max_value is not None else ""
         return (f"ReLU on {shape_text(facts.input_shape)}: y = x where x > {t}, {below} "
                 f"elsewhere{top}")

@@ -38,29 +38,28 @@ class Op:
 
 OPS: dict[str, Op] = {
     # arithmetic, elementwise with broadcasting
-    "Add": Op("add", "{x} + {y}", "passes ∂L/∂y unchanged to each tensor operand"),
-    "Subtract": Op("subtract", "{x} − {y}",
-                        "the first operand receives ∂L/∂y, the second −∂L/∂y"),
+    "Add": Op("add", "{x} + {y}", "{a} and {b} each receive ∂L/∂y unchanged"),
+    "Subtract": Op("subtract", "{x} − {y}", "{a} receives ∂L/∂y, {b} receives −∂L/∂y"),
     "Multiply": Op("multiply", "{x} · {y}",
-                        "each operand receives ∂L/∂y times the other operand"),
+                   "{a} receives ∂L/∂y · {b}, {b} receives ∂L/∂y · {a}"),
     "TrueDivide": Op("true_divide", "{x} / {y}",
-                          "the numerator receives ∂L/∂y / denominator, the denominator "
-                          "−∂L/∂y · numerator / denominator²"),
+                     "{a} receives ∂L/∂y / {b}, {b} receives −∂L/∂y · {a} / {b}²"),
     "Divide": Op("divide", "{x} / {y}",
-                      "the numerator receives ∂L/∂y / denominator, the denominator "
-                      "−∂L/∂y · numerator / denominator²"),
+                 "{a} receives ∂L/∂y / {b}, {b} receives −∂L/∂y · {a} / {b}²"),
     "Power": Op("power", "{x} ** {y}",
-                     "the base receives ∂L/∂y · p·x^(p−1); a tensor exponent receives "
-                     "∂L/∂y · x^p·log x"),
+                "the base {a} receives ∂L/∂y · p·{a}^(p−1) with p = {b}; a tensor exponent "
+                "receives ∂L/∂y · {a}^p · log {a}"),
     "Maximum": Op("maximum", "max({x}, {y})",
-                       "goes to the operand that is larger at each element (the first if "
-                       "tied), zero to the other"),
+                  "goes to whichever of {a}, {b} is larger at each element ({a} if tied), "
+                  "zero to the other"),
     "Minimum": Op("minimum", "min({x}, {y})",
-                       "goes to the operand that is smaller at each element (the first if "
-                       "tied), zero to the other"),
+                  "goes to whichever of {a}, {b} is smaller at each element ({a} if tied), "
+                  "zero to the other"),
     "Matmul": Op("matmul", "{x} · {y} (matrix product over the last two axes)",
-                      "∂A = ∂L/∂y·Bᵀ and ∂B = Aᵀ·∂L/∂y"),
-    "Dot": Op("dot", "the dot product of {x} and {y}", "∂A = ∂L/∂y·Bᵀ and ∂B = Aᵀ·∂L/∂y"),
+                 "{a} receives ∂L/∂y · ({b})ᵀ, {b} receives ({a})ᵀ · ∂L/∂y (ᵀ: the last two "
+                 "axes swapped)"),
+    "Dot": Op("dot", "the dot product of {x} and {y}",
+              "{a} receives ∂L/∂y · ({b})ᵀ, {b} receives ({a})ᵀ · ∂L/∂y"),
     "Einsum": Op("einsum", "einsum('{subscripts}') of {operands}",
                  "each operand receives ∂L/∂y contracted with the other operands"),
     # elementwise, one operand
@@ -161,18 +160,22 @@ OPS: dict[str, Op] = {
               "gradient"),
     "Where": Op("where", "where(condition, a, b): a where the condition holds, b elsewhere, "
                 "from {operands}",
-                "goes to the first value where the condition holds and to the second "
-                "elsewhere; the condition receives none"),
+                "goes to a where the condition holds and to b elsewhere (a constant a or b "
+                "receives none); the condition receives none"),
     "Cast": Op("cast", "x converted to {dtype}",
-               "passes unchanged when {dtype} is a float type; none when it is an integer or "
-               "boolean type"),
+               "passes unchanged from a float x to a float {dtype}; none otherwise"),
 }
+
+
+def _label(facts: LayerFacts, k: int) -> str:
+    if k < len(facts.input_shapes):
+        return facts.input_labels[k] if k < len(facts.input_labels) else f"tensor {k}"
+    return "a constant"
 
 
 def _operand(facts: LayerFacts, k: int) -> str:
     if k < len(facts.input_shapes):
-        label = facts.input_labels[k] if k < len(facts.input_labels) else f"tensor {k}"
-        return f"{label} {shape_text(facts.input_shapes[k])}"
+        return f"{_label(facts, k)} {shape_text(facts.input_shapes[k])}"
     return "a constant"
 
 
@@ -220,6 +223,7 @@ def _fields(facts: LayerFacts) -> _Fields:
     fields["axis"] = "all" if axis is None else axis
     fields["keepdims"] = " (axes kept)" if facts.option("keepdims") else ""
     fields["x"], fields["y"] = _operand(facts, 0), _operand(facts, 1)
+    fields["a"], fields["b"] = _label(facts, 0), _label(facts, 1)
     fields["operands"] = ", ".join(_operand(facts, k) for k in range(len(facts.input_shapes)))
     fields["n"], fields["n_less"] = _reduced(facts)
     fields["widths"] = _widths(facts)
@@ -239,6 +243,20 @@ def _binary(op: Op) -> bool:
     return "{x}" in op.computes and "{y}" in op.computes
 
 
+#: Elementwise operations that broadcast their operands.
+BROADCASTING = {"Add", "Subtract", "Multiply", "TrueDivide", "Divide", "Power", "Maximum",
+                "Minimum", "Where"}
+
+
+def _operand_fields(facts: LayerFacts, op: Op) -> _Fields:
+    fields = _fields(facts)
+    if _binary(op) and len(facts.input_shapes) < 2:
+        # Which operand the constant was is not in LayerFacts (x − 2 or 2 − x).
+        fields["x"] = fields["a"] = "a"
+        fields["y"] = fields["b"] = "b"
+    return fields
+
+
 @register
 class OpExplainer(LayerExplainer):
     """Every operation of :data:`OPS`, registered as ``ops.<ClassName>``; the facts may carry
@@ -248,25 +266,28 @@ class OpExplainer(LayerExplainer):
 
     def summary(self, facts: LayerFacts) -> str:
         op = _spec(facts)
-        fields = _fields(facts)
-        shapes = ", ".join(shape_text(shape) for shape in facts.input_shapes)
+        text = op.computes.format_map(_operand_fields(facts, op))
         if _binary(op) and len(facts.input_shapes) < 2:
-            # Which operand the constant was is not in LayerFacts (x − 2 or 2 − x).
-            fields["x"], fields["y"] = "a", "b"
-            return (f"keras.ops.{op.function}: {op.computes.format_map(fields)}, one of a, b "
-                    f"being {_operand(facts, 0)} and the other a constant")
+            return (f"keras.ops.{op.function}: {text}, one of a, b being {_operand(facts, 0)} "
+                    "and the other a constant")
+        shapes = ", ".join(shape_text(shape) for shape in facts.input_shapes)
         mentioned = "{x}" in op.computes or "{operands}" in op.computes
-        return (f"keras.ops.{op.function}: {op.computes.format_map(fields)}"
-                + (f" on {shapes}" if shapes and not mentioned else ""))
+        return f"keras.ops.{op.function}: {text}" + (f" on {shapes}" if shapes and not mentioned
+                                                      else "")
 
     def gradient_note(self, facts: LayerFacts) -> str:
         op = _spec(facts)
-        if facts.class_name.removeprefix(PREFIX) == "Cast":
+        name = facts.class_name.removeprefix(PREFIX)
+        if name == "Cast":
             dtype = str(facts.option("dtype", ""))
             if dtype.startswith(("float", "bfloat")):
-                return f"passes unchanged (cast to {dtype})"
+                return (f"passes unchanged from a float input (cast to {dtype}); a boolean or "
+                        "integer input receives none")
             return NO_GRADIENT.format(what=dtype or "not a float")
-        note = op.gradient.format_map(_fields(facts))
+        note = op.gradient.format_map(_operand_fields(facts, op))
         if _binary(op) and len(facts.input_shapes) < 2:
             note += "; the constant operand receives none"
+        if name in BROADCASTING:
+            note += ("; an operand broadcast to a larger shape has its gradient summed over the "
+                     "broadcast axes")
         return note
