@@ -48,7 +48,9 @@ def _sequence_model(keras):
     act = layers.LeakyReLU(negative_slope=0.2, name="leaky")(act)
     act = layers.ELU(alpha=0.7, name="elu")(act)
     act = layers.PReLU(shared_axes=[1], name="prelu")(act)
-    return keras.Model(x, [masked, mean, shaped, act])
+    kept = layers.GlobalAveragePooling1D(keepdims=True, name="gap_keep")(x)
+    channels_first = layers.MaxPooling1D(2, data_format="channels_first", name="maxp_cf")(x)
+    return keras.Model(x, [masked, mean, shaped, act, kept, channels_first])
 
 
 def _merge_model(keras):
@@ -149,6 +151,8 @@ LAYER_NUMBERS = {
              ["divided by 2", "'same'"]),
     "gmp": (["the 10 steps", "4 features", "(batch, 4)"], ["(of 10)", "shared evenly"]),
     "gap": (["the mean over the 3 steps"], ["∂L/∂y / 3"]),
+    "gap_keep": (["(batch, 7, 4) → (batch, 1, 4)", "over the 7 steps"], ["∂L/∂y / 7"]),
+    "maxp_cf": (["4 → 2 steps"], ["of its 2"]),
     "rep": (["n=5", "(batch, 4) → (batch, 5, 4)"], ["its 5 copies"]),
     "flat": (["(batch, 5, 4) → (batch, 20)"], ["(batch, 5, 4)"]),
     "resh": (["(batch, 20) → (batch, 10, 2)"], ["(batch, 20)"]),
@@ -177,6 +181,7 @@ KERAS_SHAPES = {
     "maxp_overlap": (None, 5, 4), "avgp": (None, 3, 4), "gmp": (None, 4), "rep": (None, 5, 4),
     "flat": (None, 20), "resh": (None, 10, 2), "perm": (None, 2, 10), "cat": (None, 7, 7),
     "dot": (None, 7, 7), "cos": (None, 4, 4), "add_broadcast": (None, 7, 4),
+    "gap_keep": (None, 1, 4), "maxp_cf": (None, 7, 2),
 }
 
 #: keras.ops nodes, by class name (Keras names the nodes itself).

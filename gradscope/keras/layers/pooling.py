@@ -22,6 +22,16 @@ def _features(facts: LayerFacts) -> int | None:
     return shape[1] if facts.option("data_format") == "channels_first" else shape[-1]
 
 
+def _pooled(facts: LayerFacts) -> str:
+    """The output shape of a global pooling: (batch, F), or (batch, 1, F) with keepdims."""
+    features = size(_features(facts))
+    if not facts.option("keepdims"):
+        return f"(batch, {features})"
+    if facts.option("data_format") == "channels_first":
+        return f"(batch, {features}, 1)"
+    return f"(batch, 1, {features})"
+
+
 class WindowPooling(LayerExplainer):
     """MaxPooling1D and AveragePooling1D: windows of ``pool_size`` steps every ``strides``."""
 
@@ -97,7 +107,7 @@ class GlobalMaxPooling1DExplainer(LayerExplainer):
     def summary(self, facts: LayerFacts) -> str:
         return (f"GlobalMaxPooling1D: the maximum over the {size(_steps(facts))} steps of each "
                 f"of the {size(_features(facts))} features, {shape_text(facts.input_shape)} → "
-                f"(batch, {size(_features(facts))})")
+                f"{_pooled(facts)}")
 
     def gradient_note(self, facts: LayerFacts) -> str:
         return (f"each feature's gradient goes to the step (of {size(_steps(facts))}) holding its "
@@ -116,8 +126,7 @@ class GlobalAveragePooling1DExplainer(LayerExplainer):
 
     def summary(self, facts: LayerFacts) -> str:
         steps = size(_steps(facts))
-        head = (f"GlobalAveragePooling1D: {shape_text(facts.input_shape)} → "
-                f"(batch, {size(_features(facts))})")
+        head = f"GlobalAveragePooling1D: {shape_text(facts.input_shape)} → {_pooled(facts)}"
         if self.masked(facts):
             return (f"{head}, the mean over the unmasked steps of the {steps} (the call "
                     "receives a mask): Σ of the unmasked steps / their number")
