@@ -93,17 +93,17 @@ OPS: dict[str, Op] = {
     "LogSoftmax": Op("log_softmax", "x − logsumexp(x) along axis {axis}",
                      "∂L/∂x = ∂L/∂y − softmax(x)·Σ ∂L/∂y along axis {axis}"),
     # reductions
-    "Mean": Op("mean", "the mean over axis {axis}{keepdims}",
+    "Mean": Op("mean", "the mean over {over}{keepdims}",
                "divided evenly: each reduced element receives ∂L/∂y / {n}"),
-    "Sum": Op("sum", "the sum over axis {axis}{keepdims}",
+    "Sum": Op("sum", "the sum over {over}{keepdims}",
               "copied: each of the {n} summed elements receives ∂L/∂y"),
-    "Max": Op("max", "the maximum over axis {axis}{keepdims}",
+    "Max": Op("max", "the maximum over {over}{keepdims}",
               "goes to the element holding the maximum (shared evenly among ties), zero to the "
               "other {n_less}"),
-    "Min": Op("min", "the minimum over axis {axis}{keepdims}",
+    "Min": Op("min", "the minimum over {over}{keepdims}",
               "goes to the element holding the minimum (shared evenly among ties), zero to the "
               "other {n_less}"),
-    "Logsumexp": Op("logsumexp", "log Σ exp(x) over axis {axis}{keepdims}",
+    "Logsumexp": Op("logsumexp", "log Σ exp(x) over {over}{keepdims}",
                     "each element receives ∂L/∂y · softmax(x) over that axis"),
     "Cumsum": Op("cumsum", "the running sum along axis {axis}",
                  "each element receives the sum of ∂L/∂y over its own and every later position "
@@ -119,9 +119,9 @@ OPS: dict[str, Op] = {
     "LogicalAnd": Op("logical_and", "{x} and {y}", NO_GRADIENT.format(what="boolean")),
     "LogicalOr": Op("logical_or", "{x} or {y}", NO_GRADIENT.format(what="boolean")),
     "LogicalNot": Op("logical_not", "not x", NO_GRADIENT.format(what="boolean")),
-    "Any": Op("any", "whether any value is true over axis {axis}{keepdims} (boolean)",
+    "Any": Op("any", "whether any value is true over {over}{keepdims} (boolean)",
               NO_GRADIENT.format(what="boolean")),
-    "All": Op("all", "whether every value is true over axis {axis}{keepdims} (boolean)",
+    "All": Op("all", "whether every value is true over {over}{keepdims} (boolean)",
               NO_GRADIENT.format(what="boolean")),
     "Argmax": Op("argmax", "the index of the maximum along axis {axis} (integer)",
                  NO_GRADIENT.format(what="an integer index")),
@@ -221,6 +221,12 @@ def _fields(facts: LayerFacts) -> _Fields:
     fields = _Fields({key: value for key, value in facts.config.items() if key != "name"})
     axis = facts.option("axis")
     fields["axis"] = "all" if axis is None else axis
+    if axis is None:
+        fields["over"] = "every axis, the batch too"
+    elif isinstance(axis, list | tuple):
+        fields["over"] = "axes " + ", ".join(str(a) for a in axis)
+    else:
+        fields["over"] = f"axis {axis}"
     fields["keepdims"] = " (axes kept)" if facts.option("keepdims") else ""
     fields["x"], fields["y"] = _operand(facts, 0), _operand(facts, 1)
     fields["a"], fields["b"] = _label(facts, 0), _label(facts, 1)
