@@ -32,9 +32,18 @@ def _load_all() -> None:
     _loaded = True
 
 
-def explainer_for(class_name: str) -> LayerExplainer | None:
-    """The explainer registered for a Keras class name, or None (no derivation)."""
+def explainer_for(class_name: str, module: str | None = None) -> LayerExplainer | None:
+    """The explainer registered for a Keras class name, or None (no derivation).
+
+    ``module`` is the config entry's own: a ``keras.ops`` call in a functional model has module
+    ``keras.src.ops.*`` and class names that layers share (``x + y`` is an ``Add`` too), so it is
+    looked up among the operations (see :mod:`gradscope.keras.layers.ops`).
+    """
     _load_all()
+    if module is not None and module.startswith("keras.src.ops"):
+        from gradscope.keras.layers.ops import op_key
+
+        return REGISTRY.get(op_key(class_name))
     return REGISTRY.get(class_name)
 
 
