@@ -154,7 +154,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
         outs = ([_batchless(tuple(int(d) for d in o.shape)) for o in call.outputs]
                 if call is not None else [])
         facts = layer_facts(graph, node, _positional_shapes(node, call), outs)
-        explainer = explainer_for(node.class_name)
+        explainer = explainer_for(node.class_name, node.module)
         notes = {}
         if explainer is not None:
             try:

@@ -201,7 +201,10 @@ def _sequential(body: dict[str, Any], source: str, build_config: Any,
     nodes.append(first)
     previous = Ref(first.name, 0, 0, _shape(first.config.get("batch_shape")))
     for entry in entries:
-        node = _layer_node(entry, calls=(Call(args=(previous,), kwargs={}),))
+        # A Sequential config keeps no inbound nodes: each layer's build_config has its input.
+        shape = _shape((entry.get("build_config") or {}).get("input_shape"))
+        received = Ref(previous.layer, previous.node, previous.index, shape or previous.shape)
+        node = _layer_node(entry, calls=(Call(args=(received,), kwargs={}),))
         nodes.append(node)
         previous = Ref(node.name, 0, 0)
     return ModelGraph(source=source, name=body.get("name", "sequential"), kind="Sequential",

@@ -28,7 +28,7 @@ def keras_shapes(path: str, loss: str | None = None) -> KerasShapesReport:
     layers, weights, underived = [], [], []
     for node in graph.computing_layers:
         facts = layer_facts(graph, node)
-        explainer = explainer_for(node.class_name)
+        explainer = explainer_for(node.class_name, node.module)
         notes = []
         if explainer is not None:
             try:

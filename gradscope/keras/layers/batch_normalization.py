@@ -85,10 +85,10 @@ class BatchNormalizationExplainer(LayerExplainer):
         notes += [
             WeightNote(key="moving_mean", shape=shape, formula=formula,
                        role="running mean of each feature, used in inference mode",
-                       columns=entries, note=frozen),
+                       columns=entries, note=frozen, trainable=False),
             WeightNote(key="moving_variance", shape=shape, formula=formula,
                        role="running variance of each feature, used in inference mode",
-                       columns=entries, note=frozen)]
+                       columns=entries, note=frozen, trainable=False)]
         if facts.option("renorm"):
             renorm = ("non-trainable: not among the trainable weights, it gets no gradient; "
                       "training mode updates it by renorm_momentum "
@@ -96,13 +96,13 @@ class BatchNormalizationExplainer(LayerExplainer):
             notes += [
                 WeightNote(key="moving_stddev", shape=shape, formula=formula,
                            role="running standard deviation (renorm derives moving_variance "
-                                "from it)", columns=entries, note=frozen),
+                                "from it)", columns=entries, note=frozen, trainable=False),
                 WeightNote(key="renorm_mean", shape=shape, formula=formula,
                            role="renorm's running mean (the r, d correction)",
-                           columns=entries, note=renorm),
+                           columns=entries, note=renorm, trainable=False),
                 WeightNote(key="renorm_stddev", shape=shape, formula=formula,
                            role="renorm's running standard deviation (the r, d correction)",
-                           columns=entries, note=renorm)]
+                           columns=entries, note=renorm, trainable=False)]
         return notes
 
     def gradient_note(self, facts: LayerFacts) -> str:
