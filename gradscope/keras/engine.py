@@ -15,6 +15,7 @@ compiled into the model in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ class KerasPass:
     calls: list[CapturedCall]
     output_shapes: dict[str, tuple[int, ...]]
     output_gradients: dict[str, list[np.ndarray | None]] = field(default_factory=dict)
+    input_gradients: dict[str, np.ndarray | None] = field(default_factory=dict)
 
 
 def call_label(layer: str, index: int) -> str:
@@ -136,8 +138,15 @@ class KerasEngine:
 
     # -- the run -------------------------------------------------------------------------------
 
-    def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-            watch_outputs: bool = False) -> KerasPass:
+    def forward(self, feed: list[Any], targets: list[Any], watch: Callable[[Any], None],
+                deltas: dict[str, list[Any]] | None = None,
+                watch_outputs: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
+        """The loss, the model's outputs and every layer call, from one run of the graph.
+
+        ``watch`` is given every initial state (and, with ``watch_outputs``, every call's
+        outputs) as it appears; ``deltas`` (call label → one tensor per state) are added to the
+        initial states: finite differences perturb them that way. Traceable by tf.function.
+        """
         tf, keras = self.tf, self.keras
         model = self.model
         runner = getattr(model, "_functional", None) or model
@@ -145,8 +154,6 @@ class KerasEngine:
             raise ConfigError(f"{self.path}: gradscope cannot walk this model's graph (a "
                               "subclassed model); save a Sequential or functional model",
                               where=self.path)
-        if self.training:
-            keras.utils.set_random_seed(self.seed)
         calls: list[CapturedCall] = []
         counts: dict[str, int] = {}
         training = self.training
@@ -162,44 +169,67 @@ class KerasEngine:
                                         class_name=type(operation).__name__,
                                         args=list(keras.tree.flatten(args)), outputs=[],
                                         mask=kwargs.get("mask"))
-                states = _state_count(operation)
-                if states and not getattr(operation, "stateful", False):
+                units = _state_units(operation)
+                if units and not getattr(operation, "stateful", False):
                     given = kwargs.get("initial_state")
                     if given is None:
                         batch = tf.shape(captured.args[0])[0]
-                        zeros = [tf.zeros(tf.stack([batch, units]), dtype=captured.args[0].dtype)
-                                 for units in _state_units(operation)]
-                        tape.watch(zeros)
-                        kwargs["initial_state"] = zeros
-                        captured.states, captured.state_source = zeros, "zeros"
+                        states = [tf.zeros(tf.stack([batch, u]), dtype=captured.args[0].dtype)
+                                  for u in units]
+                        captured.state_source = "zeros"
                     else:
-                        flat = list(keras.tree.flatten(given))
-                        tape.watch(flat)
-                        captured.states, captured.state_source = flat, "wired"
+                        states = list(keras.tree.flatten(given))
+                        captured.state_source = "wired"
+                    for state in states:
+                        watch(state)
+                    shift = (deltas or {}).get(call_label(name, index))
+                    if shift is not None:
+                        states = [state + d for state, d in zip(states, shift, strict=True)]
+                    kwargs["initial_state"] = states
+                    captured.states = states
                 out = operation(*args, **kwargs)
                 captured.outputs = list(keras.tree.flatten(out))
                 if watch_outputs:
-                    tape.watch(captured.outputs)
+                    for output in captured.outputs:
+                        watch(output)
                 calls.append(captured)
                 return out
 
             return call
 
-        feed = [tf.convert_to_tensor(value) for value in inputs.values()]
-        y = [tf.convert_to_tensor(targets[name]) for name in self.output_names]
-        variables = model.trainable_variables
+        outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
+        flat_outputs = list(keras.tree.flatten(outputs))
+        loss = model.compute_loss(x=feed if len(feed) > 1 else feed[0],
+                                  y=targets if len(targets) > 1 else targets[0],
+                                  y_pred=flat_outputs if len(flat_outputs) > 1
+                                  else flat_outputs[0], training=training)
+        return loss, flat_outputs, calls
+
+    def tensors(self, inputs: dict[str, np.ndarray],
+                targets: dict[str, np.ndarray]) -> tuple[list[Any], list[Any]]:
+        tf = self.tf
+        return ([tf.convert_to_tensor(value) for value in inputs.values()],
+                [tf.convert_to_tensor(targets[name]) for name in self.output_names])
+
+    def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+            watch_outputs: bool = False, watch_inputs: bool = False) -> KerasPass:
+        """One forward and backward pass: every weight, every initial state (and, on request,
+        every float input and every call's outputs) gets its gradient."""
+        tf = self.tf
+        if self.training:
+            self.keras.utils.set_random_seed(self.seed)
+        feed, y = self.tensors(inputs, targets)
+        variables = self.model.trainable_variables
+        watched_inputs = [t for t in feed if t.dtype.is_floating] if watch_inputs else []
         with native_stderr_silenced(), tf.GradientTape(persistent=watch_outputs) as tape:
-            outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
-            flat_outputs = list(keras.tree.flatten(outputs))
-            y_pred = flat_outputs if len(flat_outputs) > 1 else flat_outputs[0]
-            y_true = y if len(y) > 1 else y[0]
-            loss = model.compute_loss(x=feed if len(feed) > 1 else feed[0], y=y_true,
-                                      y_pred=y_pred, training=training)
+            tape.watch(watched_inputs)
+            loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
+                                                     watch_outputs=watch_outputs)
         states = [call.states for call in calls]
         watched_outputs = [call.outputs for call in calls] if watch_outputs else []
         with native_stderr_silenced():
-            grads, state_grads, output_grads = tape.gradient(
-                loss, [variables, states, watched_outputs])
+            grads, state_grads, output_grads, input_grads = tape.gradient(
+                loss, [variables, states, watched_outputs, watched_inputs])
         gradients: dict[str, np.ndarray | None] = {}
         sparse: dict[str, tuple[int, int]] = {}
         for variable, gradient in zip(variables, grads, strict=True):
@@ -209,11 +239,14 @@ class KerasEngine:
                 gradient = tf.convert_to_tensor(gradient)
             gradients[variable.path] = None if gradient is None else gradient.numpy()
         state_gradients = {
-            call_label(call.layer, call.index): [None if g is None else g.numpy() for g in grads]
+            call_label(call.layer, call.index): [_numpy(g) for g in grads]
             for call, grads in zip(calls, state_grads, strict=True) if call.states}
         output_gradients = {
-            call_label(call.layer, call.index): [None if g is None else g.numpy() for g in grads]
+            call_label(call.layer, call.index): [_numpy(g) for g in grads]
             for call, grads in zip(calls, output_grads, strict=True)} if watch_outputs else {}
+        floating = [name for name, value in inputs.items() if value.dtype.kind == "f"]
+        input_gradients = (dict(zip(floating, [_numpy(g) for g in input_grads], strict=True))
+                           if watch_inputs else {})
         if watch_outputs:
             del tape
         return KerasPass(
@@ -221,11 +254,11 @@ class KerasEngine:
             state_gradients=state_gradients, calls=calls,
             output_shapes={name: tuple(int(d) for d in value.shape)
                            for name, value in zip(self.output_names, flat_outputs, strict=True)},
-            output_gradients=output_gradients)
+            output_gradients=output_gradients, input_gradients=input_gradients)
 
 
-def _state_count(operation: Any) -> int:
-    return len(_state_units(operation))
+def _numpy(tensor: Any) -> np.ndarray | None:
+    return None if tensor is None else tensor.numpy()
 
 
 def _state_units(operation: Any) -> list[int]:
