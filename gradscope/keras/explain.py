@@ -218,28 +218,36 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                 witnesses.append(witness_call(captured, facts, explainer,
                                               weights_by_key(keras_layer, facts),
                                               engine.dtype_name))
+    warnings = _warnings(result, gradients)
+    return KerasExplainReport(
+        model=model_entry(job, engine, result), loss=loss_entry(job, result.loss),
+        layers=layers, gradients=gradients, initial_state_gradients=states,
+        witnesses=witnesses, warnings=warnings)
+
+
+def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
+    model = engine.model
     trainable_count = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     non_trainable = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables
                         if "seed_generator" not in v.path)
-    warnings = _warnings(result, gradients)
-    return KerasExplainReport(
-        model=KerasModelEntry(
-            name=graph.name, file=job.path, kind=graph.kind,
-            inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
-                                    dtype=str(value.dtype))
-                    for name, value in job.batch.inputs.items()],
-            outputs=[KerasTensorSpec(name=name, shape=[None, *shape[1:]])
-                     for name, shape in result.output_shapes.items()],
-            batch_size=job.batch_size, mode="training" if job.training else "inference",
-            seed=job.seed, weight_count=trainable_count, non_trainable_count=non_trainable,
-            data=job.batch.source),
-        loss=KerasLossEntry(
-            name=job.plan.description, value=result.loss if np.isfinite(result.loss) else None,
-            source=job.plan.source,
-            outputs=[KerasOutputLoss(output=o.output, loss=o.loss, from_logits=o.from_logits,
-                                     weight=o.weight, rule=o.rule) for o in job.plan.outputs]),
-        layers=layers, gradients=gradients, initial_state_gradients=states,
-        witnesses=witnesses, warnings=warnings)
+    return KerasModelEntry(
+        name=job.graph.name, file=job.path, kind=job.graph.kind,
+        inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
+                                dtype=str(value.dtype))
+                for name, value in job.batch.inputs.items()],
+        outputs=[KerasTensorSpec(name=name, shape=[None, *shape[1:]])
+                 for name, shape in result.output_shapes.items()],
+        batch_size=job.batch_size, mode="training" if job.training else "inference",
+        seed=job.seed, weight_count=trainable_count, non_trainable_count=non_trainable,
+        data=job.batch.source)
+
+
+def loss_entry(job: KerasJob, value: float) -> KerasLossEntry:
+    return KerasLossEntry(
+        name=job.plan.description, value=value if np.isfinite(value) else None,
+        source=job.plan.source,
+        outputs=[KerasOutputLoss(output=o.output, loss=o.loss, from_logits=o.from_logits,
+                                 weight=o.weight, rule=o.rule) for o in job.plan.outputs])
 
 
 def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...]] | None:

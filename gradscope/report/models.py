@@ -381,9 +381,23 @@ class KerasShapesReport(_Report):
                                              "shapes are known once explain runs")
 
 
+class KerasCheckReport(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["check"] = "check"
+    source: Literal["keras"] = "keras"
+    model: KerasModelEntry
+    loss: KerasLossEntry
+    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tensors: list[CheckedTensor] = Field(description="Keras variable paths, 'input NAME', "
+                                                     "and initial states 'LAYER/h0'")
+    summary: CheckSummary
+    timings: dict[str, float] | None = None
+
+
 REPORTS: dict[str, type[_Report]] = {
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
+    "check-keras": KerasCheckReport,
 }
 
 

@@ -1,0 +1,270 @@
+"""``gradscope check MODEL.keras``: every gradient of the user's model against independent
+witnesses, on a float64 copy of the model with the same weights.
+
+- Finite differences, on every trainable weight, every float input and every initial state:
+  central differences of the loss along random unit directions and at single elements (the
+  largest |g| and random ones), against the tape's directional derivative. The loss is one
+  traced function of the inputs and the state shifts; weights are perturbed in place and
+  restored, and so are the non-trainable variables (batch-norm statistics, dropout seeds), so
+  that every evaluation sees the same model.
+- The NumPy reference, for every GRU, LSTM and SimpleRNN layer it models: BPTT written without
+  TensorFlow, fed the layer's captured input, initial state and the upstream ∂L/∂outputs taken
+  from the tape; its weight and initial-state gradients must equal the tape's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gradscope.keras.data import synthetic_targets
+from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
+from gradscope.keras.explain import KerasJob, layer_facts, loss_entry, model_entry
+from gradscope.keras.layers import explainer_for
+from gradscope.keras.layers.base import variable_key
+from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.keras.witness import _unwitnessed
+from gradscope.reference import RECURRENT, cell_key
+from gradscope.report.models import (
+    CheckedTensor,
+    CheckSummary,
+    KerasCheckReport,
+    WitnessEntry,
+)
+from gradscope.witnesses.context import TOLERANCES
+from gradscope.witnesses.finite_differences import STEP, directional_error, probes_for
+
+Progress = Callable[[str], None]
+
+
+def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
+          atol: float | None = None, progress: Progress | None = None, timings: bool = False,
+          after_autodiff: Callable[[Any], None] | None = None) -> KerasCheckReport:
+    """``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to
+    mutate the float64 copy: a check that cannot fail is a defect)."""
+    say = progress or (lambda message: None)
+    start = time.perf_counter()
+    laps: dict[str, float] = {}
+    say("importing TensorFlow, loading the model and its float64 copy")
+    engine = KerasEngine(job.path, job.outputs, job.plan, training=job.training, seed=job.seed,
+                         dtype="float64")
+    inputs = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
+              for name, value in job.batch.inputs.items()}
+    targets = job.batch.targets or synthetic_targets(job.plan, engine.output_shapes(inputs),
+                                                     job.seed)
+    targets = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
+               for name, value in targets.items()}
+    laps["load"] = time.perf_counter() - start
+    model = engine.model
+    frozen = [(v, np.array(v.numpy())) for v in model.non_trainable_variables]
+    say("TF autodiff on the float64 copy")
+    autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True)
+    _restore(frozen)
+    if after_autodiff is not None:
+        after_autodiff(model)
+    laps["autodiff"] = time.perf_counter() - start - sum(laps.values())
+    fd_rtol = rtol if rtol is not None else TOLERANCES["finite_differences"]["float64"]
+    ref_rtol = rtol if rtol is not None else TOLERANCES["numpy_reference"]["float64"]
+    results: dict[str, list[WitnessEntry]] = {}
+    shapes: dict[str, list[int]] = {}
+    say("finite differences")
+    _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol,
+                        job.seed, results, shapes)
+    laps["finite_differences"] = time.perf_counter() - start - sum(laps.values())
+    say("NumPy reference for the recurrent layers")
+    _numpy_reference(job, engine, autodiff, ref_rtol, results)
+    laps["numpy_reference"] = time.perf_counter() - start - sum(laps.values())
+    tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
+                                                                           entries),
+                             witnesses=entries) for name, entries in results.items()]
+    failed = [t.name for t in tensors if not t.passed]
+    witnesses = sorted({e.witness for t in tensors for e in t.witnesses},
+                       key=["finite_differences", "numpy_reference"].index)
+    return KerasCheckReport(
+        model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff.loss),
+        tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol},
+        tensors=tensors,
+        summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
+                             failed_tensors=failed, witnesses=witnesses,
+                             comparisons=sum(len(t.witnesses) for t in tensors),
+                             failures=sum(not e.passed for t in tensors for e in t.witnesses)),
+        timings={k: round(v, 4) for k, v in laps.items()} if timings else None)
+
+
+def _restore(frozen: list[tuple[Any, np.ndarray]]) -> None:
+    for variable, value in frozen:
+        variable.assign(value)
+
+
+def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
+                        inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                        frozen: list[tuple[Any, np.ndarray]], directions: int, rtol: float,
+                        atol: float | None, seed: int, results: dict[str, list[WitnessEntry]],
+                        shapes: dict[str, list[int]]) -> None:
+    tf = engine.tf
+    feed, y = engine.tensors(inputs, targets)
+    state_calls = [call for call in autodiff.calls if call.states]
+    zero_deltas = {call_label(c.layer, c.index): [tf.zeros_like(s) for s in c.states]
+                   for c in state_calls}
+
+    @tf.function(reduce_retracing=True)
+    def evaluate(feed: list[Any], deltas: dict[str, list[Any]]) -> Any:
+        loss, _, _ = engine.forward(feed, y, lambda tensor: None, deltas=deltas)
+        return loss
+
+    def loss_with(new_feed: list[Any] | None = None,
+                  deltas: dict[str, list[Any]] | None = None) -> float:
+        _restore(frozen)
+        return float(evaluate(new_feed or feed, deltas or zero_deltas).numpy())
+
+    rng = np.random.default_rng([seed, 2])
+    variables = {v.path: v for v in engine.model.trainable_variables}
+
+    def record(name: str, gradient: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
+               base: np.ndarray) -> None:
+        probes = probes_for(name, gradient, directions, rng)
+        plus = np.array([evaluate_at(base + STEP * p.direction) for p in probes])
+        minus = np.array([evaluate_at(base - STEP * p.direction) for p in probes])
+        error, passed, detail = directional_error(gradient, probes, plus, minus,
+                                                  autodiff.loss, rtol, atol)
+        shapes[name] = list(gradient.shape)
+        results.setdefault(name, []).append(WitnessEntry(
+            witness="finite_differences", error=error, tolerance=rtol, passed=passed,
+            detail=detail))
+
+    for path, gradient in autodiff.gradients.items():
+        variable = variables[path]
+        base = np.array(variable.numpy())
+        if gradient is None:
+            continue
+
+        def at_weight(value: np.ndarray, variable: Any = variable,
+                      base: np.ndarray = base) -> float:
+            variable.assign(value)
+            try:
+                return loss_with()
+            finally:
+                variable.assign(base)
+
+        record(path, gradient, at_weight, base)
+    for index, (name, value) in enumerate(inputs.items()):
+        gradient = autodiff.input_gradients.get(name)
+        if gradient is None:
+            continue
+
+        def at_input(perturbed: np.ndarray, index: int = index) -> float:
+            changed = list(feed)
+            changed[index] = tf.constant(perturbed)
+            return loss_with(new_feed=changed)
+
+        record(f"input {name}", gradient, at_input, value)
+    for call in state_calls:
+        label = call_label(call.layer, call.index)
+        names = _state_names(call)
+        for k, gradient in enumerate(autodiff.state_gradients.get(label, [])):
+            if gradient is None:
+                continue
+
+            def at_state(delta: np.ndarray, label: str = label, k: int = k) -> float:
+                deltas = {key: list(value) for key, value in zero_deltas.items()}
+                deltas[label][k] = tf.constant(delta)
+                return loss_with(deltas=deltas)
+
+            record(f"{label}/{names[k]}", gradient, at_state, np.zeros_like(gradient))
+
+
+def _state_names(call: CapturedCall) -> list[str]:
+    if call.class_name == "LSTM":
+        return ["h0", "c0"]
+    if call.class_name == "Bidirectional":
+        half = len(call.states) // 2
+        per = ["h0", "c0"] if half == 2 else ["h0"]
+        return [f"forward/{n}" for n in per] + [f"backward/{n}" for n in per]
+    return ["h0"]
+
+
+def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rtol: float,
+                     results: dict[str, list[WitnessEntry]]) -> None:
+    """BPTT in NumPy for each recurrent call, summed per layer over its calls."""
+    by_layer: dict[str, list[CapturedCall]] = {}
+    for call in autodiff.calls:
+        if call.class_name in {"GRU", "LSTM", "SimpleRNN"} and call.states:
+            by_layer.setdefault(call.layer, []).append(call)
+    for name, calls in by_layer.items():
+        node = job.graph.layer(name)
+        explainer = explainer_for(node.class_name, node.module)
+        if not isinstance(explainer, RecurrentExplainer):
+            continue
+        facts = layer_facts(job.graph, node, [(None, *np.shape(calls[0].args[0])[1:])])
+        layer = engine.operation(name)
+        weights = {variable_key(v.path, name): (v.path, np.array(v.numpy(), np.float64))
+                   for v in layer.weights}
+        cell = explainer.cell(facts)
+        forward, backward = RECURRENT[cell_key(cell)]
+        params = {key: value for key, (_, value) in weights.items()}
+        if "bias" not in params:
+            params["bias"] = np.zeros(_bias_shape(cell))
+        totals: dict[str, np.ndarray] = {}
+        complete = True
+        for call in calls:
+            label = call_label(call.layer, call.index)
+            reason = _unwitnessed(call, facts) or _lstm_final_cell_gradient(call, autodiff)
+            if reason:
+                complete = False
+                continue
+            x = np.asarray(call.args[0], np.float64)
+            states = [np.asarray(s, np.float64) for s in call.states]
+            _, cache = forward(params, x, *states)
+            upstream = [np.zeros(np.shape(o)) if g is None else g
+                        for o, g in zip(call.outputs, autodiff.output_gradients[label],
+                                        strict=True)]
+            if facts.option("return_sequences"):
+                d_h_seq = upstream[0]
+            else:
+                d_h_seq = np.zeros((*x.shape[:2], cell.units))
+                d_h_seq[:, -1] = upstream[0]
+            d_h_final = upstream[1] if facts.option("return_state") else None
+            _, d_states, d_params = backward(params, cache, d_h_seq, d_h_final)
+            for key, value in d_params.items():
+                totals[key] = totals.get(key, 0) + value
+            ours = list(d_states) if isinstance(d_states, tuple) else [d_states]
+            names = ["h0", "c0"] if call.class_name == "LSTM" else ["h0"]
+            for state_name, reference, tape in zip(names, ours,
+                                                   autodiff.state_gradients[label],
+                                                   strict=False):
+                if tape is not None:
+                    _compare(results, f"{label}/{state_name}", reference, tape, rtol)
+        if not complete:
+            continue
+        for key, (path, _) in weights.items():
+            tape = autodiff.gradients.get(path)
+            if tape is not None and key in totals:
+                _compare(results, path, totals[key], tape, rtol)
+
+
+def _bias_shape(cell: Any) -> tuple[int, ...]:
+    if cell.kind == "gru":
+        return (2, 3 * cell.units) if cell.options.get("reset_after", True) else (3 * cell.units,)
+    return ({"lstm": 4, "simple_rnn": 1}[cell.kind] * cell.units,)
+
+
+def _lstm_final_cell_gradient(call: CapturedCall, autodiff: KerasPass) -> str | None:
+    """The reference LSTM takes ∂L/∂h_T but not ∂L/∂c_T: skip calls whose c_T is used."""
+    if call.class_name != "LSTM":
+        return None
+    grads = autodiff.output_gradients.get(call_label(call.layer, call.index), [])
+    if len(grads) > 2 and grads[2] is not None and np.any(grads[2]):
+        return "its final cell state c_T carries a gradient"
+    return None
+
+
+def _compare(results: dict[str, list[WitnessEntry]], name: str, reference: np.ndarray,
+             tape: np.ndarray, rtol: float) -> None:
+    scale = max(float(np.max(np.abs(tape))), 1e-300)
+    error = float(np.max(np.abs(reference - tape))) / scale
+    results.setdefault(name, []).append(WitnessEntry(
+        witness="numpy_reference", error=error, tolerance=rtol, passed=error <= rtol,
+        detail=f"max |reference − tape| / max |tape| over {tape.size} elements"))
