@@ -64,9 +64,11 @@ def pack(items: Sequence[str | Text], width: int, separator: str = " · ") -> Te
     line_width = 0
     for index, item in enumerate(items):
         piece = Text(item) if isinstance(item, str) else item
+        # Room for the separator that ends the line if another item follows.
+        tail = 0 if index == len(items) - 1 else cell_len(separator.rstrip())
         if index == 0:
             pass
-        elif line_width + cell_len(separator) + piece.cell_len <= width:
+        elif line_width + cell_len(separator) + piece.cell_len + tail <= width:
             packed.append(separator)
             line_width += cell_len(separator)
         else:
@@ -164,16 +166,15 @@ def _draw(layout: Layout, widths: list[int] | None) -> Table:
 
 
 def fit(width: int, *layouts: Layout) -> Table:
-    """The first layout that fits ``width`` on its natural lines; else the first that fits
-    when squeezed (the last layout always may be); else the last one, as narrow as it goes."""
+    """The first layout that fits ``width``, on its natural lines or, where it may be squeezed
+    (the last one always may), narrower; else the last one, as narrow as it goes."""
     for layout in layouts:
         ranges = layout.measure()
         natural = sum(n for _, n in ranges) + GAP * (len(ranges) - 1)
         if natural <= width:
             return _draw(layout, None)
-    for layout in layouts:
         if layout.squeeze or layout is layouts[-1]:
-            widths = _squeeze(layout.measure(), width)
+            widths = _squeeze(ranges, width)
             if widths is not None:
                 return _draw(layout, widths)
     last = layouts[-1]
@@ -320,6 +321,9 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
     narrow = Layout([Column(pair_title), Column("block"),
                      Column("‖J‖_F median\n(min … max)", "right"),
                      Column("σ_max\nσ_min", "right")])
+    narrowest = Layout([Column(pair_title + "\n· block"),
+                        Column("‖J‖_F median\n(min … max)", "right"),
+                        Column("σ_max\nσ_min", "right")])
     for entry in entries:
         block = atom(shape_text(entry.shape))
         median = atom(number(entry.frobenius_median))
@@ -330,9 +334,11 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
         wide.add_row(atom(entry.target), atom(entry.source), block, median, atom(spread),
                      atom(largest), atom(smallest))
         middle.add_row(pair, block, median, atom(spread), atom(largest), atom(smallest))
-        narrow.add_row(pair, block, atom(f"{median.plain}\n({spread})"),
-                       atom(f"{largest}\n{smallest}"))
-    return fit(width, wide, middle, narrow)
+        spread_under = atom(f"{median.plain}\n({spread})")
+        singular = atom(f"{largest}\n{smallest}")
+        narrow.add_row(pair, block, spread_under, singular)
+        narrowest.add_row(atom(f"{pair.plain}\n{block.plain}"), spread_under, singular)
+    return fit(width, wide, middle, narrow, narrowest)
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
