@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +60,29 @@ def tf():
     from gradscope._tf import import_tensorflow
 
     return import_tensorflow()
+
+
+def render_text(report: Any, width: int, equations: str | None = None) -> str:
+    """The text the CLI prints for ``report`` on a console ``width`` columns wide, without
+    colour (as with NO_COLOR=1 and stdout not a terminal)."""
+    from rich.console import Console
+
+    from gradscope.report.text import print_report
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, no_color=True,
+                      highlight=False, force_terminal=False)
+    print_report(console, report, equations)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def seed_reports(tf):
+    """The seed model's reports, computed once in this process: explain with the flow and the
+    Jacobians (strip them with model_copy for plain explain), and check."""
+    from gradscope.inspect import explain
+    from gradscope.spec import load_spec
+    from gradscope.witnesses import check
+
+    spec = load_spec(None)
+    return {"explain": explain(spec, flow=True, jacobians=True), "check": check(spec)}

@@ -11,8 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_gradscope
+from conftest import REPO, render_text, run_gradscope
 from jsonschema import Draft202012Validator
+from rich.cells import cell_len
+
+from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
 GOLDEN = REPO / "tests" / "golden"
 REGENERATE = bool(os.environ.get("GRADSCOPE_REGEN_GOLDEN"))
@@ -58,6 +61,48 @@ def test_shapes_golden():
     result = run_gradscope("shapes", env=PLAIN)
     assert result.returncode == 0, result.stderr
     _compare_golden("shapes_seed.txt", result.stdout)
+
+
+#: The seed model's golden texts: their CLI arguments. Each is kept at 120 columns (NAME.txt)
+#: and at 80 (NAME_80.txt).
+SEED_GOLDENS = {
+    "explain_seed": ["explain"],
+    "explain_flow_seed": ["explain", "--flow"],
+    "check_seed": ["check"],
+    "check_equations_seed": ["check", "--equations"],
+}
+
+
+@pytest.mark.parametrize("name", SEED_GOLDENS)
+def test_seed_golden_at_80_columns(name):
+    result = run_gradscope(*SEED_GOLDENS[name], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert max(cell_len(line) for line in result.stdout.splitlines()) <= 80
+    _compare_golden(f"{name}_80.txt", result.stdout)
+
+
+def _seed_report(seed_reports, name: str):
+    """The in-process report behind a golden text, and the equations check --equations adds."""
+    explain = seed_reports["explain"]
+    return {
+        "explain_seed": (explain.model_copy(update={"gradient_flow": None,
+                                                    "state_jacobians": None}), None),
+        "explain_flow_seed": (explain.model_copy(update={"state_jacobians": None}), None),
+        "check_seed": (seed_reports["check"], None),
+        "check_equations_seed": (seed_reports["check"], CORRECTED_EQUATIONS),
+    }[name]
+
+
+@pytest.mark.parametrize("name", SEED_GOLDENS)
+def test_seed_golden_at_120_columns_and_the_same_report_at_80(seed_reports, name):
+    # One TensorFlow run per command renders both widths; at 80 columns it must print what the
+    # CLI printed, so the 120-column text is the CLI's too.
+    report, equations = _seed_report(seed_reports, name)
+    _compare_golden(f"{name}.txt", render_text(report, 120, equations))
+    at_80 = GOLDEN / f"{name}_80.txt"
+    if at_80.exists():
+        assert render_text(report, 80, equations) == at_80.read_text(encoding="utf-8")
 
 
 def test_explain_json_is_one_valid_document_and_byte_identical_on_repeat():

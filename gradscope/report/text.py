@@ -1,12 +1,21 @@
 """Render reports for a terminal with rich. Colour only where rich finds a terminal that wants it
-(NO_COLOR and a non-TTY stdout both give plain text)."""
+(NO_COLOR and a non-TTY stdout both give plain text).
+
+Every table fits the console width without cutting a number, a name or a word. A table is
+described as one or more layouts, widest first; the first layout whose columns fit is drawn.
+Free text wraps at spaces. Numbers, shapes and names are atoms (``Text(no_wrap=True)``): they
+may move to a line of their own but are never split.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -43,86 +52,231 @@ def shape_text(shape: Iterable[int]) -> str:
     return f"({dims[0]},)" if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
 
 
-def header(command: str, model: ModelEntry, loss_line: str) -> Group:
+def atom(text: str | Text, style: str = "") -> Text:
+    """Text that is never wrapped: a number, a shape, a name, or lines already packed."""
+    atom_text = Text(text, style=style) if isinstance(text, str) else text
+    atom_text.no_wrap = True
+    return atom_text
+
+
+def pack(items: Sequence[str | Text], width: int, separator: str = " · ") -> Text:
+    """Join ``items`` with ``separator``, starting a new line before an item that would pass
+    ``width``; the items themselves are never split."""
+    packed = Text()
+    line_width = 0
+    for index, item in enumerate(items):
+        piece = Text(item) if isinstance(item, str) else item
+        # Room for the separator that ends the line if another item follows.
+        tail = 0 if index == len(items) - 1 else cell_len(separator.rstrip())
+        if index == 0:
+            pass
+        elif line_width + cell_len(separator) + piece.cell_len + tail <= width:
+            packed.append(separator)
+            line_width += cell_len(separator)
+        else:
+            packed.append(separator.rstrip() + "\n")
+            line_width = 0
+        packed.append_text(piece)
+        line_width += piece.cell_len
+    return packed
+
+
+# --- tables that fit ---------------------------------------------------------------------------
+
+#: Cell padding is one space each side, none at the table's edges, plus a one-space divider.
+GAP = 3
+
+
+@dataclass
+class Column:
+    title: str
+    justify: str = "left"
+    #: The whole column, header included, never wraps (otherwise only its atom cells do not).
+    no_wrap: bool = False
+
+
+@dataclass
+class Layout:
+    columns: list[Column]
+    rows: list[list[Text]] = field(default_factory=list)
+    #: May be drawn narrower than its natural width, wrapping free text and headers at spaces.
+    #: Otherwise the layout is used only where everything fits on its natural lines.
+    squeeze: bool = True
+
+    def add_row(self, *cells: str | Text) -> None:
+        self.rows.append([Text(cell) if isinstance(cell, str) else cell for cell in cells])
+
+    def measure(self) -> list[tuple[int, int]]:
+        """(narrowest, natural) content width of each column."""
+        ranges = []
+        for index, column in enumerate(self.columns):
+            cells = [(Text(column.title), column.no_wrap)]
+            cells += [(row[index], column.no_wrap or bool(row[index].no_wrap))
+                      for row in self.rows]
+            natural = narrowest = 1
+            for cell, whole in cells:
+                lines = cell.plain.split("\n")
+                longest_line = max(cell_len(line) for line in lines)
+                natural = max(natural, longest_line)
+                words = [cell_len(word) for word in cell.plain.split()]
+                narrowest = max(narrowest, longest_line if whole else max(words, default=0))
+            ranges.append((narrowest, natural))
+        return ranges
+
+
+def _padding(index: int, count: int) -> int:
+    return (index > 0) + (index < count - 1)
+
+
+def _squeeze(ranges: list[tuple[int, int]], width: int) -> list[int] | None:
+    """Content widths that fit ``width``, narrowing the widest columns first (as rich does)
+    but never below a column's narrowest width; None if that is still too wide."""
+    count = len(ranges)
+    # Work on padded widths, as rich does, so that the result matches rich wherever rich's own
+    # narrowing keeps every word whole.
+    pads = [_padding(i, count) for i in range(count)]
+    widths = [natural + pad for (_, natural), pad in zip(ranges, pads, strict=True)]
+    floors = [narrowest + pad for (narrowest, _), pad in zip(ranges, pads, strict=True)]
+    available = width - (count - 1)
+    while sum(widths) > available:
+        excess = sum(widths) - available
+        shrinkable = [i for i in range(count) if widths[i] > floors[i]]
+        if not shrinkable:
+            return None
+        widest = max(widths[i] for i in shrinkable)
+        next_widest = max((widths[i] for i in shrinkable if widths[i] != widest), default=0)
+        step = min(excess, widest - next_widest)
+        targets = [i for i in shrinkable if widths[i] == widest]
+        remaining, shares = step, len(targets)
+        for i in targets:
+            cut = min(widths[i] - floors[i], round(remaining / shares))
+            widths[i] -= cut
+            remaining -= cut
+            shares -= 1
+    return [w - pad for w, pad in zip(widths, pads, strict=True)]
+
+
+def _draw(layout: Layout, widths: list[int] | None) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    for index, column in enumerate(layout.columns):
+        table.add_column(column.title, justify=column.justify,  # type: ignore[arg-type]
+                         no_wrap=column.no_wrap, overflow="fold",
+                         width=None if widths is None else widths[index])
+    for row in layout.rows:
+        table.add_row(*row)
+    return table
+
+
+def fit(width: int, *layouts: Layout) -> Table:
+    """The first layout that fits ``width``, on its natural lines or, where it may be squeezed
+    (the last one always may), narrower; else the last one, as narrow as it goes."""
+    for layout in layouts:
+        ranges = layout.measure()
+        natural = sum(n for _, n in ranges) + GAP * (len(ranges) - 1)
+        if natural <= width:
+            return _draw(layout, None)
+        if layout.squeeze or layout is layouts[-1]:
+            widths = _squeeze(ranges, width)
+            if widths is not None:
+                return _draw(layout, widths)
+    last = layouts[-1]
+    return _draw(last, [narrowest for narrowest, _ in last.measure()])
+
+
+# --- report sections -----------------------------------------------------------------------------
+
+def header(command: str, model: ModelEntry, loss_line: str, width: int) -> Group:
     title = Text.assemble((f"gradscope {command}", "bold"), "  ", (model.chain, "bold cyan"))
-    details = Text(
-        f"batch {model.batch_size} × time {model.time_steps} · {loss_line} · {model.dtype} · "
-        f"{model.weight_count:,} weights",
-        style="dim",
-    )
-    source = Text(f"layout {model.layout} · data {model.data}", style="dim")
+    details = pack([f"batch {model.batch_size} × time {model.time_steps}", loss_line,
+                    model.dtype, f"{model.weight_count:,} weights"], width)
+    details.stylize("dim")
+    source = pack([f"layout {model.layout}", f"data {model.data}"], width)
+    source.stylize("dim")
     return Group(title, details, source)
 
 
 def _tensor_cell(name: str, alias: str, shape: list[int]) -> Text:
-    return Text.assemble((name, "bold"), "\n", (alias, "dim"), "\n", (shape_text(shape), "cyan"))
+    return atom(Text.assemble((name, "bold"), "\n", (alias, "dim"), "\n",
+                              (shape_text(shape), "cyan")))
 
 
-def _formula_cell(entry: TensorEntry, stats_line: str = "") -> Text:
+def _formula_cell(entry: TensorEntry, stats: Text | None = None) -> Text:
     text = Text.assemble((f"= {entry.formula}", "cyan"), "\n", (entry.meaning, ""))
-    if stats_line:
-        text.append("\n" + stats_line, style="bold")
+    if stats is not None:
+        stats.stylize("bold")
+        text.append("\n")
+        text.append_text(stats)
     return text
 
 
-def _table(*columns: tuple[str, str]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-    for title, justify in columns:
-        table.add_column(title, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    return table
+def _column_width(cells: Iterable[Text], title: str = "") -> int:
+    return max([cell_len(title), *(cell_len(line) for cell in cells
+                                    for line in cell.plain.split("\n"))])
 
 
-#: Below this width the statistics move into the formula column, as one line.
+#: Below this width the statistics move into the formula column, and the errata are stacked.
 WIDE = 110
 
 
 def gradient_table(gradients: list[GradientEntry], width: int) -> Table:
-    wide = width >= WIDE
-    columns = [("tensor · alias · shape", "left"), ("formula · meaning", "left")]
-    if wide:
-        columns += [("‖g‖₂", "right"), ("mean|g|", "right"), ("max|g|", "right"),
-                    ("NaN/Inf", "right")]
-    table = _table(*columns)
-    for entry in gradients:
+    tensor_title = "tensor · alias · shape"
+    names = [_tensor_cell(e.name, e.alias, e.shape) for e in gradients]
+    layouts = []
+    if width >= WIDE:
+        wide = Layout([Column(tensor_title, no_wrap=True), Column("formula · meaning"),
+                       Column("‖g‖₂", "right"), Column("mean|g|", "right"),
+                       Column("max|g|", "right"), Column("NaN/Inf", "right")])
+        for name, entry in zip(names, gradients, strict=True):
+            s = entry.stats
+            wide.add_row(name, _formula_cell(entry), atom(number(s.l2)),
+                         atom(number(s.mean_abs)), atom(number(s.max_abs)),
+                         atom(str(s.nonfinite), "bold red" if s.nonfinite else ""))
+        layouts.append(wide)
+    formula_width = width - _column_width(names, tensor_title) - GAP
+    narrow = Layout([Column(tensor_title, no_wrap=True), Column("formula · meaning")])
+    for name, entry in zip(names, gradients, strict=True):
         s = entry.stats
-        name = _tensor_cell(entry.name, entry.alias, entry.shape)
-        if wide:
-            nonfinite = Text(str(s.nonfinite), style="bold red" if s.nonfinite else "")
-            table.add_row(name, _formula_cell(entry), number(s.l2), number(s.mean_abs),
-                          number(s.max_abs), nonfinite)
-        else:
-            line = (f"‖g‖₂ {number(s.l2)} · mean|g| {number(s.mean_abs)} · "
-                    f"max|g| {number(s.max_abs)} · NaN/Inf {s.nonfinite}")
-            table.add_row(name, _formula_cell(entry, line))
-    table.columns[0].no_wrap = True
-    return table
+        stats = pack([f"‖g‖₂ {number(s.l2)}", f"mean|g| {number(s.mean_abs)}",
+                      f"max|g| {number(s.max_abs)}", f"NaN/Inf {s.nonfinite}"], formula_width)
+        narrow.add_row(name, _formula_cell(entry, stats))
+    layouts.append(narrow)
+    return fit(width, *layouts)
 
 
-def state_table(states: list[StateGradientEntry]) -> Table:
-    table = _table(
-        ("∂L/∂ initial state", "left"), ("shape = formula", "left"), ("‖g‖₂", "right"),
-        ("per-example ‖g‖ min", "right"), ("median", "right"), ("max", "right"),
-        ("NaN/Inf", "right"),
-    )
-    for entry in states:
-        table.add_row(
-            Text.assemble((entry.name, "bold"), "\n", (entry.alias, "dim")),
-            Text(f"{shape_text(entry.shape)} = {entry.formula}", style="cyan"),
-            number(entry.stats.l2), number(entry.per_example_norm.min),
-            number(entry.per_example_norm.median), number(entry.per_example_norm.max),
-            str(entry.stats.nonfinite),
-        )
-    return table
+def state_table(states: list[StateGradientEntry], width: int) -> Table:
+    name_title = "∂L/∂ initial state"
+    names = [atom(Text.assemble((e.name, "bold"), "\n", (e.alias, "dim"))) for e in states]
+    wide = Layout([Column(name_title), Column("shape = formula"), Column("‖g‖₂", "right"),
+                   Column("per-example ‖g‖ min", "right"), Column("median", "right"),
+                   Column("max", "right"), Column("NaN/Inf", "right")], squeeze=False)
+    for name, entry in zip(names, states, strict=True):
+        norms = entry.per_example_norm
+        wide.add_row(name, atom(f"{shape_text(entry.shape)} = {entry.formula}", "cyan"),
+                     atom(number(entry.stats.l2)), atom(number(norms.min)),
+                     atom(number(norms.median)), atom(number(norms.max)),
+                     atom(str(entry.stats.nonfinite)))
+    text_width = width - _column_width(names, name_title) - GAP
+    stacked = Layout([Column(name_title), Column("shape = formula · statistics")])
+    for name, entry in zip(names, states, strict=True):
+        norms = entry.per_example_norm
+        formula = pack([f"{shape_text(entry.shape)} =", *entry.formula.split()], text_width, " ")
+        formula.stylize("cyan")
+        stats = pack([f"‖g‖₂ {number(entry.stats.l2)}",
+                      f"per-example ‖g‖ min {number(norms.min)}",
+                      f"median {number(norms.median)}", f"max {number(norms.max)}",
+                      f"NaN/Inf {entry.stats.nonfinite}"], text_width)
+        stacked.add_row(name, atom(Text.assemble(formula, "\n", stats)))
+    return fit(width, wide, stacked)
 
 
-def carry_section(carry: CarryEntry) -> Group:
-    table = _table(("y: previous batch's final state", "left"), ("shape", "left"),
-                   ("grad_y: this batch's gradient", "left"), ("shape", "left"))
+def carry_section(carry: CarryEntry, width: int) -> Group:
+    layout = Layout([Column("y: previous batch's final state"), Column("shape"),
+                     Column("grad_y: this batch's gradient"), Column("shape")])
     for pair in carry.pairs:
-        table.add_row(Text(pair.y), shape_text(pair.y_shape), Text(f"∂L/∂{pair.grad_y}"),
-                      shape_text(pair.grad_y_shape))
+        layout.add_row(atom(pair.y), atom(shape_text(pair.y_shape)), atom(f"∂L/∂{pair.grad_y}"),
+                       atom(shape_text(pair.grad_y_shape)))
     lines = [Text("• " + line) for line in carry.explanation]
-    return Group(table, *lines)
+    return Group(fit(width, layout), *lines)
 
 
 def section(title: str) -> Text:
@@ -133,40 +287,60 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
     loss = report.loss
     parts: list[RenderableType] = [
         header("explain", report.model,
-               f"loss {loss.name} = {'n/a' if loss.value is None else f'{loss.value:.6g}'}"),
+               f"loss {loss.name} = {'n/a' if loss.value is None else f'{loss.value:.6g}'}",
+               width),
         section(
             f"Gradients of the mean loss ({len(report.gradients)} tensors; shapes are the real TF "
             "gradient shapes, checked against the shape algebra)"
         ),
         gradient_table(report.gradients, width),
         section("Initial-state gradients ∂L/∂h0 (what flows into the previous batch)"),
-        state_table(report.initial_state_gradients),
+        state_table(report.initial_state_gradients, width),
         section("Carrying gradients into the previous truncated batch"),
-        carry_section(report.carry),
+        carry_section(report.carry, width),
     ]
     if report.state_jacobians is not None:
         parts += [section("State Jacobians ∂h_T^(j)/∂h_0^(i): how much of the initial state "
                           "survives to the end (medians over the batch)"),
-                  jacobian_table(report.state_jacobians)]
+                  jacobian_table(report.state_jacobians, width)]
     if report.gradient_flow is not None:
         parts += [section("Gradient flow over time (log-scale sparklines, t = 0 … T−1)"),
-                  *flow_lines(report.gradient_flow)]
+                  *flow_lines(report.gradient_flow, width)]
     if report.timings:
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"\ntimings: {laps}", style="dim"))
     return parts
 
 
-def jacobian_table(entries: list[JacobianEntry]) -> Table:
-    table = _table(("∂ final state", "left"), ("/ ∂ initial state", "left"), ("block", "left"),
-                   ("‖J‖_F median", "right"), ("(min … max)", "right"), ("σ_max", "right"),
-                   ("σ_min", "right"))
+def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
+    wide = Layout([Column("∂ final state"), Column("/ ∂ initial state"), Column("block"),
+                   Column("‖J‖_F median", "right"), Column("(min … max)", "right"),
+                   Column("σ_max", "right"), Column("σ_min", "right")])
+    pair_title = "∂ final\n/ ∂ initial"
+    middle = Layout([Column(pair_title), Column("block"),
+                     Column("‖J‖_F median", "right"), Column("(min … max)", "right"),
+                     Column("σ_max", "right"), Column("σ_min", "right")])
+    narrow = Layout([Column(pair_title), Column("block"),
+                     Column("‖J‖_F median\n(min … max)", "right"),
+                     Column("σ_max\nσ_min", "right")])
+    narrowest = Layout([Column(pair_title + "\n· block"),
+                        Column("‖J‖_F median\n(min … max)", "right"),
+                        Column("σ_max\nσ_min", "right")])
     for entry in entries:
-        table.add_row(Text(entry.target), Text(entry.source), shape_text(entry.shape),
-                      number(entry.frobenius_median),
-                      f"{number(entry.frobenius_min)} … {number(entry.frobenius_max)}",
-                      number(entry.largest_singular_median), number(entry.smallest_singular_median))
-    return table
+        block = atom(shape_text(entry.shape))
+        median = atom(number(entry.frobenius_median))
+        spread = f"{number(entry.frobenius_min)} … {number(entry.frobenius_max)}"
+        largest = number(entry.largest_singular_median)
+        smallest = number(entry.smallest_singular_median)
+        pair = atom(f"{entry.target}\n/ {entry.source}")
+        wide.add_row(atom(entry.target), atom(entry.source), block, median, atom(spread),
+                     atom(largest), atom(smallest))
+        middle.add_row(pair, block, median, atom(spread), atom(largest), atom(smallest))
+        spread_under = atom(f"{median.plain}\n({spread})")
+        singular = atom(f"{largest}\n{smallest}")
+        narrow.add_row(pair, block, spread_under, singular)
+        narrowest.add_row(atom(f"{pair.plain}\n{block.plain}"), spread_under, singular)
+    return fit(width, wide, middle, narrow, narrowest)
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -191,17 +365,29 @@ def sparkline(values: list[float], width: int = 60) -> str:
     )
 
 
-def flow_lines(flow: GradientFlow) -> list[RenderableType]:
-    table = _table(("sequence", "left"), ("t = 0 … T−1", "left"), ("at t=0", "right"),
-                   ("at t=T−1", "right"))
+#: The longest sparkline, and the shortest worth keeping the labels on one line for.
+SPARK_WIDTH, SPARK_MIN = 60, 16
+
+
+def flow_lines(flow: GradientFlow, width: int) -> list[RenderableType]:
     rows = {f"‖∂L/∂{name}_t‖": norms for name, norms in flow.state_gradient_norms.items()}
     rows["‖∂L/∂x_t‖"] = flow.input_gradient_norms
     rows[f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s = 0 … T−1)"] = \
         flow.influence
+    # What is left for the sparkline once the label and both numbers have their room.
+    numbers = max(len(number(norms[i])) for norms in rows.values() for i in (0, -1))
+    fixed = 2 * max(numbers, len("at t=T−1")) + 3 * GAP
+    room = width - fixed - max(len("sequence"), *(cell_len(label) for label in rows))
+    if room < SPARK_MIN:
+        longest_word = max(cell_len(word) for label in rows for word in label.split())
+        room = min(SPARK_MIN, width - fixed - longest_word)
+    spark_width = max(1, min(SPARK_WIDTH, room))
+    layout = Layout([Column("sequence"), Column("t = 0 … T−1"), Column("at t=0", "right"),
+                     Column("at t=T−1", "right")])
     for label, norms in rows.items():
-        table.add_row(Text(label), Text(sparkline(norms), style="cyan"), number(norms[0]),
-                      number(norms[-1]))
-    lines: list[RenderableType] = [table]
+        layout.add_row(Text(label), atom(sparkline(norms, spark_width), "cyan"),
+                       atom(number(norms[0])), atom(number(norms[-1])))
+    lines: list[RenderableType] = [fit(width, layout)]
     for flag in flow.flags:
         lines.append(Text(f"⚠ {flag.message}", style="bold yellow"))
     if not flow.flags:
@@ -209,19 +395,19 @@ def flow_lines(flow: GradientFlow) -> list[RenderableType]:
     return lines
 
 
-def render_shapes(report: ShapesReport) -> list[RenderableType]:
-    table = _table(("tensor · alias · shape", "left"), ("formula · meaning", "left"))
+def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
+    tensors = Layout([Column("tensor · alias · shape"), Column("formula · meaning")])
     for entry in report.tensors:
-        table.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
-    states = _table(("initial state · shape", "left"), ("formula · meaning", "left"))
+        tensors.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
+    states = Layout([Column("initial state · shape"), Column("formula · meaning")])
     for entry in report.initial_states:
         states.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
     return [
-        header("shapes", report.model, f"loss {report.loss.name}"),
+        header("shapes", report.model, f"loss {report.loss.name}", width),
         section(f"Weights ({len(report.tensors)} tensors; each gradient has the same shape)"),
-        table,
+        fit(width, tensors),
         section("Initial states (their gradients ∂L/∂h0 have these shapes)"),
-        states,
+        fit(width, states),
     ]
 
 
@@ -236,9 +422,9 @@ def print_report(console: Console,
     elif isinstance(report, ExplainReport):
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):
-        parts = render_check(report, equations)
+        parts = render_check(report, console.width, equations)
     else:
-        parts = render_shapes(report)
+        parts = render_shapes(report, console.width)
     for part in parts:
         console.print(part)
 
@@ -252,32 +438,47 @@ WITNESS_TITLES = {
 }
 
 
-def _verdict(entry: WitnessEntry) -> Text:
+def _verdict(entry: WitnessEntry, title: str = "") -> Text:
     value = "no value" if entry.error is None else f"{entry.error:.1e}"
+    label = f"{title} {value}" if title else value
     if entry.passed:
-        return Text(f"✓ {value}", style="green")
-    return Text(f"✗ {value}", style="bold red")
+        return atom(f"✓ {label}", "green")
+    return atom(f"✗ {label}", "bold red")
 
 
-def check_table(report: CheckReport) -> Table:
+def _worst(tensor_witnesses: list[WitnessEntry], witness: str) -> WitnessEntry | None:
+    entries = [e for e in tensor_witnesses if e.witness == witness]
+    return max(entries, key=lambda e: (not e.passed, e.error or 0.0)) if entries else None
+
+
+def check_table(report: CheckReport, width: int) -> Table:
     witnesses = report.summary.witnesses
-    table = _table(("tensor", "left"), ("shape", "left"),
-                   *((WITNESS_TITLES[w], "right") for w in witnesses))
-    table.columns[0].no_wrap = True
+    titles = [Column(WITNESS_TITLES[w], "right") for w in witnesses]
+    # One column per witness; with the shape beside the name, or under it; or, narrowest,
+    # every witness's verdict in one column.
+    beside = Layout([Column("tensor", no_wrap=True), Column("shape"), *titles], squeeze=False)
+    under = Layout([Column("tensor · shape", no_wrap=True), *titles])
+    names = []
     for tensor in report.tensors:
-        cells: list[Text | str] = [
-            Text(tensor.name, style="bold" if tensor.passed else "bold red"),
-            shape_text(tensor.shape) if tensor.shape else "",
-        ]
+        style = "bold" if tensor.passed else "bold red"
+        shape = shape_text(tensor.shape) if tensor.shape else ""
+        names.append(atom(Text.assemble((tensor.name, style), *(
+            ("\n", (shape, "cyan")) if shape else ()))))
+        verdicts: list[Text] = []
         for witness in witnesses:
-            entries = [e for e in tensor.witnesses if e.witness == witness]
-            if not entries:
-                cells.append(Text("–", style="dim"))
-            else:
-                worst = max(entries, key=lambda e: (not e.passed, e.error or 0.0))
-                cells.append(_verdict(worst))
-        table.add_row(*cells)
-    return table
+            worst = _worst(tensor.witnesses, witness)
+            verdicts.append(atom("–", "dim") if worst is None else _verdict(worst))
+        beside.add_row(atom(tensor.name, style), atom(shape), *verdicts)
+        under.add_row(names[-1], *verdicts)
+    verdict_width = width - _column_width(names, "tensor · shape") - GAP
+    one_column = Layout([Column("tensor · shape", no_wrap=True),
+                         Column("witness: relative error")])
+    for name, tensor in zip(names, report.tensors, strict=True):
+        worst_entries = [_worst(tensor.witnesses, w) for w in witnesses]
+        items = [_verdict(entry, WITNESS_TITLES[entry.witness])
+                 for entry in worst_entries if entry is not None]
+        one_column.add_row(name, atom(pack(items, verdict_width)))
+    return fit(width, beside, under, one_column)
 
 
 def check_failures(report: CheckReport) -> list[Text]:
@@ -297,14 +498,21 @@ def check_failures(report: CheckReport) -> list[Text]:
     return lines
 
 
-def carry_check_section(carry: CarryCheck) -> Group:
-    table = _table(("boundary", "left"), ("ys: earlier chunk's final states", "left"),
-                   ("grad_ys: later chunk's ∂L/∂(initial states)", "left"))
+def carry_check_section(carry: CarryCheck, width: int) -> Group:
+    ys_title, grad_ys_title = ("ys: earlier chunk's final states",
+                               "grad_ys: later chunk's ∂L/∂(initial states)")
+    one_line = Layout([Column("boundary"), Column(ys_title), Column(grad_ys_title)],
+                      squeeze=False)
+    two_lines = Layout([Column("boundary"), Column(ys_title), Column(grad_ys_title)])
     for boundary in carry.boundaries:
-        ys = "\n".join(f"{y.name} {shape_text(y.shape)}" for y in boundary.ys)
-        grad_ys = "\n".join(f"{g.name} {shape_text(g.shape)} ‖·‖ {number(g.norm)}"
-                            for g in boundary.grad_ys)
-        table.add_row(f"t = {boundary.step}", Text(ys), Text(grad_ys))
+        ys = [f"{y.name} {shape_text(y.shape)}" for y in boundary.ys]
+        grad_ys = [(f"{g.name} {shape_text(g.shape)}", f"‖·‖ {number(g.norm)}")
+                   for g in boundary.grad_ys]
+        step = atom(f"t = {boundary.step}")
+        one_line.add_row(step, atom("\n".join(ys)),
+                         atom("\n".join(f"{name} {norm}" for name, norm in grad_ys)))
+        two_lines.add_row(step, atom("\n\n".join(ys)),
+                          atom("\n".join(f"{name}\n  {norm}" for name, norm in grad_ys)))
     lengths = " + ".join(str(n) for n in carry.chunk_lengths)
     intro = Text(
         f"{carry.chunks} chunks of {lengths} steps, backpropagated last to first; each "
@@ -312,30 +520,62 @@ def carry_check_section(carry: CarryCheck) -> Group:
         "chunk's final states, one per y. The summed weight gradients are compared with "
         "full BPTT in the table above."
     )
-    return Group(intro, table)
+    return Group(intro, fit(width, one_line, two_lines))
 
 
-def errata_section(errata: list[ErratumEntry]) -> Table:
-    table = _table(("#", "right"), ("the documentation says", "left"), ("the kernel does", "left"),
-                   ("evidence on this model", "left"), ("", "left"))
+def errata_section(errata: list[ErratumEntry], width: int) -> Table:
+    layouts = []
+    if width >= WIDE:
+        wide = Layout([Column("#", "right"), Column("the documentation says"),
+                       Column("the kernel does"), Column("evidence on this model"), Column("")])
+        for erratum in errata:
+            wide.add_row(str(erratum.number), Text(erratum.documented), Text(erratum.actual),
+                         Text(erratum.evidence), _confirmed(erratum))
+        layouts.append(wide)
+    stacked = Layout([Column("#", "right"), Column("erratum")])
     for erratum in errata:
-        table.add_row(str(erratum.number), Text(erratum.documented), Text(erratum.actual),
-                      Text(erratum.evidence),
-                      Text("confirmed" if erratum.confirmed else "not confirmed",
-                           style="yellow" if erratum.confirmed else "dim"))
-    return table
+        stacked.add_row(str(erratum.number), Text.assemble(
+            ("the documentation says: ", "dim"), erratum.documented, "\n",
+            ("the kernel does: ", "dim"), erratum.actual, "\n",
+            ("evidence on this model: ", "dim"), erratum.evidence, "\n", _confirmed(erratum)))
+    layouts.append(stacked)
+    return fit(width, *layouts)
 
 
-def render_check(report: CheckReport, equations: str | None = None) -> list[RenderableType]:
+def _confirmed(erratum: ErratumEntry) -> Text:
+    return atom("confirmed" if erratum.confirmed else "not confirmed",
+                "yellow" if erratum.confirmed else "dim")
+
+
+#: An equation line: the formula, two or more spaces, then a remark.
+REMARK = re.compile(r"^(\s*)(\S.*\S)\s{2,}(\S.*)$")
+
+
+def equation_lines(equations: str, width: int) -> Text:
+    """The equations as written; where a line is too wide, its remark goes on the next line."""
+    lines = []
+    for line in equations.split("\n"):
+        match = REMARK.match(line)
+        if cell_len(line) > width and match:
+            indent, formula, remark = match.groups()
+            lines += [indent + formula, indent + "    " + remark]
+        else:
+            lines.append(line)
+    return Text("\n".join(lines))
+
+
+def render_check(report: CheckReport, width: int,
+                 equations: str | None = None) -> list[RenderableType]:
     summary = report.summary
     tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
     parts: list[RenderableType] = [
-        header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}"),
+        header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}",
+               width),
         Text(f"every witness compares with TF autodiff on a float64 copy of the model; "
              f"relative tolerances: {tolerances}", style="dim"),
         section(f"Gradients checked ({summary.checked_tensors} tensors, "
                 f"{summary.comparisons} comparisons)"),
-        check_table(report),
+        check_table(report, width),
     ]
     if report.against_not_returned:
         parts.append(Text(f"not returned by --against (not checked by it): "
@@ -345,14 +585,14 @@ def render_check(report: CheckReport, equations: str | None = None) -> list[Rend
         parts += [section("What failed"), *failures]
     if report.carry is not None:
         parts += [section("Truncated BPTT: carrying gradients across chunk boundaries"),
-                  carry_check_section(report.carry)]
+                  carry_check_section(report.carry, width)]
     if report.errata:
         confirmed = sum(e.confirmed for e in report.errata)
         if equations is not None:
             parts += [section("GRUBlockCellGrad: the corrected backward equations"),
-                      Text(equations),
+                      equation_lines(equations, width),
                       section("Errata in the public GRUBlockCellGrad documentation"),
-                      errata_section(report.errata)]
+                      errata_section(report.errata, width)]
         else:
             parts.append(Text(
                 f"\nGRUBlockCellGrad documentation: {confirmed} of {len(report.errata)} errata "

@@ -1,0 +1,163 @@
+"""Text reports at every console width from 60 to 160 columns: no line is wider than the
+console, and no number, name or word is split across lines or cut off.
+
+The reports are real (computed once from TensorFlow runs: the seed model, and small models that
+bring every witness, a failing check, truncated BPTT, LSTM and SimpleRNN layers). The truth a
+rendering is held to comes from the report's own data: every number the report holds is
+formatted as the renderer formats it, and each such token must occur as often at width W as on
+a console too wide to wrap anything.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import REPO, render_text
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from rich.cells import cell_len
+
+from gradscope.report.models import CheckReport, ExplainReport, ShapesReport
+from gradscope.report.text import number, shape_text
+from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
+
+#: Wide enough that nothing wraps: the reference rendering.
+UNWRAPPED = 1000
+
+#: What a number cut after its exponent sign looks like: 4.8e- or 4.8e-0.
+CUT_NUMBER = re.compile(r"\d\.\d+e(?:[-+]\d?)?$")
+
+
+def _words(text: str) -> list[str]:
+    return [word for word in text.split() if len(word) >= 3]
+
+
+def protected(report: ExplainReport | CheckReport | ShapesReport) -> tuple[set[str], set[str]]:
+    """(tokens, shapes): the numbers and names ``report`` holds, as the text renders them.
+    Tokens hold no spaces and may never be split; shapes may wrap only inside free text, so
+    each must appear whole at least once."""
+    tokens: set[str] = set()
+    shapes: set[str] = set()
+    if isinstance(report, ShapesReport):
+        for entry in [*report.tensors, *report.initial_states]:
+            tokens.update(_words(f"{entry.name} {entry.alias}"))
+            shapes.add(shape_text(entry.shape))
+    elif isinstance(report, ExplainReport):
+        for gradient in report.gradients:
+            tokens.update(_words(f"{gradient.name} {gradient.alias}"))
+            stats = gradient.stats
+            tokens.update(number(v) for v in (stats.l2, stats.mean_abs, stats.max_abs))
+            shapes.add(shape_text(gradient.shape))
+        for state in report.initial_state_gradients:
+            tokens.update(_words(f"{state.name} {state.alias}"))
+            norms = state.per_example_norm
+            tokens.update(number(v) for v in (state.stats.l2, norms.min, norms.median, norms.max))
+            shapes.add(shape_text(state.shape))
+        for pair in report.carry.pairs:
+            tokens.update([pair.y, f"∂L/∂{pair.grad_y}"])
+        for jacobian in report.state_jacobians or []:
+            tokens.update(_words(f"{jacobian.target} {jacobian.source}"))
+            tokens.update(number(v) for v in (
+                jacobian.frobenius_median, jacobian.frobenius_min, jacobian.frobenius_max,
+                jacobian.largest_singular_median, jacobian.smallest_singular_median))
+        flow = report.gradient_flow
+        if flow is not None:
+            for norms in [*flow.state_gradient_norms.values(), flow.input_gradient_norms,
+                          flow.influence]:
+                tokens.update([number(norms[0]), number(norms[-1])])
+    else:
+        for tensor in report.tensors:
+            tokens.update(_words(tensor.name))
+            if tensor.shape:
+                shapes.add(shape_text(tensor.shape))
+            for entry in tensor.witnesses:
+                if entry.error is not None:
+                    tokens.add(f"{entry.error:.1e}")  # the table's verdicts
+                    if not entry.passed:
+                        tokens.add(f"{entry.error:.2e}")  # the failure lines
+        for boundary in (report.carry.boundaries if report.carry else []):
+            for named in [*boundary.ys, *boundary.grad_ys]:
+                tokens.add(named.name)
+                if named.norm is not None:
+                    tokens.add(number(named.norm))
+    tokens.discard("n/a")
+    return {t for t in tokens if len(t) >= 3}, shapes
+
+
+@pytest.fixture(scope="module")
+def small_reports(tf):
+    from gradscope.inspect import explain, shapes
+    from gradscope.spec import load_spec
+    from gradscope.witnesses import check
+
+    grus = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
+                      "layers": [{"gru": 4}, {"gru": 3}, {"dense": 3}]})
+    mixed = load_spec({"input_size": 5, "time_steps": 7, "batch_size": 3,
+                       "layers": [{"lstm": 4, "layout": "keras"}, {"simple_rnn": 3},
+                                  {"gru": 3, "layout": "keras"}, {"dense": 2}]})
+    # A hand-written backward that forgets the carry: five witnesses, and failures to list.
+    against = f"{REPO / 'tests' / 'against' / 'user_gru_bptt.py'}:no_carry"
+    return {
+        "check_failing_five_witnesses": (check(grus, against=against, chunks=2), None),
+        "explain_mixed": (explain(mixed, flow=True, jacobians=True), None),
+        "check_mixed_chunks": (check(mixed, chunks=3), None),
+        "shapes_mixed": (shapes(mixed), None),
+    }
+
+
+CASES = ["explain_seed", "check_seed_equations", "shapes_seed", "check_failing_five_witnesses",
+         "explain_mixed", "check_mixed_chunks", "shapes_mixed"]
+
+
+@pytest.fixture(scope="module")
+def cases(small_reports, seed_reports):
+    from gradscope.inspect import shapes
+    from gradscope.spec import load_spec
+
+    every = {
+        "explain_seed": (seed_reports["explain"], None),
+        "check_seed_equations": (seed_reports["check"], CORRECTED_EQUATIONS),
+        "shapes_seed": (shapes(load_spec(None)), None),
+        **small_reports,
+    }
+    return Cases({name: (report, equations, render_text(report, UNWRAPPED, equations))
+                  for name, (report, equations) in every.items()})
+
+
+class Cases(dict):
+    """The reports by name; a short repr, since hypothesis prints its arguments."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} reports>"
+
+
+def assert_fits(report, equations: str | None, reference: str, width: int) -> None:
+    text = render_text(report, width, equations)
+    lines = text.split("\n")
+    too_wide = [line for line in lines if cell_len(line) > width]
+    assert not too_wide, f"{len(too_wide)} lines wider than {width}: {too_wide[0]!r}"
+    cut = [word for line in lines for word in line.split() if CUT_NUMBER.search(word)]
+    assert not cut, f"numbers cut at {width} columns: {cut[:5]}"
+    tokens, shapes = protected(report)
+    for token in sorted(tokens):
+        assert reference.count(token) >= 1, f"{token!r} is not in the report at all"
+        assert text.count(token) == reference.count(token), (
+            f"{token!r} is split or cut at {width} columns: {text.count(token)} whole "
+            f"occurrences, {reference.count(token)} unwrapped")
+    for shape in sorted(shapes):
+        assert any(shape in line for line in lines), f"shape {shape} never whole at {width}"
+
+
+@pytest.mark.parametrize("case", CASES)
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(width=st.integers(min_value=60, max_value=160))
+@example(width=60)
+@example(width=80)
+@example(width=109)
+@example(width=110)
+@example(width=120)
+def test_every_table_fits_and_nothing_is_split(cases, case, width):
+    report, equations, reference = cases[case]
+    assert_fits(report, equations, reference, width)
