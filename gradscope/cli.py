@@ -25,6 +25,7 @@ from gradscope.report.models import (
     REPORTS,
     CheckReport,
     ExplainReport,
+    KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
     ShapesReport,
@@ -160,6 +161,57 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags of a saved .keras model's run (a YAML config sets these itself)."""
+
+    @click.option("--loss", "loss_name", metavar="NAME",
+                  help="For a .keras model: use this Keras loss (e.g. mse, "
+                       "categorical_crossentropy; from_logits is set when the output is "
+                       "linear) instead of the compiled or inferred one.")
+    @click.option("--training", is_flag=True,
+                  help="For a .keras model: run in training mode (dropout on, batch norm with "
+                       "batch statistics), with a fixed seed. Default: inference mode.")
+    @click.option("--pad", type=click.IntRange(min=0), default=0, metavar="N",
+                  help="For a .keras model: pad the last N steps of the synthetic sequences "
+                       "(with the Masking layer's mask_value, or token 0), to see masking's "
+                       "effect.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, loss_name: str | None, training: bool, pad: int,
+                **kwargs: Any) -> Any:
+        return func(*args, keras_run=(loss_name, training, pad), **kwargs)
+
+    return wrapper
+
+
+def _keras_job(path: str, data_files: tuple[str | None, ...],
+               model_sizes: tuple[int | None, int | None],
+               keras_run: tuple[str | None, bool, int]) -> Any:
+    """A saved Keras model read, checked and given its batch, all without TensorFlow."""
+    from gradscope.keras.explain import prepare
+
+    preflight.check_model_sizes(path, model_sizes, data_files)
+    if any(data_files):
+        from gradscope.data import check_data_files
+
+        check_data_files(*data_files)
+    data, x_file, y_file = data_files
+    if x_file or y_file:
+        raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
+                             "the model's inputs and outputs (x and y for one of each)",
+                             where="--x")
+    batch_size, time_steps = model_sizes
+    loss_name, training, pad = keras_run
+    return prepare(path, batch_size=batch_size, time_steps=time_steps, loss=loss_name,
+                   training=training, pad=pad, data=data)
+
+
+def _refuse_keras_options(keras_run: tuple[str | None, bool, int]) -> None:
+    for option, given in zip(("--loss", "--training", "--pad"), keras_run, strict=True):
+        if given:
+            raise GradscopeError(f"{option} is for .keras models; a YAML config sets its loss "
+                                 "and has no training mode or padding", where=option)
+
+
 def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
                     model_sizes: tuple[int | None, int | None] = (None, None),
                     ) -> tuple[Any, Any, Any]:
@@ -192,7 +244,7 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-          | KerasShapesReport, as_json: bool,
+          | KerasShapesReport | KerasCheckReport, as_json: bool,
           output: Path | None, force: bool, equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
@@ -291,22 +343,13 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
               help="Write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to FILE.png "
                    "(needs matplotlib: `make install` in the clone, or "
                    "`.venv/bin/pip install matplotlib`). Implies --flow.")
-@click.option("--loss", "loss_name", metavar="NAME",
-              help="For a .keras model: explain with this Keras loss (e.g. mse, "
-                   "categorical_crossentropy; from_logits is set when the output is linear) "
-                   "instead of the compiled or inferred one.")
-@click.option("--training", is_flag=True,
-              help="For a .keras model: run in training mode (dropout on, batch norm with "
-                   "batch statistics), with a fixed seed. Default: inference mode.")
-@click.option("--pad", type=click.IntRange(min=0), default=0, metavar="N",
-              help="For a .keras model: pad the last N steps of the synthetic sequences (with "
-                   "the Masking layer's mask_value, or token 0), to see masking's effect.")
+@keras_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: tuple[str | None, ...],
             model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, loss_name: str | None, training: bool, pad: int,
+            at: int | None, plot: Path | None, keras_run: tuple[str | None, bool, int],
             memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
@@ -331,13 +374,19 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     preflight.check_plot(plot, force, output)
     if is_keras_file(config):
         assert config is not None
-        return _explain_keras(config, data_files, model_sizes, jacobians or flow or
-                              plot is not None or at is not None, loss_name, training, pad,
-                              as_json, output, force, quiet, timings)
-    for option, given in (("--loss", loss_name), ("--training", training), ("--pad", pad)):
-        if given:
-            raise GradscopeError(f"{option} is for .keras models; a YAML config sets its loss "
-                                 "and has no training mode or padding", where=option)
+        if jacobians or flow or plot is not None or at is not None:
+            raise GradscopeError("--jacobians, --flow, --at and --plot are not available for "
+                                 ".keras models yet; plain explain is", where="--flow")
+        from gradscope.keras.explain import explain as explain_keras
+
+        job = _keras_job(config, data_files, model_sizes, keras_run)
+        progress = _stderr_console(quiet=quiet)
+        with progress.status("gradscope explain", spinner="dots") as status:
+            keras_report = explain_keras(job, progress=lambda message: status.update(message),
+                                         timings=timings)
+        _emit(keras_report, as_json, output, force)
+        return EXIT_OK
+    _refuse_keras_options(keras_run)
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, at=at)
     from gradscope.guard import guard
@@ -354,38 +403,6 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
         from gradscope.report.plot import write_flow_plot
 
         write_flow_plot(report, plot, force)
-    _emit(report, as_json, output, force)
-    return EXIT_OK
-
-
-def _explain_keras(path: str, data_files: tuple[str | None, ...],
-                   model_sizes: tuple[int | None, int | None], across_time: bool,
-                   loss_name: str | None, training: bool, pad: int, as_json: bool,
-                   output: Path | None, force: bool, quiet: bool, timings: bool) -> int:
-    """A saved Keras model: read and refused without TensorFlow, then run by Keras itself."""
-    from gradscope.keras.explain import explain as explain_keras
-    from gradscope.keras.explain import prepare
-
-    preflight.check_model_sizes(path, model_sizes, data_files)
-    if any(data_files):
-        from gradscope.data import check_data_files
-
-        check_data_files(*data_files)
-    data, x_file, y_file = data_files
-    if x_file or y_file:
-        raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
-                             "the model's inputs and outputs (x and y for one of each)",
-                             where="--x")
-    if across_time:
-        raise GradscopeError("--jacobians, --flow, --at and --plot are not available for "
-                             ".keras models yet; plain explain is", where="--flow")
-    batch_size, time_steps = model_sizes
-    job = prepare(path, batch_size=batch_size, time_steps=time_steps, loss=loss_name,
-                  training=training, pad=pad, data=data)
-    progress = _stderr_console(quiet=quiet)
-    with progress.status("gradscope explain", spinner="dots") as status:
-        report = explain_keras(job, progress=lambda message: status.update(message),
-                               timings=timings)
     _emit(report, as_json, output, force)
     return EXIT_OK
 
@@ -424,12 +441,14 @@ finite differences.
                    "public documentation, with evidence from this model (text only: the JSON "
                    "report always carries the errata).")
 @data_options
+@keras_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def check(config: str | None, against: str | None, chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
           data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
+          keras_run: tuple[str | None, bool, int],
           memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
           quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
@@ -454,6 +473,26 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
         raise GradscopeError("--equations prints text and does not go with --json; the JSON "
                              "report has the errata (of block-layout GRU layers) under "
                              "'errata'", where="--equations")
+    from gradscope.keras.archive import is_keras_file
+
+    if is_keras_file(config):
+        assert config is not None
+        for option, given in (("--against", against), ("--chunks", chunks),
+                              ("--equations", equations)):
+            if given:
+                raise GradscopeError(f"{option} is not available for .keras models yet; it "
+                                     "checks YAML-described models", where=option)
+        from gradscope.keras.check import check as check_keras
+
+        job = _keras_job(config, data_files, model_sizes, keras_run)
+        progress = _stderr_console(quiet=quiet)
+        with progress.status("gradscope check", spinner="dots") as status:
+            keras_report = check_keras(job, directions=directions, rtol=rtol, atol=atol,
+                                       timings=timings,
+                                       progress=lambda message: status.update(message))
+        _emit(keras_report, as_json, output, force)
+        return EXIT_OK if keras_report.summary.passed else EXIT_PROBLEM
+    _refuse_keras_options(keras_run)
     spec, batch, params = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, chunks=chunks)
     from gradscope.guard import guard

@@ -113,3 +113,58 @@ def test_gradients_equal_keras_own_tape(saved, name, tf):
                                                     rel=1e-4, abs=1e-12)
     assert all(w.passed in (True, None) for w in report.witnesses)
     assert not report.warnings, report.warnings
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_check_passes(saved, name, tf):
+    import keras
+
+    from gradscope.keras.check import check
+
+    folder, paths = saved
+    entry, path = ZOO[name], paths[name]
+    model = keras.saving.load_model(path, compile=False, safe_mode=True)
+    _, _, data = _batch(entry, model, path, folder)
+    report = check(prepare(str(path), data=str(data)))
+    failures = [(t.name, [(w.witness, w.error, w.detail) for w in t.witnesses if not w.passed])
+                for t in report.tensors if not t.passed]
+    assert report.summary.passed, failures
+    checked = {t.name for t in report.tensors}
+    assert {v.path for v in model.trainable_variables} <= checked
+
+
+def test_a_weight_perturbed_after_the_tape_fails_check_and_is_named(saved, tf):
+    """A check that cannot fail is a defect: move one element of one weight of the float64
+    copy after the tape, and the finite differences must see a different model."""
+    from gradscope.keras.check import check
+
+    folder, paths = saved
+    path = paths["encoder_decoder_gru"]
+    target = "decoder/gru_cell/recurrent_kernel"
+
+    def mutate(model):
+        variable = next(v for v in model.trainable_variables if v.path == target)
+        value = variable.numpy()
+        value[0, 0] += 0.05
+        variable.assign(value)
+
+    report = check(prepare(str(path), batch_size=3), after_autodiff=mutate)
+    assert not report.summary.passed
+    assert target in report.summary.failed_tensors
+    untouched = check(prepare(str(path), batch_size=3))
+    assert untouched.summary.passed
+
+
+def test_check_cli_exits_0_and_names_every_tensor(saved):
+    import json
+
+    from conftest import run_gradscope
+
+    _, paths = saved
+    result = run_gradscope("check", str(paths["encoder_decoder_gru"]), "--batch-size", "2",
+                           "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    names = {t["name"] for t in document["tensors"]}
+    assert {"encoder/h0", "decoder/h0", "decoder/gru_cell/kernel"} <= names
+    assert document["summary"]["witnesses"] == ["finite_differences", "numpy_reference"]

@@ -35,7 +35,12 @@ from gradscope.report.models import (
     WitnessEntry,
 )
 from gradscope.witnesses.context import TOLERANCES
-from gradscope.witnesses.finite_differences import STEP, directional_error, probes_for
+from gradscope.witnesses.finite_differences import Probe, directional_error, probes_for
+
+#: Step of the central differences. Any Keras layer can sit in the model (layer norm, attention,
+#: relu), so the step is smaller than for gradscope's own cells: in float64 the truncation
+#: error (∝ step²) is then ~1e-10 relative and the loss's rounding, amplified by 1/step, ~1e-11.
+STEP = 1e-5
 
 Progress = Callable[[str], None]
 
@@ -72,7 +77,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     shapes: dict[str, list[int]] = {}
     say("finite differences")
     _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol,
-                        job.seed, results, shapes)
+                        job.seed, results, shapes, _masked_inputs(job, inputs))
     laps["finite_differences"] = time.perf_counter() - start - sum(laps.values())
     say("NumPy reference for the recurrent layers")
     _numpy_reference(job, engine, autodiff, ref_rtol, results)
@@ -103,7 +108,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                         frozen: list[tuple[Any, np.ndarray]], directions: int, rtol: float,
                         atol: float | None, seed: int, results: dict[str, list[WitnessEntry]],
-                        shapes: dict[str, list[int]]) -> None:
+                        shapes: dict[str, list[int]], fixed: dict[str, np.ndarray]) -> None:
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     state_calls = [call for call in autodiff.calls if call.states]
@@ -124,12 +129,16 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
     variables = {v.path: v for v in engine.model.trainable_variables}
 
     def record(name: str, gradient: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
-               base: np.ndarray) -> None:
+               base: np.ndarray, keep: np.ndarray | None = None) -> None:
         probes = probes_for(name, gradient, directions, rng)
+        if keep is not None:
+            probes = _restricted(probes, keep)
         plus = np.array([evaluate_at(base + STEP * p.direction) for p in probes])
         minus = np.array([evaluate_at(base - STEP * p.direction) for p in probes])
         error, passed, detail = directional_error(gradient, probes, plus, minus,
-                                                  autodiff.loss, rtol, atol)
+                                                  autodiff.loss, rtol, atol, STEP)
+        if keep is not None:
+            detail += "; masked steps held fixed (their mask depends on their values)"
         shapes[name] = list(gradient.shape)
         results.setdefault(name, []).append(WitnessEntry(
             witness="finite_differences", error=error, tolerance=rtol, passed=passed,
@@ -160,7 +169,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             changed[index] = tf.constant(perturbed)
             return loss_with(new_feed=changed)
 
-        record(f"input {name}", gradient, at_input, value)
+        record(f"input {name}", gradient, at_input, value, fixed.get(name))
     for call in state_calls:
         label = call_label(call.layer, call.index)
         names = _state_names(call)
@@ -174,6 +183,32 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                 return loss_with(deltas=deltas)
 
             record(f"{label}/{names[k]}", gradient, at_state, np.zeros_like(gradient))
+
+
+def _masked_inputs(job: KerasJob, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """For inputs a Masking layer reads: 1 where an element may be perturbed, 0 on the masked
+    steps (all features equal to mask_value): moving one of those would unmask the step, a
+    jump that no derivative describes."""
+    keep = {}
+    for spec in job.inputs:
+        reader = job.graph.layer(spec.pad_reader) if spec.pad_reader else None
+        if reader is None or reader.class_name != "Masking" or spec.name not in inputs:
+            continue
+        value = inputs[spec.name]
+        masked = np.all(value == spec.pad_value, axis=-1, keepdims=True)
+        keep[spec.name] = np.broadcast_to(~masked, value.shape).astype(np.float64)
+    return keep
+
+
+def _restricted(probes: list[Probe], keep: np.ndarray) -> list[Probe]:
+    """The probes with their masked parts removed (and renormalised); empty ones dropped."""
+    kept = []
+    for probe in probes:
+        direction = probe.direction * keep
+        norm = float(np.linalg.norm(direction))
+        if norm > 0:
+            kept.append(Probe(probe.tensor, probe.label, direction / norm))
+    return kept
 
 
 def _state_names(call: CapturedCall) -> list[str]:

@@ -15,7 +15,8 @@ compiled into the model in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,6 @@ class KerasEngine:
         self.path = path
         self.plan = plan
         self.output_names = outputs
-        self.dtype_name = dtype or "float32"
         self.training = training
         self.seed = seed
         compile_saved = plan.source == "compiled"
@@ -84,16 +84,35 @@ class KerasEngine:
             hint = ("; pass --loss NAME to use another loss" if compile_saved else "")
             raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}",
                               where=path) from None
-        if dtype is not None:
-            self.model = self._cast(dtype)
+        self.dtype_name = dtype or "float32"
         if len(self.model.outputs) != len(outputs):
             raise ConfigError(f"{path}: Keras built {len(self.model.outputs)} outputs from the "
                               f"file, but its config lists {len(outputs)}", where=path)
-        if not compile_saved or not getattr(self.model, "compiled", False):
+        compiled = compile_saved and getattr(self.model, "compiled", False)
+        if dtype is not None:
+            saved_compile = self.model.get_compile_config() if compiled else None
+            self.model = self._cast(dtype)
+            if saved_compile is not None:
+                _set_dtype(saved_compile, dtype)
+                with self._floatx():
+                    self.model.compile_from_config(saved_compile)
+        if not compiled:
             by_output = {o.output: o for o in plan.outputs}
-            self.model.compile(loss=[self._loss(by_output.get(name)) for name in outputs],
-                               loss_weights=[by_output[name].weight if name in by_output
-                                             else 0.0 for name in outputs])
+            with self._floatx():
+                self.model.compile(loss=[self._loss(by_output.get(name)) for name in outputs],
+                                   loss_weights=[by_output[name].weight if name in by_output
+                                                 else 0.0 for name in outputs])
+
+    @contextlib.contextmanager
+    def _floatx(self) -> Iterator[None]:
+        """Keras builds its losses (and casts their sum) in floatx: the engine's dtype, while
+        the model is compiled."""
+        previous = self.keras.config.floatx()
+        self.keras.config.set_floatx(self.dtype_name)
+        try:
+            yield
+        finally:
+            self.keras.config.set_floatx(previous)
 
     # -- pieces --------------------------------------------------------------------------------
 
@@ -103,7 +122,7 @@ class KerasEngine:
             return None
         class_name = "".join(part.capitalize() for part in entry.loss.split("_"))
         class_name = {"KlDivergence": "KLDivergence"}.get(class_name, class_name)
-        config: dict[str, Any] = {}
+        config: dict[str, Any] = {"dtype": self.dtype_name}
         if entry.loss in CROSS_ENTROPIES:
             config["from_logits"] = entry.from_logits
         return self.keras.losses.get({"class_name": class_name, "config": config})
@@ -148,6 +167,8 @@ class KerasEngine:
         initial states: finite differences perturb them that way. Traceable by tf.function.
         """
         tf, keras = self.tf, self.keras
+        from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+
         model = self.model
         runner = getattr(model, "_functional", None) or model
         if not hasattr(runner, "_run_through_graph"):
@@ -178,7 +199,10 @@ class KerasEngine:
                                   for u in units]
                         captured.state_source = "zeros"
                     else:
-                        states = list(keras.tree.flatten(given))
+                        # A fresh tensor: the wired one may be used elsewhere too (a GRU's
+                        # returned state is also inside its own sequence), and ∂L/∂h0 is the
+                        # gradient through this layer's use only.
+                        states = [tf.identity(state) for state in keras.tree.flatten(given)]
                         captured.state_source = "wired"
                     for state in states:
                         watch(state)
@@ -190,8 +214,18 @@ class KerasEngine:
                 out = operation(*args, **kwargs)
                 captured.outputs = list(keras.tree.flatten(out))
                 if watch_outputs:
+                    # Fresh tensors (masks carried over), so that ∂L/∂output is what flows
+                    # back from the layers that use the output, and nothing internal.
+                    fresh = []
                     for output in captured.outputs:
-                        watch(output)
+                        copy = tf.identity(output)
+                        mask = get_keras_mask(output)
+                        if mask is not None:
+                            set_keras_mask(copy, mask)
+                        watch(copy)
+                        fresh.append(copy)
+                    captured.outputs = fresh
+                    out = keras.tree.pack_sequence_as(out, fresh)
                 calls.append(captured)
                 return out
 
@@ -199,10 +233,11 @@ class KerasEngine:
 
         outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
         flat_outputs = list(keras.tree.flatten(outputs))
-        loss = model.compute_loss(x=feed if len(feed) > 1 else feed[0],
-                                  y=targets if len(targets) > 1 else targets[0],
-                                  y_pred=flat_outputs if len(flat_outputs) > 1
-                                  else flat_outputs[0], training=training)
+        with self._floatx():  # a compiled loss builds its wrappers at its first call
+            loss = model.compute_loss(x=feed if len(feed) > 1 else feed[0],
+                                      y=targets if len(targets) > 1 else targets[0],
+                                      y_pred=flat_outputs if len(flat_outputs) > 1
+                                      else flat_outputs[0], training=training)
         return loss, flat_outputs, calls
 
     def tensors(self, inputs: dict[str, np.ndarray],

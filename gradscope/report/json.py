@@ -8,6 +8,7 @@ from typing import Any
 from gradscope.report.models import (
     CheckReport,
     ExplainReport,
+    KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
     ShapesReport,
@@ -19,7 +20,7 @@ def dumps(data: Any) -> str:
 
 
 def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport) -> str:
+                  | KerasShapesReport | KerasCheckReport) -> str:
     return dumps(report.to_dict())
 
 

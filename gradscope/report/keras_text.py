@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.models import (
+    KerasCheckReport,
     KerasExplainReport,
     KerasGradientEntry,
     KerasLayerEntry,
@@ -38,13 +39,14 @@ def _stats_line(stats: Stats | None) -> str:
             f"max|g| {number(stats.max_abs)} · NaN/Inf {stats.nonfinite}")
 
 
-def header(report: KerasExplainReport) -> list[RenderableType]:
+def header(report: KerasExplainReport | KerasCheckReport,
+           command: str = "explain") -> list[RenderableType]:
     model, loss = report.model, report.loss
     value = "n/a" if loss.value is None else f"{loss.value:.6g}"
     inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in model.inputs)
     outputs = ", ".join(f"{o.name} {_dims(o.shape)}" for o in model.outputs)
     return [
-        Text.assemble(("gradscope explain", "bold"), "  ",
+        Text.assemble((f"gradscope {command}", "bold"), "  ",
                       (f"{model.file} ({model.kind} '{model.name}')", "bold cyan")),
         Text(f"batch {model.batch_size} · {model.mode} mode"
              + (" (dropout off, batch norm uses its moving statistics)"
@@ -159,7 +161,39 @@ NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weight shape
                         "once explain runs")
 
 
-def render_keras(report: KerasExplainReport | KerasShapesReport) -> list[RenderableType]:
+def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:
+    from gradscope.report.text import WITNESS_TITLES, check_failures, check_table
+
+    summary = report.summary
+    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
+    parts: list[RenderableType] = [*header(report, "check")]
+    parts += [
+        Text("a float64 copy of the model with the same weights; every witness compares with "
+             f"TF autodiff on it; relative tolerances: {tolerances}", style="dim"),
+        section(f"Gradients checked ({summary.checked_tensors} tensors, "
+                f"{summary.comparisons} comparisons)"),
+        check_table(report, width),
+    ]
+    failures = check_failures(report)
+    if failures:
+        parts += [section("What failed"), *failures]
+    if summary.passed:
+        parts.append(Text(f"\nPASSED: all {summary.checked_tensors} tensors agree with every "
+                          f"witness ({', '.join(summary.witnesses)})", style="bold green"))
+    else:
+        parts.append(Text(f"\nFAILED: {len(summary.failed_tensors)} of "
+                          f"{summary.checked_tensors} tensors disagree: "
+                          f"{', '.join(summary.failed_tensors)}", style="bold red"))
+    if report.timings:
+        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
+        parts.append(Text(f"timings: {laps}", style="dim"))
+    return parts
+
+
+def render_keras(report: KerasExplainReport | KerasShapesReport | KerasCheckReport,
+                 width: int) -> list[RenderableType]:
     if isinstance(report, KerasShapesReport):
         return render_keras_shapes(report)
+    if isinstance(report, KerasCheckReport):
+        return render_keras_check(report, width)
     return render_keras_explain(report)

@@ -29,6 +29,7 @@ from gradscope.report.models import (
     GradientEntry,
     GradientFlow,
     JacobianEntry,
+    KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
     ModelEntry,
@@ -413,12 +414,12 @@ def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
 
 def print_report(console: Console,
                  report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                 | KerasShapesReport,
+                 | KerasShapesReport | KerasCheckReport,
                  equations: str | None = None) -> None:
-    if isinstance(report, KerasExplainReport | KerasShapesReport):
+    if isinstance(report, KerasExplainReport | KerasShapesReport | KerasCheckReport):
         from gradscope.report.keras_text import render_keras
 
-        parts = render_keras(report)
+        parts = render_keras(report, console.width)
     elif isinstance(report, ExplainReport):
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):
@@ -451,7 +452,7 @@ def _worst(tensor_witnesses: list[WitnessEntry], witness: str) -> WitnessEntry |
     return max(entries, key=lambda e: (not e.passed, e.error or 0.0)) if entries else None
 
 
-def check_table(report: CheckReport, width: int) -> Table:
+def check_table(report: CheckReport | KerasCheckReport, width: int) -> Table:
     witnesses = report.summary.witnesses
     titles = [Column(WITNESS_TITLES[w], "right") for w in witnesses]
     # One column per witness; with the shape beside the name, or under it; or, narrowest,
@@ -481,7 +482,7 @@ def check_table(report: CheckReport, width: int) -> Table:
     return fit(width, beside, under, one_column)
 
 
-def check_failures(report: CheckReport) -> list[Text]:
+def check_failures(report: CheckReport | KerasCheckReport) -> list[Text]:
     lines = []
     for tensor in report.tensors:
         for entry in tensor.witnesses:

@@ -200,15 +200,16 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
 
 
 def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
-                      minus: np.ndarray, loss: float, rtol: float,
-                      atol: float | None) -> tuple[float, bool, str]:
-    """Central differences along ``probes`` against ⟨g, v⟩: the worst normalised error, whether
-    it is within ``rtol``, and a line naming the worst probe and both values."""
-    numerical = (plus - minus) / (2 * STEP)
+                      minus: np.ndarray, loss: float, rtol: float, atol: float | None,
+                      step: float = STEP) -> tuple[float, bool, str]:
+    """Central differences along ``probes`` (loss at ±``step``) against ⟨g, v⟩: the worst
+    normalised error, whether it is within ``rtol``, and a line naming the worst probe and both
+    values."""
+    numerical = (plus - minus) / (2 * step)
     analytic = np.array([float(np.sum(gradient * p.direction)) for p in probes])
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
     scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
-    noise = 64 * np.finfo(np.float64).eps * max(abs(loss), 1.0) / (2 * STEP)
+    noise = 64 * np.finfo(np.float64).eps * max(abs(loss), 1.0) / (2 * step)
     errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)
     worst = int(np.argmax(errors))
     detail = (f"{len(probes)} probes; worst: {probes[worst].label}, finite difference "
