@@ -168,3 +168,60 @@ def test_check_cli_exits_0_and_names_every_tensor(saved):
     names = {t["name"] for t in document["tensors"]}
     assert {"encoder/h0", "decoder/h0", "decoder/gru_cell/kernel"} <= names
     assert document["summary"]["witnesses"] == ["finite_differences", "numpy_reference"]
+
+
+def test_a_regression_model_gets_mse_and_a_real_loss(saved):
+    import json
+
+    from conftest import run_gradscope
+
+    _, paths = saved
+    result = run_gradscope("explain", str(paths["simple_rnn_relu_regression"]), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    loss = json.loads(result.stdout)["loss"]
+    assert loss["source"] == "inferred" and loss["outputs"][0]["loss"] == "mean_squared_error"
+    assert loss["outputs"][0]["rule"] == "linear output of one unit → mean squared error"
+    assert loss["value"] > 0
+
+
+@pytest.mark.parametrize("name", ["encoder_decoder_gru", "bidirectional_lstm_sum",
+                                  "multi_head_attention", "embedding_mask_zero_lstm"])
+def test_shapes_reads_the_file_without_tensorflow(saved, name):
+    import json
+
+    import keras
+    from conftest import run_without_tensorflow
+
+    from gradscope.report.models import json_schema
+
+    _, paths = saved
+    result = run_without_tensorflow("shapes", str(paths[name]), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    import jsonschema
+
+    jsonschema.validate(document, json_schema("shapes-keras"))
+    model = keras.saving.load_model(paths[name], compile=False, safe_mode=True)
+    derived = {(w["layer"], tuple(w["shape"])) for w in document["weights"]}
+    for layer in model.layers:
+        for variable in layer.weights:
+            assert (layer.name, tuple(variable.shape)) in derived, variable.path
+    assert document["underived"] == []
+
+
+def test_explain_and_check_json_follow_their_schemas(saved):
+    import json
+
+    import jsonschema
+    from conftest import run_gradscope
+
+    from gradscope.report.models import json_schema
+
+    _, paths = saved
+    path = str(paths["two_inputs"])
+    explained = run_gradscope("explain", path, "--json")
+    assert explained.returncode == 0, explained.stderr[-2000:]
+    jsonschema.validate(json.loads(explained.stdout), json_schema("explain-keras"))
+    checked = run_gradscope("check", path, "--json", "--directions", "1")
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    jsonschema.validate(json.loads(checked.stdout), json_schema("check-keras"))
