@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gradscope._blas import blas_beside_tensorflow
 from gradscope.keras.data import synthetic_targets
 from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
 from gradscope.keras.explain import KerasJob, layer_facts, loss_entry, model_entry
@@ -80,7 +81,8 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
                         job.seed, results, shapes, _masked_inputs(job, inputs))
     laps["finite_differences"] = time.perf_counter() - start - sum(laps.values())
     say("NumPy reference for the recurrent layers")
-    _numpy_reference(job, engine, autodiff, ref_rtol, results)
+    with blas_beside_tensorflow():
+        _numpy_reference(job, engine, autodiff, ref_rtol, results)
     laps["numpy_reference"] = time.perf_counter() - start - sum(laps.values())
     tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
                                                                            entries),

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from gradscope._blas import blas_beside_tensorflow
 from gradscope.errors import InternalError
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
@@ -42,7 +43,8 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
         params["bias"] = np.zeros(shape)
     x = np.asarray(call.args[0], np.float64)
     states = [np.asarray(s, np.float64) for s in call.states]
-    sequence, _ = forward(params, x, *states)
+    with blas_beside_tensorflow():
+        sequence, _ = forward(params, x, *states)
     keras_output = np.asarray(call.outputs[0], np.float64)
     ours = sequence if facts.option("return_sequences") else sequence[:, -1]
     if ours.shape != keras_output.shape:
