@@ -214,33 +214,21 @@ def _refuse_keras_options(keras_run: tuple[str | None, bool, int]) -> None:
 
 def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
                     model_sizes: tuple[int | None, int | None] = (None, None),
-                    ) -> tuple[Any, Any, Any]:
-    """The spec (from YAML or a saved .keras model), the batch (or None) and the weights
-    (a .keras model's own, or None for the seeded ones).
-
-    The option combinations and the data files are checked first: loading a .keras model
-    imports TensorFlow.
-    """
-    from gradscope.keras_model import is_keras_file, load_keras_model
-
+                    ) -> tuple[Any, Any]:
+    """The spec of a YAML config and the supplied batch (or None); the option combinations
+    and the data files are checked first."""
     preflight.check_model_sizes(config, model_sizes, data_files)
     if any(data_files):
         from gradscope.data import check_data_files
 
         check_data_files(*data_files)
-    params = None
-    if is_keras_file(config):
-        assert config is not None
-        batch_size, time_steps = model_sizes
-        spec, params = load_keras_model(config, batch_size=batch_size, time_steps=time_steps)
-    else:
-        spec = _load(config)
+    spec = _load(config)
     if not any(data_files):
-        return spec, None, params
+        return spec, None
     from gradscope.data import load_batch
 
     data, x, y = data_files
-    return (*load_batch(spec, data=data, x=x, y=y), params)
+    return load_batch(spec, data=data, x=x, y=y)
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
@@ -387,7 +375,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
         _emit(keras_report, as_json, output, force)
         return EXIT_OK
     _refuse_keras_options(keras_run)
-    spec, batch, params = _load_with_data(config, data_files, model_sizes)
+    spec, batch = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, at=at)
     from gradscope.guard import guard
 
@@ -395,7 +383,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     guard(spec, "explain", memory_limit, across_time=jacobians or flow)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
-        report = explain_report(spec, data=batch, params=params, timings=timings,
+        report = explain_report(spec, data=batch, timings=timings,
                                 jacobians=jacobians, flow=flow, at=at,
                                 heatmap=plot is not None,
                                 progress=lambda message: status.update(message))
@@ -493,7 +481,7 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
         _emit(keras_report, as_json, output, force)
         return EXIT_OK if keras_report.summary.passed else EXIT_PROBLEM
     _refuse_keras_options(keras_run)
-    spec, batch, params = _load_with_data(config, data_files, model_sizes)
+    spec, batch = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, chunks=chunks)
     from gradscope.guard import guard
 
@@ -501,7 +489,7 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,
-                              rtol=rtol, atol=atol, timings=timings, data=batch, params=params,
+                              rtol=rtol, atol=atol, timings=timings, data=batch,
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:

@@ -132,38 +132,6 @@ def refuse_code(graph: ModelGraph) -> None:
                 where=layer.name)
 
 
-def plain_chain(graph: ModelGraph) -> tuple[list[LayerNode], str | None]:
-    """The layers in order if the model is one input → one chain of single calls → one output.
-
-    Otherwise the reason it is not, in words.
-    """
-    layers = graph.computing_layers
-    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
-        return layers, (f"it has {len(graph.inputs)} input(s) and {len(graph.outputs)} "
-                        "output(s)")
-    previous = graph.inputs[0]
-    for layer in layers:
-        if layer.class_name in MODEL_CLASSES:
-            return layers, f"layer '{layer.name}' is a nested model"
-        if len(layer.calls) != 1:
-            return layers, f"layer '{layer.name}' is shared ({len(layer.calls)} calls)"
-        call = layer.calls[0]
-        refs = call.refs()
-        if refs != [previous]:
-            received = ", ".join(str(ref) for ref in refs) or "no tensor"
-            return layers, (f"layer '{layer.name}' receives {received}, not only the output of "
-                            f"'{previous}'")
-        if layer.config.get("return_state"):
-            return layers, f"layer '{layer.name}' returns its states (return_state=True)"
-        if len(graph.consumers(previous)) != 1:
-            users = ", ".join(user.name for user, _ in graph.consumers(previous))
-            return layers, f"'{previous}' feeds several layers ({users})"
-        previous = Ref(layer.name, 0, 0)
-    if graph.outputs[0] != previous:
-        return layers, f"the output is '{graph.outputs[0]}', not the last layer '{previous}'"
-    return layers, None
-
-
 # -- parsing ---------------------------------------------------------------------------------------
 
 
