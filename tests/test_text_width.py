@@ -18,7 +18,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from gradscope.report.models import CheckReport, ExplainReport, ShapesReport
+from gradscope.report.models import (
+    CheckReport,
+    ExplainReport,
+    KerasExplainReport,
+    KerasShapesReport,
+    ShapesReport,
+)
 from gradscope.report.text import number, shape_text
 from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
@@ -66,6 +72,22 @@ def protected(report: ExplainReport | CheckReport | ShapesReport) -> tuple[set[s
             for norms in [*flow.state_gradient_norms.values(), flow.input_gradient_norms,
                           flow.influence]:
                 tokens.update([number(norms[0]), number(norms[-1])])
+    elif isinstance(report, KerasExplainReport | KerasShapesReport):
+        weights = report.gradients if isinstance(report, KerasExplainReport) else report.weights
+        for gradient in weights:
+            tokens.update(_words(gradient.name))
+            shapes.add(shape_text(gradient.shape))
+            if gradient.stats is not None:
+                stats = gradient.stats
+                tokens.update(number(v) for v in (stats.l2, stats.mean_abs, stats.max_abs))
+        for layer in report.layers:
+            tokens.add(layer.name)
+        if isinstance(report, KerasExplainReport):
+            for state in report.initial_state_gradients:
+                tokens.add(state.name)
+                shapes.add(shape_text(state.shape))
+                if state.stats is not None:
+                    tokens.add(number(state.stats.l2))
     else:
         for tensor in report.tensors:
             tokens.update(_words(tensor.name))
@@ -76,7 +98,8 @@ def protected(report: ExplainReport | CheckReport | ShapesReport) -> tuple[set[s
                     tokens.add(f"{entry.error:.1e}")  # the table's verdicts
                     if not entry.passed:
                         tokens.add(f"{entry.error:.2e}")  # the failure lines
-        for boundary in (report.carry.boundaries if report.carry else []):
+        carry = getattr(report, "carry", None)
+        for boundary in (carry.boundaries if carry else []):
             for named in [*boundary.ys, *boundary.grad_ys]:
                 tokens.add(named.name)
                 if named.norm is not None:
@@ -85,9 +108,25 @@ def protected(report: ExplainReport | CheckReport | ShapesReport) -> tuple[set[s
     return {t for t in tokens if len(t) >= 3}, shapes
 
 
+def build_sample_keras_model():
+    """The README's sample encoder–decoder, built by sample_configs/keras_encoder_decoder.py."""
+    import importlib.util
+
+    path = REPO / "sample_configs" / "keras_encoder_decoder.py"
+    spec = importlib.util.spec_from_file_location("keras_encoder_decoder", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build()
+
+
 @pytest.fixture(scope="module")
-def small_reports(tf):
+def small_reports(tf, tmp_path_factory):
     from gradscope.inspect import explain, shapes
+    from gradscope.keras.check import check as keras_check
+    from gradscope.keras.explain import explain as keras_explain
+    from gradscope.keras.explain import prepare as keras_prepare
+    from gradscope.keras.shapes import keras_shapes
     from gradscope.spec import load_spec
     from gradscope.witnesses import check
 
@@ -98,7 +137,13 @@ def small_reports(tf):
                                   {"gru": 3, "layout": "keras"}, {"dense": 2}]})
     # A hand-written backward that forgets the carry: five witnesses, and failures to list.
     against = f"{REPO / 'tests' / 'against' / 'user_gru_bptt.py'}:no_carry"
+    keras_model = tmp_path_factory.mktemp("keras") / "encoder_decoder.keras"
+    build_sample_keras_model().save(keras_model)
+    job = keras_prepare(str(keras_model), batch_size=3)
     return {
+        "explain_keras": (keras_explain(job), None),
+        "check_keras": (keras_check(job, directions=1), None),
+        "shapes_keras": (keras_shapes(str(keras_model)), None),
         "check_failing_five_witnesses": (check(grus, against=against, chunks=2), None),
         "explain_mixed": (explain(mixed, flow=True, jacobians=True), None),
         "check_mixed_chunks": (check(mixed, chunks=3), None),
@@ -107,7 +152,8 @@ def small_reports(tf):
 
 
 CASES = ["explain_seed", "check_seed_equations", "shapes_seed", "check_failing_five_witnesses",
-         "explain_mixed", "check_mixed_chunks", "shapes_mixed"]
+         "explain_mixed", "check_mixed_chunks", "shapes_mixed", "explain_keras", "check_keras",
+         "shapes_keras"]
 
 
 @pytest.fixture(scope="module")
