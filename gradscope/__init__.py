@@ -6,6 +6,7 @@ Python API (the CLI is a thin layer over exactly these)::
     spec = gradscope.load_spec("config.yaml")     # or a dict, or None for the seed model
     report = gradscope.explain(spec)
     report.to_dict()
+    gradscope.explain("model.keras")              # a saved Keras model, run by Keras
 
 Importing gradscope does not import TensorFlow; ``explain`` does, quietly.
 """
@@ -17,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from gradscope.report.models import CheckReport, ExplainReport, ShapesReport
+    from gradscope.report.models import (
+        CheckReport,
+        ExplainReport,
+        KerasCheckReport,
+        KerasExplainReport,
+        KerasShapesReport,
+        ShapesReport,
+    )
     from gradscope.spec import Spec
 
 
@@ -28,9 +36,25 @@ def load_spec(source: Any = None) -> Spec:
     return _load_spec(source)
 
 
-def shapes(spec: Spec) -> ShapesReport:
-    """The shape algebra of ``spec``, without TensorFlow."""
+def _keras_job(path: Any, data: Any, options: dict[str, Any]) -> Any:
+    """A saved Keras model read without TensorFlow. ``options``: batch_size, time_steps, loss,
+    training, pad, seed (as the CLI's flags); ``data``: a path to an .npz named by inputs and
+    outputs."""
+    from gradscope.keras.explain import prepare
+
+    return prepare(str(path), data=None if data is None else str(data), **options)
+
+
+def shapes(spec: Spec | str) -> ShapesReport | KerasShapesReport:
+    """The shape algebra of ``spec`` (or of a saved ``model.keras``), without TensorFlow."""
     from gradscope.inspect import shapes as _shapes
+    from gradscope.keras.archive import is_keras_file
+
+    if is_keras_file(spec):
+        from gradscope.keras.shapes import keras_shapes
+
+        return keras_shapes(str(spec))
+    spec = load_spec(spec) if isinstance(spec, str) else spec
 
     return _shapes(spec)
 
@@ -46,23 +70,33 @@ def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
     return load_batch(spec, data=data)
 
 
-def explain(spec: Spec, data: Any = None) -> ExplainReport:
+def explain(spec: Spec | str, data: Any = None,
+            **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
     ``data`` is None (a synthetic batch from the seed), a path to an .npz file or a dict
     of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. Refused (ConfigError) when the
-    resource guard estimates more memory than a quarter of RAM.
+    resource guard estimates more memory than a quarter of RAM. ``spec`` may be the path of a
+    saved ``model.keras``: Keras runs it (``keras_options`` as the CLI's flags, e.g.
+    ``batch_size=8, loss="mse", training=True``).
     """
     from gradscope.guard import guard
     from gradscope.inspect import explain as _explain
+    from gradscope.keras.archive import is_keras_file
+
+    if is_keras_file(spec):
+        from gradscope.keras.explain import explain as _explain_keras
+
+        return _explain_keras(_keras_job(spec, data, keras_options))
+    spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
     guard(spec, "explain")
     return _explain(spec, data=batch)
 
 
-def check(spec: Spec, against: Any = None, chunks: int | None = None,
-          data: Any = None, **options: Any) -> CheckReport:
+def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
+          data: Any = None, **options: Any) -> CheckReport | KerasCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``. The
@@ -70,7 +104,16 @@ def check(spec: Spec, against: Any = None, chunks: int | None = None,
     known name, ``ConfigError`` says where.
     """
     from gradscope.guard import guard
+    from gradscope.keras.archive import is_keras_file
     from gradscope.witnesses import check as _check
+
+    if is_keras_file(spec):
+        from gradscope.keras.check import check as _check_keras
+
+        keras_keys = {"batch_size", "time_steps", "loss", "training", "pad", "seed"}
+        job = _keras_job(spec, data, {k: v for k, v in options.items() if k in keras_keys})
+        return _check_keras(job, **{k: v for k, v in options.items() if k not in keras_keys})
+    spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
     guard(spec, "check")

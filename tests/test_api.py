@@ -48,3 +48,19 @@ def test_the_api_refuses_a_model_that_cannot_fit():
                                 "layers": [{"gru": 50000}, {"dense": 2}]})
     with pytest.raises(ConfigError, match="the largest term is"):
         gradscope.explain(spec)
+
+
+def test_the_api_takes_a_saved_keras_model(tmp_path, tf):
+    import keras
+
+    import gradscope
+
+    model = keras.Sequential([keras.Input((4, 3)), keras.layers.GRU(2), keras.layers.Dense(1)])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    shapes = gradscope.shapes(str(path))
+    assert [w.shape for w in shapes.weights] == [list(v.shape) for v in model.weights]
+    report = gradscope.explain(str(path), batch_size=3)
+    assert report.loss.outputs[0].loss == "mean_squared_error"
+    assert report.model.batch_size == 3
+    assert gradscope.check(str(path), batch_size=3, directions=1).summary.passed
