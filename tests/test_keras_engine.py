@@ -225,3 +225,17 @@ def test_explain_and_check_json_follow_their_schemas(saved):
     checked = run_gradscope("check", path, "--json", "--directions", "1")
     assert checked.returncode == 0, checked.stderr[-2000:]
     jsonschema.validate(json.loads(checked.stdout), json_schema("check-keras"))
+
+
+def test_training_mode_is_seeded_and_differs_from_inference(saved):
+    from gradscope.keras.explain import explain as explain_job
+
+    _, paths = saved
+    path = str(paths["gru_dropouts"])
+    first = explain_job(prepare(path, batch_size=4, training=True))
+    again = explain_job(prepare(path, batch_size=4, training=True))
+    inference = explain_job(prepare(path, batch_size=4))
+    assert first.model.mode == "training" and inference.model.mode == "inference"
+    assert first.loss.value == again.loss.value
+    assert [g.stats for g in first.gradients] == [g.stats for g in again.gradients]
+    assert first.loss.value != inference.loss.value

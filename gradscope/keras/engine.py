@@ -75,6 +75,9 @@ class KerasEngine:
         self.training = training
         self.seed = seed
         compile_saved = plan.source == "compiled"
+        if training:
+            # Dropout's seed generators are drawn when the layers are built: seed them too.
+            keras.utils.set_random_seed(seed)
         try:
             with native_stderr_silenced():
                 self.model = keras.saving.load_model(path, compile=compile_saved,
