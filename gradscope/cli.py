@@ -374,16 +374,18 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     preflight.check_plot(plot, force, output)
     if is_keras_file(config):
         assert config is not None
-        if jacobians or flow or plot is not None or at is not None:
-            raise GradscopeError("--jacobians, --flow, --at and --plot are not available for "
-                                 ".keras models yet; plain explain is", where="--flow")
+        for option, given in (("--at", at is not None), ("--plot", plot is not None)):
+            if given:
+                raise GradscopeError(f"{option} (the influence ‖∂h_t/∂x_s‖) is not available "
+                                     "for .keras models yet; --flow and --jacobians are",
+                                     where=option)
         from gradscope.keras.explain import explain as explain_keras
 
         job = _keras_job(config, data_files, model_sizes, keras_run)
         progress = _stderr_console(quiet=quiet)
         with progress.status("gradscope explain", spinner="dots") as status:
             keras_report = explain_keras(job, progress=lambda message: status.update(message),
-                                         timings=timings)
+                                         timings=timings, flow=flow, jacobians=jacobians)
         _emit(keras_report, as_json, output, force)
         return EXIT_OK
     _refuse_keras_options(keras_run)
