@@ -19,11 +19,15 @@ import pytest
 T, F, B = 5, 3, 4
 
 
-def _twin(layer: Any, **overrides: Any) -> Any:
-    """A float64 copy of a Keras layer with the same weights."""
+def _twin(layer: Any, shape: tuple[Any, ...] | None = None, **overrides: Any) -> Any:
+    """A float64 copy of a Keras layer with the same weights (``shape``: its input's, for a
+    layer never called in the graph itself, such as a Bidirectional's directions)."""
     config = {**layer.get_config(), "dtype": "float64", **overrides}
     twin = type(layer).from_config(config)
-    twin.build(layer.input.shape if not isinstance(layer.input, list) else layer.input[0].shape)
+    if shape is None:
+        shape = (layer.input.shape if not isinstance(layer.input, list)
+                 else layer.input[0].shape)
+    twin.build(shape)
     twin.set_weights([np.asarray(w, np.float64) for w in layer.get_weights()])
     return twin
 
@@ -68,7 +72,9 @@ def _sequence(report: Any, what: str) -> np.ndarray:
 
 
 def _jacobian_truth(tf: Any, layer: Any, x: np.ndarray, states: list[np.ndarray]) -> np.ndarray:
-    twin = _twin(layer, return_state=True, return_sequences=False)
+    """Keras' own layer (a float64 twin, go_backwards as the layer has it) on x in input
+    order: ∂(final states)/∂(initial states) per example."""
+    twin = _twin(layer, (None, *x.shape[1:]), return_state=True, return_sequences=False)
     initial = tf.constant(np.concatenate(states, axis=1))
     count = len(states)
     with tf.GradientTape() as tape:
@@ -209,6 +215,71 @@ def test_lstm_encoder_decoder_with_wired_cell_state(tmp_path: Path) -> None:
                                      [np.asarray(s) for s in states]))
 
 
+def test_go_backwards_and_bidirectional(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(5)
+    x_in = keras.Input((T, F), name="x")
+    backwards = L.GRU(3, go_backwards=True, return_sequences=True, name="backwards")
+    both = L.Bidirectional(L.LSTM(2, return_sequences=True), name="both")
+    product = L.Bidirectional(L.GRU(2), merge_mode="mul", name="product")
+    dense = L.Dense(2, name="out")
+    pooled = L.GlobalAveragePooling1D()(both(backwards(x_in)))
+    model = keras.Model(x_in, dense(L.Concatenate()([pooled, product(x_in)])))
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    y = rng.normal(size=(B, 2)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "bi.keras", {"x": x}, y))
+    assert report.gradient_flow is not None
+    assert report.gradient_flow.not_analysed == []
+
+    back = _twin(backwards)
+    both_f = _twin(both.forward_layer, (None, T, 3))
+    both_b = _twin(both.backward_layer, (None, T, 3))
+    prod_f = _twin(product.forward_layer, (None, T, F))
+    prod_b = _twin(product.backward_layer, (None, T, F))
+    head = _twin(dense)
+    x64 = tf.constant(x, tf.float64)
+
+    def zeros(units: int, steps: int = T) -> list[Any]:
+        return [tf.zeros((B, units), tf.float64) for _ in range(steps)]
+
+    probes = {"backwards": zeros(3), "both/forward": zeros(2), "both/backward": zeros(2),
+              "product/forward": zeros(2), "product/backward": zeros(2)}
+    with tf.GradientTape() as tape:
+        tape.watch(list(probes.values()))
+        # processing order: a go_backwards layer reads x_T … x_1 and returns its steps so
+        seq_back, _ = _unroll(tf, back.cell, x64[:, ::-1], zeros(3, 1), probes["backwards"])
+        z = zeros(2, 1)[0]
+        seq_f, _ = _unroll(tf, both_f.cell, seq_back, [z, z], probes["both/forward"])
+        seq_b, _ = _unroll(tf, both_b.cell, seq_back[:, ::-1], [z, z], probes["both/backward"])
+        merged = tf.concat([seq_f, seq_b[:, ::-1]], axis=-1)
+        _, (h_f,) = _unroll(tf, prod_f.cell, x64, [z], probes["product/forward"])
+        _, (h_b,) = _unroll(tf, prod_b.cell, x64[:, ::-1], [z], probes["product/backward"])
+        features = tf.concat([tf.reduce_mean(merged, axis=1), h_f * h_b], axis=-1)
+        loss = tf.reduce_mean((head(features) - y.astype(np.float64)) ** 2)
+    truths = dict(zip(probes, tape.gradient(loss, list(probes.values())), strict=True))
+    for name, truth in truths.items():
+        np.testing.assert_allclose(_sequence(report, f"∂L/∂{name}/h_t"), _norms(truth),
+                                   rtol=1e-5, err_msg=name)
+    flows = {s.source: s for s in report.gradient_flow.sequences}
+    assert flows["backwards"].backwards and flows["both/backward"].backwards
+    assert not flows["both/forward"].backwards
+
+    _assert_jacobian(report, "backwards/h_T",
+                     _jacobian_truth(tf, backwards, x.astype(np.float64), [np.zeros((B, 3))]))
+    inner = np.asarray(seq_back)
+    for name, layer in (("both/forward", both.forward_layer),
+                        ("both/backward", both.backward_layer)):
+        _assert_jacobian(report, f"{name}/[h_T, c_T]",
+                         _jacobian_truth(tf, layer, inner, [np.zeros((B, 2))] * 2))
+    _assert_jacobian(report, "product/backward/h_T",
+                     _jacobian_truth(tf, product.backward_layer, x.astype(np.float64),
+                                     [np.zeros((B, 2))]))
+
+
 def test_unmodelled_calls_are_listed_not_guessed(tmp_path: Path) -> None:
     import keras
     from keras import layers as L
@@ -216,10 +287,10 @@ def test_unmodelled_calls_are_listed_not_guessed(tmp_path: Path) -> None:
     keras.utils.set_random_seed(4)
     x_in = keras.Input((T, F), name="x")
     masked = L.GRU(4, name="masked")(L.Masking()(x_in))
-    backwards = L.GRU(4, go_backwards=True, name="backwards")(x_in)
     relu = L.SimpleRNN(4, activation="relu", name="relu")(x_in)
-    both = L.Bidirectional(L.GRU(2), name="both")(x_in)
-    model = keras.Model(x_in, L.Dense(2)(L.Concatenate()([masked, backwards, relu, both])))
+    hard = L.Bidirectional(L.LSTM(2, recurrent_activation="hard_sigmoid"), name="hard")(x_in)
+    plain = L.GRU(2, name="plain")(x_in)
+    model = keras.Model(x_in, L.Dense(2)(L.Concatenate()([masked, relu, hard, plain])))
     rng = np.random.default_rng(3)
     x = rng.normal(size=(B, T, F)).astype(np.float32)
     x[0, -2:] = 0.0
@@ -228,14 +299,38 @@ def test_unmodelled_calls_are_listed_not_guessed(tmp_path: Path) -> None:
     for part in (report.gradient_flow, report.state_jacobians):
         assert part is not None
         reasons = {entry.layer: entry.reason for entry in part.not_analysed}
-        assert set(reasons) == {"masked", "backwards", "relu", "both"}
+        assert set(reasons) == {"masked", "relu", "hard"}
         assert "masked" in reasons["masked"]
-        assert "go_backwards" in reasons["backwards"]
         assert "activation relu" in reasons["relu"]
-        assert "Bidirectional" in reasons["both"]
+        assert "recurrent_activation hard_sigmoid" in reasons["hard"]
     assert report.gradient_flow is not None and report.state_jacobians is not None
-    assert [s.what for s in report.gradient_flow.sequences] == ["∂L/∂x_t"]
-    assert report.state_jacobians.entries == []
+    assert [s.what for s in report.gradient_flow.sequences] == ["∂L/∂plain/h_t", "∂L/∂x_t"]
+    assert [e.target for e in report.state_jacobians.entries] == ["plain/h_T"]
+
+
+def test_a_mask_that_keeps_every_step_is_the_plain_recurrence(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(6)
+    x_in = keras.Input((T, F), name="x")
+    gru = L.GRU(3, return_sequences=True, name="gru")
+    dense = L.Dense(2, name="out")
+    model = keras.Model(x_in, dense(gru(L.Masking()(x_in))))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)  # no step is all zeros
+    y = rng.normal(size=(B, T, 2)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "kept.keras", {"x": x}, y))
+    twin, head = _twin(gru), _twin(dense)
+    probes = [tf.zeros((B, 3), tf.float64) for _ in range(T)]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        sequence, _ = _unroll(tf, twin.cell, tf.constant(x, tf.float64),
+                              [tf.zeros((B, 3), tf.float64)], probes)
+        loss = tf.reduce_mean((head(sequence) - y.astype(np.float64)) ** 2)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂gru/h_t"),
+                               _norms(tape.gradient(loss, probes)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("option", ["--at", "--plot"])

@@ -129,7 +129,8 @@ def flow_lines(flow: KerasGradientFlow, width: int) -> list[RenderableType]:
     parts: list[RenderableType] = [
         section("Gradient flow over time (log-scale sparklines, t = 0 … T−1; ∂L/∂h_t is the "
                 "total: from above at t plus what flows back from t+1)")]
-    rows = {f"‖{s.what}‖": s.norms for s in flow.sequences if s.norms}
+    rows = {f"‖{s.what}‖" + (" (read backwards)" if s.backwards else ""): s.norms
+            for s in flow.sequences if s.norms}
     if rows:
         parts.append(norm_table(rows, width))
     else:

@@ -354,6 +354,8 @@ class KerasFlowSequence(_Report):
     kind: Literal["state", "input"]
     source: str = Field(description="the layer call or the model input")
     norms: list[float] = Field(description="per step t: the Frobenius norm over the batch")
+    backwards: bool = Field(default=False, description="a layer that reads the input backwards: "
+                            "its steps are in processing order, t = 0 is the last input step")
 
 
 class KerasNotAnalysed(_Report):
