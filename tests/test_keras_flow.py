@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_gradscope
 
 T, F, B = 5, 3, 4
 
@@ -333,10 +334,32 @@ def test_a_mask_that_keeps_every_step_is_the_plain_recurrence(tmp_path: Path) ->
                                _norms(tape.gradient(loss, probes)), rtol=1e-5)
 
 
+def test_vanishing_gradient_is_flagged_through_the_cli(tmp_path: Path) -> None:
+    """A SimpleRNN whose recurrent kernel shrinks the state tenfold per step, read at its last
+    step only: ∂L/∂h_t vanishes towards t = 0, and the CLI says so at 80 columns."""
+    import keras
+    from keras import layers as L
+
+    keras.utils.set_random_seed(7)
+    rnn = L.SimpleRNN(3, name="rnn")
+    model = keras.Sequential([keras.Input((8, F)), rnn, L.Dense(1)])
+    kernel, _, bias = rnn.get_weights()
+    rnn.set_weights([kernel, 0.1 * np.eye(3, dtype=np.float32), bias])
+    path, data = _save(model, tmp_path / "fading.keras",
+                       {"x": np.ones((B, 8, F), np.float32)}, np.ones((B, 1), np.float32))
+    result = run_gradscope("explain", path, "--data", data, "--flow", "--jacobians",
+                           env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = " ".join(lines)
+    assert "State Jacobians ∂h_T/∂h_0" in text and "rnn/h_T" in text
+    assert "‖∂L/∂rnn/h_t‖" in text
+    assert "⚠ ∂L/∂rnn/h_t is" in text and "vanishing gradients" in text
+
+
 @pytest.mark.parametrize("option", ["--at", "--plot"])
 def test_cli_refuses_influence_options(tmp_path: Path, option: str) -> None:
-    from conftest import run_gradscope
-
     path = tmp_path / "m.keras"
     path.write_bytes(b"")  # refused before the file is read
     value = "1" if option == "--at" else str(tmp_path / "f.png")
