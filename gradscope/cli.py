@@ -331,11 +331,12 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @config_argument
 @data_options
 @click.option("--jacobians", is_flag=True,
-              help="Add ∂h_T/∂h_0 between every pair of recurrent layers, per example: Frobenius "
-                   "norm and singular values.")
+              help="Add ∂h_T/∂h_0 between every pair of recurrent layers (of a .keras model: "
+                   "of every recurrent call), per example: Frobenius norm and singular values.")
 @click.option("--flow", is_flag=True,
               help="Add the gradient norms per time step, the influence ‖∂h_t/∂x_s‖ of every "
-                   "input step, and flags for vanishing or exploding gradients.")
+                   "input step (not for .keras models), and flags for vanishing or exploding "
+                   "gradients.")
 @click.option("--at", type=int, metavar="T",
               help="The step t of ‖∂h_t/∂x_s‖, 0 to time steps − 1 (default: the last step). "
                    "Implies --flow.")
