@@ -319,11 +319,12 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @config_argument
 @data_options
 @click.option("--jacobians", is_flag=True,
-              help="Add ∂h_T/∂h_0 between every pair of recurrent layers, per example: Frobenius "
-                   "norm and singular values.")
+              help="Add ∂h_T/∂h_0 between every pair of recurrent layers (of a .keras model: "
+                   "of every recurrent call), per example: Frobenius norm and singular values.")
 @click.option("--flow", is_flag=True,
               help="Add the gradient norms per time step, the influence ‖∂h_t/∂x_s‖ of every "
-                   "input step, and flags for vanishing or exploding gradients.")
+                   "input step (not for .keras models), and flags for vanishing or exploding "
+                   "gradients.")
 @click.option("--at", type=int, metavar="T",
               help="The step t of ‖∂h_t/∂x_s‖, 0 to time steps − 1 (default: the last step). "
                    "Implies --flow.")
@@ -362,16 +363,18 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     preflight.check_plot(plot, force, output)
     if is_keras_file(config):
         assert config is not None
-        if jacobians or flow or plot is not None or at is not None:
-            raise GradscopeError("--jacobians, --flow, --at and --plot are not available for "
-                                 ".keras models yet; plain explain is", where="--flow")
+        for option, given in (("--at", at is not None), ("--plot", plot is not None)):
+            if given:
+                raise GradscopeError(f"{option} (the influence ‖∂h_t/∂x_s‖) is not available "
+                                     "for .keras models yet; --flow and --jacobians are",
+                                     where=option)
         from gradscope.keras.explain import explain as explain_keras
 
         job = _keras_job(config, data_files, model_sizes, keras_run)
         progress = _stderr_console(quiet=quiet)
         with progress.status("gradscope explain", spinner="dots") as status:
             keras_report = explain_keras(job, progress=lambda message: status.update(message),
-                                         timings=timings)
+                                         timings=timings, flow=flow, jacobians=jacobians)
         _emit(keras_report, as_json, output, force)
         return EXIT_OK
     _refuse_keras_options(keras_run)

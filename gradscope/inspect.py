@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -265,10 +265,9 @@ HEATMAP_ROWS = 16
 FLOW_FACTOR = 100.0
 
 
-def flow_entry(found: Dynamics) -> GradientFlow:
+def flow_flags(sequences: dict[str, Any]) -> list[FlowFlag]:
+    """Vanishing/exploding flags: norm at t=0 over the norm at t=T−1 beyond FLOW_FACTOR."""
     flags = []
-    sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}
-    sequences["∂L/∂x_t"] = found.input_gradient_norms
     for what, norms in sequences.items():
         if len(norms) < 2 or norms[-1] == 0:
             continue
@@ -280,6 +279,13 @@ def flow_entry(found: Dynamics) -> GradientFlow:
                 message=f"{what} is {ratio:.2e} × as large at t=0 as at t={len(norms) - 1}: "
                         f"{kind} gradients (flagged beyond a factor {FLOW_FACTOR:g})",
             ))
+    return flags
+
+
+def flow_entry(found: Dynamics) -> GradientFlow:
+    sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}
+    sequences["∂L/∂x_t"] = found.input_gradient_norms
+    flags = flow_flags(sequences)
     return GradientFlow(
         steps=len(found.input_gradient_norms),
         state_gradient_norms={name: [float(v) for v in norms]

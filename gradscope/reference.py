@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,8 +41,21 @@ Params = dict[str, np.ndarray]  # one layer's weights by short name: w_ru, b_ru,
 StepCache = dict[str, np.ndarray]  # what one forward step keeps for its backward step
 Cache = list[StepCache]  # one StepCache per time step, in time order
 Forward = Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarray, Cache]]
-Backward = Callable[[Params, Cache, np.ndarray, np.ndarray | None],
-                    tuple[np.ndarray, np.ndarray, Params]]
+
+
+class Backward(Protocol):
+    """BPTT of one layer: ``(params, cache, d_h_seq, d_h_final)`` → (d_x_seq, d_h0 — a tuple
+    (d_h0, d_c0) for an LSTM —, the weight gradients).
+
+    ``d_c_final`` (LSTM only) is a gradient on c_T from outside the sequence. ``totals``, when
+    given, receives the total ∂L/∂h_t of every step (B, u), in time order: what arrives from
+    above at step t plus what flows back from t+1. Neither changes any other result.
+    """
+
+    def __call__(self, params: Params, cache: Cache, d_h_seq: np.ndarray,
+                 d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
+                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]: ...
+
 StepBackward = Callable[[Params, StepCache, np.ndarray], tuple[np.ndarray, np.ndarray, Params]]
 
 
@@ -175,7 +188,8 @@ def gru_block_step_backward(params: Params, cache: StepCache,
 
 
 def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.ndarray,
-         d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
+         d_h_final: np.ndarray | None = None,
+         totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
     """Backpropagation through time for any cell with one state, given its step backward.
 
     d_h_seq (B, T, u) is ∂L/∂h_t arriving from above at every step: from the next layer, or
@@ -187,7 +201,8 @@ def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.
             d_x_t, d_h_next, d_W_t = step backward(d_h)
             d_W += d_W_t
 
-    Returns d_x_seq (B, T, F), d_h0 = ∂L/∂h_0 (B, u), and the weight gradients.
+    Returns d_x_seq (B, T, F), d_h0 = ∂L/∂h_0 (B, u), and the weight gradients. ``totals``,
+    when given, is filled with every step's d_h, in time order.
     """
     d_h_seq = _time_major(d_h_seq)  # from here on, d_h_seq[t] is step t's (B, u) slice
     d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
@@ -197,6 +212,8 @@ def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.
         # h_t went up to the layer above AND on to step t+1: add the gradient carried back
         # from t+1. Dropping "+ d_h_next" is the classic BPTT bug.
         d_h = d_h_seq[t] + d_h_next
+        if totals is not None:
+            totals.insert(0, d_h)
         d_x_seq[t], d_h_next, d_params_t = step_backward(params, cache[t], d_h)
         _add_into(d_params, d_params_t)
     d_h0 = d_h_next  # after step 0, the carry is ∂L/∂h_0
@@ -438,15 +455,18 @@ def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
         return np.stack(outputs, axis=1), cache
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                 d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, Any, Params]:
+                 d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
+                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
         """BPTT with two carries: d_h_next and d_c_next both come back from t+1."""
         d_h_seq = _time_major(d_h_seq)
         d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
         d_params = _zeros_like(params)
         d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
-        d_c_next = np.zeros_like(d_h_seq[0])
+        d_c_next = np.zeros_like(d_h_seq[0]) if d_c_final is None else d_c_final
         for t in reversed(range(len(cache))):
             d_h = d_h_seq[t] + d_h_next  # the gradient carried back from t+1 is added
+            if totals is not None:
+                totals.insert(0, d_h)
             d_x_seq[t], d_h_next, d_c_next, d_params_t = lstm_step_backward(
                 params, cache[t], d_h, d_c_next, layout)
             _add_into(d_params, d_params_t)
@@ -464,8 +484,11 @@ def single_state(step: Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarr
         return _scan(step, params, x_seq, h0)
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                 d_h_final: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
-        return bptt(step_backward, params, cache, d_h_seq, d_h_final)
+                 d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
+                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
+        if d_c_final is not None:
+            raise ValueError("d_c_final: this cell has no cell state c")
+        return bptt(step_backward, params, cache, d_h_seq, d_h_final, totals)
 
     return forward, backward
 

@@ -80,8 +80,10 @@ def prepare(path: str, batch_size: int | None = None, time_steps: int | None = N
                     batch=batch, batch_size=int(size), training=training, seed=seed)
 
 
-def explain(job: KerasJob, progress: Progress | None = None,
-            timings: bool = False) -> KerasExplainReport:
+def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
+            flow: bool = False, jacobians: bool = False) -> KerasExplainReport:
+    """``flow``: ‖∂L/∂h_t‖ (with the recurrence) of every recurrent call and ‖∂L/∂x_t‖ of every
+    float sequence input; ``jacobians``: ∂h_T/∂h_0 of every recurrent call."""
     from gradscope.keras.engine import KerasEngine
 
     say = progress or (lambda message: None)
@@ -94,10 +96,25 @@ def explain(job: KerasJob, progress: Progress | None = None,
     if targets is None:
         targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
     say("running the model forward and backward under the tape")
-    result = engine.run(job.batch.inputs, targets)
+    result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow)
     clock["forward_backward"] = time.perf_counter() - start - clock["load"]
     report = _report(job, engine, result)
-    clock["explain"] = time.perf_counter() - start - clock["load"] - clock["forward_backward"]
+    clock["explain"] = time.perf_counter() - start - sum(clock.values())
+    update: dict[str, Any] = {}
+    if flow:
+        from gradscope.keras.flow import gradient_flow
+
+        say("gradient flow: the total ∂L/∂h_t of every recurrent call")
+        update["gradient_flow"] = gradient_flow(job, engine, result)
+        clock["flow"] = time.perf_counter() - start - sum(clock.values())
+    if jacobians:
+        from gradscope.keras.flow import state_jacobians
+
+        say("state Jacobians ∂h_T/∂h_0 of every recurrent call")
+        update["state_jacobians"] = state_jacobians(job, engine, result)
+        clock["jacobians"] = time.perf_counter() - start - sum(clock.values())
+    if update:
+        report = report.model_copy(update=update)
     if timings:
         report = report.model_copy(update={"timings": {k: round(v, 4) for k, v in clock.items()}})
     return report

@@ -12,12 +12,15 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasGradientEntry,
+    KerasGradientFlow,
     KerasLayerEntry,
+    KerasNotAnalysed,
     KerasShapesReport,
     KerasStateEntry,
+    KerasStateJacobians,
     Stats,
 )
-from gradscope.report.text import number, section, shape_text
+from gradscope.report.text import jacobian_table, norm_table, number, section, shape_text
 
 
 def _dims(shape: list[int | None]) -> str:
@@ -104,7 +107,44 @@ def state_table(states: list[KerasStateEntry]) -> Table:
     return table
 
 
-def render_keras_explain(report: KerasExplainReport) -> list[RenderableType]:
+def _not_analysed(entries: list[KerasNotAnalysed]) -> list[RenderableType]:
+    return [Text(f"· {entry.layer}: not analysed: {entry.reason}", style="yellow")
+            for entry in entries]
+
+
+def jacobian_lines(jacobians: KerasStateJacobians, width: int) -> list[RenderableType]:
+    parts: list[RenderableType] = [
+        section("State Jacobians ∂h_T/∂h_0 of every recurrent call: how much of the initial "
+                "state survives to the end (medians over the batch)")]
+    if jacobians.entries:
+        parts.append(jacobian_table(jacobians.entries, width))
+    else:
+        parts.append(Text("no recurrent call could be analysed", style="dim"))
+    parts += _not_analysed(jacobians.not_analysed)
+    parts.append(Text(jacobians.method, style="dim"))
+    return parts
+
+
+def flow_lines(flow: KerasGradientFlow, width: int) -> list[RenderableType]:
+    parts: list[RenderableType] = [
+        section("Gradient flow over time (log-scale sparklines, t = 0 … T−1; ∂L/∂h_t is the "
+                "total: from above at t plus what flows back from t+1)")]
+    rows = {f"‖{s.what}‖" + (" (read backwards)" if s.backwards else ""): s.norms
+            for s in flow.sequences if s.norms}
+    if rows:
+        parts.append(norm_table(rows, width))
+    else:
+        parts.append(Text("no recurrent call or float sequence input to show", style="dim"))
+    for flag in flow.flags:
+        parts.append(Text(f"⚠ {flag.message}", style="bold yellow"))
+    if rows and not flow.flags:
+        parts.append(Text("no vanishing or exploding gradients flagged", style="dim"))
+    parts += _not_analysed(flow.not_analysed)
+    parts.append(Text(flow.method, style="dim"))
+    return parts
+
+
+def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[RenderableType]:
     parts: list[RenderableType] = [*header(report)]
     for warning in report.warnings:
         parts.append(Text(f"⚠ {warning}", style="bold yellow"))
@@ -124,6 +164,10 @@ def render_keras_explain(report: KerasExplainReport) -> list[RenderableType]:
             mark = "✓" if witness.passed else "·"
             parts.append(Text(f"{mark} {witness.layer}: {witness.witness} {witness.detail}",
                               style="green" if witness.passed else "dim"))
+    if report.state_jacobians is not None:
+        parts += jacobian_lines(report.state_jacobians, width)
+    if report.gradient_flow is not None:
+        parts += flow_lines(report.gradient_flow, width)
     if report.timings:
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"\ntimings: {laps}", style="dim"))
@@ -196,4 +240,4 @@ def render_keras(report: KerasExplainReport | KerasShapesReport | KerasCheckRepo
         return render_keras_shapes(report)
     if isinstance(report, KerasCheckReport):
         return render_keras_check(report, width)
-    return render_keras_explain(report)
+    return render_keras_explain(report, width)

@@ -347,6 +347,40 @@ class KerasWitnessEntry(_Report):
     detail: str
 
 
+class KerasFlowSequence(_Report):
+    """‖∂L/∂h_t‖ of one recurrent call, or ‖∂L/∂x_t‖ of one sequence input, per step."""
+
+    what: str = Field(description="e.g. ∂L/∂decoder[1]/h_t or ∂L/∂tokens_t")
+    kind: Literal["state", "input"]
+    source: str = Field(description="the layer call or the model input")
+    norms: list[float] = Field(description="per step t: the Frobenius norm over the batch")
+    backwards: bool = Field(default=False, description="a layer that reads the input backwards: "
+                            "its steps are in processing order, t = 0 is the last input step")
+
+
+class KerasNotAnalysed(_Report):
+    layer: str = Field(description="the layer call, e.g. decoder or gru[1]")
+    reason: str
+
+
+class KerasGradientFlow(_Report):
+    """With --flow: the total ∂L/∂h_t (from above at t plus what flows back from t+1) of every
+    recurrent call, and ∂L/∂x_t of every float sequence input."""
+
+    method: str
+    sequences: list[KerasFlowSequence]
+    not_analysed: list[KerasNotAnalysed]
+    flags: list[FlowFlag]
+
+
+class KerasStateJacobians(_Report):
+    """With --jacobians: ∂(final state)/∂(initial state) of every recurrent call, per example."""
+
+    method: str
+    entries: list[JacobianEntry]
+    not_analysed: list[KerasNotAnalysed]
+
+
 class KerasExplainReport(_Report):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
@@ -358,6 +392,9 @@ class KerasExplainReport(_Report):
     initial_state_gradients: list[KerasStateEntry]
     witnesses: list[KerasWitnessEntry]
     warnings: list[str]
+    gradient_flow: KerasGradientFlow | None = Field(default=None, description="with --flow")
+    state_jacobians: KerasStateJacobians | None = Field(default=None,
+                                                        description="with --jacobians")
     timings: dict[str, float] | None = None
 
 

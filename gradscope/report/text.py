@@ -375,6 +375,16 @@ def flow_lines(flow: GradientFlow, width: int) -> list[RenderableType]:
     rows["‖∂L/∂x_t‖"] = flow.input_gradient_norms
     rows[f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s = 0 … T−1)"] = \
         flow.influence
+    lines: list[RenderableType] = [norm_table(rows, width)]
+    for flag in flow.flags:
+        lines.append(Text(f"⚠ {flag.message}", style="bold yellow"))
+    if not flow.flags:
+        lines.append(Text("no vanishing or exploding gradients flagged", style="dim"))
+    return lines
+
+
+def norm_table(rows: dict[str, list[float]], width: int) -> Table:
+    """One row per sequence of norms: its label, a sparkline, the first and last values."""
     # What is left for the sparkline once the label and both numbers have their room.
     numbers = max(len(number(norms[i])) for norms in rows.values() for i in (0, -1))
     fixed = 2 * max(numbers, len("at t=T−1")) + 3 * GAP
@@ -388,12 +398,7 @@ def flow_lines(flow: GradientFlow, width: int) -> list[RenderableType]:
     for label, norms in rows.items():
         layout.add_row(Text(label), atom(sparkline(norms, spark_width), "cyan"),
                        atom(number(norms[0])), atom(number(norms[-1])))
-    lines: list[RenderableType] = [fit(width, layout)]
-    for flag in flow.flags:
-        lines.append(Text(f"⚠ {flag.message}", style="bold yellow"))
-    if not flow.flags:
-        lines.append(Text("no vanishing or exploding gradients flagged", style="dim"))
-    return lines
+    return fit(width, layout)
 
 
 def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:

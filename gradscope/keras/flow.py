@@ -1,0 +1,407 @@
+"""Across time inside the user's Keras model: gradient flow and state Jacobians of every
+recurrent call, wherever it sits in the graph.
+
+- ``‖∂L/∂h_t‖`` per step, WITH the recurrence: the total gradient arriving at h_t, from above
+  at step t plus what flows back from t+1. Keras' layer hides h_t inside its loop, so the
+  call is re-run in gradscope's NumPy reference cell (float64) on the captured input and
+  initial state, and its BPTT is fed the upstream ∂L/∂(the call's outputs) that the tape gave:
+  one backward pass, whose carry at each step is that total.
+- ``‖∂L/∂x_t‖`` per step for every float sequence input (B, T, F), from the same tape.
+- ``∂h_T/∂h_0`` per example of every recurrent call: gradscope's TF cell on the captured
+  input, in float64, with ``batch_jacobian`` inside one traced function per layer.
+
+A Bidirectional call is two units, its forward and backward layers, with the upstream gradient
+split as its merge mode joined them; a go_backwards layer is re-run on the reversed input. Every
+output the call gave is rebuilt from the NumPy cells and must equal Keras' before any number is
+reported. A call the cells do not model (masked steps in the batch, other activations,
+stateful, dropout in training mode) is listed as not analysed, with the reason: never a number
+that may be wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gradscope.cells.base import Cell
+from gradscope.errors import InternalError
+from gradscope.keras.engine import CapturedCall, KerasPass, call_label
+from gradscope.keras.layers import LayerFacts, explainer_for
+from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.keras.witness import TOLERANCES
+from gradscope.reference import RECURRENT, cell_key
+from gradscope.report.models import (
+    JacobianEntry,
+    KerasFlowSequence,
+    KerasGradientFlow,
+    KerasNotAnalysed,
+    KerasStateJacobians,
+)
+
+FLOW_METHOD = ("the total ∂L/∂h_t of each recurrent call: gradscope's NumPy reference BPTT "
+               "(float64) re-runs the call on its captured input and initial state and is fed "
+               "the tape's ∂L/∂(the call's outputs), one backward pass; ∂L/∂x_t from the tape; "
+               "norms are Frobenius over the batch")
+JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
+                   "captured input and initial state, float64, batch_jacobian in one traced "
+                   "function per layer")
+
+#: Bidirectional merge modes whose gradient gradscope splits between the two directions.
+MERGE_MODES = ("concat", "sum", "ave", "mul", None)
+
+BACKWARDS_NOTE = ("a go_backwards layer, and the backward layer of a Bidirectional, is shown "
+                  "in its processing order: its t = 0 is the last input step")
+
+
+@dataclass
+class Unit:
+    """One recurrent layer as gradscope re-runs it: a plain call, or one direction of a
+    Bidirectional call. ``x`` and every sequence are in processing order (reversed for a
+    go_backwards layer)."""
+
+    label: str  # "decoder", "decoder[1]", "both/forward"
+    class_name: str
+    cell: Cell
+    params: dict[str, np.ndarray]  # float64
+    x: np.ndarray  # (B, T, F) float64, processing order
+    states: list[np.ndarray]  # float64
+    backwards: bool
+    sequence: np.ndarray = field(default_factory=lambda: np.zeros(0))  # h_1 … h_T
+    cache: Any = None
+    final_c: np.ndarray | None = None
+
+    @property
+    def state_count(self) -> int:
+        return len(self.cell.state_names)
+
+    def finals(self) -> list[np.ndarray]:
+        return [self.sequence[:, -1]] + ([self.final_c] if self.final_c is not None else [])
+
+
+@dataclass
+class RecurrentCall:
+    """A recurrent call whose every output gradscope's NumPy cells reproduce."""
+
+    label: str
+    call: CapturedCall
+    units: list[Unit]
+    return_sequences: bool
+    return_state: bool
+    merge_mode: str | None = "concat"  # Bidirectional only
+
+
+def recurrent_calls(job: Any, engine: Any,
+                    result: KerasPass) -> tuple[list[RecurrentCall], list[KerasNotAnalysed]]:
+    """Every recurrent call of the run that gradscope's cells model exactly, and the others
+    with the reason they are left out."""
+    usable: list[RecurrentCall] = []
+    skipped: list[KerasNotAnalysed] = []
+    for call in result.calls:
+        if call.class_name not in {"GRU", "LSTM", "SimpleRNN", "Bidirectional"}:
+            continue
+        label = call_label(call.layer, call.index)
+        found = _prepare(call, label, engine)
+        if isinstance(found, str):
+            skipped.append(KerasNotAnalysed(layer=label, reason=found))
+        else:
+            usable.append(found)
+    return usable, skipped
+
+
+def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str:
+    """The call's units, run forward in NumPy and checked against every output Keras gave,
+    or the reason gradscope does not analyse the call."""
+    layer = engine.operation(call.layer)
+    if call.mask is not None and not np.all(np.asarray(call.mask)):
+        # With every step kept, Keras' masked loop computes exactly the plain recurrence.
+        return ("the input is masked and this batch has masked steps (Keras holds the state "
+                "over them; the cells do not model masks)")
+    if not call.states:
+        return ("stateful" if getattr(layer, "stateful", False)
+                else "no initial state captured")
+    bidirectional = call.class_name == "Bidirectional"
+    if bidirectional:
+        parts = [(f"{label}/forward", layer.forward_layer),
+                 (f"{label}/backward", layer.backward_layer)]
+        if layer.merge_mode not in MERGE_MODES:
+            return f"Bidirectional merge_mode {layer.merge_mode!r}"
+        if type(layer.forward_layer).__name__ not in {"GRU", "LSTM", "SimpleRNN"}:
+            return f"Bidirectional over {type(layer.forward_layer).__name__}"
+    else:
+        parts = [(label, layer)]
+    x = np.asarray(call.args[0], np.float64)
+    states = [np.asarray(s, np.float64) for s in call.states]
+    units: list[Unit] = []
+    for name, sub in parts:
+        reason = _unmodelled(sub, engine.training)
+        if reason:
+            return reason
+        class_name = type(sub).__name__
+        facts = LayerFacts(name=sub.name, class_name=class_name, config=sub.get_config(),
+                           input_shapes=((None, *x.shape[1:]),))
+        explainer = explainer_for(class_name)
+        if not isinstance(explainer, RecurrentExplainer):
+            return f"no gradscope cell for {class_name}"
+        cell = explainer.cell(facts)
+        count = len(cell.state_names)
+        mine, states = states[:count], states[count:]
+        backwards = bool(getattr(sub, "go_backwards", False))
+        units.append(Unit(label=name, class_name=class_name, cell=cell,
+                          params=_params(sub, cell), x=x[:, ::-1] if backwards else x,
+                          states=mine, backwards=backwards))
+    recurrent = RecurrentCall(label=label, call=call, units=units,
+                              return_sequences=bool(layer.return_sequences),
+                              return_state=bool(layer.return_state),
+                              merge_mode=layer.merge_mode if bidirectional else None)
+    for unit in units:
+        forward, _ = RECURRENT[cell_key(unit.cell)]
+        unit.sequence, unit.cache = forward(unit.params, unit.x, *unit.states)
+        if unit.state_count > 1:
+            unit.final_c = unit.cache[-1]["c"]
+    return _reproduces(recurrent, engine.dtype_name) or recurrent
+
+
+def _unmodelled(layer: Any, training: bool) -> str | None:
+    """Why gradscope's cells cannot stand in for this layer, or None."""
+    reasons = []
+    activation = getattr(layer, "activation", None)
+    if getattr(activation, "__name__", "tanh") != "tanh":
+        reasons.append(f"activation {activation.__name__}")  # type: ignore[union-attr]
+    recurrent = getattr(layer, "recurrent_activation", None)
+    if type(layer).__name__ != "SimpleRNN" and getattr(recurrent, "__name__",
+                                                       "sigmoid") != "sigmoid":
+        reasons.append(f"recurrent_activation {recurrent.__name__}")  # type: ignore[union-attr]
+    if getattr(layer, "stateful", False):
+        reasons.append("stateful")
+    if training:
+        reasons += [f"{key} {getattr(layer, key)} in training mode"
+                    for key in ("dropout", "recurrent_dropout")
+                    if float(getattr(layer, key, 0.0) or 0.0) > 0]
+    if reasons:
+        return ("the cells model tanh/sigmoid layers without dropout only ("
+                + ", ".join(reasons) + ")")
+    return None
+
+
+def _params(layer: Any, cell: Cell) -> dict[str, np.ndarray]:
+    """The weights in float64 by short name, with a zero bias when the layer has none."""
+    params = {v.path.split("/")[-1]: np.asarray(v.numpy(), np.float64) for v in layer.weights}
+    if "bias" not in params:  # use_bias=False: the same cell with a zero bias
+        units = cell.units
+        if cell_key(cell) == "gru_keras":
+            params["bias"] = np.zeros((2, 3 * units))
+        else:
+            params["bias"] = np.zeros(({"gru": 3, "lstm": 4, "simple_rnn": 1}[cell.kind]
+                                       * units,))
+    return params
+
+
+def _outputs(recurrent: RecurrentCall) -> list[np.ndarray]:
+    """What Keras returns for this call, rebuilt from the NumPy sequences."""
+    ys = [u.sequence if recurrent.return_sequences else u.sequence[:, -1]
+          for u in recurrent.units]
+    states = [s for u in recurrent.units for s in u.finals()] if recurrent.return_state else []
+    if len(ys) == 1:
+        return [ys[0], *states]
+    forward, backward = ys
+    if recurrent.return_sequences:
+        backward = backward[:, ::-1]
+    merged = {"concat": lambda: [np.concatenate([forward, backward], axis=-1)],
+              "sum": lambda: [forward + backward], "ave": lambda: [(forward + backward) / 2],
+              "mul": lambda: [forward * backward],
+              None: lambda: [forward, backward]}[recurrent.merge_mode]()
+    return [*merged, *states]
+
+
+def _reproduces(recurrent: RecurrentCall, dtype: str) -> str | None:
+    """None when every output of the call equals Keras' to the witness tolerance."""
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    ours = _outputs(recurrent)
+    keras = [np.asarray(o, np.float64) for o in recurrent.call.outputs]
+    if len(ours) != len(keras):
+        return f"gradscope expects {len(ours)} outputs, Keras gave {len(keras)}"
+    for k, (mine, theirs) in enumerate(zip(ours, keras, strict=True)):
+        if mine.shape != theirs.shape:
+            return (f"gradscope's cells give output {k} the shape {mine.shape}, Keras "
+                    f"{theirs.shape}")
+        if not mine.size:
+            continue
+        error = float(np.max(np.abs(mine - theirs)))
+        allowed = atol + rtol * float(np.max(np.abs(theirs)))
+        if not error <= allowed:
+            return (f"gradscope's cells do not reproduce Keras' output {k} (max |error| "
+                    f"{error:.1e} > {allowed:.1e})")
+    return None
+
+
+# -- gradient flow ---------------------------------------------------------------------------
+
+
+def _upstream(recurrent: RecurrentCall, gradients: list[np.ndarray | None]) -> list[
+        tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
+    """Per unit: ∂L/∂h_t from above (B, T, u) in processing order, ∂L/∂h_T and ∂L/∂c_T from
+    the returned states (None when not returned)."""
+    outputs = recurrent.call.outputs
+    grads = [np.zeros(np.shape(o)) if g is None else np.asarray(g, np.float64)
+             for o, g in zip(outputs, gradients, strict=True)]
+    units = recurrent.units
+    if len(units) == 1:
+        d_ys, rest = [grads[0]], grads[1:]
+    else:
+        mode = recurrent.merge_mode
+        first, second = (u.sequence if recurrent.return_sequences else u.sequence[:, -1]
+                         for u in units)
+        if recurrent.return_sequences:
+            second = second[:, ::-1]  # as merged: aligned with the input steps
+        if mode is None:
+            d_ys, rest = [grads[0], grads[1]], grads[2:]
+        else:
+            d, rest = grads[0], grads[1:]
+            width = units[0].cell.units
+            d_ys = {"concat": lambda: [d[..., :width], d[..., width:]],
+                    "sum": lambda: [d, d], "ave": lambda: [d / 2, d / 2],
+                    "mul": lambda: [d * second, d * first]}[str(mode)]()
+        if recurrent.return_sequences:
+            d_ys[1] = d_ys[1][:, ::-1]  # back to the backward layer's processing order
+    result = []
+    for unit, d_y in zip(units, d_ys, strict=True):
+        if recurrent.return_sequences:
+            d_seq = d_y
+        else:
+            d_seq = np.zeros(unit.sequence.shape)
+            d_seq[:, -1] = d_y
+        d_h_final = d_c_final = None
+        if recurrent.return_state:
+            mine, rest = rest[:unit.state_count], rest[unit.state_count:]
+            d_h_final = mine[0]
+            d_c_final = mine[1] if unit.state_count > 1 else None
+        result.append((d_seq, d_h_final, d_c_final))
+    return result
+
+
+def total_state_gradients(recurrent: RecurrentCall, result: KerasPass) -> list[np.ndarray] | str:
+    """Per unit, the total ∂L/∂h_t (B, T, u) in processing order, or why it cannot be given."""
+    gradients = result.output_gradients.get(recurrent.label)
+    if gradients is None:
+        return "the run did not watch this call's outputs"
+    totals_by_unit = []
+    for unit, (d_seq, d_h_final, d_c_final) in zip(recurrent.units,
+                                                   _upstream(recurrent, gradients),
+                                                   strict=True):
+        _, backward = RECURRENT[cell_key(unit.cell)]
+        totals: list[np.ndarray] = []
+        backward(unit.params, unit.cache, d_seq, d_h_final, d_c_final=d_c_final,
+                 totals=totals)
+        totals_by_unit.append(np.stack(totals, axis=1))
+    return totals_by_unit
+
+
+def per_step_norms(gradient: np.ndarray) -> list[float]:
+    """Frobenius norm over every axis but the time axis 1."""
+    squares = np.asarray(gradient, np.float64) ** 2
+    return [float(v) for v in np.sqrt(squares.sum(axis=tuple(i for i in range(squares.ndim)
+                                                             if i != 1)))]
+
+
+def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow:
+    """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True)``."""
+    from gradscope.inspect import flow_flags
+
+    usable, skipped = recurrent_calls(job, engine, result)
+    sequences: list[KerasFlowSequence] = []
+    backwards = False
+    for recurrent in usable:
+        totals = total_state_gradients(recurrent, result)
+        if isinstance(totals, str):
+            skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=totals))
+            continue
+        for unit, total in zip(recurrent.units, totals, strict=True):
+            backwards = backwards or unit.backwards
+            sequences.append(KerasFlowSequence(
+                what=f"∂L/∂{unit.label}/h_t", kind="state", source=unit.label,
+                norms=per_step_norms(total), backwards=unit.backwards))
+    for name, value in job.batch.inputs.items():
+        if value.dtype.kind != "f" or value.ndim != 3:
+            continue
+        gradient = result.input_gradients.get(name)
+        norms = (per_step_norms(gradient) if gradient is not None
+                 else [0.0] * int(value.shape[1]))
+        sequences.append(KerasFlowSequence(what=f"∂L/∂{name}_t", kind="input", source=name,
+                                           norms=norms))
+    _in_call_order(skipped, result)
+    flags = flow_flags({s.what: np.asarray(s.norms) for s in sequences})
+    method = FLOW_METHOD + ("; " + BACKWARDS_NOTE if backwards else "")
+    return KerasGradientFlow(method=method, sequences=sequences, not_analysed=skipped,
+                             flags=flags)
+
+
+def _in_call_order(skipped: list[KerasNotAnalysed], result: KerasPass) -> None:
+    order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
+    skipped.sort(key=lambda entry: order.get(entry.layer, len(order)))
+
+
+# -- state Jacobians -------------------------------------------------------------------------
+
+
+def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacobians:
+    """∂(final state)/∂(initial state) per example of every unit of every recurrent call."""
+    from gradscope._tf import native_stderr_silenced
+
+    usable, skipped = recurrent_calls(job, engine, result)
+    tf = engine.tf
+    functions: dict[str, Any] = {}
+    entries: list[JacobianEntry] = []
+    atol, rtol = TOLERANCES["float64"]
+    for recurrent in usable:
+        for unit in recurrent.units:
+            key = unit.label.removeprefix(recurrent.label) + "@" + recurrent.call.layer
+            if key not in functions:  # one traced function per layer (and direction)
+                functions[key] = _jacobian_function(tf, unit.cell)
+            with native_stderr_silenced():
+                jacobian, final = functions[key](
+                    {k: tf.constant(v) for k, v in unit.params.items()}, tf.constant(unit.x),
+                    tf.constant(np.concatenate(unit.states, axis=1)))
+            ours, reference = final.numpy(), np.concatenate(unit.finals(), axis=1)
+            error = float(np.max(np.abs(ours - reference))) if ours.size else 0.0
+            if not error <= atol + rtol * float(np.max(np.abs(reference), initial=0.0)):
+                raise InternalError(
+                    f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
+                    f"disagree on the final state (max |error| {error:.1e}); please report it")
+            entries.append(_jacobian_entry(unit, jacobian.numpy()))
+    _in_call_order(skipped, result)
+    return KerasStateJacobians(method=JACOBIAN_METHOD, entries=entries, not_analysed=skipped)
+
+
+def _jacobian_entry(unit: Unit, blocks: np.ndarray) -> JacobianEntry:
+    """The per-example blocks (B, rows, columns) summed up as the YAML report does."""
+    frobenius = np.sqrt(np.sum(blocks**2, axis=(1, 2)))
+    singular = np.linalg.svd(blocks, compute_uv=False)
+    two = unit.state_count > 1
+    return JacobianEntry(
+        target=f"{unit.label}/" + ("[h_T, c_T]" if two else "h_T"),
+        source=f"{unit.label}/" + ("[h0, c0]" if two else "h0"),
+        shape=list(blocks.shape[1:]),
+        frobenius_median=float(np.median(frobenius)),
+        frobenius_min=float(np.min(frobenius)),
+        frobenius_max=float(np.max(frobenius)),
+        largest_singular_median=float(np.median(singular[:, 0])),
+        smallest_singular_median=float(np.median(singular[:, -1])))
+
+
+def _jacobian_function(tf: Any, cell: Cell) -> Any:
+    """One traced function for one layer: (params, x (B, T, F), [h0, c0] (B, S)) →
+    (∂[h_T, c_T]/∂[h0, c0] (B, S, S), [h_T, c_T] (B, S))."""
+    count = len(cell.state_names)
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def compute(params: dict[str, Any], x: Any, initial: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            tape.watch(initial)
+            states = tuple(tf.split(initial, count, axis=1))
+            _, finals = cell.tf_sequence(tf, params, tf.transpose(x, [1, 0, 2]), states)
+            final = tf.concat(list(finals), axis=1)
+        return tape.batch_jacobian(final, initial, experimental_use_pfor=False), final
+
+    return compute

@@ -1,0 +1,370 @@
+"""explain MODEL.keras --flow / --jacobians: the recurrent analysis inside any graph.
+
+Independent truth, computed here and never by gradscope:
+- ‖∂L/∂h_t‖ with the recurrence: each recurrent layer is unrolled step by step in a Python loop
+  over Keras' own cells (float64 twins with the same weights), a zero probe is added to every
+  h_t, and one tape gives ∂L/∂probe_t: the total gradient arriving at h_t.
+- ∂h_T/∂h_0: ``batch_jacobian`` over a float64 twin of the Keras layer itself,
+  ``layer(x, initial_state=h0)``, with return_state on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_gradscope
+
+T, F, B = 5, 3, 4
+
+
+def _twin(layer: Any, shape: tuple[Any, ...] | None = None, **overrides: Any) -> Any:
+    """A float64 copy of a Keras layer with the same weights (``shape``: its input's, for a
+    layer never called in the graph itself, such as a Bidirectional's directions)."""
+    config = {**layer.get_config(), "dtype": "float64", **overrides}
+    twin = type(layer).from_config(config)
+    if shape is None:
+        shape = (layer.input.shape if not isinstance(layer.input, list)
+                 else layer.input[0].shape)
+    twin.build(shape)
+    twin.set_weights([np.asarray(w, np.float64) for w in layer.get_weights()])
+    return twin
+
+
+def _save(model: Any, path: Path, inputs: dict[str, np.ndarray], target: np.ndarray) -> tuple[
+        str, str]:
+    model.compile(loss="mse")
+    model.save(path)
+    data = path.with_suffix(".npz")
+    np.savez(data, **inputs, y=target)
+    return str(path), str(data)
+
+
+def _explain(path: str, data: str) -> Any:
+    from gradscope.keras.explain import explain, prepare
+
+    return explain(prepare(path, data=data), flow=True, jacobians=True)
+
+
+def _unroll(tf: Any, cell: Any, x: Any, states: list[Any], probes: list[Any]) -> tuple[
+        Any, list[Any]]:
+    """h_t = cell(x_t, state_{t−1}) + probe_t, step by step; returns the sequence and the
+    final states (h_T with its probe)."""
+    outputs = []
+    for t in range(x.shape[1]):
+        h, new_states = cell(x[:, t], states)
+        h = h + probes[t]
+        states = [h, *list(new_states)[1:]]
+        outputs.append(h)
+    return tf.stack(outputs, axis=1), states
+
+
+def _norms(gradients: list[Any]) -> np.ndarray:
+    return np.array([float(np.sqrt(np.sum(np.asarray(g, np.float64) ** 2))) for g in gradients])
+
+
+def _sequence(report: Any, what: str) -> np.ndarray:
+    assert report.gradient_flow is not None
+    found = [s for s in report.gradient_flow.sequences if s.what == what]
+    assert len(found) == 1, [s.what for s in report.gradient_flow.sequences]
+    return np.array(found[0].norms)
+
+
+def _jacobian_truth(tf: Any, layer: Any, x: np.ndarray, states: list[np.ndarray]) -> np.ndarray:
+    """Keras' own layer (a float64 twin, go_backwards as the layer has it) on x in input
+    order: ∂(final states)/∂(initial states) per example."""
+    twin = _twin(layer, (None, *x.shape[1:]), return_state=True, return_sequences=False)
+    initial = tf.constant(np.concatenate(states, axis=1))
+    count = len(states)
+    with tf.GradientTape() as tape:
+        tape.watch(initial)
+        out = twin(tf.constant(x), initial_state=list(tf.split(initial, count, axis=1)))
+        final = tf.concat(list(out[1:]), axis=1)
+    return np.asarray(tape.batch_jacobian(final, initial))
+
+
+def _assert_jacobian(report: Any, target: str, truth: np.ndarray) -> None:
+    assert report.state_jacobians is not None
+    entry = next(e for e in report.state_jacobians.entries if e.target == target)
+    frobenius = np.sqrt(np.sum(truth**2, axis=(1, 2)))
+    singular = np.linalg.svd(truth, compute_uv=False)
+    assert entry.shape == list(truth.shape[1:])
+    np.testing.assert_allclose([entry.frobenius_median, entry.frobenius_min,
+                                entry.frobenius_max, entry.largest_singular_median],
+                               [np.median(frobenius), frobenius.min(), frobenius.max(),
+                                np.median(singular[:, 0])], rtol=1e-5)
+    np.testing.assert_allclose(entry.smallest_singular_median, np.median(singular[:, -1]),
+                               rtol=1e-4, atol=1e-6 * float(np.median(singular[:, 0])))
+
+
+def test_gru_chain_flow_and_jacobians(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(1)
+    x_in = keras.Input((T, F), name="x")
+    first = L.GRU(4, return_sequences=True, name="first")
+    second = L.SimpleRNN(3, name="second")
+    dense = L.Dense(2, name="out")
+    model = keras.Model(x_in, dense(second(first(x_in))))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    y = rng.normal(size=(B, 2)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "chain.keras", {"x": x}, y))
+
+    one, two, head = _twin(first), _twin(second), _twin(dense)
+    x64 = tf.constant(x, tf.float64)
+    probes_1 = [tf.zeros((B, 4), tf.float64) for _ in range(T)]
+    probes_2 = [tf.zeros((B, 3), tf.float64) for _ in range(T)]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x64, probes_1, probes_2])
+        seq_1, _ = _unroll(tf, one.cell, x64, [tf.zeros((B, 4), tf.float64)], probes_1)
+        seq_2, _ = _unroll(tf, two.cell, seq_1, [tf.zeros((B, 3), tf.float64)], probes_2)
+        loss = tf.reduce_mean((head(seq_2[:, -1]) - y.astype(np.float64)) ** 2)
+    d_1, d_2, d_x = tape.gradient(loss, [probes_1, probes_2, x64])
+    np.testing.assert_allclose(_sequence(report, "∂L/∂first/h_t"), _norms(d_1), rtol=1e-5)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂second/h_t"), _norms(d_2), rtol=1e-5)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂x_t"),
+                               _norms([d_x[:, t] for t in range(T)]), rtol=1e-5)
+    # the recurrence is in: the totals are not just what arrives from above
+    assert _sequence(report, "∂L/∂second/h_t")[0] > 0
+    assert report.gradient_flow is not None and report.gradient_flow.not_analysed == []
+
+    _assert_jacobian(report, "first/h_T",
+                     _jacobian_truth(tf, first, x.astype(np.float64), [np.zeros((B, 4))]))
+    _assert_jacobian(report, "second/h_T",
+                     _jacobian_truth(tf, second, np.asarray(seq_1), [np.zeros((B, 3))]))
+
+
+def test_encoder_decoder_wired_state(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(2)
+    x_in = keras.Input((T, F), name="x")
+    encoder = L.GRU(4, return_sequences=True, return_state=True, name="encoder")
+    decoder = L.GRU(4, return_sequences=True, name="decoder")
+    dense = L.Dense(3, name="out")
+    sequence, state = encoder(x_in)
+    model = keras.Model(x_in, dense(decoder(sequence, initial_state=state)))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    y = rng.normal(size=(B, T, 3)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "ed.keras", {"x": x}, y))
+
+    enc, dec, head = _twin(encoder), _twin(decoder), _twin(dense)
+    x64 = tf.constant(x, tf.float64)
+    probes_e = [tf.zeros((B, 4), tf.float64) for _ in range(T)]
+    probes_d = [tf.zeros((B, 4), tf.float64) for _ in range(T)]
+    with tf.GradientTape() as tape:
+        tape.watch([probes_e, probes_d])
+        seq_e, (h_e,) = _unroll(tf, enc.cell, x64, [tf.zeros((B, 4), tf.float64)], probes_e)
+        seq_d, _ = _unroll(tf, dec.cell, seq_e, [h_e], probes_d)
+        loss = tf.reduce_mean((head(seq_d) - y.astype(np.float64)) ** 2)
+    d_e, d_d = tape.gradient(loss, [probes_e, probes_d])
+    encoder_norms = _sequence(report, "∂L/∂encoder/h_t")
+    np.testing.assert_allclose(encoder_norms, _norms(d_e), rtol=1e-5)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂decoder/h_t"), _norms(d_d), rtol=1e-5)
+
+    _assert_jacobian(report, "decoder/h_T",
+                     _jacobian_truth(tf, decoder, np.asarray(seq_e), [np.asarray(h_e)]))
+
+
+def test_lstm_encoder_decoder_with_wired_cell_state(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(3)
+    source, target = keras.Input((T, F), name="source"), keras.Input((T - 1, 2), name="target")
+    encoder = L.LSTM(4, return_state=True, name="encoder")
+    decoder = L.LSTM(4, return_sequences=True, name="decoder")
+    dense = L.Dense(3, name="out")
+    _, h, c = encoder(source)
+    model = keras.Model([source, target], dense(decoder(target, initial_state=[h, c])))
+    rng = np.random.default_rng(2)
+    xs = rng.normal(size=(B, T, F)).astype(np.float32)
+    xt = rng.normal(size=(B, T - 1, 2)).astype(np.float32)
+    y = rng.normal(size=(B, T - 1, 3)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "lstm.keras", {"source": xs, "target": xt}, y))
+
+    enc, dec, head = _twin(encoder), _twin(decoder), _twin(dense)
+    probes_e = [tf.zeros((B, 4), tf.float64) for _ in range(T)]
+    probes_d = [tf.zeros((B, 4), tf.float64) for _ in range(T - 1)]
+    xt64 = tf.constant(xt, tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch([probes_e, probes_d, xt64])
+        zeros = tf.zeros((B, 4), tf.float64)
+        _, states = _unroll(tf, enc.cell, tf.constant(xs, tf.float64), [zeros, zeros], probes_e)
+        seq_d, _ = _unroll(tf, dec.cell, xt64, states, probes_d)
+        loss = tf.reduce_mean((head(seq_d) - y.astype(np.float64)) ** 2)
+    d_e, d_d, d_xt = tape.gradient(loss, [probes_e, probes_d, xt64])
+    np.testing.assert_allclose(_sequence(report, "∂L/∂encoder/h_t"), _norms(d_e), rtol=1e-5)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂decoder/h_t"), _norms(d_d), rtol=1e-5)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂target_t"),
+                               _norms([d_xt[:, t] for t in range(T - 1)]), rtol=1e-5)
+
+    _assert_jacobian(report, "encoder/[h_T, c_T]",
+                     _jacobian_truth(tf, encoder, xs.astype(np.float64),
+                                     [np.zeros((B, 4)), np.zeros((B, 4))]))
+    _assert_jacobian(report, "decoder/[h_T, c_T]",
+                     _jacobian_truth(tf, decoder, xt.astype(np.float64),
+                                     [np.asarray(s) for s in states]))
+
+
+def test_go_backwards_and_bidirectional(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(5)
+    x_in = keras.Input((T, F), name="x")
+    backwards = L.GRU(3, go_backwards=True, return_sequences=True, name="backwards")
+    both = L.Bidirectional(L.LSTM(2, return_sequences=True), name="both")
+    product = L.Bidirectional(L.GRU(2), merge_mode="mul", name="product")
+    dense = L.Dense(2, name="out")
+    pooled = L.GlobalAveragePooling1D()(both(backwards(x_in)))
+    model = keras.Model(x_in, dense(L.Concatenate()([pooled, product(x_in)])))
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    y = rng.normal(size=(B, 2)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "bi.keras", {"x": x}, y))
+    assert report.gradient_flow is not None
+    assert report.gradient_flow.not_analysed == []
+
+    back = _twin(backwards)
+    both_f = _twin(both.forward_layer, (None, T, 3))
+    both_b = _twin(both.backward_layer, (None, T, 3))
+    prod_f = _twin(product.forward_layer, (None, T, F))
+    prod_b = _twin(product.backward_layer, (None, T, F))
+    head = _twin(dense)
+    x64 = tf.constant(x, tf.float64)
+
+    def zeros(units: int, steps: int = T) -> list[Any]:
+        return [tf.zeros((B, units), tf.float64) for _ in range(steps)]
+
+    probes = {"backwards": zeros(3), "both/forward": zeros(2), "both/backward": zeros(2),
+              "product/forward": zeros(2), "product/backward": zeros(2)}
+    with tf.GradientTape() as tape:
+        tape.watch(list(probes.values()))
+        # processing order: a go_backwards layer reads x_T … x_1 and returns its steps so
+        seq_back, _ = _unroll(tf, back.cell, x64[:, ::-1], zeros(3, 1), probes["backwards"])
+        z = zeros(2, 1)[0]
+        seq_f, _ = _unroll(tf, both_f.cell, seq_back, [z, z], probes["both/forward"])
+        seq_b, _ = _unroll(tf, both_b.cell, seq_back[:, ::-1], [z, z], probes["both/backward"])
+        merged = tf.concat([seq_f, seq_b[:, ::-1]], axis=-1)
+        _, (h_f,) = _unroll(tf, prod_f.cell, x64, [z], probes["product/forward"])
+        _, (h_b,) = _unroll(tf, prod_b.cell, x64[:, ::-1], [z], probes["product/backward"])
+        features = tf.concat([tf.reduce_mean(merged, axis=1), h_f * h_b], axis=-1)
+        loss = tf.reduce_mean((head(features) - y.astype(np.float64)) ** 2)
+    truths = dict(zip(probes, tape.gradient(loss, list(probes.values())), strict=True))
+    for name, truth in truths.items():
+        np.testing.assert_allclose(_sequence(report, f"∂L/∂{name}/h_t"), _norms(truth),
+                                   rtol=1e-5, err_msg=name)
+    flows = {s.source: s for s in report.gradient_flow.sequences}
+    assert flows["backwards"].backwards and flows["both/backward"].backwards
+    assert not flows["both/forward"].backwards
+
+    _assert_jacobian(report, "backwards/h_T",
+                     _jacobian_truth(tf, backwards, x.astype(np.float64), [np.zeros((B, 3))]))
+    inner = np.asarray(seq_back)
+    for name, layer in (("both/forward", both.forward_layer),
+                        ("both/backward", both.backward_layer)):
+        _assert_jacobian(report, f"{name}/[h_T, c_T]",
+                         _jacobian_truth(tf, layer, inner, [np.zeros((B, 2))] * 2))
+    _assert_jacobian(report, "product/backward/h_T",
+                     _jacobian_truth(tf, product.backward_layer, x.astype(np.float64),
+                                     [np.zeros((B, 2))]))
+
+
+def test_unmodelled_calls_are_listed_not_guessed(tmp_path: Path) -> None:
+    import keras
+    from keras import layers as L
+
+    keras.utils.set_random_seed(4)
+    x_in = keras.Input((T, F), name="x")
+    masked = L.GRU(4, name="masked")(L.Masking()(x_in))
+    relu = L.SimpleRNN(4, activation="relu", name="relu")(x_in)
+    hard = L.Bidirectional(L.LSTM(2, recurrent_activation="hard_sigmoid"), name="hard")(x_in)
+    plain = L.GRU(2, name="plain")(x_in)
+    model = keras.Model(x_in, L.Dense(2)(L.Concatenate()([masked, relu, hard, plain])))
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    x[0, -2:] = 0.0
+    report = _explain(*_save(model, tmp_path / "odd.keras", {"x": x},
+                             rng.normal(size=(B, 2)).astype(np.float32)))
+    for part in (report.gradient_flow, report.state_jacobians):
+        assert part is not None
+        reasons = {entry.layer: entry.reason for entry in part.not_analysed}
+        assert set(reasons) == {"masked", "relu", "hard"}
+        assert "masked" in reasons["masked"]
+        assert "activation relu" in reasons["relu"]
+        assert "recurrent_activation hard_sigmoid" in reasons["hard"]
+    assert report.gradient_flow is not None and report.state_jacobians is not None
+    assert [s.what for s in report.gradient_flow.sequences] == ["∂L/∂plain/h_t", "∂L/∂x_t"]
+    assert [e.target for e in report.state_jacobians.entries] == ["plain/h_T"]
+
+
+def test_a_mask_that_keeps_every_step_is_the_plain_recurrence(tmp_path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from keras import layers as L
+
+    keras.utils.set_random_seed(6)
+    x_in = keras.Input((T, F), name="x")
+    gru = L.GRU(3, return_sequences=True, name="gru")
+    dense = L.Dense(2, name="out")
+    model = keras.Model(x_in, dense(gru(L.Masking()(x_in))))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)  # no step is all zeros
+    y = rng.normal(size=(B, T, 2)).astype(np.float32)
+    report = _explain(*_save(model, tmp_path / "kept.keras", {"x": x}, y))
+    twin, head = _twin(gru), _twin(dense)
+    probes = [tf.zeros((B, 3), tf.float64) for _ in range(T)]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        sequence, _ = _unroll(tf, twin.cell, tf.constant(x, tf.float64),
+                              [tf.zeros((B, 3), tf.float64)], probes)
+        loss = tf.reduce_mean((head(sequence) - y.astype(np.float64)) ** 2)
+    np.testing.assert_allclose(_sequence(report, "∂L/∂gru/h_t"),
+                               _norms(tape.gradient(loss, probes)), rtol=1e-5)
+
+
+def test_vanishing_gradient_is_flagged_through_the_cli(tmp_path: Path) -> None:
+    """A SimpleRNN whose recurrent kernel shrinks the state tenfold per step, read at its last
+    step only: ∂L/∂h_t vanishes towards t = 0, and the CLI says so at 80 columns."""
+    import keras
+    from keras import layers as L
+
+    keras.utils.set_random_seed(7)
+    rnn = L.SimpleRNN(3, name="rnn")
+    model = keras.Sequential([keras.Input((8, F)), rnn, L.Dense(1)])
+    kernel, _, bias = rnn.get_weights()
+    rnn.set_weights([kernel, 0.1 * np.eye(3, dtype=np.float32), bias])
+    path, data = _save(model, tmp_path / "fading.keras",
+                       {"x": np.ones((B, 8, F), np.float32)}, np.ones((B, 1), np.float32))
+    result = run_gradscope("explain", path, "--data", data, "--flow", "--jacobians",
+                           env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = " ".join(lines)
+    assert "State Jacobians ∂h_T/∂h_0" in text and "rnn/h_T" in text
+    assert "‖∂L/∂rnn/h_t‖" in text
+    assert "⚠ ∂L/∂rnn/h_t is" in text and "vanishing gradients" in text
+
+
+@pytest.mark.parametrize("option", ["--at", "--plot"])
+def test_cli_refuses_influence_options(tmp_path: Path, option: str) -> None:
+    path = tmp_path / "m.keras"
+    path.write_bytes(b"")  # refused before the file is read
+    value = "1" if option == "--at" else str(tmp_path / "f.png")
+    result = run_gradscope("explain", str(path), option, value)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{option} (the influence" in lines[0]
+    assert result.stdout == ""
