@@ -27,7 +27,7 @@ from gradscope.keras.explain import KerasJob, layer_facts, loss_entry, model_ent
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.witness import _unwitnessed
+from gradscope.keras.witness import unwitnessed
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     CheckedTensor,
@@ -248,7 +248,8 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
         complete = True
         for call in calls:
             label = call_label(call.layer, call.index)
-            reason = _unwitnessed(call, facts) or _lstm_final_cell_gradient(call, autodiff)
+            reason = (unwitnessed(call, facts, job.training)
+                      or _lstm_final_cell_gradient(call, autodiff))
             if reason:
                 complete = False
                 continue

@@ -234,7 +234,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
 
                 witnesses.append(witness_call(captured, facts, explainer,
                                               weights_by_key(keras_layer, facts),
-                                              engine.dtype_name))
+                                              engine.dtype_name, job.training))
     warnings = _warnings(result, gradients)
     return KerasExplainReport(
         model=model_entry(job, engine, result), loss=loss_entry(job, result.loss),

@@ -25,12 +25,13 @@ TOLERANCES = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9)}
 
 
 def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExplainer,
-                 weights: dict[str, np.ndarray], dtype: str) -> KerasWitnessEntry:
+                 weights: dict[str, np.ndarray], dtype: str,
+                 training: bool = False) -> KerasWitnessEntry:
     cell = explainer.cell(facts)
     key = cell_key(cell)
     label = call_label(call.layer, call.index)
     name = f"the NumPy reference cell {key}"
-    skip = _unwitnessed(call, facts)
+    skip = unwitnessed(call, facts, training)
     atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
     if skip:
         return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
@@ -63,7 +64,7 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
                                     f"(allowed {allowed:.1e})")
 
 
-def _unwitnessed(call: CapturedCall, facts: LayerFacts) -> str | None:
+def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -> str | None:
     """Why the cell cannot stand in for this call (it models the plain recurrence only)."""
     if call.mask is not None:
         return "the input is masked (Keras skips masked steps; the cell does not model masks)"
@@ -77,6 +78,8 @@ def _unwitnessed(call: CapturedCall, facts: LayerFacts) -> str | None:
         reasons.append("go_backwards")
     if facts.option("stateful"):
         reasons.append("stateful")
+    if training and (facts.option("dropout", 0.0) or facts.option("recurrent_dropout", 0.0)):
+        reasons.append("dropout in training mode")
     if not call.states:
         reasons.append("no initial state captured")
     if reasons:
