@@ -25,8 +25,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check gradscope tests bench
 	$(BIN)/mypy gradscope
 
-unit: $(STAMP)
-	$(BIN)/pytest
+unit: $(STAMP)  ## the tests, on every core (one worker per test module)
+	$(BIN)/pytest -n auto --dist loadscope
 
 test: lint unit  ## the whole suite, as CI runs it
 

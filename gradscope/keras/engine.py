@@ -16,6 +16,7 @@ compiled into the model in memory.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,7 +80,11 @@ class KerasEngine:
             # Dropout's seed generators are drawn when the layers are built: seed them too.
             keras.utils.set_random_seed(seed)
         try:
-            with native_stderr_silenced():
+            with native_stderr_silenced(), warnings.catch_warnings():
+                # A compiled model's optimizer state is not restored until it is built: Keras
+                # says so; gradscope never uses the optimizer.
+                warnings.filterwarnings("ignore", message="Skipping variable loading for "
+                                        "optimizer")
                 self.model = keras.saving.load_model(path, compile=compile_saved,
                                                      safe_mode=True)
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
