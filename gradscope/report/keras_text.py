@@ -3,6 +3,8 @@ columns: two columns, the name and shape never wrapped, the words folded between
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from rich import box
 from rich.console import RenderableType
 from rich.table import Table
@@ -21,6 +23,12 @@ from gradscope.report.models import (
     Stats,
 )
 from gradscope.report.text import jacobian_table, norm_table, number, section, shape_text
+
+
+def _file_name(path: str) -> str:
+    """The model file's name: a long folder path would not fit a narrow terminal (the JSON
+    report keeps the whole path)."""
+    return PurePath(path).name
 
 
 def _dims(shape: list[int | None]) -> str:
@@ -50,7 +58,8 @@ def header(report: KerasExplainReport | KerasCheckReport,
     outputs = ", ".join(f"{o.name} {_dims(o.shape)}" for o in model.outputs)
     return [
         Text.assemble((f"gradscope {command}", "bold"), "  ",
-                      (f"{model.file} ({model.kind} '{model.name}')", "bold cyan")),
+                      (f"{_file_name(model.file)} ({model.kind} '{model.name}')",
+                       "bold cyan")),
         Text(f"batch {model.batch_size} · {model.mode} mode"
              + (" (dropout off, batch norm uses its moving statistics)"
                 if model.mode == "inference" else f" (seed {model.seed})")
@@ -178,7 +187,8 @@ def render_keras_shapes(report: KerasShapesReport) -> list[RenderableType]:
     inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in report.inputs)
     parts: list[RenderableType] = [
         Text.assemble(("gradscope shapes", "bold"), "  ",
-                      (f"{report.file} ({report.kind} '{report.name}')", "bold cyan")),
+                      (f"{_file_name(report.file)} ({report.kind} '{report.name}')",
+                       "bold cyan")),
         Text(f"inputs {inputs} · outputs {', '.join(report.outputs)} · "
              f"{report.weight_count:,} weights derived", style="dim"),
         Text(f"loss: {report.loss}", style="dim"),
