@@ -8,9 +8,10 @@
 - ``‖∂h_t/∂x_s‖`` for a chosen t (the last step by default): the influence of input step s on
   the last recurrent layer's state at step t.
 
-The Jacobians come from one ``tf.function``: a forward pass on a persistent tape, then one
-backward pass per Jacobian row inside an in-graph loop (``tf.map_fn``), each with a one-hot
-``output_gradients``: examples are independent, so one pass gives that row for every example.
+The Jacobians come from one ``tf.function``: per group of rows, a forward pass on a tape read
+by one gradient call, then one backward pass per Jacobian row inside an in-graph loop
+(``tf.map_fn``), each with a one-hot ``output_gradients``: examples are independent, so one
+pass gives that row for every example.
 """
 
 from __future__ import annotations
@@ -91,15 +92,26 @@ def state_jacobians_and_influence(
     @tf.function(autograph=False)
     def compute(params: dict[str, Any], x: Any, y: Any, states: dict[str, Any],
                 at: Any) -> tuple[list[Any], Any, dict[str, Any]]:
-        probes = engine.probe_zeros(x)
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch([params, x, states, probes])
-            sequences: dict[str, Any] = {}
-            predictions, finals = engine.forward(params, x, states, probes, sequences)
-            loss = engine.loss(predictions, y)
-            h_at = tf.gather(sequences[f"{last}/h"], at)  # (B, u_last), time-major source
-            targets = [tf.concat([finals[n] for n in names(layer, final=True)], axis=1)
-                       for layer in layers]
+        def recorded(with_probes: bool = False) -> tuple[Any, Any, dict[str, Any],
+                                                         dict[str, Any], dict[str, Any],
+                                                         list[Any], Any]:
+            """A forward pass on a tape of its own, read by ONE gradient call (in a
+            ``tf.map_fn`` body, traced once). Not one persistent tape for all: under a
+            persistent tape TF builds every while loop for higher-order gradients, which is
+            slower to trace and to run."""
+            probes = engine.probe_zeros(x) if with_probes else {}
+            with tf.GradientTape() as tape:
+                tape.watch([params, x, states, probes])
+                sequences: dict[str, Any] = {}
+                predictions, finals = engine.forward(params, x, states, probes or None,
+                                                     sequences)
+                loss = engine.loss(predictions, y)
+                targets = [tf.concat([finals[n] for n in names(layer, final=True)], axis=1)
+                           for layer in layers]
+                h_at = tf.gather(sequences[f"{last}/h"], at)  # (B, u_last), time-major source
+            return tape, loss, finals, sequences, probes, targets, h_at
+
+        tape, loss, finals, sequences, probes, _, _ = recorded(with_probes=True)
         weight_gradients, state_gradients, input_gradient, probe_gradients = tape.gradient(
             loss, [params, states, x, probes])
         ordinary = {
@@ -116,13 +128,15 @@ def state_jacobians_and_influence(
 
         groups = []
         influence = None
-        for j, (layer, target) in enumerate(zip(layers, targets, strict=True)):
+        for j, layer in enumerate(layers):
+            tape, *_, targets, _ = recorded()
+            target = targets[j]
             sources = [states[n] for lower in layers[: j + 1] for n in names(lower, False)]
             size = target.shape[1]
             with_x = layer == last and at_last
 
-            def row(k: Any, target: Any = target, sources: Any = sources, size: int = size,
-                    with_x: bool = with_x) -> Any:
+            def row(k: Any, tape: Any = tape, target: Any = target, sources: Any = sources,
+                    size: int = size, with_x: bool = with_x) -> Any:
                 grads = tape.gradient(target, [*sources, x] if with_x else sources,
                                       output_gradients=one_hot(k, size),
                                       unconnected_gradients="zero")
@@ -138,6 +152,8 @@ def state_jacobians_and_influence(
             groups.append(tf.transpose(out, [1, 0, 2]))  # (B, rows, columns)
 
         if influence is None:
+            tape, *_, h_at = recorded()
+
             def influence_row(k: Any) -> Any:
                 d_x = tape.gradient(h_at, x, output_gradients=one_hot(k, last_size),
                                     unconnected_gradients="zero")
@@ -218,7 +234,7 @@ def influence_map(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
 
     @tf.function(autograph=False)
     def compute(params: dict[str, Any], x: Any, states: dict[str, Any], pairs: Any) -> Any:
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:  # one gradient call, traced once in the loop body
             tape.watch(x)
             sequences: dict[str, Any] = {}
             engine.forward(params, x, states, sequences=sequences)
