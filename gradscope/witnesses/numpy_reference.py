@@ -9,10 +9,16 @@ WITNESS = "numpy_reference"
 
 
 def reference_witness(ctx: CheckContext) -> list[WitnessResult]:
+    from threadpoolctl import threadpool_limits
+
     from gradscope.reference import reference_gradients
 
     ctx.progress("NumPy reference: forward and BPTT")
-    reference = reference_gradients(ctx.shapes, ctx.params, ctx.batch)
+    # One BLAS thread: the reference multiplies small matrices, one step at a time, and a
+    # second BLAS thread waiting on a core that TensorFlow's threads still hold made it 8 to
+    # 30 times slower (measured on 2 cores: 0.8–3.4 s instead of 0.11 s on the seed model).
+    with threadpool_limits(limits=1, user_api="blas"):
+        reference = reference_gradients(ctx.shapes, ctx.params, ctx.batch)
     tolerance = ctx.tolerance(WITNESS)
     results = []
     loss_error = abs(reference.loss - ctx.autodiff.loss) / max(abs(ctx.autodiff.loss), 1e-300)
