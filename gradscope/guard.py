@@ -5,8 +5,8 @@ The estimate is the process's peak resident memory: TensorFlow itself (a constan
 plus terms that grow with the model: weights and their gradients, the activations a backward
 pass keeps (every step of every layer, gates included), and the extra work of ``check``
 (float64, finite-difference perturbations, the NumPy reference) and of
-``explain --jacobians/--flow`` (one backward pass per Jacobian row). The per-unit constants
-were measured, not derived; ``bench/memory_estimate.py`` prints the estimate beside the
+``explain --jacobians/--flow`` (every Jacobian row carried through one backward scan). The
+per-unit constants were measured, not derived; ``bench/memory_estimate.py`` prints the estimate beside the
 measured peak at several sizes (target: within 1.5× either way).
 """
 
@@ -32,8 +32,8 @@ BASELINE_TERM = "TensorFlow itself"
 #: of 256 units, batch 32, float32, both layouts): GRU 16.7–17.0, LSTM 20.3–20.5,
 #: SimpleRNN 5.1–5.6 numbers per step and unit.
 KEPT_PER_UNIT = {"gru": 17, "lstm": 21, "simple_rnn": 6}
-#: ``tf.map_fn`` runs up to this many iterations at once in a graph (its default): backward
-#: passes of Jacobian rows, forward passes of finite-difference probes.
+#: ``tf.map_fn`` runs up to this many iterations at once in a graph (its default): the forward
+#: passes of finite-difference probes.
 PARALLEL_ITERATIONS = 10
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
          "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
@@ -93,11 +93,14 @@ def estimate(spec: Spec, command: str, across_time: bool = False) -> dict[str, i
         terms["NumPy reference caches"] = B * T * (kept + 2 * F) * 8
     if across_time:
         state = sum(cell.units * len(cell.state_names) for cell in algebra.cells)
-        # One recorded forward pass per group of Jacobian rows (one group per layer), the
-        # backward passes the loop runs at once, and the Jacobian blocks.
+        # Every Jacobian row (one per state unit, plus the influence rows) is carried through
+        # the backward scan at once, stacked in the batch axis: each step's states and
+        # projections, repeated once per row (measured: about 4 copies of them at the peak);
+        # and the forward trajectory and the Jacobian blocks.
+        rows = state + algebra.cells[-1].units if algebra.cells else 0
         terms["state Jacobians"] = (
-            len(algebra.cells) * activations
-            + PARALLEL_ITERATIONS * B * T * projections * itemsize
+            4 * rows * B * 3 * sum(cell.units for cell in algebra.cells) * itemsize
+            + 2 * B * T * state * itemsize
             + 2 * B * state * state * 8
         )
     return terms
