@@ -6,8 +6,8 @@ plus terms that grow with the model: weights and their gradients, the activation
 pass keeps (every step of every layer, gates included), and the extra work of ``check``
 (float64, finite-difference perturbations, the NumPy reference) and of
 ``explain --jacobians/--flow`` (every Jacobian row carried through one backward scan). The
-per-unit constants were measured, not derived; ``bench/memory_estimate.py`` prints the estimate beside the
-measured peak at several sizes (target: within 1.5× either way).
+per-unit constants were measured, not derived; ``bench/memory_estimate.py`` prints the
+estimate beside the measured peak at several sizes (target: within 1.5× either way).
 """
 
 from __future__ import annotations
