@@ -8,9 +8,11 @@
 - ``‖∂h_t/∂x_s‖`` for a chosen t (the last step by default): the influence of input step s on
   the last recurrent layer's state at step t.
 
-The Jacobians come from one ``tf.function``: a forward pass on a persistent tape, then one
-backward pass per Jacobian row inside an in-graph loop (``tf.map_fn``), each with a one-hot
-``output_gradients``: examples are independent, so one pass gives that row for every example.
+Everything comes from one ``tf.function``: the ordinary pass on a tape, then ONE backward scan
+over time that carries every Jacobian row at once, stacked in the batch axis (see
+:func:`_rows_backward`): examples are independent, so a row's cotangent for every example is
+one block of the batch. One backward pass per row inside a ``tf.map_fn`` gave the same numbers
+(to float32 rounding) at about twice the cost, most of it tracing and per-op overhead.
 """
 
 from __future__ import annotations
@@ -77,29 +79,17 @@ def state_jacobians_and_influence(
     dtype = engine.dtype
     states_by_layer = layer_states(engine)
     layers = list(states_by_layer)
-    last = layers[-1]
-    last_size = engine.shapes.cells[-1].units
     at_last = at == batch.x.shape[1] - 1
 
-    def names(layer: str, final: bool) -> list[str]:
-        return [f"{ref.layer}/{ref.state}{'_T' if final else '0'}"
-                for ref in states_by_layer[layer]]
-
-    # Rows are grouped by target layer j: their backward passes only go through layers ≤ j,
-    # towards the initial states of those layers. When t is the last step, the last layer's
-    # h rows are h_t itself, so the same passes give the influence of x.
     @tf.function(autograph=False)
     def compute(params: dict[str, Any], x: Any, y: Any, states: dict[str, Any],
                 at: Any) -> tuple[list[Any], Any, dict[str, Any]]:
         probes = engine.probe_zeros(x)
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:
             tape.watch([params, x, states, probes])
             sequences: dict[str, Any] = {}
             predictions, finals = engine.forward(params, x, states, probes, sequences)
             loss = engine.loss(predictions, y)
-            h_at = tf.gather(sequences[f"{last}/h"], at)  # (B, u_last), time-major source
-            targets = [tf.concat([finals[n] for n in names(layer, final=True)], axis=1)
-                       for layer in layers]
         weight_gradients, state_gradients, input_gradient, probe_gradients = tape.gradient(
             loss, [params, states, x, probes])
         ordinary = {
@@ -109,42 +99,7 @@ def state_jacobians_and_influence(
             "sequence_gradients": {k: tf.transpose(v, [1, 0, 2])
                                    for k, v in probe_gradients.items()},
         }
-        batch_size = tf.shape(x)[0]
-
-        def one_hot(k: Any, width: int) -> Any:
-            return tf.one_hot(tf.fill([batch_size], k), width, dtype=x.dtype)
-
-        groups = []
-        influence = None
-        for j, (layer, target) in enumerate(zip(layers, targets, strict=True)):
-            sources = [states[n] for lower in layers[: j + 1] for n in names(lower, False)]
-            size = target.shape[1]
-            with_x = layer == last and at_last
-
-            def row(k: Any, target: Any = target, sources: Any = sources, size: int = size,
-                    with_x: bool = with_x) -> Any:
-                grads = tape.gradient(target, [*sources, x] if with_x else sources,
-                                      output_gradients=one_hot(k, size),
-                                      unconnected_gradients="zero")
-                if with_x:
-                    return tf.concat(grads[:-1], axis=1), tf.reduce_sum(tf.square(grads[-1]), 2)
-                return tf.concat(grads, axis=1)
-
-            signature = (x.dtype, x.dtype) if with_x else x.dtype
-            out = tf.map_fn(row, tf.range(size), fn_output_signature=signature)
-            if with_x:
-                out, squares = out
-                influence = tf.reduce_sum(squares[:last_size], axis=0)  # the h rows only
-            groups.append(tf.transpose(out, [1, 0, 2]))  # (B, rows, columns)
-
-        if influence is None:
-            def influence_row(k: Any) -> Any:
-                d_x = tape.gradient(h_at, x, output_gradients=one_hot(k, last_size),
-                                    unconnected_gradients="zero")
-                return tf.reduce_sum(tf.square(d_x), axis=2)  # (B, T)
-
-            influence = tf.reduce_sum(tf.map_fn(influence_row, tf.range(last_size),
-                                                fn_output_signature=x.dtype), axis=0)
+        groups, influence = _rows_backward(engine, params, x, states, at, at_last)
         return groups, tf.sqrt(influence), ordinary
 
     with native_stderr_silenced():
@@ -179,6 +134,181 @@ def state_jacobians_and_influence(
                 blocks=block,
             ))
     return blocks, influence.numpy().astype(np.float64), ordinary_pass
+
+
+def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[str, Any],
+                   at: Any, at_last: bool) -> tuple[list[Any], Any]:
+    """Every Jacobian row at once, and ‖∂h_at/∂x_s‖² (B, T), by one backward scan over time.
+
+    A row is one unit of one layer's final state (h, then c for an LSTM), for every example.
+    Rows are ordered by target layer, so the rows that reach layer n are a suffix of them: a
+    later layer's state cannot reach an earlier one. The backward scan carries, per layer,
+    the cotangent of every row that reaches it, stacked in the batch axis (row-major: row r,
+    example b at r·B + b); at step t it reruns that step of layer n on its states at t−1,
+    repeated once per row, and one ``tape.gradient`` of the step with those cotangents gives
+    them at t−1 and, through the layer's input, adds to layer n−1's at t. This is
+    backpropagation through time, with all rows in one pass instead of one pass per row.
+
+    The influence rows are the last layer's h units at step ``at``: when ``at`` is the last
+    step they are Jacobian rows already; otherwise they are extra rows whose cotangent starts
+    at step ``at``.
+    """
+    tf = engine.tf
+    cells = engine.shapes.cells
+    batch_size = tf.shape(x)[0]
+    sizes = [cell.units * len(cell.state_names) for cell in cells]
+    offsets = np.cumsum([0, *sizes]).tolist()  # row offset of each target layer
+    rows = offsets[-1] + (0 if at_last else cells[-1].units)
+    influence_start = offsets[-2] if at_last else offsets[-1]
+    last_units = cells[-1].units
+    #: Rows that reach layer n: rows[reach[n]:].
+    reach = offsets[:-1]
+    cell_params = [{info.short: params[info.name] for info in cell.weights()} for cell in cells]
+    step_weights = [cell.tf_step_weights(tf, p) for cell, p in zip(cells, cell_params,
+                                                                     strict=True)]
+
+    def repeat(value: Any, times: int) -> Any:  # (B, n) → (times·B, n), row-major
+        return tf.tile(value, [times, 1])
+
+    # Forward: every state of every layer at every step, and each layer's input.
+    def forward_step(carry: tuple[Any, ...], x_t: Any) -> tuple[Any, ...]:
+        out: list[Any] = []
+        position, layer_input = 0, x_t
+        for n, cell in enumerate(cells):
+            count = len(cell.state_names)
+            step_inputs = tuple(v[0] for v in cell.tf_inputs(tf, cell_params[n],
+                                                             layer_input[None]))
+            new = cell.tf_step(tf, step_weights[n], carry[position:position + count],
+                               step_inputs)
+            out += new
+            position += count
+            layer_input = new[0]
+        return tuple(out)
+
+    x_major = tf.transpose(x, [1, 0, 2])  # (T, B, F)
+    initial = tuple(states[f"{cell.name}/{s}"] for cell in cells for s in cell.state_names)
+    trajectory = tf.scan(forward_step, x_major, initializer=initial)  # each (T, B, u)
+    previous = tuple(tf.concat([s0[None], seq[:-1]], axis=0)
+                     for s0, seq in zip(initial, trajectory, strict=True))
+    steps = tf.shape(x_major)[0]
+
+    # The cotangents on the final states: row r of layer j's block is a one-hot on unit r.
+    def start_cotangents() -> tuple[Any, ...]:
+        out = []
+        for n, cell in enumerate(cells):
+            reaching = rows - reach[n]
+            for k in range(len(cell.state_names)):
+                # Row index within layer n's suffix of this state's unit 0.
+                first = offsets[n] - reach[n] + k * cell.units
+                block = tf.concat([
+                    tf.zeros([first, cell.units], x.dtype),
+                    tf.eye(cell.units, dtype=x.dtype),
+                    tf.zeros([reaching - first - cell.units, cell.units], x.dtype),
+                ], axis=0)  # (rows reaching n, u)
+                out.append(tf.reshape(tf.repeat(block, batch_size, axis=0),
+                                      [reaching * batch_size, cell.units]))
+        return tuple(out)
+
+    def influence_seed() -> Any:
+        """The cotangent injected at step ``at`` on the last layer's h (extra rows only)."""
+        reaching = rows - reach[-1]
+        first = influence_start - reach[-1]
+        block = tf.concat([
+            tf.zeros([first, last_units], x.dtype),
+            tf.eye(last_units, dtype=x.dtype),
+            tf.zeros([reaching - first - last_units, last_units], x.dtype),
+        ], axis=0)
+        return tf.reshape(tf.repeat(block, batch_size, axis=0),
+                          [reaching * batch_size, last_units])
+
+    last_h = sum(len(cell.state_names) for cell in cells[:-1])  # index of the last layer's h
+    seed = None if at_last else influence_seed()
+
+    def backward_step(t: Any, carried: tuple[Any, ...]) -> tuple[list[Any], Any]:
+        """The cotangents on the states at t → at t−1, and this step's influence squares."""
+        cotangents = list(carried)
+        x_t = x_major[t]
+        before = [s[t] for s in previous]
+        after = [s[t] for s in trajectory]
+        if seed is not None:
+            hit = tf.cast(tf.equal(t, at), x.dtype)
+            cotangents[last_h] = cotangents[last_h] + hit * seed
+        squares = tf.zeros([batch_size], x.dtype)
+        position = len(previous)
+        for n in reversed(range(len(cells))):
+            cell = cells[n]
+            count = len(cell.state_names)
+            position -= count
+            times = rows - reach[n]
+            prev = [repeat(s, times) for s in before[position:position + count]]
+            layer_input = x_t if n == 0 else after[position - len(cells[n - 1].state_names)]
+            with tf.GradientTape() as tape:
+                if n == 0:
+                    # The input projection once, then repeated: x itself is not a source here.
+                    step_inputs = tuple(repeat(v[0], times) for v in
+                                        cell.tf_inputs(tf, cell_params[n], layer_input[None]))
+                    tape.watch([prev, step_inputs])
+                else:
+                    repeated_input = repeat(layer_input, times)
+                    tape.watch([prev, repeated_input])
+                    step_inputs = tuple(v[0] for v in cell.tf_inputs(
+                        tf, cell_params[n], repeated_input[None]))
+                new = cell.tf_step(tf, step_weights[n], tuple(prev), step_inputs)
+            sources = [prev, step_inputs if n == 0 else repeated_input]
+            d_prev, d_input = tape.gradient(
+                list(new), sources,
+                output_gradients=cotangents[position:position + count],
+                unconnected_gradients="zero")
+            cotangents[position:position + count] = d_prev
+            if n > 0:
+                # Layer n's rows are the tail of layer n−1's rows: add into that tail.
+                below = position - len(cells[n - 1].state_names)  # layer n−1's h
+                skip = (reach[n] - reach[n - 1]) * batch_size
+                head = cotangents[below][:skip]
+                cotangents[below] = tf.concat([head, cotangents[below][skip:] + d_input],
+                                              axis=0)
+            else:
+                # ∂h_at/∂x_t for the influence rows: through the input projection.
+                first = (influence_start - reach[0]) * batch_size
+                chosen = [d[first:first + last_units * batch_size] for d in d_input]
+                x_rows = repeat(x_t, last_units)
+                with tf.GradientTape() as tape:
+                    tape.watch(x_rows)
+                    projections = [v[0] for v in cell.tf_inputs(tf, cell_params[0],
+                                                                 x_rows[None])]
+                d_x = tape.gradient(projections, x_rows,
+                                    output_gradients=chosen)
+                squares = tf.reduce_sum(tf.reshape(tf.reduce_sum(tf.square(d_x), axis=1),
+                                                   [last_units, batch_size]), axis=0)
+        return cotangents, squares
+
+    # A while loop, not tf.scan: only the influence squares are kept per step, never the
+    # cotangents, whose size is the number of rows times the batch. One step at a time: the
+    # steps depend on each other anyway, and each one's repeated states are that large too.
+    def body(t: Any, squares: Any, *carried: Any) -> tuple[Any, ...]:
+        cotangents, step_squares = backward_step(t, carried)
+        return (t - 1, squares.write(t, step_squares), *cotangents)
+
+    per_step = tf.TensorArray(x.dtype, size=steps, element_shape=tf.TensorShape([None]))
+    _, per_step, *finals = tf.while_loop(
+        lambda t, *_: t >= 0, body, (steps - 1, per_step, *start_cotangents()),
+        parallel_iterations=1)
+    squares = tf.transpose(per_step.stack(), [1, 0])  # (B, T)
+
+    groups = []
+    position = 0
+    by_layer = []
+    for n, cell in enumerate(cells):
+        count = len(cell.state_names)
+        stacked = tf.concat(finals[position:position + count], axis=1)  # (reaching·B, S_n)
+        by_layer.append(tf.transpose(tf.reshape(stacked, [rows - reach[n], batch_size,
+                                                          sizes[n]]), [1, 0, 2]))
+        position += count
+    for j in range(len(cells)):
+        groups.append(tf.concat([
+            by_layer[i][:, offsets[j] - reach[i]: offsets[j] - reach[i] + sizes[j]]
+            for i in range(j + 1)], axis=2))  # (B, rows of j, columns of layers ≤ j)
+    return groups, squares
 
 
 def dynamics(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
@@ -218,7 +348,7 @@ def influence_map(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
 
     @tf.function(autograph=False)
     def compute(params: dict[str, Any], x: Any, states: dict[str, Any], pairs: Any) -> Any:
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:  # one gradient call, traced once in the loop body
             tape.watch(x)
             sequences: dict[str, Any] = {}
             engine.forward(params, x, states, sequences=sequences)

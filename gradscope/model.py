@@ -44,17 +44,21 @@ class Engine:
 
     def forward(self, params: dict[str, Any], x: Any, states: dict[str, Any],
                 probes: dict[str, Any] | None = None,
-                sequences: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                sequences: dict[str, Any] | None = None,
+                start: int = 0) -> tuple[Any, dict[str, Any]]:
         """x (B, T, F) → predictions (B, T, L) or (B, L), and the final states by name.
 
         Final states are named like the initial ones with ``_T``: ``gru_1/h_T``. ``probes``
         (time-major zeros named ``gru_1/h``) expose the total ∂L/∂h_t; ``sequences``, if given,
-        collects each layer's time-major output.
+        collects each layer's time-major output. With ``start`` > 0 the pass begins at that
+        recurrent layer (index into ``shapes.cells``; their count: the dense layers only), and
+        ``x`` (B, T, ·) is the output sequence of the layer before it; only the weights and
+        states of the layers run are read.
         """
         tf = self.tf
         sequence = tf.transpose(x, [1, 0, 2])  # time-major for tf.scan
         finals: dict[str, Any] = {}
-        for cell in self.shapes.cells:
+        for cell in self.shapes.cells[start:]:
             cell_params = {info.short: params[info.name] for info in cell.weights()}
             initial = tuple(states[f"{cell.name}/{s}"] for s in cell.state_names)
             cell_probes = None

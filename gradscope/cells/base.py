@@ -51,15 +51,21 @@ class TensorInfo:
 
     @property
     def meaning(self) -> str:
-        parts = [self.role]
-        if self.rows:
-            parts.append("rows " + ", ".join(block.describe() for block in self.rows))
-        if self.columns:
-            axis = "columns" if len(self.shape) > 1 else "entries"
-            parts.append(f"{axis} " + ", ".join(block.describe() for block in self.columns))
-        if self.note:
-            parts.append(self.note)
-        return "; ".join(parts)
+        return meaning(self.role, self.shape, self.rows, self.columns, self.note)
+
+
+def meaning(role: str, shape: tuple[int, ...], rows: tuple[Block, ...],
+            columns: tuple[Block, ...], note: str) -> str:
+    """"maps x_t to …; rows 0–199 x_t, …; columns 0–63 reset gate r, …; <note>"."""
+    parts = [role]
+    if rows:
+        parts.append("rows " + ", ".join(block.describe() for block in rows))
+    if columns:
+        axis = "columns" if len(shape) > 1 else "entries"
+        parts.append(f"{axis} " + ", ".join(block.describe() for block in columns))
+    if note:
+        parts.append(note)
+    return "; ".join(parts)
 
 
 def split_blocks(labels: list[str], width: int) -> tuple[Block, ...]:

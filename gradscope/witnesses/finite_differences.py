@@ -8,7 +8,8 @@ directional derivative ⟨g, v⟩.
 Cost: two loss evaluations per probe, never two per element. The perturbed copies of a tensor
 are evaluated together in one call: perturbations of x and of the initial states are folded
 into the batch axis (each copy is a block of examples), and perturbations of a weight run as
-one in-graph ``tf.map_fn`` over the stacked perturbed weights.
+one in-graph ``tf.map_fn`` over the stacked perturbed weights. A perturbation of layer k runs
+the model from layer k on, from the unperturbed output of the layers below it.
 """
 
 from __future__ import annotations
@@ -60,92 +61,149 @@ def probes_for(name: str, gradient: np.ndarray, directions: int,
 
 
 class _Evaluator:
-    """Loss evaluations of perturbed copies of the model, two calls in all.
+    """Loss evaluations of perturbed copies of the model, traced once per starting layer.
 
-    Weight copies are flattened into rows of one matrix and evaluated by one ``tf.map_fn``;
-    copies of x and of the initial states are folded into the batch axis of one forward pass.
-    Both functions are traced once.
+    A perturbation of layer k's weights or initial state changes nothing below layer k, so the
+    pass starts at layer k from the unperturbed output of layer k−1 (computed once, here, by
+    an ordinary forward pass); the dense layers' weights start after the last recurrent
+    layer. The loss is still the full model's: the layers below simply have no perturbed input.
+    Weight copies of the layers run are flattened into rows of one matrix and evaluated by one
+    ``tf.map_fn``; copies of x and of the initial states are folded into the batch axis of one
+    forward pass.
     """
 
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
         tf = self.tf = ctx.tf
-        engine = ctx.engine
-        self.weight_names = list(ctx.params)
-        self.weight_shapes = [ctx.params[n].shape for n in self.weight_names]
-        self.weight_sizes = [int(np.prod(s, dtype=np.int64)) for s in self.weight_shapes]
-        self.flat_weights = np.concatenate([ctx.params[n].ravel() for n in self.weight_names])
+        engine = self.engine = ctx.engine
+        cells = [cell.name for cell in ctx.shapes.cells]
+        #: The recurrent layer (index into shapes.cells) where a tensor's perturbation starts
+        #: to matter: its own layer; len(cells) for a dense layer's weights; 0 for x.
+        self.start = {info.name: (cells.index(info.layer) if info.layer in cells else len(cells))
+                      for info in (*ctx.shapes.weights, *ctx.shapes.states)}
+        self.start["x"] = 0
         self.batch_size = ctx.batch.x.shape[0]
-        spec = ctx.shapes.spec
-        x, y = tf.constant(ctx.batch.x), tf.constant(ctx.batch.y)
-        states = {k: tf.constant(v) for k, v in ctx.batch.initial_states.items()}
-        params = {k: tf.constant(v) for k, v in ctx.params.items()}
-
-        def example_losses(params: dict[str, Any], x: Any, y: Any,
-                           states: dict[str, Any]) -> Any:
-            """Each example's share of the mean loss: copies folded into the batch axis are
-            summed back per copy."""
-            predictions, _ = engine.forward(params, x, states)
-            if spec.loss == "softmax_cross_entropy":
-                per_position = tf.nn.softmax_cross_entropy_with_logits(labels=y,
-                                                                        logits=predictions)
-            else:
-                per_position = tf.reduce_mean(tf.square(predictions - y), axis=-1)
-            if spec.sequence_output:
-                per_position = tf.reduce_mean(per_position, axis=1)
-            return per_position / self.batch_size
+        self.x, self.y = tf.constant(ctx.batch.x), tf.constant(ctx.batch.y)
+        self.states = {k: tf.constant(v) for k, v in ctx.batch.initial_states.items()}
+        self.params = {k: tf.constant(v) for k, v in ctx.params.items()}
 
         @tf.function(autograph=False)
-        def folded(x: Any, y: Any, states: dict[str, Any]) -> Any:
-            losses = example_losses(params, x, y, states)
-            return tf.reduce_sum(tf.reshape(losses, [-1, self.batch_size]), axis=1)
+        def layer_outputs(x: Any, states: dict[str, Any]) -> dict[str, Any]:
+            sequences: dict[str, Any] = {}
+            engine.forward(self.params, x, states, sequences=sequences)
+            return {name: tf.transpose(value, [1, 0, 2]) for name, value in sequences.items()}
+
+        outputs = layer_outputs(self.x, self.states) if cells else {}
+        #: The batch-major input of each starting layer, unperturbed: x, then each layer's h.
+        self.inputs = [self.x] + [outputs[f"{name}/h"] for name in cells]
+        self._stacked: dict[int, Any] = {}
+        self._folded: dict[int, Any] = {}
+
+    def _example_losses(self, params: dict[str, Any], inputs: Any, y: Any,
+                        states: dict[str, Any], start: int) -> Any:
+        """Each example's share of the mean loss: copies folded into the batch axis are summed
+        back per copy."""
+        tf = self.tf
+        spec = self.ctx.shapes.spec
+        predictions, _ = self.engine.forward(params, inputs, states, start=start)
+        if spec.loss == "softmax_cross_entropy":
+            per_position = tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=predictions)
+        else:
+            per_position = tf.reduce_mean(tf.square(predictions - y), axis=-1)
+        if spec.sequence_output:
+            per_position = tf.reduce_mean(per_position, axis=1)
+        return per_position / self.batch_size
+
+    def _weights_from(self, start: int) -> list[str]:
+        return [name for name in self.ctx.params if self.start[name] >= start]
+
+    def _stacked_function(self, start: int) -> Any:
+        """Loss per row of perturbed weights (those of layers ≥ ``start``, flattened)."""
+        if start in self._stacked:
+            return self._stacked[start]
+        tf = self.tf
+        names = self._weights_from(start)
+        shapes = [self.ctx.params[n].shape for n in names]
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+        inputs = self.inputs[start]
 
         @tf.function(autograph=False)
         def stacked(rows: Any) -> Any:
             def one(row: Any) -> Any:
-                pieces = tf.split(row, self.weight_sizes)
-                perturbed = {name: tf.reshape(piece, shape) for name, piece, shape in
-                             zip(self.weight_names, pieces, self.weight_shapes, strict=True)}
-                return tf.reduce_sum(example_losses(perturbed, x, y, states))
+                pieces = tf.split(row, sizes)
+                perturbed = {name: tf.reshape(piece, shape)
+                             for name, piece, shape in zip(names, pieces, shapes, strict=True)}
+                return tf.reduce_sum(
+                    self._example_losses(perturbed, inputs, self.y, self.states, start))
 
             return tf.map_fn(one, rows, fn_output_signature=rows.dtype)
 
-        self._folded, self._stacked = folded, stacked
+        self._stacked[start] = stacked
+        return stacked
+
+    def _folded_function(self, start: int) -> Any:
+        if start in self._folded:
+            return self._folded[start]
+        tf = self.tf
+
+        @tf.function(autograph=False)
+        def folded(inputs: Any, y: Any, states: dict[str, Any]) -> Any:
+            losses = self._example_losses(self.params, inputs, y, states, start)
+            return tf.reduce_sum(tf.reshape(losses, [-1, self.batch_size]), axis=1)
+
+        self._folded[start] = folded
+        return folded
 
     def weight_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
-        """Loss with weight ``name`` replaced by each ``value``."""
-        rows = np.repeat(self.flat_weights[None, :], len(perturbations), axis=0)
-        offsets = np.cumsum([0, *self.weight_sizes])
-        for row, (name, value) in zip(rows, perturbations, strict=True):
-            i = self.weight_names.index(name)
-            row[offsets[i]:offsets[i + 1]] = value.ravel()
-        return np.asarray(self._stacked(self.tf.constant(rows)).numpy())
+        """Loss with weight ``name`` replaced by each ``value``, in the order given."""
+        losses = np.empty(len(perturbations))
+        for start in sorted({self.start[name] for name, _ in perturbations}):
+            chosen = [i for i, (name, _) in enumerate(perturbations)
+                      if self.start[name] == start]
+            names = self._weights_from(start)
+            flat = np.concatenate([self.ctx.params[n].ravel() for n in names])
+            offsets = np.cumsum([0, *(self.ctx.params[n].size for n in names)])
+            rows = np.repeat(flat[None, :], len(chosen), axis=0)
+            for row, i in zip(rows, chosen, strict=True):
+                name, value = perturbations[i]
+                k = names.index(name)
+                row[offsets[k]:offsets[k + 1]] = value.ravel()
+            stacked = self._stacked_function(start)
+            losses[chosen] = stacked(self.tf.constant(rows)).numpy()
+        return losses
 
     def input_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
-        """Loss with x or one initial state replaced by each ``value``.
+        """Loss with x or one initial state replaced by each ``value``, in the order given.
 
-        The copies go through in groups of ``COPIES_PER_CALL`` folded into the batch axis: one
-        trace (the last group is padded to the same shape), and a working set that stays in
-        memory instead of growing with the number of probes.
+        The copies go through in groups of ``COPIES_PER_CALL`` folded into the batch axis, one
+        starting layer at a time: one trace per starting layer (the last group is padded to
+        the same shape), and a working set that stays in memory instead of growing with the
+        number of probes.
         """
-        losses = []
-        for start in range(0, len(perturbations), COPIES_PER_CALL):
-            group = perturbations[start:start + COPIES_PER_CALL]
-            padded = group + [group[-1]] * (COPIES_PER_CALL - len(group))
-            losses.append(self._input_group(padded)[: len(group)])
-        return np.concatenate(losses)
+        losses = np.empty(len(perturbations))
+        for start in sorted({self.start[name] for name, _ in perturbations}):
+            chosen = [i for i, (name, _) in enumerate(perturbations)
+                      if self.start[name] == start]
+            for first in range(0, len(chosen), COPIES_PER_CALL):
+                group = chosen[first:first + COPIES_PER_CALL]
+                padded = group + [group[-1]] * (COPIES_PER_CALL - len(group))
+                values = self._input_group([perturbations[i] for i in padded], start)
+                losses[group] = values[: len(group)]
+        return losses
 
-    def _input_group(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
+    def _input_group(self, perturbations: list[tuple[str, np.ndarray]],
+                     start: int) -> np.ndarray:
         batch = self.ctx.batch
-        xs = [value if name == "x" else batch.x for name, value in perturbations]
+        base = batch.x if start == 0 else self.inputs[start].numpy()
+        inputs = [value if name == "x" else base for name, value in perturbations]
         states = {
-            key: np.concatenate([value if name == key else base
+            key: np.concatenate([value if name == key else initial
                                  for name, value in perturbations])
-            for key, base in batch.initial_states.items()
+            for key, initial in batch.initial_states.items()
         }
         tf = self.tf
-        return np.asarray(self._folded(
-            tf.constant(np.concatenate(xs)),
+        return np.asarray(self._folded_function(start)(
+            tf.constant(np.concatenate(inputs)),
             tf.constant(np.concatenate([batch.y] * len(perturbations))),
             {k: tf.constant(v) for k, v in states.items()},
         ).numpy())
@@ -169,33 +227,15 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
     input_losses = iter(evaluator.input_losses(input_jobs)) if input_jobs else iter(())
 
     rtol = ctx.tolerance(WITNESS)
-    # Rounding in the loss, amplified by 1/(2·step): below this no disagreement is real.
-    noise = 64 * np.finfo(np.float64).eps * max(abs(ctx.autodiff.loss), 1.0) / (2 * STEP)
     results = []
     for name, tensor_probes in probes.items():
         source = weight_losses if name in ctx.params else input_losses
         count = len(tensor_probes)
         plus = np.array([next(source) for _ in range(count)])
         minus = np.array([next(source) for _ in range(count)])
-        numerical = (plus - minus) / (2 * STEP)
-        gradient = gradients[name]
-        analytic = np.array([float(np.sum(gradient * p.direction)) for p in tensor_probes])
-        # A directional derivative can be near zero by chance: measure errors against the
-        # typical size of one, ‖g‖/√n, when that is larger.
-        typical = float(np.linalg.norm(gradient)) / np.sqrt(gradient.size)
-        scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
-        difference = np.abs(numerical - analytic)
-        # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so
-        # that it passes exactly when it is ≤ rtol.
-        allowance = noise + (ctx.atol or 0.0)
-        errors = difference / (scale + allowance / rtol)
-        worst = int(np.argmax(errors))
-        passed = bool(errors[worst] <= rtol)
-        detail = (
-            f"{count} probes; worst: {tensor_probes[worst].label}, finite difference "
-            f"{numerical[worst]:.6e} vs autodiff {analytic[worst]:.6e}"
-        )
-        results.append(WitnessResult(WITNESS, name, float(errors[worst]), rtol, passed, detail))
+        error, passed, detail = directional_error(gradients[name], tensor_probes, plus, minus,
+                                                  ctx.autodiff.loss, rtol, ctx.atol)
+        results.append(WitnessResult(WITNESS, name, error, rtol, passed, detail))
     return results
 
 
@@ -207,9 +247,14 @@ def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarra
     values."""
     numerical = (plus - minus) / (2 * step)
     analytic = np.array([float(np.sum(gradient * p.direction)) for p in probes])
+    # A directional derivative can be near zero by chance: measure errors against the typical
+    # size of one, ‖g‖/√n, when that is larger.
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
     scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
+    # Rounding in the loss, amplified by 1/(2·step): below this no disagreement is real.
     noise = 64 * np.finfo(np.float64).eps * max(abs(loss), 1.0) / (2 * step)
+    # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so that
+    # it passes exactly when it is ≤ rtol.
     errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)
     worst = int(np.argmax(errors))
     detail = (f"{len(probes)} probes; worst: {probes[worst].label}, finite difference "

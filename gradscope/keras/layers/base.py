@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Any, ClassVar, TypeVar
 
-from gradscope.cells.base import Block, TensorInfo
+from gradscope.cells.base import Block, TensorInfo, meaning
 
 Shape = tuple[int | None, ...]
 
@@ -71,15 +72,7 @@ class WeightNote:
 
     @property
     def meaning(self) -> str:
-        parts = [self.role]
-        if self.rows:
-            parts.append("rows " + ", ".join(block.describe() for block in self.rows))
-        if self.columns:
-            axis = "columns" if len(self.shape) > 1 else "entries"
-            parts.append(f"{axis} " + ", ".join(block.describe() for block in self.columns))
-        if self.note:
-            parts.append(self.note)
-        return "; ".join(parts)
+        return meaning(self.role, self.shape, self.rows, self.columns, self.note)
 
     @classmethod
     def from_tensor(cls, info: TensorInfo, key: str | None = None, note: str = "") -> WeightNote:
@@ -160,6 +153,22 @@ ACTIVATION_NOTES: dict[str, str] = {
     "hard_sigmoid": "passes it scaled where the hard sigmoid is not saturated, zero elsewhere",
     "exponential": "multiplies it by exp(z)",
 }
+
+
+def batch_positions(facts: LayerFacts, excluded: set[int]) -> str:
+    """"the batch × 12 positions": the batch and every axis of the input not in ``excluded``
+    (the feature axes a per-feature weight keeps), over which such a weight's gradient sums."""
+    rank = len(facts.input_shape)
+    others = [facts.input_shape[i] for i in range(1, rank) if i not in excluded]
+    if not others:
+        return "the batch"
+    sizes = [size for size in others if size is not None]
+    if len(sizes) != len(others):
+        return "the batch and every position"
+    if len(sizes) == 1:
+        return f"the batch × {sizes[0]} positions"
+    return (f"the batch × {' × '.join(str(s) for s in sizes)} = batch × {prod(sizes)} "
+            "positions")
 
 
 def variable_key(path: str, layer_name: str) -> str:

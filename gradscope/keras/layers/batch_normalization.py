@@ -3,10 +3,14 @@ axis) in training mode, and with the moving statistics in inference mode."""
 
 from __future__ import annotations
 
-from math import prod
-
 from gradscope.cells.base import Block
-from gradscope.keras.layers.base import LayerExplainer, LayerFacts, WeightNote, register
+from gradscope.keras.layers.base import (
+    LayerExplainer,
+    LayerFacts,
+    WeightNote,
+    batch_positions,
+    register,
+)
 
 
 def feature_axis(facts: LayerFacts) -> int:
@@ -25,17 +29,7 @@ def features(facts: LayerFacts) -> int:
 
 def reduced(facts: LayerFacts) -> str:
     """What the batch statistics (and gamma's and beta's gradients) run over."""
-    rank = len(facts.input_shape)
-    axis = feature_axis(facts) % rank
-    others = [facts.input_shape[i] for i in range(1, rank) if i != axis]
-    if not others:
-        return "the batch"
-    if any(size is None for size in others):
-        return "the batch and every position"
-    sizes = [int(size) for size in others if size is not None]
-    if len(sizes) == 1:
-        return f"batch × {sizes[0]} positions"
-    return f"batch × {' × '.join(str(s) for s in sizes)} = batch × {prod(sizes)} positions"
+    return batch_positions(facts, {feature_axis(facts) % len(facts.input_shape)})
 
 
 @register

@@ -6,7 +6,13 @@ from __future__ import annotations
 from math import prod
 
 from gradscope.cells.base import Block
-from gradscope.keras.layers.base import LayerExplainer, LayerFacts, WeightNote, register
+from gradscope.keras.layers.base import (
+    LayerExplainer,
+    LayerFacts,
+    WeightNote,
+    batch_positions,
+    register,
+)
 
 
 def normalised_axes(facts: LayerFacts) -> list[int]:
@@ -38,16 +44,7 @@ def _axes_text(facts: LayerFacts) -> str:
 def positions(facts: LayerFacts) -> str:
     """Over what gamma's and beta's gradients sum: the batch and every axis not normalised."""
     rank = len(facts.input_shape)
-    kept = {a % rank for a in normalised_axes(facts)}
-    others = [facts.input_shape[i] for i in range(1, rank) if i not in kept]
-    if not others:
-        return "the batch"
-    if any(size is None for size in others):
-        return "the batch and every position"
-    sizes = [int(size) for size in others if size is not None]
-    if len(sizes) == 1:
-        return f"the batch × {sizes[0]} positions"
-    return f"the batch × {' × '.join(str(s) for s in sizes)} = batch × {prod(sizes)} positions"
+    return batch_positions(facts, {a % rank for a in normalised_axes(facts)})
 
 
 @register
