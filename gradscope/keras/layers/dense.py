@@ -3,30 +3,21 @@ its weight gradient sums over."""
 
 from __future__ import annotations
 
-from math import prod
-
 from gradscope.cells.base import Block
 from gradscope.keras.layers.base import (
     LayerExplainer,
     LayerFacts,
     WeightNote,
     activation_note,
+    batch_positions,
     register,
 )
 
 
 def positions_note(facts: LayerFacts) -> str:
     """Over what the weight gradient sums: the batch and every axis before the last."""
-    middle = list(facts.input_shape[1:-1])
-    if not middle:
-        return "its gradient is a sum over the batch"
-    known = [d for d in middle if d is not None]
-    if len(known) != len(middle):
-        return "its gradient is a sum over the batch and every position of the sequence"
-    if len(known) == 1:
-        return f"its gradient is a sum over the batch and the {known[0]} steps"
-    return (f"its gradient is a sum over the batch and {' × '.join(str(d) for d in known)} = "
-            f"{prod(known)} positions")
+    last = len(facts.input_shape) - 1
+    return f"its gradient is a sum over {batch_positions(facts, {last})}"
 
 
 @register
