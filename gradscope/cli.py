@@ -300,7 +300,6 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
     Example:
       gradscope shapes sample_configs/seed.yaml
     """
-    from gradscope.inspect import shapes as shapes_report
     from gradscope.keras.archive import is_keras_file
 
     preflight.check_force(force, {"-o": output})
@@ -311,6 +310,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
         assert config is not None
         _emit(keras_shapes(config), as_json, output, force)
         return EXIT_OK
+    from gradscope.inspect import shapes as shapes_report
+
     _emit(shapes_report(_load(config)), as_json, output, force)
     return EXIT_OK
 
