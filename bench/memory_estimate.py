@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scale import BATCH, CLASSES, INPUT, UNITS  # noqa: E402  (the same scale model)
+from scale import scale_config  # noqa: E402  (the same scale model)
 
 from gradscope.guard import estimate  # noqa: E402
 from gradscope.spec import load_spec  # noqa: E402
@@ -54,10 +54,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for steps in args.steps:
-            config = Path(folder) / f"scale_{steps}.yaml"
-            config.write_text(
-                f"input_size: {INPUT}\ntime_steps: {steps}\nbatch_size: {BATCH}\nlayers:\n"
-                + "".join(f"  - gru: {u}\n" for u in UNITS) + f"  - dense: {CLASSES}\n")
+            config = scale_config(Path(folder), steps)
             cases.append((f"scale, {steps} steps: explain", str(config), ["explain"]))
         for name, config, command in cases:
             spec = load_spec(config)

@@ -20,6 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 INPUT, UNITS, BATCH, CLASSES = 64, (256, 256), 32, 3
 
 
+def scale_config(folder: Path, steps: int) -> Path:
+    """The scale model's YAML config at ``steps`` time steps, written into ``folder``."""
+    config = folder / f"scale_{steps}.yaml"
+    config.write_text(
+        f"input_size: {INPUT}\ntime_steps: {steps}\nbatch_size: {BATCH}\nlayers:\n"
+        + "".join(f"  - gru: {u}\n" for u in UNITS) + f"  - dense: {CLASSES}\n")
+    return config
+
+
 def measure(command: list[str]) -> tuple[float, float]:
     """(seconds, peak MiB) of one whole process, from GNU time."""
     result = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command], cwd=REPO,
@@ -38,10 +47,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for steps in args.steps:
-            config = Path(folder) / f"scale_{steps}.yaml"
-            config.write_text(
-                f"input_size: {INPUT}\ntime_steps: {steps}\nbatch_size: {BATCH}\nlayers:\n"
-                + "".join(f"  - gru: {u}\n" for u in UNITS) + f"  - dense: {CLASSES}\n")
+            config = scale_config(Path(folder), steps)
             gradscope = [sys.executable, "-m", "gradscope", "explain", str(config)]
             floor = [sys.executable, str(REPO / "bench" / "floor_explain.py"),
                      "--input-size", str(INPUT), "--time-steps", str(steps),

@@ -6,11 +6,8 @@ imported. bench/memory_estimate.py compares the estimate with measured peaks.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from conftest import REPO
+from conftest import run_without_tensorflow
 
 from gradscope.guard import BASELINE_TERM, PROCESS_BASELINE, estimate, parse_size
 from gradscope.spec import load_spec
@@ -39,15 +36,8 @@ def test_check_and_across_time_estimate_more_than_explain():
 @pytest.mark.parametrize("command", ["explain", "check"])
 def test_twenty_megabytes_is_refused_for_the_seed_model_before_tensorflow(command):
     assert parse_size("20M") == 20 << 20
-    code = (
-        "import sys\nfrom gradscope.cli import main\n"
-        f"try:\n    main([{command!r}, '--max-memory', '20M'])\nexcept SystemExit as e:\n"
-        "    assert e.code == 2, e.code\nelse:\n    raise AssertionError('not refused')\n"
-        "assert 'tensorflow' not in sys.modules\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    result = run_without_tensorflow(command, "--max-memory", "20M")  # exit 99 if TF loaded
+    assert result.returncode == 2, result.stderr
     assert "more than the limit 20.0 MiB" in result.stderr
     assert "TensorFlow itself takes about 620.0 MiB" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -27,7 +27,7 @@ from gradscope.keras.explain import KerasJob, layer_facts, loss_entry, model_ent
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.witness import unwitnessed
+from gradscope.keras.witness import cell_params, unwitnessed
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     CheckedTensor,
@@ -241,9 +241,7 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
                    for v in layer.weights}
         cell = explainer.cell(facts)
         forward, backward = RECURRENT[cell_key(cell)]
-        params = {key: value for key, (_, value) in weights.items()}
-        if "bias" not in params:
-            params["bias"] = np.zeros(_bias_shape(cell))
+        params = cell_params(cell, {key: value for key, (_, value) in weights.items()})
         totals: dict[str, np.ndarray] = {}
         complete = True
         for call in calls:
@@ -281,12 +279,6 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
             tape = autodiff.gradients.get(path)
             if tape is not None and key in totals:
                 _compare(results, path, totals[key], tape, rtol)
-
-
-def _bias_shape(cell: Any) -> tuple[int, ...]:
-    if cell.kind == "gru":
-        return (2, 3 * cell.units) if cell.options.get("reset_after", True) else (3 * cell.units,)
-    return ({"lstm": 4, "simple_rnn": 1}[cell.kind] * cell.units,)
 
 
 def _lstm_final_cell_gradient(call: CapturedCall, autodiff: KerasPass) -> str | None:

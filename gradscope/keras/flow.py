@@ -30,7 +30,7 @@ from gradscope.errors import InternalError
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.witness import TOLERANCES
+from gradscope.keras.witness import TOLERANCES, cell_params, unmodelled
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     JacobianEntry,
@@ -135,12 +135,13 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
     states = [np.asarray(s, np.float64) for s in call.states]
     units: list[Unit] = []
     for name, sub in parts:
-        reason = _unmodelled(sub, engine.training)
-        if reason:
-            return reason
         class_name = type(sub).__name__
         facts = LayerFacts(name=sub.name, class_name=class_name, config=sub.get_config(),
                            input_shapes=((None, *x.shape[1:]),))
+        reasons = unmodelled(facts, engine.training)
+        if reasons:
+            return ("the cells model tanh/sigmoid layers without dropout only ("
+                    + ", ".join(reasons) + ")")
         explainer = explainer_for(class_name)
         if not isinstance(explainer, RecurrentExplainer):
             return f"no gradscope cell for {class_name}"
@@ -163,39 +164,10 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
     return _reproduces(recurrent, engine.dtype_name) or recurrent
 
 
-def _unmodelled(layer: Any, training: bool) -> str | None:
-    """Why gradscope's cells cannot stand in for this layer, or None."""
-    reasons = []
-    activation = getattr(layer, "activation", None)
-    if getattr(activation, "__name__", "tanh") != "tanh":
-        reasons.append(f"activation {activation.__name__}")  # type: ignore[union-attr]
-    recurrent = getattr(layer, "recurrent_activation", None)
-    if type(layer).__name__ != "SimpleRNN" and getattr(recurrent, "__name__",
-                                                       "sigmoid") != "sigmoid":
-        reasons.append(f"recurrent_activation {recurrent.__name__}")  # type: ignore[union-attr]
-    if getattr(layer, "stateful", False):
-        reasons.append("stateful")
-    if training:
-        reasons += [f"{key} {getattr(layer, key)} in training mode"
-                    for key in ("dropout", "recurrent_dropout")
-                    if float(getattr(layer, key, 0.0) or 0.0) > 0]
-    if reasons:
-        return ("the cells model tanh/sigmoid layers without dropout only ("
-                + ", ".join(reasons) + ")")
-    return None
-
-
 def _params(layer: Any, cell: Cell) -> dict[str, np.ndarray]:
     """The weights in float64 by short name, with a zero bias when the layer has none."""
-    params = {v.path.split("/")[-1]: np.asarray(v.numpy(), np.float64) for v in layer.weights}
-    if "bias" not in params:  # use_bias=False: the same cell with a zero bias
-        units = cell.units
-        if cell_key(cell) == "gru_keras":
-            params["bias"] = np.zeros((2, 3 * units))
-        else:
-            params["bias"] = np.zeros(({"gru": 3, "lstm": 4, "simple_rnn": 1}[cell.kind]
-                                       * units,))
-    return params
+    return cell_params(cell, {v.path.split("/")[-1]: np.asarray(v.numpy())
+                              for v in layer.weights})
 
 
 def _outputs(recurrent: RecurrentCall) -> list[np.ndarray]:

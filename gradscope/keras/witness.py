@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
+from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
@@ -37,11 +38,7 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
         return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {skip}")
     forward, _ = RECURRENT[key]
-    params = {short: np.asarray(value, np.float64) for short, value in weights.items()}
-    if "bias" not in params:  # use_bias=False: the same cell with a zero bias
-        shape = (2, 3 * cell.units) if key == "gru_keras" else (
-            {"gru": 3, "lstm": 4, "simple_rnn": 1}[cell.kind] * cell.units,)
-        params["bias"] = np.zeros(shape)
+    params = cell_params(cell, weights)
     x = np.asarray(call.args[0], np.float64)
     states = [np.asarray(s, np.float64) for s in call.states]
     with blas_beside_tensorflow():
@@ -64,22 +61,42 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
                                     f"(allowed {allowed:.1e})")
 
 
-def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -> str | None:
-    """Why the cell cannot stand in for this call (it models the plain recurrence only)."""
-    if call.mask is not None:
-        return "the input is masked (Keras skips masked steps; the cell does not model masks)"
+def cell_params(cell: Cell, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A layer's weights in float64 by short name, as the cell takes them. Without a bias
+    (use_bias=False) it is the same cell with a zero bias, of the shape the cell's algebra
+    gives."""
+    params = {short: np.asarray(value, np.float64) for short, value in weights.items()}
+    if "bias" not in params:
+        params["bias"] = np.zeros(next(info.shape for info in cell.weights()
+                                       if info.short == "bias"))
+    return params
+
+
+def unmodelled(facts: LayerFacts, training: bool) -> list[str]:
+    """What in a recurrent layer's settings gradscope's cells do not model: other
+    activations, a stateful layer, dropout in training mode."""
     reasons = []
     if facts.option("activation", "tanh") != "tanh":
         reasons.append(f"activation {facts.option('activation')}")
     if facts.class_name != "SimpleRNN" and facts.option("recurrent_activation",
                                                         "sigmoid") != "sigmoid":
         reasons.append(f"recurrent_activation {facts.option('recurrent_activation')}")
-    if facts.option("go_backwards"):
-        reasons.append("go_backwards")
     if facts.option("stateful"):
         reasons.append("stateful")
-    if training and (facts.option("dropout", 0.0) or facts.option("recurrent_dropout", 0.0)):
-        reasons.append("dropout in training mode")
+    if training:
+        reasons += [f"{key} {facts.option(key)} in training mode"
+                    for key in ("dropout", "recurrent_dropout")
+                    if float(facts.option(key, 0.0) or 0.0) > 0]
+    return reasons
+
+
+def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -> str | None:
+    """Why the cell cannot stand in for this call (it models the plain recurrence only)."""
+    if call.mask is not None:
+        return "the input is masked (Keras skips masked steps; the cell does not model masks)"
+    reasons = unmodelled(facts, training)
+    if facts.option("go_backwards"):
+        reasons.append("go_backwards")
     if not call.states:
         reasons.append("no initial state captured")
     if reasons:
