@@ -183,17 +183,24 @@ def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _check_data_options(config: str | None, model_sizes: tuple[int | None, int | None],
+                        data_files: tuple[str | None, ...]) -> None:
+    """Size options that go with this config, and data files that exist: before anything is
+    loaded (a .keras model's run imports TensorFlow)."""
+    preflight.check_model_sizes(config, model_sizes, data_files)
+    if any(data_files):
+        from gradscope.data import check_data_files
+
+        check_data_files(*data_files)
+
+
 def _keras_job(path: str, data_files: tuple[str | None, ...],
                model_sizes: tuple[int | None, int | None],
                keras_run: tuple[str | None, bool, int]) -> Any:
     """A saved Keras model read, checked and given its batch, all without TensorFlow."""
     from gradscope.keras.explain import prepare
 
-    preflight.check_model_sizes(path, model_sizes, data_files)
-    if any(data_files):
-        from gradscope.data import check_data_files
-
-        check_data_files(*data_files)
+    _check_data_options(path, model_sizes, data_files)
     data, x_file, y_file = data_files
     if x_file or y_file:
         raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
@@ -217,11 +224,7 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
                     ) -> tuple[Any, Any]:
     """The spec of a YAML config and the supplied batch (or None); the option combinations
     and the data files are checked first."""
-    preflight.check_model_sizes(config, model_sizes, data_files)
-    if any(data_files):
-        from gradscope.data import check_data_files
-
-        check_data_files(*data_files)
+    _check_data_options(config, model_sizes, data_files)
     spec = _load(config)
     if not any(data_files):
         return spec, None
