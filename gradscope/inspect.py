@@ -166,8 +166,15 @@ def stats(values: np.ndarray) -> Stats:
     )
 
 
+def per_example_norms(gradient: np.ndarray) -> PerExampleNorms:
+    """Min, median and max over the batch (axis 0) of each example's L2 norm."""
+    flat = np.asarray(gradient, np.float64).reshape(len(gradient), -1)
+    norms = np.sqrt(np.sum(flat * flat, axis=1))
+    return PerExampleNorms(min=float(np.min(norms)), median=float(np.median(norms)),
+                           max=float(np.max(norms)))
+
+
 def state_gradient_entry(info: TensorInfo, gradient: np.ndarray) -> StateGradientEntry:
-    per_example = np.sqrt(np.sum(np.asarray(gradient, np.float64) ** 2, axis=1))
     return StateGradientEntry(
         name=info.name,
         alias=info.alias,
@@ -175,11 +182,7 @@ def state_gradient_entry(info: TensorInfo, gradient: np.ndarray) -> StateGradien
         shape=list(gradient.shape),
         formula=info.formula,
         stats=stats(gradient),
-        per_example_norm=PerExampleNorms(
-            min=float(np.min(per_example)),
-            median=float(np.median(per_example)),
-            max=float(np.max(per_example)),
-        ),
+        per_example_norm=per_example_norms(gradient),
     )
 
 

@@ -36,7 +36,6 @@ from gradscope.report.models import (
     KerasStateEntry,
     KerasTensorSpec,
     KerasWitnessEntry,
-    PerExampleNorms,
     SparseRows,
 )
 
@@ -279,7 +278,7 @@ def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...
 def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any,
                    explainer: Any, facts: LayerFacts,
                    gradients: dict[str, list[np.ndarray | None]]) -> list[KerasStateEntry]:
-    from gradscope.inspect import stats
+    from gradscope.inspect import per_example_norms, stats
     from gradscope.keras.engine import call_label
 
     label = call_label(node.name, index)
@@ -296,11 +295,7 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
             origin = wired[k] if k < len(wired) else "another layer"
             source = f"wired from {origin}"
             flows_to = f"back into {origin}, and through it to the layers below"
-        per_example = None
-        if value is not None and value.ndim == 2:
-            norms = np.sqrt(np.sum(np.asarray(value, np.float64) ** 2, axis=1))
-            per_example = PerExampleNorms(min=float(norms.min()), median=float(np.median(norms)),
-                                          max=float(norms.max()))
+        per_example = None if value is None or value.ndim != 2 else per_example_norms(value)
         entries.append(KerasStateEntry(
             name=f"{label}/{note.key}", layer=node.name, shape=shape, source=source,
             flows_to=flows_to, stats=None if value is None else stats(value),
