@@ -431,10 +431,78 @@ class KerasCheckReport(_Report):
     timings: dict[str, float] | None = None
 
 
+# -- during training: the GradientFlow callback and `gradscope watch` ---------------------------
+
+
+class TrainingObservation(_Report):
+    """One extra backward pass taken during training."""
+
+    step: int = Field(description="batches trained so far (TensorBoard's step); with observe(), "
+                      "the step given or one more than the previous")
+    epoch: int | None = Field(default=None, description="the epoch (from 0) in model.fit")
+    loss: float | None = Field(description="the loss of the extra pass; null if not finite")
+    batch_size: int | None = None
+
+
+class WeightNormSeries(_Report):
+    """‖∂L/∂w‖ of one trainable weight at every observation."""
+
+    weight: str = Field(description="the variable's path, e.g. gru/gru_cell/kernel")
+    shape: list[int]
+    norms: list[float | None] = Field(description="per observation: the L2 (Frobenius) norm; "
+                                      "null where it was not finite or had no gradient")
+
+
+class RecurrentFlowSeries(_Report):
+    """One recurrent layer (or one direction of a Bidirectional) across training."""
+
+    layer: str = Field(description="the layer call, e.g. gru, or both/forward in a "
+                       "Bidirectional")
+    class_name: str
+    units: int
+    initial_state_norms: dict[str, list[float | None]] = Field(
+        description="per initial state (h0, and c0 for an LSTM): ‖∂L/∂state‖ (Frobenius over "
+                    "the batch) per observation")
+    profiles: list[list[float] | None] = Field(
+        description="per observation: ‖∂L/∂h_t‖ for t = 0 … T−1, the total gradient at h_t "
+                    "(from above at t plus what flows back from t+1); null where not analysed")
+    ratios: list[float | None] = Field(
+        description="per observation: ‖∂L/∂h_t‖ at t=0 over t=T−1 (the flag's ratio)")
+    flags: list[Literal["vanishing", "exploding"] | None] = Field(
+        description="per observation: the flag of `explain --flow`'s rule, beyond the factor")
+    backwards: bool = Field(default=False, description="processing order: t = 0 is the last "
+                            "input step")
+
+
+class NotAnalysedAt(_Report):
+    layer: str
+    reason: str
+    steps: list[int] = Field(description="the observations' steps where this held")
+
+
+class FlowHistoryReport(_Report):
+    """What the GradientFlow callback recorded (``callback.history``), or what ``gradscope
+    watch`` read back from its TensorBoard event files."""
+
+    schema_version: Literal["1"] = "1"
+    command: Literal["watch"] = "watch"
+    source: str = Field(description="the model observed, or the log directory read")
+    loss: str = Field(description="the loss of the extra passes")
+    mode: str = Field(description="the mode of the extra passes, e.g. inference")
+    every: int | None = Field(description="one extra pass every this many batches (fit)")
+    flag_factor: float = Field(description="flagged when the first/last ratio passes this "
+                               "factor either way")
+    method: str
+    observations: list[TrainingObservation]
+    weights: list[WeightNormSeries]
+    recurrent: list[RecurrentFlowSeries]
+    not_analysed: list[NotAnalysedAt]
+
+
 REPORTS: dict[str, type[_Report]] = {
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
-    "check-keras": KerasCheckReport,
+    "check-keras": KerasCheckReport, "watch": FlowHistoryReport,
 }
 
 

@@ -26,6 +26,7 @@ from gradscope.report.models import (
     CheckReport,
     ErratumEntry,
     ExplainReport,
+    FlowHistoryReport,
     GradientEntry,
     GradientFlow,
     JacobianEntry,
@@ -419,12 +420,16 @@ def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
 
 def print_report(console: Console,
                  report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                 | KerasShapesReport | KerasCheckReport,
+                 | KerasShapesReport | KerasCheckReport | FlowHistoryReport,
                  equations: str | None = None) -> None:
     if isinstance(report, KerasExplainReport | KerasShapesReport | KerasCheckReport):
         from gradscope.report.keras_text import render_keras
 
         parts = render_keras(report, console.width)
+    elif isinstance(report, FlowHistoryReport):
+        from gradscope.report.history_text import render_history
+
+        parts = render_history(report, console.width)
     elif isinstance(report, ExplainReport):
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):

@@ -1,0 +1,448 @@
+"""``gradscope.keras.GradientFlow``: a Keras callback that watches the gradient flow of a model
+while it trains.
+
+Every ``every`` batches of ``model.fit`` (or at each ``observe(x, y)`` of a custom training
+loop) it takes one extra forward and backward pass, with the model's own loss, on the current
+batch, and records:
+
+- ‖∂L/∂w‖ of every trainable weight;
+- for every GRU, LSTM and SimpleRNN layer (each direction of a Bidirectional): ‖∂L/∂h0‖ (and
+  ‖∂L/∂c0‖), and the profile ‖∂L/∂h_t‖ over the time steps, the total gradient at h_t (from
+  above at t plus what flows back from t+1), with the vanishing/exploding flag of
+  ``explain --flow`` and its ratio.
+
+**The current batch**, in ``fit``: the batch the train step has just been given, exactly the
+tensors ``fit`` pulled from its dataset for that step (with ``steps_per_execution`` = k, the
+last of the k), taken after that step's weight update, in inference mode (dropout off). The
+callback reads it by wrapping ``model.train_function`` for the observed steps only: on those
+steps the batch is pulled from the iterator in Python and handed to Keras' own compiled step
+function; the other steps run Keras' function untouched.
+
+**The pass** is gradscope's Keras engine (explicit zero initial states, watched by the tape;
+the model's graph run call by call) in one ``tf.function`` traced once (the batch axis is left
+free), and gradscope's NumPy reference BPTT (float64) for the per-step totals, which must
+reproduce the layer's Keras output before any number is recorded. Its cost is one trace, then
+one forward and backward pass per observation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradscope._tf import import_tensorflow, native_stderr_silenced
+from gradscope.errors import ConfigError
+from gradscope.report.models import (
+    FlowHistoryReport,
+    NotAnalysedAt,
+    RecurrentFlowSeries,
+    TrainingObservation,
+    WeightNormSeries,
+)
+
+tf = import_tensorflow()
+import keras  # noqa: E402  (after TensorFlow's quiet import)
+
+from gradscope.keras.engine import CapturedCall, KerasPass, call_label  # noqa: E402
+
+METHOD = ("one extra forward and backward pass on the current batch, with the model's loss, in "
+          "inference mode: ‖∂L/∂w‖ from the tape; ‖∂L/∂h0‖ from the tape with explicit zero "
+          "initial states; the total ‖∂L/∂h_t‖ per step from gradscope's NumPy reference BPTT "
+          "(float64) fed the tape's ∂L/∂(layer outputs); norms are Frobenius over the batch")
+
+
+class _Batch:
+    """What ``gradient_flow``'s helpers need of a job: the batch's inputs by name."""
+
+    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+        self.inputs = inputs
+
+
+class _Job:
+    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+        self.batch = _Batch(inputs)
+
+
+class GradientFlow(keras.callbacks.Callback):
+    """Record the gradient flow of the model every ``every`` batches of ``model.fit``.
+
+    Args:
+        every: one extra pass after every ``every`` batches (counted across epochs: after
+            batches every, 2·every, …). The cost is bounded by one forward and backward pass
+            per ``every`` batches (and one trace).
+        log_dir: write TensorBoard summaries there (needs the ``tensorboard`` package). Read
+            them back in a terminal with ``gradscope watch LOG_DIR``.
+        model: the model, for a custom training loop (``fit`` sets it itself).
+        loss: a Keras loss name for the extra pass (``"mse"``, ``"sparse_categorical_
+            crossentropy"``, …) when the model is not compiled; by default the compiled loss.
+
+    After training, ``callback.history`` is the report (``to_dict()``, ``to_json()``) and
+    ``callback.report()`` prints it. In a custom loop, call ``callback.observe(x, y)``.
+    """
+
+    def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
+                 loss: str | None = None) -> None:
+        super().__init__()
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
+                              "batches ≥ 1", where="every")
+        if log_dir is not None:
+            from gradscope.watch import require_tensorboard
+
+            require_tensorboard("GradientFlow(log_dir=...)")
+            if Path(log_dir).exists() and not Path(log_dir).is_dir():
+                raise ConfigError(f"GradientFlow(log_dir={str(log_dir)!r}): is a file; expected "
+                                  "a folder", where="log_dir")
+        self.every = every
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.loss_name = loss
+        self._engine: Any = None
+        self._function: Any = None
+        self._concrete: Any = None
+        self._trace: dict[str, Any] = {}
+        self._writer: Any = None
+        self._observations: list[TrainingObservation] = []
+        self._weights: dict[str, tuple[list[int], list[float | None]]] = {}
+        self._recurrent: dict[str, dict[str, Any]] = {}
+        self._skipped: dict[tuple[str, str], list[int]] = {}
+        self._batches = 0  # batches trained while this callback watched fit
+        self._epoch_base = 0
+        self._epoch: int | None = None
+        self._pending = False
+        self._last_batch: Any = None
+        self._original_train_function: Any = None
+        if model is not None:
+            self.set_model(model)
+
+    # -- model.fit -----------------------------------------------------------------------------
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        model = self.model
+        strategy = model.distribute_strategy
+        if strategy.num_replicas_in_sync > 1:
+            raise ConfigError("GradientFlow: the model trains on several replicas; the extra "
+                              "pass needs the whole batch on one device", where="GradientFlow")
+        original = model.train_function
+        self._original_train_function = original
+        steps = int(getattr(model, "steps_per_execution", 1) or 1)
+
+        def train_function(iterator: Any) -> Any:
+            if not self._pending:
+                return original(iterator)
+            batches = list(itertools.islice(iterator, steps))
+            if not batches:
+                raise StopIteration
+            self._last_batch = batches[-1]
+            return original(batches)  # Keras' own compiled step, on exactly these tensors
+
+        model.train_function = train_function
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self._original_train_function is not None:
+            self.model.train_function = self._original_train_function
+            self._original_train_function = None
+        if self._writer is not None:
+            self._writer.writer.flush()
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = epoch
+        self._epoch_base = self._batches
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        first = self._epoch_base + batch + 1
+        self._pending = any(n % self.every == 0 for n in range(first, first + steps))
+        self._last_batch = None
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._batches = self._epoch_base + batch + 1
+        if not self._pending:
+            return
+        self._pending = False
+        data, self._last_batch = self._last_batch, None
+        if data is None:
+            raise ConfigError("GradientFlow: the batch fit trained on was not seen: "
+                              "model.train_function was replaced after training began",
+                              where="GradientFlow")
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if sample_weight is not None:
+            raise ConfigError("GradientFlow: the batches carry sample weights, which the extra "
+                              "pass does not apply; its loss would not be the one fit "
+                              "minimises", where="GradientFlow")
+        if y is None:
+            raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
+        self._observe(x, y, self._batches, self._epoch)
+
+    # -- a custom training loop ----------------------------------------------------------------
+
+    def observe(self, x: Any, y: Any, step: int | None = None) -> None:
+        """Take the extra pass now on the batch ``(x, y)`` (arrays or tensors, structured as
+        the model's inputs and outputs), with the model's current weights, recorded at
+        ``step`` (default: one more than the last recorded step)."""
+        if step is None:
+            step = self._observations[-1].step + 1 if self._observations else 1
+        self._observe(x, y, int(step), None)
+
+    # -- the pass ------------------------------------------------------------------------------
+
+    def _engine_for(self) -> Any:
+        if self._engine is None:
+            if self.model is None:
+                raise ConfigError("GradientFlow.observe: no model; give it with "
+                                  "GradientFlow(model=model) or callback.set_model(model)",
+                                  where="model")
+            self._engine = make_engine(self.model, self.loss_name)
+        return self._engine
+
+    def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, np.ndarray],
+                                                           dict[str, np.ndarray]]:
+        model = self.model
+        input_names = [getattr(t, "name", f"input {i}") for i, t in enumerate(model.inputs)]
+        inputs = _flat(x, input_names, "x")
+        outputs = list(getattr(model, "output_names", None) or engine.output_names)
+        targets = _flat(y, outputs, "y")
+        return inputs, dict(zip(engine.output_names, targets.values(), strict=True))
+
+    def _run(self, engine: Any, inputs: dict[str, np.ndarray],
+             targets: dict[str, np.ndarray]) -> KerasPass:
+        """One traced forward and backward pass; the same KerasPass engine.run gives."""
+        feed = [tf.convert_to_tensor(v) for v in inputs.values()]
+        ys = [tf.convert_to_tensor(v) for v in targets.values()]
+        with native_stderr_silenced():
+            if self._function is None:
+                self._function = _traced_pass(engine, self._trace)
+                # Traced once with the batch axis free: the last, smaller batch of an epoch
+                # does not trace again.
+                self._concrete = self._function.get_concrete_function(
+                    [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
+            try:
+                loss, grads, captured = self._concrete(feed, ys)
+            except (TypeError, ValueError):  # another time length: trace for it
+                loss, grads, captured = self._function(feed, ys)
+        calls = []
+        for meta, tensors in zip(self._trace["calls"], captured, strict=True):
+            args, outputs, states, mask, state_grads, output_grads = tensors
+            calls.append((CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2],
+                                       args=[a.numpy() for a in args],
+                                       outputs=[o.numpy() for o in outputs],
+                                       states=[s.numpy() for s in states],
+                                       state_source=meta[3],
+                                       mask=None if mask is None else mask.numpy()),
+                          state_grads, output_grads))
+        variables = engine.model.trainable_variables
+        gradients = {}
+        for variable, gradient in zip(variables, grads, strict=True):
+            if isinstance(gradient, tf.IndexedSlices):
+                gradient = tf.convert_to_tensor(gradient)
+            gradients[variable.path] = None if gradient is None else gradient.numpy()
+        return KerasPass(
+            loss=float(loss.numpy()), gradients=gradients, sparse_rows={},
+            state_gradients={call_label(c.layer, c.index): [_numpy(g) for g in sg]
+                             for c, sg, _ in calls if c.states},
+            calls=[c for c, _, _ in calls], output_shapes={},
+            output_gradients={call_label(c.layer, c.index): [_numpy(g) for g in og]
+                              for c, _, og in calls if og is not None})
+
+    def _observe(self, x: Any, y: Any, step: int, epoch: int | None) -> None:
+        from gradscope.inspect import flow_flags
+        from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
+
+        engine = self._engine_for()
+        inputs, targets = self._names(engine, x, y)
+        result = self._run(engine, inputs, targets)
+        usable, skipped = recurrent_calls(_Job(inputs), engine, result)
+        index = len(self._observations)
+        size = int(next(iter(inputs.values())).shape[0])
+        self._observations.append(TrainingObservation(
+            step=step, epoch=epoch, loss=result.loss if np.isfinite(result.loss) else None,
+            batch_size=size))
+        for variable in engine.model.trainable_variables:
+            shape, norms = self._weights.setdefault(
+                variable.path, ([int(d) for d in variable.shape], [None] * index))
+            gradient = result.gradients.get(variable.path)
+            value = None if gradient is None else float(np.sqrt(np.sum(
+                np.asarray(gradient, np.float64) ** 2)))
+            norms.append(value if value is not None and np.isfinite(value) else None)
+        for entry in skipped:
+            self._skipped.setdefault((entry.layer, entry.reason), []).append(step)
+        for recurrent in usable:
+            totals = total_state_gradients(recurrent, result)
+            if isinstance(totals, str):
+                self._skipped.setdefault((recurrent.label, totals), []).append(step)
+                continue
+            state_grads = result.state_gradients.get(recurrent.label, [])
+            for unit, total in zip(recurrent.units, totals, strict=True):
+                mine, state_grads = (state_grads[:unit.state_count],
+                                     state_grads[unit.state_count:])
+                profile = per_step_norms(total)
+                flags = flow_flags({unit.label: np.asarray(profile)})
+                ratio = (flags[0].ratio if flags else
+                         profile[0] / profile[-1] if len(profile) > 1 and profile[-1] else None)
+                series = self._recurrent.setdefault(unit.label, {
+                    "class_name": unit.class_name, "units": int(unit.cell.units),
+                    "backwards": unit.backwards,
+                    "states": {name: [None] * index for name in unit.cell.state_names},
+                    "profiles": [None] * index, "ratios": [None] * index,
+                    "flags": [None] * index})
+                for name, gradient in zip(unit.cell.state_names, mine, strict=True):
+                    value = (None if gradient is None else
+                             float(np.sqrt(np.sum(np.asarray(gradient, np.float64) ** 2))))
+                    series["states"][name].append(value)
+                series["profiles"].append(profile)
+                series["ratios"].append(ratio)
+                series["flags"].append(flags[0].kind if flags else None)
+        self._pad(index + 1)
+        if self.log_dir is not None:
+            self._write(step, epoch, size, skipped)
+
+    def _pad(self, count: int) -> None:
+        """Every series one value per observation: None where this one gave nothing."""
+        for _, norms in self._weights.values():
+            norms.extend([None] * (count - len(norms)))
+        for series in self._recurrent.values():
+            for key in ("profiles", "ratios", "flags"):
+                series[key].extend([None] * (count - len(series[key])))
+            for norms in series["states"].values():
+                norms.extend([None] * (count - len(norms)))
+
+    def _write(self, step: int, epoch: int | None, size: int, skipped: list[Any]) -> None:
+        from gradscope.keras.summaries import FlowSummaryWriter
+
+        if self._writer is None:
+            self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
+        history = self.history
+        run = {"source": history.source, "loss": history.loss, "mode": history.mode,
+               "every": history.every, "flag_factor": history.flag_factor,
+               "method": history.method,
+               "weights": [{"weight": w.weight, "shape": w.shape} for w in history.weights],
+               "recurrent": [{"layer": r.layer, "class_name": r.class_name, "units": r.units,
+                              "states": list(r.initial_state_norms), "backwards": r.backwards}
+                             for r in history.recurrent]}
+        details = {"epoch": epoch, "batch_size": size,
+                   "not_analysed": [{"layer": s.layer, "reason": s.reason} for s in skipped]}
+        self._writer.write(history, run, details)
+
+    # -- the report ----------------------------------------------------------------------------
+
+    @property
+    def history(self) -> FlowHistoryReport:
+        """Everything recorded so far, as a report (``to_dict()``, ``to_json()``)."""
+        from gradscope.inspect import FLOW_FACTOR
+
+        engine = self._engine
+        model = self.model
+        source = f"model '{model.name}'" if model is not None else "no model yet"
+        loss = engine.plan.description if engine is not None else (self.loss_name or
+                                                                   "the compiled loss")
+        return FlowHistoryReport(
+            source=source, loss=loss, mode="inference", every=self.every,
+            flag_factor=FLOW_FACTOR, method=METHOD, observations=list(self._observations),
+            weights=[WeightNormSeries(weight=name, shape=shape, norms=list(norms))
+                     for name, (shape, norms) in self._weights.items()],
+            recurrent=[RecurrentFlowSeries(
+                layer=label, class_name=s["class_name"], units=s["units"],
+                initial_state_norms={k: list(v) for k, v in s["states"].items()},
+                profiles=list(s["profiles"]), ratios=list(s["ratios"]),
+                flags=list(s["flags"]), backwards=s["backwards"])
+                for label, s in self._recurrent.items()],
+            not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=list(steps))
+                          for (layer, reason), steps in self._skipped.items()])
+
+    def report(self, width: int | None = None) -> None:
+        """Print the history as ``gradscope watch`` does (in a notebook: as HTML, when the
+        report can render itself so)."""
+        history = self.history
+        if _in_notebook() and hasattr(history, "_repr_html_"):
+            from IPython.display import display
+
+            display(history)
+            return
+        from rich.console import Console
+
+        from gradscope.report.text import print_report
+
+        print_report(Console(width=width, highlight=False), history)
+
+    def close(self) -> None:
+        """Close the TensorBoard writer (it is flushed after every observation anyway)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def make_engine(model: Any, loss: str | None) -> Any:
+    """gradscope's Keras engine on the live model, with its compiled loss or ``loss``."""
+    from gradscope.keras.engine import KerasEngine
+    from gradscope.keras.live import read_live_graph
+    from gradscope.keras.loss import output_names, plan_loss
+
+    if loss is None and not getattr(model, "compiled", False):
+        raise ConfigError(f"GradientFlow: model '{model.name}' is not compiled, so its loss is "
+                          "unknown; pass GradientFlow(loss=NAME), the Keras loss your loop "
+                          "minimises", where="loss")
+    graph = read_live_graph(model)
+    plan = plan_loss(graph, loss)
+    return KerasEngine(model, output_names(graph), plan)
+
+
+def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
+    """One tf.function: the engine's forward under a tape, the gradients of the loss with
+    respect to every weight, every initial state and every recurrent call's outputs, and what
+    each recurrent call received and returned. ``trace`` gets the calls' names at tracing."""
+    recurrent = {"GRU", "LSTM", "SimpleRNN", "Bidirectional"}
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def run(feed: list[Any], targets: list[Any]) -> Any:
+        with tf.GradientTape() as tape:
+            loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True)
+        kept = [c for c in calls if c.states or c.class_name in recurrent]
+        wanted = [c.outputs if c.class_name in recurrent else [] for c in kept]
+        grads, state_grads, output_grads = tape.gradient(
+            loss, [engine.model.trainable_variables, [c.states for c in kept], wanted])
+        trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
+        captured = []
+        for call, sg, og in zip(kept, state_grads, output_grads, strict=True):
+            mine = call.class_name in recurrent
+            mask = call.mask if mine and call.mask is not None else None
+            captured.append(([call.args[0]] if mine else [], call.outputs if mine else [],
+                             call.states, mask, sg, og if mine else None))
+        return loss, grads, captured
+
+    return run
+
+
+def _free_batch(tensor: Any) -> Any:
+    return tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype)
+
+
+def _numpy(tensor: Any) -> np.ndarray | None:
+    return None if tensor is None else tensor.numpy()
+
+
+def _flat(value: Any, names: list[str], what: str) -> dict[str, np.ndarray]:
+    """The batch's x (or y) as NumPy arrays in the order of the model's inputs (outputs): a
+    dict by the names Keras gives them, a list, or one array."""
+    if isinstance(value, dict):
+        missing = [n for n in names if n not in value]
+        if missing:
+            raise ConfigError(f"GradientFlow: {what} has no array for {missing[0]!r}; expected "
+                              f"keys {', '.join(names)}", where=what)
+        items = [value[n] for n in names]
+    else:
+        items = keras.tree.flatten(value)
+    if len(items) != len(names):
+        raise ConfigError(f"GradientFlow: {what} holds {len(items)} arrays; the model has "
+                          f"{len(names)} ({', '.join(names)})", where=what)
+    return {name: np.asarray(item) for name, item in zip(names, items, strict=True)}
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None

@@ -1,0 +1,136 @@
+"""TensorBoard summaries of the GradientFlow callback, written with ``tf.summary``.
+
+What a stock TensorBoard shows:
+
+- Scalars: ``gradient_norm/<weight>`` (‖∂L/∂w‖), ``initial_state_gradient/<layer>/h0`` (and
+  ``/c0`` for an LSTM), ``flow_ratio/<layer>`` (‖∂L/∂h_t‖ at t=0 over t=T−1), ``flow_flag/<layer>``
+  (−1 vanishing, 0 none, +1 exploding) and ``gradscope/loss``.
+- Images: ``flow_profile/<layer>``, the step × time heatmap of log10 ‖∂L/∂h_t‖ across
+  training: one row per observation (the first at the top), one column per time step (t = 0
+  at the left), from dark purple (smallest) to yellow (largest); the image's description gives
+  the range. Each observation writes the heatmap of every observation so far.
+
+gradscope's own plugin tensors (ignored by TensorBoard's dashboards) hold the rest, for
+``gradscope watch``: the run's description, each observation's details, and the profiles in
+float64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradscope.report.models import FlowHistoryReport
+from gradscope.watch import (
+    FLAG_PREFIX,
+    IMAGE_PREFIX,
+    LOSS_TAG,
+    OBSERVATION_TAG,
+    PLUGIN,
+    PROFILE_PREFIX,
+    RATIO_PREFIX,
+    RUN_TAG,
+    STATE_PREFIX,
+    WEIGHT_PREFIX,
+)
+
+#: viridis at 0, ¼, ½, ¾ and 1: enough anchors for a heatmap without matplotlib.
+VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98],
+                    [253, 231, 37]], dtype=np.float64)
+MISSING = np.array([128, 128, 128], dtype=np.float64)  # a step not analysed: grey
+#: The heatmap's size: at least this wide and high (cells are whole pixels), rows kept at most.
+IMAGE_WIDTH, IMAGE_HEIGHT, IMAGE_ROWS = 320, 160, 400
+FLAG_CODES = {"vanishing": -1.0, None: 0.0, "exploding": 1.0}
+
+
+def profile_image(profiles: list[list[float] | None]) -> tuple[np.ndarray, str]:
+    """(1, H, W, 3) uint8: rows observations, columns time steps, colour log10 ‖∂L/∂h_t‖; and
+    the description of what the colours span."""
+    kept = profiles[-IMAGE_ROWS:]
+    steps = max((len(p) for p in kept if p), default=1)
+    grid = np.full((len(kept), steps), np.nan)
+    for row, profile in enumerate(kept):
+        if profile:
+            grid[row, :len(profile)] = profile
+    positive = np.isfinite(grid) & (grid > 0)
+    logs = np.where(positive, np.log10(np.where(positive, grid, 1.0)), np.nan)
+    low = float(np.nanmin(logs)) if positive.any() else 0.0
+    high = float(np.nanmax(logs)) if positive.any() else 0.0
+    scaled = (logs - low) / (high - low) if high > low else np.where(positive, 0.5, np.nan)
+    position = np.clip(np.nan_to_num(scaled, nan=0.0), 0, 1) * (len(VIRIDIS) - 1)
+    below = np.minimum(np.floor(position).astype(int), len(VIRIDIS) - 2)
+    fraction = (position - below)[..., None]
+    colours = VIRIDIS[below] * (1 - fraction) + VIRIDIS[below + 1] * fraction
+    colours[~positive] = MISSING
+    cell_w = max(1, math.ceil(IMAGE_WIDTH / steps))
+    cell_h = max(1, math.ceil(IMAGE_HEIGHT / len(kept)))
+    image = np.repeat(np.repeat(colours, cell_h, axis=0), cell_w, axis=1)
+    description = (f"log10 ‖∂L/∂h_t‖: rows are the last {len(kept)} observations (the first at "
+                   f"the top), columns the time steps t = 0 … {steps - 1} (left to right); "
+                   f"colour from dark purple 1e{low:.2f} to yellow 1e{high:.2f}; grey: not "
+                   "analysed")
+    return np.round(image).astype(np.uint8)[None], description
+
+
+class FlowSummaryWriter:
+    """One ``tf.summary`` file writer in ``log_dir``; flushed after every observation, so that
+    ``gradscope watch`` and TensorBoard see each one as it happens."""
+
+    def __init__(self, tf: Any, log_dir: str | Path) -> None:
+        from tensorflow.core.framework import summary_pb2
+
+        self.tf = tf
+        self.writer = tf.summary.create_file_writer(str(log_dir))
+        metadata = summary_pb2.SummaryMetadata()
+        metadata.plugin_data.plugin_name = PLUGIN
+        self.metadata = metadata.SerializeToString()
+        self.run_written = False
+
+    def _text(self, tag: str, payload: dict[str, Any], step: int) -> None:
+        self.tf.summary.write(tag, self.tf.constant(json.dumps(payload, ensure_ascii=False)),
+                              step=step, metadata=self.metadata)
+
+    def write(self, history: FlowHistoryReport, run: dict[str, Any],
+              details: dict[str, Any]) -> None:
+        """The last observation of ``history`` (and, the first time, the run's description)."""
+        tf = self.tf
+        index = len(history.observations) - 1
+        observation = history.observations[index]
+        step = observation.step
+        with self.writer.as_default(step=step):
+            if not self.run_written:
+                self._text(RUN_TAG, run, step)
+                self.run_written = True
+            self._text(OBSERVATION_TAG, details, step)
+            if observation.loss is not None:
+                tf.summary.scalar(LOSS_TAG, observation.loss)
+            for weight in history.weights:
+                value = weight.norms[index]
+                if value is not None:
+                    tf.summary.scalar(WEIGHT_PREFIX + weight.weight, value)
+            for series in history.recurrent:
+                for state, norms in series.initial_state_norms.items():
+                    if norms[index] is not None:
+                        tf.summary.scalar(f"{STATE_PREFIX}{series.layer}/{state}", norms[index])
+                profile = series.profiles[index]
+                if profile is None:
+                    continue
+                ratio = series.ratios[index]
+                if ratio is not None:
+                    tf.summary.scalar(RATIO_PREFIX + series.layer, ratio)
+                    tf.summary.scalar(FLAG_PREFIX + series.layer,
+                                      FLAG_CODES[series.flags[index]])
+                tf.summary.write(PROFILE_PREFIX + series.layer,
+                                 tf.constant(profile, dtype=tf.float64), step=step,
+                                 metadata=self.metadata)
+                image, description = profile_image(series.profiles)
+                tf.summary.image(IMAGE_PREFIX + series.layer, image, max_outputs=1,
+                                 description=description)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,141 @@
+"""Render what the GradientFlow callback recorded during training (``callback.report()``,
+``gradscope watch``) for a terminal: one sparkline per quantity across training, readable over
+SSH, at any width from 60 columns."""
+
+from __future__ import annotations
+
+import math
+
+from rich.cells import cell_len
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gradscope.report.models import FlowHistoryReport, RecurrentFlowSeries
+from gradscope.report.text import (
+    GAP,
+    SPARK_MIN,
+    SPARK_WIDTH,
+    Column,
+    Layout,
+    atom,
+    fit,
+    norm_table,
+    number,
+    pack,
+    section,
+    sparkline,
+)
+
+
+def _values(series: list[float | None]) -> list[float]:
+    """Sparkline input: a missing value (not finite, not analysed) is a blank mark."""
+    return [math.nan if v is None else float(v) for v in series]
+
+
+def _first_last(series: list[float | None]) -> tuple[float | None, float | None]:
+    present = [v for v in series if v is not None]
+    return (present[0], present[-1]) if present else (None, None)
+
+
+def _steps(report: FlowHistoryReport) -> str:
+    steps = [o.step for o in report.observations]
+    if not steps:
+        return "no observations yet"
+    count = f"{len(steps)} observation{'s' if len(steps) != 1 else ''}"
+    return f"{count}, step {steps[0]}" if len(steps) == 1 else \
+        f"{count}, steps {steps[0]}–{steps[-1]}"
+
+
+def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
+    title = Text.assemble(("gradscope watch", "bold"), "  ", (report.source, "bold cyan"))
+    every = [f"one pass every {report.every} batches"] if report.every else []
+    details = pack([_steps(report), *every, f"loss {report.loss}", f"{report.mode} mode"],
+                   width)
+    details.stylize("dim")
+    return [title, details]
+
+
+def series_table(rows: dict[str, list[float | None]], width: int, title: str) -> Table:
+    """One row per quantity: its label, a sparkline across the observations, the first and the
+    last value."""
+    firsts = {label: _first_last(values) for label, values in rows.items()}
+    numbers = max([len(number(v)) for pair in firsts.values() for v in pair] + [len("first")])
+    fixed = 2 * numbers + 3 * GAP
+    label_width = max([cell_len(title)] + [cell_len(label) for label in rows])
+    room = width - fixed - label_width
+    if room < SPARK_MIN:
+        longest_word = max(cell_len(word) for label in rows for word in label.split())
+        room = min(SPARK_MIN, width - fixed - longest_word)
+    spark_width = max(1, min(SPARK_WIDTH, room))
+    layout = Layout([Column(title), Column("across training"), Column("first", "right"),
+                     Column("last", "right")])
+    for label, values in rows.items():
+        first, last = firsts[label]
+        layout.add_row(Text(label), atom(sparkline(_values(values), spark_width), "cyan"),
+                       atom(number(first)), atom(number(last)))
+    return fit(width, layout)
+
+
+def _recurrent_rows(series: list[RecurrentFlowSeries]) -> dict[str, list[float | None]]:
+    rows: dict[str, list[float | None]] = {}
+    for entry in series:
+        for state, norms in entry.initial_state_norms.items():
+            rows[f"{entry.layer} ‖∂L/∂{state}‖"] = norms
+        rows[f"{entry.layer} first/last ‖∂L/∂h_t‖"] = entry.ratios
+    return rows
+
+
+def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
+    lines: list[RenderableType] = []
+    steps = [o.step for o in report.observations]
+    for entry in report.recurrent:
+        for kind in ("vanishing", "exploding"):
+            hits = [i for i, flag in enumerate(entry.flags) if flag == kind]
+            if not hits:
+                continue
+            last = hits[-1]
+            lines.append(Text(
+                f"⚠ {entry.layer}: {kind} gradients at {len(hits)} of {len(entry.flags)} "
+                f"observations, the last at step {steps[last]} (‖∂L/∂h_t‖ at t=0 over t=T−1 "
+                f"{number(entry.ratios[last])}; flagged beyond a factor "
+                f"{report.flag_factor:g})", style="bold yellow"))
+    if report.recurrent and not lines:
+        lines.append(Text(f"no vanishing or exploding gradients flagged (factor "
+                          f"{report.flag_factor:g})", style="dim"))
+    return lines
+
+
+def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
+    """‖∂L/∂h_t‖ over t at the last observation that analysed each layer."""
+    rows: dict[str, list[float]] = {}
+    steps = [o.step for o in report.observations]
+    for entry in report.recurrent:
+        analysed = [i for i, p in enumerate(entry.profiles) if p]
+        if analysed:
+            last = analysed[-1]
+            profile = entry.profiles[last]
+            assert profile is not None
+            rows[f"{entry.layer} (step {steps[last]})"] = profile
+    if not rows:
+        return []
+    return [section("‖∂L/∂h_t‖ over the time steps, at the last observation"),
+            norm_table(rows, width)]
+
+
+def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType]:
+    parts = header(report, width)
+    if report.recurrent:
+        parts += [section("Recurrent layers across training (log-scale sparklines, "
+                                    "one mark per observation)"),
+                  series_table(_recurrent_rows(report.recurrent), width, "layer · quantity")]
+        parts += flag_lines(report)
+        parts += profile_section(report, width)
+    if report.weights:
+        parts += [section("Weight gradients ‖∂L/∂w‖ across training"),
+                  series_table({w.weight: w.norms for w in report.weights}, width, "weight")]
+    for entry in report.not_analysed:
+        parts.append(Text(f"not analysed: {entry.layer}: {entry.reason} (at "
+                          f"{len(entry.steps)} of {len(report.observations)} observations)",
+                          style="dim"))
+    return parts

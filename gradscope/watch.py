@@ -1,0 +1,192 @@
+"""``gradscope watch LOG_DIR``: read back what the GradientFlow callback wrote to TensorBoard
+event files, as the same report ``callback.history`` is, without importing TensorFlow.
+
+The event files are read with TensorBoard's own record reader and protocol buffers (its
+TensorFlow-free ``compat`` layer, which checks every record's CRC). The tags are the ones
+``gradscope.keras.summaries`` writes; everything else in the files (Keras' own TensorBoard
+callback writing into the same folder, say) is left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import ConfigError
+from gradscope.report.models import (
+    FlowHistoryReport,
+    NotAnalysedAt,
+    RecurrentFlowSeries,
+    TrainingObservation,
+    WeightNormSeries,
+)
+
+#: gradscope's own plugin name: TensorBoard's dashboards ignore its tensors, which hold what
+#: the scalars and images do not (the run's description, each observation's details, and the
+#: per-step profiles in float64).
+PLUGIN = "gradscope"
+RUN_TAG = "gradscope/run"
+OBSERVATION_TAG = "gradscope/observation"
+LOSS_TAG = "gradscope/loss"
+WEIGHT_PREFIX = "gradient_norm/"
+STATE_PREFIX = "initial_state_gradient/"
+RATIO_PREFIX = "flow_ratio/"
+FLAG_PREFIX = "flow_flag/"
+IMAGE_PREFIX = "flow_profile/"
+PROFILE_PREFIX = "flow_profile_values/"
+FLAG_VALUES = {-1.0: "vanishing", 0.0: None, 1.0: "exploding"}
+
+
+def tensorboard_install_line() -> str:
+    from gradscope.report.plot import matplotlib_install_line
+
+    return matplotlib_install_line().replace(" matplotlib", " tensorboard")
+
+
+def require_tensorboard(where: str) -> None:
+    """TensorBoard is an extra (``tensorflow-cpu`` does not bring it): looked up, not imported.
+    """
+    try:
+        found = importlib.util.find_spec("tensorboard") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"{where} needs tensorboard, which is not installed; install it with: "
+                          + tensorboard_install_line(), where=where)
+
+
+def event_files(log_dir: Path) -> list[Path]:
+    """The event files in ``log_dir`` and its sub-folders, in name order (which is time order
+    within one folder: the names start with the creation time)."""
+    return sorted(p for p in log_dir.rglob("events.out.tfevents.*") if p.is_file())
+
+
+def _records(path: Path) -> list[Any]:
+    """Every event of one file, stopping quietly at a record still being written."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    reader = PyRecordReader_New(str(path))
+    events = []
+    while True:
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            break
+        except errors.DataLossError as exc:
+            if "truncated" in str(exc):  # the writer is still writing this record
+                break
+            raise ConfigError(f"{path}: not a readable event file: {exc.message}",
+                              where=str(path)) from None
+        event = event_pb2.Event()
+        event.ParseFromString(reader.record())
+        events.append(event)
+    return events
+
+
+def _value(summary_value: Any) -> Any:
+    from tensorboard.util import tensor_util
+
+    if summary_value.HasField("tensor"):
+        array = tensor_util.make_ndarray(summary_value.tensor)
+        if array.dtype.kind in "SO":
+            return array.item().decode("utf-8") if array.ndim == 0 else array
+        return array
+    return summary_value.simple_value
+
+
+def _tags(events: list[Any]) -> dict[str, dict[int, Any]]:
+    """tag → step → value, for gradscope's tags (a later event of a step wins)."""
+    by_tag: dict[str, dict[int, Any]] = {}
+    prefixes = (LOSS_TAG, RUN_TAG, OBSERVATION_TAG, WEIGHT_PREFIX, STATE_PREFIX, RATIO_PREFIX,
+                FLAG_PREFIX, PROFILE_PREFIX)
+    for event in events:
+        if not event.HasField("summary"):
+            continue
+        for value in event.summary.value:
+            if value.tag.startswith(prefixes):
+                by_tag.setdefault(value.tag, {})[int(event.step)] = _value(value)
+    return by_tag
+
+
+def _number(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def watch(log_dir: str | Path) -> FlowHistoryReport:
+    """The history the GradientFlow callback wrote to ``log_dir``: exit 2 (ConfigError) when
+    the folder does not exist or holds no gradscope events."""
+    folder = Path(log_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: no such folder; expected the log_dir given to "
+                          "gradscope.keras.GradientFlow", where=str(folder))
+    require_tensorboard("gradscope watch")
+    files = event_files(folder)
+    if not files:
+        raise ConfigError(f"{folder}: holds no TensorBoard event files (events.out.tfevents.*)"
+                          "; expected the log_dir given to gradscope.keras.GradientFlow",
+                          where=str(folder))
+    by_folder: dict[Path, list[Any]] = {}
+    for path in files:  # name order is time order within a folder
+        by_folder.setdefault(path.parent, []).extend(_records(path))
+    runs = {parent: _tags(events) for parent, events in by_folder.items()}
+    runs = {parent: tags for parent, tags in runs.items() if RUN_TAG in tags}
+    if not runs:
+        raise ConfigError(f"{folder}: its {len(files)} event file(s) hold no gradscope events; "
+                          "expected the log_dir given to gradscope.keras.GradientFlow",
+                          where=str(folder))
+    if len(runs) > 1:
+        names = ", ".join(str(r.relative_to(folder)) for r in sorted(runs))
+        raise ConfigError(f"{folder}: holds {len(runs)} gradscope runs ({names}); expected one: "
+                          "give its folder", where=str(folder))
+    return history_from_tags(next(iter(runs.values())), str(folder))
+
+
+def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHistoryReport:
+    runs = tags.get(RUN_TAG, {})
+    run = json.loads(runs[max(runs)])
+    observed = tags.get(OBSERVATION_TAG, {})
+    steps = sorted(observed)
+    details = {step: json.loads(observed[step]) for step in steps}
+
+    def series(tag: str) -> list[float | None]:
+        values = tags.get(tag, {})
+        return [_number(values[s]) if s in values else None for s in steps]
+
+    losses = series(LOSS_TAG)
+    observations = [TrainingObservation(step=s, epoch=details[s].get("epoch"), loss=loss,
+                                        batch_size=details[s].get("batch_size"))
+                    for s, loss in zip(steps, losses, strict=True)]
+    weights = [WeightNormSeries(weight=w["weight"], shape=w["shape"],
+                                norms=series(WEIGHT_PREFIX + w["weight"]))
+               for w in run["weights"]]
+    recurrent = []
+    for layer in run["recurrent"]:
+        name = layer["layer"]
+        profiles_by_step = tags.get(PROFILE_PREFIX + name, {})
+        flags = [FLAG_VALUES.get(v) if v is not None else None
+                 for v in series(FLAG_PREFIX + name)]
+        recurrent.append(RecurrentFlowSeries(
+            layer=name, class_name=layer["class_name"], units=layer["units"],
+            initial_state_norms={state: series(f"{STATE_PREFIX}{name}/{state}")
+                                 for state in layer["states"]},
+            profiles=[[float(v) for v in profiles_by_step[s]] if s in profiles_by_step
+                      else None for s in steps],
+            ratios=series(RATIO_PREFIX + name), flags=flags,  # type: ignore[arg-type]
+            backwards=layer.get("backwards", False)))
+    skipped: dict[tuple[str, str], list[int]] = {}
+    for step in steps:
+        for entry in details[step].get("not_analysed", []):
+            skipped.setdefault((entry["layer"], entry["reason"]), []).append(step)
+    return FlowHistoryReport(
+        source=source, loss=run["loss"], mode=run["mode"], every=run.get("every"),
+        flag_factor=run["flag_factor"], method=run["method"] + "; read back from the event "
+        "files (TensorBoard stores scalars in float32)", observations=observations,
+        weights=weights, recurrent=recurrent,
+        not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=at)
+                      for (layer, reason), at in skipped.items()])
