@@ -55,7 +55,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     start = time.perf_counter()
     laps: dict[str, float] = {}
     say("importing TensorFlow, loading the model and its float64 copy")
-    engine = KerasEngine(job.path, job.outputs, job.plan, training=job.training, seed=job.seed,
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed,
                          dtype="float64")
     inputs = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
               for name, value in job.batch.inputs.items()}

@@ -45,7 +45,9 @@ NO_DERIVATION = "no derivation for this layer type"
 
 @dataclass(frozen=True)
 class KerasJob:
-    """A saved model, read and checked without TensorFlow, with the batch to run it on."""
+    """A model, read and checked (for a saved one: without TensorFlow), with the batch to run
+    it on. ``model`` is the user's model object when it came from memory (``path`` then names
+    it for messages); None for a ``.keras`` file."""
 
     path: str
     graph: ModelGraph
@@ -56,14 +58,30 @@ class KerasJob:
     batch_size: int
     training: bool
     seed: int
+    model: Any = None
+
+    @property
+    def source(self) -> Any:
+        """What :class:`~gradscope.keras.engine.KerasEngine` loads: the path or the object."""
+        return self.path if self.model is None else self.model
 
 
-def prepare(path: str, batch_size: int | None = None, time_steps: int | None = None,
+def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = None,
             loss: str | None = None, training: bool = False, pad: int = 0,
             data: str | None = None, seed: int = 0) -> KerasJob:
-    """Read the model's structure, choose the loss, make or load the batch: no TensorFlow."""
-    graph = read_graph(path)
-    refuse_code(graph)
+    """Read the model's structure, choose the loss, make or load the batch: no TensorFlow for
+    a saved model. ``path`` may be a Keras model object instead (Keras is then imported
+    already): its graph is read from the config it would save, and its code is not refused,
+    since it is the user's own code, already running."""
+    from gradscope.keras.live import is_live_model, model_label, read_live_graph
+
+    model = path if is_live_model(path) else None
+    if model is not None:
+        graph = read_live_graph(model)
+        path = model_label(model)
+    else:
+        graph = read_graph(path)
+        refuse_code(graph)
     plan = plan_loss(graph, loss)
     specs = input_specs(graph)
     outputs = output_names(graph)
@@ -76,7 +94,8 @@ def prepare(path: str, batch_size: int | None = None, time_steps: int | None = N
         batch = synthetic_inputs(specs, batch_size or 32, time_steps, pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]
     return KerasJob(path=path, graph=graph, plan=plan, inputs=specs, outputs=outputs,
-                    batch=batch, batch_size=int(size), training=training, seed=seed)
+                    batch=batch, batch_size=int(size), training=training, seed=seed,
+                    model=model)
 
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
@@ -89,7 +108,7 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     clock: dict[str, float] = {}
     start = time.perf_counter()
     say("importing TensorFlow and loading the model (safe_mode)")
-    engine = KerasEngine(job.path, job.outputs, job.plan, training=job.training, seed=job.seed)
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     clock["load"] = time.perf_counter() - start
     targets = job.batch.targets
     if targets is None:

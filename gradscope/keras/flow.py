@@ -27,7 +27,7 @@ import numpy as np
 
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
-from gradscope.keras.engine import CapturedCall, KerasPass, call_label
+from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.keras.witness import TOLERANCES, cell_params, unmodelled
@@ -135,7 +135,7 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
     states = [np.asarray(s, np.float64) for s in call.states]
     units: list[Unit] = []
     for name, sub in parts:
-        class_name = type(sub).__name__
+        class_name = class_label(sub)
         facts = LayerFacts(name=sub.name, class_name=class_name, config=sub.get_config(),
                            input_shapes=((None, *x.shape[1:]),))
         reasons = unmodelled(facts, engine.training)

@@ -104,12 +104,16 @@ class ModelGraph:
 
 def read_graph(path: str | Path) -> ModelGraph:
     """The graph of a saved model; ConfigError (exit 2) for what is not a Keras model."""
-    config = read_config(path)
-    source = str(path)
+    return graph_from_config(read_config(path), str(path))
+
+
+def graph_from_config(config: dict[str, Any], source: str,
+                      what: str = "config.json") -> ModelGraph:
+    """The graph of a serialised model (config.json's structure); ``source`` names it."""
     try:
         return _graph(config, source)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ConfigError(f"{source}: config.json is not a Keras 3 model config this version "
+        raise ConfigError(f"{source}: {what} is not a Keras 3 model config this version "
                           f"of gradscope reads ({type(exc).__name__}: {exc})",
                           where=source) from None
 

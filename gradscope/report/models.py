@@ -18,6 +18,22 @@ class _Report(BaseModel):
         return self.model_dump(mode="json")
 
 
+class _Displayed(_Report):
+    """A report the user holds in Python: it draws itself in a notebook with the terminal's
+    own renderer (same tables, formulas and flags), and as JSON."""
+
+    def _repr_html_(self) -> str:
+        from gradscope.report.display import report_html
+
+        return report_html(self)
+
+    def to_json(self) -> str:
+        """The document ``--json`` prints."""
+        from gradscope.report.json import dumps
+
+        return dumps(self.to_dict())
+
+
 class BlockEntry(_Report):
     start: int = Field(description="first index of the block")
     stop: int = Field(description="one past the last index")
@@ -115,7 +131,7 @@ class CarryEntry(_Report):
     explanation: list[str]
 
 
-class ShapesReport(_Report):
+class ShapesReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["shapes"] = "shapes"
     model: ModelEntry
@@ -162,7 +178,7 @@ class GradientFlow(_Report):
     influence_map: InfluenceMap | None = Field(default=None, description="with --plot")
 
 
-class ExplainReport(_Report):
+class ExplainReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
     model: ModelEntry
@@ -234,7 +250,7 @@ class CheckSummary(_Report):
     failures: int
 
 
-class CheckReport(_Report):
+class CheckReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
     model: ModelEntry
@@ -381,7 +397,7 @@ class KerasStateJacobians(_Report):
     not_analysed: list[KerasNotAnalysed]
 
 
-class KerasExplainReport(_Report):
+class KerasExplainReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
     source: Literal["keras"] = "keras"
@@ -398,7 +414,7 @@ class KerasExplainReport(_Report):
     timings: dict[str, float] | None = None
 
 
-class KerasShapesReport(_Report):
+class KerasShapesReport(_Displayed):
     """``gradscope shapes MODEL.keras``: the algebra of every layer, read from config.json."""
 
     schema_version: Literal["1"] = "1"
@@ -418,7 +434,7 @@ class KerasShapesReport(_Report):
                                              "shapes are known once explain runs")
 
 
-class KerasCheckReport(_Report):
+class KerasCheckReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
     source: Literal["keras"] = "keras"
