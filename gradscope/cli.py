@@ -25,6 +25,7 @@ from gradscope.report.models import (
     REPORTS,
     CheckReport,
     ExplainReport,
+    FlowHistoryReport,
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
@@ -235,7 +236,7 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-          | KerasShapesReport | KerasCheckReport, as_json: bool,
+          | KerasShapesReport | KerasCheckReport | FlowHistoryReport, as_json: bool,
           output: Path | None, force: bool, equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
@@ -505,6 +506,29 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
         equations_text = CORRECTED_EQUATIONS
     _emit(report, as_json, output, force, equations_text)
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("log_dir", metavar="LOG_DIR", shell_complete=_complete_path)
+@output_options
+def watch(log_dir: str, as_json: bool, output: Path | None, force: bool, quiet: bool) -> int:
+    """Show what gradscope.keras.GradientFlow wrote to LOG_DIR during training.
+
+    Per recurrent layer, sparklines across training of ‖∂L/∂h0‖ and of the ratio of
+    ‖∂L/∂h_t‖ at the first and the last step, the vanishing/exploding flags, the last per-step
+    profile ‖∂L/∂h_t‖, and ‖∂L/∂w‖ of every weight. Reads the TensorBoard event files without
+    TensorFlow (needs the tensorboard package); readable over SSH.
+
+    \b
+    Example:
+      gradscope watch runs/gru --json | jq '.recurrent[].flags'
+    """
+    from gradscope.watch import watch as watch_report
+
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    _emit(watch_report(log_dir), as_json, output, force)
+    return EXIT_OK
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

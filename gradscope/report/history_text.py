@@ -48,7 +48,8 @@ def _steps(report: FlowHistoryReport) -> str:
 
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
-    title = Text.assemble(("gradscope watch", "bold"), "  ", (report.source, "bold cyan"))
+    title = Text.assemble(("gradient flow during training", "bold"), "  ",
+                          (report.source, "bold cyan"))
     every = [f"one pass every {report.every} batches"] if report.every else []
     details = pack([_steps(report), *every, f"loss {report.loss}", f"{report.mode} mode"],
                    width)
@@ -68,7 +69,7 @@ def series_table(rows: dict[str, list[float | None]], width: int, title: str) ->
         longest_word = max(cell_len(word) for label in rows for word in label.split())
         room = min(SPARK_MIN, width - fixed - longest_word)
     spark_width = max(1, min(SPARK_WIDTH, room))
-    layout = Layout([Column(title), Column("across training"), Column("first", "right"),
+    layout = Layout([Column(title), Column("trend"), Column("first", "right"),
                      Column("last", "right")])
     for label, values in rows.items():
         first, last = firsts[label]
@@ -126,8 +127,8 @@ def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableTyp
 def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     parts = header(report, width)
     if report.recurrent:
-        parts += [section("Recurrent layers across training (log-scale sparklines, "
-                                    "one mark per observation)"),
+        parts += [section("Recurrent layers across training (sparklines: log "
+                                    "scale, one mark per pass)"),
                   series_table(_recurrent_rows(report.recurrent), width, "layer · quantity")]
         parts += flag_lines(report)
         parts += profile_section(report, width)

@@ -8,6 +8,7 @@ from typing import Any
 from gradscope.report.models import (
     CheckReport,
     ExplainReport,
+    FlowHistoryReport,
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
@@ -20,7 +21,7 @@ def dumps(data: Any) -> str:
 
 
 def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport | KerasCheckReport) -> str:
+                  | KerasShapesReport | KerasCheckReport | FlowHistoryReport) -> str:
     return dumps(report.to_dict())
 
 

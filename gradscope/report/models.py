@@ -496,7 +496,7 @@ class NotAnalysedAt(_Report):
     steps: list[int] = Field(description="the observations' steps where this held")
 
 
-class FlowHistoryReport(_Report):
+class FlowHistoryReport(_Displayed):
     """What the GradientFlow callback recorded (``callback.history``), or what ``gradscope
     watch`` read back from its TensorBoard event files."""
 

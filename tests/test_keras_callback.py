@@ -1,0 +1,289 @@
+"""gradscope.keras.GradientFlow during model.fit and a custom loop, its TensorBoard event files,
+and `gradscope watch` reading them back.
+
+The truth every recorded number is held to is Keras' own: the model's layers' cells unrolled
+by hand in eager mode under one GradientTape, on the batch fit trained on at that step (fit
+runs unshuffled, so batch k is rows 8k…8k+7) and with the weights the model had right then
+(a callback after GradientFlow keeps them). A zero tensor added to every h_t makes ∂L/∂h_t the
+total gradient at h_t, recurrence included, without any gradscope code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, render_text, run_gradscope, run_without_tensorflow
+
+from gradscope.errors import ConfigError
+
+BATCH, STEPS, FEATURES = 8, 6, 3
+EPOCHS, EVERY = 2, 2
+ROWS = 3 * BATCH  # 3 batches an epoch: observations after batches 2, 4 and 6
+
+
+def _model(keras, compiled: bool = True):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((STEPS, FEATURES)),
+        keras.layers.GRU(5, return_sequences=True, name="gru_a"),
+        keras.layers.GRU(3, name="gru_b"),
+        keras.layers.Dense(2, name="out"),
+    ], name="flow_model")
+    if compiled:
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    return model
+
+
+def _data():
+    generator = np.random.default_rng(0)
+    x = generator.normal(size=(ROWS, STEPS, FEATURES)).astype("float32")
+    y = generator.normal(size=(ROWS, 2)).astype("float32")
+    return x, y
+
+
+def _direct(tf, keras, model, weights, x, y):
+    """Keras' cells unrolled under one tape: (loss, ‖∂L/∂w‖ per weight, ‖∂L/∂h0‖ per layer,
+    per-step ‖∂L/∂h_t‖ per layer)."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(weights)
+    gru_a, gru_b, dense = copy.layers
+    batch = x.shape[0]
+    x, y = tf.constant(x), tf.constant(y)
+    with tf.GradientTape() as tape:
+        h0 = {"gru_a": tf.zeros((batch, 5)), "gru_b": tf.zeros((batch, 3))}
+        shifts = {"gru_a": [tf.zeros((batch, 5)) for _ in range(STEPS)],
+                  "gru_b": [tf.zeros((batch, 3)) for _ in range(STEPS)]}
+        tape.watch(list(h0.values()) + shifts["gru_a"] + shifts["gru_b"])
+        state, sequence = h0["gru_a"], []
+        for t in range(STEPS):
+            state = gru_a.cell(x[:, t], [state], training=False)[0] + shifts["gru_a"][t]
+            sequence.append(state)
+        state = h0["gru_b"]
+        for t in range(STEPS):
+            state = gru_b.cell(sequence[t], [state], training=False)[0] + shifts["gru_b"][t]
+        loss = tf.reduce_mean(tf.square(dense(state) - y))
+    grads, state_grads, shift_grads = tape.gradient(
+        loss, [copy.trainable_variables, h0, shifts])
+    return (float(loss), [float(tf.norm(g)) for g in grads],
+            {k: float(tf.norm(g)) for k, g in state_grads.items()},
+            {k: [float(tf.norm(g)) for g in v] for k, v in shift_grads.items()})
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, tf):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    log_dir = tmp_path_factory.mktemp("runs") / "gru"
+    model = _model(keras)
+    x, y = _data()
+    weights: dict[int, list[np.ndarray]] = {}
+
+    class KeepWeights(keras.callbacks.Callback):
+        count = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.count += 1
+            weights[self.count] = self.model.get_weights()
+
+    flow = GradientFlow(every=EVERY, log_dir=log_dir)
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[flow, KeepWeights()])
+    truth = {}
+    for step in (2, 4, 6):
+        rows = slice(((step - 1) % 3) * BATCH, ((step - 1) % 3 + 1) * BATCH)
+        truth[step] = _direct(tf, keras, model, weights[step], x[rows], y[rows])
+    return {"flow": flow, "model": model, "log_dir": log_dir, "truth": truth}
+
+
+def _events(tf, log_dir: Path) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
+    """tag → step → value from tf.compat.v1.train.summary_iterator, and tag → plugin name."""
+    values: dict[str, dict[int, float]] = {}
+    plugins: dict[str, str] = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                plugins.setdefault(value.tag, value.metadata.plugin_data.plugin_name)
+                array = tf.make_ndarray(value.tensor) if value.HasField("tensor") else \
+                    np.asarray(value.simple_value)
+                if array.dtype.kind == "f" and array.ndim == 0:
+                    values.setdefault(value.tag, {})[event.step] = float(array)
+                else:
+                    values.setdefault(value.tag, {})[event.step] = array
+    return values, plugins
+
+
+def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
+    history = fitted["flow"].history
+    truth = fitted["truth"]
+    assert [o.step for o in history.observations] == [2, 4, 6]
+    assert [o.epoch for o in history.observations] == [0, 1, 1]
+    assert [w.weight.split("/", 1)[1] for w in history.weights] == [
+        "gru_a/gru_cell/kernel", "gru_a/gru_cell/recurrent_kernel", "gru_a/gru_cell/bias",
+        "gru_b/gru_cell/kernel", "gru_b/gru_cell/recurrent_kernel", "gru_b/gru_cell/bias",
+        "out/kernel", "out/bias"]
+    assert [r.layer for r in history.recurrent] == ["gru_a", "gru_b"]
+    for index, step in enumerate((2, 4, 6)):
+        loss, weight_norms, h0_norms, profiles = truth[step]
+        assert history.observations[index].loss == pytest.approx(loss, rel=1e-5)
+        for series, expected in zip(history.weights, weight_norms, strict=True):
+            assert series.norms[index] == pytest.approx(expected, rel=1e-5), series.weight
+        for series in history.recurrent:
+            assert series.initial_state_norms["h0"][index] == pytest.approx(
+                h0_norms[series.layer], rel=1e-5)
+            assert series.profiles[index] == pytest.approx(profiles[series.layer], rel=1e-5)
+            profile = profiles[series.layer]
+            assert series.ratios[index] == pytest.approx(profile[0] / profile[-1], rel=1e-5)
+            ratio = profile[0] / profile[-1]
+            expected_flag = ("vanishing" if ratio < 1e-2 else
+                             "exploding" if ratio > 1e2 else None)
+            assert series.flags[index] == expected_flag
+
+
+def test_event_files_hold_every_tag_with_the_tape_values(fitted, tf):
+    values, plugins = _events(tf, fitted["log_dir"])
+    truth = fitted["truth"]
+    paths = [v.path for v in fitted["model"].trainable_variables]
+    for step in (2, 4, 6):
+        loss, weight_norms, h0_norms, profiles = truth[step]
+        assert values["gradscope/loss"][step] == pytest.approx(loss, rel=1e-5)
+        for path, expected in zip(paths, weight_norms, strict=True):
+            value = values[f"gradient_norm/{path}"][step]
+            assert np.isfinite(value) and value == pytest.approx(expected, rel=1e-5), path
+        for layer in ("gru_a", "gru_b"):
+            assert values[f"initial_state_gradient/{layer}/h0"][step] == pytest.approx(
+                h0_norms[layer], rel=1e-5)
+            profile = profiles[layer]
+            assert values[f"flow_ratio/{layer}"][step] == pytest.approx(
+                profile[0] / profile[-1], rel=1e-5)
+            assert values[f"flow_flag/{layer}"][step] in (-1.0, 0.0, 1.0)
+            np.testing.assert_allclose(values[f"flow_profile_values/{layer}"][step], profile,
+                                       rtol=1e-5)
+            # The heatmap: TensorBoard's image summary, [width, height, PNG of each row so far].
+            image = values[f"flow_profile/{layer}"][step]
+            assert plugins[f"flow_profile/{layer}"] == "images"
+            assert image[2][:8] == b"\x89PNG\r\n\x1a\n"
+    assert plugins[f"gradient_norm/{paths[0]}"] == "scalars"
+    assert plugins["initial_state_gradient/gru_a/h0"] == "scalars"
+
+
+def test_fit_is_unchanged_by_the_callback(fitted, tf):
+    """The same model trained without the callback ends with the same weights: the observed
+    steps ran Keras' own step function on the same batches."""
+    import keras
+
+    model = _model(keras)
+    x, y = _data()
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    for ours, theirs in zip(fitted["model"].get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_report_fits_the_width_and_names_every_layer(fitted):
+    history = fitted["flow"].history
+    for width in (60, 80, 120):
+        text = render_text(history, width)
+        assert max(len(line) for line in text.splitlines()) <= width, width
+        for name in ("gru_a ‖∂L/∂h0‖", "gru_b first/last ‖∂L/∂h_t‖", "gru_a (step 6)"):
+            assert name in text
+    assert json.loads(history.to_json())["observations"][0]["step"] == 2
+
+
+def test_watch_reads_the_run_back_without_tensorflow(fitted):
+    history = fitted["flow"].history
+    result = run_without_tensorflow("watch", str(fitted["log_dir"]), "--json")
+    assert result.returncode == 0, result.stderr
+    read = json.loads(result.stdout)
+    assert [o["step"] for o in read["observations"]] == [2, 4, 6]
+    assert read["every"] == EVERY and read["loss"].startswith("mean_squared_error")
+    for ours, theirs in zip(history.weights, read["weights"], strict=True):
+        assert theirs["weight"] == ours.weight
+        np.testing.assert_allclose(theirs["norms"], ours.norms, rtol=1e-6)  # float32 scalars
+    for ours, theirs in zip(history.recurrent, read["recurrent"], strict=True):
+        assert theirs["layer"] == ours.layer and theirs["flags"] == ours.flags
+        np.testing.assert_allclose(theirs["profiles"], ours.profiles, rtol=1e-12)
+        np.testing.assert_allclose(theirs["initial_state_norms"]["h0"],
+                                   ours.initial_state_norms["h0"], rtol=1e-6)
+    text = run_gradscope("watch", str(fitted["log_dir"]), env={"COLUMNS": "80"})
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == f"gradient flow during training  {fitted['log_dir']}"
+    assert lines[1].startswith("3 observations, steps 2–6 · one pass every 2 batches")
+    assert max(len(line) for line in lines) <= 80
+    assert "\x1b[" not in text.stdout
+    rows = [line for line in lines if line.startswith("gru_a ‖∂L/∂h0‖")]
+    assert len(rows) == 1 and len(rows[0].split()[2]) == 3  # one sparkline mark per pass
+
+
+def test_watch_refuses_in_one_line(tmp_path):
+    missing = run_without_tensorflow("watch", str(tmp_path / "nowhere"))
+    empty = run_without_tensorflow("watch", str(tmp_path))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "events.out.tfevents.1.host").write_bytes(b"")
+    foreign = run_without_tensorflow("watch", str(other), "--json")
+    for result, says in ((missing, "no such folder"), (empty, "no TensorBoard event files"),
+                         (foreign, "hold no gradscope events")):
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and says in lines[0], result.stderr
+    assert json.loads(foreign.stdout)["error"]["where"] == str(other)
+
+
+def test_without_tensorboard_a_clear_message(tmp_path, monkeypatch, tf):
+    import subprocess
+
+    from gradscope.keras import GradientFlow
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    with pytest.raises(ConfigError, match=r"GradientFlow\(log_dir=\.\.\.\) needs tensorboard, "
+                                          r"which is not installed; install it with: .* -m pip "
+                                          r"install tensorboard"):
+        GradientFlow(log_dir=tmp_path)
+    code = ("import sys\nsys.modules['tensorboard'] = None\nfrom gradscope.cli import main\n"
+            f"main(['watch', {str(tmp_path)!r}])\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [line for line in result.stderr.splitlines()
+                                          if line.startswith("gradscope: error: gradscope "
+                                                             "watch needs tensorboard")]
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_custom_loop_with_observe(tf):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    model = _model(keras, compiled=False)
+    with pytest.raises(ConfigError, match="is not compiled"):
+        GradientFlow(model=model).observe(*_data())
+    flow = GradientFlow(model=model, loss="mse")
+    optimizer = keras.optimizers.SGD(0.5)
+    x, y = _data()
+    for step in range(3):
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x[rows], training=True) - y[rows]))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables, strict=True))
+        if step != 1:
+            flow.observe(x[rows], y[rows], step=10 * (step + 1))
+            truth = _direct(tf, keras, model, model.get_weights(), x[rows], y[rows])
+            index = len(flow.history.observations) - 1
+            assert flow.history.observations[index].loss == pytest.approx(truth[0], rel=1e-5)
+            for series, expected in zip(flow.history.weights, truth[1], strict=True):
+                assert series.norms[index] == pytest.approx(expected, rel=1e-5)
+            for series in flow.history.recurrent:
+                assert series.profiles[index] == pytest.approx(truth[3][series.layer],
+                                                               rel=1e-5)
+    assert [o.step for o in flow.history.observations] == [10, 30]
+    flow.observe(x[:BATCH], y[:BATCH])
+    assert flow.history.observations[-1].step == 31
+    assert flow.history.loss.startswith("mean_squared_error")
