@@ -287,3 +287,30 @@ def test_custom_loop_with_observe(tf):
     flow.observe(x[:BATCH], y[:BATCH])
     assert flow.history.observations[-1].step == 31
     assert flow.history.loss.startswith("mean_squared_error")
+
+
+def test_heatmap_rows_are_observations_and_columns_time_steps():
+    from gradscope.keras.summaries import MISSING, VIRIDIS, profile_image
+
+    image, description = profile_image([[1e-4, 1e-3, 1e-2], None, [1e-2, 1e-1, 1.0]])
+    assert image.shape[0] == 1 and image.shape[3] == 3 and image.dtype == np.uint8
+    height, width = image.shape[1:3]
+    assert width >= 320 and height >= 160 and width % 3 == 0 and height % 3 == 0
+    cell = (height // 3, width // 3)
+    corner = {(r, c): image[0, r * cell[0], c * cell[1]] for r in range(3) for c in range(3)}
+    assert corner[(0, 0)].tolist() == VIRIDIS[0].tolist()  # 1e-4: the smallest
+    assert corner[(2, 2)].tolist() == VIRIDIS[-1].tolist()  # 1.0: the largest
+    assert corner[(0, 2)].tolist() == corner[(2, 0)].tolist()  # both 1e-2
+    assert corner[(1, 1)].tolist() == MISSING.tolist()  # not analysed
+    assert "one row per observation" in description
+
+
+def test_watch_json_follows_its_schema_and_help_has_an_example(fitted):
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(run_without_tensorflow("schema", "watch").stdout)
+    document = json.loads(run_without_tensorflow("watch", str(fitted["log_dir"]),
+                                                 "--json").stdout)
+    Draft202012Validator(schema).validate(document)
+    Draft202012Validator(schema).validate(fitted["flow"].history.to_dict())
+    assert "Example" in run_gradscope("watch", "--help").stdout

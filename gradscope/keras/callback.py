@@ -27,7 +27,9 @@ one forward and backward pass per observation.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +113,10 @@ class GradientFlow(keras.callbacks.Callback):
         self._batches = 0  # batches trained while this callback watched fit
         self._epoch_base = 0
         self._epoch: int | None = None
-        self._pending = False
+        self._pending = False  # the train step about to run is observed
+        self._warm_up = False  # ... or its batch only starts the trace in the background
+        self._tracing: threading.Thread | None = None
+        self._tracing_error: BaseException | None = None
         self._last_batch: Any = None
         self._original_train_function: Any = None
         if model is not None:
@@ -130,7 +135,7 @@ class GradientFlow(keras.callbacks.Callback):
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
 
         def train_function(iterator: Any) -> Any:
-            if not self._pending:
+            if not (self._pending or self._warm_up):
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
             if not batches:
@@ -141,6 +146,7 @@ class GradientFlow(keras.callbacks.Callback):
         model.train_function = train_function
 
     def on_train_end(self, logs: Any = None) -> None:
+        self._wait_for_trace()
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
             self._original_train_function = None
@@ -155,13 +161,16 @@ class GradientFlow(keras.callbacks.Callback):
         steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
         first = self._epoch_base + batch + 1
         self._pending = any(n % self.every == 0 for n in range(first, first + steps))
+        # The first batch of the first fit starts the trace in a background thread, while
+        # fit goes on: by the first observed batch it is usually done.
+        self._warm_up = (not self._pending and self._function is None
+                         and self._tracing is None)
         self._last_batch = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._batches = self._epoch_base + batch + 1
-        if not self._pending:
+        if not (self._pending or self._warm_up):
             return
-        self._pending = False
         data, self._last_batch = self._last_batch, None
         if data is None:
             raise ConfigError("GradientFlow: the batch fit trained on was not seen: "
@@ -174,7 +183,34 @@ class GradientFlow(keras.callbacks.Callback):
                               "minimises", where="GradientFlow")
         if y is None:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
+        if self._warm_up:
+            self._warm_up = False
+            engine = self._engine_for()
+            inputs, targets = self._names(engine, x, y)
+            self._tracing = threading.Thread(target=self._trace_in_background,
+                                             args=(engine, inputs, targets), daemon=True,
+                                             name="gradscope-trace")
+            self._tracing.start()
+            return
+        self._pending = False
         self._observe(x, y, self._batches, self._epoch)
+
+    def _trace_in_background(self, engine: Any, inputs: dict[str, np.ndarray],
+                             targets: dict[str, np.ndarray]) -> None:
+        """Trace the pass and run it once (TensorFlow optimises a function's graph at its first
+        run); the result is dropped. Any error is raised at the first observation."""
+        try:
+            self._run(engine, inputs, targets, silence=False)
+        except BaseException as exc:  # handed to the main thread
+            self._tracing_error = exc
+
+    def _wait_for_trace(self) -> None:
+        if self._tracing is not None:
+            self._tracing.join()
+            self._tracing = None
+            if self._tracing_error is not None:
+                error, self._tracing_error = self._tracing_error, None
+                raise error
 
     # -- a custom training loop ----------------------------------------------------------------
 
@@ -207,11 +243,13 @@ class GradientFlow(keras.callbacks.Callback):
         return inputs, dict(zip(engine.output_names, targets.values(), strict=True))
 
     def _run(self, engine: Any, inputs: dict[str, np.ndarray],
-             targets: dict[str, np.ndarray]) -> KerasPass:
+             targets: dict[str, np.ndarray], silence: bool = True) -> KerasPass:
         """One traced forward and backward pass; the same KerasPass engine.run gives."""
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
-        with native_stderr_silenced():
+        # TensorFlow's native log lines at a first op; not from the background thread, whose
+        # silencing of the process' stderr would swallow the main thread's messages.
+        with native_stderr_silenced() if silence else contextlib.nullcontext():
             if self._function is None:
                 self._function = _traced_pass(engine, self._trace)
                 # Traced once with the batch axis free: the last, smaller batch of an epoch
@@ -250,6 +288,7 @@ class GradientFlow(keras.callbacks.Callback):
         from gradscope.inspect import flow_flags
         from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
 
+        self._wait_for_trace()
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         result = self._run(engine, inputs, targets)
@@ -335,7 +374,7 @@ class GradientFlow(keras.callbacks.Callback):
         engine = self._engine
         model = self.model
         source = f"model '{model.name}'" if model is not None else "no model yet"
-        loss = engine.plan.description if engine is not None else (self.loss_name or
+        loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
         return FlowHistoryReport(
             source=source, loss=loss, mode="inference", every=self.every,
@@ -412,6 +451,14 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
         return loss, grads, captured
 
     return run
+
+
+def _loss_text(plan: Any) -> str:
+    """The loss and where it came from, in the words of a model in memory: its compiled loss,
+    or the ``loss=`` given to GradientFlow (an uncompiled model without it is refused)."""
+    losses = " + ".join(o.label if len(plan.outputs) == 1 else f"{o.output} {o.label}"
+                        for o in plan.outputs)
+    return f"{losses} ({'compiled' if plan.source == 'compiled' else 'GradientFlow loss='})"
 
 
 def _free_batch(tensor: Any) -> Any:

@@ -7,8 +7,8 @@ What a stock TensorBoard shows:
   (−1 vanishing, 0 none, +1 exploding) and ``gradscope/loss``.
 - Images: ``flow_profile/<layer>``, the step × time heatmap of log10 ‖∂L/∂h_t‖ across
   training: one row per observation (the first at the top), one column per time step (t = 0
-  at the left), from dark purple (smallest) to yellow (largest); the image's description gives
-  the range. Each observation writes the heatmap of every observation so far.
+  at the left), from dark purple (smallest) to yellow (largest). Each observation writes the
+  heatmap of every observation so far (the last 400).
 
 gradscope's own plugin tensors (ignored by TensorBoard's dashboards) hold the rest, for
 ``gradscope watch``: the run's description, each observation's details, and the profiles in
@@ -48,8 +48,8 @@ FLAG_CODES = {"vanishing": -1.0, None: 0.0, "exploding": 1.0}
 
 
 def profile_image(profiles: list[list[float] | None]) -> tuple[np.ndarray, str]:
-    """(1, H, W, 3) uint8: rows observations, columns time steps, colour log10 ‖∂L/∂h_t‖; and
-    the description of what the colours span."""
+    """(1, H, W, 3) uint8: rows observations, columns time steps, colour log10 ‖∂L/∂h_t‖
+    scaled to the image's own range; and the image's description."""
     kept = profiles[-IMAGE_ROWS:]
     steps = max((len(p) for p in kept if p), default=1)
     grid = np.full((len(kept), steps), np.nan)
@@ -69,10 +69,11 @@ def profile_image(profiles: list[list[float] | None]) -> tuple[np.ndarray, str]:
     cell_w = max(1, math.ceil(IMAGE_WIDTH / steps))
     cell_h = max(1, math.ceil(IMAGE_HEIGHT / len(kept)))
     image = np.repeat(np.repeat(colours, cell_h, axis=0), cell_w, axis=1)
-    description = (f"log10 ‖∂L/∂h_t‖: rows are the last {len(kept)} observations (the first at "
-                   f"the top), columns the time steps t = 0 … {steps - 1} (left to right); "
-                   f"colour from dark purple 1e{low:.2f} to yellow 1e{high:.2f}; grey: not "
-                   "analysed")
+    # TensorBoard shows the description of a tag's first image only: no per-image numbers.
+    description = ("log10 ‖∂L/∂h_t‖ across training: one row per observation (the first at the "
+                   "top), one column per time step (t = 0 at the left); dark purple is the "
+                   "smallest value in the image, yellow the largest; grey: not analysed. "
+                   "`gradscope watch` prints the numbers.")
     return np.round(image).astype(np.uint8)[None], description
 
 

@@ -1,0 +1,105 @@
+"""``model.fit`` for 200 batches with ``gradscope.keras.GradientFlow(every=50, log_dir=...)``
+against the same ``fit`` without it, side by side in one run: each repeat is a fresh process
+(so each pays its own tracing), the two kinds alternate so that load drifts hit both, and the
+medians of the ``fit`` wall times are compared. Goal: at most 1.10×.
+
+The model: input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps, batch 32, softmax
+cross-entropy, Adam; synthetic data from a fixed seed, unshuffled.
+
+    .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
+                                                [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+FIT = """
+import json, os, sys, tempfile, time
+sys.path.insert(0, {repo!r})
+from gradscope._tf import import_tensorflow
+tf = import_tensorflow()
+import keras
+import numpy as np
+
+with_callback, batches, every = sys.argv[1] == "callback", int(sys.argv[2]), int(sys.argv[3])
+keras.utils.set_random_seed(0)
+model = keras.Sequential([
+    keras.Input((50, 32)),
+    keras.layers.GRU(64, return_sequences=True),
+    keras.layers.GRU(32),
+    keras.layers.Dense(3),
+])
+model.compile(optimizer="adam",
+              loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+rng = np.random.default_rng(0)
+x = rng.normal(size=(batches * 32, 50, 32)).astype("float32")
+y = np.eye(3, dtype="float32")[rng.integers(0, 3, size=batches * 32)]
+callbacks = []
+with tempfile.TemporaryDirectory() as log_dir:
+    if with_callback:
+        from gradscope.keras import GradientFlow
+
+        callbacks = [GradientFlow(every=every, log_dir=log_dir)]
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    seconds = time.perf_counter() - start
+observations = len(callbacks[0].history.observations) if callbacks else 0
+print(json.dumps({{"fit_s": seconds, "observations": observations}}))
+"""
+
+
+def run(kind: str, batches: int, every: int) -> dict[str, float]:
+    code = FIT.format(repo=str(REPO))
+    result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every)],
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3")
+    plain: list[float] = []
+    watched: list[float] = []
+    observations = 0
+    for _ in range(args.repeats):
+        plain.append(run("plain", args.batches, args.every)["fit_s"])
+        result = run("callback", args.batches, args.every)
+        watched.append(result["fit_s"])
+        observations = int(result["observations"])
+    figures = {
+        "batches": args.batches, "every": args.every, "repeats": args.repeats,
+        "observations": observations,
+        "plain_fit_median_s": statistics.median(plain),
+        "callback_fit_median_s": statistics.median(watched),
+        "ratio_of_medians": statistics.median(watched) / statistics.median(plain),
+        "median_pair_ratio": statistics.median(w / p for w, p in zip(watched, plain,
+                                                                     strict=True)),
+        "plain_fit_s": plain, "callback_fit_s": watched,
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return
+    print(f"fit, {args.batches} batches                      "
+          f"{figures['plain_fit_median_s']:.2f} s median")
+    print(f"fit with GradientFlow(every={args.every}, log_dir)  "
+          f"{figures['callback_fit_median_s']:.2f} s median ({observations} extra passes)")
+    print(f"ratio of medians {figures['ratio_of_medians']:.3f}, median of pair ratios "
+          f"{figures['median_pair_ratio']:.3f} ({args.repeats} runs each, alternating)")
+
+
+if __name__ == "__main__":
+    main()
