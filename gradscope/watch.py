@@ -80,8 +80,10 @@ def _records(path: Path) -> list[Any]:
         except errors.DataLossError as exc:
             if "truncated" in str(exc):  # the writer is still writing this record
                 break
-            raise ConfigError(f"{path}: not a readable event file: {exc.message}",
-                              where=str(path)) from None
+            detail = str(exc.message).replace(str(path), "").strip()
+            raise ConfigError(f"{path}: not a readable event file ({detail}); expected the "
+                              "TensorBoard event files GradientFlow writes", where=str(path)
+                              ) from None
         event = event_pb2.Event()
         event.ParseFromString(reader.record())
         events.append(event)

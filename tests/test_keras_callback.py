@@ -227,8 +227,13 @@ def test_watch_refuses_in_one_line(tmp_path):
     other.mkdir()
     (other / "events.out.tfevents.1.host").write_bytes(b"")
     foreign = run_without_tensorflow("watch", str(other), "--json")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "events.out.tfevents.2.host").write_bytes(b"not a record, not a CRC")
+    corrupt = run_without_tensorflow("watch", str(broken))
     for result, says in ((missing, "no such folder"), (empty, "no TensorBoard event files"),
-                         (foreign, "hold no gradscope events")):
+                         (foreign, "hold no gradscope events"),
+                         (corrupt, "not a readable event file (failed header crc32 check)")):
         assert result.returncode == 2, result.stderr
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and says in lines[0], result.stderr
