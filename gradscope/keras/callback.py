@@ -27,9 +27,7 @@ one forward and backward pass per observation.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from gradscope._tf import import_tensorflow, native_stderr_silenced
 from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
+    KerasNotAnalysed,
     NotAnalysedAt,
     RecurrentFlowSeries,
     TrainingObservation,
@@ -78,11 +77,13 @@ class GradientFlow(keras.callbacks.Callback):
         log_dir: write TensorBoard summaries there (needs the ``tensorboard`` package). Read
             them back in a terminal with ``gradscope watch LOG_DIR``.
         model: the model, for a custom training loop (``fit`` sets it itself).
-        loss: a Keras loss name for the extra pass (``"mse"``, ``"sparse_categorical_
-            crossentropy"``, …) when the model is not compiled; by default the compiled loss.
+        loss: a Keras loss name for the extra pass (``"mse"``, ``"categorical_crossentropy"``,
+            …) when the model is not compiled; by default the compiled loss.
 
-    After training, ``callback.history`` is the report (``to_dict()``, ``to_json()``) and
-    ``callback.report()`` prints it. In a custom loop, call ``callback.observe(x, y)``.
+    The current batch, in ``fit``, is the batch the observed train step has just been given
+    (the last of ``steps_per_execution``), read after that step's weight update, in inference
+    mode. After training, ``callback.history`` is the report (``to_dict()``, ``to_json()``)
+    and ``callback.report()`` prints it. In a custom loop, call ``callback.observe(x, y)``.
     """
 
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
@@ -114,9 +115,6 @@ class GradientFlow(keras.callbacks.Callback):
         self._epoch_base = 0
         self._epoch: int | None = None
         self._pending = False  # the train step about to run is observed
-        self._warm_up = False  # ... or its batch only starts the trace in the background
-        self._tracing: threading.Thread | None = None
-        self._tracing_error: BaseException | None = None
         self._last_batch: Any = None
         self._original_train_function: Any = None
         if model is not None:
@@ -135,7 +133,7 @@ class GradientFlow(keras.callbacks.Callback):
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
 
         def train_function(iterator: Any) -> Any:
-            if not (self._pending or self._warm_up):
+            if not self._pending:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
             if not batches:
@@ -146,7 +144,6 @@ class GradientFlow(keras.callbacks.Callback):
         model.train_function = train_function
 
     def on_train_end(self, logs: Any = None) -> None:
-        self._wait_for_trace()
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
             self._original_train_function = None
@@ -161,16 +158,13 @@ class GradientFlow(keras.callbacks.Callback):
         steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
         first = self._epoch_base + batch + 1
         self._pending = any(n % self.every == 0 for n in range(first, first + steps))
-        # The first batch of the first fit starts the trace in a background thread, while
-        # fit goes on: by the first observed batch it is usually done.
-        self._warm_up = (not self._pending and self._function is None
-                         and self._tracing is None)
         self._last_batch = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._batches = self._epoch_base + batch + 1
-        if not (self._pending or self._warm_up):
+        if not self._pending:
             return
+        self._pending = False
         data, self._last_batch = self._last_batch, None
         if data is None:
             raise ConfigError("GradientFlow: the batch fit trained on was not seen: "
@@ -183,34 +177,7 @@ class GradientFlow(keras.callbacks.Callback):
                               "minimises", where="GradientFlow")
         if y is None:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
-        if self._warm_up:
-            self._warm_up = False
-            engine = self._engine_for()
-            inputs, targets = self._names(engine, x, y)
-            self._tracing = threading.Thread(target=self._trace_in_background,
-                                             args=(engine, inputs, targets), daemon=True,
-                                             name="gradscope-trace")
-            self._tracing.start()
-            return
-        self._pending = False
         self._observe(x, y, self._batches, self._epoch)
-
-    def _trace_in_background(self, engine: Any, inputs: dict[str, np.ndarray],
-                             targets: dict[str, np.ndarray]) -> None:
-        """Trace the pass and run it once (TensorFlow optimises a function's graph at its first
-        run); the result is dropped. Any error is raised at the first observation."""
-        try:
-            self._run(engine, inputs, targets, silence=False)
-        except BaseException as exc:  # handed to the main thread
-            self._tracing_error = exc
-
-    def _wait_for_trace(self) -> None:
-        if self._tracing is not None:
-            self._tracing.join()
-            self._tracing = None
-            if self._tracing_error is not None:
-                error, self._tracing_error = self._tracing_error, None
-                raise error
 
     # -- a custom training loop ----------------------------------------------------------------
 
@@ -225,6 +192,9 @@ class GradientFlow(keras.callbacks.Callback):
     # -- the pass ------------------------------------------------------------------------------
 
     def _engine_for(self) -> Any:
+        if self._engine is not None and self._engine.model is not self.model:
+            # Another model (set_model by a later fit): its own engine and trace.
+            self._engine = self._function = self._concrete = None
         if self._engine is None:
             if self.model is None:
                 raise ConfigError("GradientFlow.observe: no model; give it with "
@@ -243,13 +213,11 @@ class GradientFlow(keras.callbacks.Callback):
         return inputs, dict(zip(engine.output_names, targets.values(), strict=True))
 
     def _run(self, engine: Any, inputs: dict[str, np.ndarray],
-             targets: dict[str, np.ndarray], silence: bool = True) -> KerasPass:
+             targets: dict[str, np.ndarray]) -> KerasPass:
         """One traced forward and backward pass; the same KerasPass engine.run gives."""
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
-        # TensorFlow's native log lines at a first op; not from the background thread, whose
-        # silencing of the process' stderr would swallow the main thread's messages.
-        with native_stderr_silenced() if silence else contextlib.nullcontext():
+        with native_stderr_silenced():  # TensorFlow's native log lines at a first op
             if self._function is None:
                 self._function = _traced_pass(engine, self._trace)
                 # Traced once with the batch axis free: the last, smaller batch of an epoch
@@ -288,7 +256,6 @@ class GradientFlow(keras.callbacks.Callback):
         from gradscope.inspect import flow_flags
         from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
 
-        self._wait_for_trace()
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         result = self._run(engine, inputs, targets)
@@ -310,6 +277,7 @@ class GradientFlow(keras.callbacks.Callback):
         for recurrent in usable:
             totals = total_state_gradients(recurrent, result)
             if isinstance(totals, str):
+                skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=totals))
                 self._skipped.setdefault((recurrent.label, totals), []).append(step)
                 continue
             state_grads = result.state_gradients.get(recurrent.label, [])
