@@ -253,12 +253,21 @@ class GradientFlow(keras.callbacks.Callback):
                               for c, _, og in calls if og is not None})
 
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None) -> None:
-        from gradscope.inspect import flow_flags
-        from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
+        from gradscope._blas import blas_beside_tensorflow
 
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         result = self._run(engine, inputs, targets)
+        # One BLAS thread for the NumPy cells (gradscope/_blas.py): BLAS threads that spin
+        # beside TensorFlow's would slow the rest of training down too.
+        with blas_beside_tensorflow():
+            self._record(engine, inputs, result, step, epoch)
+
+    def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
+                step: int, epoch: int | None) -> None:
+        from gradscope.inspect import flow_flags
+        from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
+
         usable, skipped = recurrent_calls(_Job(inputs), engine, result)
         index = len(self._observations)
         size = int(next(iter(inputs.values())).shape[0])
@@ -285,6 +294,11 @@ class GradientFlow(keras.callbacks.Callback):
                 mine, state_grads = (state_grads[:unit.state_count],
                                      state_grads[unit.state_count:])
                 profile = per_step_norms(total)
+                if not np.all(np.isfinite(profile)):
+                    reason = "NaN or Inf in ∂L/∂h_t: no profile, ratio or flag"
+                    skipped.append(KerasNotAnalysed(layer=unit.label, reason=reason))
+                    self._skipped.setdefault((unit.label, reason), []).append(step)
+                    profile = []
                 flags = flow_flags({unit.label: np.asarray(profile)})
                 ratio = (flags[0].ratio if flags else
                          profile[0] / profile[-1] if len(profile) > 1 and profile[-1] else None)
@@ -297,8 +311,9 @@ class GradientFlow(keras.callbacks.Callback):
                 for name, gradient in zip(unit.cell.state_names, mine, strict=True):
                     value = (None if gradient is None else
                              float(np.sqrt(np.sum(np.asarray(gradient, np.float64) ** 2))))
-                    series["states"][name].append(value)
-                series["profiles"].append(profile)
+                    series["states"][name].append(
+                        value if value is not None and np.isfinite(value) else None)
+                series["profiles"].append(profile or None)
                 series["ratios"].append(ratio)
                 series["flags"].append(flags[0].kind if flags else None)
         self._pad(index + 1)
