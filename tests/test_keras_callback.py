@@ -192,6 +192,14 @@ def test_report_fits_the_width_and_names_every_layer(fitted):
         for name in ("gru_a ‖∂L/∂h0‖", "gru_b first/last ‖∂L/∂h_t‖", "gru_a (step 6)"):
             assert name in text
     assert json.loads(history.to_json())["observations"][0]["step"] == 2
+    assert "gru_a ‖∂L/∂h0‖" in history._repr_html_()  # how a notebook shows it
+
+
+def test_report_prints_the_history(fitted, capsys):
+    fitted["flow"].report(width=80)
+    printed = capsys.readouterr().out
+    assert printed.startswith("gradient flow during training  model 'flow_model'")
+    assert "3 observations, steps 2–6" in printed
 
 
 def test_watch_reads_the_run_back_without_tensorflow(fitted):
