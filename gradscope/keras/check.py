@@ -23,7 +23,8 @@ import numpy as np
 from gradscope._blas import blas_beside_tensorflow
 from gradscope.keras.data import synthetic_targets
 from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
-from gradscope.keras.explain import KerasJob, layer_facts, loss_entry, model_entry
+from gradscope.keras.explain import KerasJob, loss_entry, model_entry
+from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.layers.recurrent import RecurrentExplainer

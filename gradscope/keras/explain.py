@@ -21,7 +21,8 @@ from gradscope.keras.data import (
     synthetic_inputs,
     synthetic_targets,
 )
-from gradscope.keras.graph import LayerNode, ModelGraph, Ref, read_graph, refuse_code
+from gradscope.keras.facts import NO_DERIVATION, kwarg_refs, layer_facts
+from gradscope.keras.graph import LayerNode, ModelGraph, read_graph, refuse_code
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.loss import LossPlan, output_names, plan_loss
@@ -40,7 +41,6 @@ from gradscope.report.models import (
 )
 
 Progress = Callable[[str], None]
-NO_DERIVATION = "no derivation for this layer type"
 
 
 @dataclass(frozen=True)
@@ -120,34 +120,6 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
 
 
 # -- the report -----------------------------------------------------------------------------------
-
-
-def layer_facts(graph: ModelGraph, layer: LayerNode, shapes: list[tuple[int | None, ...]] | None
-                = None, output_shapes: list[tuple[int | None, ...]] | None = None) -> LayerFacts:
-    """The facts of a layer's first call; ``shapes`` (captured in a run) replace the saved ones.
-    """
-    call = layer.calls[0] if layer.calls else None
-    refs = call.refs() if call is not None else []
-    positional = [ref for ref in refs if ref not in _kwarg_refs(call)] if call else []
-    saved = [ref.shape or () for ref in positional]
-    input_shapes = shapes if shapes is not None else saved
-    labels = tuple(_label(graph, ref) for ref in positional)
-    return LayerFacts(name=layer.name, class_name=layer.class_name, config=layer.config,
-                      input_shapes=tuple(tuple(s) for s in input_shapes), input_labels=labels,
-                      output_shapes=tuple(tuple(s) for s in (output_shapes or [])))
-
-
-def _kwarg_refs(call: Any) -> list[Ref]:
-    return [ref for refs in call.kwarg_refs().values() for ref in refs]
-
-
-def _label(graph: ModelGraph, ref: Ref) -> str:
-    producer = graph.layer(ref.layer)
-    if producer.is_input:
-        return "input" if len(graph.inputs) == 1 else f"input {producer.name}"
-    if producer.class_name in {"GRU", "LSTM", "SimpleRNN"}:
-        return f"{producer.name} units"
-    return f"{producer.name} output"
 
 
 def _batchless(shape: tuple[int, ...]) -> tuple[int | None, ...]:
@@ -271,7 +243,7 @@ def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...
     if call is None or not node.calls:
         return None
     saved = node.calls[0]
-    count = len([ref for ref in saved.refs() if ref not in _kwarg_refs(saved)])
+    count = len([ref for ref in saved.refs() if ref not in kwarg_refs(saved)])
     return [_batchless(tuple(int(d) for d in a.shape)) for a in call.args[:count]]
 
 
