@@ -469,7 +469,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
       gradscope check
       gradscope check config.yaml --chunks 4
       gradscope check config.yaml --against my_bptt.py:backward --json
-      gradscope check config.yaml --against adapter.py:backward --layer simple_rnn_1 --time-last
+      gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
     """
     from gradscope.witnesses import check as check_report
 

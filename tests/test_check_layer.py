@@ -245,3 +245,12 @@ def test_argument_errors_exit_2_in_one_line_before_tensorflow(config, args, mess
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"gradscope: error: {message}")
     assert result.stderr.count("\n") == 1
+
+
+def test_the_layer_schema_is_published_without_tensorflow():
+    result = run_without_tensorflow("schema", "check-layer")
+    assert result.returncode == 0, result.stderr
+    schema = json.loads(result.stdout)
+    assert schema["properties"]["mode"]["const"] == "layer"
+    assert {"arguments", "tensors", "against_not_returned", "time_last"} <= set(
+        schema["required"])
