@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         KerasCheckReport,
         KerasExplainReport,
         KerasShapesReport,
+        LayerCheckReport,
         ShapesReport,
     )
     from gradscope.spec import Spec
@@ -96,12 +97,15 @@ def explain(spec: Spec | str, data: Any = None,
 
 
 def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
-          data: Any = None, **options: Any) -> CheckReport | KerasCheckReport:
+          data: Any = None, layer: str | None = None, time_last: bool = False,
+          **options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``. The
     names it leaves out are in ``report.against_not_returned``; if it raises or returns no
-    known name, ``ConfigError`` says where.
+    known name, ``ConfigError`` says where. With ``layer``, ``against`` is the backward of that
+    one recurrent layer, ``FUNC(x, h0, params, dh) -> dict`` (``time_last``: arrays laid out
+    (features, batch, time)); the report is a ``LayerCheckReport`` (see README).
     """
     from gradscope.guard import guard
     from gradscope.keras.archive import is_keras_file
@@ -116,6 +120,15 @@ def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
     spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
+    if layer is not None or time_last:
+        from gradscope import preflight
+        from gradscope.witnesses.layer_backward import check_layer
+
+        preflight.check_layer_options(against, layer, time_last, {"chunks": chunks})
+        assert layer is not None and against is not None
+        preflight.check_layer_name(spec, layer)
+        guard(spec, "check")
+        return check_layer(spec, against, layer, time_last=time_last, data=batch, **options)
     guard(spec, "check")
     return _check(spec, against=against, chunks=chunks, data=batch, **options)
 

@@ -28,6 +28,7 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
+    LayerCheckReport,
     ShapesReport,
     json_schema,
 )
@@ -235,7 +236,7 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-          | KerasShapesReport | KerasCheckReport, as_json: bool,
+          | KerasShapesReport | KerasCheckReport | LayerCheckReport, as_json: bool,
           output: Path | None, force: bool, equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
@@ -421,6 +422,14 @@ finite differences.
               help="Also compare your own backward function FUNC(params, x, y, h0) -> dict of "
                    "gradients of the mean loss (see README). This imports and runs FILE.py: "
                    "your code, at your request.")
+@click.option("--layer", metavar="NAME",
+              help="Check your backward of this one recurrent layer instead of the whole "
+                   "model's: --against FUNC(x, h0, params, dh) -> dict, where dh is ∂L/∂h_t "
+                   "from above at each step, without the carry (see README).")
+@click.option("--time-last", is_flag=True,
+              help="With --layer: arrays laid out (features, batch, time) and states "
+                   "(units, batch), as in the classic course code; a SimpleRNN's params then "
+                   "also hold Wax, Waa, ba.")
 @click.option("--chunks", type=click.IntRange(min=1), metavar="K",
               help="Also run truncated BPTT in K chunks, carrying each chunk's initial-state "
                    "gradients as grad_ys into the previous chunk, and compare the summed "
@@ -440,7 +449,8 @@ finite differences.
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def check(config: str | None, against: str | None, chunks: int | None, directions: int,
+def check(config: str | None, against: str | None, layer: str | None, time_last: bool,
+          chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
           data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
           keras_run: tuple[str | None, bool, int],
@@ -459,9 +469,12 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
       gradscope check
       gradscope check config.yaml --chunks 4
       gradscope check config.yaml --against my_bptt.py:backward --json
+      gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
     """
     from gradscope.witnesses import check as check_report
 
+    preflight.check_layer_options(against, layer, time_last,
+                                  {"--chunks": chunks, "--equations": equations, "--atol": atol})
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
     if equations and as_json:
@@ -490,10 +503,21 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     _refuse_keras_options(keras_run)
     spec, batch = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, chunks=chunks)
+    if layer is not None:
+        preflight.check_layer_name(spec, layer)
     from gradscope.guard import guard
 
     guard(spec, "check", memory_limit)
     progress = _stderr_console(quiet=quiet)
+    if layer is not None and against is not None:
+        from gradscope.witnesses.layer_backward import check_layer
+
+        with progress.status("gradscope check --layer", spinner="dots") as status:
+            layer_report = check_layer(spec, against, layer, time_last=time_last, rtol=rtol,
+                                       data=batch, timings=timings,
+                                       progress=lambda message: status.update(message))
+        _emit(layer_report, as_json, output, force)
+        return EXIT_OK if layer_report.summary.passed else EXIT_PROBLEM
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,
                               rtol=rtol, atol=atol, timings=timings, data=batch,

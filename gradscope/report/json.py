@@ -11,6 +11,7 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
+    LayerCheckReport,
     ShapesReport,
 )
 
@@ -20,7 +21,7 @@ def dumps(data: Any) -> str:
 
 
 def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport | KerasCheckReport) -> str:
+                  | KerasShapesReport | KerasCheckReport | LayerCheckReport) -> str:
     return dumps(report.to_dict())
 
 

@@ -252,6 +252,38 @@ class CheckReport(_Report):
     timings: dict[str, float] | None = None
 
 
+class LayerArgument(_Report):
+    name: str = Field(description="x, h0 (c0), dh, or a key of params")
+    shape: list[int] = Field(description="as passed to the function (--time-last: "
+                                         "features first)")
+    meaning: str
+
+
+class LayerCheckReport(_Report):
+    """``check --against FILE.py:FUNC --layer NAME``: one recurrent layer's backward, given
+    ∂L/∂h_t from above (dh), against TF autodiff of that layer in the real model."""
+
+    schema_version: Literal["1"] = "1"
+    command: Literal["check"] = "check"
+    mode: Literal["layer"] = "layer"
+    model: ModelEntry
+    loss: LossEntry
+    layer: str = Field(description="the recurrent layer checked, e.g. gru_1")
+    cell: str = Field(description="its cell and weight layout, e.g. 'gru, block layout'")
+    time_last: bool = Field(description="arrays laid out (features, batch, time), as in the "
+                                        "classic course code")
+    arguments: list[LayerArgument] = Field(description="what FUNC(x, h0, params, dh) received")
+    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tensors: list[CheckedTensor] = Field(description="named <layer>/<key>, the key as FUNC "
+                                                     "returns it: x, h0, c0, a weight")
+    against: str = Field(description="FILE.py:FUNC that was compared")
+    against_not_returned: list[str] = Field(
+        description="keys the function did not return: optional, so not failures, but not "
+                    "checked")
+    summary: CheckSummary
+    timings: dict[str, float] | None = None
+
+
 # -- the user's own Keras model ----------------------------------------------------------------
 
 
@@ -434,7 +466,7 @@ class KerasCheckReport(_Report):
 REPORTS: dict[str, type[_Report]] = {
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
-    "check-keras": KerasCheckReport,
+    "check-keras": KerasCheckReport, "check-layer": LayerCheckReport,
 }
 
 

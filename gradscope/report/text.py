@@ -32,6 +32,7 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
+    LayerCheckReport,
     ModelEntry,
     ShapesReport,
     StateGradientEntry,
@@ -419,7 +420,7 @@ def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
 
 def print_report(console: Console,
                  report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                 | KerasShapesReport | KerasCheckReport,
+                 | KerasShapesReport | KerasCheckReport | LayerCheckReport,
                  equations: str | None = None) -> None:
     if isinstance(report, KerasExplainReport | KerasShapesReport | KerasCheckReport):
         from gradscope.report.keras_text import render_keras
@@ -429,6 +430,8 @@ def print_report(console: Console,
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):
         parts = render_check(report, console.width, equations)
+    elif isinstance(report, LayerCheckReport):
+        parts = render_layer_check(report, console.width)
     else:
         parts = render_shapes(report, console.width)
     for part in parts:
@@ -457,7 +460,8 @@ def _worst(tensor_witnesses: list[WitnessEntry], witness: str) -> WitnessEntry |
     return max(entries, key=lambda e: (not e.passed, e.error or 0.0)) if entries else None
 
 
-def check_table(report: CheckReport | KerasCheckReport, width: int) -> Table:
+def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
+                width: int) -> Table:
     witnesses = report.summary.witnesses
     titles = [Column(WITNESS_TITLES[w], "right") for w in witnesses]
     # One column per witness; with the shape beside the name, or under it; or, narrowest,
@@ -487,7 +491,7 @@ def check_table(report: CheckReport | KerasCheckReport, width: int) -> Table:
     return fit(width, beside, under, one_column)
 
 
-def check_failures(report: CheckReport | KerasCheckReport) -> list[Text]:
+def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[Text]:
     lines = []
     for tensor in report.tensors:
         for entry in tensor.witnesses:
@@ -609,6 +613,44 @@ def render_check(report: CheckReport, width: int,
                Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} "
                     f"tensors disagree: {', '.join(summary.failed_tensors)}", style="bold red"))
     parts.append(verdict)
+    if report.timings:
+        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
+        parts.append(Text(f"timings: {laps}", style="dim"))
+    return parts
+
+
+def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableType]:
+    """``check --against FUNC --layer NAME``: what FUNC received, then the usual table."""
+    summary = report.summary
+    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
+    layout = "(features, batch, time), --time-last" if report.time_last else \
+        "(batch, time, features)"
+    received = [f"{a.name} {shape_text(a.shape)}" for a in report.arguments]
+    received[0] = f"it received {received[0]}"
+    parts: list[RenderableType] = [
+        header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}",
+               width),
+        Text(f"layer {report.layer} ({report.cell}) alone: {report.against}(x, h0, params, "
+             f"dh) given dh = ∂L/∂h_t from above, without the carry; arrays {layout}"),
+        pack(received, width),
+        Text(f"TF autodiff on a float64 copy of the model, read at {report.layer}, is the "
+             f"truth; relative tolerances: {tolerances}", style="dim"),
+        section(f"Gradients checked ({summary.checked_tensors} tensors, "
+                f"{summary.comparisons} comparisons)"),
+        check_table(report, width),
+    ]
+    if report.against_not_returned:
+        parts.append(Text(f"not returned (not checked): {', '.join(report.against_not_returned)}",
+                          style="yellow"))
+    failures = check_failures(report)
+    if failures:
+        parts += [section("What failed"), *failures]
+    parts.append(
+        Text(f"\nPASSED: your backward of {report.layer} agrees with TF and the NumPy "
+             f"reference on all {summary.checked_tensors} tensors", style="bold green")
+        if summary.passed else
+        Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} tensors "
+             f"disagree: {', '.join(summary.failed_tensors)}", style="bold red"))
     if report.timings:
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"timings: {laps}", style="dim"))
