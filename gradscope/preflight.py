@@ -121,3 +121,16 @@ def _check_new_file(option: str, path: Path, force: bool) -> None:
 
 def _same_file(first: Path, second: Path) -> bool:
     return os.path.abspath(first) == os.path.abspath(second)
+
+
+def check_weights(path: str | None, config: str | None, option: str = "--weights") -> None:
+    """``--weights PATH`` (or ``gradscope spec PATH``): an .npz file or a checkpoint that
+    exists, for a YAML config (a .keras model carries its own weights); nothing is read."""
+    if path is None:
+        return
+    if config is not None and str(config).endswith(".keras"):
+        raise GradscopeError(f"--weights is for YAML configs; {config} carries its own "
+                             "weights", where="--weights")
+    from gradscope.weights import locate
+
+    locate(path, option if option == "--weights" else "")

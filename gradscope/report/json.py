@@ -12,6 +12,7 @@ from gradscope.report.models import (
     KerasExplainReport,
     KerasShapesReport,
     ShapesReport,
+    SpecInference,
 )
 
 
@@ -20,7 +21,7 @@ def dumps(data: Any) -> str:
 
 
 def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport | KerasCheckReport) -> str:
+                  | KerasShapesReport | KerasCheckReport | SpecInference) -> str:
     return dumps(report.to_dict())
 
 
