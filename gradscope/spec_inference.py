@@ -57,19 +57,25 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
     shown = str(source) if not isinstance(source, Mapping) else "the arrays"
     groups = group_variables(weight_file)
     recurrent, dense = order(groups)
-    untold = untold_orders(recurrent) + untold_orders(dense)
+    untold = untold_orders(dense)
     if untold:
-        raise WeightsError(origin, [f"the names {pair} do not say which layer comes first; "
-                                    "refusing to pick an order" for pair in untold])
+        raise WeightsError(origin, [f"the names {pair} do not say which dense layer comes "
+                                    "first; refusing to pick an order" for pair in untold])
     if not recurrent:
         raise WeightsError(origin, ["no recurrent layer's weights found (expected a GRUCell's "
                                     "gates/kernel, an LSTMCell's lstm_cell/kernel, or a Keras "
                                     f"recurrent_kernel); found {_listing(groups)}"])
     problems: list[str] = []
-    sizes = [_recurrent_sizes(group, problems) for group in recurrent]
+    size_of = {id(group): _recurrent_sizes(group, problems) for group in recurrent}
     dense_sizes = [_dense_sizes(group, problems) for group in dense]
     if problems:
         raise WeightsError(origin, problems)
+    order_note = ""
+    if untold_orders(recurrent):
+        recurrent = _forced_by_shapes(recurrent, size_of, dense_sizes, origin)
+        order_note = (" (the names do not say the order of the recurrent layers; their shapes "
+                      "chain in this order only)")
+    sizes = [size_of[id(group)] for group in recurrent]
 
     inferences: list[Inference] = []
     first = recurrent[0]
@@ -98,7 +104,8 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
             key=name, value=layer, variables=_names(group), known=True,
             reason=f"{_shapes_text(group)} under {group.shown}: "
                    f"{_KIND_TITLES[group.kind]} with {units} units on {features} inputs "
-                   f"({_CELL_NAMES[(group.kind, group.layout or 'block')]}{extra})"))
+                   f"({_CELL_NAMES[(group.kind, group.layout or 'block')]}{extra})"
+                   + order_note))
         previous_units, previous_scope = units, group.shown
     for offset, (group, (features, units)) in enumerate(zip(dense, dense_sizes, strict=True)):
         if features != previous_units:
@@ -148,6 +155,34 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
         source=shown, format=FORMATS[weight_file.format], yaml=text, config=config,
         inferences=inferences,
         ignored=[IgnoredVariable(variable=k, reason=r) for k, r in weight_file.ignored])
+
+
+def _forced_by_shapes(recurrent: list[Group], size_of: dict[int, tuple[int, int]],
+                      dense_sizes: list[tuple[int, int]], origin: str) -> list[Group]:
+    """The one order of the recurrent layers in which each one's input is the units of the
+    one before (and the first dense layer's input the last one's units); refused when no
+    order or several orders chain."""
+    from itertools import permutations
+
+    if len(recurrent) > 6:
+        raise WeightsError(origin, [f"the names of {len(recurrent)} recurrent scopes do not say "
+                                    "their order; refusing to pick one"])
+    chaining = []
+    for candidate in permutations(recurrent):
+        sizes = [size_of[id(group)] for group in candidate]
+        fits = all(after[0] == before[1] for before, after in zip(sizes, sizes[1:],
+                                                                   strict=False))
+        if dense_sizes:
+            fits = fits and dense_sizes[0][0] == sizes[-1][1]
+        if fits:
+            chaining.append(list(candidate))
+    if len(chaining) != 1:
+        scopes = ", ".join(group.shown for group in recurrent)
+        found = "no order" if not chaining else f"{len(chaining)} orders"
+        raise WeightsError(origin, [f"the names of the recurrent scopes ({scopes}) do not say "
+                                    f"their order, and {found} of their shapes chain; refusing "
+                                    "to pick one"])
+    return chaining[0]
 
 
 def _recurrent_sizes(group: Group, problems: list[str]) -> tuple[int, int]:

@@ -453,19 +453,15 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
     algebra = model_shapes(spec)
     groups = group_variables(weight_file)
     recurrent, dense = order(groups)
-    matched_by = "the order of their names (recurrent layers first, then dense)"
     by_name = _by_layer_names(spec, groups)
     if by_name is not None:
         recurrent, dense = by_name
         matched_by = "the spec's layer names"
+        problems = _count_problems(spec, recurrent, dense)
     else:
-        untold = untold_orders(recurrent) + untold_orders(dense)
-        if untold:
-            raise WeightsError(weight_file.origin, [
-                f"the names {pair} do not say which layer comes first, and the spec's layer "
-                "names do not appear in them; name the layers in the spec after the scopes, "
-                "or save the weights under gradscope names (gru_1/w_ru, …)" for pair in untold])
-    problems = _count_problems(spec, recurrent, dense)
+        matched_by = ("kind, then the order of their names (recurrent layers first, then "
+                      "dense)")
+        recurrent, dense, problems = _by_kind_and_order(spec, recurrent, dense)
     if problems:
         raise WeightsError(weight_file.origin, problems)
     plans: list[tuple[Any, Group, str]] = []
@@ -541,10 +537,51 @@ def _by_layer_names(spec: Spec, groups: list[Group]) -> tuple[list[Group], list[
     return recurrent, dense
 
 
-def _count_problems(spec: Spec, recurrent: list[Group], dense: list[Group]) -> list[str]:
+def _by_kind_and_order(spec: Spec, recurrent: list[Group], dense: list[Group]
+                       ) -> tuple[list[Group], list[Group], list[str]]:
+    """The spec's layers of each kind take the file's scopes of that kind in name order.
+
+    The kinds make the order across kinds (a Keras path ``gru`` before ``lstm`` says nothing):
+    only scopes of the same kind need names that say which comes first.
+    """
+    problems: list[str] = []
+    kinds = {layer.type for layer in spec.recurrent_layers} | {g.kind for g in recurrent}
+    queues = {kind: [g for g in recurrent if g.kind == kind] for kind in kinds}
+    for kind, queue in queues.items():
+        if sum(layer.type == kind for layer in spec.recurrent_layers) > 1 or len(queue) > 1:
+            problems += [f"the names {pair} do not say which {kind} layer comes first, and the "
+                         "spec's layer names do not appear in them; name the spec's layers "
+                         "after the scopes, or save the weights under gradscope names "
+                         "(gru_1/w_ru, …)" for pair in untold_orders(queue)]
+    problems += [f"the names {pair} do not say which dense layer comes first; name the spec's "
+                 "layers after the scopes" for pair in untold_orders(dense)]
+    if problems:
+        return [], [], problems
+    ordered: list[Group] = []
+    for layer in spec.recurrent_layers:
+        queue = queues[layer.type]
+        if queue:
+            ordered.append(queue.pop(0))
+        else:
+            found = ", ".join(f"{g.shown} ({_KIND_WORDS[g.kind]})" for g in recurrent)
+            problems.append(f"{layer.name}: missing: no {_KIND_WORDS[layer.type]} layer's "
+                            f"weights left for it in the file (its recurrent layers: "
+                            f"{found or 'none'})")
+    for queue in queues.values():
+        for group in queue:
+            problems.append(f"{group.names()}: extra: {_KIND_WORDS[group.kind]} layer the "
+                            "spec does not have")
+    problems += _count_problems(spec, [], dense, what_only="dense")
+    return ordered, dense, problems
+
+
+def _count_problems(spec: Spec, recurrent: list[Group], dense: list[Group],
+                    what_only: str | None = None) -> list[str]:
     problems = []
     for what, layers, groups in (("recurrent", spec.recurrent_layers, recurrent),
                                  ("dense", spec.dense_layers, dense)):
+        if what_only is not None and what != what_only:
+            continue
         for group in groups[len(layers):]:
             problems.append(f"{group.names()}: extra: the spec has {len(layers)} {what} "
                             f"layer{'s' if len(layers) != 1 else ''}, the file "
