@@ -76,6 +76,9 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
         order_note = (" (the names do not say the order of the recurrent layers; their shapes "
                       "chain in this order only)")
     sizes = [size_of[id(group)] for group in recurrent]
+    # Layers matched by their order alone need no names; a forced order is kept by naming
+    # each layer after its scope, so that --weights matches by name.
+    names = _scope_names([*recurrent, *dense], origin) if order_note else {}
 
     inferences: list[Inference] = []
     first = recurrent[0]
@@ -92,6 +95,8 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
                             f"before it ({previous_scope}) has {previous_units} units: they "
                             "do not chain")
         layer: dict[str, Any] = {group.kind: units}
+        if id(group) in names:
+            layer["name"] = names[id(group)]
         if group.layout != layout:
             layer["layout"] = group.layout
         if group.kind == "gru" and group.layout == "keras":
@@ -113,9 +118,12 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
                             f"{_shape(group.members['kernel'].shape)}: {features} inputs, but "
                             f"the layer before it ({previous_scope}) has {previous_units} "
                             "units: they do not chain")
-        layers.append({"dense": units})
+        dense_layer: dict[str, Any] = {"dense": units}
+        if id(group) in names:
+            dense_layer["name"] = names[id(group)]
+        layers.append(dense_layer)
         inferences.append(Inference(
-            key=f"layers[{len(recurrent) + offset}]", value={"dense": units},
+            key=f"layers[{len(recurrent) + offset}]", value=dense_layer,
             variables=_names(group), known=True,
             reason=f"{_shapes_text(group)} under {group.shown}: a dense layer from "
                    f"{features} to {units} outputs"))
@@ -155,6 +163,24 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
         source=shown, format=FORMATS[weight_file.format], yaml=text, config=config,
         inferences=inferences,
         ignored=[IgnoredVariable(variable=k, reason=r) for k, r in weight_file.ignored])
+
+
+def _scope_names(groups: list[Group], origin: str) -> dict[int, str]:
+    """For each group, the first part of its scope that no other group's scope has."""
+    import re
+
+    names: dict[int, str] = {}
+    for group in groups:
+        others = {part for other in groups if other is not group
+                  for part in other.scope.split("/")}
+        unique = [part for part in group.scope.split("/") if part not in others
+                  and re.match(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$", part)]
+        if not unique:
+            raise WeightsError(origin, [f"{group.shown}: no part of the scope tells this layer "
+                                        "apart from the others, so the layer cannot be named "
+                                        "after it; refusing to pick an order"])
+        names[id(group)] = unique[0]
+    return names
 
 
 def _forced_by_shapes(recurrent: list[Group], size_of: dict[int, tuple[int, int]],

@@ -217,8 +217,9 @@ def test_spec_of_an_npz_needs_no_tensorflow(small_npz):
                                                              {"dense": 3}]
 
 
-def test_a_misfitting_npz_is_refused_before_tensorflow_one_line_per_variable(small_npz):
-    result = run_without_tensorflow("explain", small_npz["config"], "--weights", small_npz["bad"])
+@pytest.mark.parametrize("command", ["explain", "check"])
+def test_a_misfitting_npz_is_refused_before_tensorflow_one_line_per_variable(small_npz, command):
+    result = run_without_tensorflow(command, small_npz["config"], "--weights", small_npz["bad"])
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0].endswith("misshapen.npz: 2 problems, one per line:")
@@ -357,3 +358,75 @@ def test_tf2_checkpoint_of_plain_variables_and_a_reset_after_gru_refused_in_bloc
                       "layers": [{"gru": 4}, {"dense": 2}]})
     with pytest.raises(ConfigError, match="reset_after=True computes r∘"):
         gradscope.explain(spec, weights=prefix)
+
+
+def test_the_mapping_fits_every_width_without_cutting_a_name(tf, keras_model, tmp_path):
+    from conftest import render_text
+
+    prefix = tf.train.Checkpoint(model=keras_model["model"]).save(str(tmp_path / "ckpt"))
+    spec = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
+                      "layers": [{"gru": 4}, {"lstm": 3}, {"dense": 3}]})
+    report = gradscope.explain(spec, weights=prefix)
+    names = {name for item in report.weights.mapping for name in item.variables}
+    assert "model/_functional/_operations/1/cell/recurrent_kernel" in names
+    for width in (60, 80, 120):
+        text = render_text(report, width)
+        assert max(len(line) for line in text.splitlines()) <= width
+        words = set(text.split())
+        assert names <= words, (width, names - words)
+        assert "Weights read from ckpt-1 (TF2 object-based checkpoint" in " ".join(text.split())
+
+
+def _gru_block(scope: str, features: int, units: int) -> dict[str, np.ndarray]:
+    return {f"{scope}/gates/kernel": np.zeros((features + units, 2 * units)),
+            f"{scope}/gates/bias": np.ones(2 * units),
+            f"{scope}/candidate/kernel": np.zeros((features + units, units)),
+            f"{scope}/candidate/bias": np.zeros(units)}
+
+
+def test_refusals_name_the_variable_and_need_no_tensorflow(small_npz, tmp_path):
+    config = small_npz["config"]
+    dense = {"dense/kernel": np.zeros((3, 3)), "dense/bias": np.zeros(3)}
+    files = {
+        "pickled": {"gru_1/w_ru": np.array([{"a": 1}], dtype=object)},
+        "unknown": {**_gru_block("rnn/cell_0/gru_cell", 5, 4),
+                    **_gru_block("rnn/cell_1/gru_cell", 4, 3), **dense,
+                    "rnn/cell_0/gru_cell/w_f_diag": np.zeros(4)},
+        "extra": {**_gru_block("rnn/cell_0/gru_cell", 5, 4),
+                  **_gru_block("rnn/cell_1/gru_cell", 4, 3), **dense,
+                  "dense_1/kernel": np.zeros((3, 3)), "dense_1/bias": np.zeros(3)},
+        "untold": {**_gru_block("encoder/gru_cell", 5, 4),
+                   **_gru_block("decoder/gru_cell", 4, 3), **dense},
+    }
+    expected = {
+        "pickled": "array 'gru_1/w_ru' holds pickled Python objects",
+        "unknown": "rnn/cell_0/gru_cell/w_f_diag (4,): not a weight name gradscope knows",
+        "extra": "dense_1/kernel (3, 3), dense_1/bias (3,): extra: the spec has 1 dense layer",
+        "untold": "the names decoder/gru_cell and encoder/gru_cell do not say which gru layer "
+                  "comes first",
+    }
+    for name, arrays in files.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **arrays)
+        result = run_without_tensorflow("explain", config, "--weights", str(path))
+        assert result.returncode == 2, (name, result.stderr)
+        assert expected[name] in result.stderr, (name, result.stderr)
+        assert "Traceback" not in result.stderr
+    missing = run_without_tensorflow("check", config, "--weights", str(tmp_path / "nope.ckpt"))
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("gradscope: error: --weights ")
+    assert "file not found (nor nope.ckpt.index)" in missing.stderr
+    # `spec` orders such scopes by their shapes when only one order chains, and names the
+    # layers after them, so that --weights then matches by name; two orders are refused.
+    untold = run_without_tensorflow("spec", str(tmp_path / "untold.npz"))
+    assert untold.returncode == 0, untold.stderr
+    inferred = spec_from_yaml(untold.stdout)
+    assert [(layer.name, layer.units) for layer in inferred.layers] == [
+        ("encoder", 4), ("decoder", 3), ("dense", 3)]
+    path = tmp_path / "two_orders.npz"
+    np.savez(path, **_gru_block("encoder/gru_cell", 4, 4), **_gru_block("decoder/gru_cell", 4, 4),
+             **{"dense/kernel": np.zeros((4, 3)), "dense/bias": np.zeros(3)})
+    two = run_without_tensorflow("spec", str(path))
+    assert two.returncode == 2
+    assert ("the names of the recurrent scopes (decoder/gru_cell, encoder/gru_cell) do not say "
+            "their order, and 2 orders of their shapes chain; refusing to pick one") in two.stderr

@@ -624,16 +624,21 @@ def render_check(report: CheckReport, width: int,
 # --- weights read from a file (--weights) and spec inference (gradscope spec) ----------------
 
 def weights_section(entry: WeightsEntry, width: int) -> list[RenderableType]:
-    """Where each weight came from: the file's own name beside gradscope's."""
-    title = section(f"Weights read from {entry.source} ({entry.format}; layers matched by "
+    """Where each weight came from: the file's own name beside gradscope's. The title names
+    the file, not its folder path (a long path cannot fit 60 columns; the JSON keeps it)."""
+    name = entry.source.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    title = section(f"Weights read from {name} ({entry.format}; layers matched by "
                     f"{entry.matched_by})")
-    layout = Layout([Column("weight"), Column("from the file's variable"), Column("shape")])
+    wide = Layout([Column("weight"), Column("from the file's variable"), Column("shape")])
+    stacked = Layout([Column("weight · shape ← the file's variable")])
     for item in entry.mapping:
         source = Text("\n".join(item.variables))
         if item.conversion:
             source.append("\n" + item.conversion, style="dim")
-        layout.add_row(atom(item.name, "bold"), source, atom(shape_text(item.shape), "cyan"))
-    parts: list[RenderableType] = [title, fit(width, layout)]
+        wide.add_row(atom(item.name, "bold"), source, atom(shape_text(item.shape), "cyan"))
+        stacked.add_row(Text.assemble((item.name, "bold"), " ", (shape_text(item.shape), "cyan"),
+                                      " ←\n", source))
+    parts: list[RenderableType] = [title, fit(width, wide, stacked)]
     if entry.ignored:
         ignored = ", ".join(f"{i.variable} ({i.reason})" for i in entry.ignored)
         parts.append(Text(f"ignored, not model weights: {ignored}", style="dim"))
