@@ -459,8 +459,7 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
         matched_by = "the spec's layer names"
         problems = _count_problems(spec, recurrent, dense)
     else:
-        matched_by = ("kind, then the order of their names (recurrent layers first, then "
-                      "dense)")
+        matched_by = "kind and the order of their names"
         recurrent, dense, problems = _by_kind_and_order(spec, recurrent, dense)
     if problems:
         raise WeightsError(weight_file.origin, problems)

@@ -374,7 +374,8 @@ def test_the_mapping_fits_every_width_without_cutting_a_name(tf, keras_model, tm
         assert max(len(line) for line in text.splitlines()) <= width
         words = set(text.split())
         assert names <= words, (width, names - words)
-        assert "Weights read from ckpt-1 (TF2 object-based checkpoint" in " ".join(text.split())
+        assert ("Weights read from ckpt-1 (TF2 object-based checkpoint; layers matched by kind "
+                "and the order of their names)") in " ".join(text.split())
 
 
 def _gru_block(scope: str, features: int, units: int) -> dict[str, np.ndarray]:
