@@ -431,3 +431,46 @@ def test_refusals_name_the_variable_and_need_no_tensorflow(small_npz, tmp_path):
     assert two.returncode == 2
     assert ("the names of the recurrent scopes (decoder/gru_cell, encoder/gru_cell) do not say "
             "their order, and 2 orders of their shapes chain; refusing to pick one") in two.stderr
+
+
+def test_tf1_multi_rnn_cell_names_into_the_keras_layout(tf, keras_model, tmp_path):
+    """Keras → block → Keras: Keras' weights rearranged into TF1 MultiRNNCell names
+    (GRUCell, LSTMCell with forget_bias 1.0), then read back by a keras-layout spec; Keras'
+    own loss is the independent truth for both directions of the rearrangement."""
+    from gradscope.weights import load_weights
+
+    keras_paths = tmp_path / "keras_paths.npz"
+    np.savez(keras_paths, **{w.path: w.numpy() for w in keras_model["model"].weights})
+    block = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
+                       "layers": [{"gru": 4}, {"lstm": 3}, {"dense": 3}]})
+    params = load_weights(block, str(keras_paths)).params
+    tf1_names = {"gru_1/w_ru": "rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel",
+                 "gru_1/b_ru": "rnn/multi_rnn_cell/cell_0/gru_cell/gates/bias",
+                 "gru_1/w_c": "rnn/multi_rnn_cell/cell_0/gru_cell/candidate/kernel",
+                 "gru_1/b_c": "rnn/multi_rnn_cell/cell_0/gru_cell/candidate/bias",
+                 "lstm_1/kernel": "rnn/multi_rnn_cell/cell_1/lstm_cell/kernel",
+                 "lstm_1/bias": "rnn/multi_rnn_cell/cell_1/lstm_cell/bias",
+                 "dense_1/kernel": "dense/kernel", "dense_1/bias": "dense/bias"}
+    tf1 = tmp_path / "tf1.npz"
+    np.savez(tf1, **{f"{theirs}:0": params[ours] for ours, theirs in tf1_names.items()})
+    inferred = gradscope.infer_spec(str(tf1))
+    assert inferred.config["layers"] == [{"gru": 4}, {"lstm": 3}, {"dense": 3}]
+    assert inferred.config["layout"] == "block"
+    keras_layout = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
+                              "layout": "keras",
+                              "layers": [{"type": "gru", "units": 4, "reset_after": False},
+                                         {"lstm": 3}, {"dense": 3}]})
+    report = gradscope.explain(keras_layout, data={"x": keras_model["x"], "y": keras_model["y"]},
+                               weights=str(tf1))
+    assert report.loss.value == pytest.approx(keras_model["loss"], rel=1e-5)
+    mapping = {m.name: m for m in report.weights.mapping}
+    assert mapping["lstm_1/bias"].variables == ["rnn/multi_rnn_cell/cell_1/lstm_cell/bias"]
+    assert "f + 1" in mapping["lstm_1/bias"].conversion
+    back = load_weights(keras_layout, str(tf1)).params
+    ours = {"sequential/gru/gru_cell/": "gru_1/", "sequential/lstm/lstm_cell/": "lstm_1/",
+            "sequential/dense/": "dense_1/"}
+    for weight in keras_model["model"].weights:
+        name = next(weight.path.replace(k, v) for k, v in ours.items()
+                    if weight.path.startswith(k))
+        np.testing.assert_allclose(back[name], weight.numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
