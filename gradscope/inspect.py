@@ -71,6 +71,10 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     batch = data if data is not None else synthetic_batch(algebra)
     weights_entry = None
     if weights is not None:
+        if params is not None:
+            raise ConfigError("give weights= or params=, not both: params are the weights "
+                              "by gradscope name, weights a file or dict to be mapped",
+                              where="--weights")
         from gradscope.weights import load_weights
 
         say("reading the weights")

@@ -563,13 +563,13 @@ def _by_kind_and_order(spec: Spec, recurrent: list[Group], dense: list[Group]
             ordered.append(queue.pop(0))
         else:
             found = ", ".join(f"{g.shown} ({_KIND_WORDS[g.kind]})" for g in recurrent)
-            problems.append(f"{layer.name}: missing: no {_KIND_WORDS[layer.type]} layer's "
-                            f"weights left for it in the file (its recurrent layers: "
-                            f"{found or 'none'})")
+            problems.append(f"{layer.name}: missing: the spec makes it {_KIND_WORDS[layer.type]}"
+                            f" layer, and no such weights are left for it in the file (its "
+                            f"recurrent layers: {found or 'none'})")
     for queue in queues.values():
         for group in queue:
-            problems.append(f"{group.names()}: extra: {_KIND_WORDS[group.kind]} layer the "
-                            "spec does not have")
+            problems.append(f"{group.names()}: extra: {_KIND_WORDS[group.kind]} layer that "
+                            "the spec does not have")
     problems += _count_problems(spec, [], dense, what_only="dense")
     return ordered, dense, problems
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from gradscope.algebra import model_shapes
 from gradscope.data import Batch, initial_params, synthetic_batch
+from gradscope.errors import ConfigError
 from gradscope.report.models import (
     CarryBoundaryEntry,
     CarryCheck,
@@ -81,6 +82,10 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
     weights_entry = None
     if weights is not None:
+        if params is not None:
+            raise ConfigError("give weights= or params=, not both: params are the weights "
+                              "by gradscope name, weights a file or dict to be mapped",
+                              where="--weights")
         from gradscope.weights import load_weights
 
         say("reading the weights")
