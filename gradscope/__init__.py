@@ -7,6 +7,8 @@ Python API (the CLI is a thin layer over exactly these)::
     report = gradscope.explain(spec)
     report.to_dict()
     gradscope.explain("model.keras")              # a saved Keras model, run by Keras
+    gradscope.explain(spec, weights="model.ckpt") # your trained weights (npz or checkpoint)
+    gradscope.infer_spec("model.ckpt").yaml       # the config a checkpoint's shapes imply
 
 Importing gradscope does not import TensorFlow; ``explain`` does, quietly.
 """
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
         KerasShapesReport,
         LayerCheckReport,
         ShapesReport,
+        SpecInference,
     )
     from gradscope.spec import Spec
 
@@ -71,14 +74,29 @@ def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
     return load_batch(spec, data=data)
 
 
-def explain(spec: Spec | str, data: Any = None,
+def _refuse_weights_for_keras(weights: Any) -> None:
+    if weights is not None:
+        from gradscope.errors import ConfigError
+
+        raise ConfigError("weights= is for YAML specs; a saved .keras model carries its own "
+                          "weights", where="--weights")
+
+
+def explain(spec: Spec | str, data: Any = None, weights: Any = None,
             **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
     ``data`` is None (a synthetic batch from the seed), a path to an .npz file or a dict
-    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. Refused (ConfigError) when the
-    resource guard estimates more memory than a quarter of RAM. ``spec`` may be the path of a
-    saved ``model.keras``: Keras runs it (``keras_options`` as the CLI's flags, e.g.
+    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. ``weights`` is None (weights drawn
+    from the spec's seed) or your trained weights: a path to an .npz file or a TensorFlow
+    checkpoint (TF1 name-based or TF2 object-based), or a dict of arrays. Their names may be
+    gradscope's (``gru_1/w_ru``), TF1's (``GRU_Layer1/rnn/gru_cell/gates/kernel``) or Keras'
+    (``sequential/gru/gru_cell/kernel``); they are matched to the spec's layers by scope
+    order and shape, converted where the layouts differ, and ``report.weights.mapping`` says
+    where each weight came from. A variable that is missing, extra or misshapen raises
+    ConfigError, one line per variable. Refused (ConfigError) when the resource guard
+    estimates more memory than a quarter of RAM. ``spec`` may be the path of a saved
+    ``model.keras``: Keras runs it (``keras_options`` as the CLI's flags, e.g.
     ``batch_size=8, loss="mse", training=True``).
     """
     from gradscope.guard import guard
@@ -86,6 +104,7 @@ def explain(spec: Spec | str, data: Any = None,
     from gradscope.keras.archive import is_keras_file
 
     if is_keras_file(spec):
+        _refuse_weights_for_keras(weights)
         from gradscope.keras.explain import explain as _explain_keras
 
         return _explain_keras(_keras_job(spec, data, keras_options))
@@ -93,11 +112,12 @@ def explain(spec: Spec | str, data: Any = None,
 
     spec, batch = _with_data(spec, data)
     guard(spec, "explain")
-    return _explain(spec, data=batch)
+    return _explain(spec, data=batch, weights=weights)
 
 
 def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
           data: Any = None, layer: str | None = None, time_last: bool = False,
+          weights: Any = None,
           **options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
@@ -106,12 +126,16 @@ def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
     known name, ``ConfigError`` says where. With ``layer``, ``against`` is the backward of that
     one recurrent layer, ``FUNC(x, h0, params, dh) -> dict`` (``time_last``: arrays laid out
     (features, batch, time)); the report is a ``LayerCheckReport`` (see README).
+    ``weights``: your trained weights, as for :func:`explain`. (``params={"gru_1/w_ru": …}``,
+    by gradscope name and in the spec's layout, also works: taken as they are, with no
+    mapping reported.)
     """
     from gradscope.guard import guard
     from gradscope.keras.archive import is_keras_file
     from gradscope.witnesses import check as _check
 
     if is_keras_file(spec):
+        _refuse_weights_for_keras(weights)
         from gradscope.keras.check import check as _check_keras
 
         keras_keys = {"batch_size", "time_steps", "loss", "training", "pad", "seed"}
@@ -128,9 +152,19 @@ def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
         assert layer is not None and against is not None
         preflight.check_layer_name(spec, layer)
         guard(spec, "check")
-        return check_layer(spec, against, layer, time_last=time_last, data=batch, **options)
+        return check_layer(spec, against, layer, time_last=time_last, data=batch,
+                           weights=weights, **options)
     guard(spec, "check")
-    return _check(spec, against=against, chunks=chunks, data=batch, **options)
+    return _check(spec, against=against, chunks=chunks, data=batch, weights=weights, **options)
 
 
-__all__ = ["__version__", "check", "explain", "load_spec", "shapes"]
+def infer_spec(source: Any) -> SpecInference:
+    """The config that a checkpoint's or an .npz file's variable shapes imply (no TensorFlow
+    for an .npz): ``report.yaml`` loads with :func:`load_spec`, ``report.inferences`` says
+    why each value is what it is. Ambiguous or unknown variables raise ConfigError."""
+    from gradscope.spec_inference import infer_spec as _infer_spec
+
+    return _infer_spec(source)
+
+
+__all__ = ["__version__", "check", "explain", "infer_spec", "load_spec", "shapes"]

@@ -162,6 +162,23 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def weights_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--weights PATH``: a YAML-described model's trained weights."""
+
+    @click.option("--weights", "weights_path", metavar="PATH", shell_complete=_complete_path,
+                  help="Use these trained weights instead of ones drawn from the seed: an .npz "
+                       "file or a TensorFlow checkpoint (TF1 name-based or TF2 object-based), "
+                       "named by gradscope (gru_1/w_ru), TF1 (GRU_Layer1/rnn/gru_cell/gates/"
+                       "kernel) or Keras (gru/gru_cell/kernel). The mapping is printed; a "
+                       "missing, extra or misshapen variable exits 2. YAML configs only.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, weights_path: str | None, **kwargs: Any) -> Any:
+        preflight.check_weights(weights_path, kwargs.get("config"))
+        return func(*args, weights=weights_path, **kwargs)
+
+    return wrapper
+
+
 def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The flags of a saved .keras model's run (a YAML config sets these itself)."""
 
@@ -337,13 +354,15 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
               help="Write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to FILE.png "
                    "(needs matplotlib: `make install` in the clone, or "
                    "`.venv/bin/pip install matplotlib`). Implies --flow.")
+@weights_option
 @keras_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: tuple[str | None, ...],
             model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, keras_run: tuple[str | None, bool, int],
+            at: int | None, plot: Path | None, weights: str | None,
+            keras_run: tuple[str | None, bool, int],
             memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
@@ -359,6 +378,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
       gradscope explain sample_configs/seed.yaml
       gradscope explain --json > report.json
       gradscope explain --jacobians --flow --plot flow.png
+      gradscope explain model.yaml --weights model.ckpt
     """
     from gradscope.inspect import explain as explain_report
     from gradscope.keras.archive import is_keras_file
@@ -393,7 +413,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     with progress.status("gradscope explain", spinner="dots") as status:
         report = explain_report(spec, data=batch, timings=timings,
                                 jacobians=jacobians, flow=flow, at=at,
-                                heatmap=plot is not None,
+                                heatmap=plot is not None, weights=weights,
                                 progress=lambda message: status.update(message))
     if plot is not None:
         from gradscope.report.plot import write_flow_plot
@@ -445,6 +465,7 @@ finite differences.
                    "public documentation, with evidence from this model (text only: the JSON "
                    "report always carries the errata).")
 @data_options
+@weights_option
 @keras_options
 @memory_option
 @output_options
@@ -453,7 +474,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
           chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
           data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
-          keras_run: tuple[str | None, bool, int],
+          weights: str | None, keras_run: tuple[str | None, bool, int],
           memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
           quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
@@ -470,6 +491,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
       gradscope check config.yaml --chunks 4
       gradscope check config.yaml --against my_bptt.py:backward --json
       gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
+      gradscope check model.yaml --weights model.ckpt
     """
     from gradscope.witnesses import check as check_report
 
@@ -514,13 +536,14 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
 
         with progress.status("gradscope check --layer", spinner="dots") as status:
             layer_report = check_layer(spec, against, layer, time_last=time_last, rtol=rtol,
-                                       data=batch, timings=timings,
+                                       data=batch, timings=timings, weights=weights,
                                        progress=lambda message: status.update(message))
         _emit(layer_report, as_json, output, force)
         return EXIT_OK if layer_report.summary.passed else EXIT_PROBLEM
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,
                               rtol=rtol, atol=atol, timings=timings, data=batch,
+                              weights=weights,
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:
@@ -529,6 +552,42 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
         equations_text = CORRECTED_EQUATIONS
     _emit(report, as_json, output, force, equations_text)
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
+
+
+@cli.command("spec", epilog=EXIT_CODES_HELP)
+@click.argument("path", shell_complete=_complete_path)
+@output_options
+def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
+                 quiet: bool) -> int:
+    """Infer the YAML config from a checkpoint's or an .npz file's weight shapes.
+
+    The shape algebra run backwards: input size, layers, units, cell kind, layout and the
+    dense output are read off the variables' shapes, each cross-checked. The YAML goes to
+    stdout (or -o FILE) and loads as it is; why each value is what it is goes to stderr.
+    Time steps, batch size and loss cannot be known from weights: they get a default and a
+    comment, and --data sets the sizes. An .npz file needs no TensorFlow.
+
+    \b
+    Example:
+      gradscope spec model.ckpt > model.yaml
+      gradscope explain model.yaml --weights model.ckpt
+    """
+    from gradscope.spec_inference import infer_spec
+
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    preflight.check_weights(path, None, option="spec")
+    report = infer_spec(path)
+    if not as_json and not quiet:
+        from gradscope.report.text import inference_lines
+
+        _stderr_console().print(inference_lines(report), markup=False, soft_wrap=True)
+    text = json_render.render_report(report) if as_json else report.yaml
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write_atomically(output, text)
+    return EXIT_OK
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

@@ -53,21 +53,36 @@ def shapes(spec: Spec) -> ShapesReport:
 def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = None,
             timings: bool = False, jacobians: bool = False, flow: bool = False,
             at: int | None = None, heatmap: bool = False,
-            params: dict[str, np.ndarray] | None = None) -> ExplainReport:
+            params: dict[str, np.ndarray] | None = None,
+            weights: Any = None) -> ExplainReport:
     """Build the model in TF, run one forward/backward pass, explain every gradient.
 
     ``jacobians`` adds ∂h_T/∂h_0 between every pair of layers; ``flow`` adds the gradient
     norms per step and the influence ‖∂h_t/∂x_s‖ of every input step (t = ``at``, by
     default the last step); ``heatmap`` adds ‖∂h_t/∂x_s‖ for up to 16 steps t. ``params``
-    replaces the seeded initial weights (e.g. a saved Keras model's).
+    replaces the seeded initial weights by gradscope name, as they are; ``weights`` (an .npz
+    path, a TF checkpoint or a dict named any way :mod:`gradscope.weights` reads) is mapped
+    onto the spec's layers first, and the mapping is reported. An .npz is read and checked
+    before TensorFlow is imported.
     """
-    from gradscope.model import Engine  # imports TensorFlow
-
     say = progress or (lambda message: None)
     clock = _Clock()
     algebra = model_shapes(spec)
     batch = data if data is not None else synthetic_batch(algebra)
+    weights_entry = None
+    if weights is not None:
+        if params is not None:
+            raise ConfigError("give weights= or params=, not both: params are the weights "
+                              "by gradscope name, weights a file or dict to be mapped",
+                              where="--weights")
+        from gradscope.weights import load_weights
+
+        say("reading the weights")
+        loaded = load_weights(spec, weights)
+        params, weights_entry = loaded.params, loaded.entry
     params = initial_params(algebra) if params is None else params
+    from gradscope.model import Engine  # imports TensorFlow
+
     say("importing TensorFlow")
     engine = Engine(algebra)
     clock.lap("import_and_build")
@@ -116,6 +131,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         carry=carry_entry(algebra),
         state_jacobians=state_jacobians,
         gradient_flow=gradient_flow,
+        weights=weights_entry,
         timings=clock.laps if timings else None,
     )
 

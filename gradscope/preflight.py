@@ -159,3 +159,16 @@ def check_layer_name(spec: Spec, layer: str) -> None:
     if layer not in recurrent:
         raise GradscopeError(f"--layer {layer}: the model has no layer of that name; {expected}",
                              where="--layer")
+
+
+def check_weights(path: str | None, config: str | None, option: str = "--weights") -> None:
+    """``--weights PATH`` (or ``gradscope spec PATH``): an .npz file or a checkpoint that
+    exists, for a YAML config (a .keras model carries its own weights); nothing is read."""
+    if path is None:
+        return
+    if config is not None and str(config).endswith(".keras"):
+        raise GradscopeError(f"--weights is for YAML configs; {config} carries its own "
+                             "weights", where="--weights")
+    from gradscope.weights import locate
+
+    locate(path, option if option == "--weights" else "")

@@ -13,6 +13,7 @@ from gradscope.report.models import (
     KerasShapesReport,
     LayerCheckReport,
     ShapesReport,
+    SpecInference,
 )
 
 
@@ -21,7 +22,8 @@ def dumps(data: Any) -> str:
 
 
 def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport | KerasCheckReport | LayerCheckReport) -> str:
+                  | KerasShapesReport | KerasCheckReport | LayerCheckReport
+                  | SpecInference) -> str:
     return dumps(report.to_dict())
 
 

@@ -162,6 +162,57 @@ class GradientFlow(_Report):
     influence_map: InfluenceMap | None = Field(default=None, description="with --plot")
 
 
+class WeightMapEntry(_Report):
+    """Where one of the spec's weights came from in a --weights file."""
+
+    name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
+    variables: list[str] = Field(
+        description="the file's own variable names it was read from (one, unless the "
+                    "layouts differ), e.g. GRU_Layer1/rnn/gru_cell/gates/kernel")
+    shape: list[int]
+    conversion: str = Field(description="how the file's layout was rearranged; empty when "
+                                        "the variable was taken as it is")
+
+
+class IgnoredVariable(_Report):
+    variable: str
+    reason: str = Field(description="e.g. 'optimizer slot'")
+
+
+class WeightsEntry(_Report):
+    """The --weights file and the mapping of its variables onto the spec's weights."""
+
+    source: str
+    format: str = Field(description="'.npz archive', 'arrays', 'TF1 name-based checkpoint' "
+                                    "or 'TF2 object-based checkpoint'")
+    matched_by: str = Field(description="how the file's scopes were matched to the layers")
+    mapping: list[WeightMapEntry]
+    ignored: list[IgnoredVariable] = Field(
+        description="variables that are no model weight (optimizer state, counters)")
+
+
+class Inference(_Report):
+    """Why one value of an inferred spec is what it is."""
+
+    key: str = Field(description="the spec key or layer, e.g. input_size, layers[0] (gru_1)")
+    value: Any
+    variables: list[str] = Field(description="the file's variables it was read from (empty "
+                                             "for a value the file cannot hold)")
+    reason: str
+    known: bool = Field(description="false for a default: the file cannot tell it")
+
+
+class SpecInference(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["spec"] = "spec"
+    source: str
+    format: str
+    yaml: str = Field(description="the config, with comments; gradscope loads it as it is")
+    config: dict[str, Any] = Field(description="the same config as data")
+    inferences: list[Inference]
+    ignored: list[IgnoredVariable]
+
+
 class ExplainReport(_Report):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
@@ -173,6 +224,8 @@ class ExplainReport(_Report):
     state_jacobians: list[JacobianEntry] | None = Field(
         default=None, description="with --jacobians: ∂h_T^(j)/∂h_0^(i) for i ≤ j")
     gradient_flow: GradientFlow | None = Field(default=None, description="with --flow")
+    weights: WeightsEntry | None = Field(
+        default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = Field(
         default=None, description="seconds per phase; only with --timings"
     )
@@ -249,6 +302,8 @@ class CheckReport(_Report):
         description="gradient names the --against function did not return: optional, so not "
                     "failures, but not checked by it (null without --against)")
     summary: CheckSummary
+    weights: WeightsEntry | None = Field(
+        default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = None
 
 
@@ -281,6 +336,8 @@ class LayerCheckReport(_Report):
         description="keys the function did not return: optional, so not failures, but not "
                     "checked")
     summary: CheckSummary
+    weights: WeightsEntry | None = Field(
+        default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = None
 
 
@@ -464,6 +521,7 @@ class KerasCheckReport(_Report):
 
 
 REPORTS: dict[str, type[_Report]] = {
+    "spec": SpecInference,
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
     "check-keras": KerasCheckReport, "check-layer": LayerCheckReport,

@@ -35,8 +35,10 @@ from gradscope.report.models import (
     LayerCheckReport,
     ModelEntry,
     ShapesReport,
+    SpecInference,
     StateGradientEntry,
     TensorEntry,
+    WeightsEntry,
     WitnessEntry,
 )
 
@@ -301,6 +303,8 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
         section("Carrying gradients into the previous truncated batch"),
         carry_section(report.carry, width),
     ]
+    if report.weights is not None:
+        parts[1:1] = weights_section(report.weights, width)
     if report.state_jacobians is not None:
         parts += [section("State Jacobians ∂h_T^(j)/∂h_0^(i): how much of the initial state "
                           "survives to the end (medians over the batch)"),
@@ -587,6 +591,8 @@ def render_check(report: CheckReport, width: int,
                 f"{summary.comparisons} comparisons)"),
         check_table(report, width),
     ]
+    if report.weights is not None:
+        parts[2:2] = weights_section(report.weights, width)
     if report.against_not_returned:
         parts.append(Text(f"not returned by --against (not checked by it): "
                           f"{', '.join(report.against_not_returned)}", style="yellow"))
@@ -639,6 +645,8 @@ def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableT
                 f"{summary.comparisons} comparisons)"),
         check_table(report, width),
     ]
+    if report.weights is not None:
+        parts[1:1] = weights_section(report.weights, width)
     if report.against_not_returned:
         parts.append(Text(f"not returned (not checked): {', '.join(report.against_not_returned)}",
                           style="yellow"))
@@ -655,3 +663,39 @@ def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableT
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"timings: {laps}", style="dim"))
     return parts
+
+
+# --- weights read from a file (--weights) and spec inference (gradscope spec) ----------------
+
+def weights_section(entry: WeightsEntry, width: int) -> list[RenderableType]:
+    """Where each weight came from: the file's own name beside gradscope's. The title names
+    the file, not its folder path (a long path cannot fit 60 columns; the JSON keeps it)."""
+    name = entry.source.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    title = section(f"Weights read from {name} ({entry.format}; layers matched by "
+                    f"{entry.matched_by})")
+    wide = Layout([Column("weight"), Column("from the file's variable"), Column("shape")])
+    stacked = Layout([Column("weight · shape ← the file's variable")])
+    for item in entry.mapping:
+        source = Text("\n".join(item.variables))
+        if item.conversion:
+            source.append("\n" + item.conversion, style="dim")
+        wide.add_row(atom(item.name, "bold"), source, atom(shape_text(item.shape), "cyan"))
+        stacked.add_row(Text.assemble((item.name, "bold"), " ", (shape_text(item.shape), "cyan"),
+                                      " ←\n", source))
+    parts: list[RenderableType] = [title, fit(width, wide, stacked)]
+    if entry.ignored:
+        ignored = ", ".join(f"{i.variable} ({i.reason})" for i in entry.ignored)
+        parts.append(Text(f"ignored, not model weights: {ignored}", style="dim"))
+    return parts
+
+
+def inference_lines(report: SpecInference) -> Text:
+    """Why each value of an inferred spec is what it is (gradscope spec prints it on stderr)."""
+    lines = [f"gradscope spec: {report.source} ({report.format})"]
+    for item in report.inferences:
+        mark = "" if item.known else " (default)"
+        lines.append(f"  {item.key}{mark}: {item.reason}")
+    if report.ignored:
+        lines.append("  ignored, not model weights: "
+                     + ", ".join(f"{i.variable} ({i.reason})" for i in report.ignored))
+    return Text("\n".join(lines))

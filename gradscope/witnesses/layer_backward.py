@@ -242,7 +242,7 @@ def _signatures(view: LayerView, params: dict[str, np.ndarray], x: np.ndarray,
 def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
                 time_last: bool = False, rtol: float | None = None, data: Batch | None = None,
                 params: dict[str, np.ndarray] | None = None, progress: Progress | None = None,
-                timings: bool = False) -> LayerCheckReport:
+                timings: bool = False, weights: Any = None) -> LayerCheckReport:
     """Check the user's backward of recurrent layer ``layer`` (see the module docstring).
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(x, h0, params, dh) -> dict``.
@@ -261,6 +261,13 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
     cell = algebra.cells[index]
     view = LayerView(cell, time_last)
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
+    weights_entry = None
+    if weights is not None:  # the user's trained weights, mapped onto the spec's layers
+        from gradscope.weights import load_weights
+
+        say("reading the weights")
+        loaded = load_weights(spec, weights)
+        params, weights_entry = loaded.params, loaded.entry
     params = {n: v.astype(np.float64) for n, v in (params or initial_params(algebra)).items()}
     say("importing TensorFlow")
     engine = Engine(algebra, dtype="float64")
@@ -325,6 +332,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
         tensors=tensors,
         against=label,
         against_not_returned=[f"{layer}/{n}" for n in shown if n not in returned],
+        weights=weights_entry,
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
                              failed_tensors=failed, witnesses=["numpy_reference", WITNESS],
                              comparisons=len(results),
