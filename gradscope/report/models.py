@@ -27,6 +27,13 @@ class _Displayed(_Report):
 
         return report_html(self)
 
+    def plot(self) -> Any:
+        """A matplotlib Figure of the report's numbers (shown inline in a notebook); needs
+        matplotlib."""
+        from gradscope.report.plot import report_figure
+
+        return report_figure(self)
+
     def to_json(self) -> str:
         """The document ``--json`` prints."""
         from gradscope.report.json import dumps
