@@ -252,3 +252,24 @@ def test_reports_draw_themselves_in_a_notebook(compiled_gru):
     assert "Weights" in shapes._repr_html_()
     with pytest.raises(gradscope.errors.GradscopeError, match="holds no numbers to plot"):
         shapes.plot()
+
+
+def test_check_on_a_live_model_catches_a_moved_weight_of_its_copy(compiled_gru):
+    """The mutant: one weight of the float64 copy moved after the tape. check must fail and
+    name it, and the move must not reach the user's object (the copy is its own)."""
+    from gradscope.keras.check import check
+    from gradscope.keras.explain import prepare
+
+    model, x, y = compiled_gru
+    before = _state(model)
+    moved = []
+
+    def move(copy: Any) -> None:
+        variable = copy.trainable_variables[1]
+        assert variable.dtype == "float64" and copy is not model
+        variable.assign(variable + 1e-3)
+        moved.append(variable.path)
+
+    report = check(prepare(model, x=x, y=y), directions=1, after_autodiff=move)
+    assert not report.summary.passed and moved[0] in report.summary.failed_tensors
+    _assert_unchanged(model, before)
