@@ -53,8 +53,9 @@ def compiled_gru(tf: Any) -> tuple[Any, np.ndarray, np.ndarray]:
     import keras
 
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((7, 3)), keras.layers.GRU(5),
-                              keras.layers.Dense(4, activation="softmax")])
+    # Named: Keras numbers unnamed layers across the process (gru_8 after other tests).
+    model = keras.Sequential([keras.Input((7, 3)), keras.layers.GRU(5, name="gru"),
+                              keras.layers.Dense(4, activation="softmax", name="dense")])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)
     return model, rng.standard_normal((6, 7, 3)), rng.integers(0, 4, (6,))
