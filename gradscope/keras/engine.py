@@ -62,54 +62,115 @@ def call_label(layer: str, index: int) -> str:
 
 
 class KerasEngine:
-    """Loads the model (``safe_mode=True``) and runs it forward and backward."""
+    """Loads the model (``safe_mode=True``) and runs it forward and backward.
 
-    def __init__(self, path: str, outputs: list[str], plan: LossPlan, training: bool = False,
+    ``source`` is a ``.keras`` path or the user's model object. An object is run as it is, with
+    the user's current weights, for float32; ``dtype="float64"`` makes a copy with the same
+    weights. The user's object is never changed: the loss gradscope chose is a separate
+    ``CompileLoss`` (not compiled into the model), the compiled loss of a compiled model is
+    used through a fresh ``CompileLoss`` of the same loss objects (its metric trackers are left
+    alone), and the non-trainable variables a training-mode run moves (batch-norm statistics,
+    dropout seeds) are restored after each run.
+    """
+
+    def __init__(self, source: Any, outputs: list[str], plan: LossPlan, training: bool = False,
                  seed: int = 0, dtype: str | None = None) -> None:
         self.tf = import_tensorflow()
         import keras
 
+        from gradscope.keras.live import is_live_model, model_label
+
         self.keras = keras
+        self.live = is_live_model(source)
+        path = model_label(source) if self.live else str(source)
         self.path = path
         self.plan = plan
         self.output_names = outputs
         self.training = training
         self.seed = seed
+        self.dtype_name = dtype or "float32"
+        #: The loss when it is not the model's own compiled one (a model object is never
+        #: compiled by gradscope): a CompileLoss, called as Trainer.compute_loss calls it.
+        self._own_loss: Any = None
         compile_saved = plan.source == "compiled"
         if training:
             # Dropout's seed generators are drawn when the layers are built: seed them too.
             keras.utils.set_random_seed(seed)
+        if self.live:
+            self.model = source
+        else:
+            self.model = self._load(path, compile_saved)
+        if len(self.model.outputs) != len(outputs):
+            raise ConfigError(f"{path}: Keras built {len(self.model.outputs)} outputs from "
+                              f"{'its config' if self.live else 'the file'}, but the config "
+                              f"lists {len(outputs)}", where=path)
+        compiled = compile_saved and getattr(self.model, "compiled", False)
+        if self.live and compiled and getattr(self.model, "_compile_loss", None) is None:
+            compiled = False
+        user_model = self.model
+        if dtype is not None:
+            saved_compile = self.model.get_compile_config() if compiled else None
+            self.model = self._cast(dtype)
+            if saved_compile is not None:
+                _set_dtype(saved_compile, dtype)
+                try:
+                    with self._floatx():
+                        self.model.compile_from_config(saved_compile)
+                except Exception as exc:  # a custom loss Keras cannot rebuild from its config
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
+                        type(exc).__name__
+                    raise ConfigError(f"{path}: Keras cannot rebuild its compiled loss for the "
+                                      f"{dtype} copy: {first}; pass loss=NAME to use a Keras "
+                                      "loss", where=path) from None
+        if compiled and self.live and self.model is user_model:
+            # The user's own loss objects, in a CompileLoss of gradscope's: fit's loss, without
+            # touching the model's compiled state.
+            from keras.src.trainers.compile_utils import CompileLoss
+
+            user_loss = self.model._compile_loss
+            self._own_loss = CompileLoss(user_loss._user_loss, user_loss._user_loss_weights,
+                                         output_names=getattr(self.model, "output_names", None))
+        elif not compiled:
+            by_output = {o.output: o for o in plan.outputs}
+            losses = [self._loss(by_output.get(name)) for name in outputs]
+            weights = [by_output[name].weight if name in by_output else 0.0 for name in outputs]
+            if self.model is user_model and self.live:
+                from keras.src.trainers.compile_utils import CompileLoss
+
+                with self._floatx():
+                    self._own_loss = CompileLoss(
+                        losses, weights, output_names=getattr(self.model, "output_names", None))
+            else:
+                with self._floatx():
+                    self.model.compile(loss=losses, loss_weights=weights)
+
+    def _load(self, path: str, compile_saved: bool) -> Any:
+        keras = self.keras
         try:
             with native_stderr_silenced(), warnings.catch_warnings():
                 # A compiled model's optimizer state is not restored until it is built: Keras
                 # says so; gradscope never uses the optimizer.
                 warnings.filterwarnings("ignore", message="Skipping variable loading for "
                                         "optimizer")
-                self.model = keras.saving.load_model(path, compile=compile_saved,
-                                                     safe_mode=True)
+                return keras.saving.load_model(path, compile=compile_saved, safe_mode=True)
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             hint = ("; pass --loss NAME to use another loss" if compile_saved else "")
             raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}",
                               where=path) from None
-        self.dtype_name = dtype or "float32"
-        if len(self.model.outputs) != len(outputs):
-            raise ConfigError(f"{path}: Keras built {len(self.model.outputs)} outputs from the "
-                              f"file, but its config lists {len(outputs)}", where=path)
-        compiled = compile_saved and getattr(self.model, "compiled", False)
-        if dtype is not None:
-            saved_compile = self.model.get_compile_config() if compiled else None
-            self.model = self._cast(dtype)
-            if saved_compile is not None:
-                _set_dtype(saved_compile, dtype)
-                with self._floatx():
-                    self.model.compile_from_config(saved_compile)
-        if not compiled:
-            by_output = {o.output: o for o in plan.outputs}
-            with self._floatx():
-                self.model.compile(loss=[self._loss(by_output.get(name)) for name in outputs],
-                                   loss_weights=[by_output[name].weight if name in by_output
-                                                 else 0.0 for name in outputs])
+
+    def compute_loss(self, feed: list[Any], targets: list[Any], flat_outputs: list[Any]) -> Any:
+        """Trainer.compute_loss: the compiled (or chosen) loss plus the model's added losses
+        (regularisers, activity regularisers, add_loss)."""
+        x = feed if len(feed) > 1 else feed[0]
+        y = targets if len(targets) > 1 else targets[0]
+        y_pred = flat_outputs if len(flat_outputs) > 1 else flat_outputs[0]
+        with self._floatx():  # a compiled loss builds its wrappers at its first call
+            if self._own_loss is None:
+                return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=self.training)
+            losses = [self._own_loss(y, y_pred)]
+            losses += [self.model._aggregate_additional_loss(loss) for loss in self.model.losses]
+            return losses[0] if len(losses) == 1 else self.keras.ops.sum(losses)
 
     @contextlib.contextmanager
     def _floatx(self) -> Iterator[None]:
@@ -136,14 +197,29 @@ class KerasEngine:
         return self.keras.losses.get({"class_name": class_name, "config": config})
 
     def _cast(self, dtype: str) -> Any:
-        """A copy of the model in ``dtype`` with the same weights (for check's float64 copy)."""
+        """A copy of the model in ``dtype`` with the same weights (for check's float64 copy).
+
+        A model object may hold the user's own classes and Lambda layers: they are rebuilt from
+        the classes and functions in memory (the user's own code, already running), never from
+        code serialised in a config."""
         keras = self.keras
         config = keras.saving.serialize_keras_object(self.model)
         _set_dtype(config, dtype)
-        with keras.saving.custom_object_scope({}):
-            copy = keras.saving.deserialize_keras_object(config, safe_mode=True)
-        copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
-                          else w for w in self.model.get_weights()])
+        custom = _custom_classes(self.model) if self.live else {}
+        try:
+            with keras.saving.custom_object_scope(custom), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                copy = keras.saving.deserialize_keras_object(config, safe_mode=not self.live)
+            _same_functions(self.model, copy)
+            copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
+                              else w for w in self.model.get_weights()])
+        except Exception as exc:
+            if not self.live:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{self.path}: Keras cannot rebuild it in {dtype} from its "
+                              f"config (the copy check compares against): {first}",
+                              where=self.path) from None
         return copy
 
     def output_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -195,7 +271,7 @@ class KerasEngine:
                 index = counts.get(name, 0)
                 counts[name] = index + 1
                 captured = CapturedCall(layer=name, index=index,
-                                        class_name=type(operation).__name__,
+                                        class_name=class_label(operation),
                                         args=list(keras.tree.flatten(args)), outputs=[],
                                         mask=kwargs.get("mask"))
                 units = _state_units(operation)
@@ -241,12 +317,7 @@ class KerasEngine:
 
         outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
         flat_outputs = list(keras.tree.flatten(outputs))
-        with self._floatx():  # a compiled loss builds its wrappers at its first call
-            loss = model.compute_loss(x=feed if len(feed) > 1 else feed[0],
-                                      y=targets if len(targets) > 1 else targets[0],
-                                      y_pred=flat_outputs if len(flat_outputs) > 1
-                                      else flat_outputs[0], training=training)
-        return loss, flat_outputs, calls
+        return self.compute_loss(feed, targets, flat_outputs), flat_outputs, calls
 
     def tensors(self, inputs: dict[str, np.ndarray],
                 targets: dict[str, np.ndarray]) -> tuple[list[Any], list[Any]]:
@@ -258,10 +329,22 @@ class KerasEngine:
             watch_outputs: bool = False, watch_inputs: bool = False) -> KerasPass:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient."""
-        tf = self.tf
         if self.training:
             self.keras.utils.set_random_seed(self.seed)
         feed, y = self.tensors(inputs, targets)
+        # A training-mode run moves batch-norm statistics and dropout seeds: the user's model
+        # object gets its own values back.
+        kept = ([(v, np.array(v.numpy())) for v in self.model.non_trainable_variables]
+                if self.live else [])
+        try:
+            return self._run(feed, y, inputs, watch_outputs, watch_inputs)
+        finally:
+            for variable, value in kept:
+                variable.assign(value)
+
+    def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
+             watch_outputs: bool, watch_inputs: bool) -> KerasPass:
+        tf = self.tf
         variables = self.model.trainable_variables
         watched_inputs = [t for t in feed if t.dtype.is_floating] if watch_inputs else []
         with native_stderr_silenced(), tf.GradientTape(persistent=watch_outputs) as tape:
@@ -306,13 +389,57 @@ def _numpy(tensor: Any) -> np.ndarray | None:
 
 def _state_units(operation: Any) -> list[int]:
     """Units of each initial state Keras takes, for GRU/LSTM/SimpleRNN and Bidirectional."""
-    kind = type(operation).__name__
+    kind = class_label(operation)
     if kind in RECURRENT:
         units = int(operation.units)
         return [units, units] if kind == "LSTM" else [units]
     if kind == "Bidirectional":
         return _state_units(operation.forward_layer) + _state_units(operation.backward_layer)
     return []
+
+
+def _layers(model: Any) -> list[Any]:
+    """Every layer of a model, nested ones included, in Keras' own order."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def _custom_classes(model: Any) -> dict[str, type]:
+    """The user's own layer classes, by the names their configs carry, for deserialisation."""
+    from gradscope.keras.live import is_builtin
+
+    found: dict[str, type] = {}
+    for layer in _layers(model):
+        cls = type(layer)
+        if not is_builtin(cls.__module__):
+            registered = keras_registered_name(cls)
+            found[registered] = cls
+            found[cls.__name__] = cls
+    return found
+
+
+def keras_registered_name(cls: type) -> str:
+    from keras.saving import get_registered_name
+
+    return str(get_registered_name(cls))
+
+
+def _same_functions(model: Any, copy: Any) -> None:
+    """A Lambda of the copy calls the user's function object itself, not one rebuilt from
+    bytecode (which would lose its closure and globals)."""
+    functions = {layer.name: layer.function for layer in _layers(model)
+                 if class_label(layer) == "Lambda"}
+    for rebuilt in _layers(copy):
+        if class_label(rebuilt) == "Lambda" and rebuilt.name in functions:
+            rebuilt.function = functions[rebuilt.name]
+
+
+def class_label(operation: Any) -> str:
+    """A layer's class name; a class that is not Keras' own is named with its module
+    (``__main__.GRU``), so that it never passes for the built-in layer of that name."""
+    from gradscope.keras.live import is_builtin
+
+    cls = type(operation)
+    return cls.__name__ if is_builtin(cls.__module__) else f"{cls.__module__}.{cls.__name__}"
 
 
 def _set_dtype(config: Any, dtype: str) -> None:

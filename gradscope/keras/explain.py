@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,8 @@ from gradscope.errors import ConfigError, InternalError
 from gradscope.keras.data import (
     InputSpec,
     KerasBatch,
+    arrays_batch,
+    check_targets,
     input_specs,
     load_named,
     synthetic_inputs,
@@ -45,7 +47,9 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class KerasJob:
-    """A saved model, read and checked without TensorFlow, with the batch to run it on."""
+    """A model, read and checked (for a saved one: without TensorFlow), with the batch to run
+    it on. ``model`` is the user's model object when it came from memory (``path`` then names
+    it for messages); None for a ``.keras`` file."""
 
     path: str
     graph: ModelGraph
@@ -56,18 +60,46 @@ class KerasJob:
     batch_size: int
     training: bool
     seed: int
+    model: Any = None
+
+    @property
+    def source(self) -> Any:
+        """What :class:`~gradscope.keras.engine.KerasEngine` loads: the path or the object."""
+        return self.path if self.model is None else self.model
 
 
-def prepare(path: str, batch_size: int | None = None, time_steps: int | None = None,
+def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = None,
             loss: str | None = None, training: bool = False, pad: int = 0,
-            data: str | None = None, seed: int = 0) -> KerasJob:
-    """Read the model's structure, choose the loss, make or load the batch: no TensorFlow."""
-    graph = read_graph(path)
-    refuse_code(graph)
+            data: str | None = None, seed: int = 0, x: Any = None, y: Any = None) -> KerasJob:
+    """Read the model's structure, choose the loss, make or load the batch: no TensorFlow for
+    a saved model. ``path`` may be a Keras model object instead (Keras is then imported
+    already): its graph is read from the config it would save, and its code is not refused,
+    since it is the user's own code, already running. ``x``/``y``: arrays from Python (see
+    :func:`~gradscope.keras.data.arrays_batch`) instead of ``data``."""
+    from gradscope.keras.live import is_live_model, model_label, read_live_graph
+
+    model = path if is_live_model(path) else None
+    if model is not None:
+        graph = read_live_graph(model)
+        path = model_label(model)
+    else:
+        graph = read_graph(path)
+        refuse_code(graph)
     plan = plan_loss(graph, loss)
+    if model is not None and plan.source == "compiled":
+        how = "the model's compiled loss"
+        plan = replace(plan, compiled_how=how,
+                       outputs=tuple(replace(o, rule=how) for o in plan.outputs))
     specs = input_specs(graph)
     outputs = output_names(graph)
-    if data is not None:
+    if x is not None or y is not None:
+        if x is None:
+            raise ConfigError("y= was given without x=; pass the inputs too", where="x")
+        if data is not None or pad:
+            raise ConfigError(f"{'data' if data is not None else 'pad'}= and x= both give the "
+                              "batch; pass one of them", where="x")
+        batch = arrays_batch(specs, outputs, x, y)
+    elif data is not None:
         if pad:
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
                               where="--pad")
@@ -76,7 +108,8 @@ def prepare(path: str, batch_size: int | None = None, time_steps: int | None = N
         batch = synthetic_inputs(specs, batch_size or 32, time_steps, pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]
     return KerasJob(path=path, graph=graph, plan=plan, inputs=specs, outputs=outputs,
-                    batch=batch, batch_size=int(size), training=training, seed=seed)
+                    batch=batch, batch_size=int(size), training=training, seed=seed,
+                    model=model)
 
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
@@ -89,11 +122,13 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     clock: dict[str, float] = {}
     start = time.perf_counter()
     say("importing TensorFlow and loading the model (safe_mode)")
-    engine = KerasEngine(job.path, job.outputs, job.plan, training=job.training, seed=job.seed)
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     clock["load"] = time.perf_counter() - start
     targets = job.batch.targets
     if targets is None:
         targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
+    else:
+        check_targets(job.plan, targets, engine.output_shapes(job.batch.inputs))
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow)
     clock["forward_backward"] = time.perf_counter() - start - clock["load"]
@@ -162,7 +197,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            key = variable_key(variable.path, node.name)
+            key = variable_key(variable.path, node.name, keras_layer.path)
             shape = [int(d) for d in variable.shape]
             note = notes.get(key)
             if explainer is not None and note is None:
@@ -219,7 +254,8 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
     non_trainable = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables
                         if "seed_generator" not in v.path)
     return KerasModelEntry(
-        name=job.graph.name, file=job.path, kind=job.graph.kind,
+        name=job.graph.name, file=job.path if job.model is None else "in memory",
+        kind=job.graph.kind,
         inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
                                 dtype=str(value.dtype))
                 for name, value in job.batch.inputs.items()],

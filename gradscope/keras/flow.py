@@ -27,7 +27,7 @@ import numpy as np
 
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
-from gradscope.keras.engine import CapturedCall, KerasPass, call_label
+from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.keras.witness import TOLERANCES, cell_params, unmodelled
@@ -127,15 +127,15 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
                  (f"{label}/backward", layer.backward_layer)]
         if layer.merge_mode not in MERGE_MODES:
             return f"Bidirectional merge_mode {layer.merge_mode!r}"
-        if type(layer.forward_layer).__name__ not in {"GRU", "LSTM", "SimpleRNN"}:
-            return f"Bidirectional over {type(layer.forward_layer).__name__}"
+        if class_label(layer.forward_layer) not in {"GRU", "LSTM", "SimpleRNN"}:
+            return f"Bidirectional over {class_label(layer.forward_layer)}"
     else:
         parts = [(label, layer)]
     x = np.asarray(call.args[0], np.float64)
     states = [np.asarray(s, np.float64) for s in call.states]
     units: list[Unit] = []
     for name, sub in parts:
-        class_name = type(sub).__name__
+        class_name = class_label(sub)
         facts = LayerFacts(name=sub.name, class_name=class_name, config=sub.get_config(),
                            input_shapes=((None, *x.shape[1:]),))
         reasons = unmodelled(facts, engine.training)

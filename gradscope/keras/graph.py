@@ -104,12 +104,16 @@ class ModelGraph:
 
 def read_graph(path: str | Path) -> ModelGraph:
     """The graph of a saved model; ConfigError (exit 2) for what is not a Keras model."""
-    config = read_config(path)
-    source = str(path)
+    return graph_from_config(read_config(path), str(path))
+
+
+def graph_from_config(config: dict[str, Any], source: str,
+                      what: str = "config.json") -> ModelGraph:
+    """The graph of a serialised model (config.json's structure); ``source`` names it."""
     try:
         return _graph(config, source)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ConfigError(f"{source}: config.json is not a Keras 3 model config this version "
+        raise ConfigError(f"{source}: {what} is not a Keras 3 model config this version "
                           f"of gradscope reads ({type(exc).__name__}: {exc})",
                           where=source) from None
 
@@ -219,9 +223,12 @@ def _refs(value: Any) -> Iterator[Ref]:
 
 
 def _history_list(value: Any) -> tuple[Ref, ...]:
-    """``input_layers``/``output_layers``: one [name, node, index], a list of them, or a dict."""
+    """``input_layers``/``output_layers``: one [name, node, index], a list of them, or a dict.
+
+    A dict is read in sorted key order: Keras flattens a model's dict of inputs (and outputs)
+    that way (``keras.tree.flatten``), whatever order the config lists them in."""
     if isinstance(value, dict):
-        return tuple(ref for item in value.values() for ref in _history_list(item))
+        return tuple(ref for key in sorted(value) for ref in _history_list(value[key]))
     if len(value) == 3 and isinstance(value[0], str):
         return (Ref(value[0], int(value[1]), int(value[2])),)
     return tuple(ref for item in value for ref in _history_list(item))

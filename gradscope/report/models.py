@@ -18,6 +18,29 @@ class _Report(BaseModel):
         return self.model_dump(mode="json")
 
 
+class _Displayed(_Report):
+    """A report the user holds in Python: it draws itself in a notebook with the terminal's
+    own renderer (same tables, formulas and flags), and as JSON."""
+
+    def _repr_html_(self) -> str:
+        from gradscope.report.display import report_html
+
+        return report_html(self)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure of the report's numbers (shown inline in a notebook); needs
+        matplotlib."""
+        from gradscope.report.plot import report_figure
+
+        return report_figure(self)
+
+    def to_json(self) -> str:
+        """The document ``--json`` prints."""
+        from gradscope.report.json import dumps
+
+        return dumps(self.to_dict())
+
+
 class BlockEntry(_Report):
     start: int = Field(description="first index of the block")
     stop: int = Field(description="one past the last index")
@@ -115,7 +138,7 @@ class CarryEntry(_Report):
     explanation: list[str]
 
 
-class ShapesReport(_Report):
+class ShapesReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["shapes"] = "shapes"
     model: ModelEntry
@@ -213,7 +236,7 @@ class SpecInference(_Report):
     ignored: list[IgnoredVariable]
 
 
-class ExplainReport(_Report):
+class ExplainReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
     model: ModelEntry
@@ -287,7 +310,7 @@ class CheckSummary(_Report):
     failures: int
 
 
-class CheckReport(_Report):
+class CheckReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
     model: ModelEntry
@@ -314,7 +337,7 @@ class LayerArgument(_Report):
     meaning: str
 
 
-class LayerCheckReport(_Report):
+class LayerCheckReport(_Displayed):
     """``check --against FILE.py:FUNC --layer NAME``: one recurrent layer's backward, given
     ∂L/∂h_t from above (dh), against TF autodiff of that layer in the real model."""
 
@@ -470,7 +493,7 @@ class KerasStateJacobians(_Report):
     not_analysed: list[KerasNotAnalysed]
 
 
-class KerasExplainReport(_Report):
+class KerasExplainReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
     source: Literal["keras"] = "keras"
@@ -487,7 +510,7 @@ class KerasExplainReport(_Report):
     timings: dict[str, float] | None = None
 
 
-class KerasShapesReport(_Report):
+class KerasShapesReport(_Displayed):
     """``gradscope shapes MODEL.keras``: the algebra of every layer, read from config.json."""
 
     schema_version: Literal["1"] = "1"
@@ -507,7 +530,7 @@ class KerasShapesReport(_Report):
                                              "shapes are known once explain runs")
 
 
-class KerasCheckReport(_Report):
+class KerasCheckReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
     source: Literal["keras"] = "keras"

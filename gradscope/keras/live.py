@@ -1,0 +1,88 @@
+"""A Keras model object in memory (a notebook, a training script), read as gradscope reads a
+``.keras`` file.
+
+The graph comes from the structure Keras writes into a saved file's ``config.json``:
+``keras.saving.serialize_keras_object(model)`` inside an ``ObjectSharingScope``, turned into
+JSON and back (as ``saving_lib._serialize_model_as_json`` does), so that both paths read one
+format. Keras is already imported when a model object exists, so nothing here adds an import.
+
+The user's layer code is already running in the user's own process: Lambda layers and custom
+classes are not refused as they are in a file. What gradscope cannot vouch for is the meaning
+of a custom class, so a layer whose class is not Keras' own is named with its module
+(``__main__.GRU``): it never matches the explanation of a built-in layer that shares its class
+name, and it is listed with its real gradient and "no derivation for this layer type".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gradscope.errors import ConfigError
+from gradscope.keras.graph import ModelGraph, graph_from_config
+
+#: Keras' own model classes (a subclass of these written by the user is not one of them).
+MODEL_CLASSES = {"Functional", "Sequential", "Model"}
+
+
+def is_live_model(value: object) -> bool:
+    """Whether ``value`` is a Keras 3 model object (without importing Keras for anything else).
+    """
+    return any(cls.__module__.startswith("keras.") and cls.__name__ == "Model"
+               for cls in type(value).__mro__)
+
+
+def model_label(model: Any) -> str:
+    """How messages and reports name a model object: it has no file."""
+    return f"model '{getattr(model, 'name', 'model')}' (in memory)"
+
+
+def is_builtin(module: str | None) -> bool:
+    return module is not None and (module == "keras" or module.startswith("keras."))
+
+
+def model_config(model: Any) -> dict[str, Any]:
+    """What ``model.save('m.keras')`` would write to config.json, as a dict."""
+    label = model_label(model)
+    if type(model).__name__ not in MODEL_CLASSES or not is_builtin(type(model).__module__):
+        raise ConfigError(
+            f"{label}: is a {type(model).__module__}.{type(model).__name__}, a subclassed "
+            "model: its graph is Python code that gradscope cannot read exactly; build it "
+            "with keras.Sequential or the functional API (keras.Model(inputs, outputs))",
+            where=label)
+    if not getattr(model, "built", False) or not getattr(model, "inputs", None):
+        raise ConfigError(f"{label}: is not built (no input shape yet); give it a "
+                          "keras.Input or call it once on a batch", where=label)
+    from keras.saving import serialize_keras_object
+    from keras.src.saving.serialization_lib import ObjectSharingScope
+
+    try:
+        with ObjectSharingScope():
+            serialized = serialize_keras_object(model)
+        config = json.loads(json.dumps(serialized))
+    except Exception as exc:  # get_config() of a custom layer may raise anything
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{label}: Keras cannot serialise its config, so gradscope cannot "
+                          f"read its graph exactly: {first}", where=label) from None
+    _qualify_custom(config)
+    return config
+
+
+def _qualify_custom(config: Any) -> None:
+    """Every serialised object whose class is not Keras' own: class_name → module.class_name.
+    """
+    if isinstance(config, dict):
+        if "class_name" in config and "module" in config and config.get("module") is not None \
+                and not is_builtin(config["module"]) and isinstance(config["class_name"], str):
+            config["class_name"] = f"{config['module']}.{config['class_name']}"
+        for value in config.values():
+            _qualify_custom(value)
+    elif isinstance(config, list):
+        for item in config:
+            _qualify_custom(item)
+
+
+def read_live_graph(model: Any) -> ModelGraph:
+    """The graph of a model object; ConfigError (exit 2) when it cannot be read exactly."""
+    config = model_config(model)
+    return graph_from_config(config, model_label(model), what="its config")
