@@ -192,13 +192,16 @@ class Cell:
 
     def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
                     states: tuple[Any, ...],
-                    probes: tuple[Any, ...] | None = None) -> tuple[Any, tuple[Any, ...]]:
+                    probes: tuple[Any, ...] | None = None,
+                    trajectory: list[Any] | None = None) -> tuple[Any, tuple[Any, ...]]:
         """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
 
         Returns the outputs ``(T, B, units)`` and the final states. ``probes``, one
         ``(T, B, units)`` tensor of zeros per state, are added to the states after each step:
         they change no value, but the gradient with respect to a probe is the *total*
-        ∂L/∂h_t, including what flows back through the recurrence from t+1.
+        ∂L/∂h_t, including what flows back through the recurrence from t+1. ``trajectory``,
+        if given, receives every state's sequence ``(T, B, units)`` in ``state_names`` order
+        (an LSTM's c as well as h).
         """
         step_inputs = self.tf_inputs(tf, params, inputs)
         step_weights = self.tf_step_weights(tf, params)
@@ -212,6 +215,8 @@ class Cell:
 
         elems = step_inputs + (tuple(probes) if probes is not None else ())
         sequences = tf.scan(step, elems, initializer=tuple(states[:n_states]))
+        if trajectory is not None:
+            trajectory.extend(sequences)
         return sequences[0], tuple(s[-1] for s in sequences)
 
 
