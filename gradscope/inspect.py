@@ -144,6 +144,7 @@ def tensor_entry(info: TensorInfo) -> TensorEntry:
     return TensorEntry(
         name=info.name,
         alias=info.alias,
+        alias_source=info.alias_source,
         layer=info.layer,
         shape=list(info.shape),
         formula=info.formula,

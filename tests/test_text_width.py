@@ -207,3 +207,21 @@ def assert_fits(report, equations: str | None, reference: str, width: int) -> No
 def test_every_table_fits_and_nothing_is_split(cases, case, width):
     report, equations, reference = cases[case]
     assert_fits(report, equations, reference, width)
+
+
+def test_an_alias_wider_than_the_console_folds_after_a_slash():
+    from gradscope.inspect import shapes
+    from gradscope.spec import load_spec
+
+    long_name = "/".join(["a_rather_long_outer_scope_name"] * 3) + "/gru_cell/gates/kernel"
+    report = shapes(load_spec(None))
+    tensors = [report.tensors[0].model_copy(update={"alias": long_name,
+                                                    "alias_source": "checkpoint"}),
+               *report.tensors[1:]]
+    report = report.model_copy(update={"tensors": tensors})
+    lines = render_text(report, 60).split("\n")
+    assert max(cell_len(line) for line in lines) <= 60
+    start = next(i for i, line in enumerate(lines) if line.startswith("checkpoint "))
+    folded = [line.rstrip() for line in lines[start:start + 3]]
+    assert "".join(folded) == f"checkpoint {long_name}"
+    assert all(line.endswith("/") for line in folded[:-1])

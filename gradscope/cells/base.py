@@ -15,6 +15,10 @@ import numpy as np
 
 TensorKind = Literal["weight", "state", "input"]
 
+#: Where an alias comes from: the variable name the canonical TF1 program creates (block
+#: layout), the Keras 3 variable path (keras layout), or a checkpoint's own variable name.
+AliasSource = Literal["tf1", "keras", "checkpoint"]
+
 
 @dataclass(frozen=True)
 class Block:
@@ -36,7 +40,9 @@ class TensorInfo:
     name: str  # gradscope's name, e.g. gru_1/w_ru
     layer: str  # gru_1
     short: str  # w_ru
-    alias: str  # the name in the other naming, e.g. gru_1/gru_cell/gates/kernel (TF1)
+    #: The name in the other naming: the TF1 variable, e.g.
+    #: rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel, or the Keras path gru_1/gru_cell/kernel.
+    alias: str
     shape: tuple[int, ...]
     formula: str  # with the user's numbers: "(input 200 + units 64) × 2·units 64"
     role: str  # what the tensor does, one clause
@@ -44,6 +50,7 @@ class TensorInfo:
     rows: tuple[Block, ...] = ()
     columns: tuple[Block, ...] = ()
     note: str = ""  # e.g. how the gradient sums over positions
+    alias_source: AliasSource = "tf1"
 
     @property
     def size(self) -> int:
@@ -102,6 +109,10 @@ class Cell:
 
     ``input_size`` is the feature size this layer sees; ``input_label`` names where it comes
     from in formulas ("input" for the first layer, "gru_1 units" for a stacked one).
+    ``scope`` is the variable scope above the cell's own in its aliases: in the block layout
+    what TF1's ``dynamic_rnn`` and ``MultiRNNCell`` create (``rnn/multi_rnn_cell/cell_0``, or
+    ``rnn`` for a single layer), in the keras layout the layer's name (Keras 3 paths are
+    ``gru_1/gru_cell/kernel``). Without it two layers' aliases would be the same.
     """
 
     name: str
@@ -109,6 +120,7 @@ class Cell:
     input_size: int
     input_label: str
     options: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
 
     kind: ClassVar[str]
     layout: ClassVar[str]
@@ -147,6 +159,7 @@ class Cell:
                 formula=f"batch {batch_size} × units {self.units}",
                 role=f"initial {labels[state]} of {self.name} (zeros unless supplied)",
                 kind="state",
+                alias_source="tf1" if self.layout == "block" else "keras",
             )
             for index, state in enumerate(self.state_names)
         ]
@@ -158,12 +171,13 @@ class Cell:
             name=f"{self.name}/{short}",
             layer=self.name,
             short=short,
-            alias=f"{self.cell_scope}/{alias}",
+            alias="/".join(part for part in (self.scope, self.cell_scope, alias) if part),
             shape=shape,
             formula=formula,
             role=role,
             rows=rows,
             columns=columns,
+            alias_source="tf1" if self.layout == "block" else "keras",
         )
 
     # -- numerics -----------------------------------------------------------------------------

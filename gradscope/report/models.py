@@ -73,7 +73,14 @@ class TensorEntry(_Report):
     """What the shape algebra says about one tensor (no numbers from a run)."""
 
     name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
-    alias: str = Field(description="the name in the other naming, e.g. the TF1 variable")
+    alias: str = Field(description="the name in the other naming: the TF1 variable "
+                                   "(rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel), the "
+                                   "Keras path (gru_1/gru_cell/kernel) or the checkpoint's own")
+    alias_source: Literal["tf1", "keras", "checkpoint"] = Field(
+        default="tf1",
+        description="tf1: the name the canonical TF1 program (MultiRNNCell, dynamic_rnn, "
+                    "tf.layers.dense) creates; keras: the Keras 3 variable path; checkpoint: "
+                    "the variable the weights were read from")
     layer: str
     shape: list[int]
     formula: str = Field(description="the shape's arithmetic with the model's numbers")

@@ -94,6 +94,8 @@ class Column:
     justify: str = "left"
     #: The whole column, header included, never wraps (otherwise only its atom cells do not).
     no_wrap: bool = False
+    #: Never narrower than this: e.g. the longest alias line, which must stay on one line.
+    min_width: int = 0
 
 
 @dataclass
@@ -121,7 +123,8 @@ class Layout:
                 natural = max(natural, longest_line)
                 words = [cell_len(word) for word in cell.plain.split()]
                 narrowest = max(narrowest, longest_line if whole else max(words, default=0))
-            ranges.append((narrowest, natural))
+            narrowest = max(narrowest, column.min_width)
+            ranges.append((narrowest, max(natural, narrowest)))
         return ranges
 
 
@@ -196,18 +199,69 @@ def header(command: str, model: ModelEntry, loss_line: str, width: int) -> Group
     return Group(title, details, source)
 
 
-def _tensor_cell(name: str, alias: str, shape: list[int]) -> Text:
-    return atom(Text.assemble((name, "bold"), "\n", (alias, "dim"), "\n",
-                              (shape_text(shape), "cyan")))
+def _name_cell(name: str, shape: list[int]) -> Text:
+    return atom(Text.assemble((name, "bold"), "\n", (shape_text(shape), "cyan")))
 
 
-def _formula_cell(entry: TensorEntry, stats: Text | None = None) -> Text:
+#: What each alias is, as the line under the formula says it.
+ALIAS_LABELS = {"tf1": "TF1", "keras": "Keras", "checkpoint": "checkpoint"}
+
+
+def alias_line(entry: TensorEntry, width: int | None = None) -> Text:
+    """"TF1 rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel". Kept on one line; only a name
+    longer than ``width`` (a checkpoint's, say) is folded, after a '/'."""
+    label = f"{ALIAS_LABELS[entry.alias_source]} "
+    text = label + entry.alias
+    if width is not None and cell_len(text) > width:
+        lines, line = [], label
+        for part in re.findall(r"[^/]+/?", entry.alias):
+            if cell_len(line) + cell_len(part) > width and line.strip():
+                lines.append(line)
+                line = ""
+            line += part
+        text = "\n".join([*lines, line])
+    return atom(text, "dim")
+
+
+def _formula_cell(entry: TensorEntry, stats: Text | None = None,
+                  alias: Text | None = None) -> Text:
     text = Text.assemble((f"= {entry.formula}", "cyan"), "\n", (entry.meaning, ""))
+    if alias is not None:
+        text.append("\n")
+        text.append_text(alias)
     if stats is not None:
         stats.stylize("bold")
         text.append("\n")
         text.append_text(stats)
     return text
+
+
+def _stacked_cell(entry: TensorEntry, width: int, stats: Text | None = None) -> Text:
+    """Everything about one tensor in one column: name and shape, alias, formula, meaning."""
+    head = pack([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")], width, "  ")
+    return Text.assemble(atom(head), "\n", _formula_cell(entry, stats, alias_line(entry, width)))
+
+
+def tensor_layouts(entries: Sequence[TensorEntry], width: int, title: str,
+                   stats: Sequence[Sequence[str]] | None = None) -> list[Layout]:
+    """The name and shape in one column, then the formula, meaning, alias (and the statistics
+    packed under them); or, narrower, all of it stacked in one column."""
+    names = [_name_cell(e.name, e.shape) for e in entries]
+    aliases = [alias_line(e) for e in entries]
+    alias_width = max((a.cell_len for a in aliases), default=0)
+    text_width = width - _column_width(names, title) - GAP
+    beside = Layout([Column(title, no_wrap=True),
+                     Column("formula · meaning · alias", min_width=alias_width)])
+    stacked = Layout([Column(f"{title} · formula · meaning · alias")])
+    for index, (name, entry) in enumerate(zip(names, entries, strict=True)):
+        items = None if stats is None else stats[index]
+        beside.add_row(name, _formula_cell(entry, None if items is None else
+                                           pack(items, text_width), aliases[index]))
+        cell = _stacked_cell(entry, width, None if items is None else pack(items, width))
+        if index < len(entries) - 1:
+            cell.append("\n")  # one column: a blank line tells the tensors apart
+        stacked.add_row(cell)
+    return [beside, stacked]
 
 
 def _column_width(cells: Iterable[Text], title: str = "") -> int:
@@ -220,27 +274,26 @@ WIDE = 110
 
 
 def gradient_table(gradients: list[GradientEntry], width: int) -> Table:
-    tensor_title = "tensor · alias · shape"
-    names = [_tensor_cell(e.name, e.alias, e.shape) for e in gradients]
+    tensor_title = "tensor · shape"
     layouts = []
     if width >= WIDE:
-        wide = Layout([Column(tensor_title, no_wrap=True), Column("formula · meaning"),
+        names = [_name_cell(e.name, e.shape) for e in gradients]
+        aliases = [alias_line(e) for e in gradients]
+        wide = Layout([Column(tensor_title, no_wrap=True),
+                       Column("formula · meaning · alias",
+                              min_width=max(a.cell_len for a in aliases)),
                        Column("‖g‖₂", "right"), Column("mean|g|", "right"),
                        Column("max|g|", "right"), Column("NaN/Inf", "right")])
-        for name, entry in zip(names, gradients, strict=True):
+        for name, alias, entry in zip(names, aliases, gradients, strict=True):
             s = entry.stats
-            wide.add_row(name, _formula_cell(entry), atom(number(s.l2)),
+            wide.add_row(name, _formula_cell(entry, alias=alias), atom(number(s.l2)),
                          atom(number(s.mean_abs)), atom(number(s.max_abs)),
                          atom(str(s.nonfinite), "bold red" if s.nonfinite else ""))
         layouts.append(wide)
-    formula_width = width - _column_width(names, tensor_title) - GAP
-    narrow = Layout([Column(tensor_title, no_wrap=True), Column("formula · meaning")])
-    for name, entry in zip(names, gradients, strict=True):
-        s = entry.stats
-        stats = pack([f"‖g‖₂ {number(s.l2)}", f"mean|g| {number(s.mean_abs)}",
-                      f"max|g| {number(s.max_abs)}", f"NaN/Inf {s.nonfinite}"], formula_width)
-        narrow.add_row(name, _formula_cell(entry, stats))
-    layouts.append(narrow)
+    stats = [[f"‖g‖₂ {number(e.stats.l2)}", f"mean|g| {number(e.stats.mean_abs)}",
+              f"max|g| {number(e.stats.max_abs)}", f"NaN/Inf {e.stats.nonfinite}"]
+             for e in gradients]
+    layouts += tensor_layouts(gradients, width, tensor_title, stats)
     return fit(width, *layouts)
 
 
@@ -402,18 +455,12 @@ def norm_table(rows: dict[str, list[float]], width: int) -> Table:
 
 
 def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
-    tensors = Layout([Column("tensor · alias · shape"), Column("formula · meaning")])
-    for entry in report.tensors:
-        tensors.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
-    states = Layout([Column("initial state · shape"), Column("formula · meaning")])
-    for entry in report.initial_states:
-        states.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
     return [
         header("shapes", report.model, f"loss {report.loss.name}", width),
         section(f"Weights ({len(report.tensors)} tensors; each gradient has the same shape)"),
-        fit(width, tensors),
+        fit(width, *tensor_layouts(report.tensors, width, "tensor · shape")),
         section("Initial states (their gradients ∂L/∂h0 have these shapes)"),
-        fit(width, states),
+        fit(width, *tensor_layouts(report.initial_states, width, "initial state · shape")),
     ]
 
 
