@@ -70,12 +70,14 @@ def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
     return load_batch(spec, data=data)
 
 
-def explain(spec: Spec | str, data: Any = None,
+def explain(spec: Spec | str, data: Any = None, chunks: int | None = None,
             **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
     ``data`` is None (a synthetic batch from the seed), a path to an .npz file or a dict
-    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. Refused (ConfigError) when the
+    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. ``chunks`` (K ≥ 2, YAML specs) adds
+    the carry in numbers under ``report.carry``: per weight ``l2_full``, ``l2_truncated``,
+    ``l2_carried``. Refused (ConfigError) when the
     resource guard estimates more memory than a quarter of RAM. ``spec`` may be the path of a
     saved ``model.keras``: Keras runs it (``keras_options`` as the CLI's flags, e.g.
     ``batch_size=8, loss="mse", training=True``).
@@ -85,14 +87,18 @@ def explain(spec: Spec | str, data: Any = None,
     from gradscope.keras.archive import is_keras_file
 
     if is_keras_file(spec):
+        from gradscope.errors import ConfigError
         from gradscope.keras.explain import explain as _explain_keras
 
+        if chunks is not None:
+            raise ConfigError("chunks is for YAML specs; a .keras model's recurrent layers are "
+                              "not cut into chunks yet", where="chunks")
         return _explain_keras(_keras_job(spec, data, keras_options))
     spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
-    guard(spec, "explain")
-    return _explain(spec, data=batch)
+    guard(spec, "explain", chunks=chunks)
+    return _explain(spec, data=batch, chunks=chunks)
 
 
 def check(spec: Spec | str, against: Any = None, chunks: int | None = None,

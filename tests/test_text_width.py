@@ -26,6 +26,7 @@ from gradscope.report.models import (
     ShapesReport,
 )
 from gradscope.report.text import number, shape_text
+from gradscope.truncation import percent
 from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
 #: Wide enough that nothing wraps: the reference rendering.
@@ -62,6 +63,13 @@ def protected(report: ExplainReport | CheckReport | ShapesReport) -> tuple[set[s
             shapes.add(shape_text(state.shape))
         for pair in report.carry.pairs:
             tokens.update([pair.y, f"∂L/∂{pair.grad_y}"])
+        for weight in report.carry.weights or []:
+            tokens.update([weight.name, percent(weight.carried_share)])
+            tokens.update(number(v) for v in (weight.l2_full, weight.l2_truncated,
+                                               weight.l2_carried))
+        for product in report.carry.products or []:
+            tokens.update([product.x, product.y, number(product.l2_grad_y),
+                           number(product.l2_product)])
         for jacobian in report.state_jacobians or []:
             tokens.update(_words(f"{jacobian.target} {jacobian.source}"))
             tokens.update(number(v) for v in (
@@ -145,7 +153,7 @@ def small_reports(tf, tmp_path_factory):
         "check_keras": (keras_check(job, directions=1), None),
         "shapes_keras": (keras_shapes(str(keras_model)), None),
         "check_failing_five_witnesses": (check(grus, against=against, chunks=2), None),
-        "explain_mixed": (explain(mixed, flow=True, jacobians=True), None),
+        "explain_mixed": (explain(mixed, flow=True, jacobians=True, chunks=3), None),
         "check_mixed_chunks": (check(mixed, chunks=3), None),
         "shapes_mixed": (shapes(mixed), None),
     }

@@ -206,26 +206,48 @@ class Cell:
 
     def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
                     states: tuple[Any, ...],
-                    probes: tuple[Any, ...] | None = None) -> tuple[Any, tuple[Any, ...]]:
+                    probes: tuple[Any, ...] | None = None,
+                    cuts: Any = None,
+                    edges: tuple[Any, ...] | None = None) -> tuple[Any, tuple[Any, ...]]:
         """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
 
         Returns the outputs ``(T, B, units)`` and the final states. ``probes``, one
         ``(T, B, units)`` tensor of zeros per state, are added to the states after each step:
         they change no value, but the gradient with respect to a probe is the *total*
         ∂L/∂h_t, including what flows back through the recurrence from t+1.
+
+        ``cuts`` (T,), 0 or 1 per step, is truncated BPTT in one pass: where it is 1, the
+        state that step t reads from step t−1 passes through ``tf.stop_gradient`` (the value
+        is unchanged, exactly). ``edges``, zeros ``(T, B, units)`` per state, are added to the
+        state step t reads, after the cut: the gradient with respect to ``edges[t]`` is
+        ∂L/∂(the initial state of a chunk that starts at t), what the recurrence carries
+        into step t and nothing else (not the paths from h_{t−1} to the layer above).
         """
         step_inputs = self.tf_inputs(tf, params, inputs)
         step_weights = self.tf_step_weights(tf, params)
         n_states = len(self.state_names)
+        n_inputs = len(step_inputs)
+        n_probes = len(probes) if probes is not None else 0
+        extras: tuple[Any, ...] = tuple(probes) if probes is not None else ()
+        if cuts is not None:
+            extras += (cuts,)
+        if edges is not None:
+            extras += tuple(edges)
 
         def step(carry: tuple[Any, ...], elems: tuple[Any, ...]) -> tuple[Any, ...]:
-            new = self.tf_step(tf, step_weights, carry, elems[: len(step_inputs)])
+            extra = elems[n_inputs:]
+            if cuts is not None:
+                cut = extra[n_probes]
+                # s + cut·(sg(s) − s) is s exactly, with gradient (1 − cut).
+                carry = tuple(s + cut * (tf.stop_gradient(s) - s) for s in carry)
+            if edges is not None:
+                carry = tuple(s + e for s, e in zip(carry, extra[-n_states:], strict=True))
+            new = self.tf_step(tf, step_weights, carry, elems[:n_inputs])
             if probes is not None:
-                new = tuple(s + p for s, p in zip(new, elems[len(step_inputs):], strict=True))
+                new = tuple(s + p for s, p in zip(new, extra[:n_probes], strict=True))
             return new
 
-        elems = step_inputs + (tuple(probes) if probes is not None else ())
-        sequences = tf.scan(step, elems, initializer=tuple(states[:n_states]))
+        sequences = tf.scan(step, step_inputs + extras, initializer=tuple(states[:n_states]))
         return sequences[0], tuple(s[-1] for s in sequences)
 
 

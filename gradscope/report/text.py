@@ -38,6 +38,7 @@ from gradscope.report.models import (
     TensorEntry,
     WitnessEntry,
 )
+from gradscope.truncation import percent
 
 
 def number(value: float | None) -> str:
@@ -333,6 +334,53 @@ def carry_section(carry: CarryEntry, width: int) -> Group:
     return Group(fit(width, layout), *lines)
 
 
+def carried_section(carry: CarryEntry, width: int) -> list[RenderableType]:
+    """``explain --chunks``: per weight, full vs truncated BPTT; per chunk, the seed's product;
+    and one line: does carrying matter here?"""
+    assert carry.weights is not None and carry.products is not None
+    weights_wide = Layout([Column("weight", no_wrap=True), Column("‖g_full‖", "right"),
+                           Column("‖g_truncated‖", "right"), Column("‖g_carried‖", "right"),
+                           Column("carried share", "right")], squeeze=False)
+    weights_narrow = Layout([Column("weight", no_wrap=True),
+                             Column("‖g_full‖\n‖g_truncated‖", "right"),
+                             Column("‖g_carried‖\nshare", "right")])
+    for entry in carry.weights:
+        share = percent(entry.carried_share)
+        name = atom(entry.name, "bold" if entry.carried_share >= (carry.threshold or 0) else "")
+        weights_wide.add_row(name, atom(number(entry.l2_full)), atom(number(entry.l2_truncated)),
+                             atom(number(entry.l2_carried)), atom(share))
+        weights_narrow.add_row(name, atom(f"{number(entry.l2_full)}\n"
+                                          f"{number(entry.l2_truncated)}"),
+                               atom(f"{number(entry.l2_carried)}\n{share}"))
+    products_wide = Layout([Column("chunk"), Column("xs ← ys"), Column("‖grad_y‖", "right"),
+                            Column("‖product‖", "right")], squeeze=False)
+    products_narrow = Layout([Column("chunk · xs ← ys"),
+                              Column("‖grad_y‖\n‖product‖", "right")])
+    for product in carry.products:
+        chunk = f"{product.chunk} (t {product.start}–{product.stop - 1})"
+        pair = f"{product.x} ← {product.y}"
+        products_wide.add_row(atom(chunk), atom(pair), atom(number(product.l2_grad_y)),
+                              atom(number(product.l2_product)))
+        products_narrow.add_row(atom(f"{chunk}\n{product.x}\n  ← {product.y}"),
+                                atom(f"{number(product.l2_grad_y)}\n{number(product.l2_product)}"))
+    lengths = " + ".join(str(n) for n in carry.chunk_lengths or [])
+    intro = Text(
+        f"The batch cut into {carry.chunks} chunks of {lengths} steps, in float64. "
+        "‖g_full‖: full BPTT; ‖g_truncated‖: each chunk backpropagated from zero at its end "
+        "(no carry); ‖g_carried‖ = ‖g_full − g_truncated‖, what the carry adds; carried "
+        "share = ‖g_carried‖ / ‖g_full‖."
+    )
+    products_intro = Text(
+        "The carry itself: tf.gradients(ys=a chunk's final states, xs=its initial states, "
+        "grad_ys=the next chunk's ∂L/∂(initial states)); ‖product‖ is its result for x, "
+        "summed over every y."
+    )
+    style = "bold yellow" if carry.matters else "bold green"
+    return [intro, fit(width, weights_wide, weights_narrow), Text(""), products_intro,
+            fit(width, products_wide, products_narrow),
+            Text(f"{'⚠' if carry.matters else '✓'} {carry.verdict}", style=style)]
+
+
 def section(title: str) -> Text:
     return Text("\n" + title, style="bold underline")
 
@@ -353,6 +401,10 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
         section("Carrying gradients into the previous truncated batch"),
         carry_section(report.carry, width),
     ]
+    if report.carry.weights is not None:
+        parts += [section(f"The carry in numbers: truncated BPTT in {report.carry.chunks} "
+                          "chunks, with and without the carry"),
+                  *carried_section(report.carry, width)]
     if report.state_jacobians is not None:
         parts += [section("State Jacobians ∂h_T^(j)/∂h_0^(i): how much of the initial state "
                           "survives to the end (medians over the batch)"),
