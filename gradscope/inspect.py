@@ -262,13 +262,13 @@ def carried_entry(carry: CarryEntry, algebra: ModelShapes, numbers: CarryNumbers
     largest = max(weights, key=lambda entry: entry.carried_share)
     reaching = sum(entry.carried_share >= threshold for entry in weights)
     matters = reaching > 0
-    most = f"most: {largest.name}, {percent(largest.carried_share)}"
+    share = percent(largest.carried_share)
     if matters:
-        verdict = (f"carrying matters: without it, {reaching} of {len(weights)} gradients "
-                   f"change by ≥ {threshold:.0%} ({most})")
+        verdict = (f"carrying matters: it changes {reaching} of {len(weights)} gradients by "
+                   f"≥ {threshold:.0%} ({largest.name} by {share})")
     else:
-        verdict = (f"carrying hardly matters: without it, no gradient changes by ≥ "
-                   f"{threshold:.0%} ({most})")
+        verdict = (f"carrying hardly matters: it changes every gradient by < {threshold:.0%} "
+                   f"(at most {share}, {largest.name})")
     return carry.model_copy(update={
         "chunks": len(numbers.chunk_lengths), "chunk_lengths": numbers.chunk_lengths,
         "weights": weights, "products": products, "threshold": threshold, "matters": matters,

@@ -206,3 +206,26 @@ def test_python_api_and_the_verdict_threshold(case):
         (0, "gru_1/h0"), (0, "gru_2/h0"), (1, "gru_1/h[t=2]"), (1, "gru_2/h[t=2]")]
     assert carry.weights is not None
     assert carry.matters == any(w.carried_share >= 0.01 for w in carry.weights)
+
+
+def test_the_verdict_says_hardly_below_the_threshold_and_matters_above_it():
+    from gradscope.inspect import carried_entry, carry_entry
+    from gradscope.truncation import CarryNumbers
+
+    shapes = model_shapes(load_spec(CONFIG))
+    full = {info.name: np.ones(info.shape) for info in shapes.weights}
+
+    def verdict(share: float):
+        truncated = {name: value * (1 - share) for name, value in full.items()}
+        numbers = CarryNumbers(chunk_lengths=[4, 3], full=full, truncated=truncated,
+                               products=[])
+        return carried_entry(carry_entry(shapes), shapes, numbers)
+
+    below = verdict(0.5 * CARRIED_SHARE_THRESHOLD)
+    assert below.matters is False
+    assert below.verdict == ("carrying hardly matters: it changes every gradient by < 1% "
+                             "(at most 0.500%, gru_1/w_ru)")
+    above = verdict(2 * CARRIED_SHARE_THRESHOLD)
+    assert above.matters is True
+    assert above.verdict == ("carrying matters: it changes 10 of 10 gradients by ≥ 1% "
+                             "(gru_1/w_ru by 2.00%)")
