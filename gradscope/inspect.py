@@ -239,7 +239,17 @@ def carry_entry(algebra: ModelShapes) -> CarryEntry:
 
 
 def carried_entry(carry: CarryEntry, algebra: ModelShapes, numbers: CarryNumbers) -> CarryEntry:
-    """``carry`` with the numbers of ``explain --chunks``: per weight, per chunk and state."""
+    """``carry`` with the numbers of ``explain --chunks``: per weight, per chunk and state.
+
+    Non-finite gradients have no carried share: the run is refused (exit 2), not reported
+    with numbers that mean nothing."""
+    for kind, gradients in (("full", numbers.full), ("truncated", numbers.truncated)):
+        for name, value in gradients.items():
+            if not np.all(np.isfinite(value)):
+                raise ConfigError(
+                    f"--chunks: the {kind} BPTT gradient of {name} has NaN or Inf values (in "
+                    "float64), so no carried share can be given; expected finite gradients "
+                    "(explain without --chunks shows where)", where="--chunks")
     weights = []
     for info in algebra.weights:
         full = float(np.linalg.norm(numbers.full[info.name]))

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from gradscope._tf import native_stderr_silenced
 from gradscope.algebra import ModelShapes
 from gradscope.data import Batch
 
@@ -108,6 +107,8 @@ class CarryPasses:
                 cut_steps: list[int] | None = None) -> CarryNumbers:
         """``cut_steps`` are the steps whose incoming state is cut; by default every chunk
         start after the first. (A test passes others to show that a wrong cut is caught.)"""
+        from gradscope._tf import native_stderr_silenced
+
         time_steps = int(batch.x.shape[1])
         if not lengths or min(lengths) < 1 or sum(lengths) != time_steps:
             raise ValueError(f"chunk lengths {lengths} do not cut {time_steps} steps into "

@@ -229,3 +229,16 @@ def test_the_verdict_says_hardly_below_the_threshold_and_matters_above_it():
     assert above.matters is True
     assert above.verdict == ("carrying matters: it changes 10 of 10 gradients by ≥ 1% "
                              "(gru_1/w_ru by 2.00%)")
+
+
+def test_non_finite_gradients_are_refused_not_reported():
+    from gradscope.errors import ConfigError
+    from gradscope.inspect import carried_entry, carry_entry
+    from gradscope.truncation import CarryNumbers
+
+    shapes = model_shapes(load_spec(CONFIG))
+    full = {info.name: np.ones(info.shape) for info in shapes.weights}
+    truncated = {**full, "gru_2/w_c": np.full(full["gru_2/w_c"].shape, np.nan)}
+    numbers = CarryNumbers(chunk_lengths=[4, 3], full=full, truncated=truncated, products=[])
+    with pytest.raises(ConfigError, match="truncated BPTT gradient of gru_2/w_c has NaN"):
+        carried_entry(carry_entry(shapes), shapes, numbers)
