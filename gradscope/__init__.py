@@ -117,8 +117,8 @@ def _refuse_weights_for_keras(weights: Any) -> None:
                           "weights", where="--weights")
 
 
-def explain(spec: Any, data: Any = None, weights: Any = None, *, x: Any = None, y: Any = None,
-            flow: bool = False, jacobians: bool = False,
+def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None = None,
+            *, x: Any = None, y: Any = None, flow: bool = False, jacobians: bool = False,
             **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
@@ -131,7 +131,9 @@ def explain(spec: Any, data: Any = None, weights: Any = None, *, x: Any = None, 
     they are matched to the spec's layers by scope order and shape, converted where the
     layouts differ, and ``report.weights.mapping`` says where each weight came from. A
     variable that is missing, extra or misshapen raises ConfigError, one line per variable.
-    Refused (ConfigError) when the resource guard estimates more memory than a quarter of RAM.
+    ``chunks`` (K ≥ 2, YAML specs) adds the carry in numbers under ``report.carry``: per
+    weight ``l2_full``, ``l2_truncated``, ``l2_carried``. Refused (ConfigError) when the
+    resource guard estimates more memory than a quarter of RAM.
 
     ``spec`` may instead be a Keras model: the path of a saved ``model.keras``, or the model
     object itself (Sequential or functional). Keras runs it, with:
@@ -153,6 +155,11 @@ def explain(spec: Any, data: Any = None, weights: Any = None, *, x: Any = None, 
 
     if _is_keras(spec):
         _refuse_weights_for_keras(weights)
+        if chunks is not None:
+            from gradscope.errors import ConfigError
+
+            raise ConfigError("chunks is for YAML specs; a Keras model's recurrent layers "
+                              "are not cut into chunks yet", where="chunks")
         from gradscope.keras.explain import explain as _explain_keras
 
         return _explain_keras(_keras_job(spec, data, x, y, keras_options), flow=flow,
@@ -165,8 +172,8 @@ def explain(spec: Any, data: Any = None, weights: Any = None, *, x: Any = None, 
     spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
-    guard(spec, "explain")
-    return _explain(spec, data=batch, weights=weights)
+    guard(spec, "explain", chunks=chunks)
+    return _explain(spec, data=batch, weights=weights, chunks=chunks)
 
 
 def check(spec: Any, against: Any = None, chunks: int | None = None,

@@ -355,13 +355,19 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
                    "(needs matplotlib: `make install` in the clone, or "
                    "`.venv/bin/pip install matplotlib`). Implies --flow.")
 @weights_option
+@click.option("--chunks", type=int, metavar="K",
+              help="Cut the time axis into K ≥ 2 chunks (K need not divide the steps: the "
+                   "first chunks are one step longer) and report, per weight, the gradient "
+                   "norm of full BPTT, of truncated BPTT without the carry, and of their "
+                   "difference; and per chunk, ∂(final states)/∂(initial states) applied to "
+                   "the next chunk's ∂L/∂h0. Not for .keras models.")
 @keras_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: tuple[str | None, ...],
             model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, weights: str | None,
+            at: int | None, plot: Path | None, weights: str | None, chunks: int | None,
             keras_run: tuple[str | None, bool, int],
             memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
@@ -379,6 +385,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
       gradscope explain --json > report.json
       gradscope explain --jacobians --flow --plot flow.png
       gradscope explain model.yaml --weights model.ckpt
+      gradscope explain --chunks 2
     """
     from gradscope.inspect import explain as explain_report
     from gradscope.keras.archive import is_keras_file
@@ -386,8 +393,12 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
     preflight.check_plot(plot, force, output)
+    preflight.check_chunks(chunks)
     if is_keras_file(config):
         assert config is not None
+        if chunks is not None:
+            raise GradscopeError("--chunks is for YAML configs; a .keras model's recurrent "
+                                 "layers are not cut into chunks yet", where="--chunks")
         for option, given in (("--at", at is not None), ("--plot", plot is not None)):
             if given:
                 raise GradscopeError(f"{option} (the influence ‖∂h_t/∂x_s‖) is not available "
@@ -405,15 +416,17 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     _refuse_keras_options(keras_run)
     spec, batch = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, at=at)
+    preflight.check_chunks(chunks, spec.time_steps)
     from gradscope.guard import guard
 
     flow = flow or plot is not None or at is not None
-    guard(spec, "explain", memory_limit, across_time=jacobians or flow)
+    guard(spec, "explain", memory_limit, across_time=jacobians or flow, chunks=chunks)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
         report = explain_report(spec, data=batch, timings=timings,
                                 jacobians=jacobians, flow=flow, at=at,
                                 heatmap=plot is not None, weights=weights,
+                                chunks=chunks,
                                 progress=lambda message: status.update(message))
     if plot is not None:
         from gradscope.report.plot import write_flow_plot

@@ -105,6 +105,25 @@ def check_time_steps(time_steps: int, at: int | None = None, chunks: int | None 
         )
 
 
+def check_chunks(chunks: int | None, time_steps: int | None = None) -> None:
+    """``explain --chunks K``: at least one cut (K ≥ 2) and, once the time steps are known,
+    at most one chunk per step.
+
+    K need not divide the time steps: the chunks are cut as ``check --chunks`` cuts them
+    (``np.array_split``: the first ``time_steps mod K`` chunks are one step longer).
+    """
+    if chunks is None:
+        return
+    if chunks < 2:
+        raise GradscopeError(
+            f"--chunks {chunks}: expected K ≥ 2 (the time axis is cut into K chunks; with "
+            "fewer there is no boundary to carry gradients across)",
+            where="--chunks",
+        )
+    if time_steps is not None:
+        check_time_steps(time_steps, chunks=chunks)
+
+
 def _check_new_file(option: str, path: Path, force: bool) -> None:
     if path.exists() and not force:
         raise GradscopeError(

@@ -96,7 +96,14 @@ class TensorEntry(_Report):
     """What the shape algebra says about one tensor (no numbers from a run)."""
 
     name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
-    alias: str = Field(description="the name in the other naming, e.g. the TF1 variable")
+    alias: str = Field(description="the name in the other naming: the TF1 variable "
+                                   "(rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel), the "
+                                   "Keras path (gru_1/gru_cell/kernel) or the checkpoint's own")
+    alias_source: Literal["tf1", "keras", "checkpoint"] = Field(
+        default="tf1",
+        description="tf1: the name the canonical TF1 program (MultiRNNCell, dynamic_rnn, "
+                    "tf.layers.dense) creates; keras: the Keras 3 variable path; checkpoint: "
+                    "the variable the weights were read from")
     layer: str
     shape: list[int]
     formula: str = Field(description="the shape's arithmetic with the model's numbers")
@@ -128,14 +135,55 @@ class CarryPair(_Report):
     grad_y_shape: list[int]
 
 
+class CarryWeightEntry(_Report):
+    """One weight's gradient with and without the carry across chunk boundaries (float64)."""
+
+    name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
+    l2_full: float = Field(description="‖g_full‖: full BPTT over the whole batch")
+    l2_truncated: float = Field(
+        description="‖g_truncated‖: the same chunks, each backpropagated from zero at its end "
+                    "(no carried gradients)")
+    l2_carried: float = Field(description="‖g_full − g_truncated‖: what the carry adds")
+    carried_share: float = Field(description="l2_carried / l2_full (0 when l2_full is 0)")
+
+
+class CarryProductEntry(_Report):
+    """The seed's tf.gradients(ys=chunk's final states, xs=its initial states, grad_ys=next
+    chunk's ∂L/∂(initial states)), for one initial state of one chunk."""
+
+    chunk: int = Field(description="the chunk the product goes through, from 0")
+    start: int = Field(description="its first step")
+    stop: int = Field(description="one past its last step")
+    layer: str
+    x: str = Field(description="the initial state the product lands on: gru_1/h0 for chunk 0, "
+                               "gru_1/h[t=49] (the state step 49 produced) for a later one")
+    y: str = Field(description="the chunk's final state, e.g. gru_1/h[t=99]")
+    l2_grad_y: float = Field(description="‖grad_y‖: the next chunk's ∂L/∂(this initial state)")
+    l2_product: float = Field(description="‖Σ_y (∂y/∂x)ᵀ grad_y‖ over all the chunk's final "
+                                          "states y: what the carry adds to ∂L/∂x")
+
+
 class CarryEntry(_Report):
-    """How to carry gradients into the previous truncated batch."""
+    """How to carry gradients into the previous truncated batch; with ``explain --chunks K``,
+    also how much the carry changes the gradients (``weights``, ``products``)."""
 
     pairs: list[CarryPair]
     ys_count: int
     weight_gradient_count: int
     wrong_call_error: str = Field(description="what passing the weight gradients raises")
     explanation: list[str]
+    chunks: int | None = Field(default=None, description="K of --chunks (null without it)")
+    chunk_lengths: list[int] | None = Field(default=None, description="steps per chunk")
+    weights: list[CarryWeightEntry] | None = Field(
+        default=None, description="per weight: full, truncated and carried gradient norms")
+    products: list[CarryProductEntry] | None = Field(
+        default=None, description="per chunk before a boundary and per initial state: the "
+                                  "vector–Jacobian product the carry computes")
+    threshold: float | None = Field(
+        default=None, description="carried share from which carrying is said to matter")
+    matters: bool | None = Field(
+        default=None, description="some weight's carried_share is at least threshold")
+    verdict: str | None = Field(default=None, description="the one line the text shows")
 
 
 class ShapesReport(_Displayed):
