@@ -77,17 +77,10 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     clock = _Clock()
     algebra = model_shapes(spec)
     batch = data if data is not None else synthetic_batch(algebra)
-    weights_entry = None
-    if weights is not None:
-        if params is not None:
-            raise ConfigError("give weights= or params=, not both: params are the weights "
-                              "by gradscope name, weights a file or dict to be mapped",
-                              where="--weights")
-        from gradscope.weights import load_weights
+    from gradscope.weights import chosen_weights
 
-        say("reading the weights")
-        loaded = load_weights(spec, weights)
-        params, weights_entry = loaded.params, loaded.entry
+    params, weights_entry = chosen_weights(spec, weights, params, say)
+    if weights_entry is not None:
         # Each gradient is shown under the file's own variable name(s).
         algebra = model_shapes(spec, aliases={
             item.name: " + ".join(item.variables) for item in weights_entry.mapping})

@@ -445,6 +445,23 @@ class LoadedWeights:
     entry: WeightsEntry
 
 
+def chosen_weights(spec: Spec, weights: Any, params: dict[str, np.ndarray] | None,
+                   say: Callable[[str], None]
+                   ) -> tuple[dict[str, np.ndarray] | None, WeightsEntry | None]:
+    """The weights a run uses, by gradscope name, and where they came from: ``weights`` (a
+    file or dict to map, see :func:`load_weights`) or ``params`` (by gradscope name, taken as
+    they are), never both; ``(None, None)`` for the seeded initial weights."""
+    if weights is None:
+        return params, None
+    if params is not None:
+        raise ConfigError("give weights= or params=, not both: params are the weights "
+                          "by gradscope name, weights a file or dict to be mapped",
+                          where="--weights")
+    say("reading the weights")
+    loaded = load_weights(spec, weights)
+    return loaded.params, loaded.entry
+
+
 def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
                  ) -> LoadedWeights:
     """Map ``source`` onto ``spec``'s layers (see the module docstring); raise WeightsError

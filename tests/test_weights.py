@@ -135,6 +135,8 @@ def test_explain_weights_reproduces_an_independent_tf1_program(tf, seed_files):
     assert report["weights"]["format"] == "TF1 name-based checkpoint"
     for entry in report["gradients"]:
         (variable,) = variable_of[entry["name"]]
+        # Each gradient is shown under the checkpoint's own variable name.
+        assert (entry["alias"], entry["alias_source"]) == (variable, "checkpoint")
         g = expected[variable]
         assert entry["shape"] == list(g.shape)
         for key, value in (("l2", np.linalg.norm(g)), ("max_abs", np.abs(g).max()),

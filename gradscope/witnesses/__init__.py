@@ -22,7 +22,6 @@ import numpy as np
 
 from gradscope.algebra import model_shapes
 from gradscope.data import Batch, initial_params, synthetic_batch
-from gradscope.errors import ConfigError
 from gradscope.report.models import (
     CarryBoundaryEntry,
     CarryCheck,
@@ -80,17 +79,9 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
 
     algebra = model_shapes(spec)
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
-    weights_entry = None
-    if weights is not None:
-        if params is not None:
-            raise ConfigError("give weights= or params=, not both: params are the weights "
-                              "by gradscope name, weights a file or dict to be mapped",
-                              where="--weights")
-        from gradscope.weights import load_weights
+    from gradscope.weights import chosen_weights
 
-        say("reading the weights")
-        loaded = load_weights(spec, weights)
-        params, weights_entry = loaded.params, loaded.entry
+    params, weights_entry = chosen_weights(spec, weights, params, say)
     if params is None:
         params = initial_params(algebra)
     params = {name: value.astype(np.float64) for name, value in params.items()}

@@ -261,13 +261,9 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
     cell = algebra.cells[index]
     view = LayerView(cell, time_last)
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
-    weights_entry = None
-    if weights is not None:  # the user's trained weights, mapped onto the spec's layers
-        from gradscope.weights import load_weights
+    from gradscope.weights import chosen_weights
 
-        say("reading the weights")
-        loaded = load_weights(spec, weights)
-        params, weights_entry = loaded.params, loaded.entry
+    params, weights_entry = chosen_weights(spec, weights, params, say)
     params = {n: v.astype(np.float64) for n, v in (params or initial_params(algebra)).items()}
     say("importing TensorFlow")
     engine = Engine(algebra, dtype="float64")
