@@ -265,12 +265,14 @@ def keras_model(tf):
     import keras
 
     keras.utils.set_random_seed(5)
+    # Named explicitly: Keras numbers unnamed layers across the process (gru_3 after other
+    # tests' GRUs), and the weight paths below are these names.
     model = keras.Sequential([
         keras.Input((6, 5)),
-        keras.layers.GRU(4, reset_after=False, return_sequences=True),
-        keras.layers.LSTM(3, return_sequences=True),
-        keras.layers.Dense(3),
-    ])
+        keras.layers.GRU(4, reset_after=False, return_sequences=True, name="gru"),
+        keras.layers.LSTM(3, return_sequences=True, name="lstm"),
+        keras.layers.Dense(3, name="dense"),
+    ], name="sequential")
     for weight in model.weights:  # biases away from zero, so that their order matters
         weight.assign(weight.numpy() + np.random.default_rng(len(weight.path)).uniform(
             -0.3, 0.3, weight.shape))
