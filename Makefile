@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	@if $(BIN)/python -m pip show --quiet gradscope >/dev/null 2>&1; then \
 	    $(BIN)/python -m pip uninstall --quiet --disable-pip-version-check -y gradscope; fi
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[all,test]'
+	@# pip byte-compiles a regular install, not an editable one: do it here, so that a run
+	@# does not compile gradscope's modules from source each time (PYTHONDONTWRITEBYTECODE).
+	$(BIN)/python -m compileall -q gradscope
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -7,12 +7,28 @@ Python API (the CLI is a thin layer over exactly these)::
     report = gradscope.explain(spec)
     report.to_dict()
     gradscope.explain("model.keras")              # a saved Keras model, run by Keras
+    gradscope.explain(spec, weights="model.ckpt") # your trained weights (npz or checkpoint)
+    gradscope.infer_spec("model.ckpt").yaml       # the config a checkpoint's shapes imply
+    gradscope.explain(model, x=x, y=y, flow=True) # a Keras model object, e.g. in a notebook
+
+A Keras model object (Sequential or functional, built) goes through the same Keras engine as
+a ``.keras`` file: its graph is read from the config Keras would save, and it runs as it is,
+with its current weights. gradscope never changes it: its weights, compiled state and dtype
+are the same afterwards (the loss gradscope chooses for an uncompiled model is computed
+beside it, never compiled into it; ``check`` works on a float64 copy). Its layers' code is
+the user's own, already running, so a Lambda or a custom layer is not refused as in a file: it
+is run, and listed with its real gradient and "no derivation for this layer type".
+
+Every report draws itself in Jupyter (``_repr_html_``: the terminal's tables, formulas and
+flags), ``report.plot()`` returns a matplotlib Figure, ``report.to_dict()`` and
+``report.to_json()`` give the ``--json`` document.
 
 Importing gradscope does not import TensorFlow; ``explain`` does, quietly.
 """
 
 from __future__ import annotations
 
+from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -24,7 +40,9 @@ if TYPE_CHECKING:
         KerasCheckReport,
         KerasExplainReport,
         KerasShapesReport,
+        LayerCheckReport,
         ShapesReport,
+        SpecInference,
     )
     from gradscope.spec import Spec
 
@@ -36,13 +54,34 @@ def load_spec(source: Any = None) -> Spec:
     return _load_spec(source)
 
 
-def _keras_job(path: Any, data: Any, options: dict[str, Any]) -> Any:
-    """A saved Keras model read without TensorFlow. ``options``: batch_size, time_steps, loss,
-    training, pad, seed (as the CLI's flags); ``data``: a path to an .npz named by inputs and
-    outputs."""
-    from gradscope.keras.explain import prepare
+#: The options of a Keras model's batch and loss (as the CLI's flags).
+KERAS_JOB_OPTIONS = ("batch_size", "time_steps", "loss", "training", "pad", "seed")
 
-    return prepare(str(path), data=None if data is None else str(data), **options)
+
+def _is_keras(source: Any) -> bool:
+    from gradscope.keras.archive import is_keras_file
+    from gradscope.keras.live import is_live_model
+
+    return is_keras_file(source) or is_live_model(source)
+
+
+def _keras_job(source: Any, data: Any, x: Any, y: Any, options: dict[str, Any]) -> Any:
+    """A saved Keras model (read without TensorFlow) or a model object, with its batch.
+    ``options``: batch_size, time_steps, loss, training, pad, seed (as the CLI's flags);
+    ``data``: a path to an .npz named by inputs and outputs; ``x``/``y``: arrays."""
+    from gradscope.errors import ConfigError
+    from gradscope.keras.explain import prepare
+    from gradscope.keras.live import is_live_model
+
+    unknown = sorted(set(options) - set(KERAS_JOB_OPTIONS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}=: not an option for a Keras model; expected "
+                          f"{', '.join(KERAS_JOB_OPTIONS)}", where=unknown[0])
+    if data is not None and not isinstance(data, str | PathLike):
+        raise ConfigError("data=: for a Keras model, the path of an .npz file; pass arrays "
+                          "as x= and y=", where="data")
+    return prepare(source if is_live_model(source) else str(source),
+                   data=None if data is None else str(data), x=x, y=y, **options)
 
 
 def shapes(spec: Spec | str) -> ShapesReport | KerasShapesReport:
@@ -70,54 +109,132 @@ def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
     return load_batch(spec, data=data)
 
 
-def explain(spec: Spec | str, data: Any = None,
+def _refuse_weights_for_keras(weights: Any) -> None:
+    if weights is not None:
+        from gradscope.errors import ConfigError
+
+        raise ConfigError("weights= is for YAML specs; a Keras model carries its own "
+                          "weights", where="--weights")
+
+
+def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None = None,
+            *, x: Any = None, y: Any = None, flow: bool = False, jacobians: bool = False,
             **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
-    ``data`` is None (a synthetic batch from the seed), a path to an .npz file or a dict
-    of arrays ``{"x": ..., "y": ..., "gru_1/h0": ...}``. Refused (ConfigError) when the
-    resource guard estimates more memory than a quarter of RAM. ``spec`` may be the path of a
-    saved ``model.keras``: Keras runs it (``keras_options`` as the CLI's flags, e.g.
-    ``batch_size=8, loss="mse", training=True``).
+    ``spec`` is a YAML path, a dict or a Spec: ``data`` is then None (a synthetic batch from
+    the seed), a path to an .npz file or a dict of arrays ``{"x": ..., "y": ..., "gru_1/h0":
+    ...}``. ``weights`` is None (weights drawn from the spec's seed) or your trained weights:
+    a path to an .npz file or a TensorFlow checkpoint (TF1 name-based or TF2 object-based),
+    or a dict of arrays. Their names may be gradscope's (``gru_1/w_ru``), TF1's
+    (``GRU_Layer1/rnn/gru_cell/gates/kernel``) or Keras' (``sequential/gru/gru_cell/kernel``);
+    they are matched to the spec's layers by scope order and shape, converted where the
+    layouts differ, and ``report.weights.mapping`` says where each weight came from. A
+    variable that is missing, extra or misshapen raises ConfigError, one line per variable.
+    ``chunks`` (K ≥ 2, YAML specs) adds the carry in numbers under ``report.carry``: per
+    weight ``l2_full``, ``l2_truncated``, ``l2_carried``. Refused (ConfigError) when the
+    resource guard estimates more memory than a quarter of RAM.
+
+    ``spec`` may instead be a Keras model: the path of a saved ``model.keras``, or the model
+    object itself (Sequential or functional). Keras runs it, with:
+
+    - ``x``: the inputs, NumPy or TensorFlow arrays: one array for a single input, a list in
+      the model's input order, or a dict by input name (a float input is cast to its Input's
+      dtype, as Keras does). ``y``: the targets, likewise by output; None: synthetic targets
+      that match the loss. Without ``x``: a synthetic batch (or ``data``, an .npz path).
+    - ``keras_options`` as the CLI's flags: ``batch_size``, ``time_steps`` (synthetic batch),
+      ``loss`` (a Keras loss name; default: the compiled loss, else inferred from the output),
+      ``training`` (dropout and batch norm in training mode, seeded), ``pad``, ``seed``.
+    - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0.
+
+    A shape or name that does not fit the model is a ConfigError/DataError naming the array
+    (``x['tokens']``, ``y[1]``).
     """
     from gradscope.guard import guard
     from gradscope.inspect import explain as _explain
-    from gradscope.keras.archive import is_keras_file
 
-    if is_keras_file(spec):
+    if _is_keras(spec):
+        _refuse_weights_for_keras(weights)
+        if chunks is not None:
+            from gradscope.errors import ConfigError
+
+            raise ConfigError("chunks is for YAML specs; a Keras model's recurrent layers "
+                              "are not cut into chunks yet", where="chunks")
         from gradscope.keras.explain import explain as _explain_keras
 
-        return _explain_keras(_keras_job(spec, data, keras_options))
+        return _explain_keras(_keras_job(spec, data, x, y, keras_options), flow=flow,
+                              jacobians=jacobians)
+    if x is not None or y is not None:
+        from gradscope.errors import ConfigError
+
+        raise ConfigError("x= and y= are for a Keras model; for a YAML spec pass "
+                          "data={'x': ..., 'y': ...}", where="x")
     spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
-    guard(spec, "explain")
-    return _explain(spec, data=batch)
+    guard(spec, "explain", chunks=chunks)
+    return _explain(spec, data=batch, weights=weights, chunks=chunks)
 
 
-def check(spec: Spec | str, against: Any = None, chunks: int | None = None,
-          data: Any = None, **options: Any) -> CheckReport | KerasCheckReport:
+def check(spec: Any, against: Any = None, chunks: int | None = None,
+          data: Any = None, layer: str | None = None, time_last: bool = False,
+          weights: Any = None, *, x: Any = None, y: Any = None,
+          **options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``. The
     names it leaves out are in ``report.against_not_returned``; if it raises or returns no
-    known name, ``ConfigError`` says where.
+    known name, ``ConfigError`` says where. With ``layer``, ``against`` is the backward of that
+    one recurrent layer, ``FUNC(x, h0, params, dh) -> dict`` (``time_last``: arrays laid out
+    (features, batch, time)); the report is a ``LayerCheckReport`` (see README).
+    ``weights``: your trained weights, as for :func:`explain`. (``params={"gru_1/w_ru": …}``,
+    by gradscope name and in the spec's layout, also works: taken as they are, with no
+    mapping reported.)
+
+    ``spec`` may be a Keras model, a ``model.keras`` path or the model object, with ``x``,
+    ``y`` and the options of :func:`explain` (plus ``directions``, ``rtol``, ``atol``): finite
+    differences and the NumPy reference on a float64 copy of the model with the same weights.
     """
     from gradscope.guard import guard
-    from gradscope.keras.archive import is_keras_file
     from gradscope.witnesses import check as _check
 
-    if is_keras_file(spec):
+    if _is_keras(spec):
+        _refuse_weights_for_keras(weights)
         from gradscope.keras.check import check as _check_keras
 
-        keras_keys = {"batch_size", "time_steps", "loss", "training", "pad", "seed"}
-        job = _keras_job(spec, data, {k: v for k, v in options.items() if k in keras_keys})
-        return _check_keras(job, **{k: v for k, v in options.items() if k not in keras_keys})
+        job = _keras_job(spec, data, x, y,
+                         {k: v for k, v in options.items() if k in KERAS_JOB_OPTIONS})
+        return _check_keras(job, **{k: v for k, v in options.items()
+                                    if k not in KERAS_JOB_OPTIONS})
+    if x is not None or y is not None:
+        from gradscope.errors import ConfigError
+
+        raise ConfigError("x= and y= are for a Keras model; for a YAML spec pass "
+                          "data={'x': ..., 'y': ...}", where="x")
     spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
+    if layer is not None or time_last:
+        from gradscope import preflight
+        from gradscope.witnesses.layer_backward import check_layer
+
+        preflight.check_layer_options(against, layer, time_last, {"chunks": chunks})
+        assert layer is not None and against is not None
+        preflight.check_layer_name(spec, layer)
+        guard(spec, "check")
+        return check_layer(spec, against, layer, time_last=time_last, data=batch,
+                           weights=weights, **options)
     guard(spec, "check")
-    return _check(spec, against=against, chunks=chunks, data=batch, **options)
+    return _check(spec, against=against, chunks=chunks, data=batch, weights=weights, **options)
 
 
-__all__ = ["__version__", "check", "explain", "load_spec", "shapes"]
+def infer_spec(source: Any) -> SpecInference:
+    """The config that a checkpoint's or an .npz file's variable shapes imply (no TensorFlow
+    for an .npz): ``report.yaml`` loads with :func:`load_spec`, ``report.inferences`` says
+    why each value is what it is. Ambiguous or unknown variables raise ConfigError."""
+    from gradscope.spec_inference import infer_spec as _infer_spec
+
+    return _infer_spec(source)
+
+
+__all__ = ["__version__", "check", "explain", "infer_spec", "load_spec", "shapes"]

@@ -29,6 +29,7 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
+    LayerCheckReport,
     ShapesReport,
     json_schema,
 )
@@ -162,6 +163,23 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def weights_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--weights PATH``: a YAML-described model's trained weights."""
+
+    @click.option("--weights", "weights_path", metavar="PATH", shell_complete=_complete_path,
+                  help="Use these trained weights instead of ones drawn from the seed: an .npz "
+                       "file or a TensorFlow checkpoint (TF1 name-based or TF2 object-based), "
+                       "named by gradscope (gru_1/w_ru), TF1 (GRU_Layer1/rnn/gru_cell/gates/"
+                       "kernel) or Keras (gru/gru_cell/kernel). The mapping is printed; a "
+                       "missing, extra or misshapen variable exits 2. YAML configs only.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, weights_path: str | None, **kwargs: Any) -> Any:
+        preflight.check_weights(weights_path, kwargs.get("config"))
+        return func(*args, weights=weights_path, **kwargs)
+
+    return wrapper
+
+
 def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The flags of a saved .keras model's run (a YAML config sets these itself)."""
 
@@ -236,8 +254,9 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-          | KerasShapesReport | KerasCheckReport | FlowHistoryReport, as_json: bool,
-          output: Path | None, force: bool, equations: str | None = None) -> None:
+          | KerasShapesReport | KerasCheckReport | LayerCheckReport | FlowHistoryReport,
+          as_json: bool, output: Path | None, force: bool,
+          equations: str | None = None) -> None:
     from gradscope.report.text import print_report
 
     if output is None:
@@ -337,13 +356,21 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
               help="Write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to FILE.png "
                    "(needs matplotlib: `make install` in the clone, or "
                    "`.venv/bin/pip install matplotlib`). Implies --flow.")
+@weights_option
+@click.option("--chunks", type=int, metavar="K",
+              help="Cut the time axis into K ≥ 2 chunks (K need not divide the steps: the "
+                   "first chunks are one step longer) and report, per weight, the gradient "
+                   "norm of full BPTT, of truncated BPTT without the carry, and of their "
+                   "difference; and per chunk, ∂(final states)/∂(initial states) applied to "
+                   "the next chunk's ∂L/∂h0. Not for .keras models.")
 @keras_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: tuple[str | None, ...],
             model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, keras_run: tuple[str | None, bool, int],
+            at: int | None, plot: Path | None, weights: str | None, chunks: int | None,
+            keras_run: tuple[str | None, bool, int],
             memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
@@ -359,6 +386,8 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
       gradscope explain sample_configs/seed.yaml
       gradscope explain --json > report.json
       gradscope explain --jacobians --flow --plot flow.png
+      gradscope explain model.yaml --weights model.ckpt
+      gradscope explain --chunks 2
     """
     from gradscope.inspect import explain as explain_report
     from gradscope.keras.archive import is_keras_file
@@ -366,8 +395,12 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
     preflight.check_plot(plot, force, output)
+    preflight.check_chunks(chunks)
     if is_keras_file(config):
         assert config is not None
+        if chunks is not None:
+            raise GradscopeError("--chunks is for YAML configs; a .keras model's recurrent "
+                                 "layers are not cut into chunks yet", where="--chunks")
         for option, given in (("--at", at is not None), ("--plot", plot is not None)):
             if given:
                 raise GradscopeError(f"{option} (the influence ‖∂h_t/∂x_s‖) is not available "
@@ -385,15 +418,17 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
     _refuse_keras_options(keras_run)
     spec, batch = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, at=at)
+    preflight.check_chunks(chunks, spec.time_steps)
     from gradscope.guard import guard
 
     flow = flow or plot is not None or at is not None
-    guard(spec, "explain", memory_limit, across_time=jacobians or flow)
+    guard(spec, "explain", memory_limit, across_time=jacobians or flow, chunks=chunks)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
         report = explain_report(spec, data=batch, timings=timings,
                                 jacobians=jacobians, flow=flow, at=at,
-                                heatmap=plot is not None,
+                                heatmap=plot is not None, weights=weights,
+                                chunks=chunks,
                                 progress=lambda message: status.update(message))
     if plot is not None:
         from gradscope.report.plot import write_flow_plot
@@ -422,6 +457,14 @@ finite differences.
               help="Also compare your own backward function FUNC(params, x, y, h0) -> dict of "
                    "gradients of the mean loss (see README). This imports and runs FILE.py: "
                    "your code, at your request.")
+@click.option("--layer", metavar="NAME",
+              help="Check your backward of this one recurrent layer instead of the whole "
+                   "model's: --against FUNC(x, h0, params, dh) -> dict, where dh is ∂L/∂h_t "
+                   "from above at each step, without the carry (see README).")
+@click.option("--time-last", is_flag=True,
+              help="With --layer: arrays laid out (features, batch, time) and states "
+                   "(units, batch), as in the classic course code; a SimpleRNN's params then "
+                   "also hold Wax, Waa, ba.")
 @click.option("--chunks", type=click.IntRange(min=1), metavar="K",
               help="Also run truncated BPTT in K chunks, carrying each chunk's initial-state "
                    "gradients as grad_ys into the previous chunk, and compare the summed "
@@ -437,14 +480,16 @@ finite differences.
                    "public documentation, with evidence from this model (text only: the JSON "
                    "report always carries the errata).")
 @data_options
+@weights_option
 @keras_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def check(config: str | None, against: str | None, chunks: int | None, directions: int,
+def check(config: str | None, against: str | None, layer: str | None, time_last: bool,
+          chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
           data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
-          keras_run: tuple[str | None, bool, int],
+          weights: str | None, keras_run: tuple[str | None, bool, int],
           memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
           quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
@@ -460,9 +505,13 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
       gradscope check
       gradscope check config.yaml --chunks 4
       gradscope check config.yaml --against my_bptt.py:backward --json
+      gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
+      gradscope check model.yaml --weights model.ckpt
     """
     from gradscope.witnesses import check as check_report
 
+    preflight.check_layer_options(against, layer, time_last,
+                                  {"--chunks": chunks, "--equations": equations, "--atol": atol})
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
     if equations and as_json:
@@ -491,13 +540,25 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
     _refuse_keras_options(keras_run)
     spec, batch = _load_with_data(config, data_files, model_sizes)
     preflight.check_time_steps(spec.time_steps, chunks=chunks)
+    if layer is not None:
+        preflight.check_layer_name(spec, layer)
     from gradscope.guard import guard
 
     guard(spec, "check", memory_limit)
     progress = _stderr_console(quiet=quiet)
+    if layer is not None and against is not None:
+        from gradscope.witnesses.layer_backward import check_layer
+
+        with progress.status("gradscope check --layer", spinner="dots") as status:
+            layer_report = check_layer(spec, against, layer, time_last=time_last, rtol=rtol,
+                                       data=batch, timings=timings, weights=weights,
+                                       progress=lambda message: status.update(message))
+        _emit(layer_report, as_json, output, force)
+        return EXIT_OK if layer_report.summary.passed else EXIT_PROBLEM
     with progress.status("gradscope check", spinner="dots") as status:
         report = check_report(spec, against=against, chunks=chunks, directions=directions,
                               rtol=rtol, atol=atol, timings=timings, data=batch,
+                              weights=weights,
                               progress=lambda message: status.update(message))
     equations_text = None
     if equations:
@@ -506,6 +567,42 @@ def check(config: str | None, against: str | None, chunks: int | None, direction
         equations_text = CORRECTED_EQUATIONS
     _emit(report, as_json, output, force, equations_text)
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
+
+
+@cli.command("spec", epilog=EXIT_CODES_HELP)
+@click.argument("path", shell_complete=_complete_path)
+@output_options
+def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
+                 quiet: bool) -> int:
+    """Infer the YAML config from a checkpoint's or an .npz file's weight shapes.
+
+    The shape algebra run backwards: input size, layers, units, cell kind, layout and the
+    dense output are read off the variables' shapes, each cross-checked. The YAML goes to
+    stdout (or -o FILE) and loads as it is; why each value is what it is goes to stderr.
+    Time steps, batch size and loss cannot be known from weights: they get a default and a
+    comment, and --data sets the sizes. An .npz file needs no TensorFlow.
+
+    \b
+    Example:
+      gradscope spec model.ckpt > model.yaml
+      gradscope explain model.yaml --weights model.ckpt
+    """
+    from gradscope.spec_inference import infer_spec
+
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    preflight.check_weights(path, None, option="spec")
+    report = infer_spec(path)
+    if not as_json and not quiet:
+        from gradscope.report.text import inference_lines
+
+        _stderr_console().print(inference_lines(report), markup=False, soft_wrap=True)
+    text = json_render.render_report(report) if as_json else report.yaml
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write_atomically(output, text)
+    return EXIT_OK
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

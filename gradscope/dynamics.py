@@ -88,7 +88,9 @@ def state_jacobians_and_influence(
         with tf.GradientTape() as tape:
             tape.watch([params, x, states, probes])
             sequences: dict[str, Any] = {}
-            predictions, finals = engine.forward(params, x, states, probes, sequences)
+            trajectories: dict[str, Any] = {}
+            predictions, finals = engine.forward(params, x, states, probes, sequences,
+                                                 trajectories=trajectories)
             loss = engine.loss(predictions, y)
         weight_gradients, state_gradients, input_gradient, probe_gradients = tape.gradient(
             loss, [params, states, x, probes])
@@ -99,7 +101,8 @@ def state_jacobians_and_influence(
             "sequence_gradients": {k: tf.transpose(v, [1, 0, 2])
                                    for k, v in probe_gradients.items()},
         }
-        groups, influence = _rows_backward(engine, params, x, states, at, at_last)
+        groups, influence = _rows_backward(engine, params, x, states, trajectories, at,
+                                           at_last)
         return groups, tf.sqrt(influence), ordinary
 
     with native_stderr_silenced():
@@ -137,7 +140,8 @@ def state_jacobians_and_influence(
 
 
 def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[str, Any],
-                   at: Any, at_last: bool) -> tuple[list[Any], Any]:
+                   trajectories: dict[str, Any], at: Any,
+                   at_last: bool) -> tuple[list[Any], Any]:
     """Every Jacobian row at once, and ‖∂h_at/∂x_s‖² (B, T), by one backward scan over time.
 
     A row is one unit of one layer's final state (h, then c for an LSTM), for every example.
@@ -148,6 +152,7 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
     repeated once per row, and one ``tape.gradient`` of the step with those cotangents gives
     them at t−1 and, through the layer's input, adds to layer n−1's at t. This is
     backpropagation through time, with all rows in one pass instead of one pass per row.
+    The states at every step come from the ordinary pass (``trajectories``): computed once.
 
     The influence rows are the last layer's h units at step ``at``: when ``at`` is the last
     step they are Jacobian rows already; otherwise they are extra rows whose cotangent starts
@@ -170,24 +175,11 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
     def repeat(value: Any, times: int) -> Any:  # (B, n) → (times·B, n), row-major
         return tf.tile(value, [times, 1])
 
-    # Forward: every state of every layer at every step, and each layer's input.
-    def forward_step(carry: tuple[Any, ...], x_t: Any) -> tuple[Any, ...]:
-        out: list[Any] = []
-        position, layer_input = 0, x_t
-        for n, cell in enumerate(cells):
-            count = len(cell.state_names)
-            step_inputs = tuple(v[0] for v in cell.tf_inputs(tf, cell_params[n],
-                                                             layer_input[None]))
-            new = cell.tf_step(tf, step_weights[n], carry[position:position + count],
-                               step_inputs)
-            out += new
-            position += count
-            layer_input = new[0]
-        return tuple(out)
-
     x_major = tf.transpose(x, [1, 0, 2])  # (T, B, F)
     initial = tuple(states[f"{cell.name}/{s}"] for cell in cells for s in cell.state_names)
-    trajectory = tf.scan(forward_step, x_major, initializer=initial)  # each (T, B, u)
+    # Every state at every step, each (T, B, u): the ordinary pass computed them already.
+    trajectory = tuple(trajectories[f"{cell.name}/{s[0]}"] for cell in cells
+                       for s in cell.state_names)
     previous = tuple(tf.concat([s0[None], seq[:-1]], axis=0)
                      for s0, seq in zip(initial, trajectory, strict=True))
     steps = tf.shape(x_major)[0]

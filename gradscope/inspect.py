@@ -16,6 +16,8 @@ from gradscope.report.models import (
     BlockEntry,
     CarryEntry,
     CarryPair,
+    CarryProductEntry,
+    CarryWeightEntry,
     ExplainReport,
     FlowFlag,
     GradientEntry,
@@ -32,6 +34,7 @@ from gradscope.report.models import (
     TensorEntry,
 )
 from gradscope.spec import Spec
+from gradscope.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, percent, state_names
 
 if TYPE_CHECKING:
     from gradscope.dynamics import Dynamics, JacobianBlock
@@ -53,21 +56,37 @@ def shapes(spec: Spec) -> ShapesReport:
 def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = None,
             timings: bool = False, jacobians: bool = False, flow: bool = False,
             at: int | None = None, heatmap: bool = False,
-            params: dict[str, np.ndarray] | None = None) -> ExplainReport:
+            params: dict[str, np.ndarray] | None = None,
+            weights: Any = None, chunks: int | None = None) -> ExplainReport:
     """Build the model in TF, run one forward/backward pass, explain every gradient.
 
     ``jacobians`` adds ∂h_T/∂h_0 between every pair of layers; ``flow`` adds the gradient
     norms per step and the influence ‖∂h_t/∂x_s‖ of every input step (t = ``at``, by
     default the last step); ``heatmap`` adds ‖∂h_t/∂x_s‖ for up to 16 steps t. ``params``
-    replaces the seeded initial weights (e.g. a saved Keras model's).
+    replaces the seeded initial weights by gradscope name, as they are; ``weights`` (an .npz
+    path, a TF checkpoint or a dict named any way :mod:`gradscope.weights` reads) is mapped
+    onto the spec's layers first, and the mapping is reported. An .npz is read and checked
+    before TensorFlow is imported. ``chunks`` (K ≥ 2) cuts the time axis into K chunks and
+    adds, under ``carry``, how much carrying gradients across the cuts changes each weight
+    gradient (see :mod:`gradscope.truncation`).
     """
-    from gradscope.model import Engine  # imports TensorFlow
+    from gradscope.preflight import check_chunks
 
+    check_chunks(chunks, int(data.x.shape[1]) if data is not None else spec.time_steps)
     say = progress or (lambda message: None)
     clock = _Clock()
     algebra = model_shapes(spec)
     batch = data if data is not None else synthetic_batch(algebra)
+    from gradscope.weights import chosen_weights
+
+    params, weights_entry = chosen_weights(spec, weights, params, say)
+    if weights_entry is not None:
+        # Each gradient is shown under the file's own variable name(s).
+        algebra = model_shapes(spec, aliases={
+            item.name: " + ".join(item.variables) for item in weights_entry.mapping})
     params = initial_params(algebra) if params is None else params
+    from gradscope.model import Engine  # imports TensorFlow
+
     say("importing TensorFlow")
     engine = Engine(algebra)
     clock.lap("import_and_build")
@@ -108,14 +127,24 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         state_gradient_entry(info, state_gradients[info.name]) for info in algebra.states
     ]
     clock.lap("statistics")
+    carry = carry_entry(algebra)
+    if chunks is not None:
+        from gradscope.truncation import carry_numbers
+        from gradscope.witnesses.carry import chunk_lengths
+
+        say(f"full and truncated BPTT in {chunks} chunks (float64)")
+        lengths = chunk_lengths(int(batch.x.shape[1]), chunks)
+        carry = carried_entry(carry, algebra, carry_numbers(algebra, params, batch, lengths))
+        clock.lap("carry")
     return ExplainReport(
         model=model_entry(algebra, data=batch.source),
         loss=LossEntry(name=spec.loss, value=_finite_or_none(result.loss)),
         gradients=gradients,
         initial_state_gradients=state_entries,
-        carry=carry_entry(algebra),
+        carry=carry,
         state_jacobians=state_jacobians,
         gradient_flow=gradient_flow,
+        weights=weights_entry,
         timings=clock.laps if timings else None,
     )
 
@@ -144,6 +173,7 @@ def tensor_entry(info: TensorInfo) -> TensorEntry:
     return TensorEntry(
         name=info.name,
         alias=info.alias,
+        alias_source=info.alias_source,
         layer=info.layer,
         shape=list(info.shape),
         formula=info.formula,
@@ -217,6 +247,54 @@ def carry_entry(algebra: ModelShapes) -> CarryEntry:
         wrong_call_error=error,
         explanation=explanation,
     )
+
+
+def carried_entry(carry: CarryEntry, algebra: ModelShapes, numbers: CarryNumbers) -> CarryEntry:
+    """``carry`` with the numbers of ``explain --chunks``: per weight, per chunk and state.
+
+    Non-finite gradients have no carried share: the run is refused (exit 2), not reported
+    with numbers that mean nothing."""
+    for kind, gradients in (("full", numbers.full), ("truncated", numbers.truncated)):
+        for name, value in gradients.items():
+            if not np.all(np.isfinite(value)):
+                raise ConfigError(
+                    f"--chunks: the {kind} BPTT gradient of {name} has NaN or Inf values (in "
+                    "float64), so no carried share can be given; expected finite gradients "
+                    "(explain without --chunks shows where)", where="--chunks")
+    weights = []
+    for info in algebra.weights:
+        full = float(np.linalg.norm(numbers.full[info.name]))
+        carried = float(np.linalg.norm(numbers.carried(info.name)))
+        weights.append(CarryWeightEntry(
+            name=info.name, l2_full=full,
+            l2_truncated=float(np.linalg.norm(numbers.truncated[info.name])),
+            l2_carried=carried, carried_share=carried / full if full > 0 else 0.0))
+    products = []
+    for chunk in numbers.products:
+        for name in state_names(algebra):
+            layer, state = name.rsplit("/", 1)
+            x = name if chunk.chunk == 0 else f"{layer}/{state[0]}[t={chunk.start - 1}]"
+            products.append(CarryProductEntry(
+                chunk=chunk.chunk, start=chunk.start, stop=chunk.stop, layer=layer, x=x,
+                y=f"{layer}/{state[0]}[t={chunk.stop - 1}]",
+                l2_grad_y=float(np.linalg.norm(chunk.grad_ys[name])),
+                l2_product=float(np.linalg.norm(chunk.products[name]))))
+    threshold = CARRIED_SHARE_THRESHOLD
+    largest = max(weights, key=lambda entry: entry.carried_share)
+    reaching = sum(entry.carried_share >= threshold for entry in weights)
+    matters = reaching > 0
+    share = percent(largest.carried_share)
+    if matters:
+        verdict = (f"carrying matters: it changes {reaching} of {len(weights)} gradients by "
+                   f"≥ {threshold:.0%} ({largest.name} by {share})")
+    else:
+        verdict = (f"carrying hardly matters: it changes every gradient by < {threshold:.0%} "
+                   f"(at most {share}, {largest.name})")
+    return carry.model_copy(update={
+        "chunks": len(numbers.chunk_lengths), "chunk_lengths": numbers.chunk_lengths,
+        "weights": weights, "products": products, "threshold": threshold, "matters": matters,
+        "verdict": verdict,
+    })
 
 
 def _checked_against_algebra(infos: tuple[TensorInfo, ...],

@@ -45,7 +45,9 @@ class Engine:
     def forward(self, params: dict[str, Any], x: Any, states: dict[str, Any],
                 probes: dict[str, Any] | None = None,
                 sequences: dict[str, Any] | None = None,
-                start: int = 0) -> tuple[Any, dict[str, Any]]:
+                start: int = 0, cuts: Any = None,
+                edges: dict[str, Any] | None = None,
+                trajectories: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         """x (B, T, F) → predictions (B, T, L) or (B, L), and the final states by name.
 
         Final states are named like the initial ones with ``_T``: ``gru_1/h_T``. ``probes``
@@ -53,7 +55,10 @@ class Engine:
         collects each layer's time-major output. With ``start`` > 0 the pass begins at that
         recurrent layer (index into ``shapes.cells``; their count: the dense layers only), and
         ``x`` (B, T, ·) is the output sequence of the layer before it; only the weights and
-        states of the layers run are read.
+        states of the layers run are read. ``cuts`` (T,) and ``edges`` (time-major zeros
+        named like the initial states, ``gru_1/h0``) cut the recurrence for truncated BPTT and
+        expose what it carries: see :meth:`Cell.tf_sequence`. ``trajectories``, if given,
+        collects every state's time-major sequence by state name (``gru_1/h``, ``lstm_1/c``).
         """
         tf = self.tf
         sequence = tf.transpose(x, [1, 0, 2])  # time-major for tf.scan
@@ -64,7 +69,16 @@ class Engine:
             cell_probes = None
             if probes is not None:
                 cell_probes = tuple(probes[f"{cell.name}/{s[0]}"] for s in cell.state_names)
-            sequence, final = cell.tf_sequence(tf, cell_params, sequence, initial, cell_probes)
+            cell_edges = None
+            if edges is not None:
+                cell_edges = tuple(edges[f"{cell.name}/{s}"] for s in cell.state_names)
+            states_run: list[Any] | None = [] if trajectories is not None else None
+            sequence, final = cell.tf_sequence(tf, cell_params, sequence, initial, cell_probes,
+                                               cuts=cuts, edges=cell_edges,
+                                               trajectory=states_run)
+            if trajectories is not None and states_run is not None:
+                for state, values in zip(cell.state_names, states_run, strict=True):
+                    trajectories[f"{cell.name}/{state[0]}"] = values
             if sequences is not None:
                 sequences[f"{cell.name}/h"] = sequence
             for state, value in zip(cell.state_names, final, strict=True):

@@ -13,8 +13,12 @@ import importlib.util
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradscope.errors import GradscopeError
+
+if TYPE_CHECKING:
+    from gradscope.spec import Spec
 
 #: The file types matplotlib's Agg backend writes, by extension.
 PLOT_EXTENSIONS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
@@ -101,6 +105,25 @@ def check_time_steps(time_steps: int, at: int | None = None, chunks: int | None 
         )
 
 
+def check_chunks(chunks: int | None, time_steps: int | None = None) -> None:
+    """``explain --chunks K``: at least one cut (K ≥ 2) and, once the time steps are known,
+    at most one chunk per step.
+
+    K need not divide the time steps: the chunks are cut as ``check --chunks`` cuts them
+    (``np.array_split``: the first ``time_steps mod K`` chunks are one step longer).
+    """
+    if chunks is None:
+        return
+    if chunks < 2:
+        raise GradscopeError(
+            f"--chunks {chunks}: expected K ≥ 2 (the time axis is cut into K chunks; with "
+            "fewer there is no boundary to carry gradients across)",
+            where="--chunks",
+        )
+    if time_steps is not None:
+        check_time_steps(time_steps, chunks=chunks)
+
+
 def _check_new_file(option: str, path: Path, force: bool) -> None:
     if path.exists() and not force:
         raise GradscopeError(
@@ -121,3 +144,50 @@ def _check_new_file(option: str, path: Path, force: bool) -> None:
 
 def _same_file(first: Path, second: Path) -> bool:
     return os.path.abspath(first) == os.path.abspath(second)
+
+
+def check_layer_options(against: str | None, layer: str | None, time_last: bool,
+                        others: dict[str, object]) -> None:
+    """``check --layer NAME [--time-last]``: one layer's backward, so it needs ``--against``;
+    ``--time-last`` lays out that function's arrays, so it needs ``--layer``. ``others`` maps
+    the whole-model options (``--chunks``, …) to their values: none goes with ``--layer``."""
+    if time_last and layer is None:
+        raise GradscopeError("--time-last lays out the arrays of --layer's backward as "
+                             "(features, batch, time); expected it together with --layer NAME",
+                             where="--time-last")
+    if layer is None:
+        return
+    if against is None:
+        raise GradscopeError(f"--layer {layer} checks your backward of one layer; expected it "
+                             "together with --against FILE.py:FUNC", where="--layer")
+    for option, given in others.items():
+        if given:
+            raise GradscopeError(f"{option} does not go with --layer, which checks one layer's "
+                                 "backward given dh; expected one or the other",
+                                 where=option)
+
+
+def check_layer_name(spec: Spec, layer: str) -> None:
+    """``--layer NAME`` must name one of the spec's recurrent layers."""
+    recurrent = [item.name for item in spec.layers if item.recurrent]
+    expected = f"expected one of the recurrent layers: {', '.join(str(n) for n in recurrent)}"
+    for item in spec.layers:
+        if item.name == layer and not item.recurrent:
+            raise GradscopeError(f"--layer {layer} is a {item.type} layer; --layer checks a "
+                                 f"recurrent layer's backward: {expected}", where="--layer")
+    if layer not in recurrent:
+        raise GradscopeError(f"--layer {layer}: the model has no layer of that name; {expected}",
+                             where="--layer")
+
+
+def check_weights(path: str | None, config: str | None, option: str = "--weights") -> None:
+    """``--weights PATH`` (or ``gradscope spec PATH``): an .npz file or a checkpoint that
+    exists, for a YAML config (a .keras model carries its own weights); nothing is read."""
+    if path is None:
+        return
+    if config is not None and str(config).endswith(".keras"):
+        raise GradscopeError(f"--weights is for YAML configs; {config} carries its own "
+                             "weights", where="--weights")
+    from gradscope.weights import locate
+
+    locate(path, option if option == "--weights" else "")

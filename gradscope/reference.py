@@ -56,7 +56,16 @@ class Backward(Protocol):
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
                  totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]: ...
 
-StepBackward = Callable[[Params, StepCache, np.ndarray], tuple[np.ndarray, np.ndarray, Params]]
+TanhPrime = Callable[[np.ndarray], np.ndarray]  # the derivative of tanh, from a = tanh(z)
+
+
+class StepBackward(Protocol):
+    """Backward through one step of a one-state cell: ``(params, cache, d_h)`` → (d_x_t,
+    d_h_{t−1}, this step's weight gradients). ``tanh_prime`` is 1 − a² unless a diagnosis asks
+    for a wrong one."""
+
+    def __call__(self, params: Params, cache: StepCache, d_h: np.ndarray, *,
+                 tanh_prime: TanhPrime = ...) -> tuple[np.ndarray, np.ndarray, Params]: ...
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,12 @@ def sigmoid(a: np.ndarray) -> np.ndarray:
     """σ(a) = 1 / (1 + e^(−a)), computed without overflow for large |a|."""
     e = np.exp(-np.abs(a))
     return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def tanh_derivative(a: np.ndarray) -> np.ndarray:
+    """d tanh(z)/dz written with a = tanh(z): 1 − a². Every step backward takes it as
+    ``tanh_prime``, so a diagnosis can recompute the gradient a user gets with a wrong one."""
+    return 1.0 - a**2
 
 
 def interpolate_backward(d_h: np.ndarray, gate: np.ndarray, h_prev: np.ndarray,
@@ -150,8 +165,9 @@ def gru_block_step(params: Params, x_t: np.ndarray,
     return h, {"x": x_t, "h_prev": h_prev, "xh": xh, "xrh": xrh, "r": r, "u": u, "c": c}
 
 
-def gru_block_step_backward(params: Params, cache: StepCache,
-                            d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
+                            tanh_prime: TanhPrime = tanh_derivative,
+                            ) -> tuple[np.ndarray, np.ndarray, Params]:
     """Backward through one block GRU step, given d_h, the *total* ∂L/∂h_t.
 
         d_u, d_c   from h_t = u∘h_{t−1} + (1−u)∘c       (see interpolate_backward)
@@ -170,7 +186,7 @@ def gru_block_step_backward(params: Params, cache: StepCache,
     F = cache["x"].shape[1]
     h_prev, r, u, c = cache["h_prev"], cache["r"], cache["u"], cache["c"]
     d_u, d_c, d_h_prev = interpolate_backward(d_h, u, h_prev, c)
-    d_c_bar = d_c * (1.0 - c**2)
+    d_c_bar = d_c * tanh_prime(c)
     d_xrh = d_c_bar @ params["w_c"].T
     d_rh = d_xrh[:, F:]
     d_r = d_rh * h_prev
@@ -246,8 +262,9 @@ def gru_keras_step(params: Params, x_t: np.ndarray,
                "candidate": candidate}
 
 
-def gru_keras_step_backward(params: Params, cache: StepCache,
-                            d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
+                            tanh_prime: TanhPrime = tanh_derivative,
+                            ) -> tuple[np.ndarray, np.ndarray, Params]:
     """Backward through one Keras GRU step (reset_after=True), given the total ∂L/∂h_t.
 
         d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
@@ -263,7 +280,7 @@ def gru_keras_step_backward(params: Params, cache: StepCache,
     """
     h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
     d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
-    d_candidate_bar = d_candidate * (1.0 - candidate**2)
+    d_candidate_bar = d_candidate * tanh_prime(candidate)
     d_z_bar = d_z * z * (1.0 - z)
     d_r_bar = d_candidate_bar * cache["inner_h"] * r * (1.0 - r)
     d_x_proj = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar], axis=1)
@@ -302,7 +319,8 @@ def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
 
 
 def gru_keras_reset_before_step_backward(
-    params: Params, cache: StepCache, d_h: np.ndarray,
+    params: Params, cache: StepCache, d_h: np.ndarray, *,
+    tanh_prime: TanhPrime = tanh_derivative,
 ) -> tuple[np.ndarray, np.ndarray, Params]:
     """Backward through one Keras GRU step (reset_after=False), given the total ∂L/∂h_t.
 
@@ -320,7 +338,7 @@ def gru_keras_reset_before_step_backward(
     recurrent = params["recurrent_kernel"]
     h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
     d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
-    d_candidate_bar = d_candidate * (1.0 - candidate**2)
+    d_candidate_bar = d_candidate * tanh_prime(candidate)
     d_rh = d_candidate_bar @ recurrent[:, 2 * units :].T
     d_zr_bar = np.concatenate([d_z * z * (1.0 - z), d_rh * h_prev * r * (1.0 - r)], axis=1)
     d_x_proj = np.concatenate([d_zr_bar, d_candidate_bar], axis=1)
@@ -347,11 +365,12 @@ def simple_rnn_block_step(params: Params, x_t: np.ndarray,
     return h, {"x": x_t, "xh": xh, "h": h}
 
 
-def simple_rnn_block_step_backward(params: Params, cache: StepCache,
-                                   d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+def simple_rnn_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
+                                   tanh_prime: TanhPrime = tanh_derivative,
+                                   ) -> tuple[np.ndarray, np.ndarray, Params]:
     """d_pre = d_h∘(1 − h_t²);  [d_x_t | d_h_{t−1}] = d_pre·kernelᵀ;  d_kernel = xhᵀ·d_pre."""
     F = cache["x"].shape[1]
-    d_pre = d_h * (1.0 - cache["h"] ** 2)
+    d_pre = d_h * tanh_prime(cache["h"])
     d_xh = d_pre @ params["kernel"].T
     return d_xh[:, :F], d_xh[:, F:], {"kernel": cache["xh"].T @ d_pre,
                                       "bias": d_pre.sum(axis=0)}
@@ -364,10 +383,11 @@ def simple_rnn_keras_step(params: Params, x_t: np.ndarray,
     return h, {"x": x_t, "h_prev": h_prev, "h": h}
 
 
-def simple_rnn_keras_step_backward(params: Params, cache: StepCache,
-                                   d_h: np.ndarray) -> tuple[np.ndarray, np.ndarray, Params]:
+def simple_rnn_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
+                                   tanh_prime: TanhPrime = tanh_derivative,
+                                   ) -> tuple[np.ndarray, np.ndarray, Params]:
     """d_pre = d_h∘(1 − h_t²);  d_x_t = d_pre·kernelᵀ;  d_h_{t−1} = d_pre·recurrent_kernelᵀ."""
-    d_pre = d_h * (1.0 - cache["h"] ** 2)
+    d_pre = d_h * tanh_prime(cache["h"])
     return d_pre @ params["kernel"].T, d_pre @ params["recurrent_kernel"].T, {
         "kernel": cache["x"].T @ d_pre,
         "recurrent_kernel": cache["h_prev"].T @ d_pre,
@@ -411,7 +431,8 @@ def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.nd
 
 
 def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_next: np.ndarray,
-                       layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+                       layout: str, *, tanh_prime: TanhPrime = tanh_derivative,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
     """Backward through one LSTM step, given the total ∂L/∂h_t and the c-gradient carried
     back from t+1.
 
@@ -425,11 +446,11 @@ def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_ne
     Returns (d_x_t, d_h_{t−1}, d_c_{t−1}, this step's weight gradients).
     """
     si, tj, sf, so, tc = (cache[k] for k in ("si", "tj", "sf", "so", "tc"))
-    d_c = d_c_next + d_h * so * (1.0 - tc**2)
+    d_c = d_c_next + d_h * so * tanh_prime(tc)
     d_o = d_h * tc * so * (1.0 - so)
     d_f = d_c * cache["c_prev"] * sf * (1.0 - sf)
     d_i = d_c * tj * si * (1.0 - si)
-    d_j = d_c * si * (1.0 - tj**2)
+    d_j = d_c * si * tanh_prime(tj)
     blocks = [d_i, d_j, d_f, d_o] if layout == "block" else [d_i, d_f, d_j, d_o]
     d_z = np.concatenate(blocks, axis=1)
     d_c_prev = d_c * sf
@@ -494,6 +515,19 @@ def single_state(step: Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarr
 
 
 forward_gru_block, backward_gru_block = single_state(gru_block_step, gru_block_step_backward)
+
+
+#: (step, step backward) of every one-state cell, keyed by :func:`cell_key`; the LSTM's are
+#: :func:`lstm_step` and :func:`lstm_step_backward`.
+STEPS: dict[str, tuple[Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarray, StepCache]],
+                       StepBackward]] = {
+    "gru_block": (gru_block_step, gru_block_step_backward),
+    "gru_keras": (gru_keras_step, gru_keras_step_backward),
+    "gru_keras_reset_before": (gru_keras_reset_before_step,
+                               gru_keras_reset_before_step_backward),
+    "simple_rnn_block": (simple_rnn_block_step, simple_rnn_block_step_backward),
+    "simple_rnn_keras": (simple_rnn_keras_step, simple_rnn_keras_step_backward),
+}
 
 
 #: (forward, backward) for every recurrent cell, keyed by :func:`cell_key`. A new one-state
@@ -636,8 +670,8 @@ def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -
     return _ForwardPass(loss, d_prediction, cell_params, caches, dense_inputs, final_states)
 
 
-def _backward(shapes: ModelShapes, params: dict[str, np.ndarray],
-              forward: _ForwardPass) -> dict[str, np.ndarray]:
+def _backward(shapes: ModelShapes, params: dict[str, np.ndarray], forward: _ForwardPass,
+              backward_for: Callable[[Cell], Backward] | None = None) -> dict[str, np.ndarray]:
     """The dense head backwards, then every recurrent layer's BPTT, top layer first."""
     gradients: dict[str, np.ndarray] = {}
     d_output = forward.d_prediction
@@ -652,7 +686,7 @@ def _backward(shapes: ModelShapes, params: dict[str, np.ndarray],
         d_h_seq[:, -1] = d_output
     layers = zip(shapes.cells, forward.cell_params, forward.caches, strict=True)
     for cell, cell_params, cache in reversed(list(layers)):
-        _, backward = _functions(cell)
+        backward = _functions(cell)[1] if backward_for is None else backward_for(cell)
         d_h_seq, d_initial, d_cell = backward(cell_params, cache, d_h_seq, None)
         d_states = d_initial if isinstance(d_initial, tuple) else (d_initial,)
         for state, d_state in zip(cell.state_names, d_states, strict=True):
@@ -662,15 +696,18 @@ def _backward(shapes: ModelShapes, params: dict[str, np.ndarray],
     return gradients
 
 
-def reference_gradients(shapes: ModelShapes, params: dict[str, np.ndarray],
-                        batch: Batch) -> ReferenceResult:
+def reference_gradients(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
+                        backward_for: Callable[[Cell], Backward] | None = None,
+                        ) -> ReferenceResult:
     """The mean loss and every gradient of the model ``shapes`` describes, in float64.
 
     ``params`` are keyed by gradscope name (``gru_1/w_ru``, ``dense_1/kernel``); ``batch``
     supplies x (B, T, F), the targets and the initial states (zeros where missing).
+    ``backward_for``, if given, supplies each recurrent layer's BPTT in place of the right one:
+    :mod:`gradscope.witnesses.variants` computes known wrong gradients with it.
     """
     forward = _forward(shapes, params, batch)
-    gradients = _backward(shapes, params, forward)
+    gradients = _backward(shapes, params, forward, backward_for)
     order = [info.name for info in (*shapes.weights, *shapes.states)] + ["x"]
     return ReferenceResult(
         loss=forward.loss,

@@ -78,11 +78,13 @@ def render_text(report: Any, width: int, equations: str | None = None) -> str:
 
 @pytest.fixture(scope="session")
 def seed_reports(tf):
-    """The seed model's reports, computed once in this process: explain with the flow and the
-    Jacobians (strip them with model_copy for plain explain), and check."""
+    """The seed model's reports, computed once in this process: explain with the flow, the
+    Jacobians and the carry in 2 chunks (strip them with model_copy for plain explain), and
+    check."""
     from gradscope.inspect import explain
     from gradscope.spec import load_spec
     from gradscope.witnesses import check
 
     spec = load_spec(None)
-    return {"explain": explain(spec, flow=True, jacobians=True), "check": check(spec)}
+    return {"explain": explain(spec, flow=True, jacobians=True, chunks=2),
+            "check": check(spec)}

@@ -68,6 +68,7 @@ def test_shapes_golden():
 SEED_GOLDENS = {
     "explain_seed": ["explain"],
     "explain_flow_seed": ["explain", "--flow"],
+    "explain_chunks_seed": ["explain", "--chunks", "2"],
     "check_seed": ["check"],
     "check_equations_seed": ["check", "--equations"],
 }
@@ -85,10 +86,16 @@ def test_seed_golden_at_80_columns(name):
 def _seed_report(seed_reports, name: str):
     """The in-process report behind a golden text, and the equations check --equations adds."""
     explain = seed_reports["explain"]
+    numbers = ("chunks", "chunk_lengths", "weights", "products", "threshold", "matters",
+               "verdict")
+    plain = explain.model_copy(update={
+        "carry": explain.carry.model_copy(update=dict.fromkeys(numbers))})
     return {
-        "explain_seed": (explain.model_copy(update={"gradient_flow": None,
-                                                    "state_jacobians": None}), None),
-        "explain_flow_seed": (explain.model_copy(update={"state_jacobians": None}), None),
+        "explain_seed": (plain.model_copy(update={"gradient_flow": None,
+                                                  "state_jacobians": None}), None),
+        "explain_flow_seed": (plain.model_copy(update={"state_jacobians": None}), None),
+        "explain_chunks_seed": (explain.model_copy(update={"gradient_flow": None,
+                                                           "state_jacobians": None}), None),
         "check_seed": (seed_reports["check"], None),
         "check_equations_seed": (seed_reports["check"], CORRECTED_EQUATIONS),
     }[name]

@@ -36,8 +36,12 @@ def test_seed_formulas_substitute_the_users_numbers():
     assert by_name["gru_2/w_ru"].formula == "(gru_1 units 64 + units 32) × 2·units 32"
     assert by_name["gru_1/h0"].formula == "batch 34 × units 64"
     assert "batch 34 × time 100 = 3400 positions" in by_name["dense_1/kernel"].meaning
-    assert by_name["gru_1/w_ru"].alias == "gru_cell/gates/kernel"
-    assert by_name["gru_1/w_c"].alias == "gru_cell/candidate/kernel"
+    assert by_name["gru_1/w_ru"].alias == "rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel"
+    assert by_name["gru_2/w_ru"].alias == "rnn/multi_rnn_cell/cell_1/gru_cell/gates/kernel"
+    assert by_name["gru_1/w_c"].alias == "rnn/multi_rnn_cell/cell_0/gru_cell/candidate/kernel"
+    assert by_name["dense_1/kernel"].alias == "dense/kernel"
+    assert by_name["dense_1/bias"].alias == "dense/bias"
+    assert {w.alias_source for w in model_shapes(load_spec()).weights} == {"tf1"}
 
 
 def test_block_meanings_name_rows_and_gate_columns():
@@ -64,7 +68,9 @@ def test_keras_layout_shapes_and_gate_order():
     assert by_name["gru_2/bias"].shape == (96,)
     assert [b.label for b in by_name["gru_1/kernel"].columns] == [
         "update gate z", "reset gate r", "candidate ĥ"]
-    assert by_name["gru_1/kernel"].alias == "gru_cell/kernel"
+    assert by_name["gru_1/kernel"].alias == "gru_1/gru_cell/kernel"
+    assert by_name["gru_2/kernel"].alias == "gru_2/gru_cell/kernel"
+    assert by_name["gru_1/kernel"].alias_source == "keras"
 
 
 def test_last_step_head_sums_over_the_batch_only():
@@ -122,3 +128,30 @@ def test_shapes_command_never_imports_tensorflow_and_is_fast():
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert [t["shape"] for t in document["tensors"]] == [list(s) for s in SEED_SHAPES.values()]
+
+
+def test_aliases_tell_layers_apart_as_the_canonical_tf1_program_names_them():
+    # One block cell: dynamic_rnn's "rnn" scope alone; two dense layers: tf.layers.dense's
+    # dense, dense_1; a keras-layout layer in the stack: its Keras 3 path.
+    one = model_shapes(load_spec({"input_size": 3, "time_steps": 2, "batch_size": 2,
+                                  "layers": [{"gru": 4}, {"dense": 3}, {"dense": 2}]}))
+    assert [w.alias for w in one.weights] == [
+        "rnn/gru_cell/gates/kernel", "rnn/gru_cell/gates/bias", "rnn/gru_cell/candidate/kernel",
+        "rnn/gru_cell/candidate/bias", "dense/kernel", "dense/bias", "dense_1/kernel",
+        "dense_1/bias"]
+    mixed = model_shapes(load_spec({"input_size": 3, "time_steps": 2, "batch_size": 2,
+                                    "layers": [{"lstm": 4}, {"gru": 3, "layout": "keras"},
+                                               {"simple_rnn": 2}, {"dense": 2}]})).by_name()
+    assert mixed["lstm_1/kernel"].alias == "rnn/multi_rnn_cell/cell_0/lstm_cell/kernel"
+    assert mixed["gru_1/recurrent_kernel"].alias == "gru_1/gru_cell/recurrent_kernel"
+    assert mixed["simple_rnn_1/bias"].alias == "rnn/multi_rnn_cell/cell_1/basic_rnn_cell/bias"
+    aliases = [w.alias for w in model_shapes(load_spec()).weights]
+    assert len(set(aliases)) == len(aliases)
+
+
+def test_checkpoint_names_replace_the_derived_aliases():
+    names = {"gru_1/w_ru": "GRU_Layer1/rnn/gru_cell/gates/kernel"}
+    by_name = model_shapes(load_spec(), aliases=names).by_name()
+    assert by_name["gru_1/w_ru"].alias == "GRU_Layer1/rnn/gru_cell/gates/kernel"
+    assert by_name["gru_1/w_ru"].alias_source == "checkpoint"
+    assert by_name["gru_1/w_c"].alias_source == "tf1"

@@ -26,6 +26,7 @@ from gradscope.report.models import (
     ShapesReport,
 )
 from gradscope.report.text import number, shape_text
+from gradscope.truncation import percent
 from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
 #: Wide enough that nothing wraps: the reference rendering.
@@ -62,6 +63,13 @@ def protected(report: ExplainReport | CheckReport | ShapesReport) -> tuple[set[s
             shapes.add(shape_text(state.shape))
         for pair in report.carry.pairs:
             tokens.update([pair.y, f"∂L/∂{pair.grad_y}"])
+        for weight in report.carry.weights or []:
+            tokens.update([weight.name, percent(weight.carried_share)])
+            tokens.update(number(v) for v in (weight.l2_full, weight.l2_truncated,
+                                               weight.l2_carried))
+        for product in report.carry.products or []:
+            tokens.update([product.x, product.y, number(product.l2_grad_y),
+                           number(product.l2_product)])
         for jacobian in report.state_jacobians or []:
             tokens.update(_words(f"{jacobian.target} {jacobian.source}"))
             tokens.update(number(v) for v in (
@@ -145,7 +153,7 @@ def small_reports(tf, tmp_path_factory):
         "check_keras": (keras_check(job, directions=1), None),
         "shapes_keras": (keras_shapes(str(keras_model)), None),
         "check_failing_five_witnesses": (check(grus, against=against, chunks=2), None),
-        "explain_mixed": (explain(mixed, flow=True, jacobians=True), None),
+        "explain_mixed": (explain(mixed, flow=True, jacobians=True, chunks=3), None),
         "check_mixed_chunks": (check(mixed, chunks=3), None),
         "shapes_mixed": (shapes(mixed), None),
     }
@@ -207,3 +215,21 @@ def assert_fits(report, equations: str | None, reference: str, width: int) -> No
 def test_every_table_fits_and_nothing_is_split(cases, case, width):
     report, equations, reference = cases[case]
     assert_fits(report, equations, reference, width)
+
+
+def test_an_alias_wider_than_the_console_folds_after_a_slash():
+    from gradscope.inspect import shapes
+    from gradscope.spec import load_spec
+
+    long_name = "/".join(["a_rather_long_outer_scope_name"] * 3) + "/gru_cell/gates/kernel"
+    report = shapes(load_spec(None))
+    tensors = [report.tensors[0].model_copy(update={"alias": long_name,
+                                                    "alias_source": "checkpoint"}),
+               *report.tensors[1:]]
+    report = report.model_copy(update={"tensors": tensors})
+    lines = render_text(report, 60).split("\n")
+    assert max(cell_len(line) for line in lines) <= 60
+    start = next(i for i, line in enumerate(lines) if line.startswith("checkpoint "))
+    folded = [line.rstrip() for line in lines[start:start + 3]]
+    assert "".join(folded) == f"checkpoint {long_name}"
+    assert all(line.endswith("/") for line in folded[:-1])

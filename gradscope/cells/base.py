@@ -15,6 +15,10 @@ import numpy as np
 
 TensorKind = Literal["weight", "state", "input"]
 
+#: Where an alias comes from: the variable name the canonical TF1 program creates (block
+#: layout), the Keras 3 variable path (keras layout), or a checkpoint's own variable name.
+AliasSource = Literal["tf1", "keras", "checkpoint"]
+
 
 @dataclass(frozen=True)
 class Block:
@@ -36,7 +40,9 @@ class TensorInfo:
     name: str  # gradscope's name, e.g. gru_1/w_ru
     layer: str  # gru_1
     short: str  # w_ru
-    alias: str  # the name in the other naming, e.g. gru_1/gru_cell/gates/kernel (TF1)
+    #: The name in the other naming: the TF1 variable, e.g.
+    #: rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel, or the Keras path gru_1/gru_cell/kernel.
+    alias: str
     shape: tuple[int, ...]
     formula: str  # with the user's numbers: "(input 200 + units 64) × 2·units 64"
     role: str  # what the tensor does, one clause
@@ -44,6 +50,7 @@ class TensorInfo:
     rows: tuple[Block, ...] = ()
     columns: tuple[Block, ...] = ()
     note: str = ""  # e.g. how the gradient sums over positions
+    alias_source: AliasSource = "tf1"
 
     @property
     def size(self) -> int:
@@ -102,6 +109,10 @@ class Cell:
 
     ``input_size`` is the feature size this layer sees; ``input_label`` names where it comes
     from in formulas ("input" for the first layer, "gru_1 units" for a stacked one).
+    ``scope`` is the variable scope above the cell's own in its aliases: in the block layout
+    what TF1's ``dynamic_rnn`` and ``MultiRNNCell`` create (``rnn/multi_rnn_cell/cell_0``, or
+    ``rnn`` for a single layer), in the keras layout the layer's name (Keras 3 paths are
+    ``gru_1/gru_cell/kernel``). Without it two layers' aliases would be the same.
     """
 
     name: str
@@ -109,6 +120,7 @@ class Cell:
     input_size: int
     input_label: str
     options: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""
 
     kind: ClassVar[str]
     layout: ClassVar[str]
@@ -147,6 +159,7 @@ class Cell:
                 formula=f"batch {batch_size} × units {self.units}",
                 role=f"initial {labels[state]} of {self.name} (zeros unless supplied)",
                 kind="state",
+                alias_source="tf1" if self.layout == "block" else "keras",
             )
             for index, state in enumerate(self.state_names)
         ]
@@ -158,12 +171,13 @@ class Cell:
             name=f"{self.name}/{short}",
             layer=self.name,
             short=short,
-            alias=f"{self.cell_scope}/{alias}",
+            alias="/".join(part for part in (self.scope, self.cell_scope, alias) if part),
             shape=shape,
             formula=formula,
             role=role,
             rows=rows,
             columns=columns,
+            alias_source="tf1" if self.layout == "block" else "keras",
         )
 
     # -- numerics -----------------------------------------------------------------------------
@@ -192,26 +206,53 @@ class Cell:
 
     def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
                     states: tuple[Any, ...],
-                    probes: tuple[Any, ...] | None = None) -> tuple[Any, tuple[Any, ...]]:
+                    probes: tuple[Any, ...] | None = None,
+                    cuts: Any = None,
+                    edges: tuple[Any, ...] | None = None,
+                    trajectory: list[Any] | None = None) -> tuple[Any, tuple[Any, ...]]:
         """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
 
         Returns the outputs ``(T, B, units)`` and the final states. ``probes``, one
         ``(T, B, units)`` tensor of zeros per state, are added to the states after each step:
         they change no value, but the gradient with respect to a probe is the *total*
         ∂L/∂h_t, including what flows back through the recurrence from t+1.
+
+        ``cuts`` (T,), 0 or 1 per step, is truncated BPTT in one pass: where it is 1, the
+        state that step t reads from step t−1 passes through ``tf.stop_gradient`` (the value
+        is unchanged, exactly). ``edges``, zeros ``(T, B, units)`` per state, are added to the
+        state step t reads, after the cut: the gradient with respect to ``edges[t]`` is
+        ∂L/∂(the initial state of a chunk that starts at t), what the recurrence carries
+        into step t and nothing else (not the paths from h_{t−1} to the layer above).
+        ``trajectory``, if given, receives every state's sequence ``(T, B, units)`` in
+        ``state_names`` order (an LSTM's c as well as h).
         """
         step_inputs = self.tf_inputs(tf, params, inputs)
         step_weights = self.tf_step_weights(tf, params)
         n_states = len(self.state_names)
+        n_inputs = len(step_inputs)
+        n_probes = len(probes) if probes is not None else 0
+        extras: tuple[Any, ...] = tuple(probes) if probes is not None else ()
+        if cuts is not None:
+            extras += (cuts,)
+        if edges is not None:
+            extras += tuple(edges)
 
         def step(carry: tuple[Any, ...], elems: tuple[Any, ...]) -> tuple[Any, ...]:
-            new = self.tf_step(tf, step_weights, carry, elems[: len(step_inputs)])
+            extra = elems[n_inputs:]
+            if cuts is not None:
+                cut = extra[n_probes]
+                # s + cut·(sg(s) − s) is s exactly, with gradient (1 − cut).
+                carry = tuple(s + cut * (tf.stop_gradient(s) - s) for s in carry)
+            if edges is not None:
+                carry = tuple(s + e for s, e in zip(carry, extra[-n_states:], strict=True))
+            new = self.tf_step(tf, step_weights, carry, elems[:n_inputs])
             if probes is not None:
-                new = tuple(s + p for s, p in zip(new, elems[len(step_inputs):], strict=True))
+                new = tuple(s + p for s, p in zip(new, extra[:n_probes], strict=True))
             return new
 
-        elems = step_inputs + (tuple(probes) if probes is not None else ())
-        sequences = tf.scan(step, elems, initializer=tuple(states[:n_states]))
+        sequences = tf.scan(step, step_inputs + extras, initializer=tuple(states[:n_states]))
+        if trajectory is not None:
+            trajectory.extend(sequences)
         return sequences[0], tuple(s[-1] for s in sequences)
 
 

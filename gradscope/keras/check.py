@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
-from gradscope.keras.data import synthetic_targets
+from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
-from gradscope.keras.explain import KerasJob, layer_facts, loss_entry, model_entry
+from gradscope.keras.explain import KerasJob, loss_entry, model_entry
+from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -59,8 +60,11 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
                          dtype="float64")
     inputs = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
               for name, value in job.batch.inputs.items()}
-    targets = job.batch.targets or synthetic_targets(job.plan, engine.output_shapes(inputs),
-                                                     job.seed)
+    targets = job.batch.targets
+    if targets is None:
+        targets = synthetic_targets(job.plan, engine.output_shapes(inputs), job.seed)
+    else:
+        check_targets(job.plan, targets, engine.output_shapes(inputs))
     targets = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
                for name, value in targets.items()}
     laps["load"] = time.perf_counter() - start
@@ -237,7 +241,7 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
             continue
         facts = layer_facts(job.graph, node, [(None, *np.shape(calls[0].args[0])[1:])])
         layer = engine.operation(name)
-        weights = {variable_key(v.path, name): (v.path, np.array(v.numpy(), np.float64))
+        weights = {variable_key(v.path, name, layer.path): (v.path, np.array(v.numpy(), np.float64))
                    for v in layer.weights}
         cell = explainer.cell(facts)
         forward, backward = RECURRENT[cell_key(cell)]

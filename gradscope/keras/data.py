@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -203,3 +204,119 @@ def _checked_input(spec: InputSpec, value: np.ndarray, key: str) -> np.ndarray:
 def _shape_text(shape: Shape) -> str:
     return "(" + ", ".join("batch" if i == 0 else ("any" if d is None else str(d))
                            for i, d in enumerate(shape)) + ")"
+
+
+# -- arrays from Python (the API's x= and y=) --------------------------------------------------
+
+
+def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any) -> KerasBatch:
+    """The batch of ``gradscope.explain(model, x=…, y=…)``: NumPy or TensorFlow arrays, each
+    ``x``/``y`` one array (one input/output), a list in the model's order, or a dict by name.
+    ``y`` None: synthetic targets that match the loss."""
+    input_names = [spec.name for spec in specs]
+    raw = _named("x", x, input_names, "input")
+    inputs = {}
+    for spec in specs:
+        key, value = raw[spec.name]
+        if value.dtype.kind == "f" and spec.dtype.startswith("float") and spec.vocabulary is None:
+            # What Keras' Functional does with its inputs: cast to the Input's dtype.
+            value = value.astype(spec.dtype)
+        inputs[spec.name] = _checked_input(spec, value, key)
+    labels = {name: key for name, (key, _) in raw.items()}
+    targets = None
+    if y is not None:
+        named = _named("y", y, outputs, "output")
+        targets = {name: value for name, (_, value) in named.items()}
+        labels.update({name: key for name, (key, _) in named.items()})
+    sizes = {labels[name]: value.shape[0] for name, value in {**inputs, **(targets or {})}.items()
+             if value.ndim}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
+        raise DataError(f"the arrays disagree on the batch size ({listed}); expected one batch "
+                        "size along axis 0", where=next(iter(sizes)))
+    return KerasBatch(inputs=inputs, targets=targets,
+                      source="supplied (x, y)" if y is not None else
+                      "supplied (x; synthetic targets)")
+
+
+def _named(what: str, value: Any, names: list[str],
+           kind: str) -> dict[str, tuple[str, np.ndarray]]:
+    """name → (how the user wrote it: x, x[1], x['tokens']; the array)."""
+    listed = ", ".join(names)
+    if isinstance(value, dict):
+        unknown = [key for key in value if key not in names]
+        if unknown:
+            hint = difflib.get_close_matches(str(unknown[0]), names, n=1)
+            did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise DataError(f"{what}[{unknown[0]!r}]: the model has no {kind} of that "
+                            f"name{did_you_mean}; expected {listed}", where=what)
+        missing = [name for name in names if name not in value]
+        if missing:
+            raise DataError(f"{what} has no array for the {kind} '{missing[0]}'; expected "
+                            f"arrays for {listed}", where=what)
+        return {name: (f"{what}[{name!r}]", _array(f"{what}[{name!r}]", value[name]))
+                for name in names}
+    if isinstance(value, list | tuple):
+        if len(value) != len(names):
+            raise DataError(f"{what} is a list of {len(value)} arrays; the model has "
+                            f"{len(names)} {kind}s ({listed})", where=what)
+        return {name: (f"{what}[{k}]", _array(f"{what}[{k}]", item))
+                for k, (name, item) in enumerate(zip(names, value, strict=True))}
+    if len(names) != 1:
+        raise DataError(f"{what} is one array; the model has {len(names)} {kind}s ({listed}): "
+                        f"pass {what} as a list in that order or a dict by name", where=what)
+    return {names[0]: (what, _array(what, value))}
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    """A NumPy copy of an array-like (NumPy, a TF tensor, nested lists), checked numeric."""
+    if hasattr(value, "numpy") and callable(value.numpy):
+        try:
+            value = value.numpy()
+        except Exception as exc:  # a symbolic tensor has no value
+            raise DataError(f"{name} is a {type(value).__name__} without a value ({exc}); "
+                            "expected a NumPy array or an eager TensorFlow tensor",
+                            where=name) from None
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{name} is not an array ({exc}); expected a NumPy array or a "
+                        "TensorFlow tensor", where=name) from None
+    _check_numeric(name, array)
+    if array.ndim == 0:
+        raise DataError(f"{name} is a scalar; expected an array with a batch axis", where=name)
+    return array
+
+
+def check_targets(plan: LossPlan, targets: dict[str, np.ndarray],
+                  output_shapes: dict[str, tuple[int, ...]]) -> None:
+    """Targets the loss reads against the outputs' shapes (for the losses gradscope knows;
+    a custom compiled loss may read any shape)."""
+    from gradscope.keras.loss import KNOWN
+
+    for entry in plan.outputs:
+        value, shape = targets.get(entry.output), output_shapes.get(entry.output)
+        if value is None or shape is None or entry.loss not in KNOWN:
+            continue
+        wanted = shape[:-1] if entry.target == "classes" else shape
+        found = value.shape
+        if _squeezed(found) != _squeezed(wanted):
+            what = ("integer classes" if entry.target == "classes" else "targets")
+            raise DataError(f"the targets of the output '{entry.output}' have shape {found}; "
+                            f"{entry.loss} expects {what} of shape {wanted} (the output is "
+                            f"{shape})", where=entry.output)
+        if entry.target == "classes" and (value.dtype.kind == "f"
+                                          and not np.all(value == np.round(value))):
+            raise DataError(f"the targets of the output '{entry.output}' are not whole "
+                            f"numbers; {entry.loss} expects class ids", where=entry.output)
+        if entry.target == "classes" and value.size and (value.min() < 0
+                                                         or value.max() >= shape[-1]):
+            bad = value.min() if value.min() < 0 else value.max()
+            raise DataError(f"the targets of the output '{entry.output}' hold the class "
+                            f"{bad:g}; the output has {shape[-1]} classes: expected 0 to "
+                            f"{shape[-1] - 1}", where=entry.output)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape without a trailing axis of 1 (Keras' losses squeeze or expand it)."""
+    return shape[:-1] if len(shape) > 1 and shape[-1] == 1 else shape

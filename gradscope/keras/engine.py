@@ -389,7 +389,7 @@ def _numpy(tensor: Any) -> np.ndarray | None:
 
 def _state_units(operation: Any) -> list[int]:
     """Units of each initial state Keras takes, for GRU/LSTM/SimpleRNN and Bidirectional."""
-    kind = type(operation).__name__
+    kind = class_label(operation)
     if kind in RECURRENT:
         units = int(operation.units)
         return [units, units] if kind == "LSTM" else [units]
@@ -427,9 +427,9 @@ def _same_functions(model: Any, copy: Any) -> None:
     """A Lambda of the copy calls the user's function object itself, not one rebuilt from
     bytecode (which would lose its closure and globals)."""
     functions = {layer.name: layer.function for layer in _layers(model)
-                 if type(layer).__name__ == "Lambda"}
+                 if class_label(layer) == "Lambda"}
     for rebuilt in _layers(copy):
-        if type(rebuilt).__name__ == "Lambda" and rebuilt.name in functions:
+        if class_label(rebuilt) == "Lambda" and rebuilt.name in functions:
             rebuilt.function = functions[rebuilt.name]
 
 

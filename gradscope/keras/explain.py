@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,12 +16,15 @@ from gradscope.errors import ConfigError, InternalError
 from gradscope.keras.data import (
     InputSpec,
     KerasBatch,
+    arrays_batch,
+    check_targets,
     input_specs,
     load_named,
     synthetic_inputs,
     synthetic_targets,
 )
-from gradscope.keras.graph import LayerNode, ModelGraph, Ref, read_graph, refuse_code
+from gradscope.keras.facts import NO_DERIVATION, kwarg_refs, layer_facts
+from gradscope.keras.graph import LayerNode, ModelGraph, read_graph, refuse_code
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.loss import LossPlan, output_names, plan_loss
@@ -40,7 +43,6 @@ from gradscope.report.models import (
 )
 
 Progress = Callable[[str], None]
-NO_DERIVATION = "no derivation for this layer type"
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,12 @@ class KerasJob:
 
 def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = None,
             loss: str | None = None, training: bool = False, pad: int = 0,
-            data: str | None = None, seed: int = 0) -> KerasJob:
+            data: str | None = None, seed: int = 0, x: Any = None, y: Any = None) -> KerasJob:
     """Read the model's structure, choose the loss, make or load the batch: no TensorFlow for
     a saved model. ``path`` may be a Keras model object instead (Keras is then imported
     already): its graph is read from the config it would save, and its code is not refused,
-    since it is the user's own code, already running."""
+    since it is the user's own code, already running. ``x``/``y``: arrays from Python (see
+    :func:`~gradscope.keras.data.arrays_batch`) instead of ``data``."""
     from gradscope.keras.live import is_live_model, model_label, read_live_graph
 
     model = path if is_live_model(path) else None
@@ -83,9 +86,20 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
         graph = read_graph(path)
         refuse_code(graph)
     plan = plan_loss(graph, loss)
+    if model is not None and plan.source == "compiled":
+        how = "the model's compiled loss"
+        plan = replace(plan, compiled_how=how,
+                       outputs=tuple(replace(o, rule=how) for o in plan.outputs))
     specs = input_specs(graph)
     outputs = output_names(graph)
-    if data is not None:
+    if x is not None or y is not None:
+        if x is None:
+            raise ConfigError("y= was given without x=; pass the inputs too", where="x")
+        if data is not None or pad:
+            raise ConfigError(f"{'data' if data is not None else 'pad'}= and x= both give the "
+                              "batch; pass one of them", where="x")
+        batch = arrays_batch(specs, outputs, x, y)
+    elif data is not None:
         if pad:
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
                               where="--pad")
@@ -113,6 +127,8 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     targets = job.batch.targets
     if targets is None:
         targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
+    else:
+        check_targets(job.plan, targets, engine.output_shapes(job.batch.inputs))
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow)
     clock["forward_backward"] = time.perf_counter() - start - clock["load"]
@@ -139,34 +155,6 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
 
 
 # -- the report -----------------------------------------------------------------------------------
-
-
-def layer_facts(graph: ModelGraph, layer: LayerNode, shapes: list[tuple[int | None, ...]] | None
-                = None, output_shapes: list[tuple[int | None, ...]] | None = None) -> LayerFacts:
-    """The facts of a layer's first call; ``shapes`` (captured in a run) replace the saved ones.
-    """
-    call = layer.calls[0] if layer.calls else None
-    refs = call.refs() if call is not None else []
-    positional = [ref for ref in refs if ref not in _kwarg_refs(call)] if call else []
-    saved = [ref.shape or () for ref in positional]
-    input_shapes = shapes if shapes is not None else saved
-    labels = tuple(_label(graph, ref) for ref in positional)
-    return LayerFacts(name=layer.name, class_name=layer.class_name, config=layer.config,
-                      input_shapes=tuple(tuple(s) for s in input_shapes), input_labels=labels,
-                      output_shapes=tuple(tuple(s) for s in (output_shapes or [])))
-
-
-def _kwarg_refs(call: Any) -> list[Ref]:
-    return [ref for refs in call.kwarg_refs().values() for ref in refs]
-
-
-def _label(graph: ModelGraph, ref: Ref) -> str:
-    producer = graph.layer(ref.layer)
-    if producer.is_input:
-        return "input" if len(graph.inputs) == 1 else f"input {producer.name}"
-    if producer.class_name in {"GRU", "LSTM", "SimpleRNN"}:
-        return f"{producer.name} units"
-    return f"{producer.name} output"
 
 
 def _batchless(shape: tuple[int, ...]) -> tuple[int | None, ...]:
@@ -209,7 +197,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            key = variable_key(variable.path, node.name)
+            key = variable_key(variable.path, node.name, keras_layer.path)
             shape = [int(d) for d in variable.shape]
             note = notes.get(key)
             if explainer is not None and note is None:
@@ -266,7 +254,8 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
     non_trainable = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables
                         if "seed_generator" not in v.path)
     return KerasModelEntry(
-        name=job.graph.name, file=job.path, kind=job.graph.kind,
+        name=job.graph.name, file=job.path if job.model is None else "in memory",
+        kind=job.graph.kind,
         inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
                                 dtype=str(value.dtype))
                 for name, value in job.batch.inputs.items()],
@@ -290,7 +279,7 @@ def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...
     if call is None or not node.calls:
         return None
     saved = node.calls[0]
-    count = len([ref for ref in saved.refs() if ref not in _kwarg_refs(saved)])
+    count = len([ref for ref in saved.refs() if ref not in kwarg_refs(saved)])
     return [_batchless(tuple(int(d) for d in a.shape)) for a in call.args[:count]]
 
 

@@ -127,8 +127,8 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
                  (f"{label}/backward", layer.backward_layer)]
         if layer.merge_mode not in MERGE_MODES:
             return f"Bidirectional merge_mode {layer.merge_mode!r}"
-        if type(layer.forward_layer).__name__ not in {"GRU", "LSTM", "SimpleRNN"}:
-            return f"Bidirectional over {type(layer.forward_layer).__name__}"
+        if class_label(layer.forward_layer) not in {"GRU", "LSTM", "SimpleRNN"}:
+            return f"Bidirectional over {class_label(layer.forward_layer)}"
     else:
         parts = [(label, layer)]
     x = np.asarray(call.args[0], np.float64)

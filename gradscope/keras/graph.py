@@ -223,9 +223,12 @@ def _refs(value: Any) -> Iterator[Ref]:
 
 
 def _history_list(value: Any) -> tuple[Ref, ...]:
-    """``input_layers``/``output_layers``: one [name, node, index], a list of them, or a dict."""
+    """``input_layers``/``output_layers``: one [name, node, index], a list of them, or a dict.
+
+    A dict is read in sorted key order: Keras flattens a model's dict of inputs (and outputs)
+    that way (``keras.tree.flatten``), whatever order the config lists them in."""
     if isinstance(value, dict):
-        return tuple(ref for item in value.values() for ref in _history_list(item))
+        return tuple(ref for key in sorted(value) for ref in _history_list(value[key]))
     if len(value) == 3 and isinstance(value[0], str):
         return (Ref(value[0], int(value[1]), int(value[2])),)
     return tuple(ref for item in value for ref in _history_list(item))

@@ -58,11 +58,13 @@ class OutputLoss:
 class LossPlan:
     source: Literal["option", "compiled", "inferred"]
     outputs: tuple[OutputLoss, ...]
+    #: Where a compiled loss came from: a saved file, or a model object compiled in memory.
+    compiled_how: str = "saved with the compiled model"
 
     @property
     def description(self) -> str:
         if self.source == "compiled":
-            how = "saved with the compiled model"
+            how = self.compiled_how
         elif self.source == "option":
             how = "--loss"
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from math import prod
 
-from gradscope.keras.explain import NO_DERIVATION, layer_facts
+from gradscope.keras.facts import NO_DERIVATION, layer_facts
 from gradscope.keras.graph import read_graph, refuse_code
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.loss import output_names, plan_loss

@@ -108,4 +108,5 @@ def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -
 def weights_by_key(layer: Any, facts: LayerFacts) -> dict[str, np.ndarray]:
     from gradscope.keras.layers.base import variable_key
 
-    return {variable_key(v.path, facts.name): np.asarray(v.numpy()) for v in layer.weights}
+    return {variable_key(v.path, facts.name, layer.path): np.asarray(v.numpy())
+            for v in layer.weights}

@@ -12,7 +12,9 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
+    LayerCheckReport,
     ShapesReport,
+    SpecInference,
 )
 
 
@@ -21,7 +23,8 @@ def dumps(data: Any) -> str:
 
 
 def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport | KerasCheckReport | FlowHistoryReport) -> str:
+                  | KerasShapesReport | KerasCheckReport | LayerCheckReport
+                  | SpecInference | FlowHistoryReport) -> str:
     return dumps(report.to_dict())
 
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Report(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -26,6 +26,13 @@ class _Displayed(_Report):
         from gradscope.report.display import report_html
 
         return report_html(self)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure of the report's numbers (shown inline in a notebook); needs
+        matplotlib."""
+        from gradscope.report.plot import report_figure
+
+        return report_figure(self)
 
     def to_json(self) -> str:
         """The document ``--json`` prints."""
@@ -89,7 +96,14 @@ class TensorEntry(_Report):
     """What the shape algebra says about one tensor (no numbers from a run)."""
 
     name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
-    alias: str = Field(description="the name in the other naming, e.g. the TF1 variable")
+    alias: str = Field(description="the name in the other naming: the TF1 variable "
+                                   "(rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel), the "
+                                   "Keras path (gru_1/gru_cell/kernel) or the checkpoint's own")
+    alias_source: Literal["tf1", "keras", "checkpoint"] = Field(
+        default="tf1",
+        description="tf1: the name the canonical TF1 program (MultiRNNCell, dynamic_rnn, "
+                    "tf.layers.dense) creates; keras: the Keras 3 variable path; checkpoint: "
+                    "the variable the weights were read from")
     layer: str
     shape: list[int]
     formula: str = Field(description="the shape's arithmetic with the model's numbers")
@@ -121,14 +135,55 @@ class CarryPair(_Report):
     grad_y_shape: list[int]
 
 
+class CarryWeightEntry(_Report):
+    """One weight's gradient with and without the carry across chunk boundaries (float64)."""
+
+    name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
+    l2_full: float = Field(description="‖g_full‖: full BPTT over the whole batch")
+    l2_truncated: float = Field(
+        description="‖g_truncated‖: the same chunks, each backpropagated from zero at its end "
+                    "(no carried gradients)")
+    l2_carried: float = Field(description="‖g_full − g_truncated‖: what the carry adds")
+    carried_share: float = Field(description="l2_carried / l2_full (0 when l2_full is 0)")
+
+
+class CarryProductEntry(_Report):
+    """The seed's tf.gradients(ys=chunk's final states, xs=its initial states, grad_ys=next
+    chunk's ∂L/∂(initial states)), for one initial state of one chunk."""
+
+    chunk: int = Field(description="the chunk the product goes through, from 0")
+    start: int = Field(description="its first step")
+    stop: int = Field(description="one past its last step")
+    layer: str
+    x: str = Field(description="the initial state the product lands on: gru_1/h0 for chunk 0, "
+                               "gru_1/h[t=49] (the state step 49 produced) for a later one")
+    y: str = Field(description="the chunk's final state, e.g. gru_1/h[t=99]")
+    l2_grad_y: float = Field(description="‖grad_y‖: the next chunk's ∂L/∂(this initial state)")
+    l2_product: float = Field(description="‖Σ_y (∂y/∂x)ᵀ grad_y‖ over all the chunk's final "
+                                          "states y: what the carry adds to ∂L/∂x")
+
+
 class CarryEntry(_Report):
-    """How to carry gradients into the previous truncated batch."""
+    """How to carry gradients into the previous truncated batch; with ``explain --chunks K``,
+    also how much the carry changes the gradients (``weights``, ``products``)."""
 
     pairs: list[CarryPair]
     ys_count: int
     weight_gradient_count: int
     wrong_call_error: str = Field(description="what passing the weight gradients raises")
     explanation: list[str]
+    chunks: int | None = Field(default=None, description="K of --chunks (null without it)")
+    chunk_lengths: list[int] | None = Field(default=None, description="steps per chunk")
+    weights: list[CarryWeightEntry] | None = Field(
+        default=None, description="per weight: full, truncated and carried gradient norms")
+    products: list[CarryProductEntry] | None = Field(
+        default=None, description="per chunk before a boundary and per initial state: the "
+                                  "vector–Jacobian product the carry computes")
+    threshold: float | None = Field(
+        default=None, description="carried share from which carrying is said to matter")
+    matters: bool | None = Field(
+        default=None, description="some weight's carried_share is at least threshold")
+    verdict: str | None = Field(default=None, description="the one line the text shows")
 
 
 class ShapesReport(_Displayed):
@@ -178,6 +233,57 @@ class GradientFlow(_Report):
     influence_map: InfluenceMap | None = Field(default=None, description="with --plot")
 
 
+class WeightMapEntry(_Report):
+    """Where one of the spec's weights came from in a --weights file."""
+
+    name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
+    variables: list[str] = Field(
+        description="the file's own variable names it was read from (one, unless the "
+                    "layouts differ), e.g. GRU_Layer1/rnn/gru_cell/gates/kernel")
+    shape: list[int]
+    conversion: str = Field(description="how the file's layout was rearranged; empty when "
+                                        "the variable was taken as it is")
+
+
+class IgnoredVariable(_Report):
+    variable: str
+    reason: str = Field(description="e.g. 'optimizer slot'")
+
+
+class WeightsEntry(_Report):
+    """The --weights file and the mapping of its variables onto the spec's weights."""
+
+    source: str
+    format: str = Field(description="'.npz archive', 'arrays', 'TF1 name-based checkpoint' "
+                                    "or 'TF2 object-based checkpoint'")
+    matched_by: str = Field(description="how the file's scopes were matched to the layers")
+    mapping: list[WeightMapEntry]
+    ignored: list[IgnoredVariable] = Field(
+        description="variables that are no model weight (optimizer state, counters)")
+
+
+class Inference(_Report):
+    """Why one value of an inferred spec is what it is."""
+
+    key: str = Field(description="the spec key or layer, e.g. input_size, layers[0] (gru_1)")
+    value: Any
+    variables: list[str] = Field(description="the file's variables it was read from (empty "
+                                             "for a value the file cannot hold)")
+    reason: str
+    known: bool = Field(description="false for a default: the file cannot tell it")
+
+
+class SpecInference(_Report):
+    schema_version: Literal["1"] = "1"
+    command: Literal["spec"] = "spec"
+    source: str
+    format: str
+    yaml: str = Field(description="the config, with comments; gradscope loads it as it is")
+    config: dict[str, Any] = Field(description="the same config as data")
+    inferences: list[Inference]
+    ignored: list[IgnoredVariable]
+
+
 class ExplainReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["explain"] = "explain"
@@ -189,6 +295,8 @@ class ExplainReport(_Displayed):
     state_jacobians: list[JacobianEntry] | None = Field(
         default=None, description="with --jacobians: ∂h_T^(j)/∂h_0^(i) for i ≤ j")
     gradient_flow: GradientFlow | None = Field(default=None, description="with --flow")
+    weights: WeightsEntry | None = Field(
+        default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = Field(
         default=None, description="seconds per phase; only with --timings"
     )
@@ -265,6 +373,42 @@ class CheckReport(_Displayed):
         description="gradient names the --against function did not return: optional, so not "
                     "failures, but not checked by it (null without --against)")
     summary: CheckSummary
+    weights: WeightsEntry | None = Field(
+        default=None, description="with --weights: the file and where each weight came from")
+    timings: dict[str, float] | None = None
+
+
+class LayerArgument(_Report):
+    name: str = Field(description="x, h0 (c0), dh, or a key of params")
+    shape: list[int] = Field(description="as passed to the function (--time-last: "
+                                         "features first)")
+    meaning: str
+
+
+class LayerCheckReport(_Displayed):
+    """``check --against FILE.py:FUNC --layer NAME``: one recurrent layer's backward, given
+    ∂L/∂h_t from above (dh), against TF autodiff of that layer in the real model."""
+
+    schema_version: Literal["1"] = "1"
+    command: Literal["check"] = "check"
+    mode: Literal["layer"] = "layer"
+    model: ModelEntry
+    loss: LossEntry
+    layer: str = Field(description="the recurrent layer checked, e.g. gru_1")
+    cell: str = Field(description="its cell and weight layout, e.g. 'gru, block layout'")
+    time_last: bool = Field(description="arrays laid out (features, batch, time), as in the "
+                                        "classic course code")
+    arguments: list[LayerArgument] = Field(description="what FUNC(x, h0, params, dh) received")
+    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tensors: list[CheckedTensor] = Field(description="named <layer>/<key>, the key as FUNC "
+                                                     "returns it: x, h0, c0, a weight")
+    against: str = Field(description="FILE.py:FUNC that was compared")
+    against_not_returned: list[str] = Field(
+        description="keys the function did not return: optional, so not failures, but not "
+                    "checked")
+    summary: CheckSummary
+    weights: WeightsEntry | None = Field(
+        default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = None
 
 
@@ -516,9 +660,11 @@ class FlowHistoryReport(_Displayed):
 
 
 REPORTS: dict[str, type[_Report]] = {
+    "spec": SpecInference,
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
-    "check-keras": KerasCheckReport, "watch": FlowHistoryReport,
+    "check-keras": KerasCheckReport, "check-layer": LayerCheckReport,
+    "watch": FlowHistoryReport,
 }
 
 

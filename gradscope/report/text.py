@@ -33,12 +33,16 @@ from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
     KerasShapesReport,
+    LayerCheckReport,
     ModelEntry,
     ShapesReport,
+    SpecInference,
     StateGradientEntry,
     TensorEntry,
+    WeightsEntry,
     WitnessEntry,
 )
+from gradscope.truncation import percent
 
 
 def number(value: float | None) -> str:
@@ -95,6 +99,8 @@ class Column:
     justify: str = "left"
     #: The whole column, header included, never wraps (otherwise only its atom cells do not).
     no_wrap: bool = False
+    #: Never narrower than this: e.g. the longest alias line, which must stay on one line.
+    min_width: int = 0
 
 
 @dataclass
@@ -122,7 +128,8 @@ class Layout:
                 natural = max(natural, longest_line)
                 words = [cell_len(word) for word in cell.plain.split()]
                 narrowest = max(narrowest, longest_line if whole else max(words, default=0))
-            ranges.append((narrowest, natural))
+            narrowest = max(narrowest, column.min_width)
+            ranges.append((narrowest, max(natural, narrowest)))
         return ranges
 
 
@@ -197,18 +204,69 @@ def header(command: str, model: ModelEntry, loss_line: str, width: int) -> Group
     return Group(title, details, source)
 
 
-def _tensor_cell(name: str, alias: str, shape: list[int]) -> Text:
-    return atom(Text.assemble((name, "bold"), "\n", (alias, "dim"), "\n",
-                              (shape_text(shape), "cyan")))
+def _name_cell(name: str, shape: list[int]) -> Text:
+    return atom(Text.assemble((name, "bold"), "\n", (shape_text(shape), "cyan")))
 
 
-def _formula_cell(entry: TensorEntry, stats: Text | None = None) -> Text:
+#: What each alias is, as the line under the formula says it.
+ALIAS_LABELS = {"tf1": "TF1", "keras": "Keras", "checkpoint": "checkpoint"}
+
+
+def alias_line(entry: TensorEntry, width: int | None = None) -> Text:
+    """"TF1 rnn/multi_rnn_cell/cell_0/gru_cell/gates/kernel". Kept on one line; only a name
+    longer than ``width`` (a checkpoint's, say) is folded, after a '/'."""
+    label = f"{ALIAS_LABELS[entry.alias_source]} "
+    text = label + entry.alias
+    if width is not None and cell_len(text) > width:
+        lines, line = [], label
+        for part in re.findall(r"[^/]+/?", entry.alias):
+            if cell_len(line) + cell_len(part) > width and line.strip():
+                lines.append(line)
+                line = ""
+            line += part
+        text = "\n".join([*lines, line])
+    return atom(text, "dim")
+
+
+def _formula_cell(entry: TensorEntry, stats: Text | None = None,
+                  alias: Text | None = None) -> Text:
     text = Text.assemble((f"= {entry.formula}", "cyan"), "\n", (entry.meaning, ""))
+    if alias is not None:
+        text.append("\n")
+        text.append_text(alias)
     if stats is not None:
         stats.stylize("bold")
         text.append("\n")
         text.append_text(stats)
     return text
+
+
+def _stacked_cell(entry: TensorEntry, width: int, stats: Text | None = None) -> Text:
+    """Everything about one tensor in one column: name and shape, alias, formula, meaning."""
+    head = pack([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")], width, "  ")
+    return Text.assemble(atom(head), "\n", _formula_cell(entry, stats, alias_line(entry, width)))
+
+
+def tensor_layouts(entries: Sequence[TensorEntry], width: int, title: str,
+                   stats: Sequence[Sequence[str]] | None = None) -> list[Layout]:
+    """The name and shape in one column, then the formula, meaning, alias (and the statistics
+    packed under them); or, narrower, all of it stacked in one column."""
+    names = [_name_cell(e.name, e.shape) for e in entries]
+    aliases = [alias_line(e) for e in entries]
+    alias_width = max((a.cell_len for a in aliases), default=0)
+    text_width = width - _column_width(names, title) - GAP
+    beside = Layout([Column(title, no_wrap=True),
+                     Column("formula · meaning · alias", min_width=alias_width)])
+    stacked = Layout([Column(f"{title} · formula · meaning · alias")])
+    for index, (name, entry) in enumerate(zip(names, entries, strict=True)):
+        items = None if stats is None else stats[index]
+        beside.add_row(name, _formula_cell(entry, None if items is None else
+                                           pack(items, text_width), aliases[index]))
+        cell = _stacked_cell(entry, width, None if items is None else pack(items, width))
+        if index < len(entries) - 1:
+            cell.append("\n")  # one column: a blank line tells the tensors apart
+        stacked.add_row(cell)
+    return [beside, stacked]
 
 
 def _column_width(cells: Iterable[Text], title: str = "") -> int:
@@ -221,27 +279,26 @@ WIDE = 110
 
 
 def gradient_table(gradients: list[GradientEntry], width: int) -> Table:
-    tensor_title = "tensor · alias · shape"
-    names = [_tensor_cell(e.name, e.alias, e.shape) for e in gradients]
+    tensor_title = "tensor · shape"
     layouts = []
     if width >= WIDE:
-        wide = Layout([Column(tensor_title, no_wrap=True), Column("formula · meaning"),
+        names = [_name_cell(e.name, e.shape) for e in gradients]
+        aliases = [alias_line(e) for e in gradients]
+        wide = Layout([Column(tensor_title, no_wrap=True),
+                       Column("formula · meaning · alias",
+                              min_width=max(a.cell_len for a in aliases)),
                        Column("‖g‖₂", "right"), Column("mean|g|", "right"),
                        Column("max|g|", "right"), Column("NaN/Inf", "right")])
-        for name, entry in zip(names, gradients, strict=True):
+        for name, alias, entry in zip(names, aliases, gradients, strict=True):
             s = entry.stats
-            wide.add_row(name, _formula_cell(entry), atom(number(s.l2)),
+            wide.add_row(name, _formula_cell(entry, alias=alias), atom(number(s.l2)),
                          atom(number(s.mean_abs)), atom(number(s.max_abs)),
                          atom(str(s.nonfinite), "bold red" if s.nonfinite else ""))
         layouts.append(wide)
-    formula_width = width - _column_width(names, tensor_title) - GAP
-    narrow = Layout([Column(tensor_title, no_wrap=True), Column("formula · meaning")])
-    for name, entry in zip(names, gradients, strict=True):
-        s = entry.stats
-        stats = pack([f"‖g‖₂ {number(s.l2)}", f"mean|g| {number(s.mean_abs)}",
-                      f"max|g| {number(s.max_abs)}", f"NaN/Inf {s.nonfinite}"], formula_width)
-        narrow.add_row(name, _formula_cell(entry, stats))
-    layouts.append(narrow)
+    stats = [[f"‖g‖₂ {number(e.stats.l2)}", f"mean|g| {number(e.stats.mean_abs)}",
+              f"max|g| {number(e.stats.max_abs)}", f"NaN/Inf {e.stats.nonfinite}"]
+             for e in gradients]
+    layouts += tensor_layouts(gradients, width, tensor_title, stats)
     return fit(width, *layouts)
 
 
@@ -281,6 +338,53 @@ def carry_section(carry: CarryEntry, width: int) -> Group:
     return Group(fit(width, layout), *lines)
 
 
+def carried_section(carry: CarryEntry, width: int) -> list[RenderableType]:
+    """``explain --chunks``: per weight, full vs truncated BPTT; per chunk, the seed's product;
+    and one line: does carrying matter here?"""
+    assert carry.weights is not None and carry.products is not None
+    weights_wide = Layout([Column("weight", no_wrap=True), Column("‖g_full‖", "right"),
+                           Column("‖g_truncated‖", "right"), Column("‖g_carried‖", "right"),
+                           Column("carried share", "right")], squeeze=False)
+    weights_narrow = Layout([Column("weight", no_wrap=True),
+                             Column("‖g_full‖\n‖g_truncated‖", "right"),
+                             Column("‖g_carried‖\nshare", "right")])
+    for entry in carry.weights:
+        share = percent(entry.carried_share)
+        name = atom(entry.name, "bold" if entry.carried_share >= (carry.threshold or 0) else "")
+        weights_wide.add_row(name, atom(number(entry.l2_full)), atom(number(entry.l2_truncated)),
+                             atom(number(entry.l2_carried)), atom(share))
+        weights_narrow.add_row(name, atom(f"{number(entry.l2_full)}\n"
+                                          f"{number(entry.l2_truncated)}"),
+                               atom(f"{number(entry.l2_carried)}\n{share}"))
+    products_wide = Layout([Column("chunk"), Column("xs ← ys"), Column("‖grad_y‖", "right"),
+                            Column("‖product‖", "right")], squeeze=False)
+    products_narrow = Layout([Column("chunk · xs ← ys"),
+                              Column("‖grad_y‖\n‖product‖", "right")])
+    for product in carry.products:
+        chunk = f"{product.chunk} (t {product.start}–{product.stop - 1})"
+        pair = f"{product.x} ← {product.y}"
+        products_wide.add_row(atom(chunk), atom(pair), atom(number(product.l2_grad_y)),
+                              atom(number(product.l2_product)))
+        products_narrow.add_row(atom(f"{chunk}\n{product.x}\n  ← {product.y}"),
+                                atom(f"{number(product.l2_grad_y)}\n{number(product.l2_product)}"))
+    lengths = " + ".join(str(n) for n in carry.chunk_lengths or [])
+    intro = Text(
+        f"The batch cut into {carry.chunks} chunks of {lengths} steps, in float64. "
+        "‖g_full‖: full BPTT; ‖g_truncated‖: each chunk backpropagated from zero at its end "
+        "(no carry); ‖g_carried‖ = ‖g_full − g_truncated‖, what the carry adds; carried "
+        "share = ‖g_carried‖ / ‖g_full‖."
+    )
+    products_intro = Text(
+        "The carry itself: tf.gradients(ys=a chunk's final states, xs=its initial states, "
+        "grad_ys=the next chunk's ∂L/∂(initial states)); ‖product‖ is its result for x, "
+        "summed over every y."
+    )
+    style = "bold yellow" if carry.matters else "bold green"
+    return [intro, fit(width, weights_wide, weights_narrow), Text(""), products_intro,
+            fit(width, products_wide, products_narrow),
+            Text(f"{'⚠' if carry.matters else '✓'} {carry.verdict}", style=style)]
+
+
 def section(title: str) -> Text:
     return Text("\n" + title, style="bold underline")
 
@@ -301,6 +405,12 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
         section("Carrying gradients into the previous truncated batch"),
         carry_section(report.carry, width),
     ]
+    if report.weights is not None:
+        parts[1:1] = weights_section(report.weights, width)
+    if report.carry.weights is not None:
+        parts += [section(f"The carry in numbers: truncated BPTT in {report.carry.chunks} "
+                          "chunks, with and without the carry"),
+                  *carried_section(report.carry, width)]
     if report.state_jacobians is not None:
         parts += [section("State Jacobians ∂h_T^(j)/∂h_0^(i): how much of the initial state "
                           "survives to the end (medians over the batch)"),
@@ -403,24 +513,19 @@ def norm_table(rows: dict[str, list[float]], width: int) -> Table:
 
 
 def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
-    tensors = Layout([Column("tensor · alias · shape"), Column("formula · meaning")])
-    for entry in report.tensors:
-        tensors.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
-    states = Layout([Column("initial state · shape"), Column("formula · meaning")])
-    for entry in report.initial_states:
-        states.add_row(_tensor_cell(entry.name, entry.alias, entry.shape), _formula_cell(entry))
     return [
         header("shapes", report.model, f"loss {report.loss.name}", width),
         section(f"Weights ({len(report.tensors)} tensors; each gradient has the same shape)"),
-        fit(width, tensors),
+        fit(width, *tensor_layouts(report.tensors, width, "tensor · shape")),
         section("Initial states (their gradients ∂L/∂h0 have these shapes)"),
-        fit(width, states),
+        fit(width, *tensor_layouts(report.initial_states, width, "initial state · shape")),
     ]
 
 
 def print_report(console: Console,
                  report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                 | KerasShapesReport | KerasCheckReport | FlowHistoryReport,
+                 | KerasShapesReport | KerasCheckReport | LayerCheckReport
+                 | FlowHistoryReport,
                  equations: str | None = None) -> None:
     if isinstance(report, KerasExplainReport | KerasShapesReport | KerasCheckReport):
         from gradscope.report.keras_text import render_keras
@@ -434,6 +539,8 @@ def print_report(console: Console,
         parts = render_explain(report, console.width)
     elif isinstance(report, CheckReport):
         parts = render_check(report, console.width, equations)
+    elif isinstance(report, LayerCheckReport):
+        parts = render_layer_check(report, console.width)
     else:
         parts = render_shapes(report, console.width)
     for part in parts:
@@ -462,7 +569,8 @@ def _worst(tensor_witnesses: list[WitnessEntry], witness: str) -> WitnessEntry |
     return max(entries, key=lambda e: (not e.passed, e.error or 0.0)) if entries else None
 
 
-def check_table(report: CheckReport | KerasCheckReport, width: int) -> Table:
+def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
+                width: int) -> Table:
     witnesses = report.summary.witnesses
     titles = [Column(WITNESS_TITLES[w], "right") for w in witnesses]
     # One column per witness; with the shape beside the name, or under it; or, narrowest,
@@ -492,7 +600,7 @@ def check_table(report: CheckReport | KerasCheckReport, width: int) -> Table:
     return fit(width, beside, under, one_column)
 
 
-def check_failures(report: CheckReport | KerasCheckReport) -> list[Text]:
+def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[Text]:
     lines = []
     for tensor in report.tensors:
         for entry in tensor.witnesses:
@@ -588,6 +696,8 @@ def render_check(report: CheckReport, width: int,
                 f"{summary.comparisons} comparisons)"),
         check_table(report, width),
     ]
+    if report.weights is not None:
+        parts[2:2] = weights_section(report.weights, width)
     if report.against_not_returned:
         parts.append(Text(f"not returned by --against (not checked by it): "
                           f"{', '.join(report.against_not_returned)}", style="yellow"))
@@ -618,3 +728,79 @@ def render_check(report: CheckReport, width: int,
         laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
         parts.append(Text(f"timings: {laps}", style="dim"))
     return parts
+
+
+def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableType]:
+    """``check --against FUNC --layer NAME``: what FUNC received, then the usual table."""
+    summary = report.summary
+    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
+    layout = "(features, batch, time), --time-last" if report.time_last else \
+        "(batch, time, features)"
+    received = [f"{a.name} {shape_text(a.shape)}" for a in report.arguments]
+    received[0] = f"it received {received[0]}"
+    parts: list[RenderableType] = [
+        header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}",
+               width),
+        Text(f"layer {report.layer} ({report.cell}) alone: {report.against}(x, h0, params, "
+             f"dh) given dh = ∂L/∂h_t from above, without the carry; arrays {layout}"),
+        pack(received, width),
+        Text(f"TF autodiff on a float64 copy of the model, read at {report.layer}, is the "
+             f"truth; relative tolerances: {tolerances}", style="dim"),
+        section(f"Gradients checked ({summary.checked_tensors} tensors, "
+                f"{summary.comparisons} comparisons)"),
+        check_table(report, width),
+    ]
+    if report.weights is not None:
+        parts[1:1] = weights_section(report.weights, width)
+    if report.against_not_returned:
+        parts.append(Text(f"not returned (not checked): {', '.join(report.against_not_returned)}",
+                          style="yellow"))
+    failures = check_failures(report)
+    if failures:
+        parts += [section("What failed"), *failures]
+    parts.append(
+        Text(f"\nPASSED: your backward of {report.layer} agrees with TF and the NumPy "
+             f"reference on all {summary.checked_tensors} tensors", style="bold green")
+        if summary.passed else
+        Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} tensors "
+             f"disagree: {', '.join(summary.failed_tensors)}", style="bold red"))
+    if report.timings:
+        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
+        parts.append(Text(f"timings: {laps}", style="dim"))
+    return parts
+
+
+# --- weights read from a file (--weights) and spec inference (gradscope spec) ----------------
+
+def weights_section(entry: WeightsEntry, width: int) -> list[RenderableType]:
+    """Where each weight came from: the file's own name beside gradscope's. The title names
+    the file, not its folder path (a long path cannot fit 60 columns; the JSON keeps it)."""
+    name = entry.source.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    title = section(f"Weights read from {name} ({entry.format}; layers matched by "
+                    f"{entry.matched_by})")
+    wide = Layout([Column("weight"), Column("from the file's variable"), Column("shape")])
+    stacked = Layout([Column("weight · shape ← the file's variable")])
+    for item in entry.mapping:
+        source = Text("\n".join(item.variables))
+        if item.conversion:
+            source.append("\n" + item.conversion, style="dim")
+        wide.add_row(atom(item.name, "bold"), source, atom(shape_text(item.shape), "cyan"))
+        stacked.add_row(Text.assemble((item.name, "bold"), " ", (shape_text(item.shape), "cyan"),
+                                      " ←\n", source))
+    parts: list[RenderableType] = [title, fit(width, wide, stacked)]
+    if entry.ignored:
+        ignored = ", ".join(f"{i.variable} ({i.reason})" for i in entry.ignored)
+        parts.append(Text(f"ignored, not model weights: {ignored}", style="dim"))
+    return parts
+
+
+def inference_lines(report: SpecInference) -> Text:
+    """Why each value of an inferred spec is what it is (gradscope spec prints it on stderr)."""
+    lines = [f"gradscope spec: {report.source} ({report.format})"]
+    for item in report.inferences:
+        mark = "" if item.known else " (default)"
+        lines.append(f"  {item.key}{mark}: {item.reason}")
+    if report.ignored:
+        lines.append("  ignored, not model weights: "
+                     + ", ".join(f"{i.variable} ({i.reason})" for i in report.ignored))
+    return Text("\n".join(lines))

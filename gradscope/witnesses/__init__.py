@@ -41,12 +41,15 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
           chunks: int | None = None, directions: int = 3, rtol: float | None = None,
           atol: float | None = None, data: Batch | None = None,
           progress: Progress | None = None, timings: bool = False,
-          params: dict[str, np.ndarray] | None = None) -> CheckReport:
+          params: dict[str, np.ndarray] | None = None, weights: Any = None) -> CheckReport:
     """Verify every gradient of ``spec``'s model; see the module docstring for the witnesses.
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable with the contract
     ``FUNC(params, x, y, h0) -> dict`` (see README). ``rtol`` overrides the relative tolerance
     of every float64 witness; ``atol`` adds an absolute allowance to finite differences.
+    ``params`` are the weights by gradscope name, taken as they are; ``weights`` (an .npz
+    path, a TF checkpoint or a dict, see :mod:`gradscope.weights`) is mapped onto the spec's
+    layers first and the mapping reported. Either replaces the seeded initial weights.
     """
     from gradscope.inspect import model_entry
     from gradscope.model import Engine
@@ -76,6 +79,9 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
 
     algebra = model_shapes(spec)
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
+    from gradscope.weights import chosen_weights
+
+    params, weights_entry = chosen_weights(spec, weights, params, say)
     if params is None:
         params = initial_params(algebra)
     params = {name: value.astype(np.float64) for name, value in params.items()}
@@ -160,6 +166,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
             comparisons=len(results),
             failures=sum(not r.passed for r in results),
         ),
+        weights=weights_entry,
         timings=laps if timings else None,
     )
 

@@ -72,6 +72,8 @@ class CheckContext:
     atol: float | None = None
     directions: int = 3
     progress: Progress = field(default=lambda message: None)
+    #: What a witness computes once per check and keeps (e.g. the known wrong gradients).
+    memo: dict[str, Any] = field(default_factory=dict)
 
     def tolerance(self, witness: str, dtype: str = "float64") -> float:
         if witness in self.rtol:

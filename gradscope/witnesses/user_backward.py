@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import ConfigError
+from gradscope.witnesses import variants
 from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
 
 WITNESS = "against"
@@ -175,6 +176,17 @@ def _with_hint(name: object, expected: dict[str, np.ndarray]) -> str:
 
 def _compare(ctx: CheckContext, name: str, value: Any, truth: np.ndarray,
              everything: dict[str, np.ndarray], tolerance: float) -> WitnessResult:
+    return compare(name, value, truth, everything, tolerance,
+                   lambda wrong: _diagnose(ctx, name, wrong, truth, everything, tolerance),
+                   time_axis=1 if name == "x" else None)
+
+
+def compare(name: str, value: Any, truth: np.ndarray, everything: dict[str, np.ndarray],
+            tolerance: float, diagnose: Callable[[np.ndarray], str],
+            time_axis: int | None = None) -> WitnessResult:
+    """The user's ``value`` against ``truth``: shape, finite values, then values, in norm and
+    element by element. A wrong array is named by ``diagnose`` (a known mistake's signature)
+    and, along ``time_axis``, located in time."""
     try:
         value = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -194,24 +206,25 @@ def _compare(ctx: CheckContext, name: str, value: Any, truth: np.ndarray,
     passed = error <= tolerance and bool(np.all(elementwise))
     if passed:
         return WitnessResult(WITNESS, name, error, tolerance, True)
-    detail = _diagnose(ctx, name, value, truth, everything, tolerance)
-    worst = np.unravel_index(int(np.argmax(np.abs(value - truth) / scale)), truth.shape)
-    where = tuple(int(i) for i in worst)
-    detail = "; ".join(part for part in (
-        detail, f"largest disagreement at element {where}: {value[where]:.6e}, TF says "
-                f"{truth[where]:.6e}") if part)
+    detail = diagnose(value)
+    if not detail:  # nothing known explains it: show where it is worst
+        worst = np.unravel_index(int(np.argmax(np.abs(value - truth) / scale)), truth.shape)
+        where = tuple(int(i) for i in worst)
+        detail = (f"largest disagreement at element {where}: {value[where]:.6e}, TF says "
+                  f"{truth[where]:.6e}")
     first_bad = None
-    if name == "x":
-        first_bad, time_detail = _locate_in_time(value, truth, tolerance)
+    if time_axis is not None:
+        first_bad, time_detail = _locate_in_time(value, truth, tolerance, time_axis)
         detail = "; ".join(part for part in (time_detail, detail) if part)
     return WitnessResult(WITNESS, name, error, tolerance, False, detail, first_bad)
 
 
-def _locate_in_time(value: np.ndarray, truth: np.ndarray,
-                    tolerance: float) -> tuple[int | None, str]:
-    """The first step, counting back from the end, where x's gradient diverges."""
-    steps = truth.shape[1]
-    errors = [relative_error(value[:, t], truth[:, t]) for t in range(steps)]
+def _locate_in_time(value: np.ndarray, truth: np.ndarray, tolerance: float,
+                    axis: int = 1) -> tuple[int | None, str]:
+    """The first step, counting back from the end, where a per-step gradient diverges."""
+    steps = truth.shape[axis]
+    errors = [relative_error(np.take(value, t, axis), np.take(truth, t, axis))
+              for t in range(steps)]
     bad = [t for t in range(steps) if errors[t] > tolerance]
     if not bad:
         return None, ""
@@ -228,22 +241,35 @@ def _locate_in_time(value: np.ndarray, truth: np.ndarray,
 
 def _diagnose(ctx: CheckContext, name: str, value: np.ndarray, truth: np.ndarray,
               everything: dict[str, np.ndarray], tolerance: float) -> str:
-    """Recognise classic mistakes from the returned array itself."""
-    batch, steps = ctx.batch.x.shape[:2]
-    positions = batch * steps if ctx.shapes.spec.sequence_output else batch
-    # The mean loss divides by the positions (softmax cross-entropy) or by every element (mse).
-    count = positions * (ctx.shapes.spec.output_size if ctx.shapes.spec.loss == "mse" else 1)
-    for factor, story in ((count, "the gradient of the sum loss, not the mean loss"),
-                          (1 / positions, "averaged over the positions instead of summed")):
-        if relative_error(value, truth * factor) <= max(tolerance, 1e-6):
-            return f"{factor:g} × the right values: {story}"
+    """Name the known mistake ``value`` carries: a wrong BPTT (computed with the NumPy
+    reference, see :mod:`gradscope.witnesses.variants`), a scaling, a swap."""
+    match = variants.identify(name, value, truth, _signatures(ctx, everything),
+                              max(tolerance, 1e-6))
+    if match is not None:
+        return variants.describe(name, match)
     for other, gradient in everything.items():
         if other != name and gradient.shape == value.shape and \
                 relative_error(value, gradient) <= max(tolerance, 1e-6):
             return f"equals the gradient of {other}: swapped?"
-    if value.shape[-1] % 2 == 0 and value.shape[-1] >= 2:
-        half = value.shape[-1] // 2
-        swapped = np.concatenate([value[..., half:], value[..., :half]], axis=-1)
-        if relative_error(swapped, truth) <= max(tolerance, 1e-6):
-            return "its two column halves are swapped (r and u?)"
     return ""
+
+
+def _signatures(ctx: CheckContext, everything: dict[str, np.ndarray]) -> list[variants.Signature]:
+    """The whole model's known wrong gradients, computed once per check (on first need)."""
+    if "against_signatures" in ctx.memo:
+        return ctx.memo["against_signatures"]
+    spec = ctx.shapes.spec
+    batch, steps = ctx.batch.x.shape[:2]
+    positions = batch * steps if spec.sequence_output else batch
+    # The mean loss divides by the positions (softmax cross-entropy) or by every element (mse).
+    count = positions * (spec.output_size if spec.loss == "mse" else 1)
+    signatures = variants.scalings(everything, [
+        (float(count), "sum_loss", "the gradient of the sum loss, not the mean loss"),
+        (1 / positions, "mean_over_positions", "averaged over the positions instead of summed"),
+        (float(batch), "sum_over_batch", "summed over the batch instead of averaged"),
+        (1 / batch, "mean_over_batch", "divided by the batch size once more"),
+    ])
+    signatures += variants.gate_swaps(ctx.shapes.weights, everything)
+    signatures += variants.model_variants(ctx.shapes, ctx.params, ctx.batch)
+    ctx.memo["against_signatures"] = signatures
+    return signatures

@@ -171,10 +171,16 @@ def batch_positions(facts: LayerFacts, excluded: set[int]) -> str:
             "positions")
 
 
-def variable_key(path: str, layer_name: str) -> str:
+def variable_key(path: str, layer_name: str, layer_path: str | None = None) -> str:
     """A Keras variable path as a :class:`WeightNote` key: the owning layer's name and the cell
     scopes left out ("gru/gru_cell/kernel" → "kernel", "bidirectional/forward_gru/gru_cell/
-    kernel" → "forward_gru/kernel", "multi_head_attention/query/kernel" → "query/kernel")."""
+    kernel" → "forward_gru/kernel", "multi_head_attention/query/kernel" → "query/kernel").
+
+    ``layer_path`` is the layer's own scope (``layer.path``): a model built in memory creates
+    its weights inside the model's scope ("sequential/gru/gru_cell/kernel"), a loaded one
+    does not."""
+    if layer_path and path.startswith(layer_path + "/"):
+        path = layer_name + path[len(layer_path):]
     parts = path.split("/")
     if parts and parts[0] == layer_name:
         parts = parts[1:]

@@ -1,0 +1,265 @@
+"""Known wrong gradients, computed exactly, so that a wrong result can be named.
+
+When a user's backward disagrees with TF, a relative error says only *that* it is wrong. The
+classic BPTT bugs each leave an exact signature: dropping the carry from t+1 gives, to the
+last bit, the gradient of a BPTT without ``+ d_h_next``. So gradscope computes every such
+variant with the NumPy reference (:mod:`gradscope.reference`, whose steps take the tanh
+derivative as an argument) and reports the one the user's array equals:
+
+- BPTT variants (:data:`VARIANTS`): no carry from t+1, the carry added twice, no carry of the
+  LSTM cell state, h_t in place of h_{t−1}, a wrong tanh derivative, the weights' gradient of
+  one step only (the last, or t=0 as left by ``=`` in place of ``+=``);
+- transforms of the right gradient: a gate's column block swapped with another (gate order),
+  and scaling by the batch, the time steps or the loss's positions (sum versus mean).
+
+Everything here is NumPy; nothing imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.algebra import ModelShapes
+from gradscope.cells.base import Cell, TensorInfo
+from gradscope.data import Batch
+from gradscope.reference import (
+    STEPS,
+    Backward,
+    Cache,
+    Params,
+    StepCache,
+    TanhPrime,
+    cell_key,
+    lstm_step_backward,
+    reference_gradients,
+)
+from gradscope.witnesses.context import relative_error
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One known way to get BPTT wrong. The defaults are the right BPTT."""
+
+    key: str
+    #: Completes "your gru_1/w_ru equals …".
+    text: str
+    #: The factor on the gradient carried back from t+1: 0 = not added, 2 = added twice.
+    carry: float = 1.0
+    #: The same for the LSTM's cell-state carry.
+    c_carry: float = 1.0
+    #: Every step backward reads h_t where it should read h_{t−1}.
+    h_for_h_prev: bool = False
+    tanh_prime: TanhPrime | None = None
+    #: The weights' gradient keeps this step's contribution only (0, or −1 for the last).
+    only_step: int | None = None
+    lstm_only: bool = False
+
+
+def _one_minus_a(a: np.ndarray) -> np.ndarray:
+    return 1.0 - a
+
+
+def _one(a: np.ndarray) -> np.ndarray:
+    return np.ones_like(a)
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("no_carry", "the gradient with no carry from t+1", carry=0.0),
+    Variant("carry_twice", "the gradient with the carry from t+1 added twice", carry=2.0),
+    Variant("no_c_carry", "the gradient with no carry of the cell state c from t+1",
+            c_carry=0.0, lstm_only=True),
+    Variant("h_for_h_prev", "the gradient with h_t in place of h_{t−1} (the cache's a_next "
+            "for a_prev)", h_for_h_prev=True),
+    Variant("tanh_one_minus_a", "the gradient with the tanh derivative 1 − a instead of "
+            "1 − a²", tanh_prime=_one_minus_a),
+    Variant("no_tanh_derivative", "the gradient without the tanh derivative 1 − a²",
+            tanh_prime=_one),
+    Variant("last_step_only", "the gradient of the last step only (the weights' sum over "
+            "time is missing)", only_step=-1),
+    Variant("first_step_only", "the gradient of step t=0 only (= where += belongs in the "
+            "loop over time)", only_step=0),
+)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A known wrong gradient of some tensors, keyed like the truth it is compared with."""
+
+    key: str
+    text: str
+    gradients: dict[str, np.ndarray]
+
+
+# -- BPTT variants -----------------------------------------------------------------------------
+
+
+def _h_prev(cache: StepCache) -> np.ndarray:
+    if "h_prev" in cache:
+        return cache["h_prev"]
+    return cache["xh"][:, cache["x"].shape[1]:]
+
+
+def _with_h_for_h_prev(cache: StepCache, h: np.ndarray) -> StepCache:
+    """The step's cache with h_t wherever h_{t−1} was kept (and in what is made of it)."""
+    out = dict(cache)
+    x = cache["x"]
+    if "h_prev" in cache:
+        out["h_prev"] = h
+    if "xh" in cache and cache["xh"].shape[1] == x.shape[1] + h.shape[1]:
+        out["xh"] = np.concatenate([x, h], axis=1)
+    if "xrh" in cache:
+        out["xrh"] = np.concatenate([x, cache["r"] * h], axis=1)
+    if "rh" in cache:
+        out["rh"] = cache["r"] * h
+    return out
+
+
+def _keep(variant: Variant, t: int, steps: int) -> bool:
+    return variant.only_step is None or t == variant.only_step % steps
+
+
+def variant_backward(cell: Cell, variant: Variant) -> Backward:
+    """The BPTT of ``cell`` with ``variant``'s mistake, with the reference's signature."""
+    key = cell_key(cell)
+    tanh = {} if variant.tanh_prime is None else {"tanh_prime": variant.tanh_prime}
+    if cell.kind == "lstm":
+        return _lstm_variant(cell.layout, variant, tanh)
+    step, step_backward = STEPS[key]
+
+    def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                 d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
+                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
+        steps = len(cache)
+        d_h_seq = np.swapaxes(d_h_seq, 0, 1)
+        d_x = np.zeros((steps, *cache[0]["x"].shape))
+        d_params = {name: np.zeros_like(value) for name, value in params.items()}
+        d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
+        for t in reversed(range(steps)):
+            d_h = d_h_seq[t] + variant.carry * d_h_next
+            step_cache = cache[t]
+            if variant.h_for_h_prev:
+                h_t, _ = step(params, step_cache["x"], _h_prev(step_cache))
+                step_cache = _with_h_for_h_prev(step_cache, h_t)
+            d_x[t], d_h_next, d_step = step_backward(params, step_cache, d_h, **tanh)
+            if _keep(variant, t, steps):
+                for name, value in d_step.items():
+                    d_params[name] += value
+        return np.swapaxes(d_x, 0, 1), d_h_next, d_params
+
+    return backward
+
+
+def _lstm_variant(layout: str, variant: Variant, tanh: dict[str, TanhPrime]) -> Backward:
+    def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
+                 d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
+                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
+        steps = len(cache)
+        d_h_seq = np.swapaxes(d_h_seq, 0, 1)
+        d_x = np.zeros((steps, *cache[0]["x"].shape))
+        d_params = {name: np.zeros_like(value) for name, value in params.items()}
+        d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
+        d_c_next = np.zeros_like(d_h_seq[0]) if d_c_final is None else d_c_final
+        for t in reversed(range(steps)):
+            d_h = d_h_seq[t] + variant.carry * d_h_next
+            step_cache = cache[t]
+            if variant.h_for_h_prev:
+                step_cache = _with_h_for_h_prev(step_cache, step_cache["so"] * step_cache["tc"])
+            d_x[t], d_h_next, d_c_next, d_step = lstm_step_backward(
+                params, step_cache, d_h, variant.c_carry * d_c_next, layout, **tanh)
+            if _keep(variant, t, steps):
+                for name, value in d_step.items():
+                    d_params[name] += value
+        return np.swapaxes(d_x, 0, 1), (d_h_next, d_c_next), d_params
+
+    return backward
+
+
+def applicable(cells: Iterable[Cell]) -> list[Variant]:
+    """The variants that mean something for these cells (the cell-state carry: LSTMs)."""
+    kinds = {cell.kind for cell in cells}
+    return [v for v in VARIANTS if not v.lstm_only or "lstm" in kinds]
+
+
+def model_variants(shapes: ModelShapes, params: dict[str, np.ndarray],
+                   batch: Batch) -> list[Signature]:
+    """Every BPTT variant of the whole model, the mistake made in every recurrent layer (a
+    user's BPTT is usually one function called for each layer)."""
+    out = []
+    for variant in applicable(shapes.cells):
+        result = reference_gradients(
+            shapes, params, batch,
+            backward_for=lambda cell, v=variant: variant_backward(cell, v))  # type: ignore[misc]
+        out.append(Signature(variant.key, variant.text, result.gradients))
+    return out
+
+
+# -- transforms of the right gradient ----------------------------------------------------------
+
+
+def gate_swaps(infos: Iterable[TensorInfo], truth: dict[str, np.ndarray],
+               name_of: Callable[[TensorInfo], str] = lambda info: info.name,
+               ) -> list[Signature]:
+    """Each pair of equal-width column blocks (gates) of each weight, swapped: the gradient a
+    backward returns when it packs the gates in another order."""
+    out = []
+    for info in infos:
+        name = name_of(info)
+        blocks = info.columns
+        if name not in truth or len(blocks) < 2:
+            continue
+        for first in range(len(blocks)):
+            for second in range(first + 1, len(blocks)):
+                a, b = blocks[first], blocks[second]
+                if a.stop - a.start != b.stop - b.start:
+                    continue
+                swapped = truth[name].copy()
+                swapped[..., a.start:a.stop] = truth[name][..., b.start:b.stop]
+                swapped[..., b.start:b.stop] = truth[name][..., a.start:a.stop]
+                out.append(Signature(f"swap_{a.label}_{b.label}",
+                                     f"the gradient with the column blocks {a.label} and "
+                                     f"{b.label} swapped (gate order)", {name: swapped}))
+    return out
+
+
+def scalings(truth: dict[str, np.ndarray],
+             factors: Iterable[tuple[float, str, str]]) -> list[Signature]:
+    """The right gradient times each (factor, key, what it means) — distinct factors ≠ 1."""
+    out, seen = [], {1.0}
+    for factor, key, story in factors:
+        if factor in seen:
+            continue
+        seen.add(factor)
+        scale = f"{factor:g}" if factor >= 1 else f"1/{1 / factor:g}"
+        out.append(Signature(key, f"{scale} × the right gradient: {story}",
+                             {name: value * factor for name, value in truth.items()}))
+    return out
+
+
+# -- naming the signature ----------------------------------------------------------------------
+
+
+def identify(name: str, value: np.ndarray, truth: np.ndarray, signatures: list[Signature],
+             tolerance: float) -> tuple[Signature, float] | None:
+    """The signature ``value`` equals (the closest, within ``tolerance``), among those that
+    differ from the truth for this tensor; None when it equals none of them."""
+    best: tuple[Signature, float] | None = None
+    for signature in signatures:
+        candidate = signature.gradients.get(name)
+        if candidate is None or candidate.shape != value.shape:
+            continue
+        if relative_error(candidate, truth) <= tolerance:  # the mistake leaves it right
+            continue
+        error = relative_error(value, candidate)
+        if error <= tolerance and (best is None or error < best[1]):
+            best = (signature, error)
+    return best
+
+
+def describe(name: str, match: tuple[Signature, float]) -> str:
+    """"your gru_1/w_ru equals the gradient with no carry from t+1 (relative error 2e-15)"."""
+    signature, error = match
+    return f"your {name} equals {signature.text} (relative error {error:.0e})"
