@@ -117,6 +117,12 @@ def _refuse_weights_for_keras(weights: Any) -> None:
                           "weights", where="--weights")
 
 
+#: explain's options for a YAML spec only: ``at`` (the step t of ‖∂h_t/∂x_s‖, as --at) and
+#: ``heatmap`` (‖∂h_t/∂x_s‖ over (t, s), as --plot draws it; read it with ``report.plot()``).
+#: Either implies ``flow``.
+YAML_EXPLAIN_OPTIONS = ("at", "heatmap")
+
+
 def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None = None,
             *, x: Any = None, y: Any = None, flow: bool = False, jacobians: bool = False,
             **keras_options: Any) -> ExplainReport | KerasExplainReport:
@@ -145,35 +151,46 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
     - ``keras_options`` as the CLI's flags: ``batch_size``, ``time_steps`` (synthetic batch),
       ``loss`` (a Keras loss name; default: the compiled loss, else inferred from the output),
       ``training`` (dropout and batch norm in training mode, seeded), ``pad``, ``seed``.
-    - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0.
+    - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0 (for a
+      YAML spec too, with ``at`` and ``heatmap``: see :data:`YAML_EXPLAIN_OPTIONS`).
 
     A shape or name that does not fit the model is a ConfigError/DataError naming the array
     (``x['tokens']``, ``y[1]``).
     """
+    from gradscope.errors import ConfigError
     from gradscope.guard import guard
     from gradscope.inspect import explain as _explain
 
+    yaml_only = {k: keras_options.pop(k) for k in YAML_EXPLAIN_OPTIONS if k in keras_options}
     if _is_keras(spec):
         _refuse_weights_for_keras(weights)
         if chunks is not None:
-            from gradscope.errors import ConfigError
-
             raise ConfigError("chunks is for YAML specs; a Keras model's recurrent layers "
                               "are not cut into chunks yet", where="chunks")
+        if yaml_only:
+            raise ConfigError(f"{'= and '.join(sorted(yaml_only))}= are for YAML specs so far; "
+                              "a Keras model takes flow= and jacobians=",
+                              where=sorted(yaml_only)[0])
         from gradscope.keras.explain import explain as _explain_keras
 
         return _explain_keras(_keras_job(spec, data, x, y, keras_options), flow=flow,
                               jacobians=jacobians)
     if x is not None or y is not None:
-        from gradscope.errors import ConfigError
-
         raise ConfigError("x= and y= are for a Keras model; for a YAML spec pass "
                           "data={'x': ..., 'y': ...}", where="x")
+    if keras_options:  # never silently ignored
+        unknown = sorted(keras_options)
+        raise ConfigError(f"{'= and '.join(unknown)}= are not options of explain for a YAML "
+                          f"spec; expected some of data, weights, chunks, flow, jacobians, "
+                          f"{', '.join(YAML_EXPLAIN_OPTIONS)}", where=unknown[0])
     spec = load_spec(spec) if isinstance(spec, str) else spec
 
     spec, batch = _with_data(spec, data)
     guard(spec, "explain", chunks=chunks)
-    return _explain(spec, data=batch, weights=weights, chunks=chunks)
+    heatmap = bool(yaml_only.get("heatmap", False))
+    return _explain(spec, data=batch, weights=weights, chunks=chunks,
+                    flow=flow or heatmap or yaml_only.get("at") is not None,
+                    jacobians=jacobians, **yaml_only)
 
 
 def check(spec: Any, against: Any = None, chunks: int | None = None,

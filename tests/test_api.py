@@ -64,3 +64,22 @@ def test_the_api_takes_a_saved_keras_model(tmp_path, tf):
     assert report.loss.outputs[0].loss == "mean_squared_error"
     assert report.model.batch_size == 3
     assert gradscope.check(str(path), batch_size=3, directions=1).summary.passed
+
+
+def test_yaml_explain_takes_flow_jacobians_at_and_heatmap_and_refuses_keras_options(tf):
+    import pytest
+
+    from gradscope.errors import ConfigError
+
+    spec = gradscope.load_spec({"input_size": 3, "time_steps": 6, "batch_size": 2,
+                                "layers": [{"gru": 3}, {"dense": 2}]})
+    plain = gradscope.explain(spec)
+    assert plain.gradient_flow is None and plain.state_jacobians is None
+    report = gradscope.explain(spec, jacobians=True, at=3, heatmap=True)
+    # at= and heatmap= imply flow=, as --at and --plot imply --flow.
+    assert report.gradient_flow is not None and report.state_jacobians is not None
+    assert report.gradient_flow.influence_map is not None
+    assert report.gradient_flow.influence_step == 3
+    for option in ({"loss": "mse"}, {"training": True}):
+        with pytest.raises(ConfigError, match="not options of explain for a YAML spec"):
+            gradscope.explain(spec, **option)
