@@ -67,6 +67,18 @@ class _Job:
         self.batch = _Batch(inputs)
 
 
+def _replay(iterator: Any, batches: list[Any]) -> Any:
+    """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
+    takes fit's own: a ``tf.data`` iterator of the same element spec, so the function traced for
+    fit's iterator runs again as it is (a list would trace Keras' step function anew, ~1 s).
+    Anything else (an eager ``run_eagerly`` loop, another iterator type) gets the list."""
+    spec = getattr(iterator, "element_spec", None)
+    if not isinstance(iterator, tf.data.Iterator) or spec is None:
+        return batches
+    dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
+    return iter(dataset)
+
+
 class GradientFlow(keras.callbacks.Callback):
     """Record the gradient flow of the model every ``every`` batches of ``model.fit``.
 
@@ -139,7 +151,7 @@ class GradientFlow(keras.callbacks.Callback):
             if not batches:
                 raise StopIteration
             self._last_batch = batches[-1]
-            return original(batches)  # Keras' own compiled step, on exactly these tensors
+            return original(_replay(iterator, batches))  # Keras' own step, these tensors
 
         model.train_function = train_function
 
