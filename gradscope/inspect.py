@@ -12,6 +12,7 @@ from gradscope.algebra import ModelShapes, model_shapes
 from gradscope.cells.base import TensorInfo
 from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.errors import ConfigError, InternalError
+from gradscope.report.formats import percent
 from gradscope.report.models import (
     BlockEntry,
     CarryEntry,
@@ -34,7 +35,7 @@ from gradscope.report.models import (
     TensorEntry,
 )
 from gradscope.spec import Spec
-from gradscope.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, percent, state_names
+from gradscope.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, state_names
 
 if TYPE_CHECKING:
     from gradscope.dynamics import Dynamics, JacobianBlock

@@ -44,11 +44,6 @@ from gradscope.data import Batch
 CARRIED_SHARE_THRESHOLD = 0.01
 
 
-def percent(share: float) -> str:
-    """A carried share as the text shows it: 0.18 → '18.0%', 1.2e-7 → '1.20e-05%', 0 → '0'."""
-    return "0" if share == 0 else f"{100 * share:#.3g}%"
-
-
 @dataclass(frozen=True)
 class ChunkProduct:
     """The seed's ``tf.gradients(ys, xs, grad_ys)`` for chunk ``chunk``, steps

@@ -20,6 +20,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gradscope.report.formats import percent
 from gradscope.report.models import (
     CarryCheck,
     CarryEntry,
@@ -42,7 +43,6 @@ from gradscope.report.models import (
     WeightsEntry,
     WitnessEntry,
 )
-from gradscope.truncation import percent
 
 
 def number(value: float | None) -> str:
