@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -330,3 +331,79 @@ def test_watch_json_follows_its_schema_and_help_has_an_example(fitted):
     Draft202012Validator(schema).validate(document)
     Draft202012Validator(schema).validate(fitted["flow"].history.to_dict())
     assert "Example" in run_gradscope("watch", "--help").stdout
+
+
+def test_steps_per_execution_and_a_short_last_batch_train_as_without_it(tf):
+    """Two steps per execution and a last batch of 3 rows: the observed executions replay
+    batches of unequal size (fit's own spec through a generator) and of a free batch axis;
+    the weights end as a fit without the callback leaves them, and every observation is
+    Keras' own tape on the last batch of its execution."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+    x, y = np.concatenate([x, x[:3]]), np.concatenate([y, y[:3]])  # batches 8, 8, 8, 3
+    models = []
+    weights: dict[int, list[np.ndarray]] = {}
+    for watched in (False, True):
+        model = _model(keras)
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse", steps_per_execution=2)
+        callbacks: list[Any] = []
+        if watched:
+            flow = GradientFlow(every=2)
+
+            class KeepWeights(keras.callbacks.Callback):
+                def on_train_batch_end(self, batch, logs=None):
+                    weights[batch] = self.model.get_weights()
+
+            callbacks = [flow, KeepWeights()]
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=callbacks)
+        models.append(model)
+    for plain, ours in zip(models[0].get_weights(), models[1].get_weights(), strict=True):
+        np.testing.assert_array_equal(plain, ours)
+    history = flow.history
+    assert [o.batch_size for o in history.observations] == [BATCH, 3]
+    # Keras numbers the batch of a 2-step execution by its last step: 1 and 3.
+    for index, (batch, rows) in enumerate(((1, slice(8, 16)), (3, slice(24, 27)))):
+        loss, weight_norms, _, profiles = _direct(tf, keras, models[1], weights[batch],
+                                                  x[rows], y[rows])
+        assert history.observations[index].loss == pytest.approx(loss, rel=1e-5)
+        for series, expected in zip(history.weights, weight_norms, strict=True):
+            assert series.norms[index] == pytest.approx(expected, rel=1e-5)
+        for series in history.recurrent:
+            assert series.profiles[index] == pytest.approx(profiles[series.layer], rel=1e-5)
+
+
+def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows(tf):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+    flow = GradientFlow(every=2)
+    _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                      callbacks=[flow])
+    assert flow._trace["thread"].startswith("gradscope-GradientFlow")
+    assert len(flow.history.observations) == 1
+    # Three batches and every=5: no observation, so nothing is traced at all.
+    idle = GradientFlow(every=5)
+    _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                      callbacks=[idle])
+    assert "thread" not in idle._trace and idle.history.observations == []
+
+
+def test_an_error_beside_training_is_raised_on_the_training_thread(tf):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    class Failing(GradientFlow):
+        def _record(self, *args, **kwargs):
+            raise RuntimeError("recording failed")
+
+    x, y = _data()
+    with pytest.raises(RuntimeError, match="recording failed"):
+        _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                          callbacks=[Failing(every=2)])

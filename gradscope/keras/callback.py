@@ -23,11 +23,23 @@ the model's graph run call by call) in one ``tf.function`` traced once (the batc
 free), and gradscope's NumPy reference BPTT (float64) for the per-step totals, which must
 reproduce the layer's Keras output before any number is recorded. Its cost is one trace, then
 one forward and backward pass per observation.
+
+**What runs beside training.** In ``fit``, the trace (and a first run on zeros, which is where
+TensorFlow optimises the graph) is made on a worker thread as soon as the first batch's shapes
+are known, while Keras trains; the first observation waits for it if it is not done. The pass
+itself always runs on the training thread, between two train steps, so it reads exactly the
+weights of that step. What follows it uses only the pass's NumPy arrays (the reference BPTT, the
+norms, the TensorBoard summaries) and runs on the same worker, in order; ``history``,
+``report()``, ``close()`` and the end of ``fit`` wait for it, and an error raised there is
+raised again on the training thread at the next observation or at the latest there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +79,43 @@ class _Job:
         self.batch = _Batch(inputs)
 
 
+def _replay_options() -> Any:
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
+
+
+_REPLAY_OPTIONS = _replay_options()
+
+
 def _replay(iterator: Any, batches: list[Any]) -> Any:
     """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
     takes fit's own: a ``tf.data`` iterator of the same element spec, so the function traced for
     fit's iterator runs again as it is (a list would trace Keras' step function anew, ~1 s).
-    Anything else (an eager ``run_eagerly`` loop, another iterator type) gets the list."""
+
+    The batches are stacked, unbatched and batched again: a pure graph pipeline, with the
+    batch axis free or static as fit's own batching has it. Where its spec still differs
+    (ragged or sparse parts, batches of unequal size), a generator with fit's exact spec serves
+    instead (a Python call per element: ~0.05 s more). Anything else (an eager ``run_eagerly``
+    loop, another iterator type) gets the list."""
     spec = getattr(iterator, "element_spec", None)
     if not isinstance(iterator, tf.data.Iterator) or spec is None:
         return batches
+    sizes = {int(t.shape[0]) for t in tf.nest.flatten(batches)
+             if isinstance(t, tf.Tensor) and t.shape.rank}
+    if len(sizes) == 1:
+        size = sizes.pop()
+        try:
+            stacked = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *batches)
+            rows = tf.data.Dataset.from_tensors(stacked).unbatch()
+        except (TypeError, ValueError):
+            rows = None
+        for static in (True, False):
+            dataset = None if rows is None else rows.batch(size, drop_remainder=static)
+            if dataset is not None and dataset.element_spec == spec:
+                return iter(dataset.with_options(_REPLAY_OPTIONS))
     dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
-    return iter(dataset)
+    return iter(dataset.with_options(_REPLAY_OPTIONS))
 
 
 class GradientFlow(keras.callbacks.Callback):
@@ -129,6 +168,12 @@ class GradientFlow(keras.callbacks.Callback):
         self._pending = False  # the train step about to run is observed
         self._last_batch: Any = None
         self._original_train_function: Any = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending_work: list[Future[Any]] = []
+        self._warm: Future[Any] | None = None
+        self._warm_tried = False
+        self._fit_spec: Any = None
+        self._fit_first = 0  # batches watched before this fit
         if model is not None:
             self.set_model(model)
 
@@ -142,9 +187,12 @@ class GradientFlow(keras.callbacks.Callback):
                               "pass needs the whole batch on one device", where="GradientFlow")
         original = model.train_function
         self._original_train_function = original
+        self._fit_first = self._batches
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
 
         def train_function(iterator: Any) -> Any:
+            if self._fit_spec is None:
+                self._fit_spec = getattr(iterator, "element_spec", None)
             if not self._pending:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
@@ -159,6 +207,7 @@ class GradientFlow(keras.callbacks.Callback):
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
             self._original_train_function = None
+        self._drain()
         if self._writer is not None:
             self._writer.writer.flush()
 
@@ -175,6 +224,10 @@ class GradientFlow(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._batches = self._epoch_base + batch + 1
         if not self._pending:
+            if not self._warm_tried and self._fit_spec is not None and self._observes_later():
+                # After Keras' first step, whose trace would compete with this one.
+                self._warm_tried = True
+                self._warm_up(self._fit_spec)
             return
         self._pending = False
         data, self._last_batch = self._last_batch, None
@@ -197,15 +250,98 @@ class GradientFlow(keras.callbacks.Callback):
         """Take the extra pass now on the batch ``(x, y)`` (arrays or tensors, structured as
         the model's inputs and outputs), with the model's current weights, recorded at
         ``step`` (default: one more than the last recorded step)."""
+        self._drain()
         if step is None:
             step = self._observations[-1].step + 1 if self._observations else 1
         self._observe(x, y, int(step), None)
+
+    # -- work beside training ------------------------------------------------------------------
+
+    def _submit(self, job: Any, *args: Any, pending: bool = True) -> Future[Any]:
+        """Run ``job`` on the worker, after what it was given before. With ``pending``,
+        ``_drain`` waits for it and raises its error."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1,
+                                              thread_name_prefix="gradscope-GradientFlow")
+        future = self._worker.submit(job, *args)
+        if pending:
+            self._pending_work.append(future)
+        return future
+
+    def _drain(self) -> None:
+        """Wait for the recordings handed to the worker; an error raised there is raised
+        here."""
+        pending, self._pending_work = self._pending_work, []
+        for future in pending:
+            future.result()
+
+    def _settle_warm_up(self) -> None:
+        """Wait for the trace made beside training, if any. If it failed, the pass is traced
+        again where it is needed, on this thread, and raises its error there."""
+        warm, self._warm = self._warm, None
+        if warm is None:
+            return
+        try:
+            warm.result()
+        except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
+            self._function = self._concrete = None
+
+    def _observes_later(self) -> bool:
+        """Whether this fit reaches another observed batch (when fit knows its length)."""
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs:
+            return True
+        following = (self._batches // self.every + 1) * self.every
+        return following <= self._fit_first + int(steps) * int(epochs)
+
+    def _warm_up(self, spec: Any) -> None:
+        """Trace the pass on the worker, from the element spec of fit's batches, while Keras
+        trains. Only where those shapes are whole but for the batch axis (else the first
+        observation traces, as ``observe`` does) and where Keras runs compiled steps: an eager
+        (``run_eagerly``) step calls the layers in Python on this thread meanwhile."""
+        if getattr(self.model, "run_eagerly", False):
+            return
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(spec)
+        try:
+            engine = self._engine_for()
+            inputs, targets = self._names(engine, x, y)
+        except ConfigError:
+            return  # the observation says why, with the batch itself
+        specs = list(inputs.values()) + list(targets.values())
+        if not all(isinstance(s, tf.TensorSpec) and s.shape.rank and
+                   s.shape[1:].is_fully_defined() for s in specs):
+            return
+        self._warm = self._submit(self._trace_and_run, engine, list(inputs.values()),
+                                  list(targets.values()), pending=False)
+
+    def _trace_and_run(self, engine: Any, inputs: list[Any], targets: list[Any]) -> None:
+        """The trace of the pass, and one run of it on zeros (discarded), where TensorFlow
+        optimises the graph; also the modules the recording needs, imported once."""
+        import gradscope.inspect  # noqa: F401
+        import gradscope.keras.flow  # noqa: F401
+
+        if self.log_dir is not None:
+            import gradscope.keras.summaries  # noqa: F401
+        with native_stderr_silenced():
+            function = _traced_pass(engine, self._trace)
+            concrete = function.get_concrete_function(
+                [_free_batch(s) for s in inputs], [_free_batch(s) for s in targets])
+            zeros = [tf.zeros((1, *s.shape[1:]), s.dtype) for s in [*inputs, *targets]]
+            # Zeros are no batch of the user's: whatever they give is dropped, and an error
+            # here says nothing of the observation, which runs on real ones.
+            with contextlib.suppress(tf.errors.OpError):
+                concrete(zeros[:len(inputs)], zeros[len(inputs):])
+        self._function, self._concrete = function, concrete
 
     # -- the pass ------------------------------------------------------------------------------
 
     def _engine_for(self) -> Any:
         if self._engine is not None and self._engine.model is not self.model:
             # Another model (set_model by a later fit): its own engine and trace.
+            self._drain()
+            self._settle_warm_up()
+            self._warm_tried = False
             self._engine = self._function = self._concrete = None
         if self._engine is None:
             if self.model is None:
@@ -215,8 +351,9 @@ class GradientFlow(keras.callbacks.Callback):
             self._engine = make_engine(self.model, self.loss_name)
         return self._engine
 
-    def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, np.ndarray],
-                                                           dict[str, np.ndarray]]:
+    def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The batch's inputs and targets by the names of the model's inputs and of the
+        engine's outputs (NumPy arrays; ``tf.TensorSpec``s stay as they are)."""
         model = self.model
         input_names = [getattr(t, "name", f"input {i}") for i, t in enumerate(model.inputs)]
         inputs = _flat(x, input_names, "x")
@@ -229,6 +366,7 @@ class GradientFlow(keras.callbacks.Callback):
         """One traced forward and backward pass; the same KerasPass engine.run gives."""
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
+        self._settle_warm_up()
         with native_stderr_silenced():  # TensorFlow's native log lines at a first op
             if self._function is None:
                 self._function = _traced_pass(engine, self._trace)
@@ -266,21 +404,34 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None) -> None:
         from gradscope._blas import blas_beside_tensorflow
+        from gradscope.keras.flow import recurrent_weights
 
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
+        failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
+        if failed:
+            self._drain()  # an earlier recording failed: say so now
         result = self._run(engine, inputs, targets)
-        # One BLAS thread for the NumPy cells (gradscope/_blas.py): BLAS threads that spin
-        # beside TensorFlow's would slow the rest of training down too.
-        with blas_beside_tensorflow():
-            self._record(engine, inputs, result, step, epoch)
+        # The recurrent layers' weights of this pass: training moves them on meanwhile.
+        weights = recurrent_weights(engine, result)
+
+        def record() -> None:
+            # One BLAS thread for the NumPy cells (gradscope/_blas.py): BLAS threads that spin
+            # beside TensorFlow's would slow the rest of training down too.
+            with blas_beside_tensorflow():
+                self._record(engine, inputs, result, weights, step, epoch)
+
+        if self._original_train_function is None:
+            record()  # a custom loop's observe(): done when it returns
+        else:
+            self._submit(record)
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
-                step: int, epoch: int | None) -> None:
+                weights: dict[str, np.ndarray], step: int, epoch: int | None) -> None:
         from gradscope.inspect import flow_flags
         from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
 
-        usable, skipped = recurrent_calls(_Job(inputs), engine, result)
+        usable, skipped = recurrent_calls(_Job(inputs), engine, result, weights)
         index = len(self._observations)
         size = int(next(iter(inputs.values())).shape[0])
         self._observations.append(TrainingObservation(
@@ -347,7 +498,7 @@ class GradientFlow(keras.callbacks.Callback):
 
         if self._writer is None:
             self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
-        history = self.history
+        history = self._history()
         run = {"source": history.source, "loss": history.loss, "mode": history.mode,
                "every": history.every, "flag_factor": history.flag_factor,
                "method": history.method,
@@ -364,6 +515,10 @@ class GradientFlow(keras.callbacks.Callback):
     @property
     def history(self) -> FlowHistoryReport:
         """Everything recorded so far, as a report (``to_dict()``, ``to_json()``)."""
+        self._drain()
+        return self._history()
+
+    def _history(self) -> FlowHistoryReport:
         from gradscope.inspect import FLOW_FACTOR
 
         engine = self._engine
@@ -402,6 +557,7 @@ class GradientFlow(keras.callbacks.Callback):
 
     def close(self) -> None:
         """Close the TensorBoard writer (it is flushed after every observation anyway)."""
+        self._drain()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -437,6 +593,7 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
         grads, state_grads, output_grads = tape.gradient(
             loss, [engine.model.trainable_variables, [c.states for c in kept], wanted])
         trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
+        trace["thread"] = threading.current_thread().name
         captured = []
         for call, sg, og in zip(kept, state_grads, output_grads, strict=True):
             mine = call.class_name in recurrent
@@ -464,7 +621,7 @@ def _numpy(tensor: Any) -> np.ndarray | None:
     return None if tensor is None else tensor.numpy()
 
 
-def _flat(value: Any, names: list[str], what: str) -> dict[str, np.ndarray]:
+def _flat(value: Any, names: list[str], what: str) -> dict[str, Any]:
     """The batch's x (or y) as NumPy arrays in the order of the model's inputs (outputs): a
     dict by the names Keras gives them, a list, or one array."""
     if isinstance(value, dict):
@@ -478,7 +635,8 @@ def _flat(value: Any, names: list[str], what: str) -> dict[str, np.ndarray]:
     if len(items) != len(names):
         raise ConfigError(f"GradientFlow: {what} holds {len(items)} arrays; the model has "
                           f"{len(names)} ({', '.join(names)})", where=what)
-    return {name: np.asarray(item) for name, item in zip(names, items, strict=True)}
+    return {name: item if isinstance(item, tf.TensorSpec) else np.asarray(item)
+            for name, item in zip(names, items, strict=True)}
 
 
 def _in_notebook() -> bool:

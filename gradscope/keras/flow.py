@@ -92,17 +92,20 @@ class RecurrentCall:
     merge_mode: str | None = "concat"  # Bidirectional only
 
 
-def recurrent_calls(job: Any, engine: Any,
-                    result: KerasPass) -> tuple[list[RecurrentCall], list[KerasNotAnalysed]]:
+def recurrent_calls(job: Any, engine: Any, result: KerasPass,
+                    weights: dict[str, np.ndarray] | None = None,
+                    ) -> tuple[list[RecurrentCall], list[KerasNotAnalysed]]:
     """Every recurrent call of the run that gradscope's cells model exactly, and the others
-    with the reason they are left out."""
+    with the reason they are left out. The cells take the layers' weights as they are now, or
+    from ``weights`` (variable path → value, ``recurrent_weights()``) as they were at the
+    pass, when the model may have trained on since."""
     usable: list[RecurrentCall] = []
     skipped: list[KerasNotAnalysed] = []
     for call in result.calls:
         if call.class_name not in {"GRU", "LSTM", "SimpleRNN", "Bidirectional"}:
             continue
         label = call_label(call.layer, call.index)
-        found = _prepare(call, label, engine)
+        found = _prepare(call, label, engine, weights)
         if isinstance(found, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=found))
         else:
@@ -110,7 +113,8 @@ def recurrent_calls(job: Any, engine: Any,
     return usable, skipped
 
 
-def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str:
+def _prepare(call: CapturedCall, label: str, engine: Any,
+             weights: dict[str, np.ndarray] | None) -> RecurrentCall | str:
     """The call's units, run forward in NumPy and checked against every output Keras gave,
     or the reason gradscope does not analyse the call."""
     layer = engine.operation(call.layer)
@@ -150,7 +154,7 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
         mine, states = states[:count], states[count:]
         backwards = bool(getattr(sub, "go_backwards", False))
         units.append(Unit(label=name, class_name=class_name, cell=cell,
-                          params=_params(sub, cell), x=x[:, ::-1] if backwards else x,
+                          params=_params(sub, cell, weights), x=x[:, ::-1] if backwards else x,
                           states=mine, backwards=backwards))
     recurrent = RecurrentCall(label=label, call=call, units=units,
                               return_sequences=bool(layer.return_sequences),
@@ -164,10 +168,20 @@ def _prepare(call: CapturedCall, label: str, engine: Any) -> RecurrentCall | str
     return _reproduces(recurrent, engine.dtype_name) or recurrent
 
 
-def _params(layer: Any, cell: Cell) -> dict[str, np.ndarray]:
+def _params(layer: Any, cell: Cell,
+            weights: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     """The weights in float64 by short name, with a zero bias when the layer has none."""
-    return cell_params(cell, {v.path.split("/")[-1]: np.asarray(v.numpy())
-                              for v in layer.weights})
+    return cell_params(cell, {v.path.split("/")[-1]: np.asarray(
+        v.numpy() if weights is None else weights[v.path]) for v in layer.weights})
+
+
+def recurrent_weights(engine: Any, result: KerasPass) -> dict[str, np.ndarray]:
+    """A copy of every weight of the run's recurrent layers, by variable path: what
+    ``recurrent_calls(..., weights=)`` reads after the model has moved on."""
+    layers = {call.layer for call in result.calls
+              if call.class_name in {"GRU", "LSTM", "SimpleRNN", "Bidirectional"}}
+    return {v.path: np.array(v.numpy()) for name in sorted(layers)
+            for v in engine.operation(name).weights}
 
 
 def _outputs(recurrent: RecurrentCall) -> list[np.ndarray]:
