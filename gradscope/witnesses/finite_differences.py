@@ -9,11 +9,15 @@ Cost: two loss evaluations per probe, never two per element. The perturbed copie
 are evaluated together in one call: perturbations of x and of the initial states are folded
 into the batch axis (each copy is a block of examples), and perturbations of a weight run as
 one in-graph ``tf.map_fn`` over the stacked perturbed weights. A perturbation of layer k runs
-the model from layer k on, from the unperturbed output of the layers below it.
+the model from layer k on, from the unperturbed output of the layers below it (the layer
+outputs of the autodiff pass). The weight copies and the x and state copies are evaluated at
+the same time, on two threads: while one traces its functions (Python) the other's run
+(TensorFlow's own threads) goes on.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +68,10 @@ class _Evaluator:
     """Loss evaluations of perturbed copies of the model, traced once per starting layer.
 
     A perturbation of layer k's weights or initial state changes nothing below layer k, so the
-    pass starts at layer k from the unperturbed output of layer k−1 (computed once, here, by
-    an ordinary forward pass); the dense layers' weights start after the last recurrent
-    layer. The loss is still the full model's: the layers below simply have no perturbed input.
+    pass starts at layer k from the unperturbed output of layer k−1 (the autodiff pass's own
+    sequences, from the same forward); the dense layers' weights start after the last
+    recurrent layer. The loss is still the full model's: the layers below simply have no
+    perturbed input.
     Weight copies of the layers run are flattened into rows of one matrix and evaluated by one
     ``tf.map_fn``; copies of x and of the initial states are folded into the batch axis of one
     forward pass.
@@ -75,7 +80,7 @@ class _Evaluator:
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
         tf = self.tf = ctx.tf
-        engine = self.engine = ctx.engine
+        self.engine = ctx.engine
         cells = [cell.name for cell in ctx.shapes.cells]
         #: The recurrent layer (index into shapes.cells) where a tensor's perturbation starts
         #: to matter: its own layer; len(cells) for a dense layer's weights; 0 for x.
@@ -86,16 +91,23 @@ class _Evaluator:
         self.x, self.y = tf.constant(ctx.batch.x), tf.constant(ctx.batch.y)
         self.states = {k: tf.constant(v) for k, v in ctx.batch.initial_states.items()}
         self.params = {k: tf.constant(v) for k, v in ctx.params.items()}
+        sequences = ctx.autodiff.sequences
+        if cells and sequences is None:  # a pass without per_step: run the forward once
+            engine = ctx.engine
 
-        @tf.function(autograph=False)
-        def layer_outputs(x: Any, states: dict[str, Any]) -> dict[str, Any]:
-            sequences: dict[str, Any] = {}
-            engine.forward(self.params, x, states, sequences=sequences)
-            return {name: tf.transpose(value, [1, 0, 2]) for name, value in sequences.items()}
+            @tf.function(autograph=False)
+            def layer_outputs(x: Any, states: dict[str, Any]) -> dict[str, Any]:
+                outputs: dict[str, Any] = {}
+                engine.forward(self.params, x, states, sequences=outputs)
+                return {name: tf.transpose(v, [1, 0, 2]) for name, v in outputs.items()}
 
-        outputs = layer_outputs(self.x, self.states) if cells else {}
-        #: The batch-major input of each starting layer, unperturbed: x, then each layer's h.
-        self.inputs = [self.x] + [outputs[f"{name}/h"] for name in cells]
+            sequences = {name: value.numpy()
+                         for name, value in layer_outputs(self.x, self.states).items()}
+        #: The batch-major input of each starting layer, unperturbed, as NumPy and as tensors:
+        #: x, then each layer's h.
+        self.arrays = [ctx.batch.x] + [sequences[f"{name}/h"]  # type: ignore[index]
+                                       for name in cells]
+        self.inputs = [self.x] + [tf.constant(value) for value in self.arrays[1:]]
         self._stacked: dict[int, Any] = {}
         self._folded: dict[int, Any] = {}
 
@@ -194,7 +206,7 @@ class _Evaluator:
     def _input_group(self, perturbations: list[tuple[str, np.ndarray]],
                      start: int) -> np.ndarray:
         batch = self.ctx.batch
-        base = batch.x if start == 0 else self.inputs[start].numpy()
+        base = self.arrays[start]
         inputs = [value if name == "x" else base for name, value in perturbations]
         states = {
             key: np.concatenate([value if name == key else initial
@@ -214,17 +226,29 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
     gradients = ctx.autodiff_gradients()
     values = {**ctx.params, **ctx.batch.initial_states, "x": ctx.batch.x}
     probes = {name: probes_for(name, g, ctx.directions, rng) for name, g in gradients.items()}
-    weight_jobs: list[tuple[str, np.ndarray]] = []
-    input_jobs: list[tuple[str, np.ndarray]] = []
-    for name, tensor_probes in probes.items():
-        jobs = weight_jobs if name in ctx.params else input_jobs
-        for sign in (1.0, -1.0):
-            jobs += [(name, values[name] + sign * STEP * p.direction) for p in tensor_probes]
+
+    def jobs(weights: bool) -> list[tuple[str, np.ndarray]]:
+        """The perturbed values, + then − for each tensor's probes, in the probes' order."""
+        out: list[tuple[str, np.ndarray]] = []
+        for name, tensor_probes in probes.items():
+            if (name in ctx.params) == weights:
+                for sign in (1.0, -1.0):
+                    out += [(name, values[name] + sign * STEP * p.direction)
+                            for p in tensor_probes]
+        return out
+
     evaluator = _Evaluator(ctx)
-    ctx.progress(f"finite differences: {len(weight_jobs)} weight evaluations")
-    weight_losses = iter(evaluator.weight_losses(weight_jobs)) if weight_jobs else iter(())
-    ctx.progress(f"finite differences: {len(input_jobs)} input and state evaluations")
-    input_losses = iter(evaluator.input_losses(input_jobs)) if input_jobs else iter(())
+    counts = {w: sum(2 * len(p) for n, p in probes.items() if (n in ctx.params) == w)
+              for w in (True, False)}
+    ctx.progress(f"finite differences: {counts[True]} weight evaluations and "
+                 f"{counts[False]} input and state evaluations")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-fd") as pool:
+        # The copies of x (the largest tensor) are made on the worker too.
+        inputs_done = (pool.submit(lambda: evaluator.input_losses(jobs(weights=False)))
+                       if counts[False] else None)
+        weight_losses = (iter(evaluator.weight_losses(jobs(weights=True))) if counts[True]
+                         else iter(()))
+        input_losses = iter(inputs_done.result()) if inputs_done is not None else iter(())
 
     rtol = ctx.tolerance(WITNESS)
     results = []
