@@ -32,7 +32,8 @@ def _context(name: str, directions: int = 3) -> CheckContext:
     for value in batch.initial_states.values():
         value[...] = rng.standard_normal(value.shape)
     engine = Engine(algebra, dtype="float64")
-    return CheckContext(algebra, params, batch, engine, engine.run(params, batch),
+    return CheckContext(algebra, params, batch, engine,
+                        engine.run(params, batch, per_step=True),
                         directions=directions)
 
 

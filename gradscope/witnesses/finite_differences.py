@@ -92,21 +92,12 @@ class _Evaluator:
         self.states = {k: tf.constant(v) for k, v in ctx.batch.initial_states.items()}
         self.params = {k: tf.constant(v) for k, v in ctx.params.items()}
         sequences = ctx.autodiff.sequences
-        if cells and sequences is None:  # a pass without per_step: run the forward once
-            engine = ctx.engine
-
-            @tf.function(autograph=False)
-            def layer_outputs(x: Any, states: dict[str, Any]) -> dict[str, Any]:
-                outputs: dict[str, Any] = {}
-                engine.forward(self.params, x, states, sequences=outputs)
-                return {name: tf.transpose(v, [1, 0, 2]) for name, v in outputs.items()}
-
-            sequences = {name: value.numpy()
-                         for name, value in layer_outputs(self.x, self.states).items()}
+        if sequences is None:
+            raise ValueError("finite differences start from the autodiff pass's layer outputs: "
+                             "run it with engine.run(..., per_step=True)")
         #: The batch-major input of each starting layer, unperturbed, as NumPy and as tensors:
         #: x, then each layer's h.
-        self.arrays = [ctx.batch.x] + [sequences[f"{name}/h"]  # type: ignore[index]
-                                       for name in cells]
+        self.arrays = [ctx.batch.x] + [sequences[f"{name}/h"] for name in cells]
         self.inputs = [self.x] + [tf.constant(value) for value in self.arrays[1:]]
         self._stacked: dict[int, Any] = {}
         self._folded: dict[int, Any] = {}
