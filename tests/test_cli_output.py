@@ -15,6 +15,7 @@ from conftest import REPO, render_text, run_gradscope
 from jsonschema import Draft202012Validator
 from rich.cells import cell_len
 
+from gradscope.report.text import WITNESS_TITLES
 from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
 GOLDEN = REPO / "tests" / "golden"
@@ -24,13 +25,51 @@ ANSI = re.compile(r"\x1b\[")
 TF_NOISE = re.compile(r"absl|oneDNN|cuda|I0000|W0000|E0000|tensorflow/|TF_ENABLE|WARNING")
 
 
+#: The check columns whose digits are rounding noise of the CPU the test runs on: the NumPy
+#: reference agrees with autodiff to ~1e-16, and TF's float32 GRUBlockCellGrad kernel (like the
+#: errata's evidence, computed with it) takes other code paths on other CPUs. The same golden
+#: texts gave e.g. 8.2e-16 / 2.1e-07 on one CI machine and 8.4e-16 / 2.0e-07 on an AMD EPYC.
+#: Their digits are masked on both sides; every word, width and the other columns' numbers
+#: still count, and the witnesses' values are held to independent truth by their own tests.
+ROUNDING_COLUMNS = (WITNESS_TITLES["numpy_reference"], WITNESS_TITLES["gru_block_kernel"])
+CELL = re.compile(r"[✓✗] \S+|(?<= )–(?= |$)")
+SCIENTIFIC = re.compile(r"\d\.\d+e[+-]\d\d")
+
+
+def _rounding_masked(text: str) -> str:
+    """``text`` with the digits of the cells in ROUNDING_COLUMNS, and of the errata's evidence,
+    replaced by '#' (same widths)."""
+    out, columns, errata = [], None, False
+    for line in text.splitlines(keepends=True):
+        errata = errata or line.startswith("Errata in the public")
+        if errata:
+            line = SCIENTIFIC.sub(lambda m: "#" * len(m.group()), line)
+        elif WITNESS_TITLES["finite_differences"] in line:  # a table header
+            found = sorted((line.find(t), t) for t in WITNESS_TITLES.values() if t in line)
+            columns = [title for _, title in found]
+        elif not line.strip():
+            columns = None
+        elif columns is not None:
+            cells = list(CELL.finditer(line))
+            if len(cells) == len(columns):
+                for cell, title in reversed(list(zip(cells, columns, strict=True))):
+                    if title in ROUNDING_COLUMNS:
+                        masked = re.sub(r"[0-9]", "#", cell.group())
+                        line = line[:cell.start()] + masked + line[cell.end():]
+        out.append(line)
+    return "".join(out)
+
+
 def _compare_golden(name: str, text: str) -> None:
     path = GOLDEN / name
     if REGENERATE or not path.exists():
         path.write_text(text, encoding="utf-8")
         if not REGENERATE:
             pytest.fail(f"golden file {name} was missing and has been written; check it in")
-    assert text == path.read_text(encoding="utf-8"), (
+    golden = path.read_text(encoding="utf-8")
+    if name.startswith("check"):
+        text, golden = _rounding_masked(text), _rounding_masked(golden)
+    assert text == golden, (
         f"output differs from {path}; if the change is intended, rerun with "
         "GRADSCOPE_REGEN_GOLDEN=1"
     )
@@ -109,7 +148,7 @@ def test_seed_golden_at_120_columns_and_the_same_report_at_80(seed_reports, name
     _compare_golden(f"{name}.txt", render_text(report, 120, equations))
     at_80 = GOLDEN / f"{name}_80.txt"
     if at_80.exists():
-        assert render_text(report, 80, equations) == at_80.read_text(encoding="utf-8")
+        _compare_golden(at_80.name, render_text(report, 80, equations))
 
 
 def test_explain_json_is_one_valid_document_and_byte_identical_on_repeat():
