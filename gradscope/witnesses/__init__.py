@@ -11,9 +11,11 @@ model (same weights, same batch):
   as grad_ys into the previous chunk;
 - ``against`` (with ``against``): the user's own backward function.
 
-The NumPy reference and the kernel witness run on a worker thread while finite differences
-run: each needs only the autodiff pass, and while one traces a function (Python) the other's
-TensorFlow or BLAS work goes on. Their results are reported in the same order as ever.
+What runs at the same time, on 2 cores: the NumPy reference (no TensorFlow) while TensorFlow is
+imported; most finite-difference evaluations (those that need no gradient) while the autodiff
+pass is traced and run; the kernel witness and the rest of finite differences after it. While
+one thread traces a function (Python), the others' TensorFlow or BLAS work goes on. The results
+are reported in the same order as ever.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     from gradscope.model import Engine
     from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
     from gradscope.witnesses.carry import carry_witness
-    from gradscope.witnesses.finite_differences import finite_difference_witness
-    from gradscope.witnesses.numpy_reference import reference_witness
+    from gradscope.witnesses.finite_differences import FiniteDifferences
+    from gradscope.witnesses.numpy_reference import reference_gradients, reference_witness
 
     say = progress or (lambda message: None)
     laps: dict[str, float] = {}
@@ -91,30 +93,6 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     if params is None:
         params = initial_params(algebra)
     params = {name: value.astype(np.float64) for name, value in params.items()}
-    say("importing TensorFlow")
-    engine = Engine(algebra, dtype="float64")
-    lap("import_and_build")
-    say("TF autodiff in float64")
-    autodiff = engine.run(params, batch, per_step=True)
-    lap("autodiff")
-    # --rtol applies to the float64 witnesses; the float32 kernel keeps its own tolerance.
-    overrides = {w: rtol for w in TOLERANCES if rtol is not None and w != "gru_block_kernel"}
-    ctx = CheckContext(algebra, params, batch, engine, autodiff, rtol=overrides, atol=atol,
-                       directions=directions, progress=say)
-
-    against_results: list[WitnessResult] = []
-    not_returned: list[str] | None = None
-    if user_function is not None:
-        # First, so a function that breaks the contract (raises, returns no known name) is
-        # reported at once; its column still comes last.
-        from gradscope.witnesses import user_backward
-
-        say("comparing with the user's backward")
-        against_results = user_backward.against_witness(ctx, user_function)
-        not_returned = user_backward.not_returned(ctx, against_results)
-        lap("against")
-
-    results: list[WitnessResult] = []
     witnesses = ["finite_differences", "numpy_reference"]
     block = any(cell.kind == "gru" and cell.layout == "block" for cell in algebra.cells)
     if block:
@@ -128,20 +106,56 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         finally:
             own_laps[name] = round(time.perf_counter() - started, 4)
 
-    def beside() -> tuple[list[WitnessResult], list[WitnessResult], list[Any] | None]:
-        reference = timed("numpy_reference", lambda: reference_witness(ctx))
-        if not block:
-            return reference, [], None
-        say("GRUBlockCellGrad kernel")
-        kernel = timed("gru_block_kernel",
-                       lambda: (kernel_witness(ctx), errata_evidence(ctx)))
-        return reference, kernel[0], kernel[1]
-
+    finite: FiniteDifferences | None = None
     with native_stderr_silenced(), ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gradscope-witness") as pool:
-        others = pool.submit(beside)
-        results += timed("finite_differences", lambda: finite_difference_witness(ctx))
-        reference_results, kernel_results, evidence = others.result()
+        # The NumPy reference needs no TensorFlow: it runs while TensorFlow is imported.
+        say("NumPy reference: forward and BPTT")
+        reference = pool.submit(timed, "numpy_reference",
+                                lambda: reference_gradients(algebra, params, batch))
+        try:
+            say("importing TensorFlow")
+            engine = Engine(algebra, dtype="float64")
+            lap("import_and_build")
+            finite = FiniteDifferences(algebra, params, batch, engine, directions, say)
+            finite.begin()  # most of its evaluations run beside the autodiff pass
+            say("TF autodiff in float64")
+            autodiff = engine.run(params, batch, per_step=True)
+            lap("autodiff")
+            # --rtol applies to the float64 witnesses; the float32 kernel keeps its own.
+            overrides = {w: rtol for w in TOLERANCES
+                         if rtol is not None and w != "gru_block_kernel"}
+            ctx = CheckContext(algebra, params, batch, engine, autodiff, rtol=overrides,
+                               atol=atol, directions=directions, progress=say)
+
+            against_results: list[WitnessResult] = []
+            not_returned: list[str] | None = None
+            if user_function is not None:
+                # First, so a function that breaks the contract (raises, returns no known
+                # name) is reported at once; its column still comes last.
+                from gradscope.witnesses import user_backward
+
+                say("comparing with the user's backward")
+                against_results = user_backward.against_witness(ctx, user_function)
+                not_returned = user_backward.not_returned(ctx, against_results)
+                lap("against")
+
+            def beside() -> tuple[list[WitnessResult], list[WitnessResult], list[Any] | None]:
+                compared = reference_witness(ctx, reference.result())
+                if not block:
+                    return compared, [], None
+                say("GRUBlockCellGrad kernel")
+                kernel = timed("gru_block_kernel",
+                               lambda: (kernel_witness(ctx), errata_evidence(ctx)))
+                return compared, kernel[0], kernel[1]
+
+            others = pool.submit(beside)
+            results: list[WitnessResult] = timed("finite_differences",
+                                                 lambda: finite.finish(ctx))
+            reference_results, kernel_results, evidence = others.result()
+        finally:
+            if finite is not None:
+                finite.close()
     results += reference_results + kernel_results
     errata = None if evidence is None else [ErratumEntry(**vars(e)) for e in evidence]
     lap("witnesses")

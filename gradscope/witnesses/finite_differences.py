@@ -5,25 +5,40 @@ model: central differences of the loss along a few random unit directions restri
 tensor, plus single elements (the largest |g| and random ones), compared with the autodiff
 directional derivative ⟨g, v⟩.
 
-Cost: two loss evaluations per probe, never two per element. The perturbed copies of a tensor
-are evaluated together in one call: perturbations of x and of the initial states are folded
-into the batch axis (each copy is a block of examples), and perturbations of a weight run as
-one in-graph ``tf.map_fn`` over the stacked perturbed weights. A perturbation of layer k runs
-the model from layer k on, from the unperturbed output of the layers below it (the layer
-outputs of the autodiff pass). The weight copies and the x and state copies are evaluated at
-the same time, on two threads: while one traces its functions (Python) the other's run
-(TensorFlow's own threads) goes on.
+Cost: two loss evaluations per probe, never two per element, and each as small as it can be:
+
+- A perturbation of layer k runs the model from layer k on, from the unperturbed output of
+  the layers below it (the layer outputs of the autodiff pass).
+- The loss is a sum of one share per example, and an example's share depends on its own x and
+  initial states alone. An element probe of x or of an initial state moves one example, so it
+  runs that example alone: the difference of its share is the difference of the loss, with
+  less rounding.
+- Perturbed copies of x and of the initial states are folded into the batch axis (a copy is a
+  block of examples); perturbed copies of the weights are rows of one matrix, evaluated by an
+  in-graph ``tf.map_fn``. One traced function per starting layer serves both, with every
+  axis of a group left free.
+- The groups go through a queue served by two threads, largest first: while one traces a
+  function (Python) the other's run (TensorFlow's own threads) goes on.
+- Most of the work needs nothing of the autodiff pass: the random directions and random
+  elements of the tensors whose perturbations start at the first layer run the whole model from
+  x. :meth:`FiniteDifferences.begin` starts them before the autodiff pass, which then runs
+  beside them; :meth:`FiniteDifferences.finish` adds the probes of the largest |g| and those
+  of the layers above (which start from the autodiff pass's layer outputs), and compares.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from gradscope.witnesses.context import CheckContext, WitnessResult
+from gradscope.algebra import ModelShapes
+from gradscope.data import Batch
+from gradscope.witnesses.context import CheckContext, Progress, WitnessResult
 
 WITNESS = "finite_differences"
 #: Step along a unit direction. Central differences in float64: the truncation error grows
@@ -31,8 +46,14 @@ WITNESS = "finite_differences"
 #: models is ~1e-7 relative and the rounding error ~1e-11 absolute.
 STEP = 1e-3
 RANDOM_ELEMENTS = 2
-#: Perturbed copies of x or of an initial state folded into one forward pass.
+#: Perturbed copies of x or of an initial state folded into one forward pass (a copy of one
+#: example counts as 1/batch of a copy).
 COPIES_PER_CALL = 4
+#: Perturbed weight rows in one ``tf.map_fn`` call, and how many of them it runs at once.
+#: Two calls may run at the same time (one per thread of the queue).
+ROWS_PER_CALL = 12
+PARALLEL_ITERATIONS = 5
+THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -40,28 +61,61 @@ class Probe:
     tensor: str
     label: str  # "direction 1", "element (3, 7) (largest |g|)"
     direction: np.ndarray  # unit norm, the tensor's shape
+    #: For a single-element probe, the element's index.
+    element: tuple[int, ...] | None = None
+
+    @property
+    def key(self) -> tuple[str, Any]:
+        """What the probe perturbs: two probes with one key have the same losses."""
+        return (self.tensor, self.label if self.element is None else self.element)
+
+
+def random_probes(name: str, shape: tuple[int, ...], directions: int,
+                  rng: np.random.Generator) -> tuple[list[Probe], list[int]]:
+    """The probes that need no gradient: ``directions`` random unit directions, and the
+    candidates for the random elements (flat indices: the first ``RANDOM_ELEMENTS`` of them
+    that are not the element of largest |g|)."""
+    out = []
+    for k in range(directions):
+        v = rng.standard_normal(shape)
+        out.append(Probe(name, f"direction {k + 1}", v / np.linalg.norm(v)))
+    size = int(np.prod(shape, dtype=np.int64))
+    candidates = rng.choice(size, size=min(size, RANDOM_ELEMENTS + 1), replace=False)
+    return out, [int(i) for i in candidates]
+
+
+def element_probe(name: str, shape: tuple[int, ...], index: int, why: str) -> Probe:
+    v = np.zeros(shape)
+    where = tuple(int(w) for w in np.unravel_index(index, shape))
+    v[where] = 1.0
+    return Probe(name, f"element {where} ({why})", v, where)
+
+
+def elements_for(name: str, gradient: np.ndarray, candidates: list[int]) -> list[Probe]:
+    """The element of largest |g|, then the random candidates that are not it."""
+    largest = int(np.argmax(np.abs(gradient)))
+    chosen = [i for i in candidates if i != largest][:RANDOM_ELEMENTS]
+    return [element_probe(name, gradient.shape, largest, "largest |g|"),
+            *(element_probe(name, gradient.shape, i, "random") for i in chosen)]
 
 
 def probes_for(name: str, gradient: np.ndarray, directions: int,
                rng: np.random.Generator) -> list[Probe]:
     """Random unit directions, the element of largest |g|, and random single elements."""
-    out = []
-    for k in range(directions):
-        v = rng.standard_normal(gradient.shape)
-        out.append(Probe(name, f"direction {k + 1}", v / np.linalg.norm(v)))
-    flat_size = gradient.size
-    largest = int(np.argmax(np.abs(gradient)))
-    chosen = [(largest, "largest |g|")]
-    others = [i for i in rng.choice(flat_size, size=min(flat_size, RANDOM_ELEMENTS + 1),
-                                    replace=False) if i != largest]
-    chosen += [(int(i), "random") for i in others[:RANDOM_ELEMENTS]]
-    for index, why in chosen:
-        v = np.zeros(gradient.size)
-        v[index] = 1.0
-        where = np.unravel_index(index, gradient.shape)
-        out.append(Probe(name, f"element {tuple(int(w) for w in where)} ({why})",
-                         v.reshape(gradient.shape)))
-    return out
+    drawn, candidates = random_probes(name, gradient.shape, directions, rng)
+    return drawn + elements_for(name, gradient, candidates)
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One loss evaluation: tensor ``name`` replaced by ``value``. With ``example`` (x or an
+    initial state only), ``value`` is that one example (batch axis of size 1), and the loss
+    evaluated is that example's share of it. ``key`` is the probe's, with the sign."""
+
+    name: str
+    value: np.ndarray
+    key: tuple[Any, ...]
+    example: int | None = None
 
 
 class _Evaluator:
@@ -69,45 +123,48 @@ class _Evaluator:
 
     A perturbation of layer k's weights or initial state changes nothing below layer k, so the
     pass starts at layer k from the unperturbed output of layer k−1 (the autodiff pass's own
-    sequences, from the same forward); the dense layers' weights start after the last
-    recurrent layer. The loss is still the full model's: the layers below simply have no
-    perturbed input.
-    Weight copies of the layers run are flattened into rows of one matrix and evaluated by one
-    ``tf.map_fn``; copies of x and of the initial states are folded into the batch axis of one
-    forward pass.
+    sequences, from the same forward, given by :meth:`layer_outputs`); the dense layers'
+    weights start after the last recurrent layer. The loss is still the full model's: the
+    layers below simply have no perturbed input.
     """
 
-    def __init__(self, ctx: CheckContext) -> None:
-        self.ctx = ctx
-        tf = self.tf = ctx.tf
-        self.engine = ctx.engine
-        cells = [cell.name for cell in ctx.shapes.cells]
+    def __init__(self, shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
+                 engine: Any) -> None:
+        self.shapes, self.params_array, self.batch, self.engine = shapes, params, batch, engine
+        tf = self.tf = engine.tf
+        cells = [cell.name for cell in shapes.cells]
         #: The recurrent layer (index into shapes.cells) where a tensor's perturbation starts
         #: to matter: its own layer; len(cells) for a dense layer's weights; 0 for x.
         self.start = {info.name: (cells.index(info.layer) if info.layer in cells else len(cells))
-                      for info in (*ctx.shapes.weights, *ctx.shapes.states)}
+                      for info in (*shapes.weights, *shapes.states)}
         self.start["x"] = 0
-        self.batch_size = ctx.batch.x.shape[0]
-        self.x, self.y = tf.constant(ctx.batch.x), tf.constant(ctx.batch.y)
-        self.states = {k: tf.constant(v) for k, v in ctx.batch.initial_states.items()}
-        self.params = {k: tf.constant(v) for k, v in ctx.params.items()}
-        sequences = ctx.autodiff.sequences
+        self.batch_size = batch.x.shape[0]
+        self.y = tf.constant(batch.y)
+        self.states = {k: tf.constant(v) for k, v in batch.initial_states.items()}
+        self.params = {k: tf.constant(v) for k, v in params.items()}
+        #: The batch-major input of each starting layer, unperturbed, as NumPy and as tensors:
+        #: x, then each layer's h once the autodiff pass has given it.
+        self.arrays = [batch.x]
+        self.inputs = [tf.constant(batch.x)]
+        #: Each starting layer's input features: x's, then each recurrent layer's units.
+        self.features = [batch.x.shape[-1], *(cell.units for cell in shapes.cells)]
+        self._functions: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def layer_outputs(self, sequences: dict[str, np.ndarray] | None) -> None:
+        """The autodiff pass's layer outputs, where perturbations of the layers above start."""
         if sequences is None:
             raise ValueError("finite differences start from the autodiff pass's layer outputs: "
                              "run it with engine.run(..., per_step=True)")
-        #: The batch-major input of each starting layer, unperturbed, as NumPy and as tensors:
-        #: x, then each layer's h.
-        self.arrays = [ctx.batch.x] + [sequences[f"{name}/h"] for name in cells]
-        self.inputs = [self.x] + [tf.constant(value) for value in self.arrays[1:]]
-        self._stacked: dict[int, Any] = {}
-        self._folded: dict[int, Any] = {}
+        self.arrays = [self.batch.x] + [sequences[f"{cell.name}/h"]
+                                        for cell in self.shapes.cells]
+        self.inputs = self.inputs[:1] + [self.tf.constant(a) for a in self.arrays[1:]]
 
     def _example_losses(self, params: dict[str, Any], inputs: Any, y: Any,
                         states: dict[str, Any], start: int) -> Any:
-        """Each example's share of the mean loss: copies folded into the batch axis are summed
-        back per copy."""
+        """Each example's share of the mean loss (of the batch the model was given)."""
         tf = self.tf
-        spec = self.ctx.shapes.spec
+        spec = self.shapes.spec
         predictions, _ = self.engine.forward(params, inputs, states, start=start)
         if spec.loss == "softmax_cross_entropy":
             per_position = tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=predictions)
@@ -118,140 +175,213 @@ class _Evaluator:
         return per_position / self.batch_size
 
     def _weights_from(self, start: int) -> list[str]:
-        return [name for name in self.ctx.params if self.start[name] >= start]
+        return [name for name in self.params_array if self.start[name] >= start]
 
-    def _stacked_function(self, start: int) -> Any:
-        """Loss per row of perturbed weights (those of layers ≥ ``start``, flattened)."""
-        if start in self._stacked:
-            return self._stacked[start]
+    def _function(self, start: int) -> Any:
+        """Per-example losses ``(rows, examples)`` of the model from layer ``start`` on: one row
+        per copy of the weights of layers ≥ ``start`` (flattened), each run on the batch given.
+        Weight copies come as many rows on the model's batch; copies of x and of the initial
+        states as one row (the weights as they are) on a batch of folded copies. Both axes are
+        free: one trace per starting layer serves every group."""
+        with self._lock:  # one function per starting layer, whichever thread asks first
+            if start not in self._functions:
+                self._functions[start] = self._build(start)
+            return self._functions[start]
+
+    def _build(self, start: int) -> Any:
         tf = self.tf
         names = self._weights_from(start)
-        shapes = [self.ctx.params[n].shape for n in names]
+        shapes = [self.params_array[n].shape for n in names]
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
-        inputs = self.inputs[start]
 
-        @tf.function(autograph=False)
-        def stacked(rows: Any) -> Any:
+        def free(*shape: int) -> Any:
+            return tf.TensorSpec([None, *shape], tf.float64)
+
+        steps = self.batch.x.shape[1]
+        signature = [free(sum(sizes)), free(steps, self.features[start]),
+                     free(*self.batch.y.shape[1:]),
+                     {k: free(*v.shape[1:]) for k, v in self.batch.initial_states.items()}]
+
+        @tf.function(autograph=False, input_signature=signature)
+        def losses(rows: Any, inputs: Any, y: Any, states: dict[str, Any]) -> Any:
             def one(row: Any) -> Any:
                 pieces = tf.split(row, sizes)
-                perturbed = {name: tf.reshape(piece, shape)
-                             for name, piece, shape in zip(names, pieces, shapes, strict=True)}
-                return tf.reduce_sum(
-                    self._example_losses(perturbed, inputs, self.y, self.states, start))
+                weights = {name: tf.reshape(piece, shape)
+                           for name, piece, shape in zip(names, pieces, shapes, strict=True)}
+                return self._example_losses(weights, inputs, y, states, start)
 
-            return tf.map_fn(one, rows, fn_output_signature=rows.dtype)
+            return tf.map_fn(one, rows, fn_output_signature=tf.TensorSpec([None], tf.float64),
+                             parallel_iterations=PARALLEL_ITERATIONS)
 
-        self._stacked[start] = stacked
-        return stacked
+        return losses
 
-    def _folded_function(self, start: int) -> Any:
-        if start in self._folded:
-            return self._folded[start]
+    def tasks(self, perturbations: list[Perturbation],
+              into: dict[tuple[Any, ...], float]) -> list[tuple[float, Callable[[], None]]]:
+        """The evaluations in groups, each a job that puts its losses in ``into`` by key, with
+        its cost in example-layers."""
+        layers = len(self.shapes.cells) + 1
+        out: list[tuple[float, Callable[[], None]]] = []
+        for start in sorted({self.start[p.name] for p in perturbations}):
+            here = [p for p in perturbations if self.start[p.name] == start]
+            weights = [p for p in here if p.name in self.params_array]
+            groups = [(weights[k:k + ROWS_PER_CALL], self._rows)
+                      for k in range(0, len(weights), ROWS_PER_CALL)]
+            whole = [p for p in here if p.name not in self.params_array and p.example is None]
+            groups += [(whole[k:k + COPIES_PER_CALL], self._copies)
+                       for k in range(0, len(whole), COPIES_PER_CALL)]
+            single = [p for p in here if p.example is not None]
+            per_call = COPIES_PER_CALL * self.batch_size
+            groups += [(single[k:k + per_call], self._copies)
+                       for k in range(0, len(single), per_call)]
+            for group, evaluate in groups:
+                examples = sum(1 if p.example is not None else self.batch_size for p in group)
+                out.append((examples * (layers - start),
+                            self._job(into, group, start, evaluate)))
+        return out
+
+    @staticmethod
+    def _job(into: dict[tuple[Any, ...], float], group: list[Perturbation], start: int,
+             evaluate: Callable[[list[Perturbation], int], np.ndarray]) -> Callable[[], None]:
+        def job() -> None:
+            into.update(zip((p.key for p in group), evaluate(group, start), strict=True))
+
+        return job
+
+    def _flat_weights(self, start: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+        names = self._weights_from(start)
+        flat = np.concatenate([self.params_array[n].ravel() for n in names])
+        return names, flat, np.cumsum([0, *(self.params_array[n].size for n in names)])
+
+    def _rows(self, perturbations: list[Perturbation], start: int) -> np.ndarray:
+        """The loss with each weight replaced, one row of the stacked weights per copy."""
+        names, flat, offsets = self._flat_weights(start)
+        rows = np.repeat(flat[None, :], len(perturbations), axis=0)
+        for row, p in zip(rows, perturbations, strict=True):
+            k = names.index(p.name)
+            row[offsets[k]:offsets[k + 1]] = p.value.ravel()
         tf = self.tf
+        per_example = self._function(start)(tf.constant(rows), self.inputs[start], self.y,
+                                            self.states).numpy()
+        return np.asarray(per_example.sum(axis=1))
 
-        @tf.function(autograph=False)
-        def folded(inputs: Any, y: Any, states: dict[str, Any]) -> Any:
-            losses = self._example_losses(self.params, inputs, y, states, start)
-            return tf.reduce_sum(tf.reshape(losses, [-1, self.batch_size]), axis=1)
-
-        self._folded[start] = folded
-        return folded
-
-    def weight_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
-        """Loss with weight ``name`` replaced by each ``value``, in the order given."""
-        losses = np.empty(len(perturbations))
-        for start in sorted({self.start[name] for name, _ in perturbations}):
-            chosen = [i for i, (name, _) in enumerate(perturbations)
-                      if self.start[name] == start]
-            names = self._weights_from(start)
-            flat = np.concatenate([self.ctx.params[n].ravel() for n in names])
-            offsets = np.cumsum([0, *(self.ctx.params[n].size for n in names)])
-            rows = np.repeat(flat[None, :], len(chosen), axis=0)
-            for row, i in zip(rows, chosen, strict=True):
-                name, value = perturbations[i]
-                k = names.index(name)
-                row[offsets[k]:offsets[k + 1]] = value.ravel()
-            stacked = self._stacked_function(start)
-            losses[chosen] = stacked(self.tf.constant(rows)).numpy()
-        return losses
-
-    def input_losses(self, perturbations: list[tuple[str, np.ndarray]]) -> np.ndarray:
-        """Loss with x or one initial state replaced by each ``value``, in the order given.
-
-        The copies go through in groups of ``COPIES_PER_CALL`` folded into the batch axis, one
-        starting layer at a time: one trace per starting layer (the last group is padded to
-        the same shape), and a working set that stays in memory instead of growing with the
-        number of probes.
-        """
-        losses = np.empty(len(perturbations))
-        for start in sorted({self.start[name] for name, _ in perturbations}):
-            chosen = [i for i, (name, _) in enumerate(perturbations)
-                      if self.start[name] == start]
-            for first in range(0, len(chosen), COPIES_PER_CALL):
-                group = chosen[first:first + COPIES_PER_CALL]
-                padded = group + [group[-1]] * (COPIES_PER_CALL - len(group))
-                values = self._input_group([perturbations[i] for i in padded], start)
-                losses[group] = values[: len(group)]
-        return losses
-
-    def _input_group(self, perturbations: list[tuple[str, np.ndarray]],
-                     start: int) -> np.ndarray:
-        batch = self.ctx.batch
+    def _copies(self, perturbations: list[Perturbation], start: int) -> np.ndarray:
+        """The loss with x or one initial state replaced, each copy a block of the batch axis
+        (a single example's copy: that example's share of the loss)."""
+        batch = self.batch
         base = self.arrays[start]
-        inputs = [value if name == "x" else base for name, value in perturbations]
-        states = {
-            key: np.concatenate([value if name == key else initial
-                                 for name, value in perturbations])
-            for key, initial in batch.initial_states.items()
-        }
+
+        def block(array: np.ndarray, p: Perturbation) -> np.ndarray:
+            return array if p.example is None else array[p.example:p.example + 1]
+
+        inputs = [p.value if p.name == "x" else block(base, p) for p in perturbations]
+        states = {key: np.concatenate([p.value if p.name == key else block(initial, p)
+                                       for p in perturbations])
+                  for key, initial in batch.initial_states.items()}
         tf = self.tf
-        return np.asarray(self._folded_function(start)(
+        per_example = self._function(start)(
+            tf.constant(self._flat_weights(start)[1][None, :]),
             tf.constant(np.concatenate(inputs)),
-            tf.constant(np.concatenate([batch.y] * len(perturbations))),
+            tf.constant(np.concatenate([block(batch.y, p) for p in perturbations])),
             {k: tf.constant(v) for k, v in states.items()},
-        ).numpy())
+        ).numpy()[0]
+        ends = np.cumsum([len(value) for value in inputs])
+        return np.array([float(np.sum(part)) for part in np.split(per_example, ends[:-1])])
+
+
+class FiniteDifferences:
+    """The witness in two halves, so that most of its work runs beside the autodiff pass.
+
+    ``begin()`` (once the engine is built) draws every probe that needs no gradient and starts
+    evaluating those of the tensors whose perturbations run the whole model from x: the first
+    recurrent layer's weights and initial states, and x. ``finish(ctx)`` adds the probes of the
+    largest |g| and those of the layers above, waits for every evaluation and compares with
+    autodiff. ``close()`` stops what is left (after an error elsewhere)."""
+
+    def __init__(self, shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
+                 engine: Any, directions: int = 3,
+                 progress: Progress | None = None) -> None:
+        self.evaluator = _Evaluator(shapes, params, batch, engine)
+        self.progress = progress or (lambda message: None)
+        rng = np.random.default_rng([shapes.spec.seed, 2])
+        self.values = {**params, **batch.initial_states, "x": batch.x}
+        #: Per tensor, in the order of autodiff's gradients: the directions and the
+        #: candidates for random elements (the random draws never depend on a gradient).
+        self.drawn = {name: random_probes(name, value.shape, directions, rng)
+                      for name, value in self.values.items()}
+        self.losses: dict[tuple[Any, ...], float] = {}
+        self._submitted: set[tuple[str, Any]] = set()
+        self._futures: list[Future[Any]] = []
+        self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="gradscope-fd")
+
+    def begin(self) -> None:
+        early = []
+        for name, (directions, candidates) in self.drawn.items():
+            if self.evaluator.start[name] != 0:
+                continue
+            shape = self.values[name].shape
+            early += directions + [element_probe(name, shape, i, "random")
+                                   for i in candidates[:RANDOM_ELEMENTS]]
+        self._submit(early)
+
+    def finish(self, ctx: CheckContext) -> list[WitnessResult]:
+        gradients = ctx.autodiff_gradients()
+        self.evaluator.layer_outputs(ctx.autodiff.sequences)
+        probes = {name: directions + elements_for(name, gradients[name], candidates)
+                  for name, (directions, candidates) in self.drawn.items() if name in gradients}
+        weights = sum(2 * len(p) for n, p in probes.items() if n in ctx.params)
+        inputs = sum(2 * len(p) for n, p in probes.items() if n not in ctx.params)
+        self.progress(f"finite differences: {weights} weight evaluations and {inputs} input "
+                      "and state evaluations")
+        self._submit([p for tensor_probes in probes.values() for p in tensor_probes])
+        try:
+            for future in self._futures:
+                future.result()
+        finally:
+            self.close()
+
+        rtol = ctx.tolerance(WITNESS)
+        results = []
+        for name, tensor_probes in probes.items():
+            plus = np.array([self.losses[p.key + (1.0,)] for p in tensor_probes])
+            minus = np.array([self.losses[p.key + (-1.0,)] for p in tensor_probes])
+            error, passed, detail = directional_error(gradients[name], tensor_probes, plus,
+                                                      minus, ctx.autodiff.loss, rtol, ctx.atol)
+            results.append(WitnessResult(WITNESS, name, error, rtol, passed, detail))
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, probes: list[Probe]) -> None:
+        """Evaluate the probes not yet submitted, + and −; an element probe of x or an initial
+        state perturbs its one example."""
+        perturbations = []
+        for p in probes:
+            if p.key in self._submitted:
+                continue
+            self._submitted.add(p.key)
+            name = p.tensor
+            for sign in (1.0, -1.0):
+                if name in self.evaluator.params_array or p.element is None:
+                    perturbations.append(Perturbation(
+                        name, self.values[name] + sign * STEP * p.direction, p.key + (sign,)))
+                else:
+                    e = p.element[0]
+                    perturbations.append(Perturbation(
+                        name, self.values[name][e:e + 1] + sign * STEP * p.direction[e:e + 1],
+                        p.key + (sign,), e))
+        tasks = self.evaluator.tasks(perturbations, self.losses)
+        # Largest first, so that the last job to finish is a small one.
+        tasks.sort(key=lambda task: -task[0])
+        self._futures += [self._pool.submit(job) for _, job in tasks]
 
 
 def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
-    rng = np.random.default_rng([ctx.shapes.spec.seed, 2])
-    gradients = ctx.autodiff_gradients()
-    values = {**ctx.params, **ctx.batch.initial_states, "x": ctx.batch.x}
-    probes = {name: probes_for(name, g, ctx.directions, rng) for name, g in gradients.items()}
-
-    def jobs(weights: bool) -> list[tuple[str, np.ndarray]]:
-        """The perturbed values, + then − for each tensor's probes, in the probes' order."""
-        out: list[tuple[str, np.ndarray]] = []
-        for name, tensor_probes in probes.items():
-            if (name in ctx.params) == weights:
-                for sign in (1.0, -1.0):
-                    out += [(name, values[name] + sign * STEP * p.direction)
-                            for p in tensor_probes]
-        return out
-
-    evaluator = _Evaluator(ctx)
-    counts = {w: sum(2 * len(p) for n, p in probes.items() if (n in ctx.params) == w)
-              for w in (True, False)}
-    ctx.progress(f"finite differences: {counts[True]} weight evaluations and "
-                 f"{counts[False]} input and state evaluations")
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-fd") as pool:
-        # The copies of x (the largest tensor) are made on the worker too.
-        inputs_done = (pool.submit(lambda: evaluator.input_losses(jobs(weights=False)))
-                       if counts[False] else None)
-        weight_losses = (iter(evaluator.weight_losses(jobs(weights=True))) if counts[True]
-                         else iter(()))
-        input_losses = iter(inputs_done.result()) if inputs_done is not None else iter(())
-
-    rtol = ctx.tolerance(WITNESS)
-    results = []
-    for name, tensor_probes in probes.items():
-        source = weight_losses if name in ctx.params else input_losses
-        count = len(tensor_probes)
-        plus = np.array([next(source) for _ in range(count)])
-        minus = np.array([next(source) for _ in range(count)])
-        error, passed, detail = directional_error(gradients[name], tensor_probes, plus, minus,
-                                                  ctx.autodiff.loss, rtol, ctx.atol)
-        results.append(WitnessResult(WITNESS, name, error, rtol, passed, detail))
-    return results
+    """The whole witness at once, on a context whose autodiff pass has run."""
+    witness = FiniteDifferences(ctx.shapes, ctx.params, ctx.batch, ctx.engine, ctx.directions,
+                                ctx.progress)
+    witness.begin()
+    return witness.finish(ctx)
 
 
 def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
@@ -259,7 +389,8 @@ def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarra
                       step: float = STEP) -> tuple[float, bool, str]:
     """Central differences along ``probes`` (loss at ±``step``) against ⟨g, v⟩: the worst
     normalised error, whether it is within ``rtol``, and a line naming the worst probe and both
-    values."""
+    values. Only ``plus − minus`` counts: for a probe that moves one example, both may be that
+    example's share of the loss."""
     numerical = (plus - minus) / (2 * step)
     analytic = np.array([float(np.sum(gradient * p.direction)) for p in probes])
     # A directional derivative can be near zero by chance: measure errors against the typical
