@@ -32,9 +32,10 @@ BASELINE_TERM = "TensorFlow itself"
 #: of 256 units, batch 32, float32, both layouts): GRU 16.7–17.0, LSTM 20.3–20.5,
 #: SimpleRNN 5.1–5.6 numbers per step and unit.
 KEPT_PER_UNIT = {"gru": 17, "lstm": 21, "simple_rnn": 6}
-#: ``tf.map_fn`` runs up to this many iterations at once in a graph (its default): the forward
-#: passes of finite-difference probes.
-PARALLEL_ITERATIONS = 10
+#: Forward passes of finite-difference probes at once: two ``tf.map_fn`` calls (one per thread
+#: of the witness's queue) of ``PARALLEL_ITERATIONS`` = 5 iterations each
+#: (gradscope/witnesses/finite_differences.py).
+FORWARD_PASSES_AT_ONCE = 10
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
          "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
 
@@ -88,7 +89,7 @@ def estimate(spec: Spec, command: str, across_time: bool = False,
         probes = 2 * 6 * len(algebra.weights)
         terms["finite differences"] = (
             3 * probes * weights * 8
-            + PARALLEL_ITERATIONS * B * T * projections * 8
+            + FORWARD_PASSES_AT_ONCE * B * T * projections * 8
             + 4 * B * T * (F + kept) * 8
         )
         terms["NumPy reference caches"] = B * T * (kept + 2 * F) * 8
