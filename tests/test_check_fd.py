@@ -12,7 +12,11 @@ from gradscope.data import initial_params, synthetic_batch
 from gradscope.model import Engine
 from gradscope.spec import load_spec
 from gradscope.witnesses.context import CheckContext
-from gradscope.witnesses.finite_differences import finite_difference_witness, probes_for
+from gradscope.witnesses.finite_differences import (
+    FiniteDifferences,
+    finite_difference_witness,
+    probes_for,
+)
 
 SPECS = {
     "block": {"layers": [{"gru": 4}, {"gru": 3}, {"dense": 3}]},
@@ -84,3 +88,32 @@ def test_probes_are_unit_directions_and_include_the_largest_element():
         assert np.linalg.norm(probe.direction) == pytest.approx(1.0)
     largest = np.unravel_index(np.argmax(np.abs(gradient)), gradient.shape)
     assert probes[3].direction[largest] == 1.0
+
+
+@pytest.mark.parametrize("tensor", ["x", "gru_2/h0"])
+def test_a_wrong_element_of_x_or_an_initial_state_is_caught_on_its_one_example(tensor, tf):
+    # Element probes of x and of the initial states run only the example they move.
+    ctx = _context("block")
+    states = dict(ctx.autodiff.state_gradients)
+    gradient = (ctx.autodiff.input_gradient if tensor == "x" else states[tensor]).copy()
+    gradient.flat[np.argmax(np.abs(gradient))] *= 1.05
+    if tensor == "x":
+        ctx.autodiff = dataclasses.replace(ctx.autodiff, input_gradient=gradient)
+    else:
+        states[tensor] = gradient
+        ctx.autodiff = dataclasses.replace(ctx.autodiff, state_gradients=states)
+    failed = {r.tensor: r for r in finite_difference_witness(ctx) if not r.passed}
+    assert list(failed) == [tensor]
+    assert "largest |g|" in failed[tensor].detail
+
+
+def test_the_witness_begun_before_autodiff_gives_what_the_whole_witness_gives(tf):
+    ctx = _context("keras")
+    early = FiniteDifferences(ctx.shapes, ctx.params, ctx.batch, ctx.engine, ctx.directions)
+    early.begin()  # as check does, before the autodiff pass is known
+    begun = early.finish(ctx)
+    assert [(r.tensor, r.error, r.detail) for r in begun] == [
+        (r.tensor, r.error, r.detail) for r in finite_difference_witness(ctx)]
+    # Every probe evaluated once, + and −, and nothing else: an early random candidate that
+    # turns out to be the largest |g| serves as that probe ("N probes; worst: …").
+    assert len(early.losses) == 2 * sum(int(r.detail.split()[0]) for r in begun)

@@ -130,7 +130,7 @@ class _Evaluator:
 
     def __init__(self, shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
                  engine: Any) -> None:
-        self.shapes, self.params_array, self.batch, self.engine = shapes, params, batch, engine
+        self.shapes, self.params, self.batch, self.engine = shapes, params, batch, engine
         tf = self.tf = engine.tf
         cells = [cell.name for cell in shapes.cells]
         #: The recurrent layer (index into shapes.cells) where a tensor's perturbation starts
@@ -141,7 +141,6 @@ class _Evaluator:
         self.batch_size = batch.x.shape[0]
         self.y = tf.constant(batch.y)
         self.states = {k: tf.constant(v) for k, v in batch.initial_states.items()}
-        self.params = {k: tf.constant(v) for k, v in params.items()}
         #: The batch-major input of each starting layer, unperturbed, as NumPy and as tensors:
         #: x, then each layer's h once the autodiff pass has given it.
         self.arrays = [batch.x]
@@ -175,7 +174,7 @@ class _Evaluator:
         return per_position / self.batch_size
 
     def _weights_from(self, start: int) -> list[str]:
-        return [name for name in self.params_array if self.start[name] >= start]
+        return [name for name in self.params if self.start[name] >= start]
 
     def _function(self, start: int) -> Any:
         """Per-example losses ``(rows, examples)`` of the model from layer ``start`` on: one row
@@ -191,7 +190,7 @@ class _Evaluator:
     def _build(self, start: int) -> Any:
         tf = self.tf
         names = self._weights_from(start)
-        shapes = [self.params_array[n].shape for n in names]
+        shapes = [self.params[n].shape for n in names]
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
 
         def free(*shape: int) -> Any:
@@ -223,10 +222,10 @@ class _Evaluator:
         out: list[tuple[float, Callable[[], None]]] = []
         for start in sorted({self.start[p.name] for p in perturbations}):
             here = [p for p in perturbations if self.start[p.name] == start]
-            weights = [p for p in here if p.name in self.params_array]
+            weights = [p for p in here if p.name in self.params]
             groups = [(weights[k:k + ROWS_PER_CALL], self._rows)
                       for k in range(0, len(weights), ROWS_PER_CALL)]
-            whole = [p for p in here if p.name not in self.params_array and p.example is None]
+            whole = [p for p in here if p.name not in self.params and p.example is None]
             groups += [(whole[k:k + COPIES_PER_CALL], self._copies)
                        for k in range(0, len(whole), COPIES_PER_CALL)]
             single = [p for p in here if p.example is not None]
@@ -249,8 +248,8 @@ class _Evaluator:
 
     def _flat_weights(self, start: int) -> tuple[list[str], np.ndarray, np.ndarray]:
         names = self._weights_from(start)
-        flat = np.concatenate([self.params_array[n].ravel() for n in names])
-        return names, flat, np.cumsum([0, *(self.params_array[n].size for n in names)])
+        flat = np.concatenate([self.params[n].ravel() for n in names])
+        return names, flat, np.cumsum([0, *(self.params[n].size for n in names)])
 
     def _rows(self, perturbations: list[Perturbation], start: int) -> np.ndarray:
         """The loss with each weight replaced, one row of the stacked weights per copy."""
@@ -362,7 +361,7 @@ class FiniteDifferences:
             self._submitted.add(p.key)
             name = p.tensor
             for sign in (1.0, -1.0):
-                if name in self.evaluator.params_array or p.element is None:
+                if name in self.evaluator.params or p.element is None:
                     perturbations.append(Perturbation(
                         name, self.values[name] + sign * STEP * p.direction, p.key + (sign,)))
                 else:
