@@ -28,12 +28,8 @@ def reference_gradients(shapes: ModelShapes, params: dict[str, np.ndarray],
         return numpy_bptt(shapes, params, batch)
 
 
-def reference_witness(ctx: CheckContext,
-                      reference: ReferenceResult | None = None) -> list[WitnessResult]:
-    """Compare the NumPy reference (``reference``, or computed now) with autodiff."""
-    if reference is None:
-        ctx.progress("NumPy reference: forward and BPTT")
-        reference = reference_gradients(ctx.shapes, ctx.params, ctx.batch)
+def reference_witness(ctx: CheckContext, reference: ReferenceResult) -> list[WitnessResult]:
+    """Compare the NumPy reference (from :func:`reference_gradients`) with autodiff."""
     tolerance = ctx.tolerance(WITNESS)
     results = []
     loss_error = abs(reference.loss - ctx.autodiff.loss) / max(abs(ctx.autodiff.loss), 1e-300)
