@@ -394,6 +394,31 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     assert "thread" not in idle._trace and idle.history.observations == []
 
 
+def test_the_pass_goes_without_grappler_on_its_own_thread_only(tf):
+    """The pass's function call options drop Grappler on the thread that runs it; any other
+    thread (the training steps) keeps TensorFlow's defaults, and so does this one after."""
+    import threading
+
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    from gradscope.keras.callback import _without_grappler
+
+    def disabled() -> bool:
+        config = config_pb2.ConfigProto()
+        config.ParseFromString(context.context().function_call_options.config_proto_serialized)
+        return config.graph_options.rewrite_options.disable_meta_optimizer
+
+    elsewhere: list[bool] = []
+    with _without_grappler():
+        assert disabled()
+        other = threading.Thread(target=lambda: elsewhere.append(disabled()))
+        other.start()
+        other.join()
+    assert elsewhere == [False]
+    assert not disabled()
+
+
 def test_an_error_beside_training_is_raised_on_the_training_thread(tf):
     import keras
 

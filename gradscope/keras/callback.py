@@ -37,8 +37,10 @@ raised again on the training thread at the next observation or at the latest the
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -332,7 +334,7 @@ class GradientFlow(keras.callbacks.Callback):
             zeros = [tf.zeros((1, *s.shape[1:]), s.dtype) for s in [*inputs, *targets]]
             # Zeros are no batch of the user's: whatever they give is dropped, and an error
             # here says nothing of the observation, which runs on real ones.
-            with contextlib.suppress(tf.errors.OpError):
+            with contextlib.suppress(tf.errors.OpError), _without_grappler():
                 concrete(zeros[:len(inputs)], zeros[len(inputs):])
         self._function, self._concrete = function, concrete
 
@@ -369,7 +371,8 @@ class GradientFlow(keras.callbacks.Callback):
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
         self._settle_warm_up()
-        with native_stderr_silenced():  # TensorFlow's native log lines at a first op
+        # TensorFlow's native log lines at a first op
+        with native_stderr_silenced(), _without_grappler():
             if self._function is None:
                 self._function = _traced_pass(engine, self._trace)
                 # Traced once with the batch axis free: the last, smaller batch of an epoch
@@ -605,6 +608,43 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
         return loss, grads, captured
 
     return run
+
+
+@contextlib.contextmanager
+def _without_grappler() -> Iterator[None]:
+    """The pass's function instantiated and run without TensorFlow's Grappler graph optimiser,
+    on this thread only (TensorFlow keeps function call options per thread; the training
+    thread's own steps are untouched).
+
+    Grappler cost about 0.3 CPU-s at the first run of the pass, taken from the cores training
+    uses, for no measurable gain per pass (0.02–0.06 CPU-s either way: a few matrix products
+    per step). Its rewrites compute the same functions (at most the rounding order differs),
+    so the gradients are the same model's. The config is part of the key under which
+    TensorFlow caches the instantiated function (a call with the default options would
+    optimise it anew), so the warm-up and every observation run under this. Where
+    TensorFlow's internals differ from what this expects, the pass runs with the default
+    options."""
+    try:
+        from tensorflow.core.protobuf import config_pb2
+        from tensorflow.python.eager import context as eager_context
+
+        current = eager_context.context()
+        previous = current.function_call_options
+        options = copy.copy(previous)
+        config = config_pb2.ConfigProto()
+        config.ParseFromString(previous.config_proto_serialized)
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+        options.config_proto_serialized = config
+    except (ImportError, AttributeError, TypeError, ValueError):
+        options = None
+    if options is None:
+        yield
+        return
+    current.function_call_options = options
+    try:
+        yield
+    finally:
+        current.function_call_options = previous
 
 
 def _loss_text(plan: Any) -> str:
