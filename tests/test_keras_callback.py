@@ -383,10 +383,21 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
 
     x, y = _data()
     flow = GradientFlow(every=2)
-    _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-                      callbacks=[flow])
+    model = _model(keras)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert flow._trace["thread"].startswith("gradscope-GradientFlow")
     assert len(flow.history.observations) == 1
+    # fit's batches all have BATCH rows, so its spec and the trace have a static batch axis;
+    # a batch of another size is traced for again and gives the tape's numbers all the same.
+    assert flow._concrete.structured_input_signature[0][0][0].shape[0] == BATCH
+    flow.observe(x[:2], y[:2])
+    loss, weight_norms, _, profiles = _direct(tf, keras, model, model.get_weights(), x[:2],
+                                              y[:2])
+    history = flow.history
+    assert history.observations[-1].loss == pytest.approx(loss, rel=1e-5)
+    assert [s.norms[-1] for s in history.weights] == pytest.approx(weight_norms, rel=1e-5)
+    for series in history.recurrent:
+        assert series.profiles[-1] == pytest.approx(profiles[series.layer], rel=1e-5)
     # Three batches and every=5: no observation, so nothing is traced at all.
     idle = GradientFlow(every=5)
     _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,

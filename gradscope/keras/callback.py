@@ -19,20 +19,20 @@ steps the batch is pulled from the iterator in Python and handed to Keras' own c
 function; the other steps run Keras' function untouched.
 
 **The pass** is gradscope's Keras engine (explicit zero initial states, watched by the tape;
-the model's graph run call by call) in one ``tf.function`` traced once (the batch axis is left
-free), and gradscope's NumPy reference BPTT (float64) for the per-step totals, which must
-reproduce the layer's Keras output before any number is recorded. Its cost is one trace, then
-one forward and backward pass per observation.
+the model's graph run call by call) in one ``tf.function``, traced once for the shapes of fit's
+batches (a batch of another shape is traced for again), and gradscope's NumPy reference BPTT
+(float64) for the per-step totals, which must reproduce the layer's Keras output before any
+number is recorded. Its cost is one trace, then one forward and backward pass per observation.
 
 **What runs beside training.** In ``fit``, the trace (and a first run on zeros, which is where
-TensorFlow optimises the graph) is made on a worker thread as soon as the first batch's shapes
-are known, while Keras trains; the first observation waits for it if it is not done. The pass
-itself always runs on the training thread, between two train steps, so it reads exactly the
-weights of that step. What follows it uses only the pass's NumPy arrays (the reference BPTT, the
-norms, the TensorBoard summaries) and runs on the same worker, in order; ``history``,
-``report()``, ``close()`` and the end of ``fit`` wait for it, and an error raised there is
-raised again on the training thread at the next observation or at the latest there.
-"""
+TensorFlow builds the function, without Grappler: ``_without_grappler``) is made on a worker
+thread as soon as the first batch's shapes are known, while Keras trains; the first observation
+waits for it if it is not done. The pass itself always runs on the training thread, between two
+train steps, so it reads exactly the weights of that step. What follows it uses only the pass's
+NumPy arrays (the reference BPTT, the norms, the TensorBoard summaries) and runs on the same
+worker, in order; ``history``, ``report()``, ``close()`` and the end of ``fit`` wait for it,
+and an error raised there is raised again on the training thread at the next observation or at
+the latest there."""
 
 from __future__ import annotations
 
@@ -321,7 +321,12 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _trace_and_run(self, engine: Any, inputs: list[Any], targets: list[Any]) -> None:
         """The trace of the pass, and one run of it on zeros (discarded), where TensorFlow
-        optimises the graph; also the modules the recording needs, imported once."""
+        builds the function; also the modules the recording needs, imported once.
+
+        Traced for the shapes of fit's own spec: where Keras gives every batch one size (the
+        samples divide into whole batches), the batch axis is static there and here, which
+        traces in less time than a free one. A batch of another size (``observe`` in a loop,
+        a later fit) is traced again for it, with the batch axis free."""
         import gradscope.inspect  # noqa: F401
         import gradscope.keras.flow  # noqa: F401
 
@@ -329,9 +334,9 @@ class GradientFlow(keras.callbacks.Callback):
             import gradscope.keras.summaries  # noqa: F401
         with native_stderr_silenced():
             function = _traced_pass(engine, self._trace)
-            concrete = function.get_concrete_function(
-                [_free_batch(s) for s in inputs], [_free_batch(s) for s in targets])
-            zeros = [tf.zeros((1, *s.shape[1:]), s.dtype) for s in [*inputs, *targets]]
+            concrete = function.get_concrete_function(list(inputs), list(targets))
+            zeros = [tf.zeros((s.shape[0] or 1, *s.shape[1:]), s.dtype)
+                     for s in [*inputs, *targets]]
             # Zeros are no batch of the user's: whatever they give is dropped, and an error
             # here says nothing of the observation, which runs on real ones.
             with contextlib.suppress(tf.errors.OpError), _without_grappler():
@@ -381,7 +386,7 @@ class GradientFlow(keras.callbacks.Callback):
                     [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
             try:
                 loss, grads, captured = self._concrete(feed, ys)
-            except (TypeError, ValueError):  # another time length: trace for it
+            except (TypeError, ValueError):  # another batch size or time length: trace for it
                 loss, grads, captured = self._function(feed, ys)
         calls = []
         for meta, tensors in zip(self._trace["calls"], captured, strict=True):
