@@ -173,6 +173,30 @@ def test_event_files_hold_every_tag_with_the_tape_values(fitted, tf):
     assert plugins["initial_state_gradient/gru_a/h0"] == "scalars"
 
 
+def test_tensorboard_own_reader_files_each_tag_under_its_dashboard(fitted):
+    """The event files as a stock TensorBoard loads them (its plugin event accumulator, which
+    migrates each value to its data class): scalars on the scalars dashboard, the heatmaps on
+    the images dashboard, every observed step, and gradscope's own tensors under its plugin."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.compat.proto import summary_pb2
+
+    accumulator = EventAccumulator(str(fitted["log_dir"]), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    scalars = set(accumulator.PluginTagToContent("scalars"))
+    images = set(accumulator.PluginTagToContent("images"))
+    paths = [v.path for v in fitted["model"].trainable_variables]
+    assert {f"gradient_norm/{p}" for p in paths} | {"gradscope/loss"} <= scalars
+    assert images == {"flow_profile/gru_a", "flow_profile/gru_b"}
+    for tag in sorted(scalars):
+        assert accumulator.SummaryMetadata(tag).data_class == summary_pb2.DATA_CLASS_SCALAR
+        assert [e.step for e in accumulator.Tensors(tag)] == [2, 4, 6], tag
+    for tag in sorted(images):
+        assert (accumulator.SummaryMetadata(tag).data_class
+                == summary_pb2.DATA_CLASS_BLOB_SEQUENCE)
+        assert [e.step for e in accumulator.Tensors(tag)] == [2, 4, 6], tag
+    assert "flow_profile_values/gru_a" in accumulator.PluginTagToContent("gradscope")
+
+
 def test_fit_is_unchanged_by_the_callback(fitted, tf):
     """The same model trained without the callback ends with the same weights: the observed
     steps ran Keras' own step function on the same batches."""

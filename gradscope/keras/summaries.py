@@ -79,58 +79,81 @@ def profile_image(profiles: list[list[float] | None]) -> tuple[np.ndarray, str]:
 
 class FlowSummaryWriter:
     """One ``tf.summary`` file writer in ``log_dir``; flushed after every observation, so that
-    ``gradscope watch`` and TensorBoard see each one as it happens."""
+    ``gradscope watch`` and TensorBoard see each one as it happens.
+
+    An observation is one ``Summary`` protocol buffer, built in Python with TensorBoard's own
+    scalar and image metadata and written with one ``tf.summary.experimental.write_raw_pb``:
+    the same events as a ``tf.summary.scalar`` per value would write, without one TensorFlow
+    op per value (a model with many weights has many), beside the training it watches."""
 
     def __init__(self, tf: Any, log_dir: str | Path) -> None:
-        from tensorflow.core.framework import summary_pb2
+        from tensorboard.compat.proto import summary_pb2
 
         self.tf = tf
+        self.summary_pb2 = summary_pb2
         self.writer = tf.summary.create_file_writer(str(log_dir))
         metadata = summary_pb2.SummaryMetadata()
         metadata.plugin_data.plugin_name = PLUGIN
-        self.metadata = metadata.SerializeToString()
+        self.metadata = metadata
         self.run_written = False
 
-    def _text(self, tag: str, payload: dict[str, Any], step: int) -> None:
-        self.tf.summary.write(tag, self.tf.constant(json.dumps(payload, ensure_ascii=False)),
-                              step=step, metadata=self.metadata)
+    def _tensor(self, summary: Any, tag: str, value: Any) -> None:
+        """gradscope's own plugin tensor: JSON text, or a profile in float64."""
+        from tensorboard.util.tensor_util import make_tensor_proto
+
+        summary.value.add(tag=tag, metadata=self.metadata, tensor=make_tensor_proto(value))
 
     def write(self, history: FlowHistoryReport, run: dict[str, Any],
               details: dict[str, Any]) -> None:
         """The last observation of ``history`` (and, the first time, the run's description)."""
+        from tensorboard.plugins.image import metadata as image_metadata
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+        from tensorboard.util.tensor_util import make_tensor_proto
+
         tf = self.tf
+        summary = self.summary_pb2.Summary()
+
+        def scalar(tag: str, value: float) -> None:
+            summary.value.extend(scalar_pb(tag, value).value)
+
         index = len(history.observations) - 1
         observation = history.observations[index]
         step = observation.step
-        with self.writer.as_default(step=step):
-            if not self.run_written:
-                self._text(RUN_TAG, run, step)
-                self.run_written = True
-            self._text(OBSERVATION_TAG, details, step)
-            if observation.loss is not None:
-                tf.summary.scalar(LOSS_TAG, observation.loss)
-            for weight in history.weights:
-                value = weight.norms[index]
-                if value is not None:
-                    tf.summary.scalar(WEIGHT_PREFIX + weight.weight, value)
-            for series in history.recurrent:
-                for state, norms in series.initial_state_norms.items():
-                    if norms[index] is not None:
-                        tf.summary.scalar(f"{STATE_PREFIX}{series.layer}/{state}", norms[index])
-                profile = series.profiles[index]
-                if profile is None:
-                    continue
-                ratio = series.ratios[index]
-                if ratio is not None:
-                    tf.summary.scalar(RATIO_PREFIX + series.layer, ratio)
-                    tf.summary.scalar(FLAG_PREFIX + series.layer,
-                                      FLAG_CODES[series.flags[index]])
-                tf.summary.write(PROFILE_PREFIX + series.layer,
-                                 tf.constant(profile, dtype=tf.float64), step=step,
-                                 metadata=self.metadata)
-                image, description = profile_image(series.profiles)
-                tf.summary.image(IMAGE_PREFIX + series.layer, image, max_outputs=1,
-                                 description=description)
+        if not self.run_written:
+            self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
+        self._tensor(summary, OBSERVATION_TAG, json.dumps(details, ensure_ascii=False))
+        if observation.loss is not None:
+            scalar(LOSS_TAG, observation.loss)
+        for weight in history.weights:
+            value = weight.norms[index]
+            if value is not None:
+                scalar(WEIGHT_PREFIX + weight.weight, value)
+        for series in history.recurrent:
+            for state, norms in series.initial_state_norms.items():
+                norm = norms[index]
+                if norm is not None:
+                    scalar(f"{STATE_PREFIX}{series.layer}/{state}", norm)
+            profile = series.profiles[index]
+            if profile is None:
+                continue
+            ratio = series.ratios[index]
+            if ratio is not None:
+                scalar(RATIO_PREFIX + series.layer, ratio)
+                scalar(FLAG_PREFIX + series.layer, FLAG_CODES[series.flags[index]])
+            self._tensor(summary, PROFILE_PREFIX + series.layer, np.asarray(profile, np.float64))
+            image, description = profile_image(series.profiles)
+            png = tf.image.encode_png(image[0]).numpy()
+            height, width = image.shape[1:3]
+            summary.value.add(
+                tag=IMAGE_PREFIX + series.layer,
+                metadata=image_metadata.create_summary_metadata(display_name=None,
+                                                                description=description),
+                tensor=make_tensor_proto(np.array(
+                    [str(width).encode(), str(height).encode(), png], dtype=object)))
+        with self.writer.as_default():
+            tf.summary.experimental.write_raw_pb(
+                tf.constant([summary.SerializeToString()]), step=step)
+        self.run_written = True
         self.writer.flush()
 
     def close(self) -> None:
