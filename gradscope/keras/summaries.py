@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.image import metadata as image_metadata
+from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+from tensorboard.util.tensor_util import make_tensor_proto
 
 from gradscope.report.models import FlowHistoryReport
 from gradscope.watch import (
@@ -87,10 +91,7 @@ class FlowSummaryWriter:
     op per value (a model with many weights has many), beside the training it watches."""
 
     def __init__(self, tf: Any, log_dir: str | Path) -> None:
-        from tensorboard.compat.proto import summary_pb2
-
         self.tf = tf
-        self.summary_pb2 = summary_pb2
         self.writer = tf.summary.create_file_writer(str(log_dir))
         metadata = summary_pb2.SummaryMetadata()
         metadata.plugin_data.plugin_name = PLUGIN
@@ -99,19 +100,13 @@ class FlowSummaryWriter:
 
     def _tensor(self, summary: Any, tag: str, value: Any) -> None:
         """gradscope's own plugin tensor: JSON text, or a profile in float64."""
-        from tensorboard.util.tensor_util import make_tensor_proto
-
         summary.value.add(tag=tag, metadata=self.metadata, tensor=make_tensor_proto(value))
 
     def write(self, history: FlowHistoryReport, run: dict[str, Any],
               details: dict[str, Any]) -> None:
         """The last observation of ``history`` (and, the first time, the run's description)."""
-        from tensorboard.plugins.image import metadata as image_metadata
-        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
-        from tensorboard.util.tensor_util import make_tensor_proto
-
         tf = self.tf
-        summary = self.summary_pb2.Summary()
+        summary = summary_pb2.Summary()
 
         def scalar(tag: str, value: float) -> None:
             summary.value.extend(scalar_pb(tag, value).value)
