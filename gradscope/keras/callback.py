@@ -61,7 +61,16 @@ from gradscope.report.models import (
 tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
+from gradscope._blas import blas_beside_tensorflow  # noqa: E402
+from gradscope.inspect import FLOW_FACTOR, flow_flags  # noqa: E402
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label  # noqa: E402
+from gradscope.keras.flow import (  # noqa: E402
+    RECURRENT_CLASSES,
+    per_step_norms,
+    recurrent_calls,
+    recurrent_weights,
+    total_state_gradients,
+)
 
 METHOD = ("one extra forward and backward pass on the current batch, with the model's loss, in "
           "inference mode: ‖∂L/∂w‖ from the tape; ‖∂L/∂h0‖ from the tape with explicit zero "
@@ -159,6 +168,8 @@ class GradientFlow(keras.callbacks.Callback):
             from gradscope.watch import require_tensorboard
 
             require_tensorboard("GradientFlow(log_dir=...)")
+            # Imported here, not at the first observation: fit's cores are busy then.
+            import gradscope.keras.summaries  # noqa: F401
             if Path(log_dir).exists() and not Path(log_dir).is_dir():
                 raise ConfigError(f"GradientFlow(log_dir={str(log_dir)!r}): is a file; expected "
                                   "a folder", where="log_dir")
@@ -329,17 +340,12 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _trace_and_run(self, engine: Any, inputs: list[Any], targets: list[Any]) -> None:
         """The trace of the pass, and one run of it on zeros (discarded), where TensorFlow
-        builds the function; also the modules the recording needs, imported once.
+        builds the function.
 
         Traced for the shapes of fit's own spec: where Keras gives every batch one size (the
         samples divide into whole batches), the batch axis is static there and here, which
         traces in less time than a free one. A batch of another size (``observe`` in a loop,
         a later fit) is traced again for it, with the batch axis free."""
-        import gradscope.inspect  # noqa: F401
-        import gradscope.keras.flow  # noqa: F401
-
-        if self.log_dir is not None:
-            import gradscope.keras.summaries  # noqa: F401
         with native_stderr_silenced():
             function = _traced_pass(engine, self._trace)
             concrete = function.get_concrete_function(list(inputs), list(targets))
@@ -421,9 +427,6 @@ class GradientFlow(keras.callbacks.Callback):
                               for c, _, og in calls if og is not None})
 
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None) -> None:
-        from gradscope._blas import blas_beside_tensorflow
-        from gradscope.keras.flow import recurrent_weights
-
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
@@ -446,9 +449,6 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
                 weights: dict[str, np.ndarray], step: int, epoch: int | None) -> None:
-        from gradscope.inspect import flow_flags
-        from gradscope.keras.flow import per_step_norms, recurrent_calls, total_state_gradients
-
         usable, skipped = recurrent_calls(_Job(inputs), engine, result, weights)
         index = len(self._observations)
         size = int(next(iter(inputs.values())).shape[0])
@@ -537,8 +537,6 @@ class GradientFlow(keras.callbacks.Callback):
         return self._history()
 
     def _history(self) -> FlowHistoryReport:
-        from gradscope.inspect import FLOW_FACTOR
-
         engine = self._engine
         model = self.model
         source = f"model '{model.name}'" if model is not None else "no model yet"
@@ -600,7 +598,7 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
     """One tf.function: the engine's forward under a tape, the gradients of the loss with
     respect to every weight, every initial state and every recurrent call's outputs, and what
     each recurrent call received and returned. ``trace`` gets the calls' names at tracing."""
-    from gradscope.keras.flow import RECURRENT_CLASSES as recurrent
+    recurrent = RECURRENT_CLASSES
 
     @tf.function(autograph=False, reduce_retracing=True)
     def run(feed: list[Any], targets: list[Any]) -> Any:
