@@ -12,6 +12,14 @@ added ends 4 s later than with a 1.5 s pause). A fit that ends later, as one wit
 does, is more likely to wait long. That teardown is reported beside, and so is the ratio of
 the whole wall times: both belong in any figure quoted.
 
+Where the time goes: every fit's step times are kept too (from one batch's end to the next,
+and from the last to the end of ``on_train_end``), and the medians across repeats, step by
+step, are compared: the first step (fit's set-up; Keras traces its own train step), the
+steps while the pass is traced beside training, the observed steps, the steps after them
+(while the worker records), the other steps and the end (the wait for the last recording).
+A step's median is steadier than a whole fit's time, so the sum of the step medians gives a
+second estimate of the ratio, with the split.
+
 The model: input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps, batch 32, softmax
 cross-entropy, Adam; synthetic data from a fixed seed, unshuffled.
 
@@ -27,6 +35,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,10 +60,13 @@ model.compile(optimizer="adam",
 rng = np.random.default_rng(0)
 x = rng.normal(size=(batches * 32, 50, 32)).astype("float32")
 y = np.eye(3, dtype="float32")[rng.integers(0, 3, size=batches * 32)]
-ended = []
+ended, marks = [], []
 
 
 class Ended(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        marks.append(time.perf_counter())
+
     def on_train_end(self, logs=None):
         ended.append(time.perf_counter())
 
@@ -70,8 +82,11 @@ with tempfile.TemporaryDirectory() as log_dir:
               callbacks=[*callbacks, Ended()])
     wall = time.perf_counter() - start
 observations = len(callbacks[0].history.observations) if callbacks else 0
+times = [start, *marks, ended[0]]
+steps_ms = [1000 * (b - a) for a, b in zip(times, times[1:])]
 print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall,
-                  "teardown_s": wall - (ended[0] - start), "observations": observations}}))
+                  "teardown_s": wall - (ended[0] - start), "observations": observations,
+                  "steps_ms": steps_ms}}))
 """
 
 
@@ -80,6 +95,32 @@ def run(kind: str, batches: int, every: int) -> dict[str, float]:
     result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every)],
                             capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def step_split(plain: list[list[float]], watched: list[list[float]], every: int
+               ) -> dict[str, float]:
+    """The callback's extra time, in ms, where it was spent: for every step, the median of its
+    times with the callback minus the median of its plain times (the last entry is the end,
+    from the last batch to the end of on_train_end)."""
+    count = min(len(r) for r in plain + watched)
+    extra = [statistics.median(r[i] for r in watched) - statistics.median(r[i] for r in plain)
+             for i in range(count)]
+    batches = count - 1
+    observed = {i for i in range(every - 1, batches, every)}
+    after = {i + k for i in observed for k in range(1, 6) if i + k < batches}
+    warm = set(range(1, every - 1)) - observed
+    regions = {
+        "first step (fit's set-up, Keras traces its train step)": {0},
+        f"steps 2–{every - 1} (the pass traced beside training)": warm,
+        "observed steps": observed,
+        "the 5 steps after each observed one (recording)": after - warm,
+        "the other steps": set(range(1, batches)) - warm - observed - after,
+        "end (on_train_end: the last recording)": {batches},
+    }
+    split = {name: sum(extra[i] for i in sorted(indexes)) for name, indexes in regions.items()}
+    plain_total = sum(statistics.median(r[i] for r in plain) for i in range(count))
+    split["ratio of the sums of step medians"] = (plain_total + sum(extra)) / plain_total
+    return split
 
 
 def main() -> None:
@@ -96,7 +137,7 @@ def main() -> None:
         for kind in runs:
             runs[kind].append(run(kind, args.batches, args.every))
 
-    def series(kind: str, key: str) -> list[float]:
+    def series(kind: str, key: str) -> list[Any]:
         return [r[key] for r in runs[kind]]
 
     plain, watched = series("plain", "fit_s"), series("callback", "fit_s")
@@ -113,6 +154,8 @@ def main() -> None:
         "plain_teardown_s": series("plain", "teardown_s"),
         "callback_teardown_s": series("callback", "teardown_s"),
         "plain_fit_s": plain, "callback_fit_s": watched,
+        "extra_ms_by_step": step_split(series("plain", "steps_ms"),
+                                       series("callback", "steps_ms"), args.every),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -129,6 +172,12 @@ def main() -> None:
     print(f"then TensorFlow's data-iterator teardown: {teardown['plain']} s plain, "
           f"{teardown['callback']} s with the callback; whole wall times "
           f"{figures['wall_ratio_of_medians']:.3f}× by medians")
+    split = dict(figures["extra_ms_by_step"])
+    ratio = split.pop("ratio of the sums of step medians")
+    print(f"step by step (medians across runs): the sum of the step medians {ratio:.3f}×; "
+          "the extra time by where it was spent:")
+    for name, ms in split.items():
+        print(f"  {ms:8.0f} ms  {name}")
 
 
 if __name__ == "__main__":
