@@ -410,6 +410,8 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     model = _model(keras)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert flow._trace["thread"].startswith("gradscope-GradientFlow")
+    # It began within the first step, once Keras ran its compiled step (its own trace done).
+    assert (flow._trace["gate"], flow._trace["began_after"]) == ("compiled", 0)
     assert len(flow.history.observations) == 1
     # fit's batches all have BATCH rows, so its spec and the trace have a static batch axis;
     # a batch of another size is traced for again and gives the tape's numbers all the same.
@@ -427,6 +429,51 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                       callbacks=[idle])
     assert "thread" not in idle._trace and idle.history.observations == []
+
+
+def test_the_warm_up_gate_opens_at_compiled_code_outside_any_trace(tf):
+    """A thread traces a function that, in the middle of its trace, runs a slow compiled call
+    eagerly (as Keras does when it creates the optimizer's variables), then runs the slow
+    function itself. The gate stays shut through the trace and opens while the traced
+    function runs; it opens at once when released, and when the caller is not running."""
+    import threading
+
+    from gradscope.keras.callback import _native_call
+
+    @tf.function
+    def slow(m):
+        return tf.while_loop(lambda i, a: i < 400, lambda i, a: (i + 1, tf.tanh(a @ a)),
+                             (tf.constant(0), m))[1]
+
+    start = tf.random.normal((200, 200), stddev=0.05)
+    traced = threading.Event()
+
+    @tf.function
+    def step(m):
+        with tf.init_scope():
+            slow(start)  # compiled code, run eagerly, inside the trace
+        traced.set()
+        return slow(m)
+
+    began, finished = threading.Event(), threading.Event()
+
+    def caller():
+        began.set()
+        step(start)
+        finished.set()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    began.wait()
+    reason = _native_call(thread.ident, threading.Event(), caller.__code__)
+    assert reason == "compiled"
+    assert traced.is_set() and not finished.is_set()
+    thread.join()
+
+    released = threading.Event()
+    released.set()
+    assert _native_call(threading.get_ident(), released, caller.__code__) == "released"
+    assert _native_call(threading.get_ident(), threading.Event(), caller.__code__) == "left"
 
 
 def test_the_pass_goes_without_grappler_on_its_own_thread_only(tf):

@@ -26,8 +26,10 @@ number is recorded. Its cost is one trace, then one forward and backward pass pe
 
 **What runs beside training.** In ``fit``, the trace (and a first run on zeros, which is where
 TensorFlow builds the function, without Grappler: ``_without_grappler``) is made on a worker
-thread as soon as the first batch's shapes are known, while Keras trains; the first observation
-waits for it if it is not done. The pass itself always runs on the training thread, between two
+thread, from the shapes of the first batch, while Keras trains; the first observation waits for
+it if it is not done. It starts within fit's first step, once Keras has traced its own step
+and runs it compiled (``_native_call``): a core is free then, where later every step keeps
+both busy. The pass itself always runs on the training thread, between two
 train steps, so it reads exactly the weights of that step. What follows it uses only the pass's
 NumPy arrays (the reference BPTT, the norms, the TensorBoard summaries) and runs on the same
 worker, in order; ``history``, ``report()``, ``close()`` and the end of ``fit`` wait for it,
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -195,6 +198,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._pending_work: list[Future[Any]] = []
         self._warm: Future[Any] | None = None
         self._warm_tried = False
+        self._first_step_done = threading.Event()  # the warm-up's gate: see _warm_up
         self._fit_spec: Any = None
         self._fit_first = 0  # batches watched before this fit
         if model is not None:
@@ -213,9 +217,12 @@ class GradientFlow(keras.callbacks.Callback):
         self._fit_first = self._batches
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
 
+        self._fit_spec = None
+
         def train_function(iterator: Any) -> Any:
             if self._fit_spec is None:
                 self._fit_spec = getattr(iterator, "element_spec", None)
+                self._warm_up(self._fit_spec, train_function.__code__)  # beside this step
             if not self._pending:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
@@ -246,11 +253,8 @@ class GradientFlow(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._batches = self._epoch_base + batch + 1
+        self._first_step_done.set()
         if not self._pending:
-            if not self._warm_tried and self._fit_spec is not None and self._observes_later():
-                # After Keras' first step, whose trace would compete with this one.
-                self._warm_tried = True
-                self._warm_up(self._fit_spec)
             return
         self._pending = False
         data, self._last_batch = self._last_batch, None
@@ -304,6 +308,7 @@ class GradientFlow(keras.callbacks.Callback):
         warm, self._warm = self._warm, None
         if warm is None:
             return
+        self._first_step_done.set()  # a warm-up still at its gate traces now
         try:
             warm.result()
         except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
@@ -318,16 +323,27 @@ class GradientFlow(keras.callbacks.Callback):
         following = (self._batches // self.every + 1) * self.every
         return following <= self._fit_first + int(steps) * int(epochs)
 
-    def _warm_up(self, spec: Any) -> None:
-        """Trace the pass on the worker, from the element spec of fit's batches, while Keras
-        trains. Only where those shapes are whole but for the batch axis (else the first
-        observation traces, as ``observe`` does) and where Keras runs compiled steps: an eager
-        (``run_eagerly``) step calls the layers in Python on this thread meanwhile."""
-        if getattr(self.model, "run_eagerly", False):
+    def _warm_up(self, spec: Any, caller: Any) -> None:
+        """At the first step of a fit that reaches an observed batch, trace the pass on the
+        worker, from the element spec of fit's batches, while Keras trains. Only where those
+        shapes are whole but for the batch axis (else the first observation traces, as
+        ``observe`` does) and where Keras runs compiled steps: an eager (``run_eagerly``) step
+        calls the layers in Python on this thread meanwhile.
+
+        The worker waits at a gate first: Keras traces its own train step in Python at this
+        first step (holding the GIL, on one core), then builds and runs it in TensorFlow's
+        runtime (the GIL released, one core busy and the other free for a while). The trace
+        starts there (``_native_call``; ``caller`` is the code of the call that runs the
+        step), and takes little from training; if that moment is not seen, it starts when the
+        first step ends, as it would without the gate."""
+        if spec is None or getattr(self.model, "run_eagerly", False):
             return
         x, y, _ = keras.utils.unpack_x_y_sample_weight(spec)
         try:
-            engine = self._engine_for()
+            engine = self._engine_for()  # a new model resets what was traced
+            if self._warm_tried or not self._observes_later():
+                return
+            self._warm_tried = True
             inputs, targets = self._names(engine, x, y)
         except ConfigError:
             return  # the observation says why, with the batch itself
@@ -335,8 +351,15 @@ class GradientFlow(keras.callbacks.Callback):
         if not all(isinstance(s, tf.TensorSpec) and s.shape.rank and
                    s.shape[1:].is_fully_defined() for s in specs):
             return
-        self._warm = self._submit(self._trace_and_run, engine, list(inputs.values()),
-                                  list(targets.values()), pending=False)
+        self._first_step_done.clear()
+        self._warm = self._submit(self._trace_beside, threading.get_ident(), caller, engine,
+                                  list(inputs.values()), list(targets.values()), pending=False)
+
+    def _trace_beside(self, thread: int, caller: Any, engine: Any, inputs: list[Any],
+                      targets: list[Any]) -> None:
+        self._trace["gate"] = _native_call(thread, self._first_step_done, caller)
+        self._trace["began_after"] = self._batches  # batches trained when the trace began
+        self._trace_and_run(engine, inputs, targets)
 
     def _trace_and_run(self, engine: Any, inputs: list[Any], targets: list[Any]) -> None:
         """The trace of the pass, and one run of it on zeros (discarded), where TensorFlow
@@ -619,6 +642,41 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
         return loss, grads, captured
 
     return run
+
+
+def _native_call(thread: int, released: threading.Event, caller: Any) -> str:
+    """Return once ``thread`` is running compiled TensorFlow code within a call of
+    ``caller`` (a code object), outside any tracing: one and the same call of TensorFlow's
+    eager ``quick_execute`` (where the GIL is released) is its innermost Python frame at
+    three looks in a row, 3 ms apart, with no ``func_graph_from_py_func`` (a trace) between
+    it and ``caller``. (While Keras traces its step, it runs eager calls too, such as one that
+    initialises the optimizer's variables: tracing goes on after them.) Return also once
+    ``released`` is set, or once ``caller`` has left the thread's stack (the step ended or
+    failed) or the thread is gone. Only the moment the warm-up starts depends on it, never a
+    number. Returns which of these it was: "compiled", "released" or "left"."""
+    running: Any = None
+    seen = 0
+    while not released.wait(0.003):
+        frame = sys._current_frames().get(thread)
+        top = frame
+        tracing = False
+        while frame is not None and frame.f_code is not caller:
+            tracing = tracing or frame.f_code.co_name == "func_graph_from_py_func"
+            frame = frame.f_back
+        if frame is None:
+            return "left"
+        assert top is not None
+        if (not tracing and top.f_code.co_name == "quick_execute"
+                and top.f_code.co_filename.endswith("execute.py")):
+            # The same frame object across looks: the same call (the reference kept here
+            # keeps a later call from reusing its address).
+            seen = seen + 1 if top is running else 1
+            running = top
+            if seen >= 3:
+                return "compiled"
+        else:
+            running, seen = None, 0
+    return "released"
 
 
 @contextlib.contextmanager
