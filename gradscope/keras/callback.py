@@ -215,9 +215,8 @@ class GradientFlow(keras.callbacks.Callback):
         original = model.train_function
         self._original_train_function = original
         self._fit_first = self._batches
+        self._fit_spec = None  # read from this fit's first batches
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
-
-        self._fit_spec = None
 
         def train_function(iterator: Any) -> Any:
             if self._fit_spec is None:
@@ -648,15 +647,17 @@ def _native_call(thread: int, released: threading.Event, caller: Any) -> str:
     """Return once ``thread`` is running compiled TensorFlow code within a call of
     ``caller`` (a code object), outside any tracing: one and the same call of TensorFlow's
     eager ``quick_execute`` (where the GIL is released) is its innermost Python frame at
-    three looks in a row, 3 ms apart, with no ``func_graph_from_py_func`` (a trace) between
-    it and ``caller``. (While Keras traces its step, it runs eager calls too, such as one that
-    initialises the optimizer's variables: tracing goes on after them.) Return also once
-    ``released`` is set, or once ``caller`` has left the thread's stack (the step ended or
-    failed) or the thread is gone. Only the moment the warm-up starts depends on it, never a
-    number. Returns which of these it was: "compiled", "released" or "left"."""
+    three looks in a row, with no ``func_graph_from_py_func`` (a trace) between it and
+    ``caller``. (While Keras traces its step, it runs eager calls too, such as one that
+    initialises the optimizer's variables: tracing goes on after them.) It looks every 10 ms,
+    and every 2 ms once such a call is seen: each look takes the GIL from the thread it
+    watches. Return also once ``released`` is set, or once ``caller`` has left the thread's
+    stack (the step ended or failed) or the thread is gone. Only the moment the warm-up
+    starts depends on it, never a number. Returns which of these it was: "compiled",
+    "released" or "left"."""
     running: Any = None
     seen = 0
-    while not released.wait(0.003):
+    while not released.wait(0.002 if seen else 0.010):
         frame = sys._current_frames().get(thread)
         top = frame
         tracing = False
