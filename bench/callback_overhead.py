@@ -1,7 +1,8 @@
 """``model.fit`` for 200 batches with ``gradscope.keras.GradientFlow(every=50, log_dir=...)``
 against the same ``fit`` without it, side by side in one run: each repeat is a fresh process
 (so each pays its own tracing), the two kinds alternate so that load drifts hit both, and the
-medians of the ``fit`` times are compared. Goal: at most 1.10×.
+medians of the ``fit`` times are compared, and each run's ratio to the plain run beside it
+(with a bootstrap interval of their median). Goal: at most 1.10×.
 
 The time compared runs from the call of ``fit`` to the end of its last ``on_train_end`` (a
 callback placed after GradientFlow, whose own ``on_train_end`` waits for everything it does
@@ -36,6 +37,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,6 +100,15 @@ def run(kind: str, batches: int, every: int) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def median_interval(values: list[float], resamples: int = 4000) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of the median of ``values`` (a fixed seed: the same
+    runs give the same interval)."""
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(values, size=(resamples, len(values))), axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def step_split(plain: list[list[float]], watched: list[list[float]], every: int
                ) -> dict[str, float]:
     """The callback's extra time, in ms, where it was spent: for every step, the median of its
@@ -141,14 +153,15 @@ def main() -> None:
         return [r[key] for r in runs[kind]]
 
     plain, watched = series("plain", "fit_s"), series("callback", "fit_s")
+    pairs = [w / p for w, p in zip(watched, plain, strict=True)]
     figures = {
         "batches": args.batches, "every": args.every, "repeats": args.repeats,
         "observations": int(runs["callback"][-1]["observations"]),
         "plain_fit_median_s": statistics.median(plain),
         "callback_fit_median_s": statistics.median(watched),
         "ratio_of_medians": statistics.median(watched) / statistics.median(plain),
-        "median_pair_ratio": statistics.median(w / p for w, p in zip(watched, plain,
-                                                                     strict=True)),
+        "median_pair_ratio": statistics.median(pairs),
+        "median_pair_ratio_95": median_interval(pairs),
         "wall_ratio_of_medians": (statistics.median(series("callback", "wall_s"))
                                   / statistics.median(series("plain", "wall_s"))),
         "plain_teardown_s": series("plain", "teardown_s"),
@@ -165,8 +178,10 @@ def main() -> None:
     print(f"fit with GradientFlow(every={args.every}, log_dir)  "
           f"{figures['callback_fit_median_s']:.2f} s median "
           f"({figures['observations']} extra passes)")
+    low, high = figures["median_pair_ratio_95"]
     print(f"ratio of medians {figures['ratio_of_medians']:.3f}, median of pair ratios "
-          f"{figures['median_pair_ratio']:.3f} ({args.repeats} runs each, alternating)")
+          f"{figures['median_pair_ratio']:.3f} (95% bootstrap interval {low:.3f}–{high:.3f}; "
+          f"{args.repeats} runs each, alternating)")
     teardown = {kind: ", ".join(f"{s:.1f}" for s in series(kind, "teardown_s"))
                 for kind in runs}
     print(f"then TensorFlow's data-iterator teardown: {teardown['plain']} s plain, "
