@@ -198,7 +198,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._pending_work: list[Future[Any]] = []
         self._warm: Future[Any] | None = None
         self._warm_tried = False
-        self._first_step_done = threading.Event()  # the warm-up's gate: see _warm_up
+        self._warm_up_released = threading.Event()  # opens the warm-up's gate: see _warm_up
         self._fit_spec: Any = None
         self._fit_first = 0  # batches watched before this fit
         if model is not None:
@@ -252,7 +252,7 @@ class GradientFlow(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._batches = self._epoch_base + batch + 1
-        self._first_step_done.set()
+        self._warm_up_released.set()
         if not self._pending:
             return
         self._pending = False
@@ -307,7 +307,7 @@ class GradientFlow(keras.callbacks.Callback):
         warm, self._warm = self._warm, None
         if warm is None:
             return
-        self._first_step_done.set()  # a warm-up still at its gate traces now
+        self._warm_up_released.set()  # a warm-up still at its gate traces now
         try:
             warm.result()
         except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
@@ -350,13 +350,13 @@ class GradientFlow(keras.callbacks.Callback):
         if not all(isinstance(s, tf.TensorSpec) and s.shape.rank and
                    s.shape[1:].is_fully_defined() for s in specs):
             return
-        self._first_step_done.clear()
+        self._warm_up_released.clear()
         self._warm = self._submit(self._trace_beside, threading.get_ident(), caller, engine,
                                   list(inputs.values()), list(targets.values()), pending=False)
 
     def _trace_beside(self, thread: int, caller: Any, engine: Any, inputs: list[Any],
                       targets: list[Any]) -> None:
-        self._trace["gate"] = _native_call(thread, self._first_step_done, caller)
+        self._trace["gate"] = _native_call(thread, self._warm_up_released, caller)
         self._trace["began_after"] = self._batches  # batches trained when the trace began
         self._trace_and_run(engine, inputs, targets)
 
