@@ -3,10 +3,13 @@ witnesses, on a float64 copy of the model with the same weights.
 
 - Finite differences, on every trainable weight, every float input and every initial state:
   central differences of the loss along random unit directions and at single elements (the
-  largest |g| and random ones), against the tape's directional derivative. The loss is one
-  traced function of the inputs and the state shifts; weights are perturbed in place and
-  restored, and so are the non-trainable variables (batch-norm statistics, dropout seeds), so
-  that every evaluation sees the same model.
+  largest |g| and random ones), against the tape's directional derivative. The loss of a
+  weight or input probe is Keras' own call of the whole model, ``model(x)`` + ``compute_loss``,
+  never gradscope's layer-by-layer replay; an initial-state probe needs the replay (only it
+  makes the state explicit), whose unshifted loss must equal Keras' own. Weights are perturbed
+  in place and restored, and so are the non-trainable variables (batch-norm statistics,
+  dropout seeds) and the states of stateful layers, so that every evaluation sees the same
+  model.
 - The NumPy reference, for every GRU, LSTM and SimpleRNN layer it models: BPTT written without
   TensorFlow, fed the layer's captured input, initial state and the upstream ∂L/∂outputs taken
   from the tape; its weight and initial-state gradients must equal the tape's.
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
+from gradscope.errors import InternalError
 from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
@@ -28,6 +32,7 @@ from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.keras.witness import cell_params, unwitnessed
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
@@ -69,10 +74,10 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
                for name, value in targets.items()}
     laps["load"] = time.perf_counter() - start
     model = engine.model
-    frozen = [(v, np.array(v.numpy())) for v in model.non_trainable_variables]
+    frozen = moved_state(model)
     say("TF autodiff on the float64 copy")
     autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True)
-    _restore(frozen)
+    restore(frozen)
     if after_autodiff is not None:
         after_autodiff(model)
     laps["autodiff"] = time.perf_counter() - start - sum(laps.values())
@@ -105,11 +110,6 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
         timings={k: round(v, 4) for k, v in laps.items()} if timings else None)
 
 
-def _restore(frozen: list[tuple[Any, np.ndarray]]) -> None:
-    for variable, value in frozen:
-        variable.assign(value)
-
-
 def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                         frozen: list[tuple[Any, np.ndarray]], directions: int, rtol: float,
@@ -122,14 +122,33 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                    for c in state_calls}
 
     @tf.function(reduce_retracing=True)
-    def evaluate(feed: list[Any], deltas: dict[str, list[Any]]) -> Any:
+    def evaluate(feed: list[Any]) -> Any:
+        # Keras' own call of the whole model, not gradscope's replay: the witness must not
+        # share the engine's reading of the model.
+        return whole_model_loss(engine.model, engine.compute_loss, feed, y, engine.training)
+
+    @tf.function(reduce_retracing=True)
+    def evaluate_shifted(feed: list[Any], deltas: dict[str, list[Any]]) -> Any:
+        # An initial state exists only in the replay, which makes it explicit: shifting it
+        # needs the replay. Its unshifted loss is checked against Keras' own call (below).
         loss, _, _ = engine.forward(feed, y, lambda tensor: None, deltas=deltas)
         return loss
 
     def loss_with(new_feed: list[Any] | None = None,
                   deltas: dict[str, list[Any]] | None = None) -> float:
-        _restore(frozen)
-        return float(evaluate(new_feed or feed, deltas or zero_deltas).numpy())
+        restore(frozen)
+        if deltas is None:
+            return float(evaluate(new_feed or feed).numpy())
+        return float(evaluate_shifted(feed, deltas).numpy())
+
+    if state_calls:
+        own, replayed = loss_with(), loss_with(deltas=zero_deltas)
+        if not abs(own - replayed) <= 1e-9 * max(1.0, abs(own)):
+            raise InternalError(
+                f"internal error: {engine.path}: with its initial states unshifted, "
+                f"gradscope's layer-by-layer run gives the loss {replayed:.12g}, Keras' own "
+                f"call {own:.12g}: the initial-state probes would measure another model; "
+                "please report it")
 
     rng = np.random.default_rng([seed, 2])
     variables = {v.path: v for v in engine.model.trainable_variables}

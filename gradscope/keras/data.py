@@ -133,9 +133,11 @@ def synthetic_targets(plan: LossPlan, output_shapes: dict[str, tuple[int, ...]],
     return targets
 
 
-def load_named(path: str, specs: list[InputSpec], outputs: list[str]) -> KerasBatch:
+def load_named(path: str, specs: list[InputSpec], outputs: list[str],
+               aliases: dict[str, str] | None = None) -> KerasBatch:
     """An .npz whose arrays are named after the model's inputs (or ``x`` for a single input)
-    and its outputs (or ``y`` for a single output)."""
+    and its outputs (or ``y`` for a single output). ``aliases``: other names of outputs (an
+    output layer's name where the outputs are a dict keyed otherwise) → the output's name."""
     _open_checked(Path(path), "an .npz file")
     arrays = read_npz(path)
     for name, value in arrays.items():
@@ -155,7 +157,10 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str]) -> KerasBa
         inputs[spec.name] = _checked_input(spec, arrays[key], key)
         used.add(key)
     for name in outputs:
-        key = name if name in arrays else ("y" if len(outputs) == 1 and "y" in arrays else None)
+        other = next((alias for alias, to in (aliases or {}).items()
+                      if to == name and alias in arrays), None)
+        key = (name if name in arrays else other if other is not None
+               else "y" if len(outputs) == 1 and "y" in arrays else None)
         if key is None:
             raise DataError(f"{path}: has no targets for the output '{name}' (found "
                             f"{', '.join(sorted(arrays))}); expected arrays named "
@@ -210,7 +215,8 @@ def _shape_text(shape: Shape) -> str:
 # -- arrays from Python (the API's x= and y=) --------------------------------------------------
 
 
-def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any) -> KerasBatch:
+def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any,
+                 aliases: dict[str, str] | None = None) -> KerasBatch:
     """The batch of ``gradscope.explain(model, x=…, y=…)``: NumPy or TensorFlow arrays, each
     ``x``/``y`` one array (one input/output), a list in the model's order, or a dict by name.
     ``y`` None: synthetic targets that match the loss."""
@@ -226,6 +232,9 @@ def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any) -> 
     labels = {name: key for name, (key, _) in raw.items()}
     targets = None
     if y is not None:
+        if isinstance(y, dict) and aliases:
+            y = {aliases.get(key, key) if key not in outputs else key: value
+                 for key, value in y.items()}
         named = _named("y", y, outputs, "output")
         targets = {name: value for name, (_, value) in named.items()}
         labels.update({name: key for name, (key, _) in named.items()})

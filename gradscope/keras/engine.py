@@ -18,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
 from gradscope.errors import ConfigError
+from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
+from gradscope.keras.whole_model import dense_gradients
 
 RECURRENT = {"GRU", "LSTM", "SimpleRNN"}
 
@@ -41,7 +43,7 @@ class CapturedCall:
     args: list[Any]
     outputs: list[Any]
     states: list[Any] = field(default_factory=list)
-    state_source: str = ""  # "zeros" or the description of the wired tensors
+    state_source: str = ""  # "zeros" (injected), "wired" (from another layer) or "carried"
     mask: Any = None
 
 
@@ -165,6 +167,12 @@ class KerasEngine:
         x = feed if len(feed) > 1 else feed[0]
         y = targets if len(targets) > 1 else targets[0]
         y_pred = flat_outputs if len(flat_outputs) > 1 else flat_outputs[0]
+        structure = getattr(getattr(self.model, "_functional", None) or self.model,
+                            "_outputs_struct", None)
+        if isinstance(structure, dict):
+            # A dict of outputs: the loss is compiled by key, and fit hands it dicts.
+            y = self.keras.tree.pack_sequence_as(structure, targets)
+            y_pred = self.keras.tree.pack_sequence_as(structure, flat_outputs)
         with self._floatx():  # a compiled loss builds its wrappers at its first call
             if self._own_loss is None:
                 return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=self.training)
@@ -272,12 +280,21 @@ class KerasEngine:
                 counts[name] = index + 1
                 captured = CapturedCall(layer=name, index=index,
                                         class_name=class_label(operation),
-                                        args=list(keras.tree.flatten(args)), outputs=[],
+                                        args=list(keras.tree.flatten(args)) + [
+                                            t for key in INPUT_KEYWORDS if key in kwargs
+                                            for t in keras.tree.flatten(kwargs[key])],
+                                        outputs=[],
                                         mask=kwargs.get("mask"))
                 units = _state_units(operation)
-                if units and not getattr(operation, "stateful", False):
-                    given = kwargs.get("initial_state")
-                    if given is None:
+                given = kwargs.get("initial_state")
+                held = _carried_states(operation) if given is None else None
+                if units and (held is not None or not getattr(operation, "stateful", False)):
+                    if held is not None:
+                        # A stateful layer starts from what the previous batch left: the
+                        # same values, made a tensor the tape watches.
+                        states = [tf.identity(tf.convert_to_tensor(v)) for v in held]
+                        captured.state_source = "carried"
+                    elif given is None:
                         batch = tf.shape(captured.args[0])[0]
                         states = [tf.zeros(tf.stack([batch, u]), dtype=captured.args[0].dtype)
                                   for u in units]
@@ -315,7 +332,8 @@ class KerasEngine:
 
             return call
 
-        outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
+        with model_call_context(model, training):
+            outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
         flat_outputs = list(keras.tree.flatten(outputs))
         return self.compute_loss(feed, targets, flat_outputs), flat_outputs, calls
 
@@ -328,19 +346,37 @@ class KerasEngine:
     def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
             watch_outputs: bool = False, watch_inputs: bool = False) -> KerasPass:
         """One forward and backward pass: every weight, every initial state (and, on request,
-        every float input and every call's outputs) gets its gradient."""
-        if self.training:
-            self.keras.utils.set_random_seed(self.seed)
+        every float input and every call's outputs) gets its gradient.
+
+        The replay is then witnessed by Keras' own call of the whole model on the same batch,
+        from the same variables: the loss and weight gradients returned are that call's, and
+        the replay must agree with them (else :class:`InternalError`)."""
+        from gradscope.keras.whole_model import (
+            confirm,
+            moved_state,
+            restore,
+            whole_model_pass,
+        )
+
         feed, y = self.tensors(inputs, targets)
-        # A training-mode run moves batch-norm statistics and dropout seeds: the user's model
+        # A training-mode run moves batch-norm statistics, dropout seeds and the states of
+        # stateful layers: both passes start from the same values, and the user's model
         # object gets its own values back.
-        kept = ([(v, np.array(v.numpy())) for v in self.model.non_trainable_variables]
-                if self.live else [])
+        before = moved_state(self.model)
         try:
-            return self._run(feed, y, inputs, watch_outputs, watch_inputs)
+            if self.training:
+                self.keras.utils.set_random_seed(self.seed)
+            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs)
+            restore(before)
+            if self.training:
+                self.keras.utils.set_random_seed(self.seed)
+            own = whole_model_pass(self.model, self.compute_loss, feed, y, self.training)
         finally:
-            for variable, value in kept:
-                variable.assign(value)
+            if self.live:
+                restore(before)
+        confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
+        return replace(replay, loss=own.loss, gradients=own.gradients,
+                       sparse_rows=own.sparse_rows)
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool) -> KerasPass:
@@ -356,14 +392,7 @@ class KerasEngine:
         with native_stderr_silenced():
             grads, state_grads, output_grads, input_grads = tape.gradient(
                 loss, [variables, states, watched_outputs, watched_inputs])
-        gradients: dict[str, np.ndarray | None] = {}
-        sparse: dict[str, tuple[int, int]] = {}
-        for variable, gradient in zip(variables, grads, strict=True):
-            if isinstance(gradient, tf.IndexedSlices):
-                rows = int(np.unique(gradient.indices.numpy()).size)
-                sparse[variable.path] = (rows, int(variable.shape[0]))
-                gradient = tf.convert_to_tensor(gradient)
-            gradients[variable.path] = None if gradient is None else gradient.numpy()
+        gradients, sparse = dense_gradients(variables, grads)
         state_gradients = {
             call_label(call.layer, call.index): [_numpy(g) for g in grads]
             for call, grads in zip(calls, state_grads, strict=True) if call.states}
@@ -383,6 +412,27 @@ class KerasEngine:
             output_gradients=output_gradients, input_gradients=input_gradients)
 
 
+@contextlib.contextmanager
+def model_call_context(model: Any, training: bool) -> Iterator[None]:
+    """The layer calls of one replay inside one call of the model, as ``model(x)`` has them.
+
+    Keras clears a layer's added losses (activity regularizers, ``add_loss``) when a call
+    opens a new call context, that is, when it is not inside another layer's call. A replay
+    that ran each layer call on its own would let the second call of a shared layer wipe the
+    losses of its first call. Inside the model's context, as in ``Layer.__call__``, the
+    model's losses are cleared once at the start and every call's losses are kept.
+    """
+    from keras.src.backend.common import global_state
+
+    if global_state.get_global_attribute("current_call_ctx") is None:
+        # The model's own context, as model(x) opens it: its losses are cleared once here.
+        model._get_call_context().set_value("training", training)
+    try:
+        yield
+    finally:
+        model._maybe_reset_call_context()
+
+
 def _numpy(tensor: Any) -> np.ndarray | None:
     return None if tensor is None else tensor.numpy()
 
@@ -396,6 +446,15 @@ def _state_units(operation: Any) -> list[int]:
     if kind == "Bidirectional":
         return _state_units(operation.forward_layer) + _state_units(operation.backward_layer)
     return []
+
+
+def _carried_states(operation: Any) -> list[Any] | None:
+    """The state variables a stateful GRU, LSTM or SimpleRNN holds between batches (None for
+    any other layer, or before Keras has made them)."""
+    if class_label(operation) not in RECURRENT or not getattr(operation, "stateful", False):
+        return None
+    states = getattr(operation, "states", None)
+    return list(states) if states else None
 
 
 def _layers(model: Any) -> list[Any]:

@@ -23,11 +23,11 @@ from gradscope.keras.data import (
     synthetic_inputs,
     synthetic_targets,
 )
-from gradscope.keras.facts import NO_DERIVATION, kwarg_refs, layer_facts
+from gradscope.keras.facts import NO_DERIVATION, layer_facts
 from gradscope.keras.graph import LayerNode, ModelGraph
-from gradscope.keras.layers import LayerFacts, explainer_for
+from gradscope.keras.layers import LayerFacts, deriving_explainer
 from gradscope.keras.layers.base import variable_key
-from gradscope.keras.loss import LossPlan, output_names
+from gradscope.keras.loss import LossPlan, output_aliases, output_names
 from gradscope.report.models import (
     BlockEntry,
     KerasExplainReport,
@@ -87,18 +87,32 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
         if data is not None or pad:
             raise ConfigError(f"{'data' if data is not None else 'pad'}= and x= both give the "
                               "batch; pass one of them", where="x")
-        batch = arrays_batch(specs, outputs, x, y)
+        batch = arrays_batch(specs, outputs, x, y, output_aliases(graph))
     elif data is not None:
         if pad:
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
                               where="--pad")
-        batch = load_named(data, specs, outputs)
+        batch = load_named(data, specs, outputs, output_aliases(graph))
     else:
-        batch = synthetic_inputs(specs, batch_size or 32, time_steps, pad, seed)
+        batch = synthetic_inputs(specs, batch_size or _fixed_batch(specs) or 32, time_steps,
+                                 pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]
+    fixed = _fixed_batch(specs)
+    if fixed is not None and size != fixed:
+        given = ("--batch-size" if x is None and data is None
+                 else "x=" if x is not None else str(data))
+        raise ConfigError(f"{given}: a batch of {size}, but the model's input has a fixed "
+                          f"batch size of {fixed} (its Input's batch_shape; a stateful layer "
+                          f"needs it); give {fixed} examples", where=given)
     return KerasJob(path=path, graph=graph, plan=plan, inputs=specs, outputs=outputs,
                     batch=batch, batch_size=int(size), training=training, seed=seed,
                     model=model)
+
+
+def _fixed_batch(specs: list[InputSpec]) -> int | None:
+    """The batch size an Input fixes (``batch_shape=(4, ...)``, as a stateful model needs)."""
+    sizes = {int(spec.shape[0]) for spec in specs if spec.shape and spec.shape[0] is not None}
+    return min(sizes) if sizes else None
 
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
@@ -166,7 +180,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
         outs = ([_batchless(tuple(int(d) for d in o.shape)) for o in call.outputs]
                 if call is not None else [])
         facts = layer_facts(graph, node, _positional_shapes(node, call), outs)
-        explainer = explainer_for(node.class_name, node.module)
+        explainer = deriving_explainer(node.class_name, node.module, facts)
         notes = {}
         if explainer is not None:
             try:
@@ -182,11 +196,12 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             gradient_note=explainer.gradient_note(facts) if explainer else NO_DERIVATION,
             derivation=explainer is not None))
         keras_layer = engine.operation(node.name)
+        keys = _weight_keys(node.name, keras_layer)
         for variable in getattr(keras_layer, "weights", []):
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            key = variable_key(variable.path, node.name, keras_layer.path)
+            key = keys[id(variable)]
             shape = [int(d) for d in variable.shape]
             note = notes.get(key)
             if explainer is not None and note is None:
@@ -237,6 +252,19 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
         witnesses=witnesses, warnings=warnings)
 
 
+def _weight_keys(name: str, layer: Any) -> dict[int, str]:
+    """Each weight's key inside its layer: cell scopes left out (``gru_cell/kernel`` →
+    ``kernel``), unless two weights would then share one (the cells of StackedRNNCells): their
+    layer's keys then keep every scope."""
+    weights = list(getattr(layer, "weights", []))
+    short = {id(v): variable_key(v.path, name, layer.path) for v in weights}
+    if len(set(short.values())) == len(short):
+        return short
+    prefix = (layer.path + "/") if layer.path else ""
+    return {id(v): v.path[len(prefix):] if v.path.startswith(prefix) else v.path
+            for v in weights}
+
+
 def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
     model = engine.model
     trainable_count = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -268,7 +296,7 @@ def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...
     if call is None or not node.calls:
         return None
     saved = node.calls[0]
-    count = len([ref for ref in saved.refs() if ref not in kwarg_refs(saved)])
+    count = len(saved.input_refs())
     return [_batchless(tuple(int(d) for d in a.shape)) for a in call.args[:count]]
 
 
@@ -284,7 +312,13 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
     entries = []
     for k, (note, value) in enumerate(zip(notes, gradients.get(label, []), strict=False)):
         shape = [int(d) for d in captured.states[k].shape]
-        if captured.state_source == "zeros":
+        if captured.state_source == "carried":
+            source = ("carried: the state the previous batch left (stateful=True); zeros "
+                      "after reset_states()")
+            flows_to = ("nowhere in this batch: fit stops the gradient at the batch's "
+                        "start; with truncated BPTT it is the grad_y of the previous batch's "
+                        f"final {note.key.split('/')[-1][0]}_T")
+        elif captured.state_source == "zeros":
             source = "zeros (Keras' default, made explicit by gradscope)"
             flows_to = ("nowhere in this batch: with truncated BPTT it is the grad_y of the "
                         f"previous batch's final {note.key.split('/')[-1][0]}_T")

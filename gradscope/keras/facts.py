@@ -4,8 +4,6 @@ data loading, so that ``shapes MODEL.keras`` imports only what it needs."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gradscope.keras.graph import LayerNode, ModelGraph, Ref
 from gradscope.keras.layers import LayerFacts
 
@@ -17,19 +15,13 @@ def layer_facts(graph: ModelGraph, layer: LayerNode, shapes: list[tuple[int | No
     """The facts of a layer's first call; ``shapes`` (captured in a run) replace the saved ones.
     """
     call = layer.calls[0] if layer.calls else None
-    refs = call.refs() if call is not None else []
-    positional = [ref for ref in refs if ref not in kwarg_refs(call)] if call else []
+    positional = call.input_refs() if call is not None else []
     saved = [ref.shape or () for ref in positional]
     input_shapes = shapes if shapes is not None else saved
     labels = tuple(_label(graph, ref) for ref in positional)
     return LayerFacts(name=layer.name, class_name=layer.class_name, config=layer.config,
                       input_shapes=tuple(tuple(s) for s in input_shapes), input_labels=labels,
                       output_shapes=tuple(tuple(s) for s in (output_shapes or [])))
-
-
-def kwarg_refs(call: Any) -> list[Ref]:
-    """The tensors a call passes by keyword (initial_state=…, mask=…), not as inputs."""
-    return [ref for refs in call.kwarg_refs().values() for ref in refs]
 
 
 def _label(graph: ModelGraph, ref: Ref) -> str:

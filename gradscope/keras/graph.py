@@ -48,9 +48,24 @@ class Call:
         """Every tensor the call received, positional first."""
         return list(_refs(self.args)) + list(_refs(self.kwargs))
 
+    def input_refs(self) -> list[Ref]:
+        """The tensors the call computes on: positional ones, then those passed by keyword
+        as inputs (``MultiHeadAttention(query=…, value=…)``), in :data:`INPUT_KEYWORDS`
+        order. Masks and initial states are not among them."""
+        refs = list(_refs(self.args))
+        for key in INPUT_KEYWORDS:
+            if key in self.kwargs:
+                refs += list(_refs(self.kwargs[key]))
+        return refs
+
     def kwarg_refs(self) -> dict[str, list[Ref]]:
         return {key: list(_refs(value)) for key, value in self.kwargs.items()
                 if any(True for _ in _refs(value))}
+
+
+#: Keyword arguments that carry a layer's inputs, in the order of Keras' call signatures
+#: (``inputs``, ``sequences``; attention's ``query``, ``value``, ``key``).
+INPUT_KEYWORDS = ("inputs", "sequences", "query", "value", "key")
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,9 @@ class ModelGraph:
     inputs: tuple[Ref, ...]
     outputs: tuple[Ref, ...]
     compile_config: dict[str, Any] | None = None
+    #: The keys of a model built with a dict of outputs (``Model(x, {"zeta": …})``), in the
+    #: order of ``outputs`` (sorted, as Keras flattens them); None otherwise.
+    output_keys: tuple[str, ...] | None = None
 
     def layer(self, name: str) -> LayerNode:
         return next(layer for layer in self.layers if layer.name == name)
@@ -152,7 +170,8 @@ def _graph(config: dict[str, Any], source: str) -> ModelGraph:
     return ModelGraph(source=source, name=body.get("name", "model"), kind="Functional",
                       layers=layers, inputs=_history_list(body["input_layers"]),
                       outputs=_history_list(body["output_layers"]),
-                      compile_config=compile_config)
+                      compile_config=compile_config,
+                      output_keys=_dict_keys(body["output_layers"]))
 
 
 def _sequential(body: dict[str, Any], source: str, build_config: Any,
@@ -232,6 +251,13 @@ def _history_list(value: Any) -> tuple[Ref, ...]:
     if len(value) == 3 and isinstance(value[0], str):
         return (Ref(value[0], int(value[1]), int(value[2])),)
     return tuple(ref for item in value for ref in _history_list(item))
+
+
+def _dict_keys(value: Any) -> tuple[str, ...] | None:
+    """The keys of a dict of single outputs, in flattening order; None for any other form."""
+    if isinstance(value, dict) and all(len(_history_list(item)) == 1 for item in value.values()):
+        return tuple(str(key) for key in sorted(value))
+    return None
 
 
 def _shape(value: Any) -> tuple[int | None, ...] | None:

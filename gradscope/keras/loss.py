@@ -75,12 +75,26 @@ class LossPlan:
 
 
 def output_names(graph: ModelGraph) -> list[str]:
-    """A name per model output: the producing layer's, with the output index where needed."""
+    """A name per model output: its key when the model's outputs are a dict (the name the
+    user gave it, and the one ``compile`` and ``fit`` use), else the producing layer's, with
+    the output index where needed."""
+    if graph.output_keys is not None:
+        return list(graph.output_keys)
     names = []
     for ref in graph.outputs:
         clash = sum(1 for other in graph.outputs if other.layer == ref.layer) > 1
         names.append(f"{ref.layer}_{ref.index}" if clash or ref.index else ref.layer)
     return names
+
+
+def output_aliases(graph: ModelGraph) -> dict[str, str]:
+    """Other names an output may be given by (its layer's name, where the outputs are a dict
+    keyed otherwise) → its name."""
+    if graph.output_keys is None:
+        return {}
+    layers = [ref.layer for ref in graph.outputs]
+    return {layer: key for layer, key in zip(layers, graph.output_keys, strict=True)
+            if layer != key and layers.count(layer) == 1 and layer not in graph.output_keys}
 
 
 def canonical(name: str) -> str:
@@ -122,13 +136,15 @@ def plan_loss(graph: ModelGraph, override: str | None = None) -> LossPlan:
 def _compiled(graph: ModelGraph, names: list[str], loss: Any, weights: Any) -> LossPlan:
     per_output: list[Any]
     if isinstance(loss, dict) and "class_name" not in loss:
-        per_output = [loss.get(name) for name in names]
+        layers = {name: ref.layer for name, ref in zip(names, graph.outputs, strict=True)}
+        per_output = [loss.get(name, loss.get(layers[name])) for name in names]
     elif isinstance(loss, list):
         per_output = list(loss)
     else:
         per_output = [loss] * len(names)
     if isinstance(weights, dict):
-        weight_list = [float(weights.get(name, 1.0)) for name in names]
+        weight_list = [float(weights[name] if name in weights else weights.get(ref.layer, 1.0))
+                       for name, ref in zip(names, graph.outputs, strict=True)]
     elif isinstance(weights, list):
         weight_list = [float(w) for w in weights]
     else:
@@ -137,9 +153,15 @@ def _compiled(graph: ModelGraph, names: list[str], loss: Any, weights: Any) -> L
     for name, entry, weight in zip(names, per_output, weight_list, strict=False):
         if entry is None:
             continue
-        if isinstance(entry, dict):
+        if isinstance(entry, dict) and entry.get("class_name") == "function":
+            # A loss function object (loss=keras.losses.binary_crossentropy): its name is the
+            # config, and it takes Keras' defaults (no logits).
+            loss_name, from_logits = canonical(str(entry.get("config", ""))), False
+        elif isinstance(entry, dict):
             loss_name = canonical(str(entry.get("class_name", "")))
-            from_logits = bool((entry.get("config") or {}).get("from_logits", False))
+            settings = entry.get("config")
+            from_logits = bool(settings.get("from_logits", False)
+                               if isinstance(settings, dict) else False)
         else:
             loss_name, from_logits = canonical(str(entry)), False
         outputs.append(OutputLoss(name, loss_name, from_logits, weight, target_kind(loss_name),

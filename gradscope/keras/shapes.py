@@ -7,7 +7,7 @@ from math import prod
 from typing import Any
 
 from gradscope.keras.facts import NO_DERIVATION, layer_facts
-from gradscope.keras.layers import explainer_for
+from gradscope.keras.layers import deriving_explainer
 from gradscope.keras.live import read_model
 from gradscope.keras.loss import output_names
 from gradscope.report.models import (
@@ -29,7 +29,7 @@ def keras_shapes(source: Any, loss: str | None = None) -> KerasShapesReport:
     layers, weights, underived = [], [], []
     for node in graph.computing_layers:
         facts = layer_facts(graph, node)
-        explainer = explainer_for(node.class_name, node.module)
+        explainer = deriving_explainer(node.class_name, node.module, facts)
         notes = []
         if explainer is not None:
             try:

@@ -74,15 +74,14 @@ def cell_params(cell: Cell, weights: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 def unmodelled(facts: LayerFacts, training: bool) -> list[str]:
     """What in a recurrent layer's settings gradscope's cells do not model: other
-    activations, a stateful layer, dropout in training mode."""
+    activations, dropout in training mode. (A stateful layer's carried state is captured like
+    any initial state.)"""
     reasons = []
     if facts.option("activation", "tanh") != "tanh":
         reasons.append(f"activation {facts.option('activation')}")
     if facts.class_name != "SimpleRNN" and facts.option("recurrent_activation",
                                                         "sigmoid") != "sigmoid":
         reasons.append(f"recurrent_activation {facts.option('recurrent_activation')}")
-    if facts.option("stateful"):
-        reasons.append("stateful")
     if training:
         reasons += [f"{key} {facts.option(key)} in training mode"
                     for key in ("dropout", "recurrent_dropout")
@@ -100,7 +99,7 @@ def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -
     if not call.states:
         reasons.append("no initial state captured")
     if reasons:
-        return "the cell models tanh/sigmoid, forward, stateless layers only (" + \
+        return "the cell models tanh/sigmoid, forward layers only (" + \
             ", ".join(reasons) + ")"
     return None
 

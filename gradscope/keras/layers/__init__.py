@@ -47,10 +47,18 @@ def explainer_for(class_name: str, module: str | None = None) -> LayerExplainer 
     return REGISTRY.get(class_name)
 
 
+def deriving_explainer(class_name: str, module: str | None,
+                       facts: LayerFacts) -> LayerExplainer | None:
+    """The explainer of this layer call if it derives the layer's weights, else None (the
+    layer is then listed with its real gradients and "no derivation for this layer type")."""
+    explainer = explainer_for(class_name, module)
+    return explainer if explainer is not None and explainer.derives(facts) else None
+
+
 def known_layers() -> list[str]:
     _load_all()
     return sorted(REGISTRY)
 
 
-__all__ = ["LayerExplainer", "LayerFacts", "WeightNote", "explainer_for", "known_layers",
-           "register"]
+__all__ = ["LayerExplainer", "LayerFacts", "WeightNote", "deriving_explainer", "explainer_for",
+           "known_layers", "register"]

@@ -100,6 +100,12 @@ class LayerExplainer:
 
     class_names: ClassVar[tuple[str, ...]] = ()
 
+    def derives(self, facts: LayerFacts) -> bool:
+        """Whether this layer's weights are derived here. A wrapper whose wrapped layer or
+        cell has no derivation (``TimeDistributed(Conv2D)``, ``RNN(StackedRNNCells)``) is
+        listed like an unknown layer: real gradients, "no derivation for this layer type"."""
+        return True
+
     def summary(self, facts: LayerFacts) -> str:
         """One line: what the layer computes, in the user's numbers."""
         return facts.class_name

@@ -45,6 +45,9 @@ class RNNExplainer(LayerExplainer):
                           input_shapes=facts.input_shapes, input_labels=facts.input_labels,
                           output_shapes=facts.output_shapes), explainer
 
+    def derives(self, facts: LayerFacts) -> bool:
+        return self.equivalent(facts) is not None
+
     def _cell_scope(self, facts: LayerFacts) -> str:
         """The cell's part of its variables' keys: none for "gru_cell" (``variable_key`` drops
         scopes ending in "_cell"), the name itself for "gru_cell_1" or a chosen name."""

@@ -15,6 +15,10 @@ class TimeDistributedExplainer(LayerExplainer):
         inner = facts.inner()
         return inner, explainer_for(inner.class_name)
 
+    def derives(self, facts: LayerFacts) -> bool:
+        inner, explainer = self._inner(facts)
+        return explainer is not None and explainer.derives(inner)
+
     def summary(self, facts: LayerFacts) -> str:
         inner, explainer = self._inner(facts)
         steps = facts.input_shape[1] if len(facts.input_shape) > 1 else None
@@ -38,3 +42,4 @@ class TimeDistributedExplainer(LayerExplainer):
         inner, explainer = self._inner(facts)
         inside = explainer.gradient_note(inner) if explainer else ""
         return "each step independently" + (f": {inside}" if inside else "")
+

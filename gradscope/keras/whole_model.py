@@ -1,0 +1,148 @@
+"""Keras' own whole-model call, the witness outside the engine.
+
+The engine replays the model's graph one layer call at a time, so that it can capture what each
+call received and returned and give every recurrent layer an explicit initial state. A replay
+can misread a model in ways no per-layer check sees (a loss Keras collects across calls, a
+layer that behaves differently outside its model's call). So every pass that prints numbers is
+also run the way ``fit`` runs it: ``model(x, training=…)`` then ``compute_loss``, under a tape
+of its own. The loss and every weight gradient of the two passes must agree; the numbers
+gradscope prints are this pass's, Keras' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import InternalError
+
+#: How far the engine's replay may be from Keras' own call: the same operations in the same
+#: order, so only rounding (threaded reductions) may differ. max|replay − own| must be within
+#: ATOL + RTOL·max|own|, per tensor.
+TOLERANCES = {"float32": (1e-6, 1e-4), "float64": (1e-12, 1e-9)}
+
+#: ``compute_loss(feed, targets, flat_outputs)``, as the engine computes the loss.
+LossFunction = Callable[[list[Any], list[Any], list[Any]], Any]
+
+
+@dataclass(frozen=True)
+class WholeModelPass:
+    """The loss and the weight gradients of one ``model(x)`` + ``compute_loss`` under a tape.
+    """
+
+    loss: float
+    gradients: dict[str, np.ndarray | None]  # by variable path
+    sparse_rows: dict[str, tuple[int, int]]  # path → (rows that received a gradient, rows)
+
+
+def model_outputs(model: Any, feed: list[Any], training: bool) -> list[Any]:
+    """The model's outputs, flat, from one call of the model as ``fit`` makes it."""
+    import keras
+
+    # The feed is flat, in the order of the model's inputs: packed as the model was built
+    # (a dict of inputs stays a dict), as fit hands it over.
+    structure = getattr(getattr(model, "_functional", None) or model, "_inputs_struct", None)
+    x = (keras.tree.pack_sequence_as(structure, feed) if structure is not None
+         else feed if len(feed) > 1 else feed[0])
+    outputs = model(x, training=training)
+    return list(keras.tree.flatten(outputs))
+
+
+def whole_model_loss(model: Any, compute_loss: LossFunction, feed: list[Any],
+                     targets: list[Any], training: bool) -> Any:
+    """The loss ``fit`` minimises on this batch, from Keras' own call of the whole model."""
+    return compute_loss(feed, targets, model_outputs(model, feed, training))
+
+
+def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
+                     targets: list[Any], training: bool) -> WholeModelPass:
+    import tensorflow as tf
+
+    from gradscope._tf import native_stderr_silenced
+
+    variables = model.trainable_variables
+    with native_stderr_silenced():
+        with tf.GradientTape() as tape:
+            loss = whole_model_loss(model, compute_loss, feed, targets, training)
+        grads = tape.gradient(loss, variables)
+    gradients, sparse = dense_gradients(variables, grads)
+    return WholeModelPass(loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse)
+
+
+def dense_gradients(variables: list[Any], grads: list[Any]
+                    ) -> tuple[dict[str, np.ndarray | None], dict[str, tuple[int, int]]]:
+    """Gradients by variable path as NumPy arrays. An ``IndexedSlices`` (an Embedding's) is
+    summed into a dense array, and the rows it touched are counted."""
+    import tensorflow as tf
+
+    gradients: dict[str, np.ndarray | None] = {}
+    sparse: dict[str, tuple[int, int]] = {}
+    for variable, gradient in zip(variables, grads, strict=True):
+        if isinstance(gradient, tf.IndexedSlices):
+            rows = int(np.unique(gradient.indices.numpy()).size)
+            sparse[variable.path] = (rows, int(variable.shape[0]))
+            gradient = tf.convert_to_tensor(gradient)
+        gradients[variable.path] = None if gradient is None else gradient.numpy()
+    return gradients, sparse
+
+
+def moved_state(model: Any) -> list[tuple[Any, np.ndarray]]:
+    """Every variable a call of the model may move, with its value now: the non-trainable
+    variables (batch-norm statistics, dropout seeds) and the states of stateful recurrent
+    layers (Keras keeps those outside the tracked variables). Assign the values back with
+    :func:`restore` so that the next pass sees the same model."""
+    variables = list(model.non_trainable_variables)
+    tracked = {id(v) for v in variables}
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        for state in (getattr(layer, "states", None) or []) if getattr(layer, "stateful",
+                                                                        False) else []:
+            if id(state) not in tracked and hasattr(state, "assign"):
+                tracked.add(id(state))
+                variables.append(state)
+    return [(variable, np.array(variable.numpy())) for variable in variables]
+
+
+def restore(saved: list[tuple[Any, np.ndarray]]) -> None:
+    for variable, value in saved:
+        variable.assign(value)
+
+
+def confirm(replay_loss: float, replay_gradients: dict[str, np.ndarray | None],
+            own: WholeModelPass, dtype: str, where: str) -> None:
+    """The engine's replay must give Keras' own loss and gradients; else an internal error
+    naming the tensor and both values (gradscope misread the model, and says so)."""
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    if not _close(np.asarray(replay_loss), np.asarray(own.loss), atol, rtol):
+        raise InternalError(
+            f"internal error: {where}: gradscope's layer-by-layer run gives the loss "
+            f"{replay_loss:.9g}, Keras' own model(x) + compute_loss gives {own.loss:.9g}; "
+            "gradscope misreads this model, so it shows nothing; please report it")
+    for path, value in own.gradients.items():
+        replay = replay_gradients.get(path)
+        if (replay is None) != (value is None):
+            found = "no gradient" if replay is None else "a gradient"
+            raise InternalError(
+                f"internal error: {where}: {path}: gradscope's layer-by-layer run gives "
+                f"{found}, Keras' own call {'a gradient' if replay is None else 'none'}; "
+                "gradscope misreads this model; please report it")
+        if replay is not None and value is not None and not _close(replay, value, atol, rtol):
+            raise InternalError(
+                f"internal error: {where}: {path} (layer {path.split('/')[0]}): gradscope's "
+                f"layer-by-layer run gives ‖g‖ {np.linalg.norm(replay):.6g}, Keras' own "
+                f"model(x) + compute_loss gives {np.linalg.norm(value):.6g} (max |difference| "
+                f"{np.max(np.abs(replay - value)):.2e}); gradscope misreads this model, so it "
+                "shows nothing; please report it")
+
+
+def _close(replay: np.ndarray, own: np.ndarray, atol: float, rtol: float) -> bool:
+    if replay.shape != own.shape:
+        return False
+    if not np.all(np.isfinite(own)) or not np.all(np.isfinite(replay)):
+        return bool(np.array_equal(np.isnan(replay), np.isnan(own))
+                    and np.array_equal(np.where(np.isnan(own), 0, own),
+                                       np.where(np.isnan(replay), 0, replay)))
+    scale = float(np.max(np.abs(own))) if own.size else 0.0
+    return own.size == 0 or float(np.max(np.abs(replay - own))) <= atol + rtol * scale

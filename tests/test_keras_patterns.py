@@ -1,0 +1,149 @@
+"""Common Keras patterns that once crashed: a loss compiled as a function, dict outputs keyed
+otherwise than their layers, wrappers around layers gradscope does not derive, attention called
+by keyword. Each is read from a saved file as a user would, and its numbers are Keras' own
+tape's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_gradscope
+
+import gradscope
+
+RTOL = 1e-5
+
+
+def _tape(tf: Any, model: Any, x: Any, y: Any) -> tuple[float, dict[str, float]]:
+    with tf.GradientTape() as tape:
+        prediction = model(x, training=False)
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(loss), {v.path: float(np.linalg.norm(tf.convert_to_tensor(g).numpy()))
+                         for v, g in zip(model.trainable_variables, grads, strict=True)}
+
+
+def _assert_keras_numbers(report: Any, loss: float, truth: dict[str, float]) -> None:
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+    ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
+    assert sorted(ours) == sorted(truth)
+    for path, norm in truth.items():
+        assert ours[path] == pytest.approx(norm, rel=RTOL), path
+
+
+def _build(name: str) -> Any:
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(21)
+    if name == "loss_function":
+        model = keras.Sequential([keras.Input((6, 3)), layers.GRU(4),
+                                  layers.Dense(1, activation="sigmoid")])
+        model.compile(loss=keras.losses.binary_crossentropy)
+    elif name == "dict_outputs":
+        x = keras.Input((6, 3), name="x")
+        h = layers.GRU(4, name="gru")(x)
+        model = keras.Model(x, {"zeta": layers.Dense(2, name="d1")(h),
+                                "alpha": layers.Dense(3, name="d2")(h)})
+        model.compile(loss={"zeta": "mse", "alpha": "mae"}, loss_weights={"zeta": 2.0,
+                                                                          "alpha": 1.0})
+    elif name == "time_distributed_conv":
+        model = keras.Sequential([keras.Input((4, 6, 6, 1)),
+                                  layers.TimeDistributed(layers.Conv2D(2, 3)),
+                                  layers.TimeDistributed(layers.Flatten()), layers.GRU(3),
+                                  layers.Dense(2)])
+        model.compile(loss="mse")
+    elif name == "stacked_cells":
+        model = keras.Sequential([keras.Input((6, 3)),
+                                  layers.RNN(layers.StackedRNNCells([layers.GRUCell(4),
+                                                                     layers.LSTMCell(3)])),
+                                  layers.Dense(2)])
+        model.compile(loss="mse")
+    elif name == "attention_by_keyword":
+        x = keras.Input((6, 4), name="x")
+        attended = layers.MultiHeadAttention(2, 3, name="mha")(query=x, value=x)
+        model = keras.Model(x, layers.Dense(2)(layers.GRU(4)(attended)))
+        model.compile(loss="mse")
+    else:
+        raise KeyError(name)
+    return model
+
+
+PATTERNS = ["loss_function", "dict_outputs", "time_distributed_conv", "stacked_cells",
+            "attention_by_keyword"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: Any, tf: Any) -> dict[str, tuple[Path, Any]]:
+    folder = tmp_path_factory.mktemp("patterns")
+    models = {}
+    for name in PATTERNS:
+        model = _build(name)
+        path = folder / f"{name}.keras"
+        model.save(path)
+        models[name] = (path, model)
+    return models
+
+
+def _batch(model: Any, name: str) -> tuple[Any, Any]:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, *model.inputs[0].shape[1:])).astype("float32")
+    if name == "dict_outputs":
+        return x, {"zeta": rng.standard_normal((3, 2)).astype("float32"),
+                   "alpha": rng.standard_normal((3, 3)).astype("float32")}
+    shape = (3, *model.outputs[0].shape[1:])
+    y = rng.integers(0, 2, shape) if name == "loss_function" else rng.standard_normal(shape)
+    return x, y.astype("float32")
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_the_pattern_gives_keras_own_numbers(saved, name, tf):
+    _, model = saved[name]
+    x, y = _batch(model, name)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_keras_numbers(report, *_tape(tf, model, x, y))
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_the_saved_pattern_explains_checks_and_shapes_from_the_command_line(saved, name):
+    path, _ = saved[name]
+    for command in ("explain", "check", "shapes"):
+        result = run_gradscope(command, str(path), "--json", "-q")
+        assert result.returncode == 0, (command, result.stderr)
+        assert "internal error" not in result.stderr
+        json.loads(result.stdout)
+
+
+def test_dict_outputs_are_named_by_their_keys_or_their_layers(saved, tf, tmp_path):
+    _, model = saved["dict_outputs"]
+    x, y = _batch(model, "dict_outputs")
+    by_key = gradscope.explain(model, x=x, y=y)
+    by_layer = gradscope.explain(model, x=x, y={"d1": y["zeta"], "d2": y["alpha"]})
+    assert [o.name for o in by_key.model.outputs] == ["alpha", "zeta"]
+    assert by_key.loss.value == by_layer.loss.value
+    data = tmp_path / "batch.npz"
+    np.savez(data, x=x, d1=y["zeta"], alpha=y["alpha"])
+    from_file = gradscope.explain(saved["dict_outputs"][0], data=str(data))
+    assert from_file.loss.value == pytest.approx(by_key.loss.value, rel=RTOL)
+    weights = {o.output: o.weight for o in by_key.loss.outputs}
+    assert weights == {"zeta": 2.0, "alpha": 1.0}
+
+
+def test_a_loss_function_is_named_by_its_function(saved):
+    report = gradscope.shapes(saved["loss_function"][0])
+    assert "binary_crossentropy" in report.loss
+
+
+@pytest.mark.parametrize("name", ["time_distributed_conv", "stacked_cells"])
+def test_an_underived_wrapper_is_listed_with_every_weight_and_no_derivation(saved, name):
+    path, model = saved[name]
+    report = gradscope.explain(path)
+    names = [g.name for g in report.gradients]
+    assert len(names) == len(set(names)) == len(model.trainable_variables)
+    wrapper = report.gradients[0]
+    assert "no derivation for this layer type" in wrapper.meaning
+    assert wrapper.stats is not None

@@ -1,0 +1,176 @@
+"""The witness outside the engine: Keras' own ``model(x)`` + ``compute_loss`` under a tape of
+its own, on models whose layers are called more than once and add losses as they go (shared
+layers and sub-models with activity regularizers), and on stateful layers.
+
+The truth of every test is Keras' own GradientTape on the user's object; a mutant of the
+engine that reads such a model the old way must be caught as an internal error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradscope
+from gradscope.errors import InternalError
+
+RTOL = 1e-5
+
+
+def _tape(tf: Any, model: Any, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
+    """Keras' own loss and gradients, as fit computes them."""
+    with tf.GradientTape() as tape:
+        prediction = model(x, training=False)
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(loss), {v.path: tf.convert_to_tensor(g).numpy()
+                         for v, g in zip(model.trainable_variables, grads, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def siamese(tf: Any) -> tuple[Any, list[np.ndarray], np.ndarray]:
+    """One GRU applied to two inputs, with an activity regularizer: Keras adds one loss term
+    per call."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(11)
+    a = keras.Input((6, 3), name="a")
+    b = keras.Input((6, 3), name="b")
+    gru = layers.GRU(4, activity_regularizer=keras.regularizers.L2(0.1), name="shared_gru")
+    distance = layers.Subtract(name="distance")([gru(a), gru(b)])
+    out = layers.Dense(1, activation="sigmoid", name="out")(distance)
+    model = keras.Model([a, b], out)
+    model.compile(loss="binary_crossentropy")
+    rng = np.random.default_rng(0)
+    x = [rng.standard_normal((5, 6, 3)).astype("float32") for _ in range(2)]
+    return model, x, rng.integers(0, 2, (5, 1)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def shared_encoder(tf: Any) -> tuple[Any, list[np.ndarray], np.ndarray]:
+    """A sub-model (GRU → Dense, both with activity regularizers) applied to two inputs."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(12)
+    inner = keras.Input((6, 3))
+    h = layers.GRU(4, activity_regularizer=keras.regularizers.L1(0.05), name="enc_gru")(inner)
+    encoded = layers.Dense(4, activity_regularizer=keras.regularizers.L2(0.1),
+                           name="enc_dense")(h)
+    encoder = keras.Model(inner, encoded, name="encoder")
+    a = keras.Input((6, 3), name="a")
+    b = keras.Input((6, 3), name="b")
+    joined = layers.Concatenate(name="join")([encoder(a), encoder(b)])
+    model = keras.Model([a, b], layers.Dense(1, activation="sigmoid", name="head")(joined))
+    model.compile(loss="binary_crossentropy")
+    rng = np.random.default_rng(1)
+    x = [rng.standard_normal((5, 6, 3)).astype("float32") for _ in range(2)]
+    return model, x, rng.integers(0, 2, (5, 1)).astype("float32")
+
+
+@pytest.mark.parametrize("fixture", ["siamese", "shared_encoder"])
+def test_shared_layers_that_add_losses_give_keras_own_numbers(fixture, request, tf):
+    model, x, y = request.getfixturevalue(fixture)
+    report = gradscope.explain(model, x=x, y=y)
+    loss, truth = _tape(tf, model, x, y)
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+    ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
+    assert sorted(ours) == sorted(truth)
+    for path, gradient in truth.items():
+        assert ours[path] == pytest.approx(float(np.linalg.norm(gradient)), rel=RTOL), path
+
+
+def test_a_replay_that_loses_the_added_losses_is_an_internal_error(siamese, tf, monkeypatch):
+    """The mutant: each layer call replayed on its own, as before the fix, so that the second
+    call of the shared GRU wipes the loss its first call added. The whole-model witness must
+    refuse to show its numbers, naming the loss and both values."""
+    from gradscope.keras import engine
+
+    monkeypatch.setattr(engine, "model_call_context",
+                        lambda model, training: contextlib.nullcontext())
+    model, x, y = siamese
+    with pytest.raises(InternalError, match="layer-by-layer run gives the loss .* Keras' own"):
+        gradscope.explain(model, x=x, y=y)
+
+
+def test_check_finite_differences_do_not_share_the_replay(siamese, tf, monkeypatch):
+    """With the replay broken as above, check's finite differences (Keras' own call) and the
+    engine cannot agree: the mutant never passes."""
+    from gradscope.keras import engine
+
+    monkeypatch.setattr(engine, "model_call_context",
+                        lambda model, training: contextlib.nullcontext())
+    model, x, y = siamese
+    with pytest.raises(InternalError):
+        gradscope.check(model, x=x, y=y)
+
+
+def test_check_passes_on_the_shared_layers(shared_encoder, tf):
+    model, x, y = shared_encoder
+    report = gradscope.check(model, x=x, y=y)
+    fd = [e for t in report.tensors for e in t.witnesses if e.witness == "finite_differences"]
+    assert fd and all(e.passed for e in fd)
+
+
+@pytest.fixture(scope="module")
+def stateful(tf: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A stateful GRU that has already seen one batch: its carried state is not zero."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(13)
+    model = keras.Sequential([keras.Input((6, 3), batch_size=4),
+                              layers.GRU(4, stateful=True, name="gru"),
+                              layers.Dense(2, name="dense")])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(2)
+    model(rng.standard_normal((4, 6, 3)).astype("float32"))
+    return model, rng.standard_normal((4, 6, 3)).astype("float32"), \
+        rng.standard_normal((4, 2)).astype("float32")
+
+
+def test_stateful_layer_starts_from_its_carried_state_and_reports_its_gradient(stateful, tf):
+    model, x, y = stateful
+    carried = np.array(model.layers[0].states[0].numpy())
+    assert np.any(carried != 0)
+    report = gradscope.explain(model, x=x, y=y)
+    np.testing.assert_array_equal(model.layers[0].states[0].numpy(), carried)
+    loss, truth = _tape(tf, model, x, y)
+    model.layers[0].states[0].assign(carried)
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+    (state,) = report.initial_state_gradients
+    assert state.name == "gru/h0" and state.source.startswith("carried")
+    # ∂L/∂(carried state), by Keras' own tape with the state as a watched tensor.
+    cell = model.layers[0]
+    with tf.GradientTape() as tape:
+        h0 = tf.constant(carried)
+        tape.watch(h0)
+        out = model.layers[1](cell(x, initial_state=[h0]))
+        value = model.compute_loss(x=x, y=y, y_pred=out, training=False)
+    cell.states[0].assign(carried)
+    assert state.stats.l2 == pytest.approx(float(np.linalg.norm(tape.gradient(value, h0))),
+                                           rel=RTOL)
+
+
+def test_check_on_a_stateful_layer_restores_the_state_before_every_probe(stateful, tf):
+    model, x, y = stateful
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed, [(t.name, [e.detail for e in t.witnesses])
+                                   for t in report.tensors if not t.passed]
+    assert "gru/h0" in {t.name for t in report.tensors}
+
+
+def test_a_batch_of_another_size_than_a_fixed_input_batch_is_refused(stateful):
+    from gradscope.errors import GradscopeError
+
+    model, x, y = stateful
+    with pytest.raises(GradscopeError, match="along axis 0 .* expects 4"):
+        gradscope.explain(model, x=np.concatenate([x, x]), y=np.concatenate([y, y]))
+    with pytest.raises(GradscopeError, match="--batch-size: a batch of 8, but .* fixed batch "
+                                             "size of 4"):
+        gradscope.explain(model, batch_size=8)
+    assert gradscope.explain(model).model.batch_size == 4
