@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import explainer_for
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.keras.witness import cell_params, unwitnessed
 from gradscope.reference import RECURRENT, cell_key
@@ -39,6 +41,7 @@ from gradscope.report.models import (
     CheckedTensor,
     CheckSummary,
     KerasCheckReport,
+    NotWitnessed,
     WitnessEntry,
 )
 from gradscope.witnesses.context import TOLERANCES
@@ -91,7 +94,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     laps["finite_differences"] = time.perf_counter() - start - sum(laps.values())
     say("NumPy reference for the recurrent layers")
     with blas_beside_tensorflow():
-        _numpy_reference(job, engine, autodiff, ref_rtol, results)
+        not_witnessed = _numpy_reference(job, engine, autodiff, ref_rtol, results)
     laps["numpy_reference"] = time.perf_counter() - start - sum(laps.values())
     tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
                                                                            entries),
@@ -102,7 +105,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff.loss),
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol},
-        tensors=tensors,
+        tensors=tensors, not_witnessed=not_witnessed,
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
@@ -160,11 +163,21 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             probes = _restricted(probes, keep)
         plus = np.array([evaluate_at(base + STEP * p.direction) for p in probes])
         minus = np.array([evaluate_at(base - STEP * p.direction) for p in probes])
-        error, passed, detail = directional_error(gradient, probes, plus, minus,
-                                                  autodiff.loss, rtol, atol, STEP)
+        settled = _settle_kinks(gradient, probes, plus, minus, evaluate_at, base,
+                                autodiff.loss, rtol, atol)
+        shapes[name] = list(gradient.shape)
+        if not settled.groups:
+            results.setdefault(name, []).append(WitnessEntry(
+                witness="finite_differences", error=None, tolerance=rtol, passed=True,
+                at_kink=True, detail=settled.kink_detail(len(probes))))
+            return
+        error, passed, detail = max(
+            (directional_error(gradient, group, p, m, autodiff.loss, rtol, atol, step)
+             for group, p, m, step in settled.groups), key=lambda found: found[0])
+        if settled.kinks:
+            detail += f"; {settled.kink_detail(len(probes))}"
         if keep is not None:
             detail += "; masked steps held fixed (their mask depends on their values)"
-        shapes[name] = list(gradient.shape)
         results.setdefault(name, []).append(WitnessEntry(
             witness="finite_differences", error=error, tolerance=rtol, passed=passed,
             detail=detail))
@@ -210,6 +223,65 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             record(f"{label}/{names[k]}", gradient, at_state, np.zeros_like(gradient))
 
 
+@dataclass
+class _Settled:
+    """Probes grouped by the step their central difference is taken with, and the probes
+    left out because they straddle a point where the loss has no derivative."""
+
+    groups: list[tuple[list[Probe], np.ndarray, np.ndarray, float]] = field(
+        default_factory=list)
+    kinks: list[tuple[str, float, float]] = field(default_factory=list)  # label, slopes
+
+    def kink_detail(self, total: int) -> str:
+        label, right, left = self.kinks[0]
+        return (f"{len(self.kinks)} of {total} probes at a kink (relu or a clip at its corner, "
+                f"a tie in a max): the loss has no derivative there, its one-sided slopes "
+                f"differ ({label}: {right:.6e} on one side, {left:.6e} on the other), so "
+                "those probes are left out")
+
+
+def _settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
+                  minus: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
+                  base: np.ndarray, loss: float, rtol: float,
+                  atol: float | None) -> _Settled:
+    """A probe whose central difference disagrees with autodiff is taken again at a step
+    100 times smaller. Where the loss is smooth, that difference is then closer (it keeps
+    the smaller step). Where the probe straddles a kink, the one-sided slopes stay apart
+    at every step: the probe is left out, and said to be at a kink, never a failure. A
+    probe that fails at both steps on a smooth loss stays as it failed."""
+    settled = _Settled()
+    kept: list[int] = []
+    retaken: list[tuple[Probe, float, float]] = []
+    centre: float | None = None
+    small = STEP / 100
+    for k, probe in enumerate(probes):
+        if directional_error(gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol,
+                             atol, STEP)[1]:
+            kept.append(k)
+            continue
+        near_plus = evaluate_at(base + small * probe.direction)
+        near_minus = evaluate_at(base - small * probe.direction)
+        if directional_error(gradient, [probe], np.array([near_plus]), np.array([near_minus]),
+                             loss, rtol, atol, small)[1]:
+            retaken.append((probe, near_plus, near_minus))
+            continue
+        centre = evaluate_at(base) if centre is None else centre
+        far = (plus[k] - centre) / STEP - (centre - minus[k]) / STEP
+        near = (near_plus - centre) / small - (centre - near_minus) / small
+        noise = 1e3 * np.finfo(np.float64).eps * max(abs(centre), 1.0) / small
+        if abs(far) > noise and abs(near) > 0.5 * abs(far):
+            settled.kinks.append((probe.label, (near_plus - centre) / small,
+                                  (centre - near_minus) / small))
+        else:
+            kept.append(k)
+    if kept:
+        settled.groups.append(([probes[k] for k in kept], plus[kept], minus[kept], STEP))
+    if retaken:
+        settled.groups.append(([p for p, _, _ in retaken], np.array([a for _, a, _ in retaken]),
+                               np.array([b for _, _, b in retaken]), small))
+    return settled
+
+
 def _masked_inputs(job: KerasJob, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """For inputs a Masking layer reads: 1 where an element may be perturbed, 0 on the masked
     steps (all features equal to mask_value): moving one of those would unmask the step, a
@@ -247,12 +319,15 @@ def _state_names(call: CapturedCall) -> list[str]:
 
 
 def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rtol: float,
-                     results: dict[str, list[WitnessEntry]]) -> None:
-    """BPTT in NumPy for each recurrent call, summed per layer over its calls."""
+                     results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
+    """BPTT in NumPy for each recurrent call, summed per layer over its calls, with the
+    gradients of the layer's regularization penalties added (the tape's gradients are those
+    of the whole loss). Returns what it could not witness, and why."""
     by_layer: dict[str, list[CapturedCall]] = {}
     for call in autodiff.calls:
         if call.class_name in {"GRU", "LSTM", "SimpleRNN"} and call.states:
             by_layer.setdefault(call.layer, []).append(call)
+    skipped: list[NotWitnessed] = []
     for name, calls in by_layer.items():
         node = job.graph.layer(name)
         explainer = explainer_for(node.class_name, node.module)
@@ -260,26 +335,36 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
             continue
         facts = layer_facts(job.graph, node, [(None, *np.shape(calls[0].args[0])[1:])])
         layer = engine.operation(name)
-        weights = {variable_key(v.path, name, layer.path): (v.path, np.array(v.numpy(), np.float64))
-                   for v in layer.weights}
+        variables = {variable_key(v.path, name, layer.path): v for v in layer.weights}
+        weights = {key: np.array(v.numpy(), np.float64) for key, v in variables.items()}
+        penalties = [unsupported(getattr(v, "regularizer", None)) for v in layer.weights]
+        penalty = next((reason for reason in penalties if reason), None) or unsupported(
+            getattr(layer, "activity_regularizer", None))
+        if penalty:
+            skipped.append(NotWitnessed(layer=name, witness="numpy_reference",
+                                        reason=penalty))
+            continue
         cell = explainer.cell(facts)
         forward, backward = RECURRENT[cell_key(cell)]
-        params = cell_params(cell, {key: value for key, (_, value) in weights.items()})
+        params = cell_params(cell, weights)
         totals: dict[str, np.ndarray] = {}
         complete = True
         for call in calls:
             label = call_label(call.layer, call.index)
-            reason = (unwitnessed(call, facts, job.training)
-                      or _lstm_final_cell_gradient(call, autodiff))
+            upstream = [activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
+                        + (0.0 if g is None else g)
+                        for o, g in zip(call.outputs, autodiff.output_gradients[label],
+                                        strict=True)]
+            reason = unwitnessed(call, facts, job.training) or _lstm_final_cell_gradient(
+                call, upstream)
             if reason:
+                skipped.append(NotWitnessed(layer=label, witness="numpy_reference",
+                                            reason=reason))
                 complete = False
                 continue
             x = np.asarray(call.args[0], np.float64)
             states = [np.asarray(s, np.float64) for s in call.states]
             _, cache = forward(params, x, *states)
-            upstream = [np.zeros(np.shape(o)) if g is None else g
-                        for o, g in zip(call.outputs, autodiff.output_gradients[label],
-                                        strict=True)]
             if facts.option("return_sequences"):
                 d_h_seq = upstream[0]
             else:
@@ -298,19 +383,21 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
                     _compare(results, f"{label}/{state_name}", reference, tape, rtol)
         if not complete:
             continue
-        for key, (path, _) in weights.items():
-            tape = autodiff.gradients.get(path)
+        for key, variable in variables.items():
+            tape = autodiff.gradients.get(variable.path)
             if tape is not None and key in totals:
-                _compare(results, path, totals[key], tape, rtol)
+                total = totals[key] + penalty_gradient(getattr(variable, "regularizer", None),
+                                                       weights[key])
+                _compare(results, variable.path, total, tape, rtol)
+    return skipped
 
 
-def _lstm_final_cell_gradient(call: CapturedCall, autodiff: KerasPass) -> str | None:
+def _lstm_final_cell_gradient(call: CapturedCall, upstream: list[np.ndarray]) -> str | None:
     """The reference LSTM takes ∂L/∂h_T but not ∂L/∂c_T: skip calls whose c_T is used."""
     if call.class_name != "LSTM":
         return None
-    grads = autodiff.output_gradients.get(call_label(call.layer, call.index), [])
-    if len(grads) > 2 and grads[2] is not None and np.any(grads[2]):
-        return "its final cell state c_T carries a gradient"
+    if len(upstream) > 2 and np.any(upstream[2]):
+        return "its final cell state c_T carries a gradient (the reference takes ∂L/∂h_T only)"
     return None
 
 

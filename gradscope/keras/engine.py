@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
-from gradscope.errors import ConfigError
+from gradscope.errors import ConfigError, GradscopeError
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.whole_model import dense_gradients
@@ -109,7 +109,7 @@ class KerasEngine:
         compiled = compile_saved and getattr(self.model, "compiled", False)
         if self.live and compiled and getattr(self.model, "_compile_loss", None) is None:
             compiled = False
-        user_model = self.model
+        user_model = self.user_model = self.model
         if dtype is not None:
             saved_compile = self.model.get_compile_config() if compiled else None
             self.model = self._cast(dtype)
@@ -366,11 +366,24 @@ class KerasEngine:
         try:
             if self.training:
                 self.keras.utils.set_random_seed(self.seed)
-            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs)
+            # Keras' own call first: where it fails, the model (or Keras) cannot compute this
+            # loss, and that is said as such; the replay failing after it is gradscope's.
+            try:
+                own = whole_model_pass(self.model, self.compute_loss, feed, y, self.training)
+            except GradscopeError:
+                raise
+            except Exception as exc:  # Keras and TensorFlow raise many kinds
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
+                    type(exc).__name__
+                copy = f" (the {self.dtype_name} copy)" if self.model is not self.user_model \
+                    else ""
+                raise ConfigError(f"{self.path}: Keras' own call of the model{copy} and its "
+                                  f"loss fails on this batch: {first}", where=self.path) \
+                    from None
             restore(before)
             if self.training:
                 self.keras.utils.set_random_seed(self.seed)
-            own = whole_model_pass(self.model, self.compute_loss, feed, y, self.training)
+            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs)
         finally:
             if self.live:
                 restore(before)

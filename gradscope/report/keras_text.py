@@ -231,7 +231,21 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
     failures = check_failures(report)
     if failures:
         parts += [section("What failed"), *failures]
-    if summary.passed:
+    unwitnessed = [t.name for t in report.tensors if t.witnesses
+                   and all(e.at_kink for e in t.witnesses)]
+    if unwitnessed:
+        parts.append(Text(f"not witnessed, every probe at a kink: {', '.join(unwitnessed)} "
+                          "(the loss has no derivative there; autodiff takes one side)",
+                          style="yellow"))
+    for skipped in report.not_witnessed:
+        parts.append(Text(f"{WITNESS_TITLES.get(skipped.witness, skipped.witness)} not run on "
+                          f"{skipped.layer}: {skipped.reason}", style="dim"))
+    if summary.passed and unwitnessed:
+        parts.append(Text(f"\nPASSED: {summary.checked_tensors - len(unwitnessed)} of "
+                          f"{summary.checked_tensors} tensors agree with every witness "
+                          f"({', '.join(summary.witnesses)}); {len(unwitnessed)} at a kink",
+                          style="bold green"))
+    elif summary.passed:
         parts.append(Text(f"\nPASSED: all {summary.checked_tensors} tensors agree with every "
                           f"witness ({', '.join(summary.witnesses)})", style="bold green"))
     else:

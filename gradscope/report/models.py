@@ -314,6 +314,10 @@ class WitnessEntry(_Report):
         default=None,
         description="for time-indexed tensors: the first step, counting back from the end, "
                     "where the values diverge")
+    at_kink: bool = Field(
+        default=False,
+        description="every probe straddles a point where the loss has no derivative (relu "
+                    "or a clip at its corner, a tie in a max): this witness says nothing here")
 
 
 class CheckedTensor(_Report):
@@ -578,6 +582,15 @@ class KerasShapesReport(_Displayed):
                                              "shapes are known once explain runs")
 
 
+class NotWitnessed(_Report):
+    """A layer call a witness could not stand in for, and why (it is then not compared: the
+    tensor keeps the other witnesses)."""
+
+    layer: str
+    witness: str
+    reason: str
+
+
 class KerasCheckReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
@@ -587,6 +600,8 @@ class KerasCheckReport(_Displayed):
     tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
     tensors: list[CheckedTensor] = Field(description="Keras variable paths, 'input NAME', "
                                                      "and initial states 'LAYER/h0'")
+    not_witnessed: list[NotWitnessed] = Field(
+        default_factory=list, description="layer calls a witness did not run on, with why")
     summary: CheckSummary
     timings: dict[str, float] | None = None
 

@@ -558,6 +558,8 @@ WITNESS_TITLES = {
 
 def _verdict(entry: WitnessEntry, title: str = "") -> Text:
     value = "no value" if entry.error is None else f"{entry.error:.1e}"
+    if entry.at_kink:
+        return atom(f"{title} at a kink" if title else "at a kink", "yellow")
     label = f"{title} {value}" if title else value
     if entry.passed:
         return atom(f"✓ {label}", "green")

@@ -1,0 +1,131 @@
+"""check's witnesses account for the whole loss and know where the loss has no derivative:
+regularization penalties are part of what the NumPy reference compares, a probe that straddles
+relu's corner is reported as at a kink (never as a failed gradient), and a wrong gradient is
+still caught on the same models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradscope
+
+
+def _witness(report: Any, tensor: str, witness: str) -> Any:
+    entry = next(t for t in report.tensors if t.name == tensor)
+    return next(e for e in entry.witnesses if e.witness == witness)
+
+
+@pytest.fixture(scope="module")
+def regularized(tf: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Weight regularizers of every kind Keras has in L1, L2 and L1L2, and an activity
+    regularizer on a GRU called twice."""
+    import keras
+    from keras import layers, regularizers
+
+    keras.utils.set_random_seed(31)
+    x = keras.Input((5, 3), name="x")
+    gru = layers.GRU(4, kernel_regularizer=regularizers.L2(0.02),
+                     recurrent_regularizer=regularizers.L1(0.01),
+                     bias_regularizer=regularizers.L1L2(0.01, 0.03),
+                     activity_regularizer=regularizers.L2(0.05), return_sequences=True,
+                     name="gru")
+    h = gru(x)
+    twice = gru(layers.Dense(3, name="project")(h))
+    model = keras.Model(x, layers.Dense(2, name="head")(layers.Flatten()(twice)))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(3)
+    return model, rng.standard_normal((4, 5, 3)), rng.standard_normal((4, 2))
+
+
+def test_the_numpy_reference_includes_every_penalty(regularized, tf):
+    model, x, y = regularized
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed
+    for name in ("gru/gru_cell/kernel", "gru/gru_cell/recurrent_kernel", "gru/gru_cell/bias",
+                 "gru/h0", "gru[1]/h0"):
+        assert _witness(report, name, "numpy_reference").error < 1e-12, name
+
+
+def test_a_reference_without_the_penalties_is_caught(regularized, tf, monkeypatch):
+    """The mutant: the reference leaves the penalties out, as it once did. The tape's
+    gradients hold them, so the reference must disagree."""
+    from gradscope.keras import check
+
+    monkeypatch.setattr(check, "penalty_gradient", lambda regularizer, value: 0 * value)
+    monkeypatch.setattr(check, "activity_gradient", lambda regularizer, value: 0 * value)
+    model, x, y = regularized
+    report = gradscope.check(model, x=x, y=y)
+    assert not report.summary.passed
+    assert not _witness(report, "gru/gru_cell/kernel", "numpy_reference").passed
+
+
+def test_a_regularizer_without_a_numpy_form_is_said_and_not_compared(tf):
+    import keras
+    from keras import layers
+
+    @keras.saving.register_keras_serializable(package="gradscope_tests")
+    class Quartic(keras.regularizers.Regularizer):
+        """A penalty gradscope has no NumPy form of: 0.01·Σx⁴."""
+
+        def __call__(self, x: Any) -> Any:
+            return 0.01 * keras.ops.sum(x ** 4)
+
+        def get_config(self) -> dict[str, Any]:
+            return {}
+
+    keras.utils.set_random_seed(32)
+    model = keras.Sequential([keras.Input((4, 3)), layers.GRU(
+        3, kernel_regularizer=Quartic(), name="gru"), layers.Dense(2)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(4)
+    report = gradscope.check(model, x=rng.standard_normal((3, 4, 3)),
+                             y=rng.standard_normal((3, 2)))
+    assert report.summary.passed
+    (skipped,) = report.not_witnessed
+    assert skipped.layer == "gru" and "Quartic" in skipped.reason
+    assert "numpy_reference" not in report.summary.witnesses
+
+
+@pytest.fixture(scope="module")
+def relu_lstm(tf: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The Bidirectional docstring's LSTM with relu: from zero states, cell states sit exactly
+    at relu's corner."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(33)
+    model = keras.Sequential([keras.Input((5, 3)),
+                              layers.Bidirectional(layers.LSTM(4, activation="relu"),
+                                                   name="bidirectional"),
+                              layers.Dense(2, name="head")])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(5)
+    return model, rng.standard_normal((6, 5, 3)), rng.standard_normal((6, 2))
+
+
+def test_a_probe_at_relu_corner_is_at_a_kink_not_a_failure(relu_lstm, tf):
+    model, x, y = relu_lstm
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed
+    kinked = [e for t in report.tensors for e in t.witnesses
+              if e.at_kink or "at a kink" in e.detail]
+    assert kinked, "the zero cell states of a relu LSTM straddle its corner"
+    assert all(e.passed for e in kinked)
+    assert all("one-sided slopes differ" in e.detail for e in kinked)
+
+
+def test_a_wrong_gradient_is_still_caught_on_the_relu_model(relu_lstm, tf):
+    """Kinks are a property of the loss, never of the gradient: a weight changed after the
+    tape (so that autodiff describes another model) must still fail."""
+    model, x, y = relu_lstm
+
+    def mutate(copy: Any) -> None:
+        kernel = copy.get_layer("head").kernel
+        kernel.assign(kernel.numpy() * 1.5)
+
+    report = gradscope.check(model, x=x, y=y, after_autodiff=mutate)
+    assert not report.summary.passed
+    assert not _witness(report, "head/kernel", "finite_differences").passed
