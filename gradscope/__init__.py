@@ -55,8 +55,21 @@ def load_spec(source: Any = None) -> Spec:
     return _load_spec(source)
 
 
-#: The options of a Keras model's batch and loss (as the CLI's flags).
-KERAS_JOB_OPTIONS = ("batch_size", "time_steps", "loss", "training", "pad", "seed")
+def _as_spec(source: Any) -> Spec:
+    """What the API's first argument names, as a validated Spec: a YAML path, a dict, a Spec,
+    or None (the embedded seed model). Anything else is refused in one line."""
+    from gradscope.spec import Spec
+
+    if isinstance(source, Spec):
+        return source
+    if source is None or isinstance(source, str | PathLike | dict):
+        return load_spec(source)
+    from gradscope.errors import ConfigError
+
+    raise ConfigError(f"the model: got an object of type {type(source).__name__}; expected a "
+                      "YAML path, a "
+                      "dict or a Spec (gradscope.load_spec), a saved model.keras path, or a "
+                      "Keras model object (Sequential or functional)", where="spec")
 
 
 def _is_keras(source: Any) -> bool:
@@ -73,16 +86,17 @@ def _keras_job(source: Any, data: Any, x: Any, y: Any, options: dict[str, Any]) 
     from gradscope.errors import ConfigError
     from gradscope.keras.explain import prepare
     from gradscope.keras.live import is_live_model
+    from gradscope.keras.options import KerasJobOptions
 
-    unknown = sorted(set(options) - set(KERAS_JOB_OPTIONS))
-    if unknown:
-        raise ConfigError(f"{unknown[0]}=: not an option for a Keras model; expected "
-                          f"{', '.join(KERAS_JOB_OPTIONS)}", where=unknown[0])
+    checked = KerasJobOptions.from_options(options)
     if data is not None and not isinstance(data, str | PathLike):
         raise ConfigError("data=: for a Keras model, the path of an .npz file; pass arrays "
                           "as x= and y=", where="data")
     return prepare(source if is_live_model(source) else str(source),
-                   data=None if data is None else str(data), x=x, y=y, **options)
+                   data=None if data is None else str(data), x=x, y=y,
+                   batch_size=checked.batch_size, time_steps=checked.time_steps,
+                   loss=checked.loss, training=checked.training, pad=checked.pad,
+                   seed=checked.seed)
 
 
 def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
@@ -95,7 +109,7 @@ def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
         from gradscope.keras.shapes import keras_shapes
 
         return keras_shapes(spec if not isinstance(spec, PathLike) else str(spec))
-    spec = load_spec(spec) if isinstance(spec, str) else spec
+    spec = _as_spec(spec)
 
     return _shapes(spec)
 
@@ -185,7 +199,7 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
         raise ConfigError(f"{'= and '.join(unknown)}= are not options of explain for a YAML "
                           f"spec; expected some of data, weights, chunks, flow, jacobians, "
                           f"{', '.join(YAML_EXPLAIN_OPTIONS)}", where=unknown[0])
-    spec = load_spec(spec) if isinstance(spec, str) else spec
+    spec = _as_spec(spec)
 
     spec, batch = _with_data(spec, data)
     guard(spec, "explain", chunks=chunks)
@@ -220,17 +234,20 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
     if _is_keras(spec):
         _refuse_weights_for_keras(weights)
         from gradscope.keras.check import check as _check_keras
+        from gradscope.keras.options import KerasJobOptions, check_witness_options
 
+        job_options = KerasJobOptions.names()
+        witness_options = {k: v for k, v in options.items() if k not in job_options}
+        check_witness_options(witness_options)
         job = _keras_job(spec, data, x, y,
-                         {k: v for k, v in options.items() if k in KERAS_JOB_OPTIONS})
-        return _check_keras(job, **{k: v for k, v in options.items()
-                                    if k not in KERAS_JOB_OPTIONS})
+                         {k: v for k, v in options.items() if k in job_options})
+        return _check_keras(job, **witness_options)
     if x is not None or y is not None:
         from gradscope.errors import ConfigError
 
         raise ConfigError("x= and y= are for a Keras model; for a YAML spec pass "
                           "data={'x': ..., 'y': ...}", where="x")
-    spec = load_spec(spec) if isinstance(spec, str) else spec
+    spec = _as_spec(spec)
 
     spec, batch = _with_data(spec, data)
     if layer is not None or time_last:

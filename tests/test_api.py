@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 import numpy as np
+import pytest
 
 import gradscope
 
@@ -83,3 +85,44 @@ def test_yaml_explain_takes_flow_jacobians_at_and_heatmap_and_refuses_keras_opti
     for option in ({"loss": "mse"}, {"training": True}):
         with pytest.raises(ConfigError, match="not options of explain for a YAML spec"):
             gradscope.explain(spec, **option)
+
+
+@pytest.mark.parametrize("junk", [3, b"config", [1, 2], object()])
+@pytest.mark.parametrize("function", ["explain", "check", "shapes"])
+def test_junk_for_the_model_is_a_one_line_config_error(junk, function):
+    from gradscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"got an object of type {type(junk).__name__}; "
+                                          "expected a YAML path"):
+        getattr(gradscope, function)(junk)
+
+
+def test_a_dict_spec_is_validated_with_its_key_named():
+    from gradscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="missing required key 'input_size'"):
+        gradscope.shapes({})
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"batch_size": "a"}, "batch_size='a': expected a whole number ≥ 1"),
+    ({"batch_size": 0}, "batch_size=0: expected a whole number ≥ 1"),
+    ({"time_steps": True}, "time_steps=True: expected a whole number ≥ 1"),
+    ({"pad": -2}, "pad=-2: expected a whole number ≥ 0"),
+    ({"seed": "s"}, "seed='s': expected a whole number ≥ 0"),
+    ({"training": "yes"}, "training='yes': expected True or False"),
+    ({"loss": 3}, "loss=3: expected the name of a Keras loss"),
+    ({"colour": 1}, "colour=: not an option"),
+    ({"directions": 0}, "directions=0: expected a whole number ≥ 1"),
+    ({"rtol": -1.0}, "rtol=-1.0: expected a positive number"),
+])
+def test_junk_options_for_a_keras_model_are_named(options, message, tf):
+    import keras
+
+    from gradscope.errors import ConfigError
+
+    model = keras.Sequential([keras.Input((4, 3)), keras.layers.GRU(3),
+                              keras.layers.Dense(2)])
+    function = gradscope.check if {"directions", "rtol"} & set(options) else gradscope.explain
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        function(model, **options)

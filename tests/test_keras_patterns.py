@@ -147,3 +147,63 @@ def test_an_underived_wrapper_is_listed_with_every_weight_and_no_derivation(save
     wrapper = report.gradients[0]
     assert "no derivation for this layer type" in wrapper.meaning
     assert wrapper.stats is not None
+
+
+def _save_with_custom_cell(folder: Path, kind: str) -> Path:
+    """A registered custom class nested where a layer walk does not look: a cell inside RNN,
+    a cell inside StackedRNNCells, a regularizer."""
+    import keras
+    from keras import layers
+
+    @keras.saving.register_keras_serializable(package="gradscope_tests")
+    class HalfCell(layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = units
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units))
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = keras.ops.tanh(x @ self.kernel + 0.5 * states[0])
+            return h, [h]
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "units": self.units}
+
+    @keras.saving.register_keras_serializable(package="gradscope_tests")
+    class Tiny(keras.regularizers.Regularizer):
+        def __call__(self, x: Any) -> Any:
+            return 1e-3 * keras.ops.sum(x ** 2)
+
+        def get_config(self) -> dict[str, Any]:
+            return {}
+
+    if kind == "cell":
+        recurrent = layers.RNN(HalfCell(3), name="rnn")
+    elif kind == "stacked":
+        recurrent = layers.RNN(layers.StackedRNNCells([layers.GRUCell(3), HalfCell(3)]),
+                               name="rnn")
+    else:
+        recurrent = layers.GRU(3, kernel_regularizer=Tiny(), name="rnn")
+    model = keras.Sequential([keras.Input((4, 2)), recurrent, layers.Dense(1)])
+    model.compile(loss="mse")
+    path = folder / f"nested_{kind}.keras"
+    model.save(path)
+    return path
+
+
+@pytest.mark.parametrize(("kind", "where"), [("cell", "as its cell"),
+                                             ("stacked", "as its cell/cells/1"),
+                                             ("regularizer", "as its kernel_regularizer")])
+def test_a_nested_custom_class_is_named_before_tensorflow(kind, where, tmp_path, tf):
+    from conftest import run_without_tensorflow
+
+    path = _save_with_custom_cell(tmp_path, kind)
+    for command in ("shapes", "explain", "check"):
+        result = run_without_tensorflow(command, str(path))
+        assert result.returncode == 2, (command, result.stderr)
+        assert "layer 'rnn' holds a custom class 'gradscope_tests>" in result.stderr
+        assert where in result.stderr and "--loss" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

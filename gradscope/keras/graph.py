@@ -145,13 +145,47 @@ def refuse_code(graph: ModelGraph) -> None:
                 "code, which gradscope never loads or runs (Keras' safe_mode refuses it too); "
                 "replace it with built-in layers", where=layer.name)
         module = layer.module or ""
-        if not (module == "keras" or module.startswith("keras.")):
+        if not _is_keras_module(module):
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' is a custom class "
                 f"'{layer.registered_name or layer.class_name}' (module {module or 'unknown'}): "
                 "its code is "
                 "not in the file and gradscope never imports it; expected built-in Keras layers",
                 where=layer.name)
+        for key, found in _custom_objects(layer.config, ()):
+            name = found.get("registered_name") or found.get("class_name")
+            raise ConfigError(
+                f"{graph.source}: layer '{layer.name}' holds a custom class '{name}' (module "
+                f"{found.get('module') or 'unknown'}) as its "
+                f"{'/'.join(part for part in key if part != 'config')}: its code is not "
+                "in the file and gradscope never imports it; expected built-in Keras classes",
+                where=layer.name)
+
+
+def _is_keras_module(module: str) -> bool:
+    return module == "keras" or module.startswith("keras.")
+
+
+def _custom_objects(config: Any, key: tuple[str, ...]
+                    ) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Every serialised object inside a layer's config (a cell inside RNN, the cells of
+    StackedRNNCells, a regularizer, an initializer…) whose class is not Keras' own, with the
+    config keys that lead to it. Plain values (tuples, tensors, Keras' own functions) are
+    serialised with module "builtins" or none; a function the user registered carries a
+    registered name "package>name"."""
+    if isinstance(config, dict):
+        if "class_name" in config and "config" in config:
+            module = config.get("module")
+            registered = str(config.get("registered_name") or "")
+            if (module not in (None, "builtins") and not _is_keras_module(str(module))) or (
+                    module == "builtins" and ">" in registered):
+                yield key, config
+                return
+        for name, value in config.items():
+            yield from _custom_objects(value, (*key, str(name)))
+    elif isinstance(config, list):
+        for index, item in enumerate(config):
+            yield from _custom_objects(item, (*key, str(index)))
 
 
 # -- parsing ---------------------------------------------------------------------------------------
