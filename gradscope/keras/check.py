@@ -103,7 +103,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses},
                        key=["finite_differences", "numpy_reference"].index)
     return KerasCheckReport(
-        model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff.loss),
+        model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol},
         tensors=tensors, not_witnessed=not_witnessed,
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),

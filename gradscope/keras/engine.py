@@ -27,6 +27,7 @@ from gradscope._tf import import_tensorflow, native_stderr_silenced
 from gradscope.errors import ConfigError, GradscopeError
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
+from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
 from gradscope.keras.whole_model import dense_gradients
 
 RECURRENT = {"GRU", "LSTM", "SimpleRNN"}
@@ -57,6 +58,8 @@ class KerasPass:
     output_shapes: dict[str, tuple[int, ...]]
     output_gradients: dict[str, list[np.ndarray | None]] = field(default_factory=dict)
     input_gradients: dict[str, np.ndarray | None] = field(default_factory=dict)
+    #: The loss term by term, from Keras' own call (empty where the run did not read them).
+    loss_terms: list[LossTerm] = field(default_factory=list)
 
 
 def call_label(layer: str, index: int) -> str:
@@ -161,24 +164,35 @@ class KerasEngine:
             raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}",
                               where=path) from None
 
+    def _structured(self, flat: list[Any]) -> Any:
+        """Targets or outputs as fit hands them to the loss: one tensor, a list, or a dict by
+        key where the model's outputs are a dict (its loss is compiled by key)."""
+        structure = getattr(getattr(self.model, "_functional", None) or self.model,
+                            "_outputs_struct", None)
+        if isinstance(structure, dict):
+            return self.keras.tree.pack_sequence_as(structure, flat)
+        return flat if len(flat) > 1 else flat[0]
+
     def compute_loss(self, feed: list[Any], targets: list[Any], flat_outputs: list[Any]) -> Any:
         """Trainer.compute_loss: the compiled (or chosen) loss plus the model's added losses
         (regularisers, activity regularisers, add_loss)."""
         x = feed if len(feed) > 1 else feed[0]
-        y = targets if len(targets) > 1 else targets[0]
-        y_pred = flat_outputs if len(flat_outputs) > 1 else flat_outputs[0]
-        structure = getattr(getattr(self.model, "_functional", None) or self.model,
-                            "_outputs_struct", None)
-        if isinstance(structure, dict):
-            # A dict of outputs: the loss is compiled by key, and fit hands it dicts.
-            y = self.keras.tree.pack_sequence_as(structure, targets)
-            y_pred = self.keras.tree.pack_sequence_as(structure, flat_outputs)
+        y, y_pred = self._structured(targets), self._structured(flat_outputs)
         with self._floatx():  # a compiled loss builds its wrappers at its first call
             if self._own_loss is None:
                 return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=self.training)
             losses = [self._own_loss(y, y_pred)]
             losses += [self.model._aggregate_additional_loss(loss) for loss in self.model.losses]
             return losses[0] if len(losses) == 1 else self.keras.ops.sum(losses)
+
+    def loss_terms(self, targets: list[Any], flat_outputs: list[Any]) -> list[LossTerm]:
+        """The loss of the call that just ran, term by term (see :mod:`loss_terms`)."""
+        compile_loss = (self._own_loss if self._own_loss is not None
+                        else getattr(self.model, "_compile_loss", None))
+        with self._floatx():
+            outputs = output_terms(compile_loss, self.output_names, self._structured(targets),
+                                   self._structured(flat_outputs))
+        return outputs + added_terms(self.model)
 
     @contextlib.contextmanager
     def _floatx(self) -> Iterator[None]:
@@ -369,7 +383,8 @@ class KerasEngine:
             # Keras' own call first: where it fails, the model (or Keras) cannot compute this
             # loss, and that is said as such; the replay failing after it is gradscope's.
             try:
-                own = whole_model_pass(self.model, self.compute_loss, feed, y, self.training)
+                own = whole_model_pass(self.model, self.compute_loss, feed, y, self.training,
+                                       terms=lambda outputs: self.loss_terms(y, outputs))
             except GradscopeError:
                 raise
             except Exception as exc:  # Keras and TensorFlow raise many kinds
@@ -389,7 +404,7 @@ class KerasEngine:
                 restore(before)
         confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
         return replace(replay, loss=own.loss, gradients=own.gradients,
-                       sparse_rows=own.sparse_rows)
+                       sparse_rows=own.sparse_rows, loss_terms=own.terms)
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool) -> KerasPass:

@@ -34,6 +34,7 @@ from gradscope.report.models import (
     KerasGradientEntry,
     KerasLayerEntry,
     KerasLossEntry,
+    KerasLossTerm,
     KerasModelEntry,
     KerasOutputLoss,
     KerasStateEntry,
@@ -247,7 +248,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                                               engine.dtype_name, job.training))
     warnings = _warnings(result, gradients)
     return KerasExplainReport(
-        model=model_entry(job, engine, result), loss=loss_entry(job, result.loss),
+        model=model_entry(job, engine, result), loss=loss_entry(job, result),
         layers=layers, gradients=gradients, initial_state_gradients=states,
         witnesses=witnesses, warnings=warnings)
 
@@ -283,12 +284,18 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
         data=job.batch.source)
 
 
-def loss_entry(job: KerasJob, value: float) -> KerasLossEntry:
+def loss_entry(job: KerasJob, result: Any) -> KerasLossEntry:
+    """The loss, its plan, and its terms as Keras added them up (``result``: a KerasPass)."""
+    value = result.loss
     return KerasLossEntry(
         name=job.plan.description, value=value if np.isfinite(value) else None,
         source=job.plan.source,
         outputs=[KerasOutputLoss(output=o.output, loss=o.loss, from_logits=o.from_logits,
-                                 weight=o.weight, rule=o.rule) for o in job.plan.outputs])
+                                 weight=o.weight, rule=o.rule) for o in job.plan.outputs],
+        terms=[KerasLossTerm(kind=t.kind, name=t.name, detail=t.detail,
+                             value=t.value if np.isfinite(t.value) else None,
+                             settings=t.settings, weight=t.weight, counted=t.counted)
+               for t in result.loss_terms])
 
 
 def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...]] | None:

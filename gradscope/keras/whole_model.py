@@ -12,12 +12,13 @@ gradscope prints are this pass's, Keras' own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gradscope.errors import InternalError
+from gradscope.keras.loss_terms import LossTerm
 
 #: How far the engine's replay may be from Keras' own call: the same operations in the same
 #: order, so only rounding (threaded reductions) may differ. max|replay − own| must be within
@@ -36,6 +37,7 @@ class WholeModelPass:
     loss: float
     gradients: dict[str, np.ndarray | None]  # by variable path
     sparse_rows: dict[str, tuple[int, int]]  # path → (rows that received a gradient, rows)
+    terms: list[LossTerm] = field(default_factory=list)
 
 
 def model_outputs(model: Any, feed: list[Any], training: bool) -> list[Any]:
@@ -58,7 +60,11 @@ def whole_model_loss(model: Any, compute_loss: LossFunction, feed: list[Any],
 
 
 def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
-                     targets: list[Any], training: bool) -> WholeModelPass:
+                     targets: list[Any], training: bool,
+                     terms: Callable[[list[Any]], list[LossTerm]] | None = None
+                     ) -> WholeModelPass:
+    """``terms(outputs)``: the loss term by term, read right after the call (the layers hold
+    that call's added losses until the next call)."""
     import tensorflow as tf
 
     from gradscope._tf import native_stderr_silenced
@@ -66,10 +72,13 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
     variables = model.trainable_variables
     with native_stderr_silenced():
         with tf.GradientTape() as tape:
-            loss = whole_model_loss(model, compute_loss, feed, targets, training)
+            outputs = model_outputs(model, feed, training)
+            loss = compute_loss(feed, targets, outputs)
         grads = tape.gradient(loss, variables)
+        parts = terms(outputs) if terms is not None else []
     gradients, sparse = dense_gradients(variables, grads)
-    return WholeModelPass(loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse)
+    return WholeModelPass(loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse,
+                          terms=parts)
 
 
 def dense_gradients(variables: list[Any], grads: list[Any]

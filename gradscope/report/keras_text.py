@@ -7,6 +7,7 @@ from pathlib import PurePath
 
 from rich import box
 from rich.console import RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -16,6 +17,7 @@ from gradscope.report.models import (
     KerasGradientEntry,
     KerasGradientFlow,
     KerasLayerEntry,
+    KerasLossEntry,
     KerasNotAnalysed,
     KerasShapesReport,
     KerasStateEntry,
@@ -65,9 +67,40 @@ def header(report: KerasExplainReport | KerasCheckReport,
                 if model.mode == "inference" else f" (seed {model.seed})")
              + f" · {model.weight_count:,} trainable weights", style="dim"),
         Text(f"loss = {value}: {loss.name}", style="dim"),
+        *loss_terms(loss),
         Text(f"inputs {inputs} · outputs {outputs}", style="dim"),
         Text(f"data {model.data}", style="dim"),
     ]
+
+
+#: Settings of a loss that are Keras' defaults for every loss, left unsaid.
+_DEFAULT_SETTINGS = {"reduction": "sum_over_batch_size", "from_logits": False,
+                     "label_smoothing": 0.0, "axis": -1}
+
+
+def loss_terms(loss: KerasLossEntry) -> list[RenderableType]:
+    """The terms of the loss, one per line, where there is more than the one output loss the
+    header names, or that loss has settings, a weight or a mask worth saying."""
+    said = [{key: value for key, value in (term.settings or {}).items()
+             if _DEFAULT_SETTINGS.get(key, object()) != value} for term in loss.terms]
+    plain = (len(loss.terms) == 1 and not said[0] and not loss.terms[0].counted
+             and loss.terms[0].weight in (None, 1.0))
+    if not loss.terms or plain:
+        return []
+    table = Table.grid(padding=(0, 2, 0, 0))
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column()
+    for term, settings in zip(loss.terms, said, strict=True):
+        parts = [term.detail, *(key if value is True else f"{key}\u00a0{value}"
+                                for key, value in settings.items())]
+        if term.weight not in (None, 1.0):
+            parts.append(f"×\u00a0loss\u00a0weight\u00a0{term.weight:g}")
+        if term.counted:
+            parts.append(term.counted)
+        value = "n/a" if term.value is None else f"{term.value:.6g}"
+        table.add_row(Text(value, style="dim"),
+                      Text(f"{term.name}: {' · '.join(parts)}", style="dim"))
+    return [Text("  the sum of:", style="dim"), Padding(table, (0, 0, 0, 2))]
 
 
 def layer_table(layers: list[KerasLayerEntry]) -> Table:

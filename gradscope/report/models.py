@@ -450,12 +450,32 @@ class KerasOutputLoss(_Report):
     rule: str
 
 
+class KerasLossTerm(_Report):
+    """One term of the loss Keras minimises; the terms add up to the loss's value."""
+
+    kind: Literal["output", "regularizer", "added"] = Field(
+        description="an output's compiled loss (times its loss weight), a weight's "
+                    "regularization penalty, or what a layer added during the call (activity "
+                    "regularizer, add_loss)")
+    name: str = Field(description="the output, the variable's path, or the layer")
+    detail: str
+    value: float | None
+    settings: dict[str, Any] | None = Field(
+        default=None, description="an output loss's settings: reduction, from_logits, "
+                                  "label_smoothing, delta…")
+    weight: float | None = Field(default=None, description="an output's loss weight")
+    counted: str | None = Field(default=None, description="how much of the batch a mask or "
+                                                          "sample weights count")
+
+
 class KerasLossEntry(_Report):
     name: str = Field(description="what the header says: the losses and the rule that chose "
                                   "them")
     value: float | None
     source: Literal["option", "compiled", "inferred"]
     outputs: list[KerasOutputLoss]
+    terms: list[KerasLossTerm] = Field(
+        default_factory=list, description="the loss term by term, as Keras adds it up")
 
 
 class KerasLayerEntry(_Report):

@@ -1,0 +1,89 @@
+"""The loss header tells the whole loss: each output's loss with its settings and weight, what a
+mask counts, every regularization and added term by layer, and the terms add up to the loss
+Keras' own tape computes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import render_text
+
+import gradscope
+
+
+def _keras_loss(tf: Any, model: Any, x: Any, y: Any) -> float:
+    prediction = model(x, training=False)
+    return float(model.compute_loss(x=x, y=y, y_pred=prediction, training=False))
+
+
+@pytest.fixture(scope="module")
+def regularized_classifier(tf: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    import keras
+    from keras import layers, regularizers
+
+    keras.utils.set_random_seed(41)
+    x = keras.Input((5, 3), name="x")
+    gru = layers.GRU(4, kernel_regularizer=regularizers.L2(0.05),
+                     activity_regularizer=regularizers.L1(0.02), name="gru")
+    logits = layers.Dense(3, name="logits")(gru(x))
+    aux = layers.Dense(1, name="aux")(gru(x))
+    model = keras.Model(x, [logits, aux])
+    model.compile(loss=[keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                             label_smoothing=0.1,
+                                                             reduction="sum"),
+                        keras.losses.Huber(delta=0.5)], loss_weights=[1.0, 0.3])
+    rng = np.random.default_rng(7)
+    return (model, rng.standard_normal((4, 5, 3)).astype("float32"),
+            [np.eye(3)[rng.integers(0, 3, 4)].astype("float32"),
+             rng.standard_normal((4, 1)).astype("float32")])
+
+
+def test_the_terms_add_up_to_keras_own_loss(regularized_classifier, tf):
+    model, x, y = regularized_classifier
+    report = gradscope.explain(model, x=x, y=y)
+    terms = report.loss.terms
+    assert report.loss.value == pytest.approx(_keras_loss(tf, model, x, y), rel=1e-5)
+    assert sum(t.value for t in terms) == pytest.approx(report.loss.value, rel=1e-5)
+    kinds = [(t.kind, t.name) for t in terms]
+    assert kinds == [("output", "logits"), ("output", "aux"),
+                     ("regularizer", "gru/gru_cell/kernel"), ("added", "gru")]
+    logits, aux = terms[0], terms[1]
+    assert logits.settings is not None and aux.settings is not None
+    assert logits.settings["from_logits"] is True and logits.settings["reduction"] == "sum"
+    assert logits.settings["label_smoothing"] == pytest.approx(0.1)
+    assert aux.settings["delta"] == pytest.approx(0.5) and aux.weight == pytest.approx(0.3)
+    assert "activity regularizer L1" in terms[3].detail and "2 terms" in terms[3].detail
+
+
+def test_the_header_says_each_term_with_its_settings(regularized_classifier, tf):
+    model, x, y = regularized_classifier
+    raw = render_text(gradscope.explain(model, x=x, y=y), 80)
+    for label in ("reduction", "label_smoothing", "delta", "weight"):
+        assert not re.search(label + r"[ \u00a0]*\n", raw), f"{label} parts from its value"
+    text = " ".join(raw.split())
+    assert "the sum of:" in text
+    assert "from_logits · reduction sum · label_smoothing 0.1" in text
+    assert "delta 0.5" in text and "× loss weight 0.3" in text
+    assert "gru/gru_cell/kernel: kernel regularizer L2(l2=0.05)" in text
+
+
+def test_a_masked_sequence_loss_says_what_the_mask_counts(tf):
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(42)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                              layers.Embedding(10, 4, mask_zero=True),
+                              layers.GRU(4, return_sequences=True),
+                              layers.Dense(3)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    tokens = np.array([[1, 2, 3, 0, 0, 0], [4, 5, 6, 7, 8, 0]], "int32")
+    targets = np.array([[0, 1, 2, 0, 0, 0], [1, 1, 2, 2, 0, 0]])
+    report = gradscope.explain(model, x=tokens, y=targets)
+    (term,) = report.loss.terms
+    assert term.counted is not None and "keeps 8 of 12 positions" in term.counted
+    assert report.loss.value == pytest.approx(_keras_loss(tf, model, tokens, targets), rel=1e-5)
+    assert report.to_dict()["loss"]["terms"][0]["counted"] == term.counted
