@@ -129,3 +129,53 @@ def test_a_wrong_gradient_is_still_caught_on_the_relu_model(relu_lstm, tf):
     report = gradscope.check(model, x=x, y=y, after_autodiff=mutate)
     assert not report.summary.passed
     assert not _witness(report, "head/kernel", "finite_differences").passed
+
+
+@pytest.fixture(scope="module")
+def bidirectional_lstm(tf: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Both directions, merged by product, with the final states (c_T too) used."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(34)
+    x = keras.Input((5, 3), name="x")
+    merged, h_f, c_f, h_b, c_b = layers.Bidirectional(
+        layers.LSTM(4, return_sequences=True, return_state=True, name="lstm"), merge_mode="mul",
+        name="both")(x)
+    pooled = layers.GlobalAveragePooling1D()(merged)
+    head = layers.Dense(2, name="head")(layers.Concatenate()([pooled, h_f, c_f, h_b, c_b]))
+    model = keras.Model(x, head)
+    model.compile(loss="mse")
+    rng = np.random.default_rng(6)
+    return model, rng.standard_normal((3, 5, 3)), rng.standard_normal((3, 2))
+
+
+def test_each_direction_of_a_bidirectional_layer_has_its_numpy_reference(bidirectional_lstm,
+                                                                          tf):
+    model, x, y = bidirectional_lstm
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed and not report.not_witnessed
+    for direction in ("forward_lstm", "backward_lstm"):
+        for weight in ("kernel", "recurrent_kernel", "bias"):
+            name = f"{direction}/lstm_cell/{weight}"
+            assert _witness(report, name, "numpy_reference").error < 1e-12, name
+    for state in ("forward/h0", "forward/c0", "backward/h0", "backward/c0"):
+        assert _witness(report, f"both/{state}", "numpy_reference").error < 1e-12, state
+
+
+def test_the_reference_of_a_direction_catches_a_moved_weight(bidirectional_lstm, tf):
+    model, x, y = bidirectional_lstm
+
+    def mutate(copy: Any) -> None:
+        kernel = copy.get_layer("both").backward_layer.cell.kernel
+        kernel.assign(kernel.numpy() * 1.01)
+
+    report = gradscope.check(model, x=x, y=y, after_autodiff=mutate)
+    assert not report.summary.passed
+    tensor = next(t for t in report.tensors if t.name == "backward_lstm/lstm_cell/kernel")
+    assert not tensor.passed
+    # The reference reruns the call with the weights it is given: they no longer reproduce
+    # what Keras computed, so it refuses to vouch for the call, and says why.
+    assert all(e.witness != "numpy_reference" for e in tensor.witnesses)
+    (skipped,) = report.not_witnessed
+    assert skipped.layer == "both" and "do not reproduce Keras' output" in skipped.reason

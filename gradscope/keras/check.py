@@ -29,13 +29,9 @@ from gradscope.errors import InternalError
 from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
-from gradscope.keras.facts import layer_facts
-from gradscope.keras.layers import explainer_for
-from gradscope.keras.layers.base import variable_key
-from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.keras.flow import recurrent_calls, upstream_gradients
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
-from gradscope.keras.witness import cell_params, unwitnessed
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     CheckedTensor,
@@ -320,85 +316,75 @@ def _state_names(call: CapturedCall) -> list[str]:
 
 def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rtol: float,
                      results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
-    """BPTT in NumPy for each recurrent call, summed per layer over its calls, with the
-    gradients of the layer's regularization penalties added (the tape's gradients are those
-    of the whole loss). Returns what it could not witness, and why."""
-    by_layer: dict[str, list[CapturedCall]] = {}
-    for call in autodiff.calls:
-        if call.class_name in {"GRU", "LSTM", "SimpleRNN"} and call.states:
-            by_layer.setdefault(call.layer, []).append(call)
-    skipped: list[NotWitnessed] = []
-    for name, calls in by_layer.items():
-        node = job.graph.layer(name)
-        explainer = explainer_for(node.class_name, node.module)
-        if not isinstance(explainer, RecurrentExplainer):
+    """BPTT in NumPy for every GRU, LSTM and SimpleRNN call, and for each direction of a
+    Bidirectional one, fed the call's captured input and initial states and the gradients the
+    tape gives its outputs (split between the directions as the merge mode joined them). The
+    layer's regularization penalties are added (the tape's gradients are those of the whole
+    loss). A weight is compared once every call of its layer was witnessed. Returns what it
+    could not witness, and why."""
+    usable, skipped = recurrent_calls(job, engine, autodiff)
+    missing = [NotWitnessed(layer=s.layer, witness="numpy_reference", reason=s.reason)
+               for s in skipped]
+    incomplete = {call.layer for call in autodiff.calls
+                  if call_label(call.layer, call.index) in {s.layer for s in skipped}}
+    totals: dict[str, np.ndarray] = {}
+    owners: dict[str, str] = {}  # variable path → the layer whose calls it sums over
+    for recurrent in usable:
+        layer = engine.operation(recurrent.call.layer)
+        subs = ([layer.forward_layer, layer.backward_layer] if len(recurrent.units) > 1
+                else [layer])
+        reason = _penalty_without_numpy_form(layer, subs)
+        if reason:
+            missing.append(NotWitnessed(layer=recurrent.label, witness="numpy_reference",
+                                        reason=reason))
+            incomplete.add(recurrent.call.layer)
             continue
-        facts = layer_facts(job.graph, node, [(None, *np.shape(calls[0].args[0])[1:])])
-        layer = engine.operation(name)
-        variables = {variable_key(v.path, name, layer.path): v for v in layer.weights}
-        weights = {key: np.array(v.numpy(), np.float64) for key, v in variables.items()}
-        penalties = [unsupported(getattr(v, "regularizer", None)) for v in layer.weights]
-        penalty = next((reason for reason in penalties if reason), None) or unsupported(
-            getattr(layer, "activity_regularizer", None))
-        if penalty:
-            skipped.append(NotWitnessed(layer=name, witness="numpy_reference",
-                                        reason=penalty))
-            continue
-        cell = explainer.cell(facts)
-        forward, backward = RECURRENT[cell_key(cell)]
-        params = cell_params(cell, weights)
-        totals: dict[str, np.ndarray] = {}
-        complete = True
-        for call in calls:
-            label = call_label(call.layer, call.index)
-            upstream = [activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
-                        + (0.0 if g is None else g)
-                        for o, g in zip(call.outputs, autodiff.output_gradients[label],
-                                        strict=True)]
-            reason = unwitnessed(call, facts, job.training) or _lstm_final_cell_gradient(
-                call, upstream)
-            if reason:
-                skipped.append(NotWitnessed(layer=label, witness="numpy_reference",
-                                            reason=reason))
-                complete = False
-                continue
-            x = np.asarray(call.args[0], np.float64)
-            states = [np.asarray(s, np.float64) for s in call.states]
-            _, cache = forward(params, x, *states)
-            if facts.option("return_sequences"):
-                d_h_seq = upstream[0]
-            else:
-                d_h_seq = np.zeros((*x.shape[:2], cell.units))
-                d_h_seq[:, -1] = upstream[0]
-            d_h_final = upstream[1] if facts.option("return_state") else None
-            _, d_states, d_params = backward(params, cache, d_h_seq, d_h_final)
-            for key, value in d_params.items():
-                totals[key] = totals.get(key, 0) + value
+        gradients: list[np.ndarray | None] = [
+            activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
+                     + (0.0 if g is None else np.asarray(g, np.float64))
+                     for o, g in zip(recurrent.call.outputs,
+                                     autodiff.output_gradients[recurrent.label], strict=True)]
+        tape_states = autodiff.state_gradients.get(recurrent.label, [])
+        for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
+                recurrent.units, subs, upstream_gradients(recurrent, gradients), strict=True):
+            _, backward = RECURRENT[cell_key(unit.cell)]
+            _, d_states, d_params = backward(unit.params, unit.cache, d_seq, d_h_final,
+                                             d_c_final=d_c_final)
+            for variable in sub.weights:
+                short = variable.path.split("/")[-1]
+                totals[variable.path] = totals.get(variable.path, 0) + d_params[short]
+                owners[variable.path] = recurrent.call.layer
             ours = list(d_states) if isinstance(d_states, tuple) else [d_states]
-            names = ["h0", "c0"] if call.class_name == "LSTM" else ["h0"]
-            for state_name, reference, tape in zip(names, ours,
-                                                   autodiff.state_gradients[label],
-                                                   strict=False):
-                if tape is not None:
-                    _compare(results, f"{label}/{state_name}", reference, tape, rtol)
-        if not complete:
+            mine, tape_states = tape_states[:len(ours)], tape_states[len(ours):]
+            for state_name, reference, value in zip(unit.cell.state_names, ours, mine,
+                                                    strict=True):
+                if value is not None:
+                    _compare(results, f"{unit.label}/{state_name}", reference, value, rtol)
+    variables = {v.path: v for v in engine.model.weights}
+    for path, total in totals.items():
+        tape = autodiff.gradients.get(path)
+        if tape is None or owners[path] in incomplete:
             continue
-        for key, variable in variables.items():
-            tape = autodiff.gradients.get(variable.path)
-            if tape is not None and key in totals:
-                total = totals[key] + penalty_gradient(getattr(variable, "regularizer", None),
-                                                       weights[key])
-                _compare(results, variable.path, total, tape, rtol)
-    return skipped
+        variable = variables[path]
+        penalty = penalty_gradient(getattr(variable, "regularizer", None),
+                                   np.asarray(variable.numpy(), np.float64))
+        _compare(results, path, total + penalty, tape, rtol)
+    return missing
 
 
-def _lstm_final_cell_gradient(call: CapturedCall, upstream: list[np.ndarray]) -> str | None:
-    """The reference LSTM takes ∂L/∂h_T but not ∂L/∂c_T: skip calls whose c_T is used."""
-    if call.class_name != "LSTM":
-        return None
-    if len(upstream) > 2 and np.any(upstream[2]):
-        return "its final cell state c_T carries a gradient (the reference takes ∂L/∂h_T only)"
-    return None
+def _penalty_without_numpy_form(layer: Any, subs: list[Any]) -> str | None:
+    """Why a recurrent layer's penalties cannot be added in NumPy: a regularizer of its own
+    (or of a direction), or an activity regularizer on a Bidirectional's direction (its
+    penalty is on the direction's output, before the merge the tape sees)."""
+    for sub in subs:
+        for variable in sub.weights:
+            reason = unsupported(getattr(variable, "regularizer", None))
+            if reason:
+                return reason
+    if len(subs) > 1 and any(getattr(sub, "activity_regularizer", None) is not None
+                             for sub in subs):
+        return "an activity regularizer on a direction of the Bidirectional"
+    return unsupported(getattr(layer, "activity_regularizer", None))
 
 
 def _compare(results: dict[str, list[WitnessEntry]], name: str, reference: np.ndarray,

@@ -229,7 +229,7 @@ def _reproduces(recurrent: RecurrentCall, dtype: str) -> str | None:
 # -- gradient flow ---------------------------------------------------------------------------
 
 
-def _upstream(recurrent: RecurrentCall, gradients: list[np.ndarray | None]) -> list[
+def upstream_gradients(recurrent: RecurrentCall, gradients: list[np.ndarray | None]) -> list[
         tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
     """Per unit: ∂L/∂h_t from above (B, T, u) in processing order, ∂L/∂h_T and ∂L/∂c_T from
     the returned states (None when not returned)."""
@@ -278,7 +278,7 @@ def total_state_gradients(recurrent: RecurrentCall, result: KerasPass) -> list[n
         return "the run did not watch this call's outputs"
     totals_by_unit = []
     for unit, (d_seq, d_h_final, d_c_final) in zip(recurrent.units,
-                                                   _upstream(recurrent, gradients),
+                                                   upstream_gradients(recurrent, gradients),
                                                    strict=True):
         _, backward = RECURRENT[cell_key(unit.cell)]
         totals: list[np.ndarray] = []
