@@ -174,3 +174,22 @@ def test_a_batch_of_another_size_than_a_fixed_input_batch_is_refused(stateful):
                                              "size of 4"):
         gradscope.explain(model, batch_size=8)
     assert gradscope.explain(model).model.batch_size == 4
+
+
+def test_gradient_flow_confirms_its_first_observation_with_keras_own_call(siamese, tf,
+                                                                          monkeypatch):
+    """GradientFlow's traced pass is the engine's replay: at a model's first observation it
+    is held against Keras' own call. A replay that loses the shared GRU's added loss (the
+    mutant) is a loud internal error, never a recorded number; the real one records."""
+    from gradscope.keras import GradientFlow, engine
+
+    model, x, y = siamese
+    flow = GradientFlow(model=model)
+    flow.observe(x, y, step=1)
+    loss, _ = _tape(tf, model, x, y)
+    assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)
+    monkeypatch.setattr(engine, "model_call_context",
+                        lambda model, training: contextlib.nullcontext())
+    with pytest.raises(InternalError, match="GradientFlow on model .* layer-by-layer run "
+                                            "gives the loss"):
+        GradientFlow(model=model).observe(x, y, step=1)

@@ -74,6 +74,12 @@ from gradscope.keras.flow import (  # noqa: E402
     recurrent_weights,
     total_state_gradients,
 )
+from gradscope.keras.whole_model import (  # noqa: E402
+    confirm,
+    moved_state,
+    restore,
+    whole_model_pass,
+)
 
 METHOD = ("one extra forward and backward pass on the current batch, with the model's loss, in "
           "inference mode: ‖∂L/∂w‖ from the tape; ‖∂L/∂h0‖ from the tape with explicit zero "
@@ -180,6 +186,7 @@ class GradientFlow(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
+        self._witnessed: Any = None  # the engine whose pass Keras' own call has confirmed
         self._function: Any = None
         self._concrete: Any = None
         self._trace: dict[str, Any] = {}
@@ -448,6 +455,23 @@ class GradientFlow(keras.callbacks.Callback):
             output_gradients={call_label(c.layer, c.index): [_numpy(g) for g in og]
                               for c, _, og in calls if og is not None})
 
+    def _confirm(self, engine: Any, inputs: dict[str, np.ndarray],
+                 targets: dict[str, np.ndarray], result: KerasPass) -> None:
+        """At a model's first observation, Keras' own call of the whole model on the same
+        batch and weights must give the traced pass's loss and gradients (the witness outside
+        the engine; once per model, as the traced pass is the same function afterwards)."""
+        feed, ys = engine.tensors(inputs, targets)
+        before = moved_state(engine.model)
+        try:
+            with native_stderr_silenced():
+                own = whole_model_pass(engine.model, engine.compute_loss, feed, ys,
+                                       engine.training)
+        finally:
+            restore(before)
+        confirm(result.loss, result.gradients, own, engine.dtype_name,
+                f"GradientFlow on model '{engine.model.name}'")
+        self._witnessed = engine
+
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None) -> None:
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
@@ -455,6 +479,8 @@ class GradientFlow(keras.callbacks.Callback):
         if failed:
             self._drain()  # an earlier recording failed: say so now
         result = self._run(engine, inputs, targets)
+        if self._witnessed is not engine:
+            self._confirm(engine, inputs, targets, result)
         # The recurrent layers' weights of this pass: training moves them on meanwhile.
         weights = recurrent_weights(engine, result)
 
