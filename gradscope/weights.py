@@ -104,6 +104,9 @@ class WeightFile:
     variables: list[StoredVariable]
     ignored: list[tuple[str, str]]
     read: Callable[[str], np.ndarray]
+    #: Lines for variables that are read but cannot be weights (a non-float dtype); reported
+    #: with every other problem by :func:`group_variables` and :func:`load_weights`.
+    problems: list[str] = field(default_factory=list)
 
 
 def locate(path: str | os.PathLike[str], option: str = "--weights") -> tuple[str, str]:
@@ -166,19 +169,21 @@ def open_weights(source: str | os.PathLike[str] | Mapping[str, Any],
 
 
 def _from_arrays(origin: str, kind: str, arrays: dict[str, np.ndarray]) -> WeightFile:
-    variables, ignored = [], []
+    variables, ignored, problems = [], [], []
     for key, value in arrays.items():
         name = re.sub(r":\d+$", "", key)
         reason = _bookkeeping(name, value.shape)
         if reason:
             ignored.append((key, reason))
-        elif value.dtype.kind != "f":
-            raise WeightsError(origin, [f"{key} has dtype {value.dtype}; expected float "
-                                        "weights"])
-        else:
-            variables.append(StoredVariable(name, key, tuple(int(n) for n in value.shape),
-                                            str(value.dtype)))
-    return WeightFile(origin, kind, variables, ignored, read=lambda key: arrays[key])
+            continue
+        if value.dtype.kind != "f":
+            problems.append(f"{key} has dtype {value.dtype}; expected float weights")
+            if role_of(name) is None:  # one line for it is enough
+                continue
+        variables.append(StoredVariable(name, key, tuple(int(n) for n in value.shape),
+                                        str(value.dtype)))
+    return WeightFile(origin, kind, variables, ignored, read=lambda key: arrays[key],
+                      problems=problems)
 
 
 def _from_checkpoint(origin: str, prefix: str) -> WeightFile:
@@ -195,7 +200,7 @@ def _from_checkpoint(origin: str, prefix: str) -> WeightFile:
         raise ConfigError(f"{origin}: not a readable TensorFlow checkpoint: {first}",
                           where="--weights") from None
     object_based = "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes
-    variables, ignored = [], []
+    variables, ignored, problems = [], [], []
     for key in sorted(shapes):
         if key == "_CHECKPOINTABLE_OBJECT_GRAPH":
             continue
@@ -204,18 +209,19 @@ def _from_checkpoint(origin: str, prefix: str) -> WeightFile:
         reason = _bookkeeping(name, shape)
         if reason:
             ignored.append((key, reason))
-        elif not dtypes[key].is_floating:
-            raise WeightsError(origin, [f"{name} has dtype {dtypes[key].name}; expected float "
-                                        "weights"])
-        else:
-            variables.append(StoredVariable(name, key, shape, dtypes[key].name))
+            continue
+        if not dtypes[key].is_floating:
+            problems.append(f"{name} has dtype {dtypes[key].name}; expected float weights")
+            if role_of(name) is None:  # one line for it is enough
+                continue
+        variables.append(StoredVariable(name, key, shape, dtypes[key].name))
 
     def read(key: str) -> np.ndarray:
         with native_stderr_silenced():
             return np.asarray(reader.get_tensor(key))
 
     return WeightFile(origin, "tf2_checkpoint" if object_based else "tf1_checkpoint",
-                      variables, ignored, read)
+                      variables, ignored, read, problems)
 
 
 #: Names of optimizer and bookkeeping state in TF1 and TF2 checkpoints.
@@ -334,7 +340,16 @@ class Group:
 
 def group_variables(weight_file: WeightFile) -> list[Group]:
     """Variables grouped by scope and classified; unknown names and clashes are refused."""
-    problems: list[str] = []
+    groups, _, problems = _grouped(weight_file)
+    if problems:
+        raise WeightsError(weight_file.origin, problems)
+    return groups
+
+
+def _grouped(weight_file: WeightFile) -> tuple[list[Group], list[str], list[str]]:
+    """``(groups, refused, problems)``: the scopes that were classified, the shown names of
+    those that could not be, and one line per problem (the file's own ones first)."""
+    problems: list[str] = list(weight_file.problems)
     groups: dict[str, Group] = {}
     for variable in weight_file.variables:
         found = role_of(variable.name)
@@ -351,13 +366,15 @@ def group_variables(weight_file: WeightFile) -> list[Group]:
                             f"{group.shown}: ambiguous, expected one")
             continue
         group.members[role] = variable
+    classified, refused = [], []
     for group in groups.values():
         problem = _classify(group)
         if problem:
             problems.append(problem)
-    if problems:
-        raise WeightsError(weight_file.origin, problems)
-    return list(groups.values())
+            refused.append(group.shown)
+        else:
+            classified.append(group)
+    return classified, refused, problems
 
 
 def _classify(group: Group) -> str:
@@ -443,50 +460,67 @@ def chosen_weights(spec: Spec, weights: Any, params: dict[str, np.ndarray] | Non
 def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
                  ) -> LoadedWeights:
     """Map ``source`` onto ``spec``'s layers (see the module docstring); raise WeightsError
-    (exit 2) with one line per variable that does not fit."""
+    (exit 2) with one line per variable that does not fit, every such line at once."""
     weight_file = open_weights(source)
     algebra = model_shapes(spec)
-    groups = group_variables(weight_file)
+    groups, refused, problems = _grouped(weight_file)
     recurrent, dense = order(groups)
+    matched: tuple[list[Group | None], list[Group | None]] | None
+    extras: list[str]
     by_name = _by_layer_names(spec, groups)
     if by_name is not None:
-        recurrent, dense = by_name
         matched_by = "the spec's layer names"
-        problems = _count_problems(spec, recurrent, dense)
+        matched, extras = (list(by_name[0]), list(by_name[1])), []
     else:
         matched_by = "kind and the order of their names"
-        recurrent, dense, problems = _by_kind_and_order(spec, recurrent, dense)
-    if problems:
-        raise WeightsError(weight_file.origin, problems)
+        matched, extras = _by_kind_and_order(spec, recurrent, dense)
     plans: list[tuple[Any, Group, str]] = []
-    for cell, group in zip(algebra.cells, recurrent, strict=True):
-        spec_layer = next(item for item in spec.layers if item.name == cell.name)
-        problem = _kind_problem(spec_layer.type, cell, group)
-        if problem:
-            problems.append(problem)
-            continue
-        problems += _shape_problems(_file_layout_infos(cell, group), group)
-        plans.append((cell, group, "recurrent"))
-    dense_infos = _dense_infos(algebra)
-    for dense_layer, group in zip(algebra.dense, dense, strict=True):
-        problems += _shape_problems(dense_infos[dense_layer.name], group)
-        plans.append((dense_layer, group, "dense"))
-    if problems:
-        raise WeightsError(weight_file.origin, problems)
+    if matched is not None:
+        expected = _expected_weights(algebra)
+        owner = dict(zip([layer.name for layer in spec.recurrent_layers], matched[0],
+                         strict=True))
+        for cell in algebra.cells:
+            spec_layer = next(item for item in spec.layers if item.name == cell.name)
+            group = owner[cell.name]
+            if group is None:
+                problems.append(_missing_layer(cell.name, spec_layer.type, recurrent, refused,
+                                               expected))
+                continue
+            problem = _kind_problem(spec_layer.type, cell, group)
+            if problem:
+                problems.append(problem)
+                continue
+            problems += _shape_problems(_file_layout_infos(cell, group), group)
+            plans.append((cell, group, "recurrent"))
+        dense_infos = _dense_infos(algebra)
+        for dense_layer, dense_group in zip(algebra.dense, matched[1], strict=True):
+            if dense_group is None:
+                problems.append(_missing_layer(dense_layer.name, "dense", dense, refused,
+                                               expected))
+                continue
+            problems += _shape_problems(dense_infos[dense_layer.name], dense_group)
+            plans.append((dense_layer, dense_group, "dense"))
+    problems += extras
 
-    params: dict[str, np.ndarray] = {}
-    mapping: list[WeightMapEntry] = []
-    values_problems: list[str] = []
-    for target, group, what in plans:
+    # The values are read (and checked to be finite) only for variables whose scope fits.
+    values: list[dict[str, np.ndarray]] = []
+    for _, group, _ in plans:
         arrays = {}
         for role, variable in group.members.items():
             value = np.asarray(weight_file.read(variable.key), dtype=np.float64)
             bad = np.argwhere(~np.isfinite(value))
             if bad.size:
                 index = tuple(int(i) for i in bad[0])
-                values_problems.append(f"{variable.name} has a non-finite value "
-                                       f"({value[index]}) at index {index}")
+                problems.append(f"{variable.name} has a non-finite value "
+                                f"({value[index]}) at index {index}")
             arrays[role] = value
+        values.append(arrays)
+    if problems:
+        raise WeightsError(weight_file.origin, problems)
+
+    params: dict[str, np.ndarray] = {}
+    mapping: list[WeightMapEntry] = []
+    for (target, group, what), arrays in zip(plans, values, strict=True):
         if what == "dense":
             converted = {"kernel": (arrays["kernel"], ""), "bias": (arrays["bias"], "")}
         else:
@@ -498,8 +532,6 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
             mapping.append(WeightMapEntry(
                 name=name, variables=[group.members[s].name for s in sources],
                 shape=list(value.shape), conversion=how))
-    if values_problems:
-        raise WeightsError(weight_file.origin, values_problems)
     order_of = {info.name: index for index, info in enumerate(algebra.weights)}
     mapping.sort(key=lambda item: order_of[item.name])
     entry = WeightsEntry(
@@ -510,6 +542,30 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
     )
     _check_against_algebra(algebra, params)
     return LoadedWeights(params=params, entry=entry)
+
+
+def _expected_weights(algebra: ModelShapes) -> dict[str, str]:
+    """``{layer: "gru_2/w_ru (96, 64), …"}``: what a layer missing from the file would hold."""
+    out: dict[str, list[str]] = {}
+    for info in algebra.weights:
+        out.setdefault(info.layer, []).append(f"{info.name} {_shape(info.shape)}")
+    return {layer: ", ".join(names) for layer, names in out.items()}
+
+
+def _missing_layer(name: str, kind: str, found: list[Group], refused: list[str],
+                   expected: dict[str, str]) -> str:
+    """The line for a spec layer no scope of the file was matched to."""
+    listing = ", ".join(g.shown if kind == "dense" else f"{g.shown} ({_KIND_WORDS[g.kind]})"
+                        for g in found) or "none"
+    if kind == "dense":
+        text = (f"{name}: missing: no dense layer's weights left for it in the file (it has "
+                f"{len(found)}: {listing}")
+    else:
+        text = (f"{name}: missing: the spec makes it {_KIND_WORDS[kind]} layer, and no such "
+                f"weights are left for it in the file (its recurrent layers: {listing}")
+    if refused:
+        text += f"; not counted: {', '.join(refused)}, refused above"
+    return text + f"); expected {expected.get(name, '?')}"
 
 
 def _by_layer_names(spec: Spec, groups: list[Group]) -> tuple[list[Group], list[Group]] | None:
@@ -532,8 +588,13 @@ def _by_layer_names(spec: Spec, groups: list[Group]) -> tuple[list[Group], list[
 
 
 def _by_kind_and_order(spec: Spec, recurrent: list[Group], dense: list[Group]
-                       ) -> tuple[list[Group], list[Group], list[str]]:
+                       ) -> tuple[tuple[list[Group | None], list[Group | None]] | None,
+                                  list[str]]:
     """The spec's layers of each kind take the file's scopes of that kind in name order.
+
+    Returns ``((recurrent, dense), extras)``: the group of each of the spec's recurrent and
+    dense layers in their order (None where the file has none left for it) and one line per
+    scope left over; ``(None, problems)`` when the names do not say an order.
 
     The kinds make the order across kinds (a Keras path ``gru`` before ``lstm`` says nothing):
     only scopes of the same kind need names that say which comes first.
@@ -550,41 +611,21 @@ def _by_kind_and_order(spec: Spec, recurrent: list[Group], dense: list[Group]
     problems += [f"the names {pair} do not say which dense layer comes first; name the spec's "
                  "layers after the scopes" for pair in untold_orders(dense)]
     if problems:
-        return [], [], problems
-    ordered: list[Group] = []
-    for layer in spec.recurrent_layers:
-        queue = queues[layer.type]
-        if queue:
-            ordered.append(queue.pop(0))
-        else:
-            found = ", ".join(f"{g.shown} ({_KIND_WORDS[g.kind]})" for g in recurrent)
-            problems.append(f"{layer.name}: missing: the spec makes it {_KIND_WORDS[layer.type]}"
-                            f" layer, and no such weights are left for it in the file (its "
-                            f"recurrent layers: {found or 'none'})")
+        return None, problems
+    ordered: list[Group | None] = [queues[layer.type].pop(0) if queues[layer.type] else None
+                                   for layer in spec.recurrent_layers]
     for queue in queues.values():
         for group in queue:
             problems.append(f"{group.names()}: extra: {_KIND_WORDS[group.kind]} layer that "
                             "the spec does not have")
-    problems += _count_problems(spec, [], dense, what_only="dense")
-    return ordered, dense, problems
-
-
-def _count_problems(spec: Spec, recurrent: list[Group], dense: list[Group],
-                    what_only: str | None = None) -> list[str]:
-    problems = []
-    for what, layers, groups in (("recurrent", spec.recurrent_layers, recurrent),
-                                 ("dense", spec.dense_layers, dense)):
-        if what_only is not None and what != what_only:
-            continue
-        for group in groups[len(layers):]:
-            problems.append(f"{group.names()}: extra: the spec has {len(layers)} {what} "
-                            f"layer{'s' if len(layers) != 1 else ''}, the file "
-                            f"{len(groups)} ({', '.join(g.shown for g in groups)})")
-        for layer in layers[len(groups):]:
-            problems.append(f"{layer.name}: missing: no {what} layer's weights left for it in "
-                            f"the file (it has {len(groups)}: "
-                            f"{', '.join(g.shown for g in groups) or 'none'})")
-    return problems
+    layers = spec.dense_layers
+    for group in dense[len(layers):]:
+        problems.append(f"{group.names()}: extra: the spec has {len(layers)} dense "
+                        f"layer{'s' if len(layers) != 1 else ''}, the file "
+                        f"{len(dense)} ({', '.join(g.shown for g in dense)})")
+    dense_ordered: list[Group | None] = [dense[i] if i < len(dense) else None
+                                         for i in range(len(layers))]
+    return (ordered, dense_ordered), problems
 
 
 _KIND_WORDS = {"gru": "a GRU", "lstm": "an LSTM", "simple_rnn": "a SimpleRNN", "dense": "dense"}
@@ -657,9 +698,12 @@ def _shape_problems(infos: list[TensorInfo], group: Group) -> list[str]:
 
 
 def _missing_name(group: Group, short: str) -> str:
+    """The name the missing variable would have in the file, in the naming of its scope's
+    other variables (TF1's ``gates/kernel`` or gradscope's ``w_ru``)."""
     names = {"w_ru": "gates/kernel", "b_ru": "gates/bias", "w_c": "candidate/kernel",
              "b_c": "candidate/bias"}
-    leaf = names.get(short, short)
+    tf1 = any(tuple(v.name.split("/")[-2:]) in _GRU_BLOCK_PAIRS for v in group.members.values())
+    leaf = names.get(short, short) if tf1 else short
     return f"{group.scope}/{leaf}" if group.scope else leaf
 
 

@@ -10,8 +10,10 @@ command, and its code never runs.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_gradscope, run_without_tensorflow
 
@@ -145,3 +147,69 @@ def test_a_file_that_is_not_a_model_is_refused_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (f"gradscope: error: {fake}: not a zip archive; expected a "
                                      "model saved by Keras 3 with model.save('model.keras')")
+
+
+def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
+    """--data for a .keras model: unknown arrays (with a hint), a missing input and a missing
+    target, a misshapen input, sample_weight and a batch size the arrays disagree on, all in
+    one error, before TensorFlow is imported."""
+    import keras
+    from keras import layers
+
+    sequence = keras.Input((7, 5), name="seq")
+    tokens = keras.Input((7,), name="tokens", dtype="int32")
+    merged = layers.Concatenate()([sequence, layers.Embedding(10, 5, name="emb")(tokens)])
+    hidden = layers.GRU(4, return_sequences=True, name="gru")(merged)
+    model = keras.Model([sequence, tokens], [layers.Dense(3, name="out_a")(hidden),
+                                             layers.Dense(2, name="out_b")(hidden)])
+    path = tmp_path / "two_by_two.keras"
+    model.save(path)
+    data = tmp_path / "bad.npz"
+    np.savez(data, seq=np.zeros((3, 7, 6), np.float32), tokenz=np.zeros((3, 7), np.int32),
+             out_a=np.zeros((2, 7, 3), np.float32), sample_weight=np.ones(3, np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(data))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line.strip() for line in result.stderr.strip().splitlines()]
+    assert lines[0] == f"gradscope: error: {data}: 6 problems, one per line:"
+    expected = [
+        "seq has 6 along axis 2 but the input 'seq' expects 5: (batch, 7, 5)",
+        "has no array for the input 'tokens' (found out_a, sample_weight, seq, tokenz); "
+        "expected arrays named seq, tokens",
+        "has no targets for the output 'out_b' (found out_a, sample_weight, seq, tokenz); "
+        "expected arrays named out_a, out_b",
+        "unknown array 'tokenz' (did you mean 'tokens'?); expected the inputs seq, tokens and "
+        "the outputs out_a, out_b",
+        "array 'sample_weight' is recognised but not supported yet",
+        "the arrays disagree on the batch size (seq 3, out_a 2)",
+    ]
+    for fragment in expected:
+        assert sum(fragment in line for line in lines[1:]) == 1, (fragment, lines)
+    assert "unknown array 'sample_weight'" not in result.stderr
+    # One problem alone is its own one-line message, as before.
+    alone = tmp_path / "sample_weight.npz"
+    np.savez(alone, seq=np.zeros((3, 7, 5), np.float32), tokens=np.zeros((3, 7), np.int32),
+             out_a=np.zeros((3, 7, 3), np.float32), out_b=np.zeros((3, 7, 2), np.float32),
+             sample_weight=np.ones(3, np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(alone))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gradscope: error: {alone}: array 'sample_weight' is recognised but not supported yet: "
+        "gradscope weighs every example equally; remove it from the file"]
+
+
+@pytest.mark.parametrize("command", ["explain", "check", "shapes"])
+def test_a_keras_file_without_its_weights_is_refused_before_tensorflow(models, command,
+                                                                       tmp_path):
+    _, paths = models
+    saved = zipfile.ZipFile(paths["two_heads"])
+    assert "model.weights.h5" in saved.namelist()
+    path = tmp_path / "no_weights.keras"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in saved.namelist():
+            if name != "model.weights.h5":
+                archive.writestr(name, saved.read(name))
+    result = run_without_tensorflow(command, str(path))
+    _assert_refused(result, path, "the file has no weights: model.weights.h5 is missing from "
+                                  "the archive (it holds config.json, metadata.json)")
+    assert "--loss" not in result.stderr and "Traceback" not in result.stderr

@@ -478,3 +478,54 @@ def test_tf1_multi_rnn_cell_names_into_the_keras_layout(tf, keras_model, tmp_pat
                     if weight.path.startswith(k))
         np.testing.assert_allclose(back[name], weight.numpy(), rtol=1e-6, atol=1e-7,
                                    err_msg=name)
+
+
+def test_every_misshapen_missing_and_extra_variable_is_listed_at_once(tmp_path):
+    """The seed model (200 → GRU 64 → GRU 32 → dense 3) and a file holding only a misshapen
+    gru_1/w_ru: that variable, the rest of gru_1, gru_2 and dense_1 are all named, in one
+    error, before TensorFlow is imported."""
+    path = tmp_path / "bad.npz"
+    np.savez(path, **{"gru_1/w_ru": np.zeros((5, 5), np.float32)})
+    result = run_without_tensorflow("explain", "--weights", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line.strip() for line in result.stderr.strip().splitlines()]
+    assert lines[0] == f"gradscope: error: --weights {path}: 6 problems, one per line:"
+    assert lines[1] == ("gru_1/w_ru is (5, 5) but (input 200 + units 64) gives 264 rows and "
+                        "2·units 64 gives 128 columns (gru_1/w_ru (264, 128))")
+    for short, shape in (("b_ru", "(128,)"), ("w_c", "(264, 64)"), ("b_c", "(64,)")):
+        assert any(line.startswith(f"gru_1/{short}: missing: gru_1/{short} {shape} = ")
+                   for line in lines), (short, lines)
+    gru_2 = next(line for line in lines if line.startswith("gru_2: missing:"))
+    assert gru_2.endswith("expected gru_2/w_ru (96, 64), gru_2/b_ru (64,), gru_2/w_c (96, 32), "
+                          "gru_2/b_c (32,)")
+    dense = next(line for line in lines if line.startswith("dense_1: missing:"))
+    assert dense.endswith("expected dense_1/kernel (32, 3), dense_1/bias (3,)")
+
+
+def test_unknown_extra_misshapen_and_non_float_variables_in_one_error(small_npz, tmp_path):
+    arrays = dict(small_npz["params"])
+    arrays["gru_2/w_c"] = np.zeros((8, 3), np.float32)
+    arrays["gru_1/w_f_diag"] = np.zeros(4, np.float32)
+    arrays["dense_2/kernel"], arrays["dense_2/bias"] = np.zeros((3, 3)), np.zeros(3)
+    arrays["gru_1/b_c"] = np.zeros(4, np.int64)
+    arrays["dense_1/bias"] = np.array([0.0, np.nan, 0.0], np.float32)
+    path = tmp_path / "many.npz"
+    np.savez(path, **arrays)
+    result = run_without_tensorflow("check", small_npz["config"], "--weights", str(path))
+    assert result.returncode == 2, result.stderr
+    lines = [line.strip() for line in result.stderr.strip().splitlines()]
+    assert lines[0].endswith("many.npz: 5 problems, one per line:")
+    expected = [
+        "gru_1/b_c has dtype int64; expected float weights",
+        "gru_1/w_f_diag (4,): not a weight name gradscope knows",
+        "gru_2/w_c is (8, 3) but (gru_1 units 4 + units 3) gives 7 rows (gru_2/w_c (7, 3))",
+        "dense_2/kernel (3, 3), dense_2/bias (3,): extra: the spec has 1 dense layer, the file "
+        "2 (dense_1, dense_2)",
+        "dense_1/bias has a non-finite value (nan) at index (1,)",
+    ]
+    for fragment in expected:
+        assert sum(fragment in line for line in lines[1:]) == 1, (fragment, lines)
+    with pytest.raises(ConfigError) as caught:
+        gradscope.explain(load_spec(SMALL), weights=str(path))
+    assert caught.value.exit_code == 2 and len(caught.value.lines) == 5

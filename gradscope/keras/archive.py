@@ -17,13 +17,20 @@ from gradscope.errors import ConfigError
 #: layers is a few MiB).
 MAX_CONFIG_BYTES = 64 << 20
 
+#: The weights of a model saved by Keras 3: model.weights.h5 (the default), or model.weights.npz
+#: (``weights_format="npz"``). Keras cannot load a model without one of them.
+WEIGHTS_FILES = ("model.weights.h5", "model.weights.npz")
+
 
 def is_keras_file(source: object) -> bool:
     return isinstance(source, str | Path) and str(source).endswith(".keras")
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """The model's ``config.json`` as a dict, with ``compile_config`` if it was saved."""
+    """The model's ``config.json`` as a dict, with ``compile_config`` if it was saved.
+
+    An archive without the model's weights (no model.weights.h5) is refused here, from the
+    zip's list of files, before TensorFlow is imported."""
     file = Path(path)
     if not file.exists():
         raise ConfigError(f"{path}: file not found", where=str(path))
@@ -41,6 +48,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
                 raise ConfigError(f"{path}: config.json is {info.file_size} bytes; expected at "
                                   f"most {MAX_CONFIG_BYTES}", where=str(path))
             raw = archive.read(info)
+            names = archive.namelist()
     except zipfile.BadZipFile:
         raise ConfigError(f"{path}: not a zip archive; expected a model saved by Keras 3 with "
                           "model.save('model.keras')", where=str(path)) from None
@@ -55,4 +63,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict) or "class_name" not in config:
         raise ConfigError(f"{path}: config.json does not describe a Keras model; expected an "
                           "object with class_name and config", where=str(path))
+    if not any(name in names for name in WEIGHTS_FILES):
+        found = ", ".join(sorted(names)[:6]) + (", …" if len(names) > 6 else "")
+        raise ConfigError(f"{path}: the file has no weights: model.weights.h5 is missing from "
+                          f"the archive (it holds {found}); expected a model saved with its "
+                          "weights by Keras 3 with model.save('model.keras')", where=str(path))
     return config

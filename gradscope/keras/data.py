@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.data import _check_numeric, _open_checked, read_npz
-from gradscope.errors import ConfigError, DataError
+from gradscope.errors import ConfigError, DataError, one_line
 from gradscope.keras.graph import LayerNode, ModelGraph, Ref
 from gradscope.keras.loss import LossPlan
 
@@ -133,54 +133,98 @@ def synthetic_targets(plan: LossPlan, output_shapes: dict[str, tuple[int, ...]],
     return targets
 
 
+class DataProblems(DataError):
+    """Every problem of one ``--data`` file at once, one line each (exit 2); a single problem
+    is its own message, as before."""
+
+    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
+        first, where = problems[0]
+        super().__init__(first, where=where if len(problems) == 1 else path)
+        if len(problems) > 1:
+            prefix = f"{path}: "
+            lines = [one_line(text.removeprefix(prefix)) for text, _ in problems]
+            self.message = "\n".join([f"{path}: {len(lines)} problems, one per line:",
+                                      *(f"  {line}" for line in lines)])
+        self.lines = [one_line(text) for text, _ in problems]
+
+
 def load_named(path: str, specs: list[InputSpec], outputs: list[str],
                aliases: dict[str, str] | None = None) -> KerasBatch:
     """An .npz whose arrays are named after the model's inputs (or ``x`` for a single input)
     and its outputs (or ``y`` for a single output). ``aliases``: other names of outputs (an
-    output layer's name where the outputs are a dict keyed otherwise) → the output's name."""
+    output layer's name where the outputs are a dict keyed otherwise) → the output's name.
+
+    Every problem of the file (arrays that are not numbers, missing inputs or targets,
+    misshapen inputs, unknown arrays, a batch size the arrays disagree on) is one line of a
+    single DataError."""
     _open_checked(Path(path), "an .npz file")
     arrays = read_npz(path)
-    for name, value in arrays.items():
-        _check_numeric(name, value)
+    problems: list[tuple[str, str]] = []  # (message, where)
+
+    def numeric(key: str) -> bool:
+        try:
+            _check_numeric(key, arrays[key])
+        except DataError as exc:
+            problems.append((exc.message, exc.where or key))
+            return False
+        return True
+
     inputs: dict[str, np.ndarray] = {}
     targets: dict[str, np.ndarray] = {}
     used: set[str] = set()
+    labels: dict[str, str] = {}  # input or output → the array's name in the file
     input_names = [spec.name for spec in specs]
     for spec in specs:
         key = spec.name if spec.name in arrays else ("x" if len(specs) == 1 and "x" in arrays
                                                      else None)
         if key is None:
-            raise DataError(f"{path}: has no array for the input '{spec.name}' (found "
-                            f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
-                            f"named {', '.join(input_names)}"
-                            + (" (or x)" if len(specs) == 1 else ""), where=spec.name)
-        inputs[spec.name] = _checked_input(spec, arrays[key], key)
+            problems.append((f"{path}: has no array for the input '{spec.name}' (found "
+                             f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
+                             f"named {', '.join(input_names)}"
+                             + (" (or x)" if len(specs) == 1 else ""), spec.name))
+            continue
         used.add(key)
+        labels[spec.name] = key
+        if not numeric(key):
+            continue
+        try:
+            inputs[spec.name] = _checked_input(spec, arrays[key], key)
+        except DataError as exc:
+            problems.append((exc.message, exc.where or key))
+            inputs[spec.name] = arrays[key]  # still counted for the batch size
     for name in outputs:
         other = next((alias for alias, to in (aliases or {}).items()
                       if to == name and alias in arrays), None)
         key = (name if name in arrays else other if other is not None
                else "y" if len(outputs) == 1 and "y" in arrays else None)
         if key is None:
-            raise DataError(f"{path}: has no targets for the output '{name}' (found "
-                            f"{', '.join(sorted(arrays))}); expected arrays named "
-                            f"{', '.join(outputs)}" + (" (or y)" if len(outputs) == 1 else ""),
-                            where=name)
-        targets[name] = arrays[key]
+            problems.append((f"{path}: has no targets for the output '{name}' (found "
+                             f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
+                             f"named {', '.join(outputs)}"
+                             + (" (or y)" if len(outputs) == 1 else ""), name))
+            continue
         used.add(key)
-    extra = sorted(set(arrays) - used)
-    if extra:
-        hint = difflib.get_close_matches(extra[0], input_names + outputs, n=1)
+        labels[name] = key
+        if numeric(key):
+            targets[name] = arrays[key]
+    for extra in sorted(set(arrays) - used):
+        if extra == "sample_weight":  # until sample weights are supported: say so, here only
+            problems.append((f"{path}: array 'sample_weight' is recognised but not supported "
+                             "yet: gradscope weighs every example equally; remove it from the "
+                             "file", extra))
+            continue
+        hint = difflib.get_close_matches(extra, input_names + outputs, n=1)
         did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise DataError(f"{path}: unknown array '{extra[0]}'{did_you_mean}; expected the "
-                        f"inputs {', '.join(input_names)} and the outputs {', '.join(outputs)}",
-                        where=extra[0])
-    batches = {name: value.shape[0] for name, value in {**inputs, **targets}.items()
+        problems.append((f"{path}: unknown array '{extra}'{did_you_mean}; expected the inputs "
+                         f"{', '.join(input_names)} and the outputs {', '.join(outputs)}", extra))
+    batches = {labels[name]: value.shape[0] for name, value in {**inputs, **targets}.items()
                if value.ndim}
     if len(set(batches.values())) > 1:
         listed = ", ".join(f"{name} {size}" for name, size in batches.items())
-        raise DataError(f"{path}: the arrays disagree on the batch size ({listed}); expected "
-                        "one batch size along axis 0", where=path)
+        problems.append((f"{path}: the arrays disagree on the batch size ({listed}); expected "
+                         "one batch size along axis 0", path))
+    if problems:
+        raise DataProblems(path, problems)
     return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})")
 
 
