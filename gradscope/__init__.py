@@ -79,7 +79,8 @@ def _is_keras(source: Any) -> bool:
     return is_keras_file(source) or is_live_model(source)
 
 
-def _keras_job(source: Any, data: Any, x: Any, y: Any, options: dict[str, Any]) -> Any:
+def _keras_job(source: Any, data: Any, x: Any, y: Any, options: dict[str, Any],
+               sample_weight: Any = None) -> Any:
     """A saved Keras model (read without TensorFlow) or a model object, with its batch.
     ``options``: batch_size, time_steps, loss, training, pad, seed (as the CLI's flags);
     ``data``: a path to an .npz named by inputs and outputs; ``x``/``y``: arrays."""
@@ -94,6 +95,7 @@ def _keras_job(source: Any, data: Any, x: Any, y: Any, options: dict[str, Any]) 
                           "as x= and y=", where="data")
     return prepare(source if is_live_model(source) else str(source),
                    data=None if data is None else str(data), x=x, y=y,
+                   sample_weight=sample_weight,
                    batch_size=checked.batch_size, time_steps=checked.time_steps,
                    loss=checked.loss, training=checked.training, pad=checked.pad,
                    seed=checked.seed)
@@ -140,8 +142,8 @@ YAML_EXPLAIN_OPTIONS = ("at", "heatmap")
 
 
 def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None = None,
-            *, x: Any = None, y: Any = None, flow: bool = False, jacobians: bool = False,
-            **keras_options: Any) -> ExplainReport | KerasExplainReport:
+            *, x: Any = None, y: Any = None, sample_weight: Any = None, flow: bool = False,
+            jacobians: bool = False, **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
     ``spec`` is a YAML path, a dict or a Spec: ``data`` is then None (a synthetic batch from
@@ -164,6 +166,8 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
       the model's input order, or a dict by input name (a float input is cast to its Input's
       dtype, as Keras does). ``y``: the targets, likewise by output; None: synthetic targets
       that match the loss. Without ``x``: a synthetic batch (or ``data``, an .npz path).
+      ``sample_weight``: as ``fit`` takes it (one array, or a list or dict by output), with
+      ``y``; the loss is weighed exactly as ``compute_loss`` weighs it.
     - ``keras_options`` as the CLI's flags: ``batch_size``, ``time_steps`` (synthetic batch),
       ``loss`` (a Keras loss name; default: the compiled loss, else inferred from the output),
       ``training`` (dropout and batch norm in training mode, seeded), ``pad``, ``seed``.
@@ -189,11 +193,12 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
                               where=sorted(yaml_only)[0])
         from gradscope.keras.explain import explain as _explain_keras
 
-        return _explain_keras(_keras_job(spec, data, x, y, keras_options), flow=flow,
+        return _explain_keras(_keras_job(spec, data, x, y, keras_options, sample_weight),
+                              flow=flow,
                               jacobians=jacobians)
-    if x is not None or y is not None:
-        raise ConfigError("x= and y= are for a Keras model; for a YAML spec pass "
-                          "data={'x': ..., 'y': ...}", where="x")
+    if x is not None or y is not None or sample_weight is not None:
+        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
+                          "pass data={'x': ..., 'y': ...}", where="x")
     if keras_options:  # never silently ignored
         unknown = sorted(keras_options)
         raise ConfigError(f"{'= and '.join(unknown)}= are not options of explain for a YAML "
@@ -211,7 +216,7 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
 
 def check(spec: Any, against: Any = None, chunks: int | None = None,
           data: Any = None, layer: str | None = None, time_last: bool = False,
-          weights: Any = None, *, x: Any = None, y: Any = None,
+          weights: Any = None, *, x: Any = None, y: Any = None, sample_weight: Any = None,
           **options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
@@ -240,13 +245,13 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
         witness_options = {k: v for k, v in options.items() if k not in job_options}
         check_witness_options(witness_options)
         job = _keras_job(spec, data, x, y,
-                         {k: v for k, v in options.items() if k in job_options})
+                         {k: v for k, v in options.items() if k in job_options}, sample_weight)
         return _check_keras(job, **witness_options)
-    if x is not None or y is not None:
+    if x is not None or y is not None or sample_weight is not None:
         from gradscope.errors import ConfigError
 
-        raise ConfigError("x= and y= are for a Keras model; for a YAML spec pass "
-                          "data={'x': ..., 'y': ...}", where="x")
+        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
+                          "pass data={'x': ..., 'y': ...}", where="x")
     spec = _as_spec(spec)
 
     spec, batch = _with_data(spec, data)

@@ -146,7 +146,9 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @click.option("--data", "data_file", metavar="FILE.npz", shell_complete=_complete_path,
                   help="Use this batch: arrays x (B, T, F), y (targets) and optionally initial "
-                       "states named like gru_1/h0. Batch and time sizes come from the data.")
+                       "states named like gru_1/h0. Batch and time sizes come from the data. "
+                       "For a .keras model: arrays named after its inputs and outputs, and "
+                       "optionally sample_weight (or sample_weight/OUTPUT).")
     @click.option("--x", "x_file", metavar="FILE.npy", shell_complete=_complete_path,
                   help="Inputs (B, T, F); with --y.")
     @click.option("--y", "y_file", metavar="FILE.npy", shell_complete=_complete_path,

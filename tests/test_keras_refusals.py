@@ -151,8 +151,8 @@ def test_a_file_that_is_not_a_model_is_refused_in_one_line(tmp_path):
 
 def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     """--data for a .keras model: unknown arrays (with a hint), a missing input and a missing
-    target, a misshapen input, sample_weight and a batch size the arrays disagree on, all in
-    one error, before TensorFlow is imported."""
+    target, a misshapen input, sample weights for an output the model does not have and a
+    batch size the arrays disagree on, all in one error, before TensorFlow is imported."""
     import keras
     from keras import layers
 
@@ -166,7 +166,8 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     model.save(path)
     data = tmp_path / "bad.npz"
     np.savez(data, seq=np.zeros((3, 7, 6), np.float32), tokenz=np.zeros((3, 7), np.int32),
-             out_a=np.zeros((2, 7, 3), np.float32), sample_weight=np.ones(3, np.float32))
+             out_a=np.zeros((2, 7, 3), np.float32),
+             **{"sample_weight/out_c": np.ones(3, np.float32)})
     result = run_without_tensorflow("explain", str(path), "--data", str(data))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
@@ -174,28 +175,30 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     assert lines[0] == f"gradscope: error: {data}: 6 problems, one per line:"
     expected = [
         "seq has 6 along axis 2 but the input 'seq' expects 5: (batch, 7, 5)",
-        "has no array for the input 'tokens' (found out_a, sample_weight, seq, tokenz); "
+        "has no array for the input 'tokens' (found out_a, sample_weight/out_c, seq, tokenz); "
         "expected arrays named seq, tokens",
-        "has no targets for the output 'out_b' (found out_a, sample_weight, seq, tokenz); "
+        "has no targets for the output 'out_b' (found out_a, sample_weight/out_c, seq, "
+        "tokenz); "
         "expected arrays named out_a, out_b",
         "unknown array 'tokenz' (did you mean 'tokens'?); expected the inputs seq, tokens and "
         "the outputs out_a, out_b",
-        "array 'sample_weight' is recognised but not supported yet",
+        "array 'sample_weight/out_c' weighs an output the model does not have; expected "
+        "sample_weight or sample_weight/NAME for an output NAME of out_a, out_b",
         "the arrays disagree on the batch size (seq 3, out_a 2)",
     ]
     for fragment in expected:
         assert sum(fragment in line for line in lines[1:]) == 1, (fragment, lines)
-    assert "unknown array 'sample_weight'" not in result.stderr
+    assert "unknown array 'sample_weight" not in result.stderr
     # One problem alone is its own one-line message, as before.
     alone = tmp_path / "sample_weight.npz"
     np.savez(alone, seq=np.zeros((3, 7, 5), np.float32), tokens=np.zeros((3, 7), np.int32),
              out_a=np.zeros((3, 7, 3), np.float32), out_b=np.zeros((3, 7, 2), np.float32),
-             sample_weight=np.ones(3, np.float32))
+             sample_weight=np.ones(3, np.float32), **{"sample_weight/out_a": np.ones(3)})
     result = run_without_tensorflow("explain", str(path), "--data", str(alone))
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"gradscope: error: {alone}: array 'sample_weight' is recognised but not supported yet: "
-        "gradscope weighs every example equally; remove it from the file"]
+        f"gradscope: error: {alone}: has both sample_weight (every output) and "
+        "sample_weight/NAME arrays; expected one or the other"]
 
 
 @pytest.mark.parametrize("command", ["explain", "check", "shapes"])

@@ -269,24 +269,22 @@ class GradientFlow(keras.callbacks.Callback):
                               "model.train_function was replaced after training began",
                               where="GradientFlow")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if sample_weight is not None:
-            raise ConfigError("GradientFlow: the batches carry sample weights, which the extra "
-                              "pass does not apply; its loss would not be the one fit "
-                              "minimises", where="GradientFlow")
         if y is None:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
-        self._observe(x, y, self._batches, self._epoch)
+        self._observe(x, y, self._batches, self._epoch, sample_weight)
 
     # -- a custom training loop ----------------------------------------------------------------
 
-    def observe(self, x: Any, y: Any, step: int | None = None) -> None:
+    def observe(self, x: Any, y: Any, step: int | None = None,
+                sample_weight: Any = None) -> None:
         """Take the extra pass now on the batch ``(x, y)`` (arrays or tensors, structured as
         the model's inputs and outputs), with the model's current weights, recorded at
-        ``step`` (default: one more than the last recorded step)."""
+        ``step`` (default: one more than the last recorded step). ``sample_weight`` weighs
+        the loss as ``compute_loss`` does (as fit's batches do)."""
         self._drain()
         if step is None:
             step = self._observations[-1].step + 1 if self._observations else 1
-        self._observe(x, y, int(step), None)
+        self._observe(x, y, int(step), None, sample_weight)
 
     # -- work beside training ------------------------------------------------------------------
 
@@ -383,7 +381,7 @@ class GradientFlow(keras.callbacks.Callback):
             # Zeros are no batch of the user's: whatever they give is dropped, and an error
             # here says nothing of the observation, which runs on real ones.
             with contextlib.suppress(tf.errors.OpError), _without_grappler():
-                concrete(zeros[:len(inputs)], zeros[len(inputs):])
+                concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
         self._function, self._concrete = function, concrete
 
     # -- the pass ------------------------------------------------------------------------------
@@ -414,7 +412,7 @@ class GradientFlow(keras.callbacks.Callback):
         return inputs, dict(zip(engine.output_names, targets.values(), strict=True))
 
     def _run(self, engine: Any, inputs: dict[str, np.ndarray],
-             targets: dict[str, np.ndarray]) -> KerasPass:
+             targets: dict[str, np.ndarray], sample_weight: Any = None) -> KerasPass:
         """One traced forward and backward pass; the same KerasPass engine.run gives."""
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
@@ -427,10 +425,13 @@ class GradientFlow(keras.callbacks.Callback):
                 # does not trace again.
                 self._concrete = self._function.get_concrete_function(
                     [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
-            try:
-                loss, grads, captured = self._concrete(feed, ys)
-            except (TypeError, ValueError):  # another batch size or time length: trace for it
-                loss, grads, captured = self._function(feed, ys)
+            if sample_weight is not None:  # weighed batches: traced for their weights
+                loss, grads, captured = self._function(feed, ys, sample_weight)
+            else:
+                try:
+                    loss, grads, captured = self._concrete(feed, ys, None)
+                except (TypeError, ValueError):  # another batch size or time: trace for it
+                    loss, grads, captured = self._function(feed, ys)
         calls = []
         for meta, tensors in zip(self._trace["calls"], captured, strict=True):
             args, outputs, states, mask, state_grads, output_grads = tensors
@@ -455,8 +456,21 @@ class GradientFlow(keras.callbacks.Callback):
             output_gradients={call_label(c.layer, c.index): [_numpy(g) for g in og]
                               for c, _, og in calls if og is not None})
 
+    def _weights_of(self, engine: Any, sample_weight: Any) -> Any:
+        """A batch's sample weights as the engine's compute_loss takes them: None, one tensor,
+        or a list of tensors by output (a structure of them, as fit gives, is flattened)."""
+        if sample_weight is None:
+            return None
+        if isinstance(sample_weight, dict | list | tuple):
+            names = list(getattr(self.model, "output_names", None) or engine.output_names)
+            by_name = _flat(sample_weight, names, "sample_weight")
+            return [tf.cast(tf.convert_to_tensor(v), engine.dtype_name)
+                    for v in by_name.values()]
+        return tf.cast(tf.convert_to_tensor(sample_weight), engine.dtype_name)
+
     def _confirm(self, engine: Any, inputs: dict[str, np.ndarray],
-                 targets: dict[str, np.ndarray], result: KerasPass) -> None:
+                 targets: dict[str, np.ndarray], result: KerasPass,
+                 sample_weight: Any = None) -> None:
         """At a model's first observation, Keras' own call of the whole model on the same
         batch and weights must give the traced pass's loss and gradients (the witness outside
         the engine; once per model, as the traced pass is the same function afterwards)."""
@@ -464,23 +478,27 @@ class GradientFlow(keras.callbacks.Callback):
         before = moved_state(engine.model)
         try:
             with native_stderr_silenced():
-                own = whole_model_pass(engine.model, engine.compute_loss, feed, ys,
-                                       engine.training)
+                own = whole_model_pass(
+                    engine.model,
+                    lambda f, t, o: engine.compute_loss(f, t, o, sample_weight), feed, ys,
+                    engine.training)
         finally:
             restore(before)
         confirm(result.loss, result.gradients, own, engine.dtype_name,
                 f"GradientFlow on model '{engine.model.name}'")
         self._witnessed = engine
 
-    def _observe(self, x: Any, y: Any, step: int, epoch: int | None) -> None:
+    def _observe(self, x: Any, y: Any, step: int, epoch: int | None,
+                 sample_weight: Any = None) -> None:
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
+        weights = self._weights_of(engine, sample_weight)
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
         if failed:
             self._drain()  # an earlier recording failed: say so now
-        result = self._run(engine, inputs, targets)
+        result = self._run(engine, inputs, targets, weights)
         if self._witnessed is not engine:
-            self._confirm(engine, inputs, targets, result)
+            self._confirm(engine, inputs, targets, result, weights)
         # The recurrent layers' weights of this pass: training moves them on meanwhile.
         weights = recurrent_weights(engine, result)
 
@@ -649,9 +667,10 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
     recurrent = RECURRENT_CLASSES
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def run(feed: list[Any], targets: list[Any]) -> Any:
+    def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
         with tf.GradientTape() as tape:
-            loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True)
+            loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True,
+                                            sample_weight=sample_weight)
         kept = [c for c in calls if c.states or c.class_name in recurrent]
         wanted = [c.outputs if c.class_name in recurrent else [] for c in kept]
         grads, state_grads, output_grads = tape.gradient(

@@ -75,7 +75,8 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     model = engine.model
     frozen = moved_state(model)
     say("TF autodiff on the float64 copy")
-    autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True)
+    autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
+                          sample_weight=job.batch.sample_weight)
     restore(frozen)
     if after_autodiff is not None:
         after_autodiff(model)
@@ -86,7 +87,8 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     shapes: dict[str, list[int]] = {}
     say("finite differences")
     _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol,
-                        job.seed, results, shapes, _masked_inputs(job, inputs))
+                        job.seed, results, shapes, _masked_inputs(job, inputs),
+                        engine.weight_tensors(job.batch.sample_weight))
     laps["finite_differences"] = time.perf_counter() - start - sum(laps.values())
     say("NumPy reference for the recurrent layers")
     with blas_beside_tensorflow():
@@ -113,7 +115,8 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                         frozen: list[tuple[Any, np.ndarray]], directions: int, rtol: float,
                         atol: float | None, seed: int, results: dict[str, list[WitnessEntry]],
-                        shapes: dict[str, list[int]], fixed: dict[str, np.ndarray]) -> None:
+                        shapes: dict[str, list[int]], fixed: dict[str, np.ndarray],
+                        sample_weight: Any = None) -> None:
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     state_calls = [call for call in autodiff.calls if call.states]
@@ -124,13 +127,16 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
     def evaluate(feed: list[Any]) -> Any:
         # Keras' own call of the whole model, not gradscope's replay: the witness must not
         # share the engine's reading of the model.
-        return whole_model_loss(engine.model, engine.compute_loss, feed, y, engine.training)
+        return whole_model_loss(engine.model,
+                                lambda f, t, o: engine.compute_loss(f, t, o, sample_weight),
+                                feed, y, engine.training)
 
     @tf.function(reduce_retracing=True)
     def evaluate_shifted(feed: list[Any], deltas: dict[str, list[Any]]) -> Any:
         # An initial state exists only in the replay, which makes it explicit: shifting it
         # needs the replay. Its unshifted loss is checked against Keras' own call (below).
-        loss, _, _ = engine.forward(feed, y, lambda tensor: None, deltas=deltas)
+        loss, _, _ = engine.forward(feed, y, lambda tensor: None, deltas=deltas,
+                                    sample_weight=sample_weight)
         return loss
 
     def loss_with(new_feed: list[Any] | None = None,

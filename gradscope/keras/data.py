@@ -39,12 +39,20 @@ class InputSpec:
         return self.vocabulary is not None or self.dtype.startswith(("int", "uint"))
 
 
+#: Sample weights: None, one array (every output), or a dict of arrays by output name.
+SampleWeight = np.ndarray | dict[str, np.ndarray] | None
+
+
 @dataclass(frozen=True)
 class KerasBatch:
     inputs: dict[str, np.ndarray]
     targets: dict[str, np.ndarray] | None  # None: synthetic, drawn once the outputs are known
     source: str
     pad: int = 0
+    #: As fit takes them: None, one array for every output, or one per output (by name).
+    sample_weight: SampleWeight = None
+
+
 
 
 def input_specs(graph: ModelGraph) -> list[InputSpec]:
@@ -148,6 +156,10 @@ class DataProblems(DataError):
         self.lines = [one_line(text) for text, _ in problems]
 
 
+#: The name of the sample weights in a --data file (SAMPLE_WEIGHT/NAME: one output's).
+SAMPLE_WEIGHT = "sample_weight"
+
+
 def load_named(path: str, specs: list[InputSpec], outputs: list[str],
                aliases: dict[str, str] | None = None) -> KerasBatch:
     """An .npz whose arrays are named after the model's inputs (or ``x`` for a single input)
@@ -207,25 +219,45 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         labels[name] = key
         if numeric(key):
             targets[name] = arrays[key]
+    weights: dict[str, np.ndarray] = {}
+    for key in sorted(k for k in arrays if k == SAMPLE_WEIGHT
+                      or k.startswith(SAMPLE_WEIGHT + "/")):
+        output = key.partition("/")[2]
+        output = (aliases or {}).get(output, output)
+        if output and output not in outputs:
+            problems.append((f"{path}: array '{key}' weighs an output the model does not have; "
+                             f"expected {SAMPLE_WEIGHT} or {SAMPLE_WEIGHT}/NAME for an output "
+                             f"NAME of {', '.join(outputs)}", key))
+        elif numeric(key):
+            try:
+                _check_weights(key, arrays[key])
+            except DataError as exc:
+                problems.append((f"{path}: {exc.message}", key))
+                continue
+            weights[output] = arrays[key]
+            labels[f"{SAMPLE_WEIGHT}/{output}" if output else SAMPLE_WEIGHT] = key
+        used.add(key)
+    if "" in weights and len(weights) > 1:
+        problems.append((f"{path}: has both {SAMPLE_WEIGHT} (every output) and "
+                         f"{SAMPLE_WEIGHT}/NAME arrays; expected one or the other",
+                         SAMPLE_WEIGHT))
     for extra in sorted(set(arrays) - used):
-        if extra == "sample_weight":  # until sample weights are supported: say so, here only
-            problems.append((f"{path}: array 'sample_weight' is recognised but not supported "
-                             "yet: gradscope weighs every example equally; remove it from the "
-                             "file", extra))
-            continue
         hint = difflib.get_close_matches(extra, input_names + outputs, n=1)
         did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
         problems.append((f"{path}: unknown array '{extra}'{did_you_mean}; expected the inputs "
                          f"{', '.join(input_names)} and the outputs {', '.join(outputs)}", extra))
-    batches = {labels[name]: value.shape[0] for name, value in {**inputs, **targets}.items()
-               if value.ndim}
+    weighed = {(f"{SAMPLE_WEIGHT}/{k}" if k else SAMPLE_WEIGHT): v for k, v in weights.items()}
+    batches = {labels[name]: value.shape[0]
+               for name, value in {**inputs, **targets, **weighed}.items() if value.ndim}
     if len(set(batches.values())) > 1:
         listed = ", ".join(f"{name} {size}" for name, size in batches.items())
         problems.append((f"{path}: the arrays disagree on the batch size ({listed}); expected "
                          "one batch size along axis 0", path))
     if problems:
         raise DataProblems(path, problems)
-    return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})")
+    return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})",
+                      sample_weight=weights.get("") if "" in weights else
+                      (weights or None))
 
 
 def _checked_input(spec: InputSpec, value: np.ndarray, key: str) -> np.ndarray:
@@ -260,10 +292,12 @@ def _shape_text(shape: Shape) -> str:
 
 
 def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any,
-                 aliases: dict[str, str] | None = None) -> KerasBatch:
+                 aliases: dict[str, str] | None = None,
+                 sample_weight: Any = None) -> KerasBatch:
     """The batch of ``gradscope.explain(model, x=…, y=…)``: NumPy or TensorFlow arrays, each
     ``x``/``y`` one array (one input/output), a list in the model's order, or a dict by name.
-    ``y`` None: synthetic targets that match the loss."""
+    ``y`` None: synthetic targets that match the loss. ``sample_weight``: as fit takes it,
+    one array for every output, or a list or dict of arrays by output."""
     input_names = [spec.name for spec in specs]
     raw = _named("x", x, input_names, "input")
     inputs = {}
@@ -282,15 +316,45 @@ def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any,
         named = _named("y", y, outputs, "output")
         targets = {name: value for name, (_, value) in named.items()}
         labels.update({name: key for name, (key, _) in named.items()})
-    sizes = {labels[name]: value.shape[0] for name, value in {**inputs, **(targets or {})}.items()
-             if value.ndim}
+    weights: SampleWeight = None
+    weighed: dict[str, np.ndarray] = {}
+    if sample_weight is not None:
+        if y is None:
+            raise DataError("sample_weight= was given without y=; the weights weigh the loss "
+                            "of your targets: pass y too", where="sample_weight")
+        if isinstance(sample_weight, dict | list | tuple):
+            if isinstance(sample_weight, dict) and aliases:
+                sample_weight = {aliases.get(k, k) if k not in outputs else k: v
+                                 for k, v in sample_weight.items()}
+            named = _named("sample_weight", sample_weight, outputs, "output")
+            weights = {name: value for name, (_, value) in named.items()}
+            weighed = {f"sample_weight/{name}": value for name, value in weights.items()}
+            labels.update({f"sample_weight/{name}": key for name, (key, _) in named.items()})
+        else:
+            weights = _array("sample_weight", sample_weight)
+            weighed = {"sample_weight": weights}
+            labels["sample_weight"] = "sample_weight"
+        for name, value in weighed.items():
+            _check_weights(labels[name], value)
+    sizes = {labels[name]: value.shape[0]
+             for name, value in {**inputs, **(targets or {}), **weighed}.items() if value.ndim}
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
         raise DataError(f"the arrays disagree on the batch size ({listed}); expected one batch "
                         "size along axis 0", where=next(iter(sizes)))
     return KerasBatch(inputs=inputs, targets=targets,
-                      source="supplied (x, y)" if y is not None else
-                      "supplied (x; synthetic targets)")
+                      source=("supplied (x, y, sample_weight)" if weights is not None else
+                              "supplied (x, y)" if y is not None else
+                              "supplied (x; synthetic targets)"),
+                      sample_weight=weights)
+
+
+def _check_weights(name: str, value: np.ndarray) -> None:
+    """Sample weights have a batch axis (Keras takes them so; that they are finite real
+    numbers is checked where every array is read)."""
+    if value.ndim == 0:
+        raise DataError(f"{name} is a scalar; expected one weight per example (batch,) or "
+                        "per position (batch, time)", where=name)
 
 
 def _named(what: str, value: Any, names: list[str],

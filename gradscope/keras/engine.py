@@ -173,25 +173,34 @@ class KerasEngine:
             return self.keras.tree.pack_sequence_as(structure, flat)
         return flat if len(flat) > 1 else flat[0]
 
-    def compute_loss(self, feed: list[Any], targets: list[Any], flat_outputs: list[Any]) -> Any:
+    def compute_loss(self, feed: list[Any], targets: list[Any], flat_outputs: list[Any],
+                     sample_weight: Any = None) -> Any:
         """Trainer.compute_loss: the compiled (or chosen) loss plus the model's added losses
-        (regularisers, activity regularisers, add_loss)."""
+        (regularisers, activity regularisers, add_loss). ``sample_weight``: None, one tensor
+        for every output, or a list of them in the order of the outputs (see
+        :meth:`weight_tensors`)."""
         x = feed if len(feed) > 1 else feed[0]
         y, y_pred = self._structured(targets), self._structured(flat_outputs)
+        weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
+                   else sample_weight)
         with self._floatx():  # a compiled loss builds its wrappers at its first call
             if self._own_loss is None:
-                return self.model.compute_loss(x=x, y=y, y_pred=y_pred, training=self.training)
-            losses = [self._own_loss(y, y_pred)]
+                return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weights,
+                                               training=self.training)
+            losses = [self._own_loss(y, y_pred, weights)]
             losses += [self.model._aggregate_additional_loss(loss) for loss in self.model.losses]
             return losses[0] if len(losses) == 1 else self.keras.ops.sum(losses)
 
-    def loss_terms(self, targets: list[Any], flat_outputs: list[Any]) -> list[LossTerm]:
+    def loss_terms(self, targets: list[Any], flat_outputs: list[Any],
+                   sample_weight: Any = None) -> list[LossTerm]:
         """The loss of the call that just ran, term by term (see :mod:`loss_terms`)."""
         compile_loss = (self._own_loss if self._own_loss is not None
                         else getattr(self.model, "_compile_loss", None))
+        weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
+                   else sample_weight)
         with self._floatx():
             outputs = output_terms(compile_loss, self.output_names, self._structured(targets),
-                                   self._structured(flat_outputs))
+                                   self._structured(flat_outputs), weights)
         return outputs + added_terms(self.model)
 
     @contextlib.contextmanager
@@ -265,7 +274,8 @@ class KerasEngine:
 
     def forward(self, feed: list[Any], targets: list[Any], watch: Callable[[Any], None],
                 deltas: dict[str, list[Any]] | None = None,
-                watch_outputs: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
+                watch_outputs: bool = False,
+                sample_weight: Any = None) -> tuple[Any, list[Any], list[CapturedCall]]:
         """The loss, the model's outputs and every layer call, from one run of the graph.
 
         ``watch`` is given every initial state (and, with ``watch_outputs``, every call's
@@ -349,7 +359,8 @@ class KerasEngine:
         with model_call_context(model, training):
             outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
         flat_outputs = list(keras.tree.flatten(outputs))
-        return self.compute_loss(feed, targets, flat_outputs), flat_outputs, calls
+        return (self.compute_loss(feed, targets, flat_outputs, sample_weight), flat_outputs,
+                calls)
 
     def tensors(self, inputs: dict[str, np.ndarray],
                 targets: dict[str, np.ndarray]) -> tuple[list[Any], list[Any]]:
@@ -357,8 +368,21 @@ class KerasEngine:
         return ([tf.convert_to_tensor(value) for value in inputs.values()],
                 [tf.convert_to_tensor(targets[name]) for name in self.output_names])
 
+    def weight_tensors(self, sample_weight: Any) -> Any:
+        """Sample weights (None, one array, or a dict by output name) as compute_loss takes
+        them: None, one tensor, or a list of tensors in the order of the outputs (an output
+        without weights weighs every example 1)."""
+        if sample_weight is None:
+            return None
+        dtype = self.dtype_name
+        if not isinstance(sample_weight, dict):
+            return self.tf.constant(np.asarray(sample_weight, dtype))
+        return [self.tf.constant(np.asarray(sample_weight[name], dtype)) if name in
+                sample_weight else None for name in self.output_names]
+
     def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-            watch_outputs: bool = False, watch_inputs: bool = False) -> KerasPass:
+            watch_outputs: bool = False, watch_inputs: bool = False,
+            sample_weight: Any = None) -> KerasPass:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient.
 
@@ -373,6 +397,7 @@ class KerasEngine:
         )
 
         feed, y = self.tensors(inputs, targets)
+        weights = self.weight_tensors(sample_weight)
         # A training-mode run moves batch-norm statistics, dropout seeds and the states of
         # stateful layers: both passes start from the same values, and the user's model
         # object gets its own values back.
@@ -383,8 +408,10 @@ class KerasEngine:
             # Keras' own call first: where it fails, the model (or Keras) cannot compute this
             # loss, and that is said as such; the replay failing after it is gradscope's.
             try:
-                own = whole_model_pass(self.model, self.compute_loss, feed, y, self.training,
-                                       terms=lambda outputs: self.loss_terms(y, outputs))
+                own = whole_model_pass(
+                    self.model,
+                    lambda f, t, o: self.compute_loss(f, t, o, weights), feed, y,
+                    self.training, terms=lambda outputs: self.loss_terms(y, outputs, weights))
             except GradscopeError:
                 raise
             except Exception as exc:  # Keras and TensorFlow raise many kinds
@@ -398,7 +425,7 @@ class KerasEngine:
             restore(before)
             if self.training:
                 self.keras.utils.set_random_seed(self.seed)
-            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs)
+            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights)
         finally:
             if self.live:
                 restore(before)
@@ -407,14 +434,15 @@ class KerasEngine:
                        sparse_rows=own.sparse_rows, loss_terms=own.terms)
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
-             watch_outputs: bool, watch_inputs: bool) -> KerasPass:
+             watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None) -> KerasPass:
         tf = self.tf
         variables = self.model.trainable_variables
         watched_inputs = [t for t in feed if t.dtype.is_floating] if watch_inputs else []
         with native_stderr_silenced(), tf.GradientTape(persistent=watch_outputs) as tape:
             tape.watch(watched_inputs)
             loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
-                                                     watch_outputs=watch_outputs)
+                                                     watch_outputs=watch_outputs,
+                                                     sample_weight=sample_weight)
         states = [call.states for call in calls]
         watched_outputs = [call.outputs for call in calls] if watch_outputs else []
         with native_stderr_silenced():

@@ -71,7 +71,8 @@ class KerasJob:
 
 def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = None,
             loss: str | None = None, training: bool = False, pad: int = 0,
-            data: str | None = None, seed: int = 0, x: Any = None, y: Any = None) -> KerasJob:
+            data: str | None = None, seed: int = 0, x: Any = None, y: Any = None,
+            sample_weight: Any = None) -> KerasJob:
     """Read the model's structure, choose the loss, make or load the batch: no TensorFlow for
     a saved model. ``path`` may be a Keras model object instead (Keras is then imported
     already): its graph is read from the config it would save, and its code is not refused,
@@ -82,13 +83,17 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
     graph, plan, path, model = read_model(path, loss)
     specs = input_specs(graph)
     outputs = output_names(graph)
+    if sample_weight is not None and x is None:
+        raise ConfigError("sample_weight= was given without x= and y=; weights go with your "
+                          "own batch (in an .npz: an array named sample_weight)",
+                          where="sample_weight")
     if x is not None or y is not None:
         if x is None:
             raise ConfigError("y= was given without x=; pass the inputs too", where="x")
         if data is not None or pad:
             raise ConfigError(f"{'data' if data is not None else 'pad'}= and x= both give the "
                               "batch; pass one of them", where="x")
-        batch = arrays_batch(specs, outputs, x, y, output_aliases(graph))
+        batch = arrays_batch(specs, outputs, x, y, output_aliases(graph), sample_weight)
     elif data is not None:
         if pad:
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
@@ -134,7 +139,8 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     else:
         check_targets(job.plan, targets, engine.output_shapes(job.batch.inputs))
     say("running the model forward and backward under the tape")
-    result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow)
+    result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow,
+                        sample_weight=job.batch.sample_weight)
     clock["forward_backward"] = time.perf_counter() - start - clock["load"]
     report = _report(job, engine, result)
     clock["explain"] = time.perf_counter() - start - sum(clock.values())
