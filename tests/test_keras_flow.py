@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from conftest import run_gradscope
 
+import gradscope
+
 T, F, B = 5, 3, 4
 
 
@@ -355,7 +357,41 @@ def test_vanishing_gradient_is_flagged_through_the_cli(tmp_path: Path) -> None:
     text = " ".join(lines)
     assert "State Jacobians ∂h_T/∂h_0" in text and "rnn/h_T" in text
     assert "‖∂L/∂rnn/h_t‖" in text
-    assert "⚠ ∂L/∂rnn/h_t is" in text and "vanishing gradients" in text
+    assert "⚠ ∂L/∂rnn/h_t: carried back through the recurrence from t=7 to t=0" in text
+    assert "vanishing gradients" in text
+
+
+def test_both_directions_get_one_flag_rule() -> None:
+    """A Bidirectional SimpleRNN whose loss weighs its last three input steps (sample weights
+    1 there, 1e-4 elsewhere): read each in the order its direction runs, the forward ∂L/∂h_t
+    profile rises 10⁴-fold and the backward one falls 10⁴-fold, so a rule on the profile's
+    ends called one vanishing and the other exploding. The rule reads what each recurrence
+    carries back: both directions vanish."""
+    import keras
+    from keras import layers as L
+
+    from gradscope.keras.flow import carried_ratio
+
+    keras.utils.set_random_seed(9)
+    model = keras.Sequential([keras.Input((30, F)),
+                              L.Bidirectional(L.SimpleRNN(4, return_sequences=True),
+                                              name="both"),
+                              L.TimeDistributed(L.Dense(1))])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((B, 30, F)).astype("float32")
+    y = rng.standard_normal((B, 30, 1)).astype("float32")
+    weights = np.full((B, 30), 1e-4, "float32")
+    weights[:, -3:] = 1.0
+    flow = gradscope.explain(model, x=x, y=y, sample_weight=weights, flow=True).gradient_flow
+    forward, backward = (next(s for s in flow.sequences if s.source == f"both/{d}")
+                         for d in ("forward", "backward"))
+    assert forward.norms[0] / forward.norms[-1] < 1e-2 < 1e2 < backward.norms[0] / \
+        backward.norms[-1]
+    verdicts = {f.what: f.kind for f in flow.flags}
+    assert verdicts["∂L/∂both/forward/h_t"] == verdicts["∂L/∂both/backward/h_t"] == "vanishing"
+    assert carried_ratio(np.ones((1, 3, 2)), np.zeros((1, 3, 2))) == pytest.approx(1.0)
+    assert carried_ratio(np.ones((1, 3, 2)), np.ones((1, 3, 2))) == 0.0
 
 
 @pytest.mark.parametrize("option", ["--at", "--plot"])

@@ -65,11 +65,13 @@ tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope._blas import blas_beside_tensorflow  # noqa: E402
-from gradscope.inspect import FLOW_FACTOR, flow_flags  # noqa: E402
+from gradscope.inspect import FLOW_FACTOR  # noqa: E402
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label  # noqa: E402
 from gradscope.keras.flow import (  # noqa: E402
     RECURRENT_CLASSES,
+    carried_ratio,
     per_step_norms,
+    recurrence_flag,
     recurrent_calls,
     recurrent_weights,
     total_state_gradients,
@@ -537,18 +539,19 @@ class GradientFlow(keras.callbacks.Callback):
                 self._skipped.setdefault((recurrent.label, totals), []).append(step)
                 continue
             state_grads = result.state_gradients.get(recurrent.label, [])
-            for unit, total in zip(recurrent.units, totals, strict=True):
+            for unit, (total, direct) in zip(recurrent.units, totals, strict=True):
                 mine, state_grads = (state_grads[:unit.state_count],
                                      state_grads[unit.state_count:])
                 profile = per_step_norms(total)
+                ratio = None
                 if not np.all(np.isfinite(profile)):
                     reason = "NaN or Inf in ∂L/∂h_t: no profile, ratio or flag"
                     skipped.append(KerasNotAnalysed(layer=unit.label, reason=reason))
                     self._skipped.setdefault((unit.label, reason), []).append(step)
                     profile = []
-                flags = flow_flags({unit.label: np.asarray(profile)})
-                ratio = (flags[0].ratio if flags else
-                         profile[0] / profile[-1] if len(profile) > 1 and profile[-1] else None)
+                else:
+                    ratio = carried_ratio(total, direct)
+                flag = recurrence_flag(unit.label, ratio, len(profile))
                 series = self._recurrent.setdefault(unit.label, {
                     "class_name": unit.class_name, "units": int(unit.cell.units),
                     "backwards": unit.backwards,
@@ -562,7 +565,7 @@ class GradientFlow(keras.callbacks.Callback):
                         value if value is not None and np.isfinite(value) else None)
                 series["profiles"].append(profile or None)
                 series["ratios"].append(ratio)
-                series["flags"].append(flags[0].kind if flags else None)
+                series["flags"].append(flag.kind if flag is not None else None)
         self._pad(index + 1)
         if self.log_dir is not None:
             self._write(step, epoch, size, skipped)

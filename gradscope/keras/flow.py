@@ -21,7 +21,7 @@ that may be wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.keras.witness import TOLERANCES, cell_params, unmodelled
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
+    FlowFlag,
     JacobianEntry,
     KerasFlowSequence,
     KerasGradientFlow,
@@ -43,7 +44,10 @@ from gradscope.report.models import (
 FLOW_METHOD = ("the total ∂L/∂h_t of each recurrent call: gradscope's NumPy reference BPTT "
                "(float64) re-runs the call on its captured input and initial state and is fed "
                "the tape's ∂L/∂(the call's outputs), one backward pass; ∂L/∂x_t from the tape; "
-               "norms are Frobenius over the batch")
+               "norms are Frobenius over the batch; a recurrent call is flagged by how much of "
+               "∂L/∂h its recurrence carries back from the last step it runs to the first "
+               "(the product of the one-step gains ‖∂L/∂h_t − its part from above‖ / "
+               "‖∂L/∂h_(t+1)‖), an input by its norm at t=0 over its norm at the last step")
 JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
                    "captured input and initial state, float64, batch_jacobian in one traced "
                    "function per layer")
@@ -271,12 +275,15 @@ def upstream_gradients(recurrent: RecurrentCall, gradients: list[np.ndarray | No
     return result
 
 
-def total_state_gradients(recurrent: RecurrentCall, result: KerasPass) -> list[np.ndarray] | str:
-    """Per unit, the total ∂L/∂h_t (B, T, u) in processing order, or why it cannot be given."""
+def total_state_gradients(recurrent: RecurrentCall, result: KerasPass
+                          ) -> list[tuple[np.ndarray, np.ndarray]] | str:
+    """Per unit, the total ∂L/∂h_t (B, T, u) and the part of it that arrives from above at
+    step t (the rest is carried back from t+1), both in processing order; or why they cannot
+    be given."""
     gradients = result.output_gradients.get(recurrent.label)
     if gradients is None:
         return "the run did not watch this call's outputs"
-    totals_by_unit = []
+    parts = []
     for unit, (d_seq, d_h_final, d_c_final) in zip(recurrent.units,
                                                    upstream_gradients(recurrent, gradients),
                                                    strict=True):
@@ -284,8 +291,44 @@ def total_state_gradients(recurrent: RecurrentCall, result: KerasPass) -> list[n
         totals: list[np.ndarray] = []
         backward(unit.params, unit.cache, d_seq, d_h_final, d_c_final=d_c_final,
                  totals=totals)
-        totals_by_unit.append(np.stack(totals, axis=1))
-    return totals_by_unit
+        parts.append((np.stack(totals, axis=1), np.asarray(d_seq, np.float64)))
+    return parts
+
+
+def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
+    """How much of ∂L/∂h survives being carried back through the recurrence, from the last
+    step the layer runs to its first: the product over t of ‖∂L/∂h_t − its part from above at
+    t‖ / ‖∂L/∂h_{t+1}‖, each the gain of one step back (steps whose ∂L/∂h_{t+1} is 0 carry
+    nothing and are left out). It reads the recurrence, not where the loss puts its gradient:
+    the two directions of a Bidirectional layer, each in the order it runs, are read alike.
+    Where the gradient enters at the last step only, it is ‖∂L/∂h_0‖ / ‖∂L/∂h_{T−1}‖.
+    ``total`` and ``direct``: (B, T, u) in processing order. None: nothing to carry."""
+    logs = []
+    for t in range(total.shape[1] - 1):
+        after = float(np.linalg.norm(total[:, t + 1]))
+        if not after > 0:
+            continue
+        carried = float(np.linalg.norm(total[:, t] - direct[:, t]))
+        if carried == 0:
+            return 0.0
+        logs.append(np.log(carried) - np.log(after))
+    if not logs:
+        return None
+    return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))
+
+
+def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | None:
+    """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way."""
+    from gradscope.inspect import FLOW_FACTOR
+
+    if ratio is None or 1 / FLOW_FACTOR <= ratio <= FLOW_FACTOR:
+        return None
+    kind: Literal["vanishing", "exploding"] = "vanishing" if ratio < 1 else "exploding"
+    return FlowFlag(what=what, kind=kind, ratio=ratio,
+                    message=f"{what}: carried back through the recurrence from t={steps - 1} "
+                            f"to t=0 (the order the layer runs), the gradient keeps "
+                            f"{ratio:.2e} × its size: {kind} gradients (flagged beyond a "
+                            f"factor {FLOW_FACTOR:g})")
 
 
 def per_step_norms(gradient: np.ndarray) -> list[float]:
@@ -301,17 +344,22 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow
 
     usable, skipped = recurrent_calls(job, engine, result)
     sequences: list[KerasFlowSequence] = []
+    flags: list[FlowFlag] = []
     backwards = False
     for recurrent in usable:
-        totals = total_state_gradients(recurrent, result)
-        if isinstance(totals, str):
-            skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=totals))
+        parts = total_state_gradients(recurrent, result)
+        if isinstance(parts, str):
+            skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=parts))
             continue
-        for unit, total in zip(recurrent.units, totals, strict=True):
+        for unit, (total, direct) in zip(recurrent.units, parts, strict=True):
             backwards = backwards or unit.backwards
+            what = f"∂L/∂{unit.label}/h_t"
             sequences.append(KerasFlowSequence(
-                what=f"∂L/∂{unit.label}/h_t", kind="state", source=unit.label,
+                what=what, kind="state", source=unit.label,
                 norms=per_step_norms(total), backwards=unit.backwards))
+            flag = recurrence_flag(what, carried_ratio(total, direct), total.shape[1])
+            if flag is not None:
+                flags.append(flag)
     for name, value in job.batch.inputs.items():
         if value.dtype.kind != "f" or value.ndim != 3:
             continue
@@ -321,7 +369,7 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow
         sequences.append(KerasFlowSequence(what=f"∂L/∂{name}_t", kind="input", source=name,
                                            norms=norms))
     _in_call_order(skipped, result)
-    flags = flow_flags({s.what: np.asarray(s.norms) for s in sequences})
+    flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences if s.kind == "input"})
     method = FLOW_METHOD + ("; " + BACKWARDS_NOTE if backwards else "")
     return KerasGradientFlow(method=method, sequences=sequences, not_analysed=skipped,
                              flags=flags)

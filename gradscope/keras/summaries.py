@@ -3,7 +3,8 @@
 What a stock TensorBoard shows:
 
 - Scalars: ``gradient_norm/<weight>`` (‖∂L/∂w‖), ``initial_state_gradient/<layer>/h0`` (and
-  ``/c0`` for an LSTM), ``flow_ratio/<layer>`` (‖∂L/∂h_t‖ at t=0 over t=T−1), ``flow_flag/<layer>``
+  ``/c0`` for an LSTM), ``flow_ratio/<layer>`` (how much of ∂L/∂h the recurrence carries back
+  from t=T−1 to t=0), ``flow_flag/<layer>``
   (−1 vanishing, 0 none, +1 exploding) and ``gradscope/loss``.
 - Images: ``flow_profile/<layer>``, the step × time heatmap of log10 ‖∂L/∂h_t‖ across
   training: one row per observation (the first at the top), one column per time step (t = 0

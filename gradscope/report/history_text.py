@@ -83,7 +83,7 @@ def _recurrent_rows(series: list[RecurrentFlowSeries]) -> dict[str, list[float |
     for entry in series:
         for state, norms in entry.initial_state_norms.items():
             rows[f"{entry.layer} ‖∂L/∂{state}‖"] = norms
-        rows[f"{entry.layer} first/last ‖∂L/∂h_t‖"] = entry.ratios
+        rows[f"{entry.layer} ∂L/∂h carried T−1→0"] = entry.ratios
     return rows
 
 
@@ -98,8 +98,9 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
             last = hits[-1]
             lines.append(Text(
                 f"⚠ {entry.layer}: {kind} gradients at {len(hits)} of {len(entry.flags)} "
-                f"observations, the last at step {steps[last]} (‖∂L/∂h_t‖ at t=0 over t=T−1 "
-                f"{number(entry.ratios[last])}; flagged beyond a factor "
+                f"observations, the last at step {steps[last]} (carried back from t=T−1 to "
+                f"t=0, ∂L/∂h keeps {number(entry.ratios[last])} × its size; flagged beyond a "
+                "factor "
                 f"{report.flag_factor:g})", style="bold yellow"))
     if report.recurrent and not lines:
         lines.append(Text(f"no vanishing or exploding gradients flagged (factor "

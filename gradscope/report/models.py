@@ -211,7 +211,10 @@ class JacobianEntry(_Report):
 class FlowFlag(_Report):
     what: str = Field(description="the sequence flagged, e.g. ∂L/∂gru_1/h_t")
     kind: Literal["vanishing", "exploding"]
-    ratio: float = Field(description="norm at the first step over the norm at the last")
+    ratio: float = Field(description="a recurrent layer's: how much of ∂L/∂h its recurrence "
+                                     "carries back from the last step it runs to the first; "
+                                     "otherwise: the norm at the first step over the norm at "
+                                     "the last")
     message: str
 
 
@@ -662,7 +665,9 @@ class RecurrentFlowSeries(_Report):
         description="per observation: ‖∂L/∂h_t‖ for t = 0 … T−1, the total gradient at h_t "
                     "(from above at t plus what flows back from t+1); null where not analysed")
     ratios: list[float | None] = Field(
-        description="per observation: ‖∂L/∂h_t‖ at t=0 over t=T−1 (the flag's ratio)")
+        description="per observation: how much of ∂L/∂h the recurrence carries back from "
+                    "the last step it runs to the first, the product of the one-step gains "
+                    "‖∂L/∂h_t − its part from above‖ / ‖∂L/∂h_(t+1)‖ (the flag's ratio)")
     flags: list[Literal["vanishing", "exploding"] | None] = Field(
         description="per observation: the flag of `explain --flow`'s rule, beyond the factor")
     backwards: bool = Field(default=False, description="processing order: t = 0 is the last "
@@ -685,7 +690,7 @@ class FlowHistoryReport(_Displayed):
     loss: str = Field(description="the loss of the extra passes")
     mode: str = Field(description="the mode of the extra passes, e.g. inference")
     every: int | None = Field(description="one extra pass every this many batches (fit)")
-    flag_factor: float = Field(description="flagged when the first/last ratio passes this "
+    flag_factor: float = Field(description="flagged when the carried ratio passes this "
                                "factor either way")
     method: str
     observations: list[TrainingObservation]
