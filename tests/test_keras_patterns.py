@@ -149,6 +149,25 @@ def test_an_underived_wrapper_is_listed_with_every_weight_and_no_derivation(save
     assert wrapper.stats is not None
 
 
+@pytest.mark.parametrize("name", ["time_distributed_conv", "stacked_cells"])
+def test_shapes_lists_every_weight_of_an_underived_layer(saved, name):
+    """From the file without TensorFlow, and from the model object: every weight, with the
+    shape Keras holds, in Keras' order."""
+    from conftest import run_without_tensorflow
+
+    path, model = saved[name]
+    truth = [tuple(v.shape) for v in model.weights]
+    for source in (path, model):
+        report = gradscope.shapes(source)
+        assert sorted(tuple(w.shape) for w in report.weights) == sorted(truth)
+        assert report.weight_count == sum(int(np.prod(s)) for s in truth)
+    underived = model.layers[0]
+    stored = [w for w in gradscope.shapes(path).weights if w.layer == underived.name]
+    assert [tuple(w.shape) for w in stored] == [tuple(v.shape) for v in underived.weights]
+    result = run_without_tensorflow("shapes", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+
+
 def _save_with_custom_cell(folder: Path, kind: str) -> Path:
     """A registered custom class nested where a layer walk does not look: a cell inside RNN,
     a cell inside StackedRNNCells, a regularizer."""

@@ -244,8 +244,8 @@ def render_keras_shapes(report: KerasShapesReport) -> list[RenderableType]:
     return parts
 
 
-NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weight shapes are known "
-                        "once explain runs")
+NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weights are listed with "
+                        "the shapes the model stores")
 
 
 def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:

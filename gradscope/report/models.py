@@ -598,11 +598,13 @@ class KerasShapesReport(_Displayed):
     outputs: list[str]
     loss: str = Field(description="the loss explain would use, and the rule that chose it")
     layers: list[KerasLayerEntry]
-    weights: list[KerasGradientEntry] = Field(description="every weight the algebra derives; "
-                                                          "stats are null (nothing is run)")
-    weight_count: int = Field(description="numbers in the derived weights")
+    weights: list[KerasGradientEntry] = Field(
+        description="every weight: the ones the algebra derives, then those of the underived "
+                    "layers with the shapes the model stores (no formula); stats are null "
+                    "(nothing is run)")
+    weight_count: int = Field(description="numbers in the weights listed")
     underived: list[str] = Field(description="layers with weights but no derivation: their "
-                                             "shapes are known once explain runs")
+                                             "weights are listed with the stored shapes")
 
 
 class NotWitnessed(_Report):
