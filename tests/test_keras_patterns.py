@@ -226,3 +226,32 @@ def test_a_nested_custom_class_is_named_before_tensorflow(kind, where, tmp_path,
         assert "layer 'rnn' holds a custom class 'gradscope_tests>" in result.stderr
         assert where in result.stderr and "--loss" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_loss_hint_is_given_only_when_the_saved_loss_is_what_fails(tmp_path, tf):
+    """A compiled model whose loss is the user's own registered function: its file loads
+    only without the loss, so --loss is the way out and is said. A file whose weights are
+    damaged does not load at all: no loss would help, and none is suggested."""
+    import zipfile
+
+    import keras
+
+    @keras.saving.register_keras_serializable(package="gradscope_tests")
+    def my_loss(y_true: Any, y_pred: Any) -> Any:
+        return keras.ops.mean(keras.ops.abs(y_true - y_pred))
+
+    model = keras.Sequential([keras.Input((4, 2)), keras.layers.GRU(3), keras.layers.Dense(1)])
+    model.compile(loss=my_loss)
+    path = tmp_path / "own_loss.keras"
+    model.save(path)
+    result = run_gradscope("explain", str(path), "-q")
+    assert result.returncode == 2, result.stderr
+    assert "its saved loss cannot be rebuilt: pass --loss NAME" in result.stderr
+    assert run_gradscope("explain", str(path), "--loss", "mae", "-q").returncode == 0
+    damaged = tmp_path / "damaged.keras"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(damaged, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            target.writestr(item, b"not hdf5" if item.filename.endswith(".h5") else data)
+    result = run_gradscope("explain", str(damaged), "-q")
+    assert result.returncode == 2 and "--loss" not in result.stderr, result.stderr

@@ -151,18 +151,28 @@ class KerasEngine:
 
     def _load(self, path: str, compile_saved: bool) -> Any:
         keras = self.keras
-        try:
+
+        def load(compile: bool) -> Any:
             with native_stderr_silenced(), warnings.catch_warnings():
                 # A compiled model's optimizer state is not restored until it is built: Keras
                 # says so; gradscope never uses the optimizer.
                 warnings.filterwarnings("ignore", message="Skipping variable loading for "
                                         "optimizer")
-                return keras.saving.load_model(path, compile=compile_saved, safe_mode=True)
+                return keras.saving.load_model(path, compile=compile, safe_mode=True)
+
+        try:
+            return load(compile_saved)
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            hint = ("; pass --loss NAME to use another loss" if compile_saved else "")
-            raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}",
-                              where=path) from None
+        hint = ""
+        if compile_saved:
+            # Whether the saved loss is what Keras cannot rebuild: then --loss is the way out.
+            try:
+                load(False)
+                hint = "; its saved loss cannot be rebuilt: pass --loss NAME to use another loss"
+            except Exception:  # the model itself does not load: no loss would help
+                pass
+        raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}", where=path)
 
     def _structured(self, flat: list[Any]) -> Any:
         """Targets or outputs as fit hands them to the loss: one tensor, a list, or a dict by
