@@ -179,3 +179,13 @@ def test_the_reference_of_a_direction_catches_a_moved_weight(bidirectional_lstm,
     assert all(e.witness != "numpy_reference" for e in tensor.witnesses)
     (skipped,) = report.not_witnessed
     assert skipped.layer == "both" and "do not reproduce Keras' output" in skipped.reason
+
+
+def test_explain_witnesses_each_direction_or_says_why(bidirectional_lstm, relu_lstm, tf):
+    model, x, y = bidirectional_lstm
+    (both,) = [w for w in gradscope.explain(model, x=x, y=y).witnesses if w.layer == "both"]
+    assert both.passed is True and "forward lstm_keras, backward lstm_keras" in both.witness
+    assert both.max_abs_error is not None and both.max_abs_error < 1e-5
+    model, x, y = relu_lstm
+    (relu,) = gradscope.explain(model, x=x, y=y).witnesses
+    assert relu.passed is None and "activation relu" in relu.detail

@@ -28,6 +28,7 @@ from gradscope.keras.graph import LayerNode, ModelGraph
 from gradscope.keras.layers import LayerFacts, deriving_explainer
 from gradscope.keras.layers.base import variable_key
 from gradscope.keras.loss import LossPlan, output_aliases, output_names
+from gradscope.reference import cell_key
 from gradscope.report.models import (
     BlockEntry,
     KerasExplainReport,
@@ -252,6 +253,8 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                 witnesses.append(witness_call(captured, facts, explainer,
                                               weights_by_key(keras_layer, facts),
                                               engine.dtype_name, job.training))
+            elif node.class_name == "Bidirectional":
+                witnesses.append(_both_directions(captured, engine))
     warnings = _warnings(result, gradients)
     return KerasExplainReport(
         model=model_entry(job, engine, result), loss=loss_entry(job, result),
@@ -270,6 +273,30 @@ def _weight_keys(name: str, layer: Any) -> dict[int, str]:
     prefix = (layer.path + "/") if layer.path else ""
     return {id(v): v.path[len(prefix):] if v.path.startswith(prefix) else v.path
             for v in weights}
+
+
+def _both_directions(call: Any, engine: Any) -> KerasWitnessEntry:
+    """Both directions of a Bidirectional call rerun in gradscope's NumPy cells, merged as
+    Keras merges them, against every output Keras gave; or why they are not."""
+    from gradscope.keras.engine import call_label
+    from gradscope.keras.flow import output_error, rerun_call
+    from gradscope.keras.witness import TOLERANCES
+
+    label = call_label(call.layer, call.index)
+    name = "gradscope's NumPy cells, one per direction"
+    _, rtol = TOLERANCES.get(engine.dtype_name, TOLERANCES["float32"])
+    found = rerun_call(call, engine)
+    if isinstance(found, str):
+        return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
+                                 tolerance=rtol, passed=None, detail=f"not witnessed: {found}")
+    error = output_error(found, engine.dtype_name)
+    assert not isinstance(error, str)  # rerun_call has held the outputs to the tolerance
+    keys = ", ".join(f"{unit.label.rsplit('/', 1)[-1]} {cell_key(unit.cell)}"
+                     for unit in found.units)
+    return KerasWitnessEntry(layer=label, witness=f"{name} ({keys})",
+                             max_abs_error=error[0], tolerance=rtol, passed=True,
+                             detail=f"reproduce Keras' merged output to {error[0]:.1e} "
+                                    f"(allowed {error[1]:.1e})")
 
 
 def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:

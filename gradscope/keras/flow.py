@@ -211,11 +211,19 @@ def _outputs(recurrent: RecurrentCall) -> list[np.ndarray]:
 
 def _reproduces(recurrent: RecurrentCall, dtype: str) -> str | None:
     """None when every output of the call equals Keras' to the witness tolerance."""
+    found = output_error(recurrent, dtype)
+    return found if isinstance(found, str) else None
+
+
+def output_error(recurrent: RecurrentCall, dtype: str) -> tuple[float, float] | str:
+    """The largest |error| of the NumPy cells' outputs against Keras' and what the witness
+    tolerance allows there, or why they do not reproduce them."""
     atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
     ours = _outputs(recurrent)
     keras = [np.asarray(o, np.float64) for o in recurrent.call.outputs]
     if len(ours) != len(keras):
         return f"gradscope expects {len(ours)} outputs, Keras gave {len(keras)}"
+    worst, slack = 0.0, atol
     for k, (mine, theirs) in enumerate(zip(ours, keras, strict=True)):
         if mine.shape != theirs.shape:
             return (f"gradscope's cells give output {k} the shape {mine.shape}, Keras "
@@ -227,7 +235,15 @@ def _reproduces(recurrent: RecurrentCall, dtype: str) -> str | None:
         if not error <= allowed:
             return (f"gradscope's cells do not reproduce Keras' output {k} (max |error| "
                     f"{error:.1e} > {allowed:.1e})")
-    return None
+        if error > worst:
+            worst, slack = error, allowed
+    return worst, slack
+
+
+def rerun_call(call: CapturedCall, engine: Any) -> RecurrentCall | str:
+    """One recurrent call (a Bidirectional one as its two directions) rerun in gradscope's
+    NumPy cells, checked against every output Keras gave; or why it is not."""
+    return _prepare(call, call_label(call.layer, call.index), engine, None)
 
 
 # -- gradient flow ---------------------------------------------------------------------------
