@@ -344,6 +344,13 @@ class KerasEngine:
                     shift = (deltas or {}).get(call_label(name, index))
                     if shift is not None:
                         states = [state + d for state, d in zip(states, shift, strict=True)]
+                    if given is None and kwargs.get("mask") is None:
+                        # Called with its sequence alone, Keras takes the mask the sequence
+                        # carries; with an initial state as a second tensor it would not:
+                        # the mask is handed over as Keras would have taken it.
+                        carried = get_keras_mask(captured.args[0])
+                        if carried is not None:
+                            kwargs["mask"] = captured.mask = carried
                     kwargs["initial_state"] = states
                     captured.states = states
                 out = operation(*args, **kwargs)
@@ -510,7 +517,12 @@ def _state_units(operation: Any) -> list[int]:
         units = int(operation.units)
         return [units, units] if kind == "LSTM" else [units]
     if kind == "Bidirectional":
-        return _state_units(operation.forward_layer) + _state_units(operation.backward_layer)
+        forward = _state_units(operation.forward_layer)
+        backward = _state_units(operation.backward_layer)
+        # Keras hands a Bidirectional's initial states half to each direction: directions
+        # with different numbers of states (an LSTM forward, a GRU backward) keep Keras'
+        # own zero states, and their gradients are not reported.
+        return forward + backward if len(forward) == len(backward) else []
     return []
 
 

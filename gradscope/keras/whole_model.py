@@ -105,9 +105,12 @@ def moved_state(model: Any) -> list[tuple[Any, np.ndarray]]:
     :func:`restore` so that the next pass sees the same model."""
     variables = list(model.non_trainable_variables)
     tracked = {id(v) for v in variables}
+    import keras
+
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        for state in (getattr(layer, "states", None) or []) if getattr(layer, "stateful",
-                                                                        False) else []:
+        held = getattr(layer, "states", None) if getattr(layer, "stateful", False) else None
+        # StackedRNNCells keeps one list of states per cell: flattened, as Keras assigns them.
+        for state in keras.tree.flatten(held) if held is not None else []:
             if id(state) not in tracked and hasattr(state, "assign"):
                 tracked.add(id(state))
                 variables.append(state)
