@@ -34,11 +34,3 @@ def report_html(report: Any, width: int = NOTEBOOK_WIDTH) -> str:
     print_report(console, report)
     return str(console.export_html(inline_styles=True, code_format=HTML_FORMAT))
 
-
-def report_text(report: Any, width: int = NOTEBOOK_WIDTH) -> str:
-    """``report`` drawn by the terminal renderer, as plain text."""
-    from gradscope.report.text import print_report
-
-    console = recording_console(width)
-    print_report(console, report)
-    return str(console.export_text())
