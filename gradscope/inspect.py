@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from gradscope.algebra import ModelShapes, model_shapes
 from gradscope.cells.base import TensorInfo
 from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.errors import ConfigError, InternalError
+from gradscope.gradient_stats import flow_flags, per_example_norms, stats
 from gradscope.report.formats import percent
 from gradscope.report.models import (
     BlockEntry,
@@ -20,7 +21,6 @@ from gradscope.report.models import (
     CarryProductEntry,
     CarryWeightEntry,
     ExplainReport,
-    FlowFlag,
     GradientEntry,
     GradientFlow,
     InfluenceMap,
@@ -28,10 +28,8 @@ from gradscope.report.models import (
     LayerEntry,
     LossEntry,
     ModelEntry,
-    PerExampleNorms,
     ShapesReport,
     StateGradientEntry,
-    Stats,
     TensorEntry,
 )
 from gradscope.spec import Spec
@@ -130,8 +128,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     clock.lap("statistics")
     carry = carry_entry(algebra)
     if chunks is not None:
-        from gradscope.truncation import carry_numbers
-        from gradscope.witnesses.carry import chunk_lengths
+        from gradscope.truncation import carry_numbers, chunk_lengths
 
         say(f"full and truncated BPTT in {chunks} chunks (float64)")
         lengths = chunk_lengths(int(batch.x.shape[1]), chunks)
@@ -182,27 +179,6 @@ def tensor_entry(info: TensorInfo) -> TensorEntry:
         rows=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in info.rows],
         columns=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in info.columns],
     )
-
-
-def stats(values: np.ndarray) -> Stats:
-    """L2 norm, mean |g| and max |g| over the finite entries, and the count of the others."""
-    flat = np.asarray(values, dtype=np.float64).ravel()
-    finite = np.isfinite(flat)
-    kept = np.abs(flat[finite])
-    return Stats(
-        l2=float(np.sqrt(np.sum(kept * kept))),
-        mean_abs=float(kept.mean()) if kept.size else 0.0,
-        max_abs=float(kept.max()) if kept.size else 0.0,
-        nonfinite=int(flat.size - kept.size),
-    )
-
-
-def per_example_norms(gradient: np.ndarray) -> PerExampleNorms:
-    """Min, median and max over the batch (axis 0) of each example's L2 norm."""
-    flat = np.asarray(gradient, np.float64).reshape(len(gradient), -1)
-    norms = np.sqrt(np.sum(flat * flat, axis=1))
-    return PerExampleNorms(min=float(np.min(norms)), median=float(np.median(norms)),
-                           max=float(np.max(norms)))
 
 
 def state_gradient_entry(info: TensorInfo, gradient: np.ndarray) -> StateGradientEntry:
@@ -341,28 +317,6 @@ def jacobian_entry(algebra: ModelShapes, block: JacobianBlock) -> JacobianEntry:
 
 #: Rows t of the --plot heatmap (one backward pass per row and unit of the last layer).
 HEATMAP_ROWS = 16
-
-#: A gradient norm that shrinks (grows) by more than this factor from the last step back to
-#: the first is flagged as vanishing (exploding).
-FLOW_FACTOR = 100.0
-
-
-def flow_flags(sequences: dict[str, Any]) -> list[FlowFlag]:
-    """Vanishing/exploding flags: norm at t=0 over the norm at t=T−1 beyond FLOW_FACTOR."""
-    flags = []
-    for what, norms in sequences.items():
-        if len(norms) < 2 or norms[-1] == 0:
-            continue
-        ratio = float(norms[0] / norms[-1])
-        if ratio < 1 / FLOW_FACTOR or ratio > FLOW_FACTOR:
-            kind: Literal["vanishing", "exploding"] = "vanishing" if ratio < 1 else "exploding"
-            flags.append(FlowFlag(
-                what=what, kind=kind, ratio=ratio,
-                message=f"{what} is {ratio:.2e} × as large at t=0 as at t={len(norms) - 1}: "
-                        f"{kind} gradients (flagged beyond a factor {FLOW_FACTOR:g})",
-            ))
-    return flags
-
 
 def flow_entry(found: Dynamics) -> GradientFlow:
     sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}

@@ -2,7 +2,7 @@
 batches worth it for this model, at these weights?
 
 The batch's time axis is cut into K chunks, as ``check --chunks`` cuts it
-(:func:`gradscope.witnesses.carry.chunk_lengths`: ``np.array_split``, so the first T mod K
+(:func:`chunk_lengths`: ``np.array_split``, so the first T mod K
 chunks are one step longer). Then two backward passes of the same traced function, in float64
 on the model's own weights and batch (widened):
 
@@ -36,6 +36,7 @@ import numpy as np
 
 from gradscope.algebra import ModelShapes
 from gradscope.data import Batch
+from gradscope.errors import ConfigError
 
 #: Carrying "matters" when, for some weight, the carried gradients are at least this share of
 #: the full gradient (‖g_full − g_truncated‖ / ‖g_full‖). Below it, truncated BPTT without the
@@ -43,6 +44,19 @@ from gradscope.data import Batch
 #: 0.6°): less than the noise of one mini-batch to the next, in typical training.
 CARRIED_SHARE_THRESHOLD = 0.01
 
+
+
+def chunk_lengths(time_steps: int, chunks: int) -> list[int]:
+    """The lengths ``np.array_split`` gives: the first ``time_steps % chunks`` one longer."""
+    if chunks < 1:
+        raise ConfigError(f"--chunks {chunks}: expected a positive integer", where="--chunks")
+    if chunks > time_steps:
+        raise ConfigError(
+            f"--chunks {chunks} is more than time_steps {time_steps}; expected at most "
+            f"{time_steps} chunks (one step each)",
+            where="--chunks",
+        )
+    return [len(part) for part in np.array_split(np.arange(time_steps), chunks)]
 
 @dataclass(frozen=True)
 class ChunkProduct:

@@ -13,11 +13,11 @@ from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import ConfigError
 from gradscope.model import Engine
 from gradscope.spec import load_spec
+from gradscope.truncation import chunk_lengths
 from gradscope.witnesses import carry
 from gradscope.witnesses.carry import (
     CarryResult,
     carry_witness,
-    chunk_lengths,
     compare_with_full_bptt,
     truncated_gradients,
 )

@@ -65,7 +65,7 @@ tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope._blas import blas_beside_tensorflow  # noqa: E402
-from gradscope.inspect import FLOW_FACTOR  # noqa: E402
+from gradscope.gradient_stats import FLOW_FACTOR  # noqa: E402
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label  # noqa: E402
 from gradscope.keras.flow import (  # noqa: E402
     RECURRENT_CLASSES,

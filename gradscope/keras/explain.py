@@ -173,7 +173,7 @@ def _batchless(shape: tuple[int, ...]) -> tuple[int | None, ...]:
 
 
 def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
-    from gradscope.inspect import stats
+    from gradscope.gradient_stats import stats
 
     graph, model = job.graph, engine.model
     calls = {(c.layer, c.index): c for c in result.calls}
@@ -343,7 +343,7 @@ def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...
 def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any,
                    explainer: Any, facts: LayerFacts,
                    gradients: dict[str, list[np.ndarray | None]]) -> list[KerasStateEntry]:
-    from gradscope.inspect import per_example_norms, stats
+    from gradscope.gradient_stats import per_example_norms, stats
     from gradscope.keras.engine import call_label
 
     label = call_label(node.name, index)

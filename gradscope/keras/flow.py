@@ -335,7 +335,7 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
 
 def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | None:
     """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way."""
-    from gradscope.inspect import FLOW_FACTOR
+    from gradscope.gradient_stats import FLOW_FACTOR
 
     if ratio is None or 1 / FLOW_FACTOR <= ratio <= FLOW_FACTOR:
         return None
@@ -356,7 +356,7 @@ def per_step_norms(gradient: np.ndarray) -> list[float]:
 
 def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow:
     """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True)``."""
-    from gradscope.inspect import flow_flags
+    from gradscope.gradient_stats import flow_flags
 
     usable, skipped = recurrent_calls(job, engine, result)
     sequences: list[KerasFlowSequence] = []

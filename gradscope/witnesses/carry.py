@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
-from gradscope.errors import ConfigError
+from gradscope.truncation import chunk_lengths
 from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
 
 WITNESS = "tbptt_carry"
@@ -79,19 +79,6 @@ class TruncatedGradients:
     states: dict[str, np.ndarray]
     carried: list[dict[str, np.ndarray]]
     chunk_lengths: list[int]
-
-
-def chunk_lengths(time_steps: int, chunks: int) -> list[int]:
-    """The lengths ``np.array_split`` gives: the first ``time_steps % chunks`` one longer."""
-    if chunks < 1:
-        raise ConfigError(f"--chunks {chunks}: expected a positive integer", where="--chunks")
-    if chunks > time_steps:
-        raise ConfigError(
-            f"--chunks {chunks} is more than time_steps {time_steps}; expected at most "
-            f"{time_steps} chunks (one step each)",
-            where="--chunks",
-        )
-    return [len(part) for part in np.array_split(np.arange(time_steps), chunks)]
 
 
 def carry_witness(ctx: CheckContext, chunks: int) -> CarryResult:
