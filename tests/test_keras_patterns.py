@@ -310,3 +310,30 @@ def test_models_the_generator_found_give_keras_numbers(build, tf):
     y = rng.standard_normal((2, 2)).astype("float32")
     report = gradscope.explain(model, x=x, y=y)
     _assert_keras_numbers(report, *_tape(tf, model, x, y))
+
+
+def test_a_loss_that_keras_makes_nan_is_shown_as_such_with_a_warning(tf):
+    """Found by the generator: an average over a sequence whose every step is masked is NaN
+    in Keras' own call; gradscope shows the same (no value, its NaN counts) and says why it
+    may be, instead of failing or inventing a number."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(62)
+    x = keras.Input((3, 2))
+    pooled = layers.GlobalAveragePooling1D()(layers.Masking(0.0)(x))
+    model = keras.Model(x, layers.Dense(1)(pooled))
+    model.compile(loss="mse")
+    batch = np.zeros((2, 3, 2), "float32")
+    batch[0, 0] = 1.0  # the second example has every step masked
+    targets = np.ones((2, 1), "float32")
+    loss, _ = _tape(tf, model, batch, targets)
+    assert not np.isfinite(loss)
+    report = gradscope.explain(model, x=batch, y=targets)
+    assert report.loss.value is None
+    assert any(w.startswith("the loss is not finite (nan)") for w in report.warnings)
+    assert any(g.stats is not None and g.stats.nonfinite for g in report.gradients)
+    from gradscope.errors import DataError
+
+    with pytest.raises(DataError, match=r"the loss is not finite \(nan\)"):
+        gradscope.check(model, x=batch, y=targets)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
-from gradscope.errors import InternalError
+from gradscope.errors import DataError, InternalError
 from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
@@ -78,6 +78,11 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
                           sample_weight=job.batch.sample_weight)
     restore(frozen)
+    if not np.isfinite(autodiff.loss):
+        raise DataError(f"{engine.path}: the loss is not finite ({autodiff.loss}) in Keras' own "
+                        "call of the float64 copy on this batch: no witness can compare "
+                        "gradients of it; check the batch (an average over fully masked "
+                        "steps, a log of 0) and the loss", where=engine.path)
     if after_autodiff is not None:
         after_autodiff(model)
     laps["autodiff"] = time.perf_counter() - start - sum(laps.values())

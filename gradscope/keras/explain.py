@@ -383,6 +383,11 @@ def _wired_sources(node: LayerNode, index: int) -> list[str]:
 
 def _warnings(result: Any, gradients: list[KerasGradientEntry]) -> list[str]:
     warnings = []
+    if not np.isfinite(result.loss):
+        warnings.append(f"the loss is not finite ({result.loss}) in Keras' own call on this "
+                        "batch, and its gradients may not be either: an average over "
+                        "nothing (every step masked), a log of 0 or an overflow; check the "
+                        "batch and the loss")
     if result.loss == 0:
         warnings.append("the loss is exactly 0: every gradient is 0 and says nothing about "
                         "the model; check the targets and the loss (--loss, --data)")
