@@ -43,7 +43,7 @@ import copy
 import itertools
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -78,9 +78,8 @@ from gradscope.keras.flow import (  # noqa: E402
 )
 from gradscope.keras.whole_model import (  # noqa: E402
     confirm,
-    moved_state,
-    restore,
-    whole_model_pass,
+    snapshot,
+    whole_model_pass_at,
 )
 
 METHOD = ("one extra forward and backward pass on the current batch, with the model's loss, in "
@@ -470,41 +469,45 @@ class GradientFlow(keras.callbacks.Callback):
                     for v in by_name.values()]
         return tf.cast(tf.convert_to_tensor(sample_weight), engine.dtype_name)
 
-    def _confirm(self, engine: Any, inputs: dict[str, np.ndarray],
+    def _witness(self, engine: Any, inputs: dict[str, np.ndarray],
                  targets: dict[str, np.ndarray], result: KerasPass,
-                 sample_weight: Any = None) -> None:
+                 sample_weight: Any = None) -> Callable[[], None]:
         """At a model's first observation, Keras' own call of the whole model on the same
         batch and weights must give the traced pass's loss and gradients (the witness outside
-        the engine; once per model, as the traced pass is the same function afterwards)."""
+        the engine; once per model, as the traced pass is the same function afterwards). The
+        weights are copied now; the call runs later, beside training, under Keras'
+        StatelessScope from the copies, before the observation is recorded."""
         feed, ys = engine.tensors(inputs, targets)
-        before = moved_state(engine.model)
-        try:
-            with native_stderr_silenced():
-                own = whole_model_pass(
-                    engine.model,
-                    lambda f, t, o: engine.compute_loss(f, t, o, sample_weight), feed, ys,
-                    engine.training)
-        finally:
-            restore(before)
-        confirm(result.loss, result.gradients, own, engine.dtype_name,
-                f"GradientFlow on model '{engine.model.name}'")
-        self._witnessed = engine
+        values = snapshot(engine.model)
+        label = f"GradientFlow on model '{engine.model.name}'"
+
+        def witness() -> None:
+            own = whole_model_pass_at(
+                engine.model, lambda f, t, o: engine.compute_loss(f, t, o, sample_weight),
+                feed, ys, engine.training, values)
+            confirm(result.loss, result.gradients, own, engine.dtype_name, label)
+
+        return witness
 
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None,
                  sample_weight: Any = None) -> None:
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
-        weights = self._weights_of(engine, sample_weight)
+        sample = self._weights_of(engine, sample_weight)
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
         if failed:
             self._drain()  # an earlier recording failed: say so now
-        result = self._run(engine, inputs, targets, weights)
+        result = self._run(engine, inputs, targets, sample)
+        witness = None
         if self._witnessed is not engine:
-            self._confirm(engine, inputs, targets, result, weights)
+            witness = self._witness(engine, inputs, targets, result, sample)
+            self._witnessed = engine
         # The recurrent layers' weights of this pass: training moves them on meanwhile.
         weights = recurrent_weights(engine, result)
 
         def record() -> None:
+            if witness is not None:  # nothing is recorded that Keras' own call contradicts
+                witness()
             # One BLAS thread for the NumPy cells (gradscope/_blas.py): BLAS threads that spin
             # beside TensorFlow's would slow the rest of training down too.
             with blas_beside_tensorflow():

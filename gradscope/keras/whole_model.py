@@ -81,6 +81,42 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
                           terms=parts)
 
 
+def snapshot(model: Any) -> list[tuple[Any, Any]]:
+    """Every variable of the model (and the states of its stateful layers) with a copy of its
+    value now, as a tensor: what :func:`whole_model_pass_at` runs the model from."""
+    import tensorflow as tf
+
+    variables = list(model.variables)
+    known = {id(v) for v in variables}
+    variables += [v for v in moved_variables(model) if id(v) not in known]
+    return [(v, tf.constant(np.array(v.numpy()))) for v in variables]
+
+
+def whole_model_pass_at(model: Any, compute_loss: LossFunction, feed: list[Any],
+                        targets: list[Any], training: bool,
+                        values: list[tuple[Any, Any]]) -> WholeModelPass:
+    """:func:`whole_model_pass` from the ``values`` of a :func:`snapshot`, under Keras'
+    StatelessScope: the model's variables are neither read nor moved, so training may go on
+    beside it (GradientFlow runs it on its worker)."""
+    import tensorflow as tf
+    from keras.src.backend.common.stateless_scope import StatelessScope
+
+    from gradscope._tf import native_stderr_silenced
+
+    by_id = {id(variable): value for variable, value in values}
+    trainable = [by_id[id(v)] for v in model.trainable_variables]
+    with native_stderr_silenced():
+        with tf.GradientTape() as tape:
+            tape.watch(trainable)
+            # collect_losses: in a StatelessScope, Keras keeps what layers add (activity
+            # regularizers, add_loss) in the scope, where model.losses reads it.
+            with StatelessScope(state_mapping=values, collect_losses=True):
+                loss = compute_loss(feed, targets, model_outputs(model, feed, training))
+        grads = tape.gradient(loss, trainable)
+    gradients, sparse = dense_gradients(model.trainable_variables, grads)
+    return WholeModelPass(loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse)
+
+
 def dense_gradients(variables: list[Any], grads: list[Any]
                     ) -> tuple[dict[str, np.ndarray | None], dict[str, tuple[int, int]]]:
     """Gradients by variable path as NumPy arrays. An ``IndexedSlices`` (an Embedding's) is
@@ -99,10 +135,15 @@ def dense_gradients(variables: list[Any], grads: list[Any]
 
 
 def moved_state(model: Any) -> list[tuple[Any, np.ndarray]]:
-    """Every variable a call of the model may move, with its value now: the non-trainable
-    variables (batch-norm statistics, dropout seeds) and the states of stateful recurrent
-    layers (Keras keeps those outside the tracked variables). Assign the values back with
-    :func:`restore` so that the next pass sees the same model."""
+    """Every variable a call of the model may move, with its value now. Assign the values
+    back with :func:`restore` so that the next pass sees the same model."""
+    return [(variable, np.array(variable.numpy())) for variable in moved_variables(model)]
+
+
+def moved_variables(model: Any) -> list[Any]:
+    """Every variable a call of the model may move: the non-trainable variables (batch-norm
+    statistics, dropout seeds) and the states of stateful recurrent layers (Keras keeps those
+    outside the tracked variables)."""
     variables = list(model.non_trainable_variables)
     tracked = {id(v) for v in variables}
     import keras
@@ -114,7 +155,7 @@ def moved_state(model: Any) -> list[tuple[Any, np.ndarray]]:
             if id(state) not in tracked and hasattr(state, "assign"):
                 tracked.add(id(state))
                 variables.append(state)
-    return [(variable, np.array(variable.numpy())) for variable in variables]
+    return variables
 
 
 def restore(saved: list[tuple[Any, np.ndarray]]) -> None:
