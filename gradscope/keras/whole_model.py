@@ -81,38 +81,52 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
                           terms=parts)
 
 
-def snapshot(model: Any) -> list[tuple[Any, Any]]:
-    """Every variable of the model (and the states of its stateful layers) with a copy of its
-    value now, as a tensor: what :func:`whole_model_pass_at` runs the model from."""
-    import tensorflow as tf
-
+def all_variables(model: Any) -> list[Any]:
+    """Every variable of the model, with the states of its stateful layers."""
     variables = list(model.variables)
     known = {id(v) for v in variables}
-    variables += [v for v in moved_variables(model) if id(v) not in known]
-    return [(v, tf.constant(np.array(v.numpy()))) for v in variables]
+    return variables + [v for v in moved_variables(model) if id(v) not in known]
 
 
-def whole_model_pass_at(model: Any, compute_loss: LossFunction, feed: list[Any],
-                        targets: list[Any], training: bool,
-                        values: list[tuple[Any, Any]]) -> WholeModelPass:
-    """:func:`whole_model_pass` from the ``values`` of a :func:`snapshot`, under Keras'
-    StatelessScope: the model's variables are neither read nor moved, so training may go on
-    beside it (GradientFlow runs it on its worker)."""
+def snapshot(variables: list[Any]) -> list[Any]:
+    """A copy of each variable's value now, as a tensor (training moves on meanwhile)."""
+    import tensorflow as tf
+
+    return [tf.constant(np.array(v.numpy())) for v in variables]
+
+
+def whole_model_function(model: Any, compute_loss: Callable[..., Any], training: bool,
+                         variables: list[Any]) -> Any:
+    """A traced function ``(values, feed, targets, sample_weight) → (loss, gradients)``: Keras'
+    own call of the whole model and its loss from ``values`` (one per ``variables``, as a
+    :func:`snapshot` gives them), under Keras' StatelessScope, which neither reads nor moves
+    the variables themselves: training may go on beside it (GradientFlow traces and runs it
+    on its worker). ``compute_loss(feed, targets, outputs, sample_weight)``."""
     import tensorflow as tf
     from keras.src.backend.common.stateless_scope import StatelessScope
 
-    from gradscope._tf import native_stderr_silenced
+    positions = {id(v): k for k, v in enumerate(variables)}
+    trainable = [positions[id(v)] for v in model.trainable_variables]
 
-    by_id = {id(variable): value for variable, value in values}
-    trainable = [by_id[id(v)] for v in model.trainable_variables]
-    with native_stderr_silenced():
+    @tf.function(autograph=False, reduce_retracing=True)
+    def run(values: list[Any], feed: list[Any], targets: list[Any],
+            sample_weight: Any = None) -> Any:
+        watched = [values[k] for k in trainable]
         with tf.GradientTape() as tape:
-            tape.watch(trainable)
+            tape.watch(watched)
             # collect_losses: in a StatelessScope, Keras keeps what layers add (activity
             # regularizers, add_loss) in the scope, where model.losses reads it.
-            with StatelessScope(state_mapping=values, collect_losses=True):
-                loss = compute_loss(feed, targets, model_outputs(model, feed, training))
-        grads = tape.gradient(loss, trainable)
+            with StatelessScope(state_mapping=list(zip(variables, values, strict=True)),
+                                collect_losses=True):
+                outputs = model_outputs(model, feed, training)
+                loss = compute_loss(feed, targets, outputs, sample_weight)
+        return loss, tape.gradient(loss, watched)
+
+    return run
+
+
+def pass_of(model: Any, loss: Any, grads: list[Any]) -> WholeModelPass:
+    """A :class:`WholeModelPass` from a loss and the gradients of the trainable variables."""
     gradients, sparse = dense_gradients(model.trainable_variables, grads)
     return WholeModelPass(loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse)
 
