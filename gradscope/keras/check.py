@@ -10,9 +10,13 @@ witnesses, on a float64 copy of the model with the same weights.
   in place and restored, and so are the non-trainable variables (batch-norm statistics,
   dropout seeds) and the states of stateful layers, so that every evaluation sees the same
   model.
-- The NumPy reference, for every GRU, LSTM and SimpleRNN layer it models: BPTT written without
-  TensorFlow, fed the layer's captured input, initial state and the upstream ∂L/∂outputs taken
-  from the tape; its weight and initial-state gradients must equal the tape's.
+- The NumPy reference, for every GRU, LSTM and SimpleRNN layer it models and each direction of
+  a Bidirectional one: BPTT written without TensorFlow, fed the layer's captured input, initial
+  state and the upstream ∂L/∂outputs taken from the tape, plus the gradients of the layer's
+  L1/L2 penalties; its weight and initial-state gradients must equal the tape's. A call it
+  cannot stand in for is listed with the reason.
+- A probe that straddles a kink (relu or a clip at its corner) is taken again at a smaller
+  step and, where the one-sided slopes stay apart, left out and said to be at a kink.
 """
 
 from __future__ import annotations

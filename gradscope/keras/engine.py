@@ -28,7 +28,13 @@ from gradscope.errors import ConfigError, GradscopeError
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
-from gradscope.keras.whole_model import dense_gradients
+from gradscope.keras.whole_model import (
+    confirm,
+    dense_gradients,
+    moved_state,
+    restore,
+    whole_model_pass,
+)
 
 RECURRENT = {"GRU", "LSTM", "SimpleRNN"}
 
@@ -403,16 +409,9 @@ class KerasEngine:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient.
 
-        The replay is then witnessed by Keras' own call of the whole model on the same batch,
-        from the same variables: the loss and weight gradients returned are that call's, and
-        the replay must agree with them (else :class:`InternalError`)."""
-        from gradscope.keras.whole_model import (
-            confirm,
-            moved_state,
-            restore,
-            whole_model_pass,
-        )
-
+        The replay is witnessed by Keras' own call of the whole model on the same batch, run
+        first from the same variables: the loss and weight gradients returned are that
+        call's, and the replay must agree with them (else :class:`InternalError`)."""
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
         # A training-mode run moves batch-norm statistics, dropout seeds and the states of
