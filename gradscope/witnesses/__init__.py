@@ -33,16 +33,20 @@ from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.report.models import (
     CarryBoundaryEntry,
     CarryCheck,
-    CheckedTensor,
     CheckReport,
     CheckSummary,
     ErratumEntry,
     LossEntry,
     NamedShape,
-    WitnessEntry,
 )
 from gradscope.spec import Spec
-from gradscope.witnesses.context import TOLERANCES, CheckContext, Progress, WitnessResult
+from gradscope.witnesses.context import (
+    TOLERANCES,
+    CheckContext,
+    Progress,
+    WitnessResult,
+    checked_tensors,
+)
 
 
 def check(spec: Spec, against: str | Callable[..., Any] | None = None,
@@ -184,7 +188,8 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         witnesses.append("against")
         results += against_results
 
-    tensors = _group(results, _shapes_by_name(ctx))
+    shapes = _shapes_by_name(ctx)
+    tensors = checked_tensors(results, list(shapes), shapes)
     failed = [t.name for t in tensors if not t.passed]
     return CheckReport(
         model=model_entry(algebra, data=batch.source),
@@ -214,32 +219,6 @@ def _shapes_by_name(ctx: CheckContext) -> dict[str, list[int]]:
     shapes = {info.name: list(info.shape) for info in (*ctx.shapes.weights, *ctx.shapes.states)}
     shapes["x"] = list(ctx.batch.x.shape)
     return shapes
-
-
-def _group(results: list[WitnessResult], shapes: dict[str, list[int]]) -> list[CheckedTensor]:
-    """One row per tensor: the model's tensors first, in their order, then any others."""
-    order = list(shapes)
-    by_name: dict[str, list[WitnessResult]] = {}
-    for result in results:
-        by_name.setdefault(result.tensor, []).append(result)
-    names = [n for n in order if n in by_name] + [n for n in by_name if n not in shapes]
-    return [
-        CheckedTensor(
-            name=name,
-            shape=shapes.get(name),
-            passed=all(r.passed for r in by_name[name]),
-            witnesses=[
-                WitnessEntry(witness=r.witness, error=_finite(r.error), tolerance=r.tolerance,
-                             passed=r.passed, detail=r.detail, first_bad_step=r.first_bad_step)
-                for r in by_name[name]
-            ],
-        )
-        for name in names
-    ]
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not np.isfinite(value) else float(value)
 
 
 __all__ = ["check"]

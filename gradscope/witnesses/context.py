@@ -17,6 +17,7 @@ import numpy as np
 from gradscope.algebra import ModelShapes
 from gradscope.data import Batch
 from gradscope.model import Engine, Pass
+from gradscope.report.models import CheckedTensor, WitnessEntry
 
 Progress = Callable[[str], None]
 
@@ -101,3 +102,30 @@ def relative_error(value: np.ndarray, expected: np.ndarray) -> float:
     scale = float(np.linalg.norm(expected))
     difference = float(np.linalg.norm(value - expected))
     return difference / scale if scale > 0 else difference
+
+
+def checked_tensors(results: list[WitnessResult], order: list[str],
+                    shapes: dict[str, list[int]], prefix: str = "") -> list[CheckedTensor]:
+    """One report row per tensor: those named in ``order`` first, in that order, then any
+    others, each with its witnesses. A non-finite error is reported as none (JSON has no
+    NaN). ``prefix`` goes before each name (a layer's, for ``check --layer``)."""
+    by_name: dict[str, list[WitnessResult]] = {}
+    for result in results:
+        by_name.setdefault(result.tensor, []).append(result)
+    names = [n for n in order if n in by_name] + [n for n in by_name if n not in order]
+    return [
+        CheckedTensor(
+            name=f"{prefix}{name}", shape=shapes.get(name),
+            passed=all(r.passed for r in by_name[name]),
+            witnesses=[
+                WitnessEntry(witness=r.witness, error=_finite(r.error), tolerance=r.tolerance,
+                             passed=r.passed, detail=r.detail, first_bad_step=r.first_bad_step)
+                for r in by_name[name]
+            ],
+        )
+        for name in names
+    ]
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)

@@ -42,16 +42,20 @@ from gradscope.errors import ConfigError
 from gradscope.model import Engine
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
-    CheckedTensor,
     CheckSummary,
     LayerArgument,
     LayerCheckReport,
     LossEntry,
-    WitnessEntry,
 )
 from gradscope.spec import Spec
 from gradscope.witnesses import variants
-from gradscope.witnesses.context import TOLERANCES, Progress, WitnessResult, relative_error
+from gradscope.witnesses.context import (
+    TOLERANCES,
+    Progress,
+    WitnessResult,
+    checked_tensors,
+    relative_error,
+)
 from gradscope.witnesses.user_backward import (
     WITNESS,
     _call_site,
@@ -323,7 +327,9 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
                                time_axis=time_axis))
     laps["against"] = round(time.perf_counter() - clock - laps["autodiff"], 4)
 
-    tensors = _group(layer, results, shown, user_truth)
+    tensors = checked_tensors(results, shown,
+                              {n: list(v.shape) for n, v in user_truth.items()},
+                              prefix=f"{layer}/")
     failed = [t.name for t in tensors if not t.passed]
     return LayerCheckReport(
         model=model_entry(algebra, data=batch.source),
@@ -365,23 +371,3 @@ def _call(function: Callable[..., Any], arguments: tuple[Any, ...],
     return returned
 
 
-def _group(layer: str, results: list[WitnessResult], shown: list[str],
-           truth: dict[str, np.ndarray]) -> list[CheckedTensor]:
-    """One row per key: the shown keys in order, then any other the function returned."""
-    by_name: dict[str, list[WitnessResult]] = {}
-    for result in results:
-        by_name.setdefault(result.tensor, []).append(result)
-    names = [n for n in shown if n in by_name] + [n for n in by_name if n not in shown]
-    return [
-        CheckedTensor(
-            name=f"{layer}/{name}",
-            shape=list(truth[name].shape) if name in truth else None,
-            passed=all(r.passed for r in by_name[name]),
-            witnesses=[WitnessEntry(witness=r.witness,
-                                    error=None if r.error is None else float(r.error),
-                                    tolerance=r.tolerance, passed=r.passed, detail=r.detail,
-                                    first_bad_step=r.first_bad_step)
-                       for r in by_name[name]],
-        )
-        for name in names
-    ]
