@@ -193,3 +193,19 @@ def test_gradient_flow_confirms_its_first_observation_with_keras_own_call(siames
     with pytest.raises(InternalError, match="GradientFlow on model .* layer-by-layer run "
                                             "gives the loss"):
         GradientFlow(model=model).observe(x, y, step=1)
+
+
+def test_gradient_flow_leaves_a_stateful_layer_as_training_left_it(stateful, tf):
+    """The extra pass calls the layers: a stateful GRU would carry the observed batch's state
+    into training's next step. Its state is what it was before the observation, and the
+    observation gives Keras' own loss from that state."""
+    from gradscope.keras import GradientFlow
+
+    model, x, y = stateful
+    carried = np.array(model.layers[0].states[0].numpy())
+    flow = GradientFlow(model=model)
+    flow.observe(x, y, step=1)
+    np.testing.assert_array_equal(model.layers[0].states[0].numpy(), carried)
+    loss, _ = _tape(tf, model, x, y)
+    model.layers[0].states[0].assign(carried)
+    assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)

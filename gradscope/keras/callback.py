@@ -79,7 +79,9 @@ from gradscope.keras.flow import (  # noqa: E402
 from gradscope.keras.whole_model import (  # noqa: E402
     all_variables,
     confirm,
+    moved_state,
     pass_of,
+    restore,
     snapshot,
     whole_model_function,
 )
@@ -420,6 +422,9 @@ class GradientFlow(keras.callbacks.Callback):
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
         self._settle_warm_up()
+        # The pass calls the layers: a stateful one would carry this batch's state into the
+        # next training step. What the pass moves is put back.
+        before = moved_state(engine.model)
         # TensorFlow's native log lines at a first op
         with native_stderr_silenced(), _without_grappler():
             if self._function is None:
@@ -435,6 +440,7 @@ class GradientFlow(keras.callbacks.Callback):
                     loss, grads, captured = self._concrete(feed, ys, None)
                 except (TypeError, ValueError):  # another batch size or time: trace for it
                     loss, grads, captured = self._function(feed, ys)
+        restore(before)
         calls = []
         for meta, tensors in zip(self._trace["calls"], captured, strict=True):
             args, outputs, states, mask, state_grads, output_grads = tensors
