@@ -79,6 +79,7 @@ from gradscope.keras.flow import (  # noqa: E402
 from gradscope.keras.whole_model import (  # noqa: E402
     all_variables,
     confirm,
+    dense_gradients,
     moved_state,
     pass_of,
     restore,
@@ -451,12 +452,7 @@ class GradientFlow(keras.callbacks.Callback):
                                        state_source=meta[3],
                                        mask=None if mask is None else mask.numpy()),
                           state_grads, output_grads))
-        variables = engine.model.trainable_variables
-        gradients = {}
-        for variable, gradient in zip(variables, grads, strict=True):
-            if isinstance(gradient, tf.IndexedSlices):
-                gradient = tf.convert_to_tensor(gradient)
-            gradients[variable.path] = None if gradient is None else gradient.numpy()
+        gradients, _ = dense_gradients(engine.model.trainable_variables, grads)
         return KerasPass(
             loss=float(loss.numpy()), gradients=gradients, sparse_rows={},
             state_gradients={call_label(c.layer, c.index): [_numpy(g) for g in sg]

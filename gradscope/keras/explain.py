@@ -84,6 +84,7 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
     graph, plan, path, model = read_model(path, loss)
     specs = input_specs(graph)
     outputs = output_names(graph)
+    fixed = _fixed_batch(specs)
     if sample_weight is not None and x is None:
         raise ConfigError("sample_weight= was given without x= and y=; weights go with your "
                           "own batch (in an .npz: an array named sample_weight)",
@@ -101,10 +102,8 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
                               where="--pad")
         batch = load_named(data, specs, outputs, output_aliases(graph))
     else:
-        batch = synthetic_inputs(specs, batch_size or _fixed_batch(specs) or 32, time_steps,
-                                 pad, seed)
+        batch = synthetic_inputs(specs, batch_size or fixed or 32, time_steps, pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]
-    fixed = _fixed_batch(specs)
     if fixed is not None and size != fixed:
         given = ("--batch-size" if x is None and data is None
                  else "x=" if x is not None else str(data))

@@ -12,7 +12,7 @@ gradscope prints are this pass's, Keras' own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -76,9 +76,7 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
             loss = compute_loss(feed, targets, outputs)
         grads = tape.gradient(loss, variables)
         parts = terms(outputs) if terms is not None else []
-    gradients, sparse = dense_gradients(variables, grads)
-    return WholeModelPass(loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse,
-                          terms=parts)
+    return replace(pass_of(model, loss, grads), terms=parts)
 
 
 def all_variables(model: Any) -> list[Any]:
