@@ -529,7 +529,7 @@ def test_the_pass_goes_without_grappler_on_its_own_thread_only(tf):
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
-    from gradscope.keras.callback import _without_grappler
+    from gradscope._tf import without_grappler
 
     def disabled() -> bool:
         config = config_pb2.ConfigProto()
@@ -537,7 +537,7 @@ def test_the_pass_goes_without_grappler_on_its_own_thread_only(tf):
         return config.graph_options.rewrite_options.disable_meta_optimizer
 
     elsewhere: list[bool] = []
-    with _without_grappler():
+    with without_grappler():
         assert disabled()
         other = threading.Thread(target=lambda: elsewhere.append(disabled()))
         other.start()

@@ -195,6 +195,31 @@ def test_gradient_flow_confirms_its_first_observation_with_keras_own_call(siames
         GradientFlow(model=model).observe(x, y, step=1)
 
 
+def test_in_fit_the_witness_is_traced_beside_training_and_still_catches_the_mutant(
+        siamese, tf, monkeypatch):
+    """In fit, Keras' own call is traced during the warm-up, beside training, for fit's
+    batches; the first observation runs that trace, and the mutant is still caught there."""
+    import keras
+
+    from gradscope.keras import GradientFlow, engine
+
+    model, x, y = siamese
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copy.compile(loss="binary_crossentropy", optimizer="sgd")
+    xs = [np.concatenate([a] * 8) for a in x]
+    ys = np.concatenate([y] * 8)
+    flow = GradientFlow(every=4)
+    copy.fit(xs, ys, batch_size=5, epochs=1, verbose=0, shuffle=False, callbacks=[flow])
+    assert flow._witness_concrete is not None  # traced beside training, and used
+    assert len(flow.history.observations) == 2
+    monkeypatch.setattr(engine, "model_call_context",
+                        lambda model, training: contextlib.nullcontext())
+    with pytest.raises(InternalError, match="layer-by-layer run gives the loss"):
+        copy.fit(xs, ys, batch_size=5, epochs=1, verbose=0, shuffle=False,
+                 callbacks=[GradientFlow(every=4)])
+
+
 def test_gradient_flow_leaves_a_stateful_layer_as_training_left_it(stateful, tf):
     """The extra pass calls the layers: a stateful GRU would carry the observed batch's state
     into training's next step. Its state is what it was before the observation, and the
@@ -209,3 +234,50 @@ def test_gradient_flow_leaves_a_stateful_layer_as_training_left_it(stateful, tf)
     loss, _ = _tape(tf, model, x, y)
     model.layers[0].states[0].assign(carried)
     assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)
+
+
+def _eager_only_model(keras: Any, run_eagerly: bool) -> Any:
+    """A user's layer that reads a tensor's value in Python: it runs eagerly only."""
+
+    class Scale(keras.layers.Layer):
+        def call(self, x):
+            factor = 2.0 if float(keras.ops.max(x)) > 0 else 1.0
+            return x * factor
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    keras.utils.set_random_seed(14)
+    inputs = keras.Input((5, 3))
+    h = keras.layers.GRU(4, name="gru")(Scale(name="scale")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="dense")(h))
+    model.compile(loss="mse", run_eagerly=run_eagerly)
+    return model
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_a_model_that_runs_only_eagerly_is_explained_from_its_eager_call(tf, run_eagerly):
+    """Both passes run as one tf.function each, as fit runs its step; a model that cannot be
+    traced (or is compiled to run eagerly) runs eagerly, with the same numbers as the tape."""
+    import keras
+
+    model = _eager_only_model(keras, run_eagerly)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 5, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    report = gradscope.explain(model, x=x, y=y)
+    loss, truth = _tape(tf, model, x, y)
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+    ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
+    for path, gradient in truth.items():
+        assert ours[path] == pytest.approx(float(np.linalg.norm(gradient)), rel=RTOL), path
+
+
+def test_the_losses_a_model_holds_from_its_last_call_are_left_alone(siamese, tf):
+    """The traced passes must not leave symbolic tensors in the layers: what the user's own
+    last call added is still there, as values, after explain."""
+    model, x, y = siamese
+    model(x)
+    before = [float(loss) for loss in model.losses]
+    gradscope.explain(model, x=[a + 1.0 for a in x], y=y)
+    assert [float(loss) for loss in model.losses] == before

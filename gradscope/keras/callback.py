@@ -39,7 +39,6 @@ the latest there."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import sys
 import threading
@@ -50,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope._tf import import_tensorflow, native_stderr_silenced
+from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
 from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
@@ -195,6 +194,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._witnessed: Any = None  # the engine whose pass Keras' own call has confirmed
         self._function: Any = None
         self._concrete: Any = None
+        self._witness_concrete: Any = None  # Keras' own call, traced beside training
         self._trace: dict[str, Any] = {}
         self._writer: Any = None
         self._observations: list[TrainingObservation] = []
@@ -386,9 +386,11 @@ class GradientFlow(keras.callbacks.Callback):
                      for s in [*inputs, *targets]]
             # Zeros are no batch of the user's: whatever they give is dropped, and an error
             # here says nothing of the observation, which runs on real ones.
-            with contextlib.suppress(tf.errors.OpError), _without_grappler():
+            with contextlib.suppress(tf.errors.OpError), without_grappler():
                 concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
-        self._function, self._concrete = function, concrete
+            self._function, self._concrete = function, concrete
+            if self._witnessed is not engine:
+                self._witness_concrete = _traced_witness(engine, inputs, targets, zeros)
 
     # -- the pass ------------------------------------------------------------------------------
 
@@ -399,6 +401,7 @@ class GradientFlow(keras.callbacks.Callback):
             self._settle_warm_up()
             self._warm_tried = False
             self._engine = self._function = self._concrete = None
+            self._witness_concrete = None
         if self._engine is None:
             if self.model is None:
                 raise ConfigError("GradientFlow.observe: no model; give it with "
@@ -427,7 +430,7 @@ class GradientFlow(keras.callbacks.Callback):
         # next training step. What the pass moves is put back.
         before = moved_state(engine.model)
         # TensorFlow's native log lines at a first op
-        with native_stderr_silenced(), _without_grappler():
+        with native_stderr_silenced(), without_grappler():
             if self._function is None:
                 self._function = _traced_pass(engine, self._trace)
                 # Traced once with the batch axis free: the last, smaller batch of an epoch
@@ -487,11 +490,18 @@ class GradientFlow(keras.callbacks.Callback):
         values = snapshot(variables)
         label = f"GradientFlow on model '{engine.model.name}'"
 
+        traced = self._witness_concrete if sample_weight is None else None
+
         def witness() -> None:
-            function = whole_model_function(engine.model, engine.compute_loss,
-                                            engine.training, variables)
-            with native_stderr_silenced(), _without_grappler():
-                loss, grads = function(values, feed, ys, sample_weight)
+            with native_stderr_silenced(), without_grappler():
+                try:
+                    if traced is None:
+                        raise TypeError("no trace for this batch")
+                    loss, grads = traced(values, feed, ys, None)
+                except (TypeError, ValueError):  # another batch shape: traced for it
+                    function = whole_model_function(engine.model, engine.compute_loss,
+                                                    engine.training, variables)
+                    loss, grads = function(values, feed, ys, sample_weight)
             confirm(result.loss, result.gradients, pass_of(engine.model, loss, grads),
                     engine.dtype_name, label)
 
@@ -702,6 +712,26 @@ def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
     return run
 
 
+def _traced_witness(engine: Any, inputs: list[Any], targets: list[Any],
+                    zeros: list[Any]) -> Any:
+    """The witness of a model's first observation (Keras' own call of the whole model, see
+    ``GradientFlow._witness``), traced for fit's batches beside training while a core is free
+    (every step keeps both busy later), and run once on zeros. None where it cannot be traced
+    so: the observation then traces it for its batch."""
+    try:
+        variables = all_variables(engine.model)
+        values = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+        concrete = whole_model_function(engine.model, engine.compute_loss, engine.training,
+                                        variables).get_concrete_function(
+            values, list(inputs), list(targets), None)
+        with contextlib.suppress(tf.errors.OpError), without_grappler():
+            concrete([tf.zeros(v.shape, v.dtype) for v in values],
+                     zeros[:len(inputs)], zeros[len(inputs):], None)
+    except Exception:  # noqa: BLE001  (the observation traces it again, and says what fails)
+        return None
+    return concrete
+
+
 def _native_call(thread: int, released: threading.Event, caller: Any) -> str:
     """Return once ``thread`` is running compiled TensorFlow code within a call of
     ``caller`` (a code object), outside any tracing: one and the same call of TensorFlow's
@@ -737,43 +767,6 @@ def _native_call(thread: int, released: threading.Event, caller: Any) -> str:
         else:
             running, seen = None, 0
     return "released"
-
-
-@contextlib.contextmanager
-def _without_grappler() -> Iterator[None]:
-    """The pass's function instantiated and run without TensorFlow's Grappler graph optimiser,
-    on this thread only (TensorFlow keeps function call options per thread; the training
-    thread's own steps are untouched).
-
-    Grappler cost about 0.3 CPU-s at the first run of the pass, taken from the cores training
-    uses, for no measurable gain per pass (0.02–0.06 CPU-s either way: a few matrix products
-    per step). Its rewrites compute the same functions (at most the rounding order differs),
-    so the gradients are the same model's. The config is part of the key under which
-    TensorFlow caches the instantiated function (a call with the default options would
-    optimise it anew), so the warm-up and every observation run under this. Where
-    TensorFlow's internals differ from what this expects, the pass runs with the default
-    options."""
-    try:
-        from tensorflow.core.protobuf import config_pb2
-        from tensorflow.python.eager import context as eager_context
-
-        current = eager_context.context()
-        previous = current.function_call_options
-        options = copy.copy(previous)
-        config = config_pb2.ConfigProto()
-        config.ParseFromString(previous.config_proto_serialized)
-        config.graph_options.rewrite_options.disable_meta_optimizer = True
-        options.config_proto_serialized = config
-    except (ImportError, AttributeError, TypeError, ValueError):
-        options = None
-    if options is None:
-        yield
-        return
-    current.function_call_options = options
-    try:
-        yield
-    finally:
-        current.function_call_options = previous
 
 
 def _loss_text(plan: Any) -> str:

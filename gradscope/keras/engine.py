@@ -31,8 +31,11 @@ from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
 from gradscope.keras.whole_model import (
     confirm,
     dense_gradients,
+    losses_kept,
     moved_state,
     restore,
+    runs_eagerly,
+    traced_or_eager,
     whole_model_pass,
 )
 
@@ -208,8 +211,9 @@ class KerasEngine:
             return losses[0] if len(losses) == 1 else self.keras.ops.sum(losses)
 
     def loss_terms(self, targets: list[Any], flat_outputs: list[Any],
-                   sample_weight: Any = None) -> list[LossTerm]:
-        """The loss of the call that just ran, term by term (see :mod:`loss_terms`)."""
+                   added: dict[int, list[Any]], sample_weight: Any = None) -> list[LossTerm]:
+        """The loss of a call, term by term (see :mod:`loss_terms`), from its outputs and what
+        each layer added during it (by ``id(layer)``)."""
         compile_loss = (self._own_loss if self._own_loss is not None
                         else getattr(self.model, "_compile_loss", None))
         weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
@@ -217,7 +221,7 @@ class KerasEngine:
         with self._floatx():
             outputs = output_terms(compile_loss, self.output_names, self._structured(targets),
                                    self._structured(flat_outputs), weights)
-        return outputs + added_terms(self.model)
+        return outputs + added_terms(self.model, added)
 
     @contextlib.contextmanager
     def _floatx(self) -> Iterator[None]:
@@ -427,7 +431,9 @@ class KerasEngine:
                 own = whole_model_pass(
                     self.model,
                     lambda f, t, o: self.compute_loss(f, t, o, weights), feed, y,
-                    self.training, terms=lambda outputs: self.loss_terms(y, outputs, weights))
+                    self.training,
+                    terms=lambda outputs, added: self.loss_terms(y, outputs, added, weights),
+                    eager=runs_eagerly(self.user_model))
             except GradscopeError:
                 raise
             except Exception as exc:  # Keras and TensorFlow raise many kinds
@@ -451,19 +457,37 @@ class KerasEngine:
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None) -> KerasPass:
+        """The replay under a tape, as one ``tf.function`` (see
+        :func:`~gradscope.keras.whole_model.traced_or_eager`); what each call received and
+        returned comes back as eager tensors."""
         tf = self.tf
         variables = self.model.trainable_variables
-        watched_inputs = [t for t in feed if t.dtype.is_floating] if watch_inputs else []
-        with native_stderr_silenced(), tf.GradientTape(persistent=watch_outputs) as tape:
-            tape.watch(watched_inputs)
-            loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
-                                                     watch_outputs=watch_outputs,
-                                                     sample_weight=sample_weight)
-        states = [call.states for call in calls]
-        watched_outputs = [call.outputs for call in calls] if watch_outputs else []
-        with native_stderr_silenced():
-            grads, state_grads, output_grads, input_grads = tape.gradient(
-                loss, [variables, states, watched_outputs, watched_inputs])
+        floating = [k for k, t in enumerate(feed) if t.dtype.is_floating] if watch_inputs else []
+        traced: dict[str, Any] = {}
+
+        def step(feed: list[Any], y: list[Any]) -> Any:
+            watched_inputs = [feed[k] for k in floating]
+            with tf.GradientTape(persistent=watch_outputs) as tape:
+                tape.watch(watched_inputs)
+                loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
+                                                         watch_outputs=watch_outputs,
+                                                         sample_weight=sample_weight)
+            states = [call.states for call in calls]
+            watched_outputs = [call.outputs for call in calls] if watch_outputs else []
+            gradients = tape.gradient(loss, [variables, states, watched_outputs,
+                                             watched_inputs])
+            traced["calls"] = calls
+            traced["output_shapes"] = [tuple(int(d) for d in value.shape)
+                                       for value in flat_outputs]
+            captured = [([a for a in call.args if tf.is_tensor(a)], call.outputs, call.states,
+                         call.mask) for call in calls]
+            return loss, gradients, captured
+
+        with native_stderr_silenced(), losses_kept(self.model):
+            loss, (grads, state_grads, output_grads, input_grads), captured = traced_or_eager(
+                step, feed, y, eager=runs_eagerly(self.user_model))
+        calls = [_eager_call(call, *tensors)
+                 for call, tensors in zip(traced["calls"], captured, strict=True)]
         gradients, sparse = dense_gradients(variables, grads)
         state_gradients = {
             call_label(call.layer, call.index): [_numpy(g) for g in grads]
@@ -471,17 +495,25 @@ class KerasEngine:
         output_gradients = {
             call_label(call.layer, call.index): [_numpy(g) for g in grads]
             for call, grads in zip(calls, output_grads, strict=True)} if watch_outputs else {}
-        floating = [name for name, value in inputs.items() if value.dtype.kind == "f"]
-        input_gradients = (dict(zip(floating, [_numpy(g) for g in input_grads], strict=True))
+        names = [name for name, value in inputs.items() if value.dtype.kind == "f"]
+        input_gradients = (dict(zip(names, [_numpy(g) for g in input_grads], strict=True))
                            if watch_inputs else {})
-        if watch_outputs:
-            del tape
         return KerasPass(
             loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse,
             state_gradients=state_gradients, calls=calls,
-            output_shapes={name: tuple(int(d) for d in value.shape)
-                           for name, value in zip(self.output_names, flat_outputs, strict=True)},
+            output_shapes=dict(zip(self.output_names, traced["output_shapes"], strict=True)),
             output_gradients=output_gradients, input_gradients=input_gradients)
+
+
+def _eager_call(call: CapturedCall, args: list[Any], outputs: list[Any], states: list[Any],
+                mask: Any) -> CapturedCall:
+    """A call captured while tracing, with the values one run gave its tensors (a traced
+    call's tensors are symbolic; its arguments that are not tensors stay as they were)."""
+    import tensorflow as tf
+
+    given = iter(args)
+    return replace(call, args=[next(given) if tf.is_tensor(a) else a for a in call.args],
+                   outputs=list(outputs), states=list(states), mask=mask)
 
 
 @contextlib.contextmanager

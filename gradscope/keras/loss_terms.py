@@ -64,8 +64,9 @@ def output_terms(compile_loss: Any, names: list[str], y: Any, y_pred: Any,
     return terms
 
 
-def added_terms(model: Any) -> list[LossTerm]:
-    """The weights' regularization penalties and what each layer added during the call."""
+def added_terms(model: Any, added: dict[int, list[Any]]) -> list[LossTerm]:
+    """The weights' regularization penalties and what each layer added during the call
+    (``added``: by ``id(layer)``, as the call left them)."""
     terms = []
     for variable in model.weights:
         regularizer = getattr(variable, "regularizer", None)
@@ -76,7 +77,7 @@ def added_terms(model: Any) -> list[LossTerm]:
                               detail=f"{kind} regularizer {_described(regularizer)}",
                               value=float(np.asarray(regularizer(variable.value)))))
     for layer in model._flatten_layers(include_self=True, recursive=True):
-        own = list(getattr(layer, "_losses", []) or [])
+        own = added.get(id(layer), [])
         if not own:
             continue
         activity = getattr(layer, "activity_regularizer", None)

@@ -11,7 +11,8 @@ gradscope prints are this pass's, Keras' own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,22 +62,81 @@ def whole_model_loss(model: Any, compute_loss: LossFunction, feed: list[Any],
 
 def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
                      targets: list[Any], training: bool,
-                     terms: Callable[[list[Any]], list[LossTerm]] | None = None
-                     ) -> WholeModelPass:
-    """``terms(outputs)``: the loss term by term, read right after the call (the layers hold
-    that call's added losses until the next call)."""
+                     terms: Callable[[list[Any], dict[int, list[Any]]], list[LossTerm]]
+                     | None = None, eager: bool = False) -> WholeModelPass:
+    """``terms(outputs, added)``: the loss term by term, from the call's outputs and what each
+    layer added during it (by ``id(layer)``).
+
+    The pass runs as one ``tf.function``, as ``fit`` runs its step (tracing and running it
+    costs half of an eager run on a recurrent model); a model that cannot be traced, or that
+    the user compiled with ``run_eagerly=True`` (``eager``), runs eagerly. The losses the
+    layers hold from the user's own last call are left as they were."""
     import tensorflow as tf
+    from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
     from gradscope._tf import native_stderr_silenced
 
     variables = model.trainable_variables
-    with native_stderr_silenced():
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+
+    def step(feed: list[Any], targets: list[Any]) -> Any:
         with tf.GradientTape() as tape:
             outputs = model_outputs(model, feed, training)
             loss = compute_loss(feed, targets, outputs)
-        grads = tape.gradient(loss, variables)
-        parts = terms(outputs) if terms is not None else []
+        added = [layer._get_own_losses() for layer in layers]
+        return (loss, tape.gradient(loss, variables), outputs,
+                [get_keras_mask(output) for output in outputs], added)
+
+    with native_stderr_silenced(), losses_kept(model):
+        loss, grads, outputs, masks, added = traced_or_eager(step, feed, targets, eager=eager)
+        for output, mask in zip(outputs, masks, strict=True):
+            if mask is not None:
+                set_keras_mask(output, mask)
+        parts = (terms(outputs, {id(layer): list(values) for layer, values
+                                 in zip(layers, added, strict=True)})
+                 if terms is not None else [])
     return replace(pass_of(model, loss, grads), terms=parts)
+
+
+def traced_or_eager(step: Callable[..., Any], *args: Any, eager: bool = False) -> Any:
+    """``step(*args)`` as one ``tf.function`` (without Grappler: it would cost more than it
+    saves on a pass that runs once), or eagerly where Keras or the model cannot be traced:
+    then any error is the one Keras gives when it runs the model as it is. ``eager``: the
+    user compiled the model with ``run_eagerly=True``, so ``fit`` runs it eagerly; so does
+    this."""
+    import tensorflow as tf
+
+    from gradscope._tf import without_grappler
+    from gradscope.errors import GradscopeError
+
+    if eager:
+        return step(*args)
+    try:
+        with without_grappler():
+            return tf.function(step, autograph=False)(*args)
+    except GradscopeError:
+        raise
+    except Exception:  # noqa: BLE001  (tracing fails in many ways; eager is the truth)
+        return step(*args)
+
+
+@contextlib.contextmanager
+def losses_kept(model: Any) -> Iterator[None]:
+    """The losses each layer holds from the user's own last call, put back afterwards: a
+    traced call leaves symbolic tensors there, which the user's ``model.losses`` could not
+    read."""
+    held = [(layer, list(layer._losses))
+            for layer in model._flatten_layers(include_self=True, recursive=True)]
+    try:
+        yield
+    finally:
+        for layer, values in held:
+            layer._losses[:] = values
+
+
+def runs_eagerly(model: Any) -> bool:
+    """Whether the user compiled the model with ``run_eagerly=True``."""
+    return bool(getattr(model, "_run_eagerly", False))
 
 
 def all_variables(model: Any) -> list[Any]:
