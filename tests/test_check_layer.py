@@ -107,11 +107,11 @@ def test_each_classic_bug_is_caught_and_named_by_its_signature(capsys, config, t
         assert x["first_bad_step"] == 4 and "wrong from t=T−2=4 backwards" in x["detail"]
 
 
-def test_the_readme_holds_the_adapter_verbatim():
+def test_the_docs_hold_the_adapter_verbatim():
     adapter = ADAPTER.read_text()
     code = adapter[adapter.index("import numpy as np"):adapter.index("\n\n\n# -- for the tests")]
     assert len(code.splitlines()) <= 10
-    assert f"```python\n{code}\n```" in (REPO / "README.md").read_text()
+    assert f"```python\n{code}\n```" in (REPO / "docs" / "check.md").read_text()
 
 
 def _numpy_model(params, x, y):
