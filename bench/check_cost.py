@@ -32,10 +32,10 @@ def compute_gradient_seconds_per_element(elements: int) -> tuple[float, int]:
     import numpy as np
 
     from gradscope._tf import import_tensorflow
-    from gradscope.algebra import model_shapes
-    from gradscope.data import initial_params, synthetic_batch
-    from gradscope.model import Engine
-    from gradscope.spec import load_spec
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.data import initial_params, synthetic_batch
+    from gradscope.yaml.engine import Engine
 
     tf = import_tensorflow()
     algebra = model_shapes(load_spec())

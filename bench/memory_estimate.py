@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 from scale import scale_config  # noqa: E402  (the same scale model)
 
 from gradscope.guard import estimate  # noqa: E402
-from gradscope.spec import load_spec  # noqa: E402
+from gradscope.yaml.config import load_spec  # noqa: E402
 
 TARGET = 1.5
 

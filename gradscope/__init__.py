@@ -45,12 +45,12 @@ if TYPE_CHECKING:
         ShapesReport,
         SpecInference,
     )
-    from gradscope.spec import Spec
+    from gradscope.yaml.config import Spec
 
 
 def load_spec(source: Any = None) -> Spec:
     """A validated spec from a YAML path, a dict, or ``None`` (the embedded seed model)."""
-    from gradscope.spec import load_spec as _load_spec
+    from gradscope.yaml.config import load_spec as _load_spec
 
     return _load_spec(source)
 
@@ -58,7 +58,7 @@ def load_spec(source: Any = None) -> Spec:
 def _as_spec(source: Any) -> Spec:
     """What the API's first argument names, as a validated Spec: a YAML path, a dict, a Spec,
     or None (the embedded seed model). Anything else is refused in one line."""
-    from gradscope.spec import Spec
+    from gradscope.yaml.config import Spec
 
     if isinstance(source, Spec):
         return source
@@ -105,7 +105,7 @@ def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
     """The shape algebra of ``spec``, of a saved ``model.keras`` or of a Keras model object
     (from its config, as a file's), without running anything: no TensorFlow is imported for a
     spec or a file."""
-    from gradscope.inspect import shapes as _shapes
+    from gradscope.yaml.shapes import shapes as _shapes
 
     if _is_keras(spec):
         from gradscope.keras.shapes import keras_shapes
@@ -120,7 +120,7 @@ def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
     """``data``: None (synthetic), a path to an .npz, or a dict of arrays (x, y, h0s)."""
     if data is None:
         return spec, None
-    from gradscope.data import load_batch, validate_batch
+    from gradscope.yaml.data import load_batch, validate_batch
 
     if isinstance(data, dict):
         return validate_batch(spec, data, origin="the data")
@@ -179,7 +179,7 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
     """
     from gradscope.errors import ConfigError
     from gradscope.guard import guard
-    from gradscope.inspect import explain as _explain
+    from gradscope.yaml.explain import explain as _explain
 
     yaml_only = {k: keras_options.pop(k) for k in YAML_EXPLAIN_OPTIONS if k in keras_options}
     if _is_keras(spec):
@@ -224,7 +224,7 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
     names it leaves out are in ``report.against_not_returned``; if it raises or returns no
     known name, ``ConfigError`` says where. With ``layer``, ``against`` is the backward of that
     one recurrent layer, ``FUNC(x, h0, params, dh) -> dict`` (``time_last``: arrays laid out
-    (features, batch, time)); the report is a ``LayerCheckReport`` (see README).
+    (features, batch, time)); the report is a ``LayerCheckReport`` (see docs/check.md).
     ``weights``: your trained weights, as for :func:`explain`. (``params={"gru_1/w_ru": …}``,
     by gradscope name and in the spec's layout, also works: taken as they are, with no
     mapping reported.)
@@ -234,7 +234,7 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
     differences and the NumPy reference on a float64 copy of the model with the same weights.
     """
     from gradscope.guard import guard
-    from gradscope.witnesses import check as _check
+    from gradscope.witnesses.check import check as _check
 
     if _is_keras(spec):
         _refuse_weights_for_keras(weights)
@@ -273,7 +273,7 @@ def infer_spec(source: Any) -> SpecInference:
     """The config that a checkpoint's or an .npz file's variable shapes imply (no TensorFlow
     for an .npz): ``report.yaml`` loads with :func:`load_spec`, ``report.inferences`` says
     why each value is what it is. Ambiguous or unknown variables raise ConfigError."""
-    from gradscope.spec_inference import infer_spec as _infer_spec
+    from gradscope.yaml.inference import infer_spec as _infer_spec
 
     return _infer_spec(source)
 

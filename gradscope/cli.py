@@ -34,6 +34,7 @@ from gradscope.report.models import (
     ShapesReport,
     json_schema,
 )
+from gradscope.yaml.options import check_chunks, check_time_steps
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -211,7 +212,7 @@ def _check_data_options(config: str | None, model_sizes: tuple[int | None, int |
     loaded (a .keras model's run imports TensorFlow)."""
     preflight.check_model_sizes(config, model_sizes, data_files)
     if any(data_files):
-        from gradscope.data import check_data_files
+        from gradscope.arrays import check_data_files
 
         check_data_files(*data_files)
 
@@ -250,7 +251,7 @@ def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
     spec = _load(config)
     if not any(data_files):
         return spec, None
-    from gradscope.data import load_batch
+    from gradscope.yaml.data import load_batch
 
     data, x, y = data_files
     return load_batch(spec, data=data, x=x, y=y)
@@ -300,7 +301,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _load(config: str | None) -> Any:
-    from gradscope.spec import load_spec
+    from gradscope.yaml.config import load_spec
 
     return load_spec(config)
 
@@ -336,7 +337,7 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
         assert config is not None
         _emit(keras_shapes(config), as_json, output, force)
         return EXIT_OK
-    from gradscope.inspect import shapes as shapes_report
+    from gradscope.yaml.shapes import shapes as shapes_report
 
     _emit(shapes_report(_load(config)), as_json, output, force)
     return EXIT_OK
@@ -392,13 +393,13 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
       gradscope explain model.yaml --weights model.ckpt
       gradscope explain --chunks 2
     """
-    from gradscope.inspect import explain as explain_report
     from gradscope.keras.archive import is_keras_file
+    from gradscope.yaml.explain import explain as explain_report
 
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
     preflight.check_plot(plot, force, output)
-    preflight.check_chunks(chunks)
+    check_chunks(chunks)
     if is_keras_file(config):
         assert config is not None
         if chunks is not None:
@@ -420,8 +421,8 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
         return EXIT_OK
     _refuse_keras_options(keras_run)
     spec, batch = _load_with_data(config, data_files, model_sizes)
-    preflight.check_time_steps(spec.time_steps, at=at)
-    preflight.check_chunks(chunks, spec.time_steps)
+    check_time_steps(spec.time_steps, at=at)
+    check_chunks(chunks, spec.time_steps)
     from gradscope.guard import guard
 
     flow = flow or plot is not None or at is not None
@@ -458,12 +459,12 @@ finite differences.
 @config_argument
 @click.option("--against", metavar="FILE.py:FUNC", shell_complete=_complete_path,
               help="Also compare your own backward function FUNC(params, x, y, h0) -> dict of "
-                   "gradients of the mean loss (see README). This imports and runs FILE.py: "
+                   "gradients of the mean loss (see docs/check.md). This imports and runs FILE.py: "
                    "your code, at your request.")
 @click.option("--layer", metavar="NAME",
               help="Check your backward of this one recurrent layer instead of the whole "
                    "model's: --against FUNC(x, h0, params, dh) -> dict, where dh is ∂L/∂h_t "
-                   "from above at each step, without the carry (see README).")
+                   "from above at each step, without the carry (see docs/check.md).")
 @click.option("--time-last", is_flag=True,
               help="With --layer: arrays laid out (features, batch, time) and states "
                    "(units, batch), as in the classic course code; a SimpleRNN's params then "
@@ -511,7 +512,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
       gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
       gradscope check model.yaml --weights model.ckpt
     """
-    from gradscope.witnesses import check as check_report
+    from gradscope.witnesses.check import check as check_report
 
     preflight.check_layer_options(against, layer, time_last,
                                   {"--chunks": chunks, "--equations": equations, "--atol": atol})
@@ -542,7 +543,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
         return EXIT_OK if keras_report.summary.passed else EXIT_PROBLEM
     _refuse_keras_options(keras_run)
     spec, batch = _load_with_data(config, data_files, model_sizes)
-    preflight.check_time_steps(spec.time_steps, chunks=chunks)
+    check_time_steps(spec.time_steps, chunks=chunks)
     if layer is not None:
         preflight.check_layer_name(spec, layer)
     from gradscope.guard import guard
@@ -590,7 +591,7 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
       gradscope spec model.ckpt > model.yaml
       gradscope explain model.yaml --weights model.ckpt
     """
-    from gradscope.spec_inference import infer_spec
+    from gradscope.yaml.inference import infer_spec
 
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import re
 
-from gradscope.algebra import model_shapes
 from gradscope.errors import ConfigError
-from gradscope.spec import Spec
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import Spec
 
 MIB = 1 << 20
 #: Peak RSS of ``gradscope explain`` on a model of 2 steps, 1 example and 2 units, where no

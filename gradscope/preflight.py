@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from gradscope.errors import GradscopeError
 
 if TYPE_CHECKING:
-    from gradscope.spec import Spec
+    from gradscope.yaml.config import Spec
 
 #: The file types matplotlib's Agg backend writes, by extension.
 PLOT_EXTENSIONS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
@@ -92,36 +92,8 @@ def check_model_sizes(config: str | None, model_sizes: tuple[int | None, int | N
                              "come from the data; expected one or the other", where=given)
 
 
-def check_time_steps(time_steps: int, at: int | None = None, chunks: int | None = None) -> None:
-    """Options that name time steps must fit the ``time_steps`` of the config or the data."""
-    if at is not None and not 0 <= at < time_steps:
-        raise GradscopeError(f"--at {at} is outside the {time_steps} time steps; expected 0 to "
-                             f"{time_steps - 1}", where="--at")
-    if chunks is not None and chunks > time_steps:
-        raise GradscopeError(
-            f"--chunks {chunks} is more than time_steps {time_steps}; expected at most "
-            f"{time_steps} chunks (one step each)",
-            where="--chunks",
-        )
 
 
-def check_chunks(chunks: int | None, time_steps: int | None = None) -> None:
-    """``explain --chunks K``: at least one cut (K ≥ 2) and, once the time steps are known,
-    at most one chunk per step.
-
-    K need not divide the time steps: the chunks are cut as ``check --chunks`` cuts them
-    (``np.array_split``: the first ``time_steps mod K`` chunks are one step longer).
-    """
-    if chunks is None:
-        return
-    if chunks < 2:
-        raise GradscopeError(
-            f"--chunks {chunks}: expected K ≥ 2 (the time axis is cut into K chunks; with "
-            "fewer there is no boundary to carry gradients across)",
-            where="--chunks",
-        )
-    if time_steps is not None:
-        check_time_steps(time_steps, chunks=chunks)
 
 
 def _check_new_file(option: str, path: Path, force: bool) -> None:
@@ -188,6 +160,6 @@ def check_weights(path: str | None, config: str | None, option: str = "--weights
     if config is not None and str(config).endswith(".keras"):
         raise GradscopeError(f"--weights is for YAML configs; {config} carries its own "
                              "weights", where="--weights")
-    from gradscope.weights import locate
+    from gradscope.yaml.weights import locate
 
     locate(path, option if option == "--weights" else "")

@@ -81,9 +81,9 @@ def seed_reports(tf):
     """The seed model's reports, computed once in this process: explain with the flow, the
     Jacobians and the carry in 2 chunks (strip them with model_copy for plain explain), and
     check."""
-    from gradscope.inspect import explain
-    from gradscope.spec import load_spec
-    from gradscope.witnesses import check
+    from gradscope.witnesses.check import check
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.explain import explain
 
     spec = load_spec(None)
     return {"explain": explain(spec, flow=True, jacobians=True, chunks=2),

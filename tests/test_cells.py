@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradscope.algebra import model_shapes
-from gradscope.data import initial_params, synthetic_batch
-from gradscope.model import Engine
-from gradscope.spec import load_spec
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import initial_params, synthetic_batch
+from gradscope.yaml.engine import Engine
 
 
 def _setup(layer: dict, dtype: str = "float64"):
@@ -99,7 +99,7 @@ def test_algebra_shapes_and_states(kind, layout, shapes):
     [{"gru": 3}, {"type": "lstm", "units": 3, "return_sequences": False}, {"dense": 2}],
 ])
 def test_numpy_reference_equals_tf_for_lstm_and_simple_rnn(layers, tf):
-    from gradscope.reference import reference_gradients
+    from gradscope.yaml.reference import reference_gradients
 
     spec = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 3, "layers": layers,
                       "dtype": "float64"})

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from gradscope.report.models import json_schema
-from gradscope.spec import load_spec
-from gradscope.witnesses import check
+from gradscope.witnesses.check import check
+from gradscope.yaml.config import load_spec
 
 recurrent = st.fixed_dictionaries(
     {"type": st.sampled_from(["gru", "lstm", "simple_rnn"]), "units": st.integers(1, 8),
@@ -72,10 +72,10 @@ def test_seed_model_passes_every_witness_and_exits_0():
 def _block_context():
     import numpy as np
 
-    from gradscope.algebra import model_shapes
-    from gradscope.data import initial_params, synthetic_batch
-    from gradscope.model import Engine
     from gradscope.witnesses.context import CheckContext
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.data import initial_params, synthetic_batch
+    from gradscope.yaml.engine import Engine
 
     spec = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
                       "layers": [{"gru": 4}, {"type": "gru", "units": 3, "layout": "keras"},

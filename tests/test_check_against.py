@@ -11,14 +11,14 @@ import pytest
 from conftest import REPO, run_gradscope
 from jsonschema import Draft202012Validator
 
-from gradscope.algebra import model_shapes
-from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import ConfigError
-from gradscope.model import Engine
 from gradscope.report.models import json_schema
-from gradscope.spec import load_spec
 from gradscope.witnesses.context import CheckContext
 from gradscope.witnesses.user_backward import against_witness, load_against, not_returned
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import initial_params, synthetic_batch
+from gradscope.yaml.engine import Engine
 
 ZOO = str(REPO / "tests" / "against" / "user_gru_bptt.py")
 RECURRENT = [f"gru_{k}/{w}" for k in (1, 2) for w in ("w_ru", "b_ru", "w_c", "b_c")]

@@ -8,12 +8,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from gradscope.algebra import model_shapes
-from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import ConfigError
-from gradscope.model import Engine
-from gradscope.spec import load_spec
-from gradscope.truncation import chunk_lengths
 from gradscope.witnesses import carry
 from gradscope.witnesses.carry import (
     CarryResult,
@@ -22,6 +17,11 @@ from gradscope.witnesses.carry import (
     truncated_gradients,
 )
 from gradscope.witnesses.context import TOLERANCES, CheckContext
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import initial_params, synthetic_batch
+from gradscope.yaml.engine import Engine
+from gradscope.yaml.truncation import chunk_lengths
 
 TIME_STEPS = 7
 CHUNKS = (1, 2, 3, 5, 7)

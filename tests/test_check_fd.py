@@ -7,16 +7,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gradscope.algebra import model_shapes
-from gradscope.data import initial_params, synthetic_batch
-from gradscope.model import Engine
-from gradscope.spec import load_spec
 from gradscope.witnesses.context import CheckContext
 from gradscope.witnesses.finite_differences import (
     FiniteDifferences,
     finite_difference_witness,
     probes_for,
 )
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import initial_params, synthetic_batch
+from gradscope.yaml.engine import Engine
 
 SPECS = {
     "block": {"layers": [{"gru": 4}, {"gru": 3}, {"dense": 3}]},

@@ -1,7 +1,7 @@
 """`check --against FUNC --layer NAME`: one recurrent layer's hand-written backward, given dh.
 
 The acceptance test runs a course-layout tanh RNN backward (tests/against/rnn_course.py, under
-the README's adapter, tests/against/course_adapter.py) through `--layer --time-last`: the
+the adapter of docs/check.md, tests/against/course_adapter.py) through `--layer --time-last`: the
 right one passes, each of five classic bugs is caught and named by its signature, with and
 without x returned. The truth gradscope hands the function (x, dh) is checked against a NumPy
 forward pass written here.
@@ -19,8 +19,8 @@ from jsonschema import Draft202012Validator
 from gradscope.errors import ConfigError
 from gradscope.reference import RECURRENT
 from gradscope.report.models import LayerCheckReport, json_schema
-from gradscope.spec import load_spec
 from gradscope.witnesses.layer_backward import check_layer
+from gradscope.yaml.config import load_spec
 
 ADAPTER = REPO / "tests" / "against" / "course_adapter.py"
 #: Two tanh RNNs (Keras layout below, TF1 block layout on top) under a dense head.
@@ -136,8 +136,8 @@ def _numpy_model(params, x, y):
 def test_the_function_receives_the_real_layer_input_and_dh(tf):
     import yaml
 
-    from gradscope.algebra import model_shapes
-    from gradscope.data import initial_params, synthetic_batch
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.data import initial_params, synthetic_batch
 
     spec = load_spec(yaml.safe_load(CONFIG))
     algebra = model_shapes(spec)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import run_gradscope
 
-from gradscope.data import load_batch, validate_batch
 from gradscope.errors import DataError
-from gradscope.spec import load_spec
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import load_batch, validate_batch
 
 SPEC = load_spec({"input_size": 6, "time_steps": 5, "batch_size": 4,
                   "layers": [{"gru": 3}, {"lstm": 2}, {"dense": 3}]})

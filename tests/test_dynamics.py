@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradscope.algebra import model_shapes
-from gradscope.data import initial_params, synthetic_batch
-from gradscope.dynamics import dynamics, influence_map
-from gradscope.model import Engine
-from gradscope.spec import load_spec
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import initial_params, synthetic_batch
+from gradscope.yaml.dynamics import dynamics, influence_map
+from gradscope.yaml.engine import Engine
 
 EPS = 1e-6
 

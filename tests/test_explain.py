@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from gradscope.algebra import model_shapes
-from gradscope.data import initial_params, synthetic_batch
 from gradscope.errors import InternalError
-from gradscope.inspect import explain
-from gradscope.model import Engine
 from gradscope.report.models import json_schema
-from gradscope.spec import load_spec
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import initial_params, synthetic_batch
+from gradscope.yaml.engine import Engine
+from gradscope.yaml.explain import explain
 
 recurrent = st.fixed_dictionaries(
     {"type": st.sampled_from(["gru", "lstm", "simple_rnn"]), "units": st.integers(1, 9),

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from conftest import run_gradscope
 
-from gradscope.algebra import model_shapes
-from gradscope.data import Batch, initial_params
-from gradscope.spec import load_spec
-from gradscope.truncation import CARRIED_SHARE_THRESHOLD, CarryPasses
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
+from gradscope.yaml.data import Batch, initial_params
+from gradscope.yaml.truncation import CARRIED_SHARE_THRESHOLD, CarryPasses
 
 #: 7 steps in 2 chunks: np.array_split cuts them 4 + 3, so the boundary is at t = 4.
 CONFIG = {"input_size": 3, "time_steps": 7, "batch_size": 2, "dtype": "float64", "seed": 5,
@@ -209,8 +209,8 @@ def test_python_api_and_the_verdict_threshold(case):
 
 
 def test_the_verdict_says_hardly_below_the_threshold_and_matters_above_it():
-    from gradscope.inspect import carried_entry, carry_entry
-    from gradscope.truncation import CarryNumbers
+    from gradscope.yaml.explain import carried_entry, carry_entry
+    from gradscope.yaml.truncation import CarryNumbers
 
     shapes = model_shapes(load_spec(CONFIG))
     full = {info.name: np.ones(info.shape) for info in shapes.weights}
@@ -233,8 +233,8 @@ def test_the_verdict_says_hardly_below_the_threshold_and_matters_above_it():
 
 def test_non_finite_gradients_are_refused_not_reported():
     from gradscope.errors import ConfigError
-    from gradscope.inspect import carried_entry, carry_entry
-    from gradscope.truncation import CarryNumbers
+    from gradscope.yaml.explain import carried_entry, carry_entry
+    from gradscope.yaml.truncation import CarryNumbers
 
     shapes = model_shapes(load_spec(CONFIG))
     full = {info.name: np.ones(info.shape) for info in shapes.weights}

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradscope.errors import ConfigError
-from gradscope.inspect import shapes
-from gradscope.spec import spec_from_yaml
+from gradscope.yaml.config import spec_from_yaml
+from gradscope.yaml.shapes import shapes
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 300),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_without_tensorflow
 
 from gradscope.guard import BASELINE_TERM, PROCESS_BASELINE, estimate, parse_size
-from gradscope.spec import load_spec
+from gradscope.yaml.config import load_spec
 
 #: Peak RSS of a process that only imports TensorFlow 2.21 and runs one op (measured).
 TENSORFLOW_IMPORT_PEAK = 549 << 20

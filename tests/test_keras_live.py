@@ -240,7 +240,7 @@ def test_reports_draw_themselves_in_a_notebook(compiled_gru):
     checked = gradscope.check(model, x=x, y=y, directions=1)
     assert "PASSED" in checked._repr_html_()
     assert checked.plot()._repr_png_()[:4] == b"\x89PNG"
-    from gradscope.inspect import explain as explain_spec
+    from gradscope.yaml.explain import explain as explain_spec
 
     spec = gradscope.load_spec({"input_size": 3, "time_steps": 6, "batch_size": 2,
                                 "layers": [{"gru": 4}, {"dense": 2}]})

@@ -10,8 +10,8 @@ from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradscope.algebra import model_shapes
-from gradscope.spec import load_spec
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import load_spec
 
 SEED_SHAPES = {
     "gru_1/w_ru": (264, 128), "gru_1/b_ru": (128,), "gru_1/w_c": (264, 64), "gru_1/b_c": (64,),

@@ -6,7 +6,7 @@ import pytest
 from conftest import REPO, SAMPLES
 
 from gradscope.errors import ConfigError
-from gradscope.spec import load_spec
+from gradscope.yaml.config import load_spec
 
 BASE = {"input_size": 4, "time_steps": 3, "batch_size": 2}
 
@@ -87,7 +87,7 @@ def test_bad_configs_give_one_line_naming_the_key(config, fragment, where):
 
 
 def _load_yaml_text(text):
-    from gradscope.spec import spec_from_yaml
+    from gradscope.yaml.config import spec_from_yaml
 
     return spec_from_yaml(text, origin="<dict>")
 

@@ -130,13 +130,14 @@ def build_sample_keras_model():
 
 @pytest.fixture(scope="module")
 def small_reports(tf, tmp_path_factory):
-    from gradscope.inspect import explain, shapes
     from gradscope.keras.check import check as keras_check
     from gradscope.keras.explain import explain as keras_explain
     from gradscope.keras.explain import prepare as keras_prepare
     from gradscope.keras.shapes import keras_shapes
-    from gradscope.spec import load_spec
-    from gradscope.witnesses import check
+    from gradscope.witnesses.check import check
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.explain import explain
+    from gradscope.yaml.shapes import shapes
 
     grus = load_spec({"input_size": 5, "time_steps": 6, "batch_size": 4,
                       "layers": [{"gru": 4}, {"gru": 3}, {"dense": 3}]})
@@ -166,8 +167,8 @@ CASES = ["explain_seed", "check_seed_equations", "shapes_seed", "check_failing_f
 
 @pytest.fixture(scope="module")
 def cases(small_reports, seed_reports):
-    from gradscope.inspect import shapes
-    from gradscope.spec import load_spec
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.shapes import shapes
 
     every = {
         "explain_seed": (seed_reports["explain"], None),
@@ -218,8 +219,8 @@ def test_every_table_fits_and_nothing_is_split(cases, case, width):
 
 
 def test_an_alias_wider_than_the_console_folds_after_a_slash():
-    from gradscope.inspect import shapes
-    from gradscope.spec import load_spec
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.shapes import shapes
 
     long_name = "/".join(["a_rather_long_outer_scope_name"] * 3) + "/gru_cell/gates/kernel"
     report = shapes(load_spec(None))

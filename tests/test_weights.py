@@ -12,7 +12,7 @@ from conftest import REPO, run_gradscope, run_without_tensorflow
 
 import gradscope
 from gradscope.errors import ConfigError
-from gradscope.spec import load_spec, spec_from_yaml
+from gradscope.yaml.config import load_spec, spec_from_yaml
 
 SEED_SCOPES = ("GRU_Layer1", "GRU_Layer2")
 AGAINST = str(REPO / "tests" / "against" / "user_gru_bptt.py")
@@ -148,10 +148,10 @@ def test_explain_weights_reproduces_an_independent_tf1_program(tf, seed_files):
 def test_every_gradient_element_matches_the_independent_program(tf, seed_files):
     """Element by element (the report carries statistics): the mapped weights in the engine
     that explain runs."""
-    from gradscope.algebra import model_shapes
-    from gradscope.data import load_batch
-    from gradscope.model import Engine
-    from gradscope.weights import load_weights
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.data import load_batch
+    from gradscope.yaml.engine import Engine
+    from gradscope.yaml.weights import load_weights
 
     spec = gradscope.infer_spec(seed_files["prefix"])
     spec, batch = load_batch(spec_from_yaml(spec.yaml), data=seed_files["data"])
@@ -232,7 +232,7 @@ def test_a_misfitting_npz_is_refused_before_tensorflow_one_line_per_variable(sma
 
 def test_npz_names_of_every_kind_give_the_same_gradients(tf, small_npz):
     """gradscope names, TF1 names with :0, and the dict API all map to the same weights."""
-    from gradscope.inspect import explain
+    from gradscope.yaml.explain import explain
 
     spec = load_spec(SMALL)
     expected = explain(spec, params={k: v.astype(np.float64)
@@ -441,7 +441,7 @@ def test_tf1_multi_rnn_cell_names_into_the_keras_layout(tf, keras_model, tmp_pat
     """Keras → block → Keras: Keras' weights rearranged into TF1 MultiRNNCell names
     (GRUCell, LSTMCell with forget_bias 1.0), then read back by a keras-layout spec; Keras'
     own loss is the independent truth for both directions of the rearrangement."""
-    from gradscope.weights import load_weights
+    from gradscope.yaml.weights import load_weights
 
     keras_paths = tmp_path / "keras_paths.npz"
     np.savez(keras_paths, **{w.path: w.numpy() for w in keras_model["model"].weights})

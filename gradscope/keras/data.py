@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.data import _check_numeric, _open_checked, read_npz
+from gradscope.arrays import check_numeric, open_checked, read_npz
 from gradscope.errors import ConfigError, DataError, one_line
 from gradscope.keras.graph import LayerNode, ModelGraph, Ref
 from gradscope.keras.loss import LossPlan
@@ -169,13 +169,13 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
     Every problem of the file (arrays that are not numbers, missing inputs or targets,
     misshapen inputs, unknown arrays, a batch size the arrays disagree on) is one line of a
     single DataError."""
-    _open_checked(Path(path), "an .npz file")
+    open_checked(Path(path), "an .npz file")
     arrays = read_npz(path)
     problems: list[tuple[str, str]] = []  # (message, where)
 
     def numeric(key: str) -> bool:
         try:
-            _check_numeric(key, arrays[key])
+            check_numeric(key, arrays[key])
         except DataError as exc:
             problems.append((exc.message, exc.where or key))
             return False
@@ -400,7 +400,7 @@ def _array(name: str, value: Any) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise DataError(f"{name} is not an array ({exc}); expected a NumPy array or a "
                         "TensorFlow tensor", where=name) from None
-    _check_numeric(name, array)
+    check_numeric(name, array)
     if array.ndim == 0:
         raise DataError(f"{name} is a scalar; expected an array with a batch axis", where=name)
     return array

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes
-from gradscope.data import Batch
-from gradscope.model import Engine, Pass
 from gradscope.report.models import CheckedTensor, WitnessEntry
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.data import Batch
+from gradscope.yaml.engine import Engine, Pass
 
 Progress = Callable[[str], None]
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes
-from gradscope.data import Batch
 from gradscope.witnesses.context import CheckContext, Progress, WitnessResult
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.data import Batch
 
 WITNESS = "finite_differences"
 #: Step along a unit direction. Central differences in float64: the truncation error grows

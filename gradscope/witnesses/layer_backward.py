@@ -35,11 +35,8 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
-from gradscope.algebra import model_shapes
 from gradscope.cells.base import Cell
-from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.errors import ConfigError
-from gradscope.model import Engine
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     CheckSummary,
@@ -47,7 +44,6 @@ from gradscope.report.models import (
     LayerCheckReport,
     LossEntry,
 )
-from gradscope.spec import Spec
 from gradscope.witnesses import variants
 from gradscope.witnesses.context import (
     TOLERANCES,
@@ -65,6 +61,10 @@ from gradscope.witnesses.user_backward import (
     compare,
     load_against,
 )
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import Spec
+from gradscope.yaml.data import Batch, initial_params, synthetic_batch
+from gradscope.yaml.engine import Engine
 
 #: The course's names of a SimpleRNN's weights (offered with --time-last).
 COURSE_NAMES = ("Wax", "Waa", "ba")
@@ -261,7 +261,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
     Raises ``ConfigError`` (exit 2) for an unknown or non-recurrent layer, and when the
     function breaks the contract (raises, returns no dict, or no name gradscope knows).
     """
-    from gradscope.inspect import model_entry
+    from gradscope.yaml.shapes import model_entry
 
     say = progress or (lambda message: None)
     laps: dict[str, float] = {}
@@ -273,7 +273,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
     cell = algebra.cells[index]
     view = LayerView(cell, time_last)
     batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
-    from gradscope.weights import chosen_weights
+    from gradscope.yaml.weights import chosen_weights
 
     params, weights_entry = chosen_weights(spec, weights, params, say)
     params = {n: v.astype(np.float64) for n, v in (params or initial_params(algebra)).items()}

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes
-from gradscope.data import Batch
 from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.data import Batch
 
 if TYPE_CHECKING:
-    from gradscope.reference import ReferenceResult
+    from gradscope.yaml.reference import ReferenceResult
 
 WITNESS = "numpy_reference"
 
@@ -21,7 +21,7 @@ def reference_gradients(shapes: ModelShapes, params: dict[str, np.ndarray],
                         batch: Batch) -> ReferenceResult:
     """The NumPy forward and BPTT (no TensorFlow: it may run before TensorFlow is imported)."""
     from gradscope._blas import blas_beside_tensorflow
-    from gradscope.reference import reference_gradients as numpy_bptt
+    from gradscope.yaml.reference import reference_gradients as numpy_bptt
 
     # One BLAS thread (see gradscope/_blas.py): on the seed model 0.11 s instead of 0.8–3.4 s.
     with blas_beside_tensorflow():

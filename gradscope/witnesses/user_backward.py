@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import ConfigError
-from gradscope.reference import reference_gradients
 from gradscope.witnesses import variants
 from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
+from gradscope.yaml.reference import reference_gradients
 
 WITNESS = "against"
 

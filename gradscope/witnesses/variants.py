@@ -25,9 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes
 from gradscope.cells.base import Cell, TensorInfo
-from gradscope.data import Batch
 from gradscope.reference import (
     STEPS,
     Backward,
@@ -37,9 +35,11 @@ from gradscope.reference import (
     TanhPrime,
     cell_key,
     lstm_step_backward,
-    reference_gradients,
 )
 from gradscope.witnesses.context import relative_error
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.data import Batch
+from gradscope.yaml.reference import reference_gradients
 
 
 @dataclass(frozen=True)

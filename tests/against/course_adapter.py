@@ -1,6 +1,6 @@
-"""The README's adapter: the course's ``rnn_backward(da, caches)`` under
+"""The adapter of docs/check.md: the course's ``rnn_backward(da, caches)`` under
 ``gradscope check --against course_adapter.py:backward --layer NAME --time-last``.
-The lines from ``import numpy`` to the end of ``backward`` are in the README, verbatim (a
+The lines from ``import numpy`` to the end of ``backward`` are in docs/check.md, verbatim (a
 test holds them equal). Below them, for the tests only: the same adapter over each classic
 bug of ``rnn_course.py``, returning everything or the weights only.
 """

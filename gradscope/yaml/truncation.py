@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes
-from gradscope.data import Batch
 from gradscope.errors import ConfigError
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.data import Batch
 
 #: Carrying "matters" when, for some weight, the carried gradients are at least this share of
 #: the full gradient (‖g_full − g_truncated‖ / ‖g_full‖). Below it, truncated BPTT without the
@@ -106,7 +106,7 @@ class CarryPasses:
     every batch and cut of the same sizes."""
 
     def __init__(self, shapes: ModelShapes) -> None:
-        from gradscope.model import Engine  # imports TensorFlow
+        from gradscope.yaml.engine import Engine  # imports TensorFlow
 
         self.shapes = shapes
         self.engine = Engine(shapes, dtype="float64")

@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes, model_shapes
+from gradscope.arrays import read_npz
 from gradscope.cells import CELLS
 from gradscope.cells.base import TensorInfo
-from gradscope.data import read_npz
 from gradscope.errors import ConfigError, one_line
 from gradscope.report.models import IgnoredVariable, WeightMapEntry, WeightsEntry
-from gradscope.spec import Spec
+from gradscope.yaml.algebra import ModelShapes, model_shapes
+from gradscope.yaml.config import Spec
 
 FORMATS = {
     "npz": ".npz archive",

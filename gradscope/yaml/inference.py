@@ -2,7 +2,7 @@
 
 From the variable shapes of a checkpoint or an .npz file, infer the config that explains them:
 input size, layers, units, cell kind, layout, the dense output. The variables are named and
-grouped exactly as ``--weights`` does (:mod:`gradscope.weights`), each layer's sizes are read
+grouped exactly as ``--weights`` does (:mod:`gradscope.yaml.weights`), each layer's sizes are read
 off its shapes with every shape cross-checked (a GRUCell's gates/kernel must be (F+u, 2u) when
 its candidate/kernel is (F+u, u)), and the layers must chain: each one's input size is the
 units of the one before. Values that no weight file holds (time steps, batch size, the loss)
@@ -22,8 +22,8 @@ import yaml
 
 from gradscope.errors import ConfigError
 from gradscope.report.models import IgnoredVariable, Inference, SpecInference
-from gradscope.spec import spec_from_yaml
-from gradscope.weights import (
+from gradscope.yaml.config import spec_from_yaml
+from gradscope.yaml.weights import (
     FORMATS,
     Group,
     WeightsError,

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import difflib
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes
+from gradscope.arrays import check_data_files, check_numeric, load_npy, read_npz
 from gradscope.cells.base import glorot_uniform
-from gradscope.errors import DataError, GradscopeError
-from gradscope.spec import Spec
+from gradscope.errors import DataError
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.config import Spec
 
 
 @dataclass(frozen=True)
@@ -90,28 +90,11 @@ def load_batch(spec: Spec, data: str | os.PathLike[str] | None = None,
         origin = str(data)
     else:
         assert x is not None and y is not None
-        arrays = {"x": _load_npy(Path(x), "x"), "y": _load_npy(Path(y), "y")}
+        arrays = {"x": load_npy(Path(x), "x"), "y": load_npy(Path(y), "y")}
         origin = f"{x} and {y}"
     return validate_batch(spec, arrays, origin)
 
 
-def check_data_files(data: str | os.PathLike[str] | None = None,
-                     x: str | os.PathLike[str] | None = None,
-                     y: str | os.PathLike[str] | None = None) -> None:
-    """``data`` alone or ``x`` with ``y``, each an existing file; nothing is read yet.
-
-    The CLI calls this before it loads the model (a saved Keras model needs TensorFlow), so
-    a mistyped file name costs no TensorFlow import.
-    """
-    if data is not None and (x is not None or y is not None):
-        raise DataError("give either --data FILE.npz or --x and --y, not both", where="--data")
-    if data is None and (x is None or y is None):
-        raise DataError("--x and --y go together: give both", where="--x" if y is None else "--y")
-    if data is not None:
-        _open_checked(Path(data), "an .npz file")
-    for path in (x, y):
-        if path is not None:
-            _open_checked(Path(path), "an .npy file")
 
 
 def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
@@ -126,7 +109,7 @@ def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
                 where=name,
             )
     for name, value in arrays.items():
-        _check_numeric(name, value)
+        check_numeric(name, value)
     x = arrays["x"]
     if x.ndim != 3:
         raise DataError(
@@ -145,7 +128,7 @@ def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
         raise DataError(f"x has shape {x.shape}; expected at least one example and one step",
                         where="x")
     resized = spec.model_copy(update={"batch_size": batch_size, "time_steps": time_steps})
-    from gradscope.algebra import model_shapes
+    from gradscope.yaml.algebra import model_shapes
 
     shapes = model_shapes(resized)
     y = arrays["y"]
@@ -197,20 +180,6 @@ def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
     return resized, batch.astype(spec.dtype)
 
 
-def _check_numeric(name: str, value: np.ndarray) -> None:
-    if value.dtype.kind not in "fiub":
-        raise DataError(
-            f"{name} has dtype {value.dtype}; expected real numbers (float or int)", where=name
-        )
-    if value.dtype.kind == "f":
-        bad = ~np.isfinite(value)
-        if bad.any():
-            index = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise DataError(
-                f"{name} has a non-finite value ({value[index]}) at index {index}; expected "
-                "finite numbers",
-                where=name,
-            )
 
 
 def _check_targets(y: np.ndarray) -> None:
@@ -233,60 +202,8 @@ def _check_targets(y: np.ndarray) -> None:
         )
 
 
-def _open_checked(path: Path, what: str) -> None:
-    if not path.exists():
-        raise DataError(f"{path}: file not found", where=str(path))
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory; expected {what}", where=str(path))
 
 
-def _load_npy(path: Path, name: str) -> np.ndarray:
-    _open_checked(path, "an .npy file")
-    try:
-        value = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        raise DataError(_pickle_message(path, exc), where=name) from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror or exc}", where=name) from None
-    if not isinstance(value, np.ndarray):
-        raise DataError(f"{path}: is an .npz archive; use --data for it", where=name)
-    return value
 
 
-def read_npz(path: str | os.PathLike[str], shown: str | None = None,
-             single: str = "an .npz archive with x and y (or use --x and --y)",
-             error: type[GradscopeError] = DataError,
-             where: str | None = None) -> dict[str, np.ndarray]:
-    """Every array of the .npz archive at ``path``, read with ``allow_pickle=False``.
 
-    Messages start with ``shown`` (the path by default); ``single`` says what was expected
-    when the file holds one array. Raises ``error`` (exit 2) at ``where`` (the path, or the
-    array's name for a pickled array)."""
-    shown = shown or str(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            if not hasattr(archive, "files"):
-                raise error(f"{shown}: is a single array; expected {single}",
-                            where=where or str(path))
-            arrays = {}
-            for key in archive.files:
-                try:
-                    arrays[key] = archive[key]
-                except ValueError:
-                    raise error(f"{shown}: array '{key}' holds pickled Python objects; "
-                                "gradscope reads plain numeric arrays only (allow_pickle=False)",
-                                where=where or key) from None
-            return arrays
-    except GradscopeError:
-        raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        message = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-        raise error(f"{shown}: not a readable .npz file: {message}",
-                    where=where or str(path)) from None
-
-
-def _pickle_message(path: Path, exc: Exception) -> str:
-    if "pickle" in str(exc).lower():
-        return (f"{path}: holds pickled Python objects; gradscope loads plain numeric arrays "
-                "only (allow_pickle=False)")
-    return f"{path}: not a readable array file: {str(exc).splitlines()[0]}"

@@ -14,7 +14,7 @@ from typing import Literal
 
 from gradscope.cells import CELLS, Block, Cell, TensorInfo
 from gradscope.errors import ConfigError
-from gradscope.spec import LayerSpec, Spec
+from gradscope.yaml.config import LayerSpec, Spec
 
 
 @dataclass(frozen=True)

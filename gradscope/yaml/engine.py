@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
-from gradscope.algebra import ModelShapes
 from gradscope.cells.base import tf_project
-from gradscope.data import Batch
+from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.data import Batch
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The library calls behind ``shapes`` and ``explain``: each returns a report object."""
+"""``gradscope explain`` for a YAML config: one forward and backward pass in TensorFlow, every
+gradient explained (the shapes come from :mod:`gradscope.yaml.shapes`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gradscope.algebra import ModelShapes, model_shapes
 from gradscope.cells.base import TensorInfo
-from gradscope.data import Batch, initial_params, synthetic_batch
 from gradscope.errors import ConfigError, InternalError
 from gradscope.gradient_stats import flow_flags, per_example_norms, stats
 from gradscope.report.formats import percent
 from gradscope.report.models import (
-    BlockEntry,
     CarryEntry,
     CarryPair,
     CarryProductEntry,
@@ -25,31 +23,20 @@ from gradscope.report.models import (
     GradientFlow,
     InfluenceMap,
     JacobianEntry,
-    LayerEntry,
     LossEntry,
-    ModelEntry,
-    ShapesReport,
     StateGradientEntry,
-    TensorEntry,
 )
-from gradscope.spec import Spec
-from gradscope.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, state_names
+from gradscope.yaml.algebra import ModelShapes, model_shapes
+from gradscope.yaml.config import Spec
+from gradscope.yaml.data import Batch, initial_params, synthetic_batch
+from gradscope.yaml.shapes import model_entry, tensor_entry
+from gradscope.yaml.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, state_names
 
 if TYPE_CHECKING:
-    from gradscope.dynamics import Dynamics, JacobianBlock
+    from gradscope.yaml.dynamics import Dynamics, JacobianBlock
 
 Progress = Callable[[str], None]
 
-
-def shapes(spec: Spec) -> ShapesReport:
-    """The shape algebra alone: no TensorFlow."""
-    algebra = model_shapes(spec)
-    return ShapesReport(
-        model=model_entry(algebra, data="none (shapes only)"),
-        loss=LossEntry(name=spec.loss, value=None),
-        tensors=[tensor_entry(info) for info in algebra.weights],
-        initial_states=[tensor_entry(info) for info in algebra.states],
-    )
 
 
 def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = None,
@@ -63,20 +50,20 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     norms per step and the influence ‖∂h_t/∂x_s‖ of every input step (t = ``at``, by
     default the last step); ``heatmap`` adds ‖∂h_t/∂x_s‖ for up to 16 steps t. ``params``
     replaces the seeded initial weights by gradscope name, as they are; ``weights`` (an .npz
-    path, a TF checkpoint or a dict named any way :mod:`gradscope.weights` reads) is mapped
+    path, a TF checkpoint or a dict named any way :mod:`gradscope.yaml.weights` reads) is mapped
     onto the spec's layers first, and the mapping is reported. An .npz is read and checked
     before TensorFlow is imported. ``chunks`` (K ≥ 2) cuts the time axis into K chunks and
     adds, under ``carry``, how much carrying gradients across the cuts changes each weight
-    gradient (see :mod:`gradscope.truncation`).
+    gradient (see :mod:`gradscope.yaml.truncation`).
     """
-    from gradscope.preflight import check_chunks
+    from gradscope.yaml.options import check_chunks
 
     check_chunks(chunks, int(data.x.shape[1]) if data is not None else spec.time_steps)
     say = progress or (lambda message: None)
     clock = _Clock()
     algebra = model_shapes(spec)
     batch = data if data is not None else synthetic_batch(algebra)
-    from gradscope.weights import chosen_weights
+    from gradscope.yaml.weights import chosen_weights
 
     params, weights_entry = chosen_weights(spec, weights, params, say)
     if weights_entry is not None:
@@ -84,7 +71,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         algebra = model_shapes(spec, aliases={
             item.name: " + ".join(item.variables) for item in weights_entry.mapping})
     params = initial_params(algebra) if params is None else params
-    from gradscope.model import Engine  # imports TensorFlow
+    from gradscope.yaml.engine import Engine  # imports TensorFlow
 
     say("importing TensorFlow")
     engine = Engine(algebra)
@@ -95,7 +82,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         result = engine.run(params, batch, watch_input=False)
         clock.lap("forward_backward")
     else:
-        from gradscope.dynamics import dynamics
+        from gradscope.yaml.dynamics import dynamics
 
         steps = batch.x.shape[1]
         if at is not None and not 0 <= at < steps:
@@ -107,7 +94,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
                            if jacobians else None)
         gradient_flow = flow_entry(found) if flow else None
         if heatmap and gradient_flow is not None:
-            from gradscope.dynamics import influence_map
+            from gradscope.yaml.dynamics import influence_map
 
             rows = sorted({int(t) for t in np.linspace(0, steps - 1, min(steps, HEATMAP_ROWS))})
             say("influence map ‖∂h_t/∂x_s‖")
@@ -128,7 +115,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     clock.lap("statistics")
     carry = carry_entry(algebra)
     if chunks is not None:
-        from gradscope.truncation import carry_numbers, chunk_lengths
+        from gradscope.yaml.truncation import carry_numbers, chunk_lengths
 
         say(f"full and truncated BPTT in {chunks} chunks (float64)")
         lengths = chunk_lengths(int(batch.x.shape[1]), chunks)
@@ -150,35 +137,8 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
 # -- pieces ---------------------------------------------------------------------------------------
 
 
-def model_entry(algebra: ModelShapes, data: str) -> ModelEntry:
-    spec = algebra.spec
-    return ModelEntry(
-        chain=algebra.chain,
-        input_size=spec.input_size,
-        time_steps=spec.time_steps,
-        batch_size=spec.batch_size,
-        layout=spec.layout,
-        dtype=spec.dtype,
-        seed=spec.seed,
-        weight_count=algebra.weight_count,
-        dense_positions=algebra.positions,
-        data=data,
-        layers=[LayerEntry(**layer.model_dump()) for layer in spec.layers],
-    )
 
 
-def tensor_entry(info: TensorInfo) -> TensorEntry:
-    return TensorEntry(
-        name=info.name,
-        alias=info.alias,
-        alias_source=info.alias_source,
-        layer=info.layer,
-        shape=list(info.shape),
-        formula=info.formula,
-        meaning=info.meaning,
-        rows=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in info.rows],
-        columns=[BlockEntry(start=b.start, stop=b.stop, label=b.label) for b in info.columns],
-    )
 
 
 def state_gradient_entry(info: TensorInfo, gradient: np.ndarray) -> StateGradientEntry:

@@ -1,6 +1,6 @@
 """YAML config → validated, fully resolved :class:`Spec`.
 
-The keys are the public contract (see README). Validation uses pydantic in strict mode, and
+The keys are the public contract (see docs/config.md). Validation uses pydantic in strict mode, and
 every pydantic error is turned into one line that names the key, what was found and what was
 expected, e.g. ``key 'layers[0].units': expected a positive integer, found -3``.
 

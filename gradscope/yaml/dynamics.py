@@ -4,7 +4,7 @@
   a later layer's initial state cannot reach an earlier layer), per example, with its
   Frobenius norm and singular values. For an LSTM the state is [h, c].
 - ``‖∂L/∂h_t‖`` per layer and step, and ``‖∂L/∂x_t‖`` per step: from ONE backward pass, through
-  the zero probes of :meth:`gradscope.model.Engine.forward`.
+  the zero probes of :meth:`gradscope.yaml.engine.Engine.forward`.
 - ``‖∂h_t/∂x_s‖`` for a chosen t (the last step by default): the influence of input step s on
   the last recurrent layer's state at step t.
 
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
-from gradscope.data import Batch
-from gradscope.model import Engine, Pass
+from gradscope.yaml.data import Batch
+from gradscope.yaml.engine import Engine, Pass
 
 
 @dataclass(frozen=True)

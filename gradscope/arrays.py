@@ -1,0 +1,107 @@
+"""The user's array files (.npz, .npy), read safely (``allow_pickle=False``) and checked, for
+both wings: a missing file, a pickled array or a non-finite value is a one-line error naming
+the file or the array."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from gradscope.errors import DataError, GradscopeError
+
+
+def check_data_files(data: str | os.PathLike[str] | None = None,
+                     x: str | os.PathLike[str] | None = None,
+                     y: str | os.PathLike[str] | None = None) -> None:
+    """``data`` alone or ``x`` with ``y``, each an existing file; nothing is read yet.
+
+    The CLI calls this before it loads the model (a saved Keras model needs TensorFlow), so
+    a mistyped file name costs no TensorFlow import.
+    """
+    if data is not None and (x is not None or y is not None):
+        raise DataError("give either --data FILE.npz or --x and --y, not both", where="--data")
+    if data is None and (x is None or y is None):
+        raise DataError("--x and --y go together: give both", where="--x" if y is None else "--y")
+    if data is not None:
+        open_checked(Path(data), "an .npz file")
+    for path in (x, y):
+        if path is not None:
+            open_checked(Path(path), "an .npy file")
+
+
+def check_numeric(name: str, value: np.ndarray) -> None:
+    if value.dtype.kind not in "fiub":
+        raise DataError(
+            f"{name} has dtype {value.dtype}; expected real numbers (float or int)", where=name
+        )
+    if value.dtype.kind == "f":
+        bad = ~np.isfinite(value)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{name} has a non-finite value ({value[index]}) at index {index}; expected "
+                "finite numbers",
+                where=name,
+            )
+
+
+def open_checked(path: Path, what: str) -> None:
+    if not path.exists():
+        raise DataError(f"{path}: file not found", where=str(path))
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; expected {what}", where=str(path))
+
+
+def load_npy(path: Path, name: str) -> np.ndarray:
+    open_checked(path, "an .npy file")
+    try:
+        value = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise DataError(pickle_message(path, exc), where=name) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}", where=name) from None
+    if not isinstance(value, np.ndarray):
+        raise DataError(f"{path}: is an .npz archive; use --data for it", where=name)
+    return value
+
+
+def read_npz(path: str | os.PathLike[str], shown: str | None = None,
+             single: str = "an .npz archive with x and y (or use --x and --y)",
+             error: type[GradscopeError] = DataError,
+             where: str | None = None) -> dict[str, np.ndarray]:
+    """Every array of the .npz archive at ``path``, read with ``allow_pickle=False``.
+
+    Messages start with ``shown`` (the path by default); ``single`` says what was expected
+    when the file holds one array. Raises ``error`` (exit 2) at ``where`` (the path, or the
+    array's name for a pickled array)."""
+    shown = shown or str(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if not hasattr(archive, "files"):
+                raise error(f"{shown}: is a single array; expected {single}",
+                            where=where or str(path))
+            arrays = {}
+            for key in archive.files:
+                try:
+                    arrays[key] = archive[key]
+                except ValueError:
+                    raise error(f"{shown}: array '{key}' holds pickled Python objects; "
+                                "gradscope reads plain numeric arrays only (allow_pickle=False)",
+                                where=where or key) from None
+            return arrays
+    except GradscopeError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        message = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        raise error(f"{shown}: not a readable .npz file: {message}",
+                    where=where or str(path)) from None
+
+
+def pickle_message(path: Path, exc: Exception) -> str:
+    if "pickle" in str(exc).lower():
+        return (f"{path}: holds pickled Python objects; gradscope loads plain numeric arrays "
+                "only (allow_pickle=False)")
+    return f"{path}: not a readable array file: {str(exc).splitlines()[0]}"

@@ -1,0 +1,225 @@
+"""``gradscope check`` of a YAML config's model: every gradient verified by independent witnesses.
+
+The witnesses, each in its own module, all compare with TF autodiff on a float64 copy of the
+model (same weights, same batch):
+
+- ``finite_differences``: central differences along random directions and single elements;
+- ``numpy_reference``: a NumPy forward/BPTT written without TensorFlow;
+- ``gru_block_kernel``: TF's GRUBlockCellGrad kernel and the weight-gradient assembly
+  (block-layout GRU layers; float32);
+- ``tbptt_carry`` (with ``chunks``): truncated BPTT with the initial-state gradients carried
+  as grad_ys into the previous chunk;
+- ``against`` (with ``against``): the user's own backward function.
+
+What runs at the same time, on 2 cores: the NumPy reference (no TensorFlow) while TensorFlow is
+imported; most finite-difference evaluations (those that need no gradient) while the autodiff
+pass is traced and run; the kernel witness and the rest of finite differences after it. While
+one thread traces a function (Python), the others' TensorFlow or BLAS work goes on. The results
+are reported in the same order as ever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from gradscope._tf import native_stderr_silenced
+from gradscope.report.models import (
+    CarryBoundaryEntry,
+    CarryCheck,
+    CheckReport,
+    CheckSummary,
+    ErratumEntry,
+    LossEntry,
+    NamedShape,
+)
+from gradscope.witnesses.context import (
+    TOLERANCES,
+    CheckContext,
+    Progress,
+    WitnessResult,
+    checked_tensors,
+)
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import Spec
+from gradscope.yaml.data import Batch, initial_params, synthetic_batch
+
+
+def check(spec: Spec, against: str | Callable[..., Any] | None = None,
+          chunks: int | None = None, directions: int = 3, rtol: float | None = None,
+          atol: float | None = None, data: Batch | None = None,
+          progress: Progress | None = None, timings: bool = False,
+          params: dict[str, np.ndarray] | None = None, weights: Any = None) -> CheckReport:
+    """Verify every gradient of ``spec``'s model; see the module docstring for the witnesses.
+
+    ``against`` is ``"FILE.py:FUNC"`` or a callable with the contract
+    ``FUNC(params, x, y, h0) -> dict`` (see docs/check.md). ``rtol`` overrides the relative
+    tolerance of every float64 witness; ``atol`` adds an absolute allowance to finite
+    differences.
+    ``params`` are the weights by gradscope name, taken as they are; ``weights`` (an .npz
+    path, a TF checkpoint or a dict, see :mod:`gradscope.yaml.weights`) is mapped onto the spec's
+    layers first and the mapping reported. Either replaces the seeded initial weights.
+    """
+    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
+    from gradscope.witnesses.carry import carry_witness
+    from gradscope.witnesses.finite_differences import FiniteDifferences
+    from gradscope.witnesses.numpy_reference import reference_gradients, reference_witness
+    from gradscope.yaml.engine import Engine
+    from gradscope.yaml.shapes import model_entry
+
+    say = progress or (lambda message: None)
+    laps: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        laps[name] = round(now - clock, 4)
+        clock = now
+
+    user_function = None
+    if isinstance(against, str):
+        from gradscope.witnesses.user_backward import load_against
+
+        say(f"loading {against}")
+        user_function = load_against(against)
+    elif against is not None:
+        user_function = against
+
+    algebra = model_shapes(spec)
+    batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
+    from gradscope.yaml.weights import chosen_weights
+
+    params, weights_entry = chosen_weights(spec, weights, params, say)
+    if params is None:
+        params = initial_params(algebra)
+    params = {name: value.astype(np.float64) for name, value in params.items()}
+    witnesses = ["finite_differences", "numpy_reference"]
+    block = any(cell.kind == "gru" and cell.layout == "block" for cell in algebra.cells)
+    if block:
+        witnesses.append("gru_block_kernel")
+    own_laps: dict[str, float] = {}
+
+    def timed(name: str, job: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return job()
+        finally:
+            own_laps[name] = round(time.perf_counter() - started, 4)
+
+    finite: FiniteDifferences | None = None
+    with native_stderr_silenced(), ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gradscope-witness") as pool:
+        # The NumPy reference needs no TensorFlow: it runs while TensorFlow is imported.
+        say("NumPy reference: forward and BPTT")
+        reference = pool.submit(timed, "numpy_reference",
+                                lambda: reference_gradients(algebra, params, batch))
+        try:
+            say("importing TensorFlow")
+            engine = Engine(algebra, dtype="float64")
+            lap("import_and_build")
+            finite = FiniteDifferences(algebra, params, batch, engine, directions, say)
+            finite.begin()  # most of its evaluations run beside the autodiff pass
+            say("TF autodiff in float64")
+            autodiff = engine.run(params, batch, per_step=True)
+            lap("autodiff")
+            # --rtol applies to the float64 witnesses; the float32 kernel keeps its own.
+            overrides = {w: rtol for w in TOLERANCES
+                         if rtol is not None and w != "gru_block_kernel"}
+            ctx = CheckContext(algebra, params, batch, engine, autodiff, rtol=overrides,
+                               atol=atol, directions=directions, progress=say)
+
+            against_results: list[WitnessResult] = []
+            not_returned: list[str] | None = None
+            if user_function is not None:
+                # First, so a function that breaks the contract (raises, returns no known
+                # name) is reported at once; its column still comes last.
+                from gradscope.witnesses import user_backward
+
+                say("comparing with the user's backward")
+                against_results = user_backward.against_witness(ctx, user_function)
+                not_returned = user_backward.not_returned(ctx, against_results)
+                lap("against")
+
+            def beside() -> tuple[list[WitnessResult], list[WitnessResult], list[Any] | None]:
+                compared = reference_witness(ctx, reference.result())
+                if not block:
+                    return compared, [], None
+                say("GRUBlockCellGrad kernel")
+                kernel = timed("gru_block_kernel",
+                               lambda: (kernel_witness(ctx), errata_evidence(ctx)))
+                return compared, kernel[0], kernel[1]
+
+            others = pool.submit(beside)
+            results: list[WitnessResult] = timed("finite_differences",
+                                                 lambda: finite.finish(ctx))
+            reference_results, kernel_results, evidence = others.result()
+        finally:
+            if finite is not None:
+                finite.close()
+    results += reference_results + kernel_results
+    errata = None if evidence is None else [ErratumEntry(**vars(e)) for e in evidence]
+    lap("witnesses")
+    laps.update({f"{name} (concurrent)": value for name, value in own_laps.items()})
+    carry = None
+    if chunks is not None:
+        say(f"truncated BPTT in {chunks} chunks")
+        witnesses.append("tbptt_carry")
+        outcome = carry_witness(ctx, chunks)
+        results += outcome.results
+        carry = CarryCheck(
+            chunks=chunks,
+            chunk_lengths=list(outcome.chunk_lengths),
+            boundaries=[
+                CarryBoundaryEntry(
+                    step=b.step,
+                    ys=[NamedShape(name=n, shape=list(s)) for n, s in b.ys],
+                    grad_ys=[NamedShape(name=n, shape=list(s), norm=float(norm))
+                             for (n, s), norm in zip(b.grad_ys, b.grad_ys_norm, strict=True)],
+                )
+                for b in outcome.boundaries
+            ],
+        )
+        lap("tbptt_carry")
+    if user_function is not None:
+        witnesses.append("against")
+        results += against_results
+
+    shapes = _shapes_by_name(ctx)
+    tensors = checked_tensors(results, list(shapes), shapes)
+    failed = [t.name for t in tensors if not t.passed]
+    return CheckReport(
+        model=model_entry(algebra, data=batch.source),
+        loss=LossEntry(name=spec.loss, value=float(autodiff.loss)),
+        tolerances={w: ctx.tolerance(w, "float32" if w == "gru_block_kernel" else "float64")
+                    for w in witnesses},
+        tensors=tensors,
+        carry=carry,
+        errata=errata,
+        against=against if isinstance(against, str) else (
+            getattr(against, "__name__", "function") if against is not None else None),
+        against_not_returned=not_returned,
+        summary=CheckSummary(
+            passed=not failed,
+            checked_tensors=len(tensors),
+            failed_tensors=failed,
+            witnesses=witnesses,
+            comparisons=len(results),
+            failures=sum(not r.passed for r in results),
+        ),
+        weights=weights_entry,
+        timings=laps if timings else None,
+    )
+
+
+def _shapes_by_name(ctx: CheckContext) -> dict[str, list[int]]:
+    shapes = {info.name: list(info.shape) for info in (*ctx.shapes.weights, *ctx.shapes.states)}
+    shapes["x"] = list(ctx.batch.x.shape)
+    return shapes
+
+
+__all__ = ["check"]
