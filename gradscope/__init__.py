@@ -72,6 +72,16 @@ def _as_spec(source: Any) -> Spec:
                       "Keras model object (Sequential or functional)", where="spec")
 
 
+def _drawn(report: Any) -> Any:
+    """``report``, able to draw itself: the notebook's HTML and ``report.plot()`` come from
+    renderers that register themselves when imported (the report models know nothing of
+    them)."""
+    import gradscope.report.display  # noqa: F401
+    import gradscope.report.plot  # noqa: F401
+
+    return report
+
+
 def _is_keras(source: Any) -> bool:
     from gradscope.keras.archive import is_keras_file
     from gradscope.keras.live import is_live_model
@@ -110,10 +120,10 @@ def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
     if _is_keras(spec):
         from gradscope.keras.shapes import keras_shapes
 
-        return keras_shapes(spec if not isinstance(spec, PathLike) else str(spec))
+        return _drawn(keras_shapes(spec if not isinstance(spec, PathLike) else str(spec)))
     spec = _as_spec(spec)
 
-    return _shapes(spec)
+    return _drawn(_shapes(spec))
 
 
 def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
@@ -193,9 +203,8 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
                               where=sorted(yaml_only)[0])
         from gradscope.keras.explain import explain as _explain_keras
 
-        return _explain_keras(_keras_job(spec, data, x, y, keras_options, sample_weight),
-                              flow=flow,
-                              jacobians=jacobians)
+        return _drawn(_explain_keras(_keras_job(spec, data, x, y, keras_options, sample_weight),
+                                     flow=flow, jacobians=jacobians))
     if x is not None or y is not None or sample_weight is not None:
         raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
                           "pass data={'x': ..., 'y': ...}", where="x")
@@ -209,9 +218,9 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
     spec, batch = _with_data(spec, data)
     guard(spec, "explain", chunks=chunks)
     heatmap = bool(yaml_only.get("heatmap", False))
-    return _explain(spec, data=batch, weights=weights, chunks=chunks,
-                    flow=flow or heatmap or yaml_only.get("at") is not None,
-                    jacobians=jacobians, **yaml_only)
+    return _drawn(_explain(spec, data=batch, weights=weights, chunks=chunks,
+                           flow=flow or heatmap or yaml_only.get("at") is not None,
+                           jacobians=jacobians, **yaml_only))
 
 
 def check(spec: Any, against: Any = None, chunks: int | None = None,
@@ -246,7 +255,7 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
         check_witness_options(witness_options)
         job = _keras_job(spec, data, x, y,
                          {k: v for k, v in options.items() if k in job_options}, sample_weight)
-        return _check_keras(job, **witness_options)
+        return _drawn(_check_keras(job, **witness_options))
     if x is not None or y is not None or sample_weight is not None:
         from gradscope.errors import ConfigError
 
@@ -263,10 +272,11 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
         assert layer is not None and against is not None
         preflight.check_layer_name(spec, layer)
         guard(spec, "check")
-        return check_layer(spec, against, layer, time_last=time_last, data=batch,
-                           weights=weights, **options)
+        return _drawn(check_layer(spec, against, layer, time_last=time_last, data=batch,
+                                  weights=weights, **options))
     guard(spec, "check")
-    return _check(spec, against=against, chunks=chunks, data=batch, weights=weights, **options)
+    return _drawn(_check(spec, against=against, chunks=chunks, data=batch, weights=weights,
+                         **options))
 
 
 def infer_spec(source: Any) -> SpecInference:

@@ -33,6 +33,7 @@ from gradscope.report.models import (
     LayerCheckReport,
     ShapesReport,
     json_schema,
+    json_text,
 )
 from gradscope.yaml.options import check_chunks, check_time_steps
 
@@ -261,7 +262,7 @@ def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainRepor
           | KerasShapesReport | KerasCheckReport | LayerCheckReport | FlowHistoryReport,
           as_json: bool, output: Path | None, force: bool,
           equations: str | None = None) -> None:
-    from gradscope.report.text import print_report
+    from gradscope.report.render import print_report
 
     if output is None:
         if as_json:
@@ -598,7 +599,7 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
     preflight.check_weights(path, None, option="spec")
     report = infer_spec(path)
     if not as_json and not quiet:
-        from gradscope.report.text import inference_lines
+        from gradscope.report.yaml_text import inference_lines
 
         _stderr_console().print(inference_lines(report), markup=False, soft_wrap=True)
     text = json_render.render_report(report) if as_json else report.yaml
@@ -641,7 +642,7 @@ def schema(command: str) -> int:
     Example:
       gradscope schema explain > explain.schema.json
     """
-    sys.stdout.write(json_render.dumps(json_schema(command)))
+    sys.stdout.write(json_text(json_schema(command)))
     return EXIT_OK
 
 

@@ -67,7 +67,7 @@ def render_text(report: Any, width: int, equations: str | None = None) -> str:
     colour (as with NO_COLOR=1 and stdout not a terminal)."""
     from rich.console import Console
 
-    from gradscope.report.text import print_report
+    from gradscope.report.render import print_report
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, color_system=None, no_color=True,

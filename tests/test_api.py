@@ -126,3 +126,20 @@ def test_junk_options_for_a_keras_model_are_named(options, message, tf):
     function = gradscope.check if {"directions", "rtol"} & set(options) else gradscope.explain
     with pytest.raises(ConfigError, match=re.escape(message)):
         function(model, **options)
+
+
+def test_the_report_models_stand_below_their_renderers():
+    """The report models import no renderer (no circle in report/): a report from the API
+    draws itself because the renderers register with the models when they are imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gradscope.report.models as m; "
+            "assert not [n for n in sys.modules if n.startswith('gradscope.report.') "
+            "and n != 'gradscope.report.models'], sorted(sys.modules); "
+            "assert 'rich' not in sys.modules; assert m.DRAWERS == {}")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    report = gradscope.shapes(None)
+    assert "<pre" in report._repr_html_()

@@ -15,7 +15,7 @@ from conftest import REPO, render_text, run_gradscope
 from jsonschema import Draft202012Validator
 from rich.cells import cell_len
 
-from gradscope.report.text import WITNESS_TITLES
+from gradscope.report.tables import WITNESS_TITLES
 from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
 GOLDEN = REPO / "tests" / "golden"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from gradscope.report.formats import percent
+from gradscope.report.formats import number, percent, shape_text
 from gradscope.report.models import (
     CheckReport,
     ExplainReport,
@@ -26,7 +26,6 @@ from gradscope.report.models import (
     KerasShapesReport,
     ShapesReport,
 )
-from gradscope.report.text import number, shape_text
 from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 
 #: Wide enough that nothing wraps: the reference rendering.

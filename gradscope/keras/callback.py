@@ -51,6 +51,10 @@ import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
 from gradscope.errors import ConfigError
+
+# The history draws itself in a notebook and as a figure: those renderers register here.
+from gradscope.report import display as _display  # noqa: F401
+from gradscope.report import plot as _plot  # noqa: F401
 from gradscope.report.models import (
     FlowHistoryReport,
     KerasNotAnalysed,
@@ -657,7 +661,7 @@ class GradientFlow(keras.callbacks.Callback):
             return
         from rich.console import Console
 
-        from gradscope.report.text import print_report
+        from gradscope.report.render import print_report
 
         print_report(Console(width=width, highlight=False), history)
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from gradscope.report.models import DRAWERS
+from gradscope.report.render import print_report
+
 #: Columns of the notebook rendering: a Jupyter cell shows about 100 monospace columns.
 NOTEBOOK_WIDTH = 100
 
@@ -28,9 +31,9 @@ def recording_console(width: int = NOTEBOOK_WIDTH) -> Any:
 
 def report_html(report: Any, width: int = NOTEBOOK_WIDTH) -> str:
     """``report`` drawn by the terminal renderer, as an HTML fragment."""
-    from gradscope.report.text import print_report
-
     console = recording_console(width)
     print_report(console, report)
     return str(console.export_html(inline_styles=True, code_format=HTML_FORMAT))
 
+
+DRAWERS["html"] = report_html

@@ -11,8 +11,8 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.models import FlowHistoryReport, RecurrentFlowSeries
-from gradscope.report.text import (
+from gradscope.report.formats import number
+from gradscope.report.layout import (
     GAP,
     SPARK_MIN,
     SPARK_WIDTH,
@@ -20,12 +20,12 @@ from gradscope.report.text import (
     Layout,
     atom,
     fit,
-    norm_table,
-    number,
     pack,
     section,
     sparkline,
 )
+from gradscope.report.models import FlowHistoryReport, RecurrentFlowSeries
+from gradscope.report.tables import norm_table
 
 
 def _values(series: list[float | None]) -> list[float]:

@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from gradscope.report.models import (
-    CheckReport,
-    ExplainReport,
-    FlowHistoryReport,
-    KerasCheckReport,
-    KerasExplainReport,
-    KerasShapesReport,
-    LayerCheckReport,
-    ShapesReport,
-    SpecInference,
-)
+from gradscope.report.models import Report, SpecInference, json_text
 
 
-def dumps(data: Any) -> str:
-    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def render_report(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                  | KerasShapesReport | KerasCheckReport | LayerCheckReport
-                  | SpecInference | FlowHistoryReport) -> str:
-    return dumps(report.to_dict())
+def render_report(report: Report | SpecInference) -> str:
+    return json_text(report.to_dict())
 
 
 def render_error(message: str, where: str | None) -> str:
-    return dumps({"error": {"message": message, "where": where}})
+    return json_text({"error": {"message": message, "where": where}})

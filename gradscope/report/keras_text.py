@@ -11,6 +11,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from gradscope.report.formats import number, shape_text
+from gradscope.report.layout import section
 from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
@@ -24,7 +26,13 @@ from gradscope.report.models import (
     KerasStateJacobians,
     Stats,
 )
-from gradscope.report.text import jacobian_table, norm_table, number, section, shape_text
+from gradscope.report.tables import (
+    WITNESS_TITLES,
+    check_failures,
+    check_table,
+    jacobian_table,
+    norm_table,
+)
 
 
 def _file_name(path: str) -> str:
@@ -249,8 +257,6 @@ NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weights are 
 
 
 def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:
-    from gradscope.report.text import WITNESS_TITLES, check_failures, check_table
-
     summary = report.summary
     tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
     parts: list[RenderableType] = [*header(report, "check")]

@@ -6,6 +6,8 @@ They are pydantic models so that ``to_dict()`` and the published JSON Schema
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,27 +20,38 @@ class _Report(BaseModel):
         return self.model_dump(mode="json")
 
 
+#: How a report draws itself: ``"html"`` (a notebook's rendering) and ``"figure"`` (a
+#: matplotlib Figure), each registered by its renderer module when it is imported
+#: (``gradscope.report.display``, ``gradscope.report.plot``): the renderers stand above these
+#: models, which know nothing of them. The public API imports both before it returns a report.
+DRAWERS: dict[str, Callable[[Any], Any]] = {}
+
+
+def json_text(data: Any) -> str:
+    """One JSON document, as ``--json`` prints it (NaN and Inf are never written)."""
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 class _Displayed(_Report):
     """A report the user holds in Python: it draws itself in a notebook with the terminal's
     own renderer (same tables, formulas and flags), and as JSON."""
 
-    def _repr_html_(self) -> str:
-        from gradscope.report.display import report_html
-
-        return report_html(self)
+    def _repr_html_(self) -> str | None:
+        draw = DRAWERS.get("html")
+        return None if draw is None else str(draw(self))
 
     def plot(self) -> Any:
         """A matplotlib Figure of the report's numbers (shown inline in a notebook); needs
         matplotlib."""
-        from gradscope.report.plot import report_figure
-
-        return report_figure(self)
+        draw = DRAWERS.get("figure")
+        if draw is None:
+            raise RuntimeError("report.plot() needs gradscope.report.plot: import it first "
+                               "(gradscope's API does)")
+        return draw(self)
 
     def to_json(self) -> str:
         """The document ``--json`` prints."""
-        from gradscope.report.json import dumps
-
-        return dumps(self.to_dict())
+        return json_text(self.to_dict())
 
 
 class BlockEntry(_Report):
@@ -700,6 +713,10 @@ class FlowHistoryReport(_Displayed):
     recurrent: list[RecurrentFlowSeries]
     not_analysed: list[NotAnalysedAt]
 
+
+#: Every report a command or the API returns.
+Report = (ShapesReport | ExplainReport | CheckReport | LayerCheckReport | KerasShapesReport
+          | KerasExplainReport | KerasCheckReport | FlowHistoryReport)
 
 REPORTS: dict[str, type[_Report]] = {
     "spec": SpecInference,

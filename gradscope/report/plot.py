@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import GradscopeError
-from gradscope.report.models import ExplainReport, GradientFlow, JacobianEntry, KerasGradientFlow
+from gradscope.report.models import (
+    DRAWERS,
+    ExplainReport,
+    GradientFlow,
+    JacobianEntry,
+    KerasGradientFlow,
+)
 
 
 def matplotlib_install_line() -> str:
@@ -238,3 +244,6 @@ def _check_errors(axes: Any, report: Any) -> None:
     axes.set_xlabel("relative error against TF autodiff")
     axes.set_title("check: every witness's error and its tolerance")
     axes.legend(fontsize=7)
+
+
+DRAWERS["figure"] = report_figure

@@ -1,39 +1,40 @@
-"""Render reports for a terminal with rich. Colour only where rich finds a terminal that wants it
-(NO_COLOR and a non-TTY stdout both give plain text).
-
-Every table fits the console width without cutting a number, a name or a word. A table is
-described as one or more layouts, widest first; the first layout whose columns fit is drawn.
-Free text wraps at spaces. Numbers, shapes and names are atoms (``Text(no_wrap=True)``): they
-may move to a line of their own but are never split.
-"""
+"""The text renderers of a YAML config's reports: shapes, explain, check, check --layer, and
+the inference of ``gradscope spec``."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
-import numpy as np
-from rich import box
 from rich.cells import cell_len
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.formats import percent
+from gradscope.report.formats import (
+    number,
+    percent,
+    shape_text,
+)
+from gradscope.report.layout import (
+    GAP,
+    WIDE,
+    Column,
+    Layout,
+    _column_width,
+    atom,
+    fit,
+    pack,
+    section,
+)
 from gradscope.report.models import (
     CarryCheck,
     CarryEntry,
     CheckReport,
     ErratumEntry,
     ExplainReport,
-    FlowHistoryReport,
     GradientEntry,
     GradientFlow,
-    JacobianEntry,
-    KerasCheckReport,
-    KerasExplainReport,
-    KerasShapesReport,
     LayerCheckReport,
     ModelEntry,
     ShapesReport,
@@ -41,158 +42,15 @@ from gradscope.report.models import (
     StateGradientEntry,
     TensorEntry,
     WeightsEntry,
-    WitnessEntry,
+)
+from gradscope.report.tables import (
+    WITNESS_TITLES,
+    check_failures,
+    check_table,
+    jacobian_table,
+    norm_table,
 )
 
-
-def number(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if value == 0:
-        return "0"
-    return f"{value:.2e}"
-
-
-def shape_text(shape: Iterable[int]) -> str:
-    dims = list(shape)
-    return f"({dims[0]},)" if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
-
-
-def atom(text: str | Text, style: str = "") -> Text:
-    """Text that is never wrapped: a number, a shape, a name, or lines already packed."""
-    atom_text = Text(text, style=style) if isinstance(text, str) else text
-    atom_text.no_wrap = True
-    return atom_text
-
-
-def pack(items: Sequence[str | Text], width: int, separator: str = " · ") -> Text:
-    """Join ``items`` with ``separator``, starting a new line before an item that would pass
-    ``width``; the items themselves are never split."""
-    packed = Text()
-    line_width = 0
-    for index, item in enumerate(items):
-        piece = Text(item) if isinstance(item, str) else item
-        # Room for the separator that ends the line if another item follows.
-        tail = 0 if index == len(items) - 1 else cell_len(separator.rstrip())
-        if index == 0:
-            pass
-        elif line_width + cell_len(separator) + piece.cell_len + tail <= width:
-            packed.append(separator)
-            line_width += cell_len(separator)
-        else:
-            packed.append(separator.rstrip() + "\n")
-            line_width = 0
-        packed.append_text(piece)
-        line_width += piece.cell_len
-    return packed
-
-
-# --- tables that fit ---------------------------------------------------------------------------
-
-#: Cell padding is one space each side, none at the table's edges, plus a one-space divider.
-GAP = 3
-
-
-@dataclass
-class Column:
-    title: str
-    justify: str = "left"
-    #: The whole column, header included, never wraps (otherwise only its atom cells do not).
-    no_wrap: bool = False
-    #: Never narrower than this: e.g. the longest alias line, which must stay on one line.
-    min_width: int = 0
-
-
-@dataclass
-class Layout:
-    columns: list[Column]
-    rows: list[list[Text]] = field(default_factory=list)
-    #: May be drawn narrower than its natural width, wrapping free text and headers at spaces.
-    #: Otherwise the layout is used only where everything fits on its natural lines.
-    squeeze: bool = True
-
-    def add_row(self, *cells: str | Text) -> None:
-        self.rows.append([Text(cell) if isinstance(cell, str) else cell for cell in cells])
-
-    def measure(self) -> list[tuple[int, int]]:
-        """(narrowest, natural) content width of each column."""
-        ranges = []
-        for index, column in enumerate(self.columns):
-            cells = [(Text(column.title), column.no_wrap)]
-            cells += [(row[index], column.no_wrap or bool(row[index].no_wrap))
-                      for row in self.rows]
-            natural = narrowest = 1
-            for cell, whole in cells:
-                lines = cell.plain.split("\n")
-                longest_line = max(cell_len(line) for line in lines)
-                natural = max(natural, longest_line)
-                words = [cell_len(word) for word in cell.plain.split()]
-                narrowest = max(narrowest, longest_line if whole else max(words, default=0))
-            narrowest = max(narrowest, column.min_width)
-            ranges.append((narrowest, max(natural, narrowest)))
-        return ranges
-
-
-def _padding(index: int, count: int) -> int:
-    return (index > 0) + (index < count - 1)
-
-
-def _squeeze(ranges: list[tuple[int, int]], width: int) -> list[int] | None:
-    """Content widths that fit ``width``, narrowing the widest columns first (as rich does)
-    but never below a column's narrowest width; None if that is still too wide."""
-    count = len(ranges)
-    # Work on padded widths, as rich does, so that the result matches rich wherever rich's own
-    # narrowing keeps every word whole.
-    pads = [_padding(i, count) for i in range(count)]
-    widths = [natural + pad for (_, natural), pad in zip(ranges, pads, strict=True)]
-    floors = [narrowest + pad for (narrowest, _), pad in zip(ranges, pads, strict=True)]
-    available = width - (count - 1)
-    while sum(widths) > available:
-        excess = sum(widths) - available
-        shrinkable = [i for i in range(count) if widths[i] > floors[i]]
-        if not shrinkable:
-            return None
-        widest = max(widths[i] for i in shrinkable)
-        next_widest = max((widths[i] for i in shrinkable if widths[i] != widest), default=0)
-        step = min(excess, widest - next_widest)
-        targets = [i for i in shrinkable if widths[i] == widest]
-        remaining, shares = step, len(targets)
-        for i in targets:
-            cut = min(widths[i] - floors[i], round(remaining / shares))
-            widths[i] -= cut
-            remaining -= cut
-            shares -= 1
-    return [w - pad for w, pad in zip(widths, pads, strict=True)]
-
-
-def _draw(layout: Layout, widths: list[int] | None) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-    for index, column in enumerate(layout.columns):
-        table.add_column(column.title, justify=column.justify,  # type: ignore[arg-type]
-                         no_wrap=column.no_wrap, overflow="fold",
-                         width=None if widths is None else widths[index])
-    for row in layout.rows:
-        table.add_row(*row)
-    return table
-
-
-def fit(width: int, *layouts: Layout) -> Table:
-    """The first layout that fits ``width``, on its natural lines or, where it may be squeezed
-    (the last one always may), narrower; else the last one, as narrow as it goes."""
-    for layout in layouts:
-        ranges = layout.measure()
-        natural = sum(n for _, n in ranges) + GAP * (len(ranges) - 1)
-        if natural <= width:
-            return _draw(layout, None)
-        if layout.squeeze or layout is layouts[-1]:
-            widths = _squeeze(ranges, width)
-            if widths is not None:
-                return _draw(layout, widths)
-    last = layouts[-1]
-    return _draw(last, [narrowest for narrowest, _ in last.measure()])
-
-
-# --- report sections -----------------------------------------------------------------------------
 
 def header(command: str, model: ModelEntry, loss_line: str, width: int) -> Group:
     title = Text.assemble((f"gradscope {command}", "bold"), "  ", (model.chain, "bold cyan"))
@@ -267,15 +125,6 @@ def tensor_layouts(entries: Sequence[TensorEntry], width: int, title: str,
             cell.append("\n")  # one column: a blank line tells the tensors apart
         stacked.add_row(cell)
     return [beside, stacked]
-
-
-def _column_width(cells: Iterable[Text], title: str = "") -> int:
-    return max([cell_len(title), *(cell_len(line) for cell in cells
-                                    for line in cell.plain.split("\n"))])
-
-
-#: Below this width the statistics move into the formula column, and the errata are stacked.
-WIDE = 110
 
 
 def gradient_table(gradients: list[GradientEntry], width: int) -> Table:
@@ -385,10 +234,6 @@ def carried_section(carry: CarryEntry, width: int) -> list[RenderableType]:
             Text(f"{'⚠' if carry.matters else '✓'} {carry.verdict}", style=style)]
 
 
-def section(title: str) -> Text:
-    return Text("\n" + title, style="bold underline")
-
-
 def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
     loss = report.loss
     parts: list[RenderableType] = [
@@ -424,63 +269,6 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
     return parts
 
 
-def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
-    wide = Layout([Column("∂ final state"), Column("/ ∂ initial state"), Column("block"),
-                   Column("‖J‖_F median", "right"), Column("(min … max)", "right"),
-                   Column("σ_max", "right"), Column("σ_min", "right")])
-    pair_title = "∂ final\n/ ∂ initial"
-    middle = Layout([Column(pair_title), Column("block"),
-                     Column("‖J‖_F median", "right"), Column("(min … max)", "right"),
-                     Column("σ_max", "right"), Column("σ_min", "right")])
-    narrow = Layout([Column(pair_title), Column("block"),
-                     Column("‖J‖_F median\n(min … max)", "right"),
-                     Column("σ_max\nσ_min", "right")])
-    narrowest = Layout([Column(pair_title + "\n· block"),
-                        Column("‖J‖_F median\n(min … max)", "right"),
-                        Column("σ_max\nσ_min", "right")])
-    for entry in entries:
-        block = atom(shape_text(entry.shape))
-        median = atom(number(entry.frobenius_median))
-        spread = f"{number(entry.frobenius_min)} … {number(entry.frobenius_max)}"
-        largest = number(entry.largest_singular_median)
-        smallest = number(entry.smallest_singular_median)
-        pair = atom(f"{entry.target}\n/ {entry.source}")
-        wide.add_row(atom(entry.target), atom(entry.source), block, median, atom(spread),
-                     atom(largest), atom(smallest))
-        middle.add_row(pair, block, median, atom(spread), atom(largest), atom(smallest))
-        spread_under = atom(f"{median.plain}\n({spread})")
-        singular = atom(f"{largest}\n{smallest}")
-        narrow.add_row(pair, block, spread_under, singular)
-        narrowest.add_row(atom(f"{pair.plain}\n{block.plain}"), spread_under, singular)
-    return fit(width, wide, middle, narrow, narrowest)
-
-
-SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float], width: int = 60) -> str:
-    """Log-scale sparkline of positive values, averaged down to ``width`` characters."""
-    if not values:
-        return ""
-    array = np.asarray(values, dtype=np.float64)
-    chunks = np.array_split(array, min(width, len(array)))
-    means = np.array([chunk.mean() for chunk in chunks])
-    logs = np.log10(np.maximum(means, 1e-300))
-    positive = means > 0
-    if not positive.any():
-        return SPARKS[0] * len(means)
-    low, high = logs[positive].min(), logs[positive].max()
-    span = high - low if high > low else 1.0
-    return "".join(
-        SPARKS[int(round((value - low) / span * (len(SPARKS) - 1)))] if ok else " "
-        for value, ok in zip(logs, positive, strict=True)
-    )
-
-
-#: The longest sparkline, and the shortest worth keeping the labels on one line for.
-SPARK_WIDTH, SPARK_MIN = 60, 16
-
-
 def flow_lines(flow: GradientFlow, width: int) -> list[RenderableType]:
     rows = {f"‖∂L/∂{name}_t‖": norms for name, norms in flow.state_gradient_norms.items()}
     rows["‖∂L/∂x_t‖"] = flow.input_gradient_norms
@@ -494,24 +282,6 @@ def flow_lines(flow: GradientFlow, width: int) -> list[RenderableType]:
     return lines
 
 
-def norm_table(rows: dict[str, list[float]], width: int) -> Table:
-    """One row per sequence of norms: its label, a sparkline, the first and last values."""
-    # What is left for the sparkline once the label and both numbers have their room.
-    numbers = max(len(number(norms[i])) for norms in rows.values() for i in (0, -1))
-    fixed = 2 * max(numbers, len("at t=T−1")) + 3 * GAP
-    room = width - fixed - max(len("sequence"), *(cell_len(label) for label in rows))
-    if room < SPARK_MIN:
-        longest_word = max(cell_len(word) for label in rows for word in label.split())
-        room = min(SPARK_MIN, width - fixed - longest_word)
-    spark_width = max(1, min(SPARK_WIDTH, room))
-    layout = Layout([Column("sequence"), Column("t = 0 … T−1"), Column("at t=0", "right"),
-                     Column("at t=T−1", "right")])
-    for label, norms in rows.items():
-        layout.add_row(Text(label), atom(sparkline(norms, spark_width), "cyan"),
-                       atom(number(norms[0])), atom(number(norms[-1])))
-    return fit(width, layout)
-
-
 def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
     return [
         header("shapes", report.model, f"loss {report.loss.name}", width),
@@ -520,103 +290,6 @@ def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
         section("Initial states (their gradients ∂L/∂h0 have these shapes)"),
         fit(width, *tensor_layouts(report.initial_states, width, "initial state · shape")),
     ]
-
-
-def print_report(console: Console,
-                 report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-                 | KerasShapesReport | KerasCheckReport | LayerCheckReport
-                 | FlowHistoryReport,
-                 equations: str | None = None) -> None:
-    if isinstance(report, KerasExplainReport | KerasShapesReport | KerasCheckReport):
-        from gradscope.report.keras_text import render_keras
-
-        parts = render_keras(report, console.width)
-    elif isinstance(report, FlowHistoryReport):
-        from gradscope.report.history_text import render_history
-
-        parts = render_history(report, console.width)
-    elif isinstance(report, ExplainReport):
-        parts = render_explain(report, console.width)
-    elif isinstance(report, CheckReport):
-        parts = render_check(report, console.width, equations)
-    elif isinstance(report, LayerCheckReport):
-        parts = render_layer_check(report, console.width)
-    else:
-        parts = render_shapes(report, console.width)
-    for part in parts:
-        console.print(part)
-
-
-WITNESS_TITLES = {
-    "finite_differences": "finite diff.",
-    "numpy_reference": "NumPy ref.",
-    "gru_block_kernel": "GRUBlockCellGrad",
-    "tbptt_carry": "TBPTT carry",
-    "against": "--against",
-}
-
-
-def _verdict(entry: WitnessEntry, title: str = "") -> Text:
-    value = "no value" if entry.error is None else f"{entry.error:.1e}"
-    if entry.at_kink:
-        return atom(f"{title} at a kink" if title else "at a kink", "yellow")
-    label = f"{title} {value}" if title else value
-    if entry.passed:
-        return atom(f"✓ {label}", "green")
-    return atom(f"✗ {label}", "bold red")
-
-
-def _worst(tensor_witnesses: list[WitnessEntry], witness: str) -> WitnessEntry | None:
-    entries = [e for e in tensor_witnesses if e.witness == witness]
-    return max(entries, key=lambda e: (not e.passed, e.error or 0.0)) if entries else None
-
-
-def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
-                width: int) -> Table:
-    witnesses = report.summary.witnesses
-    titles = [Column(WITNESS_TITLES[w], "right") for w in witnesses]
-    # One column per witness; with the shape beside the name, or under it; or, narrowest,
-    # every witness's verdict in one column.
-    beside = Layout([Column("tensor", no_wrap=True), Column("shape"), *titles], squeeze=False)
-    under = Layout([Column("tensor · shape", no_wrap=True), *titles])
-    names = []
-    for tensor in report.tensors:
-        style = "bold" if tensor.passed else "bold red"
-        shape = shape_text(tensor.shape) if tensor.shape else ""
-        names.append(atom(Text.assemble((tensor.name, style), *(
-            ("\n", (shape, "cyan")) if shape else ()))))
-        verdicts: list[Text] = []
-        for witness in witnesses:
-            worst = _worst(tensor.witnesses, witness)
-            verdicts.append(atom("–", "dim") if worst is None else _verdict(worst))
-        beside.add_row(atom(tensor.name, style), atom(shape), *verdicts)
-        under.add_row(names[-1], *verdicts)
-    verdict_width = width - _column_width(names, "tensor · shape") - GAP
-    one_column = Layout([Column("tensor · shape", no_wrap=True),
-                         Column("witness: relative error")])
-    for name, tensor in zip(names, report.tensors, strict=True):
-        worst_entries = [_worst(tensor.witnesses, w) for w in witnesses]
-        items = [_verdict(entry, WITNESS_TITLES[entry.witness])
-                 for entry in worst_entries if entry is not None]
-        one_column.add_row(name, atom(pack(items, verdict_width)))
-    return fit(width, beside, under, one_column)
-
-
-def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[Text]:
-    lines = []
-    for tensor in report.tensors:
-        for entry in tensor.witnesses:
-            if entry.passed:
-                continue
-            where = f" (first wrong step counting back: t={entry.first_bad_step})" if (
-                entry.first_bad_step is not None) else ""
-            value = "" if entry.error is None else (
-                f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
-            lines.append(Text(f"✗ {tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}",
-                              style="red"))
-            if entry.detail:
-                lines.append(Text(f"    {entry.detail}"))
-    return lines
 
 
 def carry_check_section(carry: CarryCheck, width: int) -> Group:
@@ -771,8 +444,6 @@ def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableT
         parts.append(Text(f"timings: {laps}", style="dim"))
     return parts
 
-
-# --- weights read from a file (--weights) and spec inference (gradscope spec) ----------------
 
 def weights_section(entry: WeightsEntry, width: int) -> list[RenderableType]:
     """Where each weight came from: the file's own name beside gradscope's. The title names

@@ -1,0 +1,51 @@
+"""Which renderer draws which report: one table, and ``print_report``, which draws any report
+on a rich console at its width."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from gradscope.report.history_text import render_history
+from gradscope.report.keras_text import render_keras
+from gradscope.report.models import (
+    CheckReport,
+    ExplainReport,
+    FlowHistoryReport,
+    KerasCheckReport,
+    KerasExplainReport,
+    KerasShapesReport,
+    LayerCheckReport,
+    Report,
+    ShapesReport,
+)
+from gradscope.report.yaml_text import (
+    render_check,
+    render_explain,
+    render_layer_check,
+    render_shapes,
+)
+
+#: Report type → its text renderer ``(report, width) → renderables``.
+RENDERERS: dict[type, Callable[[Any, int], list[RenderableType]]] = {
+    ShapesReport: render_shapes,
+    ExplainReport: render_explain,
+    CheckReport: render_check,
+    LayerCheckReport: render_layer_check,
+    KerasShapesReport: render_keras,
+    KerasExplainReport: render_keras,
+    KerasCheckReport: render_keras,
+    FlowHistoryReport: render_history,
+}
+
+
+def print_report(console: Console, report: Report, equations: str | None = None) -> None:
+    """``equations``: ``check --equations``'s text, drawn at the end of a YAML check."""
+    if isinstance(report, CheckReport):
+        parts = render_check(report, console.width, equations)
+    else:
+        parts = RENDERERS[type(report)](report, console.width)
+    for part in parts:
+        console.print(part)

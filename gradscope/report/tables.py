@@ -1,0 +1,153 @@
+"""Tables that several renderers draw: the check verdicts per tensor and witness, what failed,
+the state Jacobians and the per-weight norms."""
+
+from __future__ import annotations
+
+from rich.cells import cell_len
+from rich.table import Table
+from rich.text import Text
+
+from gradscope.report.formats import (
+    number,
+    shape_text,
+)
+from gradscope.report.layout import (
+    GAP,
+    SPARK_MIN,
+    SPARK_WIDTH,
+    Column,
+    Layout,
+    _column_width,
+    atom,
+    fit,
+    pack,
+    sparkline,
+)
+from gradscope.report.models import (
+    CheckReport,
+    JacobianEntry,
+    KerasCheckReport,
+    LayerCheckReport,
+    WitnessEntry,
+)
+
+
+def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
+    wide = Layout([Column("∂ final state"), Column("/ ∂ initial state"), Column("block"),
+                   Column("‖J‖_F median", "right"), Column("(min … max)", "right"),
+                   Column("σ_max", "right"), Column("σ_min", "right")])
+    pair_title = "∂ final\n/ ∂ initial"
+    middle = Layout([Column(pair_title), Column("block"),
+                     Column("‖J‖_F median", "right"), Column("(min … max)", "right"),
+                     Column("σ_max", "right"), Column("σ_min", "right")])
+    narrow = Layout([Column(pair_title), Column("block"),
+                     Column("‖J‖_F median\n(min … max)", "right"),
+                     Column("σ_max\nσ_min", "right")])
+    narrowest = Layout([Column(pair_title + "\n· block"),
+                        Column("‖J‖_F median\n(min … max)", "right"),
+                        Column("σ_max\nσ_min", "right")])
+    for entry in entries:
+        block = atom(shape_text(entry.shape))
+        median = atom(number(entry.frobenius_median))
+        spread = f"{number(entry.frobenius_min)} … {number(entry.frobenius_max)}"
+        largest = number(entry.largest_singular_median)
+        smallest = number(entry.smallest_singular_median)
+        pair = atom(f"{entry.target}\n/ {entry.source}")
+        wide.add_row(atom(entry.target), atom(entry.source), block, median, atom(spread),
+                     atom(largest), atom(smallest))
+        middle.add_row(pair, block, median, atom(spread), atom(largest), atom(smallest))
+        spread_under = atom(f"{median.plain}\n({spread})")
+        singular = atom(f"{largest}\n{smallest}")
+        narrow.add_row(pair, block, spread_under, singular)
+        narrowest.add_row(atom(f"{pair.plain}\n{block.plain}"), spread_under, singular)
+    return fit(width, wide, middle, narrow, narrowest)
+
+
+def norm_table(rows: dict[str, list[float]], width: int) -> Table:
+    """One row per sequence of norms: its label, a sparkline, the first and last values."""
+    # What is left for the sparkline once the label and both numbers have their room.
+    numbers = max(len(number(norms[i])) for norms in rows.values() for i in (0, -1))
+    fixed = 2 * max(numbers, len("at t=T−1")) + 3 * GAP
+    room = width - fixed - max(len("sequence"), *(cell_len(label) for label in rows))
+    if room < SPARK_MIN:
+        longest_word = max(cell_len(word) for label in rows for word in label.split())
+        room = min(SPARK_MIN, width - fixed - longest_word)
+    spark_width = max(1, min(SPARK_WIDTH, room))
+    layout = Layout([Column("sequence"), Column("t = 0 … T−1"), Column("at t=0", "right"),
+                     Column("at t=T−1", "right")])
+    for label, norms in rows.items():
+        layout.add_row(Text(label), atom(sparkline(norms, spark_width), "cyan"),
+                       atom(number(norms[0])), atom(number(norms[-1])))
+    return fit(width, layout)
+
+
+WITNESS_TITLES = {
+    "finite_differences": "finite diff.",
+    "numpy_reference": "NumPy ref.",
+    "gru_block_kernel": "GRUBlockCellGrad",
+    "tbptt_carry": "TBPTT carry",
+    "against": "--against",
+}
+
+
+def _verdict(entry: WitnessEntry, title: str = "") -> Text:
+    value = "no value" if entry.error is None else f"{entry.error:.1e}"
+    if entry.at_kink:
+        return atom(f"{title} at a kink" if title else "at a kink", "yellow")
+    label = f"{title} {value}" if title else value
+    if entry.passed:
+        return atom(f"✓ {label}", "green")
+    return atom(f"✗ {label}", "bold red")
+
+
+def _worst(tensor_witnesses: list[WitnessEntry], witness: str) -> WitnessEntry | None:
+    entries = [e for e in tensor_witnesses if e.witness == witness]
+    return max(entries, key=lambda e: (not e.passed, e.error or 0.0)) if entries else None
+
+
+def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
+                width: int) -> Table:
+    witnesses = report.summary.witnesses
+    titles = [Column(WITNESS_TITLES[w], "right") for w in witnesses]
+    # One column per witness; with the shape beside the name, or under it; or, narrowest,
+    # every witness's verdict in one column.
+    beside = Layout([Column("tensor", no_wrap=True), Column("shape"), *titles], squeeze=False)
+    under = Layout([Column("tensor · shape", no_wrap=True), *titles])
+    names = []
+    for tensor in report.tensors:
+        style = "bold" if tensor.passed else "bold red"
+        shape = shape_text(tensor.shape) if tensor.shape else ""
+        names.append(atom(Text.assemble((tensor.name, style), *(
+            ("\n", (shape, "cyan")) if shape else ()))))
+        verdicts: list[Text] = []
+        for witness in witnesses:
+            worst = _worst(tensor.witnesses, witness)
+            verdicts.append(atom("–", "dim") if worst is None else _verdict(worst))
+        beside.add_row(atom(tensor.name, style), atom(shape), *verdicts)
+        under.add_row(names[-1], *verdicts)
+    verdict_width = width - _column_width(names, "tensor · shape") - GAP
+    one_column = Layout([Column("tensor · shape", no_wrap=True),
+                         Column("witness: relative error")])
+    for name, tensor in zip(names, report.tensors, strict=True):
+        worst_entries = [_worst(tensor.witnesses, w) for w in witnesses]
+        items = [_verdict(entry, WITNESS_TITLES[entry.witness])
+                 for entry in worst_entries if entry is not None]
+        one_column.add_row(name, atom(pack(items, verdict_width)))
+    return fit(width, beside, under, one_column)
+
+
+def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[Text]:
+    lines = []
+    for tensor in report.tensors:
+        for entry in tensor.witnesses:
+            if entry.passed:
+                continue
+            where = f" (first wrong step counting back: t={entry.first_bad_step})" if (
+                entry.first_bad_step is not None) else ""
+            value = "" if entry.error is None else (
+                f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
+            lines.append(Text(f"✗ {tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}",
+                              style="red"))
+            if entry.detail:
+                lines.append(Text(f"    {entry.detail}"))
+    return lines
