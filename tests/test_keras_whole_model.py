@@ -73,7 +73,10 @@ def shared_encoder(tf: Any) -> tuple[Any, list[np.ndarray], np.ndarray]:
 
 
 @pytest.mark.parametrize("fixture", ["siamese", "shared_encoder"])
-def test_shared_layers_that_add_losses_give_keras_own_numbers(fixture, request, tf):
+@pytest.mark.parametrize("passes", ["eager", "traced"])
+def test_shared_layers_that_add_losses_give_keras_own_numbers(fixture, passes, request, tf):
+    if passes == "traced":
+        request.getfixturevalue("traced")
     model, x, y = request.getfixturevalue(fixture)
     report = gradscope.explain(model, x=x, y=y)
     loss, truth = _tape(tf, model, x, y)
@@ -84,11 +87,16 @@ def test_shared_layers_that_add_losses_give_keras_own_numbers(fixture, request, 
         assert ours[path] == pytest.approx(float(np.linalg.norm(gradient)), rel=RTOL), path
 
 
-def test_a_replay_that_loses_the_added_losses_is_an_internal_error(siamese, tf, monkeypatch):
+@pytest.mark.parametrize("passes", ["eager", "traced"])
+def test_a_replay_that_loses_the_added_losses_is_an_internal_error(siamese, tf, monkeypatch,
+                                                                   passes, request):
     """The mutant: each layer call replayed on its own, as before the fix, so that the second
     call of the shared GRU wipes the loss its first call added. The whole-model witness must
     refuse to show its numbers, naming the loss and both values."""
     from gradscope.keras import engine
+
+    if passes == "traced":
+        request.getfixturevalue("traced")
 
     monkeypatch.setattr(engine, "model_call_context",
                         lambda model, training: contextlib.nullcontext())
@@ -255,8 +263,17 @@ def _eager_only_model(keras: Any, run_eagerly: bool) -> Any:
     return model
 
 
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model's passes traced, however few its steps (short ones run eagerly)."""
+    from gradscope.keras import engine
+
+    monkeypatch.setattr(engine, "TRACE_FROM_STEPS", 1)
+
+
 @pytest.mark.parametrize("run_eagerly", [False, True])
-def test_a_model_that_runs_only_eagerly_is_explained_from_its_eager_call(tf, run_eagerly):
+def test_a_model_that_runs_only_eagerly_is_explained_from_its_eager_call(tf, traced,
+                                                                        run_eagerly):
     """Both passes run as one tf.function each, as fit runs its step; a model that cannot be
     traced (or is compiled to run eagerly) runs eagerly, with the same numbers as the tape."""
     import keras
@@ -273,7 +290,7 @@ def test_a_model_that_runs_only_eagerly_is_explained_from_its_eager_call(tf, run
         assert ours[path] == pytest.approx(float(np.linalg.norm(gradient)), rel=RTOL), path
 
 
-def test_the_losses_a_model_holds_from_its_last_call_are_left_alone(siamese, tf):
+def test_the_losses_a_model_holds_from_its_last_call_are_left_alone(siamese, tf, traced):
     """The traced passes must not leave symbolic tensors in the layers: what the user's own
     last call added is still there, as values, after explain."""
     model, x, y = siamese

@@ -41,6 +41,13 @@ from gradscope.keras.whole_model import (
 
 RECURRENT = {"GRU", "LSTM", "SimpleRNN"}
 
+#: From this many time steps on, a model with a recurrent layer runs its passes traced (one
+#: tf.function each): eagerly, Keras runs the recurrence as a Python loop, about 1.2 s a pass
+#: on the Keras seed model (100 steps), where tracing and running it takes 0.5 s. A short or
+#: non-recurrent model runs eagerly: a trace costs more than its few ops (0.36 s against
+#: 0.08 s for a GRU over 6 steps).
+TRACE_FROM_STEPS = 32
+
 
 @dataclass
 class CapturedCall:
@@ -418,6 +425,7 @@ class KerasEngine:
         call's, and the replay must agree with them (else :class:`InternalError`)."""
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
+        eager = runs_eagerly(self.user_model) or not self._worth_tracing(inputs)
         # A training-mode run moves batch-norm statistics, dropout seeds and the states of
         # stateful layers: both passes start from the same values, and the user's model
         # object gets its own values back.
@@ -433,7 +441,7 @@ class KerasEngine:
                     lambda f, t, o: self.compute_loss(f, t, o, weights), feed, y,
                     self.training,
                     terms=lambda outputs, added: self.loss_terms(y, outputs, added, weights),
-                    eager=runs_eagerly(self.user_model))
+                    eager=eager)
             except GradscopeError:
                 raise
             except Exception as exc:  # Keras and TensorFlow raise many kinds
@@ -447,7 +455,7 @@ class KerasEngine:
             restore(before)
             if self.training:
                 self.keras.utils.set_random_seed(self.seed)
-            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights)
+            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager)
         finally:
             if self.live:
                 restore(before)
@@ -455,8 +463,16 @@ class KerasEngine:
         return replace(replay, loss=own.loss, gradients=own.gradients,
                        sparse_rows=own.sparse_rows, loss_terms=own.terms)
 
+    def _worth_tracing(self, inputs: dict[str, np.ndarray]) -> bool:
+        """Whether a recurrent layer loops over at least :data:`TRACE_FROM_STEPS` steps."""
+        steps = max((int(v.shape[1]) for v in inputs.values() if v.ndim >= 2), default=0)
+        return steps >= TRACE_FROM_STEPS and any(
+            class_label(layer) in RECURRENT | {"RNN", "ConvLSTM1D", "ConvLSTM2D"}
+            or class_label(layer) == "Bidirectional" for layer in _layers(self.model))
+
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
-             watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None) -> KerasPass:
+             watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None,
+             eager: bool = False) -> KerasPass:
         """The replay under a tape, as one ``tf.function`` (see
         :func:`~gradscope.keras.whole_model.traced_or_eager`); what each call received and
         returned comes back as eager tensors."""
@@ -485,7 +501,7 @@ class KerasEngine:
 
         with native_stderr_silenced(), losses_kept(self.model):
             loss, (grads, state_grads, output_grads, input_grads), captured = traced_or_eager(
-                step, feed, y, eager=runs_eagerly(self.user_model))
+                step, feed, y, eager=eager)
         calls = [_eager_call(call, *tensors)
                  for call, tensors in zip(traced["calls"], captured, strict=True)]
         gradients, sparse = dense_gradients(variables, grads)
