@@ -279,11 +279,23 @@ def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainRepor
     if as_json:
         text = json_render.render_report(report)
     else:
-        console = Console(record=True, file=open(os.devnull, "w"), width=PIPE_WIDTH,  # noqa: SIM115
+        console = Console(record=True, file=open(os.devnull, "w"), width=_file_width(),  # noqa: SIM115
                           color_system=None, highlight=False)
         print_report(console, report, equations)
         text = console.export_text()
     _write_atomically(output, text)
+
+
+#: Width of a text report written with -o, unless COLUMNS says.
+FILE_WIDTH = 100
+
+
+def _file_width() -> int:
+    """-o FILE: the width COLUMNS sets, else :data:`FILE_WIDTH` (a file has no terminal)."""
+    try:
+        return max(int(os.environ.get("COLUMNS", "")), 40)
+    except ValueError:
+        return FILE_WIDTH
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -601,7 +613,7 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
     if not as_json and not quiet:
         from gradscope.report.yaml_text import inference_lines
 
-        _stderr_console().print(inference_lines(report), markup=False, soft_wrap=True)
+        _stderr_console().print(inference_lines(report), markup=False)
     text = json_render.render_report(report) if as_json else report.yaml
     if output is None:
         sys.stdout.write(text)

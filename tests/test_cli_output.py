@@ -140,6 +140,48 @@ def _seed_report(seed_reports, name: str):
     }[name]
 
 
+#: A Keras model whose weight names are long (bidirectional/forward_lstm/recurrent_kernel):
+#: at 80 columns each name takes a line of its own, with its text under it at full width.
+BIDIRECTIONAL_KERAS = """
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import keras
+keras.utils.set_random_seed(0)
+model = keras.Sequential([
+    keras.Input((12, 5)),
+    keras.layers.Bidirectional(keras.layers.LSTM(8, return_sequences=True)),
+    keras.layers.GRU(6),
+    keras.layers.Dense(3, activation="softmax"),
+])
+model.compile(loss="categorical_crossentropy")
+model.save(sys.argv[1])
+"""
+
+#: The NumPy reference's distance from Keras' float32 output: rounding noise of the CPU.
+WITNESS_DISTANCE = re.compile(r"(?<=output to )\d\.\de[-+]\d\d")
+
+
+@pytest.fixture(scope="module")
+def bidirectional_keras(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("keras_80") / "bidirectional.keras"
+    subprocess.run([sys.executable, "-c", BIDIRECTIONAL_KERAS, str(path)], check=True,
+                   capture_output=True, timeout=120)
+    return str(path)
+
+
+@pytest.mark.parametrize("name,args", [
+    ("explain_keras_bidirectional_80", ["explain", "--batch-size", "4", "--flow"]),
+    ("shapes_keras_bidirectional_80", ["shapes"]),
+])
+def test_keras_golden_at_80_columns(bidirectional_keras, name, args):
+    result = run_gradscope(args[0], bidirectional_keras, *args[1:],
+                           env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    assert max(cell_len(line) for line in result.stdout.splitlines()) <= 80
+    text = WITNESS_DISTANCE.sub(lambda m: "#" * len(m.group()), result.stdout)
+    _compare_golden(f"{name}.txt", text)
+
+
 @pytest.mark.parametrize("name", SEED_GOLDENS)
 def test_seed_golden_at_120_columns_and_the_same_report_at_80(seed_reports, name):
     # One TensorFlow run per command renders both widths; at 80 columns it must print what the

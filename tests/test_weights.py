@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO, run_gradscope, run_without_tensorflow
+from rich.cells import cell_len
 
 import gradscope
 from gradscope.errors import ConfigError
@@ -112,10 +113,14 @@ def test_spec_reads_the_seed_checkpoint_back(seed_files):
     assert [(layer.type, layer.units) for layer in spec.layers] == [
         ("gru", 64), ("gru", 32), ("dense", 3)]
     assert spec.layout == "block"
+    # The explanations on stderr wrap at the terminal's width (80 without one).
+    lines = result.stderr.splitlines()
+    assert lines and max(cell_len(line) for line in lines) <= 80
+    said = " ".join(result.stderr.split())
     assert ("(264, 128) and (264, 64) under GRU_Layer1/rnn/gru_cell: a GRU with 64 units on "
-            "200 inputs") in result.stderr
+            "200 inputs") in said
     assert "time_steps: 100" in result.stdout and "--data sets it" in result.stdout
-    assert "global_step (optimizer or training state)" in result.stderr
+    assert "global_step (optimizer or training state)" in said
     (seed_files["folder"] / "seed.yaml").write_text(result.stdout)
 
 

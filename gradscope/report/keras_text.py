@@ -3,16 +3,28 @@ columns: two columns, the name and shape never wrapped, the words folded between
 
 from __future__ import annotations
 
+import re
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from rich import box
 from rich.console import RenderableType
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.formats import number, shape_text
-from gradscope.report.layout import section
+from gradscope.report.layout import (
+    GAP,
+    Column,
+    Layout,
+    atom,
+    column_width,
+    fit,
+    hanging,
+    pack,
+    section,
+)
 from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
@@ -46,18 +58,69 @@ def _dims(shape: list[int | None]) -> str:
                            for i, d in enumerate(shape)) + ")"
 
 
-def _two_columns(left: str, right: str) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-    table.add_column(left, no_wrap=True)
-    table.add_column(right, overflow="fold")
-    return table
+#: The text beside a name keeps at least this many columns; otherwise every name of the table
+#: goes on a line of its own, with its text under it at the full width.
+MIN_TEXT = 44
 
 
-def _stats_line(stats: Stats | None) -> str:
+@dataclass(frozen=True)
+class _Row:
+    label: list[Text]  # the name, then its shape or class: one line each beside the text
+    text: list[tuple[str, str]]  # (paragraph, style), one under the other
+    items: list[str] = field(default_factory=list)  # packed under the text, never split
+
+
+def _named_table(width: int, left: str, right: str, rows: list[_Row]) -> Table:
+    """Names beside their text where the text keeps :data:`MIN_TEXT` columns; else each name
+    on its own line (with its shape or class) and the text under it at full width."""
+    labels = [Text("\n").join(row.label) for row in rows]
+    text_width = width - column_width(labels, left) - GAP
+    layouts = []
+    if text_width >= MIN_TEXT:
+        beside = Layout([Column(left, no_wrap=True), Column(right)])
+        for label, row in zip(labels, rows, strict=True):
+            beside.add_row(label, _with_items(row, text_width))
+        layouts.append(beside)
+    stacked = Layout([Column(f"{left} · {right}")])
+    for index, row in enumerate(rows):
+        cell = Text.assemble(atom(pack(row.label, width, "  ")), "\n", _with_items(row, width))
+        if index < len(rows) - 1:
+            cell.append("\n")  # one column: a blank line tells the rows apart
+        stacked.add_row(cell)
+    layouts.append(stacked)
+    return fit(width, *layouts)
+
+
+#: An operator stays with what follows it (``≤ 1``, ``× 2``): a label never parts from its
+#: number.
+_GLUE = re.compile(r"([≤≥=×]) (?=\S)")
+
+
+def _wrapped(paragraph: str, width: int) -> str:
+    """``paragraph`` wrapped at ``width`` here, where glued words (no-break spaces) are kept
+    whole (textwrap breaks at ASCII whitespace only; rich would break at any)."""
+    return "\n".join(textwrap.fill(_GLUE.sub("\\1\u00a0", line), width,
+                                    break_on_hyphens=False) or line
+                      for line in paragraph.split("\n"))
+
+
+def _with_items(row: _Row, width: int) -> Text:
+    text = Text()
+    for index, (paragraph, style) in enumerate(row.text):
+        if index:
+            text.append("\n")
+        text.append(_wrapped(paragraph, width), style=style)
+    if row.items:
+        text.append("\n")
+        text.append_text(pack([atom(item, "bold") for item in row.items], width))
+    return text
+
+
+def _stats_items(stats: Stats | None) -> list[str]:
     if stats is None:
-        return "no gradient"
-    return (f"‖g‖₂ {number(stats.l2)} · mean|g| {number(stats.mean_abs)} · "
-            f"max|g| {number(stats.max_abs)} · NaN/Inf {stats.nonfinite}")
+        return ["no gradient"]
+    return [f"‖g‖₂ {number(stats.l2)}", f"mean|g| {number(stats.mean_abs)}",
+            f"max|g| {number(stats.max_abs)}", f"NaN/Inf {stats.nonfinite}"]
 
 
 def header(report: KerasExplainReport | KerasCheckReport,
@@ -111,50 +174,49 @@ def loss_terms(loss: KerasLossEntry) -> list[RenderableType]:
     return [Text("  the sum of:", style="dim"), Padding(table, (0, 0, 0, 2))]
 
 
-def layer_table(layers: list[KerasLayerEntry]) -> Table:
-    table = _two_columns("layer · type", "what it computes · what it does to the gradient")
+def layer_table(layers: list[KerasLayerEntry], width: int) -> Table:
+    rows = []
     for layer in layers:
         ins = " ".join(_dims(s) for s in layer.input_shapes) or "–"
         outs = " ".join(_dims(s) for s in layer.output_shapes)
         flow = f"{ins} → {outs}" if outs else f"input {ins}"
         calls = f" · {layer.calls} calls" if layer.calls > 1 else ""
-        right = Text.assemble((layer.summary, "cyan"), "\n",
-                              (flow, "dim"), "\n",
-                              ("∂: " + layer.gradient_note, ""))
-        table.add_row(Text.assemble((layer.name, "bold"), "\n", (layer.class_name + calls,
-                                                                    "dim")), right)
-    return table
+        text = [(layer.summary, "cyan"), (flow, "dim"), ("∂: " + layer.gradient_note, "")]
+        rows.append(_Row([Text(layer.name, "bold"), Text(layer.class_name + calls, "dim")],
+                         text))
+    return _named_table(width, "layer · type", "what it computes · what it does to the gradient",
+                        rows)
 
 
-def gradient_table(gradients: list[KerasGradientEntry]) -> Table:
-    table = _two_columns("tensor · shape", "formula · meaning · statistics")
+def _formula_text(formula: str | None, meaning: str) -> list[tuple[str, str]]:
+    return ([(f"= {formula}", "cyan")] if formula else []) + [(meaning, "")]
+
+
+def gradient_table(gradients: list[KerasGradientEntry], width: int) -> Table:
+    rows = []
     for entry in gradients:
-        left = Text.assemble((entry.name, "bold"), "\n", (shape_text(entry.shape), "cyan"))
-        right = Text()
-        if entry.formula:
-            right.append(f"= {entry.formula}\n", style="cyan")
-        right.append(entry.meaning)
+        text = _formula_text(entry.formula, entry.meaning)
         if entry.sparse is not None:
-            right.append(f"\nIndexedSlices: {entry.sparse.rows_with_gradient} of "
+            text.append((f"IndexedSlices: {entry.sparse.rows_with_gradient} of "
                          f"{entry.sparse.rows} rows received a gradient (the token ids in "
-                         "the batch)")
-        right.append("\n" + _stats_line(entry.stats), style="bold")
-        table.add_row(left, right)
-    return table
+                         "the batch)", ""))
+        rows.append(_Row([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")],
+                         text, _stats_items(entry.stats)))
+    return _named_table(width, "tensor · shape", "formula · meaning · statistics", rows)
 
 
-def state_table(states: list[KerasStateEntry]) -> Table:
-    table = _two_columns("∂L/∂ initial state", "where it comes from · where its gradient goes")
+def state_table(states: list[KerasStateEntry], width: int) -> Table:
+    rows = []
     for entry in states:
         norms = entry.per_example_norm
-        per_example = ("" if norms is None else
-                       f"\nper-example ‖g‖ min {number(norms.min)} · median "
-                       f"{number(norms.median)} · max {number(norms.max)}")
-        table.add_row(Text.assemble((entry.name, "bold"), "\n", (shape_text(entry.shape),
-                                                                  "cyan")),
-                      Text(f"{entry.source}\n→ {entry.flows_to}\n{_stats_line(entry.stats)}"
-                           f"{per_example}"))
-    return table
+        items = _stats_items(entry.stats)
+        if norms is not None:
+            items += [f"per-example ‖g‖ min {number(norms.min)}",
+                      f"median {number(norms.median)}", f"max {number(norms.max)}"]
+        rows.append(_Row([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")],
+                         [(entry.source, ""), (f"→ {entry.flows_to}", "")], items))
+    return _named_table(width, "∂L/∂ initial state",
+                        "where it comes from · where its gradient goes", rows)
 
 
 def _not_analysed(entries: list[KerasNotAnalysed]) -> list[RenderableType]:
@@ -186,7 +248,7 @@ def flow_lines(flow: KerasGradientFlow, width: int) -> list[RenderableType]:
     else:
         parts.append(Text("no recurrent call or float sequence input to show", style="dim"))
     for flag in flow.flags:
-        parts.append(Text(f"⚠ {flag.message}", style="bold yellow"))
+        parts.append(hanging("⚠", flag.message, "bold yellow"))
     if rows and not flow.flags:
         parts.append(Text("no vanishing or exploding gradients flagged", style="dim"))
     parts += _not_analysed(flow.not_analysed)
@@ -197,23 +259,23 @@ def flow_lines(flow: KerasGradientFlow, width: int) -> list[RenderableType]:
 def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[RenderableType]:
     parts: list[RenderableType] = [*header(report)]
     for warning in report.warnings:
-        parts.append(Text(f"⚠ {warning}", style="bold yellow"))
+        parts.append(hanging("⚠", warning, "bold yellow"))
     parts += [
         section(f"Layers ({len(report.layers)})"),
-        layer_table(report.layers),
+        layer_table(report.layers, width),
         section(f"Gradients of the loss ({len(report.gradients)} tensors; every value is "
                 "Keras' own, every shape checked against gradscope's algebra)"),
-        gradient_table(report.gradients),
+        gradient_table(report.gradients, width),
     ]
     if report.initial_state_gradients:
         parts += [section("Initial-state gradients ∂L/∂(initial state)"),
-                  state_table(report.initial_state_gradients)]
+                  state_table(report.initial_state_gradients, width)]
     if report.witnesses:
         parts.append(section("Witnesses: gradscope's own cells rerun each recurrent layer"))
         for witness in report.witnesses:
             mark = "✓" if witness.passed else "·"
-            parts.append(Text(f"{mark} {witness.layer}: {witness.witness} {witness.detail}",
-                              style="green" if witness.passed else "dim"))
+            parts.append(hanging(mark, f"{witness.layer}: {witness.witness} {witness.detail}",
+                                 "green" if witness.passed else "dim"))
     if report.state_jacobians is not None:
         parts += jacobian_lines(report.state_jacobians, width)
     if report.gradient_flow is not None:
@@ -224,7 +286,7 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
     return parts
 
 
-def render_keras_shapes(report: KerasShapesReport) -> list[RenderableType]:
+def render_keras_shapes(report: KerasShapesReport, width: int) -> list[RenderableType]:
     inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in report.inputs)
     parts: list[RenderableType] = [
         Text.assemble(("gradscope shapes", "bold"), "  ",
@@ -234,18 +296,12 @@ def render_keras_shapes(report: KerasShapesReport) -> list[RenderableType]:
              f"{report.weight_count:,} weights derived", style="dim"),
         Text(f"loss: {report.loss}", style="dim"),
         section(f"Layers ({len(report.layers)}; read from the model's config, nothing is run)"),
-        layer_table(report.layers),
+        layer_table(report.layers, width),
         section(f"Weights ({len(report.weights)} tensors; each gradient has the same shape)"),
     ]
-    table = _two_columns("tensor · shape", "formula · meaning")
-    for entry in report.weights:
-        right = Text()
-        if entry.formula:
-            right.append(f"= {entry.formula}\n", style="cyan")
-        right.append(entry.meaning)
-        table.add_row(Text.assemble((entry.name, "bold"), "\n", (shape_text(entry.shape),
-                                                                   "cyan")), right)
-    parts.append(table)
+    parts.append(_named_table(width, "tensor · shape", "formula · meaning", [
+        _Row([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")],
+             _formula_text(entry.formula, entry.meaning)) for entry in report.weights]))
     if report.underived:
         parts.append(Text(f"{NO_DERIVATION_SHAPES}: {', '.join(report.underived)}",
                           style="yellow"))
@@ -300,7 +356,7 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
 def render_keras(report: KerasExplainReport | KerasShapesReport | KerasCheckReport,
                  width: int) -> list[RenderableType]:
     if isinstance(report, KerasShapesReport):
-        return render_keras_shapes(report)
+        return render_keras_shapes(report, width)
     if isinstance(report, KerasCheckReport):
         return render_keras_check(report, width)
     return render_keras_explain(report, width)

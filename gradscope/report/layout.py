@@ -146,7 +146,7 @@ def fit(width: int, *layouts: Layout) -> Table:
     return _draw(last, [narrowest for narrowest, _ in last.measure()])
 
 
-def _column_width(cells: Iterable[Text], title: str = "") -> int:
+def column_width(cells: Iterable[Text], title: str = "") -> int:
     return max([cell_len(title), *(cell_len(line) for cell in cells
                                     for line in cell.plain.split("\n"))])
 
@@ -183,3 +183,13 @@ def sparkline(values: list[float], width: int = 60) -> str:
 
 #: The longest sparkline, and the shortest worth keeping the labels on one line for.
 SPARK_WIDTH, SPARK_MIN = 60, 16
+
+
+def hanging(mark: str, text: str, style: str = "") -> Table:
+    """``mark text`` with the text's wrapped lines indented under its first word (a hanging
+    indent), as ``⚠ …`` and ``✓ …`` lines are drawn."""
+    grid = Table.grid(padding=(0, 1, 0, 0))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(Text(mark, style=style), Text(text, style=style))
+    return grid

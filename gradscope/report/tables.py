@@ -17,8 +17,8 @@ from gradscope.report.layout import (
     SPARK_WIDTH,
     Column,
     Layout,
-    _column_width,
     atom,
+    column_width,
     fit,
     pack,
     sparkline,
@@ -125,7 +125,7 @@ def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
             verdicts.append(atom("–", "dim") if worst is None else _verdict(worst))
         beside.add_row(atom(tensor.name, style), atom(shape), *verdicts)
         under.add_row(names[-1], *verdicts)
-    verdict_width = width - _column_width(names, "tensor · shape") - GAP
+    verdict_width = width - column_width(names, "tensor · shape") - GAP
     one_column = Layout([Column("tensor · shape", no_wrap=True),
                          Column("witness: relative error")])
     for name, tensor in zip(names, report.tensors, strict=True):

@@ -21,8 +21,8 @@ from gradscope.report.layout import (
     WIDE,
     Column,
     Layout,
-    _column_width,
     atom,
+    column_width,
     fit,
     pack,
     section,
@@ -112,7 +112,7 @@ def tensor_layouts(entries: Sequence[TensorEntry], width: int, title: str,
     names = [_name_cell(e.name, e.shape) for e in entries]
     aliases = [alias_line(e) for e in entries]
     alias_width = max((a.cell_len for a in aliases), default=0)
-    text_width = width - _column_width(names, title) - GAP
+    text_width = width - column_width(names, title) - GAP
     beside = Layout([Column(title, no_wrap=True),
                      Column("formula · meaning · alias", min_width=alias_width)])
     stacked = Layout([Column(f"{title} · formula · meaning · alias")])
@@ -163,7 +163,7 @@ def state_table(states: list[StateGradientEntry], width: int) -> Table:
                      atom(number(entry.stats.l2)), atom(number(norms.min)),
                      atom(number(norms.median)), atom(number(norms.max)),
                      atom(str(entry.stats.nonfinite)))
-    text_width = width - _column_width(names, name_title) - GAP
+    text_width = width - column_width(names, name_title) - GAP
     stacked = Layout([Column(name_title), Column("shape = formula · statistics")])
     for name, entry in zip(names, states, strict=True):
         norms = entry.per_example_norm
