@@ -11,6 +11,7 @@ Python API (the CLI is a thin layer over exactly these)::
     gradscope.infer_spec("model.ckpt").yaml       # the config a checkpoint's shapes imply
     gradscope.explain(model, x=x, y=y, flow=True) # a Keras model object, e.g. in a notebook
     gradscope.shapes(model)                       # its algebra alone, nothing run
+    gradscope.watch("runs/gru")                   # what GradientFlow wrote to its log_dir
 
 A Keras model object (Sequential or functional, built) goes through the same Keras engine as
 a ``.keras`` file: its graph is read from the config Keras would save, and it runs as it is,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from gradscope.report.models import (
         CheckReport,
         ExplainReport,
+        FlowHistoryReport,
         KerasCheckReport,
         KerasExplainReport,
         KerasShapesReport,
@@ -288,4 +290,12 @@ def infer_spec(source: Any) -> SpecInference:
     return _infer_spec(source)
 
 
-__all__ = ["__version__", "check", "explain", "infer_spec", "load_spec", "shapes"]
+def watch(log_dir: str | PathLike[str]) -> FlowHistoryReport:
+    """What ``gradscope.keras.GradientFlow(log_dir=...)`` wrote during training, read back from
+    its TensorBoard event files without TensorFlow (needs the tensorboard package)."""
+    from gradscope.training_log import watch as _watch
+
+    return _drawn(_watch(log_dir))
+
+
+__all__ = ["__version__", "check", "explain", "infer_spec", "load_spec", "shapes", "watch"]

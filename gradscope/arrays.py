@@ -6,11 +6,29 @@ from __future__ import annotations
 
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from gradscope.errors import DataError, GradscopeError
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """The user's batch as files (``--data``, or ``--x`` with ``--y``), not read yet."""
+
+    data: str | None = None
+    x: str | None = None
+    y: str | None = None
+
+    def given(self) -> bool:
+        return any((self.data, self.x, self.y))
+
+    def check(self) -> None:
+        """The combination is one the commands take, and each file exists."""
+        if self.given():
+            check_data_files(self.data, self.x, self.y)
 
 
 def check_data_files(data: str | os.PathLike[str] | None = None,

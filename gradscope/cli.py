@@ -19,8 +19,11 @@ import click
 from click.shell_completion import CompletionItem
 from rich.console import Console
 
+import gradscope
 from gradscope import __version__, preflight
+from gradscope.arrays import DataFiles
 from gradscope.errors import GradscopeError
+from gradscope.keras.options import KerasJobOptions
 from gradscope.report import json as json_render
 from gradscope.report.models import (
     REPORTS,
@@ -162,8 +165,10 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, data_file: str | None, x_file: str | None, y_file: str | None,
                 batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
-        return func(*args, data_files=(data_file, x_file, y_file),
-                    model_sizes=(batch_size, time_steps), **kwargs)
+        # --batch-size and --time-steps go on to keras_options, which makes them part of the
+        # Keras run's options.
+        return func(*args, data_files=DataFiles(data_file, x_file, y_file),
+                    batch_size=batch_size, time_steps=time_steps, **kwargs)
 
     return wrapper
 
@@ -201,61 +206,55 @@ def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
                        "effect.")
     @functools.wraps(func)
     def wrapper(*args: Any, loss_name: str | None, training: bool, pad: int,
-                **kwargs: Any) -> Any:
-        return func(*args, keras_run=(loss_name, training, pad), **kwargs)
+                batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
+        run = KerasJobOptions(batch_size=batch_size, time_steps=time_steps, loss=loss_name,
+                              training=training, pad=pad)
+        return func(*args, keras_run=run, **kwargs)
 
     return wrapper
 
 
-def _check_data_options(config: str | None, model_sizes: tuple[int | None, int | None],
-                        data_files: tuple[str | None, ...]) -> None:
+def _check_data_options(config: str | None, keras_run: KerasJobOptions,
+                        data_files: DataFiles) -> None:
     """Size options that go with this config, and data files that exist: before anything is
     loaded (a .keras model's run imports TensorFlow)."""
-    preflight.check_model_sizes(config, model_sizes, data_files)
-    if any(data_files):
-        from gradscope.arrays import check_data_files
-
-        check_data_files(*data_files)
+    preflight.check_model_sizes(config, keras_run, data_files)
+    data_files.check()
 
 
-def _keras_job(path: str, data_files: tuple[str | None, ...],
-               model_sizes: tuple[int | None, int | None],
-               keras_run: tuple[str | None, bool, int]) -> Any:
+def _keras_job(path: str, data_files: DataFiles, keras_run: KerasJobOptions) -> Any:
     """A saved Keras model read, checked and given its batch, all without TensorFlow."""
     from gradscope.keras.explain import prepare
 
-    _check_data_options(path, model_sizes, data_files)
-    data, x_file, y_file = data_files
-    if x_file or y_file:
+    _check_data_options(path, keras_run, data_files)
+    if data_files.x or data_files.y:
         raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
                              "the model's inputs and outputs (x and y for one of each)",
                              where="--x")
-    batch_size, time_steps = model_sizes
-    loss_name, training, pad = keras_run
-    return prepare(path, batch_size=batch_size, time_steps=time_steps, loss=loss_name,
-                   training=training, pad=pad, data=data)
+    return prepare(path, batch_size=keras_run.batch_size, time_steps=keras_run.time_steps,
+                   loss=keras_run.loss, training=keras_run.training, pad=keras_run.pad,
+                   data=data_files.data)
 
 
-def _refuse_keras_options(keras_run: tuple[str | None, bool, int]) -> None:
-    for option, given in zip(("--loss", "--training", "--pad"), keras_run, strict=True):
+def _refuse_keras_options(keras_run: KerasJobOptions) -> None:
+    for option, given in (("--loss", keras_run.loss), ("--training", keras_run.training),
+                          ("--pad", keras_run.pad)):
         if given:
             raise GradscopeError(f"{option} is for .keras models; a YAML config sets its loss "
                                  "and has no training mode or padding", where=option)
 
 
-def _load_with_data(config: str | None, data_files: tuple[str | None, ...],
-                    model_sizes: tuple[int | None, int | None] = (None, None),
-                    ) -> tuple[Any, Any]:
+def _load_with_data(config: str | None, data_files: DataFiles,
+                    keras_run: KerasJobOptions) -> tuple[Any, Any]:
     """The spec of a YAML config and the supplied batch (or None); the option combinations
     and the data files are checked first."""
-    _check_data_options(config, model_sizes, data_files)
+    _check_data_options(config, keras_run, data_files)
     spec = _load(config)
-    if not any(data_files):
+    if not data_files.given():
         return spec, None
     from gradscope.yaml.data import load_batch
 
-    data, x, y = data_files
-    return load_batch(spec, data=data, x=x, y=y)
+    return load_batch(spec, data=data_files.data, x=data_files.x, y=data_files.y)
 
 
 def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
@@ -340,19 +339,9 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
     Example:
       gradscope shapes sample_configs/seed.yaml
     """
-    from gradscope.keras.archive import is_keras_file
-
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    if is_keras_file(config):
-        from gradscope.keras.shapes import keras_shapes
-
-        assert config is not None
-        _emit(keras_shapes(config), as_json, output, force)
-        return EXIT_OK
-    from gradscope.yaml.shapes import shapes as shapes_report
-
-    _emit(shapes_report(_load(config)), as_json, output, force)
+    _emit(gradscope.shapes(config), as_json, output, force)
     return EXIT_OK
 
 
@@ -384,10 +373,9 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def explain(config: str | None, data_files: tuple[str | None, ...],
-            model_sizes: tuple[int | None, int | None], jacobians: bool, flow: bool,
+def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bool,
             at: int | None, plot: Path | None, weights: str | None, chunks: int | None,
-            keras_run: tuple[str | None, bool, int],
+            keras_run: KerasJobOptions,
             memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
@@ -425,7 +413,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
                                      where=option)
         from gradscope.keras.explain import explain as explain_keras
 
-        job = _keras_job(config, data_files, model_sizes, keras_run)
+        job = _keras_job(config, data_files, keras_run)
         progress = _stderr_console(quiet=quiet)
         with progress.status("gradscope explain", spinner="dots") as status:
             keras_report = explain_keras(job, progress=lambda message: status.update(message),
@@ -433,7 +421,7 @@ def explain(config: str | None, data_files: tuple[str | None, ...],
         _emit(keras_report, as_json, output, force)
         return EXIT_OK
     _refuse_keras_options(keras_run)
-    spec, batch = _load_with_data(config, data_files, model_sizes)
+    spec, batch = _load_with_data(config, data_files, keras_run)
     check_time_steps(spec.time_steps, at=at)
     check_chunks(chunks, spec.time_steps)
     from gradscope.guard import guard
@@ -505,8 +493,7 @@ finite differences.
 def check(config: str | None, against: str | None, layer: str | None, time_last: bool,
           chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
-          data_files: tuple[str | None, ...], model_sizes: tuple[int | None, int | None],
-          weights: str | None, keras_run: tuple[str | None, bool, int],
+          data_files: DataFiles, weights: str | None, keras_run: KerasJobOptions,
           memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
           quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
@@ -546,7 +533,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
                                      "checks YAML-described models", where=option)
         from gradscope.keras.check import check as check_keras
 
-        job = _keras_job(config, data_files, model_sizes, keras_run)
+        job = _keras_job(config, data_files, keras_run)
         progress = _stderr_console(quiet=quiet)
         with progress.status("gradscope check", spinner="dots") as status:
             keras_report = check_keras(job, directions=directions, rtol=rtol, atol=atol,
@@ -555,7 +542,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
         _emit(keras_report, as_json, output, force)
         return EXIT_OK if keras_report.summary.passed else EXIT_PROBLEM
     _refuse_keras_options(keras_run)
-    spec, batch = _load_with_data(config, data_files, model_sizes)
+    spec, batch = _load_with_data(config, data_files, keras_run)
     check_time_steps(spec.time_steps, chunks=chunks)
     if layer is not None:
         preflight.check_layer_name(spec, layer)
@@ -604,12 +591,10 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
       gradscope spec model.ckpt > model.yaml
       gradscope explain model.yaml --weights model.ckpt
     """
-    from gradscope.yaml.inference import infer_spec
-
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
     preflight.check_weights(path, None, option="spec")
-    report = infer_spec(path)
+    report = gradscope.infer_spec(path)
     if not as_json and not quiet:
         from gradscope.report.yaml_text import inference_lines
 
@@ -637,11 +622,9 @@ def watch(log_dir: str, as_json: bool, output: Path | None, force: bool, quiet: 
     Example:
       gradscope watch runs/gru --json | jq '.recurrent[].flags'
     """
-    from gradscope.watch import watch as watch_report
-
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    _emit(watch_report(log_dir), as_json, output, force)
+    _emit(gradscope.watch(log_dir), as_json, output, force)
     return EXIT_OK
 
 

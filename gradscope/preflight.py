@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from gradscope.errors import GradscopeError
 
 if TYPE_CHECKING:
+    from gradscope.arrays import DataFiles
+    from gradscope.keras.options import KerasJobOptions
     from gradscope.yaml.config import Spec
 
 #: The file types matplotlib's Agg backend writes, by extension.
@@ -74,26 +76,21 @@ def check_force(force: bool, files: dict[str, Path | None]) -> None:
                              f"together with {options}", where="--force")
 
 
-def check_model_sizes(config: str | None, model_sizes: tuple[int | None, int | None],
-                      data_files: tuple[str | None, ...]) -> None:
+def check_model_sizes(config: str | None, run: KerasJobOptions, data_files: DataFiles) -> None:
     """``--batch-size`` and ``--time-steps`` size a saved .keras model's synthetic batch; a
     YAML config sets them itself, and supplied data brings its own."""
-    batch_size, time_steps = model_sizes
+    batch_size, time_steps = run.batch_size, run.time_steps
     given = "--batch-size" if batch_size is not None else "--time-steps"
     if batch_size is None and time_steps is None:
         return
     if config is None or not str(config).endswith(".keras"):
         raise GradscopeError("--batch-size and --time-steps are for .keras models; set "
                              "batch_size and time_steps in the YAML config", where=given)
-    data, x, _ = data_files
+    data, x = data_files.data, data_files.x
     if data is not None or x is not None:
         source = f"--data {data}" if data is not None else f"--x {x}"
         raise GradscopeError(f"{given} does not go with {source}: the batch and time sizes "
                              "come from the data; expected one or the other", where=given)
-
-
-
-
 
 
 def _check_new_file(option: str, path: Path, force: bool) -> None:

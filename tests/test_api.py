@@ -143,3 +143,15 @@ def test_the_report_models_stand_below_their_renderers():
     assert completed.returncode == 0, completed.stderr
     report = gradscope.shapes(None)
     assert "<pre" in report._repr_html_()
+
+
+def test_watch_is_a_function_of_the_api_whatever_is_imported(tmp_path):
+    """``gradscope.watch`` reads GradientFlow's event files; no module of that name shadows it
+    once the package's modules are imported."""
+    import gradscope.keras.summaries  # noqa: F401
+    import gradscope.training_log  # noqa: F401
+    from gradscope.errors import ConfigError
+
+    assert callable(gradscope.watch)
+    with pytest.raises(ConfigError, match="no such folder"):
+        gradscope.watch(tmp_path / "nowhere")

@@ -183,7 +183,7 @@ class GradientFlow(keras.callbacks.Callback):
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
                               "batches ≥ 1", where="every")
         if log_dir is not None:
-            from gradscope.watch import require_tensorboard
+            from gradscope.training_log import require_tensorboard
 
             require_tensorboard("GradientFlow(log_dir=...)")
             # Imported here, not at the first observation: fit's cores are busy then.

@@ -30,7 +30,7 @@ from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.util.tensor_util import make_tensor_proto
 
 from gradscope.report.models import FlowHistoryReport
-from gradscope.watch import (
+from gradscope.training_log import (
     FLAG_PREFIX,
     IMAGE_PREFIX,
     LOSS_TAG,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def watch(log_dir: str | Path) -> FlowHistoryReport:
+def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
     """The history the GradientFlow callback wrote to ``log_dir``: exit 2 (ConfigError) when
     the folder does not exist or holds no gradscope events."""
     folder = Path(log_dir)
