@@ -337,3 +337,26 @@ def test_a_loss_that_keras_makes_nan_is_shown_as_such_with_a_warning(tf):
 
     with pytest.raises(DataError, match=r"the loss is not finite \(nan\)"):
         gradscope.check(model, x=batch, y=targets)
+
+
+def test_two_outputs_of_one_shared_sub_model_take_their_own_targets(tf):
+    """Found by the long fuzz run: a sub-model called twice whose two calls are both outputs.
+    Keras names both outputs after the sub-model; gradscope named both 'sub_0', so one target
+    stood in for the other and the loss was wrong. Each call is now named, and its target is
+    its own."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(5)
+    inner = keras.Input((6,))
+    sub = keras.Model(inner, layers.Dense(2, name="d")(inner), name="sub")
+    a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
+    model = keras.Model([a, b], [sub(a), sub(b)])
+    model.compile(loss=["mse", "mse"])
+    rng = np.random.default_rng(5)
+    x = [rng.standard_normal((4, 6)).astype("float32") for _ in range(2)]
+    y = [rng.standard_normal((4, 2)).astype("float32") for _ in range(2)]
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_keras_numbers(report, *_tape(tf, model, x, y))
+    names = [term.name for term in report.loss.terms]
+    assert len(set(names)) == 2, names

@@ -82,8 +82,13 @@ def output_names(graph: ModelGraph) -> list[str]:
         return list(graph.output_keys)
     names = []
     for ref in graph.outputs:
-        clash = sum(1 for other in graph.outputs if other.layer == ref.layer) > 1
-        names.append(f"{ref.layer}_{ref.index}" if clash or ref.index else ref.layer)
+        # A layer (or shared sub-model) called more than once may give several outputs: the
+        # call is named where the calls differ, the tensor where one call gives several.
+        calls = {other.node for other in graph.outputs if other.layer == ref.layer}
+        tensors = sum(1 for other in graph.outputs
+                      if (other.layer, other.node) == (ref.layer, ref.node))
+        name = ref.layer + (f"[{ref.node}]" if len(calls) > 1 and ref.node else "")
+        names.append(f"{name}_{ref.index}" if tensors > 1 or ref.index else name)
     return names
 
 
