@@ -25,19 +25,7 @@ from gradscope.arrays import DataFiles
 from gradscope.errors import GradscopeError
 from gradscope.keras.options import KerasJobOptions
 from gradscope.report import json as json_render
-from gradscope.report.models import (
-    REPORTS,
-    CheckReport,
-    ExplainReport,
-    FlowHistoryReport,
-    KerasCheckReport,
-    KerasExplainReport,
-    KerasShapesReport,
-    LayerCheckReport,
-    ShapesReport,
-    json_schema,
-    json_text,
-)
+from gradscope.report.models import REPORTS, Report, json_schema, json_text
 from gradscope.yaml.options import check_chunks, check_time_steps
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -257,9 +245,7 @@ def _load_with_data(config: str | None, data_files: DataFiles,
     return load_batch(spec, data=data_files.data, x=data_files.x, y=data_files.y)
 
 
-def _emit(report: ExplainReport | ShapesReport | CheckReport | KerasExplainReport
-          | KerasShapesReport | KerasCheckReport | LayerCheckReport | FlowHistoryReport,
-          as_json: bool, output: Path | None, force: bool,
+def _emit(report: Report, as_json: bool, output: Path | None, force: bool,
           equations: str | None = None) -> None:
     from gradscope.report.render import print_report
 

@@ -11,30 +11,8 @@ batch, and records:
   above at t plus what flows back from t+1), with the vanishing/exploding flag of
   ``explain --flow`` and its ratio.
 
-**The current batch**, in ``fit``: the batch the train step has just been given, exactly the
-tensors ``fit`` pulled from its dataset for that step (with ``steps_per_execution`` = k, the
-last of the k), taken after that step's weight update, in inference mode (dropout off). The
-callback reads it by wrapping ``model.train_function`` for the observed steps only: on those
-steps the batch is pulled from the iterator in Python and handed to Keras' own compiled step
-function; the other steps run Keras' function untouched.
-
-**The pass** is gradscope's Keras engine (explicit zero initial states, watched by the tape;
-the model's graph run call by call) in one ``tf.function``, traced once for the shapes of fit's
-batches (a batch of another shape is traced for again), and gradscope's NumPy reference BPTT
-(float64) for the per-step totals, which must reproduce the layer's Keras output before any
-number is recorded. Its cost is one trace, then one forward and backward pass per observation.
-
-**What runs beside training.** In ``fit``, the trace (and a first run on zeros, which is where
-TensorFlow builds the function, without Grappler: ``_without_grappler``) is made on a worker
-thread, from the shapes of the first batch, while Keras trains; the first observation waits for
-it if it is not done. It starts within fit's first step, once Keras has traced its own step
-and runs it compiled (``_native_call``): a core is free then, where later every step keeps
-both busy. The pass itself always runs on the training thread, between two
-train steps, so it reads exactly the weights of that step. What follows it uses only the pass's
-NumPy arrays (the reference BPTT, the norms, the TensorBoard summaries) and runs on the same
-worker, in order; ``history``, ``report()``, ``close()`` and the end of ``fit`` wait for it,
-and an error raised there is raised again on the training thread at the next observation or at
-the latest there."""
+Which batch is observed, what runs beside training and what it costs: docs/training.md.
+The code below says where each of those happens."""
 
 from __future__ import annotations
 

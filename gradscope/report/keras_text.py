@@ -40,10 +40,13 @@ from gradscope.report.models import (
 )
 from gradscope.report.tables import (
     WITNESS_TITLES,
-    check_failures,
-    check_table,
+    all_agree,
+    checked_section,
+    failures_section,
     jacobian_table,
     norm_table,
+    timings_lines,
+    tolerances_text,
 )
 
 
@@ -280,9 +283,7 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         parts += jacobian_lines(report.state_jacobians, width)
     if report.gradient_flow is not None:
         parts += flow_lines(report.gradient_flow, width)
-    if report.timings:
-        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
-        parts.append(Text(f"\ntimings: {laps}", style="dim"))
+    parts += timings_lines(report.timings, "\n")
     return parts
 
 
@@ -314,18 +315,13 @@ NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weights are 
 
 def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:
     summary = report.summary
-    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
     parts: list[RenderableType] = [*header(report, "check")]
     parts += [
         Text("a float64 copy of the model with the same weights; every witness compares with "
-             f"TF autodiff on it; relative tolerances: {tolerances}", style="dim"),
-        section(f"Gradients checked ({summary.checked_tensors} tensors, "
-                f"{summary.comparisons} comparisons)"),
-        check_table(report, width),
+             f"TF autodiff on it; relative tolerances: {tolerances_text(report)}", style="dim"),
+        *checked_section(report, width),
+        *failures_section(report),
     ]
-    failures = check_failures(report)
-    if failures:
-        parts += [section("What failed"), *failures]
     unwitnessed = [t.name for t in report.tensors if t.witnesses
                    and all(e.at_kink for e in t.witnesses)]
     if unwitnessed:
@@ -340,17 +336,9 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
                           f"{summary.checked_tensors} tensors agree with every witness "
                           f"({', '.join(summary.witnesses)}); {len(unwitnessed)} at a kink",
                           style="bold green"))
-    elif summary.passed:
-        parts.append(Text(f"\nPASSED: all {summary.checked_tensors} tensors agree with every "
-                          f"witness ({', '.join(summary.witnesses)})", style="bold green"))
     else:
-        parts.append(Text(f"\nFAILED: {len(summary.failed_tensors)} of "
-                          f"{summary.checked_tensors} tensors disagree: "
-                          f"{', '.join(summary.failed_tensors)}", style="bold red"))
-    if report.timings:
-        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
-        parts.append(Text(f"timings: {laps}", style="dim"))
-    return parts
+        parts.append(all_agree(report))
+    return parts + timings_lines(report.timings)
 
 
 def render_keras(report: KerasExplainReport | KerasShapesReport | KerasCheckReport,

@@ -4,6 +4,7 @@ the state Jacobians and the per-weight norms."""
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -21,6 +22,7 @@ from gradscope.report.layout import (
     column_width,
     fit,
     pack,
+    section,
     sparkline,
 )
 from gradscope.report.models import (
@@ -151,3 +153,48 @@ def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) ->
             if entry.detail:
                 lines.append(Text(f"    {entry.detail}"))
     return lines
+
+
+# -- what every check report says ------------------------------------------------------------
+
+
+def tolerances_text(report: CheckReport | KerasCheckReport | LayerCheckReport) -> str:
+    """Each witness's relative tolerance, as the check header lists them."""
+    return " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
+
+
+def checked_section(report: CheckReport | KerasCheckReport | LayerCheckReport,
+                    width: int) -> list[RenderableType]:
+    """The verdict per tensor and witness, under its title."""
+    summary = report.summary
+    return [section(f"Gradients checked ({summary.checked_tensors} tensors, "
+                    f"{summary.comparisons} comparisons)"), check_table(report, width)]
+
+
+def failures_section(report: CheckReport | KerasCheckReport | LayerCheckReport
+                     ) -> list[RenderableType]:
+    failures = check_failures(report)
+    return [section("What failed"), *failures] if failures else []
+
+
+def all_agree(report: CheckReport | KerasCheckReport) -> Text:
+    """The last line of a check that found nothing, or of one that did."""
+    summary = report.summary
+    if summary.passed:
+        return Text(f"\nPASSED: all {summary.checked_tensors} tensors agree with every "
+                    f"witness ({', '.join(summary.witnesses)})", style="bold green")
+    return failed_line(report)
+
+
+def failed_line(report: CheckReport | KerasCheckReport | LayerCheckReport) -> Text:
+    summary = report.summary
+    return Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} "
+                f"tensors disagree: {', '.join(summary.failed_tensors)}", style="bold red")
+
+
+def timings_lines(timings: dict[str, float] | None, lead: str = "") -> list[RenderableType]:
+    """The seconds each phase took (``--timings``)."""
+    if not timings:
+        return []
+    laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in timings.items())
+    return [Text(f"{lead}timings: {laps}", style="dim")]

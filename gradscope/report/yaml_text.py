@@ -44,11 +44,14 @@ from gradscope.report.models import (
     WeightsEntry,
 )
 from gradscope.report.tables import (
-    WITNESS_TITLES,
-    check_failures,
-    check_table,
+    all_agree,
+    checked_section,
+    failed_line,
+    failures_section,
     jacobian_table,
     norm_table,
+    timings_lines,
+    tolerances_text,
 )
 
 
@@ -263,9 +266,7 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
     if report.gradient_flow is not None:
         parts += [section("Gradient flow over time (log-scale sparklines, t = 0 … T−1)"),
                   *flow_lines(report.gradient_flow, width)]
-    if report.timings:
-        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
-        parts.append(Text(f"\ntimings: {laps}", style="dim"))
+    parts += timings_lines(report.timings, "\n")
     return parts
 
 
@@ -360,25 +361,19 @@ def equation_lines(equations: str, width: int) -> Text:
 
 def render_check(report: CheckReport, width: int,
                  equations: str | None = None) -> list[RenderableType]:
-    summary = report.summary
-    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
     parts: list[RenderableType] = [
         header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}",
                width),
         Text(f"every witness compares with TF autodiff on a float64 copy of the model; "
-             f"relative tolerances: {tolerances}", style="dim"),
-        section(f"Gradients checked ({summary.checked_tensors} tensors, "
-                f"{summary.comparisons} comparisons)"),
-        check_table(report, width),
+             f"relative tolerances: {tolerances_text(report)}", style="dim"),
+        *checked_section(report, width),
     ]
     if report.weights is not None:
         parts[2:2] = weights_section(report.weights, width)
     if report.against_not_returned:
         parts.append(Text(f"not returned by --against (not checked by it): "
                           f"{', '.join(report.against_not_returned)}", style="yellow"))
-    failures = check_failures(report)
-    if failures:
-        parts += [section("What failed"), *failures]
+    parts += failures_section(report)
     if report.carry is not None:
         parts += [section("Truncated BPTT: carrying gradients across chunk boundaries"),
                   carry_check_section(report.carry, width)]
@@ -393,22 +388,13 @@ def render_check(report: CheckReport, width: int,
             parts.append(Text(
                 f"\nGRUBlockCellGrad documentation: {confirmed} of {len(report.errata)} errata "
                 "confirmed on this model (gradscope check --equations shows them)", style="dim"))
-    verdict = (Text(f"\nPASSED: all {summary.checked_tensors} tensors agree with every witness "
-                    f"({', '.join(summary.witnesses)})", style="bold green")
-               if summary.passed else
-               Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} "
-                    f"tensors disagree: {', '.join(summary.failed_tensors)}", style="bold red"))
-    parts.append(verdict)
-    if report.timings:
-        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
-        parts.append(Text(f"timings: {laps}", style="dim"))
-    return parts
+    parts.append(all_agree(report))
+    return parts + timings_lines(report.timings)
 
 
 def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableType]:
     """``check --against FUNC --layer NAME``: what FUNC received, then the usual table."""
     summary = report.summary
-    tolerances = " · ".join(f"{WITNESS_TITLES[w]} {t:.0e}" for w, t in report.tolerances.items())
     layout = "(features, batch, time), --time-last" if report.time_last else \
         "(batch, time, features)"
     received = [f"{a.name} {shape_text(a.shape)}" for a in report.arguments]
@@ -420,29 +406,20 @@ def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableT
              f"dh) given dh = ∂L/∂h_t from above, without the carry; arrays {layout}"),
         pack(received, width),
         Text(f"TF autodiff on a float64 copy of the model, read at {report.layer}, is the "
-             f"truth; relative tolerances: {tolerances}", style="dim"),
-        section(f"Gradients checked ({summary.checked_tensors} tensors, "
-                f"{summary.comparisons} comparisons)"),
-        check_table(report, width),
+             f"truth; relative tolerances: {tolerances_text(report)}", style="dim"),
+        *checked_section(report, width),
     ]
     if report.weights is not None:
         parts[1:1] = weights_section(report.weights, width)
     if report.against_not_returned:
         parts.append(Text(f"not returned (not checked): {', '.join(report.against_not_returned)}",
                           style="yellow"))
-    failures = check_failures(report)
-    if failures:
-        parts += [section("What failed"), *failures]
+    parts += failures_section(report)
     parts.append(
         Text(f"\nPASSED: your backward of {report.layer} agrees with TF and the NumPy "
              f"reference on all {summary.checked_tensors} tensors", style="bold green")
-        if summary.passed else
-        Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} tensors "
-             f"disagree: {', '.join(summary.failed_tensors)}", style="bold red"))
-    if report.timings:
-        laps = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in report.timings.items())
-        parts.append(Text(f"timings: {laps}", style="dim"))
-    return parts
+        if summary.passed else failed_line(report))
+    return parts + timings_lines(report.timings)
 
 
 def weights_section(entry: WeightsEntry, width: int) -> list[RenderableType]:
