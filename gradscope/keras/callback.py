@@ -476,14 +476,15 @@ class GradientFlow(keras.callbacks.Callback):
 
         def witness() -> None:
             with native_stderr_silenced(), without_grappler():
-                try:
-                    if traced is None:
-                        raise TypeError("no trace for this batch")
-                    loss, grads = traced(values, feed, ys, None)
-                except (TypeError, ValueError):  # another batch shape: traced for it
-                    function = whole_model_function(engine.model, engine.compute_loss,
-                                                    engine.training, variables)
-                    loss, grads = function(values, feed, ys, sample_weight)
+                own = None
+                if traced is not None:
+                    with contextlib.suppress(TypeError, ValueError):  # another batch shape
+                        own = traced(values, feed, ys, None)
+                if own is None:  # traced for this batch
+                    own = whole_model_function(engine.model, engine.compute_loss,
+                                               engine.training, variables)(
+                        values, feed, ys, sample_weight)
+                loss, grads = own
             confirm(result.loss, result.gradients, pass_of(engine.model, loss, grads),
                     engine.dtype_name, label)
 

@@ -68,9 +68,9 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
     layer added during it (by ``id(layer)``).
 
     The pass runs as one ``tf.function``, as ``fit`` runs its step (tracing and running it
-    costs half of an eager run on a recurrent model); a model that cannot be traced, or that
-    the user compiled with ``run_eagerly=True`` (``eager``), runs eagerly. The losses the
-    layers hold from the user's own last call are left as they were."""
+    costs half of an eager run on a long recurrent model), unless ``eager`` or the model
+    cannot be traced (see :func:`traced_or_eager`). The losses the layers hold from the user's
+    own last call are left as they were."""
     import tensorflow as tf
     from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
@@ -101,9 +101,9 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
 def traced_or_eager(step: Callable[..., Any], *args: Any, eager: bool = False) -> Any:
     """``step(*args)`` as one ``tf.function`` (without Grappler: it would cost more than it
     saves on a pass that runs once), or eagerly where Keras or the model cannot be traced:
-    then any error is the one Keras gives when it runs the model as it is. ``eager``: the
-    user compiled the model with ``run_eagerly=True``, so ``fit`` runs it eagerly; so does
-    this."""
+    then any error is the one Keras gives when it runs the model as it is. ``eager``: run it
+    eagerly (a short model, where a trace costs more than it saves, or one the user compiled
+    with ``run_eagerly=True``, which ``fit`` runs eagerly too)."""
     import tensorflow as tf
 
     from gradscope._tf import without_grappler
