@@ -24,6 +24,7 @@ from gradscope.report.layout import (
     atom,
     column_width,
     fit,
+    hanging,
     pack,
     section,
 )
@@ -234,7 +235,7 @@ def carried_section(carry: CarryEntry, width: int) -> list[RenderableType]:
     style = "bold yellow" if carry.matters else "bold green"
     return [intro, fit(width, weights_wide, weights_narrow), Text(""), products_intro,
             fit(width, products_wide, products_narrow),
-            Text(f"{'⚠' if carry.matters else '✓'} {carry.verdict}", style=style)]
+            hanging("⚠" if carry.matters else "✓", carry.verdict or "", style)]
 
 
 def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
@@ -277,7 +278,7 @@ def flow_lines(flow: GradientFlow, width: int) -> list[RenderableType]:
         flow.influence
     lines: list[RenderableType] = [norm_table(rows, width)]
     for flag in flow.flags:
-        lines.append(Text(f"⚠ {flag.message}", style="bold yellow"))
+        lines.append(hanging("⚠", flag.message, "bold yellow"))
     if not flow.flags:
         lines.append(Text("no vanishing or exploding gradients flagged", style="dim"))
     return lines
