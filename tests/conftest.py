@@ -88,3 +88,27 @@ def seed_reports(tf):
     spec = load_spec(None)
     return {"explain": explain(spec, flow=True, jacobians=True, chunks=2),
             "check": check(spec)}
+
+
+def keras_tape(model: Any, x: Any, y: Any, sample_weight: Any = None
+               ) -> tuple[float, dict[str, Any]]:
+    """The truth of the Keras tests: Keras' own loss and gradients, as ``fit`` computes them
+    (``model(x)`` then ``compute_loss``, under a ``GradientTape``), by variable path."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        prediction = model(x, training=False)
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=sample_weight,
+                                  training=False)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(loss), {v.path: tf.convert_to_tensor(g).numpy()
+                         for v, g in zip(model.trainable_variables, grads, strict=True)}
+
+
+def keras_tape_norms(model: Any, x: Any, y: Any, sample_weight: Any = None
+                     ) -> tuple[float, dict[str, float]]:
+    """:func:`keras_tape`, with each gradient's L2 norm."""
+    import numpy as np
+
+    loss, gradients = keras_tape(model, x, y, sample_weight)
+    return loss, {path: float(np.linalg.norm(g)) for path, g in gradients.items()}

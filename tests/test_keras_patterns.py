@@ -11,20 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_gradscope
+from conftest import keras_tape_norms, run_gradscope
 
 import gradscope
 
 RTOL = 1e-5
 
-
-def _tape(tf: Any, model: Any, x: Any, y: Any) -> tuple[float, dict[str, float]]:
-    with tf.GradientTape() as tape:
-        prediction = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
-    grads = tape.gradient(loss, model.trainable_variables)
-    return float(loss), {v.path: float(np.linalg.norm(tf.convert_to_tensor(g).numpy()))
-                         for v, g in zip(model.trainable_variables, grads, strict=True)}
 
 
 def _assert_keras_numbers(report: Any, loss: float, truth: dict[str, float]) -> None:
@@ -105,7 +97,7 @@ def test_the_pattern_gives_keras_own_numbers(saved, name, tf):
     _, model = saved[name]
     x, y = _batch(model, name)
     report = gradscope.explain(model, x=x, y=y)
-    _assert_keras_numbers(report, *_tape(tf, model, x, y))
+    _assert_keras_numbers(report, *keras_tape_norms(model, x, y))
 
 
 @pytest.mark.parametrize("name", PATTERNS)
@@ -309,7 +301,7 @@ def test_models_the_generator_found_give_keras_numbers(build, tf):
         model(x)  # a stateful layer then carries a state that is not zero
     y = rng.standard_normal((2, 2)).astype("float32")
     report = gradscope.explain(model, x=x, y=y)
-    _assert_keras_numbers(report, *_tape(tf, model, x, y))
+    _assert_keras_numbers(report, *keras_tape_norms(model, x, y))
 
 
 def test_a_loss_that_keras_makes_nan_is_shown_as_such_with_a_warning(tf):
@@ -327,7 +319,7 @@ def test_a_loss_that_keras_makes_nan_is_shown_as_such_with_a_warning(tf):
     batch = np.zeros((2, 3, 2), "float32")
     batch[0, 0] = 1.0  # the second example has every step masked
     targets = np.ones((2, 1), "float32")
-    loss, _ = _tape(tf, model, batch, targets)
+    loss, _ = keras_tape_norms(model, batch, targets)
     assert not np.isfinite(loss)
     report = gradscope.explain(model, x=batch, y=targets)
     assert report.loss.value is None
@@ -357,6 +349,6 @@ def test_two_outputs_of_one_shared_sub_model_take_their_own_targets(tf):
     x = [rng.standard_normal((4, 6)).astype("float32") for _ in range(2)]
     y = [rng.standard_normal((4, 2)).astype("float32") for _ in range(2)]
     report = gradscope.explain(model, x=x, y=y)
-    _assert_keras_numbers(report, *_tape(tf, model, x, y))
+    _assert_keras_numbers(report, *keras_tape_norms(model, x, y))
     names = [term.name for term in report.loss.terms]
     assert len(set(names)) == 2, names

@@ -9,21 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_gradscope
+from conftest import keras_tape_norms, run_gradscope
 
 import gradscope
 
 RTOL = 1e-5
 
-
-def _tape(tf: Any, model: Any, x: Any, y: Any, weights: Any) -> tuple[float, dict[str, float]]:
-    with tf.GradientTape() as tape:
-        prediction = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=prediction, sample_weight=weights,
-                                  training=False)
-    grads = tape.gradient(loss, model.trainable_variables)
-    return float(loss), {v.path: float(np.linalg.norm(g.numpy()))
-                         for v, g in zip(model.trainable_variables, grads, strict=True)}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +36,7 @@ def classifier(tf: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
 def test_explain_weighs_the_loss_as_keras_does(classifier, tf):
     model, x, y, weights = classifier
     report = gradscope.explain(model, x=x, y=y, sample_weight=weights)
-    loss, truth = _tape(tf, model, x, y, weights)
+    loss, truth = keras_tape_norms(model, x, y, weights)
     assert report.loss.value == pytest.approx(loss, rel=RTOL)
     unweighted = gradscope.explain(model, x=x, y=y)
     assert unweighted.loss.value != pytest.approx(loss, rel=1e-3)
@@ -66,7 +57,7 @@ def test_a_data_file_with_sample_weight_gives_the_same_numbers(classifier, tf, t
     import json
 
     document = json.loads(result.stdout)
-    loss, _ = _tape(tf, model, x, y, weights)
+    loss, _ = keras_tape_norms(model, x, y, weights)
     assert document["loss"]["value"] == pytest.approx(loss, rel=RTOL)
     np.savez(data, x=x, y=y, sample_weight=weights[:4])
     refused = run_gradscope("explain", str(path), "--data", str(data), "-q")
@@ -77,7 +68,7 @@ def test_check_passes_with_sample_weights(classifier, tf):
     model, x, y, weights = classifier
     report = gradscope.check(model, x=x, y=y, sample_weight=weights)
     assert report.summary.passed
-    loss, _ = _tape(tf, model, x.astype("float64"), y, weights.astype("float64"))
+    loss, _ = keras_tape_norms(model, x.astype("float64"), y, weights.astype("float64"))
     assert report.loss.value == pytest.approx(loss, rel=1e-5)
 
 
@@ -105,7 +96,7 @@ def test_gradient_flow_applies_the_batch_sample_weights(classifier, tf):
     flow = GradientFlow(every=1)
     trained.fit(x, y, sample_weight=weights, batch_size=6, epochs=1, verbose=0,
                 callbacks=[flow])
-    loss, truth = _tape(tf, trained, x, y, weights)
+    loss, truth = keras_tape_norms(trained, x, y, weights)
     (observation,) = flow.history.observations
     assert observation.loss == pytest.approx(loss, rel=RTOL)
     for series in flow.history.weights:

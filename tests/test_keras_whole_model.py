@@ -13,21 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import keras_tape
 
 import gradscope
 from gradscope.errors import InternalError
 
 RTOL = 1e-5
 
-
-def _tape(tf: Any, model: Any, x: Any, y: Any) -> tuple[float, dict[str, np.ndarray]]:
-    """Keras' own loss and gradients, as fit computes them."""
-    with tf.GradientTape() as tape:
-        prediction = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
-    grads = tape.gradient(loss, model.trainable_variables)
-    return float(loss), {v.path: tf.convert_to_tensor(g).numpy()
-                         for v, g in zip(model.trainable_variables, grads, strict=True)}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +71,7 @@ def test_shared_layers_that_add_losses_give_keras_own_numbers(fixture, passes, r
         request.getfixturevalue("traced")
     model, x, y = request.getfixturevalue(fixture)
     report = gradscope.explain(model, x=x, y=y)
-    loss, truth = _tape(tf, model, x, y)
+    loss, truth = keras_tape(model, x, y)
     assert report.loss.value == pytest.approx(loss, rel=RTOL)
     ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
     assert sorted(ours) == sorted(truth)
@@ -147,7 +139,7 @@ def test_stateful_layer_starts_from_its_carried_state_and_reports_its_gradient(s
     assert np.any(carried != 0)
     report = gradscope.explain(model, x=x, y=y)
     np.testing.assert_array_equal(model.layers[0].states[0].numpy(), carried)
-    loss, truth = _tape(tf, model, x, y)
+    loss, truth = keras_tape(model, x, y)
     model.layers[0].states[0].assign(carried)
     assert report.loss.value == pytest.approx(loss, rel=RTOL)
     (state,) = report.initial_state_gradients
@@ -194,7 +186,7 @@ def test_gradient_flow_confirms_its_first_observation_with_keras_own_call(siames
     model, x, y = siamese
     flow = GradientFlow(model=model)
     flow.observe(x, y, step=1)
-    loss, _ = _tape(tf, model, x, y)
+    loss, _ = keras_tape(model, x, y)
     assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)
     monkeypatch.setattr(engine, "model_call_context",
                         lambda model, training: contextlib.nullcontext())
@@ -239,7 +231,7 @@ def test_gradient_flow_leaves_a_stateful_layer_as_training_left_it(stateful, tf)
     flow = GradientFlow(model=model)
     flow.observe(x, y, step=1)
     np.testing.assert_array_equal(model.layers[0].states[0].numpy(), carried)
-    loss, _ = _tape(tf, model, x, y)
+    loss, _ = keras_tape(model, x, y)
     model.layers[0].states[0].assign(carried)
     assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)
 
@@ -283,7 +275,7 @@ def test_a_model_that_runs_only_eagerly_is_explained_from_its_eager_call(tf, tra
     x = rng.standard_normal((4, 5, 3)).astype("float32")
     y = rng.standard_normal((4, 2)).astype("float32")
     report = gradscope.explain(model, x=x, y=y)
-    loss, truth = _tape(tf, model, x, y)
+    loss, truth = keras_tape(model, x, y)
     assert report.loss.value == pytest.approx(loss, rel=RTOL)
     ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
     for path, gradient in truth.items():
