@@ -178,6 +178,7 @@ def test_keras_golden_at_80_columns(bidirectional_keras, name, args):
                            env={"COLUMNS": "80", "NO_COLOR": "1"})
     assert result.returncode == 0, result.stderr
     assert max(cell_len(line) for line in result.stdout.splitlines()) <= 80
+    assert "\u00a0" not in result.stdout  # what is glued while wrapping shows plain spaces
     text = WITNESS_DISTANCE.sub(lambda m: "#" * len(m.group()), result.stdout)
     _compare_golden(f"{name}.txt", text)
 

@@ -100,10 +100,11 @@ _GLUE = re.compile(r"([≤≥=×]) (?=\S)")
 
 
 def _wrapped(paragraph: str, width: int) -> str:
-    """``paragraph`` wrapped at ``width`` here, where glued words (no-break spaces) are kept
-    whole (textwrap breaks at ASCII whitespace only; rich would break at any)."""
+    """``paragraph`` wrapped at ``width`` here, where glued words are kept whole: textwrap
+    breaks at ASCII spaces only, so a glue is a no-break space while it wraps, and a plain
+    space again in the text shown (its lines fit, so rich does not wrap them again)."""
     return "\n".join(textwrap.fill(_GLUE.sub("\\1\u00a0", line), width,
-                                    break_on_hyphens=False) or line
+                                    break_on_hyphens=False).replace("\u00a0", " ") or line
                       for line in paragraph.split("\n"))
 
 
