@@ -206,7 +206,7 @@ def _check_data_options(config: str | None, keras_run: KerasJobOptions,
                         data_files: DataFiles) -> None:
     """Size options that go with this config, and data files that exist: before anything is
     loaded (a .keras model's run imports TensorFlow)."""
-    preflight.check_model_sizes(config, keras_run, data_files)
+    preflight.check_model_sizes(config, keras_run.batch_size, keras_run.time_steps, data_files)
     data_files.check()
 
 

@@ -19,7 +19,6 @@ from gradscope.errors import GradscopeError
 
 if TYPE_CHECKING:
     from gradscope.arrays import DataFiles
-    from gradscope.keras.options import KerasJobOptions
     from gradscope.yaml.config import Spec
 
 #: The file types matplotlib's Agg backend writes, by extension.
@@ -76,10 +75,10 @@ def check_force(force: bool, files: dict[str, Path | None]) -> None:
                              f"together with {options}", where="--force")
 
 
-def check_model_sizes(config: str | None, run: KerasJobOptions, data_files: DataFiles) -> None:
+def check_model_sizes(config: str | None, batch_size: int | None, time_steps: int | None,
+                      data_files: DataFiles) -> None:
     """``--batch-size`` and ``--time-steps`` size a saved .keras model's synthetic batch; a
     YAML config sets them itself, and supplied data brings its own."""
-    batch_size, time_steps = run.batch_size, run.time_steps
     given = "--batch-size" if batch_size is not None else "--time-steps"
     if batch_size is None and time_steps is None:
         return
