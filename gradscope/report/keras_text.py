@@ -36,7 +36,6 @@ from gradscope.report.models import (
     KerasShapesReport,
     KerasStateEntry,
     KerasStateJacobians,
-    Stats,
 )
 from gradscope.report.tables import (
     WITNESS_TITLES,
@@ -45,6 +44,7 @@ from gradscope.report.tables import (
     failures_section,
     jacobian_table,
     norm_table,
+    stats_items,
     timings_lines,
     tolerances_text,
 )
@@ -118,13 +118,6 @@ def _with_items(row: _Row, width: int) -> Text:
         text.append("\n")
         text.append_text(pack([atom(item, "bold") for item in row.items], width))
     return text
-
-
-def _stats_items(stats: Stats | None) -> list[str]:
-    if stats is None:
-        return ["no gradient"]
-    return [f"‖g‖₂ {number(stats.l2)}", f"mean|g| {number(stats.mean_abs)}",
-            f"max|g| {number(stats.max_abs)}", f"NaN/Inf {stats.nonfinite}"]
 
 
 def header(report: KerasExplainReport | KerasCheckReport,
@@ -205,7 +198,7 @@ def gradient_table(gradients: list[KerasGradientEntry], width: int) -> Table:
                          f"{entry.sparse.rows} rows received a gradient (the token ids in "
                          "the batch)", ""))
         rows.append(_Row([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")],
-                         text, _stats_items(entry.stats)))
+                         text, stats_items(entry.stats)))
     return _named_table(width, "tensor · shape", "formula · meaning · statistics", rows)
 
 
@@ -213,7 +206,7 @@ def state_table(states: list[KerasStateEntry], width: int) -> Table:
     rows = []
     for entry in states:
         norms = entry.per_example_norm
-        items = _stats_items(entry.stats)
+        items = stats_items(entry.stats)
         if norms is not None:
             items += [f"per-example ‖g‖ min {number(norms.min)}",
                       f"median {number(norms.median)}", f"max {number(norms.max)}"]
@@ -341,11 +334,3 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
         parts.append(all_agree(report))
     return parts + timings_lines(report.timings)
 
-
-def render_keras(report: KerasExplainReport | KerasShapesReport | KerasCheckReport,
-                 width: int) -> list[RenderableType]:
-    if isinstance(report, KerasShapesReport):
-        return render_keras_shapes(report, width)
-    if isinstance(report, KerasCheckReport):
-        return render_keras_check(report, width)
-    return render_keras_explain(report, width)

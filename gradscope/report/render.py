@@ -9,7 +9,11 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from gradscope.report.history_text import render_history
-from gradscope.report.keras_text import render_keras
+from gradscope.report.keras_text import (
+    render_keras_check,
+    render_keras_explain,
+    render_keras_shapes,
+)
 from gradscope.report.models import (
     CheckReport,
     ExplainReport,
@@ -34,9 +38,9 @@ RENDERERS: dict[type, Callable[[Any, int], list[RenderableType]]] = {
     ExplainReport: render_explain,
     CheckReport: render_check,
     LayerCheckReport: render_layer_check,
-    KerasShapesReport: render_keras,
-    KerasExplainReport: render_keras,
-    KerasCheckReport: render_keras,
+    KerasShapesReport: render_keras_shapes,
+    KerasExplainReport: render_keras_explain,
+    KerasCheckReport: render_keras_check,
     FlowHistoryReport: render_history,
 }
 

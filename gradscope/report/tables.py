@@ -30,6 +30,7 @@ from gradscope.report.models import (
     JacobianEntry,
     KerasCheckReport,
     LayerCheckReport,
+    Stats,
     WitnessEntry,
 )
 
@@ -153,6 +154,15 @@ def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) ->
             if entry.detail:
                 lines.append(Text(f"    {entry.detail}"))
     return lines
+
+
+def stats_items(stats: Stats | None) -> list[str]:
+    """A gradient's statistics as label–number items, to be packed where they are no table's
+    columns."""
+    if stats is None:
+        return ["no gradient"]
+    return [f"‖g‖₂ {number(stats.l2)}", f"mean|g| {number(stats.mean_abs)}",
+            f"max|g| {number(stats.max_abs)}", f"NaN/Inf {stats.nonfinite}"]
 
 
 # -- what every check report says ------------------------------------------------------------

@@ -51,6 +51,7 @@ from gradscope.report.tables import (
     failures_section,
     jacobian_table,
     norm_table,
+    stats_items,
     timings_lines,
     tolerances_text,
 )
@@ -148,9 +149,7 @@ def gradient_table(gradients: list[GradientEntry], width: int) -> Table:
                          atom(number(s.mean_abs)), atom(number(s.max_abs)),
                          atom(str(s.nonfinite), "bold red" if s.nonfinite else ""))
         layouts.append(wide)
-    stats = [[f"‖g‖₂ {number(e.stats.l2)}", f"mean|g| {number(e.stats.mean_abs)}",
-              f"max|g| {number(e.stats.max_abs)}", f"NaN/Inf {e.stats.nonfinite}"]
-             for e in gradients]
+    stats = [stats_items(e.stats) for e in gradients]
     layouts += tensor_layouts(gradients, width, tensor_title, stats)
     return fit(width, *layouts)
 
