@@ -48,6 +48,9 @@ RECURRENT = {"GRU", "LSTM", "SimpleRNN"}
 #: 0.08 s for a GRU over 6 steps).
 TRACE_FROM_STEPS = 32
 
+#: Layers that loop over the time steps (in Python, eagerly).
+LOOPING = RECURRENT | {"Bidirectional", "RNN", "ConvLSTM1D", "ConvLSTM2D"}
+
 
 @dataclass
 class CapturedCall:
@@ -466,9 +469,8 @@ class KerasEngine:
     def _worth_tracing(self, inputs: dict[str, np.ndarray]) -> bool:
         """Whether a recurrent layer loops over at least :data:`TRACE_FROM_STEPS` steps."""
         steps = max((int(v.shape[1]) for v in inputs.values() if v.ndim >= 2), default=0)
-        return steps >= TRACE_FROM_STEPS and any(
-            class_label(layer) in RECURRENT | {"RNN", "ConvLSTM1D", "ConvLSTM2D"}
-            or class_label(layer) == "Bidirectional" for layer in _layers(self.model))
+        return steps >= TRACE_FROM_STEPS and any(class_label(layer) in LOOPING
+                                                 for layer in _layers(self.model))
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None,
