@@ -30,12 +30,14 @@ Importing gradscope does not import TensorFlow; ``explain`` does, quietly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from gradscope.arrays import DataFiles
     from gradscope.report.models import (
         CheckReport,
         ExplainReport,
@@ -91,26 +93,67 @@ def _is_keras(source: Any) -> bool:
     return is_keras_file(source) or is_live_model(source)
 
 
-def _keras_job(source: Any, data: Any, x: Any, y: Any, options: dict[str, Any],
+def _keras_job(source: Any, data: DataFiles | None, x: Any, y: Any, options: dict[str, Any],
                sample_weight: Any = None) -> Any:
     """A saved Keras model (read without TensorFlow) or a model object, with its batch.
     ``options``: batch_size, time_steps, loss, training, pad, seed (as the CLI's flags);
-    ``data``: a path to an .npz named by inputs and outputs; ``x``/``y``: arrays."""
-    from gradscope.errors import ConfigError
+    ``data``: the .npz named by inputs and outputs; ``x``/``y``: arrays."""
+    from gradscope import preflight
+    from gradscope.arrays import DataFiles
+    from gradscope.errors import ConfigError, flag, given
     from gradscope.keras.explain import prepare
     from gradscope.keras.live import is_live_model
     from gradscope.keras.options import KerasJobOptions
 
     checked = KerasJobOptions.from_options(options)
-    if data is not None and not isinstance(data, str | PathLike):
-        raise ConfigError("data=: for a Keras model, the path of an .npz file; pass arrays "
-                          "as x= and y=", where="data")
+    files = data or DataFiles()
+    preflight.check_keras_sizes(checked.batch_size, checked.time_steps, files)
+    if files.x is not None or files.y is not None:
+        raise ConfigError(f"{given('x', files.x or files.y)}: a Keras model takes its batch as "
+                          f"{flag('data')} FILE.npz with arrays named after the model's inputs "
+                          "and outputs (x and y for one of each)", where=flag("x"))
     return prepare(source if is_live_model(source) else str(source),
-                   data=None if data is None else str(data), x=x, y=y,
-                   sample_weight=sample_weight,
+                   data=files.data, x=x, y=y, sample_weight=sample_weight,
                    batch_size=checked.batch_size, time_steps=checked.time_steps,
                    loss=checked.loss, training=checked.training, pad=checked.pad,
                    seed=checked.seed)
+
+
+def _data_files(data: Any) -> Any:
+    """``data`` as the API takes it: None, an .npz path (as :class:`DataFiles`), a
+    :class:`DataFiles` (the CLI's ``--data`` or ``--x`` with ``--y``), or a dict of arrays (YAML
+    specs). Files are checked to exist before anything loads."""
+    from gradscope.arrays import DataFiles
+
+    if isinstance(data, str | PathLike):
+        data = DataFiles(data=str(data))
+    if isinstance(data, DataFiles):
+        data.check()
+        return data if data.given() else None
+    if data is None or isinstance(data, dict):
+        return data
+    from gradscope.errors import ConfigError
+
+    raise ConfigError(f"data=: got an object of type {type(data).__name__}; expected the path "
+                      "of an .npz file or, for a YAML spec, a dict of arrays", where="data")
+
+
+def _keras_data(data: Any) -> DataFiles | None:
+    if isinstance(data, dict):
+        from gradscope.errors import ConfigError
+
+        raise ConfigError("data=: for a Keras model, the path of an .npz file; pass arrays "
+                          "as x= and y=", where="data")
+    return data
+
+
+def _limit(max_memory: int | str | None) -> int | None:
+    """``max_memory`` in bytes, or as a size such as ``"4G"``."""
+    if isinstance(max_memory, str):
+        from gradscope.guard import parse_size
+
+        return parse_size(max_memory)
+    return max_memory
 
 
 def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
@@ -128,48 +171,51 @@ def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
     return _drawn(_shapes(spec))
 
 
-def _with_data(spec: Spec, data: Any) -> tuple[Spec, Any]:
-    """``data``: None (synthetic), a path to an .npz, or a dict of arrays (x, y, h0s)."""
+def _yaml_job(source: Any, data: DataFiles | dict[str, Any] | None, weights: Any, x: Any,
+              y: Any, sample_weight: Any, keras_options: dict[str, Any],
+              command: str) -> tuple[Spec, Any]:
+    """A YAML spec, resized to the user's batch, and the batch (None: synthetic); a Keras
+    model's options and arrays are refused first, and a weights file must exist."""
+    from gradscope import preflight
+
+    preflight.refuse_keras_options(keras_options, command)
+    if x is not None or y is not None or sample_weight is not None:
+        from gradscope.errors import ConfigError
+
+        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
+                          "pass data={'x': ..., 'y': ...}", where="x")
+    preflight.check_weights(weights)
+    spec = _as_spec(source)
     if data is None:
         return spec, None
     from gradscope.yaml.data import load_batch, validate_batch
 
     if isinstance(data, dict):
         return validate_batch(spec, data, origin="the data")
-    return load_batch(spec, data=data)
+    return load_batch(spec, data=data.data, x=data.x, y=data.y)
 
 
-def _refuse_weights_for_keras(weights: Any) -> None:
-    if weights is not None:
-        from gradscope.errors import ConfigError
-
-        raise ConfigError("weights= is for YAML specs; a Keras model carries its own "
-                          "weights", where="--weights")
-
-
-#: explain's options for a YAML spec only: ``at`` (the step t of ‖∂h_t/∂x_s‖, as --at) and
-#: ``heatmap`` (‖∂h_t/∂x_s‖ over (t, s), as --plot draws it; read it with ``report.plot()``).
-#: Either implies ``flow``.
-YAML_EXPLAIN_OPTIONS = ("at", "heatmap")
-
-
-def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None = None,
+def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int | None = None,
             *, x: Any = None, y: Any = None, sample_weight: Any = None, flow: bool = False,
-            jacobians: bool = False, **keras_options: Any) -> ExplainReport | KerasExplainReport:
+            jacobians: bool = False, at: int | None = None, heatmap: bool = False,
+            max_memory: int | str | None = None, timings: bool = False,
+            progress: Callable[[str], None] | None = None,
+            **keras_options: Any) -> ExplainReport | KerasExplainReport:
     """One forward/backward pass in TensorFlow, every gradient explained.
 
     ``spec`` is a YAML path, a dict or a Spec: ``data`` is then None (a synthetic batch from
-    the seed), a path to an .npz file or a dict of arrays ``{"x": ..., "y": ..., "gru_1/h0":
-    ...}``. ``weights`` is None (weights drawn from the spec's seed) or your trained weights:
-    a path to an .npz file or a TensorFlow checkpoint (TF1 name-based or TF2 object-based),
-    or a dict of arrays. Their names may be gradscope's (``gru_1/w_ru``), TF1's
+    the seed), a path to an .npz file or a dict of arrays ``{"x": ..., "y": ...,
+    "gru_1/h0": ...}``. ``weights`` is None (weights drawn from the spec's seed) or your
+    trained weights: a path to an .npz file or a TensorFlow checkpoint (TF1 name-based or TF2
+    object-based), or a dict of arrays. Their names may be gradscope's (``gru_1/w_ru``), TF1's
     (``GRU_Layer1/rnn/gru_cell/gates/kernel``) or Keras' (``sequential/gru/gru_cell/kernel``);
     they are matched to the spec's layers by scope order and shape, converted where the
     layouts differ, and ``report.weights.mapping`` says where each weight came from. A
     variable that is missing, extra or misshapen raises ConfigError, one line per variable.
     ``chunks`` (K ≥ 2, YAML specs) adds the carry in numbers under ``report.carry``: per
-    weight ``l2_full``, ``l2_truncated``, ``l2_carried``. Refused (ConfigError) when the
-    resource guard estimates more memory than a quarter of RAM.
+    weight ``l2_full``, ``l2_truncated``, ``l2_carried``. ``at`` (the step t of ‖∂h_t/∂x_s‖)
+    and ``heatmap`` (‖∂h_t/∂x_s‖ over (t, s), drawn by ``report.plot()``) are for YAML specs
+    and imply ``flow``.
 
     ``spec`` may instead be a Keras model: the path of a saved ``model.keras``, or the model
     object itself (Sequential or functional). Keras runs it, with:
@@ -183,52 +229,50 @@ def explain(spec: Any, data: Any = None, weights: Any = None, chunks: int | None
     - ``keras_options`` as the CLI's flags: ``batch_size``, ``time_steps`` (synthetic batch),
       ``loss`` (a Keras loss name; default: the compiled loss, else inferred from the output),
       ``training`` (dropout and batch norm in training mode, seeded), ``pad``, ``seed``.
-    - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0 (for a
-      YAML spec too, with ``at`` and ``heatmap``: see :data:`YAML_EXPLAIN_OPTIONS`).
+    - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0.
+
+    ``max_memory`` (bytes, or a size such as ``"4G"``; default a quarter of RAM) refuses a
+    YAML model estimated to need more. ``progress(message)`` hears each phase as it starts;
+    ``timings`` adds the seconds each phase took to the report.
 
     A shape or name that does not fit the model is a ConfigError/DataError naming the array
     (``x['tokens']``, ``y[1]``).
     """
-    from gradscope.errors import ConfigError
+    from gradscope import preflight
     from gradscope.guard import guard
-    from gradscope.yaml.explain import explain as _explain
+    from gradscope.yaml.options import check_chunks, check_time_steps
 
-    yaml_only = {k: keras_options.pop(k) for k in YAML_EXPLAIN_OPTIONS if k in keras_options}
+    check_chunks(chunks)
+    limit = _limit(max_memory)
+    data = _data_files(data)
     if _is_keras(spec):
-        _refuse_weights_for_keras(weights)
-        if chunks is not None:
-            raise ConfigError("chunks is for YAML specs; a Keras model's recurrent layers "
-                              "are not cut into chunks yet", where="chunks")
-        if yaml_only:
-            raise ConfigError(f"{'= and '.join(sorted(yaml_only))}= are for YAML specs so far; "
-                              "a Keras model takes flow= and jacobians=",
-                              where=sorted(yaml_only)[0])
+        preflight.refuse_yaml_options({"weights": weights, "chunks": chunks, "at": at,
+                                       "heatmap": heatmap}, "explain")
         from gradscope.keras.explain import explain as _explain_keras
 
-        return _drawn(_explain_keras(_keras_job(spec, data, x, y, keras_options, sample_weight),
-                                     flow=flow, jacobians=jacobians))
-    if x is not None or y is not None or sample_weight is not None:
-        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
-                          "pass data={'x': ..., 'y': ...}", where="x")
-    if keras_options:  # never silently ignored
-        unknown = sorted(keras_options)
-        raise ConfigError(f"{'= and '.join(unknown)}= are not options of explain for a YAML "
-                          f"spec; expected some of data, weights, chunks, flow, jacobians, "
-                          f"{', '.join(YAML_EXPLAIN_OPTIONS)}", where=unknown[0])
-    spec = _as_spec(spec)
+        job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
+        return _drawn(_explain_keras(job, progress=progress, timings=timings, flow=flow,
+                                     jacobians=jacobians))
+    spec, batch = _yaml_job(spec, data, weights, x, y, sample_weight, keras_options, "explain")
+    check_time_steps(spec.time_steps, at=at)
+    check_chunks(chunks, spec.time_steps)
+    flow = flow or heatmap or at is not None
+    guard(spec, "explain", limit, across_time=jacobians or flow, chunks=chunks)
+    from gradscope.yaml.explain import explain as _explain
 
-    spec, batch = _with_data(spec, data)
-    guard(spec, "explain", chunks=chunks)
-    heatmap = bool(yaml_only.get("heatmap", False))
-    return _drawn(_explain(spec, data=batch, weights=weights, chunks=chunks,
-                           flow=flow or heatmap or yaml_only.get("at") is not None,
-                           jacobians=jacobians, **yaml_only))
+    return _drawn(_explain(spec, data=batch, weights=weights, chunks=chunks, flow=flow,
+                           jacobians=jacobians, at=at, heatmap=heatmap, progress=progress,
+                           timings=timings))
 
 
-def check(spec: Any, against: Any = None, chunks: int | None = None,
+def check(spec: Any = None, against: Any = None, chunks: int | None = None,
           data: Any = None, layer: str | None = None, time_last: bool = False,
           weights: Any = None, *, x: Any = None, y: Any = None, sample_weight: Any = None,
-          **options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
+          directions: int = 3, rtol: float | None = None, atol: float | None = None,
+          equations: bool = False, max_memory: int | str | None = None, timings: bool = False,
+          progress: Callable[[str], None] | None = None, params: Any = None,
+          after_autodiff: Callable[[Any], None] | None = None,
+          **keras_options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
     ``against`` is ``"FILE.py:FUNC"`` or a callable ``FUNC(params, x, y, h0) -> dict``. The
@@ -236,49 +280,63 @@ def check(spec: Any, against: Any = None, chunks: int | None = None,
     known name, ``ConfigError`` says where. With ``layer``, ``against`` is the backward of that
     one recurrent layer, ``FUNC(x, h0, params, dh) -> dict`` (``time_last``: arrays laid out
     (features, batch, time)); the report is a ``LayerCheckReport`` (see docs/check.md).
+    ``chunks``: truncated BPTT in K chunks, the carry compared with full BPTT.
     ``weights``: your trained weights, as for :func:`explain`. (``params={"gru_1/w_ru": …}``,
     by gradscope name and in the spec's layout, also works: taken as they are, with no
-    mapping reported.)
+    mapping reported.) ``equations``: the report, drawn, ends with GRUBlockCellGrad's
+    corrected backward equations (block-layout GRUs).
+
+    ``directions`` (random directions per tensor for finite differences), ``rtol`` (replaces
+    every float64 tolerance) and ``atol`` (added to the finite differences) tune the
+    witnesses; ``max_memory``, ``timings`` and ``progress`` are as for :func:`explain`.
 
     ``spec`` may be a Keras model, a ``model.keras`` path or the model object, with ``x``,
-    ``y`` and the options of :func:`explain` (plus ``directions``, ``rtol``, ``atol``): finite
-    differences and the NumPy reference on a float64 copy of the model with the same weights.
+    ``y`` and the options of :func:`explain`: finite differences and the NumPy reference on a
+    float64 copy of the model with the same weights. (``after_autodiff(model)`` runs on that
+    copy between the tape and the witnesses: this project's tests change it there, to see the
+    witnesses fail.)
     """
+    from gradscope import preflight
     from gradscope.guard import guard
-    from gradscope.witnesses.check import check as _check
+    from gradscope.yaml.options import check_time_steps
 
+    preflight.check_layer_options(against, layer, time_last,
+                                  {"chunks": chunks, "atol": atol, "equations": equations})
+    limit = _limit(max_memory)
+    data = _data_files(data)
     if _is_keras(spec):
-        _refuse_weights_for_keras(weights)
+        preflight.refuse_yaml_options({"weights": weights, "chunks": chunks, "against": against,
+                                       "layer": layer, "time_last": time_last,
+                                       "equations": equations, "params": params}, "check")
         from gradscope.keras.check import check as _check_keras
-        from gradscope.keras.options import KerasJobOptions, check_witness_options
+        from gradscope.keras.options import check_witness_options
 
-        job_options = KerasJobOptions.names()
-        witness_options = {k: v for k, v in options.items() if k not in job_options}
-        check_witness_options(witness_options)
-        job = _keras_job(spec, data, x, y,
-                         {k: v for k, v in options.items() if k in job_options}, sample_weight)
-        return _drawn(_check_keras(job, **witness_options))
-    if x is not None or y is not None or sample_weight is not None:
-        from gradscope.errors import ConfigError
-
-        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
-                          "pass data={'x': ..., 'y': ...}", where="x")
-    spec = _as_spec(spec)
-
-    spec, batch = _with_data(spec, data)
-    if layer is not None or time_last:
-        from gradscope import preflight
+        check_witness_options({"directions": directions, "rtol": rtol, "atol": atol})
+        job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
+        return _drawn(_check_keras(job, directions=directions, rtol=rtol, atol=atol,
+                                   progress=progress, timings=timings,
+                                   after_autodiff=after_autodiff))
+    spec, batch = _yaml_job(spec, data, weights, x, y, sample_weight, keras_options, "check")
+    check_time_steps(spec.time_steps, chunks=chunks)
+    if layer is not None:
+        preflight.check_layer_name(spec, layer)
+    guard(spec, "check", limit)
+    if layer is not None:
         from gradscope.witnesses.layer_backward import check_layer
 
-        preflight.check_layer_options(against, layer, time_last, {"chunks": chunks})
-        assert layer is not None and against is not None
-        preflight.check_layer_name(spec, layer)
-        guard(spec, "check")
-        return _drawn(check_layer(spec, against, layer, time_last=time_last, data=batch,
-                                  weights=weights, **options))
-    guard(spec, "check")
-    return _drawn(_check(spec, against=against, chunks=chunks, data=batch, weights=weights,
-                         **options))
+        return _drawn(check_layer(spec, against, layer, time_last=time_last, rtol=rtol,
+                                  data=batch, params=params, weights=weights,
+                                  progress=progress, timings=timings))
+    from gradscope.witnesses.check import check as _check
+
+    report = _check(spec, against=against, chunks=chunks, directions=directions, rtol=rtol,
+                    atol=atol, data=batch, weights=weights, params=params, progress=progress,
+                    timings=timings)
+    if equations:
+        from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
+
+        report.show_equations(CORRECTED_EQUATIONS)
+    return _drawn(report)
 
 
 def infer_spec(source: Any) -> SpecInference:

@@ -22,11 +22,9 @@ from rich.console import Console
 import gradscope
 from gradscope import __version__, preflight
 from gradscope.arrays import DataFiles
-from gradscope.errors import GradscopeError
-from gradscope.keras.options import KerasJobOptions
+from gradscope.errors import GradscopeError, on_command_line
 from gradscope.report import json as json_render
 from gradscope.report.models import REPORTS, Report, json_schema, json_text
-from gradscope.yaml.options import check_chunks, check_time_steps
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -121,17 +119,10 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def memory_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    @click.option("--max-memory", metavar="SIZE",
-                  help="Refuse (exit 2, before anything is allocated) a run estimated to need "
-                       "more than SIZE, e.g. 4G or 512M. Default: a quarter of physical RAM.")
-    @functools.wraps(func)
-    def wrapper(*args: Any, max_memory: str | None, **kwargs: Any) -> Any:
-        from gradscope.guard import parse_size
-
-        limit = parse_size(max_memory) if max_memory is not None else None
-        return func(*args, memory_limit=limit, **kwargs)
-
-    return wrapper
+    return click.option(
+        "--max-memory", metavar="SIZE",
+        help="Refuse (exit 2, before anything is allocated) a run estimated to need more than "
+             "SIZE, e.g. 4G or 512M. Default: a quarter of physical RAM.")(func)
 
 
 def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,19 +154,13 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def weights_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--weights PATH``: a YAML-described model's trained weights."""
-
-    @click.option("--weights", "weights_path", metavar="PATH", shell_complete=_complete_path,
-                  help="Use these trained weights instead of ones drawn from the seed: an .npz "
-                       "file or a TensorFlow checkpoint (TF1 name-based or TF2 object-based), "
-                       "named by gradscope (gru_1/w_ru), TF1 (GRU_Layer1/rnn/gru_cell/gates/"
-                       "kernel) or Keras (gru/gru_cell/kernel). The mapping is printed; a "
-                       "missing, extra or misshapen variable exits 2. YAML configs only.")
-    @functools.wraps(func)
-    def wrapper(*args: Any, weights_path: str | None, **kwargs: Any) -> Any:
-        preflight.check_weights(weights_path, kwargs.get("config"))
-        return func(*args, weights=weights_path, **kwargs)
-
-    return wrapper
+    return click.option(
+        "--weights", metavar="PATH", shell_complete=_complete_path,
+        help="Use these trained weights instead of ones drawn from the seed: an .npz file or a "
+             "TensorFlow checkpoint (TF1 name-based or TF2 object-based), named by gradscope "
+             "(gru_1/w_ru), TF1 (GRU_Layer1/rnn/gru_cell/gates/kernel) or Keras "
+             "(gru/gru_cell/kernel). The mapping is printed; a missing, extra or misshapen "
+             "variable exits 2. YAML configs only.")(func)
 
 
 def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -195,58 +180,16 @@ def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(*args: Any, loss_name: str | None, training: bool, pad: int,
                 batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
-        run = KerasJobOptions(batch_size=batch_size, time_steps=time_steps, loss=loss_name,
-                              training=training, pad=pad)
+        given = {"batch_size": batch_size, "time_steps": time_steps, "loss": loss_name,
+                 "training": training, "pad": pad}
+        # Only what the user gave: the library refuses each for a YAML config.
+        run = {name: value for name, value in given.items() if value not in (None, False, 0)}
         return func(*args, keras_run=run, **kwargs)
 
     return wrapper
 
 
-def _check_data_options(config: str | None, keras_run: KerasJobOptions,
-                        data_files: DataFiles) -> None:
-    """Size options that go with this config, and data files that exist: before anything is
-    loaded (a .keras model's run imports TensorFlow)."""
-    preflight.check_model_sizes(config, keras_run.batch_size, keras_run.time_steps, data_files)
-    data_files.check()
-
-
-def _keras_job(path: str, data_files: DataFiles, keras_run: KerasJobOptions) -> Any:
-    """A saved Keras model read, checked and given its batch, all without TensorFlow."""
-    from gradscope.keras.explain import prepare
-
-    _check_data_options(path, keras_run, data_files)
-    if data_files.x or data_files.y:
-        raise GradscopeError("for a .keras model, give --data FILE.npz with arrays named after "
-                             "the model's inputs and outputs (x and y for one of each)",
-                             where="--x")
-    return prepare(path, batch_size=keras_run.batch_size, time_steps=keras_run.time_steps,
-                   loss=keras_run.loss, training=keras_run.training, pad=keras_run.pad,
-                   data=data_files.data)
-
-
-def _refuse_keras_options(keras_run: KerasJobOptions) -> None:
-    for option, given in (("--loss", keras_run.loss), ("--training", keras_run.training),
-                          ("--pad", keras_run.pad)):
-        if given:
-            raise GradscopeError(f"{option} is for .keras models; a YAML config sets its loss "
-                                 "and has no training mode or padding", where=option)
-
-
-def _load_with_data(config: str | None, data_files: DataFiles,
-                    keras_run: KerasJobOptions) -> tuple[Any, Any]:
-    """The spec of a YAML config and the supplied batch (or None); the option combinations
-    and the data files are checked first."""
-    _check_data_options(config, keras_run, data_files)
-    spec = _load(config)
-    if not data_files.given():
-        return spec, None
-    from gradscope.yaml.data import load_batch
-
-    return load_batch(spec, data=data_files.data, x=data_files.x, y=data_files.y)
-
-
-def _emit(report: Report, as_json: bool, output: Path | None, force: bool,
-          equations: str | None = None) -> None:
+def _emit(report: Report, as_json: bool, output: Path | None, force: bool) -> None:
     from gradscope.report.render import print_report
 
     if output is None:
@@ -254,7 +197,7 @@ def _emit(report: Report, as_json: bool, output: Path | None, force: bool,
             sys.stdout.write(json_render.render_report(report))
             sys.stdout.flush()
         else:
-            print_report(_stdout_console(), report, equations)
+            print_report(_stdout_console(), report)
         return
     if output.exists() and not force:
         raise GradscopeError(
@@ -266,7 +209,7 @@ def _emit(report: Report, as_json: bool, output: Path | None, force: bool,
     else:
         console = Console(record=True, file=open(os.devnull, "w"), width=_file_width(),  # noqa: SIM115
                           color_system=None, highlight=False)
-        print_report(console, report, equations)
+        print_report(console, report)
         text = console.export_text()
     _write_atomically(output, text)
 
@@ -296,12 +239,6 @@ def _write_atomically(path: Path, text: str) -> None:
     except OSError as exc:
         message = f"{path}: cannot write: {exc.strerror or exc}"
         raise GradscopeError(message, where=str(path)) from None
-
-
-def _load(config: str | None) -> Any:
-    from gradscope.yaml.config import load_spec
-
-    return load_spec(config)
 
 
 @click.group(help=MAIN_HELP, context_settings={"help_option_names": ["-h", "--help"],
@@ -361,8 +298,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bool,
             at: int | None, plot: Path | None, weights: str | None, chunks: int | None,
-            keras_run: KerasJobOptions,
-            memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
+            keras_run: dict[str, Any],
+            max_memory: str | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
@@ -380,50 +317,20 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
       gradscope explain model.yaml --weights model.ckpt
       gradscope explain --chunks 2
     """
-    from gradscope.keras.archive import is_keras_file
-    from gradscope.yaml.explain import explain as explain_report
-
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
     preflight.check_plot(plot, force, output)
-    check_chunks(chunks)
-    if is_keras_file(config):
-        assert config is not None
-        if chunks is not None:
-            raise GradscopeError("--chunks is for YAML configs; a .keras model's recurrent "
-                                 "layers are not cut into chunks yet", where="--chunks")
-        for option, given in (("--at", at is not None), ("--plot", plot is not None)):
-            if given:
-                raise GradscopeError(f"{option} (the influence ‖∂h_t/∂x_s‖) is not available "
-                                     "for .keras models yet; --flow and --jacobians are",
-                                     where=option)
-        from gradscope.keras.explain import explain as explain_keras
-
-        job = _keras_job(config, data_files, keras_run)
-        progress = _stderr_console(quiet=quiet)
-        with progress.status("gradscope explain", spinner="dots") as status:
-            keras_report = explain_keras(job, progress=lambda message: status.update(message),
-                                         timings=timings, flow=flow, jacobians=jacobians)
-        _emit(keras_report, as_json, output, force)
-        return EXIT_OK
-    _refuse_keras_options(keras_run)
-    spec, batch = _load_with_data(config, data_files, keras_run)
-    check_time_steps(spec.time_steps, at=at)
-    check_chunks(chunks, spec.time_steps)
-    from gradscope.guard import guard
-
-    flow = flow or plot is not None or at is not None
-    guard(spec, "explain", memory_limit, across_time=jacobians or flow, chunks=chunks)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
-        report = explain_report(spec, data=batch, timings=timings,
-                                jacobians=jacobians, flow=flow, at=at,
-                                heatmap=plot is not None, weights=weights,
-                                chunks=chunks,
-                                progress=lambda message: status.update(message))
-    if plot is not None:
+        report = gradscope.explain(config, data=data_files, weights=weights, chunks=chunks,
+                                   flow=flow, jacobians=jacobians, at=at,
+                                   heatmap=plot is not None, max_memory=max_memory,
+                                   timings=timings, progress=status.update, **keras_run)
+    if plot is not None:  # a YAML config's (the library refuses --plot for a Keras model)
+        from gradscope.report.models import ExplainReport
         from gradscope.report.plot import write_flow_plot
 
+        assert isinstance(report, ExplainReport)
         write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
     return EXIT_OK
@@ -479,8 +386,8 @@ finite differences.
 def check(config: str | None, against: str | None, layer: str | None, time_last: bool,
           chunks: int | None, directions: int,
           rtol: float | None, atol: float | None, equations: bool,
-          data_files: DataFiles, weights: str | None, keras_run: KerasJobOptions,
-          memory_limit: int | None, as_json: bool, output: Path | None, force: bool,
+          data_files: DataFiles, weights: str | None, keras_run: dict[str, Any],
+          max_memory: str | None, as_json: bool, output: Path | None, force: bool,
           quiet: bool, timings: bool) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
 
@@ -498,64 +405,20 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
       gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
       gradscope check model.yaml --weights model.ckpt
     """
-    from gradscope.witnesses.check import check as check_report
-
-    preflight.check_layer_options(against, layer, time_last,
-                                  {"--chunks": chunks, "--equations": equations, "--atol": atol})
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
     if equations and as_json:
         raise GradscopeError("--equations prints text and does not go with --json; the JSON "
                              "report has the errata (of block-layout GRU layers) under "
                              "'errata'", where="--equations")
-    from gradscope.keras.archive import is_keras_file
-
-    if is_keras_file(config):
-        assert config is not None
-        for option, given in (("--against", against), ("--chunks", chunks),
-                              ("--equations", equations)):
-            if given:
-                raise GradscopeError(f"{option} is not available for .keras models yet; it "
-                                     "checks YAML-described models", where=option)
-        from gradscope.keras.check import check as check_keras
-
-        job = _keras_job(config, data_files, keras_run)
-        progress = _stderr_console(quiet=quiet)
-        with progress.status("gradscope check", spinner="dots") as status:
-            keras_report = check_keras(job, directions=directions, rtol=rtol, atol=atol,
-                                       timings=timings,
-                                       progress=lambda message: status.update(message))
-        _emit(keras_report, as_json, output, force)
-        return EXIT_OK if keras_report.summary.passed else EXIT_PROBLEM
-    _refuse_keras_options(keras_run)
-    spec, batch = _load_with_data(config, data_files, keras_run)
-    check_time_steps(spec.time_steps, chunks=chunks)
-    if layer is not None:
-        preflight.check_layer_name(spec, layer)
-    from gradscope.guard import guard
-
-    guard(spec, "check", memory_limit)
     progress = _stderr_console(quiet=quiet)
-    if layer is not None and against is not None:
-        from gradscope.witnesses.layer_backward import check_layer
-
-        with progress.status("gradscope check --layer", spinner="dots") as status:
-            layer_report = check_layer(spec, against, layer, time_last=time_last, rtol=rtol,
-                                       data=batch, timings=timings, weights=weights,
-                                       progress=lambda message: status.update(message))
-        _emit(layer_report, as_json, output, force)
-        return EXIT_OK if layer_report.summary.passed else EXIT_PROBLEM
     with progress.status("gradscope check", spinner="dots") as status:
-        report = check_report(spec, against=against, chunks=chunks, directions=directions,
-                              rtol=rtol, atol=atol, timings=timings, data=batch,
-                              weights=weights,
-                              progress=lambda message: status.update(message))
-    equations_text = None
-    if equations:
-        from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
-
-        equations_text = CORRECTED_EQUATIONS
-    _emit(report, as_json, output, force, equations_text)
+        report = gradscope.check(config, against=against, chunks=chunks, data=data_files,
+                                 layer=layer, time_last=time_last, weights=weights,
+                                 directions=directions, rtol=rtol, atol=atol,
+                                 equations=equations, max_memory=max_memory, timings=timings,
+                                 progress=status.update, **keras_run)
+    _emit(report, as_json, output, force)
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
 
 
@@ -579,7 +442,7 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
     """
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    preflight.check_weights(path, None, option="spec")
+    preflight.check_weights(path, option="")
     report = gradscope.infer_spec(path)
     if not as_json and not quiet:
         from gradscope.report.yaml_text import inference_lines
@@ -642,7 +505,8 @@ def main(argv: list[str] | None = None) -> None:
         # Deprecation chatter from TensorFlow, Keras or NumPy is not the user's business.
         warnings.simplefilter("ignore")
     try:
-        code = cli.main(args=args, prog_name="gradscope", standalone_mode=False)
+        with on_command_line():  # the library's messages spell options as flags
+            code = cli.main(args=args, prog_name="gradscope", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         # `gradscope` alone asks for the help: it is not an error.
         sys.stdout.write(exc.ctx.get_help() + "\n")

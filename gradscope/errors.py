@@ -5,6 +5,10 @@ The CLI decides exit codes in one place (``cli.py``); the library only raises th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 
 def one_line(text: str) -> str:
     """Escape control characters (a key named "\n" in a config, say): messages stay one line."""
@@ -42,3 +46,39 @@ class InternalError(GradscopeError):
     """
 
     exit_code = 1
+
+
+# -- how an option is spelt -----------------------------------------------------------------------
+# The same refusal reaches a user of the command line and a user of the Python API: each reads
+# the option as they wrote it (``--time-steps 0`` there, ``time_steps=0`` here).
+
+_ON_COMMAND_LINE: ContextVar[bool] = ContextVar("gradscope_on_command_line", default=False)
+
+#: Options whose flag is not their Python name.
+FLAGS = {"heatmap": "--plot", "max_memory": "--max-memory"}
+
+
+def flag(name: str) -> str:
+    """The option ``name`` (the API's keyword) as the user spelt it: ``--time-steps`` on the
+    command line, ``time_steps=`` in Python."""
+    if _ON_COMMAND_LINE.get():
+        return FLAGS.get(name) or "--" + name.replace("_", "-")
+    return f"{name}="
+
+
+def given(name: str, value: object) -> str:
+    """The option ``name`` with its value, as the user wrote it: ``--chunks 1`` or
+    ``chunks=1``."""
+    if _ON_COMMAND_LINE.get():
+        return f"{flag(name)} {value}"
+    return f"{name}={value!r}"
+
+
+@contextmanager
+def on_command_line() -> Iterator[None]:
+    """Within this block, messages spell options as flags (the CLI runs its commands here)."""
+    token = _ON_COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _ON_COMMAND_LINE.reset(token)

@@ -1,10 +1,12 @@
-"""Checks of the command-line arguments that run before TensorFlow is imported.
+"""Checks of the options, on the command line or in the API, that run before TensorFlow is
+imported.
 
 A wrong option should cost the user a fraction of a second, not a whole run: every check here
 is pure Python (no TensorFlow, no matplotlib import) and raises a one-line
-:class:`GradscopeError` (exit 2) naming the option or file and what was expected. The CLI calls
-them right after parsing (files, option combinations) and right after loading the spec and the
-data (anything that depends on the number of time steps).
+:class:`GradscopeError` (exit 2) naming the option or file and what was expected. The API
+calls them before it loads anything (option combinations, files) and after loading the spec
+and the data (anything that depends on the number of time steps); the CLI adds its own (the
+files it writes).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gradscope.errors import GradscopeError
+from gradscope.errors import ConfigError, GradscopeError, flag, given
 
 if TYPE_CHECKING:
     from gradscope.arrays import DataFiles
@@ -75,21 +77,66 @@ def check_force(force: bool, files: dict[str, Path | None]) -> None:
                              f"together with {options}", where="--force")
 
 
-def check_model_sizes(config: str | None, batch_size: int | None, time_steps: int | None,
+def check_keras_sizes(batch_size: int | None, time_steps: int | None,
                       data_files: DataFiles) -> None:
-    """``--batch-size`` and ``--time-steps`` size a saved .keras model's synthetic batch; a
-    YAML config sets them itself, and supplied data brings its own."""
-    given = "--batch-size" if batch_size is not None else "--time-steps"
+    """``batch_size`` and ``time_steps`` size a Keras model's synthetic batch; supplied data
+    brings its own."""
     if batch_size is None and time_steps is None:
         return
-    if config is None or not str(config).endswith(".keras"):
-        raise GradscopeError("--batch-size and --time-steps are for .keras models; set "
-                             "batch_size and time_steps in the YAML config", where=given)
+    named = "batch_size" if batch_size is not None else "time_steps"
     data, x = data_files.data, data_files.x
     if data is not None or x is not None:
-        source = f"--data {data}" if data is not None else f"--x {x}"
-        raise GradscopeError(f"{given} does not go with {source}: the batch and time sizes "
-                             "come from the data; expected one or the other", where=given)
+        source = given("data", data) if data is not None else given("x", x)
+        raise GradscopeError(f"{flag(named)} does not go with {source}: the batch and time "
+                             "sizes come from the data; expected one or the other",
+                             where=flag(named))
+
+
+#: What a YAML config sets itself, and why a Keras model's option is refused for it.
+_KERAS_ONLY = {
+    "loss": "a YAML config sets its loss and has no training mode or padding",
+    "training": "a YAML config sets its loss and has no training mode or padding",
+    "pad": "a YAML config sets its loss and has no training mode or padding",
+    "batch_size": "set batch_size and time_steps in the YAML config",
+    "time_steps": "set batch_size and time_steps in the YAML config",
+    "seed": "a YAML config sets its seed",
+}
+
+
+def refuse_keras_options(options: dict[str, object], command: str) -> None:
+    """A Keras model's options (``loss``, ``batch_size``, …), given for a YAML config: each is
+    refused in one line, as is a name that is no option at all (only the API can give one)."""
+    for name, value in options.items():
+        if name in _KERAS_ONLY and value not in (None, False, 0):
+            raise ConfigError(f"{flag(name)} is for Keras models; {_KERAS_ONLY[name]}",
+                                 where=flag(name))
+    unknown = sorted(set(options) - set(_KERAS_ONLY))
+    if unknown:
+        raise ConfigError(f"{' and '.join(flag(n) for n in unknown)}: not options of "
+                             f"{command} for a YAML spec; see help(gradscope.{command})",
+                             where=unknown[0])
+
+
+def refuse_yaml_options(options: dict[str, object], command: str) -> None:
+    """Options of a YAML-described model (``weights``, ``chunks``, …), given for a Keras
+    model: each is refused in one line saying what a Keras model takes instead."""
+    influence = ("the influence ‖∂h_t/∂x_s‖ is not available for Keras models yet; "
+                 f"{flag('flow')} and {flag('jacobians')} are")
+    reasons = {
+        "weights": "a Keras model carries its own weights",
+        "chunks": "a Keras model's recurrent layers are not cut into chunks yet",
+        "at": influence,
+        "heatmap": influence,
+        "against": f"{command} of your own backward is not available for Keras models yet",
+        "layer": f"{command} of your own backward is not available for Keras models yet",
+        "time_last": f"{command} of your own backward is not available for Keras models yet",
+        "params": "a Keras model carries its own weights",
+        "equations": "the corrected GRUBlockCellGrad equations go with block-layout GRUs",
+    }
+    for name, value in options.items():
+        if value is not None and value is not False:
+            raise ConfigError(f"{flag(name)} is for YAML configs; {reasons[name]}",
+                                 where=flag(name))
 
 
 def _check_new_file(option: str, path: Path, force: bool) -> None:
@@ -114,48 +161,48 @@ def _same_file(first: Path, second: Path) -> bool:
     return os.path.abspath(first) == os.path.abspath(second)
 
 
-def check_layer_options(against: str | None, layer: str | None, time_last: bool,
+def check_layer_options(against: object, layer: str | None, time_last: bool,
                         others: dict[str, object]) -> None:
-    """``check --layer NAME [--time-last]``: one layer's backward, so it needs ``--against``;
-    ``--time-last`` lays out that function's arrays, so it needs ``--layer``. ``others`` maps
-    the whole-model options (``--chunks``, …) to their values: none goes with ``--layer``."""
+    """``check`` of one layer (``layer``, ``time_last``): one layer's backward, so it needs
+    ``against``; ``time_last`` lays out that function's arrays, so it needs ``layer``.
+    ``others`` maps the whole-model options (``chunks``, …) to their values: none goes with
+    ``layer``."""
     if time_last and layer is None:
-        raise GradscopeError("--time-last lays out the arrays of --layer's backward as "
-                             "(features, batch, time); expected it together with --layer NAME",
-                             where="--time-last")
+        raise GradscopeError(f"{flag('time_last')} lays out the arrays of {flag('layer')}'s "
+                             "backward as (features, batch, time); expected it together with "
+                             f"{flag('layer')} NAME", where=flag("time_last"))
     if layer is None:
         return
     if against is None:
-        raise GradscopeError(f"--layer {layer} checks your backward of one layer; expected it "
-                             "together with --against FILE.py:FUNC", where="--layer")
-    for option, given in others.items():
-        if given:
-            raise GradscopeError(f"{option} does not go with --layer, which checks one layer's "
-                                 "backward given dh; expected one or the other",
-                                 where=option)
+        raise GradscopeError(f"{given('layer', layer)} checks your backward of one layer; "
+                             f"expected it together with {flag('against')} FILE.py:FUNC",
+                             where=flag("layer"))
+    for name, value in others.items():
+        if value:
+            raise GradscopeError(f"{flag(name)} does not go with {flag('layer')}, which checks "
+                                 "one layer's backward given dh; expected one or the other",
+                                 where=flag(name))
 
 
 def check_layer_name(spec: Spec, layer: str) -> None:
-    """``--layer NAME`` must name one of the spec's recurrent layers."""
+    """``layer`` must name one of the spec's recurrent layers."""
     recurrent = [item.name for item in spec.layers if item.recurrent]
     expected = f"expected one of the recurrent layers: {', '.join(str(n) for n in recurrent)}"
     for item in spec.layers:
         if item.name == layer and not item.recurrent:
-            raise GradscopeError(f"--layer {layer} is a {item.type} layer; --layer checks a "
-                                 f"recurrent layer's backward: {expected}", where="--layer")
+            raise GradscopeError(f"{given('layer', layer)} is a {item.type} layer; "
+                                 f"{flag('layer')} checks a recurrent layer's backward: "
+                                 f"{expected}", where=flag("layer"))
     if layer not in recurrent:
-        raise GradscopeError(f"--layer {layer}: the model has no layer of that name; {expected}",
-                             where="--layer")
+        raise GradscopeError(f"{given('layer', layer)}: the model has no layer of that name; "
+                             f"{expected}", where=flag("layer"))
 
 
-def check_weights(path: str | None, config: str | None, option: str = "--weights") -> None:
+def check_weights(path: object, option: str = "--weights") -> None:
     """``--weights PATH`` (or ``gradscope spec PATH``): an .npz file or a checkpoint that
-    exists, for a YAML config (a .keras model carries its own weights); nothing is read."""
-    if path is None:
+    exists; nothing is read. (Weights given as a dict of arrays are checked as they map.)"""
+    if not isinstance(path, str | os.PathLike):
         return
-    if config is not None and str(config).endswith(".keras"):
-        raise GradscopeError(f"--weights is for YAML configs; {config} carries its own "
-                             "weights", where="--weights")
     from gradscope.yaml.weights import locate
 
-    locate(path, option if option == "--weights" else "")
+    locate(path, option)

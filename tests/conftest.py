@@ -64,7 +64,8 @@ def tf():
 
 def render_text(report: Any, width: int, equations: str | None = None) -> str:
     """The text the CLI prints for ``report`` on a console ``width`` columns wide, without
-    colour (as with NO_COLOR=1 and stdout not a terminal)."""
+    colour (as with NO_COLOR=1 and stdout not a terminal); ``equations``: as ``check
+    --equations`` draws them (on a copy: the report stays as it is)."""
     from rich.console import Console
 
     from gradscope.report.render import print_report
@@ -72,7 +73,10 @@ def render_text(report: Any, width: int, equations: str | None = None) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, color_system=None, no_color=True,
                       highlight=False, force_terminal=False)
-    print_report(console, report, equations)
+    if equations is not None:
+        report = report.model_copy()
+        report.show_equations(equations)
+    print_report(console, report)
     return buffer.getvalue()
 
 

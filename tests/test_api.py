@@ -83,8 +83,11 @@ def test_yaml_explain_takes_flow_jacobians_at_and_heatmap_and_refuses_keras_opti
     assert report.gradient_flow.influence_map is not None
     assert report.gradient_flow.influence_step == 3
     for option in ({"loss": "mse"}, {"training": True}):
-        with pytest.raises(ConfigError, match="not options of explain for a YAML spec"):
+        with pytest.raises(ConfigError, match=f"{next(iter(option))}= is for Keras models; a "
+                                              "YAML config sets its loss"):
             gradscope.explain(spec, **option)
+    with pytest.raises(ConfigError, match="lose=: not options of explain for a YAML spec"):
+        gradscope.explain(spec, lose="mse")
 
 
 @pytest.mark.parametrize("junk", [3, b"config", [1, 2], object()])
@@ -155,3 +158,59 @@ def test_watch_is_a_function_of_the_api_whatever_is_imported(tmp_path):
     assert callable(gradscope.watch)
     with pytest.raises(ConfigError, match="no such folder"):
         gradscope.watch(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"against": "bp.py:backward"}, "against= is for YAML configs"),
+    ({"chunks": 2}, "chunks= is for YAML configs"),
+    ({"layer": "gru"}, "layer='gru' checks your backward of one layer; expected it together "
+                       "with against="),
+    ({"weights": "w.npz"}, "weights= is for YAML configs; a Keras model carries its own"),
+    ({"equations": True}, "equations= is for YAML configs"),
+])
+def test_options_of_a_yaml_config_are_refused_for_a_keras_model_not_ignored(options, message):
+    # Refused before anything is read (the file need not exist) or TensorFlow is imported.
+    from gradscope.errors import GradscopeError
+
+    with pytest.raises(GradscopeError, match=re.escape(message)):
+        gradscope.check("absent.keras", **options)
+
+
+def test_the_same_refusal_spells_the_option_as_each_door_takes_it(tmp_path):
+    """One refusal serves the API and the CLI: each names the option as its user wrote it."""
+    import subprocess
+    import sys
+
+    from gradscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape("time_steps= is for Keras models")):
+        gradscope.explain(None, time_steps=5)
+    with pytest.raises(ConfigError, match=re.escape("at=40 is outside the 6 time steps")):
+        gradscope.explain({"input_size": 3, "time_steps": 6, "batch_size": 2,
+                           "layers": [{"gru": 3}, {"dense": 2}]}, at=40)
+    result = subprocess.run([sys.executable, "-m", "gradscope", "explain", "--time-steps", "5"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--time-steps is for Keras models" in result.stderr
+
+
+def test_max_memory_refuses_in_the_api_as_on_the_command_line():
+    from gradscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"more than the limit 1\.0 KiB"):
+        gradscope.explain(None, max_memory="1K")
+    with pytest.raises(ConfigError, match=r"more than the limit 1\.0 KiB"):
+        gradscope.check(None, max_memory=1024)
+
+
+def test_check_draws_the_corrected_equations_when_asked_and_keeps_them_out_of_json(tf):
+    from conftest import render_text
+
+    spec = {"input_size": 3, "time_steps": 4, "batch_size": 2,
+            "layers": [{"gru": 3, "layout": "block"}, {"dense": 2}]}
+    plain = gradscope.check(spec, directions=1)
+    shown = gradscope.check(spec, directions=1, equations=True)
+    heading = "GRUBlockCellGrad: the corrected backward equations"
+    assert heading not in render_text(plain, 100) and heading in render_text(shown, 100)
+    assert shown.to_dict().keys() == plain.to_dict().keys()
+    assert "equations" not in shown.to_json()

@@ -119,7 +119,7 @@ CASES = [
     ("check --equations --json", ["check", "--equations", "--json"],
      "--equations prints text and does not go with --json"),
     ("explain YAML --time-steps", ["explain", "{dir}/small.yaml", "--time-steps", "4"],
-     "--batch-size and --time-steps are for .keras models"),
+     "--time-steps is for Keras models; set batch_size and time_steps in the YAML"),
     ("explain .keras --time-steps --data",
      ["explain", "{dir}/model.keras", "--time-steps", "4", "--data", "{dir}/steps5.npz"],
      "--time-steps does not go with --data {dir}/steps5.npz"),

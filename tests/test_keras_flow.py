@@ -402,5 +402,6 @@ def test_cli_refuses_influence_options(tmp_path: Path, option: str) -> None:
     result = run_gradscope("explain", str(path), option, value)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and f"{option} (the influence" in lines[0]
+    assert len(lines) == 1 and f"{option} is for YAML configs; the influence" in lines[0]
+    assert "--flow and --jacobians are" in lines[0]
     assert result.stdout == ""

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class _Report(BaseModel):
@@ -396,6 +396,16 @@ class CheckReport(_Displayed):
     weights: WeightsEntry | None = Field(
         default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = None
+    _equations: str | None = PrivateAttr(default=None)
+
+    @property
+    def equations(self) -> str | None:
+        """GRUBlockCellGrad's corrected backward equations, drawn with the report when asked
+        for (``check(..., equations=True)``, ``check --equations``); not in the JSON report."""
+        return self._equations
+
+    def show_equations(self, text: str) -> None:
+        self._equations = text
 
 
 class LayerArgument(_Report):

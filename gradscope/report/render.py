@@ -45,11 +45,7 @@ RENDERERS: dict[type, Callable[[Any, int], list[RenderableType]]] = {
 }
 
 
-def print_report(console: Console, report: Report, equations: str | None = None) -> None:
-    """``equations``: ``check --equations``'s text, drawn at the end of a YAML check."""
-    if isinstance(report, CheckReport):
-        parts = render_check(report, console.width, equations)
-    else:
-        parts = RENDERERS[type(report)](report, console.width)
+def print_report(console: Console, report: Report) -> None:
+    parts = RENDERERS[type(report)](report, console.width)
     for part in parts:
         console.print(part)

@@ -359,8 +359,8 @@ def equation_lines(equations: str, width: int) -> Text:
     return Text("\n".join(lines))
 
 
-def render_check(report: CheckReport, width: int,
-                 equations: str | None = None) -> list[RenderableType]:
+def render_check(report: CheckReport, width: int) -> list[RenderableType]:
+    """A YAML model's check; ``report.equations`` (when asked for) is drawn at the end."""
     parts: list[RenderableType] = [
         header("check", report.model, f"loss {report.loss.name} = {number(report.loss.value)}",
                width),
@@ -379,9 +379,9 @@ def render_check(report: CheckReport, width: int,
                   carry_check_section(report.carry, width)]
     if report.errata:
         confirmed = sum(e.confirmed for e in report.errata)
-        if equations is not None:
+        if report.equations is not None:
             parts += [section("GRUBlockCellGrad: the corrected backward equations"),
-                      equation_lines(equations, width),
+                      equation_lines(report.equations, width),
                       section("Errata in the public GRUBlockCellGrad documentation"),
                       errata_section(report.errata, width)]
         else:

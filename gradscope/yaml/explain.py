@@ -54,11 +54,9 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     onto the spec's layers first, and the mapping is reported. An .npz is read and checked
     before TensorFlow is imported. ``chunks`` (K ≥ 2) cuts the time axis into K chunks and
     adds, under ``carry``, how much carrying gradients across the cuts changes each weight
-    gradient (see :mod:`gradscope.yaml.truncation`).
+    gradient (see :mod:`gradscope.yaml.truncation`). The options are checked by
+    :func:`gradscope.explain`, before this runs.
     """
-    from gradscope.yaml.options import check_chunks
-
-    check_chunks(chunks, int(data.x.shape[1]) if data is not None else spec.time_steps)
     say = progress or (lambda message: None)
     clock = _Clock()
     algebra = model_shapes(spec)
