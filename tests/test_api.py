@@ -214,3 +214,19 @@ def test_check_draws_the_corrected_equations_when_asked_and_keeps_them_out_of_js
     assert heading not in render_text(plain, 100) and heading in render_text(shown, 100)
     assert shown.to_dict().keys() == plain.to_dict().keys()
     assert "equations" not in shown.to_json()
+
+
+def test_timings_name_each_phase_in_order_then_what_ran_beside(tf):
+    spec = {"input_size": 3, "time_steps": 4, "batch_size": 2,
+            "layers": [{"gru": 3, "layout": "block"}, {"dense": 2}]}
+    checked = gradscope.check(spec, directions=1, chunks=2, timings=True).timings
+    assert checked is not None
+    assert list(checked)[:4] == ["import_and_build", "autodiff", "witnesses", "tbptt_carry"]
+    assert set(list(checked)[4:]) == {  # in the order they finished
+        "numpy_reference (concurrent)", "gru_block_kernel (concurrent)",
+        "finite_differences (concurrent)"}
+    explained = gradscope.explain(spec, timings=True).timings
+    assert explained is not None and list(explained)[:2] == ["import_and_build",
+                                                             "forward_backward"]
+    assert all(seconds >= 0 for seconds in [*checked.values(), *explained.values()])
+    assert gradscope.check(spec, directions=1).timings is None

@@ -21,7 +21,6 @@ witnesses, on a float64 copy of the model with the same weights.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,7 @@ from gradscope.report.models import (
     NotWitnessed,
     WitnessEntry,
 )
+from gradscope.timing import Clock
 from gradscope.witnesses.context import TOLERANCES
 from gradscope.witnesses.finite_differences import Probe, directional_error, probes_for
 
@@ -61,8 +61,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     """``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to
     mutate the float64 copy: a check that cannot fail is a defect)."""
     say = progress or (lambda message: None)
-    start = time.perf_counter()
-    laps: dict[str, float] = {}
+    clock = Clock()
     say("importing TensorFlow, loading the model and its float64 copy")
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed,
                          dtype="float64")
@@ -75,7 +74,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
         check_targets(job.plan, targets, engine.output_shapes(inputs))
     targets = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
                for name, value in targets.items()}
-    laps["load"] = time.perf_counter() - start
+    clock.lap("load")
     model = engine.model
     frozen = moved_state(model)
     say("TF autodiff on the float64 copy")
@@ -89,7 +88,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
                         "steps, a log of 0) and the loss", where=engine.path)
     if after_autodiff is not None:
         after_autodiff(model)
-    laps["autodiff"] = time.perf_counter() - start - sum(laps.values())
+    clock.lap("autodiff")
     fd_rtol = rtol if rtol is not None else TOLERANCES["finite_differences"]["float64"]
     ref_rtol = rtol if rtol is not None else TOLERANCES["numpy_reference"]["float64"]
     results: dict[str, list[WitnessEntry]] = {}
@@ -98,11 +97,11 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
     _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol,
                         job.seed, results, shapes, _masked_inputs(job, inputs),
                         engine.weight_tensors(job.batch.sample_weight))
-    laps["finite_differences"] = time.perf_counter() - start - sum(laps.values())
+    clock.lap("finite_differences")
     say("NumPy reference for the recurrent layers")
     with blas_beside_tensorflow():
         not_witnessed = _numpy_reference(job, engine, autodiff, ref_rtol, results)
-    laps["numpy_reference"] = time.perf_counter() - start - sum(laps.values())
+    clock.lap("numpy_reference")
     tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
                                                                            entries),
                              witnesses=entries) for name, entries in results.items()]
@@ -117,7 +116,7 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
-        timings={k: round(v, 4) for k, v in laps.items()} if timings else None)
+        timings=clock.laps(timings))
 
 
 def _finite_differences(engine: KerasEngine, autodiff: KerasPass,

@@ -5,7 +5,6 @@ layer. :func:`prepare` does everything that needs no TensorFlow (and refuses ear
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from gradscope.report.models import (
     KerasWitnessEntry,
     SparseRows,
 )
+from gradscope.timing import Clock
 
 Progress = Callable[[str], None]
 
@@ -128,11 +128,10 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     from gradscope.keras.engine import KerasEngine
 
     say = progress or (lambda message: None)
-    clock: dict[str, float] = {}
-    start = time.perf_counter()
+    clock = Clock()
     say("importing TensorFlow and loading the model (safe_mode)")
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
-    clock["load"] = time.perf_counter() - start
+    clock.lap("load")
     targets = job.batch.targets
     if targets is None:
         targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
@@ -141,26 +140,26 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow,
                         sample_weight=job.batch.sample_weight)
-    clock["forward_backward"] = time.perf_counter() - start - clock["load"]
+    clock.lap("forward_backward")
     report = _report(job, engine, result)
-    clock["explain"] = time.perf_counter() - start - sum(clock.values())
+    clock.lap("explain")
     update: dict[str, Any] = {}
     if flow:
         from gradscope.keras.flow import gradient_flow
 
         say("gradient flow: the total ∂L/∂h_t of every recurrent call")
         update["gradient_flow"] = gradient_flow(job, engine, result)
-        clock["flow"] = time.perf_counter() - start - sum(clock.values())
+        clock.lap("flow")
     if jacobians:
         from gradscope.keras.flow import state_jacobians
 
         say("state Jacobians ∂h_T/∂h_0 of every recurrent call")
         update["state_jacobians"] = state_jacobians(job, engine, result)
-        clock["jacobians"] = time.perf_counter() - start - sum(clock.values())
+        clock.lap("jacobians")
     if update:
         report = report.model_copy(update=update)
     if timings:
-        report = report.model_copy(update={"timings": {k: round(v, 4) for k, v in clock.items()}})
+        report = report.model_copy(update={"timings": clock.laps()})
     return report
 
 

@@ -20,9 +20,9 @@ are reported in the same order as ever.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from gradscope.report.models import (
     LossEntry,
     NamedShape,
 )
+from gradscope.timing import Clock
 from gradscope.witnesses.context import (
     TOLERANCES,
     CheckContext,
@@ -64,69 +65,111 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     path, a TF checkpoint or a dict, see :mod:`gradscope.yaml.weights`) is mapped onto the spec's
     layers first and the mapping reported. Either replaces the seeded initial weights.
     """
-    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
-    from gradscope.witnesses.carry import carry_witness
-    from gradscope.witnesses.finite_differences import FiniteDifferences
-    from gradscope.witnesses.numpy_reference import reference_gradients, reference_witness
-    from gradscope.yaml.engine import Engine
     from gradscope.yaml.shapes import model_entry
-
-    say = progress or (lambda message: None)
-    laps: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        laps[name] = round(now - clock, 4)
-        clock = now
-
-    user_function = None
-    if isinstance(against, str):
-        from gradscope.witnesses.user_backward import load_against
-
-        say(f"loading {against}")
-        user_function = load_against(against)
-    elif against is not None:
-        user_function = against
-
-    algebra = model_shapes(spec)
-    batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
     from gradscope.yaml.weights import chosen_weights
 
+    say = progress or (lambda message: None)
+    clock = Clock()
+    user_function = _user_function(against, say)
+    algebra = model_shapes(spec)
+    batch = (data if data is not None else synthetic_batch(algebra)).astype("float64")
     params, weights_entry = chosen_weights(spec, weights, params, say)
     if params is None:
         params = initial_params(algebra)
     params = {name: value.astype(np.float64) for name, value in params.items()}
+
+    seen = _witnesses(algebra, params, batch, user_function, directions, rtol, atol, say, clock)
+    ctx, results = seen.ctx, seen.results
     witnesses = ["finite_differences", "numpy_reference"]
-    block = any(cell.kind == "gru" and cell.layout == "block" for cell in algebra.cells)
-    if block:
+    if seen.errata is not None:
         witnesses.append("gru_block_kernel")
-    own_laps: dict[str, float] = {}
+    carry = None
+    if chunks is not None:
+        say(f"truncated BPTT in {chunks} chunks")
+        witnesses.append("tbptt_carry")
+        carried, carry = _carry(ctx, chunks)
+        results += carried
+        clock.lap("tbptt_carry")
+    if user_function is not None:
+        witnesses.append("against")
+        results += seen.against
 
-    def timed(name: str, job: Callable[[], Any]) -> Any:
-        started = time.perf_counter()
-        try:
-            return job()
-        finally:
-            own_laps[name] = round(time.perf_counter() - started, 4)
+    shapes = _shapes_by_name(ctx)
+    tensors = checked_tensors(results, list(shapes), shapes)
+    failed = [t.name for t in tensors if not t.passed]
+    return CheckReport(
+        model=model_entry(algebra, data=batch.source),
+        loss=LossEntry(name=spec.loss, value=seen.loss),
+        tolerances={w: ctx.tolerance(w, "float32" if w == "gru_block_kernel" else "float64")
+                    for w in witnesses},
+        tensors=tensors,
+        carry=carry,
+        errata=seen.errata,
+        against=against if isinstance(against, str) else (
+            getattr(against, "__name__", "function") if against is not None else None),
+        against_not_returned=seen.not_returned,
+        summary=CheckSummary(
+            passed=not failed,
+            checked_tensors=len(tensors),
+            failed_tensors=failed,
+            witnesses=witnesses,
+            comparisons=len(results),
+            failures=sum(not r.passed for r in results),
+        ),
+        weights=weights_entry,
+        timings=clock.laps(timings),
+    )
 
+
+def _user_function(against: str | Callable[..., Any] | None,
+                   say: Progress) -> Callable[..., Any] | None:
+    if isinstance(against, str):
+        from gradscope.witnesses.user_backward import load_against
+
+        say(f"loading {against}")
+        return load_against(against)
+    return against
+
+
+@dataclass
+class _Witnessed:
+    ctx: CheckContext
+    loss: float
+    results: list[WitnessResult]  # finite differences, NumPy reference, kernel
+    errata: list[ErratumEntry] | None  # None without a block-layout GRU
+    against: list[WitnessResult]  # the user's function's
+    not_returned: list[str] | None
+
+
+def _witnesses(algebra: Any, params: dict[str, np.ndarray], batch: Batch,
+               user_function: Callable[..., Any] | None, directions: int,
+               rtol: float | None, atol: float | None, say: Progress,
+               clock: Clock) -> _Witnessed:
+    """TF autodiff in float64 and the witnesses of every tensor, each where it costs least:
+    the NumPy reference while TensorFlow is imported, most finite-difference evaluations
+    beside the autodiff pass, the reference's comparison and GRUBlockCellGrad beside the
+    rest of the finite differences."""
+    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
+    from gradscope.witnesses.finite_differences import FiniteDifferences
+    from gradscope.witnesses.numpy_reference import reference_gradients, reference_witness
+    from gradscope.yaml.engine import Engine
+
+    block = any(cell.kind == "gru" and cell.layout == "block" for cell in algebra.cells)
     finite: FiniteDifferences | None = None
     with native_stderr_silenced(), ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gradscope-witness") as pool:
-        # The NumPy reference needs no TensorFlow: it runs while TensorFlow is imported.
         say("NumPy reference: forward and BPTT")
-        reference = pool.submit(timed, "numpy_reference",
+        reference = pool.submit(clock.timed, "numpy_reference",
                                 lambda: reference_gradients(algebra, params, batch))
         try:
             say("importing TensorFlow")
             engine = Engine(algebra, dtype="float64")
-            lap("import_and_build")
+            clock.lap("import_and_build")
             finite = FiniteDifferences(algebra, params, batch, engine, directions, say)
-            finite.begin()  # most of its evaluations run beside the autodiff pass
+            finite.begin()
             say("TF autodiff in float64")
             autodiff = engine.run(params, batch, per_step=True)
-            lap("autodiff")
+            clock.lap("autodiff")
             # --rtol applies to the float64 witnesses; the float32 kernel keeps its own.
             overrides = {w: rtol for w in TOLERANCES
                          if rtol is not None and w != "gru_block_kernel"}
@@ -143,76 +186,47 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
                 say("comparing with the user's backward")
                 against_results = user_backward.against_witness(ctx, user_function)
                 not_returned = user_backward.not_returned(ctx, against_results)
-                lap("against")
+                clock.lap("against")
 
             def beside() -> tuple[list[WitnessResult], list[WitnessResult], list[Any] | None]:
                 compared = reference_witness(ctx, reference.result())
                 if not block:
                     return compared, [], None
                 say("GRUBlockCellGrad kernel")
-                kernel = timed("gru_block_kernel",
-                               lambda: (kernel_witness(ctx), errata_evidence(ctx)))
+                kernel = clock.timed("gru_block_kernel",
+                                     lambda: (kernel_witness(ctx), errata_evidence(ctx)))
                 return compared, kernel[0], kernel[1]
 
             others = pool.submit(beside)
-            results: list[WitnessResult] = timed("finite_differences",
-                                                 lambda: finite.finish(ctx))
+            results: list[WitnessResult] = clock.timed("finite_differences",
+                                                       lambda: finite.finish(ctx))
             reference_results, kernel_results, evidence = others.result()
         finally:
             if finite is not None:
                 finite.close()
-    results += reference_results + kernel_results
+    clock.lap("witnesses")
     errata = None if evidence is None else [ErratumEntry(**vars(e)) for e in evidence]
-    lap("witnesses")
-    laps.update({f"{name} (concurrent)": value for name, value in own_laps.items()})
-    carry = None
-    if chunks is not None:
-        say(f"truncated BPTT in {chunks} chunks")
-        witnesses.append("tbptt_carry")
-        outcome = carry_witness(ctx, chunks)
-        results += outcome.results
-        carry = CarryCheck(
-            chunks=chunks,
-            chunk_lengths=list(outcome.chunk_lengths),
-            boundaries=[
-                CarryBoundaryEntry(
-                    step=b.step,
-                    ys=[NamedShape(name=n, shape=list(s)) for n, s in b.ys],
-                    grad_ys=[NamedShape(name=n, shape=list(s), norm=float(norm))
-                             for (n, s), norm in zip(b.grad_ys, b.grad_ys_norm, strict=True)],
-                )
-                for b in outcome.boundaries
-            ],
-        )
-        lap("tbptt_carry")
-    if user_function is not None:
-        witnesses.append("against")
-        results += against_results
+    return _Witnessed(ctx, float(autodiff.loss), results + reference_results + kernel_results,
+                      errata, against_results, not_returned)
 
-    shapes = _shapes_by_name(ctx)
-    tensors = checked_tensors(results, list(shapes), shapes)
-    failed = [t.name for t in tensors if not t.passed]
-    return CheckReport(
-        model=model_entry(algebra, data=batch.source),
-        loss=LossEntry(name=spec.loss, value=float(autodiff.loss)),
-        tolerances={w: ctx.tolerance(w, "float32" if w == "gru_block_kernel" else "float64")
-                    for w in witnesses},
-        tensors=tensors,
-        carry=carry,
-        errata=errata,
-        against=against if isinstance(against, str) else (
-            getattr(against, "__name__", "function") if against is not None else None),
-        against_not_returned=not_returned,
-        summary=CheckSummary(
-            passed=not failed,
-            checked_tensors=len(tensors),
-            failed_tensors=failed,
-            witnesses=witnesses,
-            comparisons=len(results),
-            failures=sum(not r.passed for r in results),
-        ),
-        weights=weights_entry,
-        timings=laps if timings else None,
+
+def _carry(ctx: CheckContext, chunks: int) -> tuple[list[WitnessResult], CarryCheck]:
+    """Truncated BPTT in ``chunks`` chunks, the carry as grad_ys, against full BPTT."""
+    from gradscope.witnesses.carry import carry_witness
+
+    outcome = carry_witness(ctx, chunks)
+    return outcome.results, CarryCheck(
+        chunks=chunks,
+        chunk_lengths=list(outcome.chunk_lengths),
+        boundaries=[
+            CarryBoundaryEntry(
+                step=b.step,
+                ys=[NamedShape(name=n, shape=list(s)) for n, s in b.ys],
+                grad_ys=[NamedShape(name=n, shape=list(s), norm=float(norm))
+                         for (n, s), norm in zip(b.grad_ys, b.grad_ys_norm, strict=True)],
+            )
+            for b in outcome.boundaries
+        ],
     )
 
 

@@ -27,7 +27,6 @@ reference's BPTT of the layer alone. A wrong array is named by the known mistake
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from gradscope.report.models import (
     LayerCheckReport,
     LossEntry,
 )
+from gradscope.timing import Clock
 from gradscope.witnesses import variants
 from gradscope.witnesses.context import (
     TOLERANCES,
@@ -264,8 +264,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
     from gradscope.yaml.shapes import model_entry
 
     say = progress or (lambda message: None)
-    laps: dict[str, float] = {}
-    clock = time.perf_counter()
+    clock = Clock()
     label = against if isinstance(against, str) else getattr(against, "__name__", "function")
     function = load_against(against) if isinstance(against, str) else against
     algebra = model_shapes(spec)
@@ -281,7 +280,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
     engine = Engine(algebra, dtype="float64")
     say(f"TF autodiff in float64, read at {layer}")
     truth = layer_autodiff(engine, params, batch, index)
-    laps["autodiff"] = round(time.perf_counter() - clock, 4)
+    clock.lap("autodiff")
 
     short = {info.short: params[info.name] for info in cell.weights()}
     h0s = [np.asarray(batch.initial_states.get(f"{cell.name}/{s}",
@@ -325,7 +324,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
         results.append(compare(name, value, user_truth[name], user_truth, tolerance,
                                lambda wrong, n=name: diagnose(n, wrong),  # type: ignore[misc]
                                time_axis=time_axis))
-    laps["against"] = round(time.perf_counter() - clock - laps["autodiff"], 4)
+    clock.lap("against")
 
     tensors = checked_tensors(results, shown,
                               {n: list(v.shape) for n, v in user_truth.items()},
@@ -347,7 +346,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
                              failed_tensors=failed, witnesses=["numpy_reference", WITNESS],
                              comparisons=len(results),
                              failures=sum(not r.passed for r in results)),
-        timings=laps if timings else None,
+        timings=clock.laps(timings),
     )
 
 

@@ -3,7 +3,6 @@ gradient explained (the shapes come from :mod:`gradscope.yaml.shapes`)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from gradscope.report.models import (
     LossEntry,
     StateGradientEntry,
 )
+from gradscope.timing import Clock
 from gradscope.yaml.algebra import ModelShapes, model_shapes
 from gradscope.yaml.config import Spec
 from gradscope.yaml.data import Batch, initial_params, synthetic_batch
@@ -58,7 +58,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     :func:`gradscope.explain`, before this runs.
     """
     say = progress or (lambda message: None)
-    clock = _Clock()
+    clock = Clock()
     algebra = model_shapes(spec)
     batch = data if data is not None else synthetic_batch(algebra)
     from gradscope.yaml.weights import chosen_weights
@@ -128,7 +128,7 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         state_jacobians=state_jacobians,
         gradient_flow=gradient_flow,
         weights=weights_entry,
-        timings=clock.laps if timings else None,
+        timings=clock.laps(timings),
     )
 
 
@@ -296,12 +296,3 @@ def _finite_or_none(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
-        self.laps: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = round(now - self._last, 4)
-        self._last = now
