@@ -125,37 +125,13 @@ def _keep(variant: Variant, t: int, steps: int) -> bool:
 
 
 def variant_backward(cell: Cell, variant: Variant) -> Backward:
-    """The BPTT of ``cell`` with ``variant``'s mistake, with the reference's signature."""
-    key = cell_key(cell)
+    """The BPTT of ``cell`` with ``variant``'s mistake, with the reference's signature. One
+    loop over time for every cell; a step differs only in what it carries back (an LSTM also
+    carries ∂L/∂c)."""
     tanh = {} if variant.tanh_prime is None else {"tanh_prime": variant.tanh_prime}
-    if cell.kind == "lstm":
-        return _lstm_variant(cell.layout, variant, tanh)
-    step, step_backward = STEPS[key]
+    lstm = cell.kind == "lstm"
+    step_back = _lstm_step(cell.layout, variant, tanh) if lstm else _step(cell, variant, tanh)
 
-    def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
-                 d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
-        steps = len(cache)
-        d_h_seq = np.swapaxes(d_h_seq, 0, 1)
-        d_x = np.zeros((steps, *cache[0]["x"].shape))
-        d_params = {name: np.zeros_like(value) for name, value in params.items()}
-        d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
-        for t in reversed(range(steps)):
-            d_h = d_h_seq[t] + variant.carry * d_h_next
-            step_cache = cache[t]
-            if variant.h_for_h_prev:
-                h_t, _ = step(params, step_cache["x"], _h_prev(step_cache))
-                step_cache = _with_h_for_h_prev(step_cache, h_t)
-            d_x[t], d_h_next, d_step = step_backward(params, step_cache, d_h, **tanh)
-            if _keep(variant, t, steps):
-                for name, value in d_step.items():
-                    d_params[name] += value
-        return np.swapaxes(d_x, 0, 1), d_h_next, d_params
-
-    return backward
-
-
-def _lstm_variant(layout: str, variant: Variant, tanh: dict[str, TanhPrime]) -> Backward:
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
                  totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
@@ -167,17 +143,45 @@ def _lstm_variant(layout: str, variant: Variant, tanh: dict[str, TanhPrime]) -> 
         d_c_next = np.zeros_like(d_h_seq[0]) if d_c_final is None else d_c_final
         for t in reversed(range(steps)):
             d_h = d_h_seq[t] + variant.carry * d_h_next
-            step_cache = cache[t]
-            if variant.h_for_h_prev:
-                step_cache = _with_h_for_h_prev(step_cache, step_cache["so"] * step_cache["tc"])
-            d_x[t], d_h_next, d_c_next, d_step = lstm_step_backward(
-                params, step_cache, d_h, variant.c_carry * d_c_next, layout, **tanh)
+            d_x[t], d_h_next, d_c_next, d_step = step_back(params, cache[t], d_h, d_c_next)
             if _keep(variant, t, steps):
                 for name, value in d_step.items():
                     d_params[name] += value
-        return np.swapaxes(d_x, 0, 1), (d_h_next, d_c_next), d_params
+        return np.swapaxes(d_x, 0, 1), (d_h_next, d_c_next) if lstm else d_h_next, d_params
 
     return backward
+
+
+#: One step back: (params, the step's cache, ∂L/∂h_t, ∂L/∂c_t carried) → ∂L/∂x_t, ∂L/∂h_{t−1},
+#: ∂L/∂c_{t−1} (an LSTM's; else what came in), the step's weight gradients.
+StepBack = Callable[[Params, dict[str, np.ndarray], np.ndarray, np.ndarray],
+                    tuple[np.ndarray, np.ndarray, np.ndarray, Params]]
+
+
+def _step(cell: Cell, variant: Variant, tanh: dict[str, TanhPrime]) -> StepBack:
+    step, step_backward = STEPS[cell_key(cell)]
+
+    def back(params: Params, step_cache: dict[str, np.ndarray], d_h: np.ndarray,
+             d_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+        if variant.h_for_h_prev:
+            h_t, _ = step(params, step_cache["x"], _h_prev(step_cache))
+            step_cache = _with_h_for_h_prev(step_cache, h_t)
+        d_x, d_h_prev, d_step = step_backward(params, step_cache, d_h, **tanh)
+        return d_x, d_h_prev, d_c, d_step
+
+    return back
+
+
+def _lstm_step(layout: str, variant: Variant, tanh: dict[str, TanhPrime]) -> StepBack:
+    def back(params: Params, step_cache: dict[str, np.ndarray], d_h: np.ndarray,
+             d_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+        if variant.h_for_h_prev:
+            step_cache = _with_h_for_h_prev(step_cache, step_cache["so"] * step_cache["tc"])
+        d_x, d_h_prev, d_c_prev, d_step = lstm_step_backward(
+            params, step_cache, d_h, variant.c_carry * d_c, layout, **tanh)
+        return d_x, d_h_prev, d_c_prev, d_step
+
+    return back
 
 
 def applicable(cells: Iterable[Cell]) -> list[Variant]:
