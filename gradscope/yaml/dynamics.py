@@ -186,35 +186,14 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
 
     # The cotangents on the final states: row r of layer j's block is a one-hot on unit r.
     def start_cotangents() -> tuple[Any, ...]:
-        out = []
-        for n, cell in enumerate(cells):
-            reaching = rows - reach[n]
-            for k in range(len(cell.state_names)):
-                # Row index within layer n's suffix of this state's unit 0.
-                first = offsets[n] - reach[n] + k * cell.units
-                block = tf.concat([
-                    tf.zeros([first, cell.units], x.dtype),
-                    tf.eye(cell.units, dtype=x.dtype),
-                    tf.zeros([reaching - first - cell.units, cell.units], x.dtype),
-                ], axis=0)  # (rows reaching n, u)
-                out.append(tf.reshape(tf.repeat(block, batch_size, axis=0),
-                                      [reaching * batch_size, cell.units]))
-        return tuple(out)
-
-    def influence_seed() -> Any:
-        """The cotangent injected at step ``at`` on the last layer's h (extra rows only)."""
-        reaching = rows - reach[-1]
-        first = influence_start - reach[-1]
-        block = tf.concat([
-            tf.zeros([first, last_units], x.dtype),
-            tf.eye(last_units, dtype=x.dtype),
-            tf.zeros([reaching - first - last_units, last_units], x.dtype),
-        ], axis=0)
-        return tf.reshape(tf.repeat(block, batch_size, axis=0),
-                          [reaching * batch_size, last_units])
+        return tuple(_one_hot_rows(tf, offsets[n] - reach[n] + k * cell.units, cell.units,
+                                   rows - reach[n], batch_size, x.dtype)
+                     for n, cell in enumerate(cells) for k in range(len(cell.state_names)))
 
     last_h = sum(len(cell.state_names) for cell in cells[:-1])  # index of the last layer's h
-    seed = None if at_last else influence_seed()
+    # The cotangent injected at step ``at`` on the last layer's h (extra rows only).
+    seed = None if at_last else _one_hot_rows(tf, influence_start - reach[-1], last_units,
+                                               rows - reach[-1], batch_size, x.dtype)
 
     def backward_step(t: Any, carried: tuple[Any, ...]) -> tuple[list[Any], Any]:
         """The cotangents on the states at t → at t−1, and this step's influence squares."""
@@ -287,20 +266,34 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
         parallel_iterations=1)
     squares = tf.transpose(per_step.stack(), [1, 0])  # (B, T)
 
-    groups = []
-    position = 0
-    by_layer = []
+    return _by_target_layer(tf, finals, cells, offsets, batch_size, rows), squares
+
+
+def _one_hot_rows(tf: Any, first: int, units: int, reaching: int, batch_size: Any,
+                  dtype: Any) -> Any:
+    """Cotangents (reaching·B, units) for ``reaching`` rows: rows first … first+units−1 are a
+    one-hot on their unit, the others zero; each row repeated for every example (row r,
+    example b at r·B + b)."""
+    block = tf.concat([tf.zeros([first, units], dtype), tf.eye(units, dtype=dtype),
+                       tf.zeros([reaching - first - units, units], dtype)], axis=0)
+    return tf.reshape(tf.repeat(block, batch_size, axis=0), [reaching * batch_size, units])
+
+
+def _by_target_layer(tf: Any, finals: list[Any], cells: Any, offsets: list[int],
+                     batch_size: Any, rows: int) -> list[Any]:
+    """The cotangents on the initial states, regrouped: per target layer j, its Jacobian
+    rows against the initial states of layers ≤ j, (B, rows of j, columns of layers ≤ j)."""
+    sizes = [cell.units * len(cell.state_names) for cell in cells]
+    reach = offsets[:-1]
+    by_layer, position = [], 0
     for n, cell in enumerate(cells):
         count = len(cell.state_names)
         stacked = tf.concat(finals[position:position + count], axis=1)  # (reaching·B, S_n)
         by_layer.append(tf.transpose(tf.reshape(stacked, [rows - reach[n], batch_size,
                                                           sizes[n]]), [1, 0, 2]))
         position += count
-    for j in range(len(cells)):
-        groups.append(tf.concat([
-            by_layer[i][:, offsets[j] - reach[i]: offsets[j] - reach[i] + sizes[j]]
-            for i in range(j + 1)], axis=2))  # (B, rows of j, columns of layers ≤ j)
-    return groups, squares
+    return [tf.concat([by_layer[i][:, offsets[j] - reach[i]: offsets[j] - reach[i] + sizes[j]]
+                       for i in range(j + 1)], axis=2) for j in range(len(cells))]
 
 
 def dynamics(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
