@@ -33,30 +33,15 @@ from gradscope.errors import ConfigError
 # The history draws itself in a notebook and as a figure: those renderers register here.
 from gradscope.report import display as _display  # noqa: F401
 from gradscope.report import plot as _plot  # noqa: F401
-from gradscope.report.models import (
-    FlowHistoryReport,
-    KerasNotAnalysed,
-    NotAnalysedAt,
-    RecurrentFlowSeries,
-    TrainingObservation,
-    WeightNormSeries,
-)
+from gradscope.report.models import FlowHistoryReport
 
 tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope._blas import blas_beside_tensorflow  # noqa: E402
-from gradscope.gradient_stats import FLOW_FACTOR  # noqa: E402
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label  # noqa: E402
-from gradscope.keras.flow import (  # noqa: E402
-    RECURRENT_CLASSES,
-    carried_ratio,
-    per_step_norms,
-    recurrence_flag,
-    recurrent_calls,
-    recurrent_weights,
-    total_state_gradients,
-)
+from gradscope.keras.flow import RECURRENT_CLASSES, recurrent_weights  # noqa: E402
+from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.whole_model import (  # noqa: E402
     all_variables,
     confirm,
@@ -67,23 +52,6 @@ from gradscope.keras.whole_model import (  # noqa: E402
     snapshot,
     whole_model_function,
 )
-
-METHOD = ("one extra forward and backward pass on the current batch, with the model's loss, in "
-          "inference mode: ‖∂L/∂w‖ from the tape; ‖∂L/∂h0‖ from the tape with explicit zero "
-          "initial states; the total ‖∂L/∂h_t‖ per step from gradscope's NumPy reference BPTT "
-          "(float64) fed the tape's ∂L/∂(layer outputs); norms are Frobenius over the batch")
-
-
-class _Batch:
-    """What ``gradient_flow``'s helpers need of a job: the batch's inputs by name."""
-
-    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
-        self.inputs = inputs
-
-
-class _Job:
-    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
-        self.batch = _Batch(inputs)
 
 
 def _replay_options() -> Any:
@@ -179,10 +147,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._witness_concrete: Any = None  # Keras' own call, traced beside training
         self._trace: dict[str, Any] = {}
         self._writer: Any = None
-        self._observations: list[TrainingObservation] = []
-        self._weights: dict[str, tuple[list[int], list[float | None]]] = {}
-        self._recurrent: dict[str, dict[str, Any]] = {}
-        self._skipped: dict[tuple[str, str], list[int]] = {}
+        self._record_of = FlowRecord()
         self._batches = 0  # batches trained while this callback watched fit
         self._epoch_base = 0
         self._epoch: int | None = None
@@ -271,7 +236,7 @@ class GradientFlow(keras.callbacks.Callback):
         the loss as ``compute_loss`` does (as fit's batches do)."""
         self._drain()
         if step is None:
-            step = self._observations[-1].step + 1 if self._observations else 1
+            step = self._record_of.next_step()
         self._observe(x, y, int(step), None, sample_weight)
 
     # -- work beside training ------------------------------------------------------------------
@@ -521,68 +486,10 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
                 weights: dict[str, np.ndarray], step: int, epoch: int | None) -> None:
-        usable, skipped = recurrent_calls(_Job(inputs), engine, result, weights)
-        index = len(self._observations)
-        size = int(next(iter(inputs.values())).shape[0])
-        self._observations.append(TrainingObservation(
-            step=step, epoch=epoch, loss=result.loss if np.isfinite(result.loss) else None,
-            batch_size=size))
-        for variable in engine.model.trainable_variables:
-            shape, norms = self._weights.setdefault(
-                variable.path, ([int(d) for d in variable.shape], [None] * index))
-            gradient = result.gradients.get(variable.path)
-            value = None if gradient is None else float(np.sqrt(np.sum(
-                np.asarray(gradient, np.float64) ** 2)))
-            norms.append(value if value is not None and np.isfinite(value) else None)
-        for entry in skipped:
-            self._skipped.setdefault((entry.layer, entry.reason), []).append(step)
-        for recurrent in usable:
-            totals = total_state_gradients(recurrent, result)
-            if isinstance(totals, str):
-                skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=totals))
-                self._skipped.setdefault((recurrent.label, totals), []).append(step)
-                continue
-            state_grads = result.state_gradients.get(recurrent.label, [])
-            for unit, (total, direct) in zip(recurrent.units, totals, strict=True):
-                mine, state_grads = (state_grads[:unit.state_count],
-                                     state_grads[unit.state_count:])
-                profile = per_step_norms(total)
-                ratio = None
-                if not np.all(np.isfinite(profile)):
-                    reason = "NaN or Inf in ∂L/∂h_t: no profile, ratio or flag"
-                    skipped.append(KerasNotAnalysed(layer=unit.label, reason=reason))
-                    self._skipped.setdefault((unit.label, reason), []).append(step)
-                    profile = []
-                else:
-                    ratio = carried_ratio(total, direct)
-                flag = recurrence_flag(unit.label, ratio, len(profile))
-                series = self._recurrent.setdefault(unit.label, {
-                    "class_name": unit.class_name, "units": int(unit.cell.units),
-                    "backwards": unit.backwards,
-                    "states": {name: [None] * index for name in unit.cell.state_names},
-                    "profiles": [None] * index, "ratios": [None] * index,
-                    "flags": [None] * index})
-                for name, gradient in zip(unit.cell.state_names, mine, strict=True):
-                    value = (None if gradient is None else
-                             float(np.sqrt(np.sum(np.asarray(gradient, np.float64) ** 2))))
-                    series["states"][name].append(
-                        value if value is not None and np.isfinite(value) else None)
-                series["profiles"].append(profile or None)
-                series["ratios"].append(ratio)
-                series["flags"].append(flag.kind if flag is not None else None)
-        self._pad(index + 1)
+        skipped = self._record_of.add(engine, inputs, result, weights, step, epoch)
         if self.log_dir is not None:
+            size = int(next(iter(inputs.values())).shape[0])
             self._write(step, epoch, size, skipped)
-
-    def _pad(self, count: int) -> None:
-        """Every series one value per observation: None where this one gave nothing."""
-        for _, norms in self._weights.values():
-            norms.extend([None] * (count - len(norms)))
-        for series in self._recurrent.values():
-            for key in ("profiles", "ratios", "flags"):
-                series[key].extend([None] * (count - len(series[key])))
-            for norms in series["states"].values():
-                norms.extend([None] * (count - len(norms)))
 
     def _write(self, step: int, epoch: int | None, size: int, skipped: list[Any]) -> None:
         from gradscope.keras.summaries import FlowSummaryWriter
@@ -615,19 +522,7 @@ class GradientFlow(keras.callbacks.Callback):
         source = f"model '{model.name}'" if model is not None else "no model yet"
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
-        return FlowHistoryReport(
-            source=source, loss=loss, mode="inference", every=self.every,
-            flag_factor=FLOW_FACTOR, method=METHOD, observations=list(self._observations),
-            weights=[WeightNormSeries(weight=name, shape=shape, norms=list(norms))
-                     for name, (shape, norms) in self._weights.items()],
-            recurrent=[RecurrentFlowSeries(
-                layer=label, class_name=s["class_name"], units=s["units"],
-                initial_state_norms={k: list(v) for k, v in s["states"].items()},
-                profiles=list(s["profiles"]), ratios=list(s["ratios"]),
-                flags=list(s["flags"]), backwards=s["backwards"])
-                for label, s in self._recurrent.items()],
-            not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=list(steps))
-                          for (layer, reason), steps in self._skipped.items()])
+        return self._record_of.report(source, loss, self.every)
 
     def report(self, width: int | None = None) -> None:
         """Print the history as ``gradscope watch`` does (in a notebook: as HTML, when the
