@@ -454,13 +454,13 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     flow = GradientFlow(every=2)
     model = _model(keras)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
-    assert flow._trace["thread"].startswith("gradscope-GradientFlow")
+    assert flow._pass.trace["thread"].startswith("gradscope-GradientFlow")
     # It began within the first step, once Keras ran its compiled step (its own trace done).
-    assert (flow._trace["gate"], flow._trace["began_after"]) == ("compiled", 0)
+    assert (flow._pass.trace["gate"], flow._pass.trace["began_after"]) == ("compiled", 0)
     assert len(flow.history.observations) == 1
     # fit's batches all have BATCH rows, so its spec and the trace have a static batch axis;
     # a batch of another size is traced for again and gives the tape's numbers all the same.
-    assert flow._concrete.structured_input_signature[0][0][0].shape[0] == BATCH
+    assert flow._pass.concrete.structured_input_signature[0][0][0].shape[0] == BATCH
     flow.observe(x[:2], y[:2])
     loss, weight_norms, _, profiles = _direct(tf, keras, model, model.get_weights(), x[:2],
                                               y[:2])
@@ -473,7 +473,7 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     idle = GradientFlow(every=5)
     _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                       callbacks=[idle])
-    assert "thread" not in idle._trace and idle.history.observations == []
+    assert "thread" not in idle._pass.trace and idle.history.observations == []
 
 
 def test_the_warm_up_gate_opens_at_compiled_code_outside_any_trace(tf):

@@ -211,7 +211,7 @@ def test_in_fit_the_witness_is_traced_beside_training_and_still_catches_the_muta
     ys = np.concatenate([y] * 8)
     flow = GradientFlow(every=4)
     copy.fit(xs, ys, batch_size=5, epochs=1, verbose=0, shuffle=False, callbacks=[flow])
-    assert flow._witness_concrete is not None  # traced beside training, and used
+    assert flow._pass.witness_concrete is not None  # traced beside training, and used
     assert len(flow.history.observations) == 2
     monkeypatch.setattr(engine, "model_call_context",
                         lambda model, training: contextlib.nullcontext())

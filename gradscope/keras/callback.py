@@ -16,18 +16,17 @@ The code below says where each of those happens."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
+from gradscope._tf import import_tensorflow
 from gradscope.errors import ConfigError
 
 # The history draws itself in a notebook and as a figure: those renderers register here.
@@ -39,19 +38,10 @@ tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope._blas import blas_beside_tensorflow  # noqa: E402
-from gradscope.keras.engine import CapturedCall, KerasPass, call_label  # noqa: E402
-from gradscope.keras.flow import RECURRENT_CLASSES, recurrent_weights  # noqa: E402
+from gradscope.keras.engine import KerasPass  # noqa: E402
+from gradscope.keras.flow import recurrent_weights  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
-from gradscope.keras.whole_model import (  # noqa: E402
-    all_variables,
-    confirm,
-    dense_gradients,
-    moved_state,
-    pass_of,
-    restore,
-    snapshot,
-    whole_model_function,
-)
+from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 
 
 def _replay_options() -> Any:
@@ -141,11 +131,7 @@ class GradientFlow(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
-        self._witnessed: Any = None  # the engine whose pass Keras' own call has confirmed
-        self._function: Any = None
-        self._concrete: Any = None
-        self._witness_concrete: Any = None  # Keras' own call, traced beside training
-        self._trace: dict[str, Any] = {}
+        self._pass: TracedPass | None = None  # the engine's, made with it
         self._writer: Any = None
         self._record_of = FlowRecord()
         self._batches = 0  # batches trained while this callback watched fit
@@ -269,7 +255,8 @@ class GradientFlow(keras.callbacks.Callback):
         try:
             warm.result()
         except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
-            self._function = self._concrete = None
+            if self._pass is not None:
+                self._pass.forget()
 
     def _observes_later(self) -> bool:
         """Whether this fit reaches another observed batch (when fit knows its length)."""
@@ -309,35 +296,15 @@ class GradientFlow(keras.callbacks.Callback):
                    s.shape[1:].is_fully_defined() for s in specs):
             return
         self._warm_up_released.clear()
-        self._warm = self._submit(self._trace_beside, threading.get_ident(), caller, engine,
-                                  list(inputs.values()), list(targets.values()), pending=False)
+        self._warm = self._submit(self._trace_beside, threading.get_ident(), caller,
+                                  self._pass, list(inputs.values()), list(targets.values()),
+                                  pending=False)
 
-    def _trace_beside(self, thread: int, caller: Any, engine: Any, inputs: list[Any],
+    def _trace_beside(self, thread: int, caller: Any, traced: TracedPass, inputs: list[Any],
                       targets: list[Any]) -> None:
-        self._trace["gate"] = _native_call(thread, self._warm_up_released, caller)
-        self._trace["began_after"] = self._batches  # batches trained when the trace began
-        self._trace_and_run(engine, inputs, targets)
-
-    def _trace_and_run(self, engine: Any, inputs: list[Any], targets: list[Any]) -> None:
-        """The trace of the pass, and one run of it on zeros (discarded), where TensorFlow
-        builds the function.
-
-        Traced for the shapes of fit's own spec: where Keras gives every batch one size (the
-        samples divide into whole batches), the batch axis is static there and here, which
-        traces in less time than a free one. A batch of another size (``observe`` in a loop,
-        a later fit) is traced again for it, with the batch axis free."""
-        with native_stderr_silenced():
-            function = _traced_pass(engine, self._trace)
-            concrete = function.get_concrete_function(list(inputs), list(targets))
-            zeros = [tf.zeros((s.shape[0] or 1, *s.shape[1:]), s.dtype)
-                     for s in [*inputs, *targets]]
-            # Zeros are no batch of the user's: whatever they give is dropped, and an error
-            # here says nothing of the observation, which runs on real ones.
-            with contextlib.suppress(tf.errors.OpError), without_grappler():
-                concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
-            self._function, self._concrete = function, concrete
-            if self._witnessed is not engine:
-                self._witness_concrete = _traced_witness(engine, inputs, targets, zeros)
+        traced.trace["gate"] = _native_call(thread, self._warm_up_released, caller)
+        traced.trace["began_after"] = self._batches  # batches trained when the trace began
+        traced.warm(inputs, targets)
 
     # -- the pass ------------------------------------------------------------------------------
 
@@ -347,14 +314,14 @@ class GradientFlow(keras.callbacks.Callback):
             self._drain()
             self._settle_warm_up()
             self._warm_tried = False
-            self._engine = self._function = self._concrete = None
-            self._witness_concrete = None
+            self._engine = self._pass = None
         if self._engine is None:
             if self.model is None:
                 raise ConfigError("GradientFlow.observe: no model; give it with "
                                   "GradientFlow(model=model) or callback.set_model(model)",
                                   where="model")
             self._engine = make_engine(self.model, self.loss_name)
+            self._pass = TracedPass(self._engine)
         return self._engine
 
     def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -366,50 +333,6 @@ class GradientFlow(keras.callbacks.Callback):
         outputs = list(getattr(model, "output_names", None) or engine.output_names)
         targets = _flat(y, outputs, "y")
         return inputs, dict(zip(engine.output_names, targets.values(), strict=True))
-
-    def _run(self, engine: Any, inputs: dict[str, np.ndarray],
-             targets: dict[str, np.ndarray], sample_weight: Any = None) -> KerasPass:
-        """One traced forward and backward pass; the same KerasPass engine.run gives."""
-        feed = [tf.convert_to_tensor(v) for v in inputs.values()]
-        ys = [tf.convert_to_tensor(v) for v in targets.values()]
-        self._settle_warm_up()
-        # The pass calls the layers: a stateful one would carry this batch's state into the
-        # next training step. What the pass moves is put back.
-        before = moved_state(engine.model)
-        # TensorFlow's native log lines at a first op
-        with native_stderr_silenced(), without_grappler():
-            if self._function is None:
-                self._function = _traced_pass(engine, self._trace)
-                # Traced once with the batch axis free: the last, smaller batch of an epoch
-                # does not trace again.
-                self._concrete = self._function.get_concrete_function(
-                    [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
-            if sample_weight is not None:  # weighed batches: traced for their weights
-                loss, grads, captured = self._function(feed, ys, sample_weight)
-            else:
-                try:
-                    loss, grads, captured = self._concrete(feed, ys, None)
-                except (TypeError, ValueError):  # another batch size or time: trace for it
-                    loss, grads, captured = self._function(feed, ys)
-        restore(before)
-        calls = []
-        for meta, tensors in zip(self._trace["calls"], captured, strict=True):
-            args, outputs, states, mask, state_grads, output_grads = tensors
-            calls.append((CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2],
-                                       args=[a.numpy() for a in args],
-                                       outputs=[o.numpy() for o in outputs],
-                                       states=[s.numpy() for s in states],
-                                       state_source=meta[3],
-                                       mask=None if mask is None else mask.numpy()),
-                          state_grads, output_grads))
-        gradients, _ = dense_gradients(engine.model.trainable_variables, grads)
-        return KerasPass(
-            loss=float(loss.numpy()), gradients=gradients, sparse_rows={},
-            state_gradients={call_label(c.layer, c.index): [_numpy(g) for g in sg]
-                             for c, sg, _ in calls if c.states},
-            calls=[c for c, _, _ in calls], output_shapes={},
-            output_gradients={call_label(c.layer, c.index): [_numpy(g) for g in og]
-                              for c, _, og in calls if og is not None})
 
     def _weights_of(self, engine: Any, sample_weight: Any) -> Any:
         """A batch's sample weights as the engine's compute_loss takes them: None, one tensor,
@@ -423,38 +346,6 @@ class GradientFlow(keras.callbacks.Callback):
                     for v in by_name.values()]
         return tf.cast(tf.convert_to_tensor(sample_weight), engine.dtype_name)
 
-    def _witness(self, engine: Any, inputs: dict[str, np.ndarray],
-                 targets: dict[str, np.ndarray], result: KerasPass,
-                 sample_weight: Any = None) -> Callable[[], None]:
-        """At a model's first observation, Keras' own call of the whole model on the same
-        batch and weights must give the traced pass's loss and gradients (the witness outside
-        the engine; once per model, as the traced pass is the same function afterwards). The
-        weights are copied now; the call is traced and run later, on the worker beside
-        training, under Keras' StatelessScope from the copies, before the observation is
-        recorded (a trace takes less from training than an eager call)."""
-        feed, ys = engine.tensors(inputs, targets)
-        variables = all_variables(engine.model)
-        values = snapshot(variables)
-        label = f"GradientFlow on model '{engine.model.name}'"
-
-        traced = self._witness_concrete if sample_weight is None else None
-
-        def witness() -> None:
-            with native_stderr_silenced(), without_grappler():
-                own = None
-                if traced is not None:
-                    with contextlib.suppress(TypeError, ValueError):  # another batch shape
-                        own = traced(values, feed, ys, None)
-                if own is None:  # traced for this batch
-                    own = whole_model_function(engine.model, engine.compute_loss,
-                                               engine.training, variables)(
-                        values, feed, ys, sample_weight)
-                loss, grads = own
-            confirm(result.loss, result.gradients, pass_of(engine.model, loss, grads),
-                    engine.dtype_name, label)
-
-        return witness
-
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None,
                  sample_weight: Any = None) -> None:
         engine = self._engine_for()
@@ -463,11 +354,10 @@ class GradientFlow(keras.callbacks.Callback):
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
         if failed:
             self._drain()  # an earlier recording failed: say so now
-        result = self._run(engine, inputs, targets, sample)
-        witness = None
-        if self._witnessed is not engine:
-            witness = self._witness(engine, inputs, targets, result, sample)
-            self._witnessed = engine
+        self._settle_warm_up()
+        assert self._pass is not None
+        result = self._pass.run(inputs, targets, sample)
+        witness = self._pass.witness(inputs, targets, result, sample)
         # The recurrent layers' weights of this pass: training moves them on meanwhile.
         weights = recurrent_weights(engine, result)
 
@@ -562,54 +452,6 @@ def make_engine(model: Any, loss: str | None) -> Any:
     return KerasEngine(model, output_names(graph), plan)
 
 
-def _traced_pass(engine: Any, trace: dict[str, Any]) -> Any:
-    """One tf.function: the engine's forward under a tape, the gradients of the loss with
-    respect to every weight, every initial state and every recurrent call's outputs, and what
-    each recurrent call received and returned. ``trace`` gets the calls' names at tracing."""
-    recurrent = RECURRENT_CLASSES
-
-    @tf.function(autograph=False, reduce_retracing=True)
-    def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
-        with tf.GradientTape() as tape:
-            loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True,
-                                            sample_weight=sample_weight)
-        kept = [c for c in calls if c.states or c.class_name in recurrent]
-        wanted = [c.outputs if c.class_name in recurrent else [] for c in kept]
-        grads, state_grads, output_grads = tape.gradient(
-            loss, [engine.model.trainable_variables, [c.states for c in kept], wanted])
-        trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
-        trace["thread"] = threading.current_thread().name
-        captured = []
-        for call, sg, og in zip(kept, state_grads, output_grads, strict=True):
-            mine = call.class_name in recurrent
-            mask = call.mask if mine and call.mask is not None else None
-            captured.append(([call.args[0]] if mine else [], call.outputs if mine else [],
-                             call.states, mask, sg, og if mine else None))
-        return loss, grads, captured
-
-    return run
-
-
-def _traced_witness(engine: Any, inputs: list[Any], targets: list[Any],
-                    zeros: list[Any]) -> Any:
-    """The witness of a model's first observation (Keras' own call of the whole model, see
-    ``GradientFlow._witness``), traced for fit's batches beside training while a core is free
-    (every step keeps both busy later), and run once on zeros. None where it cannot be traced
-    so: the observation then traces it for its batch."""
-    try:
-        variables = all_variables(engine.model)
-        values = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-        concrete = whole_model_function(engine.model, engine.compute_loss, engine.training,
-                                        variables).get_concrete_function(
-            values, list(inputs), list(targets), None)
-        with contextlib.suppress(tf.errors.OpError), without_grappler():
-            concrete([tf.zeros(v.shape, v.dtype) for v in values],
-                     zeros[:len(inputs)], zeros[len(inputs):], None)
-    except Exception:  # noqa: BLE001  (the observation traces it again, and says what fails)
-        return None
-    return concrete
-
-
 def _native_call(thread: int, released: threading.Event, caller: Any) -> str:
     """Return once ``thread`` is running compiled TensorFlow code within a call of
     ``caller`` (a code object), outside any tracing: one and the same call of TensorFlow's
@@ -653,14 +495,6 @@ def _loss_text(plan: Any) -> str:
     losses = " + ".join(o.label if len(plan.outputs) == 1 else f"{o.output} {o.label}"
                         for o in plan.outputs)
     return f"{losses} ({'compiled' if plan.source == 'compiled' else 'GradientFlow loss='})"
-
-
-def _free_batch(tensor: Any) -> Any:
-    return tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype)
-
-
-def _numpy(tensor: Any) -> np.ndarray | None:
-    return None if tensor is None else tensor.numpy()
 
 
 def _flat(value: Any, names: list[str], what: str) -> dict[str, Any]:

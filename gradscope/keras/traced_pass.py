@@ -1,0 +1,205 @@
+"""GradientFlow's extra pass as one ``tf.function`` for a model's engine: traced (beside
+training, or at the first observation that needs it), run on an observed batch, and witnessed
+once by Keras' own call of the whole model."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
+from gradscope.keras.engine import CapturedCall, KerasPass, call_label
+from gradscope.keras.flow import RECURRENT_CLASSES
+from gradscope.keras.whole_model import (
+    all_variables,
+    confirm,
+    dense_gradients,
+    moved_state,
+    pass_of,
+    restore,
+    snapshot,
+    whole_model_function,
+)
+
+tf = import_tensorflow()
+
+
+class TracedPass:
+    """The pass of one engine. ``trace`` gets what tracing saw (the calls' names, the thread
+    it ran on; GradientFlow adds when its warm-up began)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.trace: dict[str, Any] = {}
+        self.function: Any = None
+        self.concrete: Any = None
+        self.witness_concrete: Any = None  # Keras' own call, traced with the pass
+        self.witnessed = False  # Keras' own call has been handed an observation to confirm
+
+    def warm(self, inputs: list[Any], targets: list[Any]) -> None:
+        """Trace the pass for ``inputs`` and ``targets`` (``tf.TensorSpec``s) and run it once
+        on zeros (discarded), where TensorFlow builds the function; the witness too, until it
+        has run.
+
+        Traced for the shapes of fit's own spec: where Keras gives every batch one size (the
+        samples divide into whole batches), the batch axis is static there and here, which
+        traces in less time than a free one. A batch of another size (``observe`` in a loop,
+        a later fit) is traced again for it, with the batch axis free."""
+        with native_stderr_silenced():
+            function = _trace(self.engine, self.trace)
+            concrete = function.get_concrete_function(list(inputs), list(targets))
+            zeros = [tf.zeros((s.shape[0] or 1, *s.shape[1:]), s.dtype)
+                     for s in [*inputs, *targets]]
+            # Zeros are no batch of the user's: whatever they give is dropped, and an error
+            # here says nothing of the observation, which runs on real ones.
+            with contextlib.suppress(tf.errors.OpError), without_grappler():
+                concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
+            self.function, self.concrete = function, concrete
+            if not self.witnessed:
+                self.witness_concrete = _trace_witness(self.engine, inputs, targets, zeros)
+
+    def forget(self) -> None:
+        """Drop a trace made beside training that failed: the pass is traced again where it is
+        needed, and raises its error there."""
+        self.function = self.concrete = None
+
+    def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+            sample_weight: Any = None) -> KerasPass:
+        """One traced forward and backward pass; the same KerasPass engine.run gives."""
+        engine = self.engine
+        feed = [tf.convert_to_tensor(v) for v in inputs.values()]
+        ys = [tf.convert_to_tensor(v) for v in targets.values()]
+        # The pass calls the layers: a stateful one would carry this batch's state into the
+        # next training step. What the pass moves is put back.
+        before = moved_state(engine.model)
+        # TensorFlow's native log lines at a first op
+        with native_stderr_silenced(), without_grappler():
+            if self.function is None:
+                self.function = _trace(engine, self.trace)
+                # Traced once with the batch axis free: the last, smaller batch of an epoch
+                # does not trace again.
+                self.concrete = self.function.get_concrete_function(
+                    [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
+            if sample_weight is not None:  # weighed batches: traced for their weights
+                loss, grads, captured = self.function(feed, ys, sample_weight)
+            else:
+                try:
+                    loss, grads, captured = self.concrete(feed, ys, None)
+                except (TypeError, ValueError):  # another batch size or time: trace for it
+                    loss, grads, captured = self.function(feed, ys)
+        restore(before)
+        calls = []
+        for meta, tensors in zip(self.trace["calls"], captured, strict=True):
+            args, outputs, states, mask, state_grads, output_grads = tensors
+            calls.append((CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2],
+                                       args=[a.numpy() for a in args],
+                                       outputs=[o.numpy() for o in outputs],
+                                       states=[s.numpy() for s in states],
+                                       state_source=meta[3],
+                                       mask=None if mask is None else mask.numpy()),
+                          state_grads, output_grads))
+        gradients, _ = dense_gradients(engine.model.trainable_variables, grads)
+        return KerasPass(
+            loss=float(loss.numpy()), gradients=gradients, sparse_rows={},
+            state_gradients={call_label(c.layer, c.index): [_numpy(g) for g in sg]
+                             for c, sg, _ in calls if c.states},
+            calls=[c for c, _, _ in calls], output_shapes={},
+            output_gradients={call_label(c.layer, c.index): [_numpy(g) for g in og]
+                              for c, _, og in calls if og is not None})
+
+    def witness(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                result: KerasPass, sample_weight: Any = None) -> Callable[[], None] | None:
+        """At the first observation (None afterwards, as the traced pass is the same function
+        then), Keras' own call of the whole model on the same batch and weights must give the
+        pass's loss and gradients: the witness outside the engine. The weights are copied now;
+        the returned job runs the call later, on the worker beside training, under Keras'
+        StatelessScope from the copies, before the observation is recorded (a trace takes
+        less from training than an eager call)."""
+        if self.witnessed:
+            return None
+        self.witnessed = True
+        engine = self.engine
+        feed, ys = engine.tensors(inputs, targets)
+        variables = all_variables(engine.model)
+        values = snapshot(variables)
+        label = f"GradientFlow on model '{engine.model.name}'"
+        traced = self.witness_concrete if sample_weight is None else None
+
+        def witness() -> None:
+            with native_stderr_silenced(), without_grappler():
+                own = None
+                if traced is not None:
+                    with contextlib.suppress(TypeError, ValueError):  # another batch shape
+                        own = traced(values, feed, ys, None)
+                if own is None:  # traced for this batch
+                    own = whole_model_function(engine.model, engine.compute_loss,
+                                               engine.training, variables)(
+                        values, feed, ys, sample_weight)
+                loss, grads = own
+            confirm(result.loss, result.gradients, pass_of(engine.model, loss, grads),
+                    engine.dtype_name, label)
+
+        return witness
+
+
+def _trace(engine: Any, trace: dict[str, Any]) -> Any:
+    """One tf.function: the engine's forward under a tape, the gradients of the loss with
+    respect to every weight, every initial state and every recurrent call's outputs, and what
+    each recurrent call received and returned. ``trace`` gets the calls' names at tracing."""
+    recurrent = RECURRENT_CLASSES
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
+        with tf.GradientTape() as tape:
+            loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True,
+                                            sample_weight=sample_weight)
+        kept = [c for c in calls if c.states or c.class_name in recurrent]
+        wanted = [c.outputs if c.class_name in recurrent else [] for c in kept]
+        grads, state_grads, output_grads = tape.gradient(
+            loss, [engine.model.trainable_variables, [c.states for c in kept], wanted])
+        trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
+        trace["thread"] = threading.current_thread().name
+        captured = []
+        for call, sg, og in zip(kept, state_grads, output_grads, strict=True):
+            mine = call.class_name in recurrent
+            mask = call.mask if mine and call.mask is not None else None
+            captured.append(([call.args[0]] if mine else [], call.outputs if mine else [],
+                             call.states, mask, sg, og if mine else None))
+        return loss, grads, captured
+
+    return run
+
+
+def _trace_witness(engine: Any, inputs: list[Any], targets: list[Any],
+                   zeros: list[Any]) -> Any:
+    """The witness (Keras' own call of the whole model, see ``TracedPass.witness``), traced
+    for fit's batches beside training while a core is free (every step keeps both busy later),
+    and run once on zeros. None where it cannot be traced so: the observation then traces it
+    for its batch."""
+    try:
+        variables = all_variables(engine.model)
+        values = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+        concrete = whole_model_function(engine.model, engine.compute_loss, engine.training,
+                                        variables).get_concrete_function(
+            values, list(inputs), list(targets), None)
+        with contextlib.suppress(tf.errors.OpError), without_grappler():
+            concrete([tf.zeros(v.shape, v.dtype) for v in values],
+                     zeros[:len(inputs)], zeros[len(inputs):], None)
+    except Exception:  # noqa: BLE001  (the observation traces it again, and says what fails)
+        return None
+    return concrete
+
+
+def _free_batch(tensor: Any) -> Any:
+    return tf.TensorSpec((None, *tensor.shape[1:]), tensor.dtype)
+
+
+def _numpy(tensor: Any) -> np.ndarray | None:
+    return None if tensor is None else tensor.numpy()
+
+
+__all__ = ["TracedPass"]
