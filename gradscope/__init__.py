@@ -302,6 +302,7 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
 
     preflight.check_layer_options(against, layer, time_last,
                                   {"chunks": chunks, "atol": atol, "equations": equations})
+    preflight.check_witness_options(directions, rtol, atol)
     limit = _limit(max_memory)
     data = _data_files(data)
     if _is_keras(spec):
@@ -309,9 +310,6 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
                                        "layer": layer, "time_last": time_last,
                                        "equations": equations, "params": params}, "check")
         from gradscope.keras.check import check as _check_keras
-        from gradscope.keras.options import check_witness_options
-
-        check_witness_options({"directions": directions, "rtol": rtol, "atol": atol})
         job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
         return _drawn(_check_keras(job, directions=directions, rtol=rtol, atol=atol,
                                    progress=progress, timings=timings,

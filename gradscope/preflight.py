@@ -206,3 +206,19 @@ def check_weights(path: object, option: str = "--weights") -> None:
     from gradscope.yaml.weights import locate
 
     locate(path, option)
+
+
+def check_witness_options(directions: object, rtol: object, atol: object) -> None:
+    """check's tuning of its witnesses, for either wing: ``directions`` a whole number ≥ 1
+    (none would leave the finite differences nothing to compare), ``rtol`` positive and
+    ``atol`` at least 0 when given."""
+    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
+        raise ConfigError(f"{given('directions', directions)}: expected a whole number ≥ 1",
+                          where=flag("directions"))
+    for name, value, smallest in (("rtol", rtol, "positive number"),
+                                  ("atol", atol, "number ≥ 0")):
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not (value > 0 if name == "rtol" else value >= 0)):
+            raise ConfigError(f"{given(name, value)}: expected a {smallest}", where=flag(name))

@@ -230,3 +230,18 @@ def test_timings_name_each_phase_in_order_then_what_ran_beside(tf):
                                                              "forward_backward"]
     assert all(seconds >= 0 for seconds in [*checked.values(), *explained.values()])
     assert gradscope.check(spec, directions=1).timings is None
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"directions": 0}, "directions=0: expected a whole number ≥ 1"),
+    ({"rtol": 0.0}, "rtol=0.0: expected a positive number"),
+    ({"atol": -1e-9}, "atol=-1e-09: expected a number ≥ 0"),
+])
+@pytest.mark.parametrize("model", [None, "absent.keras"])
+def test_the_witnesses_tuning_is_checked_for_either_wing_before_anything_runs(model, options,
+                                                                            message):
+    # directions=0 once ran a YAML check whose finite differences compared nothing.
+    from gradscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        gradscope.check(model, **options)

@@ -30,9 +30,9 @@ class KerasJobOptions:
             raise ConfigError(f"{unknown[0]}=: not an option for a Keras model; expected "
                               f"{', '.join(cls.names())}", where=unknown[0])
         for name in ("batch_size", "time_steps"):
-            _whole(options, name, smallest=1, optional=True)
-        _whole(options, "pad", smallest=0)
-        _whole(options, "seed", smallest=0)
+            whole(options, name, smallest=1, optional=True)
+        whole(options, "pad", smallest=0)
+        whole(options, "seed", smallest=0)
         if not isinstance(options.get("training", False), bool):
             raise ConfigError(f"training={options['training']!r}: expected True or False",
                               where="training")
@@ -44,25 +44,10 @@ class KerasJobOptions:
         return cls(**options)
 
 
-def _whole(options: dict[str, Any], name: str, smallest: int, optional: bool = False) -> None:
+def whole(options: dict[str, Any], name: str, smallest: int, optional: bool = False) -> None:
+    """``options[name]``, when given (or not ``optional``), is a whole number ≥ ``smallest``."""
     value = options.get(name)
     if value is None and (optional or name not in options):
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
         raise ConfigError(f"{name}={value!r}: expected a whole number ≥ {smallest}", where=name)
-
-
-def check_witness_options(options: dict[str, Any]) -> None:
-    """check's own options for a Keras model: ``directions``, ``rtol``, ``atol``."""
-    allowed = ("directions", "rtol", "atol", "progress", "timings", "after_autodiff")
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ConfigError(f"{unknown[0]}=: not an option of check for a Keras model; "
-                          f"expected {', '.join(KerasJobOptions.names())}, directions, rtol "
-                          "or atol", where=unknown[0])
-    _whole(options, "directions", smallest=1)
-    for name in ("rtol", "atol"):
-        value = options.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                  or not value > 0):
-            raise ConfigError(f"{name}={value!r}: expected a positive number", where=name)
