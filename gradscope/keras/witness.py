@@ -39,11 +39,12 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {skip}")
     forward, _ = RECURRENT[key]
     params = cell_params(cell, weights)
-    x = np.asarray(call.args[0], np.float64)
-    states = [np.asarray(s, np.float64) for s in call.states]
+    rows = sampled_examples(*np.shape(call.args[0])[:2])
+    x = np.asarray(call.args[0], np.float64)[rows]
+    states = [np.asarray(s, np.float64)[rows] for s in call.states]
     with blas_beside_tensorflow():
         sequence, _ = forward(params, x, *states)
-    keras_output = np.asarray(call.outputs[0], np.float64)
+    keras_output = np.asarray(call.outputs[0], np.float64)[rows]
     ours = sequence if facts.option("return_sequences") else sequence[:, -1]
     if ours.shape != keras_output.shape:
         raise InternalError(f"internal error: layer {label}: gradscope's {key} cell gives an "
@@ -58,7 +59,29 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
     return KerasWitnessEntry(layer=label, witness=name, max_abs_error=error, tolerance=rtol,
                              passed=True,
                              detail=f"reproduces Keras' output to {error:.1e} "
-                                    f"(allowed {allowed:.1e})")
+                                    f"(allowed {allowed:.1e}){_of_batch(rows, call)}")
+
+
+#: The NumPy cell reruns at most this many example-steps of a call (and at least
+#: :data:`FEWEST_EXAMPLES` examples): the cell's algebra, the one thing it witnesses, is the
+#: same for every example, and a long call's whole batch would cost seconds in NumPy.
+MOST_EXAMPLE_STEPS = 3200
+FEWEST_EXAMPLES = 8
+
+
+def sampled_examples(batch: int, steps: int) -> slice | np.ndarray:
+    """The examples the cell reruns: all of them where the call is short, else evenly spread
+    ones, the first and the last among them."""
+    keep = max(FEWEST_EXAMPLES, MOST_EXAMPLE_STEPS // max(steps, 1))
+    if batch <= keep:
+        return slice(None)
+    return np.unique(np.linspace(0, batch - 1, keep).round().astype(int))
+
+
+def _of_batch(rows: slice | np.ndarray, call: CapturedCall) -> str:
+    if isinstance(rows, slice):
+        return ""
+    return f", on {len(rows)} of its {np.shape(call.args[0])[0]} examples"
 
 
 def cell_params(cell: Cell, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,59 @@
+"""gradscope/keras/witness.py: gradscope's NumPy cells rerun each recurrent call of the user's
+Keras model, and must reproduce Keras' output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradscope
+
+
+def _model(keras, steps):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((steps, 3)), keras.layers.LSTM(4),
+                             keras.layers.Dense(2)])
+
+
+def test_a_long_call_is_witnessed_on_spread_examples_and_a_short_one_on_all(tf):
+    import keras
+
+    from gradscope.keras.witness import sampled_examples
+
+    assert sampled_examples(32, 100) == slice(None)
+    rows = sampled_examples(32, 1000)
+    assert list(rows) == [0, 4, 9, 13, 18, 22, 27, 31]  # the first, the last, evenly between
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((100, 40, 3)), rng.standard_normal((100, 2))
+    report = gradscope.explain(_model(keras, 40), x=x, y=y)
+    (entry,) = report.witnesses
+    assert entry.passed and entry.detail.endswith("on 80 of its 100 examples")
+    short = gradscope.explain(_model(keras, 40), x=x[:8], y=y[:8])
+    assert "examples" not in short.witnesses[0].detail
+
+
+@pytest.mark.parametrize("examples", [8, 100])
+def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypatch, examples):
+    """A mutant: the cell reads the LSTM's gates in the wrong order (f and i swapped)."""
+    import keras
+
+    from gradscope.errors import InternalError
+    from gradscope.keras import witness
+
+    honest = witness.cell_params
+
+    def swapped(cell, weights):
+        params = honest(cell, weights)
+        u = cell.units
+        for name in ("kernel", "recurrent_kernel", "bias"):
+            value = params[name].copy()
+            value[..., :u], value[..., u:2 * u] = params[name][..., u:2 * u], \
+                params[name][..., :u]
+            params[name] = value
+        return params
+
+    monkeypatch.setattr(witness, "cell_params", swapped)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((examples, 40, 3)), rng.standard_normal((examples, 2))
+    with pytest.raises(InternalError, match="does not reproduce Keras' output"):
+        gradscope.explain(_model(keras, 40), x=x, y=y)
