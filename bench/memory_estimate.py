@@ -1,11 +1,14 @@
 """The resource guard's memory estimate beside the measured peak memory (max RSS) of the run.
 
-For the seed model (explain, explain --jacobians --flow, check) and for the scale model of
-bench/scale.py (GRU 256 → GRU 256 → dense 3, batch 32, input 64) at several lengths: the
-estimate of gradscope/guard.py, the peak RSS of the whole process (``os.wait4`` on the child),
-and their ratio (target: within 1.5× either way).
+For the seed model (explain, explain --jacobians --flow, check), for the scale model of
+bench/scale.py (GRU 256 → GRU 256 → dense 3, batch 32, input 64) at several lengths, and for
+the user-sized Keras model of bench/user_sized.py (LSTM 256 → LSTM 256 → Dense 10, batch 32,
+input 64; explain at every length, check at ``--check-steps``): the estimate
+(gradscope/yaml/memory.py, gradscope/keras/memory.py), the peak RSS of the whole process
+(``os.wait4`` on the child), and their ratio (target: within 1.5× either way).
 
-    .venv/bin/python bench/memory_estimate.py [--steps 100 300 1000] [--json]
+    .venv/bin/python bench/memory_estimate.py [--steps 100 300 1000] [--check-steps 100 300]
+                                              [--json]
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scale import scale_config  # noqa: E402  (the same scale model)
+from user_sized import BUILD  # noqa: E402  (the same user-sized Keras model)
 
-from gradscope.guard import estimate  # noqa: E402
+from gradscope import _keras_job  # noqa: E402
+from gradscope.keras.memory import estimate as keras_estimate  # noqa: E402
 from gradscope.yaml.config import load_spec  # noqa: E402
+from gradscope.yaml.memory import estimate  # noqa: E402
 
 TARGET = 1.5
 
@@ -43,6 +49,7 @@ def peak_rss_mib(command: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--check-steps", type=int, nargs="*", default=[100, 300])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     gradscope = [sys.executable, "-m", "gradscope"]
@@ -56,12 +63,23 @@ def main() -> None:
         for steps in args.steps:
             config = scale_config(Path(folder), steps)
             cases.append((f"scale, {steps} steps: explain", str(config), ["explain"]))
-        for name, config, command in cases:
-            spec = load_spec(config)
-            across_time = "--jacobians" in command or "--flow" in command
-            terms = estimate(spec, command[0], across_time)
+        for steps in sorted(set(args.steps) | set(args.check_steps)):
+            model = Path(folder) / f"lstm_{steps}.keras"
+            subprocess.run([sys.executable, "-c", BUILD, str(steps), "256", str(model)],
+                           check=True, stderr=subprocess.DEVNULL)
+            for command in ("explain", "check"):
+                if steps in (args.steps if command == "explain" else args.check_steps):
+                    cases.append((f"Keras LSTM, {steps} steps: {command}", str(model),
+                                  [command, "--quiet"]))
+        for name, source, command in cases:
+            if source is not None and source.endswith(".keras"):
+                job = _keras_job(source, None, None, None, {})
+                terms = keras_estimate(job, command[0])
+            else:
+                across_time = "--jacobians" in command or "--flow" in command
+                terms = estimate(load_spec(source), command[0], across_time)
             estimated = sum(terms.values()) / (1 << 20)
-            measured = peak_rss_mib([*gradscope, *command, *([config] if config else [])])
+            measured = peak_rss_mib([*gradscope, *command, *([source] if source else [])])
             rows.append({"case": name, "estimate_mib": estimated, "peak_rss_mib": measured,
                          "ratio": estimated / measured})
     if args.json:

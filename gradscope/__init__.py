@@ -231,15 +231,15 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
       ``training`` (dropout and batch norm in training mode, seeded), ``pad``, ``seed``.
     - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0.
 
-    ``max_memory`` (bytes, or a size such as ``"4G"``; default a quarter of RAM) refuses a
-    YAML model estimated to need more. ``progress(message)`` hears each phase as it starts;
+    ``max_memory`` (bytes, or a size such as ``"4G"``; default a quarter of RAM) refuses,
+    before TensorFlow is imported for a file, a run estimated to need more. ``progress(message)`` hears each phase as it starts;
     ``timings`` adds the seconds each phase took to the report.
 
     A shape or name that does not fit the model is a ConfigError/DataError naming the array
     (``x['tokens']``, ``y[1]``).
     """
     from gradscope import preflight
-    from gradscope.guard import guard
+    from gradscope.yaml.memory import guard
     from gradscope.yaml.options import check_chunks, check_time_steps
 
     check_chunks(chunks)
@@ -249,8 +249,10 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
         preflight.refuse_yaml_options({"weights": weights, "chunks": chunks, "at": at,
                                        "heatmap": heatmap}, "explain")
         from gradscope.keras.explain import explain as _explain_keras
+        from gradscope.keras.memory import guard as keras_guard
 
         job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
+        keras_guard(job, "explain", limit)
         return _drawn(_explain_keras(job, progress=progress, timings=timings, flow=flow,
                                      jacobians=jacobians))
     spec, batch = _yaml_job(spec, data, weights, x, y, sample_weight, keras_options, "explain")
@@ -297,7 +299,7 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     witnesses fail.)
     """
     from gradscope import preflight
-    from gradscope.guard import guard
+    from gradscope.yaml.memory import guard
     from gradscope.yaml.options import check_time_steps
 
     preflight.check_layer_options(against, layer, time_last,
@@ -310,7 +312,9 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
                                        "layer": layer, "time_last": time_last,
                                        "equations": equations, "params": params}, "check")
         from gradscope.keras.check import check as _check_keras
+        from gradscope.keras.memory import guard as keras_guard
         job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
+        keras_guard(job, "check", limit)
         return _drawn(_check_keras(job, directions=directions, rtol=rtol, atol=atol,
                                    progress=progress, timings=timings,
                                    after_autodiff=after_autodiff))

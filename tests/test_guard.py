@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from conftest import run_without_tensorflow
 
-from gradscope.guard import BASELINE_TERM, PROCESS_BASELINE, estimate, parse_size
+from gradscope.guard import BASELINE_TERM, PROCESS_BASELINE, parse_size
 from gradscope.yaml.config import load_spec
+from gradscope.yaml.memory import estimate
 
 #: Peak RSS of a process that only imports TensorFlow 2.21 and runs one op (measured).
 TENSORFLOW_IMPORT_PEAK = 549 << 20
@@ -41,3 +42,42 @@ def test_twenty_megabytes_is_refused_for_the_seed_model_before_tensorflow(comman
     assert "more than the limit 20.0 MiB" in result.stderr
     assert "TensorFlow itself takes about 620.0 MiB" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def long_lstm(tmp_path_factory, tf):
+    """A saved Keras model of user size: LSTM 256 → LSTM 256 → Dense 10 over 1000 steps."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1000, 64)),
+                              keras.layers.LSTM(256, return_sequences=True),
+                              keras.layers.LSTM(256), keras.layers.Dense(10)])
+    model.compile(loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    path = tmp_path_factory.mktemp("guard") / "lstm.keras"
+    model.save(path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["explain", "check"])
+def test_a_keras_model_over_the_limit_is_refused_before_tensorflow(long_lstm, command):
+    result = run_without_tensorflow(command, str(long_lstm), "--max-memory", "1G")
+    assert result.returncode == 2, result.stderr  # 99: TensorFlow was imported
+    assert f"this {command} would need about" in result.stderr
+    assert "more than the limit 1.0 GiB" in result.stderr
+    assert "activations the recurrent layers keep" in result.stderr or command == "explain"
+
+
+def test_the_keras_estimate_grows_with_steps_units_and_batch(long_lstm):
+    from gradscope import _keras_job
+    from gradscope.keras.memory import estimate as keras_estimate
+
+    def total(command, **options):
+        return sum(keras_estimate(_keras_job(str(long_lstm), None, None, None, options),
+                                  command).values())
+
+    explain = total("explain")
+    assert PROCESS_BASELINE < explain < total("check")
+    assert total("explain", batch_size=128) > 2 * (explain - PROCESS_BASELINE)
+    # Measured (bench/memory_estimate.py): 1593 MiB at batch 32; within 1.5× either way.
+    assert 1593 / 1.5 < explain / (1 << 20) < 1593 * 1.5

@@ -1,0 +1,87 @@
+"""The memory a Keras model's ``explain`` or ``check`` will need, by term, and the guard that
+refuses it before TensorFlow is imported (see :mod:`gradscope.guard`).
+
+Read from the model's config and the batch's sizes alone. The constants were measured
+(``bench/memory_estimate.py``: peak RSS of whole processes, Keras LSTM, GRU and SimpleRNN
+models of 64 and 256 units, 2 to 1000 steps, batch 8 to 128); the estimate lands within
+1.5× of the measured peak there."""
+
+from __future__ import annotations
+
+import contextlib
+from math import prod
+from typing import Any
+
+from gradscope.guard import BASELINE_TERM, MIB, PROCESS_BASELINE, refuse_over
+from gradscope.keras.facts import layer_facts
+from gradscope.keras.layers import deriving_explainer
+
+#: Keras, the model and its traced passes, beyond TensorFlow itself: 60 MiB for explain (its
+#: two passes, Keras' own and the replay), 100 MiB for check (the float64 copy).
+KERAS_OVERHEAD = {"explain": 60 * MIB, "check": 100 * MIB}
+#: Per step and unit of a recurrent layer, how many numbers ``explain`` holds at its peak
+#: (float32): the slope of peak RSS from 100 to 1000 steps, two layers of 256 units, batch 32:
+#: LSTM and GRU 14.4, SimpleRNN about 5.
+KEPT_PER_UNIT = {"LSTM": 15, "GRU": 15, "SimpleRNN": 5}
+#: The same for ``check`` (float64: its autodiff pass, the finite differences' forward passes
+#: and the NumPy reference): about 40 numbers per step and unit.
+CHECK_KEPT_PER_UNIT = 40
+#: ``check`` also holds, per step, numbers in proportion to the weights: 0.8 per weight and
+#: step (the slope from 100 to 300 steps grows with the weight count, not the units).
+CHECK_PER_WEIGHT_STEP = 0.8
+
+RECURRENT = ("LSTM", "GRU", "SimpleRNN")
+
+
+def recurrent_units(node: Any) -> list[tuple[str, int]]:
+    """(class, units) of the recurrent loops a layer runs: both directions of a Bidirectional,
+    the cell of ``RNN(cell)``."""
+    if node.class_name in RECURRENT:
+        return [(node.class_name, int(node.config.get("units", 0)))]
+    inner = node.inner
+    if node.class_name == "Bidirectional" and inner is not None:
+        return 2 * recurrent_units(inner)
+    cell = node.config.get("cell")
+    if node.class_name == "RNN" and isinstance(cell, dict):
+        units = (cell.get("config") or {}).get("units")
+        return [("LSTM", int(units))] if isinstance(units, int) else []
+    return []
+
+
+def estimate(job: Any, command: str) -> dict[str, int]:
+    """Bytes by term for ``command`` ("explain" or "check") on ``job``, a Keras model read and
+    given its batch; the sum is the estimated peak resident memory of the whole process."""
+    batch = job.batch_size
+    steps = max((int(v.shape[1]) for v in job.batch.inputs.values() if v.ndim >= 2),
+                default=1)
+    weights, activations, loops = 0, 0, []
+    for node in job.graph.computing_layers:
+        facts = layer_facts(job.graph, node)
+        explainer = deriving_explainer(node.class_name, node.module, facts)
+        if explainer is not None:
+            # A layer the algebra cannot size: its weights are not counted.
+            with contextlib.suppress(KeyError, ValueError, TypeError):
+                weights += sum(prod(note.shape) for note in explainer.weights(facts))
+        for shape in facts.input_shapes:  # every layer's input, and its gradient
+            sizes = [steps if d is None else d for d in shape[1:]]
+            activations += 2 * batch * prod(sizes)
+        loops += recurrent_units(node)
+    if command == "check":
+        itemsize = 8
+        kept = batch * steps * sum(CHECK_KEPT_PER_UNIT * units for _, units in loops)
+        kept += int(CHECK_PER_WEIGHT_STEP * steps * weights)
+    else:
+        itemsize = 4
+        kept = batch * steps * sum(KEPT_PER_UNIT.get(kind, 15) * units for kind, units in loops)
+    return {
+        BASELINE_TERM: PROCESS_BASELINE,
+        "Keras and the model's traced passes": KERAS_OVERHEAD[command],
+        "weights and their gradients": 4 * weights * itemsize,
+        "the layers' inputs and their gradients": activations * itemsize,
+        "activations the recurrent layers keep for the backward pass": kept * itemsize,
+    }
+
+
+def guard(job: Any, command: str, limit: int | None = None) -> None:
+    """Raise ConfigError (exit 2) when the estimate is over ``limit`` (default: RAM / 4)."""
+    refuse_over(estimate(job, command), limit, command)
