@@ -232,8 +232,9 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
     - ``flow``: ‖∂L/∂h_t‖ per step of every recurrent call; ``jacobians``: ∂h_T/∂h_0.
 
     ``max_memory`` (bytes, or a size such as ``"4G"``; default a quarter of RAM) refuses,
-    before TensorFlow is imported for a file, a run estimated to need more. ``progress(message)`` hears each phase as it starts;
-    ``timings`` adds the seconds each phase took to the report.
+    before TensorFlow is imported for a file, a run estimated to need more.
+    ``progress(message)`` hears each phase as it starts; ``timings`` adds the seconds each
+    phase took to the report.
 
     A shape or name that does not fit the model is a ConfigError/DataError naming the array
     (``x['tokens']``, ``y[1]``).

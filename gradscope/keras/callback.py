@@ -53,7 +53,18 @@ def _replay_options() -> Any:
 _REPLAY_OPTIONS = _replay_options()
 
 
-def _replay(iterator: Any, batches: list[Any]) -> Any:
+def _global(strategy: Any, batch: Any) -> Any:
+    """A batch of a distributed fit (each value split across the replicas) as the global batch
+    fit minimises its loss over: each value's replicas' parts, in order. Others as they are."""
+    def whole(value: Any) -> Any:
+        if isinstance(value, tf.distribute.DistributedValues):
+            return tf.concat(strategy.experimental_local_results(value), axis=0)
+        return value
+
+    return tf.nest.map_structure(whole, batch)
+
+
+def _replay(iterator: Any, batches: list[Any], strategy: Any = None) -> Any:
     """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
     takes fit's own: a ``tf.data`` iterator of the same element spec, so the function traced for
     fit's iterator runs again as it is (a list would trace Keras' step function anew, ~1 s).
@@ -63,7 +74,17 @@ def _replay(iterator: Any, batches: list[Any]) -> Any:
     free: 15 ms). Where the spec still differs (ragged or sparse parts, batches of unequal
     size), a generator with fit's exact spec serves instead (a Python call per element: ~0.05 s
     more). Anything else (an eager ``run_eagerly`` loop, another iterator type) gets the
-    list."""
+    list.
+
+    A distributed fit's iterator (MirroredStrategy) is replayed by distributing the global
+    batches again, which splits them across the replicas as fit's own dataset did: the same
+    spec, so Keras' traced step runs as it is."""
+    if isinstance(iterator, tf.distribute.DistributedIterator) and strategy is not None:
+        whole = [_global(strategy, batch) for batch in batches]
+        dataset = tf.data.Dataset.from_tensor_slices(
+            tf.nest.map_structure(lambda *parts: tf.stack(parts), *whole))
+        return iter(strategy.experimental_distribute_dataset(
+            dataset.with_options(_REPLAY_OPTIONS)))
     spec = getattr(iterator, "element_spec", None)
     if not isinstance(iterator, tf.data.Iterator) or spec is None:
         return batches
@@ -155,9 +176,12 @@ class GradientFlow(keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         model = self.model
         strategy = model.distribute_strategy
-        if strategy.num_replicas_in_sync > 1:
-            raise ConfigError("GradientFlow: the model trains on several replicas; the extra "
-                              "pass needs the whole batch on one device", where="GradientFlow")
+        served = ("MirroredStrategy", "OneDeviceStrategy", "_DefaultDistributionStrategy")
+        if type(strategy).__name__ not in served:
+            raise ConfigError(f"GradientFlow: the model trains under {type(strategy).__name__}, "
+                              "which GradientFlow does not serve: its extra pass runs on one "
+                              "device, on the whole global batch; MirroredStrategy and one "
+                              "device are served", where="GradientFlow")
         original = model.train_function
         self._original_train_function = original
         self._fit_first = self._batches
@@ -173,8 +197,8 @@ class GradientFlow(keras.callbacks.Callback):
             batches = list(itertools.islice(iterator, steps))
             if not batches:
                 raise StopIteration
-            self._last_batch = batches[-1]
-            return original(_replay(iterator, batches))  # Keras' own step, these tensors
+            self._last_batch = _global(strategy, batches[-1])
+            return original(_replay(iterator, batches, strategy))  # Keras' step, these tensors
 
         model.train_function = train_function
 
@@ -280,8 +304,9 @@ class GradientFlow(keras.callbacks.Callback):
         starts there (``_native_call``; ``caller`` is the code of the call that runs the
         step), and takes little from training; if that moment is not seen, it starts when the
         first step ends, as it would without the gate."""
-        if spec is None or getattr(self.model, "run_eagerly", False):
-            return
+        if (spec is None or getattr(self.model, "run_eagerly", False)
+                or self.model.distribute_strategy.num_replicas_in_sync > 1):
+            return  # a distributed fit's first observation traces the pass
         x, y, _ = keras.utils.unpack_x_y_sample_weight(spec)
         try:
             engine = self._engine_for()  # a new model resets what was traced
