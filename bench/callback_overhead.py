@@ -22,10 +22,11 @@ A step's median is steadier than a whole fit's time, so the sum of the step medi
 second estimate of the ratio, with the split.
 
 The model: input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps, batch 32, softmax
-cross-entropy, Adam; synthetic data from a fixed seed, unshuffled.
+cross-entropy, Adam; synthetic data from a fixed seed, unshuffled. ``--model lstm256``: the
+user-sized model instead (input 64 → LSTM 256 → LSTM 256 → Dense 10, 100 steps).
 
     .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
-                                                [--json]
+                                                [--model gru|lstm256] [--json]
 """
 
 from __future__ import annotations
@@ -51,18 +52,21 @@ import keras
 import numpy as np
 
 with_callback, batches, every = sys.argv[1] == "callback", int(sys.argv[2]), int(sys.argv[3])
+kind = sys.argv[4]
 keras.utils.set_random_seed(0)
-model = keras.Sequential([
-    keras.Input((50, 32)),
-    keras.layers.GRU(64, return_sequences=True),
-    keras.layers.GRU(32),
-    keras.layers.Dense(3),
-])
+if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
+    steps, features, classes = 100, 64, 10
+    layers = [keras.layers.LSTM(256, return_sequences=True), keras.layers.LSTM(256)]
+else:
+    steps, features, classes = 50, 32, 3
+    layers = [keras.layers.GRU(64, return_sequences=True), keras.layers.GRU(32)]
+model = keras.Sequential([keras.Input((steps, features)), *layers,
+                          keras.layers.Dense(classes)])
 model.compile(optimizer="adam",
               loss=keras.losses.CategoricalCrossentropy(from_logits=True))
 rng = np.random.default_rng(0)
-x = rng.normal(size=(batches * 32, 50, 32)).astype("float32")
-y = np.eye(3, dtype="float32")[rng.integers(0, 3, size=batches * 32)]
+x = rng.normal(size=(batches * 32, steps, features)).astype("float32")
+y = np.eye(classes, dtype="float32")[rng.integers(0, classes, size=batches * 32)]
 ended, marks = [], []
 
 
@@ -93,9 +97,9 @@ print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall,
 """
 
 
-def run(kind: str, batches: int, every: int) -> dict[str, float]:
+def run(kind: str, batches: int, every: int, model: str) -> dict[str, float]:
     code = FIT.format(repo=str(REPO))
-    result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every)],
+    result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every), model],
                             capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -140,6 +144,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--model", choices=["gru", "lstm256"], default="gru",
+                        help="gru: the model above; lstm256: input 64 → LSTM 256 → LSTM 256 → "
+                             "Dense 10 over 100 steps (bench/user_sized.py's model)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 3:
@@ -147,7 +154,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "callback": []}
     for _ in range(args.repeats):
         for kind in runs:
-            runs[kind].append(run(kind, args.batches, args.every))
+            runs[kind].append(run(kind, args.batches, args.every, args.model))
 
     def series(kind: str, key: str) -> list[Any]:
         return [r[key] for r in runs[kind]]
