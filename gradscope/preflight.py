@@ -109,12 +109,12 @@ def refuse_keras_options(options: dict[str, object], command: str) -> None:
     for name, value in options.items():
         if name in _KERAS_ONLY and value not in (None, False, 0):
             raise ConfigError(f"{flag(name)} is for Keras models; {_KERAS_ONLY[name]}",
-                                 where=flag(name))
+                              where=flag(name))
     unknown = sorted(set(options) - set(_KERAS_ONLY))
     if unknown:
         raise ConfigError(f"{' and '.join(flag(n) for n in unknown)}: not options of "
-                             f"{command} for a YAML spec; see help(gradscope.{command})",
-                             where=unknown[0])
+                          f"{command} for a YAML spec; see help(gradscope.{command})",
+                          where=unknown[0])
 
 
 def refuse_yaml_options(options: dict[str, object], command: str) -> None:
@@ -136,7 +136,7 @@ def refuse_yaml_options(options: dict[str, object], command: str) -> None:
     for name, value in options.items():
         if value is not None and value is not False:
             raise ConfigError(f"{flag(name)} is for YAML configs; {reasons[name]}",
-                                 where=flag(name))
+                              where=flag(name))
 
 
 def _check_new_file(option: str, path: Path, force: bool) -> None:
@@ -168,9 +168,10 @@ def check_layer_options(against: object, layer: str | None, time_last: bool,
     ``others`` maps the whole-model options (``chunks``, …) to their values: none goes with
     ``layer``."""
     if time_last and layer is None:
-        raise GradscopeError(f"{flag('time_last')} lays out the arrays of {flag('layer')}'s "
-                             "backward as (features, batch, time); expected it together with "
-                             f"{flag('layer')} NAME", where=flag("time_last"))
+        raise GradscopeError(f"{flag('time_last')} lays out the arrays of the one-layer "
+                             f"backward that {flag('layer')} checks as (features, batch, time); "
+                             f"expected it together with {flag('layer')} NAME",
+                             where=flag("time_last"))
     if layer is None:
         return
     if against is None:

@@ -264,8 +264,8 @@ def test_contract_errors_name_the_function(lstm):
     (["--layer", "simple_rnn_1"], "--layer simple_rnn_1 checks your backward of one layer; "
                                   "expected it together with --against FILE.py:FUNC"),
     (["--against", f"{ADAPTER}:backward", "--time-last"],
-     "--time-last lays out the arrays of --layer's backward as (features, batch, time); "
-     "expected it together with --layer NAME"),
+     "--time-last lays out the arrays of the one-layer backward that --layer checks as "
+     "(features, batch, time); expected it together with --layer NAME"),
     (["--against", f"{ADAPTER}:backward", "--layer", "rnn_2"],
      "--layer rnn_2: the model has no layer of that name; expected one of the recurrent "
      "layers: simple_rnn_1, simple_rnn_2"),
