@@ -65,6 +65,19 @@ out["flow"] = {"steps": [o.step for o in history.observations],
                "batch_size": history.observations[-1].batch_size,
                "loss": history.observations[-1].loss, "tape_loss": loss,
                "norms": {w.weight: w.norms[-1] for w in history.weights}, "tape_norms": norms}
+# An epoch's last batch smaller than the others (4 = 2 + 2). (steps_per_execution > 1 under
+# MirroredStrategy fails in Keras 3.15 itself, with or without a callback.)
+uneven = GradientFlow(every=4)
+model.fit(x[:28], y[:28], batch_size=8, epochs=1, shuffle=False, verbose=0,
+          callbacks=[uneven])
+plain.fit(x[:28], y[:28], batch_size=8, epochs=1, shuffle=False, verbose=0)
+loss, norms = tape(x[24:28], y[24:28])
+last = uneven.history.observations[-1]
+out["uneven"] = {"batch_size": last.batch_size, "loss": last.loss, "tape_loss": loss,
+                 "norms": {w.weight: w.norms[-1] for w in uneven.history.weights},
+                 "tape_norms": norms,
+                 "trained_alike": max(float(np.max(np.abs(a.numpy() - b.numpy())))
+                                      for a, b in zip(model.weights, plain.weights))}
 report = gradscope.explain(model, x=x[:8], y=y[:8])
 out["explain"] = {"loss": report.loss.value, "tape_loss": tape(x[:8], y[:8])[0],
                   "norms": {g.path: g.stats.l2 for g in report.gradients if g.stats},
@@ -101,6 +114,11 @@ def test_mirrored_strategy_is_observed_on_the_global_batch_as_a_tape_sees_it():
     assert abs(flow["loss"] - flow["tape_loss"]) <= 1e-6 * abs(flow["tape_loss"])
     for path, norm in flow["tape_norms"].items():
         assert abs(flow["norms"][path] - norm) <= 1e-5 * norm, path
+    uneven = out["uneven"]
+    assert uneven["batch_size"] == 4 and uneven["trained_alike"] == 0.0
+    assert abs(uneven["loss"] - uneven["tape_loss"]) <= 1e-6 * abs(uneven["tape_loss"])
+    for path, norm in uneven["tape_norms"].items():
+        assert abs(uneven["norms"][path] - norm) <= 1e-5 * norm, path
     explain = out["explain"]
     assert explain["loss"] == explain["tape_loss"]
     for path, norm in explain["tape_norms"].items():

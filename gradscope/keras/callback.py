@@ -16,6 +16,7 @@ The code below says where each of those happens."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import threading
@@ -80,9 +81,10 @@ def _replay(iterator: Any, batches: list[Any], strategy: Any = None) -> Any:
     batches again, which splits them across the replicas as fit's own dataset did: the same
     spec, so Keras' traced step runs as it is."""
     if isinstance(iterator, tf.distribute.DistributedIterator) and strategy is not None:
-        whole = [_global(strategy, batch) for batch in batches]
-        dataset = tf.data.Dataset.from_tensor_slices(
-            tf.nest.map_structure(lambda *parts: tf.stack(parts), *whole))
+        # One element per global batch; concatenated, not stacked: batches of unequal size
+        # (an epoch's last) replay too.
+        dataset = functools.reduce(lambda a, b: a.concatenate(b), [
+            tf.data.Dataset.from_tensors(_global(strategy, batch)) for batch in batches])
         return iter(strategy.experimental_distribute_dataset(
             dataset.with_options(_REPLAY_OPTIONS)))
     spec = getattr(iterator, "element_spec", None)
