@@ -2,7 +2,10 @@
 gradients of a saved model. Load it (safe_mode), make a batch, take one GradientTape gradient
 of the loss with respect to every trainable weight, print the norms.
 
-    .venv/bin/python bench/keras_floor.py MODEL.keras [--batch-size 32]
+    .venv/bin/python bench/keras_floor.py MODEL.keras [--batch-size 32] [--compiled]
+
+``--compiled``: the yardstick of a user-sized model (bench/user_sized.py): the compiled loss
+(``model.compute_loss``) and the gradient inside a ``tf.function``.
 """
 
 from __future__ import annotations
@@ -21,17 +24,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--compiled", action="store_true")
     args = parser.parse_args()
-    model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    model = keras.saving.load_model(args.model, compile=args.compiled, safe_mode=True)
     rng = np.random.default_rng(0)
     shape = (args.batch_size, *model.inputs[0].shape[1:])
     x = rng.standard_normal(shape).astype("float32")
     out_shape = (args.batch_size, *model.outputs[0].shape[1:])
     y = np.eye(out_shape[-1], dtype="float32")[rng.integers(0, out_shape[-1], out_shape[:-1])]
     loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, model(x, training=False))
-    gradients = tape.gradient(loss, model.trainable_variables)
+
+    def gradients_of(x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            outputs = model(x, training=False)
+            loss = (model.compute_loss(x, y, outputs) if args.compiled
+                    else loss_fn(y, outputs))
+        return tape.gradient(loss, model.trainable_variables)
+
+    gradients = (tf.function(gradients_of) if args.compiled else gradients_of)(x, y)
     for variable, gradient in zip(model.trainable_variables, gradients, strict=True):
         print(variable.path, float(tf.norm(gradient)))
 

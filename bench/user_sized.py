@@ -1,5 +1,5 @@
 """User-sized Keras models: ``gradscope explain`` and ``gradscope check`` on a saved model
-against the tape a user writes by hand (``bench/keras_tape.py``: load the model, one
+against the tape a user writes by hand (``bench/keras_floor.py --compiled``: load the model, one
 ``GradientTape`` gradient of ``compute_loss`` in a ``tf.function``). Whole processes, each
 command alternating with the tape; wall time and peak memory (max RSS, from GNU time);
 medians, and the median of the pair ratios.
@@ -57,8 +57,8 @@ def measure(command: list[str]) -> tuple[float, float]:
 def row(model: Path, command: str, batch: int, repeats: int) -> dict[str, float]:
     ours_command = [sys.executable, "-m", "gradscope", command, str(model),
                     "--batch-size", str(batch), "--quiet"]
-    tape_command = [sys.executable, str(REPO / "bench" / "keras_tape.py"), str(model),
-                    "--batch-size", str(batch)]
+    tape_command = [sys.executable, str(REPO / "bench" / "keras_floor.py"), str(model),
+                    "--batch-size", str(batch), "--compiled"]
     measure(tape_command), measure(ours_command)  # warm-up (file cache), untimed
     ours, tape = [], []
     for _ in range(repeats):
