@@ -13,6 +13,7 @@ from math import prod
 from typing import Any
 
 from gradscope.guard import BASELINE_TERM, MIB, PROCESS_BASELINE, refuse_over
+from gradscope.keras.engine import RECURRENT
 from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import deriving_explainer
 
@@ -29,9 +30,6 @@ CHECK_KEPT_PER_UNIT = 40
 #: ``check`` also holds, per step, numbers in proportion to the weights: 0.8 per weight and
 #: step (the slope from 100 to 300 steps grows with the weight count, not the units).
 CHECK_PER_WEIGHT_STEP = 0.8
-
-RECURRENT = ("LSTM", "GRU", "SimpleRNN")
-
 
 def recurrent_units(node: Any) -> list[tuple[str, int]]:
     """(class, units) of the recurrent loops a layer runs: both directions of a Bidirectional,
