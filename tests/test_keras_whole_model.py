@@ -1,9 +1,11 @@
-"""The witness outside the engine: Keras' own ``model(x)`` + ``compute_loss`` under a tape of
-its own, on models whose layers are called more than once and add losses as they go (shared
-layers and sub-models with activity regularizers), and on stateful layers.
+"""The pass is Keras' own ``model(x)`` + ``compute_loss``, looked on; where it cannot be,
+the replay is witnessed by Keras' own call under a tape of its own. On models whose layers are
+called more than once and add losses as they go (shared layers and sub-models with activity
+regularizers), and on stateful layers.
 
 The truth of every test is Keras' own GradientTape on the user's object; a mutant of the
-engine that reads such a model the old way must be caught as an internal error.
+replay that reads such a model the old way takes no part in Keras' own call, and is caught
+as an internal error where the replay runs.
 """
 
 from __future__ import annotations
@@ -79,20 +81,53 @@ def test_shared_layers_that_add_losses_give_keras_own_numbers(fixture, passes, r
         assert ours[path] == pytest.approx(float(np.linalg.norm(gradient)), rel=RTOL), path
 
 
-@pytest.mark.parametrize("passes", ["eager", "traced"])
-def test_a_replay_that_loses_the_added_losses_is_an_internal_error(siamese, tf, monkeypatch,
-                                                                   passes, request):
+def _replay_loses_added_losses(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mutant: each layer call replayed on its own, as before the fix, so that the second
-    call of the shared GRU wipes the loss its first call added. The whole-model witness must
-    refuse to show its numbers, naming the loss and both values."""
+    call of the shared GRU wipes the loss its first call added."""
     from gradscope.keras import engine
-
-    if passes == "traced":
-        request.getfixturevalue("traced")
 
     monkeypatch.setattr(engine, "model_call_context",
                         lambda model, training: contextlib.nullcontext())
+
+
+@pytest.fixture
+def not_looked_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras' own call as on a path the hooks cannot see (a recurrent call that does not ask
+    its get_initial_state for zeros, as Keras' fused bidirectional kernel on a GPU): the
+    engine falls back to its replay."""
+    from gradscope.keras import engine
+
+    monkeypatch.setattr(engine, "zero_states_watched",
+                        lambda layers, states, watch: contextlib.nullcontext())
+
+
+@pytest.mark.parametrize("passes", ["eager", "traced"])
+def test_the_pass_is_keras_own_call_so_a_broken_replay_is_never_shown(siamese, tf, monkeypatch,
+                                                                      passes, request):
+    """explain runs Keras' own call, looked on: the replay's mutant takes no part, and the
+    numbers are Keras' own."""
+    if passes == "traced":
+        request.getfixturevalue("traced")
+    _replay_loses_added_losses(monkeypatch)
     model, x, y = siamese
+    report = gradscope.explain(model, x=x, y=y)
+    loss, _ = keras_tape(model, x, y)
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+
+
+@pytest.mark.parametrize("passes", ["eager", "traced"])
+def test_where_the_call_cannot_be_looked_on_the_replay_is_witnessed(siamese, tf, monkeypatch,
+                                                                     passes, request,
+                                                                     not_looked_on):
+    """The fallback: the replay, held against Keras' own call. Its mutant must be refused as
+    an internal error naming the loss and both values; the real replay gives Keras' numbers.
+    """
+    if passes == "traced":
+        request.getfixturevalue("traced")
+    model, x, y = siamese
+    loss, _ = keras_tape(model, x, y)
+    assert gradscope.explain(model, x=x, y=y).loss.value == pytest.approx(loss, rel=RTOL)
+    _replay_loses_added_losses(monkeypatch)
     with pytest.raises(InternalError, match="layer-by-layer run gives the loss .* Keras' own"):
         gradscope.explain(model, x=x, y=y)
 
@@ -100,10 +135,7 @@ def test_a_replay_that_loses_the_added_losses_is_an_internal_error(siamese, tf, 
 def test_check_finite_differences_do_not_share_the_replay(siamese, tf, monkeypatch):
     """With the replay broken as above, check's finite differences (Keras' own call) and the
     engine cannot agree: the mutant never passes."""
-    from gradscope.keras import engine
-
-    monkeypatch.setattr(engine, "model_call_context",
-                        lambda model, training: contextlib.nullcontext())
+    _replay_loses_added_losses(monkeypatch)
     model, x, y = siamese
     with pytest.raises(InternalError):
         gradscope.check(model, x=x, y=y)
@@ -176,32 +208,48 @@ def test_a_batch_of_another_size_than_a_fixed_input_batch_is_refused(stateful):
     assert gradscope.explain(model).model.batch_size == 4
 
 
-def test_gradient_flow_confirms_its_first_observation_with_keras_own_call(siamese, tf,
-                                                                          monkeypatch):
-    """GradientFlow's traced pass is the engine's replay: at a model's first observation it
-    is held against Keras' own call. A replay that loses the shared GRU's added loss (the
-    mutant) is a loud internal error, never a recorded number; the real one records."""
-    from gradscope.keras import GradientFlow, engine
+def test_gradient_flow_records_keras_own_numbers_whatever_the_replay(siamese, tf, monkeypatch):
+    """GradientFlow's traced pass is Keras' own call, looked on: a broken replay takes no part
+    in it."""
+    from gradscope.keras import GradientFlow
+
+    model, x, y = siamese
+    loss, _ = keras_tape(model, x, y)
+    _replay_loses_added_losses(monkeypatch)
+    flow = GradientFlow(model=model)
+    flow.observe(x, y, step=1)
+    assert flow._pass.own
+    assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)
+
+
+def test_gradient_flow_confirms_a_replay_with_keras_own_call(siamese, tf, monkeypatch,
+                                                             not_looked_on):
+    """Where the call cannot be looked on, the pass is the replay: at a model's first
+    observation it is held against Keras' own call. A replay that loses the shared GRU's added
+    loss (the mutant) is a loud internal error, never a recorded number; the real one
+    records."""
+    from gradscope.keras import GradientFlow
 
     model, x, y = siamese
     flow = GradientFlow(model=model)
     flow.observe(x, y, step=1)
+    assert not flow._pass.own
     loss, _ = keras_tape(model, x, y)
     assert flow.history.observations[0].loss == pytest.approx(loss, rel=RTOL)
-    monkeypatch.setattr(engine, "model_call_context",
-                        lambda model, training: contextlib.nullcontext())
+    _replay_loses_added_losses(monkeypatch)
     with pytest.raises(InternalError, match="GradientFlow on model .* layer-by-layer run "
                                             "gives the loss"):
         GradientFlow(model=model).observe(x, y, step=1)
 
 
-def test_in_fit_the_witness_is_traced_beside_training_and_still_catches_the_mutant(
-        siamese, tf, monkeypatch):
-    """In fit, Keras' own call is traced during the warm-up, beside training, for fit's
-    batches; the first observation runs that trace, and the mutant is still caught there."""
+def test_in_fit_a_replay_s_witness_is_traced_beside_training_and_catches_the_mutant(
+        siamese, tf, monkeypatch, not_looked_on):
+    """In fit, where the pass is the replay, Keras' own call is traced during the warm-up,
+    beside training, for fit's batches; the first observation runs that trace, and the mutant
+    is caught there. Where the pass is Keras' own call, no witness is traced."""
     import keras
 
-    from gradscope.keras import GradientFlow, engine
+    from gradscope.keras import GradientFlow
 
     model, x, y = siamese
     copy = keras.models.clone_model(model)
@@ -213,11 +261,15 @@ def test_in_fit_the_witness_is_traced_beside_training_and_still_catches_the_muta
     copy.fit(xs, ys, batch_size=5, epochs=1, verbose=0, shuffle=False, callbacks=[flow])
     assert flow._pass.witness_concrete is not None  # traced beside training, and used
     assert len(flow.history.observations) == 2
-    monkeypatch.setattr(engine, "model_call_context",
-                        lambda model, training: contextlib.nullcontext())
+    _replay_loses_added_losses(monkeypatch)
     with pytest.raises(InternalError, match="layer-by-layer run gives the loss"):
         copy.fit(xs, ys, batch_size=5, epochs=1, verbose=0, shuffle=False,
                  callbacks=[GradientFlow(every=4)])
+    monkeypatch.undo()
+    own = GradientFlow(every=4)
+    copy.fit(xs, ys, batch_size=5, epochs=1, verbose=0, shuffle=False, callbacks=[own])
+    assert own._pass.own and own._pass.witness_concrete is None
+    assert len(own.history.observations) == 2
 
 
 def test_gradient_flow_leaves_a_stateful_layer_as_training_left_it(stateful, tf):

@@ -1,13 +1,18 @@
 """Run the user's own Keras model under ``tf.GradientTape``: every gradient is Keras' own.
 
-The model's functional graph is executed layer call by layer call through Keras' own graph
-runner, with a wrapper around each call that
+The pass is Keras' own call of the model, ``model(x, training=…)``, looked on (see
+:mod:`~gradscope.keras.observed_call`): a wrapper around each layer call Keras' graph runner
+makes
 
 - records what the call received and returned (for the explanation and the witnesses),
-- passes the inference/training flag, as ``Model.__call__`` would,
-- gives every recurrent layer that starts from Keras' default zero state an explicit zero
-  initial state, watched by the tape, so that ∂L/∂(initial state) is real. A state wired from
-  another layer (encoder → decoder) is watched where it arrives.
+- watches the initial states: Keras' own zeros, handed back as watched copies by the layer's
+  ``get_initial_state``, so that ∂L/∂(initial state) is real. A state wired from another
+  layer (encoder → decoder) is watched where it arrives; a stateful layer's carried state is
+  handed over as a watched copy.
+
+The replay (the same graph run by gradscope, call by call, every zero initial state given
+explicitly) serves the finite differences of the initial states, and any model whose call
+cannot be looked on; there Keras' own call witnesses it.
 
 The loss is Keras' ``model.compute_loss``: the compiled loss, or the one gradscope chose,
 compiled into the model in memory.
@@ -28,10 +33,12 @@ from gradscope.errors import ConfigError, GradscopeError
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
+from gradscope.keras.observed_call import NotObserved, runner_wrapped, zero_states_watched
 from gradscope.keras.whole_model import (
     confirm,
     dense_gradients,
     losses_kept,
+    model_outputs,
     moved_state,
     restore,
     runs_eagerly,
@@ -305,12 +312,20 @@ class KerasEngine:
     def forward(self, feed: list[Any], targets: list[Any], watch: Callable[[Any], None],
                 deltas: dict[str, list[Any]] | None = None,
                 watch_outputs: bool = False,
-                sample_weight: Any = None) -> tuple[Any, list[Any], list[CapturedCall]]:
+                sample_weight: Any = None,
+                own: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
         """The loss, the model's outputs and every layer call, from one run of the graph.
 
         ``watch`` is given every initial state (and, with ``watch_outputs``, every call's
         outputs) as it appears; ``deltas`` (call label → one tensor per state) are added to the
         initial states: finite differences perturb them that way. Traceable by tf.function.
+
+        With ``own``, the run is Keras' own call of the model, ``model(x, training=…)``, looked
+        on (see :mod:`~gradscope.keras.observed_call`): the zero initial states are Keras' own,
+        from each recurrent layer's ``get_initial_state``. It raises
+        :class:`~gradscope.keras.observed_call.NotObserved` where a recurrent call does not ask
+        for them. Without it, the replay: the graph run call by call, every zero initial state
+        given explicitly (``deltas`` need it).
         """
         tf, keras = self.tf, self.keras
         from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
@@ -325,9 +340,13 @@ class KerasEngine:
         counts: dict[str, int] = {}
         training = self.training
 
-        def operation_fn(operation: Any) -> Any:
+        if own and deltas:
+            raise ValueError("deltas perturb the replay's explicit initial states, not own=True")
+
+        def operation_fn(operation: Any, keras_call: Callable[..., Any] | None = None) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
-                if "training" in getattr(operation, "_call_context_args", {}):
+                if keras_call is None and "training" in getattr(operation,
+                                                                "_call_context_args", {}):
                     kwargs["training"] = training
                 name = getattr(operation, "name", type(operation).__name__)
                 index = counts.get(name, 0)
@@ -342,7 +361,15 @@ class KerasEngine:
                 units = _state_units(operation)
                 given = kwargs.get("initial_state")
                 held = _carried_states(operation) if given is None else None
-                if units and (held is not None or not getattr(operation, "stateful", False)):
+                own_zeros: list[Any] | None = None
+                if units and own and given is None and held is None and not getattr(
+                        operation, "stateful", False):
+                    own_zeros = []  # Keras' own, asked for in the call below
+                    captured.state_source = "zeros"
+                    if kwargs.get("mask") is None:
+                        # What Keras' Layer.__call__ takes for a call with one tensor.
+                        captured.mask = get_keras_mask(captured.args[0])
+                elif units and (held is not None or not getattr(operation, "stateful", False)):
                     if held is not None:
                         # A stateful layer starts from what the previous batch left: the
                         # same values, made a tensor the tape watches.
@@ -373,7 +400,15 @@ class KerasEngine:
                             kwargs["mask"] = captured.mask = carried
                     kwargs["initial_state"] = states
                     captured.states = states
-                out = operation(*args, **kwargs)
+                if own_zeros is None:
+                    out = (keras_call or operation)(*args, **kwargs)
+                else:
+                    with zero_states_watched(_directions(operation), own_zeros, watch):
+                        out = (keras_call or operation)(*args, **kwargs)
+                    if len(own_zeros) != len(units):
+                        raise NotObserved(f"{name}: {len(own_zeros)} zero states asked of "
+                                          f"get_initial_state, {len(units)} expected")
+                    captured.states = own_zeros
                 captured.outputs = list(keras.tree.flatten(out))
                 if watch_outputs:
                     # Fresh tensors (masks carried over), so that ∂L/∂output is what flows
@@ -393,9 +428,13 @@ class KerasEngine:
 
             return call
 
-        with model_call_context(model, training):
-            outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
-        flat_outputs = list(keras.tree.flatten(outputs))
+        if own:
+            with runner_wrapped(runner, lambda op, keras_call: operation_fn(op, keras_call)):
+                flat_outputs = model_outputs(model, feed, training)
+        else:
+            with model_call_context(model, training):
+                outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
+            flat_outputs = list(keras.tree.flatten(outputs))
         return (self.compute_loss(feed, targets, flat_outputs, sample_weight), flat_outputs,
                 calls)
 
@@ -423,45 +462,64 @@ class KerasEngine:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient.
 
-        The replay is witnessed by Keras' own call of the whole model on the same batch, run
-        first from the same variables: the loss and weight gradients returned are that
-        call's, and the replay must agree with them (else :class:`InternalError`)."""
+        The pass is Keras' own call of the whole model, ``model(x)`` then ``compute_loss``,
+        looked on (:mod:`~gradscope.keras.observed_call`): the loss and every gradient are
+        Keras' own. Where it cannot be looked on (or fails), the replay runs instead, witnessed
+        by Keras' own call of the whole model, run first from the same variables: the loss
+        and weight gradients returned are that call's, and the replay must agree with them
+        (else :class:`InternalError`); where Keras' own call fails, that is said as such."""
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
         eager = runs_eagerly(self.user_model) or not self._worth_tracing(inputs)
         # A training-mode run moves batch-norm statistics, dropout seeds and the states of
-        # stateful layers: both passes start from the same values, and the user's model
+        # stateful layers: each pass starts from the same values, and the user's model
         # object gets its own values back.
         before = moved_state(self.model)
         try:
             if self.training:
                 self.keras.utils.set_random_seed(self.seed)
-            # Keras' own call first: where it fails, the model (or Keras) cannot compute this
-            # loss, and that is said as such; the replay failing after it is gradscope's.
             try:
-                own = whole_model_pass(
-                    self.model,
-                    lambda f, t, o: self.compute_loss(f, t, o, weights), feed, y,
-                    self.training,
-                    terms=lambda outputs, added: self.loss_terms(y, outputs, added, weights),
-                    eager=eager)
+                return self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
+                                 own=True)
             except GradscopeError:
                 raise
-            except Exception as exc:  # Keras and TensorFlow raise many kinds
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
-                    type(exc).__name__
-                copy = f" (the {self.dtype_name} copy)" if self.model is not self.user_model \
-                    else ""
-                raise ConfigError(f"{self.path}: Keras' own call of the model{copy} and its "
-                                  f"loss fails on this batch: {first}", where=self.path) \
-                    from None
-            restore(before)
-            if self.training:
-                self.keras.utils.set_random_seed(self.seed)
-            replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager)
+            except Exception:  # noqa: BLE001  (NotObserved, or a failure the replay explains)
+                restore(before)
+            return self._witnessed_replay(feed, y, inputs, watch_outputs, watch_inputs,
+                                          weights, eager, before)
         finally:
             if self.live:
                 restore(before)
+
+    def _witnessed_replay(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
+                          watch_outputs: bool, watch_inputs: bool, weights: Any, eager: bool,
+                          before: list[tuple[Any, np.ndarray]]) -> KerasPass:
+        """The replay, witnessed by Keras' own call (see :meth:`run`)."""
+        if self.training:
+            self.keras.utils.set_random_seed(self.seed)
+        # Keras' own call first: where it fails, the model (or Keras) cannot compute this
+        # loss, and that is said as such; the replay failing after it is gradscope's.
+        try:
+            own = whole_model_pass(
+                self.model,
+                lambda f, t, o: self.compute_loss(f, t, o, weights), feed, y,
+                self.training,
+                terms=lambda outputs, added: self.loss_terms(y, outputs, added, weights),
+                eager=eager)
+        except GradscopeError:
+            raise
+        except Exception as exc:  # Keras and TensorFlow raise many kinds
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
+                type(exc).__name__
+            copy = f" (the {self.dtype_name} copy)" if self.model is not self.user_model \
+                else ""
+            raise ConfigError(f"{self.path}: Keras' own call of the model{copy} and its "
+                              f"loss fails on this batch: {first}", where=self.path) \
+                from None
+        restore(before)
+        if self.training:
+            self.keras.utils.set_random_seed(self.seed)
+        replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager)
         confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
         return replace(replay, loss=own.loss, gradients=own.gradients,
                        sparse_rows=own.sparse_rows, loss_terms=own.terms)
@@ -474,14 +532,19 @@ class KerasEngine:
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None,
-             eager: bool = False) -> KerasPass:
-        """The replay under a tape, as one ``tf.function`` (see
-        :func:`~gradscope.keras.whole_model.traced_or_eager`); what each call received and
-        returned comes back as eager tensors."""
+             eager: bool = False, own: bool = False) -> KerasPass:
+        """The pass under a tape (with ``own``, Keras' own call looked on; else the replay), as
+        one ``tf.function`` (see :func:`~gradscope.keras.whole_model.traced_or_eager`); what
+        each call received and returned comes back as eager tensors. Keras' own call also gives
+        the loss term by term."""
+        from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+
         tf = self.tf
         variables = self.model.trainable_variables
         floating = [k for k, t in enumerate(feed) if t.dtype.is_floating] if watch_inputs else []
         traced: dict[str, Any] = {}
+        layers = list(self.model._flatten_layers(include_self=True, recursive=True)) \
+            if own else []
 
         def step(feed: list[Any], y: list[Any]) -> Any:
             watched_inputs = [feed[k] for k in floating]
@@ -489,7 +552,10 @@ class KerasEngine:
                 tape.watch(watched_inputs)
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
-                                                         sample_weight=sample_weight)
+                                                         sample_weight=sample_weight, own=own)
+            # What each layer added during the call (activity regularizers, add_loss), for
+            # the loss term by term.
+            added = [layer._get_own_losses() for layer in layers]
             states = [call.states for call in calls]
             watched_outputs = [call.outputs for call in calls] if watch_outputs else []
             gradients = tape.gradient(loss, [variables, states, watched_outputs,
@@ -499,11 +565,18 @@ class KerasEngine:
                                        for value in flat_outputs]
             captured = [([a for a in call.args if tf.is_tensor(a)], call.outputs, call.states,
                          call.mask) for call in calls]
-            return loss, gradients, captured
+            return (loss, gradients, captured, flat_outputs,
+                    [get_keras_mask(output) for output in flat_outputs], added)
 
         with native_stderr_silenced(), losses_kept(self.model):
-            loss, (grads, state_grads, output_grads, input_grads), captured = traced_or_eager(
-                step, feed, y, eager=eager)
+            (loss, (grads, state_grads, output_grads, input_grads), captured, outputs, masks,
+             added) = traced_or_eager(step, feed, y, eager=eager)
+            for output, mask in zip(outputs, masks, strict=True):
+                if mask is not None:
+                    set_keras_mask(output, mask)
+            terms = self.loss_terms(y, outputs, {id(layer): list(values) for layer, values
+                                                 in zip(layers, added, strict=True)},
+                                    sample_weight) if own else []
         calls = [_eager_call(call, *tensors)
                  for call, tensors in zip(traced["calls"], captured, strict=True)]
         gradients, sparse = dense_gradients(variables, grads)
@@ -520,7 +593,8 @@ class KerasEngine:
             loss=float(loss.numpy()), gradients=gradients, sparse_rows=sparse,
             state_gradients=state_gradients, calls=calls,
             output_shapes=dict(zip(self.output_names, traced["output_shapes"], strict=True)),
-            output_gradients=output_gradients, input_gradients=input_gradients)
+            output_gradients=output_gradients, input_gradients=input_gradients,
+            loss_terms=terms)
 
 
 def _eager_call(call: CapturedCall, args: list[Any], outputs: list[Any], states: list[Any],
@@ -573,6 +647,14 @@ def _state_units(operation: Any) -> list[int]:
         # own zero states, and their gradients are not reported.
         return forward + backward if len(forward) == len(backward) else []
     return []
+
+
+def _directions(operation: Any) -> list[Any]:
+    """The layers whose ``get_initial_state`` a call of ``operation`` asks for its zero
+    states, in the order of :func:`_state_units`."""
+    if class_label(operation) == "Bidirectional":
+        return [operation.forward_layer, operation.backward_layer]
+    return [operation]
 
 
 def _carried_states(operation: Any) -> list[Any] | None:

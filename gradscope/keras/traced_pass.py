@@ -1,6 +1,9 @@
 """GradientFlow's extra pass as one ``tf.function`` for a model's engine: traced (beside
-training, or at the first observation that needs it), run on an observed batch, and witnessed
-once by Keras' own call of the whole model."""
+training, or at the first observation that needs it) and run on an observed batch.
+
+The pass is Keras' own call of the whole model, looked on (see
+:mod:`~gradscope.keras.observed_call`). Where a model cannot be looked on, the pass is the
+engine's replay, witnessed once by Keras' own call of the whole model."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import numpy as np
 from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label
 from gradscope.keras.flow import RECURRENT_CLASSES
+from gradscope.keras.observed_call import NotObserved
 from gradscope.keras.whole_model import (
     all_variables,
     confirm,
@@ -39,6 +43,9 @@ class TracedPass:
         self.concrete: Any = None
         self.witness_concrete: Any = None  # Keras' own call, traced with the pass
         self.witnessed = False  # Keras' own call has been handed an observation to confirm
+        #: The pass is Keras' own call, looked on; False where it cannot be (a model whose
+        #: calls the hooks cannot see): the replay, witnessed.
+        self.own = True
 
     def warm(self, inputs: list[Any], targets: list[Any]) -> None:
         """Trace the pass for ``inputs`` and ``targets`` (``tf.TensorSpec``s) and run it once
@@ -50,8 +57,7 @@ class TracedPass:
         traces in less time than a free one. A batch of another size (``observe`` in a loop,
         a later fit) is traced again for it, with the batch axis free."""
         with native_stderr_silenced():
-            function = _trace(self.engine, self.trace)
-            concrete = function.get_concrete_function(list(inputs), list(targets))
+            function, concrete = self._traced(list(inputs), list(targets))
             zeros = [tf.zeros((s.shape[0] or 1, *s.shape[1:]), s.dtype)
                      for s in [*inputs, *targets]]
             # Zeros are no batch of the user's: whatever they give is dropped, and an error
@@ -59,8 +65,20 @@ class TracedPass:
             with contextlib.suppress(tf.errors.OpError), without_grappler():
                 concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
             self.function, self.concrete = function, concrete
-            if not self.witnessed:
+            if not self.witnessed and not self.own:
                 self.witness_concrete = _trace_witness(self.engine, inputs, targets, zeros)
+
+    def _traced(self, inputs: list[Any], targets: list[Any]) -> tuple[Any, Any]:
+        """The pass's function and its concrete function for these specs: Keras' own call
+        where it can be looked on, else (from then on) the replay."""
+        if self.own:
+            function = _trace(self.engine, self.trace, own=True)
+            try:
+                return function, function.get_concrete_function(inputs, targets)
+            except NotObserved:
+                self.own = False
+        function = _trace(self.engine, self.trace, own=False)
+        return function, function.get_concrete_function(inputs, targets)
 
     def forget(self) -> None:
         """Drop a trace made beside training that failed: the pass is traced again where it is
@@ -79,18 +97,22 @@ class TracedPass:
         # TensorFlow's native log lines at a first op
         with native_stderr_silenced(), without_grappler():
             if self.function is None:
-                self.function = _trace(engine, self.trace)
                 # Traced once with the batch axis free: the last, smaller batch of an epoch
                 # does not trace again.
-                self.concrete = self.function.get_concrete_function(
+                self.function, self.concrete = self._traced(
                     [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
-            if sample_weight is not None:  # weighed batches: traced for their weights
-                loss, grads, captured = self.function(feed, ys, sample_weight)
-            else:
-                try:
-                    loss, grads, captured = self.concrete(feed, ys, None)
-                except (TypeError, ValueError):  # another batch size or time: trace for it
-                    loss, grads, captured = self.function(feed, ys)
+            try:
+                if sample_weight is not None:  # weighed batches: traced for their weights
+                    loss, grads, captured = self.function(feed, ys, sample_weight)
+                else:
+                    try:
+                        loss, grads, captured = self.concrete(feed, ys, None)
+                    except (TypeError, ValueError):  # another batch size or time: trace for it
+                        loss, grads, captured = self.function(feed, ys)
+            except NotObserved:  # traced again for this batch, and not looked on: the replay
+                self.own = False
+                self.forget()
+                return self.run(inputs, targets, sample_weight)
         restore(before)
         calls = []
         for meta, tensors in zip(self.trace["calls"], captured, strict=True):
@@ -113,13 +135,14 @@ class TracedPass:
 
     def witness(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                 result: KerasPass, sample_weight: Any = None) -> Callable[[], None] | None:
-        """At the first observation (None afterwards, as the traced pass is the same function
-        then), Keras' own call of the whole model on the same batch and weights must give the
-        pass's loss and gradients: the witness outside the engine. The weights are copied now;
+        """Where the pass is the replay, at its first observation (None afterwards, as the
+        traced pass is the same function then), Keras' own call of the whole model on the same
+        batch and weights must give the pass's loss and gradients: the witness outside the
+        engine. (None where the pass is Keras' own call.) The weights are copied now;
         the returned job runs the call later, on the worker beside training, under Keras'
         StatelessScope from the copies, before the observation is recorded (a trace takes
         less from training than an eager call)."""
-        if self.witnessed:
+        if self.witnessed or self.own:
             return None
         self.witnessed = True
         engine = self.engine
@@ -146,17 +169,18 @@ class TracedPass:
         return witness
 
 
-def _trace(engine: Any, trace: dict[str, Any]) -> Any:
-    """One tf.function: the engine's forward under a tape, the gradients of the loss with
-    respect to every weight, every initial state and every recurrent call's outputs, and what
-    each recurrent call received and returned. ``trace`` gets the calls' names at tracing."""
+def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
+    """One tf.function: the engine's forward (``own``: Keras' own call, looked on) under a
+    tape, the gradients of the loss with respect to every weight, every initial state and
+    every recurrent call's outputs, and what each recurrent call received and returned.
+    ``trace`` gets the calls' names at tracing."""
     recurrent = RECURRENT_CLASSES
 
     @tf.function(autograph=False, reduce_retracing=True)
     def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
         with tf.GradientTape() as tape:
             loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True,
-                                            sample_weight=sample_weight)
+                                            sample_weight=sample_weight, own=own)
         kept = [c for c in calls if c.states or c.class_name in recurrent]
         wanted = [c.outputs if c.class_name in recurrent else [] for c in kept]
         grads, state_grads, output_grads = tape.gradient(

@@ -108,13 +108,14 @@ def traced_or_eager(step: Callable[..., Any], *args: Any, eager: bool = False) -
 
     from gradscope._tf import without_grappler
     from gradscope.errors import GradscopeError
+    from gradscope.keras.observed_call import NotObserved
 
     if eager:
         return step(*args)
     try:
         with without_grappler():
             return tf.function(step, autograph=False)(*args)
-    except GradscopeError:
+    except (GradscopeError, NotObserved):  # NotObserved: the caller runs the replay
         raise
     except Exception:  # noqa: BLE001  (tracing fails in many ways; eager is the truth)
         return step(*args)

@@ -1,0 +1,89 @@
+"""Keras' own call of the model, ``model(x, training=…)``, with gradscope looking on.
+
+The pass that prints numbers is the call ``fit`` makes: Keras' ``Model.__call__``, its
+``Functional.call`` and its own graph runner, each layer called through Keras' own
+``operation_fn``. gradscope changes no computation; for the duration of the call it puts two
+kinds of hooks on the model's objects (only for the thread that makes the call: training may
+trace its own step on another thread meanwhile, and sees Keras untouched):
+
+- the graph runner's ``_run_through_graph`` wraps each layer call Keras makes with a recorder
+  (what the call received and returned, for the explanation and the witnesses);
+- a recurrent layer's ``get_initial_state``, while that layer's own call runs, returns fresh
+  copies (``tf.identity``) of Keras' own zeros, which the tape watches: ∂L/∂(initial state)
+  is then the gradient through that call, and the values are Keras' own.
+
+Where a recurrent call did not ask its ``get_initial_state`` for zeros (a fused path, such as
+Keras' fused bidirectional kernel on a GPU), :class:`NotObserved` is raised, and the caller
+runs gradscope's replay instead, witnessed by Keras' own call as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class NotObserved(Exception):  # noqa: N818  (a signal to the caller, not an error for users)
+    """Keras' own call ran a path the hooks could not see (see the module)."""
+
+
+@contextlib.contextmanager
+def runner_wrapped(runner: Any, wrap: Callable[[Any, Callable[..., Any]], Callable[..., Any]]
+                   ) -> Iterator[None]:
+    """While inside, the graph runner's ``_run_through_graph`` (called by this thread) calls
+    ``wrap(operation, call)`` for each layer, where ``call`` is Keras' own call of it (with
+    the call-context arguments ``Functional.call`` passes), and runs what it returns."""
+    original = runner._run_through_graph
+    owner = threading.get_ident()
+
+    def run_through_graph(inputs: Any, operation_fn: Any = lambda op: op,
+                          call_fn: Any = None) -> Any:
+        if threading.get_ident() != owner:
+            return original(inputs, operation_fn=operation_fn, call_fn=call_fn)
+        return original(inputs, operation_fn=lambda op: wrap(op, operation_fn(op)),
+                        call_fn=call_fn)
+
+    # object.__setattr__: a Keras layer tracks what is set on it; a hook is not its state.
+    object.__setattr__(runner, "_run_through_graph", run_through_graph)
+    try:
+        yield
+    finally:
+        object.__delattr__(runner, "_run_through_graph")
+
+
+@contextlib.contextmanager
+def zero_states_watched(layers: list[Any], states: list[Any],
+                        watch: Callable[[Any], None]) -> Iterator[None]:
+    """While inside, each of ``layers``' ``get_initial_state`` (called by this thread) returns
+    copies of Keras' own zeros, watched, and appends them to ``states`` in the order asked."""
+    import keras
+    import tensorflow as tf
+
+    owner = threading.get_ident()
+    for layer in layers:
+        original = layer.get_initial_state
+
+        def get_initial_state(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            zeros = _original(*args, **kwargs)
+            if threading.get_ident() != owner:
+                return zeros
+
+            def fresh(tensor: Any) -> Any:
+                copy = tf.identity(tensor)
+                watch(copy)
+                states.append(copy)
+                return copy
+
+            return keras.tree.map_structure(fresh, zeros)
+
+        object.__setattr__(layer, "get_initial_state", get_initial_state)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            object.__delattr__(layer, "get_initial_state")
+
+
+__all__ = ["NotObserved", "runner_wrapped", "zero_states_watched"]
