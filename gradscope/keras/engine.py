@@ -548,7 +548,7 @@ class KerasEngine:
 
         def step(feed: list[Any], y: list[Any]) -> Any:
             watched_inputs = [feed[k] for k in floating]
-            with tf.GradientTape(persistent=watch_outputs) as tape:
+            with tf.GradientTape() as tape:
                 tape.watch(watched_inputs)
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
