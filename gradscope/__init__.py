@@ -12,6 +12,7 @@ Python API (the CLI is a thin layer over exactly these)::
     gradscope.explain(model, x=x, y=y, flow=True) # a Keras model object, e.g. in a notebook
     gradscope.shapes(model)                       # its algebra alone, nothing run
     gradscope.watch("runs/gru")                   # what GradientFlow wrote to its log_dir
+    gradscope.diff("base.json", "new.json")       # gradients drifted between two reports
 
 A Keras model object (Sequential or functional, built) goes through the same Keras engine as
 a ``.keras`` file: its graph is read from the config Keras would save, and it runs as it is,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from gradscope.arrays import DataFiles
     from gradscope.report.models import (
         CheckReport,
+        DiffReport,
         ExplainReport,
         FlowHistoryReport,
         KerasCheckReport,
@@ -359,4 +361,18 @@ def watch(log_dir: str | PathLike[str]) -> FlowHistoryReport:
     return _drawn(_watch(log_dir))
 
 
-__all__ = ["__version__", "check", "explain", "infer_spec", "load_spec", "shapes", "watch"]
+def diff(base: Any, new: Any, rtol: float | None = None) -> DiffReport:
+    """What changed in the gradients between two explain reports of the same model inputs
+    and data (each a path to an ``explain --json`` document, its dict, or a report object):
+    shapes added, removed or changed, ‖g‖ drifting beyond ``rtol`` (default
+    ``gradscope.drift.DEFAULT_RTOL``, 1e-4), new NaN/Inf, flipped vanishing/exploding flags,
+    the loss. ``report.drifted`` is the verdict. Reports of different data, batch size, seed
+    or inputs raise ConfigError. No TensorFlow."""
+    from gradscope.drift import DEFAULT_RTOL
+    from gradscope.drift import diff as _diff
+
+    return _drawn(_diff(base, new, DEFAULT_RTOL if rtol is None else rtol))
+
+
+__all__ = ["__version__", "check", "diff", "explain", "infer_spec", "load_spec", "shapes",
+           "watch"]

@@ -477,6 +477,45 @@ def watch(log_dir: str, as_json: bool, output: Path | None, force: bool, quiet: 
     return EXIT_OK
 
 
+DIFF_EPILOG = """\b
+Exit codes:
+  0  no drift: the gradients, their shapes and the loss agree within --rtol
+  1  something drifted (each change is listed)
+  2  usage or data error, or reports of different models, data or seeds
+"""
+
+
+@cli.command(epilog=DIFF_EPILOG)
+@click.argument("base", metavar="BASE.json", shell_complete=_complete_path)
+@click.argument("new", metavar="NEW.json", shell_complete=_complete_path)
+@click.option("--rtol", type=click.FloatRange(min=0, min_open=True), metavar="R",
+              help="Relative tolerance of each ‖g‖ and of the loss  [default: 1e-4: float32 "
+                   "rounding across machines stays far below it]")
+@output_options
+def diff(base: str, new: str, rtol: float | None, as_json: bool, output: Path | None,
+         force: bool, quiet: bool) -> int:
+    """Compare the gradients of two explain reports (explain --json), e.g. of two commits.
+
+    Lists tensors added or removed, changed shapes, ‖g‖ drifting beyond --rtol, values that
+    became NaN or Inf, vanishing/exploding flags that flip (where both reports ran --flow),
+    and the loss. The reports must explain the same model inputs and data (batch size, seed,
+    data files): otherwise the difference would be the data's, and it is refused. No
+    TensorFlow.
+
+    \b
+    Example:
+      gradscope explain model.keras --data batch.npz --json -o base.json
+      ... change the code ...
+      gradscope explain model.keras --data batch.npz --json -o new.json
+      gradscope diff base.json new.json
+    """
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    report = gradscope.diff(base, new, rtol=rtol)
+    _emit(report, as_json, output, force)
+    return EXIT_PROBLEM if report.drifted else EXIT_OK
+
+
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("command", type=click.Choice(sorted(REPORTS)), default="explain")
 def schema(command: str) -> int:

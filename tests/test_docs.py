@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from conftest import REPO, SAMPLES
 
 from gradscope.cli import main
@@ -70,6 +71,8 @@ WORKSPACE = {
     "seed_model/model.ckpt": "docs/weights.md: a TF1 checkpoint of the seed model's names",
     "bad_model/model.ckpt": "docs/weights.md: its twin whose first kernel has a row too many",
     "seed_model.yaml": "docs/weights.md: what `gradscope spec seed_model/model.ckpt` writes",
+    "base.json": "docs/ci.md: the seed model's explain report",
+    "new.json": "docs/ci.md: the explain report of the seed model with `- gru: 16`",
 }
 
 FENCE = re.compile(r"^```(\S*)\s*$")
@@ -242,6 +245,11 @@ def workspace(tf, tmp_path_factory) -> dict[str, Path]:
     files["bad_model/model.ckpt"] = Path(
         write_tf1_checkpoint(tf, folder / "bad_model" / "model.ckpt", bad))
     files["seed_model.yaml"].write_text(gradscope.infer_spec(prefix).yaml)
+    files["base.json"].write_text(gradscope.explain(None).to_json())
+    narrowed = seed.replace("  - gru: 32\n", "  - gru: 16\n")
+    assert narrowed != seed
+    files["new.json"].write_text(
+        gradscope.explain(gradscope.load_spec(yaml.safe_load(narrowed))).to_json())
     assert set(files) == set(WORKSPACE)
     return files
 

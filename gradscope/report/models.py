@@ -724,16 +724,46 @@ class FlowHistoryReport(_Displayed):
     not_analysed: list[NotAnalysedAt]
 
 
+class DiffChange(_Report):
+    """One thing that changed between two explain reports."""
+
+    tensor: str = Field(description="a gradient's name, 'loss', or the sequence a flag is on")
+    kind: Literal["loss", "added", "removed", "shape", "norm", "nonfinite", "flag"]
+    base: float | None = Field(default=None, description="‖g‖ (or the loss) in the base report")
+    new: float | None = Field(default=None, description="‖g‖ (or the loss) in the new report")
+    relative: float | None = Field(default=None, description="|new − base| / max(|base|, |new|)")
+    base_shape: list[int] | None = None
+    new_shape: list[int] | None = None
+    detail: str
+
+
+class DiffReport(_Displayed):
+    """``gradscope diff BASE.json NEW.json``: the gradients of two explain reports of the same
+    model inputs and data, compared."""
+
+    schema_version: Literal["1"] = "1"
+    command: Literal["diff"] = "diff"
+    base: str = Field(description="the base report (its file)")
+    new: str = Field(description="the new report (its file)")
+    source: str = Field(description="yaml or keras")
+    rtol: float = Field(description="relative tolerance of ‖g‖ and of the loss")
+    loss_base: float | None
+    loss_new: float | None
+    compared_tensors: int = Field(description="gradients present in both reports")
+    changes: list[DiffChange]
+    drifted: bool = Field(description="anything changed: exit 1")
+
+
 #: Every report a command or the API returns.
 Report = (ShapesReport | ExplainReport | CheckReport | LayerCheckReport | KerasShapesReport
-          | KerasExplainReport | KerasCheckReport | FlowHistoryReport)
+          | KerasExplainReport | KerasCheckReport | FlowHistoryReport | DiffReport)
 
 REPORTS: dict[str, type[_Report]] = {
     "spec": SpecInference,
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
     "check-keras": KerasCheckReport, "check-layer": LayerCheckReport,
-    "watch": FlowHistoryReport,
+    "watch": FlowHistoryReport, "diff": DiffReport,
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
+from gradscope.report.diff_text import render_diff
 from gradscope.report.history_text import render_history
 from gradscope.report.keras_text import (
     render_keras_check,
@@ -16,6 +17,7 @@ from gradscope.report.keras_text import (
 )
 from gradscope.report.models import (
     CheckReport,
+    DiffReport,
     ExplainReport,
     FlowHistoryReport,
     KerasCheckReport,
@@ -42,6 +44,7 @@ RENDERERS: dict[type, Callable[[Any, int], list[RenderableType]]] = {
     KerasExplainReport: render_keras_explain,
     KerasCheckReport: render_keras_check,
     FlowHistoryReport: render_history,
+    DiffReport: render_diff,
 }
 
 

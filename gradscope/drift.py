@@ -1,0 +1,233 @@
+"""``gradscope diff BASE.json NEW.json`` (``gradscope.diff``): what drifted in the gradients
+between two explain reports (for example the same model and data at two commits, in CI).
+
+Read without TensorFlow. Two reports are compared only when they explain the same thing: the
+same source (a YAML spec or a Keras model), the same data, batch size, seed and mode, and the
+same model inputs. Otherwise the comparison would measure the data, not the code: refused
+(exit 2), naming the first field that differs. Within that, everything the model's code may
+change is compared and reported:
+
+- tensors (weight and initial-state gradients) added or removed, and shapes changed;
+- ‖g‖ drifting beyond ``rtol`` (relative to the base's ‖g‖);
+- values that were finite and are not any more (NaN or Inf);
+- the loss drifting beyond ``rtol``;
+- vanishing/exploding flags (``--flow``) that appear or disappear.
+
+Identical reports give no change. Same weights, data and code on another machine or thread
+count differ only by float32 rounding in threaded reductions, well under the default
+``rtol``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from gradscope.errors import ConfigError
+from gradscope.report.formats import shape_text
+from gradscope.report.models import DiffChange, DiffReport
+
+#: Default relative tolerance of ‖g‖ and of the loss: float32 rounding (threaded reductions on
+#: other machines and thread counts) stays far below it; any change of the model, its weights
+#: or its loss is far above it.
+DEFAULT_RTOL = 1e-4
+
+#: What must be equal for two reports to be compared, by source: dotted paths in the report.
+_SAME_KERAS = ("source", "model.data", "model.batch_size", "model.seed", "model.mode",
+               "model.inputs")
+_SAME_YAML = ("source", "model.data", "model.batch_size", "model.seed", "model.input_size",
+              "model.time_steps", "model.dtype")
+
+
+def diff(base: Any, new: Any, rtol: float = DEFAULT_RTOL) -> DiffReport:
+    """Compare two explain reports: each a path to an ``explain --json`` document, the dict
+    of one, or a report object (``gradscope.explain(...)``)."""
+    if isinstance(rtol, bool) or not isinstance(rtol, int | float) or not rtol > 0:
+        raise ConfigError(f"diff(rtol={rtol!r}): expected a number > 0", where="rtol")
+    base_doc, base_name = _document(base, "base")
+    new_doc, new_name = _document(new, "new")
+    _refuse_other_inputs(base_doc, new_doc, base_name, new_name)
+    changes: list[DiffChange] = []
+    changes += _loss_change(base_doc, new_doc, rtol)
+    changes += _tensor_changes(base_doc, new_doc, rtol)
+    changes += _flag_changes(base_doc, new_doc)
+    compared = len(_tensors(base_doc).keys() & _tensors(new_doc).keys())
+    return DiffReport(base=base_name, new=new_name, rtol=rtol,
+                      source=str(base_doc.get("source", "yaml")),
+                      loss_base=_number(base_doc, "loss.value"),
+                      loss_new=_number(new_doc, "loss.value"),
+                      compared_tensors=compared, changes=changes, drifted=bool(changes))
+
+
+def _document(source: Any, role: str) -> tuple[dict[str, Any], str]:
+    """The report as a dict, and how to name it."""
+    if hasattr(source, "to_dict") and callable(source.to_dict):
+        document, name = source.to_dict(), f"the {role} report"
+    elif isinstance(source, dict):
+        document, name = source, f"the {role} report"
+    elif isinstance(source, str | PathLike):
+        path = Path(source)
+        name = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file; expected an explain report written "
+                              "with gradscope explain --json", where=name) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read it: {exc}", where=name) from None
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not JSON (line {exc.lineno}: {exc.msg}); expected an "
+                              "explain report written with gradscope explain --json",
+                              where=name) from None
+    else:
+        raise ConfigError(f"diff: the {role} report is a {type(source).__name__}; expected a "
+                          "path to an explain --json document, its dict, or an explain report",
+                          where=role)
+    if not isinstance(document, dict) or document.get("command") != "explain":
+        found = document.get("command") if isinstance(document, dict) else \
+            type(document).__name__
+        raise ConfigError(f"{name}: a {found!r} report; expected an explain report "
+                          "(gradscope explain --json)", where=name)
+    if document.get("schema_version") != "1":
+        raise ConfigError(f"{name}: schema_version {document.get('schema_version')!r}; this "
+                          "gradscope reads explain reports of schema version '1'", where=name)
+    return document, name
+
+
+def _get(document: dict[str, Any], dotted: str) -> Any:
+    value: Any = document
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    if dotted == "source" and value is None:
+        return "yaml"  # a YAML report carries no source field
+    return value
+
+
+def _number(document: dict[str, Any], dotted: str) -> float | None:
+    value = _get(document, dotted)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _refuse_other_inputs(base: dict[str, Any], new: dict[str, Any], base_name: str,
+                         new_name: str) -> None:
+    fields = _SAME_KERAS if _get(base, "source") == "keras" else _SAME_YAML
+    for dotted in fields:
+        a, b = _get(base, dotted), _get(new, dotted)
+        if a != b:
+            raise ConfigError(
+                f"{new_name}: {dotted} is {json.dumps(b, ensure_ascii=False)}, "
+                f"{base_name} has {json.dumps(a, ensure_ascii=False)}: the reports explain "
+                "different models or data, so their gradients cannot be compared; explain "
+                "both with the same data, batch size and seed", where=new_name)
+
+
+def _tensors(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every gradient of the report by name: weights, then initial states."""
+    found: dict[str, dict[str, Any]] = {}
+    for key in ("gradients", "initial_state_gradients"):
+        for entry in document.get(key) or []:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                found[entry["name"]] = entry
+    return found
+
+
+def _norm(entry: dict[str, Any]) -> float | None:
+    stats = entry.get("stats")
+    value = stats.get("l2") if isinstance(stats, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _nonfinite(entry: dict[str, Any]) -> int:
+    stats = entry.get("stats")
+    value = stats.get("nonfinite") if isinstance(stats, dict) else None
+    return int(value) if isinstance(value, int) else 0
+
+
+def _relative(base: float, new: float) -> float:
+    if base == new:
+        return 0.0
+    return abs(new - base) / max(abs(base), abs(new), math.ulp(0.0))
+
+
+def _loss_change(base: dict[str, Any], new: dict[str, Any], rtol: float) -> list[DiffChange]:
+    changes = []
+    a, b = _number(base, "loss.value"), _number(new, "loss.value")
+    if a is not None and b is not None and _relative(a, b) > rtol:
+        changes.append(DiffChange(tensor="loss", kind="loss", base=a, new=b,
+                                  relative=_relative(a, b),
+                                  detail=f"relative change {_relative(a, b):.2e}"))
+    name_a, name_b = _get(base, "loss.name"), _get(new, "loss.name")
+    if name_a != name_b:
+        changes.append(DiffChange(tensor="loss", kind="loss", detail=f"the loss was {name_a}, "
+                                  f"is {name_b}"))
+    return changes
+
+
+def _tensor_changes(base: dict[str, Any], new: dict[str, Any],
+                    rtol: float) -> list[DiffChange]:
+    before, after = _tensors(base), _tensors(new)
+    changes = []
+    for name, entry in before.items():
+        if name not in after:
+            changes.append(DiffChange(tensor=name, kind="removed", base_shape=entry.get("shape"),
+                                      base=_norm(entry), detail="no longer in the model"))
+            continue
+        other = after[name]
+        shape_a, shape_b = entry.get("shape"), other.get("shape")
+        if shape_a != shape_b:
+            changes.append(DiffChange(tensor=name, kind="shape", base_shape=shape_a,
+                                      new_shape=shape_b, base=_norm(entry), new=_norm(other),
+                                      detail=f"shape {_shape(shape_a)} → {_shape(shape_b)}"))
+            continue
+        if _nonfinite(other) > _nonfinite(entry):
+            changes.append(DiffChange(
+                tensor=name, kind="nonfinite", base=_norm(entry), new=_norm(other),
+                detail=f"{_nonfinite(other)} values NaN or Inf (base: {_nonfinite(entry)})"))
+            continue
+        a, b = _norm(entry), _norm(other)
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                changes.append(DiffChange(
+                    tensor=name, kind="norm", base=a, new=b,
+                    detail="no gradient now" if b is None else "a gradient now, none before"))
+            continue
+        if _relative(a, b) > rtol:
+            changes.append(DiffChange(tensor=name, kind="norm", base=a, new=b,
+                                      relative=_relative(a, b),
+                                      detail=f"‖g‖: relative change {_relative(a, b):.2e}"))
+    for name, entry in after.items():
+        if name not in before:
+            changes.append(DiffChange(tensor=name, kind="added", new_shape=entry.get("shape"),
+                                      new=_norm(entry), detail="new in the model"))
+    return changes
+
+
+def _flags(document: dict[str, Any]) -> dict[str, str]:
+    flow = document.get("gradient_flow")
+    flags = flow.get("flags") if isinstance(flow, dict) else None
+    return {f["what"]: f["kind"] for f in flags or [] if isinstance(f, dict) and "what" in f}
+
+
+def _flag_changes(base: dict[str, Any], new: dict[str, Any]) -> list[DiffChange]:
+    if base.get("gradient_flow") is None or new.get("gradient_flow") is None:
+        return []  # flags are compared only where both reports ran --flow
+    before, after = _flags(base), _flags(new)
+    changes = []
+    for what in sorted(before.keys() | after.keys()):
+        a, b = before.get(what), after.get(what)
+        if a != b:
+            changes.append(DiffChange(tensor=what, kind="flag", detail=f"flag {a or 'none'} → "
+                                      f"{b or 'none'}"))
+    return changes
+
+
+def _shape(shape: Any) -> str:
+    return shape_text(shape) if isinstance(shape, list) else "none"
+
+
+__all__ = ["DEFAULT_RTOL", "diff"]

@@ -1,0 +1,44 @@
+"""Render ``gradscope diff`` for a terminal: one row per tensor that changed, and a verdict."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from gradscope.report.formats import number
+from gradscope.report.layout import Column, Layout, atom, fit, pack, section
+from gradscope.report.models import DiffReport
+
+
+def render_diff(report: DiffReport, width: int) -> list[RenderableType]:
+    title = Text.assemble(("gradscope diff", "bold"), "  ", (report.base, "bold cyan"), " → ",
+                          (report.new, "bold cyan"))
+    loss = (f"loss {number(report.loss_base)} → {number(report.loss_new)}"
+            if report.loss_base is not None or report.loss_new is not None else "")
+    details = pack([f"{report.compared_tensors} tensors in both", *([loss] if loss else []),
+                    f"rtol {report.rtol:g}"], width)
+    details.stylize("dim")
+    parts: list[RenderableType] = [title, details]
+    if not report.changes:
+        parts.append(Text(f"NO DRIFT: every gradient, its shape and the loss agree within rtol "
+                          f"{report.rtol:g}", style="bold green"))
+        return parts
+    wide = Layout([Column("tensor"), Column("change"), Column("base", "right"),
+                   Column("new", "right"), Column("detail")], squeeze=False)
+    # Narrower: the values join the detail, on lines of their own.
+    narrow = Layout([Column("tensor"), Column("change"), Column("detail")])
+    for change in report.changes:
+        base = number(change.base) if change.base is not None else "–"
+        new = number(change.new) if change.new is not None else "–"
+        wide.add_row(Text(change.tensor), atom(change.kind, "yellow"), atom(base), atom(new),
+                     Text(change.detail))
+        values = f"\n{base} → {new}" if change.base is not None or change.new is not None \
+            else ""
+        narrow.add_row(Text(change.tensor), atom(change.kind, "yellow"),
+                       Text(change.detail + values))
+    count = len(report.changes)
+    parts += [section(f"What changed ({count} change{'s' if count != 1 else ''})"),
+              fit(width, wide, narrow),
+              Text(f"DRIFT: {count} change{'s' if count != 1 else ''} beyond rtol "
+                   f"{report.rtol:g} (exit 1)", style="bold red")]
+    return parts

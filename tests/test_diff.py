@@ -1,0 +1,138 @@
+"""``gradscope diff``: real explain reports of real models, compared across a change of the
+model (its units, its weights), with identical reports as the golden no-drift case. Edited
+copies of a real report stand for what a small model cannot be made to do on demand (a NaN,
+a flipped flag). The property: a norm scaled by f drifts exactly when |f − 1| / max(1, f)
+exceeds rtol."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_gradscope, run_without_tensorflow
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gradscope
+from gradscope.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def seed_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seed model's explain report, written by the CLI as CI would."""
+    path = tmp_path_factory.mktemp("diff") / "base.json"
+    done = run_gradscope("explain", "--flow", "--json", "-o", str(path))
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def _write(folder: Path, name: str, document: dict[str, Any]) -> Path:
+    path = folder / name
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return path
+
+
+def test_the_same_model_and_data_explained_twice_do_not_drift(seed_json, tmp_path):
+    again = tmp_path / "new.json"
+    assert run_gradscope("explain", "--flow", "--json", "-o", str(again)).returncode == 0
+    done = run_without_tensorflow("diff", str(seed_json), str(again))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "NO DRIFT" in done.stdout
+
+
+def test_fewer_units_change_shapes_and_are_named(tf, seed_json, tmp_path):
+    """A real change of the model: the second GRU's units 32 → 16."""
+    spec = gradscope.load_spec(None).model_dump()
+    spec["layers"] = [dict(layer, units=16) if layer["name"] == "gru_2" else layer
+                      for layer in spec["layers"]]
+    changed = _write(tmp_path, "new.json", gradscope.explain(spec, flow=True).to_dict())
+    done = run_without_tensorflow("diff", str(seed_json), str(changed), "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    kinds = {(c["tensor"], c["kind"]) for c in report["changes"]}
+    assert ("gru_2/w_ru", "shape") in kinds
+    assert ("dense_1/kernel", "shape") in kinds
+    assert ("gru_1/w_ru", "shape") not in kinds  # the first layer keeps its shapes
+    assert report["drifted"] is True
+
+
+def test_new_weights_drift_beyond_rtol_and_not_within_a_wide_one(tf, tmp_path):
+    """A Keras model, and the same model with its weights moved by 1% (a commit that changed
+    an initializer, say): ‖g‖ and the loss drift; with --rtol 0.5 nothing does."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((12, 3)), keras.layers.GRU(5),
+                              keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 12, 3)).astype("float32")
+    y = rng.standard_normal((6, 2)).astype("float32")
+    base = gradscope.explain(model, x=x, y=y)
+    model.set_weights([w * 1.01 for w in model.get_weights()])
+    new = gradscope.explain(model, x=x, y=y)
+    report = gradscope.diff(base, new)
+    kinds = {(c.tensor, c.kind) for c in report.changes}
+    assert report.drifted and ("loss", "loss") in kinds
+    assert ("gru/kernel", "norm") in kinds
+    assert not gradscope.diff(base, new, rtol=0.5).drifted
+    assert not gradscope.diff(base, base).drifted
+
+
+def test_values_that_became_nan_or_inf_and_flags_that_flip_are_named(seed_json, tmp_path):
+    document = json.loads(seed_json.read_text())
+    edited = copy.deepcopy(document)
+    edited["gradients"][0]["stats"]["nonfinite"] = 3
+    flags = edited["gradient_flow"]["flags"]
+    flags.append({"what": "∂L/∂gru_1/h_t", "kind": "vanishing", "ratio": 1e-3,
+                  "message": "edited"})
+    done = run_without_tensorflow("diff", str(seed_json),
+                                  str(_write(tmp_path, "new.json", edited)))
+    assert done.returncode == 1
+    assert "nonfinite" in done.stdout and "3 values NaN or Inf" in done.stdout
+    assert "flag none → vanishing" in done.stdout
+
+
+@pytest.mark.parametrize("field, value", [
+    (("model", "batch_size"), 8),
+    (("model", "seed"), 1),
+    (("model", "data"), "batch.npz"),
+])
+def test_reports_of_other_data_are_refused_naming_the_field(seed_json, tmp_path, field, value):
+    document = json.loads(seed_json.read_text())
+    document[field[0]][field[1]] = value
+    done = run_without_tensorflow("diff", str(seed_json),
+                                  str(_write(tmp_path, "new.json", document)))
+    assert done.returncode == 2
+    assert f"{'.'.join(field)} is" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_what_is_not_an_explain_report_is_refused(seed_json, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json", encoding="utf-8")
+    check = _write(tmp_path, "check.json", {"schema_version": "1", "command": "check"})
+    for other, words in [(bad, "not JSON"), (check, "a 'check' report"),
+                         (tmp_path / "missing.json", "no such file")]:
+        done = run_without_tensorflow("diff", str(seed_json), str(other))
+        assert done.returncode == 2, other
+        assert words in done.stderr
+    with pytest.raises(ConfigError, match="expected a number > 0"):
+        gradscope.diff(seed_json, seed_json, rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(factor=st.floats(min_value=0.5, max_value=2.0), rtol=st.sampled_from([1e-6, 1e-4, 1e-2]))
+def test_a_scaled_norm_drifts_exactly_beyond_rtol(seed_json, factor, rtol):
+    document = json.loads(seed_json.read_text())
+    edited = copy.deepcopy(document)
+    base = edited["gradients"][0]["stats"]["l2"]
+    edited["gradients"][0]["stats"]["l2"] = base * factor
+    report = gradscope.diff(document, edited, rtol=rtol)
+    relative = abs(base * factor - base) / max(abs(base), abs(base * factor))
+    assert report.drifted == (relative > rtol)
+    assert [c.kind for c in report.changes] == (["norm"] if relative > rtol else [])
