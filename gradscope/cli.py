@@ -373,6 +373,10 @@ finite differences.
               help="Relative tolerance for every float64 witness.")
 @click.option("--atol", type=click.FloatRange(min=0), metavar="A",
               help="Absolute allowance added to the finite-difference comparison.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.xml",
+              help="Also write the result as JUnit XML (one test case per tensor, named by "
+                   "layer and weight; a failure carries the diagnosis), for CI dashboards. "
+                   "Refuses to overwrite FILE unless --force is given.")
 @click.option("--equations", is_flag=True,
               help="Print GRUBlockCellGrad's corrected backward equations and the errata of its "
                    "public documentation, with evidence from this model (text only: the JSON "
@@ -385,7 +389,7 @@ finite differences.
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def check(config: str | None, against: str | None, layer: str | None, time_last: bool,
           chunks: int | None, directions: int,
-          rtol: float | None, atol: float | None, equations: bool,
+          rtol: float | None, atol: float | None, junit: Path | None, equations: bool,
           data_files: DataFiles, weights: str | None, keras_run: dict[str, Any],
           max_memory: str | None, as_json: bool, output: Path | None, force: bool,
           quiet: bool, timings: bool) -> int:
@@ -404,9 +408,11 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
       gradscope check config.yaml --against my_bptt.py:backward --json
       gradscope check c.yaml --against bp.py:backward --layer gru_1 --time-last
       gradscope check model.yaml --weights model.ckpt
+      gradscope check model.keras --junit gradients.xml
     """
-    preflight.check_force(force, {"-o": output})
+    preflight.check_force(force, {"-o": output, "--junit": junit})
     preflight.check_output(output, force, as_json)
+    preflight.check_junit(junit, force, output)
     if equations and as_json:
         raise GradscopeError("--equations prints text and does not go with --json; the JSON "
                              "report has the errata (of block-layout GRU layers) under "
@@ -418,6 +424,10 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
                                  directions=directions, rtol=rtol, atol=atol,
                                  equations=equations, max_memory=max_memory, timings=timings,
                                  progress=status.update, **keras_run)
+    if junit is not None:
+        from gradscope.report.junit import junit_xml
+
+        _write_atomically(junit, junit_xml(report, config or "the seed model"))
     _emit(report, as_json, output, force)
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
 

@@ -68,6 +68,17 @@ def check_plot(plot: Path | None, force: bool, output: Path | None = None) -> No
     _check_new_file("--plot", plot, force)
 
 
+def check_junit(junit: Path | None, force: bool, output: Path | None) -> None:
+    """``check --junit FILE``: a new file (without ``--force``) in a writable folder, not the
+    ``-o`` file."""
+    if junit is None:
+        return
+    if output is not None and _same_file(junit, output):
+        raise GradscopeError(f"--junit and -o both name {junit}; expected two different files",
+                             where="--junit")
+    _check_new_file("--junit", junit, force)
+
+
 def check_force(force: bool, files: dict[str, Path | None]) -> None:
     """``--force`` only means something with a file to overwrite: ``files`` maps each file
     option of the command (``-o``, ``--plot``) to its value."""

@@ -11,7 +11,8 @@ printed.
 
 Each command runs in this process (`gradscope.cli.main`), from the repository root. Files the
 docs name that are not in the clone are made once, in a temporary folder (WORKSPACE below),
-and the command's arguments point there; `-o` and `--plot` files go to a temporary folder too.
+and the command's arguments point there; `-o`, `--plot` and `--junit` files go to a temporary
+folder too.
 Nothing is written into the clone. Shell lines that are not gradscope commands are listed
 below, by hand, so that a reviewer sees each one.
 """
@@ -258,7 +259,7 @@ def _arguments(argv: list[str], files: dict[str, Path], outputs: Path) -> list[s
     result, previous = [], ""
     for word in argv:
         name, colon, function = word.partition(":")
-        if previous in ("-o", "--output", "--plot"):
+        if previous in ("-o", "--output", "--plot", "--junit"):
             word = str(outputs / Path(word).name)
         elif word in files:
             word = str(files[word])

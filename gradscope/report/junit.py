@@ -1,0 +1,82 @@
+"""A check report as JUnit XML (``check --junit FILE``), the format CI dashboards read.
+
+One ``<testcase>`` per checked tensor, in the suite ``gradscope check``: its ``classname`` is
+``gradscope.check.`` followed by the layer (the tensor name's first part; the model's inputs
+are ``inputs``, the loss ``model``), its ``name`` the tensor. A tensor a witness disagrees
+with has a ``<failure>`` whose message is the first disagreement and whose text is the whole
+diagnosis, as the terminal prints it: each witness, its relative error against its tolerance, the
+first wrong step, and the witness's detail line. A layer call a witness could not stand in
+for is a ``<skipped>`` case, with the reason. Written with the standard library's
+ElementTree, which escapes every text.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from gradscope.report.models import (
+    CheckedTensor,
+    CheckReport,
+    KerasCheckReport,
+    LayerCheckReport,
+)
+from gradscope.report.tables import WITNESS_TITLES
+
+
+def _layer(name: str) -> str:
+    """The layer of a tensor name: ``gru_1/w_ru`` → ``gru_1``; the model's inputs (``x``,
+    ``input NAME``) → ``inputs``; another name without a layer (``loss``) → ``model``."""
+    if name == "x" or name.startswith("input "):
+        return "inputs"
+    if "/" not in name:
+        return "model"
+    return name.split("/")[0].split("[")[0]
+
+
+def _diagnosis(tensor: CheckedTensor) -> list[str]:
+    lines = []
+    for entry in tensor.witnesses:
+        if entry.passed:
+            continue
+        value = "" if entry.error is None else (
+            f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
+        where = "" if entry.first_bad_step is None else (
+            f" (first wrong step counting back: t={entry.first_bad_step})")
+        lines.append(f"{tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}")
+        if entry.detail:
+            lines.append(f"    {entry.detail}")
+    return lines
+
+
+def junit_xml(report: CheckReport | KerasCheckReport | LayerCheckReport, source: str) -> str:
+    """The report as one JUnit XML document; ``source`` names what was checked (the model's
+    file or config)."""
+    tensors = report.tensors
+    skipped = list(getattr(report, "not_witnessed", None) or [])
+    failures = sum(not t.passed for t in tensors)
+    counts = {"tests": str(len(tensors) + len(skipped)), "failures": str(failures),
+              "errors": "0", "skipped": str(len(skipped))}
+    timings = report.timings or {}
+    seconds = f"{sum(timings.values()):.3f}" if timings else "0"
+    root = ET.Element("testsuites", {"name": "gradscope check", "time": seconds, **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": f"gradscope check {source}",
+                                              "time": seconds, **counts})
+    properties = ET.SubElement(suite, "properties")
+    for name, tolerance in sorted(report.tolerances.items()):
+        ET.SubElement(properties, "property", name=f"rtol.{name}", value=f"{tolerance:g}")
+    for tensor in tensors:
+        case = ET.SubElement(suite, "testcase", classname=f"gradscope.check.{_layer(tensor.name)}",
+                             name=tensor.name, time="0")
+        if not tensor.passed:
+            diagnosis = _diagnosis(tensor)
+            failure = ET.SubElement(case, "failure", type="GradientMismatch",
+                                    message=diagnosis[0] if diagnosis else "disagrees")
+            failure.text = "\n".join(diagnosis)
+        witnesses = ", ".join(sorted({WITNESS_TITLES[e.witness] for e in tensor.witnesses}))
+        ET.SubElement(case, "system-out").text = f"witnesses: {witnesses}"
+    for entry in skipped:
+        case = ET.SubElement(suite, "testcase", classname=f"gradscope.check.{entry.layer}",
+                             name=f"{entry.layer} · {entry.witness}", time="0")
+        ET.SubElement(case, "skipped", message=entry.reason)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
