@@ -3,8 +3,8 @@ refuses it before TensorFlow is imported (see :mod:`gradscope.guard`).
 
 Read from the model's config and the batch's sizes alone. The constants were measured
 (``bench/memory_estimate.py``: peak RSS of whole processes, Keras LSTM, GRU and SimpleRNN
-models of 64 and 256 units, 2 to 1000 steps, batch 8 to 128); the estimate lands within
-1.5× of the measured peak there."""
+models of 64 and 256 units, 2 to 1000 steps, batch 8 to 128; check remeasured once its tape
+was no longer a persistent one); the estimate lands within 1.5× of the measured peak there."""
 
 from __future__ import annotations
 
@@ -17,19 +17,18 @@ from gradscope.keras.engine import RECURRENT
 from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import deriving_explainer
 
-#: Keras, the model and its traced passes, beyond TensorFlow itself: 60 MiB for explain (its
-#: two passes, Keras' own and the replay), 100 MiB for check (the float64 copy).
+#: Keras, the model and its traced pass, beyond TensorFlow itself: 60 MiB for explain, 100 MiB
+#: for check (the float64 copy, and the finite differences' traced forward).
 KERAS_OVERHEAD = {"explain": 60 * MIB, "check": 100 * MIB}
 #: Per step and unit of a recurrent layer, how many numbers ``explain`` holds at its peak
 #: (float32): the slope of peak RSS from 100 to 1000 steps, two layers of 256 units, batch 32:
 #: LSTM and GRU 14.4, SimpleRNN about 5.
 KEPT_PER_UNIT = {"LSTM": 15, "GRU": 15, "SimpleRNN": 5}
 #: The same for ``check`` (float64: its autodiff pass, the finite differences' forward passes
-#: and the NumPy reference): about 40 numbers per step and unit.
-CHECK_KEPT_PER_UNIT = 40
-#: ``check`` also holds, per step, numbers in proportion to the weights: 0.8 per weight and
-#: step (the slope from 100 to 300 steps grows with the weight count, not the units).
-CHECK_PER_WEIGHT_STEP = 0.8
+#: and the NumPy reference): about 14 numbers per step and unit (the slope of peak RSS from 100
+#: to 1000 steps, two LSTM layers of 256 units, batch 32).
+CHECK_KEPT_PER_UNIT = 14
+
 
 def recurrent_units(node: Any) -> list[tuple[str, int]]:
     """(class, units) of the recurrent loops a layer runs: both directions of a Bidirectional,
@@ -67,7 +66,6 @@ def estimate(job: Any, command: str) -> dict[str, int]:
     if command == "check":
         itemsize = 8
         kept = batch * steps * sum(CHECK_KEPT_PER_UNIT * units for _, units in loops)
-        kept += int(CHECK_PER_WEIGHT_STEP * steps * weights)
     else:
         itemsize = 4
         kept = batch * steps * sum(KEPT_PER_UNIT.get(kind, 15) * units for kind, units in loops)
