@@ -20,7 +20,7 @@ from gradscope.report.models import (
     KerasCheckReport,
     LayerCheckReport,
 )
-from gradscope.report.tables import WITNESS_TITLES
+from gradscope.report.tables import WITNESS_TITLES, failure_lines
 
 
 def _layer(name: str) -> str:
@@ -35,16 +35,8 @@ def _layer(name: str) -> str:
 
 def _diagnosis(tensor: CheckedTensor) -> list[str]:
     lines = []
-    for entry in tensor.witnesses:
-        if entry.passed:
-            continue
-        value = "" if entry.error is None else (
-            f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
-        where = "" if entry.first_bad_step is None else (
-            f" (first wrong step counting back: t={entry.first_bad_step})")
-        lines.append(f"{tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}")
-        if entry.detail:
-            lines.append(f"    {entry.detail}")
+    for disagreement, detail in failure_lines(tensor):
+        lines += [disagreement, *([f"    {detail}"] if detail else [])]
     return lines
 
 

@@ -26,6 +26,7 @@ from gradscope.report.layout import (
     sparkline,
 )
 from gradscope.report.models import (
+    CheckedTensor,
     CheckReport,
     JacobianEntry,
     KerasCheckReport,
@@ -139,20 +140,30 @@ def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
     return fit(width, beside, under, one_column)
 
 
+def failure_lines(tensor: CheckedTensor) -> list[tuple[str, str]]:
+    """What each witness that disagrees with ``tensor`` says, as (the disagreement, its
+    detail line or ""): the witness, its relative error against its tolerance, the first
+    wrong step. The terminal, JUnit XML and ``gradscope.testing`` all say it so."""
+    lines = []
+    for entry in tensor.witnesses:
+        if entry.passed:
+            continue
+        where = f" (first wrong step counting back: t={entry.first_bad_step})" if (
+            entry.first_bad_step is not None) else ""
+        value = "" if entry.error is None else (
+            f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
+        lines.append((f"{tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}",
+                      entry.detail))
+    return lines
+
+
 def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[Text]:
     lines = []
     for tensor in report.tensors:
-        for entry in tensor.witnesses:
-            if entry.passed:
-                continue
-            where = f" (first wrong step counting back: t={entry.first_bad_step})" if (
-                entry.first_bad_step is not None) else ""
-            value = "" if entry.error is None else (
-                f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
-            lines.append(Text(f"✗ {tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}",
-                              style="red"))
-            if entry.detail:
-                lines.append(Text(f"    {entry.detail}"))
+        for disagreement, detail in failure_lines(tensor):
+            lines.append(Text(f"✗ {disagreement}", style="red"))
+            if detail:
+                lines.append(Text(f"    {detail}"))
     return lines
 
 

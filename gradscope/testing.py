@@ -1,0 +1,118 @@
+"""gradscope in the user's own test suite (pytest, unittest): gradient checks that raise
+``AssertionError`` with ``check``'s diagnosis, as ``torch.autograd.gradcheck`` does for
+PyTorch.
+
+    from gradscope.testing import assert_gradients, check_layer
+
+    def test_my_model_gradients():
+        assert_gradients(model, x, y)           # the compiled loss; or loss="mse"
+
+    def test_my_layer_gradients():
+        check_layer(MyLayer(8), x)              # one layer (or cell) on its own
+
+Both run on float64 copies with the same weights and leave the user's objects as they were:
+the witnesses are finite differences (central, float64, along random directions and single
+elements) and, for GRU, LSTM and SimpleRNN layers, gradscope's NumPy BPTT. Keras' own tape
+is what they verify, so a wrong ``tf.custom_gradient`` in the user's layer (or anything else
+that makes the tape's gradient differ from how the loss really changes) fails, naming the
+tensor, its layer, the witness and, for time-indexed tensors, the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.report.models import KerasCheckReport
+from gradscope.report.tables import failure_lines
+
+
+def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = None,
+                     sample_weight: Any = None, rtol: float | None = None,
+                     directions: int = 3, seed: int = 0) -> KerasCheckReport:
+    """Check every gradient of ``model`` (a built Keras model object or a ``.keras`` path) on
+    the batch ``x`` (and targets ``y``; synthetic ones from ``seed`` without it), with its
+    compiled loss or the Keras loss named by ``loss``. Raises ``AssertionError`` carrying
+    ``check``'s diagnosis if any witness disagrees; returns the report otherwise. ``rtol``
+    replaces every witness's float64 tolerance; ``directions`` is the number of random
+    directions of the finite differences per tensor."""
+    import gradscope
+
+    options: dict[str, Any] = {"seed": seed}
+    if loss is not None:
+        options["loss"] = loss
+    report = gradscope.check(model, x=x, y=y, sample_weight=sample_weight, rtol=rtol,
+                             directions=directions, **options)
+    assert isinstance(report, KerasCheckReport)
+    if not report.summary.passed:
+        raise AssertionError(diagnosis(report))
+    return report
+
+
+def check_layer(layer: Any, inputs: Any, *, rtol: float | None = None, directions: int = 3,
+                seed: int = 0) -> KerasCheckReport:
+    """Check one layer, or one recurrent cell, on its own: a copy of it (same config, same
+    weights; the user's object is not called) is the whole of a model whose output meets a
+    random cotangent (a squared error against random targets from ``seed``, whose gradient
+    with respect to the output is random), and :func:`assert_gradients` checks it: every weight
+    of the layer, and ``inputs`` (one array, batch axis first). A cell is wrapped in
+    ``keras.layers.RNN(cell, return_sequences=True)``; give it ``inputs`` of shape (batch,
+    time, features). Raises ``AssertionError`` with the diagnosis if any witness disagrees."""
+    from gradscope._tf import import_tensorflow
+
+    import_tensorflow()
+    import keras
+
+    x = np.asarray(inputs)
+    copy = _copy(keras, layer)
+    if _is_cell(layer):
+        copy = keras.layers.RNN(copy, return_sequences=True, name=f"rnn_{layer.name}")
+    model_input = keras.Input(x.shape[1:], dtype=str(x.dtype) if x.dtype.kind == "f" else
+                              str(x.dtype), name="inputs")
+    outputs = copy(model_input)
+    if isinstance(outputs, list | tuple):
+        outputs = outputs[0]
+    model = keras.Model(model_input, outputs, name=f"check_layer_{layer.name}")
+    _same_weights(copy, layer)
+    shape = tuple(int(d) for d in model.compute_output_spec(
+        keras.KerasTensor(x.shape, dtype=str(x.dtype))).shape)
+    targets = np.random.default_rng([seed, 7]).standard_normal(shape).astype("float32")
+    return assert_gradients(model, x, targets, loss="mse", rtol=rtol, directions=directions,
+                            seed=seed)
+
+
+def diagnosis(report: KerasCheckReport) -> str:
+    """The paragraph ``check`` prints for what failed: each tensor, the witness, its error
+    against its tolerance, the step, and the witness's detail."""
+    lines = [f"gradscope: {len(report.summary.failed_tensors)} of "
+             f"{report.summary.checked_tensors} tensors of model '{report.model.name}' "
+             "disagree with a witness:"]
+    for tensor in report.tensors:
+        for disagreement, detail in failure_lines(tensor):
+            lines.append(f"  ✗ {disagreement}")
+            if detail:
+                lines.append(f"      {detail}")
+    return "\n".join(lines)
+
+
+def _is_cell(layer: Any) -> bool:
+    return hasattr(layer, "state_size") and not hasattr(layer, "cell")
+
+
+def _copy(keras: Any, layer: Any) -> Any:
+    """A new layer of the same class and config (built on first call, weights set after)."""
+    config = layer.get_config()
+    config.pop("name", None)
+    return type(layer).from_config({**config, "name": layer.name})
+
+
+def _same_weights(copy: Any, layer: Any) -> None:
+    weights = layer.get_weights()
+    if not weights:
+        return
+    target = copy.cell if hasattr(copy, "cell") and not hasattr(layer, "cell") else copy
+    target.set_weights(weights)
+
+
+__all__ = ["assert_gradients", "check_layer", "diagnosis"]
