@@ -361,6 +361,19 @@ def watch(log_dir: str | PathLike[str]) -> FlowHistoryReport:
     return _drawn(_watch(log_dir))
 
 
+def load_model(path: str | PathLike[str], imports: Any = (), unsafe: bool = False) -> Any:
+    """A saved ``.keras`` model whose file names classes of the user's own code, as a Keras
+    model object to hand to :func:`explain`, :func:`check` or :func:`shapes` (as the CLI's
+    ``--import`` and ``--unsafe`` do). ``imports``: module names or ``.py`` paths, imported
+    first so that their ``register_keras_serializable`` classes load under
+    ``safe_mode=True``. ``unsafe=True`` loads with ``safe_mode=False``: Keras then runs the
+    Python code stored inside the file (a Lambda layer's function). Imports TensorFlow."""
+    from gradscope.keras.user_code import load_user_model
+
+    return load_user_model(str(path), [imports] if isinstance(imports, str) else list(imports),
+                           unsafe)
+
+
 def diff(base: Any, new: Any, rtol: float | None = None) -> DiffReport:
     """What changed in the gradients between two explain reports of the same model inputs
     and data (each a path to an ``explain --json`` document, its dict, or a report object):
@@ -374,5 +387,5 @@ def diff(base: Any, new: Any, rtol: float | None = None) -> DiffReport:
     return _drawn(_diff(base, new, DEFAULT_RTOL if rtol is None else rtol))
 
 
-__all__ = ["__version__", "check", "diff", "explain", "infer_spec", "load_spec", "shapes",
-           "watch"]
+__all__ = ["__version__", "check", "diff", "explain", "infer_spec", "load_model", "load_spec",
+           "shapes", "watch"]

@@ -189,6 +189,34 @@ def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def user_code_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--import`` and ``--unsafe``: the user's own code for a saved model's custom classes."""
+
+    @click.option("--import", "imports", multiple=True, metavar="MODULE_OR_FILE",
+                  help="For a .keras model: import this module (a dotted name, or a .py file) "
+                       "before the model loads, so that the custom classes it registers with "
+                       "keras.saving.register_keras_serializable load under safe_mode=True. "
+                       "Repeatable. It runs that module's code, as your own program would.")
+    @click.option("--unsafe", is_flag=True,
+                  help="For a .keras model: load it with safe_mode=False, which runs the Python "
+                       "code stored inside the file (a Lambda layer's function). Only for files "
+                       "you trust.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, imports: tuple[str, ...], unsafe: bool, **kwargs: Any) -> Any:
+        return func(*args, user_code=(imports, unsafe), **kwargs)
+
+    return wrapper
+
+
+def _model_source(config: str | None, user_code: tuple[tuple[str, ...], bool]) -> Any:
+    """CONFIG, or, with --import or --unsafe, the saved model loaded with the user's code."""
+    imports, unsafe = user_code
+    if not imports and not unsafe:
+        return config
+    preflight.check_user_code(config, imports, unsafe)
+    return gradscope.load_model(str(config), imports, unsafe)
+
+
 def _emit(report: Report, as_json: bool, output: Path | None, force: bool) -> None:
     from gradscope.report.render import print_report
 
@@ -250,9 +278,10 @@ def cli() -> None:
 
 @cli.command(epilog=EXIT_CODES_HELP)
 @config_argument
+@user_code_options
 @output_options
 def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
-           quiet: bool) -> int:
+           quiet: bool, user_code: tuple[tuple[str, ...], bool]) -> int:
     """Derive every weight and initial-state shape from CONFIG (or MODEL.keras), without TF.
 
     Each shape comes with its formula, your numbers substituted, and what its rows and
@@ -264,7 +293,7 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
     """
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    _emit(gradscope.shapes(config), as_json, output, force)
+    _emit(gradscope.shapes(_model_source(config, user_code)), as_json, output, force)
     return EXIT_OK
 
 
@@ -293,6 +322,7 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
                    "difference; and per chunk, ∂(final states)/∂(initial states) applied to "
                    "the next chunk's ∂L/∂h0. Not for .keras models.")
 @keras_options
+@user_code_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
@@ -300,7 +330,8 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
             at: int | None, plot: Path | None, weights: str | None, chunks: int | None,
             keras_run: dict[str, Any],
             max_memory: str | None, as_json: bool, output: Path | None, force: bool,
-            quiet: bool, timings: bool) -> int:
+            quiet: bool, timings: bool,
+            user_code: tuple[tuple[str, ...], bool]) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
     For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
@@ -320,9 +351,10 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
     preflight.check_plot(plot, force, output)
+    source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
-        report = gradscope.explain(config, data=data_files, weights=weights, chunks=chunks,
+        report = gradscope.explain(source, data=data_files, weights=weights, chunks=chunks,
                                    flow=flow, jacobians=jacobians, at=at,
                                    heatmap=plot is not None, max_memory=max_memory,
                                    timings=timings, progress=status.update, **keras_run)
@@ -384,6 +416,7 @@ finite differences.
 @data_options
 @weights_option
 @keras_options
+@user_code_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
@@ -392,7 +425,8 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
           rtol: float | None, atol: float | None, junit: Path | None, equations: bool,
           data_files: DataFiles, weights: str | None, keras_run: dict[str, Any],
           max_memory: str | None, as_json: bool, output: Path | None, force: bool,
-          quiet: bool, timings: bool) -> int:
+          quiet: bool, timings: bool,
+          user_code: tuple[tuple[str, ...], bool]) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
 
     Each weight, each initial state (gru_k/h0) and the input x is checked on a float64
@@ -417,9 +451,10 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
         raise GradscopeError("--equations prints text and does not go with --json; the JSON "
                              "report has the errata (of block-layout GRU layers) under "
                              "'errata'", where="--equations")
+    source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope check", spinner="dots") as status:
-        report = gradscope.check(config, against=against, chunks=chunks, data=data_files,
+        report = gradscope.check(source, against=against, chunks=chunks, data=data_files,
                                  layer=layer, time_last=time_last, weights=weights,
                                  directions=directions, rtol=rtol, atol=atol,
                                  equations=equations, max_memory=max_memory, timings=timings,

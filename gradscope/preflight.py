@@ -68,6 +68,16 @@ def check_plot(plot: Path | None, force: bool, output: Path | None = None) -> No
     _check_new_file("--plot", plot, force)
 
 
+def check_user_code(config: str | None, imports: tuple[str, ...], unsafe: bool) -> None:
+    """``--import`` and ``--unsafe`` bring code for a saved ``.keras`` model only."""
+    option = "--unsafe" if unsafe and not imports else "--import"
+    if config is None or not str(config).endswith(".keras"):
+        found = config or "the embedded seed model"
+        raise GradscopeError(f"{option} is for a saved .keras model whose classes are your own "
+                             f"code; {found} is a YAML config, which names no code",
+                             where=option)
+
+
 def check_junit(junit: Path | None, force: bool, output: Path | None) -> None:
     """``check --junit FILE``: a new file (without ``--force``) in a writable folder, not the
     ``-o`` file."""

@@ -26,6 +26,7 @@ from gradscope.keras.facts import NO_DERIVATION, layer_facts
 from gradscope.keras.graph import LayerNode, ModelGraph
 from gradscope.keras.layers import LayerFacts, deriving_explainer
 from gradscope.keras.layers.base import variable_key
+from gradscope.keras.live import LOADED_FROM
 from gradscope.keras.loss import LossPlan, output_aliases, output_names
 from gradscope.reference import cell_key
 from gradscope.report.models import (
@@ -303,7 +304,9 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
     non_trainable = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables
                         if "seed_generator" not in v.path)
     return KerasModelEntry(
-        name=job.graph.name, file=job.path if job.model is None else "in memory",
+        name=job.graph.name,
+        file=(job.path if job.model is None
+              else getattr(job.model, LOADED_FROM, None) or "in memory"),
         kind=job.graph.kind,
         inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
                                 dtype=str(value.dtype))

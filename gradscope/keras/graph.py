@@ -142,24 +142,34 @@ def refuse_code(graph: ModelGraph) -> None:
         if layer.class_name in CODE_LAYERS:
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' is a {layer.class_name}: it holds Python "
-                "code, which gradscope never loads or runs (Keras' safe_mode refuses it too); "
-                "replace it with built-in layers", where=layer.name)
+                "code, which gradscope never loads or runs unasked (Keras' safe_mode refuses "
+                "it too); replace it with built-in layers, or pass --unsafe if you trust the "
+                "file (it runs the code stored in it)", where=layer.name)
         module = layer.module or ""
         if not _is_keras_module(module):
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' is a custom class "
                 f"'{layer.registered_name or layer.class_name}' (module {module or 'unknown'}): "
-                "its code is "
-                "not in the file and gradscope never imports it; expected built-in Keras layers",
-                where=layer.name)
+                "its code is not in the file, and gradscope imports no code unasked; "
+                f"{_import_hint(module)}", where=layer.name)
         for key, found in _custom_objects(layer.config, ()):
             name = found.get("registered_name") or found.get("class_name")
+            module = found.get("module") or ""
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' holds a custom class '{name}' (module "
-                f"{found.get('module') or 'unknown'}) as its "
+                f"{module or 'unknown'}) as its "
                 f"{'/'.join(part for part in key if part != 'config')}: its code is not "
-                "in the file and gradscope never imports it; expected built-in Keras classes",
-                where=layer.name)
+                "in the file, and gradscope imports no code unasked; "
+                f"{_import_hint(module)}", where=layer.name)
+
+
+def _import_hint(module: str) -> str:
+    """The option that brings a custom class's code: its module by name where the file says
+    it, else the file that defines it."""
+    if module and module not in ("__main__", "builtins"):
+        return (f"add --import {module} (the module that defines it; or --import "
+                "path/to/its_file.py)")
+    return "add --import path/to/the_file.py that defines and registers it"
 
 
 def _is_keras_module(module: str) -> bool:

@@ -34,8 +34,16 @@ def is_live_model(value: object) -> bool:
                for cls in type(value).__mro__)
 
 
+#: The attribute ``gradscope.load_model`` leaves on a model it loaded: the file it came from.
+LOADED_FROM = "_gradscope_loaded_from"
+
+
 def model_label(model: Any) -> str:
-    """How messages and reports name a model object: it has no file."""
+    """How messages and reports name a model object: the file ``gradscope.load_model`` read it
+    from, else "in memory"."""
+    loaded = getattr(model, LOADED_FROM, None)
+    if loaded:
+        return f"{loaded} (model '{getattr(model, 'name', 'model')}', loaded with your code)"
     return f"model '{getattr(model, 'name', 'model')}' (in memory)"
 
 

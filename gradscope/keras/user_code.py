@@ -1,0 +1,112 @@
+"""The user's own code for a saved model: ``--import MODULE_OR_FILE`` and ``--unsafe``.
+
+A ``.keras`` file names its custom classes (a layer, a cell inside ``RNN``, a regularizer)
+but holds none of their code; gradscope never imports code on its own, so such a file is
+refused before TensorFlow loads, naming the class, its module and the ``--import`` to add.
+With ``--import``, the user's modules (a dotted name on ``sys.path``, or a ``.py`` file) are
+imported first, as the user's own program would: their ``register_keras_serializable``
+classes are then known to Keras, and the file loads under ``safe_mode=True`` into a model
+object, which gradscope runs as it runs any model object (custom layers listed with their
+real gradients, "no derivation for this layer type", and checked like any other tensor).
+
+``--unsafe`` loads with ``safe_mode=False``: Keras then deserialises the Python code stored in
+the file itself (a ``Lambda`` layer's function) and runs it. Only for files one trusts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from gradscope.errors import ConfigError
+from gradscope.keras.live import LOADED_FROM
+
+
+def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
+    """Import each of ``sources`` (a dotted module name, or a path to a ``.py`` file) once,
+    in order. ConfigError (exit 2) names the one that fails, and why."""
+    modules = []
+    for source in sources:
+        option = f"--import {source}"
+        if source.endswith(".py") or "/" in source or "\\" in source:
+            path = Path(source)
+            if not path.is_file():
+                raise ConfigError(f"{option}: no such file; expected a dotted module name or "
+                                  "a path to a .py file", where="--import")
+            name = path.stem
+            if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(
+                    path.resolve()):
+                modules.append(sys.modules[name])
+                continue
+            spec = importlib.util.spec_from_file_location(name, path.resolve())
+            if spec is None or spec.loader is None:
+                raise ConfigError(f"{option}: Python cannot import it as a module",
+                                  where="--import")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:  # the user's code raises what it raises
+                del sys.modules[name]
+                raise ConfigError(f"{option}: importing it raised {type(exc).__name__}: "
+                                  f"{_first_line(exc)}", where="--import") from None
+            modules.append(module)
+            continue
+        try:
+            modules.append(importlib.import_module(source))
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"{option}: no module named {exc.name!r} on the Python path "
+                              f"(the current folder included); expected a dotted module name "
+                              "or a path to a .py file", where="--import") from None
+        except Exception as exc:  # noqa: BLE001  (the user's code raises what it raises)
+            raise ConfigError(f"{option}: importing it raised {type(exc).__name__}: "
+                              f"{_first_line(exc)}", where="--import") from None
+    return modules
+
+
+def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool = False) -> Any:
+    """The saved model as a Keras model object, after importing ``imports``; ``safe_mode`` is
+    Keras' default, True, unless ``unsafe``. ConfigError (exit 2) if Keras cannot load it."""
+    from gradscope.keras.archive import read_config
+
+    read_config(path)  # a file that is not a Keras model is refused as without --import
+    from gradscope._tf import import_tensorflow, native_stderr_silenced
+
+    # TensorFlow first, quietly: the user's modules import Keras, and with it TensorFlow.
+    import_tensorflow()
+    import keras
+
+    # A module beside the model, in the current folder, imports as under `python -m`.
+    here = str(Path.cwd())
+    sys.path.insert(0, here)
+    try:
+        import_user_code(imports)
+    finally:
+        if here in sys.path:
+            sys.path.remove(here)
+    try:
+        with native_stderr_silenced(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            model = keras.saving.load_model(str(path), compile=True, safe_mode=not unsafe)
+    except Exception as exc:  # noqa: BLE001  (Keras raises many kinds; all mean "not loaded")
+        hint = "" if unsafe else (
+            "; a class it names may need --import MODULE (the module that registers it)")
+        raise ConfigError(f"{path}: Keras cannot load it{'' if unsafe else ' safely'}: "
+                          f"{_first_line(exc)}{hint}", where=str(path)) from None
+    # Reports name the file (a hook on the object, not its state: Keras does not track it).
+    object.__setattr__(model, LOADED_FROM, str(path))
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["import_user_code", "load_user_model"]

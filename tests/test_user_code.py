@@ -1,0 +1,172 @@
+"""``--import MODULE_OR_FILE`` and ``--unsafe``: a saved model whose classes are the user's own
+code, tried as a new user would: the model is built and saved by the user's own script (a
+separate process, which registers the class), then gradscope runs in a fresh process from the
+folder that holds the module. Without --import, the refusal names the class, its module and
+the option to add; with it, the custom layer's weight has Keras' own gradient (against a tape
+taken by the user's script) and check verifies it; a wrong tf.custom_gradient in it is
+caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+MODULE = textwrap.dedent('''
+    import keras
+    import tensorflow as tf
+
+
+    @keras.saving.register_keras_serializable("my_layers")
+    class ScaledTanh(keras.layers.Layer):
+        def __init__(self, wrong_by=1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.wrong_by = wrong_by
+
+        def build(self, shape):
+            self.scale = self.add_weight(shape=(shape[-1],), initializer="ones", name="scale")
+
+        def call(self, x):
+            wrong_by = self.wrong_by
+
+            @tf.custom_gradient
+            def scaled(v, scale):
+                y = tf.tanh(v * scale)
+
+                def backward(dy):
+                    inner = dy * (1.0 - y * y)
+                    dscale = tf.reduce_sum(inner * v, axis=tf.range(tf.rank(v) - 1))
+                    return inner * scale, dscale * wrong_by
+
+                return y, backward
+
+            return scaled(x, tf.cast(self.scale, x.dtype))
+
+        def get_config(self):
+            return {**super().get_config(), "wrong_by": self.wrong_by}
+''')
+
+BUILD = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import keras, tensorflow as tf
+    import my_layers
+
+    wrong_by = float(sys.argv[1])
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 3))
+    h = keras.layers.GRU(4, name="gru")(my_layers.ScaledTanh(wrong_by, name="scaled")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(h))
+    model.compile(loss="mse")
+    model.save(sys.argv[2])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 8, 3)).astype("float32")
+    y = rng.standard_normal((5, 2)).astype("float32")
+    np.savez(sys.argv[3], x=x, y=y)
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    norms = {v.path: float(np.linalg.norm(g)) for v, g in zip(model.trainable_variables, grads)}
+    json.dump({"loss": float(loss), "norms": norms}, open(sys.argv[4], "w"))
+''')
+
+LAMBDA = textwrap.dedent('''
+    import sys
+    import keras
+    model = keras.Sequential([keras.Input((6, 2)), keras.layers.Lambda(lambda v: v * 2.0),
+                              keras.layers.GRU(3), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    model.save(sys.argv[1])
+''')
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.pop("COLUMNS", None)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    return env
+
+
+def _python(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=folder, env=_env(),
+                          capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def _gradscope(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _python(folder, "-m", "gradscope", *args)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's folder: their module, and two saved models (a right and a wrong custom
+    gradient), each with its batch and the tape's numbers."""
+    folder = tmp_path_factory.mktemp("user_code")
+    (folder / "my_layers.py").write_text(MODULE)
+    (folder / "build.py").write_text(BUILD)
+    for name, wrong_by in [("right", "1.0"), ("wrong", "0.5")]:
+        done = _python(folder, "build.py", wrong_by, f"{name}.keras", f"{name}.npz",
+                       f"{name}.json")
+        assert done.returncode == 0, done.stderr
+    return folder
+
+
+def test_without_import_the_refusal_names_the_class_and_the_option(project):
+    done = _gradscope(project, "explain", "right.keras")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "custom class 'my_layers>ScaledTanh' (module my_layers)" in lines[0]
+    assert "add --import my_layers" in lines[0]
+
+
+@pytest.mark.parametrize("how", ["my_layers", "./my_layers.py"])
+def test_with_import_the_custom_layer_has_keras_own_gradient(project, how):
+    done = _gradscope(project, "explain", "right.keras", "--import", how, "--data",
+                      "right.npz", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    truth = json.loads((project / "right.json").read_text())
+    assert report["loss"]["value"] == pytest.approx(truth["loss"], rel=1e-6)
+    ours = {g["path"]: g["stats"]["l2"] for g in report["gradients"]}
+    assert ours["scaled/scale"] == pytest.approx(truth["norms"]["scaled/scale"], rel=1e-5)
+    assert report["model"]["file"] == "right.keras"
+    scale = next(g for g in report["gradients"] if g["path"] == "scaled/scale")
+    assert scale["shape"] == [3]
+
+
+def test_check_verifies_the_custom_layer_and_catches_a_wrong_custom_gradient(project):
+    right = _gradscope(project, "check", "right.keras", "--import", "my_layers", "--data",
+                       "right.npz", "--json")
+    assert right.returncode == 0, right.stderr
+    names = {t["name"]: t["passed"] for t in json.loads(right.stdout)["tensors"]}
+    assert names["scaled/scale"] is True
+    wrong = _gradscope(project, "check", "wrong.keras", "--import", "my_layers", "--data",
+                       "wrong.npz", "--json")
+    assert wrong.returncode == 1
+    report = json.loads(wrong.stdout)
+    assert report["summary"]["failed_tensors"] == ["scaled/scale"]
+
+
+def test_a_lambda_needs_unsafe_which_says_it_runs_the_file_s_code(tmp_path):
+    (tmp_path / "lam.py").write_text(LAMBDA)
+    assert _python(tmp_path, "lam.py", "lam.keras").returncode == 0
+    refused = _gradscope(tmp_path, "explain", "lam.keras")
+    assert refused.returncode == 2 and "pass --unsafe" in refused.stderr
+    done = _gradscope(tmp_path, "explain", "lam.keras", "--unsafe", "-q")
+    assert done.returncode == 0, done.stderr
+    help_text = _gradscope(tmp_path, "explain", "--help").stdout
+    assert "runs the Python" in help_text and "code stored inside the file" in help_text
+
+
+def test_import_errors_are_one_line_and_yaml_configs_refuse_it(project):
+    missing = _gradscope(project, "explain", "right.keras", "--import", "no_such_module")
+    assert missing.returncode == 2
+    assert "--import no_such_module: no module named 'no_such_module'" in missing.stderr
+    yaml_config = _gradscope(project, "explain", "--import", "my_layers")
+    assert yaml_config.returncode == 2 and "for a saved .keras model" in yaml_config.stderr
