@@ -66,8 +66,8 @@ def test_new_weights_drift_beyond_rtol_and_not_within_a_wide_one(tf, tmp_path):
     import keras
 
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((12, 3)), keras.layers.GRU(5),
-                              keras.layers.Dense(2)])
+    model = keras.Sequential([keras.Input((12, 3)), keras.layers.GRU(5, name="gru"),
+                              keras.layers.Dense(2, name="head")])
     model.compile(loss="mse")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, 12, 3)).astype("float32")
