@@ -176,8 +176,10 @@ def test_a_custom_class_never_passes_for_the_built_in_layer_of_its_name(tf):
     report = gradscope.explain(model, batch_size=3)
     mine = next(layer for layer in report.layers if layer.name == "mine")
     assert mine.class_name.endswith(".GRU") and not mine.derivation
-    assert mine.gradient_note == "no derivation for this layer type"
+    assert mine.gradient_note == ("your layer: no derivation for this layer type (gradscope "
+                                  "does not read your code)")
     weight = next(g for g in report.gradients if g.layer == "mine")
+    assert weight.meaning.endswith("the shape its build made")
     assert weight.stats is not None and weight.stats.l2 > 0 and weight.formula is None
     assert not report.initial_state_gradients and not report.witnesses
 

@@ -22,7 +22,7 @@ from gradscope.keras.data import (
     synthetic_inputs,
     synthetic_targets,
 )
-from gradscope.keras.facts import NO_DERIVATION, layer_facts
+from gradscope.keras.facts import layer_facts, no_derivation
 from gradscope.keras.graph import LayerNode, ModelGraph
 from gradscope.keras.layers import LayerFacts, deriving_explainer
 from gradscope.keras.layers.base import variable_key
@@ -200,7 +200,8 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             input_shapes=[list(s) for s in facts.input_shapes],
             output_shapes=[list(s) for s in facts.output_shapes],
             summary=explainer.summary(facts) if explainer else node.class_name,
-            gradient_note=explainer.gradient_note(facts) if explainer else NO_DERIVATION,
+            gradient_note=(explainer.gradient_note(facts) if explainer
+                           else no_derivation(node)),
             derivation=explainer is not None))
         keras_layer = engine.operation(node.name)
         keys = _weight_keys(node.name, keras_layer)
@@ -221,7 +222,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                                     f"{note.formula}; please report it")
             trainable = id(variable) in trainable_ids
             gradient = result.gradients.get(variable.path) if trainable else None
-            meaning = note.meaning if note else NO_DERIVATION
+            meaning = note.meaning if note else no_derivation(node, weight=True)
             if not trainable:
                 meaning += "; non-trainable: it gets no gradient"
             elif gradient is None:
