@@ -21,8 +21,9 @@ def test_a_long_call_is_witnessed_on_spread_examples_and_a_short_one_on_all(tf):
     from gradscope.keras.witness import sampled_examples
 
     assert sampled_examples(32, 100) == slice(None)
-    rows = sampled_examples(32, 1000)
+    rows = sampled_examples(32, 400)
     assert list(rows) == [0, 4, 9, 13, 18, 22, 27, 31]  # the first, the last, evenly between
+    assert list(sampled_examples(32, 3000)) == [0, 31]  # never fewer than these two
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((100, 40, 3)), rng.standard_normal((100, 2))
     report = gradscope.explain(_model(keras, 40), x=x, y=y)
@@ -32,8 +33,9 @@ def test_a_long_call_is_witnessed_on_spread_examples_and_a_short_one_on_all(tf):
     assert "examples" not in short.witnesses[0].detail
 
 
-@pytest.mark.parametrize("examples", [8, 100])
-def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypatch, examples):
+@pytest.mark.parametrize("examples, steps", [(8, 40), (100, 40), (8, 2000)])
+def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypatch, examples,
+                                                                   steps):
     """A mutant: the cell reads the LSTM's gates in the wrong order (f and i swapped)."""
     import keras
 
@@ -54,6 +56,6 @@ def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypa
 
     monkeypatch.setattr(witness, "cell_params", swapped)
     rng = np.random.default_rng(1)
-    x, y = rng.standard_normal((examples, 40, 3)), rng.standard_normal((examples, 2))
+    x, y = rng.standard_normal((examples, steps, 3)), rng.standard_normal((examples, 2))
     with pytest.raises(InternalError, match="does not reproduce Keras' output"):
-        gradscope.explain(_model(keras, 40), x=x, y=y)
+        gradscope.explain(_model(keras, steps), x=x, y=y)
