@@ -47,6 +47,10 @@ SKIPPED = {
     ".venv/bin/python bench/callback_overhead.py --repeats 20": "a bench: minutes of fits",
     ".venv/bin/python bench/user_sized.py --steps 100 1000 --commands explain --repeats 5":
         "a bench: minutes of whole processes",
+    ".venv/bin/python bench/user_sized.py --steps 100 300 1000 3000 --commands explain "
+    "--repeats 3": "a bench: minutes of whole processes",
+    ".venv/bin/python bench/user_sized.py --steps 1000 --units 64 512 --commands explain "
+    "--repeats 3": "a bench: minutes of whole processes",
 }
 
 #: Shell lines that make the files later commands read: the workspace runs each of these
