@@ -476,11 +476,13 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     assert "thread" not in idle._pass.trace and idle.history.observations == []
 
 
-def test_the_warm_up_gate_opens_at_compiled_code_outside_any_trace(tf):
-    """A thread traces a function that, in the middle of its trace, runs a slow compiled call
-    eagerly (as Keras does when it creates the optimizer's variables), then runs the slow
-    function itself. The gate stays shut through the trace and opens while the traced
-    function runs; it opens at once when released, and when the caller is not running."""
+def test_the_warm_up_gate_opens_at_compiled_code_while_the_step_runs(tf):
+    """A thread traces a function that, in the middle of its trace, runs a short compiled call
+    eagerly (as Keras does when it creates the optimizer's variables), then runs a slow
+    traced function. The gate stays shut through the short call and opens while the slow
+    function runs; it opens at once when released, and when the step is not running. Only
+    the watched thread's innermost frame is read (walking back from it can crash CPython
+    3.11)."""
     import threading
 
     from gradscope.keras.callback import _native_call
@@ -496,29 +498,31 @@ def test_the_warm_up_gate_opens_at_compiled_code_outside_any_trace(tf):
     @tf.function
     def step(m):
         with tf.init_scope():
-            slow(start)  # compiled code, run eagerly, inside the trace
+            tf.tanh(start)  # a short compiled call, run eagerly, inside the trace
         traced.set()
         return slow(m)
 
-    began, finished = threading.Event(), threading.Event()
+    began, finished, stepping = threading.Event(), threading.Event(), threading.Event()
 
     def caller():
+        stepping.set()
         began.set()
         step(start)
         finished.set()
+        stepping.clear()
 
     thread = threading.Thread(target=caller)
     thread.start()
     began.wait()
-    reason = _native_call(thread.ident, threading.Event(), caller.__code__)
+    reason = _native_call(thread.ident, threading.Event(), stepping)
     assert reason == "compiled"
     assert traced.is_set() and not finished.is_set()
     thread.join()
 
     released = threading.Event()
     released.set()
-    assert _native_call(threading.get_ident(), released, caller.__code__) == "released"
-    assert _native_call(threading.get_ident(), threading.Event(), caller.__code__) == "left"
+    assert _native_call(threading.get_ident(), released, stepping) == "released"
+    assert _native_call(threading.get_ident(), threading.Event(), stepping) == "left"
 
 
 def test_the_pass_goes_without_grappler_on_its_own_thread_only(tf):

@@ -168,6 +168,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._warm: Future[Any] | None = None
         self._warm_tried = False
         self._warm_up_released = threading.Event()  # opens the warm-up's gate: see _warm_up
+        self._first_step = threading.Event()  # set while fit's first step runs
         self._fit_spec: Any = None
         self._fit_first = 0  # batches watched before this fit
         if model is not None:
@@ -193,7 +194,15 @@ class GradientFlow(keras.callbacks.Callback):
         def train_function(iterator: Any) -> Any:
             if self._fit_spec is None:
                 self._fit_spec = getattr(iterator, "element_spec", None)
-                self._warm_up(self._fit_spec, train_function.__code__)  # beside this step
+                self._first_step.set()  # the warm-up's gate watches this step
+                try:
+                    self._warm_up(self._fit_spec, self._first_step)  # beside this step
+                    return step(iterator)
+                finally:
+                    self._first_step.clear()
+            return step(iterator)
+
+        def step(iterator: Any) -> Any:
             if not self._pending:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
@@ -293,7 +302,7 @@ class GradientFlow(keras.callbacks.Callback):
         following = (self._batches // self.every + 1) * self.every
         return following <= self._fit_first + int(steps) * int(epochs)
 
-    def _warm_up(self, spec: Any, caller: Any) -> None:
+    def _warm_up(self, spec: Any, stepping: threading.Event) -> None:
         """At the first step of a fit that reaches an observed batch, trace the pass on the
         worker, from the element spec of fit's batches, while Keras trains. Only where those
         shapes are whole but for the batch axis (else the first observation traces, as
@@ -303,7 +312,7 @@ class GradientFlow(keras.callbacks.Callback):
         The worker waits at a gate first: Keras traces its own train step in Python at this
         first step (holding the GIL, on one core), then builds and runs it in TensorFlow's
         runtime (the GIL released, one core busy and the other free for a while). The trace
-        starts there (``_native_call``; ``caller`` is the code of the call that runs the
+        starts there (``_native_call``; ``stepping`` is set while the call that runs the
         step), and takes little from training; if that moment is not seen, it starts when the
         first step ends, as it would without the gate."""
         if (spec is None or getattr(self.model, "run_eagerly", False)
@@ -323,13 +332,14 @@ class GradientFlow(keras.callbacks.Callback):
                    s.shape[1:].is_fully_defined() for s in specs):
             return
         self._warm_up_released.clear()
-        self._warm = self._submit(self._trace_beside, threading.get_ident(), caller,
+        self._warm = self._submit(self._trace_beside, threading.get_ident(), stepping,
                                   self._pass, list(inputs.values()), list(targets.values()),
                                   pending=False)
 
-    def _trace_beside(self, thread: int, caller: Any, traced: TracedPass, inputs: list[Any],
+    def _trace_beside(self, thread: int, stepping: threading.Event, traced: TracedPass,
+                      inputs: list[Any],
                       targets: list[Any]) -> None:
-        traced.trace["gate"] = _native_call(thread, self._warm_up_released, caller)
+        traced.trace["gate"] = _native_call(thread, self._warm_up_released, stepping)
         traced.trace["began_after"] = self._batches  # batches trained when the trace began
         traced.warm(inputs, targets)
 
@@ -479,37 +489,33 @@ def make_engine(model: Any, loss: str | None) -> Any:
     return KerasEngine(model, output_names(graph), plan)
 
 
-def _native_call(thread: int, released: threading.Event, caller: Any) -> str:
-    """Return once ``thread`` is running compiled TensorFlow code within a call of
-    ``caller`` (a code object), outside any tracing: one and the same call of TensorFlow's
-    eager ``quick_execute`` (where the GIL is released) is its innermost Python frame at
-    three looks in a row, with no ``func_graph_from_py_func`` (a trace) between it and
-    ``caller``. (While Keras traces its step, it runs eager calls too, such as one that
-    initialises the optimizer's variables: tracing goes on after them.) It looks every 10 ms,
-    and every 2 ms once such a call is seen: each look takes the GIL from the thread it
-    watches. Return also once ``released`` is set, or once ``caller`` has left the thread's
-    stack (the step ended or failed) or the thread is gone. Only the moment the warm-up
-    starts depends on it, never a number. Returns which of these it was: "compiled",
-    "released" or "left"."""
+def _native_call(thread: int, released: threading.Event, stepping: threading.Event) -> str:
+    """Return once ``thread`` is running compiled TensorFlow code while ``stepping`` is set:
+    one and the same call of TensorFlow's eager ``quick_execute`` (where the GIL is released)
+    is its innermost Python frame at five looks in a row. (While Keras traces its step, it
+    runs short eager calls too, such as one that initialises the optimizer's variables; five
+    looks, at least 8 ms of one call, pass over them.) Only the thread's innermost frame is
+    read: walking a running thread's frames backwards (``f_back``) can crash CPython 3.11,
+    and did here once. It looks every 10 ms, and every 2 ms once such a call is seen: each
+    look takes the GIL from the thread it watches. Return also once ``released`` is set, or
+    once ``stepping`` is clear (the step ended or failed) or the thread is gone. Only the
+    moment the warm-up starts depends on it, never a number. Returns which of these it was:
+    "compiled", "released" or "left"."""
     running: Any = None
     seen = 0
     while not released.wait(0.002 if seen else 0.010):
-        frame = sys._current_frames().get(thread)
-        top = frame
-        tracing = False
-        while frame is not None and frame.f_code is not caller:
-            tracing = tracing or frame.f_code.co_name == "func_graph_from_py_func"
-            frame = frame.f_back
-        if frame is None:
+        if not stepping.is_set():
             return "left"
-        assert top is not None
-        if (not tracing and top.f_code.co_name == "quick_execute"
-                and top.f_code.co_filename.endswith("execute.py")):
+        top = sys._current_frames().get(thread)
+        if top is None:
+            return "left"
+        code = top.f_code
+        if code.co_name == "quick_execute" and code.co_filename.endswith("execute.py"):
             # The same frame object across looks: the same call (the reference kept here
             # keeps a later call from reusing its address).
             seen = seen + 1 if top is running else 1
             running = top
-            if seen >= 3:
+            if seen >= 5:
                 return "compiled"
         else:
             running, seen = None, 0
