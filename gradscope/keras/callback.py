@@ -492,9 +492,9 @@ def make_engine(model: Any, loss: str | None) -> Any:
 def _native_call(thread: int, released: threading.Event, stepping: threading.Event) -> str:
     """Return once ``thread`` is running compiled TensorFlow code while ``stepping`` is set:
     one and the same call of TensorFlow's eager ``quick_execute`` (where the GIL is released)
-    is its innermost Python frame at five looks in a row. (While Keras traces its step, it
-    runs short eager calls too, such as one that initialises the optimizer's variables; five
-    looks, at least 8 ms of one call, pass over them.) Only the thread's innermost frame is
+    is its innermost Python frame at ten looks in a row. (While Keras traces its step, it
+    runs short eager calls too, such as one that initialises the optimizer's variables; ten
+    looks, at least 18 ms of one call, pass over them.) Only the thread's innermost frame is
     read: walking a running thread's frames backwards (``f_back``) can crash CPython 3.11,
     and did here once. It looks every 10 ms, and every 2 ms once such a call is seen: each
     look takes the GIL from the thread it watches. Return also once ``released`` is set, or
@@ -515,7 +515,7 @@ def _native_call(thread: int, released: threading.Event, stepping: threading.Eve
             # keeps a later call from reusing its address).
             seen = seen + 1 if top is running else 1
             running = top
-            if seen >= 5:
+            if seen >= 10:
                 return "compiled"
         else:
             running, seen = None, 0
