@@ -8,7 +8,7 @@ same model inputs. Otherwise the comparison would measure the data, not the code
 change is compared and reported:
 
 - tensors (weight and initial-state gradients) added or removed, and shapes changed;
-- ‖g‖ drifting beyond ``rtol`` (relative to the base's ‖g‖);
+- ‖g‖ drifting beyond ``rtol`` (relative to the larger of the two);
 - values that were finite and are not any more (NaN or Inf);
 - the loss drifting beyond ``rtol``;
 - vanishing/exploding flags (``--flow``) that appear or disappear.
