@@ -1,12 +1,13 @@
-"""Keras' own whole-model call, the witness outside the engine.
+"""Keras' own whole-model call, ``model(x, training=…)`` then ``compute_loss``, under a tape
+of its own: the witness outside the engine's replay.
 
-The engine replays the model's graph one layer call at a time, so that it can capture what each
-call received and returned and give every recurrent layer an explicit initial state. A replay
-can misread a model in ways no per-layer check sees (a loss Keras collects across calls, a
-layer that behaves differently outside its model's call). So every pass that prints numbers is
-also run the way ``fit`` runs it: ``model(x, training=…)`` then ``compute_loss``, under a tape
-of its own. The loss and every weight gradient of the two passes must agree; the numbers
-gradscope prints are this pass's, Keras' own.
+The engine's pass is Keras' own call, looked on (:mod:`~gradscope.keras.observed_call`).
+Where a call cannot be looked on, the engine replays the model's graph one layer call at a
+time instead; a replay can misread a model in ways no per-layer check sees (a loss Keras
+collects across calls, a layer that behaves differently outside its model's call). So such a
+replay is also run the way ``fit`` runs it, here: the loss and every weight gradient of the
+two must agree, and the numbers gradscope prints are this pass's, Keras' own. ``check``'s
+finite differences evaluate their losses here too, never through the replay.
 """
 
 from __future__ import annotations
