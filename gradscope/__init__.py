@@ -273,8 +273,9 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
 def check(spec: Any = None, against: Any = None, chunks: int | None = None,
           data: Any = None, layer: str | None = None, time_last: bool = False,
           weights: Any = None, *, x: Any = None, y: Any = None, sample_weight: Any = None,
-          directions: int = 3, rtol: float | None = None, atol: float | None = None,
-          equations: bool = False, max_memory: int | str | None = None, timings: bool = False,
+          directions: int | None = None, rtol: float | None = None,
+          atol: float | None = None, equations: bool = False,
+          max_memory: int | str | None = None, timings: bool = False,
           progress: Callable[[str], None] | None = None, params: Any = None,
           after_autodiff: Callable[[Any], None] | None = None,
           **keras_options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
@@ -291,8 +292,10 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     mapping reported.) ``equations``: the report, drawn, ends with GRUBlockCellGrad's
     corrected backward equations (block-layout GRUs).
 
-    ``directions`` (random directions per tensor for finite differences), ``rtol`` (replaces
-    every float64 tolerance) and ``atol`` (added to the finite differences) tune the
+    ``directions`` (random directions of the finite differences: per tensor for a spec,
+    default 3; for a Keras model, joint directions that move every tensor at once, default 2,
+    then 3 per tensor wherever a joint one disagrees; a number given serves both), ``rtol``
+    (replaces every float64 tolerance) and ``atol`` (added to the finite differences) tune the
     witnesses; ``max_memory``, ``timings`` and ``progress`` are as for :func:`explain`.
 
     ``spec`` may be a Keras model, a ``model.keras`` path or the model object, with ``x``,
@@ -333,8 +336,11 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
                                   data=batch, params=params, weights=weights,
                                   progress=progress, timings=timings))
     from gradscope.witnesses.check import check as _check
+    from gradscope.witnesses.finite_differences import PER_TENSOR_DIRECTIONS
 
-    report = _check(spec, against=against, chunks=chunks, directions=directions, rtol=rtol,
+    report = _check(spec, against=against, chunks=chunks,
+                    directions=PER_TENSOR_DIRECTIONS if directions is None else directions,
+                    rtol=rtol,
                     atol=atol, data=batch, weights=weights, params=params, progress=progress,
                     timings=timings)
     if equations:

@@ -399,8 +399,10 @@ finite differences.
               help="Also run truncated BPTT in K chunks, carrying each chunk's initial-state "
                    "gradients as grad_ys into the previous chunk, and compare the summed "
                    "weight gradients with full BPTT.")
-@click.option("--directions", type=click.IntRange(min=1, max=100), default=3, show_default=True,
-              metavar="N", help="Random directions per tensor for finite differences.")
+@click.option("--directions", type=click.IntRange(min=1, max=100), metavar="N",
+              help="Random directions of the finite differences: per tensor for a spec "
+                   "(default 3); for a Keras model, joint ones that move every tensor at once "
+                   "(default 2), then per tensor (default 3) wherever a joint one disagrees.")
 @click.option("--rtol", type=click.FloatRange(min=0, min_open=True), metavar="R",
               help="Relative tolerance for every float64 witness.")
 @click.option("--atol", type=click.FloatRange(min=0), metavar="A",

@@ -30,13 +30,13 @@ from gradscope.report.tables import failure_lines
 
 def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = None,
                      sample_weight: Any = None, rtol: float | None = None,
-                     directions: int = 3, seed: int = 0) -> KerasCheckReport:
+                     directions: int | None = None, seed: int = 0) -> KerasCheckReport:
     """Check every gradient of ``model`` (a built Keras model object or a ``.keras`` path) on
     the batch ``x`` (and targets ``y``; synthetic ones from ``seed`` without it), with its
     compiled loss or the Keras loss named by ``loss``. Raises ``AssertionError`` carrying
     ``check``'s diagnosis if any witness disagrees; returns the report otherwise. ``rtol``
-    replaces every witness's float64 tolerance; ``directions`` is the number of random
-    directions of the finite differences per tensor."""
+    replaces every witness's float64 tolerance; ``directions``, the number of random
+    directions of the finite differences, is as for :func:`gradscope.check`."""
     import gradscope
 
     options: dict[str, Any] = {"seed": seed}
@@ -50,8 +50,8 @@ def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = No
     return report
 
 
-def check_layer(layer: Any, inputs: Any, *, rtol: float | None = None, directions: int = 3,
-                seed: int = 0) -> KerasCheckReport:
+def check_layer(layer: Any, inputs: Any, *, rtol: float | None = None,
+                directions: int | None = None, seed: int = 0) -> KerasCheckReport:
     """Check one layer, or one recurrent cell, on its own: a copy of it (same config, same
     weights; the user's object is not called) is the whole of a model whose output meets a
     random cotangent (a squared error against random targets from ``seed``, whose gradient

@@ -189,3 +189,38 @@ def test_explain_witnesses_each_direction_or_says_why(bidirectional_lstm, relu_l
     model, x, y = relu_lstm
     (relu,) = gradscope.explain(model, x=x, y=y).witnesses
     assert relu.passed is None and "activation relu" in relu.detail
+
+
+def test_a_passing_check_moves_every_tensor_jointly(regularized, tf):
+    """One joint set of directions serves every tensor, each named in the report."""
+    model, x, y = regularized
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed
+    names = {t.name for t in report.tensors}
+    assert {"gru/h0", "gru[1]/h0", "input x"} <= names
+    for tensor in report.tensors:
+        entry = _witness(report, tensor.name, "finite_differences")
+        assert entry.detail.startswith("jointly with"), (tensor.name, entry.detail)
+
+
+def test_the_initial_states_of_a_layer_called_twice_are_told_apart(regularized, tf,
+                                                                    monkeypatch):
+    """Finite differences shift each call's zero states as Keras asks for them, counted apart
+    from the engine's recorder: with the two calls' ∂L/∂h0 swapped, both fail, by name, and
+    nothing else does."""
+    from gradscope.keras.engine import KerasEngine
+
+    run = KerasEngine.run
+
+    def swapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = run(self, *args, **kwargs)
+        states = result.state_gradients
+        states["gru"], states["gru[1]"] = states["gru[1]"], states["gru"]
+        return result
+
+    monkeypatch.setattr(KerasEngine, "run", swapped)
+    model, x, y = regularized
+    report = gradscope.check(model, x=x, y=y)
+    failed = {t.name for t in report.tensors
+              if not _witness(report, t.name, "finite_differences").passed}
+    assert failed == {"gru/h0", "gru[1]/h0"}

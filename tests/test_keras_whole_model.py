@@ -133,8 +133,20 @@ def test_where_the_call_cannot_be_looked_on_the_replay_is_witnessed(siamese, tf,
 
 
 def test_check_finite_differences_do_not_share_the_replay(siamese, tf, monkeypatch):
-    """With the replay broken as above, check's finite differences (Keras' own call) and the
-    engine cannot agree: the mutant never passes."""
+    """With the replay broken as above, check's pass and its finite differences are Keras' own
+    call: the mutant takes no part, and the loss checked is Keras' own."""
+    _replay_loses_added_losses(monkeypatch)
+    model, x, y = siamese
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed
+    loss, _ = keras_tape(model, x, y)
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+
+
+def test_check_refuses_a_broken_replay_where_the_call_cannot_be_looked_on(siamese, tf,
+                                                                         monkeypatch,
+                                                                         not_looked_on):
+    """Where check's pass must be the replay, the broken replay never passes."""
     _replay_loses_added_losses(monkeypatch)
     model, x, y = siamese
     with pytest.raises(InternalError):

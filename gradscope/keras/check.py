@@ -1,20 +1,24 @@
 """``gradscope check MODEL.keras``: every gradient of the user's model against independent
 witnesses, on a float64 copy of the model with the same weights.
 
-- Finite differences, on every trainable weight, every float input and every initial state:
-  central differences of the loss along random unit directions and at single elements (the
-  largest |g| and random ones), against the tape's directional derivative. The loss of a
-  weight or input probe is Keras' own call of the whole model, ``model(x)`` + ``compute_loss``,
-  never gradscope's layer-by-layer replay; an initial-state probe needs the replay (only it
-  makes the state explicit), whose unshifted loss must equal Keras' own. Weights are perturbed
-  in place and restored, and so are the non-trainable variables (batch-norm statistics,
-  dropout seeds) and the states of stateful layers, so that every evaluation sees the same
-  model.
+- Finite differences, on every trainable weight, every float input and every initial state,
+  against the tape's directional derivative. They first move every tensor at once, along a few
+  joint random directions (:mod:`~gradscope.keras.joint_differences`); only where one
+  disagrees is each tensor probed on its own (random unit directions and single elements: the
+  largest |g| and random ones), which names it. The loss of a weight or input probe is Keras'
+  own call of the whole model, ``model(x)`` + ``compute_loss``, never gradscope's
+  layer-by-layer replay; a zero initial state is shifted as Keras asks its layer for it
+  (counted by the witness, apart from the engine's recorder), and a state Keras does not ask
+  for (wired in, carried) through the replay, whose unshifted loss must equal Keras' own.
+  Weights are perturbed in place and restored, and so are the non-trainable variables
+  (batch-norm statistics, dropout seeds) and the states of stateful layers, so that every
+  evaluation sees the same model.
 - The NumPy reference, for every GRU, LSTM and SimpleRNN layer it models and each direction of
   a Bidirectional one: BPTT written without TensorFlow, fed the layer's captured input, initial
   state and the upstream ∂L/∂outputs taken from the tape, plus the gradients of the layer's
   L1/L2 penalties; its weight and initial-state gradients must equal the tape's. A call it
-  cannot stand in for is listed with the reason.
+  cannot stand in for is listed with the reason. It runs on another thread beside the finite
+  differences, one call at a time.
 - A probe that straddles a kink (relu or a clip at its corner) is taken again at a smaller
   step and, where the one-sided slopes stay apart, left out and said to be at a kink.
 """
@@ -22,17 +26,28 @@ witnesses, on a float64 copy of the model with the same weights.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
+from gradscope._tf import native_stderr_silenced
 from gradscope.errors import DataError, InternalError
+from gradscope.guard import give_back_freed_memory
 from gradscope.keras.data import check_targets, synthetic_targets
-from gradscope.keras.engine import CapturedCall, KerasEngine, KerasPass, call_label
+from gradscope.keras.engine import (
+    CapturedCall,
+    KerasEngine,
+    KerasPass,
+    call_label,
+    state_layers,
+)
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
-from gradscope.keras.flow import recurrent_calls, upstream_gradients
+from gradscope.keras.flow import RecurrentCall, each_recurrent_call, upstream_gradients
+from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_check
+from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, cell_key
@@ -40,12 +55,18 @@ from gradscope.report.models import (
     CheckedTensor,
     CheckSummary,
     KerasCheckReport,
+    KerasNotAnalysed,
     NotWitnessed,
     WitnessEntry,
 )
 from gradscope.timing import Clock
 from gradscope.witnesses.context import TOLERANCES
-from gradscope.witnesses.finite_differences import Probe, directional_error, probes_for
+from gradscope.witnesses.finite_differences import (
+    PER_TENSOR_DIRECTIONS,
+    Probe,
+    directional_error,
+    probes_for,
+)
 
 #: Step of the central differences. Any Keras layer can sit in the model (layer norm, attention,
 #: relu), so the step is smaller than for gradscope's own cells: in float64 the truncation
@@ -55,11 +76,13 @@ STEP = 1e-5
 Progress = Callable[[str], None]
 
 
-def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
+def check(job: KerasJob, directions: int | None = None, rtol: float | None = None,
           atol: float | None = None, progress: Progress | None = None, timings: bool = False,
           after_autodiff: Callable[[Any], None] | None = None) -> KerasCheckReport:
-    """``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to
-    mutate the float64 copy: a check that cannot fail is a defect)."""
+    """``directions``: the finite differences' random directions, joint and then per tensor
+    (None: :data:`JOINT_DIRECTIONS` and :data:`PER_TENSOR_DIRECTIONS`).
+    ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
+    the float64 copy: a check that cannot fail is a defect)."""
     say = progress or (lambda message: None)
     clock = Clock()
     say("importing TensorFlow, loading the model and its float64 copy")
@@ -88,20 +111,29 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
                         "steps, a log of 0) and the loss", where=engine.path)
     if after_autodiff is not None:
         after_autodiff(model)
+    give_back_freed_memory()  # the tape's, before the witnesses set the peak
     clock.lap("autodiff")
     fd_rtol = rtol if rtol is not None else TOLERANCES["finite_differences"]["float64"]
     ref_rtol = rtol if rtol is not None else TOLERANCES["numpy_reference"]["float64"]
     results: dict[str, list[WitnessEntry]] = {}
+    referenced: dict[str, list[WitnessEntry]] = {}
     shapes: dict[str, list[int]] = {}
-    say("finite differences")
-    _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol,
-                        job.seed, results, shapes, _masked_inputs(job, inputs),
-                        engine.weight_tensors(job.batch.sample_weight))
-    clock.lap("finite_differences")
-    say("NumPy reference for the recurrent layers")
-    with blas_beside_tensorflow():
-        not_witnessed = _numpy_reference(job, engine, autodiff, ref_rtol, results)
-    clock.lap("numpy_reference")
+    # The NumPy reference runs on another thread beside the finite differences (its BLAS and
+    # TensorFlow's kernels release the GIL), on the weights as they are now: the differences
+    # move the variables meanwhile.
+    weights = {v.path: np.array(v.numpy()) for v in model.weights}
+    say("finite differences, and the NumPy reference for the recurrent layers beside them")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool:
+        reference = pool.submit(clock.timed, "numpy_reference", lambda: _numpy_reference(
+            engine, autodiff, weights, ref_rtol, referenced))
+        _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol,
+                            atol, job.seed, results, shapes, _masked_inputs(job, inputs),
+                            engine.weight_tensors(job.batch.sample_weight))
+        clock.lap("finite_differences")
+        not_witnessed = reference.result()
+    clock.lap("numpy_reference_wait")
+    for name, entries in referenced.items():
+        results.setdefault(name, []).extend(entries)
     tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
                                                                            entries),
                              witnesses=entries) for name, entries in results.items()]
@@ -121,12 +153,159 @@ def check(job: KerasJob, directions: int = 3, rtol: float | None = None,
 
 def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-                        frozen: list[tuple[Any, np.ndarray]], directions: int, rtol: float,
-                        atol: float | None, seed: int, results: dict[str, list[WitnessEntry]],
+                        frozen: list[tuple[Any, np.ndarray]], directions: int | None,
+                        rtol: float, atol: float | None, seed: int,
+                        results: dict[str, list[WitnessEntry]],
                         shapes: dict[str, list[int]], fixed: dict[str, np.ndarray],
                         sample_weight: Any = None) -> None:
+    """Every tensor jointly first (:mod:`~gradscope.keras.joint_differences`): the weights,
+    the float inputs and the zero initial states of Keras' own call, moved together. Where a
+    joint direction disagrees, every tensor is probed on its own instead, which names it.
+    Initial states Keras' own call does not ask for (wired in, carried by a stateful layer)
+    are probed on their own, through the replay."""
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
+    rng = np.random.default_rng([seed, 2])
+    variables = {v.path: v for v in engine.model.trainable_variables}
+    hooked = _hooked_states(engine, autodiff)
+    parts = [Part(path, gradient, np.array(variables[path].numpy()))
+             for path, gradient in autodiff.gradients.items() if gradient is not None]
+    parts += [Part(f"input {name}", gradient, value, fixed.get(name))
+              for name, value in inputs.items()
+              if (gradient := autodiff.input_gradients.get(name)) is not None]
+    parts += [Part(f"{label}/{state}", gradient, np.zeros_like(gradient))
+              for label, names in hooked.names.items()
+              for state, gradient in zip(names, autodiff.state_gradients.get(label, []),
+                                         strict=False) if gradient is not None]
+
+    def joint_loss(feed: list[Any], shifts: list[list[list[Any]]]) -> Any:
+        # Keras' own call of the whole model, not gradscope's replay: the witness must not
+        # share the engine's reading of the model. Its layers' zero states are shifted as
+        # Keras asks for them, counted here.
+        with zero_states_shifted(list(zip(hooked.layers, shifts, strict=True))):
+            return whole_model_loss(engine.model,
+                                    lambda f, t, o: engine.compute_loss(f, t, o, sample_weight),
+                                    feed, y, engine.training)
+
+    evaluate = _compiled(tf, joint_loss)
+
+    def loss_at(values: dict[str, np.ndarray]) -> float:
+        restore(frozen)
+        moved = [(variables[name], value) for name, value in values.items()
+                 if name in variables]
+        try:
+            for variable, value in moved:
+                variable.assign(value)
+            changed = [tf.constant(values[f"input {name}"]) if f"input {name}" in values
+                       else tensor for name, tensor in zip(inputs, feed, strict=True)]
+            return float(evaluate(changed, hooked.shifts(values, tf)).numpy())
+        finally:
+            for variable, _ in moved:
+                variable.assign(parts_by_name[variable.path].value)
+
+    parts_by_name = {part.name: part for part in parts}
+    joint = (joint_check(parts, JOINT_DIRECTIONS if directions is None else directions, rng,
+                         autodiff.loss, rtol, atol, STEP, loss_at) if parts else None)
+    if joint is not None and joint.passed:
+        for part in parts:
+            shapes[part.name] = list(part.gradient.shape)
+            results.setdefault(part.name, []).append(WitnessEntry(
+                witness="finite_differences", error=joint.error, tolerance=rtol, passed=True,
+                detail=joint.detail))
+        alone = set()
+    else:
+        alone = set(parts_by_name)
+    alone |= {f"{call_label(c.layer, c.index)}/{name}" for c in autodiff.calls if c.states
+              and call_label(c.layer, c.index) not in hooked.names
+              for name in _state_names(c)}
+    if alone:
+        _one_by_one(engine, autodiff, feed, y, frozen,
+                    PER_TENSOR_DIRECTIONS if directions is None else directions, rtol, atol,
+                    rng, results,
+                    shapes, fixed, sample_weight, inputs, alone)
+
+
+def _compiled(tf: Any, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` compiled by XLA, which runs a long recurrent forward pass in float64 in
+    about 0.7 of the time of TensorFlow's graph (and compiles faster than that traces), or as
+    a graph where XLA cannot compile the model. Either way the same Keras call: a joint
+    direction that disagrees sends every tensor to its own probes, run as a graph."""
+    chosen: list[Any] = []
+    compiled = tf.function(function, jit_compile=True, reduce_retracing=True)
+    traced = tf.function(function, reduce_retracing=True)
+
+    def run(*args: Any) -> Any:
+        if chosen:
+            return chosen[0](*args)
+        try:
+            with native_stderr_silenced():
+                value = compiled(*args)
+            chosen.append(compiled)
+        except Exception:  # noqa: BLE001  (any op XLA has no kernel for: the graph serves)
+            value = traced(*args)
+            chosen.append(traced)
+        return value
+
+    return run
+
+
+@dataclass
+class _HookedStates:
+    """The zero initial states finite differences shift in Keras' own call: per call label,
+    the state names; per layer whose ``get_initial_state`` is asked, the calls in the order
+    Keras makes them, and which of each call's states are that layer's."""
+
+    names: dict[str, list[str]] = field(default_factory=dict)
+    layers: list[Any] = field(default_factory=list)
+    requests: list[list[tuple[str, list[int], list[tuple[int, ...]]]]] = field(
+        default_factory=list)  # per layer: per request (call label, state indices, shapes)
+
+    def shifts(self, values: dict[str, np.ndarray], tf: Any) -> list[list[list[Any]]]:
+        """Per layer, per request, one tensor per state: the value in ``values`` (zero where
+        a state does not move)."""
+        return [[[tf.constant(values.get(f"{label}/{self.names[label][k]}", np.zeros(shape)))
+                  for k, shape in zip(indices, shapes, strict=True)]
+                 for label, indices, shapes in per_request]
+                for per_request in self.requests]
+
+
+def _hooked_states(engine: KerasEngine, autodiff: KerasPass) -> _HookedStates:
+    """The layers every call of which starts from Keras' own zeros (asked of
+    ``get_initial_state`` once per call and per direction)."""
+    hooked = _HookedStates()
+    by_layer: dict[str, list[CapturedCall]] = {}
+    for call in autodiff.calls:
+        by_layer.setdefault(call.layer, []).append(call)
+    for name, calls in by_layer.items():
+        if not any(call.states for call in calls):
+            continue
+        if not all(call.states and call.state_source == "zeros" for call in calls):
+            continue
+        directions = state_layers(engine.operation(name))
+        per = len(calls[0].states) // len(directions)
+        if any(len(call.states) != per * len(directions) for call in calls):
+            continue
+        for call in calls:
+            hooked.names[call_label(call.layer, call.index)] = _state_names(call)
+        for d, layer in enumerate(directions):
+            hooked.layers.append(layer)
+            hooked.requests.append([
+                (call_label(call.layer, call.index), list(range(d * per, (d + 1) * per)),
+                 [tuple(int(n) for n in call.states[k].shape)
+                  for k in range(d * per, (d + 1) * per)])
+                for call in sorted(calls, key=lambda c: c.index)])
+    return hooked
+
+
+def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: list[Any],
+                frozen: list[tuple[Any, np.ndarray]], directions: int, rtol: float,
+                atol: float | None, rng: np.random.Generator,
+                results: dict[str, list[WitnessEntry]], shapes: dict[str, list[int]],
+                fixed: dict[str, np.ndarray], sample_weight: Any,
+                inputs: dict[str, np.ndarray], names: set[str]) -> None:
+    """Each tensor in ``names`` on its own: central differences along random unit directions
+    and at single elements (the largest |g| and random ones)."""
+    tf = engine.tf
     state_calls = [call for call in autodiff.calls if call.states]
     zero_deltas = {call_label(c.layer, c.index): [tf.zeros_like(s) for s in c.states]
                    for c in state_calls}
@@ -154,7 +333,9 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             return float(evaluate(new_feed or feed).numpy())
         return float(evaluate_shifted(feed, deltas).numpy())
 
-    if state_calls:
+    state_names = {f"{call_label(c.layer, c.index)}/{n}" for c in state_calls
+                   for n in _state_names(c)}
+    if names & state_names:
         own, replayed = loss_with(), loss_with(deltas=zero_deltas)
         if not abs(own - replayed) <= 1e-9 * max(1.0, abs(own)):
             raise InternalError(
@@ -163,7 +344,6 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                 f"call {own:.12g}: the initial-state probes would measure another model; "
                 "please report it")
 
-    rng = np.random.default_rng([seed, 2])
     variables = {v.path: v for v in engine.model.trainable_variables}
 
     def record(name: str, gradient: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
@@ -193,10 +373,10 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             detail=detail))
 
     for path, gradient in autodiff.gradients.items():
+        if gradient is None or path not in names:
+            continue
         variable = variables[path]
         base = np.array(variable.numpy())
-        if gradient is None:
-            continue
 
         def at_weight(value: np.ndarray, variable: Any = variable,
                       base: np.ndarray = base) -> float:
@@ -209,7 +389,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
         record(path, gradient, at_weight, base)
     for index, (name, value) in enumerate(inputs.items()):
         gradient = autodiff.input_gradients.get(name)
-        if gradient is None:
+        if gradient is None or f"input {name}" not in names:
             continue
 
         def at_input(perturbed: np.ndarray, index: int = index) -> float:
@@ -220,9 +400,9 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
         record(f"input {name}", gradient, at_input, value, fixed.get(name))
     for call in state_calls:
         label = call_label(call.layer, call.index)
-        names = _state_names(call)
+        state_names_here = _state_names(call)
         for k, gradient in enumerate(autodiff.state_gradients.get(label, [])):
-            if gradient is None:
+            if gradient is None or f"{label}/{state_names_here[k]}" not in names:
                 continue
 
             def at_state(delta: np.ndarray, label: str = label, k: int = k) -> float:
@@ -230,7 +410,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                 deltas[label][k] = tf.constant(delta)
                 return loss_with(deltas=deltas)
 
-            record(f"{label}/{names[k]}", gradient, at_state, np.zeros_like(gradient))
+            record(f"{label}/{state_names_here[k]}", gradient, at_state, np.zeros_like(gradient))
 
 
 @dataclass
@@ -328,7 +508,8 @@ def _state_names(call: CapturedCall) -> list[str]:
     return ["h0"]
 
 
-def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rtol: float,
+def _numpy_reference(engine: KerasEngine, autodiff: KerasPass,
+                     weights: dict[str, np.ndarray], rtol: float,
                      results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
     """BPTT in NumPy for every GRU, LSTM and SimpleRNN call, and for each direction of a
     Bidirectional one, fed the call's captured input and initial states and the gradients the
@@ -336,54 +517,75 @@ def _numpy_reference(job: KerasJob, engine: KerasEngine, autodiff: KerasPass, rt
     layer's regularization penalties are added (the tape's gradients are those of the whole
     loss). A weight is compared once every call of its layer was witnessed. Returns what it
     could not witness, and why."""
-    usable, skipped = recurrent_calls(job, engine, autodiff)
-    missing = [NotWitnessed(layer=s.layer, witness="numpy_reference", reason=s.reason)
-               for s in skipped]
-    incomplete = {call.layer for call in autodiff.calls
-                  if call_label(call.layer, call.index) in {s.layer for s in skipped}}
+    with blas_beside_tensorflow():
+        return _reference(engine, autodiff, weights, rtol, results)
+
+
+def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.ndarray],
+               rtol: float, results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
+    missing: list[NotWitnessed] = []
+    incomplete: set[str] = set()  # layers with a call not witnessed
     totals: dict[str, np.ndarray] = {}
     owners: dict[str, str] = {}  # variable path → the layer whose calls it sums over
-    for recurrent in usable:
-        layer = engine.operation(recurrent.call.layer)
-        subs = ([layer.forward_layer, layer.backward_layer] if len(recurrent.units) > 1
-                else [layer])
-        reason = _penalty_without_numpy_form(layer, subs)
+    for recurrent in each_recurrent_call(engine, autodiff, weights):
+        if isinstance(recurrent, KerasNotAnalysed):
+            missing.append(NotWitnessed(layer=recurrent.layer, witness="numpy_reference",
+                                        reason=recurrent.reason))
+            incomplete |= {call.layer for call in autodiff.calls
+                           if call_label(call.layer, call.index) == recurrent.layer}
+            continue
+        reason = _reference_call(engine, autodiff, recurrent, rtol, results, totals, owners)
         if reason:
             missing.append(NotWitnessed(layer=recurrent.label, witness="numpy_reference",
                                         reason=reason))
             incomplete.add(recurrent.call.layer)
-            continue
-        gradients: list[np.ndarray | None] = [
-            activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
-                     + (0.0 if g is None else np.asarray(g, np.float64))
-                     for o, g in zip(recurrent.call.outputs,
-                                     autodiff.output_gradients[recurrent.label], strict=True)]
-        tape_states = autodiff.state_gradients.get(recurrent.label, [])
-        for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
-                recurrent.units, subs, upstream_gradients(recurrent, gradients), strict=True):
-            _, backward = RECURRENT[cell_key(unit.cell)]
-            _, d_states, d_params = backward(unit.params, unit.cache, d_seq, d_h_final,
-                                             d_c_final=d_c_final)
-            for variable in sub.weights:
-                short = variable.path.split("/")[-1]
-                totals[variable.path] = totals.get(variable.path, 0) + d_params[short]
-                owners[variable.path] = recurrent.call.layer
-            ours = list(d_states) if isinstance(d_states, tuple) else [d_states]
-            mine, tape_states = tape_states[:len(ours)], tape_states[len(ours):]
-            for state_name, reference, value in zip(unit.cell.state_names, ours, mine,
-                                                    strict=True):
-                if value is not None:
-                    _compare(results, f"{unit.label}/{state_name}", reference, value, rtol)
+        # One call at a time: this call's NumPy caches (every gate at every step) go before
+        # the next call is run.
+        del recurrent
     variables = {v.path: v for v in engine.model.weights}
     for path, total in totals.items():
         tape = autodiff.gradients.get(path)
         if tape is None or owners[path] in incomplete:
             continue
-        variable = variables[path]
-        penalty = penalty_gradient(getattr(variable, "regularizer", None),
-                                   np.asarray(variable.numpy(), np.float64))
+        penalty = penalty_gradient(getattr(variables[path], "regularizer", None),
+                                   np.asarray(weights[path], np.float64))
         _compare(results, path, total + penalty, tape, rtol)
     return missing
+
+
+def _reference_call(engine: KerasEngine, autodiff: KerasPass, recurrent: RecurrentCall,
+                    rtol: float, results: dict[str, list[WitnessEntry]],
+                    totals: dict[str, np.ndarray], owners: dict[str, str]) -> str | None:
+    """One recurrent call's BPTT: its state gradients compared, its weight gradients added to
+    ``totals``. Returns why its penalties cannot be added in NumPy, if they cannot."""
+    layer = engine.operation(recurrent.call.layer)
+    subs = ([layer.forward_layer, layer.backward_layer] if len(recurrent.units) > 1
+            else [layer])
+    reason = _penalty_without_numpy_form(layer, subs)
+    if reason:
+        return reason
+    gradients: list[np.ndarray | None] = [
+        activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
+        + (0.0 if g is None else np.asarray(g, np.float64))
+        for o, g in zip(recurrent.call.outputs, autodiff.output_gradients[recurrent.label],
+                        strict=True)]
+    tape_states = autodiff.state_gradients.get(recurrent.label, [])
+    for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
+            recurrent.units, subs, upstream_gradients(recurrent, gradients), strict=True):
+        _, backward = RECURRENT[cell_key(unit.cell)]
+        _, d_states, d_params = backward(unit.params, unit.cache, d_seq, d_h_final,
+                                         d_c_final=d_c_final)
+        for variable in sub.weights:
+            short = variable.path.split("/")[-1]
+            totals[variable.path] = totals.get(variable.path, 0) + d_params[short]
+            owners[variable.path] = recurrent.call.layer
+        ours = list(d_states) if isinstance(d_states, tuple) else [d_states]
+        mine, tape_states = tape_states[:len(ours)], tape_states[len(ours):]
+        for state_name, reference, value in zip(unit.cell.state_names, ours, mine,
+                                                strict=True):
+            if value is not None:
+                _compare(results, f"{unit.label}/{state_name}", reference, value, rtol)
+    return None
 
 
 def _penalty_without_numpy_form(layer: Any, subs: list[Any]) -> str | None:

@@ -403,7 +403,7 @@ class KerasEngine:
                 if own_zeros is None:
                     out = (keras_call or operation)(*args, **kwargs)
                 else:
-                    with zero_states_watched(_directions(operation), own_zeros, watch):
+                    with zero_states_watched(state_layers(operation), own_zeros, watch):
                         out = (keras_call or operation)(*args, **kwargs)
                     if len(own_zeros) != len(units):
                         raise NotObserved(f"{name}: {len(own_zeros)} zero states asked of "
@@ -649,7 +649,7 @@ def _state_units(operation: Any) -> list[int]:
     return []
 
 
-def _directions(operation: Any) -> list[Any]:
+def state_layers(operation: Any) -> list[Any]:
     """The layers whose ``get_initial_state`` a call of ``operation`` asks for its zero
     states, in the order of :func:`_state_units`."""
     if class_label(operation) == "Bidirectional":

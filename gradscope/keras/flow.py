@@ -20,6 +20,7 @@ that may be wrong.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -109,16 +110,26 @@ def recurrent_calls(job: Any, engine: Any, result: KerasPass,
     pass, when the model may have trained on since."""
     usable: list[RecurrentCall] = []
     skipped: list[KerasNotAnalysed] = []
+    for found in each_recurrent_call(engine, result, weights):
+        if isinstance(found, KerasNotAnalysed):
+            skipped.append(found)
+        else:
+            usable.append(found)
+    return usable, skipped
+
+
+def each_recurrent_call(engine: Any, result: KerasPass,
+                        weights: dict[str, np.ndarray] | None = None,
+                        ) -> Iterator[RecurrentCall | KerasNotAnalysed]:
+    """:func:`recurrent_calls` one call at a time, in the order of the run: a caller that is
+    done with a call before it asks for the next holds one call's caches at a time."""
     for call in result.calls:
         if call.class_name not in RECURRENT_CLASSES:
             continue
         label = call_label(call.layer, call.index)
         found = _prepare(call, label, engine, weights)
-        if isinstance(found, str):
-            skipped.append(KerasNotAnalysed(layer=label, reason=found))
-        else:
-            usable.append(found)
-    return usable, skipped
+        yield KerasNotAnalysed(layer=label, reason=found) if isinstance(found, str) else found
+        del found  # not held while the next call runs
 
 
 def _prepare(call: CapturedCall, label: str, engine: Any,

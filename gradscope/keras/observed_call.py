@@ -86,4 +86,38 @@ def zero_states_watched(layers: list[Any], states: list[Any],
             object.__delattr__(layer, "get_initial_state")
 
 
-__all__ = ["NotObserved", "runner_wrapped", "zero_states_watched"]
+@contextlib.contextmanager
+def zero_states_shifted(shifts: list[tuple[Any, list[list[Any]]]]) -> Iterator[None]:
+    """While inside, the k-th time this thread asks ``layer.get_initial_state`` for its zeros
+    (``(layer, per_request)`` in ``shifts``), Keras' own zeros come back with
+    ``per_request[k]`` added, one tensor per state in Keras' order; a request beyond the list
+    gets the zeros as they are. Finite differences move the initial states of Keras' own call
+    of the whole model this way: its layers are counted here, not by the engine's recorder."""
+    import keras
+
+    owner = threading.get_ident()
+    for layer, per_request in shifts:
+        original = layer.get_initial_state
+        asked = [0]
+
+        def get_initial_state(*args: Any, _original: Any = original,
+                              _per_request: list[list[Any]] = per_request,
+                              _asked: list[int] = asked, **kwargs: Any) -> Any:
+            zeros = _original(*args, **kwargs)
+            if threading.get_ident() != owner or _asked[0] >= len(_per_request):
+                return zeros
+            shift = _per_request[_asked[0]]
+            _asked[0] += 1
+            flat = keras.tree.flatten(zeros)
+            return keras.tree.pack_sequence_as(
+                zeros, [zero + delta for zero, delta in zip(flat, shift, strict=True)])
+
+        object.__setattr__(layer, "get_initial_state", get_initial_state)
+    try:
+        yield
+    finally:
+        for layer, _ in shifts:
+            object.__delattr__(layer, "get_initial_state")
+
+
+__all__ = ["NotObserved", "runner_wrapped", "zero_states_shifted", "zero_states_watched"]

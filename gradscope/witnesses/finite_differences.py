@@ -45,6 +45,8 @@ WITNESS = "finite_differences"
 #: as step², the rounding error of the loss as 1/step. At 1e-3 the truncation error on these
 #: models is ~1e-7 relative and the rounding error ~1e-11 absolute.
 STEP = 1e-3
+#: Random directions per tensor, unless the user asks for another number (``--directions``).
+PER_TENSOR_DIRECTIONS = 3
 RANDOM_ELEMENTS = 2
 #: Perturbed copies of x or of an initial state folded into one forward pass (a copy of one
 #: example counts as 1/batch of a copy).
