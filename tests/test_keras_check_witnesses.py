@@ -224,3 +224,32 @@ def test_the_initial_states_of_a_layer_called_twice_are_told_apart(regularized, 
     failed = {t.name for t in report.tensors
               if not _witness(report, t.name, "finite_differences").passed}
     assert failed == {"gru/h0", "gru[1]/h0"}
+
+
+def test_a_wrong_backward_in_a_layer_without_weights_is_named(tf):
+    """A layer of the user's own, with no weights and a tf.custom_gradient that halves its
+    gradient: the failure shows at the tensors below it, and check names the layer itself,
+    and no other."""
+    import keras
+
+    class HalfGradient(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            @tf.custom_gradient
+            def squashed(x: Any) -> Any:
+                y = tf.tanh(x)
+                return y, lambda dy: 0.5 * dy * (1.0 - y * y)
+
+            return squashed(x)
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((4,))
+    hidden = HalfGradient(name="half")(keras.layers.Dense(3, name="below")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="above")(hidden))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(4)
+    report = gradscope.check(model, x=rng.standard_normal((6, 4)), y=rng.standard_normal((6, 2)))
+    assert not report.summary.passed
+    assert not _witness(report, "below/kernel", "finite_differences").passed
+    assert _witness(report, "above/kernel", "finite_differences").passed
+    assert [t.name for t in report.tensors if t.name.startswith("layer ")] == ["layer half"]
+    assert "0.5 times the differences'" in _witness(report, "layer half", "own_backward").detail

@@ -36,6 +36,8 @@ from gradscope._blas import blas_beside_tensorflow
 from gradscope._tf import native_stderr_silenced
 from gradscope.errors import DataError, InternalError
 from gradscope.guard import give_back_freed_memory
+from gradscope.keras.cell_steps import witness as cell_steps_witness
+from gradscope.keras.cell_steps import your_cells
 from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import (
     CapturedCall,
@@ -43,11 +45,13 @@ from gradscope.keras.engine import (
     KerasPass,
     call_label,
     state_layers,
+    state_names,
 )
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.flow import RecurrentCall, each_recurrent_call, upstream_gradients
 from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_check
 from gradscope.keras.observed_call import zero_states_shifted
+from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, cell_key
@@ -134,21 +138,54 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     clock.lap("numpy_reference_wait")
     for name, entries in referenced.items():
         results.setdefault(name, []).extend(entries)
+    if not all(e.passed for entries in results.values() for e in entries):
+        say("each layer call, and each step of your cells, on its own")
+        restore(frozen)
+        for name, (shape, entry) in own_backward_witness(
+                engine, autodiff.calls, job.training, job.seed, fd_rtol,
+                lambda: restore(frozen)).items():
+            results[name], shapes[name] = [entry], shape
+        not_witnessed += _cell_steps(engine, autodiff, job, fd_rtol, results)
+        clock.lap("layers_on_their_own")
     tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
                                                                            entries),
                              witnesses=entries) for name, entries in results.items()]
     failed = [t.name for t in tensors if not t.passed]
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses},
-                       key=["finite_differences", "numpy_reference"].index)
+                       key=["finite_differences", "numpy_reference", "cell_steps",
+                            "own_backward"].index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
-        tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol},
+        tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol,
+                    **{w: fd_rtol for w in ("cell_steps", "own_backward") if w in witnesses}},
         tensors=tensors, not_witnessed=not_witnessed,
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
         timings=clock.laps(timings))
+
+
+def _cell_steps(engine: KerasEngine, autodiff: KerasPass, job: KerasJob, rtol: float,
+                results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
+    """Where something disagrees: each RNN over a cell of the user's own, step by step
+    (:mod:`~gradscope.keras.cell_steps`), on the tensors check already names."""
+    missing = []
+    for call in your_cells(engine, autodiff.calls):
+        cell = engine.operation(call.layer).cell
+        paths = [v.path for v in cell.trainable_variables if v.path in results]
+        try:
+            entries = cell_steps_witness(engine, call, job.training, job.seed, rtol, paths)
+        except Exception as exc:  # noqa: BLE001  (the user's cell, on a folded batch)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            missing.append(NotWitnessed(layer=call_label(call.layer, call.index),
+                                        witness="cell_steps",
+                                        reason=f"the cell could not be run step by step: {first}"))
+            continue
+        for name, entry in entries.items():
+            if name in results:
+                results[name].append(entry)
+    return missing
 
 
 def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
@@ -217,7 +254,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
         alone = set(parts_by_name)
     alone |= {f"{call_label(c.layer, c.index)}/{name}" for c in autodiff.calls if c.states
               and call_label(c.layer, c.index) not in hooked.names
-              for name in _state_names(c)}
+              for name in state_names(engine.operation(c.layer))}
     if alone:
         _one_by_one(engine, autodiff, feed, y, frozen,
                     PER_TENSOR_DIRECTIONS if directions is None else directions, rtol, atol,
@@ -286,7 +323,8 @@ def _hooked_states(engine: KerasEngine, autodiff: KerasPass) -> _HookedStates:
         if any(len(call.states) != per * len(directions) for call in calls):
             continue
         for call in calls:
-            hooked.names[call_label(call.layer, call.index)] = _state_names(call)
+            hooked.names[call_label(call.layer, call.index)] = state_names(
+                engine.operation(call.layer))
         for d, layer in enumerate(directions):
             hooked.layers.append(layer)
             hooked.requests.append([
@@ -333,9 +371,9 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
             return float(evaluate(new_feed or feed).numpy())
         return float(evaluate_shifted(feed, deltas).numpy())
 
-    state_names = {f"{call_label(c.layer, c.index)}/{n}" for c in state_calls
-                   for n in _state_names(c)}
-    if names & state_names:
+    states = {f"{call_label(c.layer, c.index)}/{n}" for c in state_calls
+              for n in state_names(engine.operation(c.layer))}
+    if names & states:
         own, replayed = loss_with(), loss_with(deltas=zero_deltas)
         if not abs(own - replayed) <= 1e-9 * max(1.0, abs(own)):
             raise InternalError(
@@ -400,7 +438,7 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
         record(f"input {name}", gradient, at_input, value, fixed.get(name))
     for call in state_calls:
         label = call_label(call.layer, call.index)
-        state_names_here = _state_names(call)
+        state_names_here = state_names(engine.operation(call.layer))
         for k, gradient in enumerate(autodiff.state_gradients.get(label, [])):
             if gradient is None or f"{label}/{state_names_here[k]}" not in names:
                 continue
@@ -496,16 +534,6 @@ def _restricted(probes: list[Probe], keep: np.ndarray) -> list[Probe]:
         if norm > 0:
             kept.append(Probe(probe.tensor, probe.label, direction / norm))
     return kept
-
-
-def _state_names(call: CapturedCall) -> list[str]:
-    if call.class_name == "LSTM":
-        return ["h0", "c0"]
-    if call.class_name == "Bidirectional":
-        half = len(call.states) // 2
-        per = ["h0", "c0"] if half == 2 else ["h0"]
-        return [f"forward/{n}" for n in per] + [f"backward/{n}" for n in per]
-    return ["h0"]
 
 
 def _numpy_reference(engine: KerasEngine, autodiff: KerasPass,

@@ -634,11 +634,14 @@ def _numpy(tensor: Any) -> np.ndarray | None:
 
 
 def _state_units(operation: Any) -> list[int]:
-    """Units of each initial state Keras takes, for GRU/LSTM/SimpleRNN and Bidirectional."""
+    """Units of each initial state Keras takes, for GRU/LSTM/SimpleRNN, RNN(cell) and
+    Bidirectional."""
     kind = class_label(operation)
     if kind in RECURRENT:
         units = int(operation.units)
         return [units, units] if kind == "LSTM" else [units]
+    if kind == "RNN":
+        return _cell_state_units(operation.cell)
     if kind == "Bidirectional":
         forward = _state_units(operation.forward_layer)
         backward = _state_units(operation.backward_layer)
@@ -647,6 +650,39 @@ def _state_units(operation: Any) -> list[int]:
         # own zero states, and their gradients are not reported.
         return forward + backward if len(forward) == len(backward) else []
     return []
+
+
+def _cell_state_units(cell: Any) -> list[int]:
+    """An RNN's cell's state sizes, flat, where its initial states are zeros: the cell has no
+    ``get_initial_state`` or Keras' own (a cell of the user's that makes its own initial
+    states, or states that are not vectors, such as a ConvLSTM cell's, keeps them unreported).
+    """
+    import keras
+
+    from gradscope.keras.live import is_builtin
+
+    own = getattr(type(cell), "get_initial_state", None)
+    if own is not None and not is_builtin(getattr(own, "__module__", None)):
+        return []
+    sizes = keras.tree.flatten(getattr(cell, "state_size", None))
+    if not sizes or not all(isinstance(s, int | np.integer) and not isinstance(s, bool)
+                            for s in sizes):
+        return []
+    return [int(s) for s in sizes]
+
+
+def state_names(operation: Any) -> list[str]:
+    """The names of a recurrent call's initial states, in Keras' order: ``h0`` (and ``c0`` for
+    an LSTM or an LSTMCell), ``states[k]`` for a cell of several other states, and
+    ``forward/…``, ``backward/…`` in a Bidirectional."""
+    kind = class_label(operation)
+    if kind == "Bidirectional":
+        return ([f"forward/{n}" for n in state_names(operation.forward_layer)]
+                + [f"backward/{n}" for n in state_names(operation.backward_layer)])
+    units = _state_units(operation)
+    if kind == "LSTM" or (kind == "RNN" and class_label(operation.cell) == "LSTMCell"):
+        return ["h0", "c0"]
+    return ["h0"] if len(units) == 1 else [f"states[{k}]" for k in range(len(units))]
 
 
 def state_layers(operation: Any) -> list[Any]:

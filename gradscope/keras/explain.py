@@ -24,8 +24,8 @@ from gradscope.keras.data import (
 )
 from gradscope.keras.facts import layer_facts, no_derivation
 from gradscope.keras.graph import LayerNode, ModelGraph
-from gradscope.keras.layers import LayerFacts, deriving_explainer
-from gradscope.keras.layers.base import variable_key
+from gradscope.keras.layers import deriving_explainer
+from gradscope.keras.layers.base import StateNote, variable_key
 from gradscope.keras.live import LOADED_FROM
 from gradscope.keras.loss import LossPlan, output_aliases, output_names
 from gradscope.reference import cell_key
@@ -241,10 +241,14 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                 if sparse else None))
         for index in range(len(node.calls)):
             captured = calls.get((node.name, index))
-            if captured is None or not captured.states or explainer is None:
+            if captured is None or not captured.states:
                 continue
-            states += _state_entries(graph, node, index, captured, explainer, facts,
+            states += _state_entries(graph, node, index, captured,
+                                     (explainer.states(facts) if explainer else [])
+                                     or _cell_states(keras_layer, captured),
                                      result.state_gradients)
+            if explainer is None:
+                continue
             from gradscope.keras.layers.recurrent import RecurrentExplainer
 
             if isinstance(explainer, RecurrentExplainer):
@@ -342,14 +346,30 @@ def _positional_shapes(node: LayerNode, call: Any) -> list[tuple[int | None, ...
     return [_batchless(tuple(int(d) for d in a.shape)) for a in call.args[:count]]
 
 
+def _cell_states(layer: Any, captured: Any) -> list[StateNote]:
+    """An RNN over a cell gradscope does not derive (your own): its initial states by Keras'
+    order, with the sizes the call took."""
+    from gradscope.keras.engine import state_names
+
+    return [StateNote(key=name, units=int(state.shape[-1]),
+                      role="initial state of the cell (your cell: gradscope does not read "
+                           "its code)")
+            for name, state in zip(state_names(layer), captured.states, strict=False)]
+
+
+def _final(key: str) -> str:
+    """What an initial state is to the previous batch: ``h0`` → its final h_T."""
+    name = key.split("/")[-1]
+    return f"final {name[0]}_T" if name in ("h0", "c0") else f"{name} at its last step"
+
+
 def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any,
-                   explainer: Any, facts: LayerFacts,
+                   notes: list[StateNote],
                    gradients: dict[str, list[np.ndarray | None]]) -> list[KerasStateEntry]:
     from gradscope.gradient_stats import per_example_norms, stats
     from gradscope.keras.engine import call_label
 
     label = call_label(node.name, index)
-    notes = explainer.states(facts)
     wired = _wired_sources(node, index)
     entries = []
     for k, (note, value) in enumerate(zip(notes, gradients.get(label, []), strict=False)):
@@ -359,11 +379,11 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
                       "after reset_states()")
             flows_to = ("nowhere in this batch: fit stops the gradient at the batch's "
                         "start; with truncated BPTT it is the grad_y of the previous batch's "
-                        f"final {note.key.split('/')[-1][0]}_T")
+                        f"{_final(note.key)}")
         elif captured.state_source == "zeros":
             source = "zeros (Keras' default, made explicit by gradscope)"
             flows_to = ("nowhere in this batch: with truncated BPTT it is the grad_y of the "
-                        f"previous batch's final {note.key.split('/')[-1][0]}_T")
+                        f"previous batch's {_final(note.key)}")
         else:
             origin = wired[k] if k < len(wired) else "another layer"
             source = f"wired from {origin}"

@@ -320,7 +320,8 @@ class ExplainReport(_Displayed):
 
 class WitnessEntry(_Report):
     witness: str = Field(description="finite_differences, numpy_reference, gru_block_kernel, "
-                                     "tbptt_carry or against")
+                                     "tbptt_carry, against, cell_steps or "
+                                     "own_backward")
     error: float | None = Field(description="relative error; null when there is no number "
                                             "(e.g. a wrong shape)")
     tolerance: float
@@ -647,7 +648,9 @@ class KerasCheckReport(_Displayed):
     loss: KerasLossEntry
     tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
     tensors: list[CheckedTensor] = Field(description="Keras variable paths, 'input NAME', "
-                                                     "and initial states 'LAYER/h0'")
+                                                     "initial states 'LAYER/h0', and 'layer "
+                                                     "NAME' for a layer call whose own "
+                                                     "backward disagrees")
     not_witnessed: list[NotWitnessed] = Field(
         default_factory=list, description="layer calls a witness did not run on, with why")
     summary: CheckSummary

@@ -91,6 +91,8 @@ WITNESS_TITLES = {
     "gru_block_kernel": "GRUBlockCellGrad",
     "tbptt_carry": "TBPTT carry",
     "against": "--against",
+    "cell_steps": "cell steps",
+    "own_backward": "own backward",
 }
 
 

@@ -1,0 +1,223 @@
+"""Where in time the gradient of an RNN over your own cell goes wrong: each step of the cell is
+its own witness.
+
+gradscope has no NumPy version of a cell you wrote, and needs none. When check finds a
+gradient wrong in a model with ``keras.layers.RNN(your_cell)``, it runs the cell over the
+call's own input (``tf.scan``, float64 copy) to get the state entering every step, folds time
+into the batch axis, and checks the cell's backward at every step at once: the tape's
+vector-Jacobian product of one step, for a random cotangent on its outputs and new states,
+against central differences of that same step along random directions of its input x_t, of
+each state it receives, and of its weights. Rows are examples at steps, so each step gets its
+own verdict, from the cell's own numbers.
+
+The gradient into the state entering step t is what carries ∂L back to every earlier step: a
+step whose backward is wrong there spoils the total ∂L/∂h of every step before it. So the
+verdict reads as ``--against`` does: where the gradients still match, counting back from the
+last step, and the first wrong step, with the factor by which the tape's numbers differ
+where one factor explains them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
+from gradscope.keras.live import is_builtin
+from gradscope.report.models import WitnessEntry
+
+WITNESS = "cell_steps"
+STEP = 1e-5
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one part of the cell's backward does over time: the worst relative error at each
+    step (one number for the weights, which every step shares) and, where one factor explains
+    the tape's numbers, that factor."""
+
+    name: str  # "x_t", "h_{t−1}", "the weights"
+    errors: np.ndarray
+    factor: float | None
+
+    def wrong(self, rtol: float) -> list[int]:
+        return [int(t) for t in np.nonzero(self.errors > rtol)[0]]
+
+
+def your_cells(engine: Any, calls: list[CapturedCall]) -> list[CapturedCall]:
+    """The calls of an RNN over a cell of the user's own class, with initial states captured."""
+    found = []
+    for call in calls:
+        if class_label(engine.operation(call.layer)) != "RNN" or not call.states:
+            continue
+        cell = engine.operation(call.layer).cell
+        if not is_builtin(type(cell).__module__):
+            found.append(call)
+    return found
+
+
+def witness(engine: Any, call: CapturedCall, training: bool, seed: int, rtol: float,
+            weight_paths: list[str]) -> dict[str, WitnessEntry]:
+    """The cell's steps checked one by one: an entry for each of the call's initial states and
+    for each of the cell's trainable weights (by the check's tensor names)."""
+    layer = engine.operation(call.layer)
+    label = call_label(call.layer, call.index)
+    mask = call.mask
+    if mask is not None and not bool(np.all(np.asarray(mask))):
+        return {}
+    parts = _parts(engine, layer, call, training, np.random.default_rng([seed, 7]))
+    steps = len(parts[0].errors)
+    names = state_names(layer)
+    state_parts = parts[1:-1]
+    last_wrong = max((t for part in state_parts for t in part.wrong(rtol)), default=None)
+    detail = _sentence(parts, steps, rtol)
+    entries: dict[str, WitnessEntry] = {}
+    for name, part in zip(names, state_parts, strict=True):
+        error = float(np.max(part.errors))
+        entries[f"{label}/{name}"] = WitnessEntry(
+            witness=WITNESS, error=error, tolerance=rtol, passed=error <= rtol, detail=detail,
+            first_bad_step=last_wrong)
+    weights = parts[-1]
+    every = max((t for part in parts for t in part.wrong(rtol)), default=None)
+    for path in weight_paths:
+        error = float(np.max(weights.errors))
+        entries[path] = WitnessEntry(
+            witness=WITNESS, error=error, tolerance=rtol, passed=error <= rtol, detail=detail,
+            first_bad_step=every if error > rtol or last_wrong is not None else None)
+    return entries
+
+
+def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
+    said = []
+    for part in parts:
+        wrong = part.wrong(rtol)
+        if not wrong:
+            said.append(f"into {part.name}: right" + (" at every step" if len(part.errors) > 1
+                                                        else ""))
+            continue
+        factor = (f", off by a factor {part.factor:.3g}" if part.factor is not None else "")
+        if len(part.errors) == 1:
+            said.append(f"into {part.name}: wrong{factor}")
+            continue
+        last = max(wrong)
+        if len(wrong) == steps:
+            where = f"wrong at every step, including the last (t=T−1={steps - 1})"
+        elif last < steps - 1:
+            where = (f"matches at t={last + 1}…{steps - 1}, wrong from t={last} backwards "
+                     f"({len(wrong)} of {last + 1} steps)")
+        else:
+            where = f"wrong at {len(wrong)} of {steps} steps, the last at t=T−1={steps - 1}"
+        said.append(f"into {part.name}: {where}{factor}")
+    return ("each step of your cell on its own (its input and state at that step, time folded "
+            "into the batch; tape against central differences): " + "; ".join(said))
+
+
+def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
+           rng: np.random.Generator) -> list[Part]:
+    tf, keras = engine.tf, engine.keras
+    cell = layer.cell
+    kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
+
+    def step(x_t: Any, states: list[Any]) -> tuple[Any, list[Any]]:
+        out, new = cell(x_t, list(states), **kwargs)
+        return out, list(keras.tree.flatten(new))
+
+    x = tf.convert_to_tensor(call.args[0])
+    if getattr(layer, "go_backwards", False):
+        x = tf.reverse(x, [1])
+    batch, steps = int(x.shape[0]), int(x.shape[1])
+    x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
+    initial = [tf.convert_to_tensor(s) for s in call.states]
+
+    @tf.function(autograph=False)
+    def entering(x_tm: Any, initial: list[Any]) -> list[Any]:
+        after = tf.scan(lambda carry, x_t: step(x_t, carry)[1], x_tm, initializer=initial)
+        return [tf.concat([s[None], a[:-1]], 0) for s, a in zip(initial, after, strict=True)]
+
+    def fold(tensor: Any) -> Any:
+        return tf.reshape(tensor, [steps * batch, *tensor.shape[2:]])
+
+    xs = fold(x_tm)
+    states = [fold(s) for s in entering(x_tm, initial)]
+    out, new = step(xs, states)
+    cotangents = [tf.constant(rng.standard_normal(t.shape)) for t in [out, *new]]
+
+    def rows(xs: Any, states: list[Any]) -> Any:
+        out, new = step(xs, states)
+        return sum(tf.reduce_sum(tf.reshape(t * c, [steps * batch, -1]), -1)
+                   for t, c in zip([out, *new], cotangents, strict=True))
+
+    variables = cell.trainable_variables
+    rows_of = tf.function(rows, autograph=False)
+
+    @tf.function(autograph=False)
+    def backward(xs: Any, states: list[Any]) -> list[Any]:
+        with tf.GradientTape() as tape:
+            tape.watch([xs, *states])
+            total = tf.reduce_sum(rows(xs, states))
+        return tape.gradient(total, [xs, *states, *variables])
+
+    grads = backward(xs, states)
+    at_rest = np.abs(rows_of(xs, states).numpy())
+    moved = [xs, *states]
+    parts = []
+    for k, base in enumerate(moved):
+        direction = tf.constant(rng.standard_normal(base.shape))
+
+        def at(sign: float, k: int = k, base: Any = base, direction: Any = direction) -> Any:
+            changed = list(moved)
+            changed[k] = base + sign * STEP * direction
+            return rows_of(changed[0], changed[1:]).numpy()
+
+        numerical = (at(1.0) - at(-1.0)) / (2 * STEP)
+        gradient = grads[k]
+        analytic = (tf.reshape(gradient * direction, [steps * batch, -1]).numpy().sum(-1)
+                    if gradient is not None else np.zeros(steps * batch))
+        parts.append(_part(_part_name(layer, k), numerical, analytic, at_rest, steps, batch))
+    # The weights: one direction over all of them; every step shares them, so one number.
+    deltas = [rng.standard_normal(v.shape) for v in variables]
+    values = [np.array(v.numpy()) for v in variables]
+
+    def with_weights(sign: float) -> float:
+        for v, value, delta in zip(variables, values, deltas, strict=True):
+            v.assign(value + sign * STEP * delta)
+        try:
+            return float(np.sum(rows_of(xs, states).numpy()))
+        finally:
+            for v, value in zip(variables, values, strict=True):
+                v.assign(value)
+
+    numerical = np.array([(with_weights(1.0) - with_weights(-1.0)) / (2 * STEP)])
+    analytic = np.array([sum(float(np.sum(np.asarray(g) * d))
+                             for g, d in zip(grads[1 + len(states):], deltas, strict=True)
+                             if g is not None)])
+    parts.append(_part("the weights", numerical, analytic, np.array([np.sum(at_rest)]), 1, 1))
+    return parts
+
+
+def _part_name(layer: Any, k: int) -> str:
+    if k == 0:
+        return "x_t"
+    name = state_names(layer)[k - 1]
+    return f"{name[0]}_(t−1)" if name in ("h0", "c0") else f"{name} of step t−1"
+
+
+def _part(name: str, numerical: np.ndarray, analytic: np.ndarray, at_rest: np.ndarray,
+          steps: int, batch: int) -> Part:
+    """Per row (step t, example b) the error of the tape's directional derivative, against the
+    typical size of one; worst over the examples of each step. The factor: least squares of
+    the tape's numbers on the differences', where it explains them to 1%."""
+    typical = float(np.sqrt(np.mean(analytic ** 2))) if analytic.size else 0.0
+    noise = 64 * np.finfo(np.float64).eps * np.maximum(at_rest, 1.0) / (2 * STEP)
+    scale = np.maximum(np.abs(analytic), typical) + noise
+    errors = (np.abs(numerical - analytic) / scale).reshape(steps, batch).max(axis=1)
+    factor = None
+    norm = float(np.sum(numerical ** 2))
+    if norm > 0:
+        fitted = float(np.sum(analytic * numerical)) / norm
+        residual = float(np.linalg.norm(analytic - fitted * numerical))
+        if residual <= 0.01 * float(np.linalg.norm(analytic)) and abs(fitted - 1) > 1e-3:
+            factor = fitted
+    return Part(name=name, errors=errors, factor=factor)

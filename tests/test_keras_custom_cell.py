@@ -1,0 +1,126 @@
+"""``keras.layers.RNN(your_cell)``, tried as a new user would: a cell of the user's own class gets
+∂L/∂h0 as Keras' own tape gives it, check verifies it, and a wrong backward in the cell is
+placed in time, step by step, with no NumPy version of the cell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradscope
+
+STEPS, BATCH, FEATURES, UNITS = 10, 4, 3, 5
+
+
+def _cell_class() -> Any:
+    import keras
+    import tensorflow as tf
+
+    class CarryCell(keras.layers.Layer):
+        """h_t = tanh(x_t·W + h_{t−1}·U), with a hand-written gradient through h_{t−1}:
+        ``wrong_by`` scales it where the step's first feature is above 0.5 (everywhere when
+        ``everywhere``)."""
+
+        def __init__(self, units: int, wrong_by: float = 1.0, everywhere: bool = True,
+                     **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units, self.wrong_by, self.everywhere = units, wrong_by, everywhere
+            self.state_size = units
+            self.output_size = units
+
+        def build(self, input_shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units),
+                                             name="recurrent_kernel")
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = states[0]
+            scale = (tf.ones_like(x[:, :1]) if self.everywhere
+                     else tf.cast(x[:, :1] > 0.5, x.dtype))
+            factor = 1.0 + (self.wrong_by - 1.0) * scale
+
+            @tf.custom_gradient
+            def carried(h: Any) -> Any:
+                return tf.identity(h), lambda dy: dy * factor
+
+            new = tf.tanh(x @ self.kernel + carried(h) @ self.recurrent)
+            return new, [new]
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "units": self.units, "wrong_by": self.wrong_by,
+                    "everywhere": self.everywhere}
+
+    return CarryCell
+
+
+def _model(tf: Any, wrong_by: float = 1.0, everywhere: bool = True) -> tuple[Any, Any, Any]:
+    import keras
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((STEPS, FEATURES))
+    rnn = keras.layers.RNN(_cell_class()(UNITS, wrong_by, everywhere), name="rnn")
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(rnn(inputs)))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype("float32")
+    x[:, :, 0] = 0.0
+    x[:, :4, 0] = 1.0  # the marker: the first four steps
+    return model, x, rng.standard_normal((BATCH, 2)).astype("float32")
+
+
+def _entry(report: Any, tensor: str, witness: str) -> Any:
+    entry = next(t for t in report.tensors if t.name == tensor)
+    return next(e for e in entry.witnesses if e.witness == witness)
+
+
+def test_the_initial_state_gradient_is_keras_own(tf):
+    """∂L/∂h0 of the RNN over the cell: the norm Keras' tape gives, with h0 an explicit zero
+    input of the same layer."""
+    import keras
+
+    model, x, y = _model(tf)
+    report = gradscope.explain(model, x=x, y=y)
+    state = next(s for s in report.initial_state_gradients if s.name == "rnn/h0")
+    h0 = tf.zeros((BATCH, UNITS))
+    with tf.GradientTape() as tape:
+        tape.watch(h0)
+        hidden = model.get_layer("rnn")(tf.constant(x), initial_state=[h0])
+        loss = keras.losses.MeanSquaredError()(y, model.get_layer("head")(hidden))
+    truth = tape.gradient(loss, h0).numpy()
+    assert state.stats.l2 == pytest.approx(float(np.linalg.norm(truth)), rel=1e-5)
+    assert "your cell" in state.source or "zeros" in state.source
+
+
+def test_check_verifies_the_cell_and_its_initial_state(tf):
+    model, x, y = _model(tf)
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed
+    assert _entry(report, "rnn/h0", "finite_differences").detail.startswith("jointly")
+
+
+def test_a_backward_wrong_at_every_step_is_said_so_with_its_factor(tf):
+    model, x, y = _model(tf, wrong_by=0.5)
+    report = gradscope.check(model, x=x, y=y)
+    assert not report.summary.passed
+    assert not _entry(report, "rnn/h0", "finite_differences").passed
+    steps = _entry(report, "rnn/h0", "cell_steps")
+    assert not steps.passed
+    assert "into h_(t−1): wrong at every step" in steps.detail
+    assert "off by a factor 0.5" in steps.detail
+    assert "into x_t: right at every step" in steps.detail
+    assert steps.first_bad_step == STEPS - 1
+
+
+def test_a_backward_wrong_in_the_first_steps_is_placed_in_time(tf):
+    """Wrong only where the marker is on (t = 0…3): the gradient matches from the last step
+    back to t = 4, and is wrong from t = 3 backwards; the diagnosis says so."""
+    from gradscope.testing import diagnosis
+
+    model, x, y = _model(tf, wrong_by=0.5, everywhere=False)
+    report = gradscope.check(model, x=x, y=y)
+    steps = _entry(report, "rnn/h0", "cell_steps")
+    assert not steps.passed and steps.first_bad_step == 3
+    assert "matches at t=4…9, wrong from t=3 backwards (4 of 4 steps)" in steps.detail
+    assert "first wrong step counting back: t=3" in diagnosis(report)
