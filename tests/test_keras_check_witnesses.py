@@ -253,3 +253,25 @@ def test_a_wrong_backward_in_a_layer_without_weights_is_named(tf):
     assert _witness(report, "above/kernel", "finite_differences").passed
     assert [t.name for t in report.tensors if t.name.startswith("layer ")] == ["layer half"]
     assert "0.5 times the differences'" in _witness(report, "layer half", "own_backward").detail
+
+
+@pytest.mark.parametrize("fixture", ["regularized", "bidirectional_lstm"])
+def test_the_numpy_reference_taken_in_slices_of_examples_is_the_same(fixture, request, tf,
+                                                                      monkeypatch):
+    """A big batch is taken a few examples at a time (what the reference holds stays small):
+    with slices of 2 examples, the weights (penalties included) and the initial states of
+    every call, both directions of a Bidirectional, agree as they do whole."""
+    from gradscope.keras import check
+
+    model, x, y = request.getfixturevalue(fixture)
+    whole = gradscope.check(model, x=x, y=y)
+    monkeypatch.setattr(check, "REFERENCE_EXAMPLES", 2)
+    sliced = gradscope.check(model, x=x, y=y)
+    assert sliced.summary.passed
+
+    def referenced(report: Any) -> dict[str, float]:
+        return {t.name: e.error for t in report.tensors for e in t.witnesses
+                if e.witness == "numpy_reference"}
+
+    assert referenced(sliced).keys() == referenced(whole).keys() and referenced(whole)
+    assert all(error < 1e-12 for error in referenced(sliced).values())

@@ -549,27 +549,52 @@ def _numpy_reference(engine: KerasEngine, autodiff: KerasPass,
         return _reference(engine, autodiff, weights, rtol, results)
 
 
+@dataclass
+class _StateRows:
+    """An initial state's gradient, slice by slice: the NumPy reference's and the tape's."""
+
+    label: str  # the call's
+    reference: list[np.ndarray] = field(default_factory=list)
+    tape: list[np.ndarray] = field(default_factory=list)
+
+
+#: The NumPy reference takes a call this many examples at a time: what it holds (every gate
+#: at every step) then stays that of a batch of 32, whatever the batch.
+REFERENCE_EXAMPLES = 32
+
+
 def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.ndarray],
                rtol: float, results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
     missing: list[NotWitnessed] = []
     incomplete: set[str] = set()  # layers with a call not witnessed
+    skipped: set[str] = set()  # call labels not witnessed
     totals: dict[str, np.ndarray] = {}
     owners: dict[str, str] = {}  # variable path → the layer whose calls it sums over
-    for recurrent in each_recurrent_call(engine, autodiff, weights):
+    states: dict[str, _StateRows] = {}
+    calls = {call_label(c.layer, c.index): c for c in autodiff.calls}
+    for recurrent in each_recurrent_call(engine, autodiff, weights, REFERENCE_EXAMPLES):
         if isinstance(recurrent, KerasNotAnalysed):
             missing.append(NotWitnessed(layer=recurrent.layer, witness="numpy_reference",
                                         reason=recurrent.reason))
-            incomplete |= {call.layer for call in autodiff.calls
-                           if call_label(call.layer, call.index) == recurrent.layer}
+            skipped.add(recurrent.layer)
+            incomplete.add(calls[recurrent.layer].layer)
             continue
-        reason = _reference_call(engine, autodiff, recurrent, rtol, results, totals, owners)
+        if recurrent.label in skipped:
+            continue
+        reason = _reference_call(engine, autodiff, calls[recurrent.label], recurrent, totals,
+                                 owners, states)
         if reason:
             missing.append(NotWitnessed(layer=recurrent.label, witness="numpy_reference",
                                         reason=reason))
+            skipped.add(recurrent.label)
             incomplete.add(recurrent.call.layer)
-        # One call at a time: this call's NumPy caches (every gate at every step) go before
-        # the next call is run.
+        # One slice at a time: its NumPy caches (every gate at every step) go before the next
+        # one is run.
         del recurrent
+    for name, found in states.items():
+        if found.label not in skipped:
+            _compare(results, name, np.concatenate(found.reference), np.concatenate(found.tape),
+                     rtol)
     variables = {v.path: v for v in engine.model.weights}
     for path, total in totals.items():
         tape = autodiff.gradients.get(path)
@@ -581,23 +606,28 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
     return missing
 
 
-def _reference_call(engine: KerasEngine, autodiff: KerasPass, recurrent: RecurrentCall,
-                    rtol: float, results: dict[str, list[WitnessEntry]],
-                    totals: dict[str, np.ndarray], owners: dict[str, str]) -> str | None:
-    """One recurrent call's BPTT: its state gradients compared, its weight gradients added to
-    ``totals``. Returns why its penalties cannot be added in NumPy, if they cannot."""
+def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCall,
+                    recurrent: RecurrentCall, totals: dict[str, np.ndarray],
+                    owners: dict[str, str], states: dict[str, _StateRows]) -> str | None:
+    """One recurrent call's BPTT, for the examples ``recurrent.rows`` of ``whole``: its
+    weight gradients added to ``totals``, its initial-state gradients and the tape's for the
+    same examples added to ``states``. Returns why its penalties cannot be added in NumPy, if
+    they cannot."""
     layer = engine.operation(recurrent.call.layer)
     subs = ([layer.forward_layer, layer.backward_layer] if len(recurrent.units) > 1
             else [layer])
     reason = _penalty_without_numpy_form(layer, subs)
     if reason:
         return reason
+    rows = recurrent.rows
+    # The activity penalty is divided by the whole batch: taken on the whole call, then sliced.
     gradients: list[np.ndarray | None] = [
-        activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
-        + (0.0 if g is None else np.asarray(g, np.float64))
-        for o, g in zip(recurrent.call.outputs, autodiff.output_gradients[recurrent.label],
+        (activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
+         + (0.0 if g is None else np.asarray(g, np.float64)))[rows]
+        for o, g in zip(whole.outputs, autodiff.output_gradients[recurrent.label],
                         strict=True)]
-    tape_states = autodiff.state_gradients.get(recurrent.label, [])
+    tape_states = [None if g is None else g[rows]
+                   for g in autodiff.state_gradients.get(recurrent.label, [])]
     for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
             recurrent.units, subs, upstream_gradients(recurrent, gradients), strict=True):
         _, backward = RECURRENT[cell_key(unit.cell)]
@@ -612,7 +642,10 @@ def _reference_call(engine: KerasEngine, autodiff: KerasPass, recurrent: Recurre
         for state_name, reference, value in zip(unit.cell.state_names, ours, mine,
                                                 strict=True):
             if value is not None:
-                _compare(results, f"{unit.label}/{state_name}", reference, value, rtol)
+                found = states.setdefault(f"{unit.label}/{state_name}",
+                                          _StateRows(recurrent.label))
+                found.reference.append(reference)
+                found.tape.append(value)
     return None
 
 

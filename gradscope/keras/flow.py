@@ -21,7 +21,7 @@ that may be wrong.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -95,6 +95,8 @@ class RecurrentCall:
     return_sequences: bool
     return_state: bool
     merge_mode: str | None = "concat"  # Bidirectional only
+    #: The examples of the call this covers (all of them, unless taken in slices).
+    rows: slice = field(default_factory=lambda: slice(None))
 
 
 #: The Keras layers whose calls gradscope's cells can model.
@@ -120,16 +122,40 @@ def recurrent_calls(job: Any, engine: Any, result: KerasPass,
 
 def each_recurrent_call(engine: Any, result: KerasPass,
                         weights: dict[str, np.ndarray] | None = None,
+                        examples: int | None = None,
                         ) -> Iterator[RecurrentCall | KerasNotAnalysed]:
     """:func:`recurrent_calls` one call at a time, in the order of the run: a caller that is
-    done with a call before it asks for the next holds one call's caches at a time."""
+    done with a call before it asks for the next holds one call's caches at a time. With
+    ``examples``, a call comes in slices of at most that many examples (``rows``), one at a
+    time; a slice the cells do not reproduce ends its call (the reason, once)."""
     for call in result.calls:
         if call.class_name not in RECURRENT_CLASSES:
             continue
         label = call_label(call.layer, call.index)
-        found = _prepare(call, label, engine, weights)
-        yield KerasNotAnalysed(layer=label, reason=found) if isinstance(found, str) else found
-        del found  # not held while the next call runs
+        size = int(call.args[0].shape[0]) if call.args else 0
+        step = examples if examples and size > examples else max(size, 1)
+        for start in range(0, max(size, 1), step):
+            rows = slice(start, start + step)
+            found = _prepare(call if step >= size else _examples(call, rows, size), label,
+                             engine, weights)
+            if isinstance(found, str):
+                yield KerasNotAnalysed(layer=label, reason=found)
+                break
+            found.rows = rows
+            yield found
+            del found  # not held while the next slice runs
+
+
+def _examples(call: CapturedCall, rows: slice, size: int) -> CapturedCall:
+    """The call as it ran for the examples ``rows`` (every tensor with a batch axis, sliced)."""
+    def part(value: Any) -> Any:
+        shape = getattr(value, "shape", None)
+        return value[rows] if shape is not None and len(shape) and shape[0] == size else value
+
+    return replace(call, args=[part(a) for a in call.args],
+                   outputs=[part(o) for o in call.outputs],
+                   states=[part(s) for s in call.states],
+                   mask=None if call.mask is None else part(call.mask))
 
 
 def _prepare(call: CapturedCall, label: str, engine: Any,
