@@ -214,6 +214,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
               for label, names in hooked.names.items()
               for state, gradient in zip(names, autodiff.state_gradients.get(label, []),
                                          strict=False) if gradient is not None]
+    parts_by_name = {part.name: part for part in parts}
 
     def joint_loss(feed: list[Any], shifts: list[list[list[Any]]]) -> Any:
         # Keras' own call of the whole model, not gradscope's replay: the witness must not
@@ -240,7 +241,6 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             for variable, _ in moved:
                 variable.assign(parts_by_name[variable.path].value)
 
-    parts_by_name = {part.name: part for part in parts}
     joint = (joint_check(parts, JOINT_DIRECTIONS if directions is None else directions, rng,
                          autodiff.loss, rtol, atol, STEP, loss_at) if parts else None)
     if joint is not None and joint.passed:
@@ -258,8 +258,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
     if alone:
         _one_by_one(engine, autodiff, feed, y, frozen,
                     PER_TENSOR_DIRECTIONS if directions is None else directions, rtol, atol,
-                    rng, results,
-                    shapes, fixed, sample_weight, inputs, alone)
+                    rng, results, shapes, fixed, sample_weight, inputs, alone)
 
 
 def _compiled(tf: Any, function: Callable[..., Any]) -> Callable[..., Any]:

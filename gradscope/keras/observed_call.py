@@ -12,6 +12,9 @@ trace its own step on another thread meanwhile, and sees Keras untouched):
   copies (``tf.identity``) of Keras' own zeros, which the tape watches: ∂L/∂(initial state)
   is then the gradient through that call, and the values are Keras' own.
 
+check's finite differences use a third, :func:`zero_states_shifted`, which does change the
+call: it adds their shifts to the zeros a layer asks for, counting the layer's asks itself.
+
 Where a recurrent call did not ask its ``get_initial_state`` for zeros (a fused path, such as
 Keras' fused bidirectional kernel on a GPU), :class:`NotObserved` is raised, and the caller
 runs gradscope's replay instead, witnessed by Keras' own call as before.
