@@ -340,9 +340,8 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
 
     report = _check(spec, against=against, chunks=chunks,
                     directions=PER_TENSOR_DIRECTIONS if directions is None else directions,
-                    rtol=rtol,
-                    atol=atol, data=batch, weights=weights, params=params, progress=progress,
-                    timings=timings)
+                    rtol=rtol, atol=atol, data=batch, weights=weights, params=params,
+                    progress=progress, timings=timings)
     if equations:
         from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
 

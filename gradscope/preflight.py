@@ -231,9 +231,9 @@ def check_weights(path: object, option: str = "--weights") -> None:
 
 
 def check_witness_options(directions: object, rtol: object, atol: object) -> None:
-    """check's tuning of its witnesses, for either wing: ``directions`` a whole number ≥ 1
-    when given (none would leave the finite differences nothing to compare), ``rtol`` positive and
-    ``atol`` at least 0 when given."""
+    """check's tuning of its witnesses, for either wing, each when given: ``directions`` a
+    whole number ≥ 1 (none would leave the finite differences nothing to compare), ``rtol``
+    positive and ``atol`` at least 0."""
     if directions is not None and (isinstance(directions, bool)
                                    or not isinstance(directions, int) or directions < 1):
         raise ConfigError(f"{given('directions', directions)}: expected a whole number ≥ 1",
