@@ -124,3 +124,38 @@ def test_a_backward_wrong_in_the_first_steps_is_placed_in_time(tf):
     assert not steps.passed and steps.first_bad_step == 3
     assert "matches at t=4…9, wrong from t=3 backwards (4 of 4 steps)" in steps.detail
     assert "first wrong step counting back: t=3" in diagnosis(report)
+
+
+def test_the_flow_over_a_cell_is_the_numpy_bptt_of_the_same_layer(tf):
+    """RNN(GRUCell), run step by step under one tape, gives at every step the ‖∂L/∂h_t‖ that
+    gradscope's NumPy BPTT gives the GRU layer with the same weights."""
+    import keras
+
+    def model(recurrent: Any) -> Any:
+        inputs = keras.Input((STEPS, FEATURES))
+        built = keras.Model(inputs, keras.layers.Dense(2, name="head")(recurrent(inputs)))
+        built.compile(loss="mse")
+        return built
+
+    keras.utils.set_random_seed(8)
+    layer = model(keras.layers.GRU(UNITS, return_sequences=True, name="gru"))
+    cell = model(keras.layers.RNN(keras.layers.GRUCell(UNITS), return_sequences=True,
+                                  name="rnn"))
+    cell.set_weights(layer.get_weights())
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype("float32")
+    y = rng.standard_normal((BATCH, STEPS, 2)).astype("float32")
+
+    def norms(built: Any, what: str) -> np.ndarray:
+        flow = gradscope.explain(built, x=x, y=y, flow=True).gradient_flow
+        return np.array(next(s.norms for s in flow.sequences if s.what == what))
+
+    assert norms(cell, "∂L/∂rnn/h_t") == pytest.approx(norms(layer, "∂L/∂gru/h_t"), rel=1e-4)
+
+
+def test_the_flow_over_your_cell_has_every_step(tf):
+    model, x, y = _model(tf)
+    flow = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
+    found = next(s for s in flow.sequences if s.what == "∂L/∂rnn/h_t")
+    assert len(found.norms) == STEPS and found.norms[-1] > 0
+    assert not [n for n in flow.not_analysed if n.layer == "rnn"]

@@ -221,3 +221,59 @@ def _part(name: str, numerical: np.ndarray, analytic: np.ndarray, at_rest: np.nd
         if residual <= 0.01 * float(np.linalg.norm(analytic)) and abs(fitted - 1) > 1e-3:
             factor = fitted
     return Part(name=name, errors=errors, factor=factor)
+
+
+def state_flow(engine: Any, call: CapturedCall, upstream: list[Any],
+               training: bool) -> list[tuple[str, np.ndarray]]:
+    """For an RNN over any cell: per initial state, the total ∂L/∂(that state after step t),
+    (B, T, u) in processing order, from one tape over the cell run by ``tf.scan``: a zero
+    probe is added to every state each step leaves, and to the step's output where the cell
+    returns that very state as its output (the gradient from above arrives there too).
+    ``upstream``: the tape's ∂L/∂ of each of the call's outputs."""
+    tf, keras = engine.tf, engine.keras
+    layer = engine.operation(call.layer)
+    cell = layer.cell
+    kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
+    x = tf.convert_to_tensor(call.args[0])
+    if getattr(layer, "go_backwards", False):
+        x = tf.reverse(x, [1])
+    x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
+    initial = [tf.convert_to_tensor(s) for s in call.states]
+    steps = int(x.shape[1])
+    first, _ = cell(x_tm[0], list(initial), **kwargs)
+
+    def body(carry: tuple[list[Any], Any], inputs: tuple[Any, list[Any]]
+             ) -> tuple[list[Any], Any]:
+        x_t, probes = inputs
+        out, new = cell(x_t, list(carry[0]), **kwargs)
+        new = list(keras.tree.flatten(new))
+        shifted = [n + e for n, e in zip(new, probes, strict=True)]
+        same = [k for k, n in enumerate(new) if n is out]
+        return shifted, (shifted[same[0]] if same else out)
+
+    @tf.function(autograph=False)
+    def totals(x_tm: Any, initial: list[Any], upstream: list[Any]) -> list[Any]:
+        probes = [tf.zeros([steps, *s.shape], s.dtype) for s in initial]
+        with tf.GradientTape() as tape:
+            tape.watch(probes)
+            states, outs = tf.scan(body, (x_tm, probes),
+                                   initializer=(initial, tf.zeros_like(first)))
+            objective = _against(tf, layer, upstream, states, outs)
+        return tape.gradient(objective, probes)
+
+    found = totals(x_tm, initial, [None if g is None else tf.convert_to_tensor(g)
+                                   for g in upstream])
+    names = state_names(layer)
+    return [(name, np.swapaxes(np.asarray(g), 0, 1))
+            for name, g in zip(names, found, strict=True)]
+
+
+def _against(tf: Any, layer: Any, upstream: list[Any], states: list[Any], outs: Any) -> Any:
+    """Σ ⟨∂L/∂output, output⟩ over the call's outputs, rebuilt from the scan (time-major):
+    the sequence or its last step, then the final states with ``return_state``."""
+    returned = ([tf.transpose(outs, [1, 0, *range(2, len(outs.shape))])]
+                if layer.return_sequences else [outs[-1]])
+    if layer.return_state:
+        returned += [s[-1] for s in states]
+    return sum(tf.reduce_sum(tf.cast(g, r.dtype) * r)
+               for g, r in zip(upstream, returned, strict=True) if g is not None)

@@ -413,6 +413,13 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow
             flag = recurrence_flag(what, carried_ratio(total, direct), total.shape[1])
             if flag is not None:
                 flags.append(flag)
+    for call in result.calls:
+        if call.states and class_label(engine.operation(call.layer)) == "RNN":
+            found = _cell_flow(engine, call, result)
+            if isinstance(found, KerasNotAnalysed):
+                skipped.append(found)
+            else:
+                sequences += found
     for name, value in job.batch.inputs.items():
         if value.dtype.kind != "f" or value.ndim != 3:
             continue
@@ -426,6 +433,34 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow
     method = FLOW_METHOD + ("; " + BACKWARDS_NOTE if backwards else "")
     return KerasGradientFlow(method=method, sequences=sequences, not_analysed=skipped,
                              flags=flags)
+
+
+def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
+               ) -> list[KerasFlowSequence] | KerasNotAnalysed:
+    """An RNN over a cell (your own too): the total ∂L/∂ of each state per step, from a tape
+    over the cell run step by step (:func:`~gradscope.keras.cell_steps.state_flow`), in
+    processing order. No flag: what arrives from above at a step is the gradient of the
+    cell's output, which need not be its state."""
+    from gradscope.keras.cell_steps import state_flow
+
+    label = call_label(call.layer, call.index)
+    if call.mask is not None and not np.all(np.asarray(call.mask)):
+        return KerasNotAnalysed(layer=label, reason="the input is masked and this batch has "
+                                "masked steps (Keras holds the state over them)")
+    upstream = result.output_gradients.get(label)
+    if upstream is None:
+        return KerasNotAnalysed(layer=label, reason="the run did not watch this call's outputs")
+    try:
+        flows = state_flow(engine, call, upstream, engine.training)
+    except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return KerasNotAnalysed(layer=label,
+                                reason=f"the cell could not be run step by step: {first}")
+    backwards = bool(getattr(engine.operation(call.layer), "go_backwards", False))
+    return [KerasFlowSequence(
+        what=f"∂L/∂{label}/" + (f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"),
+        kind="state", source=label, norms=per_step_norms(total), backwards=backwards)
+        for name, total in flows]
 
 
 def _in_call_order(skipped: list[KerasNotAnalysed], result: KerasPass) -> None:
