@@ -16,6 +16,13 @@ def one_line(text: str) -> str:
                    for ch in text)
 
 
+def first_line(exc: BaseException) -> str:
+    """What an exception of Keras, TensorFlow or the user's code says, in one line: its first
+    line, or its class where it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class GradscopeError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""
 

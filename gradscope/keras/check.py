@@ -34,7 +34,7 @@ import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
 from gradscope._tf import native_stderr_silenced
-from gradscope.errors import DataError, InternalError
+from gradscope.errors import DataError, InternalError, first_line
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras.cell_steps import witness as cell_steps_witness
 from gradscope.keras.cell_steps import your_cells
@@ -177,7 +177,7 @@ def _cell_steps(engine: KerasEngine, autodiff: KerasPass, job: KerasJob, rtol: f
         try:
             entries = cell_steps_witness(engine, call, job.training, job.seed, rtol, paths)
         except Exception as exc:  # noqa: BLE001  (the user's cell, on a folded batch)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             missing.append(NotWitnessed(layer=call_label(call.layer, call.index),
                                         witness="cell_steps",
                                         reason=f"the cell could not be run step by step: {first}"))

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
-from gradscope.errors import ConfigError, GradscopeError
+from gradscope.errors import ConfigError, GradscopeError, first_line
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
@@ -148,8 +148,7 @@ class KerasEngine:
                     with self._floatx():
                         self.model.compile_from_config(saved_compile)
                 except Exception as exc:  # a custom loss Keras cannot rebuild from its config
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
-                        type(exc).__name__
+                    first = first_line(exc)
                     raise ConfigError(f"{path}: Keras cannot rebuild its compiled loss for the "
                                       f"{dtype} copy: {first}; pass loss=NAME to use a Keras "
                                       "loss", where=path) from None
@@ -189,7 +188,7 @@ class KerasEngine:
         try:
             return load(compile_saved)
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
         hint = ""
         if compile_saved:
             # Whether the saved loss is what Keras cannot rebuild: then --loss is the way out.
@@ -284,7 +283,7 @@ class KerasEngine:
         except Exception as exc:
             if not self.live:
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise ConfigError(f"{self.path}: Keras cannot rebuild it in {dtype} from its "
                               f"config (the copy check compares against): {first}",
                               where=self.path) from None
@@ -509,8 +508,7 @@ class KerasEngine:
         except GradscopeError:
             raise
         except Exception as exc:  # Keras and TensorFlow raise many kinds
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else \
-                type(exc).__name__
+            first = first_line(exc)
             copy = f" (the {self.dtype_name} copy)" if self.model is not self.user_model \
                 else ""
             raise ConfigError(f"{self.path}: Keras' own call of the model{copy} and its "

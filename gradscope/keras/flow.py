@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gradscope.cells.base import Cell
-from gradscope.errors import InternalError
+from gradscope.errors import InternalError, first_line
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -453,7 +453,7 @@ def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
     try:
         flows = state_flow(engine, call, upstream, engine.training)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         return KerasNotAnalysed(layer=label,
                                 reason=f"the cell could not be run step by step: {first}")
     backwards = bool(getattr(engine.operation(call.layer), "go_backwards", False))

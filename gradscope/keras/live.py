@@ -19,7 +19,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from gradscope.errors import ConfigError
+from gradscope.errors import ConfigError, first_line
 from gradscope.keras.graph import ModelGraph, graph_from_config, read_graph, refuse_code
 from gradscope.keras.loss import LossPlan, plan_loss
 
@@ -71,7 +71,7 @@ def model_config(model: Any) -> dict[str, Any]:
             serialized = serialize_keras_object(model)
         config = json.loads(json.dumps(serialized))
     except Exception as exc:  # get_config() of a custom layer may raise anything
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ConfigError(f"{label}: Keras cannot serialise its config, so gradscope cannot "
                           f"read its graph exactly: {first}", where=label) from None
     _qualify_custom(config)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gradscope.errors import ConfigError
+from gradscope.errors import ConfigError, first_line
 from gradscope.keras.live import LOADED_FROM
 
 
@@ -55,7 +55,7 @@ def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
             except Exception as exc:  # the user's code raises what it raises
                 del sys.modules[name]
                 raise ConfigError(f"{option}: importing it raised {type(exc).__name__}: "
-                                  f"{_first_line(exc)}", where="--import") from None
+                                  f"{first_line(exc)}", where="--import") from None
             modules.append(module)
             continue
         try:
@@ -66,7 +66,7 @@ def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
                               "or a path to a .py file", where="--import") from None
         except Exception as exc:  # noqa: BLE001  (the user's code raises what it raises)
             raise ConfigError(f"{option}: importing it raised {type(exc).__name__}: "
-                              f"{_first_line(exc)}", where="--import") from None
+                              f"{first_line(exc)}", where="--import") from None
     return modules
 
 
@@ -98,15 +98,10 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
         hint = "" if unsafe else (
             "; a class it names may need --import MODULE (the module that registers it)")
         raise ConfigError(f"{path}: Keras cannot load it{'' if unsafe else ' safely'}: "
-                          f"{_first_line(exc)}{hint}", where=str(path)) from None
+                          f"{first_line(exc)}{hint}", where=str(path)) from None
     # Reports name the file (a hook on the object, not its state: Keras does not track it).
     object.__setattr__(model, LOADED_FROM, str(path))
     return model
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = ["import_user_code", "load_user_model"]

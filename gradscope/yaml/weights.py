@@ -50,7 +50,7 @@ import numpy as np
 from gradscope.arrays import read_npz
 from gradscope.cells import CELLS
 from gradscope.cells.base import TensorInfo
-from gradscope.errors import ConfigError, one_line
+from gradscope.errors import ConfigError, first_line, one_line
 from gradscope.report.models import IgnoredVariable, WeightMapEntry, WeightsEntry
 from gradscope.yaml.algebra import ModelShapes, model_shapes
 from gradscope.yaml.config import Spec
@@ -196,7 +196,7 @@ def _from_checkpoint(origin: str, prefix: str) -> WeightFile:
             shapes = reader.get_variable_to_shape_map()
             dtypes = reader.get_variable_to_dtype_map()
     except Exception as exc:  # TF raises a zoo of error types for damaged files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise ConfigError(f"{origin}: not a readable TensorFlow checkpoint: {first}",
                           where="--weights") from None
     object_based = "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes
