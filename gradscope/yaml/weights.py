@@ -132,6 +132,11 @@ def locate(path: str | os.PathLike[str], option: str = "--weights") -> tuple[str
     text = re.sub(r"\.data-\d+-of-\d+$", "", text)
     if Path(text + ".index").is_file():
         return "checkpoint", text
+    if Path(text).is_file() and text.endswith(".keras"):
+        raise ConfigError(f"{shown}: a Keras model, which gradscope reads as it is, with no "
+                          f"config or weights file: gradscope explain {Path(text).name} (add "
+                          "--import MODULE for classes of your own); expected FILE.npz or a "
+                          "checkpoint prefix here", where="--weights")
     if Path(text).is_file():
         raise ConfigError(f"{shown}: neither an .npz file nor a TensorFlow "
                           f"checkpoint (no {Path(text).name}.index beside it); expected "
