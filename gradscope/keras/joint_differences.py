@@ -29,7 +29,7 @@ import numpy as np
 
 #: Joint directions, unless the user asks for another number (``--directions``): a relative
 #: error ε in one tensor's gradient escapes one direction with a chance of about 1.6·rtol/ε,
-#: both with its square (3e-4 for an error of 0.1%, 3e-8 for 1%).
+#: both with its square (3e-4 for an error of 0.1%, 3e-6 for 1%).
 JOINT_DIRECTIONS = 2
 
 
