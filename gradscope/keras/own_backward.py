@@ -21,6 +21,7 @@ import numpy as np
 
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.report.models import WitnessEntry
+from gradscope.witnesses.finite_differences import Probe, directional_error
 
 WITNESS = "own_backward"
 STEP = 1e-5
@@ -79,17 +80,16 @@ def _one(tf: Any, layer: Any, call: CapturedCall, x: Any, training: bool,
     value, gradient = backward(x)
     gradient = np.zeros(x.shape) if gradient is None else gradient.numpy()
     direction = rng.standard_normal(x.shape)
-    direction /= np.linalg.norm(direction)
-    analytic = float(np.sum(gradient * direction))
-    typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
-    noise = 64 * np.finfo(np.float64).eps * max(abs(float(value)), 1.0)
+    probe = Probe("input", "a random direction", direction / np.linalg.norm(direction))
+    analytic = float(np.sum(gradient * probe.direction))
     for step in (STEP, STEP / 100):
-        shift = tf.constant(step * direction, x.dtype)
-        numerical = (at(x + shift) - at(x - shift)) / (2 * step)
-        error = abs(numerical - analytic) / (max(abs(analytic), typical)
-                                             + noise / (2 * step) / rtol + 1e-300)
-        if error <= rtol:
+        shift = tf.constant(step * probe.direction, x.dtype)
+        plus, minus = at(x + shift), at(x - shift)
+        error, passed, _ = directional_error(gradient, [probe], np.array([plus]),
+                                             np.array([minus]), float(value), rtol, None, step)
+        if passed:
             return None
+    numerical = (plus - minus) / (2 * step)
     factor = (f"; the tape's is {analytic / numerical:.3g} times the differences'"
               if numerical != 0 else "")
     return WitnessEntry(
