@@ -19,6 +19,7 @@ where one factor explains them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,8 +115,11 @@ def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
             "into the batch; tape against central differences): " + "; ".join(said))
 
 
-def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
-           rng: np.random.Generator) -> list[Part]:
+def _cell_run(engine: Any, layer: Any, call: CapturedCall, training: bool
+              ) -> tuple[Callable[[Any, list[Any]], tuple[Any, list[Any]]], Any, list[Any]]:
+    """One step of the layer's cell as Keras' RNN calls it (``step(x_t, states)`` → output and
+    the new states, flat), the call's input time-major in processing order, and its initial
+    states."""
     tf, keras = engine.tf, engine.keras
     cell = layer.cell
     kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
@@ -127,9 +131,15 @@ def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
     x = tf.convert_to_tensor(call.args[0])
     if getattr(layer, "go_backwards", False):
         x = tf.reverse(x, [1])
-    batch, steps = int(x.shape[0]), int(x.shape[1])
-    x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
-    initial = [tf.convert_to_tensor(s) for s in call.states]
+    return (step, tf.transpose(x, [1, 0, *range(2, len(x.shape))]),
+            [tf.convert_to_tensor(s) for s in call.states])
+
+
+def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
+           rng: np.random.Generator) -> list[Part]:
+    tf = engine.tf
+    step, x_tm, initial = _cell_run(engine, layer, call, training)
+    steps, batch = int(x_tm.shape[0]), int(x_tm.shape[1])
 
     @tf.function(autograph=False)
     def entering(x_tm: Any, initial: list[Any]) -> list[Any]:
@@ -149,7 +159,7 @@ def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
         return sum(tf.reduce_sum(tf.reshape(t * c, [steps * batch, -1]), -1)
                    for t, c in zip([out, *new], cotangents, strict=True))
 
-    variables = cell.trainable_variables
+    variables = layer.cell.trainable_variables
     rows_of = tf.function(rows, autograph=False)
 
     @tf.function(autograph=False)
@@ -230,23 +240,16 @@ def state_flow(engine: Any, call: CapturedCall, upstream: list[Any],
     probe is added to every state each step leaves, and to the step's output where the cell
     returns that very state as its output (the gradient from above arrives there too).
     ``upstream``: the tape's ∂L/∂ of each of the call's outputs."""
-    tf, keras = engine.tf, engine.keras
+    tf = engine.tf
     layer = engine.operation(call.layer)
-    cell = layer.cell
-    kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
-    x = tf.convert_to_tensor(call.args[0])
-    if getattr(layer, "go_backwards", False):
-        x = tf.reverse(x, [1])
-    x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
-    initial = [tf.convert_to_tensor(s) for s in call.states]
-    steps = int(x.shape[1])
-    first, _ = cell(x_tm[0], list(initial), **kwargs)
+    step, x_tm, initial = _cell_run(engine, layer, call, training)
+    steps = int(x_tm.shape[0])
+    first, _ = step(x_tm[0], initial)
 
     def body(carry: tuple[list[Any], Any], inputs: tuple[Any, list[Any]]
              ) -> tuple[list[Any], Any]:
         x_t, probes = inputs
-        out, new = cell(x_t, list(carry[0]), **kwargs)
-        new = list(keras.tree.flatten(new))
+        out, new = step(x_t, carry[0])
         shifted = [n + e for n, e in zip(new, probes, strict=True)]
         same = [k for k, n in enumerate(new) if n is out]
         return shifted, (shifted[same[0]] if same else out)
