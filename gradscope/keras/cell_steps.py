@@ -25,12 +25,18 @@ from typing import Any
 
 import numpy as np
 
+from gradscope.errors import first_line
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
 from gradscope.keras.live import is_builtin
 from gradscope.report.models import WitnessEntry
 
 WITNESS = "cell_steps"
 STEP = 1e-5
+
+
+def not_run(exc: BaseException) -> str:
+    """Why a cell was left out: the user's cell, run step by step, raised ``exc``."""
+    return f"the cell could not be run step by step: {first_line(exc)}"
 
 
 @dataclass(frozen=True)

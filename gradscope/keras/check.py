@@ -34,10 +34,10 @@ import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
 from gradscope._tf import native_stderr_silenced
-from gradscope.errors import DataError, InternalError, first_line
+from gradscope.errors import DataError, InternalError
 from gradscope.guard import give_back_freed_memory
+from gradscope.keras.cell_steps import not_run, your_cells
 from gradscope.keras.cell_steps import witness as cell_steps_witness
-from gradscope.keras.cell_steps import your_cells
 from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import (
     CapturedCall,
@@ -177,10 +177,8 @@ def _cell_steps(engine: KerasEngine, autodiff: KerasPass, job: KerasJob, rtol: f
         try:
             entries = cell_steps_witness(engine, call, job.training, job.seed, rtol, paths)
         except Exception as exc:  # noqa: BLE001  (the user's cell, on a folded batch)
-            first = first_line(exc)
             missing.append(NotWitnessed(layer=call_label(call.layer, call.index),
-                                        witness="cell_steps",
-                                        reason=f"the cell could not be run step by step: {first}"))
+                                        witness="cell_steps", reason=not_run(exc)))
             continue
         for name, entry in entries.items():
             if name in results:

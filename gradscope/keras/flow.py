@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gradscope.cells.base import Cell
-from gradscope.errors import InternalError, first_line
+from gradscope.errors import InternalError
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -441,7 +441,7 @@ def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
     over the cell run step by step (:func:`~gradscope.keras.cell_steps.state_flow`), in
     processing order. No flag: what arrives from above at a step is the gradient of the
     cell's output, which need not be its state."""
-    from gradscope.keras.cell_steps import state_flow
+    from gradscope.keras.cell_steps import not_run, state_flow
 
     label = call_label(call.layer, call.index)
     if call.mask is not None and not np.all(np.asarray(call.mask)):
@@ -453,9 +453,7 @@ def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
     try:
         flows = state_flow(engine, call, upstream, engine.training)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
-        first = first_line(exc)
-        return KerasNotAnalysed(layer=label,
-                                reason=f"the cell could not be run step by step: {first}")
+        return KerasNotAnalysed(layer=label, reason=not_run(exc))
     backwards = bool(getattr(engine.operation(call.layer), "go_backwards", False))
     return [KerasFlowSequence(
         what=f"∂L/∂{label}/" + (f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"),
