@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gradscope.keras.graph import LayerNode, ModelGraph, Ref
 from gradscope.keras.layers import LayerFacts
+from gradscope.keras.live import is_builtin
 
 NO_DERIVATION = "no derivation for this layer type"
 #: The same for a class of the user's own (a layer not from Keras): its code is theirs.
@@ -15,8 +16,7 @@ NO_DERIVATION_YOURS = f"your layer: {NO_DERIVATION} (gradscope does not read you
 def no_derivation(layer: LayerNode, weight: bool = False) -> str:
     """What a layer without a derivation says (of one of its weights, with ``weight``):
     "your layer" for the user's own class, whose weights' shapes are those its build made."""
-    module = layer.module or ""
-    if module == "keras" or module.startswith("keras.") or not module:
+    if not layer.module or is_builtin(layer.module):
         return NO_DERIVATION
     return f"{NO_DERIVATION_YOURS}; the shape its build made" if weight else NO_DERIVATION_YOURS
 
