@@ -337,8 +337,7 @@ class GradientFlow(keras.callbacks.Callback):
                                   pending=False)
 
     def _trace_beside(self, thread: int, stepping: threading.Event, traced: TracedPass,
-                      inputs: list[Any],
-                      targets: list[Any]) -> None:
+                      inputs: list[Any], targets: list[Any]) -> None:
         traced.trace["gate"] = _native_call(thread, self._warm_up_released, stepping)
         traced.trace["began_after"] = self._batches  # batches trained when the trace began
         traced.warm(inputs, targets)

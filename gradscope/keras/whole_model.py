@@ -7,7 +7,9 @@ time instead; a replay can misread a model in ways no per-layer check sees (a lo
 collects across calls, a layer that behaves differently outside its model's call). So such a
 replay is also run the way ``fit`` runs it, here: the loss and every weight gradient of the
 two must agree, and the numbers gradscope prints are this pass's, Keras' own. ``check``'s
-finite differences evaluate their losses here too, never through the replay.
+finite differences evaluate their losses here too (their zero initial states shifted as Keras
+asks for them); only a state Keras does not ask for (wired in, carried) is moved through the
+replay.
 """
 
 from __future__ import annotations
