@@ -265,9 +265,9 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
     guard(spec, "explain", limit, across_time=jacobians or flow, chunks=chunks)
     from gradscope.yaml.explain import explain as _explain
 
-    return _drawn(_explain(spec, data=batch, weights=weights, chunks=chunks, flow=flow,
-                           jacobians=jacobians, at=at, heatmap=heatmap, progress=progress,
-                           timings=timings))
+    return _drawn(_explain(spec, data=batch, weights=_read_weights(weights), chunks=chunks,
+                           flow=flow, jacobians=jacobians, at=at, heatmap=heatmap,
+                           progress=progress, timings=timings))
 
 
 def check(spec: Any = None, against: Any = None, chunks: int | None = None,
@@ -329,6 +329,7 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     if layer is not None:
         preflight.check_layer_name(spec, layer)
     guard(spec, "check", limit)
+    weights = _read_weights(weights)
     if layer is not None:
         from gradscope.witnesses.layer_backward import check_layer
 
@@ -349,13 +350,44 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     return _drawn(report)
 
 
-def infer_spec(source: Any) -> SpecInference:
+def infer_spec(source: Any, imports: Any = (), unsafe: bool = False) -> SpecInference:
     """The config that a checkpoint's or an .npz file's variable shapes imply (no TensorFlow
-    for an .npz): ``report.yaml`` loads with :func:`load_spec`, ``report.inferences`` says
-    why each value is what it is. Ambiguous or unknown variables raise ConfigError."""
+    for an .npz), or the one a saved ``model.keras`` is: ``report.yaml`` loads with
+    :func:`load_spec`, ``report.inferences`` says why each value is what it is. Ambiguous or
+    unknown variables raise ConfigError.
+
+    A saved model's layers must be ones the YAML spec holds (Keras GRU, LSTM, SimpleRNN, then
+    Dense, as :mod:`gradscope.keras.yaml_form` says), else ConfigError names the first that is
+    not; ``imports`` and ``unsafe`` load its classes of your own as :func:`load_model` does.
+    The spec's own forward pass must predict what Keras predicts, or it is refused."""
     from gradscope.yaml.inference import infer_spec as _infer_spec
 
+    if _is_keras_path(source):
+        from gradscope.keras.yaml_form import read_saved_form
+        from gradscope.yaml.weights import SavedArrays
+
+        saved = read_saved_form(str(source), _imports(imports), unsafe)
+        return _infer_spec(SavedArrays(saved.arrays, saved.source), saved)
     return _infer_spec(source)
+
+
+def _read_weights(weights: Any) -> Any:
+    """``weights``, with a saved ``model.keras`` read into its layers' arrays (the YAML spec's
+    kind of model only: see :func:`infer_spec`); anything else as it is."""
+    if not _is_keras_path(weights):
+        return weights
+    from gradscope.keras.yaml_form import read_saved_form
+    from gradscope.yaml.weights import SavedArrays
+
+    return SavedArrays(read_saved_form(str(weights)).arrays, str(weights))
+
+
+def _is_keras_path(source: Any) -> bool:
+    return isinstance(source, str | PathLike) and str(source).endswith(".keras")
+
+
+def _imports(imports: Any) -> tuple[str, ...]:
+    return (imports,) if isinstance(imports, str) else tuple(imports)
 
 
 def watch(log_dir: str | PathLike[str]) -> FlowHistoryReport:
@@ -375,8 +407,7 @@ def load_model(path: str | PathLike[str], imports: Any = (), unsafe: bool = Fals
     Python code stored inside the file (a Lambda layer's function). Imports TensorFlow."""
     from gradscope.keras.user_code import load_user_model
 
-    return load_user_model(str(path), [imports] if isinstance(imports, str) else list(imports),
-                           unsafe)
+    return load_user_model(str(path), _imports(imports), unsafe)
 
 
 def diff(base: Any, new: Any, rtol: float | None = None) -> DiffReport:

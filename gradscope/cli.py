@@ -471,10 +471,12 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
 
 @cli.command("spec", epilog=EXIT_CODES_HELP)
 @click.argument("path", shell_complete=_complete_path)
+@user_code_options
 @output_options
 def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
-                 quiet: bool) -> int:
-    """Infer the YAML config from a checkpoint's or an .npz file's weight shapes.
+                 quiet: bool, user_code: tuple[tuple[str, ...], bool]) -> int:
+    """Infer the YAML config from a checkpoint's or an .npz file's weight shapes, or from a
+    saved MODEL.keras.
 
     The shape algebra run backwards: input size, layers, units, cell kind, layout and the
     dense output are read off the variables' shapes, each cross-checked. The YAML goes to
@@ -482,15 +484,25 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
     Time steps, batch size and loss cannot be known from weights: they get a default and a
     comment, and --data sets the sizes. An .npz file needs no TensorFlow.
 
+    A MODEL.keras has a YAML config when its layers are Keras GRU, LSTM and SimpleRNN in a
+    chain, then Dense (a layer that is not is refused by name, before TensorFlow loads); its
+    input shape and compiled loss fill in what weights cannot say, and the config's own
+    NumPy forward pass must predict what Keras predicts. --import loads its classes of your
+    own (an initializer, a loss) as for explain.
+
     \b
     Example:
       gradscope spec model.ckpt > model.yaml
       gradscope explain model.yaml --weights model.ckpt
+      gradscope spec model.keras --import my_layers -o model.yaml
     """
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
     preflight.check_weights(path, option="")
-    report = gradscope.infer_spec(path)
+    imports, unsafe = user_code
+    if imports or unsafe:
+        preflight.check_user_code(path, imports, unsafe)
+    report = gradscope.infer_spec(path, imports, unsafe)
     if not as_json and not quiet:
         from gradscope.report.yaml_text import inference_lines
 

@@ -72,10 +72,10 @@ def check_user_code(config: str | None, imports: tuple[str, ...], unsafe: bool) 
     """``--import`` and ``--unsafe`` bring code for a saved ``.keras`` model only."""
     option = "--unsafe" if unsafe and not imports else "--import"
     if config is None or not str(config).endswith(".keras"):
-        found = config or "the embedded seed model"
+        found = (f"{config} is not one (a YAML config or a weights file names no code)"
+                 if config else "the embedded seed model is a YAML config, which names no code")
         raise GradscopeError(f"{option} is for a saved .keras model whose classes are your own "
-                             f"code; {found} is a YAML config, which names no code",
-                             where=option)
+                             f"code; {found}", where=option)
 
 
 def check_junit(junit: Path | None, force: bool, output: Path | None) -> None:

@@ -534,16 +534,3 @@ def test_unknown_extra_misshapen_and_non_float_variables_in_one_error(small_npz,
     with pytest.raises(ConfigError) as caught:
         gradscope.explain(load_spec(SMALL), weights=str(path))
     assert caught.value.exit_code == 2 and len(caught.value.lines) == 5
-
-
-def test_spec_of_a_keras_model_says_to_explain_it_as_it_is(tmp_path):
-    """A .keras file given to spec (or to --weights): one line saying that gradscope reads the
-    model as it is, with the command and --import for classes of the user's own."""
-    model = tmp_path / "model.keras"
-    model.write_bytes(b"PK\x05\x06" + b"\x00" * 18)  # only the name matters here
-    for args in (["spec", str(model)], ["explain", "--weights", str(model)]):
-        result = run_gradscope(*args)
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "gradscope explain model.keras" in lines[0]
-        assert "--import MODULE" in lines[0] and "Traceback" not in result.stderr

@@ -30,7 +30,7 @@ DTYPES = ("float32", "float64")
 LayerType = Literal["gru", "lstm", "simple_rnn", "dense"]
 Layout = Literal["block", "keras"]
 
-_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
 #: The embedded default: exactly the model of the seed question (input 200, batch 34,
 #: 100 steps, GRU 64 → GRU 32 → dense 3). ``sample_configs/seed.yaml`` holds the same text.
@@ -76,7 +76,7 @@ class LayerSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str | None) -> str | None:
-        if value is not None and not _NAME_PATTERN.match(value):
+        if value is not None and not NAME_PATTERN.match(value):
             raise ValueError(
                 f"expected a name of letters, digits, '_', '.' or '-' starting with a letter "
                 f"(at most 64 characters), found {value!r}"

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import yaml
 
 from gradscope.errors import ConfigError
 from gradscope.report.models import IgnoredVariable, Inference, SpecInference
-from gradscope.yaml.config import spec_from_yaml
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.config import NAME_PATTERN, Spec, spec_from_yaml
+from gradscope.yaml.reference import predictions
 from gradscope.yaml.weights import (
     FORMATS,
     Group,
@@ -34,6 +37,9 @@ from gradscope.yaml.weights import (
     order,
     untold_orders,
 )
+
+#: How a saved Keras model's spec names its source.
+SAVED_FORMAT = "saved Keras model"
 
 #: Defaults for what a weight file cannot hold; --data replaces the sizes.
 DEFAULT_TIME_STEPS = 100
@@ -50,14 +56,42 @@ _CELL_NAMES = {
 _KIND_TITLES = {"gru": "a GRU", "lstm": "an LSTM", "simple_rnn": "a SimpleRNN"}
 
 
-def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInference:
-    """The config ``source``'s shapes imply, with the reason for every value."""
+class SavedModel(Protocol):
+    """A saved model's word on what its weights' shapes cannot say
+    (:class:`gradscope.keras.yaml_form.SavedForm`)."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def facts(self) -> dict[str, tuple[Any, str, bool]]:
+        """time_steps, batch_size, loss, dtype, sequence_output → (value, why, said by the
+        file)."""
+    @property
+    def probe_x(self) -> np.ndarray: ...
+    @property
+    def probe_predictions(self) -> np.ndarray: ...
+
+
+def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any],
+               saved: SavedModel | None = None) -> SpecInference:
+    """The config ``source``'s shapes imply, with the reason for every value.
+
+    With ``saved``, ``source`` holds a saved model's weights keyed ``<layer>/<weight>``, its
+    layers in the order data flows: that order and those names are kept, the model's facts
+    replace the defaults, and the spec's own NumPy forward pass must reproduce what the model
+    predicted on ``saved.probe_x``, or the spec is refused."""
     weight_file = open_weights(source, option="")
-    origin = weight_file.origin
-    shown = str(source) if not isinstance(source, Mapping) else "the arrays"
+    origin = weight_file.origin if saved is None else saved.source
+    shown = (saved.source if saved is not None else
+             str(source) if not isinstance(source, Mapping) else "the arrays")
+    file_format = FORMATS[weight_file.format] if saved is None else SAVED_FORMAT
     groups = group_variables(weight_file)
-    recurrent, dense = order(groups)
-    untold = untold_orders(dense)
+    if saved is None:
+        recurrent, dense = order(groups)
+    else:  # the model's own order, and its own layer names
+        recurrent = [group for group in groups if group.kind != "dense"]
+        dense = [group for group in groups if group.kind == "dense"]
+    untold = untold_orders(dense) if saved is None else []
     if untold:
         raise WeightsError(origin, [f"the names {pair} do not say which dense layer comes "
                                     "first; refusing to pick an order" for pair in untold])
@@ -71,7 +105,7 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
     if problems:
         raise WeightsError(origin, problems)
     order_note = ""
-    if untold_orders(recurrent):
+    if saved is None and untold_orders(recurrent):
         recurrent = _forced_by_shapes(recurrent, size_of, dense_sizes, origin)
         order_note = (" (the names do not say the order of the recurrent layers; their shapes "
                       "chain in this order only)")
@@ -79,6 +113,14 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
     # Layers matched by their order alone need no names; a forced order is kept by naming
     # each layer after its scope, so that --weights matches by name.
     names = _scope_names([*recurrent, *dense], origin) if order_note else {}
+    if saved is not None:
+        names = {id(group): group.scope for group in (*recurrent, *dense)}
+        for group in (*recurrent, *dense):
+            if not NAME_PATTERN.match(group.scope):
+                raise ConfigError(f"{origin}: layer '{group.scope}': a name a YAML layer "
+                                  "cannot have; expected letters, digits, '_', '.' or '-' "
+                                  "starting with a letter (rename it in Keras)",
+                                  where=group.scope)
 
     inferences: list[Inference] = []
     first = recurrent[0]
@@ -101,6 +143,9 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
             layer["layout"] = group.layout
         if group.kind == "gru" and group.layout == "keras":
             layer["reset_after"] = bool(group.reset_after)
+        if saved is not None and group is recurrent[-1] and not saved.facts.get(
+                "sequence_output", (True,))[0]:
+            layer["return_sequences"] = False
         layers.append(layer)
         name = f"layers[{index}]"
         extra = (f", reset_after {str(group.reset_after).lower()} (bias "
@@ -147,34 +192,74 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpecInfere
         Inference(key="dtype", value=dtype, variables=[], known=True,
                   reason=f"the file's weights are {dtype}"),
     ]
+    if saved is not None:
+        defaults = [_said_by(item, saved) for item in defaults]
     inferences[1:1] = defaults
-    config = {"input_size": input_size, "time_steps": DEFAULT_TIME_STEPS,
-              "batch_size": DEFAULT_BATCH_SIZE, "layout": layout, "layers": layers,
-              "loss": loss, "seed": 0, "dtype": dtype}
-    text = render_yaml(config, inferences, shown, FORMATS[weight_file.format])
+    said = {item.key: item.value for item in defaults}
+    config = {"input_size": input_size, "time_steps": said["time_steps"],
+              "batch_size": said["batch_size"], "layout": layout, "layers": layers,
+              "loss": said["loss"], "seed": 0, "dtype": said["dtype"]}
+    text = render_yaml(config, inferences, shown, file_format)
     # What is printed must load, and the file's weights must map onto it.
     spec = spec_from_yaml(text, origin=f"the spec inferred from {origin}")
     try:
-        load_weights(spec, source)
+        loaded = load_weights(spec, source)
     except ConfigError as exc:
         raise ConfigError(f"internal error: the inferred spec does not take {origin}'s "
                           f"weights: {exc.message}", where="spec") from None
+    if saved is not None:
+        _same_function(spec, loaded.params, saved)
     return SpecInference(
-        source=shown, format=FORMATS[weight_file.format], yaml=text, config=config,
+        source=shown, format=file_format, yaml=text, config=config,
         inferences=inferences,
         ignored=[IgnoredVariable(variable=k, reason=r) for k, r in weight_file.ignored])
 
 
+def _said_by(item: Inference, saved: SavedModel) -> Inference:
+    """``item``, as the saved model says it where it does (a loss it holds in another form
+    keeps the default, with the reason)."""
+    if item.key not in saved.facts:
+        return item
+    value, reason, known = saved.facts[item.key]
+    return Inference(key=item.key, value=item.value if value is None else value, variables=[],
+                     known=known, reason=reason)
+
+
+#: How far the spec's float64 forward pass may be from the model's, relative to the largest
+#: prediction, by the model's dtype: a float32 model rounds each step, and no more.
+SAME_FUNCTION_RTOL = {"float32": 1e-4, "float64": 1e-9}
+
+
+def _same_function(spec: Spec, params: dict[str, np.ndarray], saved: SavedModel) -> None:
+    """The spec's own NumPy forward pass, with the model's weights, must predict what Keras
+    predicted on the same random batch: else gradscope read the model wrong, and refuses."""
+    shapes = model_shapes(spec)
+    ours = predictions(shapes, params, np.asarray(saved.probe_x, dtype=np.float64))
+    theirs = np.asarray(saved.probe_predictions, dtype=np.float64)
+    scale = max(1.0, float(np.max(np.abs(theirs)))) if theirs.size else 1.0
+    if ours.shape == theirs.shape:
+        error = np.abs(ours - theirs)
+        worst = np.unravel_index(int(np.argmax(error)), error.shape)
+        if float(error[worst]) <= SAME_FUNCTION_RTOL[spec.dtype] * scale:
+            return
+        found = (f"prediction {list(map(int, worst))} is {theirs[worst]:.6g} by Keras and "
+                 f"{ours[worst]:.6g} by the spec")
+    else:
+        found = (f"Keras predicts {tuple(theirs.shape)} and the spec "
+                 f"{tuple(ours.shape)}")
+    raise ConfigError(f"{saved.source}: the spec read from its layers does not compute what "
+                      f"the model computes on a random batch ({found}); refusing to print "
+                      "the spec of another model", where=saved.source)
+
+
 def _scope_names(groups: list[Group], origin: str) -> dict[int, str]:
     """For each group, the first part of its scope that no other group's scope has."""
-    import re
-
     names: dict[int, str] = {}
     for group in groups:
         others = {part for other in groups if other is not group
                   for part in other.scope.split("/")}
         unique = [part for part in group.scope.split("/") if part not in others
-                  and re.match(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$", part)]
+                  and NAME_PATTERN.match(part)]
         if not unique:
             raise WeightsError(origin, [f"{group.shown}: no part of the scope tells this layer "
                                         "apart from the others, so the layer cannot be named "
@@ -347,4 +432,4 @@ def _scalar(value: Any) -> str:
     return str(yaml.safe_dump(value, default_flow_style=True)).strip().removesuffix("...").strip()
 
 
-__all__ = ["infer_spec", "render_yaml"]
+__all__ = ["SavedModel", "infer_spec", "render_yaml"]

@@ -94,6 +94,7 @@ class _ForwardPass:
     caches: list[Cache]  # per recurrent layer
     dense_inputs: list[np.ndarray]  # the input of every dense layer
     final_states: dict[str, np.ndarray]
+    prediction: np.ndarray  # the last layer's output
 
 
 def _cell_params(cell: Cell, params: dict[str, np.ndarray]) -> Params:
@@ -111,7 +112,15 @@ def _initial_states(cell: Cell, batch: Batch) -> list[np.ndarray]:
     return states
 
 
-def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -> _ForwardPass:
+def predictions(shapes: ModelShapes, params: dict[str, np.ndarray], x: np.ndarray
+                ) -> np.ndarray:
+    """What the model predicts for ``x`` (B, T, F), from zero initial states: (B, T, L), or
+    (B, L) where the last recurrent layer hands on its last step only."""
+    return _forward(shapes, params, Batch(x=x, y=np.zeros(0)), with_loss=False).prediction
+
+
+def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
+             with_loss: bool = True) -> _ForwardPass:
     """Recurrent layers, then the dense head, then the loss."""
     sequence = np.asarray(batch.x, dtype=np.float64)
     cell_params: list[Params] = []
@@ -132,8 +141,10 @@ def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch) -
         output = forward_dense(np.asarray(params[f"{layer.name}/kernel"], dtype=np.float64),
                                np.asarray(params[f"{layer.name}/bias"], dtype=np.float64),
                                output)
-    loss, d_prediction = LOSSES[shapes.spec.loss](output, np.asarray(batch.y, dtype=np.float64))
-    return _ForwardPass(loss, d_prediction, cell_params, caches, dense_inputs, final_states)
+    loss, d_prediction = (LOSSES[shapes.spec.loss](output, np.asarray(batch.y, dtype=np.float64))
+                          if with_loss else (float("nan"), np.zeros_like(output)))
+    return _ForwardPass(loss, d_prediction, cell_params, caches, dense_inputs, final_states,
+                        output)
 
 
 def _backward(shapes: ModelShapes, params: dict[str, np.ndarray], forward: _ForwardPass,

@@ -56,6 +56,7 @@ from gradscope.yaml.algebra import ModelShapes, model_shapes
 from gradscope.yaml.config import Spec
 
 FORMATS = {
+    "keras": "saved Keras model",
     "npz": ".npz archive",
     "arrays": "arrays",
     "tf1_checkpoint": "TF1 name-based checkpoint",
@@ -110,7 +111,8 @@ class WeightFile:
 
 
 def locate(path: str | os.PathLike[str], option: str = "--weights") -> tuple[str, str]:
-    """``(kind, path)``: ``("npz", file)`` or ``("checkpoint", prefix)``; pure Python.
+    """``(kind, path)``: ``("npz", file)``, ``("checkpoint", prefix)`` or ``("keras",
+    file)`` (whose weights :func:`gradscope.infer_spec`'s reader gives); pure Python.
 
     A checkpoint may be given by its prefix (``model.ckpt``), its ``.index`` or ``.data-…``
     file, or its folder (the ``checkpoint`` file there names the latest prefix).
@@ -133,10 +135,7 @@ def locate(path: str | os.PathLike[str], option: str = "--weights") -> tuple[str
     if Path(text + ".index").is_file():
         return "checkpoint", text
     if Path(text).is_file() and text.endswith(".keras"):
-        raise ConfigError(f"{shown}: a Keras model, which gradscope reads as it is, with no "
-                          f"config or weights file: gradscope explain {Path(text).name} (add "
-                          "--import MODULE for classes of your own); expected FILE.npz or a "
-                          "checkpoint prefix here", where="--weights")
+        return "keras", text
     if Path(text).is_file():
         raise ConfigError(f"{shown}: neither an .npz file nor a TensorFlow "
                           f"checkpoint (no {Path(text).name}.index beside it); expected "
@@ -157,15 +156,30 @@ def _latest_in_folder(folder: Path) -> str | None:
     return name if os.path.isabs(name) else str(folder / name)
 
 
+class SavedArrays(dict[str, np.ndarray]):
+    """A saved Keras model's weights, ``<layer>/<weight>`` in the order data flows through the
+    layers (:func:`gradscope.keras.yaml_form.read_saved_form`), with the file they came from."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], origin: str) -> None:
+        super().__init__(arrays)
+        self.origin = origin
+
+
 def open_weights(source: str | os.PathLike[str] | Mapping[str, Any],
                  option: str = "--weights") -> WeightFile:
-    """Read the names and shapes of ``source`` (values on demand): an .npz, a checkpoint, or
-    a dict of arrays. ``option`` starts every error message (``--weights FILE: …``)."""
+    """Read the names and shapes of ``source`` (values on demand): an .npz, a checkpoint, a
+    saved Keras model's :class:`SavedArrays`, or a dict of arrays. ``option`` starts every
+    error message (``--weights FILE: …``)."""
+    if isinstance(source, SavedArrays):
+        return _from_arrays(f"{option} {source.origin}".strip(), "keras", dict(source))
     if isinstance(source, Mapping):
         arrays = {str(k): np.asarray(v) for k, v in source.items()}
         return _from_arrays(f"{option} (arrays)" if option else "the arrays", "arrays", arrays)
     shown = f"{option} {source}" if option else str(source)
     kind, path = locate(source, option)
+    if kind == "keras":  # read by Keras, through gradscope.infer_spec / explain / check
+        raise ConfigError(f"{shown}: a saved Keras model; its weights are read by "
+                          "gradscope.infer_spec, explain or check, not here", where="--weights")
     if kind == "npz":
         arrays = read_npz(path, shown, "an .npz archive of named weights", ConfigError,
                           "--weights")
@@ -540,7 +554,8 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
     order_of = {info.name: index for index, info in enumerate(algebra.weights)}
     mapping.sort(key=lambda item: order_of[item.name])
     entry = WeightsEntry(
-        source="arrays" if isinstance(source, Mapping) else str(source),
+        source=(source.origin if isinstance(source, SavedArrays) else
+                "arrays" if isinstance(source, Mapping) else str(source)),
         format=FORMATS[weight_file.format], matched_by=matched_by,
         mapping=mapping,
         ignored=[IgnoredVariable(variable=k, reason=r) for k, r in weight_file.ignored],
