@@ -8,7 +8,7 @@ watch` (and TensorBoard) on its log folder.
 The task needs memory: the label of each sequence of 40 steps is the sign of its first step's
 first feature, and the rest is noise. A SimpleRNN (tanh) reads the sequence, an LSTM reads
 the SimpleRNN's outputs, and a Dense head gives 2 logits. 3 epochs of 32 batches; the callback
-takes one extra pass every 8 batches.
+takes one extra pass every 8 batches. The trained model is saved as LOG_DIR/model.keras.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main(log_dir: str) -> None:
     flow = GradientFlow(every=8, log_dir=log_dir)
     model.fit(x, y, batch_size=32, epochs=3, verbose=2, callbacks=[flow])
     flow.report()
+    model.save(os.path.join(log_dir, "model.keras"))  # the trained model, beside its log
 
 
 if __name__ == "__main__":

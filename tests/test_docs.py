@@ -88,6 +88,8 @@ WORKSPACE = {
     "seed_model.yaml": "docs/weights.md: what `gradscope spec seed_model/model.ckpt` writes",
     "base.json": "docs/ci.md: the seed model's explain report",
     "new.json": "docs/ci.md: the explain report of the seed model with `- gru: 16`",
+    "runs/memory/model.keras": "docs/weights.md: saved by sample_configs/keras_train_with_flow.py",
+    "memory.yaml": "docs/weights.md: what `gradscope spec runs/memory/model.keras` writes",
 }
 
 FENCE = re.compile(r"^```(\S*)\s*$")
@@ -242,7 +244,10 @@ def workspace(tf, tmp_path_factory) -> dict[str, Path]:
     import gradscope
 
     folder = tmp_path_factory.mktemp("docs_workspace")
-    files = {name: folder / name.lstrip("/").replace("/", "_") for name in WORKSPACE}
+    # Each file keeps the name the docs give it (messages name a file by its name).
+    files = {name: folder / name.lstrip("/") for name in WORKSPACE}
+    for path in files.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
     files["course_adapter.py"] = REPO / "tests" / "against" / "course_adapter.py"
     for line, name in MADE_BY_THE_WORKSPACE.items():
         _run_sample_script(line, files[name])
@@ -260,6 +265,8 @@ def workspace(tf, tmp_path_factory) -> dict[str, Path]:
     files["bad_model/model.ckpt"] = Path(
         write_tf1_checkpoint(tf, folder / "bad_model" / "model.ckpt", bad))
     files["seed_model.yaml"].write_text(gradscope.infer_spec(prefix).yaml)
+    files["runs/memory/model.keras"] = files["runs/memory"] / "model.keras"
+    files["memory.yaml"].write_text(gradscope.infer_spec(files["runs/memory/model.keras"]).yaml)
     files["base.json"].write_text(gradscope.explain(None).to_json())
     narrowed = seed.replace("  - gru: 32\n", "  - gru: 16\n")
     assert narrowed != seed
