@@ -46,12 +46,15 @@ class Backward(Protocol):
 
     ``d_c_final`` (LSTM only) is a gradient on c_T from outside the sequence. ``totals``, when
     given, receives the total ∂L/∂h_t of every step (B, u), in time order: what arrives from
-    above at step t plus what flows back from t+1. Neither changes any other result.
+    above at step t plus what flows back from t+1. Neither changes any other result. With
+    ``inputs=False``, d_x_seq is not computed (None): a caller that feeds each layer the
+    gradient from above itself, as check's reference does, saves a product a step.
     """
 
     def __call__(self, params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]: ...
+                 totals: list[np.ndarray] | None = None,
+                 inputs: bool = True) -> tuple[np.ndarray | None, Any, Params]: ...
 
 TanhPrime = Callable[[np.ndarray], np.ndarray]  # the derivative of tanh, from a = tanh(z)
 
@@ -59,10 +62,12 @@ TanhPrime = Callable[[np.ndarray], np.ndarray]  # the derivative of tanh, from a
 class StepBackward(Protocol):
     """Backward through one step of a one-state cell: ``(params, cache, d_h)`` → (d_x_t,
     d_h_{t−1}, this step's weight gradients). ``tanh_prime`` is 1 − a² unless a diagnosis asks
-    for a wrong one."""
+    for a wrong one. With ``sums`` (a BPTT loop's), the weight products go into it and are not
+    returned, and d_x_t is None unless ``sums.inputs``."""
 
     def __call__(self, params: Params, cache: StepCache, d_h: np.ndarray, *,
-                 tanh_prime: TanhPrime = ...) -> tuple[np.ndarray, np.ndarray, Params]: ...
+                 tanh_prime: TanhPrime = ..., sums: WeightSums | None = None,
+                 ) -> tuple[np.ndarray | None, np.ndarray, Params]: ...
 
 
 # -- small pieces ---------------------------------------------------------------------------
@@ -71,7 +76,9 @@ class StepBackward(Protocol):
 def sigmoid(a: np.ndarray) -> np.ndarray:
     """σ(a) = 1 / (1 + e^(−a)), computed without overflow for large |a|."""
     e = np.exp(-np.abs(a))
-    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    s = 1.0 / (1.0 + e)
+    np.multiply(s, e, out=s, where=a < 0)  # e/(1+e) for a < 0
+    return s
 
 
 def tanh_derivative(a: np.ndarray) -> np.ndarray:
@@ -91,6 +98,64 @@ def interpolate_backward(d_h: np.ndarray, gate: np.ndarray, h_prev: np.ndarray,
     Returns (d_gate, d_candidate, the direct part of d_h_prev).
     """
     return d_h * (h_prev - candidate), d_h * (1.0 - gate), d_h * gate
+
+
+class WeightSums:
+    """A BPTT loop's weight gradients Σ_t a_tᵀ·b_t (x_tᵀ·d_z_t, h_{t−1}ᵀ·d_z_t), a block of
+    steps at a time.
+
+    Summed a step at a time, every step adds a weight-sized matrix into the total; at user
+    sizes (256 units and more) those additions, which only move memory, cost more than the
+    products. Here a block's a_t and b_t are stacked, and one product over the block's rows
+    adds them all: the same sum, in another order of additions (float64 rounding only).
+    ``inputs``: whether the loop's caller reads ∂L/∂x_t.
+    """
+
+    #: Steps per product: rows of BLOCK·batch.
+    BLOCK = 32
+
+    def __init__(self, inputs: bool = True) -> None:
+        self.inputs = inputs
+        self._pending: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self._totals: Params = {}
+
+    def product(self, name: str, a: np.ndarray, b: np.ndarray) -> None:
+        """Add aᵀ·b into the gradient of weight ``name``."""
+        left, right = self._pending.setdefault(name, ([], []))
+        left.append(a)
+        right.append(b)
+        if len(left) == self.BLOCK:
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        left, right = self._pending.pop(name)
+        block = np.concatenate(left).T @ np.concatenate(right)
+        if name in self._totals:
+            self._totals[name] += block
+        else:
+            self._totals[name] = block
+
+    def add_into(self, total: Params) -> None:
+        """Everything summed so far, added into ``total``."""
+        for name in list(self._pending):
+            self._flush(name)
+        _add_into(total, self._totals)
+        self._totals = {}
+
+
+def _weight_gradients(products: dict[str, tuple[np.ndarray, np.ndarray]], rest: Params,
+                      sums: WeightSums | None) -> Params:
+    """This step's weight gradients: aᵀ·b for each of ``products``, and ``rest`` (the biases,
+    Σ over the batch); with ``sums``, the products go into it and only ``rest`` is returned."""
+    if sums is None:
+        return {**{name: a.T @ b for name, (a, b) in products.items()}, **rest}
+    for name, (a, b) in products.items():
+        sums.product(name, a, b)
+    return rest
+
+
+def _wants_inputs(sums: WeightSums | None) -> bool:
+    return sums is None or sums.inputs
 
 
 def _zeros_like(params: Params) -> Params:
@@ -150,7 +215,8 @@ def gru_block_step(params: Params, x_t: np.ndarray,
 
 def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
                             tanh_prime: TanhPrime = tanh_derivative,
-                            ) -> tuple[np.ndarray, np.ndarray, Params]:
+                            sums: WeightSums | None = None,
+                            ) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """Backward through one block GRU step, given d_h, the *total* ∂L/∂h_t.
 
         d_u, d_c   from h_t = u∘h_{t−1} + (1−u)∘c       (see interpolate_backward)
@@ -177,18 +243,15 @@ def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
     d_xh = d_ru_bar @ params["w_ru"].T
     d_x_t = d_xrh[:, :F] + d_xh[:, :F]
     d_h_prev = d_h_prev + d_rh * r + d_xh[:, F:]
-    d_params = {
-        "w_ru": cache["xh"].T @ d_ru_bar,
-        "b_ru": d_ru_bar.sum(axis=0),
-        "w_c": cache["xrh"].T @ d_c_bar,
-        "b_c": d_c_bar.sum(axis=0),
-    }
+    d_params = _weight_gradients(
+        {"w_ru": (cache["xh"], d_ru_bar), "w_c": (cache["xrh"], d_c_bar)},
+        {"b_ru": d_ru_bar.sum(axis=0), "b_c": d_c_bar.sum(axis=0)}, sums)
     return d_x_t, d_h_prev, d_params
 
 
 def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.ndarray,
-         d_h_final: np.ndarray | None = None,
-         totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
+         d_h_final: np.ndarray | None = None, totals: list[np.ndarray] | None = None,
+         inputs: bool = True) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """Backpropagation through time for any cell with one state, given its step backward.
 
     d_h_seq (B, T, u) is ∂L/∂h_t arriving from above at every step: from the next layer, or
@@ -200,12 +263,14 @@ def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.
             d_x_t, d_h_next, d_W_t = step backward(d_h)
             d_W += d_W_t
 
-    Returns d_x_seq (B, T, F), d_h0 = ∂L/∂h_0 (B, u), and the weight gradients. ``totals``,
+    Returns d_x_seq (B, T, F) (None with ``inputs=False``), d_h0 = ∂L/∂h_0 (B, u), and the
+    weight gradients, summed a block of steps at a time (:class:`WeightSums`). ``totals``,
     when given, is filled with every step's d_h, in time order.
     """
     d_h_seq = _time_major(d_h_seq)  # from here on, d_h_seq[t] is step t's (B, u) slice
-    d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
+    d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape)) if inputs else None
     d_params = _zeros_like(params)
+    sums = WeightSums(inputs)
     d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
     for t in reversed(range(len(cache))):
         # h_t went up to the layer above AND on to step t+1: add the gradient carried back
@@ -213,10 +278,13 @@ def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.
         d_h = d_h_seq[t] + d_h_next
         if totals is not None:
             totals.insert(0, d_h)
-        d_x_seq[t], d_h_next, d_params_t = step_backward(params, cache[t], d_h)
+        d_x_t, d_h_next, d_params_t = step_backward(params, cache[t], d_h, sums=sums)
+        if d_x_seq is not None:
+            d_x_seq[t] = d_x_t
         _add_into(d_params, d_params_t)
+    sums.add_into(d_params)
     d_h0 = d_h_next  # after step 0, the carry is ∂L/∂h_0
-    return _time_major(d_x_seq), d_h0, d_params
+    return None if d_x_seq is None else _time_major(d_x_seq), d_h0, d_params
 
 
 # -- GRU, Keras layout, reset_after=True (the Keras default) --------------------------------
@@ -247,7 +315,8 @@ def gru_keras_step(params: Params, x_t: np.ndarray,
 
 def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
                             tanh_prime: TanhPrime = tanh_derivative,
-                            ) -> tuple[np.ndarray, np.ndarray, Params]:
+                            sums: WeightSums | None = None,
+                            ) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """Backward through one Keras GRU step (reset_after=True), given the total ∂L/∂h_t.
 
         d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
@@ -268,13 +337,11 @@ def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
     d_r_bar = d_candidate_bar * cache["inner_h"] * r * (1.0 - r)
     d_x_proj = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar], axis=1)
     d_inner = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar * r], axis=1)
-    d_x_t = d_x_proj @ params["kernel"].T
+    d_x_t = d_x_proj @ params["kernel"].T if _wants_inputs(sums) else None
     d_h_prev = d_h_prev + d_inner @ params["recurrent_kernel"].T
-    d_params = {
-        "kernel": cache["x"].T @ d_x_proj,
-        "recurrent_kernel": h_prev.T @ d_inner,
-        "bias": np.stack([d_x_proj.sum(axis=0), d_inner.sum(axis=0)]),
-    }
+    d_params = _weight_gradients(
+        {"kernel": (cache["x"], d_x_proj), "recurrent_kernel": (h_prev, d_inner)},
+        {"bias": np.stack([d_x_proj.sum(axis=0), d_inner.sum(axis=0)])}, sums)
     return d_x_t, d_h_prev, d_params
 
 
@@ -303,8 +370,8 @@ def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
 
 def gru_keras_reset_before_step_backward(
     params: Params, cache: StepCache, d_h: np.ndarray, *,
-    tanh_prime: TanhPrime = tanh_derivative,
-) -> tuple[np.ndarray, np.ndarray, Params]:
+    tanh_prime: TanhPrime = tanh_derivative, sums: WeightSums | None = None,
+) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """Backward through one Keras GRU step (reset_after=False), given the total ∂L/∂h_t.
 
         d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
@@ -325,15 +392,15 @@ def gru_keras_reset_before_step_backward(
     d_rh = d_candidate_bar @ recurrent[:, 2 * units :].T
     d_zr_bar = np.concatenate([d_z * z * (1.0 - z), d_rh * h_prev * r * (1.0 - r)], axis=1)
     d_x_proj = np.concatenate([d_zr_bar, d_candidate_bar], axis=1)
-    d_x_t = d_x_proj @ params["kernel"].T
+    d_x_t = d_x_proj @ params["kernel"].T if _wants_inputs(sums) else None
     d_h_prev = d_h_prev + d_rh * r + d_zr_bar @ recurrent[:, : 2 * units].T
-    d_params = {
-        "kernel": cache["x"].T @ d_x_proj,
+    # The recurrent kernel's two column blocks have different left factors: summed per step.
+    d_params = _weight_gradients({"kernel": (cache["x"], d_x_proj)}, {
         "recurrent_kernel": np.concatenate(
             [h_prev.T @ d_zr_bar, cache["rh"].T @ d_candidate_bar], axis=1
         ),
         "bias": d_x_proj.sum(axis=0),
-    }
+    }, sums)
     return d_x_t, d_h_prev, d_params
 
 
@@ -350,13 +417,14 @@ def simple_rnn_block_step(params: Params, x_t: np.ndarray,
 
 def simple_rnn_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
                                    tanh_prime: TanhPrime = tanh_derivative,
-                                   ) -> tuple[np.ndarray, np.ndarray, Params]:
+                                   sums: WeightSums | None = None,
+                                   ) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """d_pre = d_h∘(1 − h_t²);  [d_x_t | d_h_{t−1}] = d_pre·kernelᵀ;  d_kernel = xhᵀ·d_pre."""
     F = cache["x"].shape[1]
     d_pre = d_h * tanh_prime(cache["h"])
     d_xh = d_pre @ params["kernel"].T
-    return d_xh[:, :F], d_xh[:, F:], {"kernel": cache["xh"].T @ d_pre,
-                                      "bias": d_pre.sum(axis=0)}
+    return d_xh[:, :F], d_xh[:, F:], _weight_gradients(
+        {"kernel": (cache["xh"], d_pre)}, {"bias": d_pre.sum(axis=0)}, sums)
 
 
 def simple_rnn_keras_step(params: Params, x_t: np.ndarray,
@@ -368,14 +436,14 @@ def simple_rnn_keras_step(params: Params, x_t: np.ndarray,
 
 def simple_rnn_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
                                    tanh_prime: TanhPrime = tanh_derivative,
-                                   ) -> tuple[np.ndarray, np.ndarray, Params]:
+                                   sums: WeightSums | None = None,
+                                   ) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """d_pre = d_h∘(1 − h_t²);  d_x_t = d_pre·kernelᵀ;  d_h_{t−1} = d_pre·recurrent_kernelᵀ."""
     d_pre = d_h * tanh_prime(cache["h"])
-    return d_pre @ params["kernel"].T, d_pre @ params["recurrent_kernel"].T, {
-        "kernel": cache["x"].T @ d_pre,
-        "recurrent_kernel": cache["h_prev"].T @ d_pre,
-        "bias": d_pre.sum(axis=0),
-    }
+    d_x_t = d_pre @ params["kernel"].T if _wants_inputs(sums) else None
+    return d_x_t, d_pre @ params["recurrent_kernel"].T, _weight_gradients(
+        {"kernel": (cache["x"], d_pre), "recurrent_kernel": (cache["h_prev"], d_pre)},
+        {"bias": d_pre.sum(axis=0)}, sums)
 
 
 # -- LSTM: two states, h and c ----------------------------------------------------------------
@@ -415,7 +483,8 @@ def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.nd
 
 def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_next: np.ndarray,
                        layout: str, *, tanh_prime: TanhPrime = tanh_derivative,
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+                       sums: WeightSums | None = None,
+                       ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Params]:
     """Backward through one LSTM step, given the total ∂L/∂h_t and the c-gradient carried
     back from t+1.
 
@@ -440,11 +509,14 @@ def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_ne
     if layout == "block":
         F = cache["x"].shape[1]
         d_xh = d_z @ params["kernel"].T
-        d_params = {"kernel": cache["xh"].T @ d_z, "bias": d_z.sum(axis=0)}
+        d_params = _weight_gradients({"kernel": (cache["xh"], d_z)}, {"bias": d_z.sum(axis=0)},
+                                     sums)
         return d_xh[:, :F], d_xh[:, F:], d_c_prev, d_params
-    d_params = {"kernel": cache["x"].T @ d_z, "recurrent_kernel": cache["h_prev"].T @ d_z,
-                "bias": d_z.sum(axis=0)}
-    return d_z @ params["kernel"].T, d_z @ params["recurrent_kernel"].T, d_c_prev, d_params
+    d_params = _weight_gradients(
+        {"kernel": (cache["x"], d_z), "recurrent_kernel": (cache["h_prev"], d_z)},
+        {"bias": d_z.sum(axis=0)}, sums)
+    d_x_t = d_z @ params["kernel"].T if _wants_inputs(sums) else None
+    return d_x_t, d_z @ params["recurrent_kernel"].T, d_c_prev, d_params
 
 
 def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
@@ -460,21 +532,27 @@ def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
+                 totals: list[np.ndarray] | None = None,
+                 inputs: bool = True) -> tuple[np.ndarray | None, Any, Params]:
         """BPTT with two carries: d_h_next and d_c_next both come back from t+1."""
         d_h_seq = _time_major(d_h_seq)
-        d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
+        d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape)) if inputs else None
         d_params = _zeros_like(params)
+        sums = WeightSums(inputs)
         d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
         d_c_next = np.zeros_like(d_h_seq[0]) if d_c_final is None else d_c_final
         for t in reversed(range(len(cache))):
             d_h = d_h_seq[t] + d_h_next  # the gradient carried back from t+1 is added
             if totals is not None:
                 totals.insert(0, d_h)
-            d_x_seq[t], d_h_next, d_c_next, d_params_t = lstm_step_backward(
-                params, cache[t], d_h, d_c_next, layout)
+            d_x_t, d_h_next, d_c_next, d_params_t = lstm_step_backward(
+                params, cache[t], d_h, d_c_next, layout, sums=sums)
+            if d_x_seq is not None:
+                d_x_seq[t] = d_x_t
             _add_into(d_params, d_params_t)
-        return _time_major(d_x_seq), (d_h_next, d_c_next), d_params
+        sums.add_into(d_params)
+        return (None if d_x_seq is None else _time_major(d_x_seq), (d_h_next, d_c_next),
+                d_params)
 
     return forward, backward
 
@@ -489,10 +567,11 @@ def single_state(step: Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarr
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, Params]:
+                 totals: list[np.ndarray] | None = None,
+                 inputs: bool = True) -> tuple[np.ndarray | None, np.ndarray, Params]:
         if d_c_final is not None:
             raise ValueError("d_c_final: this cell has no cell state c")
-        return bptt(step_backward, params, cache, d_h_seq, d_h_final, totals)
+        return bptt(step_backward, params, cache, d_h_seq, d_h_final, totals, inputs)
 
     return forward, backward
 

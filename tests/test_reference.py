@@ -211,3 +211,62 @@ def test_the_reference_source_never_mentions_tensorflow():
         source = (REPO / "gradscope" / path).read_text(encoding="utf-8")
         assert "import tensorflow" not in source and "gradscope.yaml.engine" not in source
         assert "gradscope._tf" not in source
+
+
+@pytest.mark.parametrize("key", sorted(reference.RECURRENT))
+@pytest.mark.parametrize("steps", [1, reference.WeightSums.BLOCK - 1, reference.WeightSums.BLOCK,
+                                   2 * reference.WeightSums.BLOCK + 5])
+def test_weights_summed_a_block_of_steps_at_a_time_are_the_step_by_step_sums(key, steps):
+    """The BPTT loops sum the weight products a block of steps at a time
+    (:class:`reference.WeightSums`); each step's own backward, called without it, gives the
+    products one by one. The sums agree to float64 rounding, at block edges and between them,
+    and ``inputs=False`` leaves out ∂L/∂x_t and nothing else."""
+    rng = np.random.default_rng(steps)
+    kind = "simple_rnn" if key.startswith("simple_rnn") else key.split("_")[0]
+    layout = "block" if "_block" in key else "keras"
+    batch, features, units = 3, 4, 5
+    blocks = {"gru": 3, "lstm": 4, "simple_rnn": 1}[kind]  # column blocks of a kernel
+    if key == "gru_block":
+        params = {"w_ru": rng.normal(size=(features + units, 2 * units)),
+                  "b_ru": rng.normal(size=2 * units),
+                  "w_c": rng.normal(size=(features + units, units)), "b_c": rng.normal(size=units)}
+    elif layout == "block":
+        params = {"kernel": rng.normal(size=(features + units, blocks * units)),
+                  "bias": rng.normal(size=blocks * units)}
+    else:
+        params = {"kernel": rng.normal(size=(features, blocks * units)),
+                  "recurrent_kernel": rng.normal(size=(units, blocks * units)),
+                  "bias": rng.normal(size=(2, blocks * units) if key == "gru_keras"
+                                     else blocks * units)}
+    params = {name: 0.3 * value for name, value in params.items()}
+    forward, backward = reference.RECURRENT[key]
+    states = [rng.normal(size=(batch, units)) for _ in range(2 if kind == "lstm" else 1)]
+    x = rng.normal(size=(batch, steps, features))
+    _, cache = forward(params, x, *states)
+    d_h_seq = rng.normal(size=(batch, steps, units))
+    d_x, d_initial, d_params = backward(params, cache, d_h_seq)
+    none, d_initial_again, d_params_again = backward(params, cache, d_h_seq, inputs=False)
+
+    by_step = {name: np.zeros_like(value) for name, value in params.items()}
+    d_h_next = np.zeros((batch, units))
+    d_c_next = np.zeros((batch, units))
+    d_x_steps = np.zeros((steps, batch, features))
+    for t in reversed(range(steps)):
+        d_h = d_h_seq[:, t] + d_h_next
+        if kind == "lstm":
+            d_x_steps[t], d_h_next, d_c_next, part = reference.lstm_step_backward(
+                params, cache[t], d_h, d_c_next, layout)
+        else:
+            d_x_steps[t], d_h_next, part = reference.STEPS[key][1](params, cache[t], d_h)
+        for name, value in part.items():
+            by_step[name] += value
+    assert none is None
+    np.testing.assert_allclose(d_x, np.swapaxes(d_x_steps, 0, 1), rtol=1e-12, atol=1e-12)
+    for name in params:
+        np.testing.assert_allclose(d_params[name], by_step[name], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(d_params_again[name], d_params[name])
+    initial = d_initial if isinstance(d_initial, tuple) else (d_initial,)
+    again = d_initial_again if isinstance(d_initial_again, tuple) else (d_initial_again,)
+    for mine, other in zip(initial, again, strict=True):
+        np.testing.assert_array_equal(mine, other)
+    np.testing.assert_allclose(initial[0], d_h_next, rtol=1e-12, atol=1e-12)

@@ -628,8 +628,9 @@ def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCal
     for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
             recurrent.units, subs, upstream_gradients(recurrent, gradients), strict=True):
         _, backward = RECURRENT[cell_key(unit.cell)]
+        # Each call's gradient from above comes from the tape: ∂L/∂x_t is not needed.
         _, d_states, d_params = backward(unit.params, unit.cache, d_seq, d_h_final,
-                                         d_c_final=d_c_final)
+                                         d_c_final=d_c_final, inputs=False)
         for variable in sub.weights:
             short = variable.path.split("/")[-1]
             totals[variable.path] = totals.get(variable.path, 0) + d_params[short]

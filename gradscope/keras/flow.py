@@ -343,7 +343,7 @@ def total_state_gradients(recurrent: RecurrentCall, result: KerasPass
         _, backward = RECURRENT[cell_key(unit.cell)]
         totals: list[np.ndarray] = []
         backward(unit.params, unit.cache, d_seq, d_h_final, d_c_final=d_c_final,
-                 totals=totals)
+                 totals=totals, inputs=False)
         parts.append((np.stack(totals, axis=1), np.asarray(d_seq, np.float64)))
     return parts
 

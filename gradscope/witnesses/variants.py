@@ -35,6 +35,7 @@ from gradscope.reference import (
     TanhPrime,
     cell_key,
     lstm_step_backward,
+    tanh_derivative,
 )
 from gradscope.witnesses.context import relative_error
 from gradscope.yaml.algebra import ModelShapes
@@ -128,13 +129,14 @@ def variant_backward(cell: Cell, variant: Variant) -> Backward:
     """The BPTT of ``cell`` with ``variant``'s mistake, with the reference's signature. One
     loop over time for every cell; a step differs only in what it carries back (an LSTM also
     carries ∂L/∂c)."""
-    tanh = {} if variant.tanh_prime is None else {"tanh_prime": variant.tanh_prime}
+    tanh = variant.tanh_prime or tanh_derivative
     lstm = cell.kind == "lstm"
     step_back = _lstm_step(cell.layout, variant, tanh) if lstm else _step(cell, variant, tanh)
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None) -> tuple[np.ndarray, Any, Params]:
+                 totals: list[np.ndarray] | None = None,
+                 inputs: bool = True) -> tuple[np.ndarray | None, Any, Params]:
         steps = len(cache)
         d_h_seq = np.swapaxes(d_h_seq, 0, 1)
         d_x = np.zeros((steps, *cache[0]["x"].shape))
@@ -155,30 +157,30 @@ def variant_backward(cell: Cell, variant: Variant) -> Backward:
 #: One step back: (params, the step's cache, ∂L/∂h_t, ∂L/∂c_t carried) → ∂L/∂x_t, ∂L/∂h_{t−1},
 #: ∂L/∂c_{t−1} (an LSTM's; else what came in), the step's weight gradients.
 StepBack = Callable[[Params, dict[str, np.ndarray], np.ndarray, np.ndarray],
-                    tuple[np.ndarray, np.ndarray, np.ndarray, Params]]
+                    tuple[np.ndarray | None, np.ndarray, np.ndarray, Params]]
 
 
-def _step(cell: Cell, variant: Variant, tanh: dict[str, TanhPrime]) -> StepBack:
+def _step(cell: Cell, variant: Variant, tanh: TanhPrime) -> StepBack:
     step, step_backward = STEPS[cell_key(cell)]
 
     def back(params: Params, step_cache: dict[str, np.ndarray], d_h: np.ndarray,
-             d_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+             d_c: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Params]:
         if variant.h_for_h_prev:
             h_t, _ = step(params, step_cache["x"], _h_prev(step_cache))
             step_cache = _with_h_for_h_prev(step_cache, h_t)
-        d_x, d_h_prev, d_step = step_backward(params, step_cache, d_h, **tanh)
+        d_x, d_h_prev, d_step = step_backward(params, step_cache, d_h, tanh_prime=tanh)
         return d_x, d_h_prev, d_c, d_step
 
     return back
 
 
-def _lstm_step(layout: str, variant: Variant, tanh: dict[str, TanhPrime]) -> StepBack:
+def _lstm_step(layout: str, variant: Variant, tanh: TanhPrime) -> StepBack:
     def back(params: Params, step_cache: dict[str, np.ndarray], d_h: np.ndarray,
-             d_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+             d_c: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Params]:
         if variant.h_for_h_prev:
             step_cache = _with_h_for_h_prev(step_cache, step_cache["so"] * step_cache["tc"])
         d_x, d_h_prev, d_c_prev, d_step = lstm_step_backward(
-            params, step_cache, d_h, variant.c_carry * d_c, layout, **tanh)
+            params, step_cache, d_h, variant.c_carry * d_c, layout, tanh_prime=tanh)
         return d_x, d_h_prev, d_c_prev, d_step
 
     return back

@@ -164,7 +164,9 @@ def _backward(shapes: ModelShapes, params: dict[str, np.ndarray], forward: _Forw
     layers = zip(shapes.cells, forward.cell_params, forward.caches, strict=True)
     for cell, cell_params, cache in reversed(list(layers)):
         backward = cell_functions(cell)[1] if backward_for is None else backward_for(cell)
-        d_h_seq, d_initial, d_cell = backward(cell_params, cache, d_h_seq, None)
+        d_x_seq, d_initial, d_cell = backward(cell_params, cache, d_h_seq, None)
+        assert d_x_seq is not None  # asked for (inputs=True): the layer below's from above
+        d_h_seq = d_x_seq
         d_states = d_initial if isinstance(d_initial, tuple) else (d_initial,)
         for state, d_state in zip(cell.state_names, d_states, strict=True):
             gradients[f"{cell.name}/{state}"] = d_state
