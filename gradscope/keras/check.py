@@ -132,7 +132,7 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
             engine, autodiff, weights, ref_rtol, referenced))
         _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol,
                             atol, job.seed, results, shapes, _masked_inputs(job, inputs),
-                            engine.weight_tensors(job.batch.sample_weight))
+                            weights, engine.weight_tensors(job.batch.sample_weight))
         clock.lap("finite_differences")
         not_witnessed = reference.result()
     clock.lap("numpy_reference_wait")
@@ -192,18 +192,19 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         rtol: float, atol: float | None, seed: int,
                         results: dict[str, list[WitnessEntry]],
                         shapes: dict[str, list[int]], fixed: dict[str, np.ndarray],
-                        sample_weight: Any = None) -> None:
+                        weights: dict[str, np.ndarray], sample_weight: Any = None) -> None:
     """Every tensor jointly first (:mod:`~gradscope.keras.joint_differences`): the weights,
     the float inputs and the zero initial states of Keras' own call, moved together. Where a
     joint direction disagrees, every tensor is probed on its own instead, which names it.
     Initial states Keras' own call does not ask for (wired in, carried by a stateful layer)
-    are probed on their own, through the replay."""
+    are probed on their own, through the replay. ``weights``: every weight's value as the
+    tape saw it (shared, read only, with the NumPy reference), what each probe restores."""
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     rng = np.random.default_rng([seed, 2])
     variables = {v.path: v for v in engine.model.trainable_variables}
     hooked = _hooked_states(engine, autodiff)
-    parts = [Part(path, gradient, np.array(variables[path].numpy()))
+    parts = [Part(path, gradient, weights[path])
              for path, gradient in autodiff.gradients.items() if gradient is not None]
     parts += [Part(f"input {name}", gradient, value, fixed.get(name))
               for name, value in inputs.items()

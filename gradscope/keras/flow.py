@@ -158,15 +158,23 @@ def _examples(call: CapturedCall, rows: slice, size: int) -> CapturedCall:
                    mask=None if call.mask is None else part(call.mask))
 
 
+def masked_steps(call: CapturedCall) -> str | None:
+    """Why a call's steps are not a plain recurrence, if its batch has masked steps (with
+    every step kept, Keras' masked loop computes exactly the plain recurrence)."""
+    if call.mask is not None and not np.all(np.asarray(call.mask)):
+        return ("the input is masked and this batch has masked steps (Keras holds the state "
+                "over them)")
+    return None
+
+
 def _prepare(call: CapturedCall, label: str, engine: Any,
              weights: dict[str, np.ndarray] | None) -> RecurrentCall | str:
     """The call's units, run forward in NumPy and checked against every output Keras gave,
     or the reason gradscope does not analyse the call."""
     layer = engine.operation(call.layer)
-    if call.mask is not None and not np.all(np.asarray(call.mask)):
-        # With every step kept, Keras' masked loop computes exactly the plain recurrence.
-        return ("the input is masked and this batch has masked steps (Keras holds the state "
-                "over them; the cells do not model masks)")
+    masked = masked_steps(call)
+    if masked:
+        return f"{masked}; the cells do not model masks"
     if not call.states:
         return ("stateful" if getattr(layer, "stateful", False)
                 else "no initial state captured")
@@ -444,9 +452,9 @@ def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
     from gradscope.keras.cell_steps import not_run, state_flow
 
     label = call_label(call.layer, call.index)
-    if call.mask is not None and not np.all(np.asarray(call.mask)):
-        return KerasNotAnalysed(layer=label, reason="the input is masked and this batch has "
-                                "masked steps (Keras holds the state over them)")
+    masked = masked_steps(call)
+    if masked:
+        return KerasNotAnalysed(layer=label, reason=masked)
     upstream = result.output_gradients.get(label)
     if upstream is None:
         return KerasNotAnalysed(layer=label, reason="the run did not watch this call's outputs")
