@@ -27,10 +27,7 @@ sys.path.insert(0, str(REPO))
 from scale import scale_config  # noqa: E402  (the same scale model)
 from user_sized import BUILD  # noqa: E402  (the same user-sized Keras model)
 
-from gradscope import _keras_job  # noqa: E402
-from gradscope.keras.memory import estimate as keras_estimate  # noqa: E402
-from gradscope.yaml.config import load_spec  # noqa: E402
-from gradscope.yaml.memory import estimate  # noqa: E402
+import gradscope  # noqa: E402
 
 TARGET = 1.5
 
@@ -52,7 +49,7 @@ def main() -> None:
     parser.add_argument("--check-steps", type=int, nargs="*", default=[100, 300])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    gradscope = [sys.executable, "-m", "gradscope"]
+    cli = [sys.executable, "-m", "gradscope"]
     cases: list[tuple[str, str | None, list[str]]] = [
         ("seed: explain", None, ["explain"]),
         ("seed: explain --jacobians --flow", None, ["explain", "--jacobians", "--flow"]),
@@ -72,14 +69,10 @@ def main() -> None:
                     cases.append((f"Keras LSTM, {steps} steps: {command}", str(model),
                                   [command, "--quiet"]))
         for name, source, command in cases:
-            if source is not None and source.endswith(".keras"):
-                job = _keras_job(source, None, None, None, {})
-                terms = keras_estimate(job, command[0])
-            else:
-                across_time = "--jacobians" in command or "--flow" in command
-                terms = estimate(load_spec(source), command[0], across_time)
+            across_time = "--jacobians" in command or "--flow" in command
+            terms = gradscope.estimate_memory(source, command[0], across_time=across_time)
             estimated = sum(terms.values()) / (1 << 20)
-            measured = peak_rss_mib([*gradscope, *command, *([source] if source else [])])
+            measured = peak_rss_mib([*cli, *command, *([source] if source else [])])
             rows.append({"case": name, "estimate_mib": estimated, "peak_rss_mib": measured,
                          "ratio": estimated / measured})
     if args.json:

@@ -9,6 +9,7 @@ Python API (the CLI is a thin layer over exactly these)::
     gradscope.explain("model.keras")              # a saved Keras model, run by Keras
     gradscope.explain(spec, weights="model.ckpt") # your trained weights (npz or checkpoint)
     gradscope.infer_spec("model.ckpt").yaml       # the config a checkpoint's shapes imply
+    gradscope.estimate_memory("model.keras", "check")  # bytes by term, nothing run
     gradscope.explain(model, x=x, y=y, flow=True) # a Keras model object, e.g. in a notebook
     gradscope.shapes(model)                       # its algebra alone, nothing run
     gradscope.watch("runs/gru")                   # what GradientFlow wrote to its log_dir
@@ -350,6 +351,30 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     return _drawn(report)
 
 
+def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None, *,
+                    x: Any = None, y: Any = None, across_time: bool = False,
+                    chunks: int | None = None, **keras_options: Any) -> dict[str, int]:
+    """What ``command`` ("explain" or "check") is estimated to hold at its peak, in bytes by
+    term; their sum is what ``max_memory`` (``--max-memory``) is held against. ``spec`` and
+    its batch as :func:`explain` takes them: a YAML spec (``across_time``: with ``flow`` or
+    ``jacobians``; ``chunks`` as for explain) or a Keras model with its batch options. Nothing
+    is run, and no TensorFlow is imported for a YAML spec or a saved file."""
+    if command not in ("explain", "check"):
+        from gradscope.errors import ConfigError
+
+        raise ConfigError(f"command={command!r}: expected 'explain' or 'check'",
+                          where="command")
+    data = _data_files(data)
+    if _is_keras(spec):
+        from gradscope.keras.memory import estimate as keras_estimate
+
+        return keras_estimate(_keras_job(spec, _keras_data(data), x, y, keras_options), command)
+    from gradscope.yaml.memory import estimate as yaml_estimate
+
+    spec, _ = _yaml_job(spec, data, None, x, y, None, keras_options, command)
+    return yaml_estimate(spec, command, across_time=across_time, chunks=chunks)
+
+
 def infer_spec(source: Any, imports: Any = (), unsafe: bool = False) -> SpecInference:
     """The config that a checkpoint's or an .npz file's variable shapes imply (no TensorFlow
     for an .npz), or the one a saved ``model.keras`` is: ``report.yaml`` loads with
@@ -368,6 +393,11 @@ def infer_spec(source: Any, imports: Any = (), unsafe: bool = False) -> SpecInfe
 
         saved = read_saved_form(str(source), _imports(imports), unsafe)
         return _infer_spec(SavedArrays(saved.arrays, saved.source), saved)
+    if imports or unsafe:
+        from gradscope import preflight
+
+        shown = str(source) if isinstance(source, str | PathLike) else "the arrays"
+        preflight.check_user_code(shown, _imports(imports), unsafe)
     return _infer_spec(source)
 
 

@@ -69,15 +69,32 @@ def test_a_keras_model_over_the_limit_is_refused_before_tensorflow(long_lstm, co
 
 
 def test_the_keras_estimate_grows_with_steps_units_and_batch(long_lstm):
-    from gradscope import _keras_job
-    from gradscope.keras.memory import estimate as keras_estimate
+    import gradscope
 
     def total(command, **options):
-        return sum(keras_estimate(_keras_job(str(long_lstm), None, None, None, options),
-                                  command).values())
+        return sum(gradscope.estimate_memory(str(long_lstm), command, **options).values())
 
     explain = total("explain")
     assert PROCESS_BASELINE < explain < total("check")
     assert total("explain", batch_size=128) > 2 * (explain - PROCESS_BASELINE)
     # Measured (bench/memory_estimate.py): 1593 MiB at batch 32; within 1.5× either way.
     assert 1593 / 1.5 < explain / (1 << 20) < 1593 * 1.5
+
+
+def test_estimate_memory_is_what_the_guard_holds_against_the_limit(tmp_path):
+    """The public estimate is the guard's: a limit just under its sum is refused, naming
+    about that size; a command other than explain or check is refused in one line."""
+    import gradscope
+    from gradscope.errors import ConfigError
+
+    terms = gradscope.estimate_memory(None, "check")
+    assert set(terms) and all(value > 0 for value in terms.values())
+    total = sum(terms.values())
+    with pytest.raises(ConfigError) as caught:
+        gradscope.check(None, max_memory=total - 1)
+    assert "this check would need about" in caught.value.message
+    across = sum(gradscope.estimate_memory(None, "explain", across_time=True).values())
+    assert across > sum(gradscope.estimate_memory(None, "explain").values())
+    with pytest.raises(ConfigError) as refused:
+        gradscope.estimate_memory(None, "train")
+    assert refused.value.message == "command='train': expected 'explain' or 'check'"

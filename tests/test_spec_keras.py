@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.conftest import run_gradscope, run_without_tensorflow
+from conftest import run_gradscope, run_without_tensorflow
 
 
 def _save(model, path: Path) -> str:
@@ -237,3 +236,14 @@ def test_import_is_for_a_saved_model_only(saved):
     assert done.returncode == 2
     assert "is for a saved .keras model" in done.stderr
     assert "weights.npz is not one" in done.stderr
+
+
+def test_the_api_refuses_imports_for_what_is_not_a_saved_model():
+    import gradscope
+    from gradscope.errors import GradscopeError
+
+    with pytest.raises(GradscopeError) as caught:
+        gradscope.infer_spec({"gru/kernel": np.zeros((3, 12))}, imports=["my_layers"])
+    assert caught.value.exit_code == 2
+    assert "--import is for a saved .keras model" in caught.value.message
+    assert "the arrays is not one" in caught.value.message
