@@ -156,10 +156,11 @@ def weights_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--weights PATH``: a YAML-described model's trained weights."""
     return click.option(
         "--weights", metavar="PATH", shell_complete=_complete_path,
-        help="Use these trained weights instead of ones drawn from the seed: an .npz file or a "
+        help="Use these trained weights instead of ones drawn from the seed: an .npz file, a "
              "TensorFlow checkpoint (TF1 name-based or TF2 object-based), named by gradscope "
              "(gru_1/w_ru), TF1 (GRU_Layer1/rnn/gru_cell/gates/kernel) or Keras "
-             "(gru/gru_cell/kernel). The mapping is printed; a missing, extra or misshapen "
+             "(gru/gru_cell/kernel), or a saved MODEL.keras of the YAML spec's kind of model "
+             "(see `gradscope spec`). The mapping is printed; a missing, extra or misshapen "
              "variable exits 2. YAML configs only.")(func)
 
 
