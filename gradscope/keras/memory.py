@@ -8,14 +8,13 @@ was no longer a persistent one); the estimate lands within 1.5× of the measured
 
 from __future__ import annotations
 
-import contextlib
 from math import prod
 from typing import Any
 
 from gradscope.guard import BASELINE_TERM, MIB, PROCESS_BASELINE, refuse_over
 from gradscope.keras.engine import RECURRENT
 from gradscope.keras.facts import layer_facts
-from gradscope.keras.layers import deriving_explainer
+from gradscope.keras.layers import deriving_explainer, sized_weights
 
 #: Keras, the model and its traced pass, beyond TensorFlow itself: 60 MiB for explain, 100 MiB
 #: for check (the float64 copy, and the finite differences' traced forward).
@@ -55,11 +54,9 @@ def estimate(job: Any, command: str) -> dict[str, int]:
     weights, activations, loops = 0, 0, []
     for node in job.graph.computing_layers:
         facts = layer_facts(job.graph, node)
-        explainer = deriving_explainer(node.class_name, node.module, facts)
-        if explainer is not None:
-            # A layer the algebra cannot size: its weights are not counted.
-            with contextlib.suppress(KeyError, ValueError, TypeError):
-                weights += sum(prod(note.shape) for note in explainer.weights(facts))
+        # A layer the algebra cannot size: its weights are not counted.
+        notes = sized_weights(deriving_explainer(node.class_name, node.module, facts), facts)
+        weights += sum(prod(note.shape) for note in notes or [])
         for shape in facts.input_shapes:  # every layer's input, and its gradient
             sizes = [steps if d is None else d for d in shape[1:]]
             activations += 2 * batch * prod(sizes)

@@ -7,7 +7,7 @@ from math import prod
 from typing import Any
 
 from gradscope.keras.facts import NO_DERIVATION, layer_facts
-from gradscope.keras.layers import deriving_explainer
+from gradscope.keras.layers import deriving_explainer, sized_weights
 from gradscope.keras.live import read_model
 from gradscope.keras.loss import output_names
 from gradscope.report.models import (
@@ -32,13 +32,9 @@ def keras_shapes(source: Any, loss: str | None = None) -> KerasShapesReport:
     for node in graph.computing_layers:
         facts = layer_facts(graph, node)
         explainer = deriving_explainer(node.class_name, node.module, facts)
-        notes = []
-        if explainer is not None:
-            try:
-                notes = explainer.weights(facts)
-            except (KeyError, ValueError, TypeError):
-                underived.append(node.name)
-        elif not (node.module or "").startswith(WEIGHTLESS_MODULE_PREFIX):
+        notes = sized_weights(explainer, facts)
+        if notes is None or (explainer is None and not (node.module or "").startswith(
+                WEIGHTLESS_MODULE_PREFIX)):
             underived.append(node.name)
         layers.append(KerasLayerEntry(
             name=node.name, class_name=node.class_name, calls=len(node.calls),
@@ -46,7 +42,7 @@ def keras_shapes(source: Any, loss: str | None = None) -> KerasShapesReport:
             summary=explainer.summary(facts) if explainer else node.class_name,
             gradient_note=explainer.gradient_note(facts) if explainer else NO_DERIVATION,
             derivation=explainer is not None))
-        for note in notes:
+        for note in notes or []:
             weights.append(KerasGradientEntry(
                 name=f"{node.name}/{note.key}", path=f"{node.name}/{note.key}", layer=node.name,
                 class_name=node.class_name, shape=list(note.shape), formula=note.formula,

@@ -55,10 +55,22 @@ def deriving_explainer(class_name: str, module: str | None,
     return explainer if explainer is not None and explainer.derives(facts) else None
 
 
+def sized_weights(explainer: LayerExplainer | None,
+                  facts: LayerFacts) -> list[WeightNote] | None:
+    """The weights ``explainer`` derives for this call, or None where the algebra cannot size
+    them from what the config says (no explainer: no weights derived, an empty list)."""
+    if explainer is None:
+        return []
+    try:
+        return list(explainer.weights(facts))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def known_layers() -> list[str]:
     _load_all()
     return sorted(REGISTRY)
 
 
 __all__ = ["LayerExplainer", "LayerFacts", "WeightNote", "deriving_explainer", "explainer_for",
-           "known_layers", "register"]
+           "known_layers", "register", "sized_weights"]
