@@ -247,3 +247,32 @@ def test_the_api_refuses_imports_for_what_is_not_a_saved_model():
     assert caught.value.exit_code == 2
     assert "--import is for a saved .keras model" in caught.value.message
     assert "the arrays is not one" in caught.value.message
+
+
+def test_time_distributed_dense_is_a_dense_at_every_step(tf, tmp_path):
+    """A tagger (GRU over the sequence, then TimeDistributed(Dense)): its spec has a dense
+    layer at every step, named after the wrapper, and the YAML engine on the file's weights
+    has the loss Keras computes."""
+    import keras
+
+    import gradscope
+
+    keras.utils.set_random_seed(6)
+    model = keras.Sequential([
+        keras.Input((7, 3)),
+        keras.layers.GRU(5, return_sequences=True, name="tagger"),
+        keras.layers.TimeDistributed(keras.layers.Dense(4), name="per_step"),
+    ])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    path = _save(model, tmp_path / "tagger.keras")
+    report = gradscope.infer_spec(path)
+    assert report.config["layers"] == [{"gru": 5, "name": "tagger", "reset_after": True},
+                                       {"dense": 4, "name": "per_step"}]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 7, 3)).astype("float32")
+    labels = rng.integers(0, 4, (6, 7))
+    y = np.eye(4, dtype="float32")[labels]
+    keras_loss = float(model.compute_loss(x=x, y=labels, y_pred=model(x)))
+    ours = gradscope.explain(gradscope.load_spec(report.config), data={"x": x, "y": y},
+                             weights=path)
+    assert ours.loss.value == pytest.approx(keras_loss, rel=1e-6)

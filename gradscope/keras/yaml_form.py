@@ -2,7 +2,8 @@
 ``--weights MODEL.keras``.
 
 The YAML spec holds one kind of model: Keras GRU, LSTM and SimpleRNN layers in a chain, then
-Dense layers, with Keras' default activations and nothing that adds to the loss. A saved
+Dense layers (``TimeDistributed(Dense)`` too: a Dense at every step), with Keras' default
+activations and nothing that adds to the loss. A saved
 model has that form only when every one of its layers says so in ``config.json``, which is
 read here before TensorFlow loads: any other layer, activation, direction, dropout,
 regulariser or wiring is refused by name, with the way to explain the model as it is
@@ -71,8 +72,12 @@ def spec_layers(graph: ModelGraph, fix: str) -> list[LayerNode]:
     previous = graph.inputs[0]
     seen_dense = False
     for layer in layers:
+        # TimeDistributed(Dense) is a Dense at every step, as the YAML's dense layers are.
+        inner = layer.inner if layer.class_name == "TimeDistributed" else None
+        config = inner.config if inner is not None and inner.class_name == "Dense" and \
+            is_builtin(inner.module) else layer.config
         kind = RECURRENT.get(layer.class_name) or (
-            "dense" if layer.class_name == "Dense" else None)
+            "dense" if layer.class_name == "Dense" or config is not layer.config else None)
         if kind is None or not is_builtin(layer.module):
             what = (f"a {layer.class_name}" if is_builtin(layer.module) else
                     f"your own class '{layer.registered_name or layer.class_name}'")
@@ -96,13 +101,13 @@ def spec_layers(graph: ModelGraph, fix: str) -> list[LayerNode]:
         else:
             expected = {**_RECURRENT_KEYS, **(_GATED_KEYS if kind != "simple_rnn" else {})}
         for key, wanted in expected.items():
-            found = layer.config.get(key, wanted)
+            found = config.get(key, wanted)
             if found != wanted:
                 raise ConfigError(f"{source}: layer '{layer.name}' has {key} {found!r}; the "
-                                  f"YAML spec's {layer.class_name} has {wanted!r}; {fix}",
-                                  where=layer.name)
+                                  f"YAML spec's {'Dense' if kind == 'dense' else layer.class_name}"
+                                  f" has {wanted!r}; {fix}", where=layer.name)
         for key in _LOSS_KEYS:
-            if layer.config.get(key) is not None:
+            if config.get(key) is not None or layer.config.get(key) is not None:
                 raise ConfigError(f"{source}: layer '{layer.name}' has a {key}, which adds "
                                   f"to the loss; the YAML spec's loss has no such term; {fix}",
                                   where=layer.name)
