@@ -128,7 +128,7 @@ def _keep(variant: Variant, t: int, steps: int) -> bool:
 def variant_backward(cell: Cell, variant: Variant) -> Backward:
     """The BPTT of ``cell`` with ``variant``'s mistake, with the reference's signature. One
     loop over time for every cell; a step differs only in what it carries back (an LSTM also
-    carries ∂L/∂c)."""
+    carries ∂L/∂c). It always gives ∂L/∂x_t (``inputs`` is taken for the signature only)."""
     tanh = variant.tanh_prime or tanh_derivative
     lstm = cell.kind == "lstm"
     step_back = _lstm_step(cell.layout, variant, tanh) if lstm else _step(cell, variant, tanh)
