@@ -81,9 +81,10 @@ def test_the_keras_estimate_grows_with_steps_units_and_batch(long_lstm):
     assert 1593 / 1.5 < explain / (1 << 20) < 1593 * 1.5
 
 
-def test_estimate_memory_is_what_the_guard_holds_against_the_limit(tmp_path):
-    """The public estimate is the guard's: a limit just under its sum is refused, naming
-    about that size; a command other than explain or check is refused in one line."""
+def test_estimate_memory_is_what_the_guard_holds_against_the_limit():
+    """The public estimate is the guard's: a limit just under its sum is refused before
+    anything runs; with a flow across time it is larger; a command other than explain or
+    check is refused in one line."""
     import gradscope
     from gradscope.errors import ConfigError
 
