@@ -569,6 +569,7 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
     totals: dict[str, np.ndarray] = {}
     owners: dict[str, str] = {}  # variable path → the layer whose calls it sums over
     states: dict[str, _StateRows] = {}
+    upstream: dict[str, list[np.ndarray]] = {}  # the current call's, whole, for its slices
     calls = {call_label(c.layer, c.index): c for c in autodiff.calls}
     for recurrent in each_recurrent_call(engine, autodiff, weights, REFERENCE_EXAMPLES):
         if isinstance(recurrent, KerasNotAnalysed):
@@ -580,7 +581,7 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
         if recurrent.label in skipped:
             continue
         reason = _reference_call(engine, autodiff, calls[recurrent.label], recurrent, totals,
-                                 owners, states)
+                                 owners, states, upstream)
         if reason:
             missing.append(NotWitnessed(layer=recurrent.label, witness="numpy_reference",
                                         reason=reason))
@@ -606,10 +607,12 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
 
 def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCall,
                     recurrent: RecurrentCall, totals: dict[str, np.ndarray],
-                    owners: dict[str, str], states: dict[str, _StateRows]) -> str | None:
+                    owners: dict[str, str], states: dict[str, _StateRows],
+                    upstream: dict[str, list[np.ndarray]]) -> str | None:
     """One recurrent call's BPTT, for the examples ``recurrent.rows`` of ``whole``: its
     weight gradients added to ``totals``, its initial-state gradients and the tape's for the
-    same examples added to ``states``. Returns why its penalties cannot be added in NumPy, if
+    same examples added to ``states``. ``upstream`` keeps the call's gradients from above,
+    taken once for all its slices. Returns why its penalties cannot be added in NumPy, if
     they cannot."""
     layer = engine.operation(recurrent.call.layer)
     subs = ([layer.forward_layer, layer.backward_layer] if len(recurrent.units) > 1
@@ -618,12 +621,15 @@ def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCal
     if reason:
         return reason
     rows = recurrent.rows
-    # The activity penalty is divided by the whole batch: taken on the whole call, then sliced.
-    gradients: list[np.ndarray | None] = [
-        (activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
-         + (0.0 if g is None else np.asarray(g, np.float64)))[rows]
-        for o, g in zip(whole.outputs, autodiff.output_gradients[recurrent.label],
-                        strict=True)]
+    if recurrent.label not in upstream:
+        upstream.clear()  # the call before is done: its arrays go
+        # The activity penalty is divided by the whole batch: taken on the whole call.
+        upstream[recurrent.label] = [
+            activity_gradient(layer.activity_regularizer, np.asarray(o, np.float64))
+            + (0.0 if g is None else np.asarray(g, np.float64))
+            for o, g in zip(whole.outputs, autodiff.output_gradients[recurrent.label],
+                            strict=True)]
+    gradients: list[np.ndarray | None] = [g[rows] for g in upstream[recurrent.label]]
     tape_states = [None if g is None else g[rows]
                    for g in autodiff.state_gradients.get(recurrent.label, [])]
     for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
