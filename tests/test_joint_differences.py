@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gradscope.keras.joint_differences import Part, joint_check, noise_of
+from gradscope.keras.joint_differences import Part, joint_check
+from gradscope.witnesses.finite_differences import rounding_noise
 
 RTOL, STEP = 1e-5, 1e-5
 
@@ -59,7 +60,7 @@ def test_a_wrong_gradient_in_any_one_tensor_is_caught(problem, data) -> None:
     values, gradients, loss = _problem(sizes, [10.0 ** e for e in exponents], seed)
     wrong = data.draw(st.sampled_from(sorted(values)))
     assume(1e-3 * Part(wrong, gradients[wrong], values[wrong]).typical()
-           >= 10 * noise_of(loss(values), STEP))
+           >= 10 * rounding_noise(loss(values), STEP))
     parts = [Part(n, gradients[n] * (1.001 if n == wrong else 1.0), values[n]) for n in values]
     result = joint_check(parts, 3, np.random.default_rng(seed), loss(values), RTOL, None, STEP,
                          loss)

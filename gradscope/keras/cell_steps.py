@@ -27,11 +27,12 @@ import numpy as np
 
 from gradscope.errors import first_line
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
+from gradscope.keras.joint_differences import STEP
 from gradscope.keras.live import is_builtin
 from gradscope.report.models import WitnessEntry
+from gradscope.witnesses.finite_differences import rounding_noise
 
 WITNESS = "cell_steps"
-STEP = 1e-5
 
 
 def not_run(exc: BaseException) -> str:
@@ -226,7 +227,7 @@ def _part(name: str, numerical: np.ndarray, analytic: np.ndarray, at_rest: np.nd
     typical size of one; worst over the examples of each step. The factor: least squares of
     the tape's numbers on the differences', where it explains them to 1%."""
     typical = float(np.sqrt(np.mean(analytic ** 2))) if analytic.size else 0.0
-    noise = 64 * np.finfo(np.float64).eps * np.maximum(at_rest, 1.0) / (2 * STEP)
+    noise = rounding_noise(at_rest, STEP)
     scale = np.maximum(np.abs(analytic), typical) + noise
     errors = (np.abs(numerical - analytic) / scale).reshape(steps, batch).max(axis=1)
     factor = None

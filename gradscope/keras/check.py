@@ -49,7 +49,7 @@ from gradscope.keras.engine import (
 )
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.flow import RecurrentCall, each_recurrent_call, upstream_gradients
-from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_check
+from gradscope.keras.joint_differences import JOINT_DIRECTIONS, STEP, Part, joint_check
 from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
@@ -71,11 +71,6 @@ from gradscope.witnesses.finite_differences import (
     directional_error,
     probes_for,
 )
-
-#: Step of the central differences. Any Keras layer can sit in the model (layer norm, attention,
-#: relu), so the step is smaller than for gradscope's own cells: in float64 the truncation
-#: error (∝ step²) is then ~1e-10 relative and the loss's rounding, amplified by 1/step, ~1e-11.
-STEP = 1e-5
 
 Progress = Callable[[str], None]
 

@@ -27,6 +27,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gradscope.witnesses.finite_differences import rounding_noise
+
+#: Step of the central differences on the float64 copy of a Keras model (check, and the
+#: witnesses it runs where something disagrees). Any Keras layer can sit in the model (layer
+#: norm, attention, relu), so the step is smaller than for gradscope's own cells: in float64
+#: the truncation error (∝ step²) is then ~1e-10 relative and the loss's rounding, amplified
+#: by 1/step, ~1e-11.
+STEP = 1e-5
+
 #: Joint directions, unless the user asks for another number (``--directions``): a relative
 #: error ε in one tensor's gradient escapes one direction with a chance of about 1.6·rtol/ε,
 #: both with its square (3e-4 for an error of 0.1%, 3e-6 for 1%).
@@ -60,16 +69,10 @@ class JointResult:
     detail: str
 
 
-def noise_of(loss: float, step: float) -> float:
-    """The loss's rounding, amplified by 1/(2·step): below it no disagreement is real (as
-    :func:`~gradscope.witnesses.finite_differences.directional_error` takes it)."""
-    return 64 * np.finfo(np.float64).eps * max(abs(loss), 1.0) / (2 * step)
-
-
 def directions(parts: list[Part], count: int, rng: np.random.Generator, loss: float,
                rtol: float, step: float) -> tuple[float, list[dict[str, np.ndarray]]]:
     """``m`` (see the module) and ``count`` joint directions: per tensor, ``a_t·u_t``."""
-    floor = noise_of(loss, step) / rtol
+    floor = float(rounding_noise(loss, step)) / rtol
     typical = {part.name: part.typical() for part in parts}
     # A tensor below the floor moves by a whole step, and its errors are caught beyond
     # rtol·m + noise: m = floor keeps that at twice the rounding, as its own probe would.
@@ -101,7 +104,7 @@ def compare(parts: list[Part], direction: dict[str, np.ndarray], step: float, m:
     numerical = (loss_at(plus) - loss_at(minus)) / (2 * step)
     analytic = sum(float(np.sum(p.gradient * (plus[p.name] - minus[p.name])))
                    for p in parts if p.name in direction) / (2 * step)
-    allowed = m + (noise_of(loss, step) + (atol or 0.0)) / rtol
+    allowed = m + (float(rounding_noise(loss, step)) + (atol or 0.0)) / rtol
     return abs(numerical - analytic) / allowed, numerical, analytic
 
 

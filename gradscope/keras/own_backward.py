@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from gradscope.keras.engine import CapturedCall, call_label
+from gradscope.keras.joint_differences import STEP
 from gradscope.report.models import WitnessEntry
 from gradscope.witnesses.finite_differences import Probe, directional_error
 
 WITNESS = "own_backward"
-STEP = 1e-5
 
 
 def witness(engine: Any, calls: list[CapturedCall], training: bool, seed: int, rtol: float,

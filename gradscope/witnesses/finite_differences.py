@@ -385,6 +385,12 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
     return witness.finish(ctx)
 
 
+def rounding_noise(loss: Any, step: float) -> Any:
+    """The loss's rounding, amplified by 1/(2·step): below it no disagreement of a central
+    difference is real. ``loss`` a number, or an array of them (one noise each)."""
+    return 64 * np.finfo(np.float64).eps * np.maximum(np.abs(loss), 1.0) / (2 * step)
+
+
 def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                       minus: np.ndarray, loss: float, rtol: float, atol: float | None,
                       step: float = STEP) -> tuple[float, bool, str]:
@@ -398,8 +404,7 @@ def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarra
     # size of one, ‖g‖/√n, when that is larger.
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
     scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
-    # Rounding in the loss, amplified by 1/(2·step): below this no disagreement is real.
-    noise = 64 * np.finfo(np.float64).eps * max(abs(loss), 1.0) / (2 * step)
+    noise = rounding_noise(loss, step)
     # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so that
     # it passes exactly when it is ≤ rtol.
     errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)
