@@ -87,3 +87,21 @@ def test_a_masked_sequence_loss_says_what_the_mask_counts(tf):
     assert term.counted is not None and "keeps 8 of 12 positions" in term.counted
     assert report.loss.value == pytest.approx(_keras_loss(tf, model, tokens, targets), rel=1e-5)
     assert report.to_dict()["loss"]["terms"][0]["counted"] == term.counted
+
+
+def test_one_number_as_loss_weights_weighs_the_one_loss(tf):
+    """``compile(loss="mse", loss_weights=0.5)``: Keras weighs its one loss by 0.5, and so do
+    the header and the report's weight (they said 1 when the weights were a bare number)."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(43)
+    model = keras.Sequential([keras.Input((5, 3)), layers.GRU(4), layers.Dense(2)])
+    model.compile(loss="mse", loss_weights=0.5)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 5, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    report = gradscope.explain(model, x=x, y=y)
+    assert report.loss.value == pytest.approx(_keras_loss(tf, model, x, y), rel=1e-6)
+    assert [o.weight for o in report.loss.outputs] == [0.5]
+    assert "mean_squared_error × 0.5" in report.loss.name

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gradscope.errors import ConfigError
@@ -46,6 +46,8 @@ class OutputLoss:
     weight: float
     target: TargetKind
     rule: str
+    #: The compiled loss object's other settings (label_smoothing, reduction, axis…), as saved.
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -152,6 +154,9 @@ def _compiled(graph: ModelGraph, names: list[str], loss: Any, weights: Any) -> L
                        for name, ref in zip(names, graph.outputs, strict=True)]
     elif isinstance(weights, list):
         weight_list = [float(w) for w in weights]
+    elif isinstance(weights, int | float) and not isinstance(weights, bool):
+        # One number: Keras weighs the one loss with it (compile_utils.CompileLoss.build).
+        weight_list = [float(weights)] * len(names)
     else:
         weight_list = [1.0] * len(names)
     outputs = []
@@ -169,8 +174,10 @@ def _compiled(graph: ModelGraph, names: list[str], loss: Any, weights: Any) -> L
                                if isinstance(settings, dict) else False)
         else:
             loss_name, from_logits = canonical(str(entry)), False
+        saved = entry.get("config") if isinstance(entry, dict) else None
         outputs.append(OutputLoss(name, loss_name, from_logits, weight, target_kind(loss_name),
-                                  "saved with the compiled model"))
+                                  "saved with the compiled model",
+                                  dict(saved) if isinstance(saved, dict) else {}))
     return LossPlan("compiled", tuple(outputs))
 
 
