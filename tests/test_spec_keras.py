@@ -276,3 +276,29 @@ def test_time_distributed_dense_is_a_dense_at_every_step(tf, tmp_path):
     ours = gradscope.explain(gradscope.load_spec(report.config), data={"x": x, "y": y},
                              weights=path)
     assert ours.loss.value == pytest.approx(keras_loss, rel=1e-6)
+
+
+@pytest.mark.parametrize(("compiled", "said", "known"), [
+    ("loss=keras.losses.mean_squared_error", "mse", True),
+    ("loss='mse', loss_weights=0.5", "the model was compiled with mean_squared_error × 0.5",
+     False),
+    ("loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)",
+     "(label_smoothing 0.1)", False),
+    ("loss=keras.losses.CategoricalCrossentropy()", "categorical_crossentropy, which", False),
+])
+def test_the_compiled_loss_is_the_yaml_loss_only_when_it_is_the_same(tf, tmp_path, compiled,
+                                                                     said, known):
+    """The loss is read as the Keras wing reads it: a loss function object, a loss weight,
+    Keras' settings; only softmax cross-entropy from logits and mean squared error, unweighted
+    and with Keras' defaults, are the YAML's; any other keeps the default, with the reason."""
+    import keras
+
+    import gradscope
+
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.GRU(4), keras.layers.Dense(3)])
+    eval(f"model.compile({compiled})", {"keras": keras, "model": model})  # noqa: S307
+    report = gradscope.infer_spec(_save(model, tmp_path / "compiled.keras"))
+    loss = next(item for item in report.inferences if item.key == "loss")
+    assert loss.known is known
+    assert said in (loss.value if known else loss.reason)

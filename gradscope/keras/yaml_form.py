@@ -24,7 +24,7 @@ import numpy as np
 from gradscope.errors import ConfigError
 from gradscope.keras.graph import LayerNode, ModelGraph, Ref, read_graph, refuse_code
 from gradscope.keras.live import is_builtin
-from gradscope.keras.loss import canonical
+from gradscope.keras.loss import plan_loss
 
 RECURRENT = {"GRU": "gru", "LSTM": "lstm", "SimpleRNN": "simple_rnn"}
 
@@ -38,6 +38,10 @@ _DENSE_KEYS: dict[str, Any] = {"activation": "linear", "use_bias": True}
 #: Config keys that add to the loss: none may be set.
 _LOSS_KEYS = ("kernel_regularizer", "recurrent_regularizer", "bias_regularizer",
               "activity_regularizer")
+
+#: A compiled loss's settings that keep it the YAML spec's loss: Keras' defaults.
+DEFAULT_SETTINGS: dict[str, Any] = {"label_smoothing": 0.0, "reduction": "sum_over_batch_size",
+                                    "axis": -1}
 
 #: Examples and, where the model leaves them open, time steps of the batch the spec's forward
 #: pass is held against the model's on.
@@ -158,29 +162,34 @@ def facts(graph: ModelGraph, layers: list[LayerNode], fix: str) -> dict[str, tup
     sequence = bool(last.config.get("return_sequences"))
     found["sequence_output"] = (sequence, f"layer '{last.name}' has return_sequences "
                                 f"{sequence}", True)
-    loss = (graph.compile_config or {}).get("loss")
+    loss = _loss(graph)
     if loss is not None:
-        found["loss"] = _loss(loss)
+        found["loss"] = loss
     return found
 
 
-def _loss(loss: Any) -> tuple[Any, str, bool]:
-    """The YAML loss the compiled loss is, or the reason it is none."""
-    name, config = (loss, {}) if isinstance(loss, str) else (
-        str(loss.get("class_name") if isinstance(loss, dict) else loss),
-        (loss.get("config") or {}) if isinstance(loss, dict) else {})
-    keras_name = canonical(name)
-    plain = (config.get("reduction", "sum_over_batch_size") == "sum_over_batch_size"
-             and not config.get("label_smoothing"))
-    if keras_name in ("categorical_crossentropy", "sparse_categorical_crossentropy") and \
-            config.get("from_logits") and plain and config.get("axis", -1) == -1:
+def _loss(graph: ModelGraph) -> tuple[Any, str, bool] | None:
+    """The YAML loss the compiled loss is (read as the Keras wing reads it,
+    :func:`~gradscope.keras.loss.plan_loss`), the reason it is none, or None for a model
+    saved without one."""
+    plan = plan_loss(graph)
+    if plan.source != "compiled" or len(plan.outputs) != 1:
+        return None
+    (output,) = plan.outputs
+    # Settings that are not Keras' defaults (the label says the logits and a loss weight).
+    unusual = [f"{key} {output.settings[key]!r}" for key, default in DEFAULT_SETTINGS.items()
+               if output.settings.get(key, default) != default]
+    plain = output.weight == 1.0 and not unusual
+    if output.loss in ("categorical_crossentropy", "sparse_categorical_crossentropy") and \
+            output.from_logits and plain:
         return ("softmax_cross_entropy",
-                f"the model was compiled with {keras_name} from logits", True)
-    if keras_name == "mean_squared_error" and plain:
+                f"the model was compiled with {output.loss} from logits", True)
+    if output.loss == "mean_squared_error" and plain:
         return "mse", "the model was compiled with mean_squared_error", True
-    return (None, f"the model was compiled with {keras_name}, which the YAML spec does not "
-            "hold (softmax_cross_entropy from logits or mse): a default; set the one you want",
-            False)
+    return (None, f"the model was compiled with {output.label}"
+            + (f" ({', '.join(unusual)})" if unusual else "")
+            + ", which the YAML spec does not hold (softmax_cross_entropy from logits or mse): "
+            "a default; set the one you want", False)
 
 
 def read_saved_form(path: str, imports: tuple[str, ...] = (), unsafe: bool = False
