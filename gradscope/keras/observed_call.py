@@ -57,40 +57,46 @@ def runner_wrapped(runner: Any, wrap: Callable[[Any, Callable[..., Any]], Callab
 
 
 @contextlib.contextmanager
-def zero_states_watched(layers: list[Any], states: list[Any],
-                        watch: Callable[[Any], None]) -> Iterator[None]:
-    """While inside, each of ``layers``' ``get_initial_state`` (called by this thread) returns
-    copies of Keras' own zeros, watched, and appends them to ``states`` in the order asked."""
-    import keras
-    import tensorflow as tf
-
+def _zeros_replaced(replacements: list[tuple[Any, Callable[[Any], Any]]]) -> Iterator[None]:
+    """While inside, each layer's ``get_initial_state``, asked by this thread, returns
+    ``replace(Keras' own zeros)`` (``(layer, replace)`` in ``replacements``); other threads
+    get the zeros as they are."""
     owner = threading.get_ident()
-    for layer in layers:
+    for layer, replace in replacements:
         original = layer.get_initial_state
 
-        def get_initial_state(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+        def get_initial_state(*args: Any, _original: Any = original,
+                              _replace: Callable[[Any], Any] = replace, **kwargs: Any) -> Any:
             zeros = _original(*args, **kwargs)
-            if threading.get_ident() != owner:
-                return zeros
-
-            def fresh(tensor: Any) -> Any:
-                copy = tf.identity(tensor)
-                watch(copy)
-                states.append(copy)
-                return copy
-
-            return keras.tree.map_structure(fresh, zeros)
+            return zeros if threading.get_ident() != owner else _replace(zeros)
 
         object.__setattr__(layer, "get_initial_state", get_initial_state)
     try:
         yield
     finally:
-        for layer in layers:
+        for layer, _ in replacements:
             object.__delattr__(layer, "get_initial_state")
 
 
-@contextlib.contextmanager
-def zero_states_shifted(shifts: list[tuple[Any, list[list[Any]]]]) -> Iterator[None]:
+def zero_states_watched(layers: list[Any], states: list[Any],
+                        watch: Callable[[Any], None]) -> contextlib.AbstractContextManager[None]:
+    """While inside, each of ``layers``' ``get_initial_state`` (called by this thread) returns
+    copies of Keras' own zeros, watched, and appends them to ``states`` in the order asked."""
+    import keras
+    import tensorflow as tf
+
+    def fresh(tensor: Any) -> Any:
+        copy = tf.identity(tensor)
+        watch(copy)
+        states.append(copy)
+        return copy
+
+    return _zeros_replaced([(layer, lambda zeros: keras.tree.map_structure(fresh, zeros))
+                            for layer in layers])
+
+
+def zero_states_shifted(shifts: list[tuple[Any, list[list[Any]]]]
+                        ) -> contextlib.AbstractContextManager[None]:
     """While inside, the k-th time this thread asks ``layer.get_initial_state`` for its zeros
     (``(layer, per_request)`` in ``shifts``), Keras' own zeros come back with
     ``per_request[k]`` added, one tensor per state in Keras' order; a request beyond the list
@@ -98,29 +104,21 @@ def zero_states_shifted(shifts: list[tuple[Any, list[list[Any]]]]) -> Iterator[N
     of the whole model this way: its layers are counted here, not by the engine's recorder."""
     import keras
 
-    owner = threading.get_ident()
-    for layer, per_request in shifts:
-        original = layer.get_initial_state
+    def shifted(per_request: list[list[Any]]) -> Callable[[Any], Any]:
         asked = [0]
 
-        def get_initial_state(*args: Any, _original: Any = original,
-                              _per_request: list[list[Any]] = per_request,
-                              _asked: list[int] = asked, **kwargs: Any) -> Any:
-            zeros = _original(*args, **kwargs)
-            if threading.get_ident() != owner or _asked[0] >= len(_per_request):
+        def add(zeros: Any) -> Any:
+            if asked[0] >= len(per_request):
                 return zeros
-            shift = _per_request[_asked[0]]
-            _asked[0] += 1
+            shift = per_request[asked[0]]
+            asked[0] += 1
             flat = keras.tree.flatten(zeros)
             return keras.tree.pack_sequence_as(
                 zeros, [zero + delta for zero, delta in zip(flat, shift, strict=True)])
 
-        object.__setattr__(layer, "get_initial_state", get_initial_state)
-    try:
-        yield
-    finally:
-        for layer, _ in shifts:
-            object.__delattr__(layer, "get_initial_state")
+        return add
+
+    return _zeros_replaced([(layer, shifted(per_request)) for layer, per_request in shifts])
 
 
 __all__ = ["NotObserved", "runner_wrapped", "zero_states_shifted", "zero_states_watched"]
