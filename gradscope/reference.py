@@ -74,11 +74,14 @@ class StepBackward(Protocol):
 
 
 def sigmoid(a: np.ndarray) -> np.ndarray:
-    """σ(a) = 1 / (1 + e^(−a)), computed without overflow for large |a|."""
-    e = np.exp(-np.abs(a))
-    s = 1.0 / (1.0 + e)
-    np.multiply(s, e, out=s, where=a < 0)  # e/(1+e) for a < 0
-    return s
+    """σ(a) = 1 / (1 + e^(−a)). Below a ≈ −709, e^(−a) overflows to ∞ and σ is 0, as it is
+    to float64 there; above, every step is accurate to an ulp or two, e^(−a) small or large.
+    (One pass of exp over the gates: at user sizes the gates' elementwise work weighs as much
+    as a step's products.)"""
+    with np.errstate(over="ignore"):
+        s = np.exp(-a)
+    s += 1.0
+    return np.reciprocal(s, out=s)
 
 
 def tanh_derivative(a: np.ndarray) -> np.ndarray:
@@ -454,22 +457,31 @@ LSTM_LAYOUTS = {"block": ("i", "j", "f", "o", 1.0), "keras": ("i", "j", "f", "o"
 
 
 def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.ndarray,
-              layout: str) -> tuple[np.ndarray, np.ndarray, StepCache]:
+              layout: str, x_part: np.ndarray | None = None,
+              ) -> tuple[np.ndarray, np.ndarray, StepCache]:
     """One LSTM step (j is the new input, c̃ in Keras' words).
 
         z          = [x_t, h_{t−1}]·kernel + bias              (block)
                    = x_t·kernel + h_{t−1}·recurrent_kernel + bias   (keras)
         c_t        = σ(f + forget_bias)∘c_{t−1} + σ(i)∘tanh(j)
         h_t        = σ(o)∘tanh(c_t)
+
+    ``x_part``: x_t's part of z with the bias, x_t·kernel[:F] + bias (block) or x_t·kernel +
+    bias (keras), where the caller took it for many steps in one product
+    (:func:`lstm_input_parts`); z is then x_part + h_{t−1}·(the rest of the weights).
     """
     u = h_prev.shape[1]
+    if x_part is None:
+        x_part = lstm_input_parts(params, x_t[:, None], layout)[:, 0]
     if layout == "block":
         xh = np.concatenate([x_t, h_prev], axis=1)
-        z = xh @ params["kernel"] + params["bias"]
+        z = h_prev @ params["kernel"][x_t.shape[1]:]
+        z += x_part
         i, j, f, o = (z[:, k * u:(k + 1) * u] for k in range(4))
     else:
         xh = x_t
-        z = x_t @ params["kernel"] + h_prev @ params["recurrent_kernel"] + params["bias"]
+        z = h_prev @ params["recurrent_kernel"]
+        z += x_part
         i, f, j, o = (z[:, k * u:(k + 1) * u] for k in range(4))
     si, tj, so = sigmoid(i), np.tanh(j), sigmoid(o)
     sf = sigmoid(f + LSTM_LAYOUTS[layout][4])
@@ -479,6 +491,16 @@ def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.nd
     cache = {"x": x_t, "xh": xh, "h_prev": h_prev, "c_prev": c_prev, "si": si, "tj": tj,
              "sf": sf, "so": so, "tc": tc, "c": c}
     return h, c, cache
+
+
+def lstm_input_parts(params: Params, x_seq: np.ndarray, layout: str) -> np.ndarray:
+    """x_t's part of every step's z, with the bias (see :func:`lstm_step`), for x_seq (B, n,
+    F): one product for the n steps, (B, n, 4u)."""
+    B, n, F = x_seq.shape
+    kernel = params["kernel"][:F] if layout == "block" else params["kernel"]
+    parts = x_seq.reshape(B * n, F) @ kernel
+    parts += params["bias"]
+    return parts.reshape(B, n, -1)
 
 
 def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_next: np.ndarray,
@@ -524,10 +546,13 @@ def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
                 c0: np.ndarray | None = None) -> tuple[np.ndarray, Cache]:
         h, c = h0, (np.zeros_like(h0) if c0 is None else c0)
         outputs, cache = [], []
-        for t in range(x_seq.shape[1]):
-            h, c, step_cache = lstm_step(params, x_seq[:, t], h, c, layout)
-            outputs.append(h)
-            cache.append(step_cache)
+        for start in range(0, x_seq.shape[1], WeightSums.BLOCK):
+            block = x_seq[:, start:start + WeightSums.BLOCK]
+            parts = lstm_input_parts(params, block, layout)
+            for k in range(block.shape[1]):
+                h, c, step_cache = lstm_step(params, block[:, k], h, c, layout, parts[:, k])
+                outputs.append(h)
+                cache.append(step_cache)
         return np.stack(outputs, axis=1), cache
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
