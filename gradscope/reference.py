@@ -48,13 +48,14 @@ class Backward(Protocol):
     given, receives the total ∂L/∂h_t of every step (B, u), in time order: what arrives from
     above at step t plus what flows back from t+1. Neither changes any other result. With
     ``inputs=False``, d_x_seq is not computed (None): a caller that feeds each layer the
-    gradient from above itself, as check's reference does, saves a product a step.
+    gradient from above itself, as check's reference does, saves a product a step. With
+    ``sketch``, the wide weight gradients come back projected (:class:`Sketch`).
     """
 
     def __call__(self, params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None,
-                 inputs: bool = True) -> tuple[np.ndarray | None, Any, Params]: ...
+                 totals: list[np.ndarray] | None = None, inputs: bool = True,
+                 sketch: Sketch | None = None) -> tuple[np.ndarray | None, Any, Params]: ...
 
 TanhPrime = Callable[[np.ndarray], np.ndarray]  # the derivative of tanh, from a = tanh(z)
 
@@ -103,6 +104,50 @@ def interpolate_backward(d_h: np.ndarray, gate: np.ndarray, h_prev: np.ndarray,
     return d_h * (h_prev - candidate), d_h * (1.0 - gate), d_h * gate
 
 
+class Sketch:
+    """A weight gradient G (rows × cols) kept as G·S, where S is a cols × k matrix of random
+    signs: check's reference compares G·S with the tape's gradient times the same S, which
+    costs a product with k columns per block of steps instead of one with cols columns.
+
+    It loses no power against comparing G itself. Take the element where the reference and
+    the tape differ most, e_ij in the difference E. For any column of S, Σ_m e_im·s_ml is
+    ±e_ij plus the rest of the row, a sum whose sign is independent of s_jl: with chance 1/2,
+    the two add, and |(E·S)_il| ≥ |e_ij|. Over k independent columns, max |E·S| ≥ max |E|
+    but for a chance of at most 2⁻ᵏ (1.5e-5 at k = 16). It is at most cols·max |E|, and the
+    projection adds float64 rounding of about cols·1e-16 relative, far below check's
+    tolerance for the reference (1e-9).
+
+    Only wide weights are projected (at least :attr:`FROM_COLUMNS` columns): for the small
+    ones, the whole product costs little more than the projection.
+    """
+
+    #: Columns of S.
+    COLUMNS = 16
+    #: Weights with fewer columns are kept whole.
+    FROM_COLUMNS = 128
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._signs: dict[int, np.ndarray] = {}
+
+    def applies(self, columns: int) -> bool:
+        return columns >= self.FROM_COLUMNS
+
+    def signs(self, columns: int) -> np.ndarray:
+        """S for a weight with this many columns (one S per width: every call and every
+        slice of one weight's gradient is projected the same way)."""
+        if columns not in self._signs:
+            rng = np.random.default_rng([self.seed, columns])
+            self._signs[columns] = rng.choice([-1.0, 1.0], size=(columns, self.COLUMNS))
+        return self._signs[columns]
+
+    def project(self, gradient: np.ndarray) -> np.ndarray:
+        """G·S for a wide 2-D gradient, G itself for any other."""
+        if gradient.ndim != 2 or not self.applies(gradient.shape[1]):
+            return gradient
+        return gradient @ self.signs(gradient.shape[1])
+
+
 class WeightSums:
     """A BPTT loop's weight gradients Σ_t a_tᵀ·b_t (x_tᵀ·d_z_t, h_{t−1}ᵀ·d_z_t), a block of
     steps at a time.
@@ -111,14 +156,16 @@ class WeightSums:
     sizes (256 units and more) those additions, which only move memory, cost more than the
     products. Here a block's a_t and b_t are stacked, and one product over the block's rows
     adds them all: the same sum, in another order of additions (float64 rounding only).
-    ``inputs``: whether the loop's caller reads ∂L/∂x_t.
+    ``inputs``: whether the loop's caller reads ∂L/∂x_t. ``sketch``: the sums of wide weights
+    are kept projected, Σ_t a_tᵀ·(b_t·S) (see :class:`Sketch`).
     """
 
     #: Steps per product: rows of BLOCK·batch.
     BLOCK = 32
 
-    def __init__(self, inputs: bool = True) -> None:
+    def __init__(self, inputs: bool = True, sketch: Sketch | None = None) -> None:
         self.inputs = inputs
+        self.sketch = sketch
         self._pending: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         self._totals: Params = {}
 
@@ -132,17 +179,24 @@ class WeightSums:
 
     def _flush(self, name: str) -> None:
         left, right = self._pending.pop(name)
-        block = np.concatenate(left).T @ np.concatenate(right)
+        stacked = np.concatenate(right)
+        if self.sketch is not None:
+            stacked = self.sketch.project(stacked)
+        block = np.concatenate(left).T @ stacked
         if name in self._totals:
             self._totals[name] += block
         else:
             self._totals[name] = block
 
     def add_into(self, total: Params) -> None:
-        """Everything summed so far, added into ``total``."""
+        """Everything summed so far, added into ``total`` (a projected sum replaces the
+        weight's entry by its projection first)."""
         for name in list(self._pending):
             self._flush(name)
-        _add_into(total, self._totals)
+        for name, value in self._totals.items():
+            if total[name].shape != value.shape and self.sketch is not None:
+                total[name] = self.sketch.project(total[name])
+            total[name] += value
         self._totals = {}
 
 
@@ -254,7 +308,8 @@ def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
 
 def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.ndarray,
          d_h_final: np.ndarray | None = None, totals: list[np.ndarray] | None = None,
-         inputs: bool = True) -> tuple[np.ndarray | None, np.ndarray, Params]:
+         inputs: bool = True, sketch: Sketch | None = None,
+         ) -> tuple[np.ndarray | None, np.ndarray, Params]:
     """Backpropagation through time for any cell with one state, given its step backward.
 
     d_h_seq (B, T, u) is ∂L/∂h_t arriving from above at every step: from the next layer, or
@@ -267,13 +322,14 @@ def bptt(step_backward: StepBackward, params: Params, cache: Cache, d_h_seq: np.
             d_W += d_W_t
 
     Returns d_x_seq (B, T, F) (None with ``inputs=False``), d_h0 = ∂L/∂h_0 (B, u), and the
-    weight gradients, summed a block of steps at a time (:class:`WeightSums`). ``totals``,
-    when given, is filled with every step's d_h, in time order.
+    weight gradients, summed a block of steps at a time (:class:`WeightSums`; with
+    ``sketch``, the wide ones projected). ``totals``, when given, is filled with every step's
+    d_h, in time order.
     """
     d_h_seq = _time_major(d_h_seq)  # from here on, d_h_seq[t] is step t's (B, u) slice
     d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape)) if inputs else None
     d_params = _zeros_like(params)
-    sums = WeightSums(inputs)
+    sums = WeightSums(inputs, sketch)
     d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
     for t in reversed(range(len(cache))):
         # h_t went up to the layer above AND on to step t+1: add the gradient carried back
@@ -557,13 +613,13 @@ def _lstm_functions(layout: str) -> tuple[Forward, Backward]:
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None,
-                 inputs: bool = True) -> tuple[np.ndarray | None, Any, Params]:
+                 totals: list[np.ndarray] | None = None, inputs: bool = True,
+                 sketch: Sketch | None = None) -> tuple[np.ndarray | None, Any, Params]:
         """BPTT with two carries: d_h_next and d_c_next both come back from t+1."""
         d_h_seq = _time_major(d_h_seq)
         d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape)) if inputs else None
         d_params = _zeros_like(params)
-        sums = WeightSums(inputs)
+        sums = WeightSums(inputs, sketch)
         d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
         d_c_next = np.zeros_like(d_h_seq[0]) if d_c_final is None else d_c_final
         for t in reversed(range(len(cache))):
@@ -592,11 +648,11 @@ def single_state(step: Callable[[Params, np.ndarray, np.ndarray], tuple[np.ndarr
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None,
-                 inputs: bool = True) -> tuple[np.ndarray | None, np.ndarray, Params]:
+                 totals: list[np.ndarray] | None = None, inputs: bool = True,
+                 sketch: Sketch | None = None) -> tuple[np.ndarray | None, np.ndarray, Params]:
         if d_c_final is not None:
             raise ValueError("d_c_final: this cell has no cell state c")
-        return bptt(step_backward, params, cache, d_h_seq, d_h_final, totals, inputs)
+        return bptt(step_backward, params, cache, d_h_seq, d_h_final, totals, inputs, sketch)
 
     return forward, backward
 

@@ -275,3 +275,41 @@ def test_the_numpy_reference_taken_in_slices_of_examples_is_the_same(fixture, re
 
     assert referenced(sliced).keys() == referenced(whole).keys() and referenced(whole)
     assert all(error < 1e-12 for error in referenced(sliced).values())
+
+
+def test_one_wrong_element_of_a_wide_gradient_is_caught_through_its_projection(tf,
+                                                                               monkeypatch):
+    """The mutant: the float64 tape's gradient of a wide recurrent kernel (4·32 = 128 columns:
+    the reference keeps it projected on random signs, :class:`gradscope.reference.Sketch`)
+    is wrong in one element, by 1e-6 of the largest. The finite differences cannot see that
+    (1e-5); the projected reference does, as it would unprojected."""
+    import keras
+    from keras import layers
+
+    from gradscope.keras.engine import KerasEngine
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((6, 3)), layers.LSTM(32, name="wide"),
+                              layers.Dense(2, name="head")])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((4, 6, 3)), rng.standard_normal((4, 2))
+    name = "wide/lstm_cell/recurrent_kernel"
+    honest = gradscope.check(model, x=x, y=y)
+    assert honest.summary.passed
+    assert "random signs" in _witness(honest, name, "numpy_reference").detail
+    assert _witness(honest, name, "numpy_reference").error < 1e-12
+    run = KerasEngine.run
+
+    def wrong_in_one_element(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = run(self, *args, **kwargs)
+        gradient = result.gradients[name]
+        gradient[7, 100] += 1e-6 * np.max(np.abs(gradient))
+        return result
+
+    monkeypatch.setattr(KerasEngine, "run", wrong_in_one_element)
+    report = gradscope.check(model, x=x, y=y)
+    assert not report.summary.passed and report.summary.failed_tensors == [name]
+    assert _witness(report, name, "finite_differences").passed
+    caught = _witness(report, name, "numpy_reference")
+    assert not caught.passed and caught.error >= 1e-6 * (1 - 1e-9)

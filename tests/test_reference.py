@@ -270,3 +270,62 @@ def test_weights_summed_a_block_of_steps_at_a_time_are_the_step_by_step_sums(key
     for mine, other in zip(initial, again, strict=True):
         np.testing.assert_array_equal(mine, other)
     np.testing.assert_allclose(initial[0], d_h_next, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("key", ["lstm_keras", "gru_keras", "simple_rnn_keras"])
+def test_a_sketched_backward_gives_the_wide_gradients_times_the_signs(key):
+    """With ``sketch=``, a weight gradient summed as products with at least
+    :attr:`Sketch.FROM_COLUMNS` columns comes back as G·S (S: the sketch's random signs for
+    that width), the bias whole, and the initial-state gradients are untouched."""
+    rng = np.random.default_rng(7)
+    blocks = {"lstm_keras": 4, "gru_keras": 3, "simple_rnn_keras": 1}[key]
+    units = -(-reference.Sketch.FROM_COLUMNS // blocks)  # the narrowest wide layer
+    batch, features, steps = 3, 5, reference.WeightSums.BLOCK + 3
+    params = {"kernel": 0.2 * rng.normal(size=(features, blocks * units)),
+              "recurrent_kernel": 0.2 * rng.normal(size=(units, blocks * units)),
+              "bias": 0.2 * rng.normal(size=(2, blocks * units) if key == "gru_keras"
+                                       else blocks * units)}
+    forward, backward = reference.RECURRENT[key]
+    states = [rng.normal(size=(batch, units)) for _ in range(2 if key == "lstm_keras" else 1)]
+    _, cache = forward(params, rng.normal(size=(batch, steps, features)), *states)
+    d_h_seq = rng.normal(size=(batch, steps, units))
+    sketch = reference.Sketch(seed=3)
+    _, d_initial, whole = backward(params, cache, d_h_seq, inputs=False)
+    _, d_initial_sketched, sketched = backward(params, cache, d_h_seq, inputs=False,
+                                               sketch=sketch)
+    for name, gradient in whole.items():
+        if name != "bias":  # the bias's gradient is a sum over the batch, not a product
+            signs = sketch.signs(gradient.shape[1])
+            assert set(np.unique(signs)) == {-1.0, 1.0}
+            assert sketched[name].shape == (gradient.shape[0], reference.Sketch.COLUMNS)
+            expected = gradient @ signs  # sums of 128 and more terms: rounding at their scale
+            np.testing.assert_allclose(sketched[name], expected, rtol=1e-12,
+                                       atol=1e-12 * np.max(np.abs(expected)))
+        else:
+            np.testing.assert_allclose(sketched[name], gradient, rtol=1e-12, atol=1e-12)
+    assert {n for n, g in whole.items() if g.shape != sketched[n].shape} == {
+        "kernel", "recurrent_kernel"}
+    for mine, other in zip(np.atleast_1d(d_initial), np.atleast_1d(d_initial_sketched),
+                           strict=True):
+        np.testing.assert_array_equal(mine, other)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_projected_difference_is_never_below_the_largest_element_of_it(seed):
+    """The guarantee :class:`reference.Sketch` rests on: max |E·S| ≥ max |E| but for a chance
+    of 2⁻¹⁶ per matrix, for any difference E: one wrong element alone (always: it is ±e in
+    every column), a wrong row, or rounding-sized noise everywhere with one larger error."""
+    rng = np.random.default_rng(seed)
+    sketch = reference.Sketch(seed=seed)
+    rows, columns = 24, reference.Sketch.FROM_COLUMNS + seed
+    one = np.zeros((rows, columns))
+    one[rng.integers(rows), rng.integers(columns)] = rng.normal()
+    row = np.zeros((rows, columns))
+    row[rng.integers(rows)] = rng.normal(size=columns)
+    noisy = 1e-3 * rng.normal(size=(rows, columns))
+    noisy[rng.integers(rows), rng.integers(columns)] += 1.0
+    for difference in (one, row, noisy, rng.normal(size=(rows, columns))):
+        projected = sketch.project(difference)
+        assert np.max(np.abs(projected)) >= np.max(np.abs(difference))
+        assert np.max(np.abs(projected)) <= columns * np.max(np.abs(difference))
+    np.testing.assert_array_equal(np.max(np.abs(sketch.project(one))), np.max(np.abs(one)))

@@ -54,7 +54,7 @@ from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
-from gradscope.reference import RECURRENT, cell_key
+from gradscope.reference import RECURRENT, Sketch, cell_key
 from gradscope.report.models import (
     CheckedTensor,
     CheckSummary,
@@ -124,7 +124,7 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     say("finite differences, and the NumPy reference for the recurrent layers beside them")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool:
         reference = pool.submit(clock.timed, "numpy_reference", lambda: _numpy_reference(
-            engine, autodiff, weights, ref_rtol, referenced))
+            engine, autodiff, weights, ref_rtol, referenced, Sketch(job.seed)))
         _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol,
                             atol, job.seed, results, shapes, _masked_inputs(job, inputs),
                             weights, engine.weight_tensors(job.batch.sample_weight))
@@ -531,15 +531,17 @@ def _restricted(probes: list[Probe], keep: np.ndarray) -> list[Probe]:
 
 def _numpy_reference(engine: KerasEngine, autodiff: KerasPass,
                      weights: dict[str, np.ndarray], rtol: float,
-                     results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
+                     results: dict[str, list[WitnessEntry]],
+                     sketch: Sketch | None = None) -> list[NotWitnessed]:
     """BPTT in NumPy for every GRU, LSTM and SimpleRNN call, and for each direction of a
     Bidirectional one, fed the call's captured input and initial states and the gradients the
     tape gives its outputs (split between the directions as the merge mode joined them). The
     layer's regularization penalties are added (the tape's gradients are those of the whole
-    loss). A weight is compared once every call of its layer was witnessed. Returns what it
-    could not witness, and why."""
+    loss). A weight is compared once every call of its layer was witnessed; with ``sketch``,
+    a wide one projected (:class:`~gradscope.reference.Sketch`). Returns what it could not
+    witness, and why."""
     with blas_beside_tensorflow():
-        return _reference(engine, autodiff, weights, rtol, results)
+        return _reference(engine, autodiff, weights, rtol, results, sketch)
 
 
 @dataclass
@@ -557,7 +559,8 @@ REFERENCE_EXAMPLES = 32
 
 
 def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.ndarray],
-               rtol: float, results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
+               rtol: float, results: dict[str, list[WitnessEntry]],
+               sketch: Sketch | None) -> list[NotWitnessed]:
     missing: list[NotWitnessed] = []
     incomplete: set[str] = set()  # layers with a call not witnessed
     skipped: set[str] = set()  # call labels not witnessed
@@ -576,7 +579,7 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
         if recurrent.label in skipped:
             continue
         reason = _reference_call(engine, autodiff, calls[recurrent.label], recurrent, totals,
-                                 owners, states, upstream)
+                                 owners, states, upstream, sketch)
         if reason:
             missing.append(NotWitnessed(layer=recurrent.label, witness="numpy_reference",
                                         reason=reason))
@@ -596,14 +599,19 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
             continue
         penalty = penalty_gradient(getattr(variables[path], "regularizer", None),
                                    np.asarray(weights[path], np.float64))
-        _compare(results, path, total + penalty, tape, rtol)
+        if sketch is not None and total.shape != tape.shape:
+            _compare(results, path, total + sketch.project(penalty), sketch.project(tape),
+                     rtol, scale=tape, projected=sketch.COLUMNS)
+        else:
+            _compare(results, path, total + penalty, tape, rtol)
     return missing
 
 
 def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCall,
                     recurrent: RecurrentCall, totals: dict[str, np.ndarray],
                     owners: dict[str, str], states: dict[str, _StateRows],
-                    upstream: dict[str, list[np.ndarray]]) -> str | None:
+                    upstream: dict[str, list[np.ndarray]],
+                    sketch: Sketch | None = None) -> str | None:
     """One recurrent call's BPTT, for the examples ``recurrent.rows`` of ``whole``: its
     weight gradients added to ``totals``, its initial-state gradients and the tape's for the
     same examples added to ``states``. ``upstream`` keeps the call's gradients from above,
@@ -632,7 +640,7 @@ def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCal
         _, backward = RECURRENT[cell_key(unit.cell)]
         # Each call's gradient from above comes from the tape: ∂L/∂x_t is not needed.
         _, d_states, d_params = backward(unit.params, unit.cache, d_seq, d_h_final,
-                                         d_c_final=d_c_final, inputs=False)
+                                         d_c_final=d_c_final, inputs=False, sketch=sketch)
         for variable in sub.weights:
             short = variable.path.split("/")[-1]
             totals[variable.path] = totals.get(variable.path, 0) + d_params[short]
@@ -665,9 +673,17 @@ def _penalty_without_numpy_form(layer: Any, subs: list[Any]) -> str | None:
 
 
 def _compare(results: dict[str, list[WitnessEntry]], name: str, reference: np.ndarray,
-             tape: np.ndarray, rtol: float) -> None:
-    scale = max(float(np.max(np.abs(tape))), 1e-300)
-    error = float(np.max(np.abs(reference - tape))) / scale
+             tape: np.ndarray, rtol: float, scale: np.ndarray | None = None,
+             projected: int = 0) -> None:
+    """max |reference − tape| / max |tape|; ``projected``: both are the gradient times the
+    same random signs, this many columns (``scale``: the tape's gradient itself)."""
+    whole = tape if scale is None else scale
+    error = float(np.max(np.abs(reference - tape))) / max(float(np.max(np.abs(whole))), 1e-300)
+    detail = f"max |reference − tape| / max |tape| over {whole.size} elements"
+    if projected:
+        detail = (f"max |(reference − tape)·S| / max |tape|, S: {whole.shape[-1]}×{projected} "
+                  "random signs (never below the unprojected error but for a chance of "
+                  f"2^-{projected})")
     results.setdefault(name, []).append(WitnessEntry(
         witness="numpy_reference", error=error, tolerance=rtol, passed=error <= rtol,
-        detail=f"max |reference − tape| / max |tape| over {tape.size} elements"))
+        detail=detail))

@@ -31,6 +31,7 @@ from gradscope.reference import (
     Backward,
     Cache,
     Params,
+    Sketch,
     StepCache,
     TanhPrime,
     cell_key,
@@ -128,15 +129,16 @@ def _keep(variant: Variant, t: int, steps: int) -> bool:
 def variant_backward(cell: Cell, variant: Variant) -> Backward:
     """The BPTT of ``cell`` with ``variant``'s mistake, with the reference's signature. One
     loop over time for every cell; a step differs only in what it carries back (an LSTM also
-    carries ∂L/∂c). It always gives ∂L/∂x_t (``inputs`` is taken for the signature only)."""
+    carries ∂L/∂c). It always gives ∂L/∂x_t and whole weight gradients (``inputs`` and
+    ``sketch`` are taken for the signature only)."""
     tanh = variant.tanh_prime or tanh_derivative
     lstm = cell.kind == "lstm"
     step_back = _lstm_step(cell.layout, variant, tanh) if lstm else _step(cell, variant, tanh)
 
     def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
-                 totals: list[np.ndarray] | None = None,
-                 inputs: bool = True) -> tuple[np.ndarray | None, Any, Params]:
+                 totals: list[np.ndarray] | None = None, inputs: bool = True,
+                 sketch: Sketch | None = None) -> tuple[np.ndarray | None, Any, Params]:
         steps = len(cache)
         d_h_seq = np.swapaxes(d_h_seq, 0, 1)
         d_x = np.zeros((steps, *cache[0]["x"].shape))
