@@ -75,10 +75,10 @@ class StepBackward(Protocol):
 
 
 def sigmoid(a: np.ndarray) -> np.ndarray:
-    """σ(a) = 1 / (1 + e^(−a)). Below a ≈ −709, e^(−a) overflows to ∞ and σ is 0, as it is
-    to float64 there; above, every step is accurate to an ulp or two, e^(−a) small or large.
-    (One pass of exp over the gates: at user sizes the gates' elementwise work weighs as much
-    as a step's products.)"""
+    """σ(a) = 1 / (1 + e^(−a)), accurate to an ulp or two whether e^(−a) is small or large.
+    Below a ≈ −709.8, e^(−a) overflows to ∞ and σ comes out 0, where its true value is under
+    the smallest normal float64 (1e-308). One pass of exp over the gates: at user sizes their
+    elementwise work weighs as much as a step's products."""
     with np.errstate(over="ignore"):
         s = np.exp(-a)
     s += 1.0
@@ -110,11 +110,12 @@ class Sketch:
     costs a product with k columns per block of steps instead of one with cols columns.
 
     It loses no power against comparing G itself. Take the element where the reference and
-    the tape differ most, e_ij in the difference E. For any column of S, Σ_m e_im·s_ml is
-    ±e_ij plus the rest of the row, a sum whose sign is independent of s_jl: with chance 1/2,
-    the two add, and |(E·S)_il| ≥ |e_ij|. Over k independent columns, max |E·S| ≥ max |E|
-    but for a chance of at most 2⁻ᵏ (1.5e-5 at k = 16). It is at most cols·max |E|, and the
-    projection adds float64 rounding of about cols·1e-16 relative, far below check's
+    the tape differ most, e_ij of the difference E. In any column l of S, (E·S)_il is
+    e_ij·s_jl plus the rest of row i, Σ_{m≠j} e_im·s_ml, which does not depend on s_jl:
+    whatever the rest is, one of the two signs of s_jl makes the two add, so |(E·S)_il| ≥
+    |e_ij| with chance at least 1/2. Over k independent columns, max |E·S| ≥ max |E| but for
+    a chance of at most 2⁻ᵏ (1.5e-5 at k = 16). It is at most cols·max |E|, and the
+    projection adds float64 rounding of about cols·1e-16 of max |G|, far below check's
     tolerance for the reference (1e-9).
 
     Only wide weights are projected (at least :attr:`FROM_COLUMNS` columns): for the small
