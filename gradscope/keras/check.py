@@ -532,13 +532,13 @@ def _restricted(probes: list[Probe], keep: np.ndarray) -> list[Probe]:
 def _numpy_reference(engine: KerasEngine, autodiff: KerasPass,
                      weights: dict[str, np.ndarray], rtol: float,
                      results: dict[str, list[WitnessEntry]],
-                     sketch: Sketch | None = None) -> list[NotWitnessed]:
+                     sketch: Sketch) -> list[NotWitnessed]:
     """BPTT in NumPy for every GRU, LSTM and SimpleRNN call, and for each direction of a
     Bidirectional one, fed the call's captured input and initial states and the gradients the
     tape gives its outputs (split between the directions as the merge mode joined them). The
     layer's regularization penalties are added (the tape's gradients are those of the whole
-    loss). A weight is compared once every call of its layer was witnessed; with ``sketch``,
-    a wide one projected (:class:`~gradscope.reference.Sketch`). Returns what it could not
+    loss). A weight is compared once every call of its layer was witnessed, a wide one
+    projected by ``sketch`` (:class:`~gradscope.reference.Sketch`). Returns what it could not
     witness, and why."""
     with blas_beside_tensorflow():
         return _reference(engine, autodiff, weights, rtol, results, sketch)
@@ -560,7 +560,7 @@ REFERENCE_EXAMPLES = 32
 
 def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.ndarray],
                rtol: float, results: dict[str, list[WitnessEntry]],
-               sketch: Sketch | None) -> list[NotWitnessed]:
+               sketch: Sketch) -> list[NotWitnessed]:
     missing: list[NotWitnessed] = []
     incomplete: set[str] = set()  # layers with a call not witnessed
     skipped: set[str] = set()  # call labels not witnessed
@@ -599,9 +599,9 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
             continue
         penalty = penalty_gradient(getattr(variables[path], "regularizer", None),
                                    np.asarray(weights[path], np.float64))
-        if sketch is not None and total.shape != tape.shape:
+        if total.shape != tape.shape:  # the reference kept it projected
             _compare(results, path, total + sketch.project(penalty), sketch.project(tape),
-                     rtol, scale=tape, projected=sketch.COLUMNS)
+                     rtol, unprojected=tape)
         else:
             _compare(results, path, total + penalty, tape, rtol)
     return missing
@@ -610,8 +610,7 @@ def _reference(engine: KerasEngine, autodiff: KerasPass, weights: dict[str, np.n
 def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCall,
                     recurrent: RecurrentCall, totals: dict[str, np.ndarray],
                     owners: dict[str, str], states: dict[str, _StateRows],
-                    upstream: dict[str, list[np.ndarray]],
-                    sketch: Sketch | None = None) -> str | None:
+                    upstream: dict[str, list[np.ndarray]], sketch: Sketch) -> str | None:
     """One recurrent call's BPTT, for the examples ``recurrent.rows`` of ``whole``: its
     weight gradients added to ``totals``, its initial-state gradients and the tape's for the
     same examples added to ``states``. ``upstream`` keeps the call's gradients from above,
@@ -673,17 +672,17 @@ def _penalty_without_numpy_form(layer: Any, subs: list[Any]) -> str | None:
 
 
 def _compare(results: dict[str, list[WitnessEntry]], name: str, reference: np.ndarray,
-             tape: np.ndarray, rtol: float, scale: np.ndarray | None = None,
-             projected: int = 0) -> None:
-    """max |reference − tape| / max |tape|; ``projected``: both are the gradient times the
-    same random signs, this many columns (``scale``: the tape's gradient itself)."""
-    whole = tape if scale is None else scale
+             tape: np.ndarray, rtol: float, unprojected: np.ndarray | None = None) -> None:
+    """max |reference − tape| / max |tape|. ``unprojected``: the tape's gradient itself, where
+    ``reference`` and ``tape`` are both it times the same random signs (its max is the scale)."""
+    whole = tape if unprojected is None else unprojected
     error = float(np.max(np.abs(reference - tape))) / max(float(np.max(np.abs(whole))), 1e-300)
     detail = f"max |reference − tape| / max |tape| over {whole.size} elements"
-    if projected:
-        detail = (f"max |(reference − tape)·S| / max |tape|, S: {whole.shape[-1]}×{projected} "
+    if unprojected is not None:
+        columns = tape.shape[-1]
+        detail = (f"max |(reference − tape)·S| / max |tape|, S: {whole.shape[-1]}×{columns} "
                   "random signs (never below the unprojected error but for a chance of "
-                  f"2^-{projected})")
+                  f"2^-{columns})")
     results.setdefault(name, []).append(WitnessEntry(
         witness="numpy_reference", error=error, tolerance=rtol, passed=error <= rtol,
         detail=detail))
