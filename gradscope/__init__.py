@@ -278,7 +278,7 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
           atol: float | None = None, equations: bool = False,
           max_memory: int | str | None = None, timings: bool = False,
           progress: Callable[[str], None] | None = None, params: Any = None,
-          after_autodiff: Callable[[Any], None] | None = None,
+          after_autodiff: Callable[[Any], None] | None = None, examples: int | str | None = None,
           **keras_options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
     """Verify every gradient with independent witnesses (see ``gradscope check --help``).
 
@@ -301,7 +301,10 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
 
     ``spec`` may be a Keras model, a ``model.keras`` path or the model object, with ``x``,
     ``y`` and the options of :func:`explain`: finite differences and the NumPy reference on a
-    float64 copy of the model with the same weights. (``after_autodiff(model)`` runs on that
+    float64 copy of the model with the same weights, on at most ``examples`` examples of the
+    batch (default 32: a mask's shortest and longest, the smallest and largest sample weight,
+    the rest drawn with the seed; ``"all"``: every one; ``report.examples`` names them; a model
+    whose Input fixes the batch size is checked whole). (``after_autodiff(model)`` runs on that
     copy between the tape and the witnesses: this project's tests change it there, to see the
     witnesses fail.)
     """
@@ -312,20 +315,27 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     preflight.check_layer_options(against, layer, time_last,
                                   {"chunks": chunks, "atol": atol, "equations": equations})
     preflight.check_witness_options(directions, rtol, atol)
+    from gradscope.keras.checked_examples import examples_option
+
+    most = examples_option(examples)
     limit = _limit(max_memory)
     data = _data_files(data)
     if _is_keras(spec):
         preflight.refuse_yaml_options({"weights": weights, "chunks": chunks, "against": against,
                                        "layer": layer, "time_last": time_last,
                                        "equations": equations, "params": params}, "check")
-        from gradscope.keras.check import check as _check_keras
+        from gradscope.keras.checked_examples import choose
         from gradscope.keras.memory import guard as keras_guard
+
         job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
-        keras_guard(job, "check", limit)
+        keras_guard(job, "check", limit, examples=choose(job, most).count)
+        from gradscope.keras.check import check as _check_keras
+
         return _drawn(_check_keras(job, directions=directions, rtol=rtol, atol=atol,
                                    progress=progress, timings=timings,
-                                   after_autodiff=after_autodiff))
-    spec, batch = _yaml_job(spec, data, weights, x, y, sample_weight, keras_options, "check")
+                                   after_autodiff=after_autodiff, examples=most))
+    spec, batch = _yaml_job(spec, data, weights, x, y, sample_weight,
+                            {**keras_options, "examples": examples}, "check")
     check_time_steps(spec.time_steps, chunks=chunks)
     if layer is not None:
         preflight.check_layer_name(spec, layer)
@@ -353,12 +363,14 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
 
 def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None, *,
                     x: Any = None, y: Any = None, across_time: bool = False,
-                    chunks: int | None = None, **keras_options: Any) -> dict[str, int]:
+                    chunks: int | None = None, examples: int | str | None = None,
+                    **keras_options: Any) -> dict[str, int]:
     """What ``command`` ("explain" or "check") is estimated to hold at its peak, in bytes by
     term; their sum is what ``max_memory`` (``--max-memory``) is held against. ``spec`` and
     its batch as :func:`explain` takes them: a YAML spec (``across_time``: with ``flow`` or
-    ``jacobians``; ``chunks`` as for explain) or a Keras model with its batch options. Nothing
-    is run, and no TensorFlow is imported for a YAML spec or a saved file."""
+    ``jacobians``; ``chunks`` as for explain) or a Keras model with its batch options (for
+    check, ``examples`` as :func:`check` takes it). Nothing is run, and no TensorFlow is
+    imported for a YAML spec or a saved file."""
     if command not in ("explain", "check"):
         from gradscope.errors import ConfigError
 
@@ -366,12 +378,17 @@ def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None
                           where="command")
     data = _data_files(data)
     if _is_keras(spec):
+        from gradscope.keras.checked_examples import choose, examples_option
         from gradscope.keras.memory import estimate as keras_estimate
 
-        return keras_estimate(_keras_job(spec, _keras_data(data), x, y, keras_options), command)
+        most = examples_option(examples)
+        job = _keras_job(spec, _keras_data(data), x, y, keras_options)
+        return keras_estimate(job, command,
+                              choose(job, most).count if command == "check" else None)
     from gradscope.yaml.memory import estimate as yaml_estimate
 
-    spec, _ = _yaml_job(spec, data, None, x, y, None, keras_options, command)
+    spec, _ = _yaml_job(spec, data, None, x, y, None, {**keras_options, "examples": examples},
+                        command)
     return yaml_estimate(spec, command, across_time=across_time, chunks=chunks)
 
 

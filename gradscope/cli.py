@@ -408,6 +408,11 @@ finite differences.
               help="Relative tolerance for every float64 witness.")
 @click.option("--atol", type=click.FloatRange(min=0), metavar="A",
               help="Absolute allowance added to the finite-difference comparison.")
+@click.option("--examples", metavar="N|all",
+              help="For a .keras model: check at most N examples of the batch (default 32): "
+                   "each masked input's shortest and longest, the smallest and largest sample "
+                   "weight, the rest drawn with the seed; the report names them. 'all' checks "
+                   "every example.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.xml",
               help="Also write the result as JUnit XML (one test case per tensor, named by "
                    "layer and weight; a failure carries the diagnosis), for CI dashboards. "
@@ -425,10 +430,10 @@ finite differences.
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def check(config: str | None, against: str | None, layer: str | None, time_last: bool,
           chunks: int | None, directions: int,
-          rtol: float | None, atol: float | None, junit: Path | None, equations: bool,
-          data_files: DataFiles, weights: str | None, keras_run: dict[str, Any],
-          max_memory: str | None, as_json: bool, output: Path | None, force: bool,
-          quiet: bool, timings: bool,
+          rtol: float | None, atol: float | None, examples: str | None, junit: Path | None,
+          equations: bool, data_files: DataFiles, weights: str | None,
+          keras_run: dict[str, Any], max_memory: str | None, as_json: bool,
+          output: Path | None, force: bool, quiet: bool, timings: bool,
           user_code: tuple[tuple[str, ...], bool]) -> int:
     """Verify every gradient of CONFIG's model with independent witnesses.
 
@@ -460,7 +465,8 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
         report = gradscope.check(source, against=against, chunks=chunks, data=data_files,
                                  layer=layer, time_last=time_last, weights=weights,
                                  directions=directions, rtol=rtol, atol=atol,
-                                 equations=equations, max_memory=max_memory, timings=timings,
+                                 examples=examples, equations=equations,
+                                 max_memory=max_memory, timings=timings,
                                  progress=status.update, **keras_run)
     if junit is not None:
         from gradscope.report.junit import junit_xml

@@ -121,6 +121,7 @@ _KERAS_ONLY = {
     "batch_size": "set batch_size and time_steps in the YAML config",
     "time_steps": "set batch_size and time_steps in the YAML config",
     "seed": "a YAML config sets its seed",
+    "examples": "a YAML config's batch is checked whole (set batch_size in it)",
 }
 
 

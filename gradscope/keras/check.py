@@ -21,6 +21,9 @@ witnesses, on a float64 copy of the model with the same weights.
   differences, one call at a time.
 - A probe that straddles a kink (relu or a clip at its corner) is taken again at a smaller
   step and, where the one-sided slopes stay apart, left out and said to be at a kink.
+
+On a batch of more than ``examples`` (default 32), the tape and every witness run on that many
+of its examples, chosen by :mod:`~gradscope.keras.checked_examples`; the report names them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from gradscope.errors import DataError, InternalError
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras.cell_steps import not_run, your_cells
 from gradscope.keras.cell_steps import witness as cell_steps_witness
+from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
 from gradscope.keras.data import check_targets, synthetic_targets
 from gradscope.keras.engine import (
     CapturedCall,
@@ -56,6 +60,7 @@ from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsup
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
 from gradscope.report.models import (
+    CheckedExamples,
     CheckedTensor,
     CheckSummary,
     KerasCheckReport,
@@ -77,31 +82,34 @@ Progress = Callable[[str], None]
 
 def check(job: KerasJob, directions: int | None = None, rtol: float | None = None,
           atol: float | None = None, progress: Progress | None = None, timings: bool = False,
-          after_autodiff: Callable[[Any], None] | None = None) -> KerasCheckReport:
-    """``directions``: the finite differences' random directions, joint and then per tensor
+          after_autodiff: Callable[[Any], None] | None = None,
+          examples: int | None = DEFAULT_EXAMPLES) -> KerasCheckReport:
+    """``examples``: at most this many examples of the batch, chosen as
+    :mod:`~gradscope.keras.checked_examples` says (None: every one). ``directions``: the finite differences' random directions, joint and then per tensor
     (None: :data:`JOINT_DIRECTIONS` and :data:`PER_TENSOR_DIRECTIONS`).
     ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
     the float64 copy: a check that cannot fail is a defect)."""
     say = progress or (lambda message: None)
     clock = Clock()
+    chosen = choose(job, examples)
     say("importing TensorFlow, loading the model and its float64 copy")
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed,
                          dtype="float64")
-    inputs = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
-              for name, value in job.batch.inputs.items()}
     targets = job.batch.targets
-    if targets is None:
-        targets = synthetic_targets(job.plan, engine.output_shapes(inputs), job.seed)
+    if targets is None:  # drawn for the whole batch: the examples keep the targets explain uses
+        targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
     else:
-        check_targets(job.plan, targets, engine.output_shapes(inputs))
-    targets = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
-               for name, value in targets.items()}
+        check_targets(job.plan, targets, engine.output_shapes(job.batch.inputs))
+    inputs, targets = ({name: value.astype(np.float64) if value.dtype.kind == "f" else value
+                        for name, value in take(arrays, chosen.indices, job.batch_size).items()}
+                       for arrays in (job.batch.inputs, targets))
+    sample_weight = take(job.batch.sample_weight, chosen.indices, job.batch_size)
     clock.lap("load")
     model = engine.model
     frozen = moved_state(model)
     say("TF autodiff on the float64 copy")
     autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
-                          sample_weight=job.batch.sample_weight)
+                          sample_weight=sample_weight)
     restore(frozen)
     if not np.isfinite(autodiff.loss):
         raise DataError(f"{engine.path}: the loss is not finite ({autodiff.loss}) in Keras' own "
@@ -127,7 +135,7 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
             engine, autodiff, weights, ref_rtol, referenced, Sketch(job.seed)))
         _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol,
                             atol, job.seed, results, shapes, _masked_inputs(job, inputs),
-                            weights, engine.weight_tensors(job.batch.sample_weight))
+                            weights, engine.weight_tensors(sample_weight))
         clock.lap("finite_differences")
         not_witnessed = reference.result()
     clock.lap("numpy_reference_wait")
@@ -151,6 +159,8 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
                             "own_backward"].index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
+        examples=CheckedExamples(checked=chosen.count, of=chosen.of, indices=chosen.indices,
+                                 picked=chosen.picked, whole_because=chosen.whole_because),
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol,
                     **{w: fd_rtol for w in ("cell_steps", "own_backward") if w in witnesses}},
         tensors=tensors, not_witnessed=not_witnessed,

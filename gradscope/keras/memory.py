@@ -45,10 +45,11 @@ def recurrent_units(node: Any) -> list[tuple[str, int]]:
     return []
 
 
-def estimate(job: Any, command: str) -> dict[str, int]:
+def estimate(job: Any, command: str, examples: int | None = None) -> dict[str, int]:
     """Bytes by term for ``command`` ("explain" or "check") on ``job``, a Keras model read and
-    given its batch; the sum is the estimated peak resident memory of the whole process."""
-    batch = job.batch_size
+    given its batch; the sum is the estimated peak resident memory of the whole process.
+    ``examples``: how many of the batch's examples check runs on (default: every one)."""
+    batch = job.batch_size if examples is None else examples
     steps = max((int(v.shape[1]) for v in job.batch.inputs.values() if v.ndim >= 2),
                 default=1)
     weights, activations, loops = 0, 0, []
@@ -76,6 +77,7 @@ def estimate(job: Any, command: str) -> dict[str, int]:
     }
 
 
-def guard(job: Any, command: str, limit: int | None = None) -> None:
+def guard(job: Any, command: str, limit: int | None = None,
+          examples: int | None = None) -> None:
     """Raise ConfigError (exit 2) when the estimate is over ``limit`` (default: RAM / 4)."""
-    refuse_over(estimate(job, command), limit, command)
+    refuse_over(estimate(job, command, examples), limit, command)

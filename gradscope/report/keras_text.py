@@ -307,9 +307,38 @@ NO_DERIVATION_SHAPES = ("no derivation for these layer types; their weights are 
                         "the shapes the model stores")
 
 
+def examples_lines(report: KerasCheckReport) -> list[RenderableType]:
+    """Which examples were checked, where not every one of the batch was (or why a batch over
+    the limit was checked whole)."""
+    examples = report.examples
+    if examples is None:
+        return []
+    if examples.whole_because:
+        return [Text(f"all {examples.of} examples checked: {examples.whole_because}",
+                     style="dim")]
+    if examples.indices is None:
+        return []
+    drawn = examples.checked - len(examples.picked)
+    chosen = [*examples.picked, *([f"{drawn} drawn with the seed"] if drawn else [])]
+    return [Text(f"checked on {examples.checked} of the {examples.of} examples "
+                 f"(--examples all for every one): {'; '.join(chosen)}", style="dim"),
+            Text(f"examples {_ranges(examples.indices)}", style="dim")]
+
+
+def _ranges(indices: list[int]) -> str:
+    """0-3, 7, 9-10: sorted indices, runs joined."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:
     summary = report.summary
-    parts: list[RenderableType] = [*header(report, "check")]
+    parts: list[RenderableType] = [*header(report, "check"), *examples_lines(report)]
     parts += [
         Text("a float64 copy of the model with the same weights; every witness compares with "
              f"TF autodiff on it; relative tolerances: {tolerances_text(report)}", style="dim"),

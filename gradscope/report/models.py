@@ -640,12 +640,30 @@ class NotWitnessed(_Report):
     reason: str
 
 
+class CheckedExamples(_Report):
+    """The examples of the batch that check ran on (see ``--examples``)."""
+
+    checked: int = Field(description="examples checked; the tape, the witnesses and the loss "
+                                     "are those of a batch of these")
+    of: int = Field(description="examples in the batch")
+    indices: list[int] | None = Field(
+        default=None, description="which ones (from 0, in the batch's order); null: every one")
+    picked: list[str] = Field(
+        default_factory=list, description="the examples picked rather than drawn with the "
+                                          "seed, and why (a mask's fewest and most kept steps, "
+                                          "the smallest and largest sample weight)")
+    whole_because: str | None = Field(
+        default=None, description="why a batch over the limit was checked whole")
+
+
 class KerasCheckReport(_Displayed):
     schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
     source: Literal["keras"] = "keras"
     model: KerasModelEntry
     loss: KerasLossEntry
+    examples: CheckedExamples | None = Field(
+        default=None, description="the examples of the batch that were checked")
     tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
     tensors: list[CheckedTensor] = Field(description="Keras variable paths, 'input NAME', "
                                                      "initial states 'LAYER/h0', and 'layer "

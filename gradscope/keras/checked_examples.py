@@ -1,0 +1,138 @@
+"""Which examples of the batch ``check`` verifies a Keras model's gradients on.
+
+check's cost is float64 work over the examples: its tape, the finite differences' forward
+passes of the whole model and the NumPy reference are each linear in them. On a large batch
+that is many times the user's own float32 tape (4.2× at batch 256, 1000 steps), and none of
+it says more about how the gradient is computed: every example goes through the same
+arithmetic. What tells one example from another is its data: how many steps a mask keeps,
+and its sample weight. So by default check takes at most :data:`DEFAULT_EXAMPLES` examples:
+
+- for every masked input (a ``Masking`` layer's, or an ``Embedding`` with ``mask_zero``), the
+  example with the fewest kept steps and the one with the most;
+- for every sample weight, the example of the smallest total weight and of the largest;
+- the rest drawn with the seed; all of them in the batch's order.
+
+The tape, every witness and the loss are then those of that sub-batch, as Keras computes them
+for a batch of those examples (a mean over them): the report names the examples, and
+``--examples all`` checks every one. A model whose Input fixes the batch size (a stateful
+layer's state has one row per example) is checked whole. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import ConfigError, flag, given
+
+#: At most this many examples, unless asked (``--examples N`` or ``all``): the default batch
+#: of a synthetic one, so that a default run checks its whole batch.
+DEFAULT_EXAMPLES = 32
+
+#: What ``examples=`` takes for every example.
+ALL = "all"
+
+
+def examples_option(value: Any) -> int | None:
+    """``examples`` as given (None, a whole number ≥ 1, "all" or its digits as text): the most
+    examples to check, None for every one. Anything else is a ConfigError naming the option."""
+    if value is None:
+        return DEFAULT_EXAMPLES
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == ALL:
+            return None
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigError(f"{given('examples', value)}: expected a whole number of examples "
+                          f"(1 or more) or '{ALL}'", where=flag("examples"))
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The examples check runs on: ``indices`` (None: every one) of ``of``, and why the ones
+    that were picked rather than drawn are in."""
+
+    of: int
+    indices: list[int] | None = None
+    picked: list[str] = field(default_factory=list)
+    whole_because: str | None = None  # why a batch over the limit is checked whole
+
+    @property
+    def count(self) -> int:
+        return self.of if self.indices is None else len(self.indices)
+
+
+def choose(job: Any, examples: int | None) -> Chosen:
+    """At most ``examples`` examples of ``job``'s batch (None: all), as the module says."""
+    size = int(job.batch_size)
+    if examples is None or size <= examples:
+        return Chosen(of=size)
+    if any(spec.shape and spec.shape[0] is not None for spec in job.inputs):
+        return Chosen(of=size, whole_because="the model's Input fixes the batch size (a "
+                      "stateful layer keeps a state per example)")
+    wanted: list[tuple[int, str]] = []  # where the examples differ at all
+    for name, kept in _kept_steps(job).items():
+        if kept.min() < kept.max():
+            wanted += [(int(np.argmin(kept)), f"the fewest kept steps of {name}"),
+                       (int(np.argmax(kept)), f"the most kept steps of {name}")]
+    for name, total in _total_weights(job.batch.sample_weight, size).items():
+        if total.min() < total.max():
+            wanted += [(int(np.argmin(total)), f"the smallest {name}"),
+                       (int(np.argmax(total)), f"the largest {name}")]
+    chosen: list[int] = []
+    picked: list[str] = []
+    for index, why in wanted:
+        if len(chosen) < examples and index not in chosen:
+            chosen.append(index)
+            picked.append(f"{index} ({why})")
+    rest = np.setdiff1d(np.arange(size), chosen)
+    rng = np.random.default_rng([job.seed, 4])
+    drawn = rng.choice(rest, size=examples - len(chosen), replace=False)
+    return Chosen(of=size, indices=sorted(chosen + [int(i) for i in drawn]), picked=picked)
+
+
+def _kept_steps(job: Any) -> dict[str, np.ndarray]:
+    """Per masked input, the steps each example keeps."""
+    kept = {}
+    for spec in job.inputs:
+        value = job.batch.inputs.get(spec.name)
+        reader = job.graph.layer(spec.pad_reader) if spec.pad_reader else None
+        if value is None or reader is None or value.ndim < 2:
+            continue
+        if reader.class_name == "Masking":
+            steps = np.any(value != spec.pad_value, axis=-1) if value.ndim >= 3 else value != 0
+        else:  # an Embedding with mask_zero: token 0 is masked
+            steps = value != 0
+        kept[f"input {spec.name}"] = steps.reshape(steps.shape[0], -1).sum(axis=1)
+    return kept
+
+
+def _total_weights(sample_weight: Any, size: int) -> dict[str, np.ndarray]:
+    """Per sample-weight array, each example's total weight."""
+    if sample_weight is None:
+        return {}
+    arrays = (sample_weight.items() if isinstance(sample_weight, dict)
+              else [("", sample_weight)])
+    totals = {}
+    for name, value in arrays:
+        value = np.asarray(value, np.float64)
+        if value.ndim and value.shape[0] == size:
+            label = f"sample weight of {name}" if name else "sample weight"
+            totals[label] = np.abs(value.reshape(size, -1)).sum(axis=1)
+    return totals
+
+
+def take(value: Any, indices: list[int] | None, size: int) -> Any:
+    """``value`` (an array, a dict of arrays, or None) at the examples ``indices``: every
+    array whose first axis is the batch's."""
+    if indices is None or value is None:
+        return value
+    if isinstance(value, dict):
+        return {name: take(item, indices, size) for name, item in value.items()}
+    array = np.asarray(value)
+    return array[indices] if array.ndim and array.shape[0] == size else value
