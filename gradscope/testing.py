@@ -30,20 +30,22 @@ from gradscope.report.tables import failure_lines
 
 def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = None,
                      sample_weight: Any = None, rtol: float | None = None,
-                     directions: int | None = None, seed: int = 0) -> KerasCheckReport:
+                     directions: int | None = None, seed: int = 0,
+                     examples: int | str | None = None) -> KerasCheckReport:
     """Check every gradient of ``model`` (a built Keras model object or a ``.keras`` path) on
     the batch ``x`` (and targets ``y``; synthetic ones from ``seed`` without it), with its
     compiled loss or the Keras loss named by ``loss``. Raises ``AssertionError`` carrying
     ``check``'s diagnosis if any witness disagrees; returns the report otherwise. ``rtol``
     replaces every witness's float64 tolerance; ``directions``, the number of random
-    directions of the finite differences, is as for :func:`gradscope.check`."""
+    directions of the finite differences, and ``examples``, the most examples of the batch
+    checked (default 32, ``"all"``: every one), are as for :func:`gradscope.check`."""
     import gradscope
 
     options: dict[str, Any] = {"seed": seed}
     if loss is not None:
         options["loss"] = loss
     report = gradscope.check(model, x=x, y=y, sample_weight=sample_weight, rtol=rtol,
-                             directions=directions, **options)
+                             directions=directions, examples=examples, **options)
     assert isinstance(report, KerasCheckReport)
     if not report.summary.passed:
         raise AssertionError(diagnosis(report))

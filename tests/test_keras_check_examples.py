@@ -47,7 +47,8 @@ def _batch(size: int, lengths: np.ndarray, seed: int = 0) -> tuple[np.ndarray, n
     return x, rng.standard_normal((size, 2)).astype("float32")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(size=st.integers(1, 60), most=st.integers(1, 40), seed=st.integers(0, 3),
        data=st.data())
 def test_the_sample_keeps_the_examples_that_differ(masked, size, most, seed, data):
@@ -116,12 +117,26 @@ def test_the_examples_are_named_in_the_json_and_the_text(masked, tmp_path):
     examples = json.loads(result.stdout)["examples"]
     assert examples["checked"] == 5 and examples["of"] == 12 and len(examples["indices"]) == 5
     assert any("fewest kept steps of input x" in p for p in examples["picked"])
+    junit = tmp_path / "gradients.xml"
     text = run_gradscope("check", str(path), "--data", str(data), "--examples", "5",
-                         "--directions", "1", env={"COLUMNS": "80"})
+                         "--directions", "1", "--junit", str(junit), env={"COLUMNS": "80"})
     assert text.returncode == 0, text.stderr
     flat = " ".join(text.stdout.split())
     assert "checked on 5 of the 12 examples" in flat
     assert "(the fewest kept steps of input x)" in flat
+    import xml.etree.ElementTree as ET
+
+    (prop,) = [p for p in ET.parse(junit).iter("property") if p.get("name") == "examples"]
+    assert prop.get("value") == "5 of 12: " + " ".join(map(str, examples["indices"]))
+
+
+def test_the_test_helper_passes_examples_on(masked, tf):
+    from gradscope.testing import assert_gradients
+
+    model, _ = masked
+    x, y = _batch(10, np.arange(10) % STEPS + 1, seed=5)
+    report = assert_gradients(model, x, y, examples=3)
+    assert report.examples is not None and report.examples.checked == 3
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -85,8 +85,9 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
           after_autodiff: Callable[[Any], None] | None = None,
           examples: int | None = DEFAULT_EXAMPLES) -> KerasCheckReport:
     """``examples``: at most this many examples of the batch, chosen as
-    :mod:`~gradscope.keras.checked_examples` says (None: every one). ``directions``: the finite differences' random directions, joint and then per tensor
-    (None: :data:`JOINT_DIRECTIONS` and :data:`PER_TENSOR_DIRECTIONS`).
+    :mod:`~gradscope.keras.checked_examples` says (None: every one). ``directions``: the
+    finite differences' random directions, joint and then per tensor (None:
+    :data:`JOINT_DIRECTIONS` and :data:`PER_TENSOR_DIRECTIONS`).
     ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
     the float64 copy: a check that cannot fail is a defect)."""
     say = progress or (lambda message: None)

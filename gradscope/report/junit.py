@@ -56,6 +56,11 @@ def junit_xml(report: CheckReport | KerasCheckReport | LayerCheckReport, source:
     properties = ET.SubElement(suite, "properties")
     for name, tolerance in sorted(report.tolerances.items()):
         ET.SubElement(properties, "property", name=f"rtol.{name}", value=f"{tolerance:g}")
+    examples = getattr(report, "examples", None)
+    if examples is not None and examples.indices is not None:
+        ET.SubElement(properties, "property", name="examples",
+                      value=f"{examples.checked} of {examples.of}: "
+                            + " ".join(str(i) for i in examples.indices))
     for tensor in tensors:
         case = ET.SubElement(suite, "testcase", classname=f"gradscope.check.{_layer(tensor.name)}",
                              name=tensor.name, time="0")
