@@ -320,8 +320,9 @@ def examples_lines(report: KerasCheckReport) -> list[RenderableType]:
         return []
     drawn = examples.checked - len(examples.picked)
     chosen = [*examples.picked, *([f"{drawn} drawn with the seed"] if drawn else [])]
-    return [Text(f"checked on {examples.checked} of the {examples.of} examples "
-                 f"(--examples all for every one): {'; '.join(chosen)}", style="dim"),
+    return [Text(f"checked on {examples.checked} of the {examples.of} examples (the loss above "
+                 f"is theirs; --examples all for every one): {'; '.join(chosen)}",
+                 style="dim"),
             Text(f"examples {_ranges(examples.indices)}", style="dim")]
 
 
