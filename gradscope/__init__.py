@@ -302,7 +302,7 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
     ``spec`` may be a Keras model, a ``model.keras`` path or the model object, with ``x``,
     ``y`` and the options of :func:`explain`: finite differences and the NumPy reference on a
     float64 copy of the model with the same weights, on at most ``examples`` examples of the
-    batch (default 32: a mask's shortest and longest, the smallest and largest sample weight,
+    batch (default 16: a mask's shortest and longest, the smallest and largest sample weight,
     the rest drawn with the seed; ``"all"``: every one; ``report.examples`` names them; a model
     whose Input fixes the batch size is checked whole). (``after_autodiff(model)`` runs on that
     copy between the tape and the witnesses: this project's tests change it there, to see the

@@ -409,7 +409,7 @@ finite differences.
 @click.option("--atol", type=click.FloatRange(min=0), metavar="A",
               help="Absolute allowance added to the finite-difference comparison.")
 @click.option("--examples", metavar="N|all",
-              help="For a .keras model: check at most N examples of the batch (default 32): "
+              help="For a .keras model: check at most N examples of the batch (default 16): "
                    "each masked input's shortest and longest, the smallest and largest sample "
                    "weight, the rest drawn with the seed; the report names them. 'all' checks "
                    "every example.")

@@ -38,7 +38,7 @@ def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = No
     ``check``'s diagnosis if any witness disagrees; returns the report otherwise. ``rtol``
     replaces every witness's float64 tolerance; ``directions``, the number of random
     directions of the finite differences, and ``examples``, the most examples of the batch
-    checked (default 32, ``"all"``: every one), are as for :func:`gradscope.check`."""
+    checked (default 16, ``"all"``: every one), are as for :func:`gradscope.check`."""
     import gradscope
 
     options: dict[str, Any] = {"seed": seed}

@@ -1,4 +1,4 @@
-"""check on a large batch takes at most 32 of its examples (``--examples``): the ones that
+"""check on a large batch takes at most 16 of its examples (``--examples``): the ones that
 differ (a mask's shortest and longest, the smallest and largest sample weight) and the rest
 drawn with the seed. The truth: Keras' own loss on exactly those examples, and mutants that
 must still be caught."""

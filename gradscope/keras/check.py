@@ -22,7 +22,7 @@ witnesses, on a float64 copy of the model with the same weights.
 - A probe that straddles a kink (relu or a clip at its corner) is taken again at a smaller
   step and, where the one-sided slopes stay apart, left out and said to be at a kink.
 
-On a batch of more than ``examples`` (default 32), the tape and every witness run on that many
+On a batch of more than ``examples`` (default 16), the tape and every witness run on that many
 of its examples, chosen by :mod:`~gradscope.keras.checked_examples`; the report names them.
 """
 

@@ -1,11 +1,13 @@
 """Which examples of the batch ``check`` verifies a Keras model's gradients on.
 
 check's cost is float64 work over the examples: its tape, the finite differences' forward
-passes of the whole model and the NumPy reference are each linear in them. On a large batch
-that is many times the user's own float32 tape (4.2× at batch 256, 1000 steps), and none of
-it says more about how the gradient is computed: every example goes through the same
-arithmetic. What tells one example from another is its data: how many steps a mask keeps,
-and its sample weight. So by default check takes at most :data:`DEFAULT_EXAMPLES` examples:
+passes of the whole model and the NumPy reference are each linear in them, and each float64
+pass costs about twice a float32 one. On every example of a batch that came to 3.2–3.4× the
+user's own float32 tape at 3000 steps or 512 units (batch 32), and 4.2× at batch 256; and the
+examples past a few say nothing more about how the gradient is computed: every example goes
+through the same arithmetic. What tells one example from another is its data: how many steps
+a mask keeps, and its sample weight. So by default check takes at most
+:data:`DEFAULT_EXAMPLES` examples:
 
 - for every masked input (a ``Masking`` layer's, or an ``Embedding`` with ``mask_zero``), the
   example with the fewest kept steps and the one with the most;
@@ -27,9 +29,11 @@ import numpy as np
 
 from gradscope.errors import ConfigError, flag, given
 
-#: At most this many examples, unless asked (``--examples N`` or ``all``): the default batch
-#: of a synthetic one, so that a default run checks its whole batch.
-DEFAULT_EXAMPLES = 32
+#: At most this many examples, unless asked (``--examples N`` or ``all``): room for the
+#: examples picked for their masks and weights, and as many again drawn. Half the default
+#: synthetic batch: check then stays within 2.1× the user's tape at 3000 steps and at 512
+#: units (``bench/user_sized.py``; docs/performance.md).
+DEFAULT_EXAMPLES = 16
 
 #: What ``examples=`` takes for every example.
 ALL = "all"
