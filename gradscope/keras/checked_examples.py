@@ -106,13 +106,14 @@ def _kept_steps(job: Any) -> dict[str, np.ndarray]:
     for spec in job.inputs:
         value = job.batch.inputs.get(spec.name)
         reader = job.graph.layer(spec.pad_reader) if spec.pad_reader else None
-        if value is None or reader is None or value.ndim < 2:
+        if value is None or reader is None:
             continue
-        if reader.class_name == "Masking":
-            steps = np.any(value != spec.pad_value, axis=-1) if value.ndim >= 3 else value != 0
-        else:  # an Embedding with mask_zero: token 0 is masked
-            steps = value != 0
-        kept[f"input {spec.name}"] = steps.reshape(steps.shape[0], -1).sum(axis=1)
+        # Masking keeps a step where any feature differs from mask_value; an Embedding with
+        # mask_zero keeps every token but 0.
+        steps = (np.any(value != spec.pad_value, axis=-1) if reader.class_name == "Masking"
+                 else value != 0)
+        if steps.ndim >= 2:
+            kept[f"input {spec.name}"] = steps.reshape(steps.shape[0], -1).sum(axis=1)
     return kept
 
 
