@@ -2,7 +2,7 @@
 
 check's cost is float64 work over the examples: its tape, the finite differences' forward
 passes of the whole model and the NumPy reference are each linear in them, and each float64
-pass costs about twice a float32 one. On every example of a batch that came to 3.2–3.4× the
+pass costs about twice a float32 one. On every example of a batch that came to 3.1–3.4× the
 user's own float32 tape at 3000 steps or 512 units (batch 32), and 4.2× at batch 256; and the
 examples past a few say nothing more about how the gradient is computed: every example goes
 through the same arithmetic. What tells one example from another is its data: how many steps
