@@ -328,7 +328,7 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
         from gradscope.keras.memory import guard as keras_guard
 
         job = _keras_job(spec, _keras_data(data), x, y, keras_options, sample_weight)
-        keras_guard(job, "check", limit, examples=choose(job, most).count)
+        keras_guard(job, "check", limit, examples=choose(job, most).checked)
         from gradscope.keras.check import check as _check_keras
 
         return _drawn(_check_keras(job, directions=directions, rtol=rtol, atol=atol,
@@ -384,7 +384,7 @@ def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None
         most = examples_option(examples)
         job = _keras_job(spec, _keras_data(data), x, y, keras_options)
         return keras_estimate(job, command,
-                              choose(job, most).count if command == "check" else None)
+                              choose(job, most).checked if command == "check" else None)
     from gradscope.yaml.memory import estimate as yaml_estimate
 
     spec, _ = _yaml_job(spec, data, None, x, y, None, {**keras_options, "examples": examples},

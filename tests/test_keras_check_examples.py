@@ -60,7 +60,7 @@ def test_the_sample_keeps_the_examples_that_differ(masked, size, most, seed, dat
     x, y = _batch(size, lengths)
     job = prepare(str(path), x=x, y=y, sample_weight=weights, seed=seed)
     chosen = choose(job, most)
-    assert chosen.of == size and chosen.count == min(size, most)
+    assert chosen.of == size and chosen.checked == min(size, most)
     if size <= most:
         assert chosen.indices is None
         return
@@ -187,5 +187,5 @@ def test_a_model_with_a_fixed_batch_is_checked_whole(tf, tmp_path):
     model.save(path)
     job = prepare(str(path))
     chosen = choose(job, DEFAULT_EXAMPLES)
-    assert chosen.indices is None and chosen.count == 40
+    assert chosen.indices is None and chosen.checked == 40
     assert chosen.whole_because is not None and "fixes the batch size" in chosen.whole_because

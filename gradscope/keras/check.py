@@ -60,7 +60,6 @@ from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsup
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
 from gradscope.report.models import (
-    CheckedExamples,
     CheckedTensor,
     CheckSummary,
     KerasCheckReport,
@@ -160,8 +159,7 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
                             "own_backward"].index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
-        examples=CheckedExamples(checked=chosen.count, of=chosen.of, indices=chosen.indices,
-                                 picked=chosen.picked, whole_because=chosen.whole_because),
+        examples=chosen,
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol,
                     **{w: fd_rtol for w in ("cell_steps", "own_backward") if w in witnesses}},
         tensors=tensors, not_witnessed=not_witnessed,

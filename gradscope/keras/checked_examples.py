@@ -22,12 +22,12 @@ layer's state has one row per example) is checked whole. Nothing here imports Te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gradscope.errors import ConfigError, flag, given
+from gradscope.report.models import CheckedExamples
 
 #: At most this many examples, unless asked (``--examples N`` or ``all``): room for the
 #: examples picked for their masks and weights, and as many again drawn. Half the default
@@ -56,29 +56,16 @@ def examples_option(value: Any) -> int | None:
     return int(value)
 
 
-@dataclass(frozen=True)
-class Chosen:
-    """The examples check runs on: ``indices`` (None: every one) of ``of``, and why the ones
-    that were picked rather than drawn are in."""
-
-    of: int
-    indices: list[int] | None = None
-    picked: list[str] = field(default_factory=list)
-    whole_because: str | None = None  # why a batch over the limit is checked whole
-
-    @property
-    def count(self) -> int:
-        return self.of if self.indices is None else len(self.indices)
-
-
-def choose(job: Any, examples: int | None) -> Chosen:
-    """At most ``examples`` examples of ``job``'s batch (None: all), as the module says."""
+def choose(job: Any, examples: int | None) -> CheckedExamples:
+    """At most ``examples`` examples of ``job``'s batch (None: all), as the module says: what
+    the report gives as ``examples``."""
     size = int(job.batch_size)
     if examples is None or size <= examples:
-        return Chosen(of=size)
+        return CheckedExamples(checked=size, of=size)
     if any(spec.shape and spec.shape[0] is not None for spec in job.inputs):
-        return Chosen(of=size, whole_because="the model's Input fixes the batch size (a "
-                      "stateful layer keeps a state per example)")
+        return CheckedExamples(checked=size, of=size, whole_because=(
+            "the model's Input fixes the batch size (a stateful layer keeps a state per "
+            "example)"))
     wanted: list[tuple[int, str]] = []  # where the examples differ at all
     for name, kept in _kept_steps(job).items():
         if kept.min() < kept.max():
@@ -97,7 +84,8 @@ def choose(job: Any, examples: int | None) -> Chosen:
     rest = np.setdiff1d(np.arange(size), chosen)
     rng = np.random.default_rng([job.seed, 4])
     drawn = rng.choice(rest, size=examples - len(chosen), replace=False)
-    return Chosen(of=size, indices=sorted(chosen + [int(i) for i in drawn]), picked=picked)
+    return CheckedExamples(checked=examples, of=size,
+                           indices=sorted(chosen + [int(i) for i in drawn]), picked=picked)
 
 
 def _kept_steps(job: Any) -> dict[str, np.ndarray]:
