@@ -42,7 +42,7 @@ from gradscope.guard import give_back_freed_memory
 from gradscope.keras.cell_steps import not_run, your_cells
 from gradscope.keras.cell_steps import witness as cell_steps_witness
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
-from gradscope.keras.data import check_targets, synthetic_targets
+from gradscope.keras.data import batch_targets
 from gradscope.keras.engine import (
     CapturedCall,
     KerasEngine,
@@ -95,11 +95,9 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     say("importing TensorFlow, loading the model and its float64 copy")
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed,
                          dtype="float64")
-    targets = job.batch.targets
-    if targets is None:  # drawn for the whole batch: the examples keep the targets explain uses
-        targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
-    else:
-        check_targets(job.plan, targets, engine.output_shapes(job.batch.inputs))
+    # Drawn for the whole batch: the examples keep the targets explain uses.
+    targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
+                            job.seed)
     inputs, targets = ({name: value.astype(np.float64) if value.dtype.kind == "f" else value
                         for name, value in take(arrays, chosen.indices, job.batch_size).items()}
                        for arrays in (job.batch.inputs, targets))

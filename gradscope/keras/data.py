@@ -11,6 +11,7 @@ otherwise.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,27 @@ def synthetic_inputs(specs: list[InputSpec], batch: int, steps: int | None, pad:
     return KerasBatch(inputs=inputs, targets=None, source=detail, pad=pad)
 
 
+def batch_targets(plan: LossPlan, given: dict[str, np.ndarray] | None,
+                  output_shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """A target for every output, as the engine feeds them: the given ones (checked against
+    the loss), and synthetic ones, matching the loss, for the outputs none was given for (an
+    output the loss does not read takes a synthetic one that nothing reads)."""
+    targets = synthetic_targets(plan, output_shapes, seed)
+    if given is not None:
+        check_targets(plan, given, output_shapes)
+        targets.update(given)
+    return targets
+
+
+def unused_targets(plan: LossPlan, given: dict[str, np.ndarray] | None) -> list[str]:
+    """The outputs whose given targets the loss never reads (compiled with no loss, or with
+    ``None`` for that output)."""
+    if given is None or plan.source != "compiled":
+        return []
+    read = {entry.output for entry in plan.outputs}
+    return [name for name in given if name not in read]
+
+
 def synthetic_targets(plan: LossPlan, output_shapes: dict[str, tuple[int, ...]],
                       seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, 2])
@@ -161,14 +183,16 @@ SAMPLE_WEIGHT = "sample_weight"
 
 
 def load_named(path: str, specs: list[InputSpec], outputs: list[str],
-               aliases: dict[str, str] | None = None) -> KerasBatch:
+               aliases: dict[str, str] | None = None,
+               read: Collection[str] | None = None) -> KerasBatch:
     """An .npz whose arrays are named after the model's inputs (or ``x`` for a single input)
     and its outputs (or ``y`` for a single output). ``aliases``: other names of outputs (an
     output layer's name where the outputs are a dict keyed otherwise) → the output's name.
 
     Every problem of the file (arrays that are not numbers, missing inputs or targets,
     misshapen inputs, unknown arrays, a batch size the arrays disagree on) is one line of a
-    single DataError."""
+    single DataError. ``read``: the outputs whose targets the loss reads (None: every one); the
+    others need none."""
     open_checked(Path(path), "an .npz file")
     arrays = read_npz(path)
     problems: list[tuple[str, str]] = []  # (message, where)
@@ -209,6 +233,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
                       if to == name and alias in arrays), None)
         key = (name if name in arrays else other if other is not None
                else "y" if len(outputs) == 1 and "y" in arrays else None)
+        if key is None and read is not None and name not in read:
+            continue
         if key is None:
             problems.append((f"{path}: has no targets for the output '{name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "

@@ -42,6 +42,7 @@ from gradscope.keras.whole_model import (
     moved_state,
     restore,
     runs_eagerly,
+    seed_random_draws,
     traced_or_eager,
     whole_model_pass,
 )
@@ -124,9 +125,6 @@ class KerasEngine:
         #: compiled by gradscope): a CompileLoss, called as Trainer.compute_loss calls it.
         self._own_loss: Any = None
         compile_saved = plan.source == "compiled"
-        if training:
-            # Dropout's seed generators are drawn when the layers are built: seed them too.
-            keras.utils.set_random_seed(seed)
         if self.live:
             self.model = source
         else:
@@ -136,11 +134,16 @@ class KerasEngine:
                               f"{'its config' if self.live else 'the file'}, but the config "
                               f"lists {len(outputs)}", where=path)
         compiled = compile_saved and getattr(self.model, "compiled", False)
+        #: Compiled with no loss: fit minimises the added losses alone (no CompileLoss at all).
+        self.added_only = plan.added_only
         if self.live and compiled and getattr(self.model, "_compile_loss", None) is None:
             compiled = False
+        if self.added_only:
+            compiled = True  # nothing to compile: compute_loss adds the model's losses
         user_model = self.user_model = self.model
         if dtype is not None:
-            saved_compile = self.model.get_compile_config() if compiled else None
+            saved_compile = (self.model.get_compile_config()
+                             if compiled and not self.added_only else None)
             self.model = self._cast(dtype)
             if saved_compile is not None:
                 _set_dtype(saved_compile, dtype)
@@ -152,7 +155,14 @@ class KerasEngine:
                     raise ConfigError(f"{path}: Keras cannot rebuild its compiled loss for the "
                                       f"{dtype} copy: {first}; pass loss=NAME to use a Keras "
                                       "loss", where=path) from None
-        if compiled and self.live and self.model is user_model:
+        if training and (not self.live or self.model is not user_model):
+            # gradscope's own object (a file's model, a copy): seeded once, so that every pass
+            # of check starts from the same draws. The user's object is seeded for each run
+            # and given its own states back after it.
+            seed_random_draws(self.model, seed)
+        if self.added_only:
+            pass
+        elif compiled and self.live and self.model is user_model:
             # The user's own loss objects, in a CompileLoss of gradscope's: fit's loss, without
             # touching the model's compiled state.
             from keras.src.trainers.compile_utils import CompileLoss
@@ -219,6 +229,17 @@ class KerasEngine:
         weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
                    else sample_weight)
         with self._floatx():  # a compiled loss builds its wrappers at its first call
+            if self.added_only:
+                # Trainer.compute_loss with no compiled loss: y is never read.
+                added = [self.model._aggregate_additional_loss(loss)
+                         for loss in self.model.losses]
+                if not added:
+                    raise ConfigError(
+                        f"{self.path}: was compiled with no loss and adds none during its "
+                        "call (no add_loss, no regularizer): fit has nothing to minimise "
+                        "(Keras: 'No loss to compute'); compile it with a loss",
+                        where=self.path)
+                return added[0] if len(added) == 1 else self.keras.ops.sum(added)
             if self._own_loss is None:
                 return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weights,
                                                training=self.training)
@@ -291,8 +312,11 @@ class KerasEngine:
 
     def output_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """The outputs' shapes for this batch, from Keras' own shape inference (no run)."""
-        specs = [self.keras.KerasTensor(value.shape, dtype=str(value.dtype))
-                 for value in inputs.values()]
+        # A float input is cast to its Input's dtype by the model's call: so here.
+        own = [getattr(tensor, "dtype", None) for tensor in self.model.inputs]
+        specs = [self.keras.KerasTensor(value.shape, dtype=dtype if value.dtype.kind == "f"
+                                        and dtype is not None else str(value.dtype))
+                 for value, dtype in zip(inputs.values(), own, strict=True)]
         result = self.model.compute_output_spec(specs if len(specs) > 1 else specs[0])
         flat = self.keras.tree.flatten(result)
         return {name: tuple(int(d) for d in spec.shape)
@@ -476,7 +500,7 @@ class KerasEngine:
         before = moved_state(self.model)
         try:
             if self.training:
-                self.keras.utils.set_random_seed(self.seed)
+                seed_random_draws(self.model, self.seed)
             try:
                 return self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
                                  own=True)
@@ -495,7 +519,7 @@ class KerasEngine:
                           before: list[tuple[Any, np.ndarray]]) -> KerasPass:
         """The replay, witnessed by Keras' own call (see :meth:`run`)."""
         if self.training:
-            self.keras.utils.set_random_seed(self.seed)
+            seed_random_draws(self.model, self.seed)
         # Keras' own call first: where it fails, the model (or Keras) cannot compute this
         # loss, and that is said as such; the replay failing after it is gradscope's.
         try:
@@ -516,7 +540,7 @@ class KerasEngine:
                 from None
         restore(before)
         if self.training:
-            self.keras.utils.set_random_seed(self.seed)
+            seed_random_draws(self.model, self.seed)
         replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager)
         confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
         return replace(replay, loss=own.loss, gradients=own.gradients,
@@ -755,6 +779,6 @@ def _set_dtype(config: Any, dtype: str) -> None:
                 value.setdefault("config", {})["name"] = dtype
             else:
                 _set_dtype(value, dtype)
-    elif isinstance(config, list):
+    elif isinstance(config, list | tuple):  # a model object's config keeps its tuples
         for item in config:
             _set_dtype(item, dtype)

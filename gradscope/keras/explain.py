@@ -16,11 +16,11 @@ from gradscope.keras.data import (
     InputSpec,
     KerasBatch,
     arrays_batch,
-    check_targets,
+    batch_targets,
     input_specs,
     load_named,
     synthetic_inputs,
-    synthetic_targets,
+    unused_targets,
 )
 from gradscope.keras.facts import layer_facts, no_derivation
 from gradscope.keras.graph import LayerNode, ModelGraph
@@ -101,7 +101,8 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
         if pad:
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
                               where="--pad")
-        batch = load_named(data, specs, outputs, output_aliases(graph))
+        batch = load_named(data, specs, outputs, output_aliases(graph),
+                           read={entry.output for entry in plan.outputs})
     else:
         batch = synthetic_inputs(specs, batch_size or fixed or 32, time_steps, pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]
@@ -133,11 +134,8 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     say("importing TensorFlow and loading the model (safe_mode)")
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     clock.lap("load")
-    targets = job.batch.targets
-    if targets is None:
-        targets = synthetic_targets(job.plan, engine.output_shapes(job.batch.inputs), job.seed)
-    else:
-        check_targets(job.plan, targets, engine.output_shapes(job.batch.inputs))
+    targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
+                            job.seed)
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow,
                         sample_weight=job.batch.sample_weight)
@@ -260,6 +258,12 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             elif node.class_name == "Bidirectional":
                 witnesses.append(_both_directions(captured, engine))
     warnings = _warnings(result, gradients)
+    unused = unused_targets(job.plan, job.batch.targets)
+    if unused:
+        warnings.append(f"the targets given for {', '.join(unused)} are not used: the model "
+                        "was compiled with no loss for "
+                        + ("them" if len(unused) > 1 else "it")
+                        + ", so fit never reads them (its loss is what the model adds)")
     return KerasExplainReport(
         model=model_entry(job, engine, result), loss=loss_entry(job, result),
         layers=layers, gradients=gradients, initial_state_gradients=states,

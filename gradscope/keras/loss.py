@@ -3,8 +3,10 @@
 1. ``--loss NAME`` always wins (a Keras loss name; ``from_logits`` is set where it applies:
    a cross-entropy on a linear output reads logits).
 2. Otherwise the loss saved with the compiled model, with its loss weights: Keras' own
-   ``model.compute_loss`` computes it, exactly as ``fit`` would.
-3. Otherwise a rule reads each output's activation: softmax → categorical cross-entropy;
+   ``model.compute_loss`` computes it, exactly as ``fit`` would. A model compiled with no loss
+   (``compile(optimizer=…)``) trains on its ``add_loss`` terms alone: no output has a loss,
+   targets are not read, and nothing is inferred. An output compiled with ``None`` adds nothing.
+3. Otherwise, for a model never compiled, a rule reads each output's activation: softmax → categorical cross-entropy;
    sigmoid → binary cross-entropy; linear with one unit → mean squared error; linear with
    several units → categorical cross-entropy on logits (the seed model's loss); anything else
    → mean squared error.
@@ -64,7 +66,15 @@ class LossPlan:
     compiled_how: str = "saved with the compiled model"
 
     @property
+    def added_only(self) -> bool:
+        """Compiled with no loss: what ``fit`` minimises is the added losses alone."""
+        return self.source == "compiled" and not self.outputs
+
+    @property
     def description(self) -> str:
+        if self.added_only:
+            return ("the added losses alone (add_loss, regularizers): compiled with no loss, "
+                    "so targets are not read")
         if self.source == "compiled":
             how = self.compiled_how
         elif self.source == "option":
@@ -133,9 +143,11 @@ def plan_loss(graph: ModelGraph, override: str | None = None) -> LossPlan:
             OutputLoss(name, loss, _from_logits(loss, _activation(graph, ref)), 1.0,
                        target_kind(loss), "--loss")
             for name, ref in zip(names, graph.outputs, strict=True)))
-    compiled = (graph.compile_config or {}).get("loss")
-    if compiled is not None:
-        return _compiled(graph, names, compiled, (graph.compile_config or {}).get("loss_weights"))
+    if graph.compile_config:  # an uncompiled model saves {}
+        compiled = graph.compile_config.get("loss")
+        if compiled is None:  # compile(optimizer=…): fit minimises the added losses alone
+            return LossPlan("compiled", ())
+        return _compiled(graph, names, compiled, graph.compile_config.get("loss_weights"))
     return LossPlan("inferred", tuple(_inferred(graph, name, ref)
                                       for name, ref in zip(names, graph.outputs, strict=True)))
 

@@ -1,0 +1,215 @@
+"""The user's own code, exactly: the loss is what ``fit`` minimises (``compute_loss``), never a
+term gradscope made up, and every random draw of a training-mode run is the documented seed's,
+whatever code was imported first.
+
+- A model compiled with no loss (``compile(optimizer=…)``) trains on its ``add_loss`` terms
+  alone: explain's loss and gradients equal Keras' own tape of ``compute_loss``, with or
+  without targets, from Python and from the CLI; given targets are said to be unused.
+- An output compiled with ``None`` needs no target.
+- A model compiled with no loss that adds none is refused (exit 2), as ``fit`` refuses it.
+- ``--training`` gives the same numbers with and without ``--import``, run after run, and the
+  user's own model object keeps its dropout seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import keras_tape_norms, run_gradscope
+
+import gradscope
+from gradscope.errors import ConfigError
+
+RTOL = 1e-5
+
+#: A registered layer whose loss is its own add_loss (the OCR example's CTCLayer pattern).
+MODULE = textwrap.dedent('''
+    import keras
+
+
+    @keras.saving.register_keras_serializable("own_code")
+    class Penalty(keras.layers.Layer):
+        """Adds the mean squared distance of its two inputs, and passes the first on."""
+
+        def call(self, prediction, target):
+            self.add_loss(keras.ops.mean(keras.ops.square(prediction - target)))
+            return prediction
+''')
+
+BUILD = textwrap.dedent('''
+    import sys
+    import numpy as np
+    import keras
+    import own_layers
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6, 3), name="x")
+    target = keras.Input((2,), name="target")
+    h = keras.layers.GRU(5, dropout=0.3, recurrent_dropout=0.2, name="gru")(x)
+    h = keras.layers.Dropout(0.4, name="drop")(h)
+    out = own_layers.Penalty(name="penalty")(keras.layers.Dense(2, name="head")(h), target)
+    model = keras.Model([x, target], out)
+    model.compile(optimizer="adam")
+    model.save(sys.argv[1])
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((5, 6, 3)).astype("float32"),
+              "target": rng.standard_normal((5, 2)).astype("float32")}
+    np.savez(sys.argv[2], **arrays)
+    np.savez(sys.argv[3], **arrays, y=np.zeros((5, 2), "float32"))
+''')
+
+
+def _assert_tape(report: Any, loss: float, truth: dict[str, float]) -> None:
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+    ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
+    assert sorted(ours) == sorted(truth)
+    for path, norm in truth.items():
+        assert ours[path] == pytest.approx(norm, rel=RTOL), path
+
+
+def _penalised(keras: Any) -> Any:
+    """The model of BUILD, in memory, with the layer defined here."""
+
+    class Penalty(keras.layers.Layer):
+        def call(self, prediction: Any, target: Any) -> Any:
+            self.add_loss(keras.ops.mean(keras.ops.square(prediction - target)))
+            return prediction
+
+    keras.utils.set_random_seed(7)
+    x = keras.Input((6, 3), name="x")
+    target = keras.Input((2,), name="target")
+    h = keras.layers.LSTM(4, name="lstm")(x)
+    out = Penalty(name="penalty")(keras.layers.Dense(2, name="head")(h), target)
+    return keras.Model([x, target], out)
+
+
+@pytest.fixture(scope="module")
+def batch() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {"x": rng.standard_normal((5, 6, 3)).astype("float32"),
+            "target": rng.standard_normal((5, 2)).astype("float32")}
+
+
+def test_add_loss_alone_is_the_loss_with_or_without_targets(tf: Any, batch: Any) -> None:
+    import keras
+
+    model = _penalised(keras)
+    model.compile(optimizer="adam")
+    loss, truth = keras_tape_norms(model, batch, None)
+    unread = np.full((5, 2), 100.0, "float32")  # read by nothing: it would dominate any MSE
+    without = gradscope.explain(model, x=batch)
+    given = gradscope.explain(model, x=batch, y=unread)
+    for report in (without, given):
+        _assert_tape(report, loss, truth)
+        assert report.loss.source == "compiled" and report.loss.outputs == []
+        assert [term.kind for term in report.loss.terms] == ["added"]
+        assert "targets are not read" in report.loss.name
+    assert not any("not used" in w for w in without.warnings)
+    assert any("targets given for penalty are not used" in w for w in given.warnings)
+    checked = gradscope.check(model, x=batch, y=unread)
+    assert checked.summary.passed and checked.loss.value == pytest.approx(loss, rel=RTOL)
+
+
+def test_an_output_compiled_with_none_needs_no_target(tf: Any, tmp_path: Path) -> None:
+    import keras
+
+    keras.utils.set_random_seed(8)
+    x = keras.Input((6, 3), name="x")
+    h = keras.layers.GRU(4, name="gru")(x)
+    model = keras.Model(x, [keras.layers.Dense(2, name="scored")(h),
+                            keras.layers.Dense(3, name="unscored")(h)])
+    model.compile(optimizer="adam", loss=["mse", None])
+    path = tmp_path / "two_heads.keras"
+    model.save(path)
+    rng = np.random.default_rng(4)
+    inputs = rng.standard_normal((4, 6, 3)).astype("float32")
+    scored = rng.standard_normal((4, 2)).astype("float32")
+    np.savez(tmp_path / "scored.npz", x=inputs, scored=scored)
+    with tf.GradientTape() as tape:
+        total = model.compute_loss(x=inputs, y=[scored, None], y_pred=model(inputs))
+    grads = tape.gradient(total, model.trainable_variables)
+    loss = float(total)
+    truth = {v.path: float(np.linalg.norm(g))
+             for v, g in zip(model.trainable_variables, grads, strict=True) if g is not None}
+    assert len(truth) == len(model.trainable_variables) - 2  # the unscored head's
+    done = run_gradscope("explain", str(path), "--data", str(tmp_path / "scored.npz"), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["loss"]["value"] == pytest.approx(loss, rel=RTOL)
+    assert [o["output"] for o in report["loss"]["outputs"]] == ["scored"]
+    ours = {g["path"]: g["stats"]["l2"] for g in report["gradients"] if g["stats"]}
+    assert ours == pytest.approx(truth, rel=RTOL)
+
+
+def test_compiled_with_no_loss_and_nothing_added_is_refused(tf: Any) -> None:
+    import keras
+
+    keras.utils.set_random_seed(9)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.GRU(3), keras.layers.Dense(1)])
+    model.compile(optimizer="adam")
+    with pytest.raises(ConfigError, match="compiled with no loss and adds none"):
+        gradscope.explain(model, x=np.ones((2, 6, 3), "float32"))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: Any) -> Path:
+    """BUILD run by the user's own script, in its own process."""
+    folder = tmp_path_factory.mktemp("own_code")
+    (folder / "own_layers.py").write_text(MODULE)
+    (folder / "build.py").write_text(BUILD)
+    done = subprocess.run([sys.executable, "build.py", "model.keras", "data.npz", "y.npz"],
+                          cwd=folder, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return folder
+
+
+def _cli(folder: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "gradscope", *args, "--json"], cwd=folder,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_cli_add_loss_model_and_training_mode_seeded_with_import(saved: Path) -> None:
+    """The add_loss model from a file with --import: the targets in y.npz are unused, and in
+    training mode every run, imported or not, draws the same dropout."""
+    inference = _cli(saved, "explain", "model.keras", "--import", "own_layers", "--data",
+                     "data.npz")
+    unused = _cli(saved, "explain", "model.keras", "--import", "own_layers", "--data", "y.npz")
+    assert inference["loss"]["value"] == unused["loss"]["value"]
+    assert any("not used" in w for w in unused["warnings"])
+    runs = [_cli(saved, "explain", "model.keras", "--import", "own_layers", "--data",
+                 "data.npz", "--training") for _ in range(2)]
+    assert runs[0]["loss"]["value"] == runs[1]["loss"]["value"] != inference["loss"]["value"]
+    assert runs[0]["gradients"] == runs[1]["gradients"]
+
+
+def test_training_mode_on_a_model_object_is_seeded_and_leaves_its_seeds(tf: Any) -> None:
+    """The user's own object, whose dropout seeds have moved (it was called in training mode
+    before): every run draws the seed's dropout, and the object's seed states are its own
+    afterwards."""
+    import keras
+
+    keras.utils.set_random_seed(10)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.GRU(4, dropout=0.3),
+                              keras.layers.Dropout(0.5), keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(5).standard_normal((4, 6, 3)).astype("float32")
+    y = np.zeros((4, 2), "float32")
+    first = gradscope.explain(model, x=x, y=y, training=True)
+    model(x, training=True)  # the user trains on: the seed states move
+    states = [np.array(v.numpy()) for v in model.non_trainable_variables]
+    again = gradscope.explain(model, x=x, y=y, training=True)
+    assert first.loss.value == again.loss.value
+    assert [g.stats for g in first.gradients] == [g.stats for g in again.gradients]
+    after = [np.array(v.numpy()) for v in model.non_trainable_variables]
+    assert all(np.array_equal(a, b) for a, b in zip(states, after, strict=True))
