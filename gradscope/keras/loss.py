@@ -6,10 +6,10 @@
    ``model.compute_loss`` computes it, exactly as ``fit`` would. A model compiled with no loss
    (``compile(optimizer=…)``) trains on its ``add_loss`` terms alone: no output has a loss,
    targets are not read, and nothing is inferred. An output compiled with ``None`` adds nothing.
-3. Otherwise, for a model never compiled, a rule reads each output's activation: softmax → categorical cross-entropy;
-   sigmoid → binary cross-entropy; linear with one unit → mean squared error; linear with
-   several units → categorical cross-entropy on logits (the seed model's loss); anything else
-   → mean squared error.
+3. Otherwise, for a model never compiled, a rule reads each output's activation: softmax →
+   categorical cross-entropy; sigmoid → binary cross-entropy; linear with one unit → mean
+   squared error; linear with several units → categorical cross-entropy on logits (the seed
+   model's loss); anything else → mean squared error.
 """
 
 from __future__ import annotations
