@@ -213,3 +213,162 @@ def test_training_mode_on_a_model_object_is_seeded_and_leaves_its_seeds(tf: Any)
     assert [g.stats for g in first.gradients] == [g.stats for g in again.gradients]
     after = [np.array(v.numpy()) for v in model.non_trainable_variables]
     assert all(np.array_equal(a, b) for a, b in zip(states, after, strict=True))
+
+
+# -- check in the model's own dtype, where the user's code does not run in float64 -----------
+
+
+def _own_layers(keras: Any, wrong_by: float = 1.0) -> dict[str, Any]:
+    """Layers written as users write them: sub-layers made in ``__init__`` without a dtype,
+    a loss computed by ``ops.ctc_loss`` (float32 inside), a regulariser Keras cannot rebuild
+    from its config, and a gradient of the user's own (``wrong_by`` ≠ 1 plants a wrong one)."""
+    import tensorflow as tf
+    from keras import layers, ops
+
+    class Block(layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.project = layers.Dense(units)  # made without the model's dtype
+            self.pool = layers.GlobalAveragePooling1D()
+
+        def call(self, x: Any) -> Any:
+            @tf.custom_gradient
+            def scaled(v: Any) -> Any:
+                return 2.0 * v, lambda dy: 2.0 * wrong_by * dy
+
+            return self.pool(scaled(self.project(x)))
+
+    class CTC(layers.Layer):
+        def call(self, labels: Any, probabilities: Any) -> Any:
+            batch, steps = ops.shape(probabilities)[0], ops.shape(probabilities)[1]
+            loss = ops.ctc_loss(labels, probabilities, ops.full((batch,), 2, "int32"),
+                                ops.full((batch,), steps, "int32"))
+            self.add_loss(ops.mean(loss))
+            return probabilities
+
+    def orthogonal(w: Any) -> Any:
+        return 0.01 * ops.sum(ops.square(ops.matmul(ops.transpose(w), w)
+                                         - wrong_by * ops.eye(w.shape[1])))
+
+    return {"Block": Block, "CTC": CTC, "orthogonal": orthogonal}
+
+
+def _not_float64(kind: str, wrong_by: float = 1.0) -> tuple[Any, dict[str, Any], Any]:
+    import keras
+    from keras import layers
+
+    own = _own_layers(keras, wrong_by)
+    keras.utils.set_random_seed(11)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    inputs = keras.Input((6, 3), name="x")
+    if kind == "sub_layers":
+        h = layers.GRU(5, return_sequences=True, name="gru")(inputs)
+        model = keras.Model(inputs, layers.Dense(2, name="head")(own["Block"](4, name="block")(h)))
+        model.compile(loss="mse")
+        return model, {"x": x}, rng.standard_normal((4, 2)).astype("float32")
+    if kind == "ctc":
+        labels = keras.Input((2,), dtype="int32", name="labels")
+        h = layers.GRU(5, return_sequences=True, name="gru")(inputs)
+        probabilities = layers.Dense(4, activation="softmax", name="head")(h)
+        model = keras.Model([inputs, labels], own["CTC"](name="ctc")(labels, probabilities))
+        model.compile(optimizer="adam")
+        return model, {"x": x, "labels": rng.integers(1, 4, (4, 2)).astype("int32")}, None
+    assert kind == "regulariser"
+    h = layers.GRU(5, recurrent_regularizer=own["orthogonal"], name="gru")(inputs)
+    model = keras.Model(inputs, layers.Dense(2, name="head")(h))
+    model.compile(loss="mse")
+    return model, {"x": x}, rng.standard_normal((4, 2)).astype("float32")
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("sub_layers", "block/dense"), ("ctc", "does not resolve float64 steps"),
+    ("regulariser", "cannot rebuild it in float64")])
+def test_check_runs_in_the_models_dtype_where_its_code_is_not_float64(tf: Any, kind: str,
+                                                                      why: str) -> None:
+    """Each correct model passes, checked in float32 with the reason and the cost said; its
+    loss and gradients are those of Keras' own tape (explain), and gradscope.testing agrees."""
+    from gradscope.testing import assert_gradients
+
+    model, x, y = _not_float64(kind)
+    loss, truth = keras_tape_norms(model, x, y)
+    _assert_tape(gradscope.explain(model, x=x, y=y), loss, truth)
+    report = gradscope.check(model, x=x, y=y)
+    failing = [(t.name, w.detail) for t in report.tensors for w in t.witnesses if not w.passed]
+    assert report.summary.passed, failing
+    assert report.dtype == "float32" and why in (report.dtype_reason or "")
+    assert "2e-03" in (report.dtype_reason or "")
+    assert report.tolerances["finite_differences"] == 2e-3
+    assert report.loss.value == pytest.approx(loss, rel=RTOL)
+    assert_gradients(model, x, y)
+
+
+def test_check_in_float32_still_catches_a_wrong_gradient(tf: Any) -> None:
+    """A planted wrong gradient in a layer of the user's own (its custom_gradient 1.5 times too
+    large) fails check in float32, naming the weight below it, and the test helper raises."""
+    from gradscope.testing import assert_gradients
+
+    model, x, y = _not_float64("sub_layers", wrong_by=1.5)
+    report = gradscope.check(model, x=x, y=y)
+    assert report.dtype == "float32" and not report.summary.passed
+    assert any(name.startswith("block/dense") for name in report.summary.failed_tensors), \
+        report.summary.failed_tensors
+    assert not any(name.startswith("head/") for name in report.summary.failed_tensors)
+    with pytest.raises(AssertionError):
+        assert_gradients(model, x, y)
+
+
+def test_a_wrong_gradient_on_the_float64_copy_is_not_taken_for_low_precision(tf: Any) -> None:
+    """A model that does run in float64 and has a wrong gradient fails in float64: the
+    precision probe compares two finite differences, no gradient, so it cannot be fooled."""
+    import keras
+    import tensorflow as tf_
+
+    @tf_.custom_gradient
+    def doubled(v: Any) -> Any:
+        return 2.0 * v, lambda dy: 3.0 * dy
+
+    class Wrong(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            return doubled(x)
+
+    keras.utils.set_random_seed(13)
+    inputs = keras.Input((6, 3), name="x")
+    h = keras.layers.GRU(4, name="gru")(Wrong(name="wrong")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(h))
+    model.compile(loss="mse")
+    x = np.random.default_rng(14).standard_normal((4, 6, 3)).astype("float32")
+    report = gradscope.check(model, x=x, y=np.zeros((4, 2), "float32"))
+    assert report.dtype == "float64" and report.dtype_reason is None
+    assert not report.summary.passed
+    assert {"input x", "layer wrong"} <= set(report.summary.failed_tensors)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16", "float64"])
+def test_any_dtype_policy_is_explained_exactly_and_checked(tf: Any, policy: str) -> None:
+    """Under a mixed policy the recurrent cells compute in float16 or bfloat16: explain's
+    NumPy cross-check takes its tolerance from that dtype (it once raised an internal error),
+    and its numbers are Keras' own tape's; a float64 model's witnesses use float64's."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(15)
+        inputs = keras.Input((6, 3), name="x")
+        h = keras.layers.LSTM(6, return_sequences=True, name="lstm")(inputs)
+        h = keras.layers.GRU(5, name="gru")(h)
+        model = keras.Model(inputs, keras.layers.Dense(2, dtype="float32", name="head")(h))
+        model.compile(loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    x = np.random.default_rng(16).standard_normal((4, 6, 3)).astype("float32")
+    y = np.random.default_rng(17).standard_normal((4, 2)).astype("float32")
+    loss, truth = keras_tape_norms(model, x, y)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_tape(report, loss, truth)
+    witnessed = {w.layer: w for w in report.witnesses}
+    assert witnessed["lstm"].passed and witnessed["gru"].passed
+    expected = {"mixed_float16": 1e-2, "mixed_bfloat16": 6e-2, "float64": 1e-9}[policy]
+    assert witnessed["lstm"].tolerance == expected
+    checked = gradscope.check(model, x=x, y=y)
+    assert checked.summary.passed and checked.dtype == "float64"

@@ -27,8 +27,8 @@ import numpy as np
 
 from gradscope.errors import first_line
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
-from gradscope.keras.joint_differences import STEP
 from gradscope.keras.live import is_builtin
+from gradscope.keras.precision import step_for
 from gradscope.report.models import WitnessEntry
 from gradscope.witnesses.finite_differences import rounding_noise
 
@@ -147,6 +147,8 @@ def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
     tf = engine.tf
     step, x_tm, initial = _cell_run(engine, layer, call, training)
     steps, batch = int(x_tm.shape[0]), int(x_tm.shape[1])
+    dtype = engine.dtype_name
+    delta = step_for(dtype)
 
     @tf.function(autograph=False)
     def entering(x_tm: Any, initial: list[Any]) -> list[Any]:
@@ -185,32 +187,34 @@ def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
 
         def at(sign: float, k: int = k, base: Any = base, direction: Any = direction) -> Any:
             changed = list(moved)
-            changed[k] = base + sign * STEP * direction
+            changed[k] = base + sign * delta * direction
             return rows_of(changed[0], changed[1:]).numpy()
 
-        numerical = (at(1.0) - at(-1.0)) / (2 * STEP)
+        numerical = (at(1.0) - at(-1.0)) / (2 * delta)
         gradient = grads[k]
         analytic = (tf.reshape(gradient * direction, [steps * batch, -1]).numpy().sum(-1)
                     if gradient is not None else np.zeros(steps * batch))
-        parts.append(_part(_part_name(layer, k), numerical, analytic, at_rest, steps, batch))
+        parts.append(_part(_part_name(layer, k), numerical, analytic, at_rest, steps, batch,
+                           delta, dtype))
     # The weights: one direction over all of them; every step shares them, so one number.
     deltas = [rng.standard_normal(v.shape) for v in variables]
     values = [np.array(v.numpy()) for v in variables]
 
     def with_weights(sign: float) -> float:
-        for v, value, delta in zip(variables, values, deltas, strict=True):
-            v.assign(value + sign * STEP * delta)
+        for v, value, shift in zip(variables, values, deltas, strict=True):
+            v.assign(value + sign * delta * shift)
         try:
             return float(np.sum(rows_of(xs, states).numpy()))
         finally:
             for v, value in zip(variables, values, strict=True):
                 v.assign(value)
 
-    numerical = np.array([(with_weights(1.0) - with_weights(-1.0)) / (2 * STEP)])
+    numerical = np.array([(with_weights(1.0) - with_weights(-1.0)) / (2 * delta)])
     analytic = np.array([sum(float(np.sum(np.asarray(g) * d))
                              for g, d in zip(grads[1 + len(states):], deltas, strict=True)
                              if g is not None)])
-    parts.append(_part("the weights", numerical, analytic, np.array([np.sum(at_rest)]), 1, 1))
+    parts.append(_part("the weights", numerical, analytic, np.array([np.sum(at_rest)]), 1, 1,
+                       delta, dtype))
     return parts
 
 
@@ -222,12 +226,12 @@ def _part_name(layer: Any, k: int) -> str:
 
 
 def _part(name: str, numerical: np.ndarray, analytic: np.ndarray, at_rest: np.ndarray,
-          steps: int, batch: int) -> Part:
+          steps: int, batch: int, delta: float, dtype: str) -> Part:
     """Per row (step t, example b) the error of the tape's directional derivative, against the
     typical size of one; worst over the examples of each step. The factor: least squares of
     the tape's numbers on the differences', where it explains them to 1%."""
     typical = float(np.sqrt(np.mean(analytic ** 2))) if analytic.size else 0.0
-    noise = rounding_noise(at_rest, STEP)
+    noise = rounding_noise(at_rest, delta, dtype)
     scale = np.maximum(np.abs(analytic), typical) + noise
     errors = (np.abs(numerical - analytic) / scale).reshape(steps, batch).max(axis=1)
     factor = None

@@ -45,6 +45,7 @@ from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
 from gradscope.keras.data import batch_targets
 from gradscope.keras.engine import (
     CapturedCall,
+    CopyFails,
     KerasEngine,
     KerasPass,
     call_label,
@@ -53,13 +54,15 @@ from gradscope.keras.engine import (
 )
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.flow import RecurrentCall, each_recurrent_call, upstream_gradients
-from gradscope.keras.joint_differences import JOINT_DIRECTIONS, STEP, Part, joint_check
+from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_check
 from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
+from gradscope.keras.precision import coarse_loss, not_in_dtype, retake_for, step_for
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
 from gradscope.report.models import (
+    CheckedExamples,
     CheckedTensor,
     CheckSummary,
     KerasCheckReport,
@@ -90,36 +93,59 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
     the float64 copy: a check that cannot fail is a defect)."""
     say = progress or (lambda message: None)
-    clock = Clock()
     chosen = choose(job, examples)
     say("importing TensorFlow, loading the model and its float64 copy")
-    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed,
-                         dtype="float64")
+    try:
+        copy = KerasEngine(job.source, job.outputs, job.plan, training=job.training,
+                           seed=job.seed, dtype="float64")
+        return _check(job, copy, chosen, directions, rtol, atol, say, timings, after_autodiff)
+    except CopyFails as exc:
+        reason = exc.reason
+    say(f"the float64 copy does not run in float64 ({reason}): checking in the model's dtype")
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
+    return _check(job, engine, chosen, directions, rtol, atol, say, timings, after_autodiff,
+                  reason)
+
+
+def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
+           directions: int | None, rtol: float | None, atol: float | None, say: Progress,
+           timings: bool, after_autodiff: Callable[[Any], None] | None,
+           not_float64: str | None = None) -> KerasCheckReport:
+    """Check on ``engine``'s model: the float64 copy (which raises :class:`CopyFails` where
+    the user's code turns out not to run in float64), or the model in its own dtype, with
+    ``not_float64`` saying why."""
+    clock = Clock()
+    dtype = engine.dtype_name
+    copied = engine.model is not engine.user_model
     # Drawn for the whole batch: the examples keep the targets explain uses.
     targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
                             job.seed)
-    inputs, targets = ({name: value.astype(np.float64) if value.dtype.kind == "f" else value
+    inputs, targets = ({name: value.astype(dtype) if value.dtype.kind == "f" else value
                         for name, value in take(arrays, chosen.indices, job.batch_size).items()}
                        for arrays in (job.batch.inputs, targets))
     sample_weight = take(job.batch.sample_weight, chosen.indices, job.batch_size)
     clock.lap("load")
     model = engine.model
     frozen = moved_state(model)
-    say("TF autodiff on the float64 copy")
+    say(f"TF autodiff on the {'float64 copy' if copied else 'model'}")
     autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
                           sample_weight=sample_weight)
     restore(frozen)
+    if copied:
+        where = not_in_dtype(model, autodiff.calls, dtype)
+        if where:
+            raise CopyFails(where, where, engine.path)
     if not np.isfinite(autodiff.loss):
         raise DataError(f"{engine.path}: the loss is not finite ({autodiff.loss}) in Keras' own "
-                        "call of the float64 copy on this batch: no witness can compare "
-                        "gradients of it; check the batch (an average over fully masked "
-                        "steps, a log of 0) and the loss", where=engine.path)
+                        f"call of the {'float64 copy' if copied else 'model'} on this batch: no "
+                        "witness can compare gradients of it; check the batch (an average over "
+                        "fully masked steps, a log of 0) and the loss", where=engine.path)
     if after_autodiff is not None:
         after_autodiff(model)
     give_back_freed_memory()  # the tape's, before the witnesses set the peak
     clock.lap("autodiff")
-    fd_rtol = rtol if rtol is not None else TOLERANCES["finite_differences"]["float64"]
-    ref_rtol = rtol if rtol is not None else TOLERANCES["numpy_reference"]["float64"]
+    fd_rtol = rtol if rtol is not None else TOLERANCES["finite_differences"][dtype]
+    ref_rtol = rtol if rtol is not None else TOLERANCES["numpy_reference"][dtype]
     results: dict[str, list[WitnessEntry]] = {}
     referenced: dict[str, list[WitnessEntry]] = {}
     shapes: dict[str, list[int]] = {}
@@ -139,6 +165,12 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     clock.lap("numpy_reference_wait")
     for name, entries in referenced.items():
         results.setdefault(name, []).extend(entries)
+    if copied and not all(e.passed for entries in results.values() for e in entries):
+        say("does the float64 copy really compute in float64?")
+        coarse = coarse_loss(_loss_along(engine, inputs, targets, frozen, sample_weight,
+                                         job.seed), autodiff.loss)
+        if coarse:
+            raise CopyFails(coarse, coarse, engine.path)
     if not all(e.passed for entries in results.values() for e in entries):
         say("each layer call, and each step of your cells, on its own")
         restore(frozen)
@@ -157,7 +189,7 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
                             "own_backward"].index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
-        examples=chosen,
+        examples=chosen, dtype=dtype, dtype_reason=_costs(not_float64, dtype, fd_rtol),
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol,
                     **{w: fd_rtol for w in ("cell_steps", "own_backward") if w in witnesses}},
         tensors=tensors, not_witnessed=not_witnessed,
@@ -166,6 +198,48 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
         timings=clock.laps(timings))
+
+
+def _costs(not_float64: str | None, dtype: str, rtol: float) -> str | None:
+    """Why check did not compute in float64, and what its own dtype costs."""
+    if not_float64 is None:
+        return None
+    return (f"{not_float64}. In {dtype} the finite differences resolve a relative error of "
+            f"about {rtol:.0e} (in float64, {TOLERANCES['finite_differences']['float64']:.0e}), "
+            "so a smaller error in a gradient would pass")
+
+
+def _loss_along(engine: KerasEngine, inputs: dict[str, np.ndarray],
+                targets: dict[str, np.ndarray], frozen: list[tuple[Any, np.ndarray]],
+                sample_weight: Any, seed: int) -> Callable[[float], float]:
+    """The loss of Keras' own call with every trainable weight moved by ``h`` along one
+    random unit direction (for :func:`~gradscope.keras.precision.coarse_loss`)."""
+    tf = engine.tf
+    feed, y = engine.tensors(inputs, targets)
+    weights = engine.weight_tensors(sample_weight)
+    variables = list(engine.model.trainable_variables)
+    bases = [np.array(v.numpy()) for v in variables]
+    rng = np.random.default_rng([seed, 5])
+    draws = [rng.standard_normal(base.shape) for base in bases]
+    norm = float(np.sqrt(sum(float(np.sum(d * d)) for d in draws))) or 1.0
+
+    @tf.function(reduce_retracing=True)
+    def evaluate(feed: list[Any]) -> Any:
+        return whole_model_loss(engine.model,
+                                lambda f, t, o: engine.compute_loss(f, t, o, weights),
+                                feed, y, engine.training)
+
+    def along(h: float) -> float:
+        restore(frozen)
+        try:
+            for variable, base, draw in zip(variables, bases, draws, strict=True):
+                variable.assign(base + h * draw / norm)
+            return float(evaluate(feed).numpy())
+        finally:
+            for variable, base in zip(variables, bases, strict=True):
+                variable.assign(base)
+
+    return along
 
 
 def _cell_steps(engine: KerasEngine, autodiff: KerasPass, job: KerasJob, rtol: float,
@@ -242,8 +316,10 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             for variable, _ in moved:
                 variable.assign(parts_by_name[variable.path].value)
 
+    dtype = engine.dtype_name
     joint = (joint_check(parts, JOINT_DIRECTIONS if directions is None else directions, rng,
-                         autodiff.loss, rtol, atol, STEP, loss_at) if parts else None)
+                         autodiff.loss, rtol, atol, step_for(dtype), loss_at, dtype)
+             if parts else None)
     if joint is not None and joint.passed:
         for part in parts:
             shapes[part.name] = list(part.gradient.shape)
@@ -373,9 +449,12 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
 
     states = {f"{call_label(c.layer, c.index)}/{n}" for c in state_calls
               for n in state_names(engine.operation(c.layer))}
+    dtype = engine.dtype_name
+    step = step_for(dtype)
     if names & states:
         own, replayed = loss_with(), loss_with(deltas=zero_deltas)
-        if not abs(own - replayed) <= 1e-9 * max(1.0, abs(own)):
+        same = 1e-9 if dtype == "float64" else 1e-5  # the replay's ops, rounded in dtype
+        if not abs(own - replayed) <= same * max(1.0, abs(own)):
             raise InternalError(
                 f"internal error: {engine.path}: with its initial states unshifted, "
                 f"gradscope's layer-by-layer run gives the loss {replayed:.12g}, Keras' own "
@@ -389,10 +468,12 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
         probes = probes_for(name, gradient, directions, rng)
         if keep is not None:
             probes = _restricted(probes, keep)
-        plus = np.array([evaluate_at(base + STEP * p.direction) for p in probes])
-        minus = np.array([evaluate_at(base - STEP * p.direction) for p in probes])
+        plus = np.array([evaluate_at((base + step * p.direction).astype(base.dtype))
+                         for p in probes])
+        minus = np.array([evaluate_at((base - step * p.direction).astype(base.dtype))
+                          for p in probes])
         settled = _settle_kinks(gradient, probes, plus, minus, evaluate_at, base,
-                                autodiff.loss, rtol, atol)
+                                autodiff.loss, rtol, atol, dtype)
         shapes[name] = list(gradient.shape)
         if not settled.groups:
             results.setdefault(name, []).append(WitnessEntry(
@@ -400,8 +481,8 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
                 at_kink=True, detail=settled.kink_detail(len(probes))))
             return
         error, passed, detail = max(
-            (directional_error(gradient, group, p, m, autodiff.loss, rtol, atol, step)
-             for group, p, m, step in settled.groups), key=lambda found: found[0])
+            (directional_error(gradient, group, p, m, autodiff.loss, rtol, atol, taken, dtype)
+             for group, p, m, taken in settled.groups), key=lambda found: found[0])
         if settled.kinks:
             detail += f"; {settled.kink_detail(len(probes))}"
         if keep is not None:
@@ -471,39 +552,40 @@ class _Settled:
 def _settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                   minus: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
                   base: np.ndarray, loss: float, rtol: float,
-                  atol: float | None) -> _Settled:
-    """A probe whose central difference disagrees with autodiff is taken again at a step
-    100 times smaller. Where the loss is smooth, that difference is then closer (it keeps
-    the smaller step). Where the probe straddles a kink, the one-sided slopes stay apart
-    at every step: the probe is left out, and said to be at a kink, never a failure. A
+                  atol: float | None, dtype: str = "float64") -> _Settled:
+    """A probe whose central difference disagrees with autodiff is taken again at a smaller
+    step (:func:`~gradscope.keras.precision.retake_for`). Where the loss is smooth, that
+    difference is then closer (it keeps the smaller step). Where the probe straddles a kink,
+    the one-sided slopes stay apart at every step: the probe is left out, and said to be at a
+    kink, never a failure. A
     probe that fails at both steps on a smooth loss stays as it failed."""
     settled = _Settled()
     kept: list[int] = []
     retaken: list[tuple[Probe, float, float]] = []
     centre: float | None = None
-    small = STEP / 100
+    step, small = step_for(dtype), retake_for(dtype)
     for k, probe in enumerate(probes):
         if directional_error(gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol,
-                             atol, STEP)[1]:
+                             atol, step, dtype)[1]:
             kept.append(k)
             continue
-        near_plus = evaluate_at(base + small * probe.direction)
-        near_minus = evaluate_at(base - small * probe.direction)
+        near_plus = evaluate_at((base + small * probe.direction).astype(base.dtype))
+        near_minus = evaluate_at((base - small * probe.direction).astype(base.dtype))
         if directional_error(gradient, [probe], np.array([near_plus]), np.array([near_minus]),
-                             loss, rtol, atol, small)[1]:
+                             loss, rtol, atol, small, dtype)[1]:
             retaken.append((probe, near_plus, near_minus))
             continue
         centre = evaluate_at(base) if centre is None else centre
-        far = (plus[k] - centre) / STEP - (centre - minus[k]) / STEP
+        far = (plus[k] - centre) / step - (centre - minus[k]) / step
         near = (near_plus - centre) / small - (centre - near_minus) / small
-        noise = 1e3 * np.finfo(np.float64).eps * max(abs(centre), 1.0) / small
+        noise = 1e3 * np.finfo(dtype).eps * max(abs(centre), 1.0) / small
         if abs(far) > noise and abs(near) > 0.5 * abs(far):
             settled.kinks.append((probe.label, (near_plus - centre) / small,
                                   (centre - near_minus) / small))
         else:
             kept.append(k)
     if kept:
-        settled.groups.append(([probes[k] for k in kept], plus[kept], minus[kept], STEP))
+        settled.groups.append(([probes[k] for k in kept], plus[kept], minus[kept], step))
     if retaken:
         settled.groups.append(([p for p, _, _ in retaken], np.array([a for _, a, _ in retaken]),
                                np.array([b for _, _, b in retaken]), small))

@@ -89,6 +89,16 @@ class KerasPass:
     loss_terms: list[LossTerm] = field(default_factory=list)
 
 
+class CopyFails(ConfigError):
+    """The copy of the model in another dtype cannot be built, or Keras' own call of it fails,
+    where the model itself runs: the user's code does not run in that dtype. ``reason`` says
+    where, in words."""
+
+    def __init__(self, message: str, reason: str, where: str) -> None:
+        super().__init__(message, where=where)
+        self.reason = reason
+
+
 def call_label(layer: str, index: int) -> str:
     return layer if index == 0 else f"{layer}[{index}]"
 
@@ -120,7 +130,7 @@ class KerasEngine:
         self.output_names = outputs
         self.training = training
         self.seed = seed
-        self.dtype_name = dtype or "float32"
+        self.dtype_name = dtype or "float32"  # the model's own, once it is loaded
         #: The loss when it is not the model's own compiled one (a model object is never
         #: compiled by gradscope): a CompileLoss, called as Trainer.compute_loss calls it.
         self._own_loss: Any = None
@@ -129,6 +139,9 @@ class KerasEngine:
             self.model = source
         else:
             self.model = self._load(path, compile_saved)
+        if dtype is None:
+            policy = getattr(self.model, "dtype_policy", None)
+            self.dtype_name = str(getattr(policy, "variable_dtype", None) or "float32")
         if len(self.model.outputs) != len(outputs):
             raise ConfigError(f"{path}: Keras built {len(self.model.outputs)} outputs from "
                               f"{'its config' if self.live else 'the file'}, but the config "
@@ -152,9 +165,10 @@ class KerasEngine:
                         self.model.compile_from_config(saved_compile)
                 except Exception as exc:  # a custom loss Keras cannot rebuild from its config
                     first = first_line(exc)
-                    raise ConfigError(f"{path}: Keras cannot rebuild its compiled loss for the "
-                                      f"{dtype} copy: {first}; pass loss=NAME to use a Keras "
-                                      "loss", where=path) from None
+                    raise CopyFails(f"{path}: Keras cannot rebuild its compiled loss for the "
+                                    f"{dtype} copy: {first}; pass loss=NAME to use a Keras "
+                                    "loss", f"Keras cannot rebuild its compiled loss in {dtype} "
+                                    f"({first})", where=path) from None
         if training and (not self.live or self.model is not user_model):
             # gradscope's own object (a file's model, a copy): seeded once, so that every pass
             # of check starts from the same draws. The user's object is seeded for each run
@@ -301,13 +315,12 @@ class KerasEngine:
             _same_functions(self.model, copy)
             copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
                               else w for w in self.model.get_weights()])
-        except Exception as exc:
-            if not self.live:
-                raise
+        except Exception as exc:  # the user's code, rebuilt from its config: anything
             first = first_line(exc)
-            raise ConfigError(f"{self.path}: Keras cannot rebuild it in {dtype} from its "
-                              f"config (the copy check compares against): {first}",
-                              where=self.path) from None
+            raise CopyFails(f"{self.path}: Keras cannot rebuild it in {dtype} from its "
+                            f"config (the copy check compares against): {first}",
+                            f"Keras cannot rebuild it in {dtype} from its config ({first})",
+                            where=self.path) from None
         return copy
 
     def output_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -533,11 +546,13 @@ class KerasEngine:
             raise
         except Exception as exc:  # Keras and TensorFlow raise many kinds
             first = first_line(exc)
-            copy = f" (the {self.dtype_name} copy)" if self.model is not self.user_model \
-                else ""
-            raise ConfigError(f"{self.path}: Keras' own call of the model{copy} and its "
-                              f"loss fails on this batch: {first}", where=self.path) \
-                from None
+            if self.model is not self.user_model:
+                raise CopyFails(f"{self.path}: Keras' own call of the model (the "
+                                f"{self.dtype_name} copy) and its loss fails on this batch: "
+                                f"{first}", f"Keras' own call of its {self.dtype_name} copy "
+                                f"fails ({first})", where=self.path) from None
+            raise ConfigError(f"{self.path}: Keras' own call of the model and its loss fails "
+                              f"on this batch: {first}", where=self.path) from None
         restore(before)
         if self.training:
             seed_random_draws(self.model, self.seed)

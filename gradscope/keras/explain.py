@@ -288,11 +288,11 @@ def _both_directions(call: Any, engine: Any) -> KerasWitnessEntry:
     Keras merges them, against every output Keras gave; or why they are not."""
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import output_error, rerun_call
-    from gradscope.keras.witness import TOLERANCES
+    from gradscope.keras.witness import TOLERANCES, computed_in
 
     label = call_label(call.layer, call.index)
     name = "gradscope's NumPy cells, one per direction"
-    _, rtol = TOLERANCES.get(engine.dtype_name, TOLERANCES["float32"])
+    _, rtol = TOLERANCES.get(computed_in(call, engine.dtype_name), TOLERANCES["float32"])
     found = rerun_call(call, engine)
     if isinstance(found, str):
         return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,

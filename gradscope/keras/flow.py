@@ -31,7 +31,7 @@ from gradscope.errors import InternalError
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.witness import TOLERANCES, cell_params, unmodelled
+from gradscope.keras.witness import TOLERANCES, cell_params, computed_in, unmodelled
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     FlowFlag,
@@ -263,7 +263,7 @@ def _reproduces(recurrent: RecurrentCall, dtype: str) -> str | None:
 def output_error(recurrent: RecurrentCall, dtype: str) -> tuple[float, float] | str:
     """The largest |error| of the NumPy cells' outputs against Keras' and what the witness
     tolerance allows there, or why they do not reproduce them."""
-    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    atol, rtol = TOLERANCES.get(computed_in(recurrent.call, dtype), TOLERANCES["float32"])
     ours = _outputs(recurrent)
     keras = [np.asarray(o, np.float64) for o in recurrent.call.outputs]
     if len(ours) != len(keras):

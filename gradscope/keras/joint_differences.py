@@ -70,9 +70,10 @@ class JointResult:
 
 
 def directions(parts: list[Part], count: int, rng: np.random.Generator, loss: float,
-               rtol: float, step: float) -> tuple[float, list[dict[str, np.ndarray]]]:
+               rtol: float, step: float, dtype: str = "float64",
+               ) -> tuple[float, list[dict[str, np.ndarray]]]:
     """``m`` (see the module) and ``count`` joint directions: per tensor, ``a_t·u_t``."""
-    floor = float(rounding_noise(loss, step)) / rtol
+    floor = float(rounding_noise(loss, step, dtype)) / rtol
     typical = {part.name: part.typical() for part in parts}
     # A tensor below the floor moves by a whole step, and its errors are caught beyond
     # rtol·m + noise: m = floor keeps that at twice the rounding, as its own probe would.
@@ -96,29 +97,36 @@ def directions(parts: list[Part], count: int, rng: np.random.Generator, loss: fl
 
 def compare(parts: list[Part], direction: dict[str, np.ndarray], step: float, m: float,
             loss: float, rtol: float, atol: float | None,
-            loss_at: Callable[[dict[str, np.ndarray]], float]) -> tuple[float, float, float]:
+            loss_at: Callable[[dict[str, np.ndarray]], float],
+            dtype: str = "float64") -> tuple[float, float, float]:
     """The central difference along ``direction`` at ``step`` against autodiff, from the values
-    the probes really took: (normalised error, finite difference, autodiff)."""
-    plus = {p.name: p.value + step * direction[p.name] for p in parts if p.name in direction}
-    minus = {p.name: p.value - step * direction[p.name] for p in parts if p.name in direction}
+    the probes really took (rounded to each tensor's dtype): (normalised error, finite
+    difference, autodiff)."""
+    plus = {p.name: (p.value + step * direction[p.name]).astype(p.value.dtype)
+            for p in parts if p.name in direction}
+    minus = {p.name: (p.value - step * direction[p.name]).astype(p.value.dtype)
+             for p in parts if p.name in direction}
     numerical = (loss_at(plus) - loss_at(minus)) / (2 * step)
-    analytic = sum(float(np.sum(p.gradient * (plus[p.name] - minus[p.name])))
+    analytic = sum(float(np.sum(np.asarray(p.gradient, np.float64)
+                                * (plus[p.name].astype(np.float64)
+                                   - minus[p.name].astype(np.float64))))
                    for p in parts if p.name in direction) / (2 * step)
-    allowed = m + (float(rounding_noise(loss, step)) + (atol or 0.0)) / rtol
+    allowed = m + (float(rounding_noise(loss, step, dtype)) + (atol or 0.0)) / rtol
     return abs(numerical - analytic) / allowed, numerical, analytic
 
 
 def joint_check(parts: list[Part], count: int, rng: np.random.Generator, loss: float,
                 rtol: float, atol: float | None, step: float,
-                loss_at: Callable[[dict[str, np.ndarray]], float]) -> JointResult:
+                loss_at: Callable[[dict[str, np.ndarray]], float],
+                dtype: str = "float64") -> JointResult:
     """Every part along ``count`` joint directions. The first direction that disagrees ends
     the joint check: the tensors are probed one by one next, where a kink (relu's corner, a
     tie in a max) is told apart from a wrong gradient tensor by tensor."""
-    m, drawn = directions(parts, count, rng, loss, rtol, step)
+    m, drawn = directions(parts, count, rng, loss, rtol, step, dtype)
     worst: tuple[float, int, float, float] | None = None
     for k, direction in enumerate(drawn, start=1):
         error, numerical, analytic = compare(parts, direction, step, m, loss, rtol, atol,
-                                             loss_at)
+                                             loss_at, dtype)
         if worst is None or error > worst[0]:
             worst = (error, k, numerical, analytic)
         if error > rtol:

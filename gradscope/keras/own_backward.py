@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.keras.engine import CapturedCall, call_label
-from gradscope.keras.joint_differences import STEP
+from gradscope.keras.precision import retake_for, step_for
 from gradscope.report.models import WitnessEntry
 from gradscope.witnesses.finite_differences import Probe, directional_error
 
@@ -82,11 +82,13 @@ def _one(tf: Any, layer: Any, call: CapturedCall, x: Any, training: bool,
     direction = rng.standard_normal(x.shape)
     probe = Probe("input", "a random direction", direction / np.linalg.norm(direction))
     analytic = float(np.sum(gradient * probe.direction))
-    for step in (STEP, STEP / 100):
+    dtype = x.dtype.name
+    for step in (step_for(dtype), retake_for(dtype)):
         shift = tf.constant(step * probe.direction, x.dtype)
         plus, minus = at(x + shift), at(x - shift)
         error, passed, _ = directional_error(gradient, [probe], np.array([plus]),
-                                             np.array([minus]), float(value), rtol, None, step)
+                                             np.array([minus]), float(value), rtol, None, step,
+                                             dtype)
         if passed:
             return None
     numerical = (plus - minus) / (2 * step)

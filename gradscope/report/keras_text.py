@@ -340,9 +340,16 @@ def _ranges(indices: list[int]) -> str:
 def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:
     summary = report.summary
     parts: list[RenderableType] = [*header(report, "check"), *examples_lines(report)]
+    if report.dtype_reason is None:
+        computed = Text("a float64 copy of the model with the same weights; every witness "
+                        "compares with TF autodiff on it; relative tolerances: "
+                        f"{tolerances_text(report)}", style="dim")
+    else:
+        computed = Text(f"checked in the model's own {report.dtype}, not a float64 copy: "
+                        f"{report.dtype_reason}; relative tolerances: "
+                        f"{tolerances_text(report)}", style="yellow")
     parts += [
-        Text("a float64 copy of the model with the same weights; every witness compares with "
-             f"TF autodiff on it; relative tolerances: {tolerances_text(report)}", style="dim"),
+        computed,
         *checked_section(report, width),
         *failures_section(report),
     ]

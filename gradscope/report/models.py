@@ -665,6 +665,11 @@ class KerasCheckReport(_Displayed):
     examples: CheckedExamples | None = Field(
         default=None, description="the examples of the batch that were checked")
     tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    dtype: str = Field(default="float64", description="the dtype check computed in: float64 "
+                       "(a copy of the model with the same weights), or the model's own")
+    dtype_reason: str | None = Field(
+        default=None, description="why not a float64 copy: where the user's code does not run "
+                                  "in float64, and what checking in the model's dtype costs")
     tensors: list[CheckedTensor] = Field(description="Keras variable paths, 'input NAME', "
                                                      "initial states 'LAYER/h0', and 'layer "
                                                      "NAME' for a layer call whose own "

@@ -385,15 +385,15 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
     return witness.finish(ctx)
 
 
-def rounding_noise(loss: Any, step: float) -> Any:
-    """The loss's rounding, amplified by 1/(2·step): below it no disagreement of a central
-    difference is real. ``loss`` a number, or an array of them (one noise each)."""
-    return 64 * np.finfo(np.float64).eps * np.maximum(np.abs(loss), 1.0) / (2 * step)
+def rounding_noise(loss: Any, step: float, dtype: str = "float64") -> Any:
+    """The loss's rounding in ``dtype``, amplified by 1/(2·step): below it no disagreement of a
+    central difference is real. ``loss`` a number, or an array of them (one noise each)."""
+    return 64 * np.finfo(dtype).eps * np.maximum(np.abs(loss), 1.0) / (2 * step)
 
 
 def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                       minus: np.ndarray, loss: float, rtol: float, atol: float | None,
-                      step: float = STEP) -> tuple[float, bool, str]:
+                      step: float = STEP, dtype: str = "float64") -> tuple[float, bool, str]:
     """Central differences along ``probes`` (loss at ±``step``) against ⟨g, v⟩: the worst
     normalised error, whether it is within ``rtol``, and a line naming the worst probe and both
     values. Only ``plus − minus`` counts: for a probe that moves one example, both may be that
@@ -404,7 +404,7 @@ def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarra
     # size of one, ‖g‖/√n, when that is larger.
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
     scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
-    noise = rounding_noise(loss, step)
+    noise = rounding_noise(loss, step, dtype)
     # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so that
     # it passes exactly when it is ≤ rtol.
     errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)

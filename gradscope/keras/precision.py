@@ -1,0 +1,79 @@
+"""The precision check works in: the float64 copy of the model, or the model's own dtype where
+the user's code does not really run in float64 (a sub-layer left in float32, a loss that
+computes in float32, a copy Keras cannot rebuild). Each dtype has its step for the central
+differences and its tolerances (:data:`~gradscope.witnesses.context.TOLERANCES`, JAX's values):
+in float32 the loss's rounding, amplified by 1/step, is what a difference can resolve, so the
+step is larger and the tolerance looser, and the report says which it could afford.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: The central differences' step by dtype. float64: the truncation error (∝ step²) ~1e-10
+#: relative and the rounding, amplified by 1/step, ~1e-11. float32: the rounding (~6e-8 of the
+#: loss) amplified by 1/step stays ~1e-4 of the loss, and the truncation ~1e-6.
+STEPS = {"float64": 1e-5, "float32": 1e-3}
+
+
+def step_for(dtype: str) -> float:
+    """The step of the central differences on a model that computes in ``dtype``."""
+    return STEPS.get(dtype, STEPS["float32"])
+
+
+def retake_for(dtype: str) -> float:
+    """The smaller step a probe that disagrees is taken again at (to tell a kink from a wrong
+    gradient): a hundredth of the step in float64; a tenth in float32, whose rounding would
+    drown a hundredth."""
+    return step_for(dtype) / (100 if dtype == "float64" else 10)
+
+
+def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
+    """Where a copy of the model rebuilt in ``dtype`` does not compute in it: weights left in
+    another float dtype (a sub-layer a custom layer makes without passing its dtype), and layer
+    calls that return another float dtype. None where everything is ``dtype``."""
+    weights = [v.path for v in model.weights if _is_other_float(v.dtype, dtype)]
+    outputs = sorted({call.layer for call in calls for tensor in call.outputs
+                      if _is_other_float(getattr(tensor, "dtype", None), dtype)})
+    found = []
+    if weights:
+        found.append(f"the weight{'s' if len(weights) > 1 else ''} {_listed(weights)} "
+                     f"{'stay' if len(weights) > 1 else 'stays'} in another dtype (a sub-layer "
+                     "made without the model's dtype)")
+    if outputs:
+        found.append(f"layer{'s' if len(outputs) > 1 else ''} {_listed(outputs)} "
+                     f"return{'' if len(outputs) > 1 else 's'} another dtype")
+    return f"in its {dtype} copy, {' and '.join(found)}" if found else None
+
+
+def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None:
+    """Whether the loss of a float64 copy really resolves float64 steps. Central differences
+    of the loss along one random direction of the weights, at steps 1e-4 and 1e-8, agree to
+    ~1e-6 in float64 (rounding ~1e-16 of the loss, over 1e-8), kinks and all: both straddle
+    the same corner. Where code inside the model or its loss computes in float32, the loss
+    moves in steps of ~6e-8 of itself, and the slope at 1e-8 is that rounding. No gradient
+    enters the comparison, so a wrong one cannot pass for low precision. ``loss_along(h)``:
+    the loss with the weights moved by ``h`` along the direction."""
+    from gradscope.witnesses.finite_differences import rounding_noise
+
+    large, small = 1e-4, 1e-8
+    slope_large = (loss_along(large) - loss_along(-large)) / (2 * large)
+    slope_small = (loss_along(small) - loss_along(-small)) / (2 * small)
+    allowed = 1e-2 * abs(slope_large) + 100 * float(rounding_noise(loss, small))
+    if abs(slope_small - slope_large) <= allowed:
+        return None
+    return (f"its float64 copy's loss does not resolve float64 steps (along a random direction "
+            f"of the weights its slope is {slope_large:.6e} at a step of 1e-4 and "
+            f"{slope_small:.6e} at 1e-8), so code inside the model or its loss computes in a "
+            "lower precision (a float32 constant or cast, keras.ops.ctc_loss)")
+
+
+def _is_other_float(found: Any, dtype: str) -> bool:
+    name = str(getattr(found, "name", found))
+    return "float" in name and name != dtype
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
