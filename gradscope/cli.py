@@ -461,13 +461,23 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
                              "'errata'", where="--equations")
     source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)
-    with progress.status("gradscope check", spinner="dots") as status:
-        report = gradscope.check(source, against=against, chunks=chunks, data=data_files,
-                                 layer=layer, time_last=time_last, weights=weights,
-                                 directions=directions, rtol=rtol, atol=atol,
-                                 examples=examples, equations=equations,
-                                 max_memory=max_memory, timings=timings,
-                                 progress=status.update, **keras_run)
+    try:
+        with progress.status("gradscope check", spinner="dots") as status:
+            report = gradscope.check(source, against=against, chunks=chunks, data=data_files,
+                                     layer=layer, time_last=time_last, weights=weights,
+                                     directions=directions, rtol=rtol, atol=atol,
+                                     examples=examples, equations=equations,
+                                     max_memory=max_memory, timings=timings,
+                                     progress=status.update, **keras_run)
+    except Exception as exc:
+        if junit is not None:  # CI reads the file whatever the outcome: why check did not run
+            from gradscope.report.junit import junit_error_xml
+
+            message = exc.message if isinstance(exc, GradscopeError) else (
+                f"internal error: {type(exc).__name__}: {exc}")
+            _write_atomically(junit, junit_error_xml(config or "the seed model", message,
+                                                     type(exc).__name__))
+        raise
     if junit is not None:
         from gradscope.report.junit import junit_xml
 

@@ -88,3 +88,74 @@ def test_an_existing_file_is_never_overwritten(tmp_path):
 @pytest.fixture(autouse=True)
 def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
+
+
+def test_a_check_that_cannot_run_still_writes_the_file_with_why(tmp_path, tf):
+    """A data error (exit 2): the JUnit file holds one error case with the message, so that a
+    CI job reading it reports why rather than a missing file."""
+    import keras
+    from junitparser import Error
+
+    keras.utils.set_random_seed(6)
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4, name="gru"),
+                              keras.layers.Dense(2, name="out")])
+    model.compile(loss="mse")
+    path = tmp_path / "gru.keras"
+    model.save(path)
+    import numpy as np
+
+    np.savez(tmp_path / "bad.npz", x=np.ones((2, 5, 3), "float32"))  # no targets
+    junit = tmp_path / "gradients.xml"
+    done = run_gradscope("check", str(path), "--data", str(tmp_path / "bad.npz"), "--junit",
+                         str(junit), "-q")
+    assert done.returncode == 2, done.stderr
+    (case,) = _cases(junit).values()
+    (error,) = case.result
+    assert isinstance(error, Error) and "no targets for the output" in error.message
+
+
+def test_a_model_checked_in_float32_says_so_in_its_properties(tmp_path, tf):
+    """A saved model whose registered layer makes a sub-layer without the model's dtype: check
+    runs in float32 (exit 0), and the JUnit properties name the dtype and why."""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "blocks.py").write_text(textwrap.dedent('''
+        import keras
+
+
+        @keras.saving.register_keras_serializable("blocks")
+        class Block(keras.layers.Layer):
+            def __init__(self, units, **kwargs):
+                super().__init__(**kwargs)
+                self.units = units
+                self.project = keras.layers.Dense(units)  # without the model's dtype
+
+            def call(self, x):
+                return self.project(x)
+
+            def get_config(self):
+                return {**super().get_config(), "units": self.units}
+    '''))
+    build = textwrap.dedent('''
+        import keras, blocks
+        keras.utils.set_random_seed(7)
+        inputs = keras.Input((5, 3))
+        h = keras.layers.GRU(4, name="gru")(blocks.Block(3, name="block")(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(2, name="out")(h))
+        model.compile(loss="mse")
+        model.save("blocks.keras")
+    ''')
+    done = subprocess.run([sys.executable, "-c", build], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    junit = tmp_path / "gradients.xml"
+    done = subprocess.run([sys.executable, "-m", "gradscope", "check", "blocks.keras",
+                           "--import", "blocks", "--junit", str(junit), "-q"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    properties = {p.name: p.value for suite in JUnitXml.fromfile(str(junit))
+                  for p in suite.properties()}
+    assert properties["dtype"] == "float32" and properties["rtol.finite_differences"] == "0.002"
+    assert "block/dense" in properties["dtype.reason"]

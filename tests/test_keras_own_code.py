@@ -301,6 +301,11 @@ def test_check_runs_in_the_models_dtype_where_its_code_is_not_float64(tf: Any, k
     assert report.tolerances["finite_differences"] == 2e-3
     assert report.loss.value == pytest.approx(loss, rel=RTOL)
     assert_gradients(model, x, y)
+    if kind == "sub_layers":  # the layer alone, as gradscope.testing.check_layer checks it
+        from gradscope.testing import check_layer
+
+        alone = check_layer(model.get_layer("block"), np.ones((3, 6, 5), "float32"))
+        assert alone.summary.passed and alone.dtype == "float32"
 
 
 def test_check_in_float32_still_catches_a_wrong_gradient(tf: Any) -> None:
