@@ -37,8 +37,9 @@ import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
 from gradscope._tf import native_stderr_silenced
-from gradscope.errors import DataError, InternalError
+from gradscope.errors import ConfigError, DataError, InternalError
 from gradscope.guard import give_back_freed_memory
+from gradscope.keras import stopped
 from gradscope.keras.cell_steps import not_run, your_cells
 from gradscope.keras.cell_steps import witness as cell_steps_witness
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
@@ -128,8 +129,9 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     model = engine.model
     frozen = moved_state(model)
     say(f"TF autodiff on the {'float64 copy' if copied else 'model'}")
-    autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
-                          sample_weight=sample_weight)
+    with stopped.counted(engine.tf) as stops_met:
+        autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
+                              sample_weight=sample_weight)
     restore(frozen)
     if copied:
         where = not_in_dtype(model, autodiff.calls, dtype)
@@ -153,8 +155,11 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     # TensorFlow's kernels release the GIL), on the weights as they are now: the differences
     # move the variables meanwhile.
     weights = {v.path: np.array(v.numpy()) for v in model.weights}
+    stops = (_stops(engine, inputs, targets, frozen, sample_weight) if stops_met[0]
+             else stopped.Stops())
     say("finite differences, and the NumPy reference for the recurrent layers beside them")
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool, \
+            stopped.held(engine.tf, stops):
         reference = pool.submit(clock.timed, "numpy_reference", lambda: _numpy_reference(
             engine, autodiff, weights, ref_rtol, referenced, Sketch(job.seed)))
         _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol,
@@ -167,16 +172,18 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         results.setdefault(name, []).extend(entries)
     if copied and not all(e.passed for entries in results.values() for e in entries):
         say("does the float64 copy really compute in float64?")
-        coarse = coarse_loss(_loss_along(engine, inputs, targets, frozen, sample_weight,
-                                         job.seed), autodiff.loss)
+        with stopped.held(engine.tf, stops):
+            coarse = coarse_loss(_loss_along(engine, inputs, targets, frozen, sample_weight,
+                                             job.seed), autodiff.loss)
         if coarse:
             raise CopyFails(coarse, coarse, engine.path)
     if not all(e.passed for entries in results.values() for e in entries):
         say("each layer call, and each step of your cells, on its own")
         restore(frozen)
+        stopping = {place for place in stops.places}
         for name, (shape, entry) in own_backward_witness(
-                engine, autodiff.calls, job.training, job.seed, fd_rtol,
-                lambda: restore(frozen)).items():
+                engine, [c for c in autodiff.calls if f"layer '{c.layer}'" not in stopping],
+                job.training, job.seed, fd_rtol, lambda: restore(frozen)).items():
             results[name], shapes[name] = [entry], shape
         not_witnessed += _cell_steps(engine, autodiff, job, fd_rtol, results)
         clock.lap("layers_on_their_own")
@@ -190,6 +197,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
         examples=chosen, dtype=dtype, dtype_reason=_costs(not_float64, dtype, fd_rtol),
+        held_fixed=stops.described(),
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol,
                     **{w: fd_rtol for w in ("cell_steps", "own_backward") if w in witnesses}},
         tensors=tensors, not_witnessed=not_witnessed,
@@ -198,6 +206,28 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
         timings=clock.laps(timings))
+
+
+def _stops(engine: KerasEngine, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+           frozen: list[tuple[Any, np.ndarray]], sample_weight: Any) -> stopped.Stops:
+    """The tensors the model stops the gradient of, on the unperturbed call (see
+    :mod:`~gradscope.keras.stopped`); a stop inside a recurrent loop is refused."""
+    feed, y = engine.tensors(inputs, targets)
+    weights = engine.weight_tensors(sample_weight)
+    restore(frozen)
+    try:
+        stops = stopped.record(engine.tf, lambda: whole_model_loss(
+            engine.model, lambda f, t, o: engine.compute_loss(f, t, o, weights), feed, y,
+            engine.training))
+    finally:
+        restore(frozen)
+    if stops.in_loops:
+        raise ConfigError(
+            f"{engine.path}: stop_gradient in {', '.join(sorted(set(stops.in_loops)))}, inside "
+            "a recurrent loop (or a tf.cond): the tape treats the stopped tensor as a constant "
+            "at every step, and finite differences cannot hold a value per step fixed, so "
+            "check cannot witness this model's gradients; explain shows them", where=engine.path)
+    return stops
 
 
 def _costs(not_float64: str | None, dtype: str, rtol: float) -> str | None:

@@ -34,6 +34,7 @@ from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
 from gradscope.keras.observed_call import NotObserved, runner_wrapped, zero_states_watched
+from gradscope.keras.stopped import start_of_call
 from gradscope.keras.whole_model import (
     confirm,
     dense_gradients,
@@ -378,6 +379,7 @@ class KerasEngine:
 
         if own and deltas:
             raise ValueError("deltas perturb the replay's explicit initial states, not own=True")
+        start_of_call()
 
         def operation_fn(operation: Any, keras_call: Callable[..., Any] | None = None) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:

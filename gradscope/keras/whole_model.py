@@ -23,6 +23,7 @@ import numpy as np
 
 from gradscope.errors import InternalError
 from gradscope.keras.loss_terms import LossTerm
+from gradscope.keras.stopped import start_of_call
 
 #: How far the engine's replay may be from Keras' own call: the same operations in the same
 #: order, so only rounding (threaded reductions) may differ. max|replay − own| must be within
@@ -60,6 +61,7 @@ def model_outputs(model: Any, feed: list[Any], training: bool) -> list[Any]:
 def whole_model_loss(model: Any, compute_loss: LossFunction, feed: list[Any],
                      targets: list[Any], training: bool) -> Any:
     """The loss ``fit`` minimises on this batch, from Keras' own call of the whole model."""
+    start_of_call()
     return compute_loss(feed, targets, model_outputs(model, feed, training))
 
 

@@ -350,6 +350,7 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
                         f"{tolerances_text(report)}", style="yellow")
     parts += [
         computed,
+        *(Text(line, style="dim") for line in report.held_fixed),
         *checked_section(report, width),
         *failures_section(report),
     ]

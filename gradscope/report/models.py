@@ -670,6 +670,10 @@ class KerasCheckReport(_Displayed):
     dtype_reason: str | None = Field(
         default=None, description="why not a float64 copy: where the user's code does not run "
                                   "in float64, and what checking in the model's dtype costs")
+    held_fixed: list[str] = Field(
+        default_factory=list, description="tensors the model stops the gradient of "
+                                          "(stop_gradient), held at their values while the "
+                                          "finite differences probe")
     tensors: list[CheckedTensor] = Field(description="Keras variable paths, 'input NAME', "
                                                      "initial states 'LAYER/h0', and 'layer "
                                                      "NAME' for a layer call whose own "
