@@ -67,6 +67,19 @@ BUILD = textwrap.dedent('''
 ''')
 
 
+def _tape_norms(model: Any, x: Any, y: Any) -> tuple[float, dict[str, float]]:
+    """Keras' own loss and gradient norms, as conftest's ``keras_tape_norms``, for a model
+    some of whose weights get no gradient (behind a stop_gradient): those are left out."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=False), training=False)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(loss), {v.path: float(np.linalg.norm(g))
+                         for v, g in zip(model.trainable_variables, grads, strict=True)
+                         if g is not None}
+
+
 def _assert_tape(report: Any, loss: float, truth: dict[str, float]) -> None:
     assert report.loss.value == pytest.approx(loss, rel=RTOL)
     ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
@@ -377,3 +390,163 @@ def test_any_dtype_policy_is_explained_exactly_and_checked(tf: Any, policy: str)
     assert witnessed["lstm"].tolerance == expected
     checked = gradscope.check(model, x=x, y=y)
     assert checked.summary.passed and checked.dtype == "float64"
+
+
+# -- stop_gradient: check verifies the model as written -------------------------------------
+
+
+def _stopped(wrong_by: float = 1.0, in_cell: bool = False) -> tuple[Any, np.ndarray, Any]:
+    """A GRU whose sequence feeds a residual branch the gradient is stopped at (the pattern of
+    target networks and straight-through tricks), and a Dense head whose own gradient is
+    ``wrong_by`` times the truth. ``in_cell``: the stop inside a custom cell's step."""
+    import keras
+    import tensorflow as tf
+    from keras import layers, ops
+
+    class Residual(layers.Layer):
+        def call(self, a: Any, b: Any) -> Any:
+            return a + ops.stop_gradient(b)
+
+    @tf.custom_gradient
+    def scaled(v: Any) -> Any:
+        return v, lambda dy: wrong_by * dy
+
+    class Head(layers.Layer):
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], 2), name="kernel")
+
+        def call(self, x: Any) -> Any:
+            return scaled(ops.matmul(x, self.kernel))
+
+    class StoppedCell(layers.Layer):
+        state_size = 4
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], 4), name="kernel")
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = ops.tanh(ops.matmul(x, self.kernel) + ops.stop_gradient(states[0]))
+            return h, [h]
+
+    keras.utils.set_random_seed(18)
+    inputs = keras.Input((6, 3), name="x")
+    if in_cell:
+        h = layers.RNN(StoppedCell(), name="rnn")(inputs)
+    else:
+        sequence = layers.GRU(5, return_sequences=True, name="gru")(inputs)
+        h = layers.GlobalAveragePooling1D(name="pool")(
+            Residual(name="residual")(sequence, layers.Dense(5, name="branch")(sequence)))
+    model = keras.Model(inputs, Head(name="head")(h))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(19)
+    return (model, rng.standard_normal((4, 6, 3)).astype("float32"),
+            rng.standard_normal((4, 2)).astype("float32"))
+
+
+def test_a_stopped_gradient_is_held_and_named_and_mutants_are_still_caught(tf: Any) -> None:
+    model, x, y = _stopped()
+    loss, truth = _tape_norms(model, x, y)
+    _assert_tape(gradscope.explain(model, x=x, y=y), loss, truth)
+    report = gradscope.check(model, x=x, y=y)
+    failing = [(t.name, w.detail) for t in report.tensors for w in t.witnesses if not w.passed]
+    assert report.summary.passed, failing
+    assert len(report.held_fixed) == 1 and "layer 'residual'" in report.held_fixed[0]
+    wrong, x, y = _stopped(wrong_by=1.3)
+    caught = gradscope.check(wrong, x=x, y=y)
+    assert not caught.summary.passed and caught.held_fixed
+    assert {"gru/gru_cell/kernel", "head/kernel"} & set(caught.summary.failed_tensors)
+
+
+def test_a_stop_inside_a_cells_step_is_refused_by_check_and_explained(tf: Any) -> None:
+    model, x, y = _stopped(in_cell=True)
+    loss, truth = _tape_norms(model, x, y)
+    _assert_tape(gradscope.explain(model, x=x, y=y), loss, truth)
+    with pytest.raises(ConfigError, match="stop_gradient in layer 'stopped_cell.*recurrent"):
+        gradscope.check(model, x=x, y=y)
+
+
+# -- wrappers of the user's code ------------------------------------------------------------
+
+
+def _wrapped(keras: Any, wrong_by: float) -> Any:
+    """Bidirectional(RNN(a cell of the user's own)) and TimeDistributed(a layer of the user's
+    own); ``wrong_by`` ≠ 1 plants a wrong gradient into h_{t−1} in the cell."""
+    import tensorflow as tf
+    from keras import layers, ops
+
+    @tf.custom_gradient
+    def carried(h: Any) -> Any:
+        return h, lambda dy: wrong_by * dy
+
+    @keras.saving.register_keras_serializable(f"own_code_{wrong_by:g}")
+    class TinyCell(layers.Layer):
+        state_size = 4
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], 4), name="kernel")
+            self.recurrent = self.add_weight(shape=(4, 4), name="recurrent")
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = ops.tanh(ops.matmul(x, self.kernel)
+                         + ops.matmul(carried(states[0]), self.recurrent))
+            return h, [h]
+
+    class Scale(layers.Layer):
+        def build(self, shape: Any) -> None:
+            self.scale = self.add_weight(shape=(shape[-1],), initializer="ones", name="scale")
+
+        def call(self, x: Any) -> Any:
+            return x * self.scale
+
+        def compute_output_shape(self, shape: Any) -> Any:
+            return shape
+
+    keras.utils.set_random_seed(20)
+    inputs = keras.Input((6, 3), name="x")
+    h = layers.TimeDistributed(Scale(name="scale"), name="per_step")(inputs)
+    h = layers.Bidirectional(layers.RNN(TinyCell(), name="tiny"), name="both")(h)
+    model = keras.Model(inputs, layers.Dense(2, name="head")(h))
+    model.compile(loss="mse")
+    return model
+
+
+def test_wrappers_of_your_code_are_listed_as_yours_and_checked(tf: Any) -> None:
+    import keras
+
+    model = _wrapped(keras, 1.0)
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    loss, truth = keras_tape_norms(model, x, y)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_tape(report, loss, truth)
+    notes = {layer.name: layer for layer in report.layers}
+    assert not notes["both"].derivation and notes["both"].gradient_note.startswith("your layer")
+    assert not notes["per_step"].derivation
+    assert notes["per_step"].gradient_note.startswith("your layer")
+    assert gradscope.check(model, x=x, y=y).summary.passed
+    wrong = _wrapped(keras, 1.5)
+    caught = gradscope.check(wrong, x=x, y=y)
+    assert not caught.summary.passed
+    assert any("recurrent" in name for name in caught.summary.failed_tensors), \
+        caught.summary.failed_tensors
+
+
+def test_a_registered_loss_is_named_by_its_registered_name(tf: Any) -> None:
+    import keras
+    from keras import ops
+
+    @keras.saving.register_keras_serializable("own_code_losses")
+    def doubled_mse(y_true: Any, y_pred: Any) -> Any:
+        return 2.0 * ops.mean(ops.square(y_true - y_pred), axis=-1)
+
+    keras.utils.set_random_seed(22)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.GRU(3), keras.layers.Dense(2)])
+    model.compile(loss=doubled_mse)
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    loss, truth = keras_tape_norms(model, x, y)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_tape(report, loss, truth)
+    assert report.loss.name.startswith("own_code_losses>doubled_mse")

@@ -4,6 +4,8 @@ data loading, so that ``shapes MODEL.keras`` imports only what it needs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gradscope.keras.graph import LayerNode, ModelGraph, Ref
 from gradscope.keras.layers import LayerFacts
 from gradscope.keras.live import is_builtin
@@ -16,9 +18,22 @@ NO_DERIVATION_YOURS = f"your layer: {NO_DERIVATION} (gradscope does not read you
 def no_derivation(layer: LayerNode, weight: bool = False) -> str:
     """What a layer without a derivation says (of one of its weights, with ``weight``):
     "your layer" for the user's own class, whose weights' shapes are those its build made."""
-    if not layer.module or is_builtin(layer.module):
+    if (not layer.module or is_builtin(layer.module)) and not _wraps_yours(layer.config):
         return NO_DERIVATION
     return f"{NO_DERIVATION_YOURS}; the shape its build made" if weight else NO_DERIVATION_YOURS
+
+
+def _wraps_yours(config: Any) -> bool:
+    """Whether a layer's config holds a class of the user's own: the layer or cell a Keras
+    wrapper runs (``Bidirectional(RNN(MyCell))``, ``TimeDistributed(MyLayer)``)."""
+    if isinstance(config, dict):
+        module = config.get("module")
+        if "class_name" in config and isinstance(module, str) and not is_builtin(module):
+            return True
+        return any(_wraps_yours(value) for value in config.values())
+    if isinstance(config, list | tuple):
+        return any(_wraps_yours(item) for item in config)
+    return False
 
 
 def layer_facts(graph: ModelGraph, layer: LayerNode, shapes: list[tuple[int | None, ...]] | None

@@ -82,8 +82,11 @@ def _qualify_custom(config: Any) -> None:
     """Every serialised object whose class is not Keras' own: class_name → module.class_name.
     """
     if isinstance(config, dict):
+        # A function (a loss, a regularizer) is saved as the class "function" of the module
+        # "builtins", named by its config: not a class to qualify.
         if "class_name" in config and "module" in config and config.get("module") is not None \
-                and not is_builtin(config["module"]) and isinstance(config["class_name"], str):
+                and not is_builtin(config["module"]) and isinstance(config["class_name"], str) \
+                and config.get("module") != "builtins":
             config["class_name"] = f"{config['module']}.{config['class_name']}"
         for value in config.values():
             _qualify_custom(value)

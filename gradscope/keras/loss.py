@@ -179,6 +179,12 @@ def _compiled(graph: ModelGraph, names: list[str], loss: Any, weights: Any) -> L
             # A loss function object (loss=keras.losses.binary_crossentropy): its name is the
             # config, and it takes Keras' defaults (no logits).
             loss_name, from_logits = canonical(str(entry.get("config", ""))), False
+        elif isinstance(entry, dict) and ">" in str(entry.get("registered_name") or ""):
+            # A loss class of the user's own, by the name it was registered with.
+            loss_name = str(entry["registered_name"])
+            settings = entry.get("config")
+            from_logits = bool(settings.get("from_logits", False)
+                               if isinstance(settings, dict) else False)
         elif isinstance(entry, dict):
             loss_name = canonical(str(entry.get("class_name", "")))
             settings = entry.get("config")

@@ -49,6 +49,15 @@ class BidirectionalExplainer(LayerExplainer):
                 input_shapes=facts.input_shapes, input_labels=facts.input_labels)
         return forward, backward
 
+    def derives(self, facts: LayerFacts) -> bool:
+        """Only where both directions are layers gradscope derives: a Bidirectional over the
+        user's own cell (``RNN(MyCell)``) is listed with its real gradients as the user's."""
+        for direction in self.directions(facts):
+            explainer = self._explainer(direction)
+            if explainer is None or not explainer.derives(direction):
+                return False
+        return True
+
     def _explainer(self, facts: LayerFacts) -> LayerExplainer | None:
         from gradscope.keras.layers import explainer_for
 
