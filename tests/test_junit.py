@@ -115,8 +115,8 @@ def test_a_check_that_cannot_run_still_writes_the_file_with_why(tmp_path, tf):
 
 
 def test_a_model_checked_in_float32_says_so_in_its_properties(tmp_path, tf):
-    """A saved model whose registered layer makes a sub-layer without the model's dtype: check
-    runs in float32 (exit 0), and the JUnit properties name the dtype and why."""
+    """A saved model whose registered layer makes a float32 sub-layer in its code: check runs
+    in float32 (exit 0), and the JUnit properties name the dtype and why."""
     import subprocess
     import sys
     import textwrap
@@ -130,7 +130,7 @@ def test_a_model_checked_in_float32_says_so_in_its_properties(tmp_path, tf):
             def __init__(self, units, **kwargs):
                 super().__init__(**kwargs)
                 self.units = units
-                self.project = keras.layers.Dense(units)  # without the model's dtype
+                self.project = keras.layers.Dense(units, dtype="float32")  # not in config
 
             def call(self, x):
                 return self.project(x)

@@ -44,6 +44,31 @@ MODULE = textwrap.dedent('''
             return prediction
 ''')
 
+#: A subclassed model as a user registers and saves it (the --import path).
+TUTORIAL = textwrap.dedent('''
+    import keras
+    from keras import layers
+
+
+    @keras.saving.register_keras_serializable("own_code")
+    class Tutorial(keras.Model):
+        def __init__(self, units=5, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.encoder = layers.GRU(units, return_sequences=True, return_state=True,
+                                      dropout=0.2)
+            self.decoder = layers.LSTM(units)
+            self.head = layers.Dense(2)
+
+        def call(self, x, training=False):
+            sequence, state = self.encoder(x, training=training)
+            return self.head(self.decoder(sequence, initial_state=[state, state],
+                                          training=training))
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}
+''')
+
 BUILD = textwrap.dedent('''
     import sys
     import numpy as np
@@ -59,6 +84,12 @@ BUILD = textwrap.dedent('''
     model = keras.Model([x, target], out)
     model.compile(optimizer="adam")
     model.save(sys.argv[1])
+    import tutorial
+    keras.utils.set_random_seed(1)
+    subclassed = tutorial.Tutorial()
+    subclassed(np.zeros((2, 6, 3), "float32"))
+    subclassed.compile(loss="mse")
+    subclassed.save("tutorial.keras")
     rng = np.random.default_rng(0)
     arrays = {"x": rng.standard_normal((5, 6, 3)).astype("float32"),
               "target": rng.standard_normal((5, 2)).astype("float32")}
@@ -177,6 +208,7 @@ def saved(tmp_path_factory: Any) -> Path:
     """BUILD run by the user's own script, in its own process."""
     folder = tmp_path_factory.mktemp("own_code")
     (folder / "own_layers.py").write_text(MODULE)
+    (folder / "tutorial.py").write_text(TUTORIAL)
     (folder / "build.py").write_text(BUILD)
     done = subprocess.run([sys.executable, "build.py", "model.keras", "data.npz", "y.npz"],
                           cwd=folder, capture_output=True, text=True, timeout=300,
@@ -232,16 +264,17 @@ def test_training_mode_on_a_model_object_is_seeded_and_leaves_its_seeds(tf: Any)
 
 
 def _own_layers(keras: Any, wrong_by: float = 1.0) -> dict[str, Any]:
-    """Layers written as users write them: sub-layers made in ``__init__`` without a dtype,
-    a loss computed by ``ops.ctc_loss`` (float32 inside), a regulariser Keras cannot rebuild
-    from its config, and a gradient of the user's own (``wrong_by`` ≠ 1 plants a wrong one)."""
+    """Layers written as users write them: a sub-layer made in ``__init__`` with
+    ``dtype="float32"`` (as mixed-precision guides advise for an output), a loss computed by
+    ``ops.ctc_loss`` (float32 inside), a regulariser Keras cannot rebuild from its config, and
+    a gradient of the user's own (``wrong_by`` ≠ 1 plants a wrong one)."""
     import tensorflow as tf
     from keras import layers, ops
 
     class Block(layers.Layer):
         def __init__(self, units: int, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            self.project = layers.Dense(units)  # made without the model's dtype
+            self.project = layers.Dense(units, dtype="float32")  # not in the config
             self.pool = layers.GlobalAveragePooling1D()
 
         def call(self, x: Any) -> Any:
@@ -292,6 +325,32 @@ def _not_float64(kind: str, wrong_by: float = 1.0) -> tuple[Any, dict[str, Any],
     model = keras.Model(inputs, layers.Dense(2, name="head")(h))
     model.compile(loss="mse")
     return model, {"x": x}, rng.standard_normal((4, 2)).astype("float32")
+
+
+def test_sub_layers_made_without_a_dtype_are_checked_in_float64(tf: Any) -> None:
+    """A sub-layer made in ``__init__`` without a dtype (no config reaches it) is made in
+    float64 in the copy too: check builds the copy under a float64 default policy."""
+    import keras
+    from keras import layers
+
+    class Block(layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.project = layers.Dense(units)
+            self.pool = layers.GlobalAveragePooling1D()
+
+        def call(self, x: Any) -> Any:
+            return self.pool(self.project(x))
+
+    keras.utils.set_random_seed(24)
+    inputs = keras.Input((6, 3), name="x")
+    h = layers.GRU(5, return_sequences=True, name="gru")(inputs)
+    model = keras.Model(inputs, layers.Dense(2, name="head")(Block(4, name="block")(h)))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(25)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    report = gradscope.check(model, x=x, y=rng.standard_normal((4, 2)).astype("float32"))
+    assert report.summary.passed and report.dtype == "float64" and report.dtype_reason is None
 
 
 @pytest.mark.parametrize(("kind", "why"), [
@@ -550,3 +609,122 @@ def test_a_registered_loss_is_named_by_its_registered_name(tf: Any) -> None:
     report = gradscope.explain(model, x=x, y=y)
     _assert_tape(report, loss, truth)
     assert report.loss.name.startswith("own_code_losses>doubled_mse")
+
+
+# -- subclassed models ----------------------------------------------------------------------
+
+
+def _subclassed(keras: Any, wrong_by: float = 1.0, own_loss: bool = False) -> Any:
+    """The style of TensorFlow's tutorials: layers made in ``__init__``, a ``call`` that
+    computes between them (a scaling, a sum of two layers' outputs), an encoder state wired
+    into the next layer. ``wrong_by`` ≠ 1 plants a wrong gradient below the head;
+    ``own_loss``: the class writes its own ``compute_loss`` (an L2 term on the head)."""
+    import tensorflow as tf
+    from keras import layers, ops
+
+    @tf.custom_gradient
+    def passed(v: Any) -> Any:
+        return v, lambda dy: wrong_by * dy
+
+    class Tutorial(keras.Model):
+        def __init__(self, units: int = 5, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.encoder = layers.GRU(units, return_sequences=True, return_state=True,
+                                      name="encoder")
+            self.decoder = layers.LSTM(units, name="decoder")
+            self.head = layers.Dense(2, name="head")
+
+        def call(self, x: Any) -> Any:
+            sequence, state = self.encoder(x / 2.0)
+            h = self.decoder(sequence, initial_state=[state, state])
+            return self.head(passed(h + state))
+
+        if own_loss:
+            def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None,
+                             sample_weight: Any = None, training: bool = True) -> Any:
+                loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+                return loss + 0.1 * ops.sum(ops.square(self.head.kernel))
+
+    keras.utils.set_random_seed(26)
+    model = Tutorial()
+    model(np.zeros((1, 6, 3), "float32"))
+    model.compile(loss="mse")
+    return model
+
+
+def test_a_subclassed_model_is_explained_from_its_own_call_and_checked(tf: Any) -> None:
+    import keras
+
+    model = _subclassed(keras)
+    rng = np.random.default_rng(27)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    loss, truth = keras_tape_norms(model, x, y)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_tape(report, loss, truth)
+    assert [layer.name for layer in report.layers] == ["encoder", "decoder", "head"]
+    assert report.layers[0].class_name == "GRU" and report.layers[0].derivation
+    states = {s.name: s for s in report.initial_state_gradients}
+    assert states["encoder/h0"].stats is not None
+    assert states["encoder/h0"].source.startswith("zeros")
+    assert all(w.passed for w in report.witnesses)
+    checked = gradscope.check(model, x=x, y=y)
+    assert checked.summary.passed and checked.dtype == "float64"
+    wrong = _subclassed(keras, wrong_by=1.4)
+    caught = gradscope.check(wrong, x=x, y=y)
+    assert not caught.summary.passed
+    assert "head/kernel" not in caught.summary.failed_tensors
+    assert any(name.startswith(("encoder/", "decoder/")) for name in caught.summary.failed_tensors)
+
+
+def test_a_subclassed_models_own_compute_loss_is_the_loss(tf: Any) -> None:
+    import keras
+
+    model = _subclassed(keras, own_loss=True)
+    rng = np.random.default_rng(28)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    loss, truth = keras_tape_norms(model, x, y)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_tape(report, loss, truth)
+    assert "Tutorial.compute_loss" in report.loss.name
+    assert gradscope.check(model, x=x, y=y).summary.passed
+
+
+def test_a_functional_subclass_that_keeps_call_is_a_functional_model(tf: Any) -> None:
+    import keras
+
+    class Plain(keras.Model):
+        pass
+
+    keras.utils.set_random_seed(29)
+    inputs = keras.Input((6, 3), name="x")
+    model = Plain(inputs, keras.layers.Dense(2, name="head")(keras.layers.GRU(4)(inputs)))
+    model.compile(loss="mse")
+    x = np.random.default_rng(30).standard_normal((4, 6, 3)).astype("float32")
+    y = np.zeros((4, 2), "float32")
+    loss, truth = keras_tape_norms(model, x, y)
+    report = gradscope.explain(model, x=x, y=y)
+    _assert_tape(report, loss, truth)
+    assert report.model.kind == "Functional"
+
+
+def test_cli_a_saved_subclassed_model_needs_its_code_and_is_explained_with_it(saved: Path
+                                                                            ) -> None:
+    refused = subprocess.run([sys.executable, "-m", "gradscope", "explain", "tutorial.keras"],
+                             cwd=saved, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2
+    assert "own class 'own_code>Tutorial'" in refused.stderr and "--import tutorial" in \
+        refused.stderr
+    explained = _cli(saved, "explain", "tutorial.keras", "--import", "tutorial")
+    assert explained["model"]["kind"] == "Subclassed"
+    assert [layer["name"] for layer in explained["layers"]] == ["gru", "lstm", "dense"]
+    trained = [_cli(saved, "explain", "tutorial.keras", "--import", "tutorial", "--training")
+               for _ in range(2)]
+    assert trained[0]["loss"]["value"] == trained[1]["loss"]["value"]
+    assert trained[0]["loss"]["value"] != explained["loss"]["value"]
+    checked = subprocess.run([sys.executable, "-m", "gradscope", "check", "tutorial.keras",
+                              "--import", "tutorial", "--json"], cwd=saved, capture_output=True,
+                             text=True, timeout=600)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert json.loads(checked.stdout)["summary"]["passed"]

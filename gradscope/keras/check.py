@@ -60,6 +60,7 @@ from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
 from gradscope.keras.precision import coarse_loss, not_in_dtype, retake_for, step_for
+from gradscope.keras.subclassed import is_subclassed
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
 from gradscope.report.models import (
@@ -162,11 +163,12 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
             stopped.held(engine.tf, stops):
         reference = pool.submit(clock.timed, "numpy_reference", lambda: _numpy_reference(
             engine, autodiff, weights, ref_rtol, referenced, Sketch(job.seed)))
-        _finite_differences(engine, autodiff, inputs, targets, frozen, directions, fd_rtol,
-                            atol, job.seed, results, shapes, _masked_inputs(job, inputs),
-                            weights, engine.weight_tensors(sample_weight))
+        unshifted = _finite_differences(
+            engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol, job.seed,
+            results, shapes, _masked_inputs(job, inputs), weights,
+            engine.weight_tensors(sample_weight))
         clock.lap("finite_differences")
-        not_witnessed = reference.result()
+        not_witnessed = unshifted + reference.result()
     clock.lap("numpy_reference_wait")
     for name, entries in referenced.items():
         results.setdefault(name, []).extend(entries)
@@ -298,13 +300,15 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         rtol: float, atol: float | None, seed: int,
                         results: dict[str, list[WitnessEntry]],
                         shapes: dict[str, list[int]], fixed: dict[str, np.ndarray],
-                        weights: dict[str, np.ndarray], sample_weight: Any = None) -> None:
+                        weights: dict[str, np.ndarray], sample_weight: Any = None,
+                        ) -> list[NotWitnessed]:
     """Every tensor jointly first (:mod:`~gradscope.keras.joint_differences`): the weights,
     the float inputs and the zero initial states of Keras' own call, moved together. Where a
     joint direction disagrees, every tensor is probed on its own instead, which names it.
     Initial states Keras' own call does not ask for (wired in, carried by a stateful layer)
     are probed on their own, through the replay. ``weights``: every weight's value as the
-    tape saw it (shared, read only, with the NumPy reference), what each probe restores."""
+    tape saw it (shared, read only, with the NumPy reference), what each probe restores.
+    Returns the initial states it could not probe on their own (a subclassed model's)."""
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     rng = np.random.default_rng([seed, 2])
@@ -362,10 +366,27 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
     alone |= {f"{call_label(c.layer, c.index)}/{name}" for c in autodiff.calls if c.states
               and call_label(c.layer, c.index) not in hooked.names
               for name in state_names(engine.operation(c.layer))}
+    unshifted: list[NotWitnessed] = []
+    if is_subclassed(engine.model):
+        # Its graph is its call: a state is shifted only where Keras asks for zeros (jointly),
+        # never through gradscope's replay of the layers.
+        for call in autodiff.calls:
+            label = call_label(call.layer, call.index)
+            names = {f"{label}/{name}" for name in state_names(engine.operation(call.layer))}
+            if call.states and names & alone:
+                alone -= names
+                unshifted.append(NotWitnessed(
+                    layer=label, witness="finite_differences",
+                    reason="a subclassed model's initial state is shifted only with every "
+                           "other tensor at once, where Keras asks for zeros; on its own it "
+                           "would need gradscope's replay of the layers, which a model whose "
+                           "graph is its own call does not have (the NumPy reference still "
+                           "witnesses GRU, LSTM and SimpleRNN states)"))
     if alone:
         _one_by_one(engine, autodiff, feed, y, frozen,
                     PER_TENSOR_DIRECTIONS if directions is None else directions, rtol, atol,
                     rng, results, shapes, fixed, sample_weight, inputs, alone)
+    return unshifted
 
 
 def _compiled(tf: Any, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -33,7 +33,12 @@ from gradscope.errors import ConfigError, GradscopeError, first_line
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
-from gradscope.keras.observed_call import NotObserved, runner_wrapped, zero_states_watched
+from gradscope.keras.observed_call import (
+    NotObserved,
+    layers_wrapped,
+    runner_wrapped,
+    zero_states_watched,
+)
 from gradscope.keras.stopped import start_of_call
 from gradscope.keras.whole_model import (
     confirm,
@@ -100,6 +105,10 @@ class CopyFails(ConfigError):
         self.reason = reason
 
 
+class NotReplayable(ConfigError):
+    """gradscope's layer-by-layer replay cannot run this model (a subclassed one)."""
+
+
 def call_label(layer: str, index: int) -> str:
     return layer if index == 0 else f"{layer}[{index}]"
 
@@ -143,7 +152,8 @@ class KerasEngine:
         if dtype is None:
             policy = getattr(self.model, "dtype_policy", None)
             self.dtype_name = str(getattr(policy, "variable_dtype", None) or "float32")
-        if len(self.model.outputs) != len(outputs):
+        if getattr(self.model, "outputs", None) is not None and \
+                len(self.model.outputs) != len(outputs):
             raise ConfigError(f"{path}: Keras built {len(self.model.outputs)} outputs from "
                               f"{'its config' if self.live else 'the file'}, but the config "
                               f"lists {len(outputs)}", where=path)
@@ -244,6 +254,9 @@ class KerasEngine:
         weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
                    else sample_weight)
         with self._floatx():  # a compiled loss builds its wrappers at its first call
+            if self.plan.own_compute_loss:
+                return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weights,
+                                               training=self.training)
             if self.added_only:
                 # Trainer.compute_loss with no compiled loss: y is never read.
                 added = [self.model._aggregate_additional_loss(loss)
@@ -310,7 +323,8 @@ class KerasEngine:
         _set_dtype(config, dtype)
         custom = _custom_classes(self.model) if self.live else {}
         try:
-            with keras.saving.custom_object_scope(custom), warnings.catch_warnings():
+            with keras.saving.custom_object_scope(custom), warnings.catch_warnings(), \
+                    _default_dtype(keras, dtype):
                 warnings.simplefilter("ignore")
                 copy = keras.saving.deserialize_keras_object(config, safe_mode=not self.live)
             _same_functions(self.model, copy)
@@ -327,7 +341,8 @@ class KerasEngine:
     def output_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """The outputs' shapes for this batch, from Keras' own shape inference (no run)."""
         # A float input is cast to its Input's dtype by the model's call: so here.
-        own = [getattr(tensor, "dtype", None) for tensor in self.model.inputs]
+        own = [getattr(tensor, "dtype", None)
+               for tensor in getattr(self.model, "inputs", None) or [None] * len(inputs)]
         specs = [self.keras.KerasTensor(value.shape, dtype=dtype if value.dtype.kind == "f"
                                         and dtype is not None else str(value.dtype))
                  for value, dtype in zip(inputs.values(), own, strict=True)]
@@ -367,12 +382,16 @@ class KerasEngine:
         tf, keras = self.tf, self.keras
         from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
+        from gradscope.keras.subclassed import is_subclassed, own_layers
+
         model = self.model
         runner = getattr(model, "_functional", None) or model
-        if not hasattr(runner, "_run_through_graph"):
-            raise ConfigError(f"{self.path}: gradscope cannot walk this model's graph (a "
-                              "subclassed model); save a Sequential or functional model",
-                              where=self.path)
+        subclassed = is_subclassed(model)
+        if subclassed and not own:
+            # Its graph is its code: only Keras' own call runs it.
+            raise NotReplayable(f"{self.path}: is a subclassed model, whose graph is its own "
+                                "call: gradscope cannot run it layer by layer",
+                                where=self.path)
         calls: list[CapturedCall] = []
         counts: dict[str, int] = {}
         training = self.training
@@ -467,7 +486,11 @@ class KerasEngine:
             return call
 
         if own:
-            with runner_wrapped(runner, lambda op, keras_call: operation_fn(op, keras_call)):
+            looking = (layers_wrapped(own_layers(model),
+                                      lambda op, keras_call: operation_fn(op, keras_call))
+                       if subclassed else
+                       runner_wrapped(runner, lambda op, keras_call: operation_fn(op, keras_call)))
+            with looking:
                 flat_outputs = model_outputs(model, feed, training)
         else:
             with model_call_context(model, training):
@@ -741,6 +764,21 @@ def _carried_states(operation: Any) -> list[Any] | None:
     return list(states) if states else None
 
 
+@contextlib.contextmanager
+def _default_dtype(keras: Any, dtype: str) -> Iterator[None]:
+    """Keras' default dtype policy and floatx while the copy is built: a sub-layer the user's
+    code makes without a dtype (in ``__init__``, where no config reaches it) is then made in
+    ``dtype`` too."""
+    policy, floatx = keras.config.dtype_policy(), keras.config.floatx()
+    keras.config.set_dtype_policy(dtype)
+    keras.config.set_floatx(dtype)
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
+
+
 def _layers(model: Any) -> list[Any]:
     """Every layer of a model, nested ones included, in Keras' own order."""
     return list(model._flatten_layers(include_self=False, recursive=True))
@@ -751,7 +789,7 @@ def _custom_classes(model: Any) -> dict[str, type]:
     from gradscope.keras.live import is_builtin
 
     found: dict[str, type] = {}
-    for layer in _layers(model):
+    for layer in [model, *_layers(model)]:  # a subclassed model's own class too
         cls = type(layer)
         if not is_builtin(cls.__module__):
             registered = keras_registered_name(cls)

@@ -102,7 +102,8 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
                               where="--pad")
         batch = load_named(data, specs, outputs, output_aliases(graph),
-                           read={entry.output for entry in plan.outputs})
+                           read=None if plan.own_compute_loss else
+                           {entry.output for entry in plan.outputs})
     else:
         batch = synthetic_inputs(specs, batch_size or fixed or 32, time_steps, pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]

@@ -20,6 +20,9 @@ from gradscope.keras.archive import read_config
 CODE_LAYERS = {"Lambda", "TFOpLambda", "TorchModuleWrapper", "JaxLayer", "FlaxLayer"}
 #: Model classes that appear as layers inside a model.
 MODEL_CLASSES = {"Functional", "Sequential", "Model"}
+#: The class name of the node that stands, in a subclassed model's graph, for what the model's
+#: own ``call`` computes outside its layers (see :mod:`~gradscope.keras.subclassed`).
+YOUR_CALL = "(your call)"
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class ModelGraph:
 
     @property
     def computing_layers(self) -> list[LayerNode]:
-        return [layer for layer in self.layers if not layer.is_input]
+        return [layer for layer in self.layers
+                if not layer.is_input and layer.class_name != YOUR_CALL]
 
     def consumers(self, ref: Ref) -> list[tuple[LayerNode, int]]:
         """The (layer, call index) pairs that receive ``ref``."""
@@ -208,6 +212,13 @@ def _graph(config: dict[str, Any], source: str) -> ModelGraph:
     if kind == "Sequential":
         return _sequential(body, source, config.get("build_config"), compile_config)
     if kind not in MODEL_CLASSES:
+        module = str(config.get("module") or "")
+        if module and not _is_keras_module(module):
+            raise ConfigError(
+                f"{source}: holds a model of your own class "
+                f"'{config.get('registered_name') or kind}' (module {module}): its code is not "
+                f"in the file, and gradscope imports no code unasked; {_import_hint(module)}",
+                where=source)
         raise ConfigError(f"{source}: config.json holds a {kind}, not a model; expected a "
                           "Sequential or functional model", where=source)
     layers = tuple(_layer_node(entry) for entry in body["layers"])

@@ -52,23 +52,26 @@ def is_builtin(module: str | None) -> bool:
 
 
 def model_config(model: Any) -> dict[str, Any]:
-    """What ``model.save('m.keras')`` would write to config.json, as a dict."""
+    """What ``model.save('m.keras')`` would write to config.json, as a dict. A subclass of a
+    functional model that keeps its ``call`` is read as the functional model it is."""
     label = model_label(model)
-    if type(model).__name__ not in MODEL_CLASSES or not is_builtin(type(model).__module__):
-        raise ConfigError(
-            f"{label}: is a {type(model).__module__}.{type(model).__name__}, a subclassed "
-            "model: its graph is Python code that gradscope cannot read exactly; build it "
-            "with keras.Sequential or the functional API (keras.Model(inputs, outputs))",
-            where=label)
     if not getattr(model, "built", False) or not getattr(model, "inputs", None):
         raise ConfigError(f"{label}: is not built (no input shape yet); give it a "
                           "keras.Input or call it once on a batch", where=label)
     from keras.saving import serialize_keras_object
+    from keras.src.models.functional import Functional
     from keras.src.saving.serialization_lib import ObjectSharingScope
 
     try:
         with ObjectSharingScope():
             serialized = serialize_keras_object(model)
+            if type(model).__name__ not in MODEL_CLASSES or not is_builtin(
+                    type(model).__module__):
+                # A functional subclass: its graph is the functional one.
+                functional = getattr(model, "_functional", None) or model
+                serialized = {**serialized, "class_name": "Functional", "module": "keras",
+                              "registered_name": None,
+                              "config": Functional.get_config(functional)}
         config = json.loads(json.dumps(serialized))
     except Exception as exc:  # get_config() of a custom layer may raise anything
         first = first_line(exc)
@@ -96,7 +99,12 @@ def _qualify_custom(config: Any) -> None:
 
 
 def read_live_graph(model: Any) -> ModelGraph:
-    """The graph of a model object; ConfigError (exit 2) when it cannot be read exactly."""
+    """The graph of a model object; ConfigError (exit 2) when it cannot be read exactly. A
+    subclassed model's is read from one symbolic call (:mod:`~gradscope.keras.subclassed`)."""
+    from gradscope.keras.subclassed import is_subclassed, observed_graph
+
+    if is_subclassed(model):
+        return observed_graph(model, model_label(model))
     config = model_config(model)
     return graph_from_config(config, model_label(model), what="its config")
 
@@ -115,8 +123,17 @@ def read_model(source: Any, loss: str | None = None,
         refuse_code(graph)
         label = str(source)
     plan = plan_loss(graph, loss)
+    if model is not None and loss is None and overrides_compute_loss(model):
+        return graph, replace(plan, own_compute_loss=type(model).__name__), label, model
     if model is not None and plan.source == "compiled":
         how = "the model's compiled loss"
         plan = replace(plan, compiled_how=how,
                        outputs=tuple(replace(o, rule=how) for o in plan.outputs))
     return graph, plan, label, model
+
+
+def overrides_compute_loss(model: Any) -> bool:
+    """Whether the model's class writes its own ``compute_loss`` (fit calls it)."""
+    from keras.src.trainers.trainer import Trainer
+
+    return getattr(type(model), "compute_loss", None) is not Trainer.compute_loss

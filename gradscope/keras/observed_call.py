@@ -57,6 +57,43 @@ def runner_wrapped(runner: Any, wrap: Callable[[Any, Callable[..., Any]], Callab
 
 
 @contextlib.contextmanager
+def layers_wrapped(layers: list[Any], wrap: Callable[[Any, Callable[..., Any]], Callable[..., Any]]
+                   ) -> Iterator[None]:
+    """The same for a subclassed model, whose graph is its own ``call``: while inside, each
+    call this thread makes of one of ``layers`` (the model's own layers), outside any other of
+    them, runs ``wrap(layer, call)``, where ``call`` is Keras' own ``Layer.__call__`` of it.
+    The hook sits on ``Layer.__call__`` for the duration (Python looks ``__call__`` up on the
+    class), and passes every other call through untouched."""
+    import keras
+
+    owner = threading.get_ident()
+    targets = {id(layer) for layer in layers}
+    original = keras.layers.Layer.__call__
+    inside = [0]
+
+    def keras_call(layer: Any) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            inside[0] += 1
+            try:
+                return original(layer, *args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return call
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if id(self) not in targets or inside[0] or threading.get_ident() != owner:
+            return original(self, *args, **kwargs)
+        return wrap(self, keras_call(self))(*args, **kwargs)
+
+    keras.layers.Layer.__call__ = hooked
+    try:
+        yield
+    finally:
+        keras.layers.Layer.__call__ = original
+
+
+@contextlib.contextmanager
 def _zeros_replaced(replacements: list[tuple[Any, Callable[[Any], Any]]]) -> Iterator[None]:
     """While inside, each layer's ``get_initial_state``, asked by this thread, returns
     ``replace(Keras' own zeros)`` (``(layer, replace)`` in ``replacements``); other threads

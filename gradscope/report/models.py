@@ -456,7 +456,8 @@ class KerasTensorSpec(_Report):
 class KerasModelEntry(_Report):
     name: str
     file: str
-    kind: str = Field(description="Sequential or Functional")
+    kind: str = Field(description="Sequential, Functional, or Subclassed (its graph read "
+                                  "from one symbolic call)")
     inputs: list[KerasTensorSpec]
     outputs: list[KerasTensorSpec]
     batch_size: int

@@ -1,0 +1,176 @@
+"""A subclassed model (``class MyModel(keras.Model)`` with its own ``call``): its graph is its
+code, so gradscope reads it by looking on one symbolic call.
+
+The numbers never depend on this graph: the loss and every gradient come from Keras' own call
+of the model under the tape, as for any model. The graph serves the explanations: Keras traces
+``call`` with symbolic tensors of the model's build shape (``compute_output_spec``: no weight,
+statistic or state moves), and each call of one of the model's own layers is recorded with the
+tensors it received and returned. Tensors the call computes outside a layer (``x / 255``, a
+sum of two layers' outputs) are attributed to the model's own call, which is listed as such.
+Layers appear in the order the call made them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gradscope.errors import ConfigError, first_line
+from gradscope.keras.graph import YOUR_CALL, Call, LayerNode, ModelGraph, Ref
+
+
+def is_subclassed(model: Any) -> bool:
+    """Whether the model's graph is its own ``call`` (not a Sequential or functional model, nor
+    a subclass of one that keeps the functional ``call``)."""
+    from keras.src.models.functional import Functional
+    from keras.src.models.sequential import Sequential
+
+    for kind in (Sequential, Functional):
+        if isinstance(model, kind):
+            return type(model).call is not kind.call
+    return True
+
+
+def own_layers(model: Any) -> list[Any]:
+    """The layers the model holds directly (those its ``call`` calls)."""
+    return list(model._flatten_layers(include_self=False, recursive=False))
+
+
+def observed_graph(model: Any, label: str) -> ModelGraph:
+    """The graph of a subclassed model, from one symbolic call (see the module)."""
+    import keras
+
+    from gradscope.keras.live import _qualify_custom
+    from gradscope.keras.observed_call import layers_wrapped
+
+    shapes = _input_shapes(model, label)
+    dtype = str(getattr(getattr(model, "dtype_policy", None), "variable_dtype", "float32"))
+    names = ["input"] if len(shapes) == 1 else [f"input_{k + 1}" for k in range(len(shapes))]
+    specs = [keras.KerasTensor(shape, dtype=dtype) for shape in shapes]
+    produced: dict[int, Ref] = {}
+    calls: dict[str, list[Call]] = {}
+    order: list[Any] = []
+    yours = _yours(model)
+    model_call = model.call
+    returned: list[Any] = []  # what the call returned, before Keras wraps it
+
+    def inputs_seen(*args: Any, **kwargs: Any) -> Any:
+        # The model's call, with the symbolic inputs Keras made: they are the graph's inputs.
+        for name, tensor in zip(names, _flat(args[:1] if len(names) == 1 else args),
+                                strict=False):
+            produced[id(tensor)] = Ref(name, 0, 0, _shape(tensor), dtype)
+        returned[:] = [model_call(*args, **kwargs)]
+        return returned[0]
+
+    def wrap(layer: Any, keras_call: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = keras_call(*args, **kwargs)
+            node = len(calls.setdefault(layer.name, []))
+            if layer not in order:
+                order.append(layer)
+            calls[layer.name].append(Call(
+                args=tuple(_ref(t, produced, yours) for t in args),
+                kwargs={key: _ref(value, produced, yours) for key, value in kwargs.items()
+                        if key != "training"}))
+            for index, tensor in enumerate(_flat(out)):
+                produced[id(tensor)] = Ref(layer.name, node, index, _shape(tensor),
+                                           _dtype(tensor))
+            return out
+
+        return call
+
+    object.__setattr__(model, "call", inputs_seen)  # not tracked: a hook, not the model's
+    try:
+        with layers_wrapped(own_layers(model), wrap):
+            result = model.compute_output_spec(specs if len(specs) > 1 else specs[0])
+    except Exception as exc:  # the user's call, traced: anything
+        raise ConfigError(f"{label}: gradscope reads a subclassed model's graph from one "
+                          f"symbolic call of it, which fails: {first_line(exc)}",
+                          where=label) from None
+    finally:
+        object.__delattr__(model, "call")
+    outputs = tuple(produced.get(id(t), Ref(yours, 0, k, _shape(t)))
+                    for k, t in enumerate(_flat(returned[0] if returned else result)))
+    inputs = tuple(Ref(name, 0, 0, tuple(shape), dtype)
+                   for name, shape in zip(names, shapes, strict=True))
+    layers = [LayerNode(name=name, class_name="InputLayer", module="keras.layers",
+                        registered_name=None,
+                        config={"batch_shape": list(shape), "dtype": dtype, "name": name},
+                        calls=()) for name, shape in zip(names, shapes, strict=True)]
+    for layer in order:
+        entry = _serialised(layer)
+        _qualify_custom(entry)
+        layers.append(LayerNode(name=layer.name, class_name=str(entry.get("class_name")),
+                                module=entry.get("module"),
+                                registered_name=entry.get("registered_name"),
+                                config=entry.get("config") or {},
+                                calls=tuple(calls[layer.name])))
+    layers.append(LayerNode(name=yours, class_name=YOUR_CALL,
+                            module=type(model).__module__, registered_name=None, config={},
+                            calls=()))
+    compile_config = None
+    if getattr(model, "compiled", False):
+        compile_config = json.loads(json.dumps(model.get_compile_config(), default=str))
+    return ModelGraph(source=label, name=getattr(model, "name", "model"), kind="Subclassed",
+                      layers=tuple(layers), inputs=inputs, outputs=outputs,
+                      compile_config=compile_config)
+
+
+def _yours(model: Any) -> str:
+    return f"{type(model).__name__}.call"
+
+
+def _input_shapes(model: Any, label: str) -> list[tuple[int | None, ...]]:
+    """The model's input shapes, from its build (``model.build(shape)`` or a first call)."""
+    config = model.get_build_config() if hasattr(model, "get_build_config") else None
+    shape = (config or {}).get("input_shape")
+    if shape is None:
+        raise ConfigError(f"{label}: is a subclassed model that is not built yet (no input "
+                          "shape); call it once on a batch, or model.build(input_shape)",
+                          where=label)
+    if isinstance(shape, dict):
+        raise ConfigError(f"{label}: is a subclassed model that takes a dict of inputs; "
+                          "gradscope reads subclassed models with one input or a list of "
+                          "them", where=label)
+    shapes = shape if shape and all(isinstance(s, list | tuple) for s in shape) else [shape]
+    # The batch it was built with is any batch.
+    return [(None, *(None if d is None else int(d) for d in s[1:])) for s in shapes]
+
+
+def _serialised(layer: Any) -> dict[str, Any]:
+    """A layer's config as a saved file holds it; a layer whose ``get_config`` fails keeps its
+    class and module."""
+    from keras.saving import serialize_keras_object
+
+    try:
+        entry = json.loads(json.dumps(serialize_keras_object(layer), default=str))
+    except Exception:  # noqa: BLE001  (the user's get_config)
+        entry = {"class_name": type(layer).__name__, "module": type(layer).__module__,
+                 "config": {"name": layer.name}}
+    return entry if isinstance(entry, dict) else {}
+
+
+def _flat(value: Any) -> list[Any]:
+    import keras
+
+    return [t for t in keras.tree.flatten(value) if hasattr(t, "shape")]
+
+
+def _ref(value: Any, produced: dict[int, Ref], yours: str) -> Any:
+    """The tensors in an argument as Refs (unknown ones: what the model's call computed,
+    ``yours``); plain values as they are, anything else as None."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return produced.get(id(value), Ref(yours, 0, 0, _shape(value), _dtype(value)))
+    if isinstance(value, list | tuple):
+        return tuple(_ref(item, produced, yours) for item in value)
+    if isinstance(value, dict):
+        return {key: _ref(item, produced, yours) for key, item in value.items()}
+    return value if isinstance(value, str | int | float | bool | type(None)) else None
+
+
+def _shape(tensor: Any) -> tuple[int | None, ...]:
+    return tuple(None if d is None else int(d) for d in tensor.shape)
+
+
+def _dtype(tensor: Any) -> str:
+    return str(getattr(tensor.dtype, "name", tensor.dtype))
