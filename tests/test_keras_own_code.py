@@ -728,3 +728,19 @@ def test_cli_a_saved_subclassed_model_needs_its_code_and_is_explained_with_it(sa
                              text=True, timeout=600)
     assert checked.returncode == 0, checked.stderr[-2000:]
     assert json.loads(checked.stdout)["summary"]["passed"]
+
+
+def test_gradient_flow_during_fit_takes_the_added_losses_alone(tf: Any, batch: Any) -> None:
+    """fit on a model compiled with no loss gives batches without targets: GradientFlow
+    records the loss fit minimises, the add_loss terms, as compute_loss gives it."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    model = _penalised(keras)
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    flow = GradientFlow(every=1)
+    model.fit(batch, epochs=1, batch_size=5, verbose=0, shuffle=False, callbacks=[flow])
+    loss, _ = keras_tape_norms(model, batch, None)  # after the update, as the flow sees it
+    (observation,) = flow.history.observations
+    assert observation.loss == pytest.approx(loss, rel=RTOL)

@@ -243,7 +243,7 @@ class GradientFlow(keras.callbacks.Callback):
                               "model.train_function was replaced after training began",
                               where="GradientFlow")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if y is None:
+        if y is None and not self._engine_for().added_only:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
         self._observe(x, y, self._batches, self._epoch, sample_weight)
 
@@ -366,6 +366,8 @@ class GradientFlow(keras.callbacks.Callback):
         model = self.model
         input_names = [getattr(t, "name", f"input {i}") for i, t in enumerate(model.inputs)]
         inputs = _flat(x, input_names, "x")
+        if y is None and engine.added_only:
+            return inputs, _unread_targets(model, engine, inputs)
         outputs = list(getattr(model, "output_names", None) or engine.output_names)
         targets = _flat(y, outputs, "y")
         return inputs, dict(zip(engine.output_names, targets.values(), strict=True))
@@ -476,15 +478,14 @@ class GradientFlow(keras.callbacks.Callback):
 def make_engine(model: Any, loss: str | None) -> Any:
     """gradscope's Keras engine on the live model, with its compiled loss or ``loss``."""
     from gradscope.keras.engine import KerasEngine
-    from gradscope.keras.live import read_live_graph
-    from gradscope.keras.loss import output_names, plan_loss
+    from gradscope.keras.live import read_model
+    from gradscope.keras.loss import output_names
 
     if loss is None and not getattr(model, "compiled", False):
         raise ConfigError(f"GradientFlow: model '{model.name}' is not compiled, so its loss is "
                           "unknown; pass GradientFlow(loss=NAME), the Keras loss your loop "
                           "minimises", where="loss")
-    graph = read_live_graph(model)
-    plan = plan_loss(graph, loss)
+    graph, plan, _, _ = read_model(model, loss)  # as explain reads it: the loss fit minimises
     return KerasEngine(model, output_names(graph), plan)
 
 
@@ -521,9 +522,29 @@ def _native_call(thread: int, released: threading.Event, stepping: threading.Eve
     return "released"
 
 
+def _unread_targets(model: Any, engine: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Targets for a model compiled with no loss, whose batches carry none: zeros of each
+    output's shape (``TensorSpec``s for specs), which its loss, the added terms, never
+    reads."""
+    specs = [keras.KerasTensor(tuple(v.shape), dtype=v.dtype.name if hasattr(v.dtype, "name")
+                               else str(v.dtype)) for v in inputs.values()]
+    outputs = keras.tree.flatten(model.compute_output_spec(specs if len(specs) > 1
+                                                           else specs[0]))
+    made: dict[str, Any] = {}
+    for name, spec in zip(engine.output_names, outputs, strict=True):
+        if all(isinstance(v, tf.TensorSpec) for v in inputs.values()):
+            made[name] = tf.TensorSpec(spec.shape, "float32")
+        else:
+            batch = int(next(iter(inputs.values())).shape[0])
+            made[name] = np.zeros((batch, *spec.shape[1:]), "float32")
+    return made
+
+
 def _loss_text(plan: Any) -> str:
     """The loss and where it came from, in the words of a model in memory: its compiled loss,
     or the ``loss=`` given to GradientFlow (an uncompiled model without it is refused)."""
+    if plan.added_only or plan.own_compute_loss:
+        return plan.description
     losses = " + ".join(o.label if len(plan.outputs) == 1 else f"{o.output} {o.label}"
                         for o in plan.outputs)
     return f"{losses} ({'compiled' if plan.source == 'compiled' else 'GradientFlow loss='})"
