@@ -5,6 +5,7 @@ The CLI decides exit codes in one place (``cli.py``); the library only raises th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -18,9 +19,31 @@ def one_line(text: str) -> str:
 
 def first_line(exc: BaseException) -> str:
     """What an exception of Keras, TensorFlow or the user's code says, in one line: its first
-    line, or its class where it says nothing."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line, or its class where it says nothing. Keras wraps an error raised inside a layer's
+    call ("Exception encountered when calling Lambda.call()."): its message is then the
+    wrapped one, and the error the user's code raised first, where Keras raised another in
+    handling it (a Lambda's NameError, a custom gradient's own error), is named as the cause."""
+    text = _plain(str(exc))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = lines[0] if lines else type(exc).__name__
+    if said.startswith("Exception encountered when calling") and len(lines) > 1:
+        said = f"{said.removeprefix('Exception encountered when calling ').rstrip('.')}: {lines[1]}"
+    root = exc
+    seen = {id(exc)}
+    while (nested := root.__cause__ or root.__context__) is not None and id(nested) not in seen:
+        seen.add(id(nested))
+        root = nested
+    if root is not exc:
+        cause = _plain(str(root)).strip().splitlines()
+        told = cause[0].strip() if cause else ""
+        if told and told not in said:
+            said += f" (caused by {type(root).__name__}: {told})"
+    return said
+
+
+def _plain(text: str) -> str:
+    """Text without terminal colour codes (Keras bolds the message it wraps)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
 
 
 class GradscopeError(Exception):

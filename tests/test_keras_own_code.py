@@ -292,11 +292,21 @@ def _own_layers(keras: Any, wrong_by: float = 1.0) -> dict[str, Any]:
             self.add_loss(ops.mean(loss))
             return probabilities
 
+    @tf.custom_gradient
+    def tapped(v: Any) -> Any:
+        return v, lambda dy: wrong_by * dy
+
+    class Tap(layers.Layer):
+        """Passes its input on; its gradient is ``wrong_by`` times the truth."""
+
+        def call(self, x: Any) -> Any:
+            return tapped(x)
+
     def orthogonal(w: Any) -> Any:
         return 0.01 * ops.sum(ops.square(ops.matmul(ops.transpose(w), w)
                                          - wrong_by * ops.eye(w.shape[1])))
 
-    return {"Block": Block, "CTC": CTC, "orthogonal": orthogonal}
+    return {"Block": Block, "CTC": CTC, "Tap": Tap, "orthogonal": orthogonal}
 
 
 def _not_float64(kind: str, wrong_by: float = 1.0) -> tuple[Any, dict[str, Any], Any]:
@@ -316,7 +326,8 @@ def _not_float64(kind: str, wrong_by: float = 1.0) -> tuple[Any, dict[str, Any],
     if kind == "ctc":
         labels = keras.Input((2,), dtype="int32", name="labels")
         h = layers.GRU(5, return_sequences=True, name="gru")(inputs)
-        probabilities = layers.Dense(4, activation="softmax", name="head")(h)
+        probabilities = layers.Dense(4, activation="softmax", name="head")(
+            own["Tap"](name="tap")(h))
         model = keras.Model([inputs, labels], own["CTC"](name="ctc")(labels, probabilities))
         model.compile(optimizer="adam")
         return model, {"x": x, "labels": rng.integers(1, 4, (4, 2)).astype("int32")}, None
@@ -393,6 +404,22 @@ def test_check_in_float32_still_catches_a_wrong_gradient(tf: Any) -> None:
     assert not any(name.startswith("head/") for name in report.summary.failed_tensors)
     with pytest.raises(AssertionError):
         assert_gradients(model, x, y)
+
+
+def test_check_in_float32_measures_the_losss_rounding_and_catches_a_wrong_gradient(
+        tf: Any) -> None:
+    """A CTC loss (about 14 here, float32 inside): a fixed bound on its rounding would allow
+    errors of several times a gradient. check measures the rounding on the model, says it,
+    and a gradient 1.5 times too large below the head fails, named by the model's paths."""
+    model, x, y = _not_float64("ctc", wrong_by=1.5)
+    report = gradscope.check(model, x=x, y=y)
+    assert report.dtype == "float32" and "measured on the model" in (report.dtype_reason or "")
+    assert not report.summary.passed
+    paths = {v.path for v in model.trainable_variables}
+    weights = [name for name in report.summary.failed_tensors if "/" in name
+               and not name.endswith(("/h0", "/c0"))]
+    assert weights and set(weights) <= paths, (weights, sorted(paths))
+    assert any(name.startswith("gru/") for name in weights)
 
 
 def test_a_wrong_gradient_on_the_float64_copy_is_not_taken_for_low_precision(tf: Any) -> None:
@@ -587,8 +614,12 @@ def test_wrappers_of_your_code_are_listed_as_yours_and_checked(tf: Any) -> None:
     wrong = _wrapped(keras, 1.5)
     caught = gradscope.check(wrong, x=x, y=y)
     assert not caught.summary.passed
-    assert any("recurrent" in name for name in caught.summary.failed_tensors), \
-        caught.summary.failed_tensors
+    # Named by the model's own paths: each direction's cell apart (in the float64 copy both
+    # directions' cells were built under one path).
+    paths = {v.path for v in wrong.trainable_variables}
+    failed = [name for name in caught.summary.failed_tensors if name in paths]
+    assert any("forward" in name and name.endswith("recurrent") for name in failed), failed
+    assert any("backward" in name and name.endswith("recurrent") for name in failed), failed
 
 
 def test_a_registered_loss_is_named_by_its_registered_name(tf: Any) -> None:
@@ -673,8 +704,10 @@ def test_a_subclassed_model_is_explained_from_its_own_call_and_checked(tf: Any) 
     wrong = _subclassed(keras, wrong_by=1.4)
     caught = gradscope.check(wrong, x=x, y=y)
     assert not caught.summary.passed
-    assert "head/kernel" not in caught.summary.failed_tensors
-    assert any(name.startswith(("encoder/", "decoder/")) for name in caught.summary.failed_tensors)
+    failed = caught.summary.failed_tensors
+    assert not any(name.endswith("head/kernel") for name in failed), failed
+    assert any("/encoder/" in name or "/decoder/" in name for name in failed), failed
+    assert set(failed) & {v.path for v in wrong.trainable_variables}  # the model's own paths
 
 
 def test_a_subclassed_models_own_compute_loss_is_the_loss(tf: Any) -> None:

@@ -30,7 +30,7 @@ from gradscope.keras.engine import CapturedCall, call_label, class_label, state_
 from gradscope.keras.live import is_builtin
 from gradscope.keras.precision import step_for
 from gradscope.report.models import WitnessEntry
-from gradscope.witnesses.finite_differences import rounding_noise
+from gradscope.witnesses.finite_differences import rounding_noise, rounding_of
 
 WITNESS = "cell_steps"
 
@@ -231,7 +231,7 @@ def _part(name: str, numerical: np.ndarray, analytic: np.ndarray, at_rest: np.nd
     typical size of one; worst over the examples of each step. The factor: least squares of
     the tape's numbers on the differences', where it explains them to 1%."""
     typical = float(np.sqrt(np.mean(analytic ** 2))) if analytic.size else 0.0
-    noise = rounding_noise(at_rest, delta, dtype)
+    noise = rounding_noise(at_rest, delta, rounding_of(dtype))
     scale = np.maximum(np.abs(analytic), typical) + noise
     errors = (np.abs(numerical - analytic) / scale).reshape(steps, batch).max(axis=1)
     factor = None

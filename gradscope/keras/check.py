@@ -59,7 +59,13 @@ from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_chec
 from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
-from gradscope.keras.precision import coarse_loss, not_in_dtype, retake_for, step_for
+from gradscope.keras.precision import (
+    coarse_loss,
+    measured_rounding,
+    not_in_dtype,
+    retake_for,
+    step_for,
+)
 from gradscope.keras.subclassed import is_subclassed
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
@@ -76,6 +82,7 @@ from gradscope.timing import Clock
 from gradscope.witnesses.context import TOLERANCES
 from gradscope.witnesses.finite_differences import (
     PER_TENSOR_DIRECTIONS,
+    ROUNDING,
     Probe,
     directional_error,
     probes_for,
@@ -158,6 +165,11 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     weights = {v.path: np.array(v.numpy()) for v in model.weights}
     stops = (_stops(engine, inputs, targets, frozen, sample_weight) if stops_met[0]
              else stopped.Stops())
+    rounding = ROUNDING
+    if dtype != "float64":  # the loss's rounding, measured on the model
+        with stopped.held(engine.tf, stops):
+            rounding = measured_rounding(_loss_along(engine, inputs, targets, frozen,
+                                                     sample_weight, job.seed), dtype)
     say("finite differences, and the NumPy reference for the recurrent layers beside them")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool, \
             stopped.held(engine.tf, stops):
@@ -166,7 +178,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         unshifted = _finite_differences(
             engine, autodiff, inputs, targets, frozen, directions, fd_rtol, atol, job.seed,
             results, shapes, _masked_inputs(job, inputs), weights,
-            engine.weight_tensors(sample_weight))
+            engine.weight_tensors(sample_weight), rounding)
         clock.lap("finite_differences")
         not_witnessed = unshifted + reference.result()
     clock.lap("numpy_reference_wait")
@@ -198,7 +210,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                             "own_backward"].index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
-        examples=chosen, dtype=dtype, dtype_reason=_costs(not_float64, dtype, fd_rtol),
+        examples=chosen, dtype=dtype,
+        dtype_reason=_costs(not_float64, dtype, fd_rtol, rounding, autodiff.loss),
         held_fixed=stops.described(),
         tolerances={"finite_differences": fd_rtol, "numpy_reference": ref_rtol,
                     **{w: fd_rtol for w in ("cell_steps", "own_backward") if w in witnesses}},
@@ -232,13 +245,20 @@ def _stops(engine: KerasEngine, inputs: dict[str, np.ndarray], targets: dict[str
     return stops
 
 
-def _costs(not_float64: str | None, dtype: str, rtol: float) -> str | None:
+def _costs(not_float64: str | None, dtype: str, rtol: float, rounding: float,
+           loss: float) -> str | None:
     """Why check did not compute in float64, and what its own dtype costs."""
     if not_float64 is None:
         return None
-    return (f"{not_float64}. In {dtype} the finite differences resolve a relative error of "
-            f"about {rtol:.0e} (in float64, {TOLERANCES['finite_differences']['float64']:.0e}), "
-            "so a smaller error in a gradient would pass")
+    from gradscope.witnesses.finite_differences import rounding_noise
+
+    return (f"{not_float64}. In {dtype} the loss's rounding, measured on the model, is "
+            f"{rounding * max(abs(loss), 1.0) / 2:.1e} (of a loss of {loss:.4g}): the finite "
+            "differences resolve a derivative along a direction to about "
+            f"{float(rounding_noise(loss, step_for(dtype), rounding)):.1e}, and to a relative "
+            f"{rtol:.0e} beyond that (in float64, "
+            f"{TOLERANCES['finite_differences']['float64']:.0e}); a smaller error in a "
+            "gradient would pass")
 
 
 def _loss_along(engine: KerasEngine, inputs: dict[str, np.ndarray],
@@ -301,14 +321,16 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         results: dict[str, list[WitnessEntry]],
                         shapes: dict[str, list[int]], fixed: dict[str, np.ndarray],
                         weights: dict[str, np.ndarray], sample_weight: Any = None,
-                        ) -> list[NotWitnessed]:
+                        rounding: float = ROUNDING) -> list[NotWitnessed]:
     """Every tensor jointly first (:mod:`~gradscope.keras.joint_differences`): the weights,
     the float inputs and the zero initial states of Keras' own call, moved together. Where a
     joint direction disagrees, every tensor is probed on its own instead, which names it.
     Initial states Keras' own call does not ask for (wired in, carried by a stateful layer)
     are probed on their own, through the replay. ``weights``: every weight's value as the
     tape saw it (shared, read only, with the NumPy reference), what each probe restores.
-    Returns the initial states it could not probe on their own (a subclassed model's)."""
+    ``rounding``: the loss's rounding relative to max(|loss|, 1) (float64's bound, or what
+    :func:`measured_rounding` found in the model's own dtype). Returns the initial states it
+    could not probe on their own (a subclassed model's)."""
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     rng = np.random.default_rng([seed, 2])
@@ -350,10 +372,9 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
             for variable, _ in moved:
                 variable.assign(parts_by_name[variable.path].value)
 
-    dtype = engine.dtype_name
     joint = (joint_check(parts, JOINT_DIRECTIONS if directions is None else directions, rng,
-                         autodiff.loss, rtol, atol, step_for(dtype), loss_at, dtype)
-             if parts else None)
+                         autodiff.loss, rtol, atol, step_for(engine.dtype_name), loss_at,
+                         rounding) if parts else None)
     if joint is not None and joint.passed:
         for part in parts:
             shapes[part.name] = list(part.gradient.shape)
@@ -385,7 +406,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
     if alone:
         _one_by_one(engine, autodiff, feed, y, frozen,
                     PER_TENSOR_DIRECTIONS if directions is None else directions, rtol, atol,
-                    rng, results, shapes, fixed, sample_weight, inputs, alone)
+                    rng, results, shapes, fixed, sample_weight, inputs, alone, rounding)
     return unshifted
 
 
@@ -467,7 +488,7 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
                 atol: float | None, rng: np.random.Generator,
                 results: dict[str, list[WitnessEntry]], shapes: dict[str, list[int]],
                 fixed: dict[str, np.ndarray], sample_weight: Any,
-                inputs: dict[str, np.ndarray], names: set[str]) -> None:
+                inputs: dict[str, np.ndarray], names: set[str], rounding: float) -> None:
     """Each tensor in ``names`` on its own: central differences along random unit directions
     and at single elements (the largest |g| and random ones)."""
     tf = engine.tf
@@ -524,7 +545,7 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
         minus = np.array([evaluate_at((base - step * p.direction).astype(base.dtype))
                           for p in probes])
         settled = _settle_kinks(gradient, probes, plus, minus, evaluate_at, base,
-                                autodiff.loss, rtol, atol, dtype)
+                                autodiff.loss, rtol, atol, dtype, rounding)
         shapes[name] = list(gradient.shape)
         if not settled.groups:
             results.setdefault(name, []).append(WitnessEntry(
@@ -532,7 +553,8 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
                 at_kink=True, detail=settled.kink_detail(len(probes))))
             return
         error, passed, detail = max(
-            (directional_error(gradient, group, p, m, autodiff.loss, rtol, atol, taken, dtype)
+            (directional_error(gradient, group, p, m, autodiff.loss, rtol, atol, taken,
+                               rounding)
              for group, p, m, taken in settled.groups), key=lambda found: found[0])
         if settled.kinks:
             detail += f"; {settled.kink_detail(len(probes))}"
@@ -603,7 +625,8 @@ class _Settled:
 def _settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                   minus: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
                   base: np.ndarray, loss: float, rtol: float,
-                  atol: float | None, dtype: str = "float64") -> _Settled:
+                  atol: float | None, dtype: str = "float64",
+                  rounding: float = ROUNDING) -> _Settled:
     """A probe whose central difference disagrees with autodiff is taken again at a smaller
     step (:func:`~gradscope.keras.precision.retake_for`). Where the loss is smooth, that
     difference is then closer (it keeps the smaller step). Where the probe straddles a kink,
@@ -617,19 +640,19 @@ def _settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
     step, small = step_for(dtype), retake_for(dtype)
     for k, probe in enumerate(probes):
         if directional_error(gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol,
-                             atol, step, dtype)[1]:
+                             atol, step, rounding)[1]:
             kept.append(k)
             continue
         near_plus = evaluate_at((base + small * probe.direction).astype(base.dtype))
         near_minus = evaluate_at((base - small * probe.direction).astype(base.dtype))
         if directional_error(gradient, [probe], np.array([near_plus]), np.array([near_minus]),
-                             loss, rtol, atol, small, dtype)[1]:
+                             loss, rtol, atol, small, rounding)[1]:
             retaken.append((probe, near_plus, near_minus))
             continue
         centre = evaluate_at(base) if centre is None else centre
         far = (plus[k] - centre) / step - (centre - minus[k]) / step
         near = (near_plus - centre) / small - (centre - near_minus) / small
-        noise = 1e3 * np.finfo(dtype).eps * max(abs(centre), 1.0) / small
+        noise = 16 * rounding * max(abs(centre), 1.0) / small
         if abs(far) > noise and abs(near) > 0.5 * abs(far):
             settled.kinks.append((probe.label, (near_plus - centre) / small,
                                   (centre - near_minus) / small))

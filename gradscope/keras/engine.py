@@ -330,6 +330,11 @@ class KerasEngine:
             _same_functions(self.model, copy)
             copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
                               else w for w in self.model.get_weights()])
+            # Each weight of the copy by its original's path: the copy's own are what its
+            # rebuilding named them (dense_1 for dense; a cell of each direction of a
+            # Bidirectional under one and the same path), and reports name the user's.
+            for mine, theirs in zip(copy.weights, self.model.weights, strict=True):
+                mine._path = theirs.path
         except Exception as exc:  # the user's code, rebuilt from its config: anything
             first = first_line(exc)
             raise CopyFails(f"{self.path}: Keras cannot rebuild it in {dtype} from its "

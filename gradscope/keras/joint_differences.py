@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradscope.witnesses.finite_differences import rounding_noise
+from gradscope.witnesses.finite_differences import ROUNDING, rounding_noise
 
 #: Step of the central differences on the float64 copy of a Keras model (check, and the
 #: witnesses it runs where something disagrees). Any Keras layer can sit in the model (layer
@@ -70,10 +70,10 @@ class JointResult:
 
 
 def directions(parts: list[Part], count: int, rng: np.random.Generator, loss: float,
-               rtol: float, step: float, dtype: str = "float64",
+               rtol: float, step: float, rounding: float = ROUNDING,
                ) -> tuple[float, list[dict[str, np.ndarray]]]:
     """``m`` (see the module) and ``count`` joint directions: per tensor, ``a_t·u_t``."""
-    floor = float(rounding_noise(loss, step, dtype)) / rtol
+    floor = float(rounding_noise(loss, step, rounding)) / rtol
     typical = {part.name: part.typical() for part in parts}
     # A tensor below the floor moves by a whole step, and its errors are caught beyond
     # rtol·m + noise: m = floor keeps that at twice the rounding, as its own probe would.
@@ -98,7 +98,7 @@ def directions(parts: list[Part], count: int, rng: np.random.Generator, loss: fl
 def compare(parts: list[Part], direction: dict[str, np.ndarray], step: float, m: float,
             loss: float, rtol: float, atol: float | None,
             loss_at: Callable[[dict[str, np.ndarray]], float],
-            dtype: str = "float64") -> tuple[float, float, float]:
+            rounding: float = ROUNDING) -> tuple[float, float, float]:
     """The central difference along ``direction`` at ``step`` against autodiff, from the values
     the probes really took (rounded to each tensor's dtype): (normalised error, finite
     difference, autodiff)."""
@@ -111,22 +111,22 @@ def compare(parts: list[Part], direction: dict[str, np.ndarray], step: float, m:
                                 * (plus[p.name].astype(np.float64)
                                    - minus[p.name].astype(np.float64))))
                    for p in parts if p.name in direction) / (2 * step)
-    allowed = m + (float(rounding_noise(loss, step, dtype)) + (atol or 0.0)) / rtol
+    allowed = m + (float(rounding_noise(loss, step, rounding)) + (atol or 0.0)) / rtol
     return abs(numerical - analytic) / allowed, numerical, analytic
 
 
 def joint_check(parts: list[Part], count: int, rng: np.random.Generator, loss: float,
                 rtol: float, atol: float | None, step: float,
                 loss_at: Callable[[dict[str, np.ndarray]], float],
-                dtype: str = "float64") -> JointResult:
+                rounding: float = ROUNDING) -> JointResult:
     """Every part along ``count`` joint directions. The first direction that disagrees ends
     the joint check: the tensors are probed one by one next, where a kink (relu's corner, a
     tie in a max) is told apart from a wrong gradient tensor by tensor."""
-    m, drawn = directions(parts, count, rng, loss, rtol, step, dtype)
+    m, drawn = directions(parts, count, rng, loss, rtol, step, rounding)
     worst: tuple[float, int, float, float] | None = None
     for k, direction in enumerate(drawn, start=1):
         error, numerical, analytic = compare(parts, direction, step, m, loss, rtol, atol,
-                                             loss_at, dtype)
+                                             loss_at, rounding)
         if worst is None or error > worst[0]:
             worst = (error, k, numerical, analytic)
         if error > rtol:

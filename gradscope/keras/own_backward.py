@@ -22,7 +22,7 @@ import numpy as np
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.precision import retake_for, step_for
 from gradscope.report.models import WitnessEntry
-from gradscope.witnesses.finite_differences import Probe, directional_error
+from gradscope.witnesses.finite_differences import Probe, directional_error, rounding_of
 
 WITNESS = "own_backward"
 
@@ -88,7 +88,7 @@ def _one(tf: Any, layer: Any, call: CapturedCall, x: Any, training: bool,
         plus, minus = at(x + shift), at(x - shift)
         error, passed, _ = directional_error(gradient, [probe], np.array([plus]),
                                              np.array([minus]), float(value), rtol, None, step,
-                                             dtype)
+                                             rounding_of(dtype))
         if passed:
             return None
     numerical = (plus - minus) / (2 * step)

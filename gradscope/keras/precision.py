@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 #: The central differences' step by dtype. float64: the truncation error (∝ step²) ~1e-10
 #: relative and the rounding, amplified by 1/step, ~1e-11. float32: the rounding (~6e-8 of the
 #: loss) amplified by 1/step stays ~1e-4 of the loss, and the truncation ~1e-6.
@@ -77,3 +79,21 @@ def _is_other_float(found: Any, dtype: str) -> bool:
 def _listed(names: list[str], most: int = 3) -> str:
     shown = ", ".join(names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float:
+    """The rounding of the loss in the model's own dtype, relative to max(|loss|, 1), as
+    :func:`~gradscope.witnesses.finite_differences.rounding_noise` takes it: measured, not
+    assumed. The loss is taken at six points within 1e-4 along one direction of the weights,
+    where its change is linear to far below its rounding; what is left once the line through
+    the central difference at the check's step is taken away is rounding, and twice the
+    largest of it is what a difference may lose to it. A fixed bound (64 epsilons, right for
+    float64) would in float32 allow errors of several times the gradient on a loss of 25 (a
+    CTC loss): a wrong gradient would pass."""
+    step = step_for(dtype)
+    base = loss_along(0.0)
+    slope = (loss_along(step) - loss_along(-step)) / (2 * step)
+    residues = [abs(loss_along(h) - base - h * slope)
+                for h in (-1e-4, -5e-5, -2.5e-5, 2.5e-5, 5e-5, 1e-4)]
+    scale = max(abs(base), 1.0)
+    return max(2 * max(residues) / scale, 4 * float(np.finfo(dtype).eps))

@@ -385,15 +385,27 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
     return witness.finish(ctx)
 
 
-def rounding_noise(loss: Any, step: float, dtype: str = "float64") -> Any:
-    """The loss's rounding in ``dtype``, amplified by 1/(2·step): below it no disagreement of a
-    central difference is real. ``loss`` a number, or an array of them (one noise each)."""
-    return 64 * np.finfo(dtype).eps * np.maximum(np.abs(loss), 1.0) / (2 * step)
+def rounding_of(dtype: str) -> float:
+    """The rounding of a loss computed in ``dtype``, relative to max(|loss|, 1): 64 of its
+    epsilons, the bound of a long float64 computation."""
+    return 64 * float(np.finfo(dtype).eps)
+
+
+#: :func:`rounding_of` float64.
+ROUNDING = rounding_of("float64")
+
+
+def rounding_noise(loss: Any, step: float, rounding: float = ROUNDING) -> Any:
+    """The loss's rounding (``rounding`` of max(|loss|, 1)), amplified by 1/(2·step): below it
+    no disagreement of a central difference is real. ``loss`` a number, or an array of them
+    (one noise each)."""
+    return rounding * np.maximum(np.abs(loss), 1.0) / (2 * step)
 
 
 def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                       minus: np.ndarray, loss: float, rtol: float, atol: float | None,
-                      step: float = STEP, dtype: str = "float64") -> tuple[float, bool, str]:
+                      step: float = STEP, rounding: float = ROUNDING,
+                      ) -> tuple[float, bool, str]:
     """Central differences along ``probes`` (loss at ±``step``) against ⟨g, v⟩: the worst
     normalised error, whether it is within ``rtol``, and a line naming the worst probe and both
     values. Only ``plus − minus`` counts: for a probe that moves one example, both may be that
@@ -404,7 +416,7 @@ def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarra
     # size of one, ‖g‖/√n, when that is larger.
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
     scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
-    noise = rounding_noise(loss, step, dtype)
+    noise = rounding_noise(loss, step, rounding)
     # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so that
     # it passes exactly when it is ≤ rtol.
     errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)
