@@ -777,3 +777,68 @@ def test_gradient_flow_during_fit_takes_the_added_losses_alone(tf: Any, batch: A
     loss, _ = keras_tape_norms(model, batch, None)  # after the update, as the flow sees it
     (observation,) = flow.history.observations
     assert observation.loss == pytest.approx(loss, rel=RTOL)
+
+
+# -- a planted wrong gradient in each kind ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["add_loss alone", "mixed_float16", "relu LSTM",
+                                  "training mode"])
+def test_each_kind_fails_a_planted_wrong_gradient_and_passes_without_it(tf: Any,
+                                                                         kind: str) -> None:
+    """A Tap whose gradient is 1.5 times the truth sits between the recurrent layer and the
+    head: check fails the recurrent layer's weights below it, never the head's, and passes
+    the same model without the error."""
+    import keras
+    from keras import layers
+
+    def build(wrong_by: float) -> Any:
+        own = _own_layers(keras, wrong_by)
+        if kind == "mixed_float16":
+            keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            keras.utils.set_random_seed(31)
+            inputs = keras.Input((6, 3), name="x")
+            recurrent = (layers.LSTM(5, activation="relu", name="rnn") if kind == "relu LSTM"
+                         else layers.GRU(5, dropout=0.3, name="rnn") if kind == "training mode"
+                         else layers.GRU(5, name="rnn"))
+            h = own["Tap"](name="tap")(recurrent(inputs))
+            out = layers.Dense(2, dtype="float32", name="head")(h)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        return keras.Model(inputs, out)
+
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    for wrong_by in (1.0, 1.5):
+        model = build(wrong_by)
+        if kind == "add_loss alone":
+            target = keras.Input((2,), name="target")
+            penalised = own_penalty(keras)(model.output, target)
+            model = keras.Model([model.input, target], penalised)
+            model.compile(optimizer="sgd")
+            batch, targets = {"x": x, "target": y}, None
+        else:
+            model.compile(loss="mse")
+            batch, targets = x, y
+        report = gradscope.check(model, x=batch, y=targets, training=kind == "training mode")
+        failed = report.summary.failed_tensors
+        if wrong_by == 1.0:
+            assert report.summary.passed, failed
+            continue
+        assert not report.summary.passed
+        assert any("/rnn/" in name or name.startswith("rnn/") for name in failed), failed
+        assert not any(name.endswith("head/kernel") for name in failed), failed
+
+
+def own_penalty(keras: Any) -> Any:
+    """A layer whose loss is its add_loss: the mean squared distance of its two inputs."""
+    from keras import ops
+
+    class Penalty(keras.layers.Layer):
+        def call(self, prediction: Any, target: Any) -> Any:
+            self.add_loss(ops.mean(ops.square(prediction - target)))
+            return prediction
+
+    return Penalty(name="penalty")
