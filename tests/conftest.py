@@ -116,3 +116,17 @@ def keras_tape_norms(model: Any, x: Any, y: Any, sample_weight: Any = None
 
     loss, gradients = keras_tape(model, x, y, sample_weight)
     return loss, {path: float(np.linalg.norm(g)) for path, g in gradients.items()}
+
+
+def assert_keras_numbers(report: Any, loss: float, truth: dict[str, float],
+                         rtol: float = 1e-5) -> None:
+    """An explain report holds Keras' own numbers: the loss, and each weight gradient's L2
+    norm by path (``truth``, from :func:`keras_tape_norms`; weights without one are left
+    out of both)."""
+    import pytest
+
+    assert report.loss.value == pytest.approx(loss, rel=rtol)
+    ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
+    assert sorted(ours) == sorted(truth)
+    for path, norm in truth.items():
+        assert ours[path] == pytest.approx(norm, rel=rtol), path

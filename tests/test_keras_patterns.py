@@ -11,20 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import keras_tape_norms, run_gradscope
+from conftest import assert_keras_numbers, keras_tape_norms, run_gradscope
 
 import gradscope
 
 RTOL = 1e-5
-
-
-
-def _assert_keras_numbers(report: Any, loss: float, truth: dict[str, float]) -> None:
-    assert report.loss.value == pytest.approx(loss, rel=RTOL)
-    ours = {g.path: g.stats.l2 for g in report.gradients if g.stats is not None}
-    assert sorted(ours) == sorted(truth)
-    for path, norm in truth.items():
-        assert ours[path] == pytest.approx(norm, rel=RTOL), path
 
 
 def _build(name: str) -> Any:
@@ -97,7 +88,7 @@ def test_the_pattern_gives_keras_own_numbers(saved, name, tf):
     _, model = saved[name]
     x, y = _batch(model, name)
     report = gradscope.explain(model, x=x, y=y)
-    _assert_keras_numbers(report, *keras_tape_norms(model, x, y))
+    assert_keras_numbers(report, *keras_tape_norms(model, x, y))
 
 
 @pytest.mark.parametrize("name", PATTERNS)
@@ -301,7 +292,7 @@ def test_models_the_generator_found_give_keras_numbers(build, tf):
         model(x)  # a stateful layer then carries a state that is not zero
     y = rng.standard_normal((2, 2)).astype("float32")
     report = gradscope.explain(model, x=x, y=y)
-    _assert_keras_numbers(report, *keras_tape_norms(model, x, y))
+    assert_keras_numbers(report, *keras_tape_norms(model, x, y))
 
 
 def test_a_loss_that_keras_makes_nan_is_shown_as_such_with_a_warning(tf):
@@ -349,6 +340,6 @@ def test_two_outputs_of_one_shared_sub_model_take_their_own_targets(tf):
     x = [rng.standard_normal((4, 6)).astype("float32") for _ in range(2)]
     y = [rng.standard_normal((4, 2)).astype("float32") for _ in range(2)]
     report = gradscope.explain(model, x=x, y=y)
-    _assert_keras_numbers(report, *keras_tape_norms(model, x, y))
+    assert_keras_numbers(report, *keras_tape_norms(model, x, y))
     names = [term.name for term in report.loss.terms]
     assert len(set(names)) == 2, names
