@@ -167,6 +167,23 @@ def refuse_code(graph: ModelGraph) -> None:
                 f"{_import_hint(module)}", where=layer.name)
 
 
+def qualify_custom(config: Any) -> None:
+    """Every serialised object whose class is not Keras' own: class_name → module.class_name.
+    """
+    if isinstance(config, dict):
+        # A function (a loss, a regularizer) is saved as the class "function" of the module
+        # "builtins", named by its config: not a class to qualify.
+        module = config.get("module")
+        if isinstance(module, str) and not _is_keras_module(module) and module != "builtins" \
+                and isinstance(config.get("class_name"), str):
+            config["class_name"] = f"{module}.{config['class_name']}"
+        for value in config.values():
+            qualify_custom(value)
+    elif isinstance(config, list):
+        for item in config:
+            qualify_custom(item)
+
+
 def _import_hint(module: str) -> str:
     """The option that brings a custom class's code: its module by name where the file says
     it, else the file that defines it."""

@@ -20,7 +20,13 @@ from dataclasses import replace
 from typing import Any
 
 from gradscope.errors import ConfigError, first_line
-from gradscope.keras.graph import ModelGraph, graph_from_config, read_graph, refuse_code
+from gradscope.keras.graph import (
+    ModelGraph,
+    graph_from_config,
+    qualify_custom,
+    read_graph,
+    refuse_code,
+)
 from gradscope.keras.loss import LossPlan, plan_loss
 
 #: Keras' own model classes (a subclass of these written by the user is not one of them).
@@ -77,25 +83,8 @@ def model_config(model: Any) -> dict[str, Any]:
         first = first_line(exc)
         raise ConfigError(f"{label}: Keras cannot serialise its config, so gradscope cannot "
                           f"read its graph exactly: {first}", where=label) from None
-    _qualify_custom(config)
+    qualify_custom(config)
     return config
-
-
-def _qualify_custom(config: Any) -> None:
-    """Every serialised object whose class is not Keras' own: class_name → module.class_name.
-    """
-    if isinstance(config, dict):
-        # A function (a loss, a regularizer) is saved as the class "function" of the module
-        # "builtins", named by its config: not a class to qualify.
-        if "class_name" in config and "module" in config and config.get("module") is not None \
-                and not is_builtin(config["module"]) and isinstance(config["class_name"], str) \
-                and config.get("module") != "builtins":
-            config["class_name"] = f"{config['module']}.{config['class_name']}"
-        for value in config.values():
-            _qualify_custom(value)
-    elif isinstance(config, list):
-        for item in config:
-            _qualify_custom(item)
 
 
 def read_live_graph(model: Any) -> ModelGraph:

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from gradscope.errors import ConfigError, first_line
-from gradscope.keras.graph import YOUR_CALL, Call, LayerNode, ModelGraph, Ref
+from gradscope.keras.graph import YOUR_CALL, Call, LayerNode, ModelGraph, Ref, qualify_custom
 
 
 def is_subclassed(model: Any) -> bool:
@@ -40,7 +40,6 @@ def observed_graph(model: Any, label: str) -> ModelGraph:
     """The graph of a subclassed model, from one symbolic call (see the module)."""
     import keras
 
-    from gradscope.keras.live import _qualify_custom
     from gradscope.keras.observed_call import layers_wrapped
 
     shapes = _input_shapes(model, label)
@@ -99,7 +98,7 @@ def observed_graph(model: Any, label: str) -> ModelGraph:
                         calls=()) for name, shape in zip(names, shapes, strict=True)]
     for layer in order:
         entry = _serialised(layer)
-        _qualify_custom(entry)
+        qualify_custom(entry)
         layers.append(LayerNode(name=layer.name, class_name=str(entry.get("class_name")),
                                 module=entry.get("module"),
                                 registered_name=entry.get("registered_name"),
