@@ -100,7 +100,8 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     finite differences' random directions, joint and then per tensor (None:
     :data:`JOINT_DIRECTIONS` and :data:`PER_TENSOR_DIRECTIONS`).
     ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
-    the float64 copy: a check that cannot fail is a defect)."""
+    the float64 copy: a check that cannot fail is a defect; where check runs in the model's
+    own dtype, it is given the user's model object itself)."""
     say = progress or (lambda message: None)
     chosen = choose(job, examples)
     say("importing TensorFlow, loading the model and its float64 copy")
@@ -194,7 +195,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     if not all(e.passed for entries in results.values() for e in entries):
         say("each layer call, and each step of your cells, on its own")
         restore(frozen)
-        stopping = {place for place in stops.places}
+        stopping = set(stops.places)
         for name, (shape, entry) in own_backward_witness(
                 engine, [c for c in autodiff.calls if f"layer '{c.layer}'" not in stopping],
                 job.training, job.seed, fd_rtol, lambda: restore(frozen)).items():
@@ -265,7 +266,8 @@ def _loss_along(engine: KerasEngine, inputs: dict[str, np.ndarray],
                 targets: dict[str, np.ndarray], frozen: list[tuple[Any, np.ndarray]],
                 sample_weight: Any, seed: int) -> Callable[[float], float]:
     """The loss of Keras' own call with every trainable weight moved by ``h`` along one
-    random unit direction (for :func:`~gradscope.keras.precision.coarse_loss`)."""
+    random unit direction (for :func:`~gradscope.keras.precision.coarse_loss` and
+    :func:`~gradscope.keras.precision.measured_rounding`)."""
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     weights = engine.weight_tensors(sample_weight)

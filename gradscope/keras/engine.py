@@ -162,8 +162,6 @@ class KerasEngine:
         self.added_only = plan.added_only
         if self.live and compiled and getattr(self.model, "_compile_loss", None) is None:
             compiled = False
-        if self.added_only:
-            compiled = True  # nothing to compile: compute_loss adds the model's losses
         user_model = self.user_model = self.model
         if dtype is not None:
             saved_compile = (self.model.get_compile_config()
@@ -186,7 +184,7 @@ class KerasEngine:
             # and given its own states back after it.
             seed_random_draws(self.model, seed)
         if self.added_only:
-            pass
+            pass  # no CompileLoss: compute_loss adds the model's own losses
         elif compiled and self.live and self.model is user_model:
             # The user's own loss objects, in a CompileLoss of gradscope's: fit's loss, without
             # touching the model's compiled state.
