@@ -702,6 +702,7 @@ def test_a_subclassed_model_is_explained_from_its_own_call_and_checked(tf: Any) 
     x, y = _sequences(27)
     report = _explained_exactly(model, x, y)
     assert [layer.name for layer in report.layers] == ["encoder", "decoder", "head"]
+    assert any("Tutorial.call computes between them" in w for w in report.warnings)
     assert report.layers[0].class_name == "GRU" and report.layers[0].derivation
     states = {s.name: s for s in report.initial_state_gradients}
     assert states["encoder/h0"].stats is not None

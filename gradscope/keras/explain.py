@@ -23,7 +23,7 @@ from gradscope.keras.data import (
     unused_targets,
 )
 from gradscope.keras.facts import layer_facts, no_derivation
-from gradscope.keras.graph import LayerNode, ModelGraph
+from gradscope.keras.graph import YOUR_CALL, LayerNode, ModelGraph
 from gradscope.keras.layers import deriving_explainer
 from gradscope.keras.layers.base import StateNote, variable_key
 from gradscope.keras.live import LOADED_FROM
@@ -259,6 +259,11 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             elif node.class_name == "Bidirectional":
                 witnesses.append(_both_directions(captured, engine))
     warnings = _warnings(result, gradients)
+    if graph.kind == "Subclassed":
+        yours = next((n.name for n in graph.layers if n.class_name == YOUR_CALL), "its call")
+        warnings.append(f"a subclassed model: every number is Keras' own, and the layers are "
+                        f"read from one symbolic call, listed in the order it made them; what "
+                        f"{yours} computes between them has no explanation")
     unused = unused_targets(job.plan, job.batch.targets)
     if unused:
         warnings.append(f"the targets given for {', '.join(unused)} are not used: the model "
