@@ -26,6 +26,10 @@ def first_line(exc: BaseException) -> str:
     text = _plain(str(exc))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = lines[0] if lines else type(exc).__name__
+    for line in lines[1:3]:  # a sentence Keras wrapped onto the next line
+        if said.endswith((".", ":", ";", "!", "?")) or not line[:1].islower():
+            break
+        said = f"{said} {line}"
     if said.startswith("Exception encountered when calling") and len(lines) > 1:
         said = f"{said.removeprefix('Exception encountered when calling ').rstrip('.')}: {lines[1]}"
     root = exc

@@ -845,3 +845,28 @@ def own_penalty(keras: Any) -> Any:
             return prediction
 
     return Penalty(name="penalty")
+
+
+def test_a_subclassed_model_without_get_config_is_checked_in_its_own_dtype(tf: Any) -> None:
+    """The tutorials' models take arguments in __init__ and write no get_config: Keras cannot
+    serialise them, so there is no float64 copy; check runs on the model itself and says so."""
+    import keras
+
+    class NoConfig(keras.Model):
+        def __init__(self, units: int) -> None:
+            super().__init__()
+            self.gru = keras.layers.GRU(units)
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x: Any) -> Any:
+            return self.head(self.gru(x))
+
+    keras.utils.set_random_seed(33)
+    model = NoConfig(5)
+    x, y = _sequences(34)
+    model(x)
+    model.compile(loss="mse")
+    _explained_exactly(model, x, y)
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed and report.dtype == "float32"
+    assert "get_config" in (report.dtype_reason or "")

@@ -317,10 +317,11 @@ class KerasEngine:
         the classes and functions in memory (the user's own code, already running), never from
         code serialised in a config."""
         keras = self.keras
-        config = keras.saving.serialize_keras_object(self.model)
-        _set_dtype(config, dtype)
         custom = _custom_classes(self.model) if self.live else {}
         try:
+            # A subclassed model without get_config cannot be serialised: no copy either.
+            config = keras.saving.serialize_keras_object(self.model)
+            _set_dtype(config, dtype)
             with keras.saving.custom_object_scope(custom), warnings.catch_warnings(), \
                     _default_dtype(keras, dtype):
                 warnings.simplefilter("ignore")
