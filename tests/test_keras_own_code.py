@@ -870,3 +870,40 @@ def test_a_subclassed_model_without_get_config_is_checked_in_its_own_dtype(tf: A
     report = gradscope.check(model, x=x, y=y)
     assert report.summary.passed and report.dtype == "float32"
     assert "get_config" in (report.dtype_reason or "")
+
+
+def test_tutorial_style_subclassed_models_are_checked_in_float64_by_their_own_names(
+        tf: Any) -> None:
+    """A call that adds its input to a layer's output (x + gru(x)), a Bidirectional made in
+    __init__, and a loss function of the user's own, in memory and unregistered (the NMT
+    tutorial's masked_loss): the float64 copy is built by a call in float64 and takes the
+    function from memory, so check runs in float64; it names layers, states and the input as
+    explain does."""
+    import keras
+    from keras import layers, ops
+
+    def masked_loss(y_true: Any, y_pred: Any) -> Any:
+        return ops.mean(ops.square(y_true - y_pred), axis=-1)
+
+    class Residual(keras.Model):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.gru = layers.GRU(3, return_sequences=True)
+            self.both = layers.Bidirectional(layers.LSTM(2))
+            self.head = layers.Dense(2)
+
+        def call(self, x: Any) -> Any:
+            return self.head(self.both(x + self.gru(x)))
+
+    keras.utils.set_random_seed(35)
+    model = Residual()
+    x, y = _sequences(36)
+    model(x)
+    model.compile(loss=masked_loss)
+    explained = _explained_exactly(model, x, y)
+    report = gradscope.check(model, x=x, y=y)
+    assert report.summary.passed and report.dtype == "float64", report.dtype_reason
+    named = {t.name for t in report.tensors}
+    assert {s.name for s in explained.initial_state_gradients} <= named
+    assert {g.path for g in explained.gradients if g.stats} <= named
+    assert "input x" in named

@@ -40,6 +40,7 @@ from gradscope.keras.observed_call import (
     zero_states_watched,
 )
 from gradscope.keras.stopped import start_of_call
+from gradscope.keras.subclassed import is_subclassed, own_layers
 from gradscope.keras.whole_model import (
     confirm,
     dense_gradients,
@@ -170,7 +171,8 @@ class KerasEngine:
             if saved_compile is not None:
                 _set_dtype(saved_compile, dtype)
                 try:
-                    with self._floatx():
+                    custom = _custom_classes(user_model) if self.live else {}
+                    with self._floatx(), keras.saving.custom_object_scope(custom):
                         self.model.compile_from_config(saved_compile)
                 except Exception as exc:  # a custom loss Keras cannot rebuild from its config
                     first = first_line(exc)
@@ -322,10 +324,16 @@ class KerasEngine:
             # A subclassed model without get_config cannot be serialised: no copy either.
             config = keras.saving.serialize_keras_object(self.model)
             _set_dtype(config, dtype)
+            subclassed = is_subclassed(self.model)
+            if subclassed:
+                # Keras would build it on float32 symbolic inputs: built below, in dtype.
+                config.pop("build_config", None)
             with keras.saving.custom_object_scope(custom), warnings.catch_warnings(), \
                     _default_dtype(keras, dtype):
                 warnings.simplefilter("ignore")
                 copy = keras.saving.deserialize_keras_object(config, safe_mode=not self.live)
+                if subclassed:
+                    _built_in(keras, copy, self.model.get_build_config(), dtype)
             _same_functions(self.model, copy)
             copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
                               else w for w in self.model.get_weights()])
@@ -334,6 +342,12 @@ class KerasEngine:
             # Bidirectional under one and the same path), and reports name the user's.
             for mine, theirs in zip(copy.weights, self.model.weights, strict=True):
                 mine._path = theirs.path
+            # And each layer by its original's name (a subclassed model's sub-layers, made
+            # in __init__, get new ones when it is rebuilt): check names calls as explain does.
+            mine_layers, their_layers = _layers(copy), _layers(self.model)
+            if [type(a) for a in mine_layers] == [type(b) for b in their_layers]:
+                for mine_layer, their_layer in zip(mine_layers, their_layers, strict=True):
+                    mine_layer.name = their_layer.name
         except Exception as exc:  # the user's code, rebuilt from its config: anything
             first = first_line(exc)
             raise CopyFails(f"{self.path}: Keras cannot rebuild it in {dtype} from its "
@@ -345,8 +359,9 @@ class KerasEngine:
     def output_shapes(self, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """The outputs' shapes for this batch, from Keras' own shape inference (no run)."""
         # A float input is cast to its Input's dtype by the model's call: so here.
-        own = [getattr(tensor, "dtype", None)
-               for tensor in getattr(self.model, "inputs", None) or [None] * len(inputs)]
+        # (A subclassed model has no Inputs: its float inputs are cast to its own dtype.)
+        own = ([getattr(tensor, "dtype", None) for tensor in self.model.inputs]
+               if getattr(self.model, "inputs", None) else [self.dtype_name] * len(inputs))
         specs = [self.keras.KerasTensor(value.shape, dtype=dtype if value.dtype.kind == "f"
                                         and dtype is not None else str(value.dtype))
                  for value, dtype in zip(inputs.values(), own, strict=True)]
@@ -385,8 +400,6 @@ class KerasEngine:
         """
         tf, keras = self.tf, self.keras
         from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
-
-        from gradscope.keras.subclassed import is_subclassed, own_layers
 
         model = self.model
         runner = getattr(model, "_functional", None) or model
@@ -768,6 +781,18 @@ def _carried_states(operation: Any) -> list[Any] | None:
     return list(states) if states else None
 
 
+def _built_in(keras: Any, model: Any, build_config: Any, dtype: str) -> None:
+    """A subclassed model's copy built as its original was, by one call, on zeros of its
+    build shape (batch 1) in ``dtype``: Keras' own build would give it float32 inputs, which a
+    call that mixes its input with a layer's output (``x + gru(x)``) cannot add up."""
+    shape = (build_config or {}).get("input_shape")
+    if shape is None:
+        return
+    zeros = keras.tree.map_shape_structure(
+        lambda s: np.zeros([1, *(1 if d is None else int(d) for d in s[1:])], dtype), shape)
+    model(zeros)
+
+
 @contextlib.contextmanager
 def _default_dtype(keras: Any, dtype: str) -> Iterator[None]:
     """Keras' default dtype policy and floatx while the copy is built: a sub-layer the user's
@@ -788,11 +813,26 @@ def _layers(model: Any) -> list[Any]:
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
-def _custom_classes(model: Any) -> dict[str, type]:
+def _flat_losses(loss: Any) -> list[Any]:
+    """The loss objects and functions of ``compile(loss=…)``: one, a list or a dict of them."""
+    if isinstance(loss, dict):
+        return [item for value in loss.values() for item in _flat_losses(value)]
+    if isinstance(loss, list | tuple):
+        return [item for value in loss for item in _flat_losses(value)]
+    return [] if loss is None or isinstance(loss, str) else [loss]
+
+
+def _custom_classes(model: Any) -> dict[str, Any]:
     """The user's own layer classes, by the names their configs carry, for deserialisation."""
     from gradscope.keras.live import is_builtin
 
-    found: dict[str, type] = {}
+    found: dict[str, Any] = {}
+    # The compiled loss as the user gave it: a function or loss class of theirs, in memory,
+    # unregistered (the tutorials' masked_loss), rebuilds the copy's compiled loss by name.
+    for loss in _flat_losses(getattr(model, "loss", None)):
+        if not is_builtin(getattr(loss, "__module__", None)):
+            found[getattr(loss, "__name__", type(loss).__name__)] = (
+                loss if callable(loss) and hasattr(loss, "__name__") else type(loss))
     for layer in [model, *_layers(model)]:  # a subclassed model's own class too
         cls = type(layer)
         if not is_builtin(cls.__module__):

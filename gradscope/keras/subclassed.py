@@ -44,7 +44,7 @@ def observed_graph(model: Any, label: str) -> ModelGraph:
 
     shapes = _input_shapes(model, label)
     dtype = str(getattr(getattr(model, "dtype_policy", None), "variable_dtype", "float32"))
-    names = ["input"] if len(shapes) == 1 else [f"input_{k + 1}" for k in range(len(shapes))]
+    names = ["x"] if len(shapes) == 1 else [f"x_{k + 1}" for k in range(len(shapes))]
     specs = [keras.KerasTensor(shape, dtype=dtype) for shape in shapes]
     produced: dict[int, Ref] = {}
     calls: dict[str, list[Call]] = {}
