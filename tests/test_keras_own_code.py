@@ -907,3 +907,26 @@ def test_tutorial_style_subclassed_models_are_checked_in_float64_by_their_own_na
     assert {s.name for s in explained.initial_state_gradients} <= named
     assert {g.path for g in explained.gradients if g.stats} <= named
     assert "input x" in named
+
+
+def test_a_subclassed_models_own_weight_is_listed_with_its_gradient(tf: Any) -> None:
+    import keras
+
+    class Scaled(keras.Model):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.scale = self.add_weight(shape=(3,), initializer="ones", name="scale")
+            self.gru = keras.layers.GRU(4)
+            self.head = keras.layers.Dense(2)
+
+        def call(self, x: Any) -> Any:
+            return self.head(self.gru(x * self.scale))
+
+    keras.utils.set_random_seed(37)
+    model = Scaled()
+    x, y = _sequences(38)
+    model(x)
+    model.compile(loss="mse")
+    report = _explained_exactly(model, x, y)  # every weight, the model's own included
+    (own,) = [g for g in report.gradients if g.path.endswith("/scale")]
+    assert own.layer == "Scaled.call" and own.stats is not None

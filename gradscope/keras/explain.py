@@ -258,6 +258,23 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                                               engine.dtype_name, job.training))
             elif node.class_name == "Bidirectional":
                 witnesses.append(_both_directions(captured, engine))
+    # Weights no layer holds: a subclassed model's own (self.add_weight in its __init__).
+    owner = next((n.name for n in graph.layers if n.class_name == YOUR_CALL), graph.name)
+    for variable in model.weights:
+        if id(variable) in seen:
+            continue
+        seen.add(id(variable))
+        trainable = id(variable) in trainable_ids
+        gradient = result.gradients.get(variable.path) if trainable else None
+        meaning = ("the model's own weight, used by its call: your code, no derivation"
+                   + ("" if trainable else "; non-trainable: it gets no gradient")
+                   + ("; it does not reach the loss: no gradient"
+                      if trainable and gradient is None else ""))
+        gradients.append(KerasGradientEntry(
+            name=f"{owner}/{variable.path.rsplit('/', 1)[-1]}", path=variable.path,
+            layer=owner, class_name=YOUR_CALL, shape=[int(d) for d in variable.shape],
+            formula=None, meaning=meaning, rows=[], columns=[], trainable=trainable,
+            stats=None if gradient is None else stats(gradient), sparse=None))
     warnings = _warnings(result, gradients)
     if graph.kind == "Subclassed":
         yours = next((n.name for n in graph.layers if n.class_name == YOUR_CALL), "its call")
