@@ -930,3 +930,21 @@ def test_a_subclassed_models_own_weight_is_listed_with_its_gradient(tf: Any) -> 
     report = _explained_exactly(model, x, y)  # every weight, the model's own included
     (own,) = [g for g in report.gradients if g.path.endswith("/scale")]
     assert own.layer == "Scaled.call" and own.stats is not None
+
+
+def test_a_masking_layer_is_not_blamed_for_a_wrong_gradient_above_it(tf: Any) -> None:
+    """With masked steps in the batch, a wrong gradient above the GRU fails the GRU's weights;
+    the Masking layer's own backward holds the masked steps fixed, and is not blamed."""
+    import keras
+
+    own = _own_layers(keras, 1.5)
+    keras.utils.set_random_seed(39)
+    inputs = keras.Input((6, 3), name="x")
+    h = keras.layers.GRU(4, name="gru")(keras.layers.Masking(name="masking")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(own["Tap"](name="tap")(h)))
+    model.compile(loss="mse")
+    x, y = _sequences(40)
+    x[1, -2:] = 0.0
+    failed = gradscope.check(model, x=x, y=y).summary.failed_tensors
+    assert any("gru/" in name for name in failed), failed
+    assert "layer masking" not in failed

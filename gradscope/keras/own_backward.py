@@ -80,6 +80,14 @@ def _one(tf: Any, layer: Any, call: CapturedCall, x: Any, training: bool,
     value, gradient = backward(x)
     gradient = np.zeros(x.shape) if gradient is None else gradient.numpy()
     direction = rng.standard_normal(x.shape)
+    mask_value = getattr(layer, "mask_value", None)
+    if mask_value is not None and np.ndim(x) >= 2:
+        # Masking: moving a masked step off mask_value unmasks it, a jump no derivative
+        # describes; the masked steps are held fixed, as check's input probes hold them.
+        kept = ~np.all(np.asarray(x) == mask_value, axis=-1, keepdims=True)
+        direction = direction * kept
+        if not np.any(direction):
+            return None
     probe = Probe("input", "a random direction", direction / np.linalg.norm(direction))
     analytic = float(np.sum(gradient * probe.direction))
     dtype = x.dtype.name
