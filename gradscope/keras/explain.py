@@ -397,7 +397,7 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
     from gradscope.keras.engine import call_label
 
     label = call_label(node.name, index)
-    wired = _wired_sources(node, index)
+    wired = _wired_sources(graph, node, index)
     entries = []
     for k, (note, value) in enumerate(zip(notes, gradients.get(label, []), strict=False)):
         shape = [int(d) for d in captured.states[k].shape]
@@ -423,11 +423,13 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
     return entries
 
 
-def _wired_sources(node: LayerNode, index: int) -> list[str]:
+def _wired_sources(graph: ModelGraph, node: LayerNode, index: int) -> list[str]:
     if index >= len(node.calls):
         return []
     refs = node.calls[index].kwarg_refs().get("initial_state", [])
-    return [f"{ref.layer}'s returned state (its output {ref.index})" for ref in refs]
+    return [f"a state {ref.layer} computes in your code (get_initial_state, a sum, …)"
+            if any(n.name == ref.layer and n.class_name == YOUR_CALL for n in graph.layers)
+            else f"{ref.layer}'s returned state (its output {ref.index})" for ref in refs]
 
 
 def _warnings(result: Any, gradients: list[KerasGradientEntry]) -> list[str]:
