@@ -948,3 +948,27 @@ def test_a_masking_layer_is_not_blamed_for_a_wrong_gradient_above_it(tf: Any) ->
     failed = gradscope.check(model, x=x, y=y).summary.failed_tensors
     assert any("gru/" in name for name in failed), failed
     assert "layer masking" not in failed
+
+
+def test_a_witness_error_that_is_not_a_number_fails_and_the_json_holds(tf: Any) -> None:
+    """A weight of the copy made NaN after the tape: every difference through it is NaN. The
+    report fails those tensors, and its JSON (which allows no NaN) is written."""
+    import json
+
+    import keras
+
+    keras.utils.set_random_seed(41)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.GRU(3, name="gru"),
+                              keras.layers.Dense(2, name="head")])
+    model.compile(loss="mse")
+    x, y = _sequences(42)
+
+    def poisoned(copy: Any) -> None:
+        kernel = copy.get_layer("head").kernel
+        kernel.assign(np.full(kernel.shape, np.nan))
+
+    report = gradscope.check(model, x=x, y=y, after_autodiff=poisoned)
+    assert not report.summary.passed
+    document = json.loads(report.to_json())
+    errors = [w["error"] for t in document["tensors"] for w in t["witnesses"]]
+    assert None in errors

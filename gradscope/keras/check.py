@@ -202,9 +202,10 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
             results[name], shapes[name] = [entry], shape
         not_witnessed += _cell_steps(engine, autodiff, job, fd_rtol, results)
         clock.lap("layers_on_their_own")
-    tensors = [CheckedTensor(name=name, shape=shapes.get(name), passed=all(e.passed for e in
-                                                                           entries),
-                             witnesses=entries) for name, entries in results.items()]
+    finite = {name: [_finite(e) for e in entries] for name, entries in results.items()}
+    tensors = [CheckedTensor(name=name, shape=shapes.get(name),
+                             passed=all(e.passed for e in entries), witnesses=entries)
+               for name, entries in finite.items()]
     failed = [t.name for t in tensors if not t.passed]
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses},
                        key=["finite_differences", "numpy_reference", "cell_steps",
@@ -244,6 +245,15 @@ def _stops(engine: KerasEngine, inputs: dict[str, np.ndarray], targets: dict[str
             "at every step, and finite differences cannot hold a value per step fixed, so "
             "check cannot witness this model's gradients; explain shows them", where=engine.path)
     return stops
+
+
+def _finite(entry: WitnessEntry) -> WitnessEntry:
+    """A witness whose error is not a number (NaN in a difference, an overflow) has failed,
+    and says so: JSON has no NaN, and the report never passes it."""
+    if entry.error is None or np.isfinite(entry.error):
+        return entry
+    return entry.model_copy(update={"error": None, "passed": False,
+                                    "detail": f"{entry.detail}; its error is {entry.error}"})
 
 
 def _costs(not_float64: str | None, dtype: str, rtol: float, rounding: float,
@@ -528,7 +538,9 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
     if names & states:
         own, replayed = loss_with(), loss_with(deltas=zero_deltas)
         same = 1e-9 if dtype == "float64" else 1e-5  # the replay's ops, rounded in dtype
-        if not abs(own - replayed) <= same * max(1.0, abs(own)):
+        agree = own == replayed or abs(own - replayed) <= same * max(1.0, abs(own)) or (
+            np.isnan(own) and np.isnan(replayed))  # no number either way: the probes fail
+        if not agree:
             raise InternalError(
                 f"internal error: {engine.path}: with its initial states unshifted, "
                 f"gradscope's layer-by-layer run gives the loss {replayed:.12g}, Keras' own "
