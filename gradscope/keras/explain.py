@@ -259,7 +259,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             elif node.class_name == "Bidirectional":
                 witnesses.append(_both_directions(captured, engine))
     # Weights no layer holds: a subclassed model's own (self.add_weight in its __init__).
-    owner = next((n.name for n in graph.layers if n.class_name == YOUR_CALL), graph.name)
+    owner = graph.your_call or graph.name
     for variable in model.weights:
         if id(variable) in seen:
             continue
@@ -276,11 +276,10 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             formula=None, meaning=meaning, rows=[], columns=[], trainable=trainable,
             stats=None if gradient is None else stats(gradient), sparse=None))
     warnings = _warnings(result, gradients)
-    if graph.kind == "Subclassed":
-        yours = next((n.name for n in graph.layers if n.class_name == YOUR_CALL), "its call")
+    if graph.your_call is not None:
         warnings.append(f"a subclassed model: every number is Keras' own, and the layers are "
                         f"read from one symbolic call, listed in the order it made them; what "
-                        f"{yours} computes between them has no explanation")
+                        f"{graph.your_call} computes between them has no explanation")
     unused = unused_targets(job.plan, job.batch.targets)
     if unused:
         warnings.append(f"the targets given for {', '.join(unused)} are not used: the model "
@@ -428,7 +427,7 @@ def _wired_sources(graph: ModelGraph, node: LayerNode, index: int) -> list[str]:
         return []
     refs = node.calls[index].kwarg_refs().get("initial_state", [])
     return [f"a state {ref.layer} computes in your code (get_initial_state, a sum, …)"
-            if any(n.name == ref.layer and n.class_name == YOUR_CALL for n in graph.layers)
+            if ref.layer == graph.your_call
             else f"{ref.layer}'s returned state (its output {ref.index})" for ref in refs]
 
 

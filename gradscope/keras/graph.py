@@ -109,6 +109,13 @@ class ModelGraph:
         return next(layer for layer in self.layers if layer.name == name)
 
     @property
+    def your_call(self) -> str | None:
+        """The node of what a subclassed model's call computes outside its layers (None for
+        any other model)."""
+        return next((layer.name for layer in self.layers if layer.class_name == YOUR_CALL),
+                    None)
+
+    @property
     def computing_layers(self) -> list[LayerNode]:
         return [layer for layer in self.layers
                 if not layer.is_input and layer.class_name != YOUR_CALL]

@@ -35,7 +35,7 @@ def retake_for(dtype: str) -> float:
 
 def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
     """Where a copy of the model rebuilt in ``dtype`` does not compute in it: weights left in
-    another float dtype (a sub-layer a custom layer makes without passing its dtype), and layer
+    another float dtype (a sub-layer the user's code makes with ``dtype="float32"``), and layer
     calls that return another float dtype. None where everything is ``dtype``."""
     weights = [v.path for v in model.weights if _is_other_float(v.dtype, dtype)]
     outputs = sorted({call.layer for call in calls for tensor in call.outputs
@@ -44,7 +44,7 @@ def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
     if weights:
         found.append(f"the weight{'s' if len(weights) > 1 else ''} {_listed(weights)} "
                      f"{'stay' if len(weights) > 1 else 'stays'} in another dtype (a sub-layer "
-                     "made without the model's dtype)")
+                     "your code makes with a dtype of its own)")
     if outputs:
         found.append(f"layer{'s' if len(outputs) > 1 else ''} {_listed(outputs)} "
                      f"return{'' if len(outputs) > 1 else 's'} another dtype")
@@ -73,16 +73,6 @@ def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None
             "lower precision (a float32 constant or cast, keras.ops.ctc_loss)")
 
 
-def _is_other_float(found: Any, dtype: str) -> bool:
-    name = str(getattr(found, "name", found))
-    return "float" in name and name != dtype
-
-
-def _listed(names: list[str], most: int = 3) -> str:
-    shown = ", ".join(names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
 def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float:
     """The rounding of the loss in the model's own dtype, relative to max(|loss|, 1), as
     :func:`~gradscope.witnesses.finite_differences.rounding_noise` takes it: measured, not
@@ -99,3 +89,13 @@ def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float
                 for h in (-1e-4, -5e-5, -2.5e-5, 2.5e-5, 5e-5, 1e-4)]
     scale = max(abs(base), 1.0)
     return max(2 * max(residues) / scale, 4 * float(np.finfo(dtype).eps))
+
+
+def _is_other_float(found: Any, dtype: str) -> bool:
+    name = str(getattr(found, "name", found))
+    return "float" in name and name != dtype
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

@@ -52,6 +52,7 @@ def record(tf: Any, loss: Callable[[], Any]) -> Stops:
     body are named in ``in_loops``."""
     stops = Stops()
     symbolic: list[Any] = []
+    outer: list[Any] = []  # the traced function's own graph (a loop's body has another)
 
     def recorder(original: Callable[..., Any]) -> Callable[..., Any]:
         def stop(value: Any, name: Any = None) -> Any:
@@ -65,8 +66,6 @@ def record(tf: Any, loss: Callable[[], Any]) -> Stops:
             return result
 
         return stop
-
-    outer: list[Any] = []
 
     @tf.function(autograph=False)
     def traced() -> Any:
