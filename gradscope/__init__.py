@@ -187,7 +187,9 @@ def _yaml_job(source: Any, data: DataFiles | dict[str, Any] | None, weights: Any
 
         raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
                           "pass data={'x': ..., 'y': ...}", where="x")
-    preflight.check_weights(weights)
+    from gradscope.yaml.options import check_weights
+
+    check_weights(weights)
     spec = _as_spec(source)
     if data is None:
         return spec, None
@@ -338,24 +340,26 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
                             {**keras_options, "examples": examples}, "check")
     check_time_steps(spec.time_steps, chunks=chunks)
     if layer is not None:
-        preflight.check_layer_name(spec, layer)
+        from gradscope.yaml.options import check_layer_name
+
+        check_layer_name(spec, layer)
     guard(spec, "check", limit)
     weights = _read_weights(weights)
     if layer is not None:
-        from gradscope.witnesses.layer_backward import check_layer
+        from gradscope.yaml.check.layer_backward import check_layer
 
         return _drawn(check_layer(spec, against, layer, time_last=time_last, rtol=rtol,
                                   data=batch, params=params, weights=weights,
                                   progress=progress, timings=timings))
-    from gradscope.witnesses.check import check as _check
-    from gradscope.witnesses.finite_differences import PER_TENSOR_DIRECTIONS
+    from gradscope.gradcheck import PER_TENSOR_DIRECTIONS
+    from gradscope.yaml.check import check as _check
 
     report = _check(spec, against=against, chunks=chunks,
                     directions=PER_TENSOR_DIRECTIONS if directions is None else directions,
                     rtol=rtol, atol=atol, data=batch, weights=weights, params=params,
                     progress=progress, timings=timings)
     if equations:
-        from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
+        from gradscope.yaml.check.block_kernel import CORRECTED_EQUATIONS
 
         report.show_equations(CORRECTED_EQUATIONS)
     return _drawn(report)

@@ -21,7 +21,6 @@ from gradscope.errors import ConfigError, GradscopeError, flag, given
 
 if TYPE_CHECKING:
     from gradscope.arrays import DataFiles
-    from gradscope.yaml.config import Spec
 
 #: The file types matplotlib's Agg backend writes, by extension.
 PLOT_EXTENSIONS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
@@ -205,30 +204,6 @@ def check_layer_options(against: object, layer: str | None, time_last: bool,
             raise GradscopeError(f"{flag(name)} does not go with {flag('layer')}, which checks "
                                  "one layer's backward given dh; expected one or the other",
                                  where=flag(name))
-
-
-def check_layer_name(spec: Spec, layer: str) -> None:
-    """``layer`` must name one of the spec's recurrent layers."""
-    recurrent = [item.name for item in spec.layers if item.recurrent]
-    expected = f"expected one of the recurrent layers: {', '.join(str(n) for n in recurrent)}"
-    for item in spec.layers:
-        if item.name == layer and not item.recurrent:
-            raise GradscopeError(f"{given('layer', layer)} is a {item.type} layer; "
-                                 f"{flag('layer')} checks a recurrent layer's backward: "
-                                 f"{expected}", where=flag("layer"))
-    if layer not in recurrent:
-        raise GradscopeError(f"{given('layer', layer)}: the model has no layer of that name; "
-                             f"{expected}", where=flag("layer"))
-
-
-def check_weights(path: object, option: str = "--weights") -> None:
-    """``--weights PATH`` (or ``gradscope spec PATH``): an .npz file or a checkpoint that
-    exists; nothing is read. (Weights given as a dict of arrays are checked as they map.)"""
-    if not isinstance(path, str | os.PathLike):
-        return
-    from gradscope.yaml.weights import locate
-
-    locate(path, option)
 
 
 def check_witness_options(directions: object, rtol: object, atol: object) -> None:

@@ -85,7 +85,7 @@ def seed_reports(tf):
     """The seed model's reports, computed once in this process: explain with the flow, the
     Jacobians and the carry in 2 chunks (strip them with model_copy for plain explain), and
     check."""
-    from gradscope.witnesses.check import check
+    from gradscope.yaml.check import check
     from gradscope.yaml.config import load_spec
     from gradscope.yaml.explain import explain
 

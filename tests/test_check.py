@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from gradscope.report.models import json_schema
-from gradscope.witnesses.check import check
+from gradscope.yaml.check import check
 from gradscope.yaml.config import load_spec
 
 recurrent = st.fixed_dictionaries(
@@ -72,8 +72,8 @@ def test_seed_model_passes_every_witness_and_exits_0():
 def _block_context():
     import numpy as np
 
-    from gradscope.witnesses.context import CheckContext
     from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.check.context import CheckContext
     from gradscope.yaml.data import initial_params, synthetic_batch
     from gradscope.yaml.engine import Engine
 
@@ -90,7 +90,7 @@ def _block_context():
 def test_kernel_witness_skips_keras_layers_and_catches_a_wrong_gradient(tf):
     import dataclasses
 
-    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
+    from gradscope.yaml.check.block_kernel import errata_evidence, kernel_witness
 
     ctx = _block_context()
     results = kernel_witness(ctx)
@@ -108,7 +108,7 @@ def test_kernel_witness_locates_a_missing_carry_in_time(tf):
     comparison still agrees step by step, but the weight sums and h0 disagree with autodiff."""
     import dataclasses
 
-    from gradscope.witnesses.block_kernel import kernel_witness
+    from gradscope.yaml.check.block_kernel import kernel_witness
 
     ctx = _block_context()
     gradients = dict(ctx.autodiff.sequence_gradients)

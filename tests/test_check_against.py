@@ -13,9 +13,9 @@ from jsonschema import Draft202012Validator
 
 from gradscope.errors import ConfigError
 from gradscope.report.models import json_schema
-from gradscope.witnesses.context import CheckContext
-from gradscope.witnesses.user_backward import against_witness, load_against, not_returned
 from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.check.context import CheckContext
+from gradscope.yaml.check.user_backward import against_witness, load_against, not_returned
 from gradscope.yaml.config import load_spec
 from gradscope.yaml.data import initial_params, synthetic_batch
 from gradscope.yaml.engine import Engine

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 
 from gradscope.errors import ConfigError
-from gradscope.witnesses import carry
-from gradscope.witnesses.carry import (
+from gradscope.gradcheck import tolerance
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.check import carry
+from gradscope.yaml.check.carry import (
     CarryResult,
     carry_witness,
     compare_with_full_bptt,
     truncated_gradients,
 )
-from gradscope.witnesses.context import TOLERANCES, CheckContext
-from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.config import load_spec
 from gradscope.yaml.data import initial_params, synthetic_batch
 from gradscope.yaml.engine import Engine
@@ -89,7 +90,7 @@ def test_carried_chunks_equal_full_bptt(key, chunks):
     assert [r.tensor for r in result.results] == expected_names
     for r in result.results:
         assert r.witness == "tbptt_carry"
-        assert r.tolerance == TOLERANCES["tbptt_carry"]["float64"]
+        assert r.tolerance == tolerance("tbptt_carry").rtol
         assert r.error is not None and r.error <= 1e-12
 
     assert len(result.boundaries) == chunks - 1

@@ -7,13 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gradscope.witnesses.context import CheckContext
-from gradscope.witnesses.finite_differences import (
+from gradscope.gradcheck import probes_for
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.check.context import CheckContext
+from gradscope.yaml.check.finite_differences import (
     FiniteDifferences,
     finite_difference_witness,
-    probes_for,
 )
-from gradscope.yaml.algebra import model_shapes
 from gradscope.yaml.config import load_spec
 from gradscope.yaml.data import initial_params, synthetic_batch
 from gradscope.yaml.engine import Engine

@@ -19,7 +19,7 @@ from jsonschema import Draft202012Validator
 from gradscope.errors import ConfigError
 from gradscope.reference import RECURRENT
 from gradscope.report.models import LayerCheckReport, json_schema
-from gradscope.witnesses.layer_backward import check_layer
+from gradscope.yaml.check.layer_backward import check_layer
 from gradscope.yaml.config import load_spec
 
 ADAPTER = REPO / "tests" / "against" / "course_adapter.py"

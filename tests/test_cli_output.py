@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from rich.cells import cell_len
 
 from gradscope.report.tables import WITNESS_TITLES
-from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
+from gradscope.yaml.check.block_kernel import CORRECTED_EQUATIONS
 
 GOLDEN = REPO / "tests" / "golden"
 REGENERATE = bool(os.environ.get("GRADSCOPE_REGEN_GOLDEN"))

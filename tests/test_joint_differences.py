@@ -9,10 +9,10 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from gradscope.gradcheck import rounding_noise
 from gradscope.keras.joint_differences import Part, joint_check
-from gradscope.witnesses.finite_differences import rounding_noise
 
-RTOL, STEP = 1e-5, 1e-5
+RTOL, DELTA = 1e-5, 1e-5
 
 
 def _problem(sizes: list[int], scales: list[float], seed: int):
@@ -45,7 +45,7 @@ def test_the_true_gradients_pass(problem) -> None:
     sizes, exponents, seed = problem
     values, gradients, loss = _problem(sizes, [10.0 ** e for e in exponents], seed)
     parts = [Part(n, gradients[n], values[n]) for n in values]
-    result = joint_check(parts, 3, np.random.default_rng(seed), loss(values), RTOL, None, STEP,
+    result = joint_check(parts, 3, np.random.default_rng(seed), loss(values), RTOL, None, DELTA,
                          loss)
     assert result.passed, result.detail
 
@@ -60,9 +60,9 @@ def test_a_wrong_gradient_in_any_one_tensor_is_caught(problem, data) -> None:
     values, gradients, loss = _problem(sizes, [10.0 ** e for e in exponents], seed)
     wrong = data.draw(st.sampled_from(sorted(values)))
     assume(1e-3 * Part(wrong, gradients[wrong], values[wrong]).typical()
-           >= 10 * rounding_noise(loss(values), STEP))
+           >= 10 * rounding_noise(loss(values), DELTA))
     parts = [Part(n, gradients[n] * (1.001 if n == wrong else 1.0), values[n]) for n in values]
-    result = joint_check(parts, 3, np.random.default_rng(seed), loss(values), RTOL, None, STEP,
+    result = joint_check(parts, 3, np.random.default_rng(seed), loss(values), RTOL, None, DELTA,
                          loss)
     assert not result.passed, result.detail
 
@@ -77,5 +77,5 @@ def test_a_part_held_fixed_does_not_move() -> None:
         return loss(at)
 
     joint_check([Part("t0", gradients["t0"], values["t0"], keep)], 2,
-                np.random.default_rng(0), loss(values), RTOL, None, STEP, watching)
+                np.random.default_rng(0), loss(values), RTOL, None, DELTA, watching)
     assert moved and all(np.all(delta[keep == 0] == 0) for delta in moved)

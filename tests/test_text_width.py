@@ -26,7 +26,7 @@ from gradscope.report.models import (
     KerasShapesReport,
     ShapesReport,
 )
-from gradscope.witnesses.block_kernel import CORRECTED_EQUATIONS
+from gradscope.yaml.check.block_kernel import CORRECTED_EQUATIONS
 
 #: Wide enough that nothing wraps: the reference rendering.
 UNWRAPPED = 1000
@@ -133,7 +133,7 @@ def small_reports(tf, tmp_path_factory):
     from gradscope.keras.explain import explain as keras_explain
     from gradscope.keras.explain import prepare as keras_prepare
     from gradscope.keras.shapes import keras_shapes
-    from gradscope.witnesses.check import check
+    from gradscope.yaml.check import check
     from gradscope.yaml.config import load_spec
     from gradscope.yaml.explain import explain
     from gradscope.yaml.shapes import shapes

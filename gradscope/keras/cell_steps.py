@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import first_line
+from gradscope.gradcheck import rounding_noise, rounding_of, step_for
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
 from gradscope.keras.live import is_builtin
-from gradscope.keras.precision import step_for
 from gradscope.report.models import WitnessEntry
-from gradscope.witnesses.finite_differences import rounding_noise, rounding_of
 
 WITNESS = "cell_steps"
 

@@ -38,6 +38,17 @@ import numpy as np
 from gradscope._blas import blas_beside_tensorflow
 from gradscope._tf import native_stderr_silenced
 from gradscope.errors import ConfigError, DataError, InternalError
+from gradscope.gradcheck import (
+    PER_TENSOR_DIRECTIONS,
+    ROUNDING,
+    Probe,
+    directional_error,
+    probes_for,
+    rounding_noise,
+    settle_kinks,
+    step_for,
+    tolerance,
+)
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
 from gradscope.keras.cell_steps import not_run, your_cells
@@ -59,13 +70,7 @@ from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_chec
 from gradscope.keras.observed_call import zero_states_shifted
 from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
-from gradscope.keras.precision import (
-    coarse_loss,
-    measured_rounding,
-    not_in_dtype,
-    retake_for,
-    step_for,
-)
+from gradscope.keras.precision import coarse_loss, measured_rounding, not_in_dtype
 from gradscope.keras.subclassed import is_subclassed
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
@@ -79,14 +84,6 @@ from gradscope.report.models import (
     WitnessEntry,
 )
 from gradscope.timing import Clock
-from gradscope.witnesses.context import TOLERANCES
-from gradscope.witnesses.finite_differences import (
-    PER_TENSOR_DIRECTIONS,
-    ROUNDING,
-    Probe,
-    directional_error,
-    probes_for,
-)
 
 Progress = Callable[[str], None]
 
@@ -155,8 +152,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         after_autodiff(model)
     give_back_freed_memory()  # the tape's, before the witnesses set the peak
     clock.lap("autodiff")
-    fd_rtol = rtol if rtol is not None else TOLERANCES["finite_differences"][dtype]
-    ref_rtol = rtol if rtol is not None else TOLERANCES["numpy_reference"][dtype]
+    fd_rtol = rtol if rtol is not None else tolerance("finite_differences", dtype).rtol
+    ref_rtol = rtol if rtol is not None else tolerance("numpy_reference", dtype).rtol
     results: dict[str, list[WitnessEntry]] = {}
     referenced: dict[str, list[WitnessEntry]] = {}
     shapes: dict[str, list[int]] = {}
@@ -261,14 +258,12 @@ def _costs(not_float64: str | None, dtype: str, rtol: float, rounding: float,
     """Why check did not compute in float64, and what its own dtype costs."""
     if not_float64 is None:
         return None
-    from gradscope.witnesses.finite_differences import rounding_noise
-
     return (f"{not_float64}. In {dtype} the loss's rounding, measured on the model, is "
             f"{rounding * max(abs(loss), 1.0) / 2:.1e} (of a loss of {loss:.4g}): the finite "
             "differences resolve a derivative along a direction to about "
             f"{float(rounding_noise(loss, step_for(dtype), rounding)):.1e}, and to a relative "
             f"{rtol:.0e} beyond that (in float64, "
-            f"{TOLERANCES['finite_differences']['float64']:.0e}); a smaller error in a "
+            f"{tolerance('finite_differences').rtol:.0e}); a smaller error in a "
             "gradient would pass")
 
 
@@ -558,7 +553,7 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
                          for p in probes])
         minus = np.array([evaluate_at((base - step * p.direction).astype(base.dtype))
                           for p in probes])
-        settled = _settle_kinks(gradient, probes, plus, minus, evaluate_at, base,
+        settled = settle_kinks(gradient, probes, plus, minus, evaluate_at, base,
                                 autodiff.loss, rtol, atol, dtype, rounding)
         shapes[name] = list(gradient.shape)
         if not settled.groups:
@@ -617,67 +612,6 @@ def _one_by_one(engine: KerasEngine, autodiff: KerasPass, feed: list[Any], y: li
                 return loss_with(deltas=deltas)
 
             record(f"{label}/{state_names_here[k]}", gradient, at_state, np.zeros_like(gradient))
-
-
-@dataclass
-class _Settled:
-    """Probes grouped by the step their central difference is taken with, and the probes
-    left out because they straddle a point where the loss has no derivative."""
-
-    groups: list[tuple[list[Probe], np.ndarray, np.ndarray, float]] = field(
-        default_factory=list)
-    kinks: list[tuple[str, float, float]] = field(default_factory=list)  # label, slopes
-
-    def kink_detail(self, total: int) -> str:
-        label, right, left = self.kinks[0]
-        return (f"{len(self.kinks)} of {total} probes at a kink (relu or a clip at its corner, "
-                f"a tie in a max): the loss has no derivative there, its one-sided slopes "
-                f"differ ({label}: {right:.6e} on one side, {left:.6e} on the other), so "
-                "those probes are left out")
-
-
-def _settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
-                  minus: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
-                  base: np.ndarray, loss: float, rtol: float,
-                  atol: float | None, dtype: str = "float64",
-                  rounding: float = ROUNDING) -> _Settled:
-    """A probe whose central difference disagrees with autodiff is taken again at a smaller
-    step (:func:`~gradscope.keras.precision.retake_for`). Where the loss is smooth, that
-    difference is then closer (it keeps the smaller step). Where the probe straddles a kink,
-    the one-sided slopes stay apart at every step: the probe is left out, and said to be at a
-    kink, never a failure. A
-    probe that fails at both steps on a smooth loss stays as it failed."""
-    settled = _Settled()
-    kept: list[int] = []
-    retaken: list[tuple[Probe, float, float]] = []
-    centre: float | None = None
-    step, small = step_for(dtype), retake_for(dtype)
-    for k, probe in enumerate(probes):
-        if directional_error(gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol,
-                             atol, step, rounding)[1]:
-            kept.append(k)
-            continue
-        near_plus = evaluate_at((base + small * probe.direction).astype(base.dtype))
-        near_minus = evaluate_at((base - small * probe.direction).astype(base.dtype))
-        if directional_error(gradient, [probe], np.array([near_plus]), np.array([near_minus]),
-                             loss, rtol, atol, small, rounding)[1]:
-            retaken.append((probe, near_plus, near_minus))
-            continue
-        centre = evaluate_at(base) if centre is None else centre
-        far = (plus[k] - centre) / step - (centre - minus[k]) / step
-        near = (near_plus - centre) / small - (centre - near_minus) / small
-        noise = 16 * rounding * max(abs(centre), 1.0) / small
-        if abs(far) > noise and abs(near) > 0.5 * abs(far):
-            settled.kinks.append((probe.label, (near_plus - centre) / small,
-                                  (centre - near_minus) / small))
-        else:
-            kept.append(k)
-    if kept:
-        settled.groups.append(([probes[k] for k in kept], plus[kept], minus[kept], step))
-    if retaken:
-        settled.groups.append(([p for p, _, _ in retaken], np.array([a for _, a, _ in retaken]),
-                               np.array([b for _, _, b in retaken]), small))
-    return settled
 
 
 def _masked_inputs(job: KerasJob, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -308,13 +308,14 @@ def _weight_keys(name: str, layer: Any) -> dict[int, str]:
 def _both_directions(call: Any, engine: Any) -> KerasWitnessEntry:
     """Both directions of a Bidirectional call rerun in gradscope's NumPy cells, merged as
     Keras merges them, against every output Keras gave; or why they are not."""
+    from gradscope.gradcheck import tolerance
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import output_error, rerun_call
-    from gradscope.keras.witness import TOLERANCES, computed_in
+    from gradscope.keras.witness import computed_in
 
     label = call_label(call.layer, call.index)
     name = "gradscope's NumPy cells, one per direction"
-    _, rtol = TOLERANCES.get(computed_in(call, engine.dtype_name), TOLERANCES["float32"])
+    rtol = tolerance("cross_check", computed_in(call, engine.dtype_name)).rtol
     found = rerun_call(call, engine)
     if isinstance(found, str):
         return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,

@@ -28,10 +28,11 @@ import numpy as np
 
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
+from gradscope.gradcheck import tolerance
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.witness import TOLERANCES, cell_params, computed_in, unmodelled
+from gradscope.keras.witness import cell_params, computed_in, unmodelled
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     FlowFlag,
@@ -263,7 +264,7 @@ def _reproduces(recurrent: RecurrentCall, dtype: str) -> str | None:
 def output_error(recurrent: RecurrentCall, dtype: str) -> tuple[float, float] | str:
     """The largest |error| of the NumPy cells' outputs against Keras' and what the witness
     tolerance allows there, or why they do not reproduce them."""
-    atol, rtol = TOLERANCES.get(computed_in(recurrent.call, dtype), TOLERANCES["float32"])
+    rtol, atol = tolerance("cross_check", computed_in(recurrent.call, dtype))
     ours = _outputs(recurrent)
     keras = [np.asarray(o, np.float64) for o in recurrent.call.outputs]
     if len(ours) != len(keras):
@@ -485,7 +486,7 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
     tf = engine.tf
     functions: dict[str, Any] = {}
     entries: list[JacobianEntry] = []
-    atol, rtol = TOLERANCES["float64"]
+    rtol, atol = tolerance("cross_check")
     for recurrent in usable:
         for unit in recurrent.units:
             key = unit.label.removeprefix(recurrent.label) + "@" + recurrent.call.layer

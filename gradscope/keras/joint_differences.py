@@ -27,14 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradscope.witnesses.finite_differences import ROUNDING, rounding_noise
-
-#: Step of the central differences on the float64 copy of a Keras model (check, and the
-#: witnesses it runs where something disagrees). Any Keras layer can sit in the model (layer
-#: norm, attention, relu), so the step is smaller than for gradscope's own cells: in float64
-#: the truncation error (∝ step²) is then ~1e-10 relative and the loss's rounding, amplified
-#: by 1/step, ~1e-11.
-STEP = 1e-5
+from gradscope.gradcheck import ROUNDING, rounding_noise
 
 #: Joint directions, unless the user asks for another number (``--directions``): a relative
 #: error ε in one tensor's gradient escapes one direction with a chance of about 1.6·rtol/ε,

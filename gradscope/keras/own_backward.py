@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from gradscope.gradcheck import Probe, directional_error, retake_for, rounding_of, step_for
 from gradscope.keras.engine import CapturedCall, call_label
-from gradscope.keras.precision import retake_for, step_for
 from gradscope.report.models import WitnessEntry
-from gradscope.witnesses.finite_differences import Probe, directional_error, rounding_of
 
 WITNESS = "own_backward"
 

@@ -1,7 +1,7 @@
 """The precision check works in: the float64 copy of the model, or the model's own dtype where
 the user's code does not really run in float64 (a sub-layer left in float32, a loss that
 computes in float32, a copy Keras cannot rebuild). Each dtype has its step for the central
-differences and its tolerances (:data:`~gradscope.witnesses.context.TOLERANCES`, JAX's values):
+differences and its tolerances (:mod:`gradscope.gradcheck`):
 in float32 the loss's rounding, amplified by 1/step, is what a difference can resolve, so the
 step is larger and the tolerance looser, and the report says which it could afford.
 """
@@ -13,24 +13,7 @@ from typing import Any
 
 import numpy as np
 
-#: The central differences' step by dtype (along unit directions). float64: the truncation
-#: error (∝ step²) ~1e-10 relative and the rounding, amplified by 1/step, ~1e-11. float32: the
-#: rounding (~6e-8 of the loss and more) over 1e-3 hid a wrong gradient 1.5 times the truth on a
-#: tutorial's text model; at 1e-2 it is caught, and all 34 models of the test zoo, checked in
-#: float32, still pass (the truncation, ~2e-5 of a third derivative, stays below 2e-3).
-STEPS = {"float64": 1e-5, "float32": 1e-2}
-
-
-def step_for(dtype: str) -> float:
-    """The step of the central differences on a model that computes in ``dtype``."""
-    return STEPS.get(dtype, STEPS["float32"])
-
-
-def retake_for(dtype: str) -> float:
-    """The smaller step a probe that disagrees is taken again at (to tell a kink from a wrong
-    gradient): a hundredth of the step in float64; a tenth in float32, whose rounding would
-    drown a hundredth."""
-    return step_for(dtype) / (100 if dtype == "float64" else 10)
+from gradscope.gradcheck import rounding_noise, step_for
 
 
 def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
@@ -59,7 +42,6 @@ def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None
     moves in steps of ~6e-8 of itself, and the slope at 1e-8 is that rounding. No gradient
     enters the comparison, so a wrong one cannot pass for low precision. ``loss_along(h)``:
     the loss with the weights moved by ``h`` along the direction."""
-    from gradscope.witnesses.finite_differences import rounding_noise
 
     large, small = 1e-4, 1e-8
     slope_large = (loss_along(large) - loss_along(-large)) / (2 * large)
@@ -75,7 +57,7 @@ def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None
 
 def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float:
     """The rounding of the loss in the model's own dtype, relative to max(|loss|, 1), as
-    :func:`~gradscope.witnesses.finite_differences.rounding_noise` takes it: measured, not
+    :func:`~gradscope.yaml.check.finite_differences.rounding_noise` takes it: measured, not
     assumed. The loss is taken at six points within 1e-4 along one direction of the weights,
     where its change is linear to far below its rounding; what is left once the line through
     the central difference at the check's step is taken away is rounding, and twice the

@@ -22,13 +22,9 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import InternalError
+from gradscope.gradcheck import tolerance
 from gradscope.keras.loss_terms import LossTerm
 from gradscope.keras.stopped import start_of_call
-
-#: How far the engine's replay may be from Keras' own call: the same operations in the same
-#: order, so only rounding (threaded reductions) may differ. max|replay − own| must be within
-#: ATOL + RTOL·max|own|, per tensor.
-TOLERANCES = {"float32": (1e-6, 1e-4), "float64": (1e-12, 1e-9)}
 
 #: ``compute_loss(feed, targets, flat_outputs)``, as the engine computes the loss.
 LossFunction = Callable[[list[Any], list[Any], list[Any]], Any]
@@ -268,7 +264,7 @@ def confirm(replay_loss: float, replay_gradients: dict[str, np.ndarray | None],
             own: WholeModelPass, dtype: str, where: str) -> None:
     """The engine's replay must give Keras' own loss and gradients; else an internal error
     naming the tensor and both values (gradscope misread the model, and says so)."""
-    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    rtol, atol = tolerance("replay", dtype)
     if not _close(np.asarray(replay_loss), np.asarray(own.loss), atol, rtol):
         raise InternalError(
             f"internal error: {where}: gradscope's layer-by-layer run gives the loss "

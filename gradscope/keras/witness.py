@@ -15,17 +15,12 @@ import numpy as np
 from gradscope._blas import blas_beside_tensorflow
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
+from gradscope.gradcheck import TOLERANCES, tolerance
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
 from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import KerasWitnessEntry
-
-#: Keras (its dtype, its own op order) against the float64 NumPy cell: |error| ≤ ATOL + RTOL·|h|.
-#: Under a mixed policy the cell computes in float16 or bfloat16: about ten of their epsilons
-#: (9.8e-4 and 7.8e-3; measured here, an LSTM's outputs are off by a third of one).
-TOLERANCES = {"float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9),
-              "float16": (1e-2, 1e-2), "bfloat16": (6e-2, 6e-2)}
 
 
 def computed_in(call: CapturedCall, dtype: str) -> str:
@@ -33,7 +28,7 @@ def computed_in(call: CapturedCall, dtype: str) -> str:
     or bfloat16 while its weights are float32), else ``dtype``."""
     outputs = call.outputs[:1]
     name = str(getattr(getattr(outputs[0], "dtype", None), "name", "")) if outputs else ""
-    return name if name in TOLERANCES else dtype
+    return name if name in TOLERANCES["cross_check"] else dtype
 
 
 def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExplainer,
@@ -44,7 +39,7 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
     label = call_label(call.layer, call.index)
     name = f"the NumPy reference cell {key}"
     skip = unwitnessed(call, facts, training)
-    atol, rtol = TOLERANCES.get(computed_in(call, dtype), TOLERANCES["float32"])
+    rtol, atol = tolerance("cross_check", computed_in(call, dtype))
     if skip:
         return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {skip}")

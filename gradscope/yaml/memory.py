@@ -20,7 +20,7 @@ from gradscope.yaml.config import Spec
 KEPT_PER_UNIT = {"gru": 17, "lstm": 21, "simple_rnn": 6}
 #: Forward passes of finite-difference probes at once: two ``tf.map_fn`` calls (one per thread
 #: of the witness's queue) of ``PARALLEL_ITERATIONS`` = 5 iterations each
-#: (gradscope/witnesses/finite_differences.py).
+#: (gradscope/yaml/check/finite_differences.py).
 FORWARD_PASSES_AT_ONCE = 10
 
 def estimate(spec: Spec, command: str, across_time: bool = False,

@@ -1,9 +1,15 @@
-"""The YAML wing's options that name time steps (``at``, ``chunks``), checked before
-TensorFlow is imported."""
+"""The YAML wing's options that depend on the spec (the time steps ``at`` and ``chunks``
+name, ``--layer``) or on a file (``--weights``), checked before TensorFlow is imported."""
 
 from __future__ import annotations
 
-from gradscope.errors import ConfigError, flag, given
+import os
+from typing import TYPE_CHECKING
+
+from gradscope.errors import ConfigError, GradscopeError, flag, given
+
+if TYPE_CHECKING:
+    from gradscope.yaml.config import Spec
 
 
 def check_time_steps(time_steps: int, at: int | None = None, chunks: int | None = None) -> None:
@@ -36,3 +42,27 @@ def check_chunks(chunks: int | None, time_steps: int | None = None) -> None:
         )
     if time_steps is not None:
         check_time_steps(time_steps, chunks=chunks)
+
+
+def check_layer_name(spec: Spec, layer: str) -> None:
+    """``layer`` must name one of the spec's recurrent layers."""
+    recurrent = [item.name for item in spec.layers if item.recurrent]
+    expected = f"expected one of the recurrent layers: {', '.join(str(n) for n in recurrent)}"
+    for item in spec.layers:
+        if item.name == layer and not item.recurrent:
+            raise GradscopeError(f"{given('layer', layer)} is a {item.type} layer; "
+                                 f"{flag('layer')} checks a recurrent layer's backward: "
+                                 f"{expected}", where=flag("layer"))
+    if layer not in recurrent:
+        raise GradscopeError(f"{given('layer', layer)}: the model has no layer of that name; "
+                             f"{expected}", where=flag("layer"))
+
+
+def check_weights(path: object, option: str = "--weights") -> None:
+    """``--weights PATH`` (or ``gradscope spec PATH``): an .npz file or a checkpoint that
+    exists; nothing is read. (Weights given as a dict of arrays are checked as they map.)"""
+    if not isinstance(path, str | os.PathLike):
+        return
+    from gradscope.yaml.weights import locate
+
+    locate(path, option)

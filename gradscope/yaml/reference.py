@@ -183,7 +183,7 @@ def reference_gradients(shapes: ModelShapes, params: dict[str, np.ndarray], batc
     ``params`` are keyed by gradscope name (``gru_1/w_ru``, ``dense_1/kernel``); ``batch``
     supplies x (B, T, F), the targets and the initial states (zeros where missing).
     ``backward_for``, if given, supplies each recurrent layer's BPTT in place of the right one:
-    :mod:`gradscope.witnesses.variants` computes known wrong gradients with it.
+    :mod:`gradscope.yaml.check.variants` computes known wrong gradients with it.
     """
     forward = _forward(shapes, params, batch)
     gradients = _backward(shapes, params, forward, backward_for)

@@ -22,7 +22,7 @@ x (F, B, T), h0 (u, B), dh (u, B, T).
 Truth: the layer's gradients given dh from TF autodiff of the real model in float64 (the
 gradients of its weights and h0, and of its input sequence), witnessed by the NumPy
 reference's BPTT of the layer alone. A wrong array is named by the known mistake it equals
-(:mod:`gradscope.witnesses.variants`).
+(:mod:`gradscope.yaml.check.variants`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ import numpy as np
 from gradscope._tf import native_stderr_silenced
 from gradscope.cells.base import Cell
 from gradscope.errors import ConfigError
+from gradscope.gradcheck import (
+    Progress,
+    WitnessResult,
+    checked_tensors,
+    relative_error,
+    tolerance,
+)
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     CheckSummary,
@@ -44,15 +51,9 @@ from gradscope.report.models import (
     LossEntry,
 )
 from gradscope.timing import Clock
-from gradscope.witnesses import variants
-from gradscope.witnesses.context import (
-    TOLERANCES,
-    Progress,
-    WitnessResult,
-    checked_tensors,
-    relative_error,
-)
-from gradscope.witnesses.user_backward import (
+from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.check import variants
+from gradscope.yaml.check.user_backward import (
     WITNESS,
     _call_site,
     _exception_text,
@@ -61,7 +62,6 @@ from gradscope.witnesses.user_backward import (
     compare,
     load_against,
 )
-from gradscope.yaml.algebra import model_shapes
 from gradscope.yaml.config import Spec
 from gradscope.yaml.data import Batch, initial_params, synthetic_batch
 from gradscope.yaml.engine import Engine
@@ -144,7 +144,7 @@ class LayerTruth:
 
 def find_layer(cells: tuple[Cell, ...], layer: str, spec: Spec) -> int:
     """The index of recurrent layer ``layer``; a ``ConfigError`` naming the valid ones."""
-    from gradscope.preflight import check_layer_name
+    from gradscope.yaml.options import check_layer_name
 
     check_layer_name(spec, layer)  # a GradscopeError, exit 2, listing the recurrent layers
     return next(i for i, cell in enumerate(cells) if cell.name == layer)
@@ -297,31 +297,31 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
 
     say("calling your backward")
     arguments = _arguments(view, truth.x, h0s, short, truth.dh)
-    tolerance = rtol if rtol is not None else TOLERANCES[WITNESS]["float64"]
-    reference_tolerance = rtol if rtol is not None else TOLERANCES["numpy_reference"]["float64"]
+    allowed = rtol if rtol is not None else tolerance(WITNESS).rtol
+    reference_allowed = rtol if rtol is not None else tolerance("numpy_reference").rtol
     returned = _call(function, arguments, user_truth)
     memo: list[list[variants.Signature]] = []
 
     def diagnose(name: str, value: np.ndarray) -> str:
         if not memo:
             memo.append(_signatures(view, short, truth.x, h0s, truth.dh, user_truth))
-        match = variants.identify(name, value, user_truth[name], memo[0], max(tolerance, 1e-6))
+        match = variants.identify(name, value, user_truth[name], memo[0], max(allowed, 1e-6))
         return variants.describe(f"{layer}/{name}", match) if match is not None else ""
 
     shown = view.shown(returned)
     results: list[WitnessResult] = []
     for name in shown:
         error = relative_error(user_reference[name], user_truth[name])
-        results.append(WitnessResult("numpy_reference", name, error, reference_tolerance,
-                                     error <= reference_tolerance))
+        results.append(WitnessResult("numpy_reference", name, error, reference_allowed,
+                                     error <= reference_allowed))
     for key, value in returned.items():
         name = str(key)
         if name not in user_truth:
-            results.append(WitnessResult(WITNESS, name, None, tolerance, False,
+            results.append(WitnessResult(WITNESS, name, None, allowed, False,
                                          "unknown name" + _hint(name, user_truth)))
             continue
         time_axis = (2 if time_last else 1) if name == "x" else None
-        results.append(compare(name, value, user_truth[name], user_truth, tolerance,
+        results.append(compare(name, value, user_truth[name], user_truth, allowed,
                                lambda wrong, n=name: diagnose(n, wrong),  # type: ignore[misc]
                                time_axis=time_axis))
     clock.lap("against")
@@ -337,7 +337,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
         cell=f"{cell.kind}, {cell.layout} layout",
         time_last=time_last,
         arguments=_describe_arguments(view, arguments),
-        tolerances={"numpy_reference": reference_tolerance, WITNESS: tolerance},
+        tolerances={"numpy_reference": reference_allowed, WITNESS: allowed},
         tensors=tensors,
         against=label,
         against_not_returned=[f"{layer}/{n}" for n in shown if n not in returned],

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
+from gradscope.gradcheck import WitnessResult, relative_error
 from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.data import Batch
 
 if TYPE_CHECKING:

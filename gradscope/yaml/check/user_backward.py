@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import ConfigError
-from gradscope.witnesses import variants
-from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
+from gradscope.gradcheck import WitnessResult, relative_error
+from gradscope.yaml.check import variants
+from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.reference import reference_gradients
 
 WITNESS = "against"
@@ -243,7 +244,7 @@ def _locate_in_time(value: np.ndarray, truth: np.ndarray, tolerance: float,
 def _diagnose(ctx: CheckContext, name: str, value: np.ndarray, truth: np.ndarray,
               everything: dict[str, np.ndarray], tolerance: float) -> str:
     """Name the known mistake ``value`` carries: a wrong BPTT (computed with the NumPy
-    reference, see :mod:`gradscope.witnesses.variants`), a scaling, a swap."""
+    reference, see :mod:`gradscope.yaml.check.variants`), a scaling, a swap."""
     match = variants.identify(name, value, truth, _signatures(ctx, everything),
                               max(tolerance, 1e-6))
     if match is not None:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
+from gradscope.gradcheck import TOLERANCES, Progress, WitnessResult, checked_tensors
 from gradscope.report.models import (
     CarryBoundaryEntry,
     CarryCheck,
@@ -38,14 +39,8 @@ from gradscope.report.models import (
     NamedShape,
 )
 from gradscope.timing import Clock
-from gradscope.witnesses.context import (
-    TOLERANCES,
-    CheckContext,
-    Progress,
-    WitnessResult,
-    checked_tensors,
-)
 from gradscope.yaml.algebra import model_shapes
+from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.config import Spec
 from gradscope.yaml.data import Batch, initial_params, synthetic_batch
 
@@ -124,7 +119,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
 def _user_function(against: str | Callable[..., Any] | None,
                    say: Progress) -> Callable[..., Any] | None:
     if isinstance(against, str):
-        from gradscope.witnesses.user_backward import load_against
+        from gradscope.yaml.check.user_backward import load_against
 
         say(f"loading {against}")
         return load_against(against)
@@ -149,9 +144,9 @@ def _witnesses(algebra: Any, params: dict[str, np.ndarray], batch: Batch,
     the NumPy reference while TensorFlow is imported, most finite-difference evaluations
     beside the autodiff pass, the reference's comparison and GRUBlockCellGrad beside the
     rest of the finite differences."""
-    from gradscope.witnesses.block_kernel import errata_evidence, kernel_witness
-    from gradscope.witnesses.finite_differences import FiniteDifferences
-    from gradscope.witnesses.numpy_reference import reference_gradients, reference_witness
+    from gradscope.yaml.check.block_kernel import errata_evidence, kernel_witness
+    from gradscope.yaml.check.finite_differences import FiniteDifferences
+    from gradscope.yaml.check.numpy_reference import reference_gradients, reference_witness
     from gradscope.yaml.engine import Engine
 
     block = any(cell.kind == "gru" and cell.layout == "block" for cell in algebra.cells)
@@ -181,7 +176,7 @@ def _witnesses(algebra: Any, params: dict[str, np.ndarray], batch: Batch,
             if user_function is not None:
                 # First, so a function that breaks the contract (raises, returns no known
                 # name) is reported at once; its column still comes last.
-                from gradscope.witnesses import user_backward
+                from gradscope.yaml.check import user_backward
 
                 say("comparing with the user's backward")
                 against_results = user_backward.against_witness(ctx, user_function)
@@ -212,7 +207,7 @@ def _witnesses(algebra: Any, params: dict[str, np.ndarray], batch: Batch,
 
 def _carry(ctx: CheckContext, chunks: int) -> tuple[list[WitnessResult], CarryCheck]:
     """Truncated BPTT in ``chunks`` chunks, the carry as grad_ys, against full BPTT."""
-    from gradscope.witnesses.carry import carry_witness
+    from gradscope.yaml.check.carry import carry_witness
 
     outcome = carry_witness(ctx, chunks)
     return outcome.results, CarryCheck(

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.witnesses.context import CheckContext, WitnessResult, relative_error
+from gradscope.gradcheck import WitnessResult, relative_error
+from gradscope.yaml.check.context import CheckContext
 
 WITNESS = "gru_block_kernel"
 

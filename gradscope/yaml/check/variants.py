@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.cells.base import Cell, TensorInfo
+from gradscope.gradcheck import relative_error
 from gradscope.reference import (
     STEPS,
     Backward,
@@ -38,7 +39,6 @@ from gradscope.reference import (
     lstm_step_backward,
     tanh_derivative,
 )
-from gradscope.witnesses.context import relative_error
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.data import Batch
 from gradscope.yaml.reference import reference_gradients

@@ -36,18 +36,24 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.witnesses.context import CheckContext, Progress, WitnessResult
+from gradscope.gradcheck import (
+    RANDOM_ELEMENTS,
+    Probe,
+    Progress,
+    WitnessResult,
+    directional_error,
+    element_probe,
+    elements_for,
+    random_probes,
+    step_for,
+)
 from gradscope.yaml.algebra import ModelShapes
+from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.data import Batch
 
 WITNESS = "finite_differences"
-#: Step along a unit direction. Central differences in float64: the truncation error grows
-#: as step², the rounding error of the loss as 1/step. At 1e-3 the truncation error on these
-#: models is ~1e-7 relative and the rounding error ~1e-11 absolute.
-STEP = 1e-3
-#: Random directions per tensor, unless the user asks for another number (``--directions``).
-PER_TENSOR_DIRECTIONS = 3
-RANDOM_ELEMENTS = 2
+#: Step along a unit direction: gradscope's own cells are smooth.
+SPEC_STEP = step_for("float64", "smooth")
 #: Perturbed copies of x or of an initial state folded into one forward pass (a copy of one
 #: example counts as 1/batch of a copy).
 COPIES_PER_CALL = 4
@@ -56,56 +62,6 @@ COPIES_PER_CALL = 4
 ROWS_PER_CALL = 12
 PARALLEL_ITERATIONS = 5
 THREADS = 2
-
-
-@dataclass(frozen=True)
-class Probe:
-    tensor: str
-    label: str  # "direction 1", "element (3, 7) (largest |g|)"
-    direction: np.ndarray  # unit norm, the tensor's shape
-    #: For a single-element probe, the element's index.
-    element: tuple[int, ...] | None = None
-
-    @property
-    def key(self) -> tuple[str, Any]:
-        """What the probe perturbs: two probes with one key have the same losses."""
-        return (self.tensor, self.label if self.element is None else self.element)
-
-
-def random_probes(name: str, shape: tuple[int, ...], directions: int,
-                  rng: np.random.Generator) -> tuple[list[Probe], list[int]]:
-    """The probes that need no gradient: ``directions`` random unit directions, and the
-    candidates for the random elements (flat indices: the first ``RANDOM_ELEMENTS`` of them
-    that are not the element of largest |g|)."""
-    out = []
-    for k in range(directions):
-        v = rng.standard_normal(shape)
-        out.append(Probe(name, f"direction {k + 1}", v / np.linalg.norm(v)))
-    size = int(np.prod(shape, dtype=np.int64))
-    candidates = rng.choice(size, size=min(size, RANDOM_ELEMENTS + 1), replace=False)
-    return out, [int(i) for i in candidates]
-
-
-def element_probe(name: str, shape: tuple[int, ...], index: int, why: str) -> Probe:
-    v = np.zeros(shape)
-    where = tuple(int(w) for w in np.unravel_index(index, shape))
-    v[where] = 1.0
-    return Probe(name, f"element {where} ({why})", v, where)
-
-
-def elements_for(name: str, gradient: np.ndarray, candidates: list[int]) -> list[Probe]:
-    """The element of largest |g|, then the random candidates that are not it."""
-    largest = int(np.argmax(np.abs(gradient)))
-    chosen = [i for i in candidates if i != largest][:RANDOM_ELEMENTS]
-    return [element_probe(name, gradient.shape, largest, "largest |g|"),
-            *(element_probe(name, gradient.shape, i, "random") for i in chosen)]
-
-
-def probes_for(name: str, gradient: np.ndarray, directions: int,
-               rng: np.random.Generator) -> list[Probe]:
-    """Random unit directions, the element of largest |g|, and random single elements."""
-    drawn, candidates = random_probes(name, gradient.shape, directions, rng)
-    return drawn + elements_for(name, gradient, candidates)
 
 
 @dataclass(frozen=True)
@@ -345,8 +301,9 @@ class FiniteDifferences:
         for name, tensor_probes in probes.items():
             plus = np.array([self.losses[p.key + (1.0,)] for p in tensor_probes])
             minus = np.array([self.losses[p.key + (-1.0,)] for p in tensor_probes])
-            error, passed, detail = directional_error(gradients[name], tensor_probes, plus,
-                                                      minus, ctx.autodiff.loss, rtol, ctx.atol)
+            error, passed, detail = directional_error(
+                gradients[name], tensor_probes, plus, minus, ctx.autodiff.loss, rtol, ctx.atol,
+                SPEC_STEP)
             results.append(WitnessResult(WITNESS, name, error, rtol, passed, detail))
         return results
 
@@ -365,11 +322,11 @@ class FiniteDifferences:
             for sign in (1.0, -1.0):
                 if name in self.evaluator.params or p.element is None:
                     perturbations.append(Perturbation(
-                        name, self.values[name] + sign * STEP * p.direction, p.key + (sign,)))
+                        name, self.values[name] + sign * SPEC_STEP * p.direction, p.key + (sign,)))
                 else:
                     e = p.element[0]
                     perturbations.append(Perturbation(
-                        name, self.values[name][e:e + 1] + sign * STEP * p.direction[e:e + 1],
+                        name, self.values[name][e:e + 1] + sign * SPEC_STEP * p.direction[e:e + 1],
                         p.key + (sign,), e))
         tasks = self.evaluator.tasks(perturbations, self.losses)
         # Largest first, so that the last job to finish is a small one.
@@ -384,43 +341,3 @@ def finite_difference_witness(ctx: CheckContext) -> list[WitnessResult]:
     witness.begin()
     return witness.finish(ctx)
 
-
-def rounding_of(dtype: str) -> float:
-    """The rounding of a loss computed in ``dtype``, relative to max(|loss|, 1): 64 of its
-    epsilons, the bound of a long float64 computation."""
-    return 64 * float(np.finfo(dtype).eps)
-
-
-#: :func:`rounding_of` float64.
-ROUNDING = rounding_of("float64")
-
-
-def rounding_noise(loss: Any, step: float, rounding: float = ROUNDING) -> Any:
-    """The loss's rounding (``rounding`` of max(|loss|, 1)), amplified by 1/(2·step): below it
-    no disagreement of a central difference is real. ``loss`` a number, or an array of them
-    (one noise each)."""
-    return rounding * np.maximum(np.abs(loss), 1.0) / (2 * step)
-
-
-def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
-                      minus: np.ndarray, loss: float, rtol: float, atol: float | None,
-                      step: float = STEP, rounding: float = ROUNDING,
-                      ) -> tuple[float, bool, str]:
-    """Central differences along ``probes`` (loss at ±``step``) against ⟨g, v⟩: the worst
-    normalised error, whether it is within ``rtol``, and a line naming the worst probe and both
-    values. Only ``plus − minus`` counts: for a probe that moves one example, both may be that
-    example's share of the loss."""
-    numerical = (plus - minus) / (2 * step)
-    analytic = np.array([float(np.sum(gradient * p.direction)) for p in probes])
-    # A directional derivative can be near zero by chance: measure errors against the typical
-    # size of one, ‖g‖/√n, when that is larger.
-    typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
-    scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
-    noise = rounding_noise(loss, step, rounding)
-    # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so that
-    # it passes exactly when it is ≤ rtol.
-    errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)
-    worst = int(np.argmax(errors))
-    detail = (f"{len(probes)} probes; worst: {probes[worst].label}, finite difference "
-              f"{numerical[worst]:.6e} vs autodiff {analytic[worst]:.6e}")
-    return float(errors[worst]), bool(errors[worst] <= rtol), detail

@@ -1,0 +1,288 @@
+"""How a gradient is checked, whichever wing the model comes from.
+
+Both checks probe a loss along unit directions, take central differences, compare them with
+autodiff's directional derivative, and turn each witness's verdict into a report row. What
+they share is here, with the one tolerance table and the one table of steps. This module
+imports neither wing and no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gradscope.report.models import CheckedTensor, WitnessEntry
+
+#: ``progress(message)``: told each phase as it starts.
+Progress = Callable[[str], None]
+
+
+class Tolerance(NamedTuple):
+    """``|a − b| ≤ atol + rtol·|b|``; a witness that normalises its error uses ``rtol``."""
+
+    rtol: float
+    atol: float = 0.0
+
+
+#: Tolerances by witness and by the dtype it computes in. Finite differences use JAX's
+#: ``check_grads`` values (1e-5 in float64, 2e-3 in float32); witnesses in exact arithmetic
+#: are held much tighter. GRUBlockCellGrad has no float64 kernel. ``replay`` holds the Keras
+#: engine's layer-by-layer run to Keras' own call (the same operations, so only rounding);
+#: ``cross_check`` holds Keras' recurrent calls to gradscope's NumPy cells, about ten
+#: epsilons of float16 and bfloat16 under a mixed policy.
+TOLERANCES: dict[str, dict[str, Tolerance]] = {
+    "finite_differences": {"float64": Tolerance(1e-5), "float32": Tolerance(2e-3)},
+    "numpy_reference": {"float64": Tolerance(1e-9), "float32": Tolerance(1e-4)},
+    "gru_block_kernel": {"float64": Tolerance(1e-9), "float32": Tolerance(2e-3)},
+    "tbptt_carry": {"float64": Tolerance(1e-9), "float32": Tolerance(1e-4)},
+    "against": {"float64": Tolerance(1e-6), "float32": Tolerance(1e-4)},
+    "replay": {"float64": Tolerance(1e-9, 1e-12), "float32": Tolerance(1e-4, 1e-6)},
+    "cross_check": {"float64": Tolerance(1e-9, 1e-10), "float32": Tolerance(1e-4, 1e-5),
+                    "float16": Tolerance(1e-2, 1e-2), "bfloat16": Tolerance(6e-2, 6e-2)},
+}
+
+
+def tolerance(witness: str, dtype: str = "float64") -> Tolerance:
+    """``witness``'s tolerance in ``dtype``; a dtype it has none for takes float32's."""
+    row = TOLERANCES[witness]
+    return row.get(dtype, row["float32"])
+
+
+#: The step of a central difference along a unit direction, by the code probed and its dtype.
+#: The truncation error grows as step², the loss's rounding, amplified, as 1/step.
+#: ``smooth``: gradscope's own cells (tanh, sigmoid), where 1e-3 keeps the truncation ~1e-7.
+#: ``any``: the user's code, which may hold kinks (relu, clips, max): 1e-5 in float64; in
+#: float32, 1e-2, as 1e-3 let a 1.5× wrong gradient pass under the rounding.
+STEP: dict[str, dict[str, float]] = {
+    "smooth": {"float64": 1e-3},
+    "any": {"float64": 1e-5, "float32": 1e-2},
+}
+
+
+def step_for(dtype: str, code: str = "any") -> float:
+    """The step of the central differences on ``code`` that computes in ``dtype``."""
+    row = STEP[code]
+    return row.get(dtype, row.get("float32", row["float64"]))
+
+
+def retake_for(dtype: str) -> float:
+    """The smaller step a disagreeing probe is taken again at (a kink or a wrong gradient?):
+    a hundredth of the step in float64, a tenth in float32, whose rounding would drown a
+    hundredth."""
+    return step_for(dtype) / (100 if dtype == "float64" else 10)
+
+
+#: Random directions per tensor, unless the user asks for another number (``--directions``).
+PER_TENSOR_DIRECTIONS = 3
+#: Random single elements probed per tensor, beside the element of largest |g|.
+RANDOM_ELEMENTS = 2
+
+
+def rounding_of(dtype: str) -> float:
+    """The rounding of a loss computed in ``dtype``, relative to max(|loss|, 1): 64 of its
+    epsilons, the bound of a long computation."""
+    return 64 * float(np.finfo(dtype).eps)
+
+
+#: :func:`rounding_of` float64.
+ROUNDING = rounding_of("float64")
+
+
+def rounding_noise(loss: Any, step: float, rounding: float = ROUNDING) -> Any:
+    """The loss's rounding (``rounding`` of max(|loss|, 1)), amplified by 1/(2·step): below it
+    no disagreement of a central difference is real. ``loss``: a number or an array."""
+    return rounding * np.maximum(np.abs(loss), 1.0) / (2 * step)
+
+
+def relative_error(value: np.ndarray, expected: np.ndarray) -> float:
+    """‖value − expected‖₂ / ‖expected‖₂ (or the absolute norm when ``expected`` is zero)."""
+    value = np.asarray(value, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = float(np.linalg.norm(expected))
+    difference = float(np.linalg.norm(value - expected))
+    return difference / scale if scale > 0 else difference
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One direction a loss is moved along: unit norm, the tensor's shape."""
+
+    tensor: str
+    label: str  # "direction 1", "element (3, 7) (largest |g|)"
+    direction: np.ndarray
+    #: For a single-element probe, the element's index.
+    element: tuple[int, ...] | None = None
+
+    @property
+    def key(self) -> tuple[str, Any]:
+        """What the probe perturbs: two probes with one key have the same losses."""
+        return (self.tensor, self.label if self.element is None else self.element)
+
+
+def random_probes(name: str, shape: tuple[int, ...], directions: int,
+                  rng: np.random.Generator) -> tuple[list[Probe], list[int]]:
+    """The probes that need no gradient: ``directions`` random unit directions, and the
+    candidates for the random elements (flat indices: the first ``RANDOM_ELEMENTS`` of them
+    that are not the element of largest |g|)."""
+    out = []
+    for k in range(directions):
+        v = rng.standard_normal(shape)
+        out.append(Probe(name, f"direction {k + 1}", v / np.linalg.norm(v)))
+    size = int(np.prod(shape, dtype=np.int64))
+    candidates = rng.choice(size, size=min(size, RANDOM_ELEMENTS + 1), replace=False)
+    return out, [int(i) for i in candidates]
+
+
+def element_probe(name: str, shape: tuple[int, ...], index: int, why: str) -> Probe:
+    v = np.zeros(shape)
+    where = tuple(int(w) for w in np.unravel_index(index, shape))
+    v[where] = 1.0
+    return Probe(name, f"element {where} ({why})", v, where)
+
+
+def elements_for(name: str, gradient: np.ndarray, candidates: list[int]) -> list[Probe]:
+    """The element of largest |g|, then the random candidates that are not it."""
+    largest = int(np.argmax(np.abs(gradient)))
+    chosen = [i for i in candidates if i != largest][:RANDOM_ELEMENTS]
+    return [element_probe(name, gradient.shape, largest, "largest |g|"),
+            *(element_probe(name, gradient.shape, i, "random") for i in chosen)]
+
+
+def probes_for(name: str, gradient: np.ndarray, directions: int,
+               rng: np.random.Generator) -> list[Probe]:
+    """Random unit directions, the element of largest |g|, and random single elements."""
+    drawn, candidates = random_probes(name, gradient.shape, directions, rng)
+    return drawn + elements_for(name, gradient, candidates)
+
+
+def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
+                      minus: np.ndarray, loss: float, rtol: float, atol: float | None,
+                      step: float, rounding: float = ROUNDING) -> tuple[float, bool, str]:
+    """Central differences along ``probes`` (loss at ±``step``) against ⟨g, v⟩: the worst
+    normalised error, whether it is within ``rtol``, and a line naming the worst probe and both
+    values. Only ``plus − minus`` counts: for a probe that moves one example, both may be that
+    example's share of the loss."""
+    numerical = (plus - minus) / (2 * step)
+    analytic = np.array([float(np.sum(gradient * p.direction)) for p in probes])
+    # A directional derivative can be near zero by chance: measure errors against the typical
+    # size of one, ‖g‖/√n, when that is larger.
+    typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
+    scale = np.maximum(np.maximum(np.abs(analytic), typical), 1e-300)
+    noise = rounding_noise(loss, step, rounding)
+    # Passing means |fd − ad| ≤ rtol·scale + noise (+ atol): the error is normalised so that
+    # it passes exactly when it is ≤ rtol.
+    errors = np.abs(numerical - analytic) / (scale + (noise + (atol or 0.0)) / rtol)
+    worst = int(np.argmax(errors))
+    detail = (f"{len(probes)} probes; worst: {probes[worst].label}, finite difference "
+              f"{numerical[worst]:.6e} vs autodiff {analytic[worst]:.6e}")
+    return float(errors[worst]), bool(errors[worst] <= rtol), detail
+
+
+@dataclass
+class Settled:
+    """Probes after :func:`settle_kinks`: groups of (probes, plus, minus, step) to compare,
+    and the probes left out at a kink (label, right slope, left slope)."""
+
+    groups: list[tuple[list[Probe], np.ndarray, np.ndarray, float]] = field(
+        default_factory=list)
+    kinks: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def kink_detail(self, total: int) -> str:
+        label, right, left = self.kinks[0]
+        return (f"{len(self.kinks)} of {total} probes at a kink (relu or a clip at its corner, "
+                f"a tie in a max): the loss has no derivative there, its one-sided slopes "
+                f"differ ({label}: {right:.6e} on one side, {left:.6e} on the other), so "
+                "those probes are left out")
+
+
+def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
+                 minus: np.ndarray, evaluate_at: Callable[[np.ndarray], float],
+                 base: np.ndarray, loss: float, rtol: float,
+                 atol: float | None, dtype: str = "float64",
+                 rounding: float = ROUNDING) -> Settled:
+    """A probe whose central difference disagrees with autodiff is taken again at a smaller
+    step (:func:`retake_for`). Where the loss is smooth, that difference is then closer (it
+    keeps the smaller step). Where the probe straddles a kink, the one-sided slopes stay apart
+    at every step: the probe is left out, and said to be at a kink, never a failure. A probe
+    that fails at both steps on a smooth loss stays as it failed."""
+    settled = Settled()
+    kept: list[int] = []
+    retaken: list[tuple[Probe, float, float]] = []
+    centre: float | None = None
+    step, small = step_for(dtype), retake_for(dtype)
+    for k, probe in enumerate(probes):
+        if directional_error(gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol,
+                             atol, step, rounding)[1]:
+            kept.append(k)
+            continue
+        near_plus = evaluate_at((base + small * probe.direction).astype(base.dtype))
+        near_minus = evaluate_at((base - small * probe.direction).astype(base.dtype))
+        if directional_error(gradient, [probe], np.array([near_plus]), np.array([near_minus]),
+                             loss, rtol, atol, small, rounding)[1]:
+            retaken.append((probe, near_plus, near_minus))
+            continue
+        centre = evaluate_at(base) if centre is None else centre
+        far = (plus[k] - centre) / step - (centre - minus[k]) / step
+        near = (near_plus - centre) / small - (centre - near_minus) / small
+        noise = 16 * rounding * max(abs(centre), 1.0) / small
+        if abs(far) > noise and abs(near) > 0.5 * abs(far):
+            settled.kinks.append((probe.label, (near_plus - centre) / small,
+                                  (centre - near_minus) / small))
+        else:
+            kept.append(k)
+    if kept:
+        settled.groups.append(([probes[k] for k in kept], plus[kept], minus[kept], step))
+    if retaken:
+        settled.groups.append(([p for p, _, _ in retaken], np.array([a for _, a, _ in retaken]),
+                               np.array([b for _, _, b in retaken]), small))
+    return settled
+
+
+@dataclass(frozen=True)
+class WitnessResult:
+    """One witness's verdict on one tensor.
+
+    ``error`` is a relative error (the witness says how it normalises); ``passed`` is
+    ``error <= tolerance`` unless the witness found something worse (a wrong shape, a missing
+    tensor), in which case ``error`` may be ``None`` and ``detail`` says what.
+    """
+
+    witness: str
+    tensor: str
+    error: float | None
+    tolerance: float
+    passed: bool
+    detail: str = ""
+    #: For time-indexed tensors: the first step, counting back from the end, that diverges.
+    first_bad_step: int | None = None
+
+
+def checked_tensors(results: list[WitnessResult], order: list[str] | None = None,
+                    shapes: dict[str, list[int]] | None = None,
+                    prefix: str = "") -> list[CheckedTensor]:
+    """One report row per tensor: those named in ``order`` first, in that order, then the
+    others as they came, each with its witnesses. A witness whose error is not a number
+    (NaN in a difference, an overflow) has failed, and says so: JSON has no NaN, and a report
+    never passes it. ``prefix`` goes before each name (a layer's, for ``check --layer``)."""
+    order, shapes = order or [], shapes or {}
+    by_name: dict[str, list[WitnessResult]] = {}
+    for result in results:
+        by_name.setdefault(result.tensor, []).append(result)
+    names = [n for n in order if n in by_name] + [n for n in by_name if n not in order]
+    rows = []
+    for name in names:
+        entries = [_entry(r) for r in by_name[name]]
+        rows.append(CheckedTensor(name=f"{prefix}{name}", shape=shapes.get(name),
+                                  passed=all(e.passed for e in entries), witnesses=entries))
+    return rows
+
+
+def _entry(result: WitnessResult) -> WitnessEntry:
+    error, passed, detail = result.error, result.passed, result.detail
+    if error is not None and not np.isfinite(error):
+        error, passed, detail = None, False, f"{detail}; its error is {result.error}"
+    return WitnessEntry(witness=result.witness, error=error, tolerance=result.tolerance,
+                        passed=passed, detail=detail, first_bad_step=result.first_bad_step)
