@@ -8,10 +8,11 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from gradscope.errors import DataError, GradscopeError
+from gradscope.errors import ConfigError, DataError, GradscopeError
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,21 @@ class DataFiles:
         """The combination is one the commands take, and each file exists."""
         if self.given():
             check_data_files(self.data, self.x, self.y)
+
+
+def as_data_files(data: Any) -> Any:
+    """``data`` as the API takes it: None, an .npz path (as :class:`DataFiles`), a
+    :class:`DataFiles` (the CLI's ``--data`` or ``--x`` with ``--y``), or a dict of arrays
+    (YAML specs). Files are checked to exist before anything loads."""
+    if isinstance(data, str | os.PathLike):
+        data = DataFiles(data=str(data))
+    if isinstance(data, DataFiles):
+        data.check()
+        return data if data.given() else None
+    if data is None or isinstance(data, dict):
+        return data
+    raise ConfigError(f"data=: got an object of type {type(data).__name__}; expected the path "
+                      "of an .npz file or, for a YAML spec, a dict of arrays", where="data")
 
 
 def check_data_files(data: str | os.PathLike[str] | None = None,

@@ -515,9 +515,6 @@ def spec_command(path: str, as_json: bool, output: Path | None, force: bool,
     """
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    from gradscope.yaml.options import check_weights
-
-    check_weights(path, option="")
     imports, unsafe = user_code
     if imports or unsafe:
         preflight.check_user_code(path, imports, unsafe)

@@ -47,6 +47,11 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * UNITS[match.group(2)])
 
 
+def memory_limit(max_memory: int | str | None) -> int | None:
+    """``max_memory`` in bytes, given as bytes or as a size such as ``"4G"``."""
+    return parse_size(max_memory) if isinstance(max_memory, str) else max_memory
+
+
 def refuse_over(terms: dict[str, int], limit: int | None, command: str) -> None:
     """Raise ConfigError (exit 2) when the estimate, the sum of ``terms`` (bytes by term), is
     over ``limit`` (default: RAM / 4), naming the largest term."""

@@ -32,13 +32,28 @@ def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = No
                      sample_weight: Any = None, rtol: float | None = None,
                      directions: int | None = None, seed: int = 0,
                      examples: int | str | None = None) -> KerasCheckReport:
-    """Check every gradient of ``model`` (a built Keras model object or a ``.keras`` path) on
-    the batch ``x`` (and targets ``y``; synthetic ones from ``seed`` without it), with its
-    compiled loss or the Keras loss named by ``loss``. Raises ``AssertionError`` carrying
-    ``check``'s diagnosis if any witness disagrees; returns the report otherwise. ``rtol``
-    replaces every witness's float64 tolerance; ``directions``, the number of random
-    directions of the finite differences, and ``examples``, the most examples of the batch
-    checked (default 16, ``"all"``: every one), are as for :func:`gradscope.check`."""
+    """Check every gradient of a Keras model, as ``gradscope check`` does, in a test.
+
+    Args:
+        model: A built Keras model object, or a ``.keras`` path.
+        x: The batch's inputs, as :func:`gradscope.explain` takes them.
+        y: Its targets; None: synthetic ones drawn from ``seed``.
+        loss: A Keras loss name; default the compiled loss.
+        sample_weight: As ``fit`` takes it.
+        rtol: Replaces every witness's float64 tolerance.
+        directions: Random directions of the finite differences.
+        seed: Seeds the synthetic targets and the model's random draws.
+        examples: At most this many examples of the batch (default 16; ``"all"``).
+
+    Returns:
+        The report, when every witness agrees.
+
+    Raises:
+        AssertionError: carrying ``check``'s diagnosis, when a witness disagrees.
+
+    Example:
+        >>> assert_gradients(model, x, y)  # doctest: +SKIP
+    """
     import gradscope
 
     options: dict[str, Any] = {"seed": seed}
@@ -54,13 +69,28 @@ def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = No
 
 def check_layer(layer: Any, inputs: Any, *, rtol: float | None = None,
                 directions: int | None = None, seed: int = 0) -> KerasCheckReport:
-    """Check one layer, or one recurrent cell, on its own: a copy of it (same config, same
-    weights; the user's object is not called) is the whole of a model whose output meets a
-    random cotangent (a squared error against random targets from ``seed``, whose gradient
-    with respect to the output is random), and :func:`assert_gradients` checks it: every weight
-    of the layer, and ``inputs`` (one array, batch axis first). A cell is wrapped in
-    ``keras.layers.RNN(cell, return_sequences=True)``; give it ``inputs`` of shape (batch,
-    time, features). Raises ``AssertionError`` with the diagnosis if any witness disagrees."""
+    """Check one layer, or one recurrent cell, on its own.
+
+    A copy of it (same config, same weights; your object is not called) is the whole of a
+    model whose output meets a random cotangent, and :func:`assert_gradients` checks it.
+
+    Args:
+        layer: A Keras layer, or a recurrent cell (wrapped in
+            ``keras.layers.RNN(cell, return_sequences=True)``).
+        inputs: One array, batch axis first; (batch, time, features) for a cell.
+        rtol: Replaces every witness's float64 tolerance.
+        directions: Random directions of the finite differences.
+        seed: Seeds the random cotangent.
+
+    Returns:
+        The report, when every witness agrees.
+
+    Raises:
+        AssertionError: carrying the diagnosis, when a witness disagrees.
+
+    Example:
+        >>> check_layer(MyLayer(8), x)  # doctest: +SKIP
+    """
     from gradscope._tf import import_tensorflow
 
     import_tensorflow()
@@ -83,8 +113,15 @@ def check_layer(layer: Any, inputs: Any, *, rtol: float | None = None,
 
 
 def diagnosis(report: KerasCheckReport) -> str:
-    """The paragraph ``check`` prints for what failed: each tensor, the witness, its error
-    against its tolerance, the step, and the witness's detail."""
+    """The paragraph ``check`` prints for what failed.
+
+    Args:
+        report: A check report.
+
+    Returns:
+        A line saying how many tensors disagree, then each failing tensor with the witness,
+        its error against its tolerance, the step, and the witness's detail.
+    """
     lines = [f"gradscope: {len(report.summary.failed_tensors)} of "
              f"{report.summary.checked_tensors} tensors of model '{report.model.name}' "
              "disagree with a witness:"]
