@@ -16,9 +16,6 @@ import numpy as np
 
 from gradscope.report.models import CheckedTensor, WitnessEntry
 
-#: ``progress(message)``: told each phase as it starts.
-Progress = Callable[[str], None]
-
 
 class Tolerance(NamedTuple):
     """``|a − b| ≤ atol + rtol·|b|``; a witness that normalises its error uses ``rtol``."""

@@ -1,5 +1,5 @@
-"""The seconds each phase of a command took, as ``--timings`` and ``timings=True`` report them
-(both wings, explain and check)."""
+"""The phases of a command: ``progress(message)`` hears each as it starts, and the seconds each
+took are what ``--timings`` and ``timings=True`` report (both wings, explain and check)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+#: ``progress(message)``: told each phase of a command as it starts.
+Progress = Callable[[str], None]
 
 
 class Clock:

@@ -73,14 +73,14 @@ BUILD = textwrap.dedent('''
     import sys
     import numpy as np
     import keras
-    import own_layers
+    import tracked_layers
 
     keras.utils.set_random_seed(0)
     x = keras.Input((6, 3), name="x")
     target = keras.Input((2,), name="target")
     h = keras.layers.GRU(5, dropout=0.3, recurrent_dropout=0.2, name="gru")(x)
     h = keras.layers.Dropout(0.4, name="drop")(h)
-    out = own_layers.Penalty(name="penalty")(keras.layers.Dense(2, name="head")(h), target)
+    out = tracked_layers.Penalty(name="penalty")(keras.layers.Dense(2, name="head")(h), target)
     model = keras.Model([x, target], out)
     model.compile(optimizer="adam")
     model.save(sys.argv[1])
@@ -214,7 +214,7 @@ def test_compiled_with_no_loss_and_nothing_added_is_refused(tf: Any) -> None:
 def saved(tmp_path_factory: Any) -> Path:
     """BUILD run by the user's own script, in its own process."""
     folder = tmp_path_factory.mktemp("own_code")
-    (folder / "own_layers.py").write_text(MODULE)
+    (folder / "tracked_layers.py").write_text(MODULE)
     (folder / "tutorial.py").write_text(TUTORIAL)
     (folder / "build.py").write_text(BUILD)
     done = subprocess.run([sys.executable, "build.py", "model.keras", "data.npz", "y.npz"],
@@ -234,17 +234,17 @@ def _cli(folder: Path, *args: str) -> dict[str, Any]:
 def test_cli_add_loss_model_and_training_mode_seeded_with_import(saved: Path) -> None:
     """The add_loss model from a file with --import: the targets in y.npz are unused, and in
     training mode every run, imported or not, draws the same dropout."""
-    inference = _cli(saved, "explain", "model.keras", "--import", "own_layers", "--data",
+    inference = _cli(saved, "explain", "model.keras", "--import", "tracked_layers", "--data",
                      "data.npz")
-    unused = _cli(saved, "explain", "model.keras", "--import", "own_layers", "--data", "y.npz")
+    unused = _cli(saved, "explain", "model.keras", "--import", "tracked_layers", "--data", "y.npz")
     assert inference["loss"]["value"] == unused["loss"]["value"]
     assert any("not used" in w for w in unused["warnings"])
-    trained = _cli(saved, "explain", "model.keras", "--import", "own_layers", "--data",
+    trained = _cli(saved, "explain", "model.keras", "--import", "tracked_layers", "--data",
                    "data.npz", "--training")
     assert trained["loss"]["value"] != inference["loss"]["value"]
     # The same draws in this process, from the model loaded with the user's code: every
     # path, and every run, is the seed's.
-    again = _in_process(saved, "own_layers", "model.keras", "data.npz")
+    again = _in_process(saved, "tracked_layers", "model.keras", "data.npz")
     assert again.loss.value == pytest.approx(trained["loss"]["value"], rel=1e-12)
     assert [g.stats.l2 for g in again.gradients if g.stats] == pytest.approx(
         [g["stats"]["l2"] for g in trained["gradients"] if g["stats"]], rel=1e-12)

@@ -543,7 +543,7 @@ def _unread_targets(model: Any, engine: Any, inputs: dict[str, Any]) -> dict[str
 def _loss_text(plan: Any) -> str:
     """The loss and where it came from, in the words of a model in memory: its compiled loss,
     or the ``loss=`` given to GradientFlow (an uncompiled model without it is refused)."""
-    if plan.added_only or plan.own_compute_loss:
+    if plan.added_only or plan.custom_compute_loss:
         return plan.description
     losses = " + ".join(o.label if len(plan.outputs) == 1 else f"{o.output} {o.label}"
                         for o in plan.outputs)

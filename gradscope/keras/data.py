@@ -137,7 +137,7 @@ def batch_targets(plan: LossPlan, given: dict[str, np.ndarray] | None,
 def unused_targets(plan: LossPlan, given: dict[str, np.ndarray] | None) -> list[str]:
     """The outputs whose given targets the loss never reads (compiled with no loss, or with
     ``None`` for that output)."""
-    if given is None or plan.source != "compiled" or plan.own_compute_loss:
+    if given is None or plan.source != "compiled" or plan.custom_compute_loss:
         return []
     read = {entry.output for entry in plan.outputs}
     return [name for name in given if name not in read]

@@ -40,7 +40,7 @@ from gradscope.keras.observed_call import (
     zero_states_watched,
 )
 from gradscope.keras.stopped import start_of_call
-from gradscope.keras.subclassed import is_subclassed, own_layers
+from gradscope.keras.subclassed import is_subclassed, tracked_layers
 from gradscope.keras.whole_model import (
     confirm,
     dense_gradients,
@@ -144,7 +144,7 @@ class KerasEngine:
         self.dtype_name = dtype or "float32"  # the model's own, once it is loaded
         #: The loss when it is not the model's own compiled one (a model object is never
         #: compiled by gradscope): a CompileLoss, called as Trainer.compute_loss calls it.
-        self._own_loss: Any = None
+        self._user_loss_copy: Any = None
         compile_saved = plan.source == "compiled"
         if self.live:
             self.model = source
@@ -193,7 +193,7 @@ class KerasEngine:
             from keras.src.trainers.compile_utils import CompileLoss
 
             user_loss = self.model._compile_loss
-            self._own_loss = CompileLoss(user_loss._user_loss, user_loss._user_loss_weights,
+            self._user_loss_copy = CompileLoss(user_loss._user_loss, user_loss._user_loss_weights,
                                          output_names=getattr(self.model, "output_names", None))
         elif not compiled:
             by_output = {o.output: o for o in plan.outputs}
@@ -203,7 +203,7 @@ class KerasEngine:
                 from keras.src.trainers.compile_utils import CompileLoss
 
                 with self._floatx():
-                    self._own_loss = CompileLoss(
+                    self._user_loss_copy = CompileLoss(
                         losses, weights, output_names=getattr(self.model, "output_names", None))
             else:
                 with self._floatx():
@@ -254,7 +254,7 @@ class KerasEngine:
         weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
                    else sample_weight)
         with self._floatx():  # a compiled loss builds its wrappers at its first call
-            if self.plan.own_compute_loss:
+            if self.plan.custom_compute_loss:
                 return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weights,
                                                training=self.training)
             if self.added_only:
@@ -268,10 +268,10 @@ class KerasEngine:
                         "(Keras: 'No loss to compute'); compile it with a loss",
                         where=self.path)
                 return added[0] if len(added) == 1 else self.keras.ops.sum(added)
-            if self._own_loss is None:
+            if self._user_loss_copy is None:
                 return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weights,
                                                training=self.training)
-            losses = [self._own_loss(y, y_pred, weights)]
+            losses = [self._user_loss_copy(y, y_pred, weights)]
             losses += [self.model._aggregate_additional_loss(loss) for loss in self.model.losses]
             return losses[0] if len(losses) == 1 else self.keras.ops.sum(losses)
 
@@ -279,7 +279,7 @@ class KerasEngine:
                    added: dict[int, list[Any]], sample_weight: Any = None) -> list[LossTerm]:
         """The loss of a call, term by term (see :mod:`loss_terms`), from its outputs and what
         each layer added during it (by ``id(layer)``)."""
-        compile_loss = (self._own_loss if self._own_loss is not None
+        compile_loss = (self._user_loss_copy if self._user_loss_copy is not None
                         else getattr(self.model, "_compile_loss", None))
         weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
                    else sample_weight)
@@ -435,10 +435,10 @@ class KerasEngine:
                 units = _state_units(operation)
                 given = kwargs.get("initial_state")
                 held = _carried_states(operation) if given is None else None
-                own_zeros: list[Any] | None = None
+                asked_zeros: list[Any] | None = None
                 if units and own and given is None and held is None and not getattr(
                         operation, "stateful", False):
-                    own_zeros = []  # Keras' own, asked for in the call below
+                    asked_zeros = []  # Keras' own, asked for in the call below
                     captured.state_source = "zeros"
                     if kwargs.get("mask") is None:
                         # What Keras' Layer.__call__ takes for a call with one tensor.
@@ -474,15 +474,15 @@ class KerasEngine:
                             kwargs["mask"] = captured.mask = carried
                     kwargs["initial_state"] = states
                     captured.states = states
-                if own_zeros is None:
+                if asked_zeros is None:
                     out = (keras_call or operation)(*args, **kwargs)
                 else:
-                    with zero_states_watched(state_layers(operation), own_zeros, watch):
+                    with zero_states_watched(state_layers(operation), asked_zeros, watch):
                         out = (keras_call or operation)(*args, **kwargs)
-                    if len(own_zeros) != len(units):
-                        raise NotObserved(f"{name}: {len(own_zeros)} zero states asked of "
+                    if len(asked_zeros) != len(units):
+                        raise NotObserved(f"{name}: {len(asked_zeros)} zero states asked of "
                                           f"get_initial_state, {len(units)} expected")
-                    captured.states = own_zeros
+                    captured.states = asked_zeros
                 captured.outputs = list(keras.tree.flatten(out))
                 if watch_outputs:
                     # Fresh tensors (masks carried over), so that ∂L/∂output is what flows
@@ -503,7 +503,7 @@ class KerasEngine:
             return call
 
         if own:
-            looking = (layers_wrapped(own_layers(model),
+            looking = (layers_wrapped(tracked_layers(model),
                                       lambda op, keras_call: operation_fn(op, keras_call))
                        if subclassed else
                        runner_wrapped(runner, lambda op, keras_call: operation_fn(op, keras_call)))

@@ -5,7 +5,6 @@ layer. :func:`prepare` does everything that needs no TensorFlow (and refuses ear
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from gradscope.keras.loss import LossPlan, output_aliases, output_names
 from gradscope.reference import cell_key
 from gradscope.report.models import (
     BlockEntry,
+    CrossCheckEntry,
     KerasExplainReport,
     KerasGradientEntry,
     KerasLayerEntry,
@@ -40,12 +40,9 @@ from gradscope.report.models import (
     KerasOutputLoss,
     KerasStateEntry,
     KerasTensorSpec,
-    KerasWitnessEntry,
     SparseRows,
 )
-from gradscope.timing import Clock
-
-Progress = Callable[[str], None]
+from gradscope.timing import Clock, Progress
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,7 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
             raise ConfigError("--pad pads the synthetic batch; pad your own data in the file",
                               where="--pad")
         batch = load_named(data, specs, outputs, output_aliases(graph),
-                           read=None if plan.own_compute_loss else
+                           read=None if plan.custom_compute_loss else
                            {entry.output for entry in plan.outputs})
     else:
         batch = synthetic_inputs(specs, batch_size or fixed or 32, time_steps, pad, seed)
@@ -178,7 +175,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
     layers: list[KerasLayerEntry] = []
     gradients: list[KerasGradientEntry] = []
     states: list[KerasStateEntry] = []
-    witnesses: list[KerasWitnessEntry] = []
+    witnesses: list[CrossCheckEntry] = []
     trainable_ids = {id(v) for v in model.trainable_variables}
     seen: set[int] = set()
     for node in graph.computing_layers:
@@ -251,9 +248,9 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             from gradscope.keras.layers.recurrent import RecurrentExplainer
 
             if isinstance(explainer, RecurrentExplainer):
-                from gradscope.keras.witness import weights_by_key, witness_call
+                from gradscope.keras.cross_check import cross_check_call, weights_by_key
 
-                witnesses.append(witness_call(captured, facts, explainer,
+                witnesses.append(cross_check_call(captured, facts, explainer,
                                               weights_by_key(keras_layer, facts),
                                               engine.dtype_name, job.training))
             elif node.class_name == "Bidirectional":
@@ -305,26 +302,26 @@ def _weight_keys(name: str, layer: Any) -> dict[int, str]:
             for v in weights}
 
 
-def _both_directions(call: Any, engine: Any) -> KerasWitnessEntry:
+def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:
     """Both directions of a Bidirectional call rerun in gradscope's NumPy cells, merged as
     Keras merges them, against every output Keras gave; or why they are not."""
     from gradscope.gradcheck import tolerance
+    from gradscope.keras.cross_check import computed_in
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import output_error, rerun_call
-    from gradscope.keras.witness import computed_in
 
     label = call_label(call.layer, call.index)
     name = "gradscope's NumPy cells, one per direction"
     rtol = tolerance("cross_check", computed_in(call, engine.dtype_name)).rtol
     found = rerun_call(call, engine)
     if isinstance(found, str):
-        return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
+        return CrossCheckEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {found}")
     error = output_error(found, engine.dtype_name)
     assert not isinstance(error, str)  # rerun_call has held the outputs to the tolerance
     keys = ", ".join(f"{unit.label.rsplit('/', 1)[-1]} {cell_key(unit.cell)}"
                      for unit in found.units)
-    return KerasWitnessEntry(layer=label, witness=f"{name} ({keys})",
+    return CrossCheckEntry(layer=label, witness=f"{name} ({keys})",
                              max_abs_error=error[0], tolerance=rtol, passed=True,
                              detail=f"reproduce Keras' merged output to {error[0]:.1e} "
                                     f"(allowed {error[1]:.1e})")

@@ -29,16 +29,16 @@ import numpy as np
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
 from gradscope.gradcheck import tolerance
+from gradscope.keras.cross_check import cell_params, computed_in, unmodelled
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.witness import cell_params, computed_in, unmodelled
 from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     FlowFlag,
     JacobianEntry,
+    KerasFlowSection,
     KerasFlowSequence,
-    KerasGradientFlow,
     KerasNotAnalysed,
     KerasStateJacobians,
 )
@@ -400,7 +400,7 @@ def per_step_norms(gradient: np.ndarray) -> list[float]:
                                                              if i != 1)))]
 
 
-def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow:
+def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
     """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True)``."""
     from gradscope.gradient_stats import flow_flags
 
@@ -440,7 +440,7 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasGradientFlow
     _in_call_order(skipped, result)
     flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences if s.kind == "input"})
     method = FLOW_METHOD + ("; " + BACKWARDS_NOTE if backwards else "")
-    return KerasGradientFlow(method=method, sequences=sequences, not_analysed=skipped,
+    return KerasFlowSection(method=method, sequences=sequences, not_analysed=skipped,
                              flags=flags)
 
 

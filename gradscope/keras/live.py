@@ -113,7 +113,7 @@ def read_model(source: Any, loss: str | None = None,
         label = str(source)
     plan = plan_loss(graph, loss)
     if model is not None and loss is None and overrides_compute_loss(model):
-        return graph, replace(plan, own_compute_loss=type(model).__name__), label, model
+        return graph, replace(plan, custom_compute_loss=type(model).__name__), label, model
     if model is not None and plan.source == "compiled":
         how = "the model's compiled loss"
         plan = replace(plan, compiled_how=how,

@@ -65,7 +65,7 @@ class LossPlan:
     #: Where a compiled loss came from: a saved file, or a model object compiled in memory.
     compiled_how: str = "saved with the compiled model"
     #: The model's class, where it overrides ``compute_loss``: the loss is its own.
-    own_compute_loss: str | None = None
+    custom_compute_loss: str | None = None
 
     @property
     def added_only(self) -> bool:
@@ -74,8 +74,8 @@ class LossPlan:
 
     @property
     def description(self) -> str:
-        if self.own_compute_loss:
-            return (f"{self.own_compute_loss}.compute_loss, the model's own (as fit calls it; "
+        if self.custom_compute_loss:
+            return (f"{self.custom_compute_loss}.compute_loss, the model's own (as fit calls it; "
                     "every target is passed to it)")
         if self.added_only:
             return ("the added losses alone (add_loss, regularizers): compiled with no loss, "

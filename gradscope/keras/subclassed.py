@@ -31,7 +31,7 @@ def is_subclassed(model: Any) -> bool:
     return True
 
 
-def own_layers(model: Any) -> list[Any]:
+def tracked_layers(model: Any) -> list[Any]:
     """The layers the model holds directly (those its ``call`` calls)."""
     return list(model._flatten_layers(include_self=False, recursive=False))
 
@@ -80,7 +80,7 @@ def observed_graph(model: Any, label: str) -> ModelGraph:
 
     object.__setattr__(model, "call", inputs_seen)  # not tracked: a hook, not the model's
     try:
-        with layers_wrapped(own_layers(model), wrap):
+        with layers_wrapped(tracked_layers(model), wrap):
             result = model.compute_output_spec(specs if len(specs) > 1 else specs[0])
     except Exception as exc:  # the user's call, traced: anything
         raise ConfigError(f"{label}: gradscope reads a subclassed model's graph from one "

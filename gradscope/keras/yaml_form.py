@@ -26,7 +26,7 @@ from gradscope.keras.graph import LayerNode, ModelGraph, Ref, read_graph, refuse
 from gradscope.keras.live import is_builtin
 from gradscope.keras.loss import plan_loss
 
-RECURRENT = {"GRU": "gru", "LSTM": "lstm", "SimpleRNN": "simple_rnn"}
+SPEC_KINDS = {"GRU": "gru", "LSTM": "lstm", "SimpleRNN": "simple_rnn"}
 
 #: What a recurrent layer's config must say for the YAML spec's cell to be the same function.
 _RECURRENT_KEYS: dict[str, Any] = {
@@ -80,7 +80,7 @@ def spec_layers(graph: ModelGraph, fix: str) -> list[LayerNode]:
         inner = layer.inner if layer.class_name == "TimeDistributed" else None
         config = inner.config if inner is not None and inner.class_name == "Dense" and \
             is_builtin(inner.module) else layer.config
-        kind = RECURRENT.get(layer.class_name) or (
+        kind = SPEC_KINDS.get(layer.class_name) or (
             "dense" if layer.class_name == "Dense" or config is not layer.config else None)
         if kind is None or not is_builtin(layer.module):
             what = (f"a {layer.class_name}" if is_builtin(layer.module) else
@@ -116,7 +116,7 @@ def spec_layers(graph: ModelGraph, fix: str) -> list[LayerNode]:
                                   f"to the loss; the YAML spec's loss has no such term; {fix}",
                                   where=layer.name)
         previous = Ref(layer.name, 0, 0)
-    recurrent = [layer for layer in layers if layer.class_name in RECURRENT]
+    recurrent = [layer for layer in layers if layer.class_name in SPEC_KINDS]
     if not recurrent:
         raise ConfigError(f"{source}: no GRU, LSTM or SimpleRNN layer; the YAML spec starts "
                           f"with one; {fix}", where=source)
@@ -158,7 +158,7 @@ def facts(graph: ModelGraph, layers: list[LayerNode], fix: str) -> dict[str, tup
                                f"{features}): {steps} steps", True)
     if batch is not None:
         found["batch_size"] = (int(batch), f"the model's input has batch size {batch}", True)
-    last = [layer for layer in layers if layer.class_name in RECURRENT][-1]
+    last = [layer for layer in layers if layer.class_name in SPEC_KINDS][-1]
     sequence = bool(last.config.get("return_sequences"))
     found["sequence_output"] = (sequence, f"layer '{last.name}' has return_sequences "
                                 f"{sequence}", True)

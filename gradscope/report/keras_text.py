@@ -28,8 +28,8 @@ from gradscope.report.layout import (
 from gradscope.report.models import (
     KerasCheckReport,
     KerasExplainReport,
+    KerasFlowSection,
     KerasGradientEntry,
-    KerasGradientFlow,
     KerasLayerEntry,
     KerasLossEntry,
     KerasNotAnalysed,
@@ -234,7 +234,7 @@ def jacobian_lines(jacobians: KerasStateJacobians, width: int) -> list[Renderabl
     return parts
 
 
-def flow_lines(flow: KerasGradientFlow, width: int) -> list[RenderableType]:
+def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     parts: list[RenderableType] = [
         section("Gradient flow over time (log-scale sparklines, t = 0 … T−1; ∂L/∂h_t is the "
                 "total: from above at t plus what flows back from t+1)")]

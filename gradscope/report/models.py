@@ -236,7 +236,7 @@ class InfluenceMap(_Report):
     values: list[list[float]] = Field(description="rows t, columns s: median ‖∂h_t/∂x_s‖_F")
 
 
-class GradientFlow(_Report):
+class FlowSection(_Report):
     steps: int
     state_gradient_norms: dict[str, list[float]] = Field(
         description="‖∂L/∂h_t‖ per step (Frobenius over the batch), per state sequence")
@@ -310,7 +310,7 @@ class ExplainReport(_Displayed):
     carry: CarryEntry
     state_jacobians: list[JacobianEntry] | None = Field(
         default=None, description="with --jacobians: ∂h_T^(j)/∂h_0^(i) for i ≤ j")
-    gradient_flow: GradientFlow | None = Field(default=None, description="with --flow")
+    gradient_flow: FlowSection | None = Field(default=None, description="with --flow")
     weights: WeightsEntry | None = Field(
         default=None, description="with --weights: the file and where each weight came from")
     timings: dict[str, float] | None = Field(
@@ -550,7 +550,7 @@ class KerasStateEntry(_Report):
     per_example_norm: PerExampleNorms | None
 
 
-class KerasWitnessEntry(_Report):
+class CrossCheckEntry(_Report):
     layer: str
     witness: str = Field(description="e.g. the NumPy reference cell gru_keras")
     max_abs_error: float | None
@@ -575,7 +575,7 @@ class KerasNotAnalysed(_Report):
     reason: str
 
 
-class KerasGradientFlow(_Report):
+class KerasFlowSection(_Report):
     """With --flow: the total ∂L/∂h_t (from above at t plus what flows back from t+1) of every
     recurrent call, and ∂L/∂x_t of every float sequence input."""
 
@@ -602,9 +602,9 @@ class KerasExplainReport(_Displayed):
     layers: list[KerasLayerEntry]
     gradients: list[KerasGradientEntry]
     initial_state_gradients: list[KerasStateEntry]
-    witnesses: list[KerasWitnessEntry]
+    witnesses: list[CrossCheckEntry]
     warnings: list[str]
-    gradient_flow: KerasGradientFlow | None = Field(default=None, description="with --flow")
+    gradient_flow: KerasFlowSection | None = Field(default=None, description="with --flow")
     state_jacobians: KerasStateJacobians | None = Field(default=None,
                                                         description="with --jacobians")
     timings: dict[str, float] | None = None

@@ -22,9 +22,9 @@ from gradscope.errors import GradscopeError
 from gradscope.report.models import (
     DRAWERS,
     ExplainReport,
-    GradientFlow,
+    FlowSection,
     JacobianEntry,
-    KerasGradientFlow,
+    KerasFlowSection,
 )
 
 
@@ -83,7 +83,7 @@ def write_flow_plot(report: ExplainReport, path: Path, force: bool = False) -> N
         plt.close(figure)
 
 
-def _flow_curves(axes: Any, flow: GradientFlow) -> None:
+def _flow_curves(axes: Any, flow: FlowSection) -> None:
     steps = np.arange(flow.steps)
     for name, norms in flow.state_gradient_norms.items():
         axes.semilogy(steps, norms, label=f"‖∂L/∂{name}_t‖")
@@ -95,7 +95,7 @@ def _flow_curves(axes: Any, flow: GradientFlow) -> None:
     axes.legend(fontsize=8)
 
 
-def _influence_heatmap(figure: Any, axes: Any, flow: GradientFlow) -> None:
+def _influence_heatmap(figure: Any, axes: Any, flow: FlowSection) -> None:
     assert flow.influence_map is not None
     values = np.asarray(flow.influence_map.values)
     # s > t cannot influence h_t: those cells are exactly zero and left blank.
@@ -199,7 +199,7 @@ def _weight_norms(axes: Any, norms: dict[str, float]) -> None:
     axes.set_title("gradient norm of every weight")
 
 
-def _keras_flow_curves(axes: Any, flow: KerasGradientFlow) -> None:
+def _keras_flow_curves(axes: Any, flow: KerasFlowSection) -> None:
     for sequence in flow.sequences:
         norms = np.maximum(np.asarray(sequence.norms, dtype=float), 1e-300)
         style = "--" if sequence.kind == "input" else "-"

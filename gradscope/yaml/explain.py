@@ -3,7 +3,6 @@ gradient explained (the shapes come from :mod:`gradscope.yaml.shapes`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,14 +17,14 @@ from gradscope.report.models import (
     CarryProductEntry,
     CarryWeightEntry,
     ExplainReport,
+    FlowSection,
     GradientEntry,
-    GradientFlow,
     InfluenceMap,
     JacobianEntry,
     LossEntry,
     StateGradientEntry,
 )
-from gradscope.timing import Clock
+from gradscope.timing import Clock, Progress
 from gradscope.yaml.algebra import ModelShapes, model_shapes
 from gradscope.yaml.config import Spec
 from gradscope.yaml.data import Batch, initial_params, synthetic_batch
@@ -35,7 +34,6 @@ from gradscope.yaml.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, sta
 if TYPE_CHECKING:
     from gradscope.yaml.dynamics import Dynamics, JacobianBlock
 
-Progress = Callable[[str], None]
 
 
 
@@ -276,11 +274,11 @@ def jacobian_entry(algebra: ModelShapes, block: JacobianBlock) -> JacobianEntry:
 #: Rows t of the --plot heatmap (one backward pass per row and unit of the last layer).
 HEATMAP_ROWS = 16
 
-def flow_entry(found: Dynamics) -> GradientFlow:
+def flow_entry(found: Dynamics) -> FlowSection:
     sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}
     sequences["∂L/∂x_t"] = found.input_gradient_norms
     flags = flow_flags(sequences)
-    return GradientFlow(
+    return FlowSection(
         steps=len(found.input_gradient_norms),
         state_gradient_norms={name: [float(v) for v in norms]
                               for name, norms in found.state_gradient_norms.items()},

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
-from gradscope.gradcheck import TOLERANCES, Progress, WitnessResult, checked_tensors
+from gradscope.gradcheck import TOLERANCES, WitnessResult, checked_tensors
 from gradscope.report.models import (
     CarryBoundaryEntry,
     CarryCheck,
@@ -38,7 +38,7 @@ from gradscope.report.models import (
     LossEntry,
     NamedShape,
 )
-from gradscope.timing import Clock
+from gradscope.timing import Clock, Progress
 from gradscope.yaml.algebra import model_shapes
 from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.config import Spec

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.gradcheck import Progress, tolerance
+from gradscope.gradcheck import tolerance
+from gradscope.timing import Progress
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.data import Batch
 from gradscope.yaml.engine import Engine, Pass

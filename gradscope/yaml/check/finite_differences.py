@@ -39,7 +39,6 @@ import numpy as np
 from gradscope.gradcheck import (
     RANDOM_ELEMENTS,
     Probe,
-    Progress,
     WitnessResult,
     directional_error,
     element_probe,
@@ -47,6 +46,7 @@ from gradscope.gradcheck import (
     random_probes,
     step_for,
 )
+from gradscope.timing import Progress
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.data import Batch

@@ -37,7 +37,6 @@ from gradscope._tf import native_stderr_silenced
 from gradscope.cells.base import Cell
 from gradscope.errors import ConfigError
 from gradscope.gradcheck import (
-    Progress,
     WitnessResult,
     checked_tensors,
     relative_error,
@@ -50,7 +49,7 @@ from gradscope.report.models import (
     LayerCheckReport,
     LossEntry,
 )
-from gradscope.timing import Clock
+from gradscope.timing import Clock, Progress
 from gradscope.yaml.algebra import model_shapes
 from gradscope.yaml.check import variants
 from gradscope.yaml.check.user_backward import (

@@ -18,7 +18,7 @@ def _model(keras, steps):
 def test_a_long_call_is_witnessed_on_spread_examples_and_a_short_one_on_all(tf):
     import keras
 
-    from gradscope.keras.witness import sampled_examples
+    from gradscope.keras.cross_check import sampled_examples
 
     assert sampled_examples(32, 100) == slice(None)
     rows = sampled_examples(32, 400)
@@ -40,9 +40,9 @@ def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypa
     import keras
 
     from gradscope.errors import InternalError
-    from gradscope.keras import witness
+    from gradscope.keras import cross_check
 
-    honest = witness.cell_params
+    honest = cross_check.cell_params
 
     def swapped(cell, weights):
         params = honest(cell, weights)
@@ -54,7 +54,7 @@ def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypa
             params[name] = value
         return params
 
-    monkeypatch.setattr(witness, "cell_params", swapped)
+    monkeypatch.setattr(cross_check, "cell_params", swapped)
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((examples, steps, 3)), rng.standard_normal((examples, 2))
     with pytest.raises(InternalError, match="does not reproduce Keras' output"):

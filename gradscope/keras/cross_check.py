@@ -1,4 +1,4 @@
-"""gradscope's own cells as witnesses inside the user's model.
+"""explain's cross-check: gradscope's NumPy cells beside Keras' recurrent calls.
 
 For every GRU, LSTM and SimpleRNN call, the layer's captured input and initial state go through
 gradscope's NumPy reference cell (float64, no TensorFlow) with the layer's real weights. It must
@@ -20,7 +20,7 @@ from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
 from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.reference import RECURRENT, cell_key
-from gradscope.report.models import KerasWitnessEntry
+from gradscope.report.models import CrossCheckEntry
 
 
 def computed_in(call: CapturedCall, dtype: str) -> str:
@@ -31,9 +31,9 @@ def computed_in(call: CapturedCall, dtype: str) -> str:
     return name if name in TOLERANCES["cross_check"] else dtype
 
 
-def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExplainer,
+def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExplainer,
                  weights: dict[str, np.ndarray], dtype: str,
-                 training: bool = False) -> KerasWitnessEntry:
+                 training: bool = False) -> CrossCheckEntry:
     cell = explainer.cell(facts)
     key = cell_key(cell)
     label = call_label(call.layer, call.index)
@@ -41,7 +41,7 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
     skip = unwitnessed(call, facts, training)
     rtol, atol = tolerance("cross_check", computed_in(call, dtype))
     if skip:
-        return KerasWitnessEntry(layer=label, witness=name, max_abs_error=None,
+        return CrossCheckEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {skip}")
     forward, _ = RECURRENT[key]
     params = cell_params(cell, weights)
@@ -62,7 +62,7 @@ def witness_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExpl
             f"internal error: layer {label} ({facts.class_name}): gradscope's {key} cell does "
             f"not reproduce Keras' output (max |error| {error:.2e} > {allowed:.1e}); gradscope "
             "misreads this layer, so its explanation would be wrong; please report it")
-    return KerasWitnessEntry(layer=label, witness=name, max_abs_error=error, tolerance=rtol,
+    return CrossCheckEntry(layer=label, witness=name, max_abs_error=error, tolerance=rtol,
                              passed=True,
                              detail=f"reproduces Keras' output to {error:.1e} "
                                     f"(allowed {allowed:.1e}){_of_batch(rows, call)}")
