@@ -37,18 +37,21 @@ Exit codes:
 
 MAIN_HELP = f"""Explain and verify the gradients of recurrent TensorFlow models.
 
-gradscope builds the model a YAML config describes (GRU layers in the TF1 block layout or the
-Keras 3 layout, then dense layers), runs a real forward and backward pass, and explains every
-gradient tensor: its shape, the arithmetic behind it with your numbers, what its rows and
-columns hold, and its statistics. With no CONFIG, commands use the embedded seed model
+CONFIG is a saved Keras 3 model (model.keras), run by Keras itself, or a YAML
+config (GRU, LSTM or SimpleRNN layers, then dense layers) that gradscope builds;
+in Python, a Keras model object too. explain runs one real forward and backward
+pass and explains every gradient: its shape, the arithmetic behind it with your
+numbers, what its rows and columns hold, its statistics; check verifies each one
+with independent witnesses. With no CONFIG, commands use the embedded seed model
 (input 200 → GRU 64 → GRU 32 → dense 3, batch 34, 100 steps).
 
 \b
 Examples:
   gradscope explain                      # the embedded seed model
+  gradscope explain model.keras          # your saved Keras model
+  gradscope check model.keras            # every gradient against witnesses
   gradscope explain sample_configs/keras_gru.yaml
   gradscope shapes config.yaml --json    # shapes only, no TensorFlow
-  gradscope explain config.yaml --json | jq '.gradients[].shape'
 
 {EXIT_CODES_HELP}"""
 

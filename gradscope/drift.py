@@ -1,21 +1,11 @@
-"""``gradscope diff BASE.json NEW.json`` (``gradscope.diff``): what drifted in the gradients
-between two explain reports (for example the same model and data at two commits, in CI).
+"""``gradscope diff BASE.json NEW.json`` (``gradscope.diff``): what a change of code did to the
+gradients, read from two explain reports (say, a pull request's base and head, in CI).
 
-Read without TensorFlow. Two reports are compared only when they explain the same thing: the
-same source (a YAML spec or a Keras model), the same data, batch size, seed and mode, and the
-same model inputs. Otherwise the comparison would measure the data, not the code: refused
-(exit 2), naming the first field that differs. Within that, everything the model's code may
-change is compared and reported:
-
-- tensors (weight and initial-state gradients) added or removed, and shapes changed;
-- ‖g‖ drifting beyond ``rtol`` (relative to the larger of the two);
-- values that were finite and are not any more (NaN or Inf);
-- the loss drifting beyond ``rtol``;
-- vanishing/exploding flags (``--flow``) that appear or disappear.
-
-Identical reports give no change. Same weights, data and code on another machine or thread
-count differ only by float32 rounding in threaded reductions, well under the default
-``rtol``.
+Read without TensorFlow. Two reports are compared only when they explain the same thing (the
+same source, data, batch size, seed, mode and model inputs): otherwise the comparison would
+measure the data, not the code, and is refused (exit 2) naming the first field that differs.
+Within that, everything the model's code may change is reported: tensors added or removed,
+shapes, ‖g‖ and the loss beyond ``rtol``, new NaN/Inf, vanishing/exploding flags (docs/ci.md).
 """
 
 from __future__ import annotations

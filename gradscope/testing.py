@@ -1,21 +1,13 @@
 """gradscope in the user's own test suite (pytest, unittest): gradient checks that raise
-``AssertionError`` with ``check``'s diagnosis, as ``torch.autograd.gradcheck`` does for
-PyTorch.
+``AssertionError`` with ``check``'s diagnosis, as ``torch.autograd.gradcheck`` does for PyTorch.
 
     from gradscope.testing import assert_gradients, check_layer
 
-    def test_my_model_gradients():
-        assert_gradients(model, x, y)           # the compiled loss; or loss="mse"
+    assert_gradients(model, x, y)       # the whole model, its compiled loss (or loss="mse")
+    check_layer(MyLayer(8), x)          # one layer (or cell) on its own
 
-    def test_my_layer_gradients():
-        check_layer(MyLayer(8), x)              # one layer (or cell) on its own
-
-Both run on float64 copies with the same weights and leave the user's objects as they were:
-the witnesses are finite differences (central, float64, along random directions and single
-elements) and, for GRU, LSTM and SimpleRNN layers, gradscope's NumPy BPTT. Keras' own tape
-is what they verify, so a wrong ``tf.custom_gradient`` in the user's layer (or anything else
-that makes the tape's gradient differ from how the loss really changes) fails, naming the
-tensor, its layer, the witness and, for time-indexed tensors, the step.
+Both run on float64 copies and leave the user's objects as they were. Their witnesses never
+use the tape, so a wrong ``tf.custom_gradient`` fails like any other bug (docs/ci.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """``gradscope.keras.GradientFlow``: a Keras callback that watches the gradient flow of a model
-while it trains.
+while it trains, so that vanishing or exploding gradients show during ``fit``, not after it.
 
 Every ``every`` batches of ``model.fit`` (or at each ``observe(x, y)`` of a custom training
-loop) it takes one extra forward and backward pass, with the model's own loss, on the current
-batch, and records:
-
-- ‖∂L/∂w‖ of every trainable weight;
-- for every GRU, LSTM and SimpleRNN layer (each direction of a Bidirectional): ‖∂L/∂h0‖ (and
-  ‖∂L/∂c0‖), and the profile ‖∂L/∂h_t‖ over the time steps, the total gradient at h_t (from
-  above at t plus what flows back from t+1), with the vanishing/exploding flag of
-  ``explain --flow`` and its ratio.
-
-Which batch is observed, what runs beside training and what it costs: docs/training.md.
-The code below says where each of those happens."""
+loop) it takes one extra forward and backward pass on the current batch, with the model's own
+loss, and records ‖∂L/∂w‖ of every weight and, for every recurrent layer, ‖∂L/∂h0‖ and the
+profile ‖∂L/∂h_t‖ over the steps, with the flag of ``explain --flow``. What it records, which
+batch, what runs beside training and what that costs: docs/training.md. The code below says
+where each of those happens.
+"""
 
 from __future__ import annotations
 

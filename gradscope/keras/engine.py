@@ -1,21 +1,11 @@
-"""Run the user's own Keras model under ``tf.GradientTape``: every gradient is Keras' own.
+"""Run the user's own Keras model under ``tf.GradientTape``, with the loss ``fit`` computes
+(``model.compute_loss``), so that every gradient gradscope shows is Keras' own.
 
-The pass is Keras' own call of the model, ``model(x, training=…)``, looked on (see
-:mod:`~gradscope.keras.observed_call`): a wrapper around each layer call Keras' graph runner
-makes
-
-- records what the call received and returned (for the explanation and the witnesses),
-- watches the initial states: Keras' own zeros, handed back as watched copies by the layer's
-  ``get_initial_state``, so that ∂L/∂(initial state) is real. A state wired from another
-  layer (encoder → decoder) is watched where it arrives; a stateful layer's carried state is
-  handed over as a watched copy.
-
-The replay (the same graph run by gradscope, call by call, every zero initial state given
-explicitly) serves the finite differences of the initial states, and any model whose call
-cannot be looked on; there Keras' own call witnesses it.
-
-The loss is Keras' ``model.compute_loss``: the compiled loss, or the one gradscope chose,
-compiled into the model in memory.
+The pass is Keras' own call of the model, looked on (:mod:`~gradscope.keras.observed_call`):
+what each layer call received and returned is recorded for the explanation and the witnesses,
+and the zero initial states come back as watched copies, so that ∂L/∂(initial state) is real.
+Where the call cannot be looked on, the replay (the graph run by gradscope call by call, every
+initial state explicit) runs instead, held to Keras' own call (:mod:`~gradscope.keras.whole_model`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Across time inside the user's Keras model: gradient flow and state Jacobians of every
-recurrent call, wherever it sits in the graph.
+"""Across time inside the user's Keras model (``explain --flow``, ``--jacobians``, and the
+GradientFlow callback): the gradient flow and state Jacobians of every recurrent call,
+wherever it sits in the graph.
 
-- ``‖∂L/∂h_t‖`` per step, WITH the recurrence: the total gradient arriving at h_t, from above
-  at step t plus what flows back from t+1. Keras' layer hides h_t inside its loop, so the
-  call is re-run in gradscope's NumPy reference cell (float64) on the captured input and
-  initial state, and its BPTT is fed the upstream ∂L/∂(the call's outputs) that the tape gave:
-  one backward pass, whose carry at each step is that total.
-- ``‖∂L/∂x_t‖`` per step for every float sequence input (B, T, F), from the same tape.
-- ``∂h_T/∂h_0`` per example of every recurrent call: gradscope's TF cell on the captured
-  input, in float64, with ``batch_jacobian`` inside one traced function per layer.
-
-A Bidirectional call is two units, its forward and backward layers, with the upstream gradient
-split as its merge mode joined them; a go_backwards layer is re-run on the reversed input. Every
-output the call gave is rebuilt from the NumPy cells and must equal Keras' before any number is
-reported. A call the cells do not model (masked steps in the batch, other activations,
-stateful, dropout in training mode) is listed as not analysed, with the reason: never a number
-that may be wrong.
+Keras' layer hides h_t inside its loop, so each call is re-run in gradscope's cells on its
+captured input and initial state: the NumPy cell's BPTT, fed the upstream gradient Keras' tape
+gave, has the total ∂L/∂h_t at every step; the TF cell, in float64, gives ∂h_T/∂h_0 by
+``batch_jacobian``. Every output of the call must first be rebuilt from the cells; a call they
+do not model is listed as not analysed, with the reason, never given a number that may be wrong.
 """
 
 from __future__ import annotations

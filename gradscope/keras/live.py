@@ -1,16 +1,12 @@
 """A Keras model object in memory (a notebook, a training script), read as gradscope reads a
-``.keras`` file.
+``.keras`` file, so that from there on both go one way.
 
-The graph comes from the structure Keras writes into a saved file's ``config.json``:
-``keras.saving.serialize_keras_object(model)`` inside an ``ObjectSharingScope``, turned into
-JSON and back (as ``saving_lib._serialize_model_as_json`` does), so that both paths read one
-format. Keras is already imported when a model object exists, so nothing here adds an import.
-
-The user's layer code is already running in the user's own process: Lambda layers and custom
-classes are not refused as they are in a file. What gradscope cannot vouch for is the meaning
-of a custom class, so a layer whose class is not Keras' own is named with its module
-(``__main__.GRU``): it never matches the explanation of a built-in layer that shares its class
-name, and it is listed with its real gradient and "no derivation for this layer type".
+The graph is what Keras would write to a saved file's ``config.json`` (:func:`model_config`).
+The user's layer code already runs in the user's own process, so Lambda layers and custom
+classes are not refused as they are in a file. What gradscope cannot vouch for is a custom
+class's meaning: it is named with its module (``__main__.GRU``), so that it never matches the
+explanation of a built-in layer that shares its class name, and it is listed with its real
+gradient and "no derivation for this layer type".
 """
 
 from __future__ import annotations
@@ -68,6 +64,10 @@ def model_config(model: Any) -> dict[str, Any]:
     from keras.src.models.functional import Functional
     from keras.src.saving.serialization_lib import ObjectSharingScope
 
+    # What a saved file's config.json holds: serialised inside an ObjectSharingScope, then
+    # through JSON and back (as saving_lib._serialize_model_as_json does), so that a model
+    # object and a file are read in one format. Keras is already imported when a model object
+    # exists, so this adds no import.
     try:
         with ObjectSharingScope():
             serialized = serialize_keras_object(model)

@@ -1,15 +1,10 @@
-"""Which loss a Keras model is explained with, decided from its config alone (no TensorFlow).
+"""Which loss a Keras model is explained with, decided from its config alone (no TensorFlow):
+the loss ``fit`` minimises, so that the gradients shown are the ones training follows.
 
-1. ``--loss NAME`` always wins (a Keras loss name; ``from_logits`` is set where it applies:
-   a cross-entropy on a linear output reads logits).
-2. Otherwise the loss saved with the compiled model, with its loss weights: Keras' own
-   ``model.compute_loss`` computes it, exactly as ``fit`` would. A model compiled with no loss
-   (``compile(optimizer=…)``) trains on its ``add_loss`` terms alone: no output has a loss,
-   targets are not read, and nothing is inferred. An output compiled with ``None`` adds nothing.
-3. Otherwise, for a model never compiled, a rule reads each output's activation: softmax →
-   categorical cross-entropy; sigmoid → binary cross-entropy; linear with one unit → mean
-   squared error; linear with several units → categorical cross-entropy on logits (the seed
-   model's loss); anything else → mean squared error.
+``--loss NAME`` always wins. Otherwise the loss saved with the compiled model, with its loss
+weights (a model compiled with no loss trains on its ``add_loss`` terms alone). Only for a
+model never compiled does a rule read each output's activation (:func:`_inferred`). The rule
+as a user reads it: docs/keras.md, "The loss the model is trained with".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""Keras' own call of the model, ``model(x, training=…)``, with gradscope looking on.
+"""Keras' own call of the model, ``model(x, training=…)``, with gradscope looking on, so that
+the pass whose numbers gradscope prints is the very call ``fit`` makes.
 
-The pass that prints numbers is the call ``fit`` makes: Keras' ``Model.__call__``, its
-``Functional.call`` and its own graph runner, each layer called through Keras' own
-``operation_fn``. gradscope changes no computation; for the duration of the call it puts two
-kinds of hooks on the model's objects (only for the thread that makes the call: training may
-trace its own step on another thread meanwhile, and sees Keras untouched):
-
-- the graph runner's ``_run_through_graph`` wraps each layer call Keras makes with a recorder
-  (what the call received and returned, for the explanation and the witnesses);
-- a recurrent layer's ``get_initial_state``, while that layer's own call runs, returns fresh
-  copies (``tf.identity``) of Keras' own zeros, which the tape watches: ∂L/∂(initial state)
-  is then the gradient through that call, and the values are Keras' own.
-
-check's finite differences use a third, :func:`zero_states_shifted`, which does change the
-call: it adds their shifts to the zeros a layer asks for, counting the layer's asks itself.
-
-Where a recurrent call did not ask its ``get_initial_state`` for zeros (a fused path, such as
-Keras' fused bidirectional kernel on a GPU), :class:`NotObserved` is raised, and the caller
-runs gradscope's replay instead, witnessed by Keras' own call as before.
+For the duration of the call, and only on the thread that makes it (training may trace its
+own step on another thread meanwhile), hooks record what each layer call received and
+returned, and make each recurrent layer's ``get_initial_state`` hand back watched copies of
+Keras' own zeros. They change no computation (check's :func:`zero_states_shifted` aside). A
+recurrent call that does not ask for its zeros (a fused path, such as Keras' bidirectional
+kernel on a GPU) raises :class:`NotObserved`, and the caller runs gradscope's replay instead.
 """
 
 from __future__ import annotations

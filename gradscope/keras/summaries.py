@@ -1,19 +1,10 @@
-"""TensorBoard summaries of the GradientFlow callback, written with ``tf.summary``.
+"""TensorBoard summaries of the GradientFlow callback, so that a stock TensorBoard shows a run's
+gradient flow, and ``gradscope watch`` reads all of it back without TensorFlow.
 
-What a stock TensorBoard shows:
-
-- Scalars: ``gradient_norm/<weight>`` (‖∂L/∂w‖), ``initial_state_gradient/<layer>/h0`` (and
-  ``/c0`` for an LSTM), ``flow_ratio/<layer>`` (how much of ∂L/∂h the recurrence carries back
-  from t=T−1 to t=0), ``flow_flag/<layer>``
-  (−1 vanishing, 0 none, +1 exploding) and ``gradscope/loss``.
-- Images: ``flow_profile/<layer>``, the step × time heatmap of log10 ‖∂L/∂h_t‖ across
-  training: one row per observation (the first at the top), one column per time step (t = 0
-  at the left), from dark purple (smallest) to yellow (largest). Each observation writes the
-  heatmap of every observation so far (the last 400).
-
-gradscope's own plugin tensors (ignored by TensorBoard's dashboards) hold the rest, for
-``gradscope watch``: the run's description, each observation's details, and the profiles in
-float64.
+Each observation is one ``Summary`` protocol buffer: scalars (‖∂L/∂w‖, ‖∂L/∂h0‖, the flow
+ratio and flag, the loss), one image per recurrent layer (the heatmap of log10 ‖∂L/∂h_t‖
+across training), and gradscope's own plugin tensors, which TensorBoard's dashboards ignore,
+for the rest. The tags and what they show: docs/training.md, "TensorBoard".
 """
 
 from __future__ import annotations

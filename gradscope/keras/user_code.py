@@ -1,16 +1,11 @@
 """The user's own code for a saved model: ``--import MODULE_OR_FILE`` and ``--unsafe``.
 
-A ``.keras`` file names its custom classes (a layer, a cell inside ``RNN``, a regularizer)
-but holds none of their code; gradscope never imports code on its own, so such a file is
-refused before TensorFlow loads, naming the class, its module and the ``--import`` to add.
-With ``--import``, the user's modules (a dotted name on ``sys.path``, or a ``.py`` file) are
-imported first, as the user's own program would: their ``register_keras_serializable``
-classes are then known to Keras, and the file loads under ``safe_mode=True`` into a model
-object, which gradscope runs as it runs any model object (custom layers listed with their
-real gradients, "no derivation for this layer type", and checked like any other tensor).
-
-``--unsafe`` loads with ``safe_mode=False``: Keras then deserialises the Python code stored in
-the file itself (a ``Lambda`` layer's function) and runs it. Only for files one trusts.
+A ``.keras`` file names its custom classes but holds none of their code, and gradscope never
+imports code on its own: such a file is refused before TensorFlow loads, naming the
+``--import`` to add. With it, the user's modules are imported first, as the user's own
+program would import them, and the file loads under ``safe_mode=True`` into a model object,
+run as any other. ``--unsafe`` (``safe_mode=False``) runs the Python code stored in the file
+itself: only for files one trusts. The rest: docs/keras.md.
 """
 
 from __future__ import annotations

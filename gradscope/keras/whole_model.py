@@ -1,15 +1,11 @@
 """Keras' own whole-model call, ``model(x, training=…)`` then ``compute_loss``, under a tape
-of its own: the witness outside the engine's replay.
+of its own: the witness that holds gradscope's replay to what ``fit`` computes.
 
-The engine's pass is Keras' own call, looked on (:mod:`~gradscope.keras.observed_call`).
-Where a call cannot be looked on, the engine replays the model's graph one layer call at a
-time instead; a replay can misread a model in ways no per-layer check sees (a loss Keras
-collects across calls, a layer that behaves differently outside its model's call). So such a
-replay is also run the way ``fit`` runs it, here: the loss and every weight gradient of the
-two must agree, and the numbers gradscope prints are this pass's, Keras' own. ``check``'s
-finite differences evaluate their losses here too (their zero initial states shifted as Keras
-asks for them); only a state Keras does not ask for (wired in, carried) is moved through the
-replay.
+Where the engine's pass cannot be Keras' own call looked on, the engine replays the graph one
+layer call at a time, and a replay can misread a model in ways no per-layer check sees (a loss
+Keras collects across calls, a layer that behaves differently outside its model's call). So
+the replay's loss and every weight gradient must agree with this pass's, and the numbers
+gradscope prints are this pass's. check's finite differences evaluate their losses here too.
 """
 
 from __future__ import annotations

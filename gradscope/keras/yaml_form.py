@@ -1,16 +1,12 @@
-"""A saved Keras model in the YAML spec's terms: ``gradscope spec MODEL.keras`` and
-``--weights MODEL.keras``.
+"""A saved Keras model in the YAML spec's terms (``gradscope spec MODEL.keras``, ``--weights
+MODEL.keras``), so that a model of the spec's kind gets what the YAML wing offers
+(``check --against``, ``--layer``, ``--chunks``, the TF1 block layout).
 
-The YAML spec holds one kind of model: Keras GRU, LSTM and SimpleRNN layers in a chain, then
-Dense layers (``TimeDistributed(Dense)`` too: a Dense at every step), with Keras' default
-activations and nothing that adds to the loss. A saved
-model has that form only when every one of its layers says so in ``config.json``, which is
-read here before TensorFlow loads: any other layer, activation, direction, dropout,
-regulariser or wiring is refused by name, with the way to explain the model as it is
-(``gradscope explain MODEL.keras``). The weights are then Keras' own, read by Keras from the
-model it loads (with the user's ``--import`` modules), keyed ``<layer name>/<weight name>``
-in the order of the chain. A batch of random inputs and what Keras predicts on it go with
-them, so that the spec's own forward pass can be held against the model's.
+Only a chain of Keras GRU, LSTM and SimpleRNN layers, then Dense ones, qualifies, every layer
+read from ``config.json`` before TensorFlow loads; anything else is refused by name, with the
+way to explain the model as it is. The weights are then Keras' own, keyed ``<layer
+name>/<weight name>``, with a random batch and what Keras predicts on it, so that the spec's
+own forward pass can be held against the model's (docs/weights.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Across time: state Jacobians, gradient flow per step, and the influence of each input step.
+"""Across time in a YAML config's model (``explain --jacobians``, ``--flow``, ``--at``): how much
+of the initial state survives to the end, and where the gradient fades.
 
-- ``∂h_T^(j)/∂h_0^(i)`` for every pair of recurrent layers i ≤ j (block lower-triangular:
-  a later layer's initial state cannot reach an earlier layer), per example, with its
-  Frobenius norm and singular values. For an LSTM the state is [h, c].
-- ``‖∂L/∂h_t‖`` per layer and step, and ``‖∂L/∂x_t‖`` per step: from ONE backward pass, through
-  the zero probes of :meth:`gradscope.yaml.engine.Engine.forward`.
-- ``‖∂h_t/∂x_s‖`` for a chosen t (the last step by default): the influence of input step s on
-  the last recurrent layer's state at step t.
-
-Everything comes from one ``tf.function``: the ordinary pass on a tape, then ONE backward scan
-over time that carries every Jacobian row at once, stacked in the batch axis (see
-:func:`_rows_backward`): examples are independent, so a row's cotangent for every example is
-one block of the batch. One backward pass per row inside a ``tf.map_fn`` gave the same numbers
-(to float32 rounding) at about twice the cost, most of it tracing and per-op overhead.
+∂h_T^(j)/∂h_0^(i) for every pair of recurrent layers i ≤ j, per example; ‖∂L/∂h_t‖ and
+‖∂L/∂x_t‖ per step, from one backward pass through the zero probes of
+:meth:`gradscope.yaml.engine.Engine.forward`; and the influence ‖∂h_t/∂x_s‖ for one t. All of
+it is one ``tf.function``: the ordinary pass on a tape, then one backward scan over time that
+carries every Jacobian row at once (:func:`_rows_backward`). What each shows: docs/explain.md,
+"Across time".
 """
 
 from __future__ import annotations
@@ -139,6 +133,9 @@ def state_jacobians_and_influence(
     return blocks, influence.numpy().astype(np.float64), ordinary_pass
 
 
+# Examples are independent, so a row's cotangent for every example is one block of the
+# batch. One backward pass per row inside a ``tf.map_fn`` gives the same numbers (to float32
+# rounding), at a higher cost, most of it tracing and per-op overhead.
 def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[str, Any],
                    trajectories: dict[str, Any], at: Any,
                    at_last: bool) -> tuple[list[Any], Any]:

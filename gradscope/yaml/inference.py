@@ -1,15 +1,11 @@
-"""``gradscope spec PATH``: the shape algebra run backwards.
+"""``gradscope spec PATH``: the shape algebra run backwards, for a user who has trained weights
+but no config.
 
-From the variable shapes of a checkpoint or an .npz file, infer the config that explains them:
-input size, layers, units, cell kind, layout, the dense output. The variables are named and
-grouped exactly as ``--weights`` does (:mod:`gradscope.yaml.weights`), each layer's sizes are read
-off its shapes with every shape cross-checked (a GRUCell's gates/kernel must be (F+u, 2u) when
-its candidate/kernel is (F+u, u)), and the layers must chain: each one's input size is the
-units of the one before. Values that no weight file holds (time steps, batch size, the loss)
-get a default and a comment that says so. The YAML that comes out is then loaded by gradscope
-itself and the file's weights mapped onto it, so what is printed is known to work.
-
-An .npz file is read without TensorFlow.
+From the variable shapes of a checkpoint or an .npz file, the config that explains them: the
+variables named and grouped as ``--weights`` does (:mod:`gradscope.yaml.weights`), each layer's
+sizes read off its shapes with every shape cross-checked, and the layers chained. Values no
+weight file holds get a default and a comment that says so. The YAML is then loaded by
+gradscope itself, with the file's weights mapped onto it, so what is printed is known to work.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """The carry in numbers (``explain --chunks K``): is carrying gradients across truncated
 batches worth it for this model, at these weights?
 
-The batch's time axis is cut into K chunks, as ``check --chunks`` cuts it
-(:func:`chunk_lengths`: ``np.array_split``, so the first T mod K
-chunks are one step longer). Then two backward passes of the same traced function, in float64
-on the model's own weights and batch (widened):
-
-- **full BPTT**: nothing is cut;
-- **truncated BPTT**: at every chunk boundary the state a step reads from the step before
-  passes through ``tf.stop_gradient`` (:meth:`gradscope.cells.base.Cell.tf_sequence`'s
-  ``cuts``). Each chunk's backward pass then starts from zero at its end: this is what a user
-  gets who trains on chunks and does *not* carry ∂L/∂h0 back into the previous chunk.
-
-Both are one ``tf.scan`` forward and one backward over the whole batch: no Python loop over
-steps or chunks in the trace, whatever K is. For each weight, ``g_carried = g_full −
-g_truncated`` is exactly what the carried gradients add.
-
-The seed question's ``tf.gradients([new_state1, new_state2], [initial_state1,
-initial_state2], grad_ys=…)`` is, for the chunk before each boundary, the vector–Jacobian
-product of its final states with its initial states, fed the next chunk's ∂L/∂h0. Zero
-"edge" tensors added to the state each step reads expose ∂L/∂(initial state of a chunk
-starting at t) in the same two passes. In the full pass that is the carried ``grad_ys``; the
-product through chunk k is the full pass's edge gradient at chunk k's start minus the
-truncated pass's (every path that leaves chunk k crosses its end, where the full gradient is
-the ``grad_ys``). In float64 these differences are exact to about 1e-16 of the gradients
-they are taken from.
+The time axis is cut into K chunks as ``check --chunks`` cuts it (:func:`chunk_lengths`), and
+one traced function runs two backward passes in float64: full BPTT, and truncated BPTT with
+``tf.stop_gradient`` on the state at every chunk boundary. ``g_full − g_truncated`` is exactly
+what the carry adds. Zero "edge" tensors added to the state each step reads give, in the same
+two passes, the seed question's ``tf.gradients(new_states, initial_states, grad_ys=…)`` at
+every boundary (:meth:`CarryPasses.numbers`). How, for a reader: docs/explain.md.
 """
 
 from __future__ import annotations
@@ -137,6 +119,11 @@ class CarryPasses:
                 tf.constant(starts, tf.int32))
         full_edge = {name: value.numpy() for name, value in full_edges.items()}
         truncated_edge = {name: value.numpy() for name, value in truncated_edges.items()}
+        # The full pass's edge gradient at a chunk's start is the grad_ys carried into the
+        # chunk before. The product through chunk k is the full pass's edge gradient at its
+        # start minus the truncated pass's: every path that leaves chunk k crosses its end,
+        # where the full gradient is the grad_ys. In float64 the difference is exact to about
+        # 1e-16 of the gradients it is taken from.
         products = []
         for k in range(len(lengths) - 1):
             products.append(ChunkProduct(

@@ -1,39 +1,12 @@
-"""A user's trained weights (``--weights PATH``) read, named and laid out for a spec's layers.
+"""A user's trained weights (``--weights PATH``: an ``.npz`` archive or a TensorFlow
+checkpoint) read, named and laid out for a spec's layers, so that explain and check run at the
+weights the user trained, under their own names.
 
-PATH is an ``.npz`` archive or a TensorFlow checkpoint (TF1 name-based or TF2 object-based).
-Its variables can be named the gradscope way (``gru_1/w_ru``), the TF1 way
-(``GRU_Layer1/rnn/gru_cell/gates/kernel:0``, ``rnn/multi_rnn_cell/cell_0/lstm_cell/kernel``,
-``output_layer/fc_weights``), or the Keras way (``sequential/gru/gru_cell/kernel``, and in an
-object-based checkpoint ``model/_functional/_operations/1/cell/kernel``).
-
-How a name becomes a weight, without guessing:
-
-1. Each variable's last name part says its role: ``gates/kernel`` is ``w_ru``, ``candidate/bias``
-   is ``b_c``, ``recurrent_kernel`` is a Keras cell's, ``kernel``/``fc_weights``/``w`` is a
-   kernel and ``bias``/``b`` a bias. What comes before it is the variable's scope; the variables
-   of one scope form one layer. A name with no known role is refused.
-2. The roles and shapes of a scope say the layer's kind and layout: the four GRUCell names are
-   a block-layout GRU; ``kernel`` + ``recurrent_kernel`` + ``bias`` a Keras cell whose kind
-   follows from recurrent_kernel's (u, k·u) shape (k = 3 GRU, 4 LSTM, 1 SimpleRNN); a lone
-   ``kernel`` + ``bias`` is an LSTMCell or BasicRNNCell when the nearest scope word says so
-   (``lstm_cell``, ``basic_rnn_cell``), otherwise a dense layer.
-3. Recurrent scopes come first, then dense ones, each in the order of their names, compared
-   number by number (``cell_2`` before ``cell_10``, ``gru`` before ``gru_1``). When the names do
-   not fix an order (``encoder`` and ``decoder``) and the spec's layer names do not either,
-   the mapping is refused: an order read off an alphabet would be a guess.
-4. Every shape is compared with the shape algebra of the spec; every missing, extra or
-   misshapen variable is one line of the error (exit 2), with the formula of the shape that was
-   expected.
-5. Where the file's layout differs from the spec's, the weights are rearranged exactly: TF1
-   GRUCell's [r | u] columns over [x_t, h_{t−1}] rows and Keras' [z | r | h] columns,
-   TF1 LSTMCell's [i | j | f | o] and Keras' [i | f | c | o] (TF1 adds forget_bias 1.0 inside
-   the cell; Keras keeps it in the bias). A Keras GRU with reset_after=True computes a
-   function no block-layout GRU can, so that pair is refused.
-
-Variables that are no weight of a model (optimizer slots such as ``…/Adam``, ``global_step``,
-``save_counter``) are listed as ignored, never silently dropped. Reading an ``.npz`` file
-needs no TensorFlow (``allow_pickle=False``: pickles are never read); a checkpoint is read with
-``tf.train.load_checkpoint``, which imports TensorFlow only then.
+A name becomes a weight without guessing: its last part gives its role, the roles and shapes
+of a scope give the layer's kind and layout, and scopes meet the spec's layers in the order of
+their names, number by number. A name with no known role, an order the names do not fix, and
+every missing, extra or misshapen variable are refused (exit 2); another layout is rearranged
+exactly; optimizer state is listed as ignored. The rules in full: docs/weights.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
-"""``gradscope check`` of a YAML config's model: every gradient verified by independent witnesses.
+"""``gradscope check`` of a YAML config's model: every gradient of TF autodiff, on a float64
+copy of the model (same weights, same batch), held to witnesses that do not share its code.
 
-The witnesses, each in its own module, all compare with TF autodiff on a float64 copy of the
-model (same weights, same batch):
-
-- ``finite_differences``: central differences along random directions and single elements;
-- ``numpy_reference``: a NumPy forward/BPTT written without TensorFlow;
-- ``gru_block_kernel``: TF's GRUBlockCellGrad kernel and the weight-gradient assembly
-  (block-layout GRU layers; float32);
-- ``tbptt_carry`` (with ``chunks``): truncated BPTT with the initial-state gradients carried
-  as grad_ys into the previous chunk;
-- ``against`` (with ``against``): the user's own backward function.
-
-What runs at the same time, on 2 cores: the NumPy reference (no TensorFlow) while TensorFlow is
-imported; most finite-difference evaluations (those that need no gradient) while the autodiff
-pass is traced and run; the kernel witness and the rest of finite differences after it. While
-one thread traces a function (Python), the others' TensorFlow or BLAS work goes on. The results
-are reported in the same order as ever.
+One module per witness: ``finite_differences``, ``numpy_reference`` (a NumPy forward and BPTT),
+``block_kernel`` (TF's GRUBlockCellGrad, for block-layout GRUs, float32), ``carry``
+(``--chunks``: truncated BPTT with the carry), ``user_backward`` (``--against``) and
+``layer_backward`` (``--layer``); ``variants`` names a wrong array by the mistake it equals.
+:func:`_witnesses` runs each where it costs least on 2 cores: while one thread traces a
+function (Python), the other's TensorFlow or BLAS work goes on. The witnesses and their
+tolerances: docs/check.md.
 """
 
 from __future__ import annotations

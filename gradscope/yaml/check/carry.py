@@ -1,22 +1,12 @@
-"""Truncated BPTT with carried gradients: the witness that answers seed question 000.
+"""Truncated BPTT with carried gradients (``check --chunks K``): the witness of the seed
+question, how to carry ∂L/∂h0 into the previous truncated batch.
 
-The time axis is cut into chunks, as a user does who trains on truncated batches. Each chunk
-is run forward from the previous chunk's final states, then the chunks are differentiated
-from the last to the first. Chunk k's backward pass is one ``tape.gradient`` call with one
-``grad_y`` per ``y``::
-
-    tape.gradient(target=[chunk_loss, gru_1/h_T, gru_2/h_T, ...],
-                  sources=weights + [gru_1/h0, gru_2/h0, ...],          # chunk k's initial states
-                  output_gradients=[1.0, ∂L/∂gru_1/h0 of chunk k+1, ...])
-
-The ``ys`` are the chunk's final states, one per recurrent state (not one per weight), and
-their ``grad_ys`` are the next chunk's ∂L/∂(initial states). Summing the weight gradients
-over the chunks, and reading ∂L/∂h0 out of chunk 0, must give full BPTT exactly: the chain
-rule is only regrouped. Disagreement beyond float64 rounding means the carry is wrong.
-
-Naming: ``gru_1/h[t=49]`` is the state that step 49 (0-based, as in ``Pass.sequences``)
-produced. A chunk that starts at step 50 starts from it: it is ``ys`` for chunk k−1 and its
-gradient ``∂L/∂gru_1/h[t=49]`` is ``grad_ys``.
+The time axis is cut into chunks, as a user does who trains on truncated batches: each chunk
+runs forward from the previous chunk's final states, then the chunks are differentiated from
+the last to the first, one ``tape.gradient`` each, whose ``grad_ys`` for the chunk's final
+states are the next chunk's ∂L/∂(initial states). Summed over the chunks, the weight gradients
+must equal full BPTT exactly: the chain rule is only regrouped, so a disagreement beyond
+float64 rounding means the carry is wrong.
 """
 
 from __future__ import annotations

@@ -2,28 +2,11 @@
 
 For every tensor (each weight, each initial state and the input x), on the float64 copy of the
 model: central differences of the loss along a few random unit directions restricted to that
-tensor, plus single elements (the largest |g| and random ones), compared with the autodiff
-directional derivative ⟨g, v⟩.
-
-Cost: two loss evaluations per probe, never two per element, and each as small as it can be:
-
-- A perturbation of layer k runs the model from layer k on, from the unperturbed output of
-  the layers below it (the layer outputs of the autodiff pass).
-- The loss is a sum of one share per example, and an example's share depends on its own x and
-  initial states alone. An element probe of x or of an initial state moves one example, so it
-  runs that example alone: the difference of its share is the difference of the loss, with
-  less rounding.
-- Perturbed copies of x and of the initial states are folded into the batch axis (a copy is a
-  block of examples); perturbed copies of the weights are rows of one matrix, evaluated by an
-  in-graph ``tf.map_fn``. One traced function per starting layer serves both, with every
-  axis of a group left free.
-- The groups go through a queue served by two threads, largest first: while one traces a
-  function (Python) the other's run (TensorFlow's own threads) goes on.
-- Most of the work needs nothing of the autodiff pass: the random directions and random
-  elements of the tensors whose perturbations start at the first layer run the whole model from
-  x. :meth:`FiniteDifferences.begin` starts them before the autodiff pass, which then runs
-  beside them; :meth:`FiniteDifferences.finish` adds the probes of the largest |g| and those
-  of the layers above (which start from the autodiff pass's layer outputs), and compares.
+tensor, plus single elements (the largest |g| and random ones), compared with autodiff's
+directional derivative ⟨g, v⟩. Two loss evaluations per probe, never two per element, each as
+small as it can be: a probe of layer k runs from layer k on (:class:`_Evaluator`), perturbed
+copies share one call, and most of the work runs beside the autodiff pass
+(:class:`FiniteDifferences`). How a reader sees it: docs/check.md.
 """
 
 from __future__ import annotations
@@ -61,6 +44,8 @@ COPIES_PER_CALL = 4
 #: Two calls may run at the same time (one per thread of the queue).
 ROWS_PER_CALL = 12
 PARALLEL_ITERATIONS = 5
+#: The queue's threads, largest group first: while one traces a function (Python), the other's
+#: run (TensorFlow's own threads) goes on.
 THREADS = 2
 
 
@@ -324,6 +309,9 @@ class FiniteDifferences:
                     perturbations.append(Perturbation(
                         name, self.values[name] + sign * SPEC_STEP * p.direction, p.key + (sign,)))
                 else:
+                    # The loss is a sum of one share per example, and an example's share
+                    # depends on its own x and initial states alone: moving one example, its
+                    # share's difference is the loss's, with less rounding.
                     e = p.element[0]
                     perturbations.append(Perturbation(
                         name, self.values[name][e:e + 1] + sign * SPEC_STEP * p.direction[e:e + 1],

@@ -1,28 +1,12 @@
 """``check --against FILE.py:FUNC --layer NAME``: one recurrent layer's hand-written backward.
 
-A course's ``rnn_backward(da, caches)`` covers one layer, given ``da``: ∂L/∂h_t arriving from
-above at every step, without the recurrence. Checking it against the whole model would mean
-writing the dense and loss backward by hand too, so this mode checks the layer alone.
-
-Contract: ``FUNC(x, h0, params, dh) -> dict``
-
-- ``x`` (B, T, F): the layer's input sequence in the real model (the batch, or the output of
-  the layer below);
-- ``h0`` (B, u): its initial state; for an LSTM a dict ``{"h0": …, "c0": …}``;
-- ``params``: its weights by short name (``w_ru``, ``kernel``, …, as ``gradscope explain``
-  names them). With ``--time-last`` a SimpleRNN also gets the course's names: ``Wax`` (u, F),
-  ``Waa`` (u, u), ``ba`` (u, 1), with a_t = tanh(Wax·x_t + Waa·a_{t−1} + ba);
-- ``dh`` (B, T, u): ∂L/∂h_t from above at each step, from the real model's loss on the
-  batch. The carry from t+1 is not in it: adding it is the backward's job.
-
-It returns gradients for any of ``x``, ``h0`` (``c0``) and the weight names (at least one).
-With ``--time-last`` every array with a time or batch axis is laid out as in the course:
-x (F, B, T), h0 (u, B), dh (u, B, T).
-
-Truth: the layer's gradients given dh from TF autodiff of the real model in float64 (the
-gradients of its weights and h0, and of its input sequence), witnessed by the NumPy
-reference's BPTT of the layer alone. A wrong array is named by the known mistake it equals
-(:mod:`gradscope.yaml.check.variants`).
+A course's ``rnn_backward(da, caches)`` covers one layer, given ∂L/∂h_t arriving from above;
+checking it against the whole model would mean writing the dense and loss backward by hand
+too. So FUNC gets ``(x, h0, params, dh)`` of the layer in the real model (with
+``--time-last``, laid out as in the course, and a SimpleRNN's ``Wax``, ``Waa``, ``ba``) and
+returns gradients. The truth is TF autodiff of the float64 model read at the layer, witnessed
+by the NumPy reference's BPTT of the layer alone; a wrong array is named by the known mistake
+it equals (:mod:`gradscope.yaml.check.variants`). The contract in full: docs/check.md.
 """
 
 from __future__ import annotations

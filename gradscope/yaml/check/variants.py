@@ -1,20 +1,12 @@
 """Known wrong gradients, computed exactly, so that a wrong result can be named.
 
-When a user's backward disagrees with TF, a relative error says only *that* it is wrong. The
-classic BPTT bugs each leave an exact signature: dropping the carry from t+1 gives, to the
-last bit, the gradient of a BPTT without ``+ d_h_next``. So gradscope computes every such
-variant with the NumPy reference (:mod:`gradscope.reference`, whose steps take the tanh
-derivative as an argument) and reports the one the user's array equals:
-
-- BPTT variants (:data:`VARIANTS`): no carry from t+1, the carry added twice, no carry of the
-  LSTM cell state, h_t in place of h_{t−1}, a wrong tanh derivative, the weights' gradient of
-  one step only (the last, or t=0 as left by ``=`` in place of ``+=``);
-- transforms of the right gradient: a gate's column block swapped with another (gate order),
-  and scaling by the batch, the time steps or the loss's positions (sum versus mean);
-- a forward pass that reads two gates in each other's place (:func:`forward_gate_swaps`):
-  the right gradient of the model with those column blocks swapped in its weights.
-
-Everything here is NumPy; nothing imports TensorFlow.
+When a user's backward disagrees with TF, a relative error says only *that* it is wrong. But
+the classic BPTT bugs each leave an exact signature: dropping the carry from t+1 gives, to the
+last bit, the gradient of a BPTT without ``+ d_h_next``. So every such variant is computed with
+the NumPy reference (:mod:`gradscope.reference`), and the one the user's array equals is
+named: the BPTT variants (:data:`VARIANTS`), transforms of the right gradient (gate blocks
+swapped, sum for mean) and forward gate swaps (:func:`forward_gate_swaps`). The list as a user
+reads it: docs/check.md, "Which mistake it is". All NumPy; nothing imports TensorFlow.
 """
 
 from __future__ import annotations
