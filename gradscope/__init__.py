@@ -19,18 +19,7 @@ from gradscope import front
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from gradscope.report.models import (
-        CheckReport,
-        DiffReport,
-        ExplainReport,
-        FlowHistoryReport,
-        KerasCheckReport,
-        KerasExplainReport,
-        KerasShapesReport,
-        LayerCheckReport,
-        ShapesReport,
-        SpecInference,
-    )
+    from gradscope.report import models as reports
     from gradscope.yaml.config import Spec
 
 
@@ -48,7 +37,7 @@ def load_spec(source: Any = None) -> Spec:
     return _load_spec(source)
 
 
-def shapes(spec: Any) -> ShapesReport | KerasShapesReport:
+def shapes(spec: Any) -> reports.ShapesReport | reports.KerasShapesReport:
     """The shape algebra of a model, without running anything.
 
     Args:
@@ -79,7 +68,7 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
             jacobians: bool = False, at: int | None = None, heatmap: bool = False,
             max_memory: int | str | None = None, timings: bool = False,
             progress: Callable[[str], None] | None = None,
-            **keras_options: Any) -> ExplainReport | KerasExplainReport:
+            **keras_options: Any) -> reports.ExplainReport | reports.KerasExplainReport:
     """One forward and backward pass, every gradient explained.
 
     Args:
@@ -138,7 +127,8 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
           max_memory: int | str | None = None, timings: bool = False,
           progress: Callable[[str], None] | None = None, params: Any = None,
           after_autodiff: Callable[[Any], None] | None = None, examples: int | str | None = None,
-          **keras_options: Any) -> CheckReport | KerasCheckReport | LayerCheckReport:
+          **keras_options: Any,
+          ) -> reports.CheckReport | reports.KerasCheckReport | reports.LayerCheckReport:
     """Verify every gradient against independent witnesses (finite differences, the NumPy
     reference, and more; docs/check.md).
 
@@ -226,7 +216,7 @@ def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None
     return chosen.estimate(ready, across_time=across_time)
 
 
-def infer_spec(source: Any, imports: Any = (), unsafe: bool = False) -> SpecInference:
+def infer_spec(source: Any, imports: Any = (), unsafe: bool = False) -> reports.SpecInference:
     """The YAML config that a checkpoint, an .npz file or a saved model implies.
 
     Args:
@@ -267,7 +257,7 @@ def infer_spec(source: Any, imports: Any = (), unsafe: bool = False) -> SpecInfe
     return _infer_spec(source)
 
 
-def watch(log_dir: str | PathLike[str]) -> FlowHistoryReport:
+def watch(log_dir: str | PathLike[str]) -> reports.FlowHistoryReport:
     """What ``gradscope.keras.GradientFlow(log_dir=...)`` wrote during training.
 
     Args:
@@ -310,7 +300,7 @@ def load_model(path: str | PathLike[str], imports: Any = (), unsafe: bool = Fals
     return load_user_model(str(path), front.imports_of(imports), unsafe)
 
 
-def diff(base: Any, new: Any, rtol: float | None = None) -> DiffReport:
+def diff(base: Any, new: Any, rtol: float | None = None) -> reports.DiffReport:
     """What changed in the gradients between two explain reports of the same model inputs
     and data: shapes added, removed or changed, ‖g‖ drifting beyond ``rtol``, new NaN or Inf,
     flipped vanishing or exploding flags, the loss. No TensorFlow.

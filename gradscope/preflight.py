@@ -1,12 +1,10 @@
-"""Checks of the options, on the command line or in the API, that run before TensorFlow is
-imported.
+"""Checks of options that both wings share, and of the files the CLI writes, run before
+TensorFlow is imported.
 
 A wrong option should cost the user a fraction of a second, not a whole run: every check here
-is pure Python (no TensorFlow, no matplotlib import) and raises a one-line
-:class:`GradscopeError` (exit 2) naming the option or file and what was expected. The API
-calls them before it loads anything (option combinations, files) and after loading the spec
-and the data (anything that depends on the number of time steps); the CLI adds its own (the
-files it writes).
+is pure Python and raises a one-line :class:`GradscopeError` (exit 2) naming the option or
+file and what was expected. What depends on one wing's model is checked by that wing's job
+(``keras/job.py``, ``yaml/job.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +13,8 @@ import importlib.util
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gradscope.errors import ConfigError, GradscopeError, flag, given
-
-if TYPE_CHECKING:
-    from gradscope.arrays import DataFiles
 
 #: The file types matplotlib's Agg backend writes, by extension.
 PLOT_EXTENSIONS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
@@ -95,69 +89,6 @@ def check_force(force: bool, files: dict[str, Path | None]) -> None:
         options = " or ".join(f"{option} FILE" for option in files)
         raise GradscopeError(f"--force overwrites an existing output file; expected it "
                              f"together with {options}", where="--force")
-
-
-def check_keras_sizes(batch_size: int | None, time_steps: int | None,
-                      data_files: DataFiles) -> None:
-    """``batch_size`` and ``time_steps`` size a Keras model's synthetic batch; supplied data
-    brings its own."""
-    if batch_size is None and time_steps is None:
-        return
-    named = "batch_size" if batch_size is not None else "time_steps"
-    data, x = data_files.data, data_files.x
-    if data is not None or x is not None:
-        source = given("data", data) if data is not None else given("x", x)
-        raise GradscopeError(f"{flag(named)} does not go with {source}: the batch and time "
-                             "sizes come from the data; expected one or the other",
-                             where=flag(named))
-
-
-#: What a YAML config sets itself, and why a Keras model's option is refused for it.
-_KERAS_ONLY = {
-    "loss": "a YAML config sets its loss and has no training mode or padding",
-    "training": "a YAML config sets its loss and has no training mode or padding",
-    "pad": "a YAML config sets its loss and has no training mode or padding",
-    "batch_size": "set batch_size and time_steps in the YAML config",
-    "time_steps": "set batch_size and time_steps in the YAML config",
-    "seed": "a YAML config sets its seed",
-    "examples": "a YAML config's batch is checked whole (set batch_size in it)",
-}
-
-
-def refuse_keras_options(options: dict[str, object], command: str) -> None:
-    """A Keras model's options (``loss``, ``batch_size``, …), given for a YAML config: each is
-    refused in one line, as is a name that is no option at all (only the API can give one)."""
-    for name, value in options.items():
-        if name in _KERAS_ONLY and value not in (None, False, 0):
-            raise ConfigError(f"{flag(name)} is for Keras models; {_KERAS_ONLY[name]}",
-                              where=flag(name))
-    unknown = sorted(set(options) - set(_KERAS_ONLY))
-    if unknown:
-        raise ConfigError(f"{' and '.join(flag(n) for n in unknown)}: not options of "
-                          f"{command} for a YAML spec; see help(gradscope.{command})",
-                          where=unknown[0])
-
-
-def refuse_yaml_options(options: dict[str, object], command: str) -> None:
-    """Options of a YAML-described model (``weights``, ``chunks``, …), given for a Keras
-    model: each is refused in one line saying what a Keras model takes instead."""
-    influence = ("the influence ‖∂h_t/∂x_s‖ is not available for Keras models yet; "
-                 f"{flag('flow')} and {flag('jacobians')} are")
-    reasons = {
-        "weights": "a Keras model carries its own weights",
-        "chunks": "a Keras model's recurrent layers are not cut into chunks yet",
-        "at": influence,
-        "heatmap": influence,
-        "against": f"{command} of your own backward is not available for Keras models yet",
-        "layer": f"{command} of your own backward is not available for Keras models yet",
-        "time_last": f"{command} of your own backward is not available for Keras models yet",
-        "params": "a Keras model carries its own weights",
-        "equations": "the corrected GRUBlockCellGrad equations go with block-layout GRUs",
-    }
-    for name, value in options.items():
-        if value is not None and value is not False:
-            raise ConfigError(f"{flag(name)} is for YAML configs; {reasons[name]}",
-                              where=flag(name))
 
 
 def _check_new_file(option: str, path: Path, force: bool) -> None:
