@@ -1,4 +1,7 @@
-"""One module per (cell type, layout). Adding a cell = adding one module and one registry line."""
+"""One module per (cell type, layout); what the cells share is in base.py, numpy_bptt.py (the
+NumPy loop over time) and lstm.py (the NumPy LSTM of both layouts). Adding a cell = adding one
+module and one line to :data:`CELLS`, the only registry: its TF and NumPy functions, and its
+key, are found from its class."""
 
 from __future__ import annotations
 
