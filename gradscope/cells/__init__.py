@@ -13,13 +13,8 @@ from gradscope.cells.lstm_keras import LSTMKeras
 from gradscope.cells.simple_rnn_block import SimpleRNNBlock
 from gradscope.cells.simple_rnn_keras import SimpleRNNKeras
 
-CELLS: dict[str, type[Cell]] = {
-    "gru_block": GRUBlock,
-    "gru_keras": GRUKeras,
-    "lstm_block": LSTMBlock,
-    "lstm_keras": LSTMKeras,
-    "simple_rnn_block": SimpleRNNBlock,
-    "simple_rnn_keras": SimpleRNNKeras,
-}
+#: Every cell class, by ``<kind>_<layout>``.
+CELLS: dict[str, type[Cell]] = {f"{cell.kind}_{cell.layout}": cell for cell in (
+    GRUBlock, GRUKeras, LSTMBlock, LSTMKeras, SimpleRNNBlock, SimpleRNNKeras)}
 
 __all__ = ["CELLS", "Block", "Cell", "TensorInfo"]
