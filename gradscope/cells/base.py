@@ -269,7 +269,8 @@ class Cell:
         return f"{self.kind}_{self.layout}"
 
     def numpy_steps(self) -> tuple[Step, StepBackward]:
-        """A one-state cell's NumPy step and step backward, functions of the cell's module."""
+        """A one-state cell's NumPy step and step backward, functions of the cell's module (an
+        LSTM's step carries c as well: its :meth:`numpy_functions` run them)."""
         raise NotImplementedError
 
     def numpy_functions(self) -> tuple[Forward, Backward]:
