@@ -16,8 +16,8 @@ import pytest
 from conftest import REPO, render_text, run_without_tensorflow
 from jsonschema import Draft202012Validator
 
+from gradscope.cells.lstm import lstm_functions
 from gradscope.errors import ConfigError
-from gradscope.reference import RECURRENT
 from gradscope.report.models import LayerCheckReport, json_schema
 from gradscope.yaml.check.layer_backward import check_layer
 from gradscope.yaml.config import load_spec
@@ -165,7 +165,7 @@ def test_the_function_receives_the_real_layer_input_and_dh(tf):
 def lstm(tf):
     spec = load_spec({"input_size": 3, "time_steps": 5, "batch_size": 2, "seed": 1,
                       "layers": [{"lstm": 4}, {"dense": 2}], "loss": "mse"})
-    return spec, RECURRENT["lstm_block"]
+    return spec, lstm_functions("block")
 
 
 def _lstm_backward(forward_backward, swap_i_f=False):

@@ -282,7 +282,7 @@ def test_the_numpy_reference_taken_in_slices_of_examples_is_the_same(fixture, re
 def test_one_wrong_element_of_a_wide_gradient_is_caught_through_its_projection(tf,
                                                                                monkeypatch):
     """The mutant: the float64 tape's gradient of a wide recurrent kernel (4·32 = 128 columns:
-    the reference keeps it projected on random signs, :class:`gradscope.reference.Sketch`)
+    the reference keeps it projected on random signs, :class:`gradscope.cells.numpy_bptt.Sketch`)
     is wrong in one element, by 1e-6 of the largest. The finite differences cannot see that
     (1e-5); the projected reference does, as it would unprojected."""
     import keras

@@ -1,4 +1,4 @@
-"""The NumPy reference (gradscope/reference.py, gradscope/yaml/reference.py): against TF
+"""The NumPy reference (gradscope/cells/, gradscope/yaml/reference.py): against TF
 autodiff, against finite differences, and against a mutant that forgets the gradient carried
 back from t+1."""
 
@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from gradscope import reference
+from gradscope.cells import CELLS
+from gradscope.cells.gru_block import gru_block_step_backward
+from gradscope.cells.lstm import lstm_step_backward
+from gradscope.cells.numpy_bptt import Sketch, WeightSums
 from gradscope.yaml.algebra import ModelShapes, model_shapes
 from gradscope.yaml.config import load_spec
 from gradscope.yaml.data import Batch, initial_params, synthetic_batch
@@ -22,6 +25,14 @@ from gradscope.yaml.reference import (
 )
 
 RTOL, ATOL = 1e-10, 1e-12
+
+#: A cell of every NumPy reference, by key: each entry of CELLS, and the Keras GRU with
+#: reset_after=False.
+NUMPY_CELLS = {cell.key: cell for cell in (
+    *(cls(name="any", units=1, input_size=1, input_label="input") for cls in CELLS.values()),
+    CELLS["gru_keras"](name="any", units=1, input_size=1, input_label="input",
+                       options={"reset_after": False}),
+)}
 
 
 def _keras(units: int, **options: object) -> dict[str, object]:
@@ -162,29 +173,28 @@ def test_softmax_cross_entropy_gradient_holds_for_unnormalised_targets():
 
 
 def _backward_gru_block_without_carry(params, cache, d_h_seq, d_h_final=None):
-    """backward_gru_block with the classic bug: d_h = d_h_seq[t], no + d_h_next."""
+    """The block GRU's BPTT with the classic bug: d_h = d_h_seq[t], no + d_h_next."""
     d_h_seq = np.swapaxes(d_h_seq, 0, 1)
     d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape))
     d_params = {name: np.zeros_like(value) for name, value in params.items()}
     d_h_next = np.zeros_like(d_h_seq[0])
     for t in reversed(range(len(cache))):
         d_h = d_h_seq[t]  # BUG: forgets the gradient carried back from t+1
-        d_x_seq[t], d_h_next, d_params_t = reference.gru_block_step_backward(params, cache[t],
-                                                                             d_h)
+        d_x_seq[t], d_h_next, d_params_t = gru_block_step_backward(params, cache[t], d_h)
         for key, value in d_params_t.items():
             d_params[key] += value
     return np.swapaxes(d_x_seq, 0, 1), d_h_next, d_params
 
 
-def test_a_backward_without_the_carry_fails_the_comparison(tf, monkeypatch):
+def test_a_backward_without_the_carry_fails_the_comparison(tf):
     shapes, params, batch = _setup("block_ce")
     _, tf_grads, _ = _tf_gradients(shapes, params, batch)
     np.testing.assert_allclose(reference_gradients(shapes, params, batch).gradients["x"],
                                tf_grads["x"], rtol=RTOL, atol=ATOL)  # the real one passes
 
-    monkeypatch.setitem(reference.RECURRENT, "gru_block",
-                        (reference.forward_gru_block, _backward_gru_block_without_carry))
-    mutant = reference_gradients(shapes, params, batch).gradients
+    mutant = reference_gradients(shapes, params, batch,
+                                 backward_for=lambda cell: _backward_gru_block_without_carry
+                                 ).gradients
     for tensor in ["x", "gru_1/h0", "gru_1/w_ru", "gru_1/w_c"]:
         with pytest.raises(AssertionError):
             np.testing.assert_allclose(mutant[tensor], tf_grads[tensor], rtol=RTOL, atol=ATOL)
@@ -199,7 +209,7 @@ def test_a_backward_without_the_carry_fails_the_comparison(tf, monkeypatch):
 
 
 def test_importing_the_reference_does_not_import_tensorflow():
-    code = ("import gradscope.reference, gradscope.yaml.reference, sys; "
+    code = ("import gradscope.cells, gradscope.yaml.reference, sys; "
             "assert 'tensorflow' not in sys.modules")
     completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                                text=True, timeout=60)
@@ -207,18 +217,19 @@ def test_importing_the_reference_does_not_import_tensorflow():
 
 
 def test_the_reference_source_never_mentions_tensorflow():
-    for path in ("reference.py", "yaml/reference.py"):
-        source = (REPO / "gradscope" / path).read_text(encoding="utf-8")
+    package = REPO / "gradscope"
+    for path in (*sorted((package / "cells").glob("*.py")), package / "yaml/reference.py"):
+        source = path.read_text(encoding="utf-8")
         assert "import tensorflow" not in source and "gradscope.yaml.engine" not in source
         assert "gradscope._tf" not in source
 
 
-@pytest.mark.parametrize("key", sorted(reference.RECURRENT))
-@pytest.mark.parametrize("steps", [1, reference.WeightSums.BLOCK - 1, reference.WeightSums.BLOCK,
-                                   2 * reference.WeightSums.BLOCK + 5])
+@pytest.mark.parametrize("key", sorted(NUMPY_CELLS))
+@pytest.mark.parametrize("steps", [1, WeightSums.BLOCK - 1, WeightSums.BLOCK,
+                                   2 * WeightSums.BLOCK + 5])
 def test_weights_summed_a_block_of_steps_at_a_time_are_the_step_by_step_sums(key, steps):
     """The BPTT loops sum the weight products a block of steps at a time
-    (:class:`reference.WeightSums`); each step's own backward, called without it, gives the
+    (:class:`WeightSums`); each step's own backward, called without it, gives the
     products one by one. The sums agree to float64 rounding, at block edges and between them,
     and ``inputs=False`` leaves out ∂L/∂x_t and nothing else."""
     rng = np.random.default_rng(steps)
@@ -239,7 +250,7 @@ def test_weights_summed_a_block_of_steps_at_a_time_are_the_step_by_step_sums(key
                   "bias": rng.normal(size=(2, blocks * units) if key == "gru_keras"
                                      else blocks * units)}
     params = {name: 0.3 * value for name, value in params.items()}
-    forward, backward = reference.RECURRENT[key]
+    forward, backward = NUMPY_CELLS[key].numpy_functions()
     states = [rng.normal(size=(batch, units)) for _ in range(2 if kind == "lstm" else 1)]
     x = rng.normal(size=(batch, steps, features))
     _, cache = forward(params, x, *states)
@@ -254,10 +265,10 @@ def test_weights_summed_a_block_of_steps_at_a_time_are_the_step_by_step_sums(key
     for t in reversed(range(steps)):
         d_h = d_h_seq[:, t] + d_h_next
         if kind == "lstm":
-            d_x_steps[t], d_h_next, d_c_next, part = reference.lstm_step_backward(
+            d_x_steps[t], d_h_next, d_c_next, part = lstm_step_backward(
                 params, cache[t], d_h, d_c_next, layout)
         else:
-            d_x_steps[t], d_h_next, part = reference.STEPS[key][1](params, cache[t], d_h)
+            d_x_steps[t], d_h_next, part = NUMPY_CELLS[key].numpy_steps()[1](params, cache[t], d_h)
         for name, value in part.items():
             by_step[name] += value
     assert none is None
@@ -279,17 +290,17 @@ def test_a_sketched_backward_gives_the_wide_gradients_times_the_signs(key):
     that width), the bias whole, and the initial-state gradients are untouched."""
     rng = np.random.default_rng(7)
     blocks = {"lstm_keras": 4, "gru_keras": 3, "simple_rnn_keras": 1}[key]
-    units = -(-reference.Sketch.FROM_COLUMNS // blocks)  # the narrowest wide layer
-    batch, features, steps = 3, 5, reference.WeightSums.BLOCK + 3
+    units = -(-Sketch.FROM_COLUMNS // blocks)  # the narrowest wide layer
+    batch, features, steps = 3, 5, WeightSums.BLOCK + 3
     params = {"kernel": 0.2 * rng.normal(size=(features, blocks * units)),
               "recurrent_kernel": 0.2 * rng.normal(size=(units, blocks * units)),
               "bias": 0.2 * rng.normal(size=(2, blocks * units) if key == "gru_keras"
                                        else blocks * units)}
-    forward, backward = reference.RECURRENT[key]
+    forward, backward = NUMPY_CELLS[key].numpy_functions()
     states = [rng.normal(size=(batch, units)) for _ in range(2 if key == "lstm_keras" else 1)]
     _, cache = forward(params, rng.normal(size=(batch, steps, features)), *states)
     d_h_seq = rng.normal(size=(batch, steps, units))
-    sketch = reference.Sketch(seed=3)
+    sketch = Sketch(seed=3)
     _, d_initial, whole = backward(params, cache, d_h_seq, inputs=False)
     _, d_initial_sketched, sketched = backward(params, cache, d_h_seq, inputs=False,
                                                sketch=sketch)
@@ -297,7 +308,7 @@ def test_a_sketched_backward_gives_the_wide_gradients_times_the_signs(key):
         if name != "bias":  # the bias's gradient is a sum over the batch, not a product
             signs = sketch.signs(gradient.shape[1])
             assert set(np.unique(signs)) == {-1.0, 1.0}
-            assert sketched[name].shape == (gradient.shape[0], reference.Sketch.COLUMNS)
+            assert sketched[name].shape == (gradient.shape[0], Sketch.COLUMNS)
             expected = gradient @ signs  # sums of 128 and more terms: rounding at their scale
             np.testing.assert_allclose(sketched[name], expected, rtol=1e-12,
                                        atol=1e-12 * np.max(np.abs(expected)))
@@ -312,12 +323,12 @@ def test_a_sketched_backward_gives_the_wide_gradients_times_the_signs(key):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_a_projected_difference_is_never_below_the_largest_element_of_it(seed):
-    """The guarantee :class:`reference.Sketch` rests on: max |E·S| ≥ max |E| but for a chance
+    """The guarantee :class:`Sketch` rests on: max |E·S| ≥ max |E| but for a chance
     of 2⁻¹⁶ per matrix, for any difference E: one wrong element alone (always: it is ±e in
     every column), a wrong row, or rounding-sized noise everywhere with one larger error."""
     rng = np.random.default_rng(seed)
-    sketch = reference.Sketch(seed=seed)
-    rows, columns = 24, reference.Sketch.FROM_COLUMNS + seed
+    sketch = Sketch(seed=seed)
+    rows, columns = 24, Sketch.FROM_COLUMNS + seed
     one = np.zeros((rows, columns))
     one[rng.integers(rows), rng.integers(columns)] = rng.normal()
     row = np.zeros((rows, columns))

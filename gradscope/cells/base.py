@@ -1,9 +1,12 @@
-"""What every cell module provides, and the small records the shape algebra is made of.
+"""What every cell provides, and the small records the shape algebra is made of.
 
-A cell module holds everything about one (cell type, layout) pair: its weights and their
-meaning (pure Python), its TensorFlow sequence function, and its NumPy reference. TensorFlow
-is never imported at module level here: the TF functions receive the ``tf`` module as an
-argument, so ``gradscope shapes`` can use the algebra without importing TensorFlow.
+A cell module holds one (cell type, layout) pair as a :class:`Cell` subclass: its weights and
+their meaning (pure Python), its TensorFlow step, and its NumPy step and step backward (module
+functions its class returns from :meth:`Cell.numpy_steps`; the two LSTM layouts share theirs
+in :mod:`~gradscope.cells.lstm`). The loops over time are shared: ``tf.scan`` in
+:meth:`Cell.tf_sequence`, BPTT in :mod:`~gradscope.cells.numpy_bptt`. TensorFlow is never
+imported here: the TF functions receive the ``tf`` module as an argument, so ``gradscope
+shapes`` can use the algebra without importing TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+
+from gradscope.cells.numpy_bptt import Backward, Forward, Step, StepBackward, single_state
 
 TensorKind = Literal["weight", "state", "input"]
 
@@ -254,6 +259,24 @@ class Cell:
         if trajectory is not None:
             trajectory.extend(sequences)
         return sequences[0], tuple(s[-1] for s in sequences)
+
+    # -- NumPy reference (float64, no TensorFlow) ---------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """``<kind>_<layout>``, the cell's entry in :data:`gradscope.cells.CELLS`; a cell with
+        two NumPy references says which one it runs (``gru_keras_reset_before``)."""
+        return f"{self.kind}_{self.layout}"
+
+    def numpy_steps(self) -> tuple[Step, StepBackward]:
+        """A one-state cell's NumPy step and step backward, functions of the cell's module (an
+        LSTM's step carries c as well: its :meth:`numpy_functions` run them)."""
+        raise NotImplementedError
+
+    def numpy_functions(self) -> tuple[Forward, Backward]:
+        """The NumPy forward pass over a sequence (B, T, F) and its BPTT: a one-state cell's
+        :meth:`numpy_steps` run over time (:func:`~gradscope.cells.numpy_bptt.single_state`)."""
+        return single_state(*self.numpy_steps())
 
 
 class ConcatKernelCell(Cell):

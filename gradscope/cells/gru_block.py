@@ -19,6 +19,18 @@ from gradscope.cells.base import (
     split_blocks,
     tf_project,
 )
+from gradscope.cells.numpy_bptt import (
+    Params,
+    Step,
+    StepBackward,
+    StepCache,
+    TanhPrime,
+    WeightSums,
+    interpolate_backward,
+    sigmoid,
+    tanh_derivative,
+    weight_gradients,
+)
 
 
 class GRUBlock(Cell):
@@ -82,3 +94,65 @@ class GRUBlock(Cell):
         r, z = ru[:, :u], ru[:, u:]
         c = tf.tanh(x_c_t + (r * h) @ params["w_c_h"])
         return (z * h + (1.0 - z) * c,)
+
+    def numpy_steps(self) -> tuple[Step, StepBackward]:
+        return gru_block_step, gru_block_step_backward
+
+
+# -- NumPy step and step backward (float64, no TensorFlow) ---------------------------------
+
+
+def gru_block_step(params: Params, x_t: np.ndarray,
+                   h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """One step of the block-layout GRU. w_ru (F+u, 2u) has columns [r | u].
+
+        xh   = [x_t, h_{t−1}]
+        r, u = σ(xh·w_ru + b_ru)
+        xrh  = [x_t, r∘h_{t−1}]
+        c    = tanh(xrh·w_c + b_c)
+        h_t  = u∘h_{t−1} + (1−u)∘c
+    """
+    units = h_prev.shape[1]
+    xh = np.concatenate([x_t, h_prev], axis=1)
+    ru = sigmoid(xh @ params["w_ru"] + params["b_ru"])
+    r, u = ru[:, :units], ru[:, units:]
+    xrh = np.concatenate([x_t, r * h_prev], axis=1)
+    c = np.tanh(xrh @ params["w_c"] + params["b_c"])
+    h = u * h_prev + (1.0 - u) * c
+    return h, {"x": x_t, "h_prev": h_prev, "xh": xh, "xrh": xrh, "r": r, "u": u, "c": c}
+
+
+def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
+                            tanh_prime: TanhPrime = tanh_derivative,
+                            sums: WeightSums | None = None,
+                            ) -> tuple[np.ndarray | None, np.ndarray, Params]:
+    """Backward through one block GRU step, given d_h, the *total* ∂L/∂h_t.
+
+        d_u, d_c   from h_t = u∘h_{t−1} + (1−u)∘c       (see interpolate_backward)
+        d_c_bar    = d_c∘(1 − c²)                          (through tanh)
+        d_xrh      = d_c_bar·w_cᵀ      = [d_x part 1 | d_rh]
+        d_r        = d_rh∘h_{t−1}
+        d_ru_bar   = [d_r∘r∘(1−r) | d_u∘u∘(1−u)]           (through σ)
+        d_xh       = d_ru_bar·w_ruᵀ    = [d_x part 2 | d_h_prev part 3]
+        d_x_t      = part 1 + part 2
+        d_h_{t−1}  = d_h∘u + d_rh∘r + part 3
+        d_w_ru = xhᵀ·d_ru_bar,  d_b_ru = Σ_batch d_ru_bar
+        d_w_c  = xrhᵀ·d_c_bar,  d_b_c  = Σ_batch d_c_bar
+
+    Returns (d_x_t, d_h_prev, this step's weight gradients).
+    """
+    F = cache["x"].shape[1]
+    h_prev, r, u, c = cache["h_prev"], cache["r"], cache["u"], cache["c"]
+    d_u, d_c, d_h_prev = interpolate_backward(d_h, u, h_prev, c)
+    d_c_bar = d_c * tanh_prime(c)
+    d_xrh = d_c_bar @ params["w_c"].T
+    d_rh = d_xrh[:, F:]
+    d_r = d_rh * h_prev
+    d_ru_bar = np.concatenate([d_r * r * (1.0 - r), d_u * u * (1.0 - u)], axis=1)
+    d_xh = d_ru_bar @ params["w_ru"].T
+    d_x_t = d_xrh[:, :F] + d_xh[:, :F]
+    d_h_prev = d_h_prev + d_rh * r + d_xh[:, F:]
+    d_params = weight_gradients(
+        {"w_ru": (cache["xh"], d_ru_bar), "w_c": (cache["xrh"], d_c_bar)},
+        {"b_ru": d_ru_bar.sum(axis=0), "b_c": d_c_bar.sum(axis=0)}, sums)
+    return d_x_t, d_h_prev, d_params

@@ -16,6 +16,19 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+from gradscope.cells.numpy_bptt import (
+    Params,
+    Step,
+    StepBackward,
+    StepCache,
+    TanhPrime,
+    WeightSums,
+    interpolate_backward,
+    sigmoid,
+    tanh_derivative,
+    wants_inputs,
+    weight_gradients,
+)
 
 GATES = ["update gate z", "reset gate r", "candidate ĥ"]
 
@@ -95,3 +108,129 @@ class GRUKeras(Cell):
             r = tf.sigmoid(x_r + inner[:, u:])
             candidate = tf.tanh(x_h + (r * h) @ params["recurrent_h"])
         return (z * h + (1.0 - z) * candidate,)
+
+    @property
+    def key(self) -> str:
+        return super().key + ("" if self.reset_after else "_reset_before")
+
+    def numpy_steps(self) -> tuple[Step, StepBackward]:
+        if self.reset_after:
+            return gru_keras_step, gru_keras_step_backward
+        return gru_keras_reset_before_step, gru_keras_reset_before_step_backward
+
+
+# -- NumPy, reset_after=True (the Keras default): float64, no TensorFlow -------------------
+
+
+def gru_keras_step(params: Params, x_t: np.ndarray,
+                   h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """One step of the Keras GRU with reset_after=True. Columns [z | r | h]; bias (2, 3u).
+
+        x_proj = x_t·kernel + bias[0]                   (the input part of z, r, ĥ)
+        inner  = h_{t−1}·recurrent_kernel + bias[1]     (the recurrent part)
+        z   = σ(x_proj_z + inner_z)                      (update gate)
+        r   = σ(x_proj_r + inner_r)                      (reset gate)
+        ĥ   = tanh(x_proj_h + r∘inner_h)                 (reset applied after the matmul)
+        h_t = z∘h_{t−1} + (1−z)∘ĥ
+    """
+    units = h_prev.shape[1]
+    x_proj = x_t @ params["kernel"] + params["bias"][0]
+    inner = h_prev @ params["recurrent_kernel"] + params["bias"][1]
+    zr = sigmoid(x_proj[:, : 2 * units] + inner[:, : 2 * units])
+    z, r = zr[:, :units], zr[:, units:]
+    inner_h = inner[:, 2 * units :]
+    candidate = np.tanh(x_proj[:, 2 * units :] + r * inner_h)
+    h = z * h_prev + (1.0 - z) * candidate
+    return h, {"x": x_t, "h_prev": h_prev, "z": z, "r": r, "inner_h": inner_h,
+               "candidate": candidate}
+
+
+def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
+                            tanh_prime: TanhPrime = tanh_derivative,
+                            sums: WeightSums | None = None,
+                            ) -> tuple[np.ndarray | None, np.ndarray, Params]:
+    """Backward through one Keras GRU step (reset_after=True), given the total ∂L/∂h_t.
+
+        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
+        d_ĥ_bar      = d_ĥ∘(1 − ĥ²)                        (through tanh)
+        d_z_bar      = d_z∘z∘(1−z)
+        d_r_bar      = (d_ĥ_bar∘inner_h)∘r∘(1−r)
+        d_x_proj     = [d_z_bar | d_r_bar | d_ĥ_bar]
+        d_inner      = [d_z_bar | d_r_bar | d_ĥ_bar∘r]
+        d_x_t        = d_x_proj·kernelᵀ
+        d_h_{t−1}    = d_h∘z + d_inner·recurrent_kernelᵀ
+        d_kernel = x_tᵀ·d_x_proj,  d_recurrent_kernel = h_{t−1}ᵀ·d_inner
+        d_bias   = [Σ_batch d_x_proj ; Σ_batch d_inner]        (2, 3u)
+    """
+    h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
+    d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
+    d_candidate_bar = d_candidate * tanh_prime(candidate)
+    d_z_bar = d_z * z * (1.0 - z)
+    d_r_bar = d_candidate_bar * cache["inner_h"] * r * (1.0 - r)
+    d_x_proj = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar], axis=1)
+    d_inner = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar * r], axis=1)
+    d_x_t = d_x_proj @ params["kernel"].T if wants_inputs(sums) else None
+    d_h_prev = d_h_prev + d_inner @ params["recurrent_kernel"].T
+    d_params = weight_gradients(
+        {"kernel": (cache["x"], d_x_proj), "recurrent_kernel": (h_prev, d_inner)},
+        {"bias": np.stack([d_x_proj.sum(axis=0), d_inner.sum(axis=0)])}, sums)
+    return d_x_t, d_h_prev, d_params
+
+
+# -- NumPy, reset_after=False --------------------------------------------------------------
+
+
+def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
+                                h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+    """One step of the Keras GRU with reset_after=False. Columns [z | r | h]; bias (3u,).
+
+        x_proj = x_t·kernel + bias
+        z, r   = σ(x_proj_zr + h_{t−1}·U_zr)        U_zr = recurrent_kernel[:, :2u]
+        ĥ      = tanh(x_proj_h + (r∘h_{t−1})·U_h)   U_h  = recurrent_kernel[:, 2u:]
+        h_t    = z∘h_{t−1} + (1−z)∘ĥ
+    """
+    units = h_prev.shape[1]
+    recurrent = params["recurrent_kernel"]
+    x_proj = x_t @ params["kernel"] + params["bias"]
+    zr = sigmoid(x_proj[:, : 2 * units] + h_prev @ recurrent[:, : 2 * units])
+    z, r = zr[:, :units], zr[:, units:]
+    rh = r * h_prev
+    candidate = np.tanh(x_proj[:, 2 * units :] + rh @ recurrent[:, 2 * units :])
+    h = z * h_prev + (1.0 - z) * candidate
+    return h, {"x": x_t, "h_prev": h_prev, "z": z, "r": r, "rh": rh, "candidate": candidate}
+
+
+def gru_keras_reset_before_step_backward(
+    params: Params, cache: StepCache, d_h: np.ndarray, *,
+    tanh_prime: TanhPrime = tanh_derivative, sums: WeightSums | None = None,
+) -> tuple[np.ndarray | None, np.ndarray, Params]:
+    """Backward through one Keras GRU step (reset_after=False), given the total ∂L/∂h_t.
+
+        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
+        d_ĥ_bar      = d_ĥ∘(1 − ĥ²)
+        d_rh         = d_ĥ_bar·U_hᵀ
+        d_zr_bar     = [d_z∘z∘(1−z) | (d_rh∘h_{t−1})∘r∘(1−r)]
+        d_x_proj     = [d_zr_bar | d_ĥ_bar]
+        d_x_t        = d_x_proj·kernelᵀ
+        d_h_{t−1}    = d_h∘z + d_rh∘r + d_zr_bar·U_zrᵀ
+        d_kernel = x_tᵀ·d_x_proj,  d_bias = Σ_batch d_x_proj
+        d_recurrent_kernel = [h_{t−1}ᵀ·d_zr_bar | (r∘h_{t−1})ᵀ·d_ĥ_bar]
+    """
+    units = cache["h_prev"].shape[1]
+    recurrent = params["recurrent_kernel"]
+    h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
+    d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
+    d_candidate_bar = d_candidate * tanh_prime(candidate)
+    d_rh = d_candidate_bar @ recurrent[:, 2 * units :].T
+    d_zr_bar = np.concatenate([d_z * z * (1.0 - z), d_rh * h_prev * r * (1.0 - r)], axis=1)
+    d_x_proj = np.concatenate([d_zr_bar, d_candidate_bar], axis=1)
+    d_x_t = d_x_proj @ params["kernel"].T if wants_inputs(sums) else None
+    d_h_prev = d_h_prev + d_rh * r + d_zr_bar @ recurrent[:, : 2 * units].T
+    # The recurrent kernel's two column blocks have different left factors: summed per step.
+    d_params = weight_gradients({"kernel": (cache["x"], d_x_proj)}, {
+        "recurrent_kernel": np.concatenate(
+            [h_prev.T @ d_zr_bar, cache["rh"].T @ d_candidate_bar], axis=1
+        ),
+        "bias": d_x_proj.sum(axis=0),
+    }, sums)
+    return d_x_t, d_h_prev, d_params

@@ -18,9 +18,11 @@ from gradscope.cells.base import (
     glorot_uniform,
     split_blocks,
 )
+from gradscope.cells.lstm import FORGET_BIASES, lstm_functions
+from gradscope.cells.numpy_bptt import Backward, Forward
 
 GATES = ["input gate i", "new input j", "forget gate f", "output gate o"]
-FORGET_BIAS = 1.0
+FORGET_BIAS = FORGET_BIASES["block"]
 
 
 class LSTMBlock(ConcatKernelCell):
@@ -57,3 +59,6 @@ class LSTMBlock(ConcatKernelCell):
         i, j, f, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
         c_new = tf.sigmoid(f + FORGET_BIAS) * c + tf.sigmoid(i) * tf.tanh(j)
         return (tf.sigmoid(o) * tf.tanh(c_new), c_new)
+
+    def numpy_functions(self) -> tuple[Forward, Backward]:
+        return lstm_functions(self.layout)

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+from gradscope.cells.lstm import lstm_functions
+from gradscope.cells.numpy_bptt import Backward, Forward
 
 GATES = ["input gate i", "forget gate f", "candidate c̃", "output gate o"]
 
@@ -57,3 +59,6 @@ class LSTMKeras(Cell):
         i, f, g, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
         c_new = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
         return (tf.sigmoid(o) * tf.tanh(c_new), c_new)
+
+    def numpy_functions(self) -> tuple[Forward, Backward]:
+        return lstm_functions(self.layout)

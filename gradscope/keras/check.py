@@ -37,6 +37,7 @@ import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
 from gradscope._tf import native_stderr_silenced
+from gradscope.cells.numpy_bptt import Sketch
 from gradscope.errors import ConfigError, DataError, InternalError
 from gradscope.gradcheck import (
     PER_TENSOR_DIRECTIONS,
@@ -73,7 +74,6 @@ from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsup
 from gradscope.keras.precision import coarse_loss, measured_rounding, not_in_dtype
 from gradscope.keras.subclassed import is_subclassed
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
-from gradscope.reference import RECURRENT, Sketch, cell_key
 from gradscope.report.models import (
     CheckedExamples,
     CheckedTensor,
@@ -649,7 +649,7 @@ def _numpy_reference(engine: KerasEngine, autodiff: KerasPass,
     tape gives its outputs (split between the directions as the merge mode joined them). The
     layer's regularization penalties are added (the tape's gradients are those of the whole
     loss). A weight is compared once every call of its layer was witnessed, a wide one
-    projected by ``sketch`` (:class:`~gradscope.reference.Sketch`). Returns what it could not
+    projected by ``sketch`` (:class:`~gradscope.cells.numpy_bptt.Sketch`). Returns what it could not
     witness, and why."""
     with blas_beside_tensorflow():
         return _reference(engine, autodiff, weights, rtol, results, sketch)
@@ -747,7 +747,7 @@ def _reference_call(engine: KerasEngine, autodiff: KerasPass, whole: CapturedCal
                    for g in autodiff.state_gradients.get(recurrent.label, [])]
     for unit, sub, (d_seq, d_h_final, d_c_final) in zip(
             recurrent.units, subs, upstream_gradients(recurrent, gradients), strict=True):
-        _, backward = RECURRENT[cell_key(unit.cell)]
+        _, backward = unit.cell.numpy_functions()
         # Each call's gradient from above comes from the tape: ∂L/∂x_t is not needed.
         _, d_states, d_params = backward(unit.params, unit.cache, d_seq, d_h_final,
                                          d_c_final=d_c_final, inputs=False, sketch=sketch)

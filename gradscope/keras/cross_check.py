@@ -19,7 +19,6 @@ from gradscope.gradcheck import TOLERANCES, tolerance
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import CrossCheckEntry
 
 
@@ -35,7 +34,7 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
                  weights: dict[str, np.ndarray], dtype: str,
                  training: bool = False) -> CrossCheckEntry:
     cell = explainer.cell(facts)
-    key = cell_key(cell)
+    key = cell.key
     label = call_label(call.layer, call.index)
     name = f"the NumPy reference cell {key}"
     skip = unwitnessed(call, facts, training)
@@ -43,7 +42,7 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
     if skip:
         return CrossCheckEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {skip}")
-    forward, _ = RECURRENT[key]
+    forward, _ = cell.numpy_functions()
     params = cell_params(cell, weights)
     rows = sampled_examples(*np.shape(call.args[0])[:2])
     x = np.asarray(call.args[0], np.float64)[rows]

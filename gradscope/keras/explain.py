@@ -27,7 +27,6 @@ from gradscope.keras.layers import deriving_explainer
 from gradscope.keras.layers.base import StateNote, variable_key
 from gradscope.keras.live import LOADED_FROM
 from gradscope.keras.loss import LossPlan, output_aliases, output_names
-from gradscope.reference import cell_key
 from gradscope.report.models import (
     BlockEntry,
     CrossCheckEntry,
@@ -319,7 +318,7 @@ def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {found}")
     error = output_error(found, engine.dtype_name)
     assert not isinstance(error, str)  # rerun_call has held the outputs to the tolerance
-    keys = ", ".join(f"{unit.label.rsplit('/', 1)[-1]} {cell_key(unit.cell)}"
+    keys = ", ".join(f"{unit.label.rsplit('/', 1)[-1]} {unit.cell.key}"
                      for unit in found.units)
     return CrossCheckEntry(layer=label, witness=f"{name} ({keys})",
                              max_abs_error=error[0], tolerance=rtol, passed=True,

@@ -24,7 +24,6 @@ from gradscope.keras.cross_check import cell_params, computed_in, unmodelled
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     FlowFlag,
     JacobianEntry,
@@ -206,7 +205,7 @@ def _prepare(call: CapturedCall, label: str, engine: Any,
                               return_state=bool(layer.return_state),
                               merge_mode=layer.merge_mode if bidirectional else None)
     for unit in units:
-        forward, _ = RECURRENT[cell_key(unit.cell)]
+        forward, _ = unit.cell.numpy_functions()
         unit.sequence, unit.cache = forward(unit.params, unit.x, *unit.states)
         if unit.state_count > 1:
             unit.final_c = unit.cache[-1]["c"]
@@ -340,7 +339,7 @@ def total_state_gradients(recurrent: RecurrentCall, result: KerasPass
     for unit, (d_seq, d_h_final, d_c_final) in zip(recurrent.units,
                                                    upstream_gradients(recurrent, gradients),
                                                    strict=True):
-        _, backward = RECURRENT[cell_key(unit.cell)]
+        _, backward = unit.cell.numpy_functions()
         totals: list[np.ndarray] = []
         backward(unit.params, unit.cache, d_seq, d_h_final, d_c_final=d_c_final,
                  totals=totals, inputs=False)

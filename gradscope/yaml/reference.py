@@ -1,6 +1,12 @@
-"""The NumPy reference of a YAML config's whole model: the forward pass and BPTT of
-:mod:`gradscope.reference`'s cells, the dense layers and the loss, float64 throughout, without
-TensorFlow (the ``numpy_reference`` witness of ``gradscope check``)."""
+"""The NumPy reference of a YAML config's whole model, float64, without TensorFlow (the
+``numpy_reference`` witness of ``gradscope check``): each cell's NumPy forward pass and BPTT
+(:meth:`~gradscope.cells.base.Cell.numpy_functions`), the dense layers and the loss::
+
+    x (B, T, F) → recurrent layer 1 → … → recurrent layer n → dense → … → dense → mean loss
+
+Every recurrent layer hands its whole output sequence h_1 … h_T to the next one. The dense
+layers (linear, no activation) are applied at every step, or to h_T only when the last
+recurrent layer has ``return_sequences: false``."""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gradscope.cells.base import Cell
-from gradscope.reference import Backward, Cache, Params, cell_functions
+from gradscope.cells.numpy_bptt import Backward, Cache, Params
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.data import Batch
 
@@ -127,7 +133,7 @@ def _forward(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
     caches: list[Cache] = []
     final_states: dict[str, np.ndarray] = {}
     for cell in shapes.cells:
-        forward, _ = cell_functions(cell)
+        forward, _ = cell.numpy_functions()
         cell_params.append(_cell_params(cell, params))
         sequence, cache = forward(cell_params[-1], sequence, *_initial_states(cell, batch))
         caches.append(cache)
@@ -163,7 +169,7 @@ def _backward(shapes: ModelShapes, params: dict[str, np.ndarray], forward: _Forw
         d_h_seq[:, -1] = d_output
     layers = zip(shapes.cells, forward.cell_params, forward.caches, strict=True)
     for cell, cell_params, cache in reversed(list(layers)):
-        backward = cell_functions(cell)[1] if backward_for is None else backward_for(cell)
+        backward = cell.numpy_functions()[1] if backward_for is None else backward_for(cell)
         d_x_seq, d_initial, d_cell = backward(cell_params, cache, d_h_seq, None)
         assert d_x_seq is not None  # asked for (inputs=True): the layer below's from above
         d_h_seq = d_x_seq

@@ -26,7 +26,6 @@ from gradscope.gradcheck import (
     relative_error,
     tolerance,
 )
-from gradscope.reference import RECURRENT, cell_key
 from gradscope.report.models import (
     CheckSummary,
     LayerArgument,
@@ -206,7 +205,7 @@ def _signatures(view: LayerView, params: dict[str, np.ndarray], x: np.ndarray,
                 truth: dict[str, np.ndarray]) -> list[variants.Signature]:
     """The layer's known wrong gradients, in the user's keys and layout."""
     cell = view.cell
-    forward, backward = RECURRENT[cell_key(cell)]
+    forward, backward = cell.numpy_functions()
     _, cache = forward(params, x, *h0s)
 
     def gradients_at(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -270,7 +269,7 @@ def check_layer(spec: Spec, against: str | Callable[..., Any], layer: str,
                                                np.zeros((batch.x.shape[0], cell.units))),
                       dtype=np.float64) for s in cell.state_names]
     say("NumPy reference of the layer")
-    forward, backward = RECURRENT[cell_key(cell)]
+    forward, backward = cell.numpy_functions()
     _, cache = forward(short, truth.x, *h0s)
     d_x, d_initial, d_params = backward(short, cache, truth.dh)
     d_states = d_initial if isinstance(d_initial, tuple) else (d_initial,)

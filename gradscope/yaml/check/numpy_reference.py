@@ -1,5 +1,5 @@
 """The NumPy-reference witness: an independent float64 BPTT, written without TensorFlow
-(``gradscope/reference.py``), against TF autodiff on the same float64 model."""
+(``gradscope/cells/``), against TF autodiff on the same float64 model."""
 
 from __future__ import annotations
 

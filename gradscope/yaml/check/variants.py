@@ -1,12 +1,13 @@
-"""Known wrong gradients, computed exactly, so that a wrong result can be named.
+"""Known wrong gradients, computed exactly, so that a wrong result can be named: each classic
+BPTT bug leaves an exact signature (dropping the carry from t+1 gives, to the last bit, the
+gradient of a BPTT without ``+ d_h_next``). All in NumPy, with the cells' own NumPy steps
+(they take the tanh derivative as an argument); the user's array is matched against:
 
-When a user's backward disagrees with TF, a relative error says only *that* it is wrong. But
-the classic BPTT bugs each leave an exact signature: dropping the carry from t+1 gives, to the
-last bit, the gradient of a BPTT without ``+ d_h_next``. So every such variant is computed with
-the NumPy reference (:mod:`gradscope.reference`), and the one the user's array equals is
-named: the BPTT variants (:data:`VARIANTS`), transforms of the right gradient (gate blocks
-swapped, sum for mean) and forward gate swaps (:func:`forward_gate_swaps`). The list as a user
-reads it: docs/check.md, "Which mistake it is". All NumPy; nothing imports TensorFlow.
+- BPTT variants (:data:`VARIANTS`): a carry dropped or doubled, h_t for h_{t−1}, a wrong tanh
+  derivative, the weights' gradient of one step only;
+- transforms of the right gradient: a gate's column block swapped with another (gate order),
+  scaling by the batch, the time steps or the loss's positions (sum versus mean);
+- a forward pass that reads two gates in each other's place (:func:`forward_gate_swaps`).
 """
 
 from __future__ import annotations
@@ -18,19 +19,17 @@ from typing import Any
 import numpy as np
 
 from gradscope.cells.base import Cell, TensorInfo
-from gradscope.gradcheck import relative_error
-from gradscope.reference import (
-    STEPS,
+from gradscope.cells.lstm import lstm_step_backward
+from gradscope.cells.numpy_bptt import (
     Backward,
     Cache,
     Params,
     Sketch,
     StepCache,
     TanhPrime,
-    cell_key,
-    lstm_step_backward,
     tanh_derivative,
 )
+from gradscope.gradcheck import relative_error
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.data import Batch
 from gradscope.yaml.reference import reference_gradients
@@ -155,7 +154,7 @@ StepBack = Callable[[Params, dict[str, np.ndarray], np.ndarray, np.ndarray],
 
 
 def _step(cell: Cell, variant: Variant, tanh: TanhPrime) -> StepBack:
-    step, step_backward = STEPS[cell_key(cell)]
+    step, step_backward = cell.numpy_steps()
 
     def back(params: Params, step_cache: dict[str, np.ndarray], d_h: np.ndarray,
              d_c: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Params]:
