@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from gradscope.cells.numpy_bptt import Backward, Forward, Step, StepBackward, single_state
+from gradscope.cells import numpy_bptt as bptt
 
 TensorKind = Literal["weight", "state", "input"]
 
@@ -268,15 +268,15 @@ class Cell:
         two NumPy references says which one it runs (``gru_keras_reset_before``)."""
         return f"{self.kind}_{self.layout}"
 
-    def numpy_steps(self) -> tuple[Step, StepBackward]:
+    def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         """A one-state cell's NumPy step and step backward, functions of the cell's module (an
         LSTM's step carries c as well: its :meth:`numpy_functions` run them)."""
         raise NotImplementedError
 
-    def numpy_functions(self) -> tuple[Forward, Backward]:
+    def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         """The NumPy forward pass over a sequence (B, T, F) and its BPTT: a one-state cell's
         :meth:`numpy_steps` run over time (:func:`~gradscope.cells.numpy_bptt.single_state`)."""
-        return single_state(*self.numpy_steps())
+        return bptt.single_state(*self.numpy_steps())
 
 
 class ConcatKernelCell(Cell):

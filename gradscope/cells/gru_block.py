@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import (
     Cell,
     TensorInfo,
@@ -18,18 +19,6 @@ from gradscope.cells.base import (
     glorot_uniform,
     split_blocks,
     tf_project,
-)
-from gradscope.cells.numpy_bptt import (
-    Params,
-    Step,
-    StepBackward,
-    StepCache,
-    TanhPrime,
-    WeightSums,
-    interpolate_backward,
-    sigmoid,
-    tanh_derivative,
-    weight_gradients,
 )
 
 
@@ -95,15 +84,15 @@ class GRUBlock(Cell):
         c = tf.tanh(x_c_t + (r * h) @ params["w_c_h"])
         return (z * h + (1.0 - z) * c,)
 
-    def numpy_steps(self) -> tuple[Step, StepBackward]:
+    def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         return gru_block_step, gru_block_step_backward
 
 
 # -- NumPy step and step backward (float64, no TensorFlow) ---------------------------------
 
 
-def gru_block_step(params: Params, x_t: np.ndarray,
-                   h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+def gru_block_step(params: bptt.Params, x_t: np.ndarray,
+                   h_prev: np.ndarray) -> tuple[np.ndarray, bptt.StepCache]:
     """One step of the block-layout GRU. w_ru (F+u, 2u) has columns [r | u].
 
         xh   = [x_t, h_{t−1}]
@@ -114,7 +103,7 @@ def gru_block_step(params: Params, x_t: np.ndarray,
     """
     units = h_prev.shape[1]
     xh = np.concatenate([x_t, h_prev], axis=1)
-    ru = sigmoid(xh @ params["w_ru"] + params["b_ru"])
+    ru = bptt.sigmoid(xh @ params["w_ru"] + params["b_ru"])
     r, u = ru[:, :units], ru[:, units:]
     xrh = np.concatenate([x_t, r * h_prev], axis=1)
     c = np.tanh(xrh @ params["w_c"] + params["b_c"])
@@ -122,13 +111,13 @@ def gru_block_step(params: Params, x_t: np.ndarray,
     return h, {"x": x_t, "h_prev": h_prev, "xh": xh, "xrh": xrh, "r": r, "u": u, "c": c}
 
 
-def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
-                            tanh_prime: TanhPrime = tanh_derivative,
-                            sums: WeightSums | None = None,
-                            ) -> tuple[np.ndarray | None, np.ndarray, Params]:
+def gru_block_step_backward(params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray, *,
+                            tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
+                            sums: bptt.WeightSums | None = None,
+                            ) -> tuple[np.ndarray | None, np.ndarray, bptt.Params]:
     """Backward through one block GRU step, given d_h, the *total* ∂L/∂h_t.
 
-        d_u, d_c   from h_t = u∘h_{t−1} + (1−u)∘c       (see interpolate_backward)
+        d_u, d_c   from h_t = u∘h_{t−1} + (1−u)∘c       (see bptt.interpolate_backward)
         d_c_bar    = d_c∘(1 − c²)                          (through tanh)
         d_xrh      = d_c_bar·w_cᵀ      = [d_x part 1 | d_rh]
         d_r        = d_rh∘h_{t−1}
@@ -143,7 +132,7 @@ def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
     """
     F = cache["x"].shape[1]
     h_prev, r, u, c = cache["h_prev"], cache["r"], cache["u"], cache["c"]
-    d_u, d_c, d_h_prev = interpolate_backward(d_h, u, h_prev, c)
+    d_u, d_c, d_h_prev = bptt.interpolate_backward(d_h, u, h_prev, c)
     d_c_bar = d_c * tanh_prime(c)
     d_xrh = d_c_bar @ params["w_c"].T
     d_rh = d_xrh[:, F:]
@@ -152,7 +141,7 @@ def gru_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
     d_xh = d_ru_bar @ params["w_ru"].T
     d_x_t = d_xrh[:, :F] + d_xh[:, :F]
     d_h_prev = d_h_prev + d_rh * r + d_xh[:, F:]
-    d_params = weight_gradients(
+    d_params = bptt.weight_gradients(
         {"w_ru": (cache["xh"], d_ru_bar), "w_c": (cache["xrh"], d_c_bar)},
         {"b_ru": d_ru_bar.sum(axis=0), "b_c": d_c_bar.sum(axis=0)}, sums)
     return d_x_t, d_h_prev, d_params

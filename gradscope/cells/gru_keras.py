@@ -15,20 +15,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
-from gradscope.cells.numpy_bptt import (
-    Params,
-    Step,
-    StepBackward,
-    StepCache,
-    TanhPrime,
-    WeightSums,
-    interpolate_backward,
-    sigmoid,
-    tanh_derivative,
-    wants_inputs,
-    weight_gradients,
-)
 
 GATES = ["update gate z", "reset gate r", "candidate ĥ"]
 
@@ -113,7 +101,7 @@ class GRUKeras(Cell):
     def key(self) -> str:
         return super().key + ("" if self.reset_after else "_reset_before")
 
-    def numpy_steps(self) -> tuple[Step, StepBackward]:
+    def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         if self.reset_after:
             return gru_keras_step, gru_keras_step_backward
         return gru_keras_reset_before_step, gru_keras_reset_before_step_backward
@@ -122,8 +110,8 @@ class GRUKeras(Cell):
 # -- NumPy, reset_after=True (the Keras default): float64, no TensorFlow -------------------
 
 
-def gru_keras_step(params: Params, x_t: np.ndarray,
-                   h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+def gru_keras_step(params: bptt.Params, x_t: np.ndarray,
+                   h_prev: np.ndarray) -> tuple[np.ndarray, bptt.StepCache]:
     """One step of the Keras GRU with reset_after=True. Columns [z | r | h]; bias (2, 3u).
 
         x_proj = x_t·kernel + bias[0]                   (the input part of z, r, ĥ)
@@ -136,7 +124,7 @@ def gru_keras_step(params: Params, x_t: np.ndarray,
     units = h_prev.shape[1]
     x_proj = x_t @ params["kernel"] + params["bias"][0]
     inner = h_prev @ params["recurrent_kernel"] + params["bias"][1]
-    zr = sigmoid(x_proj[:, : 2 * units] + inner[:, : 2 * units])
+    zr = bptt.sigmoid(x_proj[:, : 2 * units] + inner[:, : 2 * units])
     z, r = zr[:, :units], zr[:, units:]
     inner_h = inner[:, 2 * units :]
     candidate = np.tanh(x_proj[:, 2 * units :] + r * inner_h)
@@ -145,13 +133,13 @@ def gru_keras_step(params: Params, x_t: np.ndarray,
                "candidate": candidate}
 
 
-def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
-                            tanh_prime: TanhPrime = tanh_derivative,
-                            sums: WeightSums | None = None,
-                            ) -> tuple[np.ndarray | None, np.ndarray, Params]:
+def gru_keras_step_backward(params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray, *,
+                            tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
+                            sums: bptt.WeightSums | None = None,
+                            ) -> tuple[np.ndarray | None, np.ndarray, bptt.Params]:
     """Backward through one Keras GRU step (reset_after=True), given the total ∂L/∂h_t.
 
-        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
+        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see bptt.interpolate_backward)
         d_ĥ_bar      = d_ĥ∘(1 − ĥ²)                        (through tanh)
         d_z_bar      = d_z∘z∘(1−z)
         d_r_bar      = (d_ĥ_bar∘inner_h)∘r∘(1−r)
@@ -163,15 +151,15 @@ def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
         d_bias   = [Σ_batch d_x_proj ; Σ_batch d_inner]        (2, 3u)
     """
     h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
-    d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
+    d_z, d_candidate, d_h_prev = bptt.interpolate_backward(d_h, z, h_prev, candidate)
     d_candidate_bar = d_candidate * tanh_prime(candidate)
     d_z_bar = d_z * z * (1.0 - z)
     d_r_bar = d_candidate_bar * cache["inner_h"] * r * (1.0 - r)
     d_x_proj = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar], axis=1)
     d_inner = np.concatenate([d_z_bar, d_r_bar, d_candidate_bar * r], axis=1)
-    d_x_t = d_x_proj @ params["kernel"].T if wants_inputs(sums) else None
+    d_x_t = d_x_proj @ params["kernel"].T if bptt.wants_inputs(sums) else None
     d_h_prev = d_h_prev + d_inner @ params["recurrent_kernel"].T
-    d_params = weight_gradients(
+    d_params = bptt.weight_gradients(
         {"kernel": (cache["x"], d_x_proj), "recurrent_kernel": (h_prev, d_inner)},
         {"bias": np.stack([d_x_proj.sum(axis=0), d_inner.sum(axis=0)])}, sums)
     return d_x_t, d_h_prev, d_params
@@ -180,8 +168,8 @@ def gru_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *
 # -- NumPy, reset_after=False --------------------------------------------------------------
 
 
-def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
-                                h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+def gru_keras_reset_before_step(params: bptt.Params, x_t: np.ndarray,
+                                h_prev: np.ndarray) -> tuple[np.ndarray, bptt.StepCache]:
     """One step of the Keras GRU with reset_after=False. Columns [z | r | h]; bias (3u,).
 
         x_proj = x_t·kernel + bias
@@ -192,7 +180,7 @@ def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
     units = h_prev.shape[1]
     recurrent = params["recurrent_kernel"]
     x_proj = x_t @ params["kernel"] + params["bias"]
-    zr = sigmoid(x_proj[:, : 2 * units] + h_prev @ recurrent[:, : 2 * units])
+    zr = bptt.sigmoid(x_proj[:, : 2 * units] + h_prev @ recurrent[:, : 2 * units])
     z, r = zr[:, :units], zr[:, units:]
     rh = r * h_prev
     candidate = np.tanh(x_proj[:, 2 * units :] + rh @ recurrent[:, 2 * units :])
@@ -201,12 +189,12 @@ def gru_keras_reset_before_step(params: Params, x_t: np.ndarray,
 
 
 def gru_keras_reset_before_step_backward(
-    params: Params, cache: StepCache, d_h: np.ndarray, *,
-    tanh_prime: TanhPrime = tanh_derivative, sums: WeightSums | None = None,
-) -> tuple[np.ndarray | None, np.ndarray, Params]:
+    params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray, *,
+    tanh_prime: bptt.TanhPrime = bptt.tanh_derivative, sums: bptt.WeightSums | None = None,
+) -> tuple[np.ndarray | None, np.ndarray, bptt.Params]:
     """Backward through one Keras GRU step (reset_after=False), given the total ∂L/∂h_t.
 
-        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see interpolate_backward)
+        d_z, d_ĥ     from h_t = z∘h_{t−1} + (1−z)∘ĥ       (see bptt.interpolate_backward)
         d_ĥ_bar      = d_ĥ∘(1 − ĥ²)
         d_rh         = d_ĥ_bar·U_hᵀ
         d_zr_bar     = [d_z∘z∘(1−z) | (d_rh∘h_{t−1})∘r∘(1−r)]
@@ -219,15 +207,15 @@ def gru_keras_reset_before_step_backward(
     units = cache["h_prev"].shape[1]
     recurrent = params["recurrent_kernel"]
     h_prev, z, r, candidate = cache["h_prev"], cache["z"], cache["r"], cache["candidate"]
-    d_z, d_candidate, d_h_prev = interpolate_backward(d_h, z, h_prev, candidate)
+    d_z, d_candidate, d_h_prev = bptt.interpolate_backward(d_h, z, h_prev, candidate)
     d_candidate_bar = d_candidate * tanh_prime(candidate)
     d_rh = d_candidate_bar @ recurrent[:, 2 * units :].T
     d_zr_bar = np.concatenate([d_z * z * (1.0 - z), d_rh * h_prev * r * (1.0 - r)], axis=1)
     d_x_proj = np.concatenate([d_zr_bar, d_candidate_bar], axis=1)
-    d_x_t = d_x_proj @ params["kernel"].T if wants_inputs(sums) else None
+    d_x_t = d_x_proj @ params["kernel"].T if bptt.wants_inputs(sums) else None
     d_h_prev = d_h_prev + d_rh * r + d_zr_bar @ recurrent[:, : 2 * units].T
     # The recurrent kernel's two column blocks have different left factors: summed per step.
-    d_params = weight_gradients({"kernel": (cache["x"], d_x_proj)}, {
+    d_params = bptt.weight_gradients({"kernel": (cache["x"], d_x_proj)}, {
         "recurrent_kernel": np.concatenate(
             [h_prev.T @ d_zr_bar, cache["rh"].T @ d_candidate_bar], axis=1
         ),

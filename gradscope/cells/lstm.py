@@ -12,32 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.cells.numpy_bptt import (
-    Backward,
-    Cache,
-    Forward,
-    Params,
-    Sketch,
-    StepCache,
-    TanhPrime,
-    WeightSums,
-    add_into,
-    sigmoid,
-    tanh_derivative,
-    time_major,
-    wants_inputs,
-    weight_gradients,
-    zeros_like,
-)
+from gradscope.cells import numpy_bptt as bptt
 
 #: What each layout adds to the forget gate's pre-activation: TF1's LSTMCell its forget_bias
 #: 1.0, Keras nothing (its unit_forget_bias starts the bias's f block at 1 instead).
 FORGET_BIASES = {"block": 1.0, "keras": 0.0}
 
 
-def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.ndarray,
+def lstm_step(params: bptt.Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.ndarray,
               layout: str, x_part: np.ndarray | None = None,
-              ) -> tuple[np.ndarray, np.ndarray, StepCache]:
+              ) -> tuple[np.ndarray, np.ndarray, bptt.StepCache]:
     """One LSTM step (j is the new input, c̃ in Keras' words).
 
         z          = [x_t, h_{t−1}]·kernel + bias              (block)
@@ -62,8 +46,8 @@ def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.nd
         z = h_prev @ params["recurrent_kernel"]
         z += x_part
         i, f, j, o = (z[:, k * u:(k + 1) * u] for k in range(4))
-    si, tj, so = sigmoid(i), np.tanh(j), sigmoid(o)
-    sf = sigmoid(f + FORGET_BIASES[layout])
+    si, tj, so = bptt.sigmoid(i), np.tanh(j), bptt.sigmoid(o)
+    sf = bptt.sigmoid(f + FORGET_BIASES[layout])
     c = sf * c_prev + si * tj
     tc = np.tanh(c)
     h = so * tc
@@ -72,7 +56,7 @@ def lstm_step(params: Params, x_t: np.ndarray, h_prev: np.ndarray, c_prev: np.nd
     return h, c, cache
 
 
-def lstm_input_parts(params: Params, x_seq: np.ndarray, layout: str) -> np.ndarray:
+def lstm_input_parts(params: bptt.Params, x_seq: np.ndarray, layout: str) -> np.ndarray:
     """x_t's part of every step's z, with the bias (see :func:`lstm_step`), for x_seq (B, n,
     F): one product for the n steps, (B, n, 4u)."""
     B, n, F = x_seq.shape
@@ -82,11 +66,11 @@ def lstm_input_parts(params: Params, x_seq: np.ndarray, layout: str) -> np.ndarr
     return parts.reshape(B, n, -1)
 
 
-def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_next: np.ndarray,
-                       layout: str, *, tanh_prime: TanhPrime = tanh_derivative,
-                       sums: WeightSums | None = None,
-                       ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Params]:
-    """Backward through one LSTM step, given the total ∂L/∂h_t and the c-gradient carried
+def lstm_step_backward(params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray,
+                       d_c_next: np.ndarray, layout: str, *, tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
+                       sums: bptt.WeightSums | None = None,
+                       ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, bptt.Params]:
+    """bptt.Backward through one LSTM step, given the total ∂L/∂h_t and the c-gradient carried
     back from t+1.
 
         d_c        = d_c_next + d_h∘σ(o)∘(1 − tanh²c_t)     (c_t also went on to t+1)
@@ -110,25 +94,25 @@ def lstm_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, d_c_ne
     if layout == "block":
         F = cache["x"].shape[1]
         d_xh = d_z @ params["kernel"].T
-        d_params = weight_gradients({"kernel": (cache["xh"], d_z)}, {"bias": d_z.sum(axis=0)},
+        d_params = bptt.weight_gradients({"kernel": (cache["xh"], d_z)}, {"bias": d_z.sum(axis=0)},
                                     sums)
         return d_xh[:, :F], d_xh[:, F:], d_c_prev, d_params
-    d_params = weight_gradients(
+    d_params = bptt.weight_gradients(
         {"kernel": (cache["x"], d_z), "recurrent_kernel": (cache["h_prev"], d_z)},
         {"bias": d_z.sum(axis=0)}, sums)
-    d_x_t = d_z @ params["kernel"].T if wants_inputs(sums) else None
+    d_x_t = d_z @ params["kernel"].T if bptt.wants_inputs(sums) else None
     return d_x_t, d_z @ params["recurrent_kernel"].T, d_c_prev, d_params
 
 
-def lstm_functions(layout: str) -> tuple[Forward, Backward]:
+def lstm_functions(layout: str) -> tuple[bptt.Forward, bptt.Backward]:
     """The forward pass over a sequence and BPTT of the LSTM in ``layout``."""
 
-    def forward(params: Params, x_seq: np.ndarray, h0: np.ndarray,
-                c0: np.ndarray | None = None) -> tuple[np.ndarray, Cache]:
+    def forward(params: bptt.Params, x_seq: np.ndarray, h0: np.ndarray,
+                c0: np.ndarray | None = None) -> tuple[np.ndarray, bptt.Cache]:
         h, c = h0, (np.zeros_like(h0) if c0 is None else c0)
         outputs, cache = [], []
-        for start in range(0, x_seq.shape[1], WeightSums.BLOCK):
-            block = x_seq[:, start:start + WeightSums.BLOCK]
+        for start in range(0, x_seq.shape[1], bptt.WeightSums.BLOCK):
+            block = x_seq[:, start:start + bptt.WeightSums.BLOCK]
             parts = lstm_input_parts(params, block, layout)
             for k in range(block.shape[1]):
                 h, c, step_cache = lstm_step(params, block[:, k], h, c, layout, parts[:, k])
@@ -136,15 +120,15 @@ def lstm_functions(layout: str) -> tuple[Forward, Backward]:
                 cache.append(step_cache)
         return np.stack(outputs, axis=1), cache
 
-    def backward(params: Params, cache: Cache, d_h_seq: np.ndarray,
+    def backward(params: bptt.Params, cache: bptt.Cache, d_h_seq: np.ndarray,
                  d_h_final: np.ndarray | None = None, *, d_c_final: np.ndarray | None = None,
                  totals: list[np.ndarray] | None = None, inputs: bool = True,
-                 sketch: Sketch | None = None) -> tuple[np.ndarray | None, Any, Params]:
+                 sketch: bptt.Sketch | None = None) -> tuple[np.ndarray | None, Any, bptt.Params]:
         """BPTT with two carries: d_h_next and d_c_next both come back from t+1."""
-        d_h_seq = time_major(d_h_seq)
+        d_h_seq = bptt.time_major(d_h_seq)
         d_x_seq = np.zeros((len(cache), *cache[0]["x"].shape)) if inputs else None
-        d_params = zeros_like(params)
-        sums = WeightSums(inputs, sketch)
+        d_params = bptt.zeros_like(params)
+        sums = bptt.WeightSums(inputs, sketch)
         d_h_next = np.zeros_like(d_h_seq[0]) if d_h_final is None else d_h_final
         d_c_next = np.zeros_like(d_h_seq[0]) if d_c_final is None else d_c_final
         for t in reversed(range(len(cache))):
@@ -155,9 +139,9 @@ def lstm_functions(layout: str) -> tuple[Forward, Backward]:
                 params, cache[t], d_h, d_c_next, layout, sums=sums)
             if d_x_seq is not None:
                 d_x_seq[t] = d_x_t
-            add_into(d_params, d_params_t)
+            bptt.add_into(d_params, d_params_t)
         sums.add_into(d_params)
-        return (None if d_x_seq is None else time_major(d_x_seq), (d_h_next, d_c_next),
+        return (None if d_x_seq is None else bptt.time_major(d_x_seq), (d_h_next, d_c_next),
                 d_params)
 
     return forward, backward

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import (
     ConcatKernelCell,
     TensorInfo,
@@ -19,7 +20,6 @@ from gradscope.cells.base import (
     split_blocks,
 )
 from gradscope.cells.lstm import FORGET_BIASES, lstm_functions
-from gradscope.cells.numpy_bptt import Backward, Forward
 
 GATES = ["input gate i", "new input j", "forget gate f", "output gate o"]
 FORGET_BIAS = FORGET_BIASES["block"]
@@ -60,5 +60,5 @@ class LSTMBlock(ConcatKernelCell):
         c_new = tf.sigmoid(f + FORGET_BIAS) * c + tf.sigmoid(i) * tf.tanh(j)
         return (tf.sigmoid(o) * tf.tanh(c_new), c_new)
 
-    def numpy_functions(self) -> tuple[Forward, Backward]:
+    def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         return lstm_functions(self.layout)

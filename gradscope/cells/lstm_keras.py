@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
 from gradscope.cells.lstm import lstm_functions
-from gradscope.cells.numpy_bptt import Backward, Forward
 
 GATES = ["input gate i", "forget gate f", "candidate c̃", "output gate o"]
 
@@ -60,5 +60,5 @@ class LSTMKeras(Cell):
         c_new = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
         return (tf.sigmoid(o) * tf.tanh(c_new), c_new)
 
-    def numpy_functions(self) -> tuple[Forward, Backward]:
+    def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         return lstm_functions(self.layout)

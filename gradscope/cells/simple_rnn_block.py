@@ -9,22 +9,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import (
     ConcatKernelCell,
     TensorInfo,
     concat_rows,
     glorot_uniform,
     split_blocks,
-)
-from gradscope.cells.numpy_bptt import (
-    Params,
-    Step,
-    StepBackward,
-    StepCache,
-    TanhPrime,
-    WeightSums,
-    tanh_derivative,
-    weight_gradients,
 )
 
 
@@ -53,28 +44,28 @@ class SimpleRNNBlock(ConcatKernelCell):
         (h,), (x_t,) = states, step_inputs
         return (tf.tanh(x_t + h @ params["kernel_h"]),)
 
-    def numpy_steps(self) -> tuple[Step, StepBackward]:
+    def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         return simple_rnn_block_step, simple_rnn_block_step_backward
 
 
 # -- NumPy step and step backward (float64, no TensorFlow) ---------------------------------
 
 
-def simple_rnn_block_step(params: Params, x_t: np.ndarray,
-                          h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+def simple_rnn_block_step(params: bptt.Params, x_t: np.ndarray,
+                          h_prev: np.ndarray) -> tuple[np.ndarray, bptt.StepCache]:
     """h_t = tanh([x_t, h_{t−1}]·kernel + bias);  kernel (F+u, u)."""
     xh = np.concatenate([x_t, h_prev], axis=1)
     h = np.tanh(xh @ params["kernel"] + params["bias"])
     return h, {"x": x_t, "xh": xh, "h": h}
 
 
-def simple_rnn_block_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
-                                   tanh_prime: TanhPrime = tanh_derivative,
-                                   sums: WeightSums | None = None,
-                                   ) -> tuple[np.ndarray | None, np.ndarray, Params]:
+def simple_rnn_block_step_backward(params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray, *,
+                                   tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
+                                   sums: bptt.WeightSums | None = None,
+                                   ) -> tuple[np.ndarray | None, np.ndarray, bptt.Params]:
     """d_pre = d_h∘(1 − h_t²);  [d_x_t | d_h_{t−1}] = d_pre·kernelᵀ;  d_kernel = xhᵀ·d_pre."""
     F = cache["x"].shape[1]
     d_pre = d_h * tanh_prime(cache["h"])
     d_xh = d_pre @ params["kernel"].T
-    return d_xh[:, :F], d_xh[:, F:], weight_gradients(
+    return d_xh[:, :F], d_xh[:, F:], bptt.weight_gradients(
         {"kernel": (cache["xh"], d_pre)}, {"bias": d_pre.sum(axis=0)}, sums)

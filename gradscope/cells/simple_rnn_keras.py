@@ -9,18 +9,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
-from gradscope.cells.numpy_bptt import (
-    Params,
-    Step,
-    StepBackward,
-    StepCache,
-    TanhPrime,
-    WeightSums,
-    tanh_derivative,
-    wants_inputs,
-    weight_gradients,
-)
 
 
 class SimpleRNNKeras(Cell):
@@ -53,27 +43,27 @@ class SimpleRNNKeras(Cell):
         (h,), (x_t,) = states, step_inputs
         return (tf.tanh(x_t + h @ params["recurrent_kernel"]),)
 
-    def numpy_steps(self) -> tuple[Step, StepBackward]:
+    def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         return simple_rnn_keras_step, simple_rnn_keras_step_backward
 
 
 # -- NumPy step and step backward (float64, no TensorFlow) ---------------------------------
 
 
-def simple_rnn_keras_step(params: Params, x_t: np.ndarray,
-                          h_prev: np.ndarray) -> tuple[np.ndarray, StepCache]:
+def simple_rnn_keras_step(params: bptt.Params, x_t: np.ndarray,
+                          h_prev: np.ndarray) -> tuple[np.ndarray, bptt.StepCache]:
     """h_t = tanh(x_t·kernel + h_{t−1}·recurrent_kernel + bias)."""
     h = np.tanh(x_t @ params["kernel"] + h_prev @ params["recurrent_kernel"] + params["bias"])
     return h, {"x": x_t, "h_prev": h_prev, "h": h}
 
 
-def simple_rnn_keras_step_backward(params: Params, cache: StepCache, d_h: np.ndarray, *,
-                                   tanh_prime: TanhPrime = tanh_derivative,
-                                   sums: WeightSums | None = None,
-                                   ) -> tuple[np.ndarray | None, np.ndarray, Params]:
+def simple_rnn_keras_step_backward(params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray, *,
+                                   tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
+                                   sums: bptt.WeightSums | None = None,
+                                   ) -> tuple[np.ndarray | None, np.ndarray, bptt.Params]:
     """d_pre = d_h∘(1 − h_t²);  d_x_t = d_pre·kernelᵀ;  d_h_{t−1} = d_pre·recurrent_kernelᵀ."""
     d_pre = d_h * tanh_prime(cache["h"])
-    d_x_t = d_pre @ params["kernel"].T if wants_inputs(sums) else None
-    return d_x_t, d_pre @ params["recurrent_kernel"].T, weight_gradients(
+    d_x_t = d_pre @ params["kernel"].T if bptt.wants_inputs(sums) else None
+    return d_x_t, d_pre @ params["recurrent_kernel"].T, bptt.weight_gradients(
         {"kernel": (cache["x"], d_pre), "recurrent_kernel": (cache["h_prev"], d_pre)},
         {"bias": d_pre.sum(axis=0)}, sums)
