@@ -67,7 +67,8 @@ def lstm_input_parts(params: bptt.Params, x_seq: np.ndarray, layout: str) -> np.
 
 
 def lstm_step_backward(params: bptt.Params, cache: bptt.StepCache, d_h: np.ndarray,
-                       d_c_next: np.ndarray, layout: str, *, tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
+                       d_c_next: np.ndarray, layout: str, *,
+                       tanh_prime: bptt.TanhPrime = bptt.tanh_derivative,
                        sums: bptt.WeightSums | None = None,
                        ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, bptt.Params]:
     """bptt.Backward through one LSTM step, given the total ∂L/∂h_t and the c-gradient carried
