@@ -389,8 +389,6 @@ class KerasEngine:
         given explicitly (``deltas`` need it).
         """
         tf, keras = self.tf, self.keras
-        from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
-
         model = self.model
         runner = getattr(model, "_functional", None) or model
         subclassed = is_subclassed(model)
@@ -399,112 +397,23 @@ class KerasEngine:
             raise NotReplayable(f"{self.path}: is a subclassed model, whose graph is its own "
                                 "call: gradscope cannot run it layer by layer",
                                 where=self.path)
-        calls: list[CapturedCall] = []
-        counts: dict[str, int] = {}
-        training = self.training
-
         if own and deltas:
             raise ValueError("deltas perturb the replay's explicit initial states, not own=True")
         start_of_call()
-
-        def operation_fn(operation: Any, keras_call: Callable[..., Any] | None = None) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                if keras_call is None and "training" in getattr(operation,
-                                                                "_call_context_args", {}):
-                    kwargs["training"] = training
-                name = getattr(operation, "name", type(operation).__name__)
-                index = counts.get(name, 0)
-                counts[name] = index + 1
-                captured = CapturedCall(layer=name, index=index,
-                                        class_name=class_label(operation),
-                                        args=list(keras.tree.flatten(args)) + [
-                                            t for key in INPUT_KEYWORDS if key in kwargs
-                                            for t in keras.tree.flatten(kwargs[key])],
-                                        outputs=[],
-                                        mask=kwargs.get("mask"))
-                units = _state_units(operation)
-                given = kwargs.get("initial_state")
-                held = _carried_states(operation) if given is None else None
-                asked_zeros: list[Any] | None = None
-                if units and own and given is None and held is None and not getattr(
-                        operation, "stateful", False):
-                    asked_zeros = []  # Keras' own, asked for in the call below
-                    captured.state_source = "zeros"
-                    if kwargs.get("mask") is None:
-                        # What Keras' Layer.__call__ takes for a call with one tensor.
-                        captured.mask = get_keras_mask(captured.args[0])
-                elif units and (held is not None or not getattr(operation, "stateful", False)):
-                    if held is not None:
-                        # A stateful layer starts from what the previous batch left: the
-                        # same values, made a tensor the tape watches.
-                        states = [tf.identity(tf.convert_to_tensor(v)) for v in held]
-                        captured.state_source = "carried"
-                    elif given is None:
-                        batch = tf.shape(captured.args[0])[0]
-                        states = [tf.zeros(tf.stack([batch, u]), dtype=captured.args[0].dtype)
-                                  for u in units]
-                        captured.state_source = "zeros"
-                    else:
-                        # A fresh tensor: the wired one may be used elsewhere too (a GRU's
-                        # returned state is also inside its own sequence), and ∂L/∂h0 is the
-                        # gradient through this layer's use only.
-                        states = [tf.identity(state) for state in keras.tree.flatten(given)]
-                        captured.state_source = "wired"
-                    for state in states:
-                        watch(state)
-                    shift = (deltas or {}).get(call_label(name, index))
-                    if shift is not None:
-                        states = [state + d for state, d in zip(states, shift, strict=True)]
-                    if given is None and kwargs.get("mask") is None:
-                        # Called with its sequence alone, Keras takes the mask the sequence
-                        # carries; with an initial state as a second tensor it would not:
-                        # the mask is handed over as Keras would have taken it.
-                        carried = get_keras_mask(captured.args[0])
-                        if carried is not None:
-                            kwargs["mask"] = captured.mask = carried
-                    kwargs["initial_state"] = states
-                    captured.states = states
-                if asked_zeros is None:
-                    out = (keras_call or operation)(*args, **kwargs)
-                else:
-                    with zero_states_watched(state_layers(operation), asked_zeros, watch):
-                        out = (keras_call or operation)(*args, **kwargs)
-                    if len(asked_zeros) != len(units):
-                        raise NotObserved(f"{name}: {len(asked_zeros)} zero states asked of "
-                                          f"get_initial_state, {len(units)} expected")
-                    captured.states = asked_zeros
-                captured.outputs = list(keras.tree.flatten(out))
-                if watch_outputs:
-                    # Fresh tensors (masks carried over), so that ∂L/∂output is what flows
-                    # back from the layers that use the output, and nothing internal.
-                    fresh = []
-                    for output in captured.outputs:
-                        copy = tf.identity(output)
-                        mask = get_keras_mask(output)
-                        if mask is not None:
-                            set_keras_mask(copy, mask)
-                        watch(copy)
-                        fresh.append(copy)
-                    captured.outputs = fresh
-                    out = keras.tree.pack_sequence_as(out, fresh)
-                calls.append(captured)
-                return out
-
-            return call
+        observer = _Observer(tf, keras, self.training, own, watch, deltas or {}, watch_outputs)
+        operation_fn = observer.wrap
 
         if own:
-            looking = (layers_wrapped(tracked_layers(model),
-                                      lambda op, keras_call: operation_fn(op, keras_call))
-                       if subclassed else
-                       runner_wrapped(runner, lambda op, keras_call: operation_fn(op, keras_call)))
+            looking = (layers_wrapped(tracked_layers(model), operation_fn) if subclassed
+                       else runner_wrapped(runner, operation_fn))
             with looking:
-                flat_outputs = model_outputs(model, feed, training)
+                flat_outputs = model_outputs(model, feed, self.training)
         else:
-            with model_call_context(model, training):
+            with model_call_context(model, self.training):
                 outputs = runner._run_through_graph(feed, operation_fn=operation_fn)
             flat_outputs = list(keras.tree.flatten(outputs))
         return (self.compute_loss(feed, targets, flat_outputs, sample_weight), flat_outputs,
-                calls)
+                observer.calls)
 
     def tensors(self, inputs: dict[str, np.ndarray],
                 targets: dict[str, np.ndarray]) -> tuple[list[Any], list[Any]]:
@@ -700,6 +609,137 @@ def model_call_context(model: Any, training: bool) -> Iterator[None]:
 
 def _numpy(tensor: Any) -> np.ndarray | None:
     return None if tensor is None else tensor.numpy()
+
+
+@dataclass
+class _Observer:
+    """Every layer call of one run of the model: captured, with its initial states chosen,
+    watched and shifted, and (``watch_outputs``) its outputs made fresh watched tensors.
+
+    The initial states of a recurrent call come from one of four places (its
+    ``state_source``): Keras' own ``get_initial_state`` (an observed call; zeros), what a
+    stateful layer carried from the previous batch, zeros given explicitly (the replay), or a
+    state wired in by the graph. A stateful layer with nothing carried runs as it is.
+    """
+
+    tf: Any
+    keras: Any
+    training: bool
+    own: bool
+    watch: Callable[[Any], None]
+    deltas: dict[str, list[Any]]
+    watch_outputs: bool
+    calls: list[CapturedCall] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def wrap(self, operation: Any, keras_call: Callable[..., Any] | None = None,
+             ) -> Callable[..., Any]:
+        """``operation``'s call, observed (``keras_call``: Keras' own bound call of it)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.call(operation, keras_call, args, kwargs)
+
+        return call
+
+    def call(self, operation: Any, keras_call: Callable[..., Any] | None,
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if keras_call is None and "training" in getattr(operation, "_call_context_args", {}):
+            kwargs["training"] = self.training
+        captured = self._captured(operation, args, kwargs)
+        units = _state_units(operation)
+        asked = self._initial_states(operation, captured, units, kwargs)
+        run = keras_call or operation
+        if asked is None:
+            out = run(*args, **kwargs)
+        else:
+            with zero_states_watched(state_layers(operation), asked, self.watch):
+                out = run(*args, **kwargs)
+            if len(asked) != len(units):
+                raise NotObserved(f"{captured.layer}: {len(asked)} zero states asked of "
+                                  f"get_initial_state, {len(units)} expected")
+            captured.states = asked
+        captured.outputs = list(self.keras.tree.flatten(out))
+        if self.watch_outputs:
+            out = self._fresh_outputs(captured, out)
+        self.calls.append(captured)
+        return out
+
+    def _captured(self, operation: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> CapturedCall:
+        name = getattr(operation, "name", type(operation).__name__)
+        index = self.counts.get(name, 0)
+        self.counts[name] = index + 1
+        flatten = self.keras.tree.flatten
+        return CapturedCall(layer=name, index=index, class_name=class_label(operation),
+                            args=list(flatten(args)) + [t for key in INPUT_KEYWORDS
+                                                        if key in kwargs
+                                                        for t in flatten(kwargs[key])],
+                            outputs=[], mask=kwargs.get("mask"))
+
+    def _initial_states(self, operation: Any, captured: CapturedCall, units: list[int],
+                        kwargs: dict[str, Any]) -> list[Any] | None:
+        """Sets the call's initial states, and returns the list Keras' own zero states will be
+        asked into (an observed call that leaves them to Keras), else None."""
+        from keras.src.backend.common.masking import get_keras_mask
+
+        tf = self.tf
+        given = kwargs.get("initial_state")
+        held = _carried_states(operation) if given is None else None
+        stateful = getattr(operation, "stateful", False)
+        if not units or (held is None and stateful):
+            return None  # a stateful layer with nothing carried yet runs as it is
+        if self.own and given is None and held is None:
+            captured.state_source = "zeros"
+            if kwargs.get("mask") is None:
+                # What Keras' Layer.__call__ takes for a call with one tensor.
+                captured.mask = get_keras_mask(captured.args[0])
+            return []  # Keras' own, asked for in the call
+        if held is not None:
+            # A stateful layer starts from what the previous batch left: the same values,
+            # made a tensor the tape watches.
+            states = [tf.identity(tf.convert_to_tensor(v)) for v in held]
+            captured.state_source = "carried"
+        elif given is None:
+            batch = tf.shape(captured.args[0])[0]
+            states = [tf.zeros(tf.stack([batch, u]), dtype=captured.args[0].dtype)
+                      for u in units]
+            captured.state_source = "zeros"
+        else:
+            # A fresh tensor: the wired one may be used elsewhere too (a GRU's returned state
+            # is also inside its own sequence), and ∂L/∂h0 is the gradient through this
+            # layer's use only.
+            states = [tf.identity(state) for state in self.keras.tree.flatten(given)]
+            captured.state_source = "wired"
+        for state in states:
+            self.watch(state)
+        shift = self.deltas.get(call_label(captured.layer, captured.index))
+        if shift is not None:
+            states = [state + d for state, d in zip(states, shift, strict=True)]
+        if given is None and kwargs.get("mask") is None:
+            # Called with its sequence alone, Keras takes the mask the sequence carries; with
+            # an initial state as a second tensor it would not: the mask is handed over as
+            # Keras would have taken it.
+            carried = get_keras_mask(captured.args[0])
+            if carried is not None:
+                kwargs["mask"] = captured.mask = carried
+        kwargs["initial_state"] = states
+        captured.states = states
+        return None
+
+    def _fresh_outputs(self, captured: CapturedCall, out: Any) -> Any:
+        """Fresh tensors (masks carried over), so that ∂L/∂output is what flows back from the
+        layers that use the output, and nothing internal."""
+        from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+
+        fresh = []
+        for output in captured.outputs:
+            copy = self.tf.identity(output)
+            mask = get_keras_mask(output)
+            if mask is not None:
+                set_keras_mask(copy, mask)
+            self.watch(copy)
+            fresh.append(copy)
+        captured.outputs = fresh
+        return self.keras.tree.pack_sequence_as(out, fresh)
 
 
 def _state_units(operation: Any) -> list[int]:
