@@ -3,7 +3,7 @@ witnesses, on a float64 copy of the model with the same weights.
 
 - Finite differences, on every trainable weight, every float input and every initial state,
   against the tape's directional derivative. They first move every tensor at once, along a few
-  joint random directions (:mod:`~gradscope.keras.joint_differences`); only where one
+  joint random directions (:mod:`~gradscope.keras.check.joint_differences`); only where one
   disagrees is each tensor probed on its own (random unit directions and single elements: the
   largest |g| and random ones), which names it. The loss of a weight or input probe is Keras'
   own call of the whole model, ``model(x)`` + ``compute_loss``, never gradscope's
@@ -51,8 +51,12 @@ from gradscope.gradcheck import (
 )
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
-from gradscope.keras.cell_steps import not_run, your_cells
-from gradscope.keras.cell_steps import witness as cell_steps_witness
+from gradscope.keras.cell_scan import not_run
+from gradscope.keras.check.cell_steps import witness as cell_steps_witness
+from gradscope.keras.check.cell_steps import your_cells
+from gradscope.keras.check.joint_differences import JOINT_DIRECTIONS, Part, joint_check
+from gradscope.keras.check.own_backward import witness as own_backward_witness
+from gradscope.keras.check.precision import coarse_loss, measured_rounding, not_in_dtype
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
 from gradscope.keras.data import batch_targets
 from gradscope.keras.engine import (
@@ -66,11 +70,8 @@ from gradscope.keras.engine import (
 )
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.flow import RecurrentCall, each_recurrent_call, upstream_gradients
-from gradscope.keras.joint_differences import JOINT_DIRECTIONS, Part, joint_check
 from gradscope.keras.observed_call import zero_states_shifted
-from gradscope.keras.own_backward import witness as own_backward_witness
 from gradscope.keras.penalties import activity_gradient, penalty_gradient, unsupported
-from gradscope.keras.precision import coarse_loss, measured_rounding, not_in_dtype
 from gradscope.keras.subclassed import is_subclassed
 from gradscope.keras.whole_model import moved_state, restore, whole_model_loss
 from gradscope.reference import RECURRENT, Sketch, cell_key
@@ -271,8 +272,8 @@ def _loss_along(engine: KerasEngine, inputs: dict[str, np.ndarray],
                 targets: dict[str, np.ndarray], frozen: list[tuple[Any, np.ndarray]],
                 sample_weight: Any, seed: int) -> Callable[[float], float]:
     """The loss of Keras' own call with every trainable weight moved by ``h`` along one
-    random unit direction (for :func:`~gradscope.keras.precision.coarse_loss` and
-    :func:`~gradscope.keras.precision.measured_rounding`)."""
+    random unit direction (for :func:`~gradscope.keras.check.precision.coarse_loss` and
+    :func:`~gradscope.keras.check.precision.measured_rounding`)."""
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
     weights = engine.weight_tensors(sample_weight)
@@ -304,7 +305,7 @@ def _loss_along(engine: KerasEngine, inputs: dict[str, np.ndarray],
 def _cell_steps(engine: KerasEngine, autodiff: KerasPass, job: KerasJob, rtol: float,
                 results: dict[str, list[WitnessEntry]]) -> list[NotWitnessed]:
     """Where something disagrees: each RNN over a cell of the user's own, step by step
-    (:mod:`~gradscope.keras.cell_steps`), on the tensors check already names."""
+    (:mod:`~gradscope.keras.check.cell_steps`), on the tensors check already names."""
     missing = []
     for call in your_cells(engine, autodiff.calls):
         cell = engine.operation(call.layer).cell
@@ -329,7 +330,7 @@ def _finite_differences(engine: KerasEngine, autodiff: KerasPass,
                         shapes: dict[str, list[int]], fixed: dict[str, np.ndarray],
                         weights: dict[str, np.ndarray], sample_weight: Any = None,
                         rounding: float = ROUNDING) -> list[NotWitnessed]:
-    """Every tensor jointly first (:mod:`~gradscope.keras.joint_differences`): the weights,
+    """Every tensor jointly first (:mod:`~gradscope.keras.check.joint_differences`): the weights,
     the float inputs and the zero initial states of Keras' own call, moved together. Where a
     joint direction disagrees, every tensor is probed on its own instead, which names it.
     Initial states Keras' own call does not ask for (wired in, carried by a stateful layer)

@@ -57,7 +57,7 @@ def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None
 
 def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float:
     """The rounding of the loss in the model's own dtype, relative to max(|loss|, 1), as
-    :func:`~gradscope.yaml.check.finite_differences.rounding_noise` takes it: measured, not
+    :func:`~gradscope.gradcheck.rounding_noise` takes it: measured, not
     assumed. The loss is taken at six points within 1e-4 along one direction of the weights,
     where its change is linear to far below its rounding; what is left once the line through
     the central difference at the check's step is taken away is rounding, and twice the
