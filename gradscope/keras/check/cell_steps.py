@@ -1,20 +1,12 @@
 """Where in time the gradient of an RNN over your own cell goes wrong: each step of the cell is
 its own witness.
 
-gradscope has no NumPy version of a cell you wrote, and needs none. When check finds a
-gradient wrong in a model with ``keras.layers.RNN(your_cell)``, it runs the cell over the
-call's own input (``tf.scan``, float64 copy) to get the state entering every step, folds time
-into the batch axis, and checks the cell's backward at every step at once: the tape's
-vector-Jacobian product of one step, for a random cotangent on its outputs and new states,
-against central differences of that same step along random directions of its input x_t, of
-each state it receives, and of its weights. Rows are examples at steps, so each step gets its
-own verdict, from the cell's own numbers.
-
-The gradient into the state entering step t is what carries ∂L back to every earlier step: a
-step whose backward is wrong there spoils the total ∂L/∂h of every step before it. So the
+gradscope has no NumPy version of a cell you wrote, and needs none. Where check finds a
+gradient wrong in a model with ``keras.layers.RNN(your_cell)``, the cell's backward is checked
+at every step against central differences of that same step, from the cell's own numbers. The
 verdict reads as ``--against`` does: where the gradients still match, counting back from the
-last step, and the first wrong step, with the factor by which the tape's numbers differ
-where one factor explains them.
+last step, and the first wrong step, with the factor by which the tape's numbers differ where
+one factor explains them.
 """
 
 from __future__ import annotations
@@ -24,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.gradcheck import rounding_noise, rounding_of, step_for
-from gradscope.keras.cell_scan import cell_run
+from gradscope.gradcheck import WitnessResult, rounding_noise, rounding_of, step_for
+from gradscope.keras.cell_scan import cell_run, not_run
+from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
 from gradscope.keras.live import is_builtin
-from gradscope.report.models import WitnessEntry
+from gradscope.report.models import NotWitnessed
 
 WITNESS = "cell_steps"
 
@@ -59,35 +52,57 @@ def your_cells(engine: Any, calls: list[CapturedCall]) -> list[CapturedCall]:
     return found
 
 
-def witness(engine: Any, call: CapturedCall, training: bool, seed: int, rtol: float,
-            weight_paths: list[str]) -> dict[str, WitnessEntry]:
-    """The cell's steps checked one by one: an entry for each of the call's initial states and
+def witness(probing: Probing, named: set[str]) -> Witnessed:
+    """Each RNN over a cell of the user's own, step by step, on the tensors of ``named`` (what
+    the other witnesses name): its initial states and the cell's trainable weights. A cell that
+    cannot be run step by step is not witnessed, and said why."""
+    engine = probing.engine
+    found = Witnessed()
+    for call in your_cells(engine, probing.autodiff.calls):
+        cell = engine.operation(call.layer).cell
+        paths = [v.path for v in cell.trainable_variables if v.path in named]
+        try:
+            results = _one_call(probing, call, paths)
+        except Exception as exc:  # noqa: BLE001  (the user's cell, on a folded batch)
+            found.not_witnessed.append(NotWitnessed(layer=call_label(call.layer, call.index),
+                                                    witness=WITNESS, reason=not_run(exc)))
+            continue
+        found.results.extend(result for result in results if result.tensor in named)
+    return found
+
+
+def _one_call(probing: Probing, call: CapturedCall, weight_paths: list[str]
+              ) -> list[WitnessResult]:
+    """The cell's steps checked one by one: a result for each of the call's initial states and
     for each of the cell's trainable weights (by the check's tensor names)."""
+    engine, rtol = probing.engine, probing.rtol
     layer = engine.operation(call.layer)
     label = call_label(call.layer, call.index)
     mask = call.mask
     if mask is not None and not bool(np.all(np.asarray(mask))):
-        return {}
-    parts = _parts(engine, layer, call, training, np.random.default_rng([seed, 7]))
+        return []
+    parts = _parts(engine, layer, call, engine.training,
+                   np.random.default_rng([probing.seed, 7]))
     steps = len(parts[0].errors)
     names = state_names(layer)
     state_parts = parts[1:-1]
+    # The gradient into the state entering step t is what carries ∂L back to every earlier
+    # step: a step whose backward is wrong there spoils the total ∂L/∂h of every step before it.
     last_wrong = max((t for part in state_parts for t in part.wrong(rtol)), default=None)
     detail = _sentence(parts, steps, rtol)
-    entries: dict[str, WitnessEntry] = {}
+    results = []
     for name, part in zip(names, state_parts, strict=True):
         error = float(np.max(part.errors))
-        entries[f"{label}/{name}"] = WitnessEntry(
-            witness=WITNESS, error=error, tolerance=rtol, passed=error <= rtol, detail=detail,
-            first_bad_step=last_wrong)
+        results.append(WitnessResult(WITNESS, f"{label}/{name}", error, rtol, error <= rtol,
+                                     detail, first_bad_step=last_wrong))
     weights = parts[-1]
     every = max((t for part in parts for t in part.wrong(rtol)), default=None)
     for path in weight_paths:
         error = float(np.max(weights.errors))
-        entries[path] = WitnessEntry(
-            witness=WITNESS, error=error, tolerance=rtol, passed=error <= rtol, detail=detail,
-            first_bad_step=every if error > rtol or last_wrong is not None else None)
-    return entries
+        results.append(WitnessResult(
+            WITNESS, path, error, rtol, error <= rtol, detail,
+            first_bad_step=every if error > rtol or last_wrong is not None else None))
+    return results
 
 
 def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
@@ -117,6 +132,12 @@ def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
 
 def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
            rng: np.random.Generator) -> list[Part]:
+    """The cell run over the call's own input (``tf.scan``) gives the state entering every
+    step; with time folded into the batch axis, the cell's backward is checked at every step at
+    once: the tape's vector-Jacobian product of one step, for a random cotangent on its outputs
+    and new states, against central differences of that same step along random directions of
+    its input x_t, of each state it receives, and of its weights. Rows are examples at steps,
+    so each step gets its own verdict."""
     tf = engine.tf
     step, x_tm, initial = cell_run(engine, layer, call, training)
     steps, batch = int(x_tm.shape[0]), int(x_tm.shape[1])
