@@ -255,6 +255,8 @@ class WitnessResult:
     detail: str = ""
     #: For time-indexed tensors: the first step, counting back from the end, that diverges.
     first_bad_step: int | None = None
+    #: Every probe sat where the loss has no derivative: the witness says nothing here.
+    at_kink: bool = False
 
 
 def checked_tensors(results: list[WitnessResult], order: list[str] | None = None,
@@ -282,4 +284,5 @@ def _entry(result: WitnessResult) -> WitnessEntry:
     if error is not None and not np.isfinite(error):
         error, passed, detail = None, False, f"{detail}; its error is {result.error}"
     return WitnessEntry(witness=result.witness, error=error, tolerance=result.tolerance,
-                        passed=passed, detail=detail, first_bad_step=result.first_bad_step)
+                        passed=passed, detail=detail, first_bad_step=result.first_bad_step,
+                        at_kink=result.at_kink)

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gradscope.gradcheck import rounding_noise
-from gradscope.keras.joint_differences import Part, joint_check
+from gradscope.keras.check.joint_differences import Part, joint_check
 
 RTOL, DELTA = 1e-5, 1e-5
 

@@ -54,7 +54,7 @@ def test_the_numpy_reference_includes_every_penalty(regularized, tf):
 def test_a_reference_without_the_penalties_is_caught(regularized, tf, monkeypatch):
     """The mutant: the reference leaves the penalties out, as it once did. The tape's
     gradients hold them, so the reference must disagree."""
-    from gradscope.keras import check
+    from gradscope.keras.check import numpy_reference as check
 
     monkeypatch.setattr(check, "penalty_gradient", lambda regularizer, value: 0 * value)
     monkeypatch.setattr(check, "activity_gradient", lambda regularizer, value: 0 * value)
@@ -263,7 +263,7 @@ def test_the_numpy_reference_taken_in_slices_of_examples_is_the_same(fixture, re
     """A big batch is taken a few examples at a time (what the reference holds stays small):
     with slices of 2 examples, the weights (penalties included) and the initial states of
     every call, both directions of a Bidirectional, agree as they do whole."""
-    from gradscope.keras import check
+    from gradscope.keras.check import numpy_reference as check
 
     model, x, y = request.getfixturevalue(fixture)
     whole = gradscope.check(model, x=x, y=y)

@@ -1,4 +1,4 @@
-"""gradscope/keras/witness.py: gradscope's NumPy cells rerun each recurrent call of the user's
+"""gradscope/keras/cross_check.py: gradscope's NumPy cells rerun each recurrent call of the user's
 Keras model, and must reproduce Keras' output."""
 
 from __future__ import annotations

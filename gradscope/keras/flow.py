@@ -437,10 +437,10 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
 def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
                ) -> list[KerasFlowSequence] | KerasNotAnalysed:
     """An RNN over a cell (your own too): the total ∂L/∂ of each state per step, from a tape
-    over the cell run step by step (:func:`~gradscope.keras.cell_steps.state_flow`), in
+    over the cell run step by step (:func:`~gradscope.keras.cell_scan.state_flow`), in
     processing order. No flag: what arrives from above at a step is the gradient of the
     cell's output, which need not be its state."""
-    from gradscope.keras.cell_steps import not_run, state_flow
+    from gradscope.keras.cell_scan import not_run, state_flow
 
     label = call_label(call.layer, call.index)
     masked = masked_steps(call)

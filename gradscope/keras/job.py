@@ -186,4 +186,5 @@ def run(prepared: KerasCommand, progress: Callable[[str], None] | None,
 
     return check(prepared.job, directions=prepared.directions, rtol=prepared.rtol,
                  atol=prepared.atol, progress=progress, timings=timings,
-                 after_autodiff=prepared.after_autodiff, examples=prepared.examples)
+                 after_autodiff=prepared.after_autodiff, examples=prepared.examples,
+                 chosen=prepared.chosen)

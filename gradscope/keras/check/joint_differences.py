@@ -1,23 +1,12 @@
 """Finite differences along joint directions: every tensor moved at once.
 
-A probe of one tensor costs two forward passes of the whole model, and a long recurrent model's
-forward pass is what check's time is made of. So check first moves every weight, every float
-input and every zero initial state together, along a few random directions, and compares the
-central difference of the loss with autodiff's directional derivative, the sum of
-``⟨g_t, δ_t⟩`` over the tensors. Only where a joint direction disagrees (or sits at a kink) does
-check probe the tensors one by one, which names the tensor: a pass costs a few forward passes,
-and a failure is as precise as before.
-
-Each tensor's part of a direction is scaled so that it moves the loss about as much as every
-other part: a random unit direction ``u_t`` of a tensor moves the loss by ``⟨g_t, u_t⟩``, of
-typical size ``typ_t = ‖g_t‖/√n_t``. A part is ``a_t·u_t`` with ``a_t = min(1, m/typ_t)``, where
-``m`` is the smallest ``typ_t``, or ``noise/rtol`` (the loss's rounding amplified by 1/step,
-over the tolerance) where a tensor's is below that: a tensor below it moves by a whole step.
-A relative error ε in one tensor's gradient then moves the joint derivative by about
-``ε·m`` times a standard normal, and the comparison allows ``rtol·m`` plus the rounding (at
-most as much again): an error is caught jointly about where the tensor's own probe would
-catch it, within a factor of two. The analytic side is computed from the values the probes
-really took (``x ± δ`` rounded to float64), so the rounding of a small part costs nothing.
+A probe of one tensor costs two forward passes of the whole model, and a long recurrent
+model's forward pass is what check's time is made of. So check first moves every weight, float
+input and zero initial state together along a few random directions, and compares the central
+difference of the loss with autodiff's directional derivative, the sum of ``⟨g_t, δ_t⟩`` over
+the tensors. Only where a joint direction disagrees (or sits at a kink) are the tensors probed
+one by one, which names the tensor: a pass costs a few forward passes, and a failure is as
+precise as before.
 """
 
 from __future__ import annotations
@@ -65,7 +54,16 @@ class JointResult:
 def directions(parts: list[Part], count: int, rng: np.random.Generator, loss: float,
                rtol: float, step: float, rounding: float = ROUNDING,
                ) -> tuple[float, list[dict[str, np.ndarray]]]:
-    """``m`` (see the module) and ``count`` joint directions: per tensor, ``a_t·u_t``."""
+    """``m`` and ``count`` joint directions: per tensor, ``a_t·u_t``."""
+    # Each tensor's part of a direction is scaled so that it moves the loss about as much as
+    # every other part: a random unit direction u_t of a tensor moves the loss by ⟨g_t, u_t⟩,
+    # of typical size typ_t = ‖g_t‖/√n_t. A part is a_t·u_t with a_t = min(1, m/typ_t), where
+    # m is the smallest typ_t, or noise/rtol (the loss's rounding amplified by 1/step, over the
+    # tolerance) where a tensor's is below that: a tensor below it moves by a whole step. A
+    # relative error ε in one tensor's gradient then moves the joint derivative by about ε·m
+    # times a standard normal, and the comparison allows rtol·m plus the rounding (at most as
+    # much again): an error is caught jointly about where the tensor's own probe would catch
+    # it, within a factor of two.
     floor = float(rounding_noise(loss, step, rounding)) / rtol
     typical = {part.name: part.typical() for part in parts}
     # A tensor below the floor moves by a whole step, and its errors are caught beyond
@@ -93,8 +91,8 @@ def compare(parts: list[Part], direction: dict[str, np.ndarray], step: float, m:
             loss_at: Callable[[dict[str, np.ndarray]], float],
             rounding: float = ROUNDING) -> tuple[float, float, float]:
     """The central difference along ``direction`` at ``step`` against autodiff, from the values
-    the probes really took (rounded to each tensor's dtype): (normalised error, finite
-    difference, autodiff)."""
+    the probes really took (rounded to each tensor's dtype, so the rounding of a small part
+    costs nothing): (normalised error, finite difference, autodiff)."""
     plus = {p.name: (p.value + step * direction[p.name]).astype(p.value.dtype)
             for p in parts if p.name in direction}
     minus = {p.name: (p.value - step * direction[p.name]).astype(p.value.dtype)

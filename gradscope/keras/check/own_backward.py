@@ -3,37 +3,41 @@ weights.
 
 A wrong gradient inside a layer without weights (a layer of your own with a
 ``tf.custom_gradient``, say) shows in check at the tensors below it: the weights of the layers
-that feed it, the input. So when check finds a gradient wrong, it also takes every layer call
-of one float tensor on its own: the tape's vector-Jacobian product of the layer, at the input
-the call received and for a random cotangent on its output, against central differences of
-the layer alone along a random direction of that input. A call whose backward disagrees is
-named (``layer NAME``), with both numbers and the factor between them. Non-trainable state
-(dropout seeds, batch-norm statistics) is restored before every evaluation, so each sees the
-same layer; a disagreement that fades at a 100× smaller step (a kink) is not reported.
+that feed it, the input. So where check finds a gradient wrong, it also takes every layer call
+of one float tensor on its own, and names a call whose backward disagrees (``layer NAME``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from gradscope.gradcheck import Probe, directional_error, retake_for, rounding_of, step_for
+from gradscope.gradcheck import (
+    Probe,
+    WitnessResult,
+    directional_error,
+    retake_for,
+    rounding_of,
+    step_for,
+)
+from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.engine import CapturedCall, call_label
-from gradscope.report.models import WitnessEntry
 
 WITNESS = "own_backward"
 
 
-def witness(engine: Any, calls: list[CapturedCall], training: bool, seed: int, rtol: float,
-            reset: Callable[[], None]) -> dict[str, tuple[list[int], WitnessEntry]]:
-    """``layer LABEL`` → (the input's shape, the entry), for every call whose own backward
-    disagrees with its finite differences."""
+def witness(probing: Probing, stopping: list[str]) -> Witnessed:
+    """``layer LABEL``, with the shape of its input, for every call whose own backward
+    disagrees with its finite differences. A layer that stops a gradient (``stopping``: its
+    place, ``layer 'NAME'``) is left out: its tape and its differences differ by design."""
+    engine = probing.engine
     tf = engine.tf
-    rng = np.random.default_rng([seed, 11])
-    found = {}
-    for call in calls:
+    rng = np.random.default_rng([probing.seed, 11])
+    found = Witnessed()
+    for call in probing.autodiff.calls:
+        if f"layer '{call.layer}'" in stopping:
+            continue
         tensors = [a for a in call.args if tf.is_tensor(a)]
         if (len(call.args) != 1 or len(tensors) != 1 or len(call.outputs) != 1
                 or not tensors[0].dtype.is_floating
@@ -43,19 +47,26 @@ def witness(engine: Any, calls: list[CapturedCall], training: bool, seed: int, r
         layer = engine.operation(call.layer)
         if not isinstance(layer, engine.keras.layers.Layer):
             continue
-        entry = _one(tf, layer, call, tensors[0], training, rng, rtol, reset)
-        if entry is not None:
-            found[f"layer {call_label(call.layer, call.index)}"] = (
-                [int(d) for d in tensors[0].shape], entry)
+        name = f"layer {call_label(call.layer, call.index)}"
+        result = _one(probing, layer, call, tensors[0], rng, name)
+        if result is not None:
+            found.shapes[name] = [int(d) for d in tensors[0].shape]
+            found.results.append(result)
     return found
 
 
-def _one(tf: Any, layer: Any, call: CapturedCall, x: Any, training: bool,
-         rng: np.random.Generator, rtol: float, reset: Callable[[], None]
-         ) -> WitnessEntry | None:
+def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.random.Generator,
+         name: str) -> WitnessResult | None:
+    """The tape's vector-Jacobian product of the layer, at the input the call received and
+    for a random cotangent on its output, against central differences of the layer alone
+    along a random direction of that input: where they disagree, both numbers and the factor
+    between them. Non-trainable state (dropout seeds, batch-norm statistics) is restored
+    before every evaluation, so each sees the same layer; a disagreement that fades at a 100×
+    smaller step (a kink) is not reported."""
+    tf, rtol, reset = probing.tf, probing.rtol, probing.restore
     kwargs: dict[str, Any] = {}
     if "training" in getattr(layer, "_call_context_args", {}):
-        kwargs["training"] = training
+        kwargs["training"] = probing.engine.training
     if call.mask is not None and getattr(layer, "supports_masking", False):
         kwargs["mask"] = call.mask
     cotangent = tf.constant(rng.standard_normal(call.outputs[0].shape))
@@ -101,9 +112,8 @@ def _one(tf: Any, layer: Any, call: CapturedCall, x: Any, training: bool,
     numerical = (plus - minus) / (2 * step)
     factor = (f"; the tape's is {analytic / numerical:.3g} times the differences'"
               if numerical != 0 else "")
-    return WitnessEntry(
-        witness=WITNESS, error=error, tolerance=rtol, passed=False,
-        detail=(f"this layer's own backward, on the input the call received and a random "
-                f"cotangent: along a random direction of its input the tape gives "
-                f"{analytic:.6e}, central differences of the layer alone {numerical:.6e}"
-                f"{factor}"))
+    return WitnessResult(
+        WITNESS, name, error, rtol, False,
+        f"this layer's own backward, on the input the call received and a random cotangent: "
+        f"along a random direction of its input the tape gives {analytic:.6e}, central "
+        f"differences of the layer alone {numerical:.6e}{factor}")

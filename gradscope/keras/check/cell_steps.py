@@ -1,42 +1,29 @@
 """Where in time the gradient of an RNN over your own cell goes wrong: each step of the cell is
 its own witness.
 
-gradscope has no NumPy version of a cell you wrote, and needs none. When check finds a
-gradient wrong in a model with ``keras.layers.RNN(your_cell)``, it runs the cell over the
-call's own input (``tf.scan``, float64 copy) to get the state entering every step, folds time
-into the batch axis, and checks the cell's backward at every step at once: the tape's
-vector-Jacobian product of one step, for a random cotangent on its outputs and new states,
-against central differences of that same step along random directions of its input x_t, of
-each state it receives, and of its weights. Rows are examples at steps, so each step gets its
-own verdict, from the cell's own numbers.
-
-The gradient into the state entering step t is what carries ∂L back to every earlier step: a
-step whose backward is wrong there spoils the total ∂L/∂h of every step before it. So the
+gradscope has no NumPy version of a cell you wrote, and needs none. Where check finds a
+gradient wrong in a model with ``keras.layers.RNN(your_cell)``, the cell's backward is checked
+at every step against central differences of that same step, from the cell's own numbers. The
 verdict reads as ``--against`` does: where the gradients still match, counting back from the
-last step, and the first wrong step, with the factor by which the tape's numbers differ
-where one factor explains them.
+last step, and the first wrong step, with the factor by which the tape's numbers differ where
+one factor explains them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from gradscope.errors import first_line
-from gradscope.gradcheck import rounding_noise, rounding_of, step_for
+from gradscope.gradcheck import WitnessResult, rounding_noise, rounding_of, step_for
+from gradscope.keras.cell_scan import cell_run, not_run
+from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
 from gradscope.keras.live import is_builtin
-from gradscope.report.models import WitnessEntry
+from gradscope.report.models import NotWitnessed
 
 WITNESS = "cell_steps"
-
-
-def not_run(exc: BaseException) -> str:
-    """Why a cell was left out: the user's cell, run step by step, raised ``exc``."""
-    return f"the cell could not be run step by step: {first_line(exc)}"
 
 
 @dataclass(frozen=True)
@@ -65,35 +52,57 @@ def your_cells(engine: Any, calls: list[CapturedCall]) -> list[CapturedCall]:
     return found
 
 
-def witness(engine: Any, call: CapturedCall, training: bool, seed: int, rtol: float,
-            weight_paths: list[str]) -> dict[str, WitnessEntry]:
-    """The cell's steps checked one by one: an entry for each of the call's initial states and
+def witness(probing: Probing, named: set[str]) -> Witnessed:
+    """Each RNN over a cell of the user's own, step by step, on the tensors of ``named`` (what
+    the other witnesses name): its initial states and the cell's trainable weights. A cell that
+    cannot be run step by step is not witnessed, and said why."""
+    engine = probing.engine
+    found = Witnessed()
+    for call in your_cells(engine, probing.autodiff.calls):
+        cell = engine.operation(call.layer).cell
+        paths = [v.path for v in cell.trainable_variables if v.path in named]
+        try:
+            results = _one_call(probing, call, paths)
+        except Exception as exc:  # noqa: BLE001  (the user's cell, on a folded batch)
+            found.not_witnessed.append(NotWitnessed(layer=call_label(call.layer, call.index),
+                                                    witness=WITNESS, reason=not_run(exc)))
+            continue
+        found.results.extend(result for result in results if result.tensor in named)
+    return found
+
+
+def _one_call(probing: Probing, call: CapturedCall, weight_paths: list[str]
+              ) -> list[WitnessResult]:
+    """The cell's steps checked one by one: a result for each of the call's initial states and
     for each of the cell's trainable weights (by the check's tensor names)."""
+    engine, rtol = probing.engine, probing.rtol
     layer = engine.operation(call.layer)
     label = call_label(call.layer, call.index)
     mask = call.mask
     if mask is not None and not bool(np.all(np.asarray(mask))):
-        return {}
-    parts = _parts(engine, layer, call, training, np.random.default_rng([seed, 7]))
+        return []
+    parts = _parts(engine, layer, call, engine.training,
+                   np.random.default_rng([probing.seed, 7]))
     steps = len(parts[0].errors)
     names = state_names(layer)
     state_parts = parts[1:-1]
+    # The gradient into the state entering step t is what carries ∂L back to every earlier
+    # step: a step whose backward is wrong there spoils the total ∂L/∂h of every step before it.
     last_wrong = max((t for part in state_parts for t in part.wrong(rtol)), default=None)
     detail = _sentence(parts, steps, rtol)
-    entries: dict[str, WitnessEntry] = {}
+    results = []
     for name, part in zip(names, state_parts, strict=True):
         error = float(np.max(part.errors))
-        entries[f"{label}/{name}"] = WitnessEntry(
-            witness=WITNESS, error=error, tolerance=rtol, passed=error <= rtol, detail=detail,
-            first_bad_step=last_wrong)
+        results.append(WitnessResult(WITNESS, f"{label}/{name}", error, rtol, error <= rtol,
+                                     detail, first_bad_step=last_wrong))
     weights = parts[-1]
     every = max((t for part in parts for t in part.wrong(rtol)), default=None)
     for path in weight_paths:
         error = float(np.max(weights.errors))
-        entries[path] = WitnessEntry(
-            witness=WITNESS, error=error, tolerance=rtol, passed=error <= rtol, detail=detail,
-            first_bad_step=every if error > rtol or last_wrong is not None else None)
-    return entries
+        results.append(WitnessResult(
+            WITNESS, path, error, rtol, error <= rtol, detail,
+            first_bad_step=every if error > rtol or last_wrong is not None else None))
+    return results
 
 
 def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
@@ -121,30 +130,16 @@ def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
             "into the batch; tape against central differences): " + "; ".join(said))
 
 
-def _cell_run(engine: Any, layer: Any, call: CapturedCall, training: bool
-              ) -> tuple[Callable[[Any, list[Any]], tuple[Any, list[Any]]], Any, list[Any]]:
-    """One step of the layer's cell as Keras' RNN calls it (``step(x_t, states)`` → output and
-    the new states, flat), the call's input time-major in processing order, and its initial
-    states."""
-    tf, keras = engine.tf, engine.keras
-    cell = layer.cell
-    kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
-
-    def step(x_t: Any, states: list[Any]) -> tuple[Any, list[Any]]:
-        out, new = cell(x_t, list(states), **kwargs)
-        return out, list(keras.tree.flatten(new))
-
-    x = tf.convert_to_tensor(call.args[0])
-    if getattr(layer, "go_backwards", False):
-        x = tf.reverse(x, [1])
-    return (step, tf.transpose(x, [1, 0, *range(2, len(x.shape))]),
-            [tf.convert_to_tensor(s) for s in call.states])
-
-
 def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
            rng: np.random.Generator) -> list[Part]:
+    """The cell run over the call's own input (``tf.scan``) gives the state entering every
+    step; with time folded into the batch axis, the cell's backward is checked at every step at
+    once: the tape's vector-Jacobian product of one step, for a random cotangent on its outputs
+    and new states, against central differences of that same step along random directions of
+    its input x_t, of each state it receives, and of its weights. Rows are examples at steps,
+    so each step gets its own verdict."""
     tf = engine.tf
-    step, x_tm, initial = _cell_run(engine, layer, call, training)
+    step, x_tm, initial = cell_run(engine, layer, call, training)
     steps, batch = int(x_tm.shape[0]), int(x_tm.shape[1])
     dtype = engine.dtype_name
     delta = step_for(dtype)
@@ -241,52 +236,3 @@ def _part(name: str, numerical: np.ndarray, analytic: np.ndarray, at_rest: np.nd
         if residual <= 0.01 * float(np.linalg.norm(analytic)) and abs(fitted - 1) > 1e-3:
             factor = fitted
     return Part(name=name, errors=errors, factor=factor)
-
-
-def state_flow(engine: Any, call: CapturedCall, upstream: list[Any],
-               training: bool) -> list[tuple[str, np.ndarray]]:
-    """For an RNN over any cell: per initial state, the total ∂L/∂(that state after step t),
-    (B, T, u) in processing order, from one tape over the cell run by ``tf.scan``: a zero
-    probe is added to every state each step leaves, and to the step's output where the cell
-    returns that very state as its output (the gradient from above arrives there too).
-    ``upstream``: the tape's ∂L/∂ of each of the call's outputs."""
-    tf = engine.tf
-    layer = engine.operation(call.layer)
-    step, x_tm, initial = _cell_run(engine, layer, call, training)
-    steps = int(x_tm.shape[0])
-    first, _ = step(x_tm[0], initial)
-
-    def body(carry: tuple[list[Any], Any], inputs: tuple[Any, list[Any]]
-             ) -> tuple[list[Any], Any]:
-        x_t, probes = inputs
-        out, new = step(x_t, carry[0])
-        shifted = [n + e for n, e in zip(new, probes, strict=True)]
-        same = [k for k, n in enumerate(new) if n is out]
-        return shifted, (shifted[same[0]] if same else out)
-
-    @tf.function(autograph=False)
-    def totals(x_tm: Any, initial: list[Any], upstream: list[Any]) -> list[Any]:
-        probes = [tf.zeros([steps, *s.shape], s.dtype) for s in initial]
-        with tf.GradientTape() as tape:
-            tape.watch(probes)
-            states, outs = tf.scan(body, (x_tm, probes),
-                                   initializer=(initial, tf.zeros_like(first)))
-            objective = _against(tf, layer, upstream, states, outs)
-        return tape.gradient(objective, probes)
-
-    found = totals(x_tm, initial, [None if g is None else tf.convert_to_tensor(g)
-                                   for g in upstream])
-    names = state_names(layer)
-    return [(name, np.swapaxes(np.asarray(g), 0, 1))
-            for name, g in zip(names, found, strict=True)]
-
-
-def _against(tf: Any, layer: Any, upstream: list[Any], states: list[Any], outs: Any) -> Any:
-    """Σ ⟨∂L/∂output, output⟩ over the call's outputs, rebuilt from the scan (time-major):
-    the sequence or its last step, then the final states with ``return_state``."""
-    returned = ([tf.transpose(outs, [1, 0, *range(2, len(outs.shape))])]
-                if layer.return_sequences else [outs[-1]])
-    if layer.return_state:
-        returned += [s[-1] for s in states]
-    return sum(tf.reduce_sum(tf.cast(g, r.dtype) * r)
-               for g, r in zip(upstream, returned, strict=True) if g is not None)

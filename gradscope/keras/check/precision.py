@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.gradcheck import rounding_noise, step_for
+from gradscope.keras.check.probing import Probing
 
 
 def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
@@ -57,7 +58,7 @@ def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None
 
 def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float:
     """The rounding of the loss in the model's own dtype, relative to max(|loss|, 1), as
-    :func:`~gradscope.yaml.check.finite_differences.rounding_noise` takes it: measured, not
+    :func:`~gradscope.gradcheck.rounding_noise` takes it: measured, not
     assumed. The loss is taken at six points within 1e-4 along one direction of the weights,
     where its change is linear to far below its rounding; what is left once the line through
     the central difference at the check's step is taken away is rounding, and twice the
@@ -71,6 +72,34 @@ def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float
                 for h in (-1e-4, -5e-5, -2.5e-5, 2.5e-5, 5e-5, 1e-4)]
     scale = max(abs(base), 1.0)
     return max(2 * max(residues) / scale, 4 * float(np.finfo(dtype).eps))
+
+
+def loss_along(probing: Probing) -> Callable[[float], float]:
+    """The loss of Keras' own call with every trainable weight moved by ``h`` along one
+    random unit direction (for :func:`coarse_loss` and :func:`measured_rounding`)."""
+    tf, model = probing.tf, probing.engine.model
+    feed, y = probing.tensors()
+    variables = list(model.trainable_variables)
+    bases = [np.array(v.numpy()) for v in variables]
+    rng = np.random.default_rng([probing.seed, 5])
+    draws = [rng.standard_normal(base.shape) for base in bases]
+    norm = float(np.sqrt(sum(float(np.sum(d * d)) for d in draws))) or 1.0
+
+    @tf.function(reduce_retracing=True)
+    def evaluate(feed: list[Any]) -> Any:
+        return probing.keras_loss(feed, y)
+
+    def along(h: float) -> float:
+        probing.restore()
+        try:
+            for variable, base, draw in zip(variables, bases, draws, strict=True):
+                variable.assign(base + h * draw / norm)
+            return float(evaluate(feed).numpy())
+        finally:
+            for variable, base in zip(variables, bases, strict=True):
+                variable.assign(base)
+
+    return along
 
 
 def _is_other_float(found: Any, dtype: str) -> bool:

@@ -1,0 +1,199 @@
+"""``gradscope check MODEL.keras``: every gradient of the user's model against witnesses that
+do not share the tape's reading of it.
+
+check runs on a float64 copy of the model with the same weights (or in the model's own dtype
+where the user's code does not run in float64: :mod:`~gradscope.keras.check.precision`), on
+at most ``examples`` examples of the batch (:mod:`~gradscope.keras.checked_examples`). The
+finite differences and the NumPy reference witness every tensor; where one disagrees, the
+cell steps and the own backward say where. Each witness is a module that returns what it
+found; this one merges them into the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import ConfigError, DataError
+from gradscope.gradcheck import checked_tensors, rounding_noise, step_for, tolerance
+from gradscope.guard import give_back_freed_memory
+from gradscope.keras import stopped
+from gradscope.keras.check import cell_steps, finite_differences, numpy_reference, own_backward
+from gradscope.keras.check.precision import (
+    coarse_loss,
+    loss_along,
+    measured_rounding,
+    not_in_dtype,
+)
+from gradscope.keras.check.probing import Probing, Witnessed
+from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
+from gradscope.keras.data import batch_targets
+from gradscope.keras.engine import CopyFails, KerasEngine
+from gradscope.keras.explain import KerasJob, loss_entry, model_entry
+from gradscope.keras.whole_model import moved_state, restore
+from gradscope.report.models import CheckedExamples, CheckSummary, KerasCheckReport
+from gradscope.timing import Clock, Progress
+
+#: The witnesses in the order of the report.
+WITNESSES = [finite_differences.WITNESS, numpy_reference.WITNESS, cell_steps.WITNESS,
+             own_backward.WITNESS]
+
+
+def check(job: KerasJob, directions: int | None = None, rtol: float | None = None,
+          atol: float | None = None, progress: Progress | None = None, timings: bool = False,
+          after_autodiff: Callable[[Any], None] | None = None,
+          examples: int | None = DEFAULT_EXAMPLES,
+          chosen: CheckedExamples | None = None) -> KerasCheckReport:
+    """``examples``: at most this many examples of the batch, chosen as
+    :mod:`~gradscope.keras.checked_examples` says (None: every one), unless ``chosen`` is
+    the choice already made. ``directions``: the
+    finite differences' random directions, joint and then per tensor (None:
+    :data:`~gradscope.keras.check.joint_differences.JOINT_DIRECTIONS` and
+    :data:`~gradscope.gradcheck.PER_TENSOR_DIRECTIONS`).
+    ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
+    the float64 copy: a check that cannot fail is a defect; where check runs in the model's
+    own dtype, it is given the user's model object itself)."""
+    say = progress or (lambda message: None)
+    chosen = choose(job, examples) if chosen is None else chosen
+    say("importing TensorFlow, loading the model and its float64 copy")
+    try:
+        copy = KerasEngine(job.source, job.outputs, job.plan, training=job.training,
+                           seed=job.seed, dtype="float64")
+        return _check(job, copy, chosen, directions, rtol, atol, say, timings, after_autodiff)
+    except CopyFails as exc:
+        reason = exc.reason
+    say(f"the float64 copy does not run in float64 ({reason}): checking in the model's dtype")
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
+    return _check(job, engine, chosen, directions, rtol, atol, say, timings, after_autodiff,
+                  reason)
+
+
+def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
+           directions: int | None, rtol: float | None, atol: float | None, say: Progress,
+           timings: bool, after_autodiff: Callable[[Any], None] | None,
+           not_float64: str | None = None) -> KerasCheckReport:
+    """Check on ``engine``'s model: the float64 copy (which raises :class:`CopyFails` where
+    the user's code turns out not to run in float64), or the model in its own dtype, with
+    ``not_float64`` saying why."""
+    clock = Clock()
+    dtype = engine.dtype_name
+    copied = engine.model is not engine.user_model
+    # Drawn for the whole batch: the examples keep the targets explain uses.
+    targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
+                            job.seed)
+    inputs, targets = ({name: value.astype(dtype) if value.dtype.kind == "f" else value
+                        for name, value in take(arrays, chosen.indices, job.batch_size).items()}
+                       for arrays in (job.batch.inputs, targets))
+    sample_weight = take(job.batch.sample_weight, chosen.indices, job.batch_size)
+    clock.lap("load")
+    model = engine.model
+    frozen = moved_state(model)
+    say(f"TF autodiff on the {'float64 copy' if copied else 'model'}")
+    with stopped.counted(engine.tf) as stops_met:
+        autodiff = engine.run(inputs, targets, watch_outputs=True, watch_inputs=True,
+                              sample_weight=sample_weight)
+    restore(frozen)
+    if copied:
+        where = not_in_dtype(model, autodiff.calls, dtype)
+        if where:
+            raise CopyFails(where, where, engine.path)
+    if not np.isfinite(autodiff.loss):
+        raise DataError(f"{engine.path}: the loss is not finite ({autodiff.loss}) in Keras' own "
+                        f"call of the {'float64 copy' if copied else 'model'} on this batch: no "
+                        "witness can compare gradients of it; check the batch (an average over "
+                        "fully masked steps, a log of 0) and the loss", where=engine.path)
+    if after_autodiff is not None:
+        after_autodiff(model)
+    give_back_freed_memory()  # the tape's, before the witnesses set the peak
+    clock.lap("autodiff")
+    fd_rtol = rtol if rtol is not None else tolerance("finite_differences", dtype).rtol
+    ref_rtol = rtol if rtol is not None else tolerance("numpy_reference", dtype).rtol
+    # The NumPy reference runs on another thread beside the finite differences (its BLAS and
+    # TensorFlow's kernels release the GIL), on the weights as they are now: the differences
+    # move the variables meanwhile.
+    probing = Probing(engine, autodiff, inputs, targets, frozen,
+                      engine.weight_tensors(sample_weight),
+                      {v.path: np.array(v.numpy()) for v in model.weights}, job.seed,
+                      fd_rtol, atol)
+    stops = _stops(probing) if stops_met[0] else stopped.Stops()
+    if dtype != "float64":  # the loss's rounding, measured on the model
+        with stopped.held(engine.tf, stops):
+            probing = replace(probing, rounding=measured_rounding(loss_along(probing), dtype))
+    say("finite differences, and the NumPy reference for the recurrent layers beside them")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool, \
+            stopped.held(engine.tf, stops):
+        reference = pool.submit(clock.timed, "numpy_reference",
+                                lambda: numpy_reference.witness(probing, ref_rtol))
+        witnessed: list[Witnessed] = [
+            finite_differences.witness(probing, directions,
+                                        finite_differences.masked_inputs(job, inputs))]
+        clock.lap("finite_differences")
+        witnessed.append(reference.result())
+    clock.lap("numpy_reference_wait")
+    if copied and not all(w.passed for w in witnessed):
+        say("does the float64 copy really compute in float64?")
+        with stopped.held(engine.tf, stops):
+            coarse = coarse_loss(loss_along(probing), autodiff.loss)
+        if coarse:
+            raise CopyFails(coarse, coarse, engine.path)
+    if not all(w.passed for w in witnessed):
+        say("each layer call, and each step of your cells, on its own")
+        probing.restore()
+        witnessed.append(own_backward.witness(probing, stops.places))
+        named = {result.tensor for found in witnessed for result in found.results}
+        witnessed.append(cell_steps.witness(probing, named))
+        clock.lap("layers_on_their_own")
+    tensors = checked_tensors([r for w in witnessed for r in w.results],
+                              shapes={n: s for w in witnessed for n, s in w.shapes.items()})
+    failed = [t.name for t in tensors if not t.passed]
+    witnesses = sorted({e.witness for t in tensors for e in t.witnesses}, key=WITNESSES.index)
+    return KerasCheckReport(
+        model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
+        examples=chosen, dtype=dtype,
+        dtype_reason=_costs(not_float64, dtype, fd_rtol, probing.rounding, autodiff.loss),
+        held_fixed=stops.described(),
+        tolerances={finite_differences.WITNESS: fd_rtol, numpy_reference.WITNESS: ref_rtol,
+                    **{w: fd_rtol for w in WITNESSES[2:] if w in witnesses}},
+        tensors=tensors, not_witnessed=[n for w in witnessed for n in w.not_witnessed],
+        summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
+                             failed_tensors=failed, witnesses=witnesses,
+                             comparisons=sum(len(t.witnesses) for t in tensors),
+                             failures=sum(not e.passed for t in tensors for e in t.witnesses)),
+        timings=clock.laps(timings))
+
+
+def _stops(probing: Probing) -> stopped.Stops:
+    """The tensors the model stops the gradient of, on the unperturbed call (see
+    :mod:`~gradscope.keras.stopped`); a stop inside a recurrent loop is refused."""
+    engine = probing.engine
+    feed, y = probing.tensors()
+    probing.restore()
+    try:
+        stops = stopped.record(engine.tf, lambda: probing.keras_loss(feed, y))
+    finally:
+        probing.restore()
+    if stops.in_loops:
+        raise ConfigError(
+            f"{engine.path}: stop_gradient in {', '.join(sorted(set(stops.in_loops)))}, inside "
+            "a recurrent loop (or a tf.cond): the tape treats the stopped tensor as a constant "
+            "at every step, and finite differences cannot hold a value per step fixed, so "
+            "check cannot witness this model's gradients; explain shows them", where=engine.path)
+    return stops
+
+
+def _costs(not_float64: str | None, dtype: str, rtol: float, rounding: float,
+           loss: float) -> str | None:
+    """Why check did not compute in float64, and what its own dtype costs."""
+    if not_float64 is None:
+        return None
+    return (f"{not_float64}. In {dtype} the loss's rounding, measured on the model, is "
+            f"{rounding * max(abs(loss), 1.0) / 2:.1e} (of a loss of {loss:.4g}): the finite "
+            "differences resolve a derivative along a direction to about "
+            f"{float(rounding_noise(loss, step_for(dtype), rounding)):.1e}, and to a relative "
+            f"{rtol:.0e} beyond that (in float64, "
+            f"{tolerance('finite_differences').rtol:.0e}); a smaller error in a "
+            "gradient would pass")
