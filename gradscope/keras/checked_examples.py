@@ -1,23 +1,11 @@
 """Which examples of the batch ``check`` verifies a Keras model's gradients on.
 
-check's cost is float64 work over the examples: its tape, the finite differences' forward
-passes of the whole model and the NumPy reference are each linear in them, and each float64
-pass costs about twice a float32 one. On every example of a batch that came to 3.1–3.4× the
-user's own float32 tape at 3000 steps or 512 units (batch 32), and 4.2× at batch 256; and the
-examples past a few say nothing more about how the gradient is computed: every example goes
-through the same arithmetic. What tells one example from another is its data: how many steps
-a mask keeps, and its sample weight. So by default check takes at most
-:data:`DEFAULT_EXAMPLES` examples:
-
-- for every masked input (a ``Masking`` layer's, or an ``Embedding`` with ``mask_zero``), the
-  example with the fewest kept steps and the one with the most;
-- for every sample weight, the example of the smallest total weight and of the largest;
-- the rest drawn with the seed; all of them in the batch's order.
-
-The tape, every witness and the loss are then those of that sub-batch, as Keras computes them
-for a batch of those examples (a mean over them): the report names the examples, and
-``--examples all`` checks every one. A model whose Input fixes the batch size (a stateful
-layer's state has one row per example) is checked whole. Nothing here imports TensorFlow.
+check's cost is float64 work linear in the examples, and the examples past a few say nothing
+more about how the gradient is computed: what tells one from another is its data. So check
+takes at most :data:`DEFAULT_EXAMPLES`: for every masked input the example with the fewest
+kept steps and the one with the most, for every sample weight the smallest and largest total
+weight, and the rest drawn with the seed, in the batch's order. A model whose Input fixes the
+batch size is checked whole. docs/keras.md gives the measured costs. No TensorFlow here.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Tensors the user's code stops the gradient of (``tf.stop_gradient``, ``ops.stop_gradient``):
 held at their values while check's finite differences probe the model.
 
-The tape differentiates the model as written: a stopped tensor is a constant to it. Finite
-differences measure the loss as computed, through every path, stopped or not. Where the model
-stops a gradient, the two differ by design, and check would blame the layers below the stop.
-So check records every stopped tensor on the unperturbed call and, while it probes, each stop
-returns its recorded value: the differences then measure the model as written, the function
-whose gradient the tape gives. The recording is taken in a traced call, in the order the stops
-are met; a stop inside a recurrent loop (a cell's step) has a value per step, which a trace
-does not hold, so check refuses to probe it rather than compare against another function.
+The tape treats a stopped tensor as a constant; finite differences see every path. So check
+records every stopped tensor on the unperturbed call (a traced call, in the order the stops
+are met) and, while it probes, each stop returns its recorded value: the differences then
+measure the function whose gradient the tape gives. A stop inside a recurrent loop has a
+value per step, which a trace does not hold: check refuses to probe it.
 """
 
 from __future__ import annotations
