@@ -144,7 +144,7 @@ def test_returning_nothing_known_is_a_contract_error(zoo, returned, fragments):
 
     with pytest.raises(ConfigError) as caught:
         against_witness(ctx, backward)
-    assert "test_check_against.py:backward returned" in caught.value.message
+    assert "test_yaml_check_user_backward.py:backward returned" in caught.value.message
     assert all(f in caught.value.message for f in fragments), caught.value.message
     assert caught.value.exit_code == 2 and "\n" not in caught.value.message
 
