@@ -44,6 +44,12 @@ def steps_axis(facts: LayerFacts) -> int:
     return 2 if facts.option("data_format", "channels_last") == "channels_first" else 1
 
 
+def steps_of(facts: LayerFacts, axis: int = 1) -> int | None:
+    """The length of the first input's time axis (``axis``), None if unknown or absent."""
+    shape = facts.input_shape
+    return shape[axis] if len(shape) > axis else None
+
+
 def feature_axis(facts: LayerFacts) -> int:
     return 1 if facts.option("data_format", "channels_last") == "channels_first" else -1
 
