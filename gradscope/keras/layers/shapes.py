@@ -76,3 +76,9 @@ def first(value: object, default: int) -> int:
 def number(value: float) -> str:
     """A rate or scale as the user would write it: 0.3, 1.4286."""
     return f"{value:.5g}"
+
+def setting(facts: LayerFacts, key: str, default: float) -> tuple[str, str]:
+    """A layer's one number and the head of its summary, both as the user would write them:
+    ("0.3", "LeakyReLU negative_slope 0.3 on (batch, 7, 4)")."""
+    value = number(float(facts.option(key, default)))
+    return value, f"{facts.class_name} {key} {value} on {shape_text(facts.input_shape)}"
