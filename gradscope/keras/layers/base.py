@@ -41,6 +41,10 @@ class LayerFacts:
     def input_label(self) -> str:
         return self.input_labels[0] if self.input_labels else "input"
 
+    def label(self, k: int, unnamed: str = "input") -> str:
+        """Where input ``k`` comes from, for formulas; "input 1" (``unnamed`` 1) if not known."""
+        return self.input_labels[k] if k < len(self.input_labels) else f"{unnamed} {k}"
+
     def option(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
