@@ -11,9 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.formats import number
-from gradscope.report.layout import pack, section
+from gradscope.report.layout import pack, section, title
 from gradscope.report.models import FlowHistoryReport, RecurrentFlowSeries
-from gradscope.report.tables import norm_table, spark_table
+from gradscope.report.tables import NO_FLAGS, norm_table, spark_table
 
 
 def _values(series: list[float | None]) -> list[float]:
@@ -36,13 +36,11 @@ def _steps(report: FlowHistoryReport) -> str:
 
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
-    title = Text.assemble(("gradient flow during training", "bold"), "  ",
-                          (report.source, "bold cyan"))
     every = [f"one pass every {report.every} batches"] if report.every else []
     details = pack([_steps(report), *every, f"loss {report.loss}", f"{report.mode} mode"],
                    width)
     details.stylize("dim")
-    return [title, details]
+    return [title("gradient flow during training", report.source), details]
 
 
 def series_table(rows: dict[str, list[float | None]], width: int, title: str) -> Table:
@@ -78,8 +76,7 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
                 "factor "
                 f"{report.flag_factor:g})", style="bold yellow"))
     if report.recurrent and not lines:
-        lines.append(Text(f"no vanishing or exploding gradients flagged (factor "
-                          f"{report.flag_factor:g})", style="dim"))
+        lines.append(Text(f"{NO_FLAGS} (factor {report.flag_factor:g})", style="dim"))
     return lines
 
 

@@ -24,10 +24,12 @@ from gradscope.report.layout import (
     pack,
     section,
     sparkline,
+    warning,
 )
 from gradscope.report.models import (
     CheckedTensor,
     CheckReport,
+    FlowFlag,
     JacobianEntry,
     KerasCheckReport,
     LayerCheckReport,
@@ -98,6 +100,18 @@ def norm_table(rows: dict[str, list[float]], width: int) -> Table:
     first and the last step."""
     return spark_table({label: (norms, norms[0], norms[-1]) for label, norms in rows.items()},
                        width, ("sequence", "t = 0 … T−1", "at t=0", "at t=T−1"))
+
+
+#: What a flow section says where it flags nothing.
+NO_FLAGS = "no vanishing or exploding gradients flagged"
+
+
+def flag_warnings(flags: list[FlowFlag], drawn: bool = True) -> list[RenderableType]:
+    """Each flag of a flow section as a ⚠ line; where there is none, a dim line that says so
+    (if anything was ``drawn`` that could have been flagged)."""
+    if flags:
+        return [warning(flag.message) for flag in flags]
+    return [Text(NO_FLAGS, style="dim")] if drawn else []
 
 
 WITNESS_TITLES = {
