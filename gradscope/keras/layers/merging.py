@@ -36,10 +36,10 @@ def _broadcast(facts: LayerFacts) -> str:
 def concatenate(facts: LayerFacts) -> Sentences:
     axis = int(facts.option("axis", -1))
     widths = [dim(shape, axis) for shape in facts.input_shapes]
-    total = "?" if None in widths else str(sum(w for w in widths if w is not None))
+    known = [w for w in widths if w is not None]
+    total = str(sum(known)) if len(known) == len(widths) else "?"
     summary = (f"Concatenate on axis {axis}: {' + '.join(size(w) for w in widths)} = {total} "
                f"from {_inputs(facts)}")
-    known = [w for w in widths if w is not None]
     if len(known) < len(widths):
         return Sentences(summary, f"split back along axis {axis}: each input receives the slice "
                                   "of the gradient at its own positions")
