@@ -6,26 +6,14 @@ from __future__ import annotations
 
 import math
 
-from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.formats import number
-from gradscope.report.layout import (
-    GAP,
-    SPARK_MIN,
-    SPARK_WIDTH,
-    Column,
-    Layout,
-    atom,
-    fit,
-    pack,
-    section,
-    sparkline,
-)
+from gradscope.report.layout import pack, section, title
 from gradscope.report.models import FlowHistoryReport, RecurrentFlowSeries
-from gradscope.report.tables import norm_table
+from gradscope.report.tables import NO_FLAGS, norm_table, spark_table
 
 
 def _values(series: list[float | None]) -> list[float]:
@@ -48,34 +36,19 @@ def _steps(report: FlowHistoryReport) -> str:
 
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
-    title = Text.assemble(("gradient flow during training", "bold"), "  ",
-                          (report.source, "bold cyan"))
     every = [f"one pass every {report.every} batches"] if report.every else []
     details = pack([_steps(report), *every, f"loss {report.loss}", f"{report.mode} mode"],
                    width)
     details.stylize("dim")
-    return [title, details]
+    return [title("gradient flow during training", report.source), details]
 
 
 def series_table(rows: dict[str, list[float | None]], width: int, title: str) -> Table:
     """One row per quantity: its label, a sparkline across the observations, the first and the
     last value."""
-    firsts = {label: _first_last(values) for label, values in rows.items()}
-    numbers = max([len(number(v)) for pair in firsts.values() for v in pair] + [len("first")])
-    fixed = 2 * numbers + 3 * GAP
-    label_width = max([cell_len(title)] + [cell_len(label) for label in rows])
-    room = width - fixed - label_width
-    if room < SPARK_MIN:
-        longest_word = max(cell_len(word) for label in rows for word in label.split())
-        room = min(SPARK_MIN, width - fixed - longest_word)
-    spark_width = max(1, min(SPARK_WIDTH, room))
-    layout = Layout([Column(title), Column("trend"), Column("first", "right"),
-                     Column("last", "right")])
-    for label, values in rows.items():
-        first, last = firsts[label]
-        layout.add_row(Text(label), atom(sparkline(_values(values), spark_width), "cyan"),
-                       atom(number(first)), atom(number(last)))
-    return fit(width, layout)
+    return spark_table({label: (_values(values), *_first_last(values))
+                        for label, values in rows.items()}, width,
+                       (title, "trend", "first", "last"))
 
 
 def _recurrent_rows(series: list[RecurrentFlowSeries]) -> dict[str, list[float | None]]:
@@ -103,8 +76,7 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
                 "factor "
                 f"{report.flag_factor:g})", style="bold yellow"))
     if report.recurrent and not lines:
-        lines.append(Text(f"no vanishing or exploding gradients flagged (factor "
-                          f"{report.flag_factor:g})", style="dim"))
+        lines.append(Text(f"{NO_FLAGS} (factor {report.flag_factor:g})", style="dim"))
     return lines
 
 

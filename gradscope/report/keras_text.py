@@ -24,6 +24,8 @@ from gradscope.report.layout import (
     hanging,
     pack,
     section,
+    title,
+    warning,
 )
 from gradscope.report.models import (
     KerasCheckReport,
@@ -32,16 +34,19 @@ from gradscope.report.models import (
     KerasGradientEntry,
     KerasLayerEntry,
     KerasLossEntry,
+    KerasModelEntry,
     KerasNotAnalysed,
     KerasShapesReport,
     KerasStateEntry,
     KerasStateJacobians,
+    KerasTensorSpec,
 )
 from gradscope.report.tables import (
     WITNESS_TITLES,
     all_agree,
     checked_section,
     failures_section,
+    flag_warnings,
     jacobian_table,
     norm_table,
     stats_items,
@@ -120,23 +125,29 @@ def _with_items(row: _Row, width: int) -> Text:
     return text
 
 
+def _model_title(command: str, model: KerasModelEntry | KerasShapesReport) -> Text:
+    return title(f"gradscope {command}", f"{_file_name(model.file)} ({model.kind} "
+                                         f"'{model.name}')")
+
+
+def _inputs(inputs: list[KerasTensorSpec]) -> str:
+    return ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in inputs)
+
+
 def header(report: KerasExplainReport | KerasCheckReport,
            command: str = "explain") -> list[RenderableType]:
     model, loss = report.model, report.loss
     value = "n/a" if loss.value is None else f"{loss.value:.6g}"
-    inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in model.inputs)
     outputs = ", ".join(f"{o.name} {_dims(o.shape)}" for o in model.outputs)
     return [
-        Text.assemble((f"gradscope {command}", "bold"), "  ",
-                      (f"{_file_name(model.file)} ({model.kind} '{model.name}')",
-                       "bold cyan")),
+        _model_title(command, model),
         Text(f"batch {model.batch_size} · {model.mode} mode"
              + (" (dropout off, batch norm uses its moving statistics)"
                 if model.mode == "inference" else f" (seed {model.seed})")
              + f" · {model.weight_count:,} trainable weights", style="dim"),
         Text(f"loss = {value}: {loss.name}", style="dim"),
         *loss_terms(loss),
-        Text(f"inputs {inputs} · outputs {outputs}", style="dim"),
+        Text(f"inputs {_inputs(model.inputs)} · outputs {outputs}", style="dim"),
         Text(f"data {model.data}", style="dim"),
     ]
 
@@ -244,19 +255,14 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
         parts.append(norm_table(rows, width))
     else:
         parts.append(Text("no recurrent call or float sequence input to show", style="dim"))
-    for flag in flow.flags:
-        parts.append(hanging("⚠", flag.message, "bold yellow"))
-    if rows and not flow.flags:
-        parts.append(Text("no vanishing or exploding gradients flagged", style="dim"))
+    parts += flag_warnings(flow.flags, drawn=bool(rows))
     parts += _not_analysed(flow.not_analysed)
     parts.append(Text(flow.method, style="dim"))
     return parts
 
 
 def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[RenderableType]:
-    parts: list[RenderableType] = [*header(report)]
-    for warning in report.warnings:
-        parts.append(hanging("⚠", warning, "bold yellow"))
+    parts: list[RenderableType] = [*header(report), *map(warning, report.warnings)]
     parts += [
         section(f"Layers ({len(report.layers)})"),
         layer_table(report.layers, width),
@@ -282,12 +288,9 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
 
 
 def render_keras_shapes(report: KerasShapesReport, width: int) -> list[RenderableType]:
-    inputs = ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in report.inputs)
     parts: list[RenderableType] = [
-        Text.assemble(("gradscope shapes", "bold"), "  ",
-                      (f"{_file_name(report.file)} ({report.kind} '{report.name}')",
-                       "bold cyan")),
-        Text(f"inputs {inputs} · outputs {', '.join(report.outputs)} · "
+        _model_title("shapes", report),
+        Text(f"inputs {_inputs(report.inputs)} · outputs {', '.join(report.outputs)} · "
              f"{report.weight_count:,} weights derived", style="dim"),
         Text(f"loss: {report.loss}", style="dim"),
         section(f"Layers ({len(report.layers)}; read from the model's config, nothing is run)"),

@@ -159,6 +159,11 @@ def section(title: str) -> Text:
     return Text("\n" + title, style="bold underline")
 
 
+def title(what: str, subject: str) -> Text:
+    """A report's first line: what it is in bold, then what it is about in bold cyan."""
+    return Text.assemble((what, "bold"), "  ", (subject, "bold cyan"))
+
+
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
@@ -193,3 +198,8 @@ def hanging(mark: str, text: str, style: str = "") -> Table:
     grid.add_column()
     grid.add_row(Text(mark, style=style), Text(text, style=style))
     return grid
+
+
+def warning(text: str) -> Table:
+    """A ``⚠ …`` line in bold yellow, with a hanging indent."""
+    return hanging("⚠", text, "bold yellow")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -52,6 +52,14 @@ class _Displayed(_Report):
     def to_json(self) -> str:
         """The document ``--json`` prints."""
         return json_text(self.to_dict())
+
+
+class _CommandReport(_Displayed):
+    """What a command returns: the JSON document starts with the schema's version and the
+    command (each report narrows ``command`` to its own)."""
+
+    schema_version: Literal["1"] = "1"
+    command: str
 
 
 class BlockEntry(_Report):
@@ -199,11 +207,15 @@ class CarryEntry(_Report):
     verdict: str | None = Field(default=None, description="the one line the text shows")
 
 
-class ShapesReport(_Displayed):
-    schema_version: Literal["1"] = "1"
-    command: Literal["shapes"] = "shapes"
+class _YamlRun(_CommandReport):
+    """A report on a YAML config's model: the model the config builds, and its loss."""
+
     model: ModelEntry
     loss: LossEntry
+
+
+class ShapesReport(_YamlRun):
+    command: Literal["shapes"] = "shapes"
     tensors: list[TensorEntry]
     initial_states: list[TensorEntry]
 
@@ -278,6 +290,14 @@ class WeightsEntry(_Report):
         description="variables that are no model weight (optimizer state, counters)")
 
 
+#: A report's ``weights``: null unless the weights were read from a file (``--weights``).
+WeightsFrom = Annotated[WeightsEntry | None, Field(
+    description="with --weights: the file and where each weight came from")]
+
+#: A check report's ``tolerances``.
+Tolerances = Annotated[dict[str, float], Field(description="relative tolerance of each witness")]
+
+
 class Inference(_Report):
     """Why one value of an inferred spec is what it is."""
 
@@ -300,19 +320,15 @@ class SpecInference(_Report):
     ignored: list[IgnoredVariable]
 
 
-class ExplainReport(_Displayed):
-    schema_version: Literal["1"] = "1"
+class ExplainReport(_YamlRun):
     command: Literal["explain"] = "explain"
-    model: ModelEntry
-    loss: LossEntry
     gradients: list[GradientEntry]
     initial_state_gradients: list[StateGradientEntry]
     carry: CarryEntry
     state_jacobians: list[JacobianEntry] | None = Field(
         default=None, description="with --jacobians: ∂h_T^(j)/∂h_0^(i) for i ≤ j")
     gradient_flow: FlowSection | None = Field(default=None, description="with --flow")
-    weights: WeightsEntry | None = Field(
-        default=None, description="with --weights: the file and where each weight came from")
+    weights: WeightsFrom = None
     timings: dict[str, float] | None = Field(
         default=None, description="seconds per phase; only with --timings"
     )
@@ -379,12 +395,9 @@ class CheckSummary(_Report):
     failures: int
 
 
-class CheckReport(_Displayed):
-    schema_version: Literal["1"] = "1"
+class CheckReport(_YamlRun):
     command: Literal["check"] = "check"
-    model: ModelEntry
-    loss: LossEntry
-    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tolerances: Tolerances
     tensors: list[CheckedTensor]
     carry: CarryCheck | None = None
     errata: list[ErratumEntry] | None = None
@@ -394,8 +407,7 @@ class CheckReport(_Displayed):
         description="gradient names the --against function did not return: optional, so not "
                     "failures, but not checked by it (null without --against)")
     summary: CheckSummary
-    weights: WeightsEntry | None = Field(
-        default=None, description="with --weights: the file and where each weight came from")
+    weights: WeightsFrom = None
     timings: dict[str, float] | None = None
     _equations: str | None = PrivateAttr(default=None)
 
@@ -416,11 +428,10 @@ class LayerArgument(_Report):
     meaning: str
 
 
-class LayerCheckReport(_Displayed):
+class LayerCheckReport(_CommandReport):
     """``check --against FILE.py:FUNC --layer NAME``: one recurrent layer's backward, given
     ∂L/∂h_t from above (dh), against TF autodiff of that layer in the real model."""
 
-    schema_version: Literal["1"] = "1"
     command: Literal["check"] = "check"
     mode: Literal["layer"] = "layer"
     model: ModelEntry
@@ -430,7 +441,7 @@ class LayerCheckReport(_Displayed):
     time_last: bool = Field(description="arrays laid out (features, batch, time), as in the "
                                         "classic course code")
     arguments: list[LayerArgument] = Field(description="what FUNC(x, h0, params, dh) received")
-    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tolerances: Tolerances
     tensors: list[CheckedTensor] = Field(description="named <layer>/<key>, the key as FUNC "
                                                      "returns it: x, h0, c0, a weight")
     against: str = Field(description="FILE.py:FUNC that was compared")
@@ -438,8 +449,7 @@ class LayerCheckReport(_Displayed):
         description="keys the function did not return: optional, so not failures, but not "
                     "checked")
     summary: CheckSummary
-    weights: WeightsEntry | None = Field(
-        default=None, description="with --weights: the file and where each weight came from")
+    weights: WeightsFrom = None
     timings: dict[str, float] | None = None
 
 
@@ -593,12 +603,21 @@ class KerasStateJacobians(_Report):
     not_analysed: list[KerasNotAnalysed]
 
 
-class KerasExplainReport(_Displayed):
-    schema_version: Literal["1"] = "1"
-    command: Literal["explain"] = "explain"
+class _KerasReport(_CommandReport):
+    """A report on the user's own Keras model."""
+
     source: Literal["keras"] = "keras"
+
+
+class _KerasRun(_KerasReport):
+    """A report of a run of the user's Keras model: the model and the batch, and the loss."""
+
     model: KerasModelEntry
     loss: KerasLossEntry
+
+
+class KerasExplainReport(_KerasRun):
+    command: Literal["explain"] = "explain"
     layers: list[KerasLayerEntry]
     gradients: list[KerasGradientEntry]
     initial_state_gradients: list[KerasStateEntry]
@@ -610,12 +629,10 @@ class KerasExplainReport(_Displayed):
     timings: dict[str, float] | None = None
 
 
-class KerasShapesReport(_Displayed):
+class KerasShapesReport(_KerasReport):
     """``gradscope shapes MODEL.keras``: the algebra of every layer, read from config.json."""
 
-    schema_version: Literal["1"] = "1"
     command: Literal["shapes"] = "shapes"
-    source: Literal["keras"] = "keras"
     file: str
     name: str
     kind: str
@@ -657,15 +674,11 @@ class CheckedExamples(_Report):
         default=None, description="why a batch over the limit was checked whole")
 
 
-class KerasCheckReport(_Displayed):
-    schema_version: Literal["1"] = "1"
+class KerasCheckReport(_KerasRun):
     command: Literal["check"] = "check"
-    source: Literal["keras"] = "keras"
-    model: KerasModelEntry
-    loss: KerasLossEntry
     examples: CheckedExamples | None = Field(
         default=None, description="the examples of the batch that were checked")
-    tolerances: dict[str, float] = Field(description="relative tolerance of each witness")
+    tolerances: Tolerances
     dtype: str = Field(default="float64", description="the dtype check computed in: float64 "
                        "(a copy of the model with the same weights), or the model's own")
     dtype_reason: str | None = Field(
@@ -736,11 +749,10 @@ class NotAnalysedAt(_Report):
     steps: list[int] = Field(description="the observations' steps where this held")
 
 
-class FlowHistoryReport(_Displayed):
+class FlowHistoryReport(_CommandReport):
     """What the GradientFlow callback recorded (``callback.history``), or what ``gradscope
     watch`` read back from its TensorBoard event files."""
 
-    schema_version: Literal["1"] = "1"
     command: Literal["watch"] = "watch"
     source: str = Field(description="the model observed, or the log directory read")
     loss: str = Field(description="the loss of the extra passes")
@@ -768,11 +780,10 @@ class DiffChange(_Report):
     detail: str
 
 
-class DiffReport(_Displayed):
+class DiffReport(_CommandReport):
     """``gradscope diff BASE.json NEW.json``: the gradients of two explain reports of the same
     model inputs and data, compared."""
 
-    schema_version: Literal["1"] = "1"
     command: Literal["diff"] = "diff"
     base: str = Field(description="the base report (its file)")
     new: str = Field(description="the new report (its file)")

@@ -24,10 +24,12 @@ from gradscope.report.layout import (
     pack,
     section,
     sparkline,
+    warning,
 )
 from gradscope.report.models import (
     CheckedTensor,
     CheckReport,
+    FlowFlag,
     JacobianEntry,
     KerasCheckReport,
     LayerCheckReport,
@@ -67,22 +69,49 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
     return fit(width, wide, middle, narrow, narrowest)
 
 
-def norm_table(rows: dict[str, list[float]], width: int) -> Table:
-    """One row per sequence of norms: its label, a sparkline, the first and last values."""
+#: A sparkline row: the values drawn, and the first and the last number shown beside them.
+SparkRow = tuple[list[float], float | None, float | None]
+
+
+def spark_table(rows: dict[str, SparkRow], width: int,
+                titles: tuple[str, str, str, str]) -> Table:
+    """One row per label: the label, a log-scale sparkline of its values, then two numbers;
+    ``titles`` head the four columns."""
+    label_title, spark_title, first_title, last_title = titles
     # What is left for the sparkline once the label and both numbers have their room.
-    numbers = max(len(number(norms[i])) for norms in rows.values() for i in (0, -1))
-    fixed = 2 * max(numbers, len("at t=T−1")) + 3 * GAP
-    room = width - fixed - max(len("sequence"), *(cell_len(label) for label in rows))
+    numbers = max([len(number(value)) for _, *ends in rows.values() for value in ends]
+                  + [len(first_title), len(last_title)])
+    fixed = 2 * numbers + 3 * GAP
+    room = width - fixed - max(cell_len(label_title), *(cell_len(label) for label in rows))
     if room < SPARK_MIN:
         longest_word = max(cell_len(word) for label in rows for word in label.split())
         room = min(SPARK_MIN, width - fixed - longest_word)
     spark_width = max(1, min(SPARK_WIDTH, room))
-    layout = Layout([Column("sequence"), Column("t = 0 … T−1"), Column("at t=0", "right"),
-                     Column("at t=T−1", "right")])
-    for label, norms in rows.items():
-        layout.add_row(Text(label), atom(sparkline(norms, spark_width), "cyan"),
-                       atom(number(norms[0])), atom(number(norms[-1])))
+    layout = Layout([Column(label_title), Column(spark_title), Column(first_title, "right"),
+                     Column(last_title, "right")])
+    for label, (values, first, last) in rows.items():
+        layout.add_row(Text(label), atom(sparkline(values, spark_width), "cyan"),
+                       atom(number(first)), atom(number(last)))
     return fit(width, layout)
+
+
+def norm_table(rows: dict[str, list[float]], width: int) -> Table:
+    """One row per sequence of norms over time: its label, a sparkline, the values at the
+    first and the last step."""
+    return spark_table({label: (norms, norms[0], norms[-1]) for label, norms in rows.items()},
+                       width, ("sequence", "t = 0 … T−1", "at t=0", "at t=T−1"))
+
+
+#: What a flow section says where it flags nothing.
+NO_FLAGS = "no vanishing or exploding gradients flagged"
+
+
+def flag_warnings(flags: list[FlowFlag], drawn: bool = True) -> list[RenderableType]:
+    """Each flag of a flow section as a ⚠ line; where there is none, a dim line that says so
+    (if anything was ``drawn`` that could have been flagged)."""
+    if flags:
+        return [warning(flag.message) for flag in flags]
+    return [Text(NO_FLAGS, style="dim")] if drawn else []
 
 
 WITNESS_TITLES = {

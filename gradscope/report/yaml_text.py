@@ -27,6 +27,7 @@ from gradscope.report.layout import (
     hanging,
     pack,
     section,
+    title,
 )
 from gradscope.report.models import (
     CarryCheck,
@@ -49,6 +50,7 @@ from gradscope.report.tables import (
     checked_section,
     failed_line,
     failures_section,
+    flag_warnings,
     jacobian_table,
     norm_table,
     stats_items,
@@ -58,13 +60,13 @@ from gradscope.report.tables import (
 
 
 def header(command: str, model: ModelEntry, loss_line: str, width: int) -> Group:
-    title = Text.assemble((f"gradscope {command}", "bold"), "  ", (model.chain, "bold cyan"))
+    heading = title(f"gradscope {command}", model.chain)
     details = pack([f"batch {model.batch_size} × time {model.time_steps}", loss_line,
                     model.dtype, f"{model.weight_count:,} weights"], width)
     details.stylize("dim")
     source = pack([f"layout {model.layout}", f"data {model.data}"], width)
     source.stylize("dim")
-    return Group(title, details, source)
+    return Group(heading, details, source)
 
 
 def _name_cell(name: str, shape: list[int]) -> Text:
@@ -275,12 +277,7 @@ def flow_lines(flow: FlowSection, width: int) -> list[RenderableType]:
     rows["‖∂L/∂x_t‖"] = flow.input_gradient_norms
     rows[f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s = 0 … T−1)"] = \
         flow.influence
-    lines: list[RenderableType] = [norm_table(rows, width)]
-    for flag in flow.flags:
-        lines.append(hanging("⚠", flag.message, "bold yellow"))
-    if not flow.flags:
-        lines.append(Text("no vanishing or exploding gradients flagged", style="dim"))
-    return lines
+    return [norm_table(rows, width), *flag_warnings(flow.flags)]
 
 
 def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:

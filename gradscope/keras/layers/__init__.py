@@ -1,9 +1,11 @@
 """One module per Keras layer type: its algebra (weight shapes with formulas in the user's
 numbers, what their rows and columns hold) and what it does to the gradient.
 
-Adding a layer type means adding one module here that subclasses
-:class:`~gradscope.keras.layers.base.LayerExplainer` and decorates it with ``@register``; every
-module of this package is imported by :func:`explainer_for`. Pure Python: no TensorFlow.
+Adding a layer type means adding one module here: a function of the layer's facts that
+returns its two :class:`~gradscope.keras.layers.base.Sentences`, decorated with ``@explains``,
+for a layer without weights; else a subclass of
+:class:`~gradscope.keras.layers.base.LayerExplainer` decorated with ``@register``. Every module
+of this package is imported by :func:`explainer_for`. Pure Python: no TensorFlow.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from gradscope.keras.layers.base import (
     REGISTRY,
     LayerExplainer,
     LayerFacts,
+    Sentences,
     WeightNote,
+    explains,
     register,
 )
 
@@ -72,5 +76,5 @@ def known_layers() -> list[str]:
     return sorted(REGISTRY)
 
 
-__all__ = ["LayerExplainer", "LayerFacts", "WeightNote", "deriving_explainer", "explainer_for",
-           "known_layers", "register", "sized_weights"]
+__all__ = ["LayerExplainer", "LayerFacts", "Sentences", "WeightNote", "deriving_explainer",
+           "explainer_for", "explains", "known_layers", "register", "sized_weights"]

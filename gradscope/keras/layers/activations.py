@@ -10,11 +10,13 @@ from typing import Any
 from gradscope.keras.layers.base import (
     LayerExplainer,
     LayerFacts,
+    Sentences,
     WeightNote,
     activation_note,
+    explains,
     register,
 )
-from gradscope.keras.layers.shapes import dim, number, shape_text, size
+from gradscope.keras.layers.shapes import dim, number, setting, shape_text, size
 
 
 def _name(activation: Any) -> str:
@@ -23,25 +25,17 @@ def _name(activation: Any) -> str:
     return str(activation or "linear")
 
 
-@register
-class ActivationExplainer(LayerExplainer):
-    class_names = ("Activation",)
-
-    def summary(self, facts: LayerFacts) -> str:
-        activation = _name(facts.option("activation"))
-        if activation == "softmax":
-            return (f"Activation softmax on {shape_text(facts.input_shape)}: y = softmax(x) over "
-                    f"the last axis ({size(dim(facts.input_shape, -1))} values)")
-        if activation == "linear":
-            return f"Activation linear on {shape_text(facts.input_shape)}: y = x (the identity)"
-        return (f"Activation {activation} on {shape_text(facts.input_shape)}: y = "
-                f"{activation}(x), value by value")
-
-    def gradient_note(self, facts: LayerFacts) -> str:
-        activation = _name(facts.option("activation"))
-        if activation == "linear":
-            return activation_note(activation)
-        return f"{activation} {activation_note(activation)}"
+@explains("Activation")
+def activation(facts: LayerFacts) -> Sentences:
+    name = _name(facts.option("activation"))
+    on = f"Activation {name} on {shape_text(facts.input_shape)}"
+    if name == "softmax":
+        return Sentences(f"{on}: y = softmax(x) over the last axis "
+                         f"({size(dim(facts.input_shape, -1))} values)",
+                         f"{name} {activation_note(name)}")
+    if name == "linear":
+        return Sentences(f"{on}: y = x (the identity)", activation_note(name))
+    return Sentences(f"{on}: y = {name}(x), value by value", f"{name} {activation_note(name)}")
 
 
 def _axis_text(axis: Any) -> str:
@@ -50,91 +44,65 @@ def _axis_text(axis: Any) -> str:
     return str(axis)
 
 
-@register
-class SoftmaxExplainer(LayerExplainer):
-    class_names = ("Softmax",)
-
-    def _count(self, facts: LayerFacts) -> str:
-        axis = facts.option("axis", -1)
-        axes = list(axis) if isinstance(axis, list | tuple) else [axis]
-        sizes = [dim(facts.input_shape, int(a)) for a in axes]
-        if None in sizes or not facts.input_shape:
-            return "?"
-        return str(prod(int(s or 0) for s in sizes))
-
-    def summary(self, facts: LayerFacts) -> str:
-        axis = _axis_text(facts.option("axis", -1))
-        masked = (" (the call receives a mask: masked positions are set to −1e9 before and to "
-                  "0 after)" if len(facts.input_shapes) > 1 else "")
-        return (f"Softmax over axis {axis} of {shape_text(facts.input_shape)}: "
-                f"y = exp(x) / Σ exp(x) over its {self._count(facts)} values{masked}")
-
-    def gradient_note(self, facts: LayerFacts) -> str:
-        axis = _axis_text(facts.option("axis", -1))
-        note = (f"multiplied by the softmax Jacobian diag(y) − y yᵀ along axis {axis}: "
-                "∂L/∂x = y∘(∂L/∂y − Σ y∘∂L/∂y), so a gradient that is the same for all "
-                f"{self._count(facts)} values cancels out")
-        if len(facts.input_shapes) > 1:
-            note += "; masked positions receive zero"
-        return note
+def _softmax_count(facts: LayerFacts) -> str:
+    axis = facts.option("axis", -1)
+    axes = list(axis) if isinstance(axis, list | tuple) else [axis]
+    sizes = [dim(facts.input_shape, int(a)) for a in axes]
+    if None in sizes or not facts.input_shape:
+        return "?"
+    return str(prod(int(s or 0) for s in sizes))
 
 
-@register
-class ReLUExplainer(LayerExplainer):
+@explains("Softmax")
+def softmax(facts: LayerFacts) -> Sentences:
+    axis = _axis_text(facts.option("axis", -1))
+    values = _softmax_count(facts)
+    masked = len(facts.input_shapes) > 1
+    summary = (f"Softmax over axis {axis} of {shape_text(facts.input_shape)}: "
+               f"y = exp(x) / Σ exp(x) over its {values} values")
+    note = (f"multiplied by the softmax Jacobian diag(y) − y yᵀ along axis {axis}: "
+            "∂L/∂x = y∘(∂L/∂y − Σ y∘∂L/∂y), so a gradient that is the same for all "
+            f"{values} values cancels out")
+    if masked:
+        summary += (" (the call receives a mask: masked positions are set to −1e9 before and "
+                    "to 0 after)")
+        note += "; masked positions receive zero"
+    return Sentences(summary, note)
+
+
+@explains("ReLU")
+def relu(facts: LayerFacts) -> Sentences:
     """The ReLU layer, and ``keras.activations.relu`` called on a functional model's tensor
     (an operation of the same class name and config)."""
-
-    class_names = ("ReLU",)
-
-    def _options(self, facts: LayerFacts) -> tuple[Any, float, float]:
-        return (facts.option("max_value"), float(facts.option("negative_slope", 0.0) or 0.0),
-                float(facts.option("threshold", 0.0) or 0.0))
-
-    def summary(self, facts: LayerFacts) -> str:
-        max_value, slope, threshold = self._options(facts)
-        t = number(threshold)
-        shifted = "x" if threshold == 0 else f"(x − {t})"
-        below = "0" if slope == 0 else f"{number(slope)}·{shifted}"
-        top = f"; capped at max_value {max_value}" if max_value is not None else ""
-        return (f"ReLU on {shape_text(facts.input_shape)}: y = x where x > {t}, {below} "
-                f"elsewhere{top}")
-
-    def gradient_note(self, facts: LayerFacts) -> str:
-        max_value, slope, threshold = self._options(facts)
-        t = number(threshold)
-        upper = f" < {max_value}" if max_value is not None else ""
-        below = ("zeroed" if slope == 0 else f"scaled by {number(slope)}")
-        cap = (f", zeroed above max_value {max_value}" if max_value is not None else "")
-        return (f"passes it where {t} < x{upper}, {below} where x < {t}{cap}")
+    max_value = facts.option("max_value")
+    slope = float(facts.option("negative_slope", 0.0) or 0.0)
+    threshold = float(facts.option("threshold", 0.0) or 0.0)
+    t = number(threshold)
+    shifted = "x" if threshold == 0 else f"(x − {t})"
+    below = "0" if slope == 0 else f"{number(slope)}·{shifted}"
+    top = f"; capped at max_value {max_value}" if max_value is not None else ""
+    upper = f" < {max_value}" if max_value is not None else ""
+    scaled = "zeroed" if slope == 0 else f"scaled by {number(slope)}"
+    cap = f", zeroed above max_value {max_value}" if max_value is not None else ""
+    return Sentences(
+        summary=f"ReLU on {shape_text(facts.input_shape)}: y = x where x > {t}, {below} "
+                f"elsewhere{top}",
+        gradient_note=f"passes it where {t} < x{upper}, {scaled} where x < {t}{cap}")
 
 
-@register
-class LeakyReLUExplainer(LayerExplainer):
-    class_names = ("LeakyReLU",)
-
-    def summary(self, facts: LayerFacts) -> str:
-        slope = number(float(facts.option("negative_slope", 0.3)))
-        return (f"LeakyReLU negative_slope {slope} on {shape_text(facts.input_shape)}: y = x "
-                f"where x > 0, {slope}·x elsewhere")
-
-    def gradient_note(self, facts: LayerFacts) -> str:
-        slope = number(float(facts.option("negative_slope", 0.3)))
-        return f"passes it where x > 0 and scales it by {slope} elsewhere"
+@explains("LeakyReLU")
+def leaky_relu(facts: LayerFacts) -> Sentences:
+    slope, on = setting(facts, "negative_slope", 0.3)
+    return Sentences(f"{on}: y = x where x > 0, {slope}·x elsewhere",
+                     f"passes it where x > 0 and scales it by {slope} elsewhere")
 
 
-@register
-class ELUExplainer(LayerExplainer):
-    class_names = ("ELU",)
-
-    def summary(self, facts: LayerFacts) -> str:
-        alpha = number(float(facts.option("alpha", 1.0)))
-        return (f"ELU alpha {alpha} on {shape_text(facts.input_shape)}: y = x where x > 0, "
-                f"{alpha}·(exp(x) − 1) elsewhere")
-
-    def gradient_note(self, facts: LayerFacts) -> str:
-        alpha = number(float(facts.option("alpha", 1.0)))
-        return (f"passes it where x > 0 and multiplies it by {alpha}·exp(x) = y + {alpha} "
-                "elsewhere (it fades as x → −∞)")
+@explains("ELU")
+def elu(facts: LayerFacts) -> Sentences:
+    alpha, on = setting(facts, "alpha", 1.0)
+    return Sentences(f"{on}: y = x where x > 0, {alpha}·(exp(x) − 1) elsewhere",
+                     f"passes it where x > 0 and multiplies it by {alpha}·exp(x) = y + {alpha} "
+                     "elsewhere (it fades as x → −∞)")
 
 
 @register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 from typing import Any, ClassVar, TypeVar
@@ -39,6 +40,10 @@ class LayerFacts:
     @property
     def input_label(self) -> str:
         return self.input_labels[0] if self.input_labels else "input"
+
+    def label(self, k: int, unnamed: str = "input") -> str:
+        """Where input ``k`` comes from, for formulas; "input 1" (``unnamed`` 1) if not known."""
+        return self.input_labels[k] if k < len(self.input_labels) else f"{unnamed} {k}"
 
     def option(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
@@ -96,7 +101,8 @@ class StateNote:
 
 
 class LayerExplainer:
-    """Subclass, set ``class_names``, and decorate with ``@register``."""
+    """Subclass, set ``class_names``, and decorate with ``@register`` (a layer without weights
+    may be one function instead: see :func:`explains`)."""
 
     class_names: ClassVar[tuple[str, ...]] = ()
 
@@ -123,18 +129,58 @@ class LayerExplainer:
         return []
 
 
+@dataclass(frozen=True)
+class Sentences:
+    """What the report says of a layer without weights, both from the same numbers: what it
+    computes, in the user's numbers, and what it does to the gradient that flows back."""
+
+    summary: str
+    gradient_note: str
+
+
+class SentencesExplainer(LayerExplainer):
+    """A layer without weights explained by one function of its facts (see :func:`explains`)."""
+
+    def __init__(self, explain: Callable[[LayerFacts], Sentences]) -> None:
+        self.explain = explain
+
+    def summary(self, facts: LayerFacts) -> str:
+        return self.explain(facts).summary
+
+    def gradient_note(self, facts: LayerFacts) -> str:
+        return self.explain(facts).gradient_note
+
+
 REGISTRY: dict[str, LayerExplainer] = {}
 
 E = TypeVar("E", bound=type[LayerExplainer])
+F = TypeVar("F", bound=Callable[[LayerFacts], Sentences])
+
+
+def _add(class_names: tuple[str, ...], explainer: LayerExplainer) -> None:
+    for name in class_names:
+        if name in REGISTRY:
+            raise RuntimeError(f"two explainers for Keras layer {name}")
+        REGISTRY[name] = explainer
 
 
 def register(cls: E) -> E:
-    instance = cls()
-    for name in cls.class_names:
-        if name in REGISTRY:
-            raise RuntimeError(f"two explainers for Keras layer {name}")
-        REGISTRY[name] = instance
+    _add(cls.class_names, cls())
     return cls
+
+
+def explains(*class_names: str) -> Callable[[F], F]:
+    """Registers a function of a weightless layer's facts that returns its :class:`Sentences`,
+    for the Keras layers ``class_names`` (as TensorFlow registers one gradient function per
+    op): the layer's numbers are read once, for both sentences.
+
+    A layer with weights, states or a wrapped layer subclasses :class:`LayerExplainer`."""
+
+    def decorate(function: F) -> F:
+        _add(class_names, SentencesExplainer(function))
+        return function
+
+    return decorate
 
 
 def activation_note(activation: str | None) -> str:

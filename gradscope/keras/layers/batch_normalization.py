@@ -58,45 +58,38 @@ class BatchNormalizationExplainer(LayerExplainer):
 
     def weights(self, facts: LayerFacts) -> list[WeightNote]:
         c = features(facts)
-        shape = (c,)
-        formula = f"features {c}"
-        entries = (Block(0, c, "features"),)
         over = reduced(facts)
+
+        def vector(key: str, role: str, note: str, trainable: bool = False) -> WeightNote:
+            """One weight of c values, one per feature."""
+            return WeightNote(key=key, shape=(c,), formula=f"features {c}", role=role,
+                              columns=(Block(0, c, "features"),), note=note,
+                              trainable=trainable)
+
         frozen = ("non-trainable: not among the trainable weights, it gets no gradient; "
                   f"training mode updates it by momentum {facts.option('momentum', 0.99)} "
                   "from the batch statistics")
         notes = []
         if facts.option("scale", True):
-            notes.append(WeightNote(key="gamma", shape=shape, formula=formula,
-                                    role="scale of each normalised feature (starts at 1)",
-                                    columns=entries,
-                                    note=f"its gradient sums ∂L/∂y∘x̂ over {over}"))
+            notes.append(vector("gamma", "scale of each normalised feature (starts at 1)",
+                                f"its gradient sums ∂L/∂y∘x̂ over {over}", trainable=True))
         if facts.option("center", True):
-            notes.append(WeightNote(key="beta", shape=shape, formula=formula,
-                                    role="shift of each normalised feature (starts at 0)",
-                                    columns=entries,
-                                    note=f"its gradient sums ∂L/∂y over {over}"))
-        notes += [
-            WeightNote(key="moving_mean", shape=shape, formula=formula,
-                       role="running mean of each feature, used in inference mode",
-                       columns=entries, note=frozen, trainable=False),
-            WeightNote(key="moving_variance", shape=shape, formula=formula,
-                       role="running variance of each feature, used in inference mode",
-                       columns=entries, note=frozen, trainable=False)]
+            notes.append(vector("beta", "shift of each normalised feature (starts at 0)",
+                                f"its gradient sums ∂L/∂y over {over}", trainable=True))
+        notes += [vector("moving_mean", "running mean of each feature, used in inference mode",
+                         frozen),
+                  vector("moving_variance", "running variance of each feature, used in "
+                         "inference mode", frozen)]
         if facts.option("renorm"):
             renorm = ("non-trainable: not among the trainable weights, it gets no gradient; "
                       "training mode updates it by renorm_momentum "
                       f"{facts.option('renorm_momentum', 0.99)}")
-            notes += [
-                WeightNote(key="moving_stddev", shape=shape, formula=formula,
-                           role="running standard deviation (renorm derives moving_variance "
-                                "from it)", columns=entries, note=frozen, trainable=False),
-                WeightNote(key="renorm_mean", shape=shape, formula=formula,
-                           role="renorm's running mean (the r, d correction)",
-                           columns=entries, note=renorm, trainable=False),
-                WeightNote(key="renorm_stddev", shape=shape, formula=formula,
-                           role="renorm's running standard deviation (the r, d correction)",
-                           columns=entries, note=renorm, trainable=False)]
+            notes += [vector("moving_stddev", "running standard deviation (renorm derives "
+                             "moving_variance from it)", frozen),
+                      vector("renorm_mean", "renorm's running mean (the r, d correction)",
+                             renorm),
+                      vector("renorm_stddev", "renorm's running standard deviation (the r, d "
+                             "correction)", renorm)]
         return notes
 
     def gradient_note(self, facts: LayerFacts) -> str:

@@ -3,6 +3,8 @@ T→1, whose outputs are merged (``merge_mode``: concat, sum, mul, ave, or None 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gradscope.keras.layers.base import (
     LayerExplainer,
     LayerFacts,
@@ -63,6 +65,15 @@ class BidirectionalExplainer(LayerExplainer):
 
         return explainer_for(facts.class_name)
 
+    def _explained(self, facts: LayerFacts) -> Iterator[tuple[LayerFacts, str, LayerExplainer]]:
+        """Each direction with an explainer, forward first: its facts, "forward" or
+        "backward", and its explainer."""
+        for direction, label in zip(self.directions(facts), ("forward", "backward"),
+                                    strict=True):
+            explainer = self._explainer(direction)
+            if explainer is not None:
+                yield direction, label, explainer
+
     def _merged_width(self, facts: LayerFacts) -> str:
         forward, backward = self.directions(facts)
         uf, ub = _units(forward), _units(backward)
@@ -102,11 +113,7 @@ class BidirectionalExplainer(LayerExplainer):
 
     def weights(self, facts: LayerFacts) -> list[WeightNote]:
         notes: list[WeightNote] = []
-        for direction, label in zip(self.directions(facts), ("forward", "backward"),
-                                    strict=True):
-            explainer = self._explainer(direction)
-            if explainer is None:
-                continue
+        for direction, label, explainer in self._explained(facts):
             for note in explainer.weights(direction):
                 reads = "reads the steps last to first" if label == "backward" else (
                     "reads the steps first to last")
@@ -156,11 +163,7 @@ class BidirectionalExplainer(LayerExplainer):
         """Forward states, then backward states: Keras gives the first half of
         ``initial_state`` to the forward layer and the second half to the backward one."""
         notes: list[StateNote] = []
-        for direction, label in zip(self.directions(facts), ("forward", "backward"),
-                                    strict=True):
-            explainer = self._explainer(direction)
-            if explainer is None:
-                continue
+        for direction, label, explainer in self._explained(facts):
             notes.extend(StateNote(key=f"{label}/{state.key}", units=state.units,
                                    role=f"{state.role} of {direction.name} ({label})")
                          for state in explainer.states(direction))

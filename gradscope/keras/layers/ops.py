@@ -16,7 +16,7 @@ from math import prod
 from typing import Any
 
 from gradscope.keras.layers.base import ACTIVATION_NOTES, LayerExplainer, LayerFacts, register
-from gradscope.keras.layers.shapes import axis_index, count, shape_text
+from gradscope.keras.layers.shapes import axis_index, count, dim, shape_text, spans
 
 PREFIX = "ops."
 
@@ -34,6 +34,12 @@ class Op:
     function: str  # keras.ops.<function>
     computes: str  # what it computes, may name {axis}, {keepdims}, {x}, {y}, {dtype}, {n}…
     gradient: str
+
+
+def _activation(function: str, computes: str) -> Op:
+    """An activation called as an operation: it does to the gradient what the activation of a
+    layer does (:data:`~gradscope.keras.layers.base.ACTIVATION_NOTES`)."""
+    return Op(function, computes, ACTIVATION_NOTES[function])
 
 
 OPS: dict[str, Op] = {
@@ -73,18 +79,18 @@ OPS: dict[str, Op] = {
     "Reciprocal": Op("reciprocal", "1/x", "multiplied by −1/x²"),
     "Rsqrt": Op("rsqrt", "1/√x", "multiplied by −1/(2·x^1.5)"),
     "Sign": Op("sign", "sign(x)", "zero: sign is flat wherever it is differentiable"),
-    "Tanh": Op("tanh", "tanh(x)", ACTIVATION_NOTES["tanh"]),
-    "Sigmoid": Op("sigmoid", "σ(x)", ACTIVATION_NOTES["sigmoid"]),
-    "Relu": Op("relu", "max(x, 0)", ACTIVATION_NOTES["relu"]),
+    "Tanh": _activation("tanh", "tanh(x)"),
+    "Sigmoid": _activation("sigmoid", "σ(x)"),
+    "Relu": _activation("relu", "max(x, 0)"),
     "Relu6": Op("relu6", "min(max(x, 0), 6)", "passes it where 0 < x < 6, zero elsewhere"),
     "LeakyRelu": Op("leaky_relu", "x where x > 0, {negative_slope}·x elsewhere",
                     "passes it where x > 0, scales it by {negative_slope} elsewhere"),
     "Elu": Op("elu", "x where x > 0, {alpha}·(exp(x) − 1) elsewhere",
               "passes it where x > 0, multiplies it by {alpha}·exp(x) elsewhere"),
-    "Selu": Op("selu", "selu(x)", ACTIVATION_NOTES["selu"]),
-    "Gelu": Op("gelu", "gelu(x)", ACTIVATION_NOTES["gelu"]),
-    "Silu": Op("silu", "x·σ(x)", ACTIVATION_NOTES["silu"]),
-    "Softplus": Op("softplus", "log(1 + exp(x))", ACTIVATION_NOTES["softplus"]),
+    "Selu": _activation("selu", "selu(x)"),
+    "Gelu": _activation("gelu", "gelu(x)"),
+    "Silu": _activation("silu", "x·σ(x)"),
+    "Softplus": _activation("softplus", "log(1 + exp(x))"),
     "Erf": Op("erf", "erf(x)", "multiplied by 2/√π · exp(−x²)"),
     "Clip": Op("clip", "x clipped to [{x_min}, {x_max}]",
                "passes it where {x_min} ≤ x ≤ {x_max}, zero outside"),
@@ -168,9 +174,7 @@ OPS: dict[str, Op] = {
 
 
 def _label(facts: LayerFacts, k: int) -> str:
-    if k < len(facts.input_shapes):
-        return facts.input_labels[k] if k < len(facts.input_labels) else f"tensor {k}"
-    return "a constant"
+    return facts.label(k, "tensor") if k < len(facts.input_shapes) else "a constant"
 
 
 def _operand(facts: LayerFacts, k: int) -> str:
@@ -200,16 +204,11 @@ def _reduced(facts: LayerFacts) -> tuple[str, str]:
 
 def _widths(facts: LayerFacts) -> str:
     axis = int(facts.option("axis", 0) or 0)
-    parts, start = [], 0
-    for k, shape in enumerate(facts.input_shapes):
-        width = shape[axis_index(shape, axis)] if shape else None
-        if width is None:
-            return "each input its own positions"
-        label = facts.input_labels[k] if k < len(facts.input_labels) else f"tensor {k}"
-        span = f"{start}" if width == 1 else f"{start}–{start + width - 1}"
-        parts.append(f"{span} to {label} ({width})")
-        start += width
-    return ", ".join(parts)
+    widths = [dim(shape, axis) for shape in facts.input_shapes]
+    known = [width for width in widths if width is not None]
+    if len(known) < len(widths):
+        return "each input its own positions"
+    return spans(known, [facts.label(k, "tensor") for k in range(len(known))])
 
 
 class _Fields(dict[str, Any]):

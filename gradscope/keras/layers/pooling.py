@@ -6,13 +6,11 @@ among them); average divides it evenly."""
 from __future__ import annotations
 
 from gradscope.keras.layers.base import LayerExplainer, LayerFacts, register
-from gradscope.keras.layers.shapes import first, shape_text, size, steps_axis
+from gradscope.keras.layers.shapes import first, shape_text, size, steps_axis, steps_of
 
 
 def _steps(facts: LayerFacts) -> int | None:
-    axis = steps_axis(facts)
-    shape = facts.input_shape
-    return shape[axis] if len(shape) > axis else None
+    return steps_of(facts, steps_axis(facts))
 
 
 def _features(facts: LayerFacts) -> int | None:
@@ -33,7 +31,8 @@ def _pooled(facts: LayerFacts) -> str:
 
 
 class WindowPooling(LayerExplainer):
-    """MaxPooling1D and AveragePooling1D: windows of ``pool_size`` steps every ``strides``."""
+    """MaxPooling1D and AveragePooling1D: windows of ``pool_size`` steps every ``strides``; a
+    subclass says how a window's gradient reaches its steps (``routed``)."""
 
     verb = ""
 
@@ -55,6 +54,14 @@ class WindowPooling(LayerExplainer):
         return (f"{facts.class_name} pool_size {pool}, strides {stride}, padding '{padding}': "
                 f"the {self.verb} of each window of {pool} steps, per feature, "
                 f"{size(steps)} → {size(out)} steps on {shape_text(facts.input_shape)}")
+
+    def routed(self, facts: LayerFacts, pool: int) -> list[str]:
+        """How each window's gradient goes to its ``pool`` steps."""
+        raise NotImplementedError
+
+    def gradient_note(self, facts: LayerFacts) -> str:
+        pool = first(facts.option("pool_size"), 2)
+        return "; ".join(self.routed(facts, pool) + self.coverage(facts))
 
     def coverage(self, facts: LayerFacts) -> list[str]:
         """Which steps collect from several windows or from none."""
@@ -78,11 +85,9 @@ class MaxPooling1DExplainer(WindowPooling):
     class_names = ("MaxPooling1D",)
     verb = "maximum"
 
-    def gradient_note(self, facts: LayerFacts) -> str:
-        pool = first(facts.option("pool_size"), 2)
-        parts = [f"each window's gradient goes only to the step holding the maximum of its {pool} "
-                 "steps (per feature; the first one if tied); the others in the window get zero"]
-        return "; ".join(parts + self.coverage(facts))
+    def routed(self, facts: LayerFacts, pool: int) -> list[str]:
+        return [f"each window's gradient goes only to the step holding the maximum of its {pool} "
+                "steps (per feature; the first one if tied); the others in the window get zero"]
 
 
 @register
@@ -90,14 +95,13 @@ class AveragePooling1DExplainer(WindowPooling):
     class_names = ("AveragePooling1D",)
     verb = "mean"
 
-    def gradient_note(self, facts: LayerFacts) -> str:
-        pool = first(facts.option("pool_size"), 2)
+    def routed(self, facts: LayerFacts, pool: int) -> list[str]:
         parts = [f"each window's gradient is divided by {pool} and given to each of its {pool} "
                  "steps"]
         if facts.option("padding", "valid") == "same":
             parts.append("with padding 'same' a window at the edge divides by the number of "
                          "real steps in it, not by the padding")
-        return "; ".join(parts + self.coverage(facts))
+        return parts
 
 
 @register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
 
 from gradscope.keras.layers.base import LayerFacts, Shape
@@ -44,6 +45,23 @@ def steps_axis(facts: LayerFacts) -> int:
     return 2 if facts.option("data_format", "channels_last") == "channels_first" else 1
 
 
+def spans(widths: Sequence[int], labels: Sequence[str]) -> str:
+    """Where each of the concatenated inputs stands along the joined axis, as its gradient is
+    split back: "0–3 to input (4), 4–7 to dense output (4)"."""
+    parts, start = [], 0
+    for width, label in zip(widths, labels, strict=True):
+        span = f"{start}" if width == 1 else f"{start}–{start + width - 1}"
+        parts.append(f"{span} to {label} ({width})")
+        start += width
+    return ", ".join(parts)
+
+
+def steps_of(facts: LayerFacts, axis: int = 1) -> int | None:
+    """The length of the first input's time axis (``axis``), None if unknown or absent."""
+    shape = facts.input_shape
+    return shape[axis] if len(shape) > axis else None
+
+
 def feature_axis(facts: LayerFacts) -> int:
     return 1 if facts.option("data_format", "channels_last") == "channels_first" else -1
 
@@ -70,3 +88,10 @@ def first(value: object, default: int) -> int:
 def number(value: float) -> str:
     """A rate or scale as the user would write it: 0.3, 1.4286."""
     return f"{value:.5g}"
+
+
+def setting(facts: LayerFacts, key: str, default: float) -> tuple[str, str]:
+    """A layer's one number and the head of its summary, both as the user would write them:
+    ("0.3", "LeakyReLU negative_slope 0.3 on (batch, 7, 4)")."""
+    value = number(float(facts.option(key, default)))
+    return value, f"{facts.class_name} {key} {value} on {shape_text(facts.input_shape)}"
