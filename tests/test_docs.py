@@ -239,7 +239,7 @@ def _run_sample_script(line: str, target: Path) -> None:
 @pytest.fixture(scope="module")
 def workspace(tf, tmp_path_factory) -> dict[str, Path]:
     """{name the docs use: the file made for it} for every WORKSPACE name."""
-    from test_weights import seed_variables, write_tf1_checkpoint
+    from test_yaml_weights import seed_variables, write_tf1_checkpoint
 
     import gradscope
 
