@@ -106,6 +106,20 @@ def import_tensorflow() -> ModuleType:
 
 
 @contextlib.contextmanager
+def tensorflow_logger_quieted() -> Iterator[None]:
+    """TensorFlow's Python logger at ERROR while gradscope works, then as it was: a notebook
+    that imported TensorFlow first keeps its own setting, and hears no retracing warning
+    about gradscope's traced functions."""
+    logger = logging.getLogger("tensorflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def without_grappler() -> Iterator[None]:
     """Functions instantiated and run without TensorFlow's Grappler graph optimiser, on this
     thread only (TensorFlow keeps function call options per thread; a training thread's own

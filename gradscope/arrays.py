@@ -43,8 +43,10 @@ def as_data_files(data: Any) -> Any:
         return data if data.given() else None
     if data is None or isinstance(data, dict):
         return data
+    keras = "; a Keras model's arrays go by keyword, x= and y=" if hasattr(data, "shape") else ""
     raise ConfigError(f"data=: got an object of type {type(data).__name__}; expected the path "
-                      "of an .npz file or, for a YAML spec, a dict of arrays", where="data")
+                      f"of an .npz file or, for a YAML spec, a dict of arrays{keras}",
+                      where="data")
 
 
 def check_data_files(data: str | os.PathLike[str] | None = None,

@@ -181,11 +181,14 @@ def keras_options(func: Callable[..., Any]) -> Callable[..., Any]:
                   help="For a .keras model: pad the last N steps of the synthetic sequences "
                        "(with the Masking layer's mask_value, or token 0), to see masking's "
                        "effect.")
+    @click.option("--seed", type=click.IntRange(min=0), default=0, metavar="N",
+                  help="For a .keras model: the seed of every random draw (synthetic batch, "
+                       "dropout and noise in training mode). Default 0.")
     @functools.wraps(func)
-    def wrapper(*args: Any, loss_name: str | None, training: bool, pad: int,
+    def wrapper(*args: Any, loss_name: str | None, training: bool, pad: int, seed: int,
                 batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
         given = {"batch_size": batch_size, "time_steps": time_steps, "loss": loss_name,
-                 "training": training, "pad": pad}
+                 "training": training, "pad": pad, "seed": seed}
         # Only what the user gave: the library refuses each for a YAML config.
         run = {name: value for name, value in given.items() if value not in (None, False, 0)}
         return func(*args, keras_run=run, **kwargs)
@@ -267,6 +270,10 @@ def _write_atomically(path: Path, text: str) -> None:
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        # mkstemp makes the file 0600; a report is as readable as any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except OSError as exc:
         message = f"{path}: cannot write: {exc.strerror or exc}"

@@ -42,11 +42,13 @@ def run(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight: Any
         options: dict[str, Any], max_memory: int | str | None,
         progress: Callable[[str], None] | None, timings: bool) -> Any:
     """The front door: the wing, then job → memory guard → explain or check."""
+    from gradscope._tf import tensorflow_logger_quieted
     from gradscope.guard import memory_limit
 
     chosen, ready = prepared(command, source, data, x, y, sample_weight, options)
     chosen.guard(ready, memory_limit(max_memory))
-    return drawn(chosen.run(ready, progress, timings))
+    with tensorflow_logger_quieted():
+        return drawn(chosen.run(ready, progress, timings))
 
 
 def drawn(report: Any) -> Any:

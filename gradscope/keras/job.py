@@ -110,6 +110,9 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
                             {name: options.get(name) for name in ("chunks", "atol", "equations")})
     for name in YAML_ONLY:
         value = options.pop(name, None)
+        if hasattr(value, "shape"):
+            raise ConfigError(f"{name}=: got an array; a Keras model's batch goes by keyword: "
+                              f"gradscope.{command}(model, x=x, y=y)", where=name)
         if value is not None and value is not False:
             reason = YAML_ONLY[name].format(command=command)
             raise ConfigError(f"{flag(name)} is for YAML configs; {reason}", where=flag(name))

@@ -83,12 +83,21 @@ def write_flow_plot(report: ExplainReport, path: Path, force: bool = False) -> N
         plt.close(figure)
 
 
+def _positive(values: Any) -> np.ndarray:
+    """Norms for a log axis: an exact zero (an influence past its step t, a gradient that
+    never arrives) is left out of the curve rather than drawn at 1e-300, which would
+    stretch the axis over 300 decades and flatten every real curve."""
+    array = np.asarray(values, dtype=float)
+    return np.where(array > 0, array, np.nan)
+
+
 def _flow_curves(axes: Any, flow: FlowSection) -> None:
     steps = np.arange(flow.steps)
     for name, norms in flow.state_gradient_norms.items():
-        axes.semilogy(steps, norms, label=f"‖∂L/∂{name}_t‖")
-    axes.semilogy(steps, flow.input_gradient_norms, label="‖∂L/∂x_t‖", linestyle="--")
-    axes.semilogy(steps, np.maximum(flow.influence, 1e-300), linestyle=":",
+        axes.semilogy(steps, _positive(norms), label=f"‖∂L/∂{name}_t‖")
+    axes.semilogy(steps, _positive(flow.input_gradient_norms), label="‖∂L/∂x_t‖",
+                  linestyle="--")
+    axes.semilogy(steps, _positive(flow.influence), linestyle=":",
                   label=f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s)")
     axes.set_xlabel("time step")
     axes.set_title("gradient norms over time")
@@ -201,7 +210,7 @@ def _weight_norms(axes: Any, norms: dict[str, float]) -> None:
 
 def _keras_flow_curves(axes: Any, flow: KerasFlowSection) -> None:
     for sequence in flow.sequences:
-        norms = np.maximum(np.asarray(sequence.norms, dtype=float), 1e-300)
+        norms = _positive(sequence.norms)
         style = "--" if sequence.kind == "input" else "-"
         label = f"‖{sequence.what}‖" + (" (processing order)" if sequence.backwards else "")
         axes.semilogy(np.arange(len(norms)), norms, linestyle=style, label=label)
