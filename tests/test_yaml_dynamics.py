@@ -132,3 +132,38 @@ def test_the_combined_pass_equals_the_ordinary_engine_pass(tf):
                                    ordinary.sequence_gradients[name], rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(combined.input_gradient, ordinary.input_gradient, rtol=1e-10,
                                atol=1e-14)
+
+
+def test_an_lstms_per_step_c_gradient_is_the_total_through_h_t_too(tf):
+    """‖∂L/∂c_t‖ is the total: through h_t = o_t·tanh(c_t) at the same step as well as through
+    c_{t+1}. The truth is the BPTT recurrence, computed here in NumPy from the forward's own
+    gates: dc_t = dh_t·o_t·(1 − tanh²c_t) + dc_{t+1}·f_{t+1}, with dh_t the total ∂L/∂h_t
+    (itself held to finite differences above)."""
+    spec = load_spec({"input_size": 3, "time_steps": 6, "batch_size": 2, "loss": "mse",
+                      "dtype": "float64", "layout": "keras",
+                      "layers": [{"lstm": 4}, {"dense": 2}]})
+    algebra = model_shapes(spec)
+    rng = np.random.default_rng(5)
+    params = {k: v + 0.5 * rng.standard_normal(v.shape)
+              for k, v in initial_params(algebra).items()}
+    batch = synthetic_batch(algebra)
+    engine = Engine(algebra)
+    result = engine.run(params, batch, per_step=True)
+    dh, dc = result.sequence_gradients["lstm_1/h"], result.sequence_gradients["lstm_1/c"]
+    trajectories: dict = {}
+    engine.forward({k: tf.constant(v) for k, v in params.items()}, tf.constant(batch.x),
+                   {k: tf.constant(v) for k, v in batch.initial_states.items()},
+                   trajectories=trajectories)
+    h, c = (np.swapaxes(trajectories[f"lstm_1/{s}"].numpy(), 0, 1) for s in "hc")
+    u = 4
+    h_prev = np.concatenate([batch.initial_states["lstm_1/h0"][:, None], h[:, :-1]], axis=1)
+    z = (batch.x @ params["lstm_1/kernel"] + h_prev @ params["lstm_1/recurrent_kernel"]
+         + params["lstm_1/bias"])
+    f, o = (1 / (1 + np.exp(-z[..., k * u:(k + 1) * u])) for k in (1, 3))
+    expected = np.zeros_like(dc)
+    carried = np.zeros_like(dc[:, 0])
+    for t in reversed(range(6)):
+        expected[:, t] = dh[:, t] * o[:, t] * (1 - np.tanh(c[:, t]) ** 2) + carried
+        carried = expected[:, t] * f[:, t]
+    np.testing.assert_allclose(dc, expected, rtol=1e-10, atol=1e-14)
+    assert np.all(np.abs(dc[:, -1]) > 0)  # the last step's c reaches the loss through h_T

@@ -209,6 +209,15 @@ class Cell:
         :meth:`tf_step_weights` returned."""
         raise NotImplementedError
 
+    def tf_step_probed(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...], probes: tuple[Any, ...]) -> tuple[Any, ...]:
+        """One step with a zero probe added to each new state as soon as it is computed: the
+        gradient with respect to a probe is then the total ∂L/∂ of that state. A cell whose
+        output reads another state within the step (an LSTM's h_t reads c_t) adds that
+        state's probe before the read."""
+        new = self.tf_step(tf, params, states, step_inputs)
+        return tuple(s + p for s, p in zip(new, probes, strict=True))
+
     def tf_sequence(self, tf: Any, params: dict[str, Any], inputs: Any,
                     states: tuple[Any, ...],
                     probes: tuple[Any, ...] | None = None,
@@ -218,9 +227,10 @@ class Cell:
         """Run the cell over a time-major sequence ``(T, B, F)`` with ``tf.scan``.
 
         Returns the outputs ``(T, B, units)`` and the final states. ``probes``, one
-        ``(T, B, units)`` tensor of zeros per state, are added to the states after each step:
-        they change no value, but the gradient with respect to a probe is the *total*
-        ∂L/∂h_t, including what flows back through the recurrence from t+1.
+        ``(T, B, units)`` tensor of zeros per state, are added to the states each step
+        computes (:meth:`tf_step_probed`): they change no value, but the gradient with respect
+        to a probe is the *total* ∂L/∂h_t (∂L/∂c_t), including what flows back through the
+        recurrence from t+1.
 
         ``cuts`` (T,), 0 or 1 per step, is truncated BPTT in one pass: where it is 1, the
         state that step t reads from step t−1 passes through ``tf.stop_gradient`` (the value
@@ -250,10 +260,10 @@ class Cell:
                 carry = tuple(s + cut * (tf.stop_gradient(s) - s) for s in carry)
             if edges is not None:
                 carry = tuple(s + e for s, e in zip(carry, extra[-n_states:], strict=True))
-            new = self.tf_step(tf, step_weights, carry, elems[:n_inputs])
             if probes is not None:
-                new = tuple(s + p for s, p in zip(new, extra[:n_probes], strict=True))
-            return new
+                return self.tf_step_probed(tf, step_weights, carry, elems[:n_inputs],
+                                           extra[:n_probes])
+            return self.tf_step(tf, step_weights, carry, elems[:n_inputs])
 
         sequences = tf.scan(step, step_inputs + extras, initializer=tuple(states[:n_states]))
         if trajectory is not None:

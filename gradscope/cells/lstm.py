@@ -146,3 +146,15 @@ def lstm_functions(layout: str) -> tuple[bptt.Forward, bptt.Backward]:
                 d_params)
 
     return forward, backward
+
+
+def tf_lstm_update(tf: Any, i: Any, f: Any, g: Any, o: Any, c: Any,
+                   probes: tuple[Any, ...] = ()) -> tuple[Any, Any]:
+    """The new (h, c) from the gates' pre-activations (f with its forget bias), in
+    TensorFlow. With ``probes`` (h's, c's), c's probe is added before h reads c_t, so that the
+    gradient with respect to it is the total ∂L/∂c_t, through h_t too."""
+    c_new = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+    if probes:
+        c_new = c_new + probes[1]
+    h = tf.sigmoid(o) * tf.tanh(c_new)
+    return (h + probes[0], c_new) if probes else (h, c_new)

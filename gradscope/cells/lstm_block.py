@@ -19,7 +19,7 @@ from gradscope.cells.base import (
     glorot_uniform,
     split_blocks,
 )
-from gradscope.cells.lstm import FORGET_BIASES, lstm_functions
+from gradscope.cells.lstm import FORGET_BIASES, lstm_functions, tf_lstm_update
 
 GATES = ["input gate i", "new input j", "forget gate f", "output gate o"]
 FORGET_BIAS = FORGET_BIASES["block"]
@@ -53,12 +53,15 @@ class LSTMBlock(ConcatKernelCell):
 
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        return self.tf_step_probed(tf, params, states, step_inputs, ())
+
+    def tf_step_probed(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...], probes: tuple[Any, ...]) -> tuple[Any, ...]:
         u = self.units
         (h, c), (x_t,) = states, step_inputs
         z = x_t + h @ params["kernel_h"]
         i, j, f, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
-        c_new = tf.sigmoid(f + FORGET_BIAS) * c + tf.sigmoid(i) * tf.tanh(j)
-        return (tf.sigmoid(o) * tf.tanh(c_new), c_new)
+        return tf_lstm_update(tf, i, f + FORGET_BIAS, j, o, c, probes)
 
     def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         return lstm_functions(self.layout)

@@ -15,7 +15,7 @@ import numpy as np
 
 from gradscope.cells import numpy_bptt as bptt
 from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
-from gradscope.cells.lstm import lstm_functions
+from gradscope.cells.lstm import lstm_functions, tf_lstm_update
 
 GATES = ["input gate i", "forget gate f", "candidate c̃", "output gate o"]
 
@@ -53,12 +53,15 @@ class LSTMKeras(Cell):
 
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        return self.tf_step_probed(tf, params, states, step_inputs, ())
+
+    def tf_step_probed(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...], probes: tuple[Any, ...]) -> tuple[Any, ...]:
         u = self.units
         (h, c), (x_t,) = states, step_inputs
         z = x_t + h @ params["recurrent_kernel"]
         i, f, g, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
-        c_new = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-        return (tf.sigmoid(o) * tf.tanh(c_new), c_new)
+        return tf_lstm_update(tf, i, f, g, o, c, probes)
 
     def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         return lstm_functions(self.layout)
