@@ -44,9 +44,15 @@ JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's
                    "captured input and initial state, float64, batch_jacobian in one traced "
                    "function per layer")
 
+STEPPED_JACOBIAN = ("a call gradscope's cells do not model: the cell the model holds, "
+                    "stepped in tf.scan with Keras' masking, in its own dtype")
+
 #: Bidirectional merge modes whose gradient gradscope splits between the two directions.
 MERGE_MODES = ("concat", "sum", "ave", "mul", None)
 
+STEPPED_NOTE = ("a call gradscope's NumPy cells do not model (a mask, another activation, a "
+                "stateful layer, a cell of your own) is stepped through the cell the model "
+                "holds, in tf.scan under one tape, after its outputs are held to Keras' own")
 BACKWARDS_NOTE = ("a go_backwards layer, and the backward layer of a Bidirectional, is shown "
                   "in its processing order: its t = 0 is the last input step")
 
@@ -391,34 +397,50 @@ def per_step_norms(gradient: np.ndarray) -> list[float]:
 
 
 def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
-    """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True)``."""
+    """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True)``.
+    A call gradscope's NumPy cells model is read through them; every other recurrent call is
+    stepped through the cell the model holds (:mod:`~gradscope.keras.stepped`)."""
     from gradscope.gradient_stats import flow_flags
 
     usable, skipped = recurrent_calls(job, engine, result)
-    sequences: list[KerasFlowSequence] = []
+    by_call: list[tuple[str, list[KerasFlowSequence]]] = []
     flags: list[FlowFlag] = []
-    backwards = False
+    backwards = any_stepped = False
     for recurrent in usable:
         parts = total_state_gradients(recurrent, result)
         if isinstance(parts, str):
             skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=parts))
             continue
+        found = []
         for unit, (total, direct) in zip(recurrent.units, parts, strict=True):
             backwards = backwards or unit.backwards
             what = f"∂L/∂{unit.label}/h_t"
-            sequences.append(KerasFlowSequence(
-                what=what, kind="state", source=unit.label,
-                norms=per_step_norms(total), backwards=unit.backwards))
+            found.append(KerasFlowSequence(what=what, kind="state", source=unit.label,
+                                           norms=per_step_norms(total),
+                                           backwards=unit.backwards))
             flag = recurrence_flag(what, carried_ratio(total, direct), total.shape[1])
             if flag is not None:
                 flags.append(flag)
+        by_call.append((recurrent.label, found))
+    unmodelled = {entry.layer for entry in skipped}
+    still: list[KerasNotAnalysed] = [e for e in skipped if e.layer not in unmodelled]
     for call in result.calls:
-        if call.states and class_label(engine.operation(call.layer)) == "RNN":
-            found = _cell_flow(engine, call, result)
-            if isinstance(found, KerasNotAnalysed):
-                skipped.append(found)
-            else:
-                sequences += found
+        label = call_label(call.layer, call.index)
+        kind = class_label(engine.operation(call.layer))
+        if label not in unmodelled and not (kind == "RNN" and call.states):
+            continue
+        stepped = _stepped_flow(engine, call, result, kind)
+        if isinstance(stepped, KerasNotAnalysed):
+            still.append(stepped)
+            continue
+        found, found_flags, reversed_order = stepped
+        backwards = backwards or reversed_order
+        any_stepped = True
+        flags += found_flags
+        by_call.append((label, found))
+    order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
+    by_call.sort(key=lambda item: order.get(item[0], len(order)))
+    sequences = [sequence for _, found in by_call for sequence in found]
     for name, value in job.batch.inputs.items():
         if value.dtype.kind != "f" or value.ndim != 3:
             continue
@@ -427,37 +449,45 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
                  else [0.0] * int(value.shape[1]))
         sequences.append(KerasFlowSequence(what=f"∂L/∂{name}_t", kind="input", source=name,
                                            norms=norms))
-    _in_call_order(skipped, result)
+    _in_call_order(still, result)
     flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences if s.kind == "input"})
-    method = FLOW_METHOD + ("; " + BACKWARDS_NOTE if backwards else "")
-    return KerasFlowSection(method=method, sequences=sequences, not_analysed=skipped,
-                             flags=flags)
+    method = (FLOW_METHOD + ("; " + STEPPED_NOTE if any_stepped else "")
+              + ("; " + BACKWARDS_NOTE if backwards else ""))
+    return KerasFlowSection(method=method, sequences=sequences, not_analysed=still,
+                            flags=flags)
 
 
-def _cell_flow(engine: Any, call: CapturedCall, result: KerasPass
-               ) -> list[KerasFlowSequence] | KerasNotAnalysed:
-    """An RNN over a cell (your own too): the total ∂L/∂ of each state per step, from a tape
-    over the cell run step by step (:func:`~gradscope.keras.cell_scan.state_flow`), in
-    processing order. No flag: what arrives from above at a step is the gradient of the
-    cell's output, which need not be its state."""
-    from gradscope.keras.cell_scan import not_run, state_flow
+def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
+                  ) -> tuple[list[KerasFlowSequence], list[FlowFlag], bool] | KerasNotAnalysed:
+    """A call stepped through the cell the model holds: the total ∂L/∂h_t of each direction
+    (of every state, for an ``RNN`` over a cell of the user's), in processing order, and its
+    flag. For a cell of the user's, no flag: what arrives from above at a step is the
+    gradient of the cell's output, which need not be its state."""
+    from gradscope.keras.stepped import step_call
 
     label = call_label(call.layer, call.index)
-    masked = masked_steps(call)
-    if masked:
-        return KerasNotAnalysed(layer=label, reason=masked)
     upstream = result.output_gradients.get(label)
     if upstream is None:
         return KerasNotAnalysed(layer=label, reason="the run did not watch this call's outputs")
-    try:
-        flows = state_flow(engine, call, upstream, engine.training)
-    except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
-        return KerasNotAnalysed(layer=label, reason=not_run(exc))
-    backwards = bool(getattr(engine.operation(call.layer), "go_backwards", False))
-    return [KerasFlowSequence(
-        what=f"∂L/∂{label}/" + (f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"),
-        kind="state", source=label, norms=per_step_norms(total), backwards=backwards)
-        for name, total in flows]
+    stepped = step_call(engine, call, upstream, engine.training)
+    if isinstance(stepped, str):
+        return KerasNotAnalysed(layer=label, reason=stepped)
+    assert stepped.totals is not None and stepped.direct is not None
+    sequences, flags = [], []
+    for direction, totals, direct in zip(stepped.directions, stepped.totals, stepped.direct,
+                                         strict=True):
+        names = direction.names if kind == "RNN" else direction.names[:1]
+        for name, total in zip(names, totals, strict=False):
+            short = f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"
+            what = f"∂L/∂{direction.label}/{short}"
+            sequences.append(KerasFlowSequence(what=what, kind="state", source=direction.label,
+                                               norms=per_step_norms(total),
+                                               backwards=direction.backwards))
+            if kind != "RNN" and total.shape == direct.shape:
+                flag = recurrence_flag(what, carried_ratio(total, direct), total.shape[1])
+                if flag is not None:
+                    flags.append(flag)
+    return sequences, flags, any(d.backwards for d in stepped.directions)
 
 
 def _in_call_order(skipped: list[KerasNotAnalysed], result: KerasPass) -> None:
@@ -492,19 +522,51 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
                 raise InternalError(
                     f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
                     f"disagree on the final state (max |error| {error:.1e}); please report it")
-            entries.append(_jacobian_entry(unit, jacobian.numpy()))
-    _in_call_order(skipped, result)
-    return KerasStateJacobians(method=JACOBIAN_METHOD, entries=entries, not_analysed=skipped)
+            entries.append(_jacobian_entry(unit.label, unit.state_count, jacobian.numpy()))
+    cells = {call_label(c.layer, c.index) for c in result.calls
+             if c.states and class_label(engine.operation(c.layer)) == "RNN"}
+    stepped, still = _stepped_jacobians(engine, result, {e.layer for e in skipped} | cells)
+    order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
+    entries = sorted(entries + stepped,
+                     key=lambda e: order.get(e.target.split("/")[0], len(order)))
+    _in_call_order(still, result)
+    method = JACOBIAN_METHOD + ("; " + STEPPED_JACOBIAN if stepped else "")
+    return KerasStateJacobians(method=method, entries=entries, not_analysed=still)
 
 
-def _jacobian_entry(unit: Unit, blocks: np.ndarray) -> JacobianEntry:
+def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
+                       ) -> tuple[list[JacobianEntry], list[KerasNotAnalysed]]:
+    """∂(final states)/∂(initial states) of the calls ``labels`` names, each stepped through
+    the cell the model holds; or why not."""
+    from gradscope.keras.stepped import state_jacobian, step_call
+
+    entries: list[JacobianEntry] = []
+    still: list[KerasNotAnalysed] = []
+    for call in result.calls:
+        label = call_label(call.layer, call.index)
+        if label not in labels:
+            continue
+        stepped = step_call(engine, call, None, engine.training)
+        if isinstance(stepped, str):
+            still.append(KerasNotAnalysed(layer=label, reason=stepped))
+            continue
+        for index, direction in enumerate(stepped.directions):
+            blocks = state_jacobian(engine, stepped, index)
+            if isinstance(blocks, str):
+                still.append(KerasNotAnalysed(layer=direction.label, reason=blocks))
+                continue
+            entries.append(_jacobian_entry(direction.label, len(direction.names), blocks))
+    return entries, still
+
+
+def _jacobian_entry(label: str, state_count: int, blocks: np.ndarray) -> JacobianEntry:
     """The per-example blocks (B, rows, columns) summed up as the YAML report does."""
     frobenius = np.sqrt(np.sum(blocks**2, axis=(1, 2)))
     singular = np.linalg.svd(blocks, compute_uv=False)
-    two = unit.state_count > 1
+    two = state_count > 1
     return JacobianEntry(
-        target=f"{unit.label}/" + ("[h_T, c_T]" if two else "h_T"),
-        source=f"{unit.label}/" + ("[h0, c0]" if two else "h0"),
+        target=f"{label}/" + ("[h_T, c_T]" if two else "h_T"),
+        source=f"{label}/" + ("[h0, c0]" if two else "h0"),
         shape=list(blocks.shape[1:]),
         frobenius_median=float(np.median(frobenius)),
         frobenius_min=float(np.min(frobenius)),

@@ -1,0 +1,366 @@
+"""A recurrent call stepped through the cell the model holds, as Keras' RNN loop steps it.
+
+Across time, a Keras layer hides h_t inside its loop. This runs the layer's own cell object
+(GRU, LSTM, SimpleRNN, ``RNN(your cell)``, each direction of a Bidirectional) step by step in
+``tf.scan`` along the call's captured input, mask and initial state, with Keras' masking (a
+masked step carries the state, and the output, through). It needs no NumPy version of the
+cell. Every output it rebuilds must equal what Keras' own call returned before anything is
+read from it; a call it cannot step is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import first_line
+from gradscope.gradcheck import tolerance
+from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
+
+#: How the two directions of a Bidirectional call are merged into its output.
+MERGES = ("concat", "sum", "ave", "mul", None)
+
+
+@dataclass
+class Direction:
+    """One recurrent layer as stepped: a plain call, or one direction of a Bidirectional."""
+
+    label: str  # "decoder", "both/forward"
+    layer: Any
+    names: list[str]  # its initial states' names, in Keras' order
+    backwards: bool
+
+
+@dataclass
+class Stepped:
+    """A recurrent call whose outputs the stepping rebuilt exactly, and what it found: per
+    direction, the sequence of each state (B, T, ·) in processing order, and, with the
+    gradient from above, the total ∂L/∂ each state after every step."""
+
+    label: str
+    call: CapturedCall
+    directions: list[Direction]
+    states: list[list[np.ndarray]]
+    totals: list[list[np.ndarray]] | None = None
+    #: Per direction, the part of ∂L/∂(output at t) that arrives from above at t (B, T, ·),
+    #: processing order: where the output is the state, the rest of the total is carried
+    #: back from t+1.
+    direct: list[np.ndarray] | None = None
+
+
+def not_stepped(exc: BaseException) -> str:
+    """Why a call was left out: its cell, run step by step, raised ``exc``."""
+    return f"the cell could not be run step by step: {first_line(exc)}"
+
+
+def directions_of(layer: Any, label: str) -> list[Direction] | str:
+    """The layers a call of ``layer`` steps, or why it cannot be stepped."""
+    kind = class_label(layer)
+    if kind == "Bidirectional":
+        if layer.merge_mode not in MERGES:
+            return f"Bidirectional merge_mode {layer.merge_mode!r}"
+        parts = [(f"{label}/forward", layer.forward_layer),
+                 (f"{label}/backward", layer.backward_layer)]
+    else:
+        parts = [(label, layer)]
+    found = []
+    for name, sub in parts:
+        if getattr(sub, "cell", None) is None:
+            return f"{class_label(sub)} has no cell to step"
+        found.append(Direction(name, sub, state_names(sub),
+                               bool(getattr(sub, "go_backwards", False))))
+    return found
+
+
+def dropout_in_training(layer: Any, training: bool) -> str | None:
+    """Why a call in training mode is not stepped yet: its cell draws dropout masks, which a
+    second run would draw anew."""
+    if not training:
+        return None
+    cell = getattr(layer, "cell", None)
+    rates = {name: getattr(cell, name, 0) for name in ("dropout", "recurrent_dropout")}
+    given = [f"{name} {rate:g}" for name, rate in rates.items() if rate]
+    if given:
+        return (f"{', '.join(given)} in training mode: the masks the call drew are not "
+                "stepped again yet")
+    return None
+
+
+def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
+              training: bool) -> Stepped | str:
+    """``call`` stepped through its layer's own cells; with ``upstream`` (the tape's
+    ∂L/∂ each output of the call), the total ∂L/∂ every state after every step too. Or why
+    it is not stepped."""
+    layer = engine.operation(call.layer)
+    label = call_label(call.layer, call.index)
+    directions = directions_of(layer, label)
+    if isinstance(directions, str):
+        return directions
+    for direction in directions:
+        why = dropout_in_training(direction.layer, training)
+        if why:
+            return why
+    if not call.states:
+        return ("stateful, with no state carried to this call" if getattr(
+            layer, "stateful", False) else "no initial state captured")
+    try:
+        run = _runner(engine, layer, directions, training)
+        outputs, states, totals, direct = run(call, upstream)
+    except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
+        return not_stepped(exc)
+    mismatch = _rebuilt(outputs, call, engine.dtype_name)
+    if mismatch:
+        return mismatch
+    return Stepped(label=label, call=call, directions=directions, states=states,
+                   totals=totals, direct=direct)
+
+
+def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str | None:
+    """None when every output the stepping rebuilt equals Keras' own: the same cell, the
+    same operations, so only rounding may differ."""
+    rtol, atol = tolerance("replay", dtype)
+    keras = [np.asarray(o, np.float64) for o in call.outputs]
+    if len(outputs) != len(keras):
+        return f"the stepped cell gives {len(outputs)} outputs, Keras gave {len(keras)}"
+    for k, (mine, theirs) in enumerate(zip(outputs, keras, strict=True)):
+        if mine.shape != theirs.shape:
+            return (f"the stepped cell gives output {k} the shape {mine.shape}, Keras "
+                    f"{theirs.shape}")
+        if not mine.size:
+            continue
+        error = float(np.max(np.abs(mine - theirs)))
+        scale = float(np.max(np.abs(theirs)))
+        # Keras' loop and a scan over the same cell round alike only up to their order of
+        # reductions: ten times the replay's tolerance.
+        allowed = 10 * (atol + rtol * scale)
+        if not error <= allowed:
+            return (f"stepping the cell does not rebuild Keras' output {k} (max |error| "
+                    f"{error:.1e} > {allowed:.1e})")
+    return None
+
+
+def _runner(engine: Any, layer: Any, directions: list[Direction], training: bool) -> Any:
+    """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
+    and (with ``upstream``) the total ∂L/∂ each state after every step, all in NumPy. One
+    traced function: the scan is a loop in the graph, never a Python loop over time."""
+    tf, keras = engine.tf, engine.keras
+    bidirectional = class_label(layer) == "Bidirectional"
+    counts = [len(d.names) for d in directions]
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def traced(x: Any, mask: Any, initial: list[Any], upstream: list[Any] | None) -> Any:
+        starts = np.cumsum([0, *counts])
+        parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
+        steps = tf.shape(x)[1]
+        probes = [[tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
+                  for part in parts]
+        above: list[Any] = [None] * len(directions)
+        with tf.GradientTape() as tape:
+            tape.watch(probes)
+            scans = [_scan(tf, keras, d.layer, x, mask, part, probe, training)
+                     for d, part, probe in zip(directions, parts, probes, strict=True)]
+            # A zero added to each output sequence alone: its gradient is what arrives from
+            # above at each step, apart from what the recurrence carries.
+            above = [tf.zeros_like(outs) for _, outs in scans]
+            tape.watch(above)
+            scans = [(states, outs + zero) for (states, outs), zero in zip(scans, above,
+                                                                           strict=True)]
+            outputs = _outputs(tf, layer, scans, bidirectional)
+            objective = (None if upstream is None else
+                         tf.add_n([tf.reduce_sum(tf.cast(g, o.dtype) * o)
+                                   for g, o in zip(upstream, outputs, strict=True)
+                                   if g is not None]))
+        totals = direct = None
+        if objective is not None:
+            totals, direct = tape.gradient(objective, [probes, above],
+                                           unconnected_gradients="zero")
+        return outputs, [scan[0] for scan in scans], totals, direct
+
+    def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
+            list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
+            list[np.ndarray] | None]:
+        from gradscope._tf import native_stderr_silenced, without_grappler
+
+        x = tf.convert_to_tensor(call.args[0])
+        mask = None if call.mask is None else tf.convert_to_tensor(call.mask)
+        initial = [tf.convert_to_tensor(s) for s in call.states]
+        given = (None if upstream is None or all(g is None for g in upstream) else
+                 [None if g is None else tf.convert_to_tensor(g) for g in upstream])
+        with native_stderr_silenced(), without_grappler():
+            outputs, states, totals, direct = traced(x, mask, initial, given)
+        return ([np.asarray(o, np.float64) for o in outputs],
+                [[_batch_major(s) for s in part] for part in states],
+                None if totals is None else [[_batch_major(g) for g in part]
+                                             for part in totals],
+                None if direct is None else [_batch_major(g) for g in direct])
+
+    return run
+
+
+def _batch_major(value: Any) -> np.ndarray:
+    """A time-major sequence (T, B, ·) as (B, T, ·), in float64."""
+    return np.swapaxes(np.asarray(value, np.float64), 0, 1)
+
+
+def _scan(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
+          probes: list[Any], training: bool) -> tuple[list[Any], Any]:
+    """The layer's cell over ``x`` (B, T, ·) as Keras' RNN loop runs it: in processing order
+    (reversed for go_backwards), a masked step keeping the states and the last output (or a
+    zero output, with ``zero_output_for_mask``). A zero probe is added to every state a step
+    leaves; where the cell returns that very state as its output, the output of a kept step
+    is the probed state, so that the gradient from above at t reaches the probe. Returns
+    every state's sequence and the outputs, time-major."""
+    cell = layer.cell
+    kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
+    backwards = bool(getattr(layer, "go_backwards", False))
+    zero_output = bool(getattr(layer, "zero_output_for_mask", False))
+    x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
+    m_tm = None if mask is None else tf.transpose(tf.cast(mask, tf.bool), [1, 0])
+    if backwards:
+        x_tm = tf.reverse(x_tm, [0])
+        m_tm = None if m_tm is None else tf.reverse(m_tm, [0])
+    initial = [tf.cast(s, cell.compute_dtype) for s in initial]
+
+    def step(x_t: Any, states: list[Any]) -> tuple[Any, list[Any]]:
+        out, new = cell(x_t, list(states), **kwargs)
+        return out, list(keras.tree.flatten(new))
+
+    first, _ = step(x_tm[0], initial)
+
+    def kept(m_t: Any, value: Any, other: Any) -> Any:
+        shape = [-1] + [1] * (len(value.shape) - 1)
+        return tf.where(tf.reshape(m_t, shape), value, other)
+
+    def body(carry: tuple[list[Any], Any], elems: tuple[Any, ...]) -> tuple[list[Any], Any]:
+        states, previous = carry
+        x_t, m_t, probes_t = elems
+        out, new = step(x_t, states)
+        same = [k for k, n in enumerate(new) if n is out]
+        if m_t is not None:
+            new = [kept(m_t, n, s) for n, s in zip(new, states, strict=True)]
+            out = kept(m_t, out, tf.zeros_like(out) if zero_output else previous)
+        new = [n + p for n, p in zip(new, probes_t, strict=True)]
+        if same:
+            # A masked step's output is the last output (or zero), not the carried state:
+            # Keras' loop chains its outputs apart from its states.
+            probed = new[same[0]]
+            out = probed if m_t is None else kept(
+                m_t, probed, tf.zeros_like(out) if zero_output else previous)
+        return new, out
+
+    if m_tm is None:
+        def unmasked(carry: tuple[list[Any], Any], items: tuple[Any, Any]) -> tuple[
+                list[Any], Any]:
+            return body(carry, (items[0], None, items[1]))
+
+        states, outs = tf.scan(unmasked, (x_tm, probes),
+                               initializer=(initial, tf.zeros_like(first)))
+    else:
+        states, outs = tf.scan(body, (x_tm, m_tm, probes),
+                               initializer=(initial, tf.zeros_like(first)))
+    return list(states), outs
+
+
+def _outputs(tf: Any, layer: Any, scans: list[tuple[list[Any], Any]],
+             bidirectional: bool) -> list[Any]:
+    """What Keras returns for the call, from the scans (batch-major): the sequence (in
+    processing order, as Keras returns a go_backwards layer's) or its last step, merged for a
+    Bidirectional (its backward sequence flipped back), then the final states with
+    ``return_state``."""
+    sequences = layer.return_sequences
+    ys = []
+    for _, outs in scans:
+        ys.append(tf.transpose(outs, [1, 0, *range(2, len(outs.shape))]) if sequences
+                  else outs[-1])
+    finals = [s[-1] for states, _ in scans for s in states] if layer.return_state else []
+    if not bidirectional:
+        return [ys[0], *finals]
+    forward, backward = ys
+    if sequences:
+        backward = tf.reverse(backward, [1])
+    mode = layer.merge_mode
+    merged = {"concat": lambda: [tf.concat([forward, backward], axis=-1)],
+              "sum": lambda: [forward + backward], "ave": lambda: [(forward + backward) / 2],
+              "mul": lambda: [forward * backward],
+              None: lambda: [forward, backward]}[mode]()
+    return [*merged, *finals]
+
+
+def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | str:
+    """∂(final states)/∂(initial states) per example (B, S, S) of direction ``index`` of a
+    stepped call, its states concatenated ([h, c] for an LSTM); or why it cannot be given."""
+    tf, keras = engine.tf, engine.keras
+    direction = stepped.directions[index]
+    call = stepped.call
+    counts = [len(d.names) for d in stepped.directions]
+    start = int(np.sum(counts[:index]))
+    initial = [tf.convert_to_tensor(s) for s in call.states[start:start + counts[index]]]
+    if any(len(s.shape) != 2 for s in initial):
+        return "states of more than one axis per example"
+    widths = [int(s.shape[1]) for s in initial]
+    x = tf.convert_to_tensor(call.args[0])
+    mask = None if call.mask is None else tf.convert_to_tensor(call.mask)
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def compute(x: Any, mask: Any, joined: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(joined)
+            parts = list(tf.split(joined, widths, axis=1))
+            probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(p)], 0), p.dtype)
+                      for p in parts]
+            states, _ = _scan(tf, keras, direction.layer, x, mask, parts, probes,
+                              engine.training)
+            final = tf.concat([s[-1] for s in states], axis=1)
+        return tape.batch_jacobian(final, joined, experimental_use_pfor=False)
+
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    with native_stderr_silenced(), without_grappler():
+        return np.asarray(compute(x, mask, tf.concat(initial, axis=1)), np.float64)
+
+
+#: The most numbers of ∂h_t/∂x one batch_jacobian holds at once (its units are taken in
+#: slices of this size over B·T·features).
+INFLUENCE_NUMBERS = 2**24
+
+
+def influence(engine: Any, stepped: Stepped, index: int, at: int) -> np.ndarray:
+    """‖∂h_at/∂x_s‖ for every input step s (input order), the median over the examples of
+    each example's Frobenius norm, where h_at is direction ``index``'s output after
+    processing step ``at``."""
+    tf, keras = engine.tf, engine.keras
+    direction = stepped.directions[index]
+    call = stepped.call
+    counts = [len(d.names) for d in stepped.directions]
+    start = int(np.sum(counts[:index]))
+    initial = [tf.convert_to_tensor(s) for s in call.states[start:start + counts[index]]]
+    x = tf.convert_to_tensor(call.args[0])
+    mask = None if call.mask is None else tf.convert_to_tensor(call.mask)
+    per_unit = int(np.prod(x.shape[:2])) * int(np.prod(x.shape[2:], dtype=np.int64))
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def compute(x: Any, mask: Any, initial: list[Any], at: Any) -> Any:
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
+                      for s in initial]
+            _, outs = _scan(tf, keras, direction.layer, x, mask, initial, probes,
+                            engine.training)
+            h = tf.reshape(outs[at], [tf.shape(x)[0], -1])
+        width = int(h.shape[1])
+        size = max(1, INFLUENCE_NUMBERS // max(per_unit, 1))
+        squares = tf.zeros(tf.shape(x)[:2], tf.float64)
+        for first in range(0, width, size):
+            block = tape.batch_jacobian(h[:, first:first + size], x,
+                                        experimental_use_pfor=False)
+            block = tf.cast(block, tf.float64) ** 2
+            squares += tf.reduce_sum(block, axis=[1, *range(3, len(block.shape))])
+        return tf.sqrt(squares)
+
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    with native_stderr_silenced(), without_grappler():
+        norms = np.asarray(compute(x, mask, initial, tf.constant(at)), np.float64)
+    return np.median(norms, axis=0)

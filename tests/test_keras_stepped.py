@@ -1,0 +1,141 @@
+"""gradscope/keras/stepped.py: every recurrent call stepped through the cell the model holds,
+masks, other activations and Bidirectional wrappers included.
+
+The truth is computed here and never by gradscope: Keras' own tape on the real model gives
+∂L/∂(the layer's output); the layer's own cell is then unrolled in a Python loop, with
+Keras' masking written out (a masked step keeps the state and the last output) and a zero
+probe on h_t at every step, and one tape gives ∂⟨∂L/∂output, output⟩/∂probe_t: the total
+∂L/∂h_t. ∂h_T/∂h_0 is ``batch_jacobian`` over Keras' own layer called with an initial state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradscope
+
+T, F, B = 7, 3, 5
+
+
+def _upstream(tf: Any, model: Any, layer: str, x: Any, y: Any) -> Any:
+    """∂L/∂(the layer's output) from Keras' own call and compute_loss."""
+    import keras
+
+    both = keras.Model(model.inputs, [model.outputs[0], model.get_layer(layer).output])
+    with tf.GradientTape() as tape:
+        prediction, output = both(x)
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction)
+    return tape.gradient(loss, output)
+
+
+def _unrolled(tf: Any, layer: Any, x: Any, mask: Any, upstream: Any) -> np.ndarray:
+    """‖total ∂L/∂h_t‖ per step of a layer (processing order), by hand."""
+    cell = layer.cell
+    steps = range(x.shape[1])
+    order = list(reversed(steps)) if layer.go_backwards else list(steps)
+    states = [tf.zeros((x.shape[0], size), x.dtype) for size in
+              (cell.state_size if isinstance(cell.state_size, list | tuple)
+               else [cell.state_size])]
+    probes = [tf.zeros((x.shape[0], states[0].shape[1]), x.dtype) for _ in order]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        previous = tf.zeros_like(states[0])
+        outputs = []
+        for k, t in enumerate(order):
+            out, new = cell(x[:, t], states)
+            new = list(new) if isinstance(new, list | tuple) else [new]
+            if mask is not None:
+                keep = tf.reshape(tf.constant(mask[:, t]), (-1, 1))
+                new = [tf.where(keep, n, s) for n, s in zip(new, states, strict=True)]
+            new[0] = new[0] + probes[k]
+            out = new[0] if mask is None else tf.where(
+                tf.reshape(tf.constant(mask[:, t]), (-1, 1)), new[0], previous)
+            previous, states = out, new
+            outputs.append(out)
+        sequence = tf.stack(outputs, axis=1)
+        returned = sequence if layer.return_sequences else sequence[:, -1]
+        objective = tf.reduce_sum(upstream * returned)
+    return np.array([float(tf.norm(g)) for g in tape.gradient(objective, probes)])
+
+
+def _flow(report: Any, what: str) -> np.ndarray:
+    found = [s for s in report.gradient_flow.sequences if s.what == what]
+    assert len(found) == 1, [s.what for s in report.gradient_flow.sequences]
+    return np.array(found[0].norms)
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    x[0, -3:] = 0.0  # masked at the end
+    x[1, :2] = 0.0  # masked at the start
+    x[2, 3] = 0.0  # masked in the middle
+    return x, np.any(x != 0, axis=-1), rng.normal(size=(B, 2)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["masked_gru", "relu", "masked_lstm", "backwards"])
+def test_a_call_the_cells_do_not_model_is_stepped_as_keras_runs_it(tf, data, kind):
+    import keras
+    from keras import layers as L
+
+    x, mask, y = data
+    keras.utils.set_random_seed(3)
+    x_in = keras.Input((T, F), name="x")
+    masked = L.Masking()(x_in)
+    layer = {"masked_gru": L.GRU(4, return_sequences=True, name="rnn"),
+             "relu": L.SimpleRNN(4, activation="relu", return_sequences=True, name="rnn"),
+             "masked_lstm": L.LSTM(3, name="rnn"),
+             "backwards": L.GRU(4, go_backwards=True, name="rnn")}[kind]
+    h = layer(x_in if kind == "relu" else masked)
+    pooled = L.GlobalAveragePooling1D()(h) if len(h.shape) == 3 else h
+    model = keras.Model(x_in, L.Dense(2)(pooled))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, flow=True, jacobians=True)
+    assert not report.gradient_flow.not_analysed
+    assert not report.state_jacobians.not_analysed
+    truth = _unrolled(tf, layer, tf.constant(x), None if kind == "relu" else mask,
+                      _upstream(tf, model, "rnn", x, y))
+    np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
+    # ∂h_T/∂h_0 of Keras' own layer, called with an initial state.
+    states = [tf.zeros((B, n)) for n in ([3, 3] if kind == "masked_lstm" else [4])]
+    joined = tf.concat(states, axis=1)
+    with tf.GradientTape() as tape:
+        tape.watch(joined)
+        parts = tf.split(joined, len(states), axis=1)
+        out = layer(tf.constant(x), initial_state=list(parts),
+                    mask=None if kind == "relu" else tf.constant(mask))
+        # The last output is the final h (a masked step carries it): an LSTM returns h only.
+        final = out[:, -1] if layer.return_sequences else out
+    truth = np.asarray(tape.batch_jacobian(final, joined))
+    entry = report.state_jacobians.entries[0]
+    if kind == "masked_lstm":
+        assert entry.target == "rnn/[h_T, c_T]" and entry.shape == [6, 6]
+    else:
+        frobenius = np.sqrt(np.sum(truth ** 2, axis=(1, 2)))
+        assert entry.frobenius_median == pytest.approx(float(np.median(frobenius)), rel=1e-4)
+
+
+def test_a_bidirectional_masked_call_is_stepped_in_both_directions(tf, data):
+    import keras
+    from keras import layers as L
+
+    x, mask, y = data
+    keras.utils.set_random_seed(4)
+    x_in = keras.Input((T, F), name="x")
+    both = L.Bidirectional(L.GRU(3, return_sequences=True), name="both")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(both(L.Masking()(x_in)))))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, flow=True)
+    assert not report.gradient_flow.not_analysed
+    upstream = _upstream(tf, model, "both", x, y)
+    forward = _unrolled(tf, both.forward_layer, tf.constant(x), mask, upstream[..., :3])
+    backward = _unrolled(tf, both.backward_layer, tf.constant(x), mask,
+                         tf.reverse(upstream[..., 3:], [1]))
+    np.testing.assert_allclose(_flow(report, "∂L/∂both/forward/h_t"), forward, rtol=1e-4,
+                               atol=1e-9)
+    np.testing.assert_allclose(_flow(report, "∂L/∂both/backward/h_t"), backward, rtol=1e-4,
+                               atol=1e-9)
