@@ -316,8 +316,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
                    "of every recurrent call), per example: Frobenius norm and singular values.")
 @click.option("--flow", is_flag=True,
               help="Add the gradient norms per time step, the influence ‖∂h_t/∂x_s‖ of every "
-                   "input step (not for .keras models), and flags for vanishing or exploding "
-                   "gradients.")
+                   "input step (for a .keras model: with --at or --plot), and flags for "
+                   "vanishing or exploding gradients.")
 @click.option("--at", type=int, metavar="T",
               help="The step t of ‖∂h_t/∂x_s‖, 0 to time steps − 1 (default: the last step). "
                    "Implies --flow.")
@@ -369,11 +369,9 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
                                    flow=flow, jacobians=jacobians, at=at,
                                    heatmap=plot is not None, max_memory=max_memory,
                                    timings=timings, progress=status.update, **keras_run)
-    if plot is not None:  # a YAML config's (the library refuses --plot for a Keras model)
-        from gradscope.report.models import ExplainReport
+    if plot is not None:
         from gradscope.report.plot import write_flow_plot
 
-        assert isinstance(report, ExplainReport)
         write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
     return EXIT_OK

@@ -409,15 +409,3 @@ def test_both_directions_get_one_flag_rule() -> None:
     assert carried_ratio(np.ones((1, 3, 2)), np.zeros((1, 3, 2))) == pytest.approx(1.0)
     assert carried_ratio(np.ones((1, 3, 2)), np.ones((1, 3, 2))) == 0.0
 
-
-@pytest.mark.parametrize("option", ["--at", "--plot"])
-def test_cli_refuses_influence_options(tmp_path: Path, option: str) -> None:
-    path = tmp_path / "m.keras"
-    path.write_bytes(b"")  # refused before the file is read
-    value = "1" if option == "--at" else str(tmp_path / "f.png")
-    result = run_gradscope("explain", str(path), option, value)
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and f"{option} is for YAML configs; the influence" in lines[0]
-    assert "--flow and --jacobians are" in lines[0]
-    assert result.stdout == ""

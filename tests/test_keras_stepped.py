@@ -26,7 +26,7 @@ def _upstream(tf: Any, model: Any, layer: str, x: Any, y: Any) -> Any:
 
     both = keras.Model(model.inputs, [model.outputs[0], model.get_layer(layer).output])
     with tf.GradientTape() as tape:
-        prediction, output = both(x)
+        prediction, output = both({"x": x})
         loss = model.compute_loss(x=x, y=y, y_pred=prediction)
     return tape.gradient(loss, output)
 
@@ -139,3 +139,68 @@ def test_a_bidirectional_masked_call_is_stepped_in_both_directions(tf, data):
                                atol=1e-9)
     np.testing.assert_allclose(_flow(report, "∂L/∂both/backward/h_t"), backward, rtol=1e-4,
                                atol=1e-9)
+
+
+def _twin_sequences(layer: Any) -> Any:
+    """Keras' own layer, same weights, returning its whole output sequence."""
+    twin = type(layer).from_config({**layer.get_config(), "return_sequences": True,
+                                    "name": f"{layer.name}_twin"})
+    twin.build((None, T, F))
+    twin.set_weights(layer.get_weights())
+    return twin
+
+
+@pytest.mark.parametrize("kind", ["masked_gru", "relu_last_step", "backwards"])
+def test_the_influence_at_t_is_keras_own_jacobian(tf, data, kind):
+    """‖∂h_t/∂x_s‖ (``at``): the Jacobian of Keras' own layer's output at t (a twin that
+    returns every step) with respect to its input, per example, median over the batch."""
+    import keras
+    from keras import layers as L
+
+    x, mask, y = data
+    keras.utils.set_random_seed(6)
+    x_in = keras.Input((T, F), name="x")
+    layer = {"masked_gru": L.GRU(4, return_sequences=True, name="rnn"),
+             "relu_last_step": L.SimpleRNN(4, activation="relu", name="rnn"),
+             "backwards": L.LSTM(3, go_backwards=True, name="rnn")}[kind]
+    masked = kind != "relu_last_step"
+    h = layer(L.Masking()(x_in) if masked else x_in)
+    pooled = L.GlobalAveragePooling1D()(h) if len(h.shape) == 3 else h
+    model = keras.Model(x_in, L.Dense(2)(pooled))
+    model.compile(loss="mse")
+    at = 4
+    report = gradscope.explain(model, x=x, y=y, at=at)
+    found = next(i for i in report.gradient_flow.influence if i.source == "rnn")
+    assert found.step == at
+    twin = _twin_sequences(layer)
+    inputs = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        out = twin(inputs, mask=tf.constant(mask) if masked else None)[:, at]
+    jacobian = np.asarray(tape.batch_jacobian(out, inputs))  # (B, units, T, F)
+    truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
+    np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
+
+
+def test_at_and_plot_on_a_saved_keras_model(tmp_path):
+    import keras
+    from conftest import run_gradscope
+    from keras import layers as L
+
+    keras.utils.set_random_seed(7)
+    x_in = keras.Input((T, F), name="x")
+    model = keras.Model(x_in, L.Dense(2)(L.GRU(3, name="gru")(x_in)))
+    model.compile(loss="mse")
+    model.save(tmp_path / "m.keras")
+    plot = tmp_path / "flow.png"
+    result = run_gradscope("explain", str(tmp_path / "m.keras"), "--at", "2", "--plot",
+                           str(plot), "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    flow = json.loads(result.stdout)["gradient_flow"]
+    (found,) = flow["influence"]
+    assert found["step"] == 2 and found["influence"][3:] == [0.0] * (T - 3)
+    assert found["influence_map"]["steps"][0] == 0 and plot.stat().st_size > 1000
+    result = run_gradscope("explain", str(tmp_path / "m.keras"), "--at", "9")
+    assert result.returncode == 2 and "--at 9 is outside the 7 time steps" in result.stderr

@@ -121,9 +121,13 @@ def _fixed_batch(specs: list[InputSpec]) -> int | None:
 
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
-            flow: bool = False, jacobians: bool = False) -> KerasExplainReport:
+            flow: bool = False, jacobians: bool = False, at: int | None = None,
+            heatmap: bool = False) -> KerasExplainReport:
     """``flow``: ‖∂L/∂h_t‖ (with the recurrence) of every recurrent call and ‖∂L/∂x_t‖ of every
-    float sequence input; ``jacobians``: ∂h_T/∂h_0 of every recurrent call."""
+    float sequence input; ``jacobians``: ∂h_T/∂h_0 of every recurrent call; ``at`` (or
+    ``heatmap``, over up to 16 steps t): the influence ‖∂h_t/∂x_s‖ of every recurrent
+    call (both imply ``flow``)."""
+    flow = flow or heatmap or at is not None
     from gradscope.keras.engine import KerasEngine
 
     say = progress or (lambda message: None)
@@ -146,6 +150,13 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
         say("gradient flow: the total ∂L/∂h_t of every recurrent call")
         update["gradient_flow"] = gradient_flow(job, engine, result)
         clock.lap("flow")
+        if heatmap or at is not None:
+            from gradscope.keras.flow import influences
+
+            say("the influence ‖∂h_t/∂x_s‖ of every recurrent call")
+            update["gradient_flow"] = update["gradient_flow"].model_copy(update={
+                "influence": influences(engine, result, at, heatmap)})
+            clock.lap("influence")
     if jacobians:
         from gradscope.keras.flow import state_jacobians
 

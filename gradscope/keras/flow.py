@@ -26,9 +26,11 @@ from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.report.models import (
     FlowFlag,
+    InfluenceMap,
     JacobianEntry,
     KerasFlowSection,
     KerasFlowSequence,
+    KerasInfluence,
     KerasNotAnalysed,
     KerasStateJacobians,
 )
@@ -455,6 +457,45 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
               + ("; " + BACKWARDS_NOTE if backwards else ""))
     return KerasFlowSection(method=method, sequences=sequences, not_analysed=still,
                             flags=flags)
+
+
+#: Rows t of the influence map (``--plot``): at most this many, evenly spaced.
+MAP_ROWS = 16
+
+
+def influences(engine: Any, result: KerasPass, at: int | None,
+               heatmap: bool) -> list[KerasInfluence]:
+    """‖∂h_t/∂x_s‖ of every recurrent call that can be stepped (each direction of a
+    Bidirectional), t = ``at`` (default: the last step), with ``heatmap`` over up to
+    :data:`MAP_ROWS` steps t too. ``at`` beyond a call's steps is a ConfigError."""
+    from gradscope.errors import ConfigError
+    from gradscope.keras.stepped import influence, step_call
+
+    found: list[KerasInfluence] = []
+    for call in result.calls:
+        kind = class_label(engine.operation(call.layer))
+        if not (call.class_name in RECURRENT_CLASSES or (kind == "RNN" and call.states)):
+            continue
+        stepped = step_call(engine, call, None, engine.training)
+        if isinstance(stepped, str):
+            continue  # listed under not_analysed by the flow
+        steps = int(np.shape(call.args[0])[1])
+        if at is not None and not 0 <= at < steps:
+            raise ConfigError(f"--at {at} is outside the {steps} time steps of "
+                              f"{stepped.label}; expected 0 to {steps - 1}", where="--at")
+        t = steps - 1 if at is None else at
+        for index, direction in enumerate(stepped.directions):
+            heat = None
+            if heatmap:
+                rows = sorted({int(r) for r in np.linspace(0, steps - 1,
+                                                           min(MAP_ROWS, steps))})
+                heat = InfluenceMap(steps=rows, values=[
+                    [float(v) for v in influence(engine, stepped, index, r)] for r in rows])
+            found.append(KerasInfluence(
+                source=direction.label, step=t,
+                influence=[float(v) for v in influence(engine, stepped, index, t)],
+                influence_map=heat))
+    return found
 
 
 def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str

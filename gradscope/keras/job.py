@@ -20,14 +20,10 @@ from gradscope.preflight import check_layer_options, check_witness_options
 from gradscope.report.models import CheckedExamples
 
 #: The YAML wing's options, and why a Keras model does not take them.
-_INFLUENCE = ("the influence ‖∂h_t/∂x_s‖ is not available for Keras models yet; "
-              f"{flag('flow')} and {flag('jacobians')} are")
 _OWN_BACKWARD = "{command} of your own backward is not available for Keras models yet"
 YAML_ONLY = {
     "weights": "a Keras model carries its own weights",
     "chunks": "a Keras model's recurrent layers are not cut into chunks yet",
-    "at": _INFLUENCE,
-    "heatmap": _INFLUENCE,
     "against": _OWN_BACKWARD,
     "layer": _OWN_BACKWARD,
     "time_last": _OWN_BACKWARD,
@@ -89,6 +85,8 @@ class KerasCommand:
     job: KerasJob
     flow: bool = False
     jacobians: bool = False
+    at: int | None = None
+    heatmap: bool = False
     directions: int | None = None
     rtol: float | None = None
     atol: float | None = None
@@ -117,8 +115,11 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
             reason = YAML_ONLY[name].format(command=command)
             raise ConfigError(f"{flag(name)} is for YAML configs; {reason}", where=flag(name))
     check_witness_options(options.get("directions"), options.get("rtol"), options.get("atol"))
-    own = {name: options.pop(name) for name in ("flow", "jacobians", "directions", "rtol",
-                                                "atol", "after_autodiff") if name in options}
+    taken = ("flow", "jacobians", "at", "heatmap", "directions", "rtol", "atol",
+             "after_autodiff")
+    own: dict[str, Any] = {name: options.pop(name) for name in taken if name in options}
+    if own.get("at") is not None:
+        whole(own, "at", smallest=0)
     most = None
     if command == "check":
         most = examples_option(options.pop("examples", None))
@@ -136,6 +137,12 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
                data=None if data is None else data.data, x=x, y=y, sample_weight=sample_weight,
                batch_size=checked.batch_size, time_steps=checked.time_steps, loss=checked.loss,
                training=checked.training, pad=checked.pad, seed=checked.seed)
+    at = own.get("at")
+    steps = max((int(v.shape[1]) for v in job.batch.inputs.values() if v.ndim >= 2),
+                default=0)
+    if at is not None and at >= steps:
+        raise ConfigError(f"{given('at', at)} is outside the {steps} time steps of the batch; "
+                          f"expected 0 to {steps - 1}", where=flag("at"))
     chosen = choose(job, most) if command == "check" else None
     return KerasCommand(command, job, examples=most, chosen=chosen, **own)
 
@@ -184,7 +191,8 @@ def run(prepared: KerasCommand, progress: Callable[[str], None] | None,
         from gradscope.keras.explain import explain
 
         return explain(prepared.job, progress=progress, timings=timings, flow=prepared.flow,
-                       jacobians=prepared.jacobians)
+                       jacobians=prepared.jacobians, at=prepared.at,
+                       heatmap=prepared.heatmap)
     from gradscope.keras.check import check
 
     return check(prepared.job, directions=prepared.directions, rtol=prepared.rtol,

@@ -349,12 +349,12 @@ def influence(engine: Any, stepped: Stepped, index: int, at: int) -> np.ndarray:
             _, outs = _scan(tf, keras, direction.layer, x, mask, initial, probes,
                             engine.training)
             h = tf.reshape(outs[at], [tf.shape(x)[0], -1])
-        width = int(h.shape[1])
-        size = max(1, INFLUENCE_NUMBERS // max(per_unit, 1))
+            # Sliced under the tape: a slice taken after it would be unconnected to x.
+            size = max(1, INFLUENCE_NUMBERS // max(per_unit, 1))
+            slices = [h[:, first:first + size] for first in range(0, int(h.shape[1]), size)]
         squares = tf.zeros(tf.shape(x)[:2], tf.float64)
-        for first in range(0, width, size):
-            block = tape.batch_jacobian(h[:, first:first + size], x,
-                                        experimental_use_pfor=False)
+        for part in slices:
+            block = tape.batch_jacobian(part, x, experimental_use_pfor=False)
             block = tf.cast(block, tf.float64) ** 2
             squares += tf.reduce_sum(block, axis=[1, *range(3, len(block.shape))])
         return tf.sqrt(squares)

@@ -251,6 +251,8 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
                 "total: from above at t plus what flows back from t+1)")]
     rows = {f"‖{s.what}‖" + (" (read backwards)" if s.backwards else ""): s.norms
             for s in flow.sequences if s.norms}
+    for found in flow.influence:
+        rows[f"‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
     if rows:
         parts.append(norm_table(rows, width))
     else:

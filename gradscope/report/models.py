@@ -585,6 +585,18 @@ class KerasNotAnalysed(_Report):
     reason: str
 
 
+class KerasInfluence(_Report):
+    """How each input step reaches one recurrent layer's output after step t."""
+
+    source: str = Field(description="the recurrent call (and direction), e.g. lstm or "
+                                    "both/backward")
+    step: int = Field(description="t of ‖∂h_t/∂x_s‖, in the order the layer runs")
+    influence: list[float] = Field(
+        description="per input step s (input order): the median over the batch of "
+                    "‖∂h_t/∂x_s‖_F, x the call's input")
+    influence_map: InfluenceMap | None = Field(default=None, description="with --plot")
+
+
 class KerasFlowSection(_Report):
     """With --flow: the total ∂L/∂h_t (from above at t plus what flows back from t+1) of every
     recurrent call, and ∂L/∂x_t of every float sequence input."""
@@ -593,6 +605,9 @@ class KerasFlowSection(_Report):
     sequences: list[KerasFlowSequence]
     not_analysed: list[KerasNotAnalysed]
     flags: list[FlowFlag]
+    influence: list[KerasInfluence] = Field(
+        default_factory=list, description="with --at or --plot: ‖∂h_t/∂x_s‖ of every "
+                                          "recurrent call")
 
 
 class KerasStateJacobians(_Report):

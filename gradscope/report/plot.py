@@ -23,7 +23,9 @@ from gradscope.report.models import (
     DRAWERS,
     ExplainReport,
     FlowSection,
+    InfluenceMap,
     JacobianEntry,
+    KerasExplainReport,
     KerasFlowSection,
 )
 
@@ -60,9 +62,15 @@ def _missing(what: str) -> GradscopeError:
                           + matplotlib_install_line(), where=what)
 
 
-def write_flow_plot(report: ExplainReport, path: Path, force: bool = False) -> None:
+def write_flow_plot(report: ExplainReport | KerasExplainReport, path: Path,
+                    force: bool = False) -> None:
+    """``--plot FILE``: the norm curves and the heatmap of ‖∂h_t/∂x_s‖ over (t, s) (of a
+    Keras model: of its first recurrent call)."""
     flow = report.gradient_flow
-    if flow is None or flow.influence_map is None:
+    mapped = (next((i for i in flow.influence if i.influence_map is not None), None)
+              if isinstance(flow, KerasFlowSection) else None)
+    if flow is None or (flow.influence_map is None if isinstance(flow, FlowSection)
+                        else mapped is None):
         raise GradscopeError("--plot needs the gradient flow: run explain with --flow",
                              where="--plot")
     if path.exists() and not force:
@@ -70,9 +78,17 @@ def write_flow_plot(report: ExplainReport, path: Path, force: bool = False) -> N
                              "(use --force)", where=str(path))
     plt = require_matplotlib()
     figure, (curves, heat) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _flow_curves(curves, flow)
-    _influence_heatmap(figure, heat, flow)
-    figure.suptitle(report.model.chain)
+    if isinstance(flow, KerasFlowSection):
+        assert mapped is not None and mapped.influence_map is not None
+        _keras_flow_curves(curves, flow)
+        _heatmap(figure, heat, mapped.influence_map, len(mapped.influence), mapped.source)
+    else:
+        assert flow.influence_map is not None
+        _flow_curves(curves, flow)
+        _heatmap(figure, heat, flow.influence_map, flow.steps, flow.influence_layer)
+    title = (report.model.chain if isinstance(report, ExplainReport)
+             else f"{report.model.name}: {mapped.source if mapped else ''}")
+    figure.suptitle(title)
     figure.tight_layout()
     try:
         figure.savefig(path, dpi=110)
@@ -104,18 +120,16 @@ def _flow_curves(axes: Any, flow: FlowSection) -> None:
     axes.legend(fontsize=8)
 
 
-def _influence_heatmap(figure: Any, axes: Any, flow: FlowSection) -> None:
-    assert flow.influence_map is not None
-    values = np.asarray(flow.influence_map.values)
+def _heatmap(figure: Any, axes: Any, found: InfluenceMap, steps: int, layer: str) -> None:
+    values = np.asarray(found.values)
     # s > t cannot influence h_t: those cells are exactly zero and left blank.
     logs = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
     image = axes.imshow(logs, aspect="auto", origin="lower",
-                        extent=(-0.5, flow.steps - 0.5, 0, len(flow.influence_map.steps)),
-                        cmap="viridis")
-    axes.set_yticks(np.arange(len(flow.influence_map.steps)) + 0.5,
-                    [str(t) for t in flow.influence_map.steps], fontsize=7)
+                        extent=(-0.5, steps - 0.5, 0, len(found.steps)), cmap="viridis")
+    axes.set_yticks(np.arange(len(found.steps)) + 0.5, [str(t) for t in found.steps],
+                    fontsize=7)
     axes.set_xlabel("input step s")
-    axes.set_ylabel(f"state step t ({flow.influence_layer})")
+    axes.set_ylabel(f"state step t ({layer})")
     axes.set_title("log10 ‖∂h_t/∂x_s‖ (median over the batch)")
     figure.colorbar(image, ax=axes)
 
@@ -175,8 +189,10 @@ def _panels(report: Any) -> list[Panel]:
         flow = report.gradient_flow
         if flow is not None:
             panels.append(lambda figure, axes: _flow_curves(axes, flow))
-            if flow.influence_map is not None:
-                panels.append(lambda figure, axes: _influence_heatmap(figure, axes, flow))
+            found = flow.influence_map
+            if found is not None:
+                panels.append(lambda figure, axes: _heatmap(
+                    figure, axes, found, flow.steps, flow.influence_layer))
         if report.state_jacobians:
             entries = report.state_jacobians
             panels.append(lambda figure, axes: _spectrum(axes, entries))
@@ -189,6 +205,12 @@ def _panels(report: Any) -> list[Panel]:
         keras_flow = report.gradient_flow
         if keras_flow is not None and keras_flow.sequences:
             panels.append(lambda figure, axes: _keras_flow_curves(axes, keras_flow))
+            mapped = [(i, i.influence_map) for i in keras_flow.influence
+                      if i.influence_map is not None]
+            if mapped:
+                first, heat = mapped[0]
+                panels.append(lambda figure, axes: _heatmap(
+                    figure, axes, heat, len(first.influence), first.source))
         if report.state_jacobians is not None and report.state_jacobians.entries:
             jacobians = report.state_jacobians.entries
             panels.append(lambda figure, axes: _spectrum(axes, jacobians))
