@@ -31,7 +31,8 @@ def _upstream(tf: Any, model: Any, layer: str, x: Any, y: Any) -> Any:
     return tape.gradient(loss, output)
 
 
-def _unrolled(tf: Any, layer: Any, x: Any, mask: Any, upstream: Any) -> np.ndarray:
+def _unrolled(tf: Any, layer: Any, x: Any, mask: Any, upstream: Any,
+              training: bool = False) -> np.ndarray:
     """‖total ∂L/∂h_t‖ per step of a layer (processing order), by hand."""
     cell = layer.cell
     steps = range(x.shape[1])
@@ -45,7 +46,7 @@ def _unrolled(tf: Any, layer: Any, x: Any, mask: Any, upstream: Any) -> np.ndarr
         previous = tf.zeros_like(states[0])
         outputs = []
         for k, t in enumerate(order):
-            out, new = cell(x[:, t], states)
+            out, new = cell(x[:, t], states, training=training)
             new = list(new) if isinstance(new, list | tuple) else [new]
             if mask is not None:
                 keep = tf.reshape(tf.constant(mask[:, t]), (-1, 1))
@@ -204,3 +205,110 @@ def test_at_and_plot_on_a_saved_keras_model(tmp_path):
     assert found["influence_map"]["steps"][0] == 0 and plot.stat().st_size > 1000
     result = run_gradscope("explain", str(tmp_path / "m.keras"), "--at", "9")
     assert result.returncode == 2 and "--at 9 is outside the 7 time steps" in result.stderr
+
+
+def test_training_mode_dropout_is_stepped_with_the_masks_the_call_drew(tf, data):
+    """``--training`` with dropout and recurrent_dropout in the cell: the masks the observed
+    call drew are drawn again from where gradscope seeded the cell's generator, so the
+    stepped outputs equal Keras' own (else the call would be refused). The truth: Keras' own
+    training-mode call, seeded as gradscope seeds it, for ∂L/∂output; the cell unrolled by
+    hand with the masks drawn the same way."""
+    import keras
+    from keras import layers as L
+
+    from gradscope.keras.whole_model import seed_random_draws
+
+    x, _, y = data
+    keras.utils.set_random_seed(8)
+    x_in = keras.Input((T, F), name="x")
+    layer = L.GRU(4, dropout=0.2, recurrent_dropout=0.3, return_sequences=True, name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, flow=True, training=True, seed=2)
+    assert not report.gradient_flow.not_analysed
+    both = keras.Model(model.inputs, [model.outputs[0], layer.output])
+    seed_random_draws(model, 2)
+    with tf.GradientTape() as tape:
+        prediction, output = both({"x": x}, training=True)
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction)
+    upstream = tape.gradient(loss, output)
+    seed_random_draws(model, 2)
+    cell = layer.cell
+    cell.get_dropout_mask(tf.constant(x[:, 0]))
+    cell.get_recurrent_dropout_mask(tf.zeros((B, 4)))
+    try:
+        truth = _unrolled(tf, layer, tf.constant(x), None, upstream, training=True)
+    finally:
+        cell.reset_dropout_mask()
+        cell.reset_recurrent_dropout_mask()
+    np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
+
+
+def test_a_stateful_layer_starts_from_its_carried_state(tf, data):
+    import keras
+    from keras import layers as L
+
+    x, _, y = data
+    keras.utils.set_random_seed(9)
+    x_in = keras.Input(batch_shape=(B, T, F), name="x")
+    layer = L.SimpleRNN(4, stateful=True, activation="relu", return_sequences=True,
+                        name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
+    model.compile(loss="mse")
+    model.predict(x, verbose=0)  # carries a state into the next batch
+    carried = np.asarray(layer.states[0])
+    assert np.abs(carried).sum() > 0
+    report = gradscope.explain(model, x=x, y=y, flow=True)
+    assert not report.gradient_flow.not_analysed
+    np.testing.assert_array_equal(np.asarray(layer.states[0]), carried)  # left as it was
+    upstream = _upstream(tf, model, "rnn", x, y)  # from the same carried state
+    cell = layer.cell
+    probes = [tf.zeros((B, 4)) for _ in range(T)]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        state, outputs = [tf.constant(carried)], []
+        for t in range(T):
+            out, _ = cell(tf.constant(x[:, t]), state)
+            out = out + probes[t]
+            state, outputs = [out], [*outputs, out]
+        objective = tf.reduce_sum(upstream * tf.stack(outputs, axis=1))
+    truth = [float(tf.norm(g)) for g in tape.gradient(objective, probes)]
+    np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
+
+
+def test_a_cell_of_your_own_with_a_tuple_state_is_stepped_over_masked_steps(tf, data):
+    import keras
+    from keras import layers as L
+
+    @keras.saving.register_keras_serializable(package="stepped_test")
+    class TwoStateCell(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = [units, units]
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h, c = states
+            c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
+            h_new = keras.ops.tanh(c_new)
+            return h_new, [h_new, c_new]
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "units": self.units}
+
+    x, mask, y = data
+    keras.utils.set_random_seed(10)
+    x_in = keras.Input((T, F), name="x")
+    layer = L.RNN(TwoStateCell(3), return_sequences=True, name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(L.Masking()(x_in)))))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, flow=True, jacobians=True)
+    assert not report.gradient_flow.not_analysed and not report.state_jacobians.not_analysed
+    truth = _unrolled(tf, layer, tf.constant(x), mask, _upstream(tf, model, "rnn", x, y))
+    np.testing.assert_allclose(_flow(report, "∂L/∂rnn/states[0]_t"), truth, rtol=1e-4,
+                               atol=1e-9)
+    assert report.state_jacobians.entries[0].shape == [6, 6]

@@ -130,6 +130,8 @@ class KerasEngine:
         self.plan = plan
         self.output_names = outputs
         self.training = training
+        #: Where each SeedGenerator's draws started in the last training-mode run, by ``id``.
+        self.seeded: dict[int, Any] = {}
         self.seed = seed
         self.dtype_name = dtype or "float32"  # the model's own, once it is loaded
         #: The loss when it is not the model's own compiled one (a model object is never
@@ -454,7 +456,7 @@ class KerasEngine:
         before = moved_state(self.model)
         try:
             if self.training:
-                seed_random_draws(self.model, self.seed)
+                self.seeded = seed_random_draws(self.model, self.seed)
             try:
                 return self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
                                  own=True)
@@ -496,7 +498,7 @@ class KerasEngine:
                               f"on this batch: {first}", where=self.path) from None
         restore(before)
         if self.training:
-            seed_random_draws(self.model, self.seed)
+            self.seeded = seed_random_draws(self.model, self.seed)
         replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager)
         confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
         return replace(replay, loss=own.loss, gradients=own.gradients,

@@ -563,7 +563,8 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
                 raise InternalError(
                     f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
                     f"disagree on the final state (max |error| {error:.1e}); please report it")
-            entries.append(_jacobian_entry(unit.label, unit.state_count, jacobian.numpy()))
+            entries.append(_jacobian_entry(unit.label, list(unit.cell.state_names),
+                                           jacobian.numpy()))
     cells = {call_label(c.layer, c.index) for c in result.calls
              if c.states and class_label(engine.operation(c.layer)) == "RNN"}
     stepped, still = _stepped_jacobians(engine, result, {e.layer for e in skipped} | cells)
@@ -596,24 +597,28 @@ def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
             if isinstance(blocks, str):
                 still.append(KerasNotAnalysed(layer=direction.label, reason=blocks))
                 continue
-            entries.append(_jacobian_entry(direction.label, len(direction.names), blocks))
+            entries.append(_jacobian_entry(direction.label, direction.names, blocks))
     return entries, still
 
 
-def _jacobian_entry(label: str, state_count: int, blocks: np.ndarray) -> JacobianEntry:
-    """The per-example blocks (B, rows, columns) summed up as the YAML report does."""
+def _jacobian_entry(label: str, names: list[str], blocks: np.ndarray) -> JacobianEntry:
+    """The per-example blocks (B, rows, columns) summed up as the YAML report does; ``names``
+    the initial states' (h0, c0, states[k])."""
     frobenius = np.sqrt(np.sum(blocks**2, axis=(1, 2)))
     singular = np.linalg.svd(blocks, compute_uv=False)
-    two = state_count > 1
+    finals = [n.removesuffix("0") + "_T" if n in ("h0", "c0") else f"{n}_T" for n in names]
     return JacobianEntry(
-        target=f"{label}/" + ("[h_T, c_T]" if two else "h_T"),
-        source=f"{label}/" + ("[h0, c0]" if two else "h0"),
+        target=f"{label}/{_joined(finals)}", source=f"{label}/{_joined(list(names))}",
         shape=list(blocks.shape[1:]),
         frobenius_median=float(np.median(frobenius)),
         frobenius_min=float(np.min(frobenius)),
         frobenius_max=float(np.max(frobenius)),
         largest_singular_median=float(np.median(singular[:, 0])),
         smallest_singular_median=float(np.median(singular[:, -1])))
+
+
+def _joined(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"[{', '.join(parts)}]"
 
 
 def _jacobian_function(tf: Any, cell: Cell) -> Any:

@@ -74,18 +74,32 @@ def directions_of(layer: Any, label: str) -> list[Direction] | str:
     return found
 
 
-def dropout_in_training(layer: Any, training: bool) -> str | None:
-    """Why a call in training mode is not stepped yet: its cell draws dropout masks, which a
-    second run would draw anew."""
-    if not training:
+def dropout_masks(engine: Any, layer: Any, call: CapturedCall, x: Any,
+                  state: Any) -> tuple[Any, Any] | str | None:
+    """The dropout masks a training-mode call drew in its cell (None: it draws none): drawn
+    again from where the cell's seed generator started in that run, as many times as the
+    layer had been called, in Keras' order (input mask, then recurrent mask); or why they
+    cannot be. The generator is left as it was."""
+    cell: Any = layer.cell
+    if not engine.training or not (getattr(cell, "dropout", 0) or
+                                   getattr(cell, "recurrent_dropout", 0)):
         return None
-    cell = getattr(layer, "cell", None)
-    rates = {name: getattr(cell, name, 0) for name in ("dropout", "recurrent_dropout")}
-    given = [f"{name} {rate:g}" for name, rate in rates.items() if rate]
-    if given:
-        return (f"{', '.join(given)} in training mode: the masks the call drew are not "
-                "stepped again yet")
-    return None
+    generator: Any = getattr(cell, "seed_generator", None)
+    start = engine.seeded.get(id(generator))
+    if generator is None or start is None:
+        return "dropout in training mode from a seed generator gradscope did not seed"
+    saved = np.asarray(generator.state.numpy())
+    generator.state.assign(start)
+    try:
+        for _ in range(call.index + 1):
+            cell.reset_dropout_mask()
+            cell.reset_recurrent_dropout_mask()
+            drawn = cell.get_dropout_mask(x[:, 0]), cell.get_recurrent_dropout_mask(state)
+        return drawn
+    finally:
+        generator.state.assign(saved)
+        cell.reset_dropout_mask()
+        cell.reset_recurrent_dropout_mask()
 
 
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
@@ -98,10 +112,6 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
     directions = directions_of(layer, label)
     if isinstance(directions, str):
         return directions
-    for direction in directions:
-        why = dropout_in_training(direction.layer, training)
-        if why:
-            return why
     if not call.states:
         return ("stateful, with no state carried to this call" if getattr(
             layer, "stateful", False) else "no initial state captured")
@@ -188,8 +198,24 @@ def _runner(engine: Any, layer: Any, directions: list[Direction], training: bool
         initial = [tf.convert_to_tensor(s) for s in call.states]
         given = (None if upstream is None or all(g is None for g in upstream) else
                  [None if g is None else tf.convert_to_tensor(g) for g in upstream])
-        with native_stderr_silenced(), without_grappler():
-            outputs, states, totals, direct = traced(x, mask, initial, given)
+        cells = []
+        start = 0
+        for direction in directions:
+            masks = dropout_masks(engine, direction.layer, call, x, initial[start])
+            start += len(direction.names)
+            if isinstance(masks, str):
+                raise ValueError(masks)
+            if masks is not None:
+                cell = direction.layer.cell
+                cell._dropout_mask, cell._recurrent_dropout_mask = masks
+                cells.append(cell)
+        try:
+            with native_stderr_silenced(), without_grappler():
+                outputs, states, totals, direct = traced(x, mask, initial, given)
+        finally:
+            for cell in cells:
+                cell.reset_dropout_mask()
+                cell.reset_recurrent_dropout_mask()
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s) for s in part] for part in states],
                 None if totals is None else [[_batch_major(g) for g in part]

@@ -228,27 +228,29 @@ def moved_variables(model: Any) -> list[Any]:
     return variables
 
 
-def seed_random_draws(model: Any, seed: int) -> None:
+def seed_random_draws(model: Any, seed: int) -> dict[int, np.ndarray]:
     """Every random draw of a training-mode call fixed by ``seed``, however the model came to
     be (a file loaded after seeding, the user's own object, a copy, a model whose code was
     imported first): ``keras.utils.set_random_seed(seed)`` (Python, NumPy, TensorFlow and
     Keras' global generator), then each of the model's ``SeedGenerator`` states, in layer
     order, set to a fresh generator's: ``[its own seed, 0]`` where the code gave one, else the
-    next draw of Python's generator, as ``SeedGenerator(seed=None)`` draws it."""
+    next draw of Python's generator, as ``SeedGenerator(seed=None)`` draws it. Returns the
+    state each generator was given, by ``id``: where its draws start."""
     import random
 
     import keras
 
     keras.utils.set_random_seed(seed)
-    seen: set[int] = set()
+    given: dict[int, np.ndarray] = {}
     for layer in model._flatten_layers(include_self=True, recursive=True):
         for generator in getattr(layer, "_seed_generators", ()):
-            if id(generator) in seen:
+            if id(generator) in given:
                 continue
-            seen.add(id(generator))
             initial = getattr(generator, "_initial_seed", None)
             first = initial if isinstance(initial, int) else random.randint(1, int(1e9))
-            generator.state.assign(np.asarray([first, 0], generator.state.dtype))
+            given[id(generator)] = np.asarray([first, 0], generator.state.dtype)
+            generator.state.assign(given[id(generator)])
+    return given
 
 
 def restore(saved: list[tuple[Any, np.ndarray]]) -> None:
