@@ -159,3 +159,20 @@ def test_the_flow_over_your_cell_has_every_step(tf):
     found = next(s for s in flow.sequences if s.what == "∂L/∂rnn/h_t")
     assert len(found.norms) == STEPS and found.norms[-1] > 0
     assert not [n for n in flow.not_analysed if n.layer == "rnn"]
+
+
+def test_a_backward_scaled_into_h_t_minus_1_is_a_change_of_slope_in_the_flow(tf):
+    """The flow runs the cell the model holds, its backward included: where the mutant
+    halves the gradient into h_{t−1} (at t = 0…3), each step back from t = 3 halves the
+    total ∂L/∂h_t against the honest cell's, and nothing changes after t = 3."""
+    honest, x, y = _model(tf)
+    mutant, _, _ = _model(tf, wrong_by=0.5, everywhere=False)
+
+    def flow(model: Any) -> np.ndarray:
+        found = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
+        assert not found.not_analysed
+        return np.array(next(s.norms for s in found.sequences if s.what == "∂L/∂rnn/h_t"))
+
+    ratio = flow(mutant) / flow(honest)
+    np.testing.assert_allclose(ratio[3:], 1.0, rtol=1e-5)
+    np.testing.assert_allclose(ratio[:3], [0.125, 0.25, 0.5], rtol=1e-5)
