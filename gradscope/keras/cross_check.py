@@ -138,3 +138,28 @@ def weights_by_key(layer: Any, facts: LayerFacts) -> dict[str, np.ndarray]:
 
     return {variable_key(v.path, facts.name, layer.path): np.asarray(v.numpy())
             for v in layer.weights}
+
+
+def compared_outputs(ours: list[np.ndarray], outputs: list[Any], rtol: float, atol: float,
+                     who: str) -> tuple[float, float] | str:
+    """Outputs rebuilt by ``who`` ("gradscope's cells", "the stepped cell") against Keras'
+    own: the largest |error| and what ``atol + rtol·max|output|`` allows there, or why they
+    do not rebuild them."""
+    keras = [np.asarray(o, np.float64) for o in outputs]
+    if len(ours) != len(keras):
+        return f"{len(ours)} outputs rebuilt by {who}, {len(keras)} from Keras"
+    worst, slack = 0.0, atol
+    for k, (mine, theirs) in enumerate(zip(ours, keras, strict=True)):
+        if mine.shape != theirs.shape:
+            return (f"output {k} rebuilt by {who} has the shape {mine.shape}, Keras' "
+                    f"{theirs.shape}")
+        if not mine.size:
+            continue
+        error = float(np.max(np.abs(mine - theirs)))
+        allowed = atol + rtol * float(np.max(np.abs(theirs)))
+        if not error <= allowed:
+            return (f"the outputs of {who} do not reproduce Keras' output {k} (max |error| "
+                    f"{error:.1e} > {allowed:.1e})")
+        if error > worst:
+            worst, slack = error, allowed
+    return worst, slack

@@ -20,7 +20,12 @@ import numpy as np
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
 from gradscope.gradcheck import tolerance
-from gradscope.keras.cross_check import cell_params, computed_in, unmodelled
+from gradscope.keras.cross_check import (
+    cell_params,
+    compared_outputs,
+    computed_in,
+    unmodelled,
+)
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -263,25 +268,8 @@ def output_error(recurrent: RecurrentCall, dtype: str) -> tuple[float, float] | 
     """The largest |error| of the NumPy cells' outputs against Keras' and what the witness
     tolerance allows there, or why they do not reproduce them."""
     rtol, atol = tolerance("cross_check", computed_in(recurrent.call, dtype))
-    ours = _outputs(recurrent)
-    keras = [np.asarray(o, np.float64) for o in recurrent.call.outputs]
-    if len(ours) != len(keras):
-        return f"gradscope expects {len(ours)} outputs, Keras gave {len(keras)}"
-    worst, slack = 0.0, atol
-    for k, (mine, theirs) in enumerate(zip(ours, keras, strict=True)):
-        if mine.shape != theirs.shape:
-            return (f"gradscope's cells give output {k} the shape {mine.shape}, Keras "
-                    f"{theirs.shape}")
-        if not mine.size:
-            continue
-        error = float(np.max(np.abs(mine - theirs)))
-        allowed = atol + rtol * float(np.max(np.abs(theirs)))
-        if not error <= allowed:
-            return (f"gradscope's cells do not reproduce Keras' output {k} (max |error| "
-                    f"{error:.1e} > {allowed:.1e})")
-        if error > worst:
-            worst, slack = error, allowed
-    return worst, slack
+    return compared_outputs(_outputs(recurrent), recurrent.call.outputs, rtol, atol,
+                            "gradscope's cells")
 
 
 def rerun_call(call: CapturedCall, engine: Any) -> RecurrentCall | str:

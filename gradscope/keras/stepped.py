@@ -17,6 +17,7 @@ import numpy as np
 
 from gradscope.errors import first_line
 from gradscope.gradcheck import tolerance
+from gradscope.keras.cross_check import compared_outputs
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
 
 #: How the two directions of a Bidirectional call are merged into its output.
@@ -128,27 +129,12 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
 
 
 def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str | None:
-    """None when every output the stepping rebuilt equals Keras' own: the same cell, the
-    same operations, so only rounding may differ."""
+    """None when every output the stepping rebuilt equals Keras' own: the same cell and the
+    same operations, so only rounding may differ (Keras' loop and a scan over the same cell
+    order their reductions alike only up to that: ten times the replay's tolerance)."""
     rtol, atol = tolerance("replay", dtype)
-    keras = [np.asarray(o, np.float64) for o in call.outputs]
-    if len(outputs) != len(keras):
-        return f"the stepped cell gives {len(outputs)} outputs, Keras gave {len(keras)}"
-    for k, (mine, theirs) in enumerate(zip(outputs, keras, strict=True)):
-        if mine.shape != theirs.shape:
-            return (f"the stepped cell gives output {k} the shape {mine.shape}, Keras "
-                    f"{theirs.shape}")
-        if not mine.size:
-            continue
-        error = float(np.max(np.abs(mine - theirs)))
-        scale = float(np.max(np.abs(theirs)))
-        # Keras' loop and a scan over the same cell round alike only up to their order of
-        # reductions: ten times the replay's tolerance.
-        allowed = 10 * (atol + rtol * scale)
-        if not error <= allowed:
-            return (f"stepping the cell does not rebuild Keras' output {k} (max |error| "
-                    f"{error:.1e} > {allowed:.1e})")
-    return None
+    found = compared_outputs(outputs, call.outputs, 10 * rtol, 10 * atol, "the stepped cell")
+    return found if isinstance(found, str) else None
 
 
 def _runner(engine: Any, layer: Any, directions: list[Direction], training: bool) -> Any:
@@ -314,20 +300,24 @@ def _outputs(tf: Any, layer: Any, scans: list[tuple[list[Any], Any]],
     return [*merged, *finals]
 
 
-def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | str:
-    """∂(final states)/∂(initial states) per example (B, S, S) of direction ``index`` of a
-    stepped call, its states concatenated ([h, c] for an LSTM); or why it cannot be given."""
-    tf, keras = engine.tf, engine.keras
-    direction = stepped.directions[index]
+def _inputs(tf: Any, stepped: Stepped, index: int) -> tuple[Direction, Any, Any, list[Any]]:
+    """Direction ``index`` of a stepped call, its input, mask and own initial states."""
     call = stepped.call
     counts = [len(d.names) for d in stepped.directions]
     start = int(np.sum(counts[:index]))
     initial = [tf.convert_to_tensor(s) for s in call.states[start:start + counts[index]]]
+    mask = None if call.mask is None else tf.convert_to_tensor(call.mask)
+    return stepped.directions[index], tf.convert_to_tensor(call.args[0]), mask, initial
+
+
+def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | str:
+    """∂(final states)/∂(initial states) per example (B, S, S) of direction ``index`` of a
+    stepped call, its states concatenated ([h, c] for an LSTM); or why it cannot be given."""
+    tf, keras = engine.tf, engine.keras
+    direction, x, mask, initial = _inputs(tf, stepped, index)
     if any(len(s.shape) != 2 for s in initial):
         return "states of more than one axis per example"
     widths = [int(s.shape[1]) for s in initial]
-    x = tf.convert_to_tensor(call.args[0])
-    mask = None if call.mask is None else tf.convert_to_tensor(call.mask)
 
     @tf.function(autograph=False, reduce_retracing=True)
     def compute(x: Any, mask: Any, joined: Any) -> Any:
@@ -357,13 +347,7 @@ def influence(engine: Any, stepped: Stepped, index: int, at: int) -> np.ndarray:
     each example's Frobenius norm, where h_at is direction ``index``'s output after
     processing step ``at``."""
     tf, keras = engine.tf, engine.keras
-    direction = stepped.directions[index]
-    call = stepped.call
-    counts = [len(d.names) for d in stepped.directions]
-    start = int(np.sum(counts[:index]))
-    initial = [tf.convert_to_tensor(s) for s in call.states[start:start + counts[index]]]
-    x = tf.convert_to_tensor(call.args[0])
-    mask = None if call.mask is None else tf.convert_to_tensor(call.mask)
+    direction, x, mask, initial = _inputs(tf, stepped, index)
     per_unit = int(np.prod(x.shape[:2])) * int(np.prod(x.shape[2:], dtype=np.int64))
 
     @tf.function(autograph=False, reduce_retracing=True)
