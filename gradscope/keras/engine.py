@@ -132,6 +132,9 @@ class KerasEngine:
         self.training = training
         #: Where each SeedGenerator's draws started in the last training-mode run, by ``id``.
         self.seeded: dict[int, Any] = {}
+        #: Recurrent calls stepped through their cells in this engine's last pass, by label
+        #: (:mod:`~gradscope.keras.stepped`): the flow steps them, the Jacobians reuse them.
+        self.stepped_calls: dict[str, Any] = {}
         self.seed = seed
         self.dtype_name = dtype or "float32"  # the model's own, once it is loaded
         #: The loss when it is not the model's own compiled one (a model object is never
@@ -447,6 +450,7 @@ class KerasEngine:
         by Keras' own call of the whole model, run first from the same variables: the loss
         and weight gradients returned are that call's, and the replay must agree with them
         (else :class:`InternalError`); where Keras' own call fails, that is said as such."""
+        self.stepped_calls = {}
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
         eager = runs_eagerly(self.user_model) or not self._worth_tracing(inputs)

@@ -464,7 +464,9 @@ def influences(engine: Any, result: KerasPass, at: int | None,
         kind = class_label(engine.operation(call.layer))
         if not (call.class_name in RECURRENT_CLASSES or (kind == "RNN" and call.states)):
             continue
-        stepped = step_call(engine, call, None, engine.training)
+        label = call_label(call.layer, call.index)
+        stepped = engine.stepped_calls.get(label) or step_call(engine, call, None,
+                                                               engine.training)
         if isinstance(stepped, str):
             continue  # listed under not_analysed by the flow
         steps = int(np.shape(call.args[0])[1])
@@ -501,6 +503,7 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
     stepped = step_call(engine, call, upstream, engine.training)
     if isinstance(stepped, str):
         return KerasNotAnalysed(layer=label, reason=stepped)
+    engine.stepped_calls[label] = stepped
     assert stepped.totals is not None and stepped.direct is not None
     sequences, flags = [], []
     for direction, totals, direct in zip(stepped.directions, stepped.totals, stepped.direct,
@@ -576,7 +579,8 @@ def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
         label = call_label(call.layer, call.index)
         if label not in labels:
             continue
-        stepped = step_call(engine, call, None, engine.training)
+        stepped = engine.stepped_calls.get(label) or step_call(engine, call, None,
+                                                               engine.training)
         if isinstance(stepped, str):
             still.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue
