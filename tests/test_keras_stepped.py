@@ -312,3 +312,35 @@ def test_a_cell_of_your_own_with_a_tuple_state_is_stepped_over_masked_steps(tf, 
     np.testing.assert_allclose(_flow(report, "∂L/∂rnn/states[0]_t"), truth, rtol=1e-4,
                                atol=1e-9)
     assert report.state_jacobians.entries[0].shape == [6, 6]
+
+
+def test_a_stateful_rnn_over_a_cell_of_your_own_starts_from_its_carried_state(tf, data):
+    import keras
+    from keras import layers as L
+
+    x, _, y = data
+    keras.utils.set_random_seed(11)
+    x_in = keras.Input(batch_shape=(B, T, F), name="x")
+    layer = L.RNN(L.SimpleRNNCell(4, activation="relu"), stateful=True,
+                  return_sequences=True, name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
+    model.compile(loss="mse")
+    model.predict(x, verbose=0)
+    carried = np.asarray(layer.states[0])
+    report = gradscope.explain(model, x=x, y=y, flow=True)
+    assert not report.gradient_flow.not_analysed
+    upstream = _upstream(tf, model, "rnn", x, y)
+    cell = layer.cell
+    probes = [tf.zeros((B, 4)) for _ in range(T)]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        state, outputs = [tf.constant(carried)], []
+        for t in range(T):
+            out, _ = cell(tf.constant(x[:, t]), state)
+            out = out + probes[t]
+            state, outputs = [out], [*outputs, out]
+        objective = tf.reduce_sum(upstream * tf.stack(outputs, axis=1))
+    truth = [float(tf.norm(g)) for g in tape.gradient(objective, probes)]
+    np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
+    state = next(s for s in report.initial_state_gradients if s.name == "rnn/h0")
+    assert "carried" in state.source

@@ -809,12 +809,15 @@ def state_layers(operation: Any) -> list[Any]:
 
 
 def _carried_states(operation: Any) -> list[Any] | None:
-    """The state variables a stateful GRU, LSTM or SimpleRNN holds between batches (None for
-    any other layer, or before Keras has made them)."""
-    if class_label(operation) not in RECURRENT or not getattr(operation, "stateful", False):
+    """The state variables a stateful GRU, LSTM, SimpleRNN or ``RNN(cell)`` holds between
+    batches (None for any other layer, or before Keras has made them)."""
+    if (class_label(operation) not in RECURRENT | {"RNN"}
+            or not getattr(operation, "stateful", False)):
         return None
     states = getattr(operation, "states", None)
-    return list(states) if states else None
+    if not states or any(isinstance(state, list | tuple) for state in states):
+        return None  # nested, as a StackedRNNCells' are: Keras carries them itself
+    return list(states)
 
 
 def _built_in(keras: Any, model: Any, build_config: Any, dtype: str) -> None:
