@@ -509,9 +509,11 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
     for direction, totals, direct in zip(stepped.directions, stepped.totals, stepped.direct,
                                          strict=True):
         names = direction.names if kind == "RNN" else direction.names[:1]
-        for name, total in zip(names, totals, strict=False):
+        for k, (name, total) in enumerate(zip(names, totals, strict=False)):
             short = f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"
-            what = f"∂L/∂{direction.label}/{short}"
+            # A cell of the user's is a black box: a state other than its output can be
+            # moved only as the next step reads it, not where the same step's output reads it.
+            what = f"∂L/∂{direction.label}/{short}" + (" (as step t+1 reads it)" if k else "")
             sequences.append(KerasFlowSequence(what=what, kind="state", source=direction.label,
                                                norms=per_step_norms(total),
                                                backwards=direction.backwards))
