@@ -87,8 +87,8 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
         sample_weight: Keras models: as ``fit`` takes it, weighed as ``compute_loss`` does.
         flow: ‖∂L/∂h_t‖ per step of every recurrent layer.
         jacobians: ∂h_T/∂h_0 of every recurrent layer.
-        at: YAML specs: the step t of the influence ‖∂h_t/∂x_s‖ (implies ``flow``).
-        heatmap: YAML specs: ‖∂h_t/∂x_s‖ over (t, s), drawn by ``report.plot()``.
+        at: The step t of the influence ‖∂h_t/∂x_s‖ (implies ``flow``).
+        heatmap: ‖∂h_t/∂x_s‖ over (t, s), drawn by ``report.plot()`` (implies ``flow``).
         max_memory: Bytes, or a size such as ``"4G"`` (default a quarter of RAM): a run
             estimated to need more is refused before TensorFlow is imported for a file.
         timings: Add the seconds each phase took.

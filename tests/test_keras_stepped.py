@@ -344,3 +344,34 @@ def test_a_stateful_rnn_over_a_cell_of_your_own_starts_from_its_carried_state(tf
     np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
     state = next(s for s in report.initial_state_gradients if s.name == "rnn/h0")
     assert "carried" in state.source
+
+
+def test_training_mode_influence_uses_the_masks_the_call_drew(tf, data):
+    """``--at`` and ``--plot`` with ``--training``: the influence steps the cell with the
+    dropout masks of the call, as the flow does (it once drew its own, and with ``--plot``
+    failed on a mask cached from another trace). The truth: Keras' own layer, seeded as
+    gradscope seeds it, its masks drawn first, then called under a tape."""
+    import keras
+    from keras import layers as L
+
+    from gradscope.keras.whole_model import seed_random_draws
+
+    x, _, y = data
+    keras.utils.set_random_seed(12)
+    x_in = keras.Input((T, F), name="x")
+    layer = L.GRU(4, dropout=0.2, recurrent_dropout=0.3, return_sequences=True, name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, at=3, heatmap=True, training=True, seed=4)
+    (found,) = report.gradient_flow.influence
+    seed_random_draws(model, 4)
+    inputs = tf.constant(x)
+    layer.cell.get_dropout_mask(inputs[:, 0])
+    layer.cell.get_recurrent_dropout_mask(tf.zeros((B, 4)))
+    with tf.GradientTape() as tape:  # Keras' call takes the masks drawn above
+        tape.watch(inputs)
+        out = layer(inputs, training=True)[:, 3]
+    jacobian = np.asarray(tape.batch_jacobian(out, inputs))
+    truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
+    np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
+    assert found.influence_map is not None and 3 in found.influence_map.steps

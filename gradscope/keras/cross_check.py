@@ -128,7 +128,7 @@ def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -
     if not call.states:
         reasons.append("no initial state captured")
     if reasons:
-        return "the cell models tanh/sigmoid, forward layers only (" + \
+        return "the cell models the plain recurrence only (" + \
             ", ".join(reasons) + ")"
     return None
 

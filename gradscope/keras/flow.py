@@ -40,13 +40,19 @@ from gradscope.report.models import (
     KerasStateJacobians,
 )
 
-FLOW_METHOD = ("the total ∂L/∂h_t of each recurrent call: gradscope's NumPy reference BPTT "
-               "(float64) re-runs the call on its captured input and initial state and is fed "
-               "the tape's ∂L/∂(the call's outputs), one backward pass; ∂L/∂x_t from the tape; "
-               "norms are Frobenius over the batch; a recurrent call is flagged by how much of "
-               "∂L/∂h its recurrence carries back from the last step it runs to the first "
-               "(the product of the one-step gains ‖∂L/∂h_t − its part from above‖ / "
-               "‖∂L/∂h_(t+1)‖), an input by its norm at t=0 over its norm at the last step")
+NUMPY_FLOW = ("the total ∂L/∂h_t of each recurrent call: gradscope's NumPy reference BPTT "
+              "(float64) re-runs the call on its captured input and initial state and is fed "
+              "the tape's ∂L/∂(the call's outputs), one backward pass")
+STEPPED_FLOW = ("the total ∂L/∂h_t of each recurrent call: the cell the model holds, stepped "
+                "in tf.scan with Keras' masking on the call's captured input and initial "
+                "state, after its outputs are held to Keras' own, under one tape fed the "
+                "tape's ∂L/∂(the call's outputs)")
+FLOW_READING = ("∂L/∂x_t from the tape; norms are Frobenius over the batch; a recurrent call "
+                "is flagged by how much of ∂L/∂h its recurrence carries back from the last "
+                "step it runs to the first (the product of the one-step gains ‖∂L/∂h_t − its "
+                "part from above‖ / ‖∂L/∂h_(t+1)‖), an input by its norm at t=0 over its norm "
+                "at the last step")
+FLOW_METHOD = f"{NUMPY_FLOW}; {FLOW_READING}"
 JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
                    "captured input and initial state, float64, batch_jacobian in one traced "
                    "function per layer")
@@ -201,7 +207,7 @@ def _prepare(call: CapturedCall, label: str, engine: Any,
                            input_shapes=((None, *x.shape[1:]),))
         reasons = unmodelled(facts, engine.training)
         if reasons:
-            return ("the cells model tanh/sigmoid layers without dropout only ("
+            return ("the cells model the plain recurrence only ("
                     + ", ".join(reasons) + ")")
         explainer = explainer_for(class_name)
         if not isinstance(explainer, RecurrentExplainer):
@@ -441,8 +447,11 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
                                            norms=norms))
     _in_call_order(still, result)
     flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences if s.kind == "input"})
-    method = (FLOW_METHOD + ("; " + STEPPED_NOTE if any_stepped else "")
-              + ("; " + BACKWARDS_NOTE if backwards else ""))
+    if any_stepped and not usable:
+        method = f"{STEPPED_FLOW}; {FLOW_READING}"
+    else:
+        method = FLOW_METHOD + ("; " + STEPPED_NOTE if any_stepped else "")
+    method += "; " + BACKWARDS_NOTE if backwards else ""
     return KerasFlowSection(method=method, sequences=sequences, not_analysed=still,
                             flags=flags)
 
@@ -518,7 +527,13 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                                                norms=per_step_norms(total),
                                                backwards=direction.backwards))
             if kind != "RNN" and total.shape == direct.shape:
-                flag = recurrence_flag(what, carried_ratio(total, direct), total.shape[1])
+                # What the recurrence carries is the whole state: an LSTM's c carries what
+                # its h does not, so both are read together (the gradient from above
+                # arrives at h alone).
+                whole = np.concatenate(totals, axis=-1)
+                above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])],
+                                       axis=-1)
+                flag = recurrence_flag(what, carried_ratio(whole, above), total.shape[1])
                 if flag is not None:
                     flags.append(flag)
     return sequences, flags, any(d.backwards for d in stepped.directions)
@@ -565,7 +580,8 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
     entries = sorted(entries + stepped,
                      key=lambda e: order.get(e.target.split("/")[0], len(order)))
     _in_call_order(still, result)
-    method = JACOBIAN_METHOD + ("; " + STEPPED_JACOBIAN if stepped else "")
+    method = (JACOBIAN_METHOD + ("; " + STEPPED_JACOBIAN if stepped else "") if usable
+              else "∂(final state)/∂(initial state) per example: " + STEPPED_JACOBIAN)
     return KerasStateJacobians(method=method, entries=entries, not_analysed=still)
 
 

@@ -10,6 +10,8 @@ read from it; a call it cannot step is refused with the reason.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +105,30 @@ def dropout_masks(engine: Any, layer: Any, call: CapturedCall, x: Any,
         cell.reset_recurrent_dropout_mask()
 
 
+@contextlib.contextmanager
+def masks_drawn(engine: Any, directions: list[Direction], call: CapturedCall, x: Any,
+                initial: list[Any]) -> Iterator[None]:
+    """Each direction's cell holding the dropout masks the call drew (training mode), so
+    that stepping it draws none of its own; the masks are dropped afterwards."""
+    cells = []
+    start = 0
+    try:
+        for direction in directions:
+            masks = dropout_masks(engine, direction.layer, call, x, initial[start])
+            start += len(direction.names)
+            if isinstance(masks, str):
+                raise ValueError(masks)
+            if masks is not None:
+                cell = direction.layer.cell
+                cell._dropout_mask, cell._recurrent_dropout_mask = masks
+                cells.append(cell)
+        yield
+    finally:
+        for cell in cells:
+            cell.reset_dropout_mask()
+            cell.reset_recurrent_dropout_mask()
+
+
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
               training: bool) -> Stepped | str:
     """``call`` stepped through its layer's own cells; with ``upstream`` (the tape's
@@ -184,24 +210,9 @@ def _runner(engine: Any, layer: Any, directions: list[Direction], training: bool
         initial = [tf.convert_to_tensor(s) for s in call.states]
         given = (None if upstream is None or all(g is None for g in upstream) else
                  [None if g is None else tf.convert_to_tensor(g) for g in upstream])
-        cells = []
-        start = 0
-        for direction in directions:
-            masks = dropout_masks(engine, direction.layer, call, x, initial[start])
-            start += len(direction.names)
-            if isinstance(masks, str):
-                raise ValueError(masks)
-            if masks is not None:
-                cell = direction.layer.cell
-                cell._dropout_mask, cell._recurrent_dropout_mask = masks
-                cells.append(cell)
-        try:
-            with native_stderr_silenced(), without_grappler():
-                outputs, states, totals, direct = traced(x, mask, initial, given)
-        finally:
-            for cell in cells:
-                cell.reset_dropout_mask()
-                cell.reset_recurrent_dropout_mask()
+        with masks_drawn(engine, directions, call, x, initial), native_stderr_silenced(), \
+                without_grappler():
+            outputs, states, totals, direct = traced(x, mask, initial, given)
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s) for s in part] for part in states],
                 None if totals is None else [[_batch_major(g) for g in part]
@@ -333,7 +344,9 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    with native_stderr_silenced(), without_grappler():
+    everything = [tf.convert_to_tensor(s) for s in stepped.call.states]
+    with masks_drawn(engine, stepped.directions, stepped.call, x, everything), \
+            native_stderr_silenced(), without_grappler():
         return np.asarray(compute(x, mask, tf.concat(initial, axis=1)), np.float64)
 
 
@@ -371,6 +384,8 @@ def influence(engine: Any, stepped: Stepped, index: int, at: int) -> np.ndarray:
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    with native_stderr_silenced(), without_grappler():
+    everything = [tf.convert_to_tensor(s) for s in stepped.call.states]
+    with masks_drawn(engine, stepped.directions, stepped.call, x, everything), \
+            native_stderr_silenced(), without_grappler():
         norms = np.asarray(compute(x, mask, initial, tf.constant(at)), np.float64)
     return np.median(norms, axis=0)
