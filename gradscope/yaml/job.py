@@ -64,7 +64,7 @@ def as_spec(source: Any) -> Spec:
         return load_spec(source)
     raise ConfigError(f"the model: got an object of type {type(source).__name__}; expected a "
                       "YAML path, a dict or a Spec (gradscope.load_spec), a saved model.keras "
-                      "path, or a Keras model object (Sequential or functional)", where="spec")
+                      "path, or a Keras model object", where="spec")
 
 
 def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight: Any,
