@@ -418,8 +418,9 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
             if flag is not None:
                 flags.append(flag)
         by_call.append((recurrent.label, found))
+    # Every call the NumPy cells left out is stepped; what cannot be is listed, with why.
     unmodelled = {entry.layer for entry in skipped}
-    still: list[KerasNotAnalysed] = [e for e in skipped if e.layer not in unmodelled]
+    still: list[KerasNotAnalysed] = []
     for call in result.calls:
         label = call_label(call.layer, call.index)
         kind = class_label(engine.operation(call.layer))
