@@ -32,14 +32,16 @@ def _upstream(tf: Any, model: Any, layer: str, x: Any, y: Any) -> Any:
 
 
 def _unrolled(tf: Any, layer: Any, x: Any, mask: Any, upstream: Any,
-              training: bool = False) -> np.ndarray:
-    """‖total ∂L/∂h_t‖ per step of a layer (processing order), by hand."""
+              training: bool = False, initial: list[Any] | None = None) -> np.ndarray:
+    """‖total ∂L/∂h_t‖ per step of a layer (processing order), by hand, from zero states or
+    from ``initial`` (a stateful layer's carried states)."""
     cell = layer.cell
     steps = range(x.shape[1])
     order = list(reversed(steps)) if layer.go_backwards else list(steps)
-    states = [tf.zeros((x.shape[0], size), x.dtype) for size in
-              (cell.state_size if isinstance(cell.state_size, list | tuple)
-               else [cell.state_size])]
+    states = ([tf.constant(s) for s in initial] if initial is not None else
+              [tf.zeros((x.shape[0], size), x.dtype) for size in
+               (cell.state_size if isinstance(cell.state_size, list | tuple)
+                else [cell.state_size])])
     probes = [tf.zeros((x.shape[0], states[0].shape[1]), x.dtype) for _ in order]
     with tf.GradientTape() as tape:
         tape.watch(probes)
@@ -262,17 +264,7 @@ def test_a_stateful_layer_starts_from_its_carried_state(tf, data):
     assert not report.gradient_flow.not_analysed
     np.testing.assert_array_equal(np.asarray(layer.states[0]), carried)  # left as it was
     upstream = _upstream(tf, model, "rnn", x, y)  # from the same carried state
-    cell = layer.cell
-    probes = [tf.zeros((B, 4)) for _ in range(T)]
-    with tf.GradientTape() as tape:
-        tape.watch(probes)
-        state, outputs = [tf.constant(carried)], []
-        for t in range(T):
-            out, _ = cell(tf.constant(x[:, t]), state)
-            out = out + probes[t]
-            state, outputs = [out], [*outputs, out]
-        objective = tf.reduce_sum(upstream * tf.stack(outputs, axis=1))
-    truth = [float(tf.norm(g)) for g in tape.gradient(objective, probes)]
+    truth = _unrolled(tf, layer, tf.constant(x), None, upstream, initial=[carried])
     np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
 
 
@@ -330,17 +322,7 @@ def test_a_stateful_rnn_over_a_cell_of_your_own_starts_from_its_carried_state(tf
     report = gradscope.explain(model, x=x, y=y, flow=True)
     assert not report.gradient_flow.not_analysed
     upstream = _upstream(tf, model, "rnn", x, y)
-    cell = layer.cell
-    probes = [tf.zeros((B, 4)) for _ in range(T)]
-    with tf.GradientTape() as tape:
-        tape.watch(probes)
-        state, outputs = [tf.constant(carried)], []
-        for t in range(T):
-            out, _ = cell(tf.constant(x[:, t]), state)
-            out = out + probes[t]
-            state, outputs = [out], [*outputs, out]
-        objective = tf.reduce_sum(upstream * tf.stack(outputs, axis=1))
-    truth = [float(tf.norm(g)) for g in tape.gradient(objective, probes)]
+    truth = _unrolled(tf, layer, tf.constant(x), None, upstream, initial=[carried])
     np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
     state = next(s for s in report.initial_state_gradients if s.name == "rnn/h0")
     assert "carried" in state.source
