@@ -26,6 +26,11 @@ from gradscope.keras.loss import LossPlan
 Shape = tuple[int | None, ...]
 
 
+def time_steps(inputs: dict[str, np.ndarray]) -> int:
+    """The longest time axis (axis 1) among a batch's inputs; 0 for a batch without one."""
+    return max((int(v.shape[1]) for v in inputs.values() if v.ndim >= 2), default=0)
+
+
 @dataclass(frozen=True)
 class InputSpec:
     name: str

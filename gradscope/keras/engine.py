@@ -20,6 +20,7 @@ import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
 from gradscope.errors import ConfigError, GradscopeError, first_line
+from gradscope.keras.data import time_steps
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
@@ -510,7 +511,7 @@ class KerasEngine:
 
     def _worth_tracing(self, inputs: dict[str, np.ndarray]) -> bool:
         """Whether a recurrent layer loops over at least :data:`TRACE_FROM_STEPS` steps."""
-        steps = max((int(v.shape[1]) for v in inputs.values() if v.ndim >= 2), default=0)
+        steps = time_steps(inputs)
         return steps >= TRACE_FROM_STEPS and any(class_label(layer) in LOOPING
                                                  for layer in _layers(self.model))
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gradscope.errors import ConfigError, GradscopeError, flag, given
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, examples_option
+from gradscope.keras.data import time_steps
 from gradscope.keras.explain import KerasJob
 from gradscope.preflight import check_layer_options, check_witness_options
 from gradscope.report.models import CheckedExamples
@@ -138,8 +139,7 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
                batch_size=checked.batch_size, time_steps=checked.time_steps, loss=checked.loss,
                training=checked.training, pad=checked.pad, seed=checked.seed)
     at = own.get("at")
-    steps = max((int(v.shape[1]) for v in job.batch.inputs.values() if v.ndim >= 2),
-                default=0)
+    steps = time_steps(job.batch.inputs)
     if at is not None and at >= steps:
         raise ConfigError(f"{given('at', at)} is outside the {steps} time steps of the batch; "
                           f"expected 0 to {steps - 1}", where=flag("at"))

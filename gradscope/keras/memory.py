@@ -12,6 +12,7 @@ from math import prod
 from typing import Any
 
 from gradscope.guard import BASELINE_TERM, MIB, PROCESS_BASELINE, refuse_over
+from gradscope.keras.data import time_steps
 from gradscope.keras.engine import RECURRENT
 from gradscope.keras.facts import layer_facts
 from gradscope.keras.layers import deriving_explainer, sized_weights
@@ -50,8 +51,7 @@ def estimate(job: Any, command: str, examples: int | None = None) -> dict[str, i
     given its batch; the sum is the estimated peak resident memory of the whole process.
     ``examples``: how many of the batch's examples check runs on (default: every one)."""
     batch = job.batch_size if examples is None else examples
-    steps = max((int(v.shape[1]) for v in job.batch.inputs.values() if v.ndim >= 2),
-                default=1)
+    steps = max(time_steps(job.batch.inputs), 1)
     weights, activations, loops = 0, 0, []
     for node in job.graph.computing_layers:
         facts = layer_facts(job.graph, node)
