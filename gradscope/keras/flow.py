@@ -484,17 +484,15 @@ def influences(engine: Any, result: KerasPass, at: int | None,
             raise ConfigError(f"--at {at} is outside the {steps} time steps of "
                               f"{stepped.label}; expected 0 to {steps - 1}", where="--at")
         t = steps - 1 if at is None else at
+        rows = (sorted({int(r) for r in np.linspace(0, steps - 1, min(MAP_ROWS, steps))})
+                if heatmap else [])
         for index, direction in enumerate(stepped.directions):
-            heat = None
-            if heatmap:
-                rows = sorted({int(r) for r in np.linspace(0, steps - 1,
-                                                           min(MAP_ROWS, steps))})
-                heat = InfluenceMap(steps=rows, values=[
-                    [float(v) for v in influence(engine, stepped, index, r)] for r in rows])
-            found.append(KerasInfluence(
-                source=direction.label, step=t,
-                influence=[float(v) for v in influence(engine, stepped, index, t)],
-                influence_map=heat))
+            norms = influence(engine, stepped, index, [t, *rows])
+            heat = (InfluenceMap(steps=rows, values=[[float(v) for v in norms[r]]
+                                                     for r in rows]) if heatmap else None)
+            found.append(KerasInfluence(source=direction.label, step=t,
+                                        influence=[float(v) for v in norms[t]],
+                                        influence_map=heat))
     return found
 
 

@@ -355,10 +355,11 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
 INFLUENCE_NUMBERS = 2**24
 
 
-def influence(engine: Any, stepped: Stepped, index: int, at: int) -> np.ndarray:
-    """‖∂h_at/∂x_s‖ for every input step s (input order), the median over the examples of
-    each example's Frobenius norm, where h_at is direction ``index``'s output after
-    processing step ``at``."""
+def influence(engine: Any, stepped: Stepped, index: int,
+              steps: list[int]) -> dict[int, np.ndarray]:
+    """By step t of ``steps``: ‖∂h_t/∂x_s‖ for every input step s (input order), the median
+    over the examples of each example's Frobenius norm, where h_t is direction ``index``'s
+    output after processing step t. One traced function serves every t."""
     tf, keras = engine.tf, engine.keras
     direction, x, mask, initial = _inputs(tf, stepped, index)
     per_unit = int(np.prod(x.shape[:2])) * int(np.prod(x.shape[2:], dtype=np.int64))
@@ -387,5 +388,6 @@ def influence(engine: Any, stepped: Stepped, index: int, at: int) -> np.ndarray:
     everything = [tf.convert_to_tensor(s) for s in stepped.call.states]
     with masks_drawn(engine, stepped.directions, stepped.call, x, everything), \
             native_stderr_silenced(), without_grappler():
-        norms = np.asarray(compute(x, mask, initial, tf.constant(at)), np.float64)
-    return np.median(norms, axis=0)
+        return {t: np.median(np.asarray(compute(x, mask, initial, tf.constant(t)),
+                                        np.float64), axis=0)
+                for t in sorted(set(steps))}
