@@ -209,6 +209,19 @@ def test_at_and_plot_on_a_saved_keras_model(tmp_path):
     assert result.returncode == 2 and "--at 9 is outside the 7 time steps" in result.stderr
 
 
+def _dropout_model(seed: int) -> tuple[Any, Any]:
+    """A GRU with dropout and recurrent_dropout under a pooled head, and the GRU."""
+    import keras
+    from keras import layers as L
+
+    keras.utils.set_random_seed(seed)
+    x_in = keras.Input((T, F), name="x")
+    layer = L.GRU(4, dropout=0.2, recurrent_dropout=0.3, return_sequences=True, name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
+    model.compile(loss="mse")
+    return model, layer
+
+
 def test_training_mode_dropout_is_stepped_with_the_masks_the_call_drew(tf, data):
     """``--training`` with dropout and recurrent_dropout in the cell: the masks the observed
     call drew are drawn again from where gradscope seeded the cell's generator, so the
@@ -216,16 +229,11 @@ def test_training_mode_dropout_is_stepped_with_the_masks_the_call_drew(tf, data)
     training-mode call, seeded as gradscope seeds it, for ∂L/∂output; the cell unrolled by
     hand with the masks drawn the same way."""
     import keras
-    from keras import layers as L
 
     from gradscope.keras.whole_model import seed_random_draws
 
     x, _, y = data
-    keras.utils.set_random_seed(8)
-    x_in = keras.Input((T, F), name="x")
-    layer = L.GRU(4, dropout=0.2, recurrent_dropout=0.3, return_sequences=True, name="rnn")
-    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
-    model.compile(loss="mse")
+    model, layer = _dropout_model(8)
     report = gradscope.explain(model, x=x, y=y, flow=True, training=True, seed=2)
     assert not report.gradient_flow.not_analysed
     both = keras.Model(model.inputs, [model.outputs[0], layer.output])
@@ -333,17 +341,11 @@ def test_training_mode_influence_uses_the_masks_the_call_drew(tf, data):
     dropout masks of the call, as the flow does (it once drew its own, and with ``--plot``
     failed on a mask cached from another trace). The truth: Keras' own layer, seeded as
     gradscope seeds it, its masks drawn first, then called under a tape."""
-    import keras
-    from keras import layers as L
 
     from gradscope.keras.whole_model import seed_random_draws
 
     x, _, y = data
-    keras.utils.set_random_seed(12)
-    x_in = keras.Input((T, F), name="x")
-    layer = L.GRU(4, dropout=0.2, recurrent_dropout=0.3, return_sequences=True, name="rnn")
-    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
-    model.compile(loss="mse")
+    model, layer = _dropout_model(12)
     report = gradscope.explain(model, x=x, y=y, at=3, heatmap=True, training=True, seed=4)
     (found,) = report.gradient_flow.influence
     seed_random_draws(model, 4)
