@@ -81,7 +81,8 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
         weights: YAML specs: trained weights (an .npz, a TF1 or TF2 checkpoint, a dict, or a
             saved ``model.keras``), matched to the layers by scope order and shape;
             ``report.weights.mapping`` says where each came from.
-        chunks: YAML specs: K ≥ 2 adds truncated BPTT's carry under ``report.carry``.
+        chunks: K ≥ 2 adds truncated BPTT, with and without the carry, under
+            ``report.carry`` (a Keras model: each recurrent call in K chunks of its steps).
         x: Keras models: the inputs, one array, a list in input order or a dict by name.
         y: Keras models: the targets, likewise; None gives synthetic targets for the loss.
         sample_weight: Keras models: as ``fit`` takes it, weighed as ``compute_loss`` does.
@@ -140,7 +141,8 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
         against: YAML specs: your backward, ``"FILE.py:FUNC"`` or a callable
             ``FUNC(params, x, y, h0) -> dict``; with ``layer``, one recurrent layer's
             backward ``FUNC(x, h0, params, dh) -> dict`` (a ``LayerCheckReport``).
-        chunks: YAML specs: truncated BPTT in K chunks, the carry against full BPTT.
+        chunks: truncated BPTT in K chunks, carried, against full BPTT (a Keras model's:
+            its own tape).
         layer: YAML specs: the recurrent layer ``against`` is the backward of.
         time_last: With ``layer``: arrays laid out (features, batch, time).
         directions: Random directions of the finite differences (YAML: per tensor, default
@@ -188,7 +190,7 @@ def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None
             takes them.
         command: ``"explain"`` or ``"check"``.
         across_time: YAML specs: with ``flow`` or ``jacobians``.
-        chunks: YAML specs: as for :func:`explain`.
+        chunks: as for :func:`explain`.
         examples: Keras models, for check: as :func:`check` takes it.
 
     Returns:

@@ -331,7 +331,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
                    "first chunks are one step longer) and report, per weight, the gradient "
                    "norm of full BPTT, of truncated BPTT without the carry, and of their "
                    "difference; and per chunk, ∂(final states)/∂(initial states) applied to "
-                   "the next chunk's ∂L/∂h0. Not for .keras models.")
+                   "the next chunk's ∂L/∂h0. On a Keras model, each recurrent call is cut "
+                   "into K chunks of its own steps.")
 @keras_options
 @user_code_options
 @memory_option
@@ -407,7 +408,8 @@ finite differences.
 @click.option("--chunks", type=click.IntRange(min=1), metavar="K",
               help="Also run truncated BPTT in K chunks, carrying each chunk's initial-state "
                    "gradients as grad_ys into the previous chunk, and compare the summed "
-                   "weight gradients with full BPTT.")
+                   "weight gradients with full BPTT (on a Keras model: with Keras' own "
+                   "tape).")
 @click.option("--directions", type=click.IntRange(min=1, max=100), metavar="N",
               help="Random directions of the finite differences: per tensor for a spec "
                    "(default 3); for a Keras model, joint ones that move every tensor at once "

@@ -162,7 +162,6 @@ def test_watch_is_a_function_of_the_api_whatever_is_imported(tmp_path):
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"against": "bp.py:backward"}, "against= is for YAML configs"),
-    ({"chunks": 2}, "chunks= is for YAML configs"),
     ({"layer": "gru"}, "layer='gru' checks your backward of one layer; expected it together "
                        "with against="),
     ({"weights": "w.npz"}, "weights= is for YAML configs; a Keras model carries its own"),

@@ -8,6 +8,7 @@ from functools import cache
 import numpy as np
 import pytest
 
+from gradscope.chunks import chunk_lengths
 from gradscope.errors import ConfigError
 from gradscope.gradcheck import tolerance
 from gradscope.yaml.algebra import model_shapes
@@ -22,7 +23,6 @@ from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.config import load_spec
 from gradscope.yaml.data import initial_params, synthetic_batch
 from gradscope.yaml.engine import Engine
-from gradscope.yaml.truncation import chunk_lengths
 
 TIME_STEPS = 7
 CHUNKS = (1, 2, 3, 5, 7)

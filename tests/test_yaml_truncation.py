@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from conftest import run_gradscope
 
+from gradscope.chunks import CARRIED_SHARE_THRESHOLD
 from gradscope.yaml.algebra import model_shapes
 from gradscope.yaml.config import load_spec
 from gradscope.yaml.data import Batch, initial_params
-from gradscope.yaml.truncation import CARRIED_SHARE_THRESHOLD, CarryPasses
+from gradscope.yaml.truncation import CarryPasses
 
 #: 7 steps in 2 chunks: np.array_split cuts them 4 + 3, so the boundary is at t = 4.
 CONFIG = {"input_size": 3, "time_steps": 7, "batch_size": 2, "dtype": "float64", "seed": 5,

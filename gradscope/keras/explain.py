@@ -122,11 +122,12 @@ def _fixed_batch(specs: list[InputSpec]) -> int | None:
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
             flow: bool = False, jacobians: bool = False, at: int | None = None,
-            heatmap: bool = False) -> KerasExplainReport:
+            heatmap: bool = False, chunks: int | None = None) -> KerasExplainReport:
     """``flow``: ‖∂L/∂h_t‖ (with the recurrence) of every recurrent call and ‖∂L/∂x_t‖ of every
     float sequence input; ``jacobians``: ∂h_T/∂h_0 of every recurrent call; ``at`` (or
     ``heatmap``, over up to 16 steps t): the influence ‖∂h_t/∂x_s‖ of every recurrent
-    call (both imply ``flow``)."""
+    call (both imply ``flow``); ``chunks``: truncated BPTT in that many chunks, with and
+    without the carry."""
     flow = flow or heatmap or at is not None
     from gradscope.keras.engine import KerasEngine
 
@@ -163,6 +164,15 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
         say("state Jacobians ∂h_T/∂h_0 of every recurrent call")
         update["state_jacobians"] = state_jacobians(job, engine, result)
         clock.lap("jacobians")
+    if chunks is not None:
+        from gradscope.keras.truncation import carry_section
+
+        say(f"truncated BPTT in {chunks} chunks, with and without the carry")
+        names = {entry.path: entry.name for entry in report.gradients if entry.trainable}
+        update["carry"] = carry_section(engine, job.batch.inputs, targets,
+                                        job.batch.sample_weight, result.gradients, names,
+                                        chunks)
+        clock.lap("carry")
     if update:
         report = report.model_copy(update=update)
     if timings:

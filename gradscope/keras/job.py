@@ -24,7 +24,6 @@ from gradscope.report.models import CheckedExamples
 _OWN_BACKWARD = "{command} of your own backward is not available for Keras models yet"
 YAML_ONLY = {
     "weights": "a Keras model carries its own weights",
-    "chunks": "a Keras model's recurrent layers are not cut into chunks yet",
     "against": _OWN_BACKWARD,
     "layer": _OWN_BACKWARD,
     "time_last": _OWN_BACKWARD,
@@ -86,6 +85,7 @@ class KerasCommand:
     job: KerasJob
     flow: bool = False
     jacobians: bool = False
+    chunks: int | None = None
     at: int | None = None
     heatmap: bool = False
     directions: int | None = None
@@ -116,11 +116,17 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
             reason = YAML_ONLY[name].format(command=command)
             raise ConfigError(f"{flag(name)} is for YAML configs; {reason}", where=flag(name))
     check_witness_options(options.get("directions"), options.get("rtol"), options.get("atol"))
-    taken = ("flow", "jacobians", "at", "heatmap", "directions", "rtol", "atol",
+    taken = ("flow", "jacobians", "chunks", "at", "heatmap", "directions", "rtol", "atol",
              "after_autodiff")
     own: dict[str, Any] = {name: options.pop(name) for name in taken if name in options}
     if own.get("at") is not None:
         whole(own, "at", smallest=0)
+    if own.get("chunks") is not None:
+        whole(own, "chunks", smallest=1)
+        if command == "explain" and own["chunks"] < 2:
+            raise ConfigError(f"{given('chunks', own['chunks'])}: expected K ≥ 2 (the time "
+                              "axis is cut into K chunks; with fewer there is no boundary to "
+                              "carry gradients across)", where=flag("chunks"))
     most = None
     if command == "check":
         most = examples_option(options.pop("examples", None))
@@ -143,6 +149,11 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
     if at is not None and at >= steps:
         raise ConfigError(f"{given('at', at)} is outside the {steps} time steps of the batch; "
                           f"expected 0 to {steps - 1}", where=flag("at"))
+    chunks = own.get("chunks")
+    if chunks is not None and chunks > steps:
+        raise ConfigError(f"{given('chunks', chunks)} is more than the {steps} time steps of "
+                          f"the batch; expected at most {steps} chunks (one step each)",
+                          where=flag("chunks"))
     chosen = choose(job, most) if command == "check" else None
     return KerasCommand(command, job, examples=most, chosen=chosen, **own)
 
@@ -176,7 +187,7 @@ def estimate(prepared: KerasCommand, across_time: bool = False) -> dict[str, int
     from gradscope.keras.memory import estimate as _estimate
 
     checked = prepared.chosen.checked if prepared.chosen is not None else None
-    return _estimate(prepared.job, prepared.command, checked)
+    return _estimate(prepared.job, prepared.command, checked, prepared.chunks)
 
 
 def guard(prepared: KerasCommand, limit: int | None) -> None:
@@ -192,10 +203,10 @@ def run(prepared: KerasCommand, progress: Callable[[str], None] | None,
 
         return explain(prepared.job, progress=progress, timings=timings, flow=prepared.flow,
                        jacobians=prepared.jacobians, at=prepared.at,
-                       heatmap=prepared.heatmap)
+                       heatmap=prepared.heatmap, chunks=prepared.chunks)
     from gradscope.keras.check import check
 
     return check(prepared.job, directions=prepared.directions, rtol=prepared.rtol,
                  atol=prepared.atol, progress=progress, timings=timings,
                  after_autodiff=prepared.after_autodiff, examples=prepared.examples,
-                 chosen=prepared.chosen)
+                 chosen=prepared.chosen, chunks=prepared.chunks)

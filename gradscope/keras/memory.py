@@ -46,10 +46,12 @@ def recurrent_units(node: Any) -> list[tuple[str, int]]:
     return []
 
 
-def estimate(job: Any, command: str, examples: int | None = None) -> dict[str, int]:
+def estimate(job: Any, command: str, examples: int | None = None,
+             chunks: int | None = None) -> dict[str, int]:
     """Bytes by term for ``command`` ("explain" or "check") on ``job``, a Keras model read and
     given its batch; the sum is the estimated peak resident memory of the whole process.
-    ``examples``: how many of the batch's examples check runs on (default: every one)."""
+    ``examples``: how many of the batch's examples check runs on (default: every one);
+    ``chunks``: ``--chunks``, whose cut run keeps its own tape."""
     batch = job.batch_size if examples is None else examples
     steps = max(time_steps(job.batch.inputs), 1)
     weights, activations, loops = 0, 0, []
@@ -68,7 +70,15 @@ def estimate(job: Any, command: str, examples: int | None = None) -> dict[str, i
     else:
         itemsize = 4
         kept = batch * steps * sum(KEPT_PER_UNIT.get(kind, 15) * units for kind, units in loops)
+    terms = {}
+    if chunks is not None:
+        # The cut run's persistent tape: what the loops keep, and per state and step its
+        # sequence, its edge and the edge's gradient.
+        states = sum(units * (2 if kind == "LSTM" else 1) for kind, units in loops)
+        terms["the cut run of --chunks (its tape, states and edges)"] = itemsize * (
+            kept + 3 * batch * steps * states)
     return {
+        **terms,
         BASELINE_TERM: PROCESS_BASELINE,
         "Keras and the model's traced passes": KERAS_OVERHEAD[command],
         "weights and their gradients": 4 * weights * itemsize,

@@ -228,13 +228,17 @@ def _batch_major(value: Any) -> np.ndarray:
 
 
 def _scan(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
-          probes: list[Any], training: bool) -> tuple[list[Any], Any]:
+          probes: list[Any], training: bool, cuts: Any = None,
+          edges: list[Any] | None = None) -> tuple[list[Any], Any]:
     """The layer's cell over ``x`` (B, T, ·) as Keras' RNN loop runs it: in processing order
     (reversed for go_backwards), a masked step keeping the states and the last output (or a
     zero output, with ``zero_output_for_mask``). A zero probe is added to every state a step
     leaves; where the cell returns that very state as its output, the output of a kept step
-    is the probed state, so that the gradient from above at t reaches the probe. Returns
-    every state's sequence and the outputs, time-major."""
+    is the probed state, so that the gradient from above at t reaches the probe. With
+    ``cuts`` (T,) and ``edges`` (one (T, B, ·) per state), the states entering step p are
+    held (``tf.stop_gradient``) where ``cuts[p]`` is nonzero, then ``edges[p]`` is added:
+    truncated BPTT (:mod:`~gradscope.keras.truncation`). Returns every state's sequence and
+    the outputs, time-major."""
     cell = layer.cell
     kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
     backwards = bool(getattr(layer, "go_backwards", False))
@@ -258,7 +262,11 @@ def _scan(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any]
 
     def body(carry: tuple[list[Any], Any], elems: tuple[Any, ...]) -> tuple[list[Any], Any]:
         states, previous = carry
-        x_t, m_t, probes_t = elems
+        x_t, m_t, probes_t, *cut = elems
+        if cut:
+            cut_t, edges_t = cut
+            states = [tf.where(cut_t > 0, tf.stop_gradient(s), s) + e
+                      for s, e in zip(states, edges_t, strict=True)]
         out, new = step(x_t, states)
         same = [k for k, n in enumerate(new) if n is out]
         if m_t is not None:
@@ -273,15 +281,16 @@ def _scan(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any]
                 m_t, probed, tf.zeros_like(out) if zero_output else previous)
         return new, out
 
+    cut = () if cuts is None else (cuts, edges)
     if m_tm is None:
-        def unmasked(carry: tuple[list[Any], Any], items: tuple[Any, Any]) -> tuple[
+        def unmasked(carry: tuple[list[Any], Any], items: tuple[Any, ...]) -> tuple[
                 list[Any], Any]:
-            return body(carry, (items[0], None, items[1]))
+            return body(carry, (items[0], None, *items[1:]))
 
-        states, outs = tf.scan(unmasked, (x_tm, probes),
+        states, outs = tf.scan(unmasked, (x_tm, probes, *cut),
                                initializer=(initial, tf.zeros_like(first)))
     else:
-        states, outs = tf.scan(body, (x_tm, m_tm, probes),
+        states, outs = tf.scan(body, (x_tm, m_tm, probes, *cut),
                                initializer=(initial, tf.zeros_like(first)))
     return list(states), outs
 

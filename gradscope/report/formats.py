@@ -7,8 +7,9 @@ from collections.abc import Iterable
 
 
 def percent(share: float) -> str:
-    """A carried share as the text shows it: 0.18 → '18.0%', 1.2e-7 → '1.20e-05%', 0 → '0'."""
-    return "0" if share == 0 else f"{100 * share:#.3g}%"
+    """A carried share as the text shows it: 0.18 → '18.0%', 1.2e-7 → '1.20e-05%', 0 → '0',
+    1.013 → '101%' (three figures, and no point left dangling)."""
+    return "0" if share == 0 else f"{100 * share:#.3g}".rstrip(".") + "%"
 
 
 def number(value: float | None) -> str:

@@ -28,6 +28,7 @@ from gradscope.report.layout import (
     warning,
 )
 from gradscope.report.models import (
+    KerasCarry,
     KerasCheckReport,
     KerasExplainReport,
     KerasFlowSection,
@@ -42,8 +43,11 @@ from gradscope.report.models import (
     KerasTensorSpec,
 )
 from gradscope.report.tables import (
+    CARRIED_COLUMNS,
     WITNESS_TITLES,
     all_agree,
+    carried_tables,
+    carry_check_section,
     checked_section,
     failures_section,
     flag_warnings,
@@ -285,8 +289,24 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         parts += jacobian_lines(report.state_jacobians, width)
     if report.gradient_flow is not None:
         parts += flow_lines(report.gradient_flow, width)
+    if report.carry is not None:
+        parts += carry_lines(report.carry, width)
     parts += timings_lines(report.timings, "\n")
     return parts
+
+
+def carry_lines(carry: KerasCarry, width: int) -> list[RenderableType]:
+    """``explain --chunks`` on a Keras model: full against truncated BPTT, per weight and
+    chunk, as the YAML wing shows them, and how they were found."""
+    cut = "; ".join(f"{call.layer} {' + '.join(str(n) for n in call.chunk_lengths)}"
+                    for call in carry.calls)
+    intro = (f"Each recurrent call cut into {carry.chunks} chunks of its own steps ({cut}), in "
+             f"{carry.dtype}; ‖g_full‖ is Keras' own tape, which the chunks, carried, give "
+             f"to {number(carry.carried_error)} (relative). {CARRIED_COLUMNS}")
+    return [section(f"Truncated BPTT in {carry.chunks} chunks, with and without the carry"),
+            *carried_tables(intro, carry.weights, carry.products, carry.threshold,
+                            carry.matters, carry.verdict, width),
+            Text(carry.method, style="dim")]
 
 
 def render_keras_shapes(report: KerasShapesReport, width: int) -> list[RenderableType]:
@@ -368,6 +388,9 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
     for skipped in report.not_witnessed:
         parts.append(Text(f"{WITNESS_TITLES.get(skipped.witness, skipped.witness)} not run on "
                           f"{skipped.layer}: {skipped.reason}", style="dim"))
+    if report.carry is not None:
+        parts += [section("Truncated BPTT: carrying gradients across chunk boundaries"),
+                  carry_check_section(report.carry, width)]
     if summary.passed and unwitnessed:
         parts.append(Text(f"\nPASSED: {summary.checked_tensors - len(unwitnessed)} of "
                           f"{summary.checked_tensors} tensors agree with every witness "

@@ -157,7 +157,7 @@ class CarryPair(_Report):
 
 
 class CarryWeightEntry(_Report):
-    """One weight's gradient with and without the carry across chunk boundaries (float64)."""
+    """One weight's gradient with and without the carry across chunk boundaries."""
 
     name: str = Field(description="gradscope name, e.g. gru_1/w_ru")
     l2_full: float = Field(description="‖g_full‖: full BPTT over the whole batch")
@@ -618,6 +618,36 @@ class KerasStateJacobians(_Report):
     not_analysed: list[KerasNotAnalysed]
 
 
+class KerasChunkedCall(_Report):
+    """One direction of one recurrent call, cut into chunks of its own time axis."""
+
+    layer: str = Field(description="the call (and direction): lstm, both/backward, gru[1]")
+    steps: int
+    chunk_lengths: list[int] = Field(description="steps per chunk, in time order")
+    backwards: bool = Field(default=False, description="it runs from the last step back")
+
+
+class KerasCarry(_Report):
+    """With --chunks K: truncated BPTT on the Keras model, with and without the carry."""
+
+    chunks: int
+    dtype: str = Field(description="the dtype the cut runs computed in (the model's)")
+    method: str
+    calls: list[KerasChunkedCall]
+    weights: list[CarryWeightEntry] = Field(
+        description="per trainable weight: full (Keras' own tape), truncated and carried "
+                    "gradient norms")
+    products: list[CarryProductEntry] = Field(
+        description="per chunk before a boundary and per state: the vector–Jacobian product "
+                    "the carry computes")
+    carried_error: float = Field(
+        description="the largest relative error, over the weights, of the chunks' gradients "
+                    "with the carry against Keras' own full gradients")
+    threshold: float = Field(description="carried share from which carrying is said to matter")
+    matters: bool
+    verdict: str
+
+
 class _KerasReport(_CommandReport):
     """A report on the user's own Keras model."""
 
@@ -641,6 +671,7 @@ class KerasExplainReport(_KerasRun):
     gradient_flow: KerasFlowSection | None = Field(default=None, description="with --flow")
     state_jacobians: KerasStateJacobians | None = Field(default=None,
                                                         description="with --jacobians")
+    carry: KerasCarry | None = Field(default=None, description="with --chunks K")
     timings: dict[str, float] | None = None
 
 
@@ -709,6 +740,8 @@ class KerasCheckReport(_KerasRun):
                                                      "backward disagrees")
     not_witnessed: list[NotWitnessed] = Field(
         default_factory=list, description="layer calls a witness did not run on, with why")
+    carry: CarryCheck | None = Field(default=None, description="with --chunks K: the "
+                                     "boundaries the carry crosses")
     summary: CheckSummary
     timings: dict[str, float] | None = None
 

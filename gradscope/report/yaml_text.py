@@ -13,7 +13,6 @@ from rich.text import Text
 
 from gradscope.report.formats import (
     number,
-    percent,
     shape_text,
 )
 from gradscope.report.layout import (
@@ -24,13 +23,11 @@ from gradscope.report.layout import (
     atom,
     column_width,
     fit,
-    hanging,
     pack,
     section,
     title,
 )
 from gradscope.report.models import (
-    CarryCheck,
     CarryEntry,
     CheckReport,
     ErratumEntry,
@@ -46,7 +43,10 @@ from gradscope.report.models import (
     WeightsEntry,
 )
 from gradscope.report.tables import (
+    CARRIED_COLUMNS,
     all_agree,
+    carried_tables,
+    carry_check_section,
     checked_section,
     failed_line,
     failures_section,
@@ -196,47 +196,11 @@ def carried_section(carry: CarryEntry, width: int) -> list[RenderableType]:
     """``explain --chunks``: per weight, full vs truncated BPTT; per chunk, the seed's product;
     and one line: does carrying matter here?"""
     assert carry.weights is not None and carry.products is not None
-    weights_wide = Layout([Column("weight", no_wrap=True), Column("‖g_full‖", "right"),
-                           Column("‖g_truncated‖", "right"), Column("‖g_carried‖", "right"),
-                           Column("carried share", "right")], squeeze=False)
-    weights_narrow = Layout([Column("weight", no_wrap=True),
-                             Column("‖g_full‖\n‖g_truncated‖", "right"),
-                             Column("‖g_carried‖\nshare", "right")])
-    for entry in carry.weights:
-        share = percent(entry.carried_share)
-        name = atom(entry.name, "bold" if entry.carried_share >= (carry.threshold or 0) else "")
-        weights_wide.add_row(name, atom(number(entry.l2_full)), atom(number(entry.l2_truncated)),
-                             atom(number(entry.l2_carried)), atom(share))
-        weights_narrow.add_row(name, atom(f"{number(entry.l2_full)}\n"
-                                          f"{number(entry.l2_truncated)}"),
-                               atom(f"{number(entry.l2_carried)}\n{share}"))
-    products_wide = Layout([Column("chunk"), Column("xs ← ys"), Column("‖grad_y‖", "right"),
-                            Column("‖product‖", "right")], squeeze=False)
-    products_narrow = Layout([Column("chunk · xs ← ys"),
-                              Column("‖grad_y‖\n‖product‖", "right")])
-    for product in carry.products:
-        chunk = f"{product.chunk} (t {product.start}–{product.stop - 1})"
-        pair = f"{product.x} ← {product.y}"
-        products_wide.add_row(atom(chunk), atom(pair), atom(number(product.l2_grad_y)),
-                              atom(number(product.l2_product)))
-        products_narrow.add_row(atom(f"{chunk}\n{product.x}\n  ← {product.y}"),
-                                atom(f"{number(product.l2_grad_y)}\n{number(product.l2_product)}"))
     lengths = " + ".join(str(n) for n in carry.chunk_lengths or [])
-    intro = Text(
+    return carried_tables(
         f"The batch cut into {carry.chunks} chunks of {lengths} steps, in float64. "
-        "‖g_full‖: full BPTT; ‖g_truncated‖: each chunk backpropagated from zero at its end "
-        "(no carry); ‖g_carried‖ = ‖g_full − g_truncated‖, what the carry adds; carried "
-        "share = ‖g_carried‖ / ‖g_full‖."
-    )
-    products_intro = Text(
-        "The carry itself: tf.gradients(ys=a chunk's final states, xs=its initial states, "
-        "grad_ys=the next chunk's ∂L/∂(initial states)); ‖product‖ is its result for x, "
-        "summed over every y."
-    )
-    style = "bold yellow" if carry.matters else "bold green"
-    return [intro, fit(width, weights_wide, weights_narrow), Text(""), products_intro,
-            fit(width, products_wide, products_narrow),
-            hanging("⚠" if carry.matters else "✓", carry.verdict or "", style)]
+        f"{CARRIED_COLUMNS}", carry.weights, carry.products, carry.threshold or 0.0,
+        bool(carry.matters), carry.verdict or "", width)
 
 
 def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
@@ -288,31 +252,6 @@ def render_shapes(report: ShapesReport, width: int) -> list[RenderableType]:
         section("Initial states (their gradients ∂L/∂h0 have these shapes)"),
         fit(width, *tensor_layouts(report.initial_states, width, "initial state · shape")),
     ]
-
-
-def carry_check_section(carry: CarryCheck, width: int) -> Group:
-    ys_title, grad_ys_title = ("ys: earlier chunk's final states",
-                               "grad_ys: later chunk's ∂L/∂(initial states)")
-    one_line = Layout([Column("boundary"), Column(ys_title), Column(grad_ys_title)],
-                      squeeze=False)
-    two_lines = Layout([Column("boundary"), Column(ys_title), Column(grad_ys_title)])
-    for boundary in carry.boundaries:
-        ys = [f"{y.name} {shape_text(y.shape)}" for y in boundary.ys]
-        grad_ys = [(f"{g.name} {shape_text(g.shape)}", f"‖·‖ {number(g.norm)}")
-                   for g in boundary.grad_ys]
-        step = atom(f"t = {boundary.step}")
-        one_line.add_row(step, atom("\n".join(ys)),
-                         atom("\n".join(f"{name} {norm}" for name, norm in grad_ys)))
-        two_lines.add_row(step, atom("\n\n".join(ys)),
-                          atom("\n".join(f"{name}\n  {norm}" for name, norm in grad_ys)))
-    lengths = " + ".join(str(n) for n in carry.chunk_lengths)
-    intro = Text(
-        f"{carry.chunks} chunks of {lengths} steps, backpropagated last to first; each "
-        "chunk's initial-state gradients are the output_gradients (grad_ys) of the earlier "
-        "chunk's final states, one per y. The summed weight gradients are compared with "
-        "full BPTT in the table above."
-    )
-    return Group(intro, fit(width, one_line, two_lines))
 
 
 def errata_section(errata: list[ErratumEntry], width: int) -> Table:

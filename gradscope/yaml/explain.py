@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gradscope.cells.base import TensorInfo
+from gradscope.chunks import CARRIED_SHARE_THRESHOLD, carried_weights
 from gradscope.errors import ConfigError, InternalError
 from gradscope.gradient_stats import flow_flags, per_example_norms, stats
-from gradscope.report.formats import percent
 from gradscope.report.models import (
     CarryEntry,
     CarryPair,
     CarryProductEntry,
-    CarryWeightEntry,
     ExplainReport,
     FlowSection,
     GradientEntry,
@@ -29,7 +28,7 @@ from gradscope.yaml.algebra import ModelShapes, model_shapes
 from gradscope.yaml.config import Spec
 from gradscope.yaml.data import Batch, initial_params, synthetic_batch
 from gradscope.yaml.shapes import model_entry, tensor_entry
-from gradscope.yaml.truncation import CARRIED_SHARE_THRESHOLD, CarryNumbers, state_names
+from gradscope.yaml.truncation import CarryNumbers, state_names
 
 if TYPE_CHECKING:
     from gradscope.yaml.dynamics import Dynamics, JacobianBlock
@@ -111,7 +110,8 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     clock.lap("statistics")
     carry = carry_entry(algebra)
     if chunks is not None:
-        from gradscope.yaml.truncation import carry_numbers, chunk_lengths
+        from gradscope.chunks import chunk_lengths
+        from gradscope.yaml.truncation import carry_numbers
 
         say(f"full and truncated BPTT in {chunks} chunks (float64)")
         lengths = chunk_lengths(int(batch.x.shape[1]), chunks)
@@ -194,14 +194,8 @@ def carried_entry(carry: CarryEntry, algebra: ModelShapes, numbers: CarryNumbers
                     f"--chunks: the {kind} BPTT gradient of {name} has NaN or Inf values (in "
                     "float64), so no carried share can be given; expected finite gradients "
                     "(explain without --chunks shows where)", where="--chunks")
-    weights = []
-    for info in algebra.weights:
-        full = float(np.linalg.norm(numbers.full[info.name]))
-        carried = float(np.linalg.norm(numbers.carried(info.name)))
-        weights.append(CarryWeightEntry(
-            name=info.name, l2_full=full,
-            l2_truncated=float(np.linalg.norm(numbers.truncated[info.name])),
-            l2_carried=carried, carried_share=carried / full if full > 0 else 0.0))
+    weights, matters, verdict = carried_weights(numbers.full, numbers.truncated,
+                                                [info.name for info in algebra.weights])
     products = []
     for chunk in numbers.products:
         for name in state_names(algebra):
@@ -212,21 +206,10 @@ def carried_entry(carry: CarryEntry, algebra: ModelShapes, numbers: CarryNumbers
                 y=f"{layer}/{state[0]}[t={chunk.stop - 1}]",
                 l2_grad_y=float(np.linalg.norm(chunk.grad_ys[name])),
                 l2_product=float(np.linalg.norm(chunk.products[name]))))
-    threshold = CARRIED_SHARE_THRESHOLD
-    largest = max(weights, key=lambda entry: entry.carried_share)
-    reaching = sum(entry.carried_share >= threshold for entry in weights)
-    matters = reaching > 0
-    share = percent(largest.carried_share)
-    if matters:
-        verdict = (f"carrying matters: it changes {reaching} of {len(weights)} gradients by "
-                   f"≥ {threshold:.0%} ({largest.name} by {share})")
-    else:
-        verdict = (f"carrying hardly matters: it changes every gradient by < {threshold:.0%} "
-                   f"(at most {share}, {largest.name})")
     return carry.model_copy(update={
         "chunks": len(numbers.chunk_lengths), "chunk_lengths": numbers.chunk_lengths,
-        "weights": weights, "products": products, "threshold": threshold, "matters": matters,
-        "verdict": verdict,
+        "weights": weights, "products": products, "threshold": CARRIED_SHARE_THRESHOLD,
+        "matters": matters, "verdict": verdict,
     })
 
 

@@ -16,29 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.errors import ConfigError
+from gradscope.chunks import chunk_starts
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.data import Batch
 
-#: Carrying "matters" when, for some weight, the carried gradients are at least this share of
-#: the full gradient (‖g_full − g_truncated‖ / ‖g_full‖). Below it, truncated BPTT without the
-#: carry changes every weight gradient by less than 1% of its norm (and turns it by less than
-#: 0.6°): less than the noise of one mini-batch to the next, in typical training.
-CARRIED_SHARE_THRESHOLD = 0.01
-
-
-
-def chunk_lengths(time_steps: int, chunks: int) -> list[int]:
-    """The lengths ``np.array_split`` gives: the first ``time_steps % chunks`` one longer."""
-    if chunks < 1:
-        raise ConfigError(f"--chunks {chunks}: expected a positive integer", where="--chunks")
-    if chunks > time_steps:
-        raise ConfigError(
-            f"--chunks {chunks} is more than time_steps {time_steps}; expected at most "
-            f"{time_steps} chunks (one step each)",
-            where="--chunks",
-        )
-    return [len(part) for part in np.array_split(np.arange(time_steps), chunks)]
 
 @dataclass(frozen=True)
 class ChunkProduct:
@@ -64,11 +45,6 @@ class CarryNumbers:
 
     def carried(self, name: str) -> np.ndarray:
         return self.full[name] - self.truncated[name]
-
-
-def chunk_starts(lengths: list[int]) -> list[int]:
-    """The first step of every chunk: [0, T₀, T₀+T₁, …]."""
-    return [int(s) for s in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
 
 
 def state_names(shapes: ModelShapes) -> list[str]:

@@ -22,7 +22,13 @@ from gradscope.errors import ConfigError, DataError
 from gradscope.gradcheck import checked_tensors, rounding_noise, step_for, tolerance
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
-from gradscope.keras.check import cell_steps, finite_differences, numpy_reference, own_backward
+from gradscope.keras.check import (
+    carry,
+    cell_steps,
+    finite_differences,
+    numpy_reference,
+    own_backward,
+)
 from gradscope.keras.check.precision import (
     coarse_loss,
     loss_along,
@@ -39,15 +45,15 @@ from gradscope.report.models import CheckedExamples, CheckSummary, KerasCheckRep
 from gradscope.timing import Clock, Progress
 
 #: The witnesses in the order of the report.
-WITNESSES = [finite_differences.WITNESS, numpy_reference.WITNESS, cell_steps.WITNESS,
-             own_backward.WITNESS]
+WITNESSES = [finite_differences.WITNESS, numpy_reference.WITNESS, carry.WITNESS,
+             cell_steps.WITNESS, own_backward.WITNESS]
 
 
 def check(job: KerasJob, directions: int | None = None, rtol: float | None = None,
           atol: float | None = None, progress: Progress | None = None, timings: bool = False,
           after_autodiff: Callable[[Any], None] | None = None,
           examples: int | None = DEFAULT_EXAMPLES,
-          chosen: CheckedExamples | None = None) -> KerasCheckReport:
+          chosen: CheckedExamples | None = None, chunks: int | None = None) -> KerasCheckReport:
     """``examples``: at most this many examples of the batch, chosen as
     :mod:`~gradscope.keras.checked_examples` says (None: every one), unless ``chosen`` is
     the choice already made. ``directions``: the
@@ -56,26 +62,28 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     :data:`~gradscope.gradcheck.PER_TENSOR_DIRECTIONS`).
     ``after_autodiff(model)`` runs between the tape and the witnesses (tests use it to mutate
     the float64 copy: a check that cannot fail is a defect; where check runs in the model's
-    own dtype, it is given the user's model object itself)."""
+    own dtype, it is given the user's model object itself). ``chunks``: also truncated BPTT
+    in that many chunks, carried, against the tape (:mod:`~gradscope.keras.check.carry`)."""
     say = progress or (lambda message: None)
     chosen = choose(job, examples) if chosen is None else chosen
     say("importing TensorFlow, loading the model and its float64 copy")
     try:
         copy = KerasEngine(job.source, job.outputs, job.plan, training=job.training,
                            seed=job.seed, dtype="float64")
-        return _check(job, copy, chosen, directions, rtol, atol, say, timings, after_autodiff)
+        return _check(job, copy, chosen, directions, rtol, atol, say, timings, after_autodiff,
+                      chunks=chunks)
     except CopyFails as exc:
         reason = exc.reason
     say(f"the float64 copy does not run in float64 ({reason}): checking in the model's dtype")
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     return _check(job, engine, chosen, directions, rtol, atol, say, timings, after_autodiff,
-                  reason)
+                  reason, chunks)
 
 
 def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
            directions: int | None, rtol: float | None, atol: float | None, say: Progress,
            timings: bool, after_autodiff: Callable[[Any], None] | None,
-           not_float64: str | None = None) -> KerasCheckReport:
+           not_float64: str | None = None, chunks: int | None = None) -> KerasCheckReport:
     """Check on ``engine``'s model: the float64 copy (which raises :class:`CopyFails` where
     the user's code turns out not to run in float64), or the model in its own dtype, with
     ``not_float64`` saying why."""
@@ -134,6 +142,13 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         clock.lap("finite_differences")
         witnessed.append(reference.result())
     clock.lap("numpy_reference_wait")
+    carry_check = None
+    carry_rtol = rtol if rtol is not None else tolerance(carry.WITNESS, dtype).rtol
+    if chunks is not None:
+        say(f"truncated BPTT in {chunks} chunks, carried")
+        found, carry_check = carry.witness(probing, chunks, carry_rtol)
+        witnessed.append(found)
+        clock.lap(carry.WITNESS)
     if copied and not all(w.passed for w in witnessed):
         say("does the float64 copy really compute in float64?")
         with stopped.held(engine.tf, stops):
@@ -157,7 +172,9 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         dtype_reason=_costs(not_float64, dtype, fd_rtol, probing.rounding, autodiff.loss),
         held_fixed=stops.described(),
         tolerances={finite_differences.WITNESS: fd_rtol, numpy_reference.WITNESS: ref_rtol,
-                    **{w: fd_rtol for w in WITNESSES[2:] if w in witnesses}},
+                    **({carry.WITNESS: carry_rtol} if chunks is not None else {}),
+                    **{w: fd_rtol for w in WITNESSES[3:] if w in witnesses}},
+        carry=carry_check,
         tensors=tensors, not_witnessed=[n for w in witnessed for n in w.not_witnessed],
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
                              failed_tensors=failed, witnesses=witnesses,

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
+from gradscope.chunks import chunk_lengths
 from gradscope.gradcheck import WitnessResult, relative_error
 from gradscope.yaml.check.context import CheckContext
-from gradscope.yaml.truncation import chunk_lengths
 
 WITNESS = "tbptt_carry"
 

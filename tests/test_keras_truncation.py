@@ -1,0 +1,213 @@
+"""gradscope/keras/truncation.py and check's carry witness: truncated BPTT on a Keras model.
+
+The truth is written here by hand: each layer's own cell unrolled in a Python loop, with
+Keras' masking written out, ``tf.stop_gradient`` on the states where each chunk begins, and
+Keras' own ``compute_loss``; the carry's product is ``tape.gradient(ys=a chunk's final
+states, xs=its initial states, output_gradients=the next chunk's ∂L/∂(initial states))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradscope
+
+T, F, B = 9, 3, 4
+
+
+@pytest.fixture
+def keras_tf(tf: Any) -> tuple[Any, Any]:
+    import keras
+
+    return keras, tf
+
+
+def _model(keras: Any, backwards: bool = False, masked: bool = False) -> Any:
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((T, F), name="x")
+    h = keras.layers.Masking()(inputs) if masked else inputs
+    h = keras.layers.GRU(5, return_sequences=True, go_backwards=backwards, name="gru")(h)
+    h = keras.layers.LSTM(4, return_sequences=True, name="lstm")(h)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="dense")(h))
+    model.compile(loss="mse")
+    return model
+
+
+def _batch(masked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    if masked:
+        x[0, -3:] = 0.0
+        x[1, 4] = 0.0  # masked at a chunk's first step
+    return x, rng.normal(size=(B, T, 2)).astype(np.float32)
+
+
+def _starts(chunks: int) -> list[int]:
+    lengths = [len(p) for p in np.array_split(np.arange(T), chunks)]
+    return list(np.cumsum(lengths)[:-1])
+
+
+def _by_hand(tf: Any, model: Any, x: np.ndarray, y: np.ndarray, chunks: int,
+             cut: bool = True) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """The loss, its weight gradients (cut at the chunk starts, or not) and, uncut, the
+    states entering and leaving every chunk, unrolled by hand under one persistent tape."""
+    gru, lstm, dense = (model.get_layer(n) for n in ("gru", "lstm", "dense"))
+    mask = np.any(x != 0, axis=-1)
+    starts = set(_starts(chunks))
+    entering: dict[str, Any] = {}
+    leaving: dict[str, Any] = {}
+    tape = tf.GradientTape(persistent=True)
+    with tape:
+        def run(layer: Any, sequence: Any, states: list[Any], name: str) -> list[Any]:
+            order = list(range(T))[::-1] if layer.go_backwards else list(range(T))
+            outputs: list[Any] = [None] * T
+            previous = tf.zeros_like(states[0])
+            for k, t in enumerate(order):
+                boundary = (T - t) if layer.go_backwards else t
+                if k and (t + 1 if layer.go_backwards else t) in starts and boundary:
+                    leaving[f"{name}@{k}"] = states
+                    states = [tf.stop_gradient(s) for s in states] if cut else \
+                        [tf.identity(s) for s in states]
+                    tape.watch(states)
+                    entering[f"{name}@{k}"] = states
+                out, new = layer.cell(sequence[k], states)
+                new = list(new) if isinstance(new, list | tuple) else [new]
+                keep = tf.reshape(tf.constant(mask[:, t]), (-1, 1))
+                states = [tf.where(keep, n, s) for n, s in zip(new, states, strict=True)]
+                previous = tf.where(keep, out, previous)
+                outputs[k] = previous
+            return outputs
+
+        xs = tf.constant(x)
+        gru_order = list(range(T))[::-1] if gru.go_backwards else list(range(T))
+        first = run(gru, [xs[:, t] for t in gru_order], [tf.zeros((B, 5))], "gru")
+        # Keras returns a go_backwards layer's sequence in processing order.
+        second = run(lstm, first, [tf.zeros((B, 4)), tf.zeros((B, 4))], "lstm")
+        prediction = dense(tf.stack(second, axis=1))
+        if not np.all(mask):  # the mask reaches the loss, as Keras hands it over
+            from keras.src.backend.common.masking import set_keras_mask
+
+            set_keras_mask(prediction, tf.constant(mask))
+        loss = model.compute_loss(x=xs, y=tf.constant(y), y_pred=prediction)
+    return loss, tape, entering, leaving
+
+
+@pytest.mark.parametrize("backwards, masked", [(False, False), (True, True)])
+def test_truncated_gradients_equal_a_program_with_stop_gradient(keras_tf: Any, backwards: bool,
+                                                                masked: bool) -> None:
+    """Per weight, the truncated gradient equals the hand-written program's; with the carry,
+    the chunks give Keras' own full gradient; go_backwards and masks included."""
+    keras, tf = keras_tf
+    model = _model(keras, backwards, masked)
+    x, y = _batch(masked)
+    report = gradscope.explain(model, x=x, y=y, chunks=3)
+    loss, tape, _, _ = _by_hand(tf, model, x, y, 3)
+    hand = dict(zip([v.path for v in model.trainable_variables],
+                    tape.gradient(loss, model.trainable_variables), strict=True))
+    names = {entry.path: entry.name for entry in report.gradients}
+    truncated = {w.name: w.l2_truncated for w in report.carry.weights}
+    for path, gradient in hand.items():
+        assert truncated[names[path]] == pytest.approx(float(tf.norm(gradient)), rel=1e-4)
+    full = {e.name: e.stats.l2 for e in report.gradients if e.stats is not None}
+    assert all(w.l2_full == pytest.approx(full[w.name], rel=1e-6) for w in report.carry.weights)
+    assert report.carry.carried_error < 1e-4
+    assert report.carry.matters
+    assert [call.layer for call in report.carry.calls] == ["gru", "lstm"]
+    assert report.carry.calls[0].chunk_lengths == [3, 3, 3]
+
+
+def test_the_carry_through_each_chunk_is_the_seed_product(keras_tf: Any) -> None:
+    """Each chunk's product: tape.gradient(ys=its final states, xs=its initial states,
+    output_gradients=∂L/∂(the next chunk's initial states)), all states of both layers."""
+    keras, tf = keras_tf
+    model = _model(keras)
+    x, y = _batch()
+    report = gradscope.explain(model, x=x, y=y, chunks=3)
+    loss, tape, entering, leaving = _by_hand(tf, model, x, y, 3, cut=False)
+    keys = sorted(entering, key=lambda key: int(key.split("@")[1]))
+    starts = _starts(3)
+    grad_ys = {key: tape.gradient(loss, entering[key]) for key in keys}
+    found = {(p.layer, p.chunk, p.x): p for p in report.carry.products}
+
+    def x_of(name: str, chunk: int) -> str:
+        return f"{name}/h0" if chunk == 0 else f"{name}/h[t={starts[chunk - 1] - 1}]"
+
+    for chunk, start in enumerate(starts):
+        later = [key for key in keys if key.endswith(f"@{start}")]
+        ys = [s for key in later for s in leaving[key]]
+        output_gradients = [g for key in later for g in grad_ys[key]]
+        for key in later:
+            name = key.split("@")[0]
+            assert found[(name, chunk, x_of(name, chunk))].l2_grad_y == \
+                pytest.approx(float(tf.norm(grad_ys[key][0])), rel=1e-4)
+        if chunk == 0:
+            continue
+        for key in (key for key in keys if key.endswith(f"@{starts[chunk - 1]}")):
+            name = key.split("@")[0]
+            product = tape.gradient(ys, entering[key][0], output_gradients=output_gradients)
+            assert found[(name, chunk, x_of(name, chunk))].l2_product == \
+                pytest.approx(float(tf.norm(product)), rel=1e-4)
+
+
+def test_check_holds_the_chunks_carried_against_the_tape(keras_tf: Any) -> None:
+    """check --chunks passes on a correct model and names its boundaries; a copy changed
+    after the tape (the cut run no longer sees the model the tape saw) fails it."""
+    keras, _ = keras_tf
+    model = _model(keras, masked=True)
+    x, y = _batch(masked=True)
+    report = gradscope.check(model, x=x, y=y, chunks=3, examples=None)
+    rows = {t.name: t for t in report.tensors}
+    carried = [e for t in report.tensors for e in t.witnesses if e.witness == "tbptt_carry"]
+    assert len(carried) == len(model.trainable_variables)
+    assert all(e.passed and e.error < 1e-9 for e in carried)
+    assert [b.step for b in report.carry.boundaries] == [3, 6]
+    assert report.summary.passed and "tbptt_carry" in report.summary.witnesses
+
+    def scaled(copy: Any) -> None:
+        kernel = copy.get_layer("gru").cell.recurrent_kernel
+        kernel.assign(kernel * 1.01)
+
+    mutated = gradscope.check(model, x=x, y=y, chunks=3, examples=None,
+                              after_autodiff=scaled)
+    failed = {t.name for t in mutated.tensors
+              if any(e.witness == "tbptt_carry" and not e.passed for e in t.witnesses)}
+    assert "gru/gru_cell/recurrent_kernel" in failed and rows
+
+
+def _cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
+    from gradscope.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    captured = capsys.readouterr()
+    return stop.value.code, captured.out, captured.err
+
+
+def test_chunks_on_a_saved_model_from_the_command_line(keras_tf: Any, tmp_path: Any,
+                                                       capsys: Any, monkeypatch: Any) -> None:
+    """--chunks on a .keras file: the carry in the JSON and at 80 columns; K = 1 or K beyond
+    the steps exits 2 with the reason."""
+    import json
+
+    keras, _ = keras_tf
+    path = str(tmp_path / "m.keras")
+    _model(keras).save(path)
+    x, y = _batch()
+    data = str(tmp_path / "d.npz")
+    np.savez(data, x=x, dense=y)
+    code, out, _ = _cli(["explain", path, "--data", data, "--chunks", "2", "--json"], capsys)
+    assert code == 0
+    carry = json.loads(out)["carry"]
+    assert carry["chunks"] == 2 and carry["calls"][0]["chunk_lengths"] == [5, 4]
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = _cli(["explain", path, "--data", data, "--chunks", "2"], capsys)
+    assert code == 0 and "Truncated BPTT in 2 chunks" in out
+    from rich.cells import cell_len
+
+    assert max(cell_len(line) for line in out.splitlines()) <= 80
+    for chunks, says in (("1", "--chunks 1: expected K ≥ 2"), ("10", "more than the 9")):
+        code, _, err = _cli(["explain", path, "--data", data, "--chunks", chunks], capsys)
+        assert code == 2 and says in err, err
