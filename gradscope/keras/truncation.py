@@ -3,10 +3,10 @@ chunk boundaries is worth (explain), and that, carried, the chunks add up to ful
 
 Keras' own call of the model runs with every recurrent layer's loop (``inner_loop``) stepping
 its own cell in ``tf.scan`` (:mod:`~gradscope.keras.stepped`), each state held
-(``tf.stop_gradient``) where a chunk begins, with a zero "edge" added there. Under one
-persistent tape: ∂L/∂θ of the cut model is truncated BPTT; the carry is found as the seed
-question asks, each chunk's ∂L/∂(initial states) the ``grad_ys`` of the chunk before's final
-states, boundary after boundary from the last. Only recurrent states are cut. How: docs/keras.md.
+(``tf.stop_gradient``) where a chunk begins, with a zero "edge" added there. ∂L/∂θ of the
+cut run is truncated BPTT; the carry is found as the seed question asks, each chunk's
+∂L/∂(initial states) the ``grad_ys`` of the chunk before's final states, one boundary further
+back per pass. Only recurrent states are cut. How, for a reader: docs/keras.md.
 """
 
 from __future__ import annotations
@@ -187,71 +187,87 @@ def chunked(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.nd
     variables = engine.model.trainable_variables
     seen: dict[str, Any] = {}
 
-    def run(feed: list[Any], y: list[Any], own: bool) -> Any:
+    def one_pass(feed: list[Any], y: list[Any], carried: list[Any] | None, own: bool) -> Any:
+        """The cut run and one backward pass of ``loss + Σ ⟨carried, the states leaving each
+        chunk but the last⟩`` (just the loss with ``carried`` None): the weight gradients,
+        and each edge's gradient at its loop's positions. One tape, not persistent: a second
+        backward pass of the same run would keep every step's intermediates once more."""
         loops: list[CutLoop] = []
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:
             with loops_cut(engine.model, chunks, loops, tape.watch):
                 loss, _, _ = engine.forward(feed, y, lambda tensor: None,
                                             sample_weight=weights, own=own)
-            # The states that leave each chunk but the last (taken under the tape, which
-            # must see them taken), each with the edge that receives what is carried back.
-            pairs = [(loop.states[k][p - 1], loop.edges[k], p) for loop in loops
-                     for p in loop.positions[1:] for k in range(len(loop.edges))]
+            leaving = [loop.states[k][p - 1] for loop in loops for p in loop.positions[1:]
+                       for k in range(len(loop.edges))]
+            objective = loss if carried is None else loss + tf.add_n(
+                [tf.reduce_sum(tf.stop_gradient(g) * state)
+                 for g, state in zip(carried, leaving, strict=True)] or [tf.zeros_like(loss)])
         if not loops:
             raise ConfigError("--chunks: the model has no recurrent layer whose loop could "
                               "be cut", where="--chunks")
         seen["loops"] = loops
         edges = [edge for loop in loops for edge in loop.edges]
-        ys = [state for state, _, _ in pairs]
-        truncated, cut_edges = tape.gradient(loss, [variables, edges],
-                                             unconnected_gradients="zero")
-        carried = [edge_gradient(cut_edges, edges, edge)[p] for _, edge, p in pairs]
-        # Each round carries the gradients one chunk further back; a chain of chunks is at
-        # most K − 1 long per time axis and direction.
-        axes = {(loop.steps, loop.backwards) for loop in loops}
-        rounds = (chunks - 1) * len(axes)
-        seen["rounds"] = rounds
-        for _ in range(rounds - 1):
-            got = tape.gradient([loss, *ys], edges, output_gradients=[tf.ones_like(loss),
-                                                                      *carried],
-                                unconnected_gradients="zero")
-            carried = [edge_gradient(got, edges, edge)[p] for _, edge, p in pairs]
-        whole, full_edges = tape.gradient([loss, *ys], [variables, edges],
-                                          output_gradients=[tf.ones_like(loss), *carried],
-                                          unconnected_gradients="zero")
-        again = [edge_gradient(full_edges, edges, edge)[p] for _, edge, p in pairs]
-        at = [[tf.gather(edge_gradient(full_edges, edges, edge), loop.positions),
-               tf.gather(edge_gradient(cut_edges, edges, edge), loop.positions)]
-              for loop in loops for edge in loop.edges]
-        del tape
-        return loss, truncated, whole, carried, again, at
+        gradients, edge_gradients = tape.gradient(objective, [variables, edges],
+                                                  unconnected_gradients="zero")
+        at = [tf.gather(g, loop.positions) for loop in loops
+              for g in edge_gradients[_first(loops, loop):][:len(loop.edges)]]
+        return loss, gradients, at
 
-    before = moved_state(engine.model)
-    if engine.training:
-        seed_random_draws(engine.model, engine.seed)
-    own_first = True
-    try:
-        with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
-            try:
-                outcome = tf.function(run, autograph=False)(feed, y, own_first)
-            except NotObserved:
-                restore(before)
-                if is_subclassed(engine.model):
-                    raise
+    function = tf.function(one_pass, autograph=False)
+
+    def run(carried: list[np.ndarray] | None) -> Any:
+        """One pass, from the model's state as the tape saw it; the replay where Keras' own
+        call cannot be looked on."""
+        before = moved_state(engine.model)
+        try:
+            with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
                 if engine.training:
                     seed_random_draws(engine.model, engine.seed)
-                outcome = tf.function(run, autograph=False)(feed, y, False)
-    finally:
-        restore(before)
-    loss, truncated, whole, carried, again, at = outcome
-    loops = seen["loops"]
-    _settled(carried, again, engine.dtype_name, seen["rounds"])
+                if seen.get("own", True):
+                    try:
+                        return function(feed, y, carried, True)
+                    except NotObserved:
+                        if is_subclassed(engine.model):
+                            raise
+                        seen["own"] = False
+                        restore(before)
+                        if engine.training:
+                            seed_random_draws(engine.model, engine.seed)
+                return function(feed, y, carried, False)
+        finally:
+            restore(before)
+
+    def carried_of(at: list[Any]) -> list[np.ndarray]:
+        """What each edge's gradient carries into the state leaving the chunk before."""
+        found, flat = [], iter(at)
+        for loop in seen["loops"]:
+            mine = [np.asarray(next(flat)) for _ in loop.edges]
+            found += [g[j] for j in range(1, len(loop.positions)) for g in mine]
+        return found
+
+    loss, truncated, cut_at = run(None)
+    loops: list[CutLoop] = seen["loops"]
+    # Each round carries the gradients one chunk further back; a chain of chunks is at most
+    # K − 1 long per time axis and direction.
+    rounds = (chunks - 1) * len({(loop.steps, loop.backwards) for loop in loops})
+    carried = carried_of(cut_at)
+    for _ in range(rounds - 1):
+        carried = carried_of(run(carried)[2])
+    _, whole, full_at = run(carried)
+    _settled(carried, carried_of(full_at), engine.dtype_name, rounds)
     truncated_arrays, _ = dense_gradients(variables, truncated)
     whole_arrays, _ = dense_gradients(variables, whole)
+    at = [[full, cut] for full, cut in zip(full_at, cut_at, strict=True)]
     return Chunked(chunks=chunks, loss=float(loss), loops=loops,
                    truncated=_zeros_for_none(variables, truncated_arrays),
                    carried=_zeros_for_none(variables, whole_arrays),
-                   boundaries=_boundaries(loops, at), rounds=seen["rounds"])
+                   boundaries=_boundaries(loops, at), rounds=rounds)
+
+
+def _first(loops: list[CutLoop], loop: CutLoop) -> int:
+    """Where ``loop``'s edges start among every loop's."""
+    return sum(len(other.edges) for other in loops[:next(
+        k for k, other in enumerate(loops) if other is loop)])
 
 
 def edge_gradient(gradients: list[Any], edges: list[Any], edge: Any) -> Any:
