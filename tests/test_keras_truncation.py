@@ -211,3 +211,66 @@ def test_chunks_on_a_saved_model_from_the_command_line(keras_tf: Any, tmp_path: 
     for chunks, says in (("1", "--chunks 1: expected K ≥ 2"), ("10", "more than the 9")):
         code, _, err = _cli(["explain", path, "--data", data, "--chunks", chunks], capsys)
         assert code == 2 and says in err, err
+
+
+def _tuple_cell(keras: Any, tf: Any) -> Any:
+    class TupleCell(keras.layers.Layer):
+        """A cell of the user's with a tuple state: h and a slow average of it."""
+
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units, self.state_size, self.output_size = units, (units, units), units
+
+        def build(self, shape: Any) -> None:
+            self.k = self.add_weight(shape=(shape[-1], self.units))
+            self.r = self.add_weight(shape=(self.units, self.units))
+
+        def call(self, x: Any, states: Any) -> Any:
+            h, m = states
+            h = tf.tanh(x @ self.k + h @ self.r)
+            m = 0.9 * m + 0.1 * h
+            return h + m, (h, m)
+
+    return TupleCell(4)
+
+
+@pytest.mark.parametrize("kind", ["tuple_cell", "encoder_decoder", "conv_lstm", "dropout"])
+def test_every_kind_of_recurrent_call_is_cut(keras_tf: Any, kind: str) -> None:
+    """A cell of the user's with a tuple state, a decoder started from the encoder's state
+    (each cut on its own time axis), a ConvLSTM1D, training-mode dropout with relu: every
+    call is cut, and the chunks, carried, give Keras' own full gradient."""
+    keras, tf = keras_tf
+    layers = keras.layers
+    keras.utils.set_random_seed(2)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(B, T, F)).astype(np.float32)
+    y = rng.normal(size=(B, T, 2)).astype(np.float32)
+    inputs = keras.Input((T, F))
+    options: dict[str, Any] = {}
+    if kind == "tuple_cell":
+        h = layers.RNN(_tuple_cell(keras, tf), return_sequences=True, name="rnn")(inputs)
+        expected = ["rnn"]
+    elif kind == "encoder_decoder":
+        later = keras.Input((5, F))
+        _, state = layers.GRU(4, return_state=True, name="encoder")(inputs)
+        h = layers.GRU(4, return_sequences=True, name="decoder")(later, initial_state=state)
+        inputs, x, y = [inputs, later], [x, x[:, :5]], y[:, :5]
+        expected = ["encoder", "decoder"]
+    elif kind == "conv_lstm":
+        x = rng.normal(size=(B, T, 6, 2)).astype(np.float32)
+        inputs = keras.Input((T, 6, 2))
+        h = layers.ConvLSTM1D(3, 3, padding="same", return_sequences=True, name="conv")(inputs)
+        h = layers.Reshape((T, 18))(h)
+        expected = ["conv"]
+    else:
+        h = layers.SimpleRNN(4, activation="relu", dropout=0.2, recurrent_dropout=0.3,
+                             return_sequences=True, name="rnn")(inputs)
+        options["training"] = True
+        expected = ["rnn"]
+    model = keras.Model(inputs, layers.Dense(2)(h))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, chunks=3, **options)
+    assert [call.layer for call in report.carry.calls] == expected
+    assert report.carry.carried_error < 1e-4
+    if kind == "encoder_decoder":
+        assert [call.chunk_lengths for call in report.carry.calls] == [[3, 3, 3], [2, 2, 1]]

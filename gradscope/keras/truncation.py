@@ -148,8 +148,12 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
             probes = [tf.zeros_like(edge) for edge in edges]
             states, outs = _scan(tf, keras, layer, sequences, mask, given, probes, training,
                                  tf.constant(flags), edges)
-            loops.append(CutLoop(label, state_names(layer), steps, backwards, positions,
-                                 starts, edges, list(states)))
+            names = state_names(layer)
+            if len(names) != len(given):  # a layer whose states gradscope does not name
+                names = ["h0", "c0"] if len(given) == 2 and "LSTM" in class_label(layer) \
+                    else [f"states[{k}]" for k in range(len(given))]
+            loops.append(CutLoop(label, names, steps, backwards, positions, starts, edges,
+                                 list(states)))
             final = [sequence[-1] for sequence in states]
             outputs = tf.transpose(outs, [1, 0, *range(2, len(outs.shape))])
             return outs[-1], outputs, final if keras.tree.is_nested(initial_state) \
