@@ -300,9 +300,11 @@ def carry_lines(carry: KerasCarry, width: int) -> list[RenderableType]:
     chunk, as the YAML wing shows them, and how they were found."""
     cut = "; ".join(f"{call.layer} {' + '.join(str(n) for n in call.chunk_lengths)}"
                     for call in carry.calls)
+    agree = ("bitwise" if carry.carried_error == 0 else
+             f"to a relative {number(carry.carried_error)}")
     intro = (f"Each recurrent call cut into {carry.chunks} chunks of its own steps ({cut}), in "
              f"{carry.dtype}; ‖g_full‖ is Keras' own tape, which the chunks, carried, give "
-             f"to {number(carry.carried_error)} (relative). {CARRIED_COLUMNS}")
+             f"back {agree}. {CARRIED_COLUMNS}")
     return [section(f"Truncated BPTT in {carry.chunks} chunks, with and without the carry"),
             *carried_tables(intro, carry.weights, carry.products, carry.threshold,
                             carry.matters, carry.verdict, width),
