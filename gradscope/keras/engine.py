@@ -789,14 +789,15 @@ def _cell_state_units(cell: Any) -> list[int]:
 
 def state_names(operation: Any) -> list[str]:
     """The names of a recurrent call's initial states, in Keras' order: ``h0`` (and ``c0`` for
-    an LSTM or an LSTMCell), ``states[k]`` for a cell of several other states, and
+    an LSTM, a ConvLSTM or an LSTMCell), ``states[k]`` for a cell of several other states, and
     ``forward/…``, ``backward/…`` in a Bidirectional."""
     kind = class_label(operation)
     if kind == "Bidirectional":
         return ([f"forward/{n}" for n in state_names(operation.forward_layer)]
                 + [f"backward/{n}" for n in state_names(operation.backward_layer)])
     units = _state_units(operation)
-    if kind == "LSTM" or (kind == "RNN" and class_label(operation.cell) == "LSTMCell"):
+    if kind in ("LSTM", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D") or (
+            kind == "RNN" and class_label(operation.cell) == "LSTMCell"):
         return ["h0", "c0"]
     return ["h0"] if len(units) == 1 else [f"states[{k}]" for k in range(len(units))]
 
