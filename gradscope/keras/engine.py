@@ -221,11 +221,17 @@ class KerasEngine:
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
             first = first_line(exc)
         hint = ""
+        if "Could not locate" in first:
+            # Keras' own advice, and the whole config it prints, say less than the option.
+            first = first.split(". Make sure custom")[0]
+            hint = "; if it is your code, add --import MODULE (the module that registers it)"
         if compile_saved:
             # Whether the saved loss is what Keras cannot rebuild: then --loss is the way out.
             try:
                 load(False)
-                hint = "; its saved loss cannot be rebuilt: pass --loss NAME to use another loss"
+                hint = ("; its saved loss cannot be rebuilt: " + (
+                    "add --import MODULE (the module that registers it), or " if hint else "")
+                    + "pass --loss NAME to use another loss")
             except Exception:  # the model itself does not load: no loss would help
                 pass
         raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}", where=path)
