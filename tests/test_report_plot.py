@@ -60,3 +60,20 @@ def test_calls_beyond_the_figure_are_named_in_it(report, tmp_path):
     assert note.startswith("2 more not drawn") and "call_6, call_7" in note
     figure.savefig(tmp_path / "many.png", dpi=60)
     plt.close(figure)
+
+
+def test_a_model_without_a_recurrent_call_is_refused_with_why(tf, tmp_path):
+    import keras
+
+    from gradscope.errors import GradscopeError
+    from gradscope.report.plot import write_flow_plot
+
+    model = keras.Sequential([keras.Input((4, 3)), keras.layers.Conv1D(2, 2),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(1)
+    found = gradscope.explain(model, x=rng.normal(size=(2, 4, 3)), y=rng.normal(size=(2, 1)),
+                              heatmap=True)
+    with pytest.raises(GradscopeError, match="the model has no recurrent call, so there is "
+                                             "no ‖∂h_t/∂x_s‖ to draw"):
+        write_flow_plot(found, tmp_path / "flow.png")

@@ -82,9 +82,11 @@ def write_flow_plot(report: ExplainReport | KerasExplainReport, path: Path,
         raise GradscopeError("--plot needs the gradient flow: run explain with --flow",
                              where="--plot")
     if isinstance(flow, KerasFlowSection) and not _mapped(flow):
-        raise GradscopeError("--plot: no recurrent call of the model could be stepped, so "
-                             "there is no ‖∂h_t/∂x_s‖ to draw (the report says why, under "
-                             "'not analysed')", where="--plot")
+        why = ("no recurrent call of the model could be stepped (" + "; ".join(
+            f"{entry.layer}: {entry.reason}" for entry in flow.not_analysed) + ")"
+            if flow.not_analysed else "the model has no recurrent call")
+        raise GradscopeError(f"--plot: {why}, so there is no ‖∂h_t/∂x_s‖ to draw",
+                             where="--plot")
     if path.exists() and not force:
         raise GradscopeError(f"{path}: already exists; gradscope does not overwrite files "
                              "(use --force)", where=str(path))
