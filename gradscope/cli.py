@@ -378,17 +378,40 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
     return EXIT_OK
 
 
-CHECK_EPILOG = """\b
-Relative tolerances (what each witness must agree with TF autodiff to):
-  finite differences   1e-5   float64 central differences (as jax's check_grads)
-  NumPy reference      1e-9   float64 vs float64
-  GRUBlockCellGrad     2e-3   float32 kernel (it has no float64 version)
-  TBPTT carry          1e-9   float64
-  --against            1e-6   float64 (and per element, so one element 5% off fails)
---rtol replaces every float64 tolerance; --atol adds an absolute allowance to the
-finite differences.
+#: How ``check --help`` names each witness of :data:`gradscope.gradcheck.TOLERANCES`, and a
+#: note on it; a witness missing here is shown by its key. ``replay`` and ``cross_check`` are
+#: not witnesses (they hold gradscope to Keras, not a gradient to TF).
+WITNESS_HELP = {
+    "finite_differences": ("finite differences", "as jax's check_grads"),
+    "numpy_reference": ("NumPy reference", "gradscope's NumPy BPTT"),
+    "gru_block_kernel": ("GRUBlockCellGrad", "its kernel is float32 only"),
+    "tbptt_carry": ("TBPTT carry", "--chunks"),
+    "against": ("--against", "also per element"),
+}
+NOT_WITNESSES = ("replay", "cross_check")
 
-""" + EXIT_CODES_HELP
+
+def _tolerance_help() -> str:
+    """The tolerance table of ``check --help``, written from the one table in gradcheck.py."""
+    from gradscope.gradcheck import TOLERANCES
+
+    def shown(value: float) -> str:
+        return f"{value:.0e}".replace("e-0", "e-")
+
+    lines = ["\b", "Relative tolerances, by the dtype the check computes in (the table",
+             "TOLERANCES of gradscope/gradcheck.py):", f"  {'witness':<20} float64  float32"]
+    for key, row in TOLERANCES.items():
+        if key in NOT_WITNESSES:
+            continue
+        name, note = WITNESS_HELP.get(key, (key, ""))
+        lines.append(f"  {name:<20} {shown(row['float64'].rtol):<8} "
+                     f"{shown(row['float32'].rtol):<8} {note}".rstrip())
+    lines += ["--rtol replaces every float64 tolerance; --atol adds an absolute allowance to",
+              "the finite differences.", ""]
+    return "\n".join(lines) + "\n"
+
+
+CHECK_EPILOG = _tolerance_help() + EXIT_CODES_HELP
 
 
 @cli.command(epilog=CHECK_EPILOG)

@@ -62,9 +62,24 @@ def test_help_documents_exit_codes_examples_and_version():
         text = run_gradscope(command, "--help").stdout
         assert "Example" in text, command
     check_help = run_gradscope("check", "--help").stdout
-    assert "1e-5" in check_help and "2e-3" in check_help  # the tolerance table
+    assert "  finite differences   1e-5     2e-3" in check_help  # the tolerance table
     version = run_gradscope("--version")
     assert version.returncode == 0 and "gradscope, version" in version.stdout
+
+
+def test_check_help_writes_its_tolerances_from_the_one_table(monkeypatch):
+    """check --help's table is drawn from gradcheck.TOLERANCES: a value changed there is
+    the value shown, and every witness has its row."""
+    from gradscope import cli, gradcheck
+
+    changed = {**gradcheck.TOLERANCES, "tbptt_carry": {
+        "float64": gradcheck.Tolerance(3e-8), "float32": gradcheck.Tolerance(7e-4)}}
+    monkeypatch.setattr(gradcheck, "TOLERANCES", changed)
+    lines = cli._tolerance_help().splitlines()
+    assert "  TBPTT carry          3e-8     7e-4     --chunks" in lines
+    shown = [line.split()[0] for line in lines if line.startswith("  ")][1:]
+    assert len(shown) == len(changed) - len(cli.NOT_WITNESSES)
+    assert all(len(line) <= 78 for line in lines)
 
 
 def test_a_huge_config_is_refused_before_tensorflow_is_imported(tmp_path):

@@ -249,7 +249,7 @@ def test_reports_draw_themselves_in_a_notebook(compiled_gru):
     assert "gru_1/w_ru" in yaml_report._repr_html_()
     titles = [axes.get_title() for axes in yaml_report.plot().axes]
     assert "gradient norms over time" in titles and "Jacobian spectrum ∂h_T/∂h_0" in titles
-    assert any(title.startswith("log10 ‖∂h_t/∂x_s‖") for title in titles)
+    assert any("log10 ‖∂h_t/∂x_s‖" in title for title in titles)
     shapes = gradscope.shapes(gradscope.load_spec(None))
     assert "Weights" in shapes._repr_html_()
     with pytest.raises(gradscope.errors.GradscopeError, match="holds no numbers to plot"):

@@ -229,7 +229,8 @@ def test_the_loss_hint_is_given_only_when_the_saved_loss_is_what_fails(tmp_path,
     model.save(path)
     result = run_gradscope("explain", str(path), "-q")
     assert result.returncode == 2, result.stderr
-    assert "its saved loss cannot be rebuilt: pass --loss NAME" in result.stderr
+    assert ("its saved loss cannot be rebuilt: add --import MODULE (the module that "
+            "registers it), or pass --loss NAME") in result.stderr
     assert run_gradscope("explain", str(path), "--loss", "mae", "-q").returncode == 0
     damaged = tmp_path / "damaged.keras"
     with zipfile.ZipFile(path) as source, zipfile.ZipFile(damaged, "w") as target:

@@ -359,3 +359,63 @@ def test_training_mode_influence_uses_the_masks_the_call_drew(tf, data):
     truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
     assert found.influence_map is not None and 3 in found.influence_map.steps
+
+
+def test_a_conv_lstm_call_is_stepped_from_keras_own_zero_states(tf):
+    """A ConvLSTM1D (states of feature maps, which the run does not capture) is stepped from
+    its own zero states: ‖∂L/∂h_t‖ against its cell unrolled by hand, ∂[h_T, c_T]/∂[h0, c0]
+    against Keras' own layer called with an initial state, and ‖∂h_t/∂x_s‖ against the
+    tape through a twin that returns every step."""
+    import keras
+    from keras import layers as L
+
+    steps, width, channels, filters, batch = 4, 5, 2, 2, 3
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(batch, steps, width, channels)).astype(np.float32)
+    y = rng.normal(size=(batch, 1)).astype(np.float32)
+    keras.utils.set_random_seed(8)
+    x_in = keras.Input((steps, width, channels), name="x")
+    layer = L.ConvLSTM1D(filters, 3, padding="same", name="conv")
+    model = keras.Model(x_in, L.Dense(1)(L.Flatten()(layer(x_in))))
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=y, flow=True, jacobians=True, at=2)
+    assert not report.gradient_flow.not_analysed and not report.state_jacobians.not_analysed
+    # ∂L/∂h_t by hand: the cell unrolled in Python, a zero probe on h after every step.
+    upstream = _upstream(tf, model, "conv", x, y)
+    zeros = tf.zeros((batch, width, filters))
+    probes = [tf.zeros_like(zeros) for _ in range(steps)]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        states = [zeros, zeros]
+        for t in range(steps):
+            _, (h, c) = layer.cell(tf.constant(x[:, t]), states)
+            states = [h + probes[t], c]
+        objective = tf.reduce_sum(upstream * states[0])
+    truth = [float(tf.norm(g)) for g in tape.gradient(objective, probes)]
+    np.testing.assert_allclose(_flow(report, "∂L/∂conv/h_t"), truth, rtol=1e-4, atol=1e-9)
+    # ∂[h_T, c_T]/∂[h0, c0]: Keras' own layer, called with its initial state.
+    twin = type(layer).from_config({**layer.get_config(), "return_state": True,
+                                    "return_sequences": True, "name": "twin"})
+    twin.build((None, steps, width, channels))
+    twin.set_weights(layer.get_weights())
+    joined = tf.zeros((batch, 2 * width * filters))
+    with tf.GradientTape() as tape:
+        tape.watch(joined)
+        h0, c0 = (tf.reshape(p, (batch, width, filters)) for p in tf.split(joined, 2, axis=1))
+        _, h_final, c_final = twin(tf.constant(x), initial_state=[h0, c0])
+        final = tf.concat([tf.reshape(h_final, (batch, -1)), tf.reshape(c_final, (batch, -1))],
+                          axis=1)
+    blocks = np.asarray(tape.batch_jacobian(final, joined))
+    (entry,) = report.state_jacobians.entries
+    assert entry.target == "conv/[h_T, c_T]" and entry.shape == [20, 20]
+    frobenius = np.sqrt(np.sum(blocks ** 2, axis=(1, 2)))
+    assert entry.frobenius_median == pytest.approx(float(np.median(frobenius)), rel=1e-4)
+    # ‖∂h_2/∂x_s‖: the tape through the twin's output sequence.
+    inputs = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        out = twin(inputs)[0][:, 2]
+    jacobian = np.asarray(tape.batch_jacobian(out, inputs))  # (B, W, F, T, W, C)
+    truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 2, 4, 5))), axis=0)
+    (found,) = report.gradient_flow.influence
+    np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)

@@ -136,6 +136,8 @@ def test_with_import_the_custom_layer_has_keras_own_gradient(project, how):
     ours = {g["path"]: g["stats"]["l2"] for g in report["gradients"]}
     assert ours["scaled/scale"] == pytest.approx(truth["norms"]["scaled/scale"], rel=1e-5)
     assert report["model"]["file"] == "right.keras"
+    # The loss saved in the file is said as it is without --import, where Keras is not used.
+    assert report["loss"]["name"] == "mean_squared_error (saved with the compiled model)"
     scale = next(g for g in report["gradients"] if g["path"] == "scaled/scale")
     assert scale["shape"] == [3]
 
@@ -170,3 +172,40 @@ def test_import_errors_are_one_line_and_yaml_configs_refuse_it(project):
     assert "--import no_such_module: no module named 'no_such_module'" in missing.stderr
     yaml_config = _gradscope(project, "explain", "--import", "my_layers")
     assert yaml_config.returncode == 2 and "for a saved .keras model" in yaml_config.stderr
+
+
+LOSS = textwrap.dedent('''
+    import sys
+    import keras
+
+
+    @keras.saving.register_keras_serializable("my_losses")
+    def doubled_mse(y_true, y_pred):
+        return 2.0 * keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+
+    if __name__ == "__main__":
+        import my_losses
+
+        model = keras.Sequential([keras.Input((5, 2)), keras.layers.GRU(3),
+                                  keras.layers.Dense(1)])
+        model.compile(loss=my_losses.doubled_mse)
+        model.save(sys.argv[1])
+''')
+
+
+def test_a_saved_loss_of_your_own_is_read_with_import_and_said_as_a_saved_one(tmp_path):
+    """Without --import, the refusal names the function and both ways out, in one short line
+    (not Keras' advice and config); with it, the header says the loss as for a built-in one."""
+    (tmp_path / "my_losses.py").write_text(LOSS)
+    assert _python(tmp_path, "my_losses.py", "m.keras").returncode == 0
+    refused = _gradscope(tmp_path, "explain", "m.keras")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        "gradscope: error: m.keras: Keras cannot load it safely: Could not locate function "
+        "'my_losses>doubled_mse'; its saved loss cannot be rebuilt: add --import MODULE (the "
+        "module that registers it), or pass --loss NAME to use another loss")
+    done = _gradscope(tmp_path, "explain", "m.keras", "--import", "my_losses", "-q")
+    assert done.returncode == 0, done.stderr
+    assert "loss = " in done.stdout
+    assert ": my_losses>doubled_mse (saved with the compiled model)\n" in done.stdout

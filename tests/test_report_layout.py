@@ -1,5 +1,5 @@
 """Text reports at every console width from 60 to 160 columns: no line is wider than the
-console, and no number, name or word is split across lines or cut off.
+console or ends in a space, and no number, name or word is split across lines or cut off.
 
 The reports are real (computed once from TensorFlow runs: the seed model, and small models that
 bring every witness, a failing check, truncated BPTT, LSTM and SimpleRNN layers). The truth a
@@ -191,6 +191,8 @@ def assert_fits(report, equations: str | None, reference: str, width: int) -> No
     lines = text.split("\n")
     too_wide = [line for line in lines if cell_len(line) > width]
     assert not too_wide, f"{len(too_wide)} lines wider than {width}: {too_wide[0]!r}"
+    padded = [line for line in lines if line.endswith((" ", "\u00a0"))]
+    assert not padded, f"{len(padded)} lines end in a space at {width}: {padded[0]!r}"
     cut = [word for line in lines for word in line.split() if CUT_NUMBER.search(word)]
     assert not cut, f"numbers cut at {width} columns: {cut[:5]}"
     tokens, shapes = protected(report)

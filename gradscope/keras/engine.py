@@ -221,11 +221,17 @@ class KerasEngine:
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
             first = first_line(exc)
         hint = ""
+        if "Could not locate" in first:
+            # Keras' own advice, and the whole config it prints, say less than the option.
+            first = first.split(". Make sure custom")[0]
+            hint = "; if it is your code, add --import MODULE (the module that registers it)"
         if compile_saved:
             # Whether the saved loss is what Keras cannot rebuild: then --loss is the way out.
             try:
                 load(False)
-                hint = "; its saved loss cannot be rebuilt: pass --loss NAME to use another loss"
+                hint = ("; its saved loss cannot be rebuilt: " + (
+                    "add --import MODULE (the module that registers it), or " if hint else "")
+                    + "pass --loss NAME to use another loss")
             except Exception:  # the model itself does not load: no loss would help
                 pass
         raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}", where=path)
@@ -789,14 +795,15 @@ def _cell_state_units(cell: Any) -> list[int]:
 
 def state_names(operation: Any) -> list[str]:
     """The names of a recurrent call's initial states, in Keras' order: ``h0`` (and ``c0`` for
-    an LSTM or an LSTMCell), ``states[k]`` for a cell of several other states, and
+    an LSTM, a ConvLSTM or an LSTMCell), ``states[k]`` for a cell of several other states, and
     ``forward/…``, ``backward/…`` in a Bidirectional."""
     kind = class_label(operation)
     if kind == "Bidirectional":
         return ([f"forward/{n}" for n in state_names(operation.forward_layer)]
                 + [f"backward/{n}" for n in state_names(operation.backward_layer)])
     units = _state_units(operation)
-    if kind == "LSTM" or (kind == "RNN" and class_label(operation.cell) == "LSTMCell"):
+    if kind in ("LSTM", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D") or (
+            kind == "RNN" and class_label(operation.cell) == "LSTMCell"):
         return ["h0", "c0"]
     return ["h0"] if len(units) == 1 else [f"states[{k}]" for k in range(len(units))]
 

@@ -113,6 +113,15 @@ class RecurrentCall:
 RECURRENT_CLASSES = frozenset({"GRU", "LSTM", "SimpleRNN", "Bidirectional"})
 
 
+def stepped_only(layer: Any) -> bool:
+    """Whether the calls of ``layer`` are recurrent calls that only the stepped cell can
+    analyse: an ``RNN`` over a cell, a ConvLSTM, or a subclass of Keras' recurrent layers."""
+    from keras.layers import RNN, Bidirectional
+
+    return (class_label(layer) not in RECURRENT_CLASSES
+            and isinstance(layer, RNN | Bidirectional))
+
+
 def recurrent_calls(job: Any, engine: Any, result: KerasPass,
                     weights: dict[str, np.ndarray] | None = None,
                     ) -> tuple[list[RecurrentCall], list[KerasNotAnalysed]]:
@@ -424,7 +433,7 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
     for call in result.calls:
         label = call_label(call.layer, call.index)
         kind = class_label(engine.operation(call.layer))
-        if label not in unmodelled and not (kind == "RNN" and call.states):
+        if label not in unmodelled and not stepped_only(engine.operation(call.layer)):
             continue
         stepped = _stepped_flow(engine, call, result, kind)
         if isinstance(stepped, KerasNotAnalysed):
@@ -471,8 +480,8 @@ def influences(engine: Any, result: KerasPass, at: int | None,
 
     found: list[KerasInfluence] = []
     for call in result.calls:
-        kind = class_label(engine.operation(call.layer))
-        if not (call.class_name in RECURRENT_CLASSES or (kind == "RNN" and call.states)):
+        if not (call.class_name in RECURRENT_CLASSES
+                or stepped_only(engine.operation(call.layer))):
             continue
         label = call_label(call.layer, call.index)
         stepped = engine.stepped_calls.get(label) or step_call(engine, call, None,
@@ -573,7 +582,7 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
             entries.append(_jacobian_entry(unit.label, list(unit.cell.state_names),
                                            jacobian.numpy()))
     cells = {call_label(c.layer, c.index) for c in result.calls
-             if c.states and class_label(engine.operation(c.layer)) == "RNN"}
+             if stepped_only(engine.operation(c.layer))}
     stepped, still = _stepped_jacobians(engine, result, {e.layer for e in skipped} | cells)
     order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
     entries = sorted(entries + stepped,

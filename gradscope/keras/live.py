@@ -114,7 +114,10 @@ def read_model(source: Any, loss: str | None = None,
     plan = plan_loss(graph, loss)
     if model is not None and loss is None and overrides_compute_loss(model):
         return graph, replace(plan, custom_compute_loss=type(model).__name__), label, model
-    if model is not None and plan.source == "compiled":
+    if model is not None and plan.source == "compiled" and not getattr(model, LOADED_FROM,
+                                                                       None):
+        # A model object compiled in memory; one Keras loaded from a file (--import) has the
+        # loss saved with it, said as without --import.
         how = "the model's compiled loss"
         plan = replace(plan, compiled_how=how,
                        outputs=tuple(replace(o, rule=how) for o in plan.outputs))

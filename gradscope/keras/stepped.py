@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -140,8 +140,12 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
     if isinstance(directions, str):
         return directions
     if not call.states:
-        return ("stateful, with no state carried to this call" if getattr(
-            layer, "stateful", False) else "no initial state captured")
+        if getattr(layer, "stateful", False):
+            return "stateful, with no state carried to this call"
+        own = _own_initial_states(directions, call)
+        if isinstance(own, str):
+            return own
+        call = replace(call, states=own)
     try:
         run = _runner(engine, layer, directions, training)
         outputs, states, totals, direct = run(call, upstream)
@@ -152,6 +156,30 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
                    totals=totals, direct=direct)
+
+
+def _own_initial_states(directions: list[Direction], call: CapturedCall) -> list[Any] | str:
+    """The initial states Keras' call asks its layers for, where the run captured none (a
+    ConvLSTM's feature maps, a cell that makes its own): each direction's
+    ``get_initial_state``. A state wired in instead makes the rebuilt outputs differ from
+    Keras', and the call is refused then."""
+    from keras import tree
+
+    batch = int(np.shape(call.args[0])[0])
+    states: list[Any] = []
+    for direction in directions:
+        getter = getattr(direction.layer, "get_initial_state", None)
+        if getter is None:
+            return "no initial state captured"
+        try:
+            mine = list(tree.flatten(getter(batch)))
+        except Exception as exc:  # noqa: BLE001  (the user's get_initial_state)
+            return f"its get_initial_state raised: {first_line(exc)}"
+        if len(direction.names) != len(mine):
+            direction.names = (["h0"] if len(mine) == 1 else
+                               [f"states[{k}]" for k in range(len(mine))])
+        states += mine
+    return states
 
 
 def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str | None:
@@ -335,20 +363,27 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
     stepped call, its states concatenated ([h, c] for an LSTM); or why it cannot be given."""
     tf, keras = engine.tf, engine.keras
     direction, x, mask, initial = _inputs(tf, stepped, index)
-    if any(len(s.shape) != 2 for s in initial):
-        return "states of more than one axis per example"
-    widths = [int(s.shape[1]) for s in initial]
+    # A state of several axes (a ConvLSTM's feature maps) is read flat, when its Jacobian
+    # is small enough to hold.
+    shapes = [[int(n) for n in s.shape[1:]] for s in initial]
+    widths = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    size, batch = sum(widths), int(x.shape[0])
+    if size > JACOBIAN_STATES or batch * size * size > INFLUENCE_NUMBERS:
+        return (f"a state of {size:,} numbers per example: its Jacobian ({size:,} × "
+                f"{size:,} per example) is too large to compute")
 
     @tf.function(autograph=False, reduce_retracing=True)
     def compute(x: Any, mask: Any, joined: Any) -> Any:
         with tf.GradientTape() as tape:
             tape.watch(joined)
-            parts = list(tf.split(joined, widths, axis=1))
+            parts = [tf.reshape(p, [-1, *shape]) for p, shape in
+                     zip(tf.split(joined, widths, axis=1), shapes, strict=True)]
             probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(p)], 0), p.dtype)
                       for p in parts]
             states, _ = _scan(tf, keras, direction.layer, x, mask, parts, probes,
                               engine.training)
-            final = tf.concat([s[-1] for s in states], axis=1)
+            final = tf.concat([tf.reshape(s[-1], [tf.shape(x)[0], -1]) for s in states],
+                              axis=1)
         return tape.batch_jacobian(final, joined, experimental_use_pfor=False)
 
     from gradscope._tf import native_stderr_silenced, without_grappler
@@ -356,12 +391,15 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
     everything = [tf.convert_to_tensor(s) for s in stepped.call.states]
     with masks_drawn(engine, stepped.directions, stepped.call, x, everything), \
             native_stderr_silenced(), without_grappler():
-        return np.asarray(compute(x, mask, tf.concat(initial, axis=1)), np.float64)
+        joined = tf.concat([tf.reshape(s, [batch, -1]) for s in initial], axis=1)
+        return np.asarray(compute(x, mask, joined), np.float64)
 
 
 #: The most numbers of ∂h_t/∂x one batch_jacobian holds at once (its units are taken in
-#: slices of this size over B·T·features).
+#: slices of this size over B·T·features), and of ∂h_T/∂h_0 over the batch.
 INFLUENCE_NUMBERS = 2**24
+#: The most state numbers per example whose ∂h_T/∂h_0 is computed (one backward pass each).
+JACOBIAN_STATES = 4096
 
 
 def influence(engine: Any, stepped: Stepped, index: int,

@@ -249,11 +249,18 @@ def jacobian_lines(jacobians: KerasStateJacobians, width: int) -> list[Renderabl
     return parts
 
 
+def _norm_label(what: str) -> str:
+    """‖what‖, a qualifier that ends ``what`` kept outside the bars: ``‖∂L/∂rnn/states[1]_t‖
+    (as step t+1 reads it)``."""
+    head, bracket, qualifier = what.partition(" (")
+    return f"‖{head}‖" + (f" ({qualifier}" if bracket else "")
+
+
 def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     parts: list[RenderableType] = [
         section("Gradient flow over time (log-scale sparklines, t = 0 … T−1; ∂L/∂h_t is the "
                 "total: from above at t plus what flows back from t+1)")]
-    rows = {f"‖{s.what}‖" + (" (read backwards)" if s.backwards else ""): s.norms
+    rows = {_norm_label(s.what) + (" (read backwards)" if s.backwards else ""): s.norms
             for s in flow.sequences if s.norms}
     for found in flow.influence:
         rows[f"‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence

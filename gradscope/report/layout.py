@@ -1,15 +1,19 @@
 """The layout engine of the text reports: columns that fit the terminal's width (a name too
 long for its column takes a line of its own), packed lines that never split an item, section
-titles and sparklines. It knows nothing of the reports themselves."""
+titles and sparklines, and lines drawn without trailing spaces. It knows nothing of the
+reports themselves."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from rich import box
 from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -203,3 +207,27 @@ def hanging(mark: str, text: str, style: str = "") -> Table:
 def warning(text: str) -> Table:
     """A ``⚠ …`` line in bold yellow, with a hanging indent."""
     return hanging("⚠", text, "bold yellow")
+
+
+@dataclass
+class Trimmed:
+    """A renderable drawn without the spaces that end its lines: rich pads every cell of a
+    table, and every wrapped line, to its full width, which a file or a diff then keeps."""
+
+    renderable: RenderableType
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
+        for line in console.render_lines(self.renderable, options, pad=False):
+            yield from trimmed(line)
+            yield Segment.line()
+
+
+def trimmed(line: list[Segment]) -> list[Segment]:
+    """``line`` without its trailing spaces (the styles of what remains kept)."""
+    kept = list(line)
+    while kept and not kept[-1].control and not kept[-1].text.rstrip(" "):
+        kept.pop()
+    if kept and not kept[-1].control:
+        last = kept[-1]
+        kept[-1] = Segment(last.text.rstrip(" "), last.style)
+    return kept

@@ -27,6 +27,7 @@ from gradscope.report.models import (
     JacobianEntry,
     KerasExplainReport,
     KerasFlowSection,
+    KerasInfluence,
 )
 
 
@@ -62,34 +63,35 @@ def _missing(what: str) -> GradscopeError:
                           + matplotlib_install_line(), where=what)
 
 
+Panel = Callable[[Any, Any], None]
+
+#: Heatmaps of ‖∂h_t/∂x_s‖ one figure draws at most (one per recurrent call and direction);
+#: the figure names those it leaves out.
+PLOT_CALLS = 6
+
+
 def write_flow_plot(report: ExplainReport | KerasExplainReport, path: Path,
                     force: bool = False) -> None:
-    """``--plot FILE``: the norm curves and the heatmap of ‖∂h_t/∂x_s‖ over (t, s) (of a
-    Keras model: of its first recurrent call)."""
+    """``--plot FILE``: the norm curves and the heatmap of ‖∂h_t/∂x_s‖ over (t, s); of a
+    Keras model, one heatmap per recurrent call (each direction of a Bidirectional)."""
     flow = report.gradient_flow
-    mapped = (next((i for i in flow.influence if i.influence_map is not None), None)
-              if isinstance(flow, KerasFlowSection) else None)
-    if flow is None or (flow.influence_map is None if isinstance(flow, FlowSection)
-                        else mapped is None):
+    if flow is None:
         raise GradscopeError("--plot needs the gradient flow: run explain with --flow",
+                             where="--plot")
+    if isinstance(flow, FlowSection) and flow.influence_map is None:
+        raise GradscopeError("--plot needs the gradient flow: run explain with --flow",
+                             where="--plot")
+    if isinstance(flow, KerasFlowSection) and not _mapped(flow):
+        why = ("no recurrent call of the model could be stepped (" + "; ".join(
+            f"{entry.layer}: {entry.reason}" for entry in flow.not_analysed) + ")"
+            if flow.not_analysed else "the model has no recurrent call")
+        raise GradscopeError(f"--plot: {why}, so there is no ‖∂h_t/∂x_s‖ to draw",
                              where="--plot")
     if path.exists() and not force:
         raise GradscopeError(f"{path}: already exists; gradscope does not overwrite files "
                              "(use --force)", where=str(path))
     plt = require_matplotlib()
-    figure, (curves, heat) = plt.subplots(1, 2, figsize=(12, 4.5))
-    if isinstance(flow, KerasFlowSection):
-        assert mapped is not None and mapped.influence_map is not None
-        _keras_flow_curves(curves, flow)
-        _heatmap(figure, heat, mapped.influence_map, len(mapped.influence), mapped.source)
-    else:
-        assert flow.influence_map is not None
-        _flow_curves(curves, flow)
-        _heatmap(figure, heat, flow.influence_map, flow.steps, flow.influence_layer)
-    title = (report.model.chain if isinstance(report, ExplainReport)
-             else f"{report.model.name}: {mapped.source if mapped else ''}")
-    figure.suptitle(title)
-    figure.tight_layout()
+    figure = flow_figure(plt, report)
     try:
         figure.savefig(path, dpi=110)
     except OSError as exc:
@@ -97,6 +99,84 @@ def write_flow_plot(report: ExplainReport | KerasExplainReport, path: Path,
                              where=str(path)) from None
     finally:
         plt.close(figure)
+
+
+def flow_figure(plt: Any, report: ExplainReport | KerasExplainReport) -> Any:
+    """The figure ``--plot`` writes: the norm curves, then the heatmap of each recurrent call
+    (at most :data:`PLOT_CALLS`; the figure names the ones it leaves out).
+
+    Args:
+        plt: matplotlib's pyplot (:func:`require_matplotlib`).
+        report: an explain report made with the gradient flow and its influence map.
+
+    Returns:
+        The pyplot Figure, for the caller to save and close.
+    """
+    flow = report.gradient_flow
+    if not isinstance(flow, KerasFlowSection):
+        assert isinstance(report, ExplainReport) and flow is not None
+        assert flow.influence_map is not None
+        figure, (curves, heat) = plt.subplots(1, 2, figsize=(12, 4.5))
+        _flow_curves(curves, flow)
+        _heatmap(figure, heat, flow.influence_map, flow.steps, flow.influence_layer)
+        figure.suptitle(report.model.chain)
+        figure.tight_layout()
+        return figure
+    assert isinstance(report, KerasExplainReport)
+    mapped = _mapped(flow)
+    shown, left = mapped[:PLOT_CALLS], mapped[PLOT_CALLS:]
+    figure = plt.figure(figsize=(6 * min(len(shown) + 1, 3),
+                                 4.5 * _grid(len(shown))[0]))
+    for draw, axes in zip(_keras_panels(flow, shown), _grid_axes(figure, len(shown)),
+                          strict=True):
+        draw(figure, axes)
+    figure.suptitle(f"{report.model.name}: gradient norms over time, and ‖∂h_t/∂x_s‖ of "
+                    "each recurrent call" + (f" (the first {len(shown)} of {len(mapped)})"
+                                             if left else ""))
+    bottom = 0.0
+    if left:
+        names = ", ".join(i.source for i in left)
+        figure.text(0.5, 0.01, f"{len(left)} more not drawn (at most {PLOT_CALLS}): {names}; "
+                    "their ‖∂h_t/∂x_s‖ at t is in the report", ha="center", fontsize=9,
+                    wrap=True)
+        bottom = 0.04
+    figure.tight_layout(rect=(0, bottom, 1, 1))
+    return figure
+
+
+def _mapped(flow: KerasFlowSection) -> list[KerasInfluence]:
+    """The influences that hold a map (``--plot``), in the report's order of calls."""
+    return [i for i in flow.influence if i.influence_map is not None]
+
+
+def _grid(maps: int) -> tuple[int, int]:
+    """Rows and columns of the Keras figure: curves and up to two maps side by side; else the
+    curves across the first row, and the maps three to a row below."""
+    if maps <= 2:
+        return 1, maps + 1
+    return 1 + -(-maps // 3), 3
+
+
+def _grid_axes(figure: Any, maps: int) -> list[Any]:
+    rows, columns = _grid(maps)
+    grid = figure.add_gridspec(rows, columns)
+    if maps <= 2:
+        return [figure.add_subplot(grid[0, k]) for k in range(maps + 1)]
+    return [figure.add_subplot(grid[0, :])] + [
+        figure.add_subplot(grid[1 + k // 3, k % 3]) for k in range(maps)]
+
+
+def _keras_panels(flow: KerasFlowSection, shown: list[KerasInfluence]) -> list[Panel]:
+    """The curves, then one heatmap per call, its direction's processing order said."""
+    backwards = {s.source for s in flow.sequences if s.kind == "state" and s.backwards}
+    def heatmap(found: KerasInfluence) -> Panel:
+        assert found.influence_map is not None
+        heat = found.influence_map
+        return lambda figure, axes: _heatmap(figure, axes, heat, len(found.influence),
+                                             found.source, backwards=found.source in backwards)
+
+    return [lambda figure, axes: _keras_flow_curves(axes, flow),
+            *(heatmap(found) for found in shown)]
 
 
 def _positive(values: Any) -> np.ndarray:
@@ -116,11 +196,20 @@ def _flow_curves(axes: Any, flow: FlowSection) -> None:
     axes.semilogy(steps, _positive(flow.influence), linestyle=":",
                   label=f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s)")
     axes.set_xlabel("time step")
+    axes.xaxis.set_major_locator(_integer_ticks())
     axes.set_title("gradient norms over time")
     axes.legend(fontsize=8)
 
 
-def _heatmap(figure: Any, axes: Any, found: InfluenceMap, steps: int, layer: str) -> None:
+def _integer_ticks() -> Any:
+    """Ticks at whole time steps only."""
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def _heatmap(figure: Any, axes: Any, found: InfluenceMap, steps: int, layer: str,
+             backwards: bool = False) -> None:
     values = np.asarray(found.values)
     # s > t cannot influence h_t: those cells are exactly zero and left blank.
     logs = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
@@ -129,14 +218,12 @@ def _heatmap(figure: Any, axes: Any, found: InfluenceMap, steps: int, layer: str
     axes.set_yticks(np.arange(len(found.steps)) + 0.5, [str(t) for t in found.steps],
                     fontsize=7)
     axes.set_xlabel("input step s")
-    axes.set_ylabel(f"state step t ({layer})")
-    axes.set_title("log10 ‖∂h_t/∂x_s‖ (median over the batch)")
+    axes.set_ylabel("state step t" + (" (processing order)" if backwards else ""))
+    axes.set_title(f"{layer}: log10 ‖∂h_t/∂x_s‖ (median over the batch)", fontsize=10)
     figure.colorbar(image, ax=axes)
 
 
 # -- report.plot(): a Figure for a notebook ------------------------------------------------------
-
-Panel = Callable[[Any, Any], None]
 
 
 def report_figure(report: Any) -> Any:
@@ -162,9 +249,11 @@ def report_figure(report: Any) -> Any:
     if not panels:
         raise GradscopeError(f"report.plot(): a {report.command} report holds no numbers to "
                              "plot (explain and check reports do)", where="plot")
-    figure = ReportFigure(figsize=(6 * len(panels), 4.5))
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    figure = ReportFigure(figsize=(6 * columns, 4.5 * rows))
     for index, draw in enumerate(panels, start=1):
-        draw(figure, figure.add_subplot(1, len(panels), index))
+        draw(figure, figure.add_subplot(rows, columns, index))
     figure.suptitle(_title(report))
     figure.tight_layout()
     return figure
@@ -204,13 +293,7 @@ def _panels(report: Any) -> list[Panel]:
         panels.append(lambda figure, axes: _weight_norms(axes, norms))
         keras_flow = report.gradient_flow
         if keras_flow is not None and keras_flow.sequences:
-            panels.append(lambda figure, axes: _keras_flow_curves(axes, keras_flow))
-            mapped = [(i, i.influence_map) for i in keras_flow.influence
-                      if i.influence_map is not None]
-            if mapped:
-                first, heat = mapped[0]
-                panels.append(lambda figure, axes: _heatmap(
-                    figure, axes, heat, len(first.influence), first.source))
+            panels += _keras_panels(keras_flow, _mapped(keras_flow)[:PLOT_CALLS])
         if report.state_jacobians is not None and report.state_jacobians.entries:
             jacobians = report.state_jacobians.entries
             panels.append(lambda figure, axes: _spectrum(axes, jacobians))
@@ -241,6 +324,7 @@ def _keras_flow_curves(axes: Any, flow: KerasFlowSection) -> None:
                       xy=(0.02, 0.03 + 0.06 * k), xycoords="axes fraction",
                       fontsize=7, color="tab:red")
     axes.set_xlabel("time step t")
+    axes.xaxis.set_major_locator(_integer_ticks())
     axes.set_title("gradient norms over time (‖∂L/∂h_t‖ with the recurrence)")
     axes.legend(fontsize=7)
 

@@ -15,6 +15,7 @@ from gradscope.report.keras_text import (
     render_keras_explain,
     render_keras_shapes,
 )
+from gradscope.report.layout import Trimmed
 from gradscope.report.models import (
     CheckReport,
     DiffReport,
@@ -49,6 +50,7 @@ RENDERERS: dict[type, Callable[[Any, int], list[RenderableType]]] = {
 
 
 def print_report(console: Console, report: Report) -> None:
+    """``report`` drawn on ``console`` at its width, no line ending in a space."""
     parts = RENDERERS[type(report)](report, console.width)
     for part in parts:
-        console.print(part)
+        console.print(Trimmed(part))
