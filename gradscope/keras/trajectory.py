@@ -85,23 +85,26 @@ def _step(engine: Any, layer: Any) -> Any:
     return step
 
 
-def lyapunov_logs(engine: Any, path: Trajectory, count: int) -> np.ndarray:
-    """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I; J_t·Q_{t−1} = Q_t·R_t, J_t
-    applied by forward mode through one step of the cell (the ``count`` columns folded into
-    the batch); a masked step keeps Q (J = I there) and adds 0."""
+def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0) -> np.ndarray:
+    """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I (with fewer columns than
+    states: ``count`` orthonormal columns drawn from ``seed``, so that no column starts inside
+    a subspace the steps keep to themselves); J_t·Q_{t−1} = Q_t·R_t, J_t applied by forward
+    mode through one step of the cell (the ``count`` columns folded into the batch); a masked
+    step keeps Q (J = I there) and adds 0."""
     tf = engine.tf
     step = _step(engine, path.layer)
     widths, size = path.widths, path.size
     dtype = path.layer.cell.compute_dtype
+    start = (np.eye(size, count) if count >= size else
+             np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def scan(x: Any, ran: Any, previous: list[Any]) -> Any:
+    def scan(x: Any, ran: Any, previous: list[Any], start: Any) -> Any:
         batch = tf.shape(x)[0]
         x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
         ran_tm = tf.transpose(ran, [1, 0])
         prev_tm = [tf.transpose(tf.cast(p, dtype), [1, 0, 2]) for p in previous]
-        eye = tf.eye(size, count, dtype=dtype)
-        q0 = tf.tile(eye[None], [batch, 1, 1])
+        q0 = tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1])
         repeats = [count] + [1] * (len(x.shape) - 2)
 
         def body(carry: tuple[Any, Any], elems: tuple[Any, ...]) -> tuple[Any, Any]:
@@ -131,7 +134,8 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int) -> np.ndarray:
 
     with native_stderr_silenced(), without_grappler():
         found = scan(tf.convert_to_tensor(path.x), tf.convert_to_tensor(path.ran),
-                     [tf.convert_to_tensor(p) for p in path.previous])
+                     [tf.convert_to_tensor(p) for p in path.previous],
+                     tf.convert_to_tensor(start))
     return np.asarray(found, np.float64)
 
 
