@@ -22,8 +22,9 @@ from gradscope.keras.trajectory import Trajectory
 STEPS, EXAMPLES = 8, 8
 #: The first window, in steps before t.
 FIRST_WINDOW = 16
-#: The most numbers of ∂h_t/∂x (rows × window × features) one window holds.
-WINDOW_NUMBERS = 2**25
+#: The most numbers one window's backward pass holds: per row and step, the input, its
+#: gradient and what the cell keeps for the backward pass (about 10 numbers per state number).
+WINDOW_NUMBERS = 2**26
 
 
 @dataclass
@@ -56,12 +57,14 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     layer = path.layer
     backwards = bool(getattr(layer, "go_backwards", False))
     batch, steps = path.ran.shape
-    examples = _evenly(batch, EXAMPLES)
-    ts = _evenly(steps, STEPS, start=steps // 2)
     units = output_width(layer, path)
     features = int(np.prod(path.x.shape[2:]))
-    rows = len(examples) * units
-    budget = max(1, WINDOW_NUMBERS // max(rows * features, 1))
+    per_step = units * (2 * features + 10 * path.size)  # one example, one window step
+    # as many examples (up to EXAMPLES) as the first window affords, at least one
+    examples = _evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (per_step *
+                                                                    (FIRST_WINDOW + 1)))))
+    ts = _evenly(steps, STEPS, start=steps // 2)
+    budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
 
     @tf.function(autograph=False, reduce_retracing=True)
