@@ -179,6 +179,53 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
                 timings)
 
 
+def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
+             sample_weight: Any = None, exponents: int | None = None,
+             max_memory: int | str | None = None, timings: bool = False,
+             progress: Callable[[str], None] | None = None,
+             **keras_options: Any) -> reports.DiagnoseReport:
+    """Why the gradients of each recurrent call vanish or explode, measured on the batch.
+
+    Every recurrent call is stepped through the cell the model holds, along the batch's own
+    trajectory: the spectral norm of each step Jacobian, the Lyapunov spectrum, the gates and
+    unit timescales (GRU, LSTM), the memory horizon (measured and predicted from λ₁), where
+    ∂L/∂s_t grows, the optimizer's clipping, and a verdict in words (docs/diagnose.md).
+
+    Args:
+        model: A Keras model: a saved ``model.keras`` path or the model object. (A YAML
+            config is not yet diagnosed.)
+        data, x, y, sample_weight, max_memory, timings, progress, **keras_options: As for
+            :func:`explain`.
+        exponents: How many Lyapunov exponents (default 8; every one when the state has at
+            most 32 numbers).
+
+    Returns:
+        The report: ``report.layers`` one entry per recurrent call (per direction of a
+        Bidirectional), each with its ``verdict``; ``report.to_dict()`` is the ``--json``
+        document.
+
+    Raises:
+        ConfigError: a YAML config, an option the model does not take, or a model gradscope
+            cannot read.
+        DataError: an array that does not fit the model.
+
+    Example:
+        >>> report = gradscope.diagnose("model.keras")  # doctest: +SKIP
+        >>> print(report.layers[0].verdict)  # doctest: +SKIP
+        lstm: vanishing: 100% of forget-gate values below 0.1, median τ 0.2 steps, so …
+    """
+    if not front.wing(model).__name__.startswith("gradscope.keras."):
+        from gradscope.errors import ConfigError
+
+        shown = "the seed model" if model is None else (
+            str(model) if isinstance(model, str | PathLike) else "a YAML spec")
+        raise ConfigError(f"{shown}: diagnose is not yet for YAML configs; give a saved "
+                          "MODEL.keras or a Keras model object", where=None)
+    options = {"exponents": exponents, **keras_options}
+    return front.run("diagnose", model, data, x, y, sample_weight, options, max_memory,
+                     progress, timings)
+
+
 def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None, *,
                     x: Any = None, y: Any = None, across_time: bool = False,
                     chunks: int | None = None, examples: int | str | None = None,
@@ -331,5 +378,5 @@ def diff(base: Any, new: Any, rtol: float | None = None) -> reports.DiffReport:
     return front.drawn(_diff(base, new, DEFAULT_RTOL if rtol is None else rtol))
 
 
-__all__ = ["__version__", "check", "diff", "explain", "infer_spec", "load_model", "load_spec",
-           "shapes", "watch"]
+__all__ = ["__version__", "check", "diagnose", "diff", "explain", "infer_spec", "load_model",
+           "load_spec", "shapes", "watch"]

@@ -519,6 +519,61 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
 
 
+DIAGNOSE_EPILOG = """\b
+Exit codes:
+  0  the diagnosis is made (whatever it finds: a vanishing or exploding
+     layer is an answer, as explain's flags are)
+  1  gradscope disagreed with itself (an internal error)
+  2  usage, config or data error, or a YAML config (not yet diagnosed)
+"""
+
+
+@cli.command(epilog=DIAGNOSE_EPILOG)
+@click.argument("config", metavar="MODEL.keras", required=False,
+                shell_complete=_complete_path)
+@click.option("--exponents", type=click.IntRange(min=1), metavar="K",
+              help="How many Lyapunov exponents, largest first (default 8; every one when "
+                   "the state has at most 32 numbers).")
+@data_options
+@keras_options
+@user_code_options
+@memory_option
+@output_options
+@click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
+def diagnose(config: str | None, exponents: int | None, data_files: DataFiles,
+             keras_run: dict[str, Any], max_memory: str | None, as_json: bool,
+             output: Path | None, force: bool, quiet: bool, timings: bool,
+             user_code: tuple[tuple[str, ...], bool]) -> int:
+    """Why the gradients of each recurrent layer vanish or explode, measured.
+
+    Each recurrent call of MODEL.keras is stepped through the cell the model holds,
+    along the batch's own trajectory: the spectral norm of each step Jacobian, the
+    Lyapunov spectrum (QR along the trajectory), the gates and unit timescales (GRU,
+    LSTM), the memory horizon (measured, and predicted from λ₁), where ∂L/∂s_t grows,
+    what the optimizer's clipping does to this batch, and a verdict in words. See
+    docs/diagnose.md for how to read it.
+
+    \b
+    Example:
+      gradscope diagnose model.keras
+      gradscope diagnose model.keras --data batch.npz --json
+    """
+    preflight.check_force(force, {"-o": output})
+    preflight.check_output(output, force, as_json)
+    if config is None or not str(config).endswith(".keras"):
+        shown = config or "the seed model"
+        raise GradscopeError(f"{shown}: diagnose is not yet for YAML configs; give a saved "
+                             "MODEL.keras", where=config)
+    source = _model_source(config, user_code)
+    progress = _stderr_console(quiet=quiet)
+    with progress.status("gradscope diagnose", spinner="dots") as status:
+        report = gradscope.diagnose(source, data=data_files, exponents=exponents,
+                                    max_memory=max_memory, timings=timings,
+                                    progress=status.update, **keras_run)
+    _emit(report, as_json, output, force)
+    return EXIT_OK
+
+
 @cli.command("spec", epilog=EXIT_CODES_HELP)
 @click.argument("path", shell_complete=_complete_path)
 @user_code_options

@@ -94,6 +94,8 @@ class KerasCommand:
     #: check: at most this many examples (None: all), and those chosen.
     examples: int | None = DEFAULT_EXAMPLES
     chosen: CheckedExamples | None = None
+    #: diagnose: how many Lyapunov exponents (None: the default).
+    exponents: int | None = None
     after_autodiff: Callable[[Any], None] | None = field(default=None, compare=False)
 
 
@@ -117,8 +119,10 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
             raise ConfigError(f"{flag(name)} is for YAML configs; {reason}", where=flag(name))
     check_witness_options(options.get("directions"), options.get("rtol"), options.get("atol"))
     taken = ("flow", "jacobians", "chunks", "at", "heatmap", "directions", "rtol", "atol",
-             "after_autodiff")
+             "after_autodiff", "exponents")
     own: dict[str, Any] = {name: options.pop(name) for name in taken if name in options}
+    if own.get("exponents") is not None:
+        whole(own, "exponents", smallest=1)
     if own.get("at") is not None:
         whole(own, "at", smallest=0)
     if own.get("chunks") is not None:
@@ -187,7 +191,9 @@ def estimate(prepared: KerasCommand, across_time: bool = False) -> dict[str, int
     from gradscope.keras.memory import estimate as _estimate
 
     checked = prepared.chosen.checked if prepared.chosen is not None else None
-    return _estimate(prepared.job, prepared.command, checked, prepared.chunks)
+    # diagnose keeps what explain keeps, one recurrent call's stepping at a time beside it.
+    command = "explain" if prepared.command == "diagnose" else prepared.command
+    return _estimate(prepared.job, command, checked, prepared.chunks)
 
 
 def guard(prepared: KerasCommand, limit: int | None) -> None:
@@ -198,6 +204,11 @@ def guard(prepared: KerasCommand, limit: int | None) -> None:
 
 def run(prepared: KerasCommand, progress: Callable[[str], None] | None,
         timings: bool) -> Any:
+    if prepared.command == "diagnose":
+        from gradscope.keras.diagnose import diagnose
+
+        return diagnose(prepared.job, progress=progress, timings=timings,
+                        exponents=prepared.exponents)
     if prepared.command == "explain":
         from gradscope.keras.explain import explain
 

@@ -28,6 +28,7 @@ from gradscope.report.layout import (
     warning,
 )
 from gradscope.report.models import (
+    DiagnoseReport,
     KerasCarry,
     KerasCheckReport,
     KerasExplainReport,
@@ -138,7 +139,7 @@ def _inputs(inputs: list[KerasTensorSpec]) -> str:
     return ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in inputs)
 
 
-def header(report: KerasExplainReport | KerasCheckReport,
+def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
            command: str = "explain") -> list[RenderableType]:
     model, loss = report.model, report.loss
     value = "n/a" if loss.value is None else f"{loss.value:.6g}"

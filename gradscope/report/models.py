@@ -746,6 +746,141 @@ class KerasCheckReport(_KerasRun):
     timings: dict[str, float] | None = None
 
 
+# -- gradscope diagnose: the dynamics of every recurrent call --------------------------------
+
+
+class JacobianNorm(_Report):
+    """The spectral norm of each step Jacobian J_t = ∂s_t/∂s_{t−1} (s: every state joined)."""
+
+    median: float = Field(description="the median over every step that ran, of every example")
+    max: float = Field(description="the largest, over every step and example")
+    share_above_1: float = Field(description="the share of (example, step) pairs with "
+                                 "‖J_t‖₂ > 1")
+    steps_median: list[float | None] = Field(
+        description="per step (processing order): the median over the examples; null where "
+                    "no example ran the step")
+    steps_max: list[float | None] = Field(description="per step: the largest over the "
+                                          "examples")
+    method: str
+
+
+class GateShares(_Report):
+    below_0_1: float = Field(description="share of the gate's values below 0.1 (over "
+                             "examples, steps and units)")
+    above_0_9: float = Field(description="share of the gate's values above 0.9")
+
+
+class SaturatedUnit(_Report):
+    unit: int
+    share: float = Field(description="share of its keep-gate values below 0.1 or above 0.9")
+    mean_keep: float = Field(description="its mean keep-gate value")
+
+
+class Timescales(_Report):
+    """τ_j = −1/ln(mean keep gate of unit j), in steps, over the units."""
+
+    median: float | None = Field(description="null: infinite (a keep gate of 1 on average)")
+    p10: float | None
+    p90: float | None
+    keep_gate: str = Field(description="forget (LSTM) or update (Keras GRU)")
+
+
+class Horizon(_Report):
+    """How many steps back an input still reaches the state: ‖∂h_t/∂x_{t−k}‖ against
+    ‖∂h_t/∂x_t‖, 10⁻³."""
+
+    measured: int | None = Field(
+        description="the smallest lag k whose median ratio (over the steps t and examples "
+                    "measured) is below 10⁻³; null: not within the window")
+    predicted: float | None = Field(description="ln(10³)/|λ₁| when λ₁ < 0, else null")
+    agreement: str | None = Field(description="how far the two agree, e.g. 'within 1.3×'")
+    window: int = Field(description="the lags measured: 0 to window")
+    ratios: list[float | None] = Field(description="per lag: the median ratio")
+    steps: list[int] = Field(description="the steps t measured (processing order)")
+    examples: list[int] = Field(description="the examples measured")
+
+
+class GrowingExample(_Report):
+    example: int
+    ratio: float = Field(description="how much of ∂L/∂s the recurrence carries back from the "
+                         "last step to the first in this example (> 1: it grows)")
+
+
+class Exploding(_Report):
+    """Where ‖∂L/∂s_t‖ grows as the recurrence carries it back a step."""
+
+    growing_share: float | None = Field(
+        description="share of (example, step) pairs where the carried part of ∂L/∂s_t is "
+                    "larger than ∂L/∂s_(t+1)")
+    growing_steps: list[int] = Field(description="steps (processing order) where the batch's "
+                                     "carried gradient grows, largest growth first (at most 20)")
+    growing_step_count: int
+    examples: list[GrowingExample] = Field(description="examples whose gradient the "
+                                           "recurrence carries back grown, largest first "
+                                           "(at most 10)")
+
+
+class Counterfactual(_Report):
+    change: str
+    horizon: int | None
+    lyapunov_1: float | None
+
+
+class DiagnosedLayer(_Report):
+    layer: str = Field(description="the Keras layer")
+    call: str = Field(description="the call, as the reports name it: the layer, its call "
+                      "index (decoder[1]), a Bidirectional's direction (both/forward)")
+    class_name: str
+    cell: str
+    steps: int
+    state_size: int = Field(description="numbers in the state s (h and c joined)")
+    backwards: bool = Field(default=False, description="processing order: t = 0 is the last "
+                            "input step")
+    lyapunov: list[float] = Field(description="the top exponents, nats per step, largest "
+                                  "first")
+    lyapunov_change: float | None = Field(
+        description="the largest change of an exponent over the last quarter of the steps "
+                    "(how well they converged)")
+    jacobian_norm: JacobianNorm
+    gates: dict[str, GateShares] | None = Field(
+        description="per gate (input, forget, output; update, reset); null: see gates_note")
+    gates_note: str | None = None
+    saturated_units: list[SaturatedUnit] = Field(default_factory=list, description="the "
+                                                 "units whose keep gate saturates most")
+    timescales: Timescales | None
+    horizon: Horizon
+    exploding: Exploding | None
+    counterfactuals: list[Counterfactual] = Field(
+        default_factory=list, description="each a copy of the model with one change, "
+        "diagnosed again (coming: empty in this version)")
+    mechanism: Literal["vanishing", "exploding", "holds"]
+    verdict: str
+
+
+class Clipping(_Report):
+    """What the compiled optimizer's clipping does to this batch's gradient."""
+
+    optimizer: str | None
+    setting: str | None = Field(description="clipnorm=…, global_clipnorm=… or clipvalue=…; "
+                                "null: none")
+    effect: str
+
+
+class DiagnoseReport(_KerasRun):
+    """``gradscope diagnose MODEL.keras``: why gradients vanish or explode, per recurrent
+    call."""
+
+    command: Literal["diagnose"] = "diagnose"
+    layers: list[DiagnosedLayer]
+    not_diagnosed: list[KerasNotAnalysed]
+    gradient_norm: float | None = Field(description="the batch's global gradient norm, over "
+                                        "every trainable weight")
+    clipping: Clipping
+    method: list[str]
+    warnings: list[str]
+    timings: dict[str, float] | None = None
+
+
 # -- during training: the GradientFlow callback and `gradscope watch` ---------------------------
 
 
@@ -846,14 +981,15 @@ class DiffReport(_CommandReport):
 
 #: Every report a command or the API returns.
 Report = (ShapesReport | ExplainReport | CheckReport | LayerCheckReport | KerasShapesReport
-          | KerasExplainReport | KerasCheckReport | FlowHistoryReport | DiffReport)
+          | KerasExplainReport | KerasCheckReport | FlowHistoryReport | DiffReport
+          | DiagnoseReport)
 
 REPORTS: dict[str, type[_Report]] = {
     "spec": SpecInference,
     "explain": ExplainReport, "shapes": ShapesReport, "check": CheckReport,
     "explain-keras": KerasExplainReport, "shapes-keras": KerasShapesReport,
     "check-keras": KerasCheckReport, "check-layer": LayerCheckReport,
-    "watch": FlowHistoryReport, "diff": DiffReport,
+    "watch": FlowHistoryReport, "diff": DiffReport, "diagnose": DiagnoseReport,
 }
 
 

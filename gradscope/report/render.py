@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
+from gradscope.report.diagnose_text import render_diagnose
 from gradscope.report.diff_text import render_diff
 from gradscope.report.history_text import render_history
 from gradscope.report.keras_text import (
@@ -18,6 +19,7 @@ from gradscope.report.keras_text import (
 from gradscope.report.layout import Trimmed
 from gradscope.report.models import (
     CheckReport,
+    DiagnoseReport,
     DiffReport,
     ExplainReport,
     FlowHistoryReport,
@@ -46,6 +48,7 @@ RENDERERS: dict[type, Callable[[Any, int], list[RenderableType]]] = {
     KerasCheckReport: render_keras_check,
     FlowHistoryReport: render_history,
     DiffReport: render_diff,
+    DiagnoseReport: render_diagnose,
 }
 
 

@@ -1,0 +1,186 @@
+"""The dynamics of a recurrence, from numbers either wing measures: Lyapunov exponents from the
+log-diagonals of QR re-orthonormalisation (Benettin's method), the memory horizon from
+influence ratios and from λ₁, unit timescales from keep gates, and the verdict in words.
+
+NumPy only: it imports neither wing. ``gradscope diagnose`` (docs/diagnose.md) reads a layer
+with these functions after its wing has stepped the layer's own cell along the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The factor the memory horizon is measured at: influence 10⁻³ of the step's own.
+HORIZON_FACTOR = 1e3
+#: λ₁ above this (nats per step) grows a perturbation by 1% or more per step: exploding.
+EXPLODING_EXPONENT = 0.01
+#: A gate value below or above these counts as saturated (Karpathy et al. 2015).
+LOW, HIGH = 0.1, 0.9
+#: The keep gate is named as the mechanism when at least this share of it is saturated.
+BLAMED = 0.5
+
+
+def lyapunov_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> tuple[np.ndarray,
+                                                                               float | None]:
+    """The exponents, largest first, and how far they moved over the last quarter of the steps.
+
+    Args:
+        log_diagonals: (B, T, k) log|R_t[i, i]| of each step's QR (0 where a step did not
+            run: a masked step keeps its state, J = I).
+        ran: (B, T) True where the step ran.
+
+    Returns:
+        λ (k,) in nats per step: per example the mean over the steps it ran, then the mean over
+        the examples; and the largest change of any λ_i between the estimate at three
+        quarters of the steps and the final one (None with fewer than 4 steps).
+    """
+    logs = np.asarray(log_diagonals, np.float64)
+    counted = np.asarray(ran, bool)
+    steps = logs.shape[1]
+
+    def estimate(upto: int) -> np.ndarray:
+        runs = counted[:, :upto].sum(axis=1)
+        keep = runs > 0
+        if not keep.any():
+            return np.zeros(logs.shape[2])
+        sums = logs[:, :upto].sum(axis=1)
+        return (sums[keep] / runs[keep, None]).mean(axis=0)
+
+    final = estimate(steps)
+    order = np.argsort(-final, kind="stable")
+    change = (None if steps < 4 else
+              float(np.max(np.abs(final - estimate((3 * steps) // 4)))))
+    return final[order], change
+
+
+def predicted_horizon(largest: float | None) -> float | None:
+    """Steps for a perturbation to shrink by :data:`HORIZON_FACTOR` at the rate λ₁ (None
+    unless λ₁ < 0)."""
+    if largest is None or not largest < 0:
+        return None
+    return float(np.log(HORIZON_FACTOR) / -largest)
+
+
+def median_ratios(ratios: np.ndarray) -> np.ndarray:
+    """Per lag k, the median over steps t and examples of ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖.
+
+    Args:
+        ratios: (N, K) one row per (t, example), NaN where the lag reaches before step 0 or
+            the step's own influence is 0.
+
+    Returns:
+        (K,) the medians (NaN where no row has the lag).
+    """
+    values = np.asarray(ratios, np.float64)
+    out = np.full(values.shape[1], np.nan)
+    for lag in range(values.shape[1]):
+        column = values[:, lag]
+        column = column[np.isfinite(column)]
+        if column.size:
+            out[lag] = float(np.median(column))
+    return out
+
+
+def measured_horizon(medians: np.ndarray) -> int | None:
+    """The smallest lag whose median ratio is below 1/:data:`HORIZON_FACTOR` (None: none is,
+    within the lags measured)."""
+    below = np.nonzero(np.asarray(medians) < 1 / HORIZON_FACTOR)[0]
+    return int(below[0]) if below.size else None
+
+
+def agreement(measured: int | None, predicted: float | None) -> str | None:
+    """How far the two horizons agree, in words ("within 1.3×"); None unless both exist."""
+    if measured is None or predicted is None or measured <= 0 or predicted <= 0:
+        return None
+    factor = max(measured, predicted) / min(measured, predicted)
+    return f"within {factor:.2f}×"
+
+
+def timescales(mean_keep: np.ndarray) -> np.ndarray:
+    """τ_j = −1/ln(mean keep gate of unit j), in steps (Tallec and Ollivier 2018): inf where
+    the gate is 1 on average, 0 where it is 0."""
+    keep = np.clip(np.asarray(mean_keep, np.float64), 0.0, 1.0)
+    with np.errstate(divide="ignore"):
+        logs = np.log(keep)
+    out = np.full(keep.shape, np.inf)
+    finite = logs < 0
+    out[finite] = -1.0 / logs[finite]
+    return out
+
+
+def quantile(values: np.ndarray, q: float) -> float | None:
+    """The q-quantile of ``values`` (None where it is infinite: a unit that never forgets)."""
+    found = float(np.quantile(np.asarray(values, np.float64), q))
+    return found if np.isfinite(found) else None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one layer's verdict is made of (every number measured on the batch)."""
+
+    name: str
+    steps: int
+    largest: float | None
+    measured: int | None
+    window: int
+    predicted: float | None
+    share_above_1: float | None
+    keep_gate: str | None = None  # "forget" or "update"
+    keep_below: float | None = None
+    keep_above: float | None = None
+    median_tau: float | None = None
+    growing: float | None = None
+
+
+def mechanism(evidence: Evidence) -> str:
+    """"exploding", "vanishing" or "holds" (gradients neither fade within the steps nor
+    grow)."""
+    if evidence.largest is not None and evidence.largest > EXPLODING_EXPONENT:
+        return "exploding"
+    fades = evidence.measured if evidence.measured is not None else evidence.predicted
+    if fades is not None and fades < evidence.steps:
+        return "vanishing"
+    return "holds"
+
+
+def _steps(value: float) -> str:
+    return f"{value:.2g} step" + ("" if value == 1 else "s")
+
+
+def verdict(evidence: Evidence) -> str:
+    """The verdict in words, naming the mechanism with the layer's own numbers."""
+    kind = mechanism(evidence)
+    e = evidence
+    gate = ""
+    if e.keep_gate is not None and e.keep_below is not None and e.keep_below >= BLAMED:
+        tau = (f", median τ {_steps(e.median_tau)}" if e.median_tau is not None
+               else ", median τ unbounded")
+        gate = f"{e.keep_below:.0%} of {e.keep_gate}-gate values below {LOW}{tau}"
+    horizon = (f"measured {e.measured}" if e.measured is not None
+               else f"measured more than {e.window}")
+    horizon += f", predicted {e.predicted:.2g}" if e.predicted is not None else ""
+    if kind == "exploding":
+        assert e.largest is not None
+        parts = [f"λ₁ = {e.largest:+.3g} per step, so a gradient grows about "
+                 f"{np.exp(e.largest):.3g}× per step carried back"]
+        if e.share_above_1 is not None:
+            parts.append(f"‖J_t‖ > 1 on {e.share_above_1:.0%} of steps")
+        if e.growing is not None:
+            parts.append(f"‖∂L/∂h_t‖ grows going back on {e.growing:.0%} of steps")
+        if e.keep_above is not None and e.keep_above >= BLAMED:
+            parts.append(f"{e.keep_above:.0%} of {e.keep_gate}-gate values above {HIGH}")
+        return f"{e.name}: exploding: " + "; ".join(parts)
+    if kind == "vanishing":
+        fades = e.measured if e.measured is not None else e.predicted
+        assert fades is not None
+        lead = f"{gate}, so gradients" if gate else (
+            f"λ₁ = {e.largest:+.3g} per step, so gradients" if e.largest is not None
+            else "gradients")
+        return (f"{e.name}: vanishing: {lead} fade by 10³ within about {_steps(fades)} "
+                f"({horizon}) of the {e.steps} steps")
+    lead = f"λ₁ = {e.largest:+.3g} per step" if e.largest is not None else "λ₁ unknown"
+    return (f"{e.name}: holds: {lead}; the influence of an input stays above 10⁻³ of its "
+            f"own step's over the lags measured ({horizon}), neither vanishing within the "
+            f"{e.steps} steps nor exploding")

@@ -1,0 +1,243 @@
+"""``gradscope diagnose MODEL.keras``: why the gradients of each recurrent call vanish or
+explode, measured on the batch's own trajectory through the cell the model holds.
+
+Keras runs the model once under its tape (the loss, the gradients, each call's input, mask and
+initial state); each recurrent call is stepped through its own cell
+(:mod:`~gradscope.keras.stepped`, held to Keras' outputs), then read: the Lyapunov spectrum and
+the step Jacobians (:mod:`~gradscope.keras.trajectory`), the gates (:mod:`~gradscope.keras.gates`),
+the memory horizon (:mod:`~gradscope.keras.horizon`) and where ∂L/∂s_t grows. The numbers
+become words in :mod:`gradscope.dynamics`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope import dynamics
+from gradscope.keras.engine import call_label, class_label
+from gradscope.report.models import (
+    DiagnosedLayer,
+    DiagnoseReport,
+    Exploding,
+    GateShares,
+    GrowingExample,
+    Horizon,
+    JacobianNorm,
+    KerasNotAnalysed,
+    SaturatedUnit,
+    Timescales,
+)
+from gradscope.timing import Clock, Progress
+
+#: Top exponents by default; every one when the state has at most this many numbers.
+EXPONENTS, ALL_EXPONENTS = 8, 32
+
+METHOD = [
+    "every recurrent call is stepped through the cell the model holds, along the batch's own "
+    "trajectory, after its outputs are held to Keras' own; s is every state joined ([h, c] "
+    "for an LSTM)",
+    "Lyapunov exponents: QR re-orthonormalisation along the trajectory (Benettin's method): "
+    "Q_0 = I, J_t·Q_(t−1) = Q_t·R_t, λ_i the mean of log|R_t[i, i]| over the steps each "
+    "example ran, then over the examples; J_t·Q by forward mode through one step",
+    "horizon measured: the smallest lag k at which the median over steps t and examples of "
+    "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell; predicted: "
+    "ln(10³)/|λ₁| when λ₁ < 0",
+    "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
+    "against ∂L/∂s_(t+1), per example and step",
+]
+
+
+def is_recurrent(engine: Any, call: Any) -> bool:
+    from gradscope.keras.flow import RECURRENT_CLASSES
+
+    kind = class_label(engine.operation(call.layer))
+    return call.class_name in RECURRENT_CLASSES or (kind == "RNN" and bool(call.states))
+
+
+def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
+             exponents: int | None = None) -> DiagnoseReport:
+    """Every recurrent call of ``job``'s model, diagnosed on its batch.
+
+    Args:
+        job: A :class:`~gradscope.keras.explain.KerasJob`.
+        progress: Hears each phase as it starts.
+        timings: Add the seconds each phase took.
+        exponents: How many Lyapunov exponents (default 8; all when the state has at most 32
+            numbers).
+
+    Returns:
+        The report.
+    """
+    from gradscope.keras.clipping import clipping, global_norm
+    from gradscope.keras.data import batch_targets
+    from gradscope.keras.engine import KerasEngine
+    from gradscope.keras.explain import loss_entry, model_entry
+    from gradscope.keras.stepped import step_call
+
+    say = progress or (lambda message: None)
+    clock = Clock()
+    say("importing TensorFlow and loading the model (safe_mode)")
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
+    clock.lap("load")
+    targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
+                            job.seed)
+    say("running the model forward and backward under the tape")
+    result = engine.run(job.batch.inputs, targets, watch_outputs=True,
+                        sample_weight=job.batch.sample_weight)
+    clock.lap("forward_backward")
+    layers: list[DiagnosedLayer] = []
+    skipped: list[KerasNotAnalysed] = []
+    for call in result.calls:
+        if not is_recurrent(engine, call):
+            continue
+        label = call_label(call.layer, call.index)
+        say(f"{label}: stepping its cell along the batch")
+        upstream = result.output_gradients.get(label)
+        stepped = step_call(engine, call, upstream, engine.training)
+        if isinstance(stepped, str):
+            skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
+            continue
+        for index in range(len(stepped.directions)):
+            found = _direction(engine, stepped, index, exponents, say)
+            if isinstance(found, str):
+                skipped.append(KerasNotAnalysed(layer=stepped.directions[index].label,
+                                                reason=found))
+            else:
+                layers.append(found)
+        clock.lap(f"diagnose {label}")
+    trained = {p: g for p, g in result.gradients.items() if g is not None}
+    warnings = []
+    if not any(is_recurrent(engine, c) for c in result.calls):
+        warnings.append("the model has no recurrent layer call: nothing to diagnose")
+    report = DiagnoseReport(
+        model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=layers,
+        not_diagnosed=skipped, gradient_norm=global_norm(trained),
+        clipping=clipping(job.graph.compile_config, trained, job.model), method=METHOD,
+        warnings=warnings)
+    if timings:
+        report = report.model_copy(update={"timings": clock.laps()})
+    return report
+
+
+def _dropout(layer: Any, training: bool) -> bool:
+    cell = layer.cell
+    return training and bool(getattr(cell, "dropout", 0) or getattr(cell, "recurrent_dropout", 0))
+
+
+def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
+               say: Progress) -> DiagnosedLayer | str:
+    """One direction of a stepped call, diagnosed; or why it cannot be."""
+    from gradscope.keras.gates import known_gates, read_gates
+    from gradscope.keras.horizon import measure
+    from gradscope.keras.trajectory import lyapunov_logs, step_norms, trajectory
+
+    direction = stepped.directions[index]
+    layer = direction.layer
+    if _dropout(layer, engine.training):
+        return "dropout in training mode: not yet diagnosed (run in inference mode)"
+    path = trajectory(stepped, index)
+    if isinstance(path, str):
+        return path
+    size = path.size
+    count = size if size <= ALL_EXPONENTS and exponents is None else min(
+        exponents or EXPONENTS, size)
+    label = direction.label
+    say(f"{label}: Lyapunov exponents (QR along the trajectory)")
+    logs = lyapunov_logs(engine, path, count)
+    spectrum, change = dynamics.lyapunov_exponents(logs, path.ran)
+    say(f"{label}: the norm of every step Jacobian")
+    grid, method = step_norms(engine, path, seed=0)
+    norms = JacobianNorm(
+        median=float(np.nanmedian(grid)), max=float(np.nanmax(grid)),
+        share_above_1=float(np.mean(grid[path.ran] > 1)),
+        steps_median=_per_step(grid, np.nanmedian), steps_max=_per_step(grid, np.nanmax),
+        method=method)
+    say(f"{label}: gates")
+    why_not = known_gates(layer, engine.training)
+    gates = timescales = None
+    saturated: list[SaturatedUnit] = []
+    if why_not is None:
+        reading = read_gates(engine, path)
+        gates = {name: GateShares(below_0_1=reading.below[name], above_0_9=reading.above[name])
+                 for name in reading.below}
+        taus = dynamics.timescales(reading.mean_keep)
+        timescales = Timescales(median=dynamics.quantile(taus, 0.5),
+                                p10=dynamics.quantile(taus, 0.1),
+                                p90=dynamics.quantile(taus, 0.9), keep_gate=reading.keep)
+        order = np.argsort(-reading.saturated, kind="stable")[:5]
+        saturated = [SaturatedUnit(unit=int(u), share=float(reading.saturated[u]),
+                                   mean_keep=float(reading.mean_keep[u]))
+                     for u in order if reading.saturated[u] > 0]
+    say(f"{label}: the memory horizon, measured")
+    measured = measure(engine, path, stepped.call.mask)
+    largest = float(spectrum[0]) if len(spectrum) else None
+    predicted = dynamics.predicted_horizon(largest)
+    horizon = Horizon(measured=measured.horizon, predicted=predicted,
+                      agreement=dynamics.agreement(measured.horizon, predicted),
+                      window=measured.window,
+                      ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
+                      steps=measured.steps, examples=measured.examples)
+    exploding = _exploding(stepped, index)
+    steps = int(path.ran.shape[1])
+    keep = timescales.keep_gate if timescales is not None else None
+    evidence = dynamics.Evidence(
+        name=label, steps=steps, largest=largest, measured=measured.horizon,
+        window=measured.window, predicted=predicted, share_above_1=norms.share_above_1,
+        keep_gate=keep, keep_below=gates[keep].below_0_1 if gates and keep else None,
+        keep_above=gates[keep].above_0_9 if gates and keep else None,
+        median_tau=timescales.median if timescales is not None else None,
+        growing=exploding.growing_share if exploding is not None else None)
+    return DiagnosedLayer(
+        layer=stepped.call.layer, call=label, class_name=class_label(layer),
+        cell=class_label(layer.cell), steps=steps, state_size=size,
+        backwards=direction.backwards, lyapunov=[float(v) for v in spectrum],
+        lyapunov_change=change, jacobian_norm=norms, gates=gates, gates_note=why_not,
+        saturated_units=saturated, timescales=timescales, horizon=horizon,
+        exploding=exploding, mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
+        verdict=dynamics.verdict(evidence))
+
+
+def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
+    out: list[float | None] = []
+    for column in grid.T:
+        present = column[np.isfinite(column)]
+        out.append(float(reduce(present)) if present.size else None)
+    return out
+
+
+def _exploding(stepped: Any, index: int) -> Exploding | None:
+    """Where the carried ∂L/∂s_t grows going back a step (None: no gradient reached the
+    call)."""
+    if stepped.totals is None or stepped.direct is None:
+        return None
+    totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
+    direct = np.asarray(stepped.direct[index], np.float64)
+    above = [np.zeros_like(t) for t in totals]
+    if direct.shape == totals[0].shape:
+        above[0] = direct
+    whole = np.concatenate(totals, axis=-1)
+    carried = whole - np.concatenate(above, axis=-1)
+    axes = tuple(range(2, whole.ndim))
+    after = np.sqrt(np.sum(whole[:, 1:] ** 2, axis=axes))  # (B, T−1): ‖∂L/∂s_(t+1)‖
+    back = np.sqrt(np.sum(carried[:, :-1] ** 2, axis=axes))  # carried part at t
+    live = after > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gains = np.where(live, back / np.where(live, after, 1), np.nan)
+    share = float(np.mean(gains[live] > 1)) if live.any() else None
+    batch_after = np.sqrt(np.sum(after ** 2, axis=0))
+    batch_back = np.sqrt(np.sum(back ** 2, axis=0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        batch_gain = np.where(batch_after > 0, batch_back / batch_after, np.nan)
+    growing = np.nonzero(batch_gain > 1)[0]
+    growing = growing[np.argsort(-batch_gain[growing], kind="stable")]
+    with np.errstate(divide="ignore"):
+        logs = np.where(live & (back > 0), np.log(np.where(live & (back > 0), gains, 1)),
+                        np.where(live, -np.inf, 0.0))
+    ratios = np.exp(np.clip(np.sum(logs, axis=1), -700, 700))
+    grown = [int(e) for e in np.argsort(-ratios, kind="stable") if ratios[e] > 1][:10]
+    return Exploding(growing_share=share, growing_steps=[int(t) for t in growing[:20]],
+                     growing_step_count=int(growing.size),
+                     examples=[GrowingExample(example=e, ratio=float(ratios[e]))
+                               for e in grown])

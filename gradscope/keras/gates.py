@@ -1,0 +1,108 @@
+"""The gates of a Keras GRU or LSTM along the batch's trajectory, from the cell's own weights
+on every pair (x_t, h_{t−1}) a step ran on (time folded into the batch).
+
+Keras' layouts (keras/src/layers/rnn/gru.py, lstm.py): GRU kernel columns [z | r | h], with
+``reset_after`` a (2, 3u) bias whose row 1 adds to the recurrent part; LSTM [i | f | c | o].
+The keep gate, the share of the old state a step keeps, is f for an LSTM and z for a GRU
+(h_t = z·h_{t−1} + (1 − z)·ĥ_t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.dynamics import HIGH, LOW
+from gradscope.keras.engine import class_label
+from gradscope.keras.trajectory import FOLD_ROWS, Trajectory, folded_pairs
+
+#: Per cell class: its gates by name, as (column block, name), and its keep gate.
+GATES = {"LSTMCell": ([(0, "input"), (1, "forget"), (3, "output")], "forget"),
+         "GRUCell": ([(0, "update"), (1, "reset")], "update")}
+
+
+@dataclass
+class GateReading:
+    """Per gate, the share of its values below :data:`LOW` and above :data:`HIGH` (over
+    examples, steps and units); per unit, the mean keep gate and the share of its keep-gate
+    values that are saturated (either side)."""
+
+    below: dict[str, float]
+    above: dict[str, float]
+    keep: str
+    mean_keep: np.ndarray
+    saturated: np.ndarray
+
+
+def known_gates(layer: Any, training: bool) -> str | None:
+    """None when gradscope reads this layer's gates; else why not."""
+    cell = layer.cell
+    kind = class_label(cell)
+    if kind not in GATES:
+        return f"gates not known for this cell ({kind})"
+    if training and (getattr(cell, "dropout", None) or getattr(cell, "recurrent_dropout", None)):
+        return "gates not read with dropout in training mode (not yet)"
+    return None
+
+
+def _preactivations(tf: Any, cell: Any, x: Any, h: Any) -> Any:
+    """The gate pre-activations (N, blocks·u), Keras' column order."""
+    kind = class_label(cell)
+    kernel, recurrent = cell.kernel, cell.recurrent_kernel
+    if kind == "LSTMCell":
+        z = tf.matmul(x, kernel) + tf.matmul(h, recurrent)
+        return z + cell.bias if cell.use_bias else z
+    units = cell.units
+    x_part = tf.matmul(x, kernel[:, :2 * units])
+    h_part = tf.matmul(h, recurrent[:, :2 * units])
+    if cell.use_bias:
+        if cell.reset_after:
+            x_part += cell.bias[0, :2 * units]
+            h_part += cell.bias[1, :2 * units]
+        else:
+            x_part += cell.bias[:2 * units]
+    return x_part + h_part
+
+
+def read_gates(engine: Any, path: Trajectory) -> GateReading:
+    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None)."""
+    tf = engine.tf
+    cell = path.layer.cell
+    gates, keep = GATES[class_label(cell)]
+    units = int(cell.units)
+    x, previous, _ = folded_pairs(path)
+    dtype = cell.compute_dtype
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def values(x: Any, h: Any) -> Any:
+        found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
+                                                          tf.cast(h, dtype)))
+        return tf.stack([found[:, block * units:(block + 1) * units]
+                         for block, _ in gates], 0)
+
+    below = np.zeros(len(gates))
+    above = np.zeros(len(gates))
+    keep_sum = np.zeros(units)
+    saturated = np.zeros(units)
+    count = 0
+    where = [name for _, name in gates].index(keep)
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    with native_stderr_silenced(), without_grappler():
+        for first in range(0, len(x), FOLD_ROWS):
+            part = slice(first, first + FOLD_ROWS)
+            found = np.asarray(values(tf.convert_to_tensor(x[part]),
+                                      tf.convert_to_tensor(previous[0][part])), np.float64)
+            below += (found < LOW).sum(axis=(1, 2))
+            above += (found > HIGH).sum(axis=(1, 2))
+            keep_sum += found[where].sum(axis=0)
+            saturated += ((found[where] < LOW) | (found[where] > HIGH)).sum(axis=0)
+            count += found.shape[1]
+    total = max(count * units, 1)
+    names = [name for _, name in gates]
+    return GateReading(below={n: float(b / total) for n, b in zip(names, below, strict=True)},
+                       above={n: float(a / total) for n, a in zip(names, above, strict=True)},
+                       keep=keep, mean_keep=keep_sum / max(count, 1),
+                       saturated=saturated / max(count, 1))

@@ -1,0 +1,122 @@
+"""The memory horizon of one direction of a stepped call, measured: per example and for a few
+steps t, ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖ for every lag k in a window before t.
+
+Exact, through the layer's own cell: the window's steps are stepped again from the state the
+trajectory held where the window begins (h_t depends on x_s, s ≥ t − W, through those steps
+alone), with the output units folded into the batch, so one backward pass gives every row of
+∂h_t/∂x. The window doubles until the median ratio falls below 10⁻³, up to a budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.dynamics import measured_horizon, median_ratios
+from gradscope.keras.stepped import _scan
+from gradscope.keras.trajectory import Trajectory
+
+#: At most this many steps t, and examples, are measured (evenly spaced).
+STEPS, EXAMPLES = 8, 8
+#: The first window, in steps before t.
+FIRST_WINDOW = 16
+#: The most numbers one window's backward pass holds: per row and step, the input, its
+#: gradient and what the cell keeps for the backward pass (about 10 numbers per state number).
+WINDOW_NUMBERS = 2**26
+
+
+@dataclass
+class Measured:
+    """The median ratio per lag (0 to ``window``), the horizon (None: beyond the window), the
+    steps t and examples it was measured at (processing order)."""
+
+    medians: np.ndarray
+    horizon: int | None
+    window: int
+    steps: list[int]
+    examples: list[int]
+
+
+def _evenly(count: int, most: int, start: int = 0) -> list[int]:
+    return sorted({int(round(v)) for v in np.linspace(start, count - 1, min(most, count - start))})
+
+
+def output_width(layer: Any, path: Trajectory) -> int:
+    cell = layer.cell
+    size = getattr(cell, "output_size", None)
+    if isinstance(size, int):
+        return size
+    return path.widths[0]
+
+
+def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
+    """The measured horizon of ``path`` (``mask``: the call's, input order, or None)."""
+    tf, keras = engine.tf, engine.keras
+    layer = path.layer
+    backwards = bool(getattr(layer, "go_backwards", False))
+    batch, steps = path.ran.shape
+    units = output_width(layer, path)
+    features = int(np.prod(path.x.shape[2:]))
+    per_step = units * (2 * features + 10 * path.size)  # one example, one window step
+    # as many examples (up to EXAMPLES) as the first window affords, at least one
+    examples = _evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (per_step *
+                                                                    (FIRST_WINDOW + 1)))))
+    ts = _evenly(steps, STEPS, start=steps // 2)
+    budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
+    x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def window_norms(x: Any, mask: Any, initial: list[Any]) -> Any:
+        folded = tf.repeat(x, units, axis=0)
+        start = [tf.repeat(tf.cast(s, layer.cell.compute_dtype), units, axis=0)
+                 for s in initial]
+        folded_mask = None if mask is None else tf.repeat(mask, units, axis=0)
+        probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
+                  for s in start]
+        with tf.GradientTape() as tape:
+            tape.watch(folded)
+            _, outs = _scan(tf, keras, layer, folded, folded_mask, start, probes,
+                            engine.training)
+            last = tf.reshape(outs[-1], [tf.shape(folded)[0], -1])
+            picked = tf.reduce_sum(last * tf.tile(tf.eye(units, dtype=last.dtype),
+                                                  [tf.shape(x)[0], 1]))
+        grads = tf.cast(tape.gradient(picked, folded), tf.float64)
+        squares = tf.reduce_sum(grads ** 2, axis=list(range(2, len(grads.shape))))
+        squares = tf.reduce_sum(tf.reshape(squares, [tf.shape(x)[0], units, -1]), axis=1)
+        return tf.sqrt(squares)
+
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    window = min(FIRST_WINDOW, max(ts))
+    while True:
+        ratios = []
+        for t in ts:
+            first = max(0, t - window)
+            lags = t - first
+            # processing steps first..t, in input order when the layer runs backwards
+            span = (slice(steps - 1 - t, steps - first) if backwards else slice(first, t + 1))
+            initial = [p[examples, first] for p in path.previous]
+            x = x_input[examples, span]
+            part = None if mask is None else np.asarray(mask, bool)[examples, span]
+            with native_stderr_silenced(), without_grappler():
+                norms = np.asarray(window_norms(tf.convert_to_tensor(x),
+                                                None if part is None else
+                                                tf.convert_to_tensor(part),
+                                                [tf.convert_to_tensor(s) for s in initial]))
+            if backwards:
+                norms = norms[:, ::-1]  # processing order
+            own = norms[:, -1]
+            row = np.full((len(examples), window + 1), np.nan)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                found = norms[:, ::-1] / own[:, None]  # lag 0 first
+            found[~(own > 0)] = np.nan
+            row[:, :lags + 1] = found
+            ratios.append(row)
+        medians = median_ratios(np.concatenate(ratios, axis=0))
+        horizon = measured_horizon(medians)
+        if horizon is not None or window >= max(ts) or 2 * window > budget:
+            return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
+                            examples=examples)
+        window = min(2 * window, max(ts))

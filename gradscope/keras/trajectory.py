@@ -1,0 +1,215 @@
+"""One direction of a stepped recurrent call, read along the batch's own trajectory: the pairs
+(x_t, s_{t−1}) each step ran on, the Lyapunov scan (QR re-orthonormalisation, Benettin's
+method) and the spectral norm of each step Jacobian J_t = ∂s_t/∂s_{t−1}.
+
+Both run the layer's own cell, one step at a time: the Lyapunov scan in ``tf.scan`` with the
+k tangent columns folded into the batch (forward mode), the norms with time folded into the
+batch (every pair at once). s is every state concatenated ([h, c] for an LSTM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradscope.keras.stepped import Stepped
+
+#: Pairs (x_t, s_{t−1}) the step-Jacobian norms take at once.
+FOLD_ROWS = 8192
+#: Exact norms (batch_jacobian and SVD) up to this many state numbers; power iteration above.
+EXACT_STATE = 32
+#: Power iteration stops when every norm moved less than this, relatively, or at the cap.
+POWER_RTOL, POWER_STEPS = 1e-6, 60
+#: A |R_t[i, i]| below this is taken as this: a log of 0 is no exponent.
+SMALLEST_STRETCH = 1e-30
+
+
+@dataclass
+class Trajectory:
+    """One direction's steps in processing order: x (B, T, ·), the states entering each step
+    (one (B, T, w) per state), and where each step ran (B, T) (a masked step keeps its
+    state)."""
+
+    layer: Any
+    x: np.ndarray
+    previous: list[np.ndarray]
+    ran: np.ndarray
+    initial: list[np.ndarray]
+    sequences: list[np.ndarray]
+
+    @property
+    def widths(self) -> list[int]:
+        return [int(s.shape[-1]) for s in self.previous]
+
+    @property
+    def size(self) -> int:
+        return sum(self.widths)
+
+
+def trajectory(stepped: Stepped, index: int) -> Trajectory | str:
+    """Direction ``index`` of ``stepped`` as a :class:`Trajectory`, or why it is not one (a
+    state with more than one axis per example)."""
+    direction = stepped.directions[index]
+    counts = [len(d.names) for d in stepped.directions]
+    start = int(np.sum(counts[:index]))
+    call = stepped.call
+    initial = [np.asarray(s) for s in call.states[start:start + counts[index]]]
+    if any(s.ndim != 2 for s in initial):
+        return "states of more than one axis per example (a ConvLSTM's): not yet"
+    sequences = stepped.states[index]
+    previous = [np.concatenate([s0[:, None].astype(seq.dtype), seq[:, :-1]], axis=1)
+                for s0, seq in zip(initial, sequences, strict=True)]
+    x = np.asarray(call.args[0])
+    steps = x.shape[1]
+    ran = (np.ones(x.shape[:2], bool) if call.mask is None
+           else np.asarray(call.mask, bool).reshape(x.shape[0], steps))
+    if direction.backwards:
+        x, ran = x[:, ::-1], ran[:, ::-1]
+    return Trajectory(layer=direction.layer, x=np.ascontiguousarray(x), previous=previous,
+                      ran=np.ascontiguousarray(ran), initial=initial, sequences=sequences)
+
+
+def _step(engine: Any, layer: Any) -> Any:
+    """One step of the layer's cell: ``step(x_t, states)`` → the new states, flat."""
+    keras = engine.keras
+    cell = layer.cell
+    kwargs = ({"training": engine.training} if getattr(cell, "_call_has_training_arg", False)
+              else {})
+
+    def step(x_t: Any, states: list[Any]) -> list[Any]:
+        _, new = cell(x_t, list(states), **kwargs)
+        return list(keras.tree.flatten(new))
+
+    return step
+
+
+def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0) -> np.ndarray:
+    """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I (with fewer columns than
+    states: ``count`` orthonormal columns drawn from ``seed``, so that no column starts inside
+    a subspace the steps keep to themselves); J_t·Q_{t−1} = Q_t·R_t, J_t applied by forward
+    mode through one step of the cell (the ``count`` columns folded into the batch); a masked
+    step keeps Q (J = I there) and adds 0."""
+    tf = engine.tf
+    step = _step(engine, path.layer)
+    widths, size = path.widths, path.size
+    dtype = path.layer.cell.compute_dtype
+    start = (np.eye(size, count) if count >= size else
+             np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def scan(x: Any, ran: Any, previous: list[Any], start: Any) -> Any:
+        batch = tf.shape(x)[0]
+        x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
+        ran_tm = tf.transpose(ran, [1, 0])
+        prev_tm = [tf.transpose(tf.cast(p, dtype), [1, 0, 2]) for p in previous]
+        q0 = tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1])
+        repeats = [count] + [1] * (len(x.shape) - 2)
+
+        def body(carry: tuple[Any, Any], elems: tuple[Any, ...]) -> tuple[Any, Any]:
+            q, _ = carry
+            x_t, ran_t, *prev_t = elems
+            columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
+            tangents = tf.split(columns, widths, axis=1)
+            primals = [tf.tile(p, [count, 1]) for p in prev_t]
+            with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
+                new = step(tf.tile(x_t, repeats), primals)
+            moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
+            moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
+            q_new, r = tf.linalg.qr(moved)
+            diagonal = tf.linalg.diag_part(r)
+            signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
+            q_new = q_new * signs[:, None, :]
+            logs = tf.math.log(tf.maximum(tf.abs(diagonal), SMALLEST_STRETCH))
+            q_new = tf.where(ran_t[:, None, None], q_new, q)
+            logs = tf.where(ran_t[:, None], logs, tf.zeros_like(logs))
+            return q_new, logs
+
+        _, logs = tf.scan(body, (x_tm, ran_tm, *prev_tm),
+                          initializer=(q0, tf.zeros([batch, count], dtype)))
+        return tf.transpose(logs, [1, 0, 2])
+
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    with native_stderr_silenced(), without_grappler():
+        found = scan(tf.convert_to_tensor(path.x), tf.convert_to_tensor(path.ran),
+                     [tf.convert_to_tensor(p) for p in path.previous],
+                     tf.convert_to_tensor(start))
+    return np.asarray(found, np.float64)
+
+
+def folded_pairs(path: Trajectory) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Every pair (x_t, s_{t−1}) a step ran on, time folded into the batch: x (N, ·), the
+    states (N, w) each, and the (example, step) of each row (N, 2)."""
+    rows = np.argwhere(path.ran)
+    x = path.x[rows[:, 0], rows[:, 1]]
+    previous = [p[rows[:, 0], rows[:, 1]] for p in path.previous]
+    return x, previous, rows
+
+
+def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
+               seed: int = 0) -> tuple[np.ndarray, str]:
+    """The spectral norm ‖J_t‖₂ of every step that ran, (B, T), NaN where a step did not run;
+    and how it was computed. ``exact`` (default: for states of at most
+    :data:`EXACT_STATE` numbers): ``batch_jacobian`` and SVD; else power iteration on JᵀJ
+    (a JVP then a VJP of one step), until every norm moves less than :data:`POWER_RTOL`."""
+    tf = engine.tf
+    step = _step(engine, path.layer)
+    widths, size = path.widths, path.size
+    exact = size <= EXACT_STATE if exact is None else exact
+    x, previous, rows = folded_pairs(path)
+    dtype = path.layer.cell.compute_dtype
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def jacobian(x: Any, joined: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(joined)
+            new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
+        return tape.batch_jacobian(new, joined, experimental_use_pfor=False)
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def normal(x: Any, joined: Any, v: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            tape.watch(joined)
+            with tf.autodiff.ForwardAccumulator(joined, v) as acc:
+                new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
+            moved = acc.jvp(new, unconnected_gradients="zero")
+        back = tape.gradient(new, joined, output_gradients=moved,
+                             unconnected_gradients="zero")
+        return tf.norm(moved, axis=1), back
+
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    norms = np.full(len(rows), np.nan)
+    generator = np.random.default_rng(seed)
+    with native_stderr_silenced(), without_grappler():
+        for first in range(0, len(rows), FOLD_ROWS):
+            part = slice(first, first + FOLD_ROWS)
+            xs = tf.convert_to_tensor(x[part])
+            joined = tf.cast(tf.concat([tf.convert_to_tensor(p[part]) for p in previous], 1),
+                             dtype)
+            if exact:
+                found = np.asarray(jacobian(xs, joined), np.float64)
+                norms[part] = np.linalg.svd(found, compute_uv=False)[:, 0]
+                continue
+            v = generator.standard_normal((int(joined.shape[0]), size))
+            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            last = np.zeros(len(v))
+            for _ in range(POWER_STEPS):
+                length, back = normal(xs, joined, tf.cast(v, dtype))
+                sigma = np.asarray(length, np.float64)
+                back = np.asarray(back, np.float64)
+                size_back = np.linalg.norm(back, axis=1, keepdims=True)
+                v = np.where(size_back > 0, back / np.where(size_back > 0, size_back, 1), v)
+                settled = np.all(np.abs(sigma - last) <= POWER_RTOL * np.maximum(sigma, 1e-30))
+                last = sigma
+                if settled:
+                    break
+            norms[part] = last
+    method = ("exact: batch_jacobian of one step and its SVD" if exact else
+              "power iteration on JᵀJ (a JVP and a VJP of one step), to a relative change "
+              f"below {POWER_RTOL:g}")
+    grid = np.full(path.ran.shape, np.nan)
+    grid[rows[:, 0], rows[:, 1]] = norms
+    return grid, method

@@ -1,0 +1,117 @@
+"""Render ``gradscope diagnose`` for a terminal (rich), at any width from 60 columns: per
+recurrent call its verdict first, then the numbers it rests on, packed so that no number is
+ever cut."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from gradscope.report.formats import number, percent
+from gradscope.report.keras_text import header
+from gradscope.report.layout import hanging, pack, section, warning
+from gradscope.report.models import DiagnosedLayer, DiagnoseReport
+from gradscope.report.tables import timings_lines
+
+MARKS = {"vanishing": ("▼", "bold yellow"), "exploding": ("▲", "bold red"),
+         "holds": ("✓", "green")}
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3g}"
+
+
+def _share(value: float) -> str:
+    return "0%" if value == 0 else percent(value)
+
+
+#: The text shows at most this many exponents (the JSON has them all).
+SHOWN = 8
+
+
+def _steps(value: float | None) -> str:
+    return "∞" if value is None else f"{value:.3g}"
+
+
+def _line(label: str, items: list[str], width: int) -> Text:
+    """``label: item · item · …``, wrapped between items only, later lines indented."""
+    first, *rest = items or [""]
+    packed = pack([f"{label}: {first}", *rest], width - 2, " · ")
+    lines = packed.plain.split("\n")
+    return Text("\n  ".join(lines))
+
+
+def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
+    mark, style = MARKS[layer.mechanism]
+    direction = " (processing order: t = 0 is the last input step)" if layer.backwards else ""
+    parts: list[RenderableType] = [
+        section(f"{layer.call} ({layer.class_name}, {layer.steps} steps, state of "
+                f"{layer.state_size}){direction}"),
+        hanging(mark, layer.verdict, style)]
+    converged = ("" if layer.lyapunov_change is None
+                 else f"moved {number(layer.lyapunov_change)} over the last quarter")
+    more = len(layer.lyapunov) - SHOWN
+    parts.append(_line(f"Lyapunov exponents λ (nats/step, top {len(layer.lyapunov)})",
+                       [*map(_signed, layer.lyapunov[:SHOWN]),
+                        *([f"{more} more in --json"] if more > 0 else []),
+                        *([converged] if converged else [])], width))
+    norm = layer.jacobian_norm
+    parts.append(_line("step Jacobian ‖J_t‖₂", [
+        f"median {number(norm.median)}", f"max {number(norm.max)}",
+        f"> 1 on {_share(norm.share_above_1)} of steps"], width))
+    if layer.gates is None:
+        parts.append(Text(f"gates: {layer.gates_note}", style="dim"))
+    else:
+        parts.append(_line("gates (share < 0.1 / > 0.9)", [
+            f"{name} {_share(g.below_0_1)} / {_share(g.above_0_9)}"
+            for name, g in layer.gates.items()], width))
+    if layer.timescales is not None:
+        tau = layer.timescales
+        parts.append(_line(f"timescales τ = −1/ln({tau.keep_gate} gate), steps", [
+            f"median {_steps(tau.median)}", f"p10 {_steps(tau.p10)}",
+            f"p90 {_steps(tau.p90)}"], width))
+    if layer.saturated_units:
+        parts.append(_line("most saturated units", [
+            f"{u.unit} ({_share(u.share)}, mean {u.mean_keep:.3g})"
+            for u in layer.saturated_units], width))
+    horizon = layer.horizon
+    measured = (str(horizon.measured) if horizon.measured is not None
+                else f"more than {horizon.window}")
+    parts.append(_line("memory horizon (10⁻³), steps", [
+        f"measured {measured}",
+        "predicted " + ("n/a (λ₁ ≥ 0)" if horizon.predicted is None
+                        else f"{horizon.predicted:.3g}"),
+        *([horizon.agreement] if horizon.agreement else [])], width))
+    found = layer.exploding
+    if found is not None and found.growing_share is not None:
+        items = [f"on {_share(found.growing_share)} of (example, step) pairs"]
+        if found.growing_steps:
+            more = found.growing_step_count - len(found.growing_steps)
+            items.append("steps " + ", ".join(map(str, found.growing_steps))
+                         + (f" and {more} more" if more > 0 else ""))
+        if found.examples:
+            items.append("examples " + ", ".join(f"{e.example} (×{number(e.ratio)})"
+                                                  for e in found.examples))
+        parts.append(_line("∂L/∂s_t grows going back", items, width))
+    return parts
+
+
+def render_diagnose(report: DiagnoseReport, width: int = 80) -> list[RenderableType]:
+    parts: list[RenderableType] = [*header(report, "diagnose"), *map(warning, report.warnings)]
+    for layer in report.layers:
+        parts += layer_lines(layer, width)
+    if report.not_diagnosed:
+        parts.append(section("Not diagnosed"))
+        parts += [hanging("·", f"{entry.layer}: {entry.reason}", "dim")
+                  for entry in report.not_diagnosed]
+    parts.append(section("The batch's gradient"))
+    clip = report.clipping
+    parts.append(_line("global norm", [
+        number(report.gradient_norm),
+        f"optimizer {clip.optimizer or 'none'}",
+        clip.setting or "no clipping"], width))
+    parts.append(hanging("→", clip.effect))
+    parts.append(section("How"))
+    parts += [hanging("·", line, "dim") for line in report.method]
+    parts += timings_lines(report.timings, "\n")
+    return parts

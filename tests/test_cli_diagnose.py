@@ -1,0 +1,62 @@
+"""``gradscope diagnose``: exit codes, the JSON document and its schema, the text at 80
+columns, and YAML configs refused before TensorFlow loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import SAMPLES, run_gradscope, run_without_tensorflow
+
+LAYER_KEYS = {"layer", "call", "lyapunov", "jacobian_norm", "verdict", "gates", "timescales",
+              "horizon", "counterfactuals"}
+
+
+def test_a_yaml_config_is_refused_before_tensorflow_loads() -> None:
+    done = run_without_tensorflow("diagnose", str(SAMPLES / "seed.yaml"))
+    assert done.returncode == 2, done.stderr
+    assert "not yet for YAML configs" in done.stderr
+
+
+def test_the_schema_names_the_keys_of_a_layer() -> None:
+    done = run_without_tensorflow("schema", "diagnose")
+    assert done.returncode == 0, done.stderr
+    schema = json.loads(done.stdout)
+    layer = schema["$defs"]["DiagnosedLayer"]["properties"]
+    assert set(layer) >= LAYER_KEYS
+    assert {"median", "max", "share_above_1"} <= set(
+        schema["$defs"]["JacobianNorm"]["properties"])
+
+
+def _saved(tmp_path: Path, tf: Any) -> Path:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((12, 3))
+    h = keras.layers.GRU(4, name="gru")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1)(h))
+    model.compile(optimizer=keras.optimizers.Adam(clipvalue=1e-4), loss="mse")
+    path = tmp_path / "model.keras"
+    model.save(path)
+    return path
+
+
+def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
+    path = _saved(tmp_path, tf)
+    done = run_gradscope("diagnose", str(path), "--batch-size", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["command"] == "diagnose"
+    (layer,) = report["layers"]
+    assert set(layer) >= LAYER_KEYS
+    assert set(layer["gates"]) == {"update", "reset"}
+    assert layer["counterfactuals"] == []
+    assert report["clipping"]["setting"] == "clipvalue=0.0001"
+    text = run_gradscope("diagnose", str(path), "--batch-size", "3", "--exponents", "2",
+                         env={"COLUMNS": "80"})
+    assert text.returncode == 0, text.stderr
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80
+    assert "gru: " in text.stdout and "Lyapunov exponents λ (nats/step, top 2)" in text.stdout
+    bad = run_gradscope("diagnose", str(path), "--exponents", "0")
+    assert bad.returncode == 2

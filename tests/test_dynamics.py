@@ -1,0 +1,38 @@
+"""gradscope/dynamics.py: the neutral arithmetic of diagnose, on numbers written here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradscope import dynamics
+
+
+def test_exponents_average_over_the_steps_each_example_ran() -> None:
+    logs = np.zeros((2, 4, 2))
+    logs[0, :, 0], logs[0, :, 1] = -1.0, -3.0
+    logs[1, :2, 0], logs[1, :2, 1] = -2.0, -0.5  # example 1 ran two steps
+    ran = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
+    spectrum, change = dynamics.lyapunov_exponents(logs, ran)
+    np.testing.assert_allclose(spectrum, [-1.5, -1.75])  # largest first
+    assert change == pytest.approx(0.0)
+
+
+def test_horizon_timescales_and_words() -> None:
+    ratios = np.array([[1.0, 0.1, 1e-2, 1e-4], [1.0, 0.2, 2e-3, np.nan]])
+    medians = dynamics.median_ratios(ratios)
+    np.testing.assert_allclose(medians, [1.0, 0.15, 6e-3, 1e-4])
+    assert dynamics.measured_horizon(medians) == 3
+    assert dynamics.predicted_horizon(-np.log(10)) == pytest.approx(3.0)
+    assert dynamics.predicted_horizon(0.1) is None
+    assert dynamics.agreement(3, 3.0) == "within 1.00×"
+    taus = dynamics.timescales(np.array([np.exp(-1), 1.0, 0.0]))
+    np.testing.assert_allclose(taus, [1.0, np.inf, 0.0])
+    assert dynamics.quantile(taus, 1.0) is None
+    evidence = dynamics.Evidence(name="lstm", steps=50, largest=-2.0, measured=3, window=16,
+                                 predicted=3.45, share_above_1=0.0, keep_gate="forget",
+                                 keep_below=0.91, keep_above=0.0, median_tau=0.4)
+    assert dynamics.mechanism(evidence) == "vanishing"
+    assert dynamics.verdict(evidence).startswith(
+        "lstm: vanishing: 91% of forget-gate values below 0.1, median τ 0.4 steps, so "
+        "gradients fade by 10³ within about 3 steps (measured 3, predicted 3.5)")

@@ -1,0 +1,300 @@
+"""gradscope/keras/diagnose.py (with trajectory.py, gates.py, horizon.py): the dynamics of every
+recurrent call, each figure held to a computation written here.
+
+The truths never come from gradscope: the exponents from a float64 QR of ``batch_jacobian``s
+of Keras' own cell, stepped in an eager Python loop, and from the eigenvalues of a linear
+recurrence whose W is chosen; the gate shares from a NumPy forward pass of Keras' equations;
+the horizon from Keras' own layer under a tape; the step-Jacobian norms from an SVD.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradscope
+
+B, T, F = 4, 24, 3
+
+
+def _linear_cell_class() -> Any:
+    import keras
+
+    class LinearCell(keras.layers.Layer):
+        """h_t = W·h_(t−1) + U·x_t, W and U given."""
+
+        def __init__(self, w: Any, u: Any, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.w_value, self.u_value = np.asarray(w), np.asarray(u)
+            self.state_size = self.output_size = self.w_value.shape[0]
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "w": self.w_value.tolist(),
+                    "u": self.u_value.tolist()}
+
+        def build(self, input_shape: Any) -> None:
+            self.w = self.add_weight(shape=self.w_value.shape, name="w",
+                                     initializer=keras.initializers.Constant(self.w_value.T))
+            self.u = self.add_weight(shape=self.u_value.shape, name="u",
+                                     initializer=keras.initializers.Constant(self.u_value))
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h = keras.ops.matmul(states[0], self.w) + keras.ops.matmul(inputs, self.u)
+            return h, [h]
+
+    return LinearCell
+
+
+def _linear_model(w: np.ndarray, steps: int = T) -> Any:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    u = np.random.default_rng(1).standard_normal((F, w.shape[0])) * 0.3
+    inp = keras.Input((steps, F), name="x")
+    h = keras.layers.RNN(_linear_cell_class()(w, u), return_sequences=True, name="linear")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    return model
+
+
+def _batch(steps: int = T, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((B, steps, F)).astype("float32"),
+            rng.standard_normal((B, steps, 1)).astype("float32"))
+
+
+def _orthogonal(n: int, rho: float) -> np.ndarray:
+    q, _ = np.linalg.qr(np.random.default_rng(3).standard_normal((n, n)))
+    return rho * q
+
+
+@pytest.fixture(scope="module")
+def lstm_case(tf: Any) -> tuple[Any, np.ndarray, np.ndarray, Any]:
+    """An LSTM (forget bias −5) then a GRU, diagnosed once."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.LSTM(5, return_sequences=True, name="lstm")(inp)
+    h = keras.layers.GRU(4, return_sequences=True, name="gru")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    bias = model.get_layer("lstm").cell.bias
+    bias.assign(np.r_[np.zeros(5), -5 * np.ones(5), np.zeros(10)].astype("float32"))
+    model.compile(optimizer=keras.optimizers.SGD(clipnorm=0.05), loss="mse")
+    x, y = _batch()
+    return model, x, y, gradscope.diagnose(model, x=x, y=y)
+
+
+def _sequences(tf: Any, model: Any, name: str, x: np.ndarray) -> list[np.ndarray]:
+    """The inputs of layer ``name`` and its state after every step, from an eager loop over
+    Keras' own cell (float64 copies for the QR)."""
+    import keras
+
+    layer = model.get_layer(name)
+    inputs = keras.Model(model.inputs, layer.input)(x)
+    states = [tf.zeros((x.shape[0], s)) for s in keras.tree.flatten(layer.cell.state_size)]
+    pairs = []
+    for t in range(x.shape[1]):
+        pairs.append((inputs[:, t], [tf.identity(s) for s in states]))
+        _, states = layer.cell(inputs[:, t], states)
+        states = list(keras.tree.flatten(states))
+    return pairs
+
+
+def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any]) -> np.ndarray:
+    """∂(new states)/∂(states) of one step of Keras' own cell, per example."""
+    import keras
+
+    widths = [int(s.shape[1]) for s in states]
+    joined = tf.concat(states, 1)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(joined)
+        _, new = cell(x_t, list(tf.split(joined, widths, 1)))
+        new = tf.concat(list(keras.tree.flatten(new)), 1)
+        columns = [new[:, i] for i in range(sum(widths))]
+    rows = [tape.gradient(column, joined) for column in columns]
+    return np.stack([np.asarray(r, np.float64) for r in rows], axis=1)
+
+
+def test_exponents_against_a_float64_qr_of_keras_own_cell(tf: Any, lstm_case: Any) -> None:
+    model, x, _, report = lstm_case
+    for name in ("lstm", "gru"):
+        cell = model.get_layer(name).cell
+        jacobians = [_jacobian(tf, cell, x_t, s) for x_t, s in _sequences(tf, model, name, x)]
+        size = jacobians[0].shape[1]
+        logs = np.zeros((x.shape[0], size))
+        for example in range(x.shape[0]):
+            q = np.eye(size)
+            for j in jacobians:
+                q, r = np.linalg.qr(j[example] @ q)
+                logs[example] += np.log(np.abs(np.diag(r)))
+        truth = np.sort((logs / len(jacobians)).mean(axis=0))[::-1]
+        found = next(entry for entry in report.layers if entry.call == name)
+        assert found.state_size == size
+        np.testing.assert_allclose(found.lyapunov, truth, rtol=1e-3, atol=1e-3)
+
+
+def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
+    """The exact route (SVD) and power iteration both give the largest singular value."""
+    from gradscope.keras.stepped import step_call
+    from gradscope.keras.trajectory import step_norms, trajectory
+
+    model, x, _, report = lstm_case
+    cell = model.get_layer("lstm").cell
+    pairs = _sequences(tf, model, "lstm", x)
+    truth = np.stack([np.linalg.svd(_jacobian(tf, cell, x_t, s), compute_uv=False)[:, 0]
+                      for x_t, s in pairs], axis=1)
+    entry = next(e for e in report.layers if e.call == "lstm")
+    np.testing.assert_allclose(entry.jacobian_norm.steps_max, truth.max(axis=0), rtol=1e-4)
+    assert entry.jacobian_norm.max == pytest.approx(truth.max(), rel=1e-4)
+
+    engine = _real_engine(model, x)
+    call = next(c for c in engine.last.calls if c.layer == "lstm")
+    stepped = step_call(engine, call, None, False)
+    assert not isinstance(stepped, str)
+    path = trajectory(stepped, 0)
+    assert not isinstance(path, str)
+    power, method = step_norms(engine, path, exact=False)
+    assert method.startswith("power iteration")
+    np.testing.assert_allclose(power, truth, rtol=1e-4)
+
+
+def _real_engine(model: Any, x: np.ndarray) -> Any:
+    from gradscope.keras.data import batch_targets
+    from gradscope.keras.engine import KerasEngine
+    from gradscope.keras.explain import prepare
+
+    job = prepare(model, x=x)
+    engine = KerasEngine(job.source, job.outputs, job.plan)
+    targets = batch_targets(job.plan, job.batch.targets,
+                            engine.output_shapes(job.batch.inputs), 0)
+    engine.last = engine.run(job.batch.inputs, targets)
+    return engine
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-z))
+
+
+def test_gate_shares_against_a_numpy_forward_pass(tf: Any, lstm_case: Any) -> None:
+    """Keras' LSTM and GRU (reset_after) equations written out in NumPy, from zero states."""
+    model, x, _, report = lstm_case
+    lstm = model.get_layer("lstm").cell
+    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
+                               (lstm.kernel, lstm.recurrent_kernel, lstm.bias))
+    u = 5
+    h, c = np.zeros((B, u)), np.zeros((B, u))
+    gates: dict[str, list[np.ndarray]] = {"input": [], "forget": [], "output": []}
+    outputs = []
+    for t in range(T):
+        z = x[:, t].astype(np.float64) @ kernel + h @ recurrent + bias
+        i, f, g, o = (z[:, k * u:(k + 1) * u] for k in range(4))
+        i, f, o = _sigmoid(i), _sigmoid(f), _sigmoid(o)
+        c = f * c + i * np.tanh(g)
+        h = o * np.tanh(c)
+        outputs.append(h)
+        for name, value in (("input", i), ("forget", f), ("output", o)):
+            gates[name].append(value)
+    entry = next(e for e in report.layers if e.call == "lstm")
+    assert entry.gates is not None
+    for name, values in gates.items():
+        stacked = np.stack(values)
+        assert entry.gates[name].below_0_1 == pytest.approx(np.mean(stacked < 0.1), abs=1e-9)
+        assert entry.gates[name].above_0_9 == pytest.approx(np.mean(stacked > 0.9), abs=1e-9)
+    taus = -1 / np.log(np.stack(gates["forget"]).mean(axis=(0, 1)))
+    assert entry.timescales is not None
+    assert entry.timescales.median == pytest.approx(np.median(taus), rel=1e-4)
+    # the GRU: update z and reset r, from the LSTM's outputs
+    gru = model.get_layer("gru").cell
+    assert gru.reset_after
+    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
+                               (gru.kernel, gru.recurrent_kernel, gru.bias))
+    v = 4
+    h = np.zeros((B, v))
+    zs, rs = [], []
+    for t in range(T):
+        xs = outputs[t] @ kernel + bias[0]
+        hs = h @ recurrent + bias[1]
+        z = _sigmoid(xs[:, :v] + hs[:, :v])
+        r = _sigmoid(xs[:, v:2 * v] + hs[:, v:2 * v])
+        candidate = np.tanh(xs[:, 2 * v:] + r * hs[:, 2 * v:])
+        h = z * h + (1 - z) * candidate
+        zs.append(z)
+        rs.append(r)
+    entry = next(e for e in report.layers if e.call == "gru")
+    assert entry.gates is not None and entry.timescales is not None
+    for name, values in (("update", zs), ("reset", rs)):
+        stacked = np.stack(values)
+        assert entry.gates[name].below_0_1 == pytest.approx(np.mean(stacked < 0.1), abs=1e-9)
+        assert entry.gates[name].above_0_9 == pytest.approx(np.mean(stacked > 0.9), abs=1e-9)
+    assert entry.timescales.keep_gate == "update"
+
+
+def test_measured_horizon_against_a_tape(tf: Any, lstm_case: Any) -> None:
+    """‖∂h_t/∂x_s‖ per example from Keras' own GRU layer under a tape, whole sequence."""
+    import keras
+
+    model, x, _, report = lstm_case
+    entry = next(e for e in report.layers if e.call == "gru")
+    layer = model.get_layer("gru")
+    inputs = tf.convert_to_tensor(keras.Model(model.inputs, layer.input)(x))
+    steps = entry.horizon.steps
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        picked = tf.reshape(tf.gather(layer(inputs), steps, axis=1), [B, -1])
+    jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
+    jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
+    rows = []
+    for k, t in enumerate(steps):
+        norms = np.sqrt((jac[:, k] ** 2).sum(axis=(1, 3)))[entry.horizon.examples]
+        row = np.full((len(norms), entry.horizon.window + 1), np.nan)
+        for lag in range(min(t, entry.horizon.window) + 1):
+            row[:, lag] = norms[:, t - lag] / norms[:, t]
+        rows.append(row)
+    truth = np.nanmedian(np.concatenate(rows), axis=0)
+    found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
+    np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
+    below = np.nonzero(truth < 1e-3)[0]
+    assert entry.horizon.measured == (int(below[0]) if below.size else None)
+
+
+def test_lstm_with_forget_bias_minus_5_vanishes_by_its_forget_gate(lstm_case: Any) -> None:
+    _, _, _, report = lstm_case
+    entry = next(e for e in report.layers if e.call == "lstm")
+    assert entry.mechanism == "vanishing"
+    assert entry.gates is not None and entry.gates["forget"].below_0_1 > 0.99
+    assert "forget-gate values below 0.1" in entry.verdict
+    assert entry.horizon.measured is not None and entry.horizon.measured < 8
+    assert entry.counterfactuals == []
+    assert report.clipping.setting == "clipnorm=0.05"
+
+
+def test_a_diagonal_linear_recurrence_has_the_logs_of_its_eigenvalues(tf: Any) -> None:
+    diagonal = np.array([0.9, -0.6, 0.3, 1.1])
+    x, y = _batch()
+    report = gradscope.diagnose(_linear_model(np.diag(diagonal)), x=x, y=y)
+    entry = report.layers[0]
+    assert entry.gates is None and entry.gates_note is not None
+    assert "not known for this cell" in entry.gates_note
+    np.testing.assert_allclose(entry.lyapunov, np.sort(np.log(np.abs(diagonal)))[::-1],
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize(("rho", "mechanism"), [(1.05, "exploding"), (0.5, "vanishing")])
+def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) -> None:
+    x, y = _batch(steps=40)
+    report = gradscope.diagnose(_linear_model(_orthogonal(6, rho), steps=40), x=x, y=y,
+                                exponents=3)
+    entry = report.layers[0]
+    np.testing.assert_allclose(entry.lyapunov, [np.log(rho)] * 3, atol=1e-4)
+    assert entry.mechanism == mechanism
+    assert mechanism in entry.verdict
+    if rho < 1:
+        # ‖W^k U‖ = ρ^k ‖U‖: below 10⁻³ first at k = 10
+        assert entry.horizon.measured == 10
+        assert entry.horizon.predicted == pytest.approx(np.log(1e3) / np.log(2), rel=1e-3)
+    else:
+        assert entry.horizon.predicted is None
+        assert entry.jacobian_norm.share_above_1 == 1.0
