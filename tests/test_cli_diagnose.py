@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import SAMPLES, run_gradscope, run_without_tensorflow
+from conftest import SAMPLES, run_gradscope, run_without_tensorflow
 
 LAYER_KEYS = {"layer", "call", "lyapunov", "jacobian_norm", "verdict", "gates", "timescales",
               "horizon", "counterfactuals"}
