@@ -145,6 +145,20 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     report = _report(job, engine, result)
     clock.lap("explain")
     update: dict[str, Any] = {}
+    from gradscope.keras.nonfinite import all_finite, diagnose
+
+    if not all_finite(result):
+        say("a number is not finite: where it was born, on this batch")
+        nonfinite = diagnose(engine, job.batch.inputs, targets, job.batch.sample_weight,
+                             result)
+        clock.lap("nonfinite")
+        skipped = [name for name, asked in (("--flow", flow), ("--jacobians", jacobians),
+                                            ("--chunks", chunks is not None)) if asked]
+        report = report.model_copy(update={"nonfinite": nonfinite, "warnings": [
+            *report.warnings, *([f"{', '.join(skipped)} not computed: the numbers are not "
+                                 "finite"] if skipped else [])]})
+        flow = jacobians = heatmap = False
+        at = chunks = None
     if flow:
         from gradscope.keras.flow import gradient_flow
 
@@ -326,14 +340,14 @@ def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:
     """Both directions of a Bidirectional call rerun in gradscope's NumPy cells, merged as
     Keras merges them, against every output Keras gave; or why they are not."""
     from gradscope.gradcheck import tolerance
-    from gradscope.keras.cross_check import computed_in
+    from gradscope.keras.cross_check import computed_in, not_finite
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import output_error, rerun_call
 
     label = call_label(call.layer, call.index)
     name = "gradscope's NumPy cells, one per direction"
     rtol = tolerance("cross_check", computed_in(call, engine.dtype_name)).rtol
-    found = rerun_call(call, engine)
+    found = not_finite(call) or rerun_call(call, engine)
     if isinstance(found, str):
         return CrossCheckEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {found}")
