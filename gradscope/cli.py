@@ -375,7 +375,7 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
 
         write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
-    return EXIT_OK
+    return EXIT_PROBLEM if getattr(report, "nonfinite", None) is not None else EXIT_OK
 
 
 CHECK_EPILOG = """\b

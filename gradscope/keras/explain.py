@@ -446,7 +446,8 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
             origin = wired[k] if k < len(wired) else "another layer"
             source = f"wired from {origin}"
             flows_to = f"back into {origin}, and through it to the layers below"
-        per_example = None if value is None or value.ndim != 2 else per_example_norms(value)
+        per_example = (None if value is None or value.ndim != 2
+                       or not np.isfinite(value).all() else per_example_norms(value))
         entries.append(KerasStateEntry(
             name=f"{label}/{note.key}", layer=node.name, shape=shape, source=source,
             flows_to=flows_to, stats=None if value is None else stats(value),
@@ -467,14 +468,14 @@ def _warnings(result: Any, gradients: list[KerasGradientEntry]) -> list[str]:
     warnings = []
     if not np.isfinite(result.loss):
         warnings.append(f"the loss is not finite ({result.loss}) in Keras' own call on this "
-                        "batch, and its gradients may not be either: an average over "
-                        "nothing (every step masked), a log of 0 or an overflow; check the "
-                        "batch and the loss")
+                        "batch, and its gradients may not be either: where the first NaN or "
+                        "Inf was born is said below")
     if result.loss == 0:
         warnings.append("the loss is exactly 0: every gradient is 0 and says nothing about "
                         "the model; check the targets and the loss (--loss, --data)")
     trained = [g for g in gradients if g.trainable and g.stats is not None]
-    if trained and all(g.stats.l2 == 0 for g in trained if g.stats is not None):
+    if trained and all(g.stats.l2 == 0 and not g.stats.nonfinite for g in trained
+                       if g.stats is not None):
         warnings.append("every gradient is exactly 0: nothing of the loss reaches the "
                         "weights on this batch")
     missing = [g.name for g in gradients if g.trainable and g.stats is None]
