@@ -97,6 +97,7 @@ def test_log_of_zero_in_a_custom_loss(tf):
     model = keras.Model(inputs, probs(keras.layers.Flatten()(inputs)))
     model.compile(loss=log_loss)
     kernel, bias = probs.get_weights()
+    kernel[:] = 0.0
     kernel[:, 2] = -4.0 * np.sign(x[5].reshape(-1))  # class 2's logit: far below for 5
     probs.set_weights([kernel, bias])
     p = np.asarray(model(x))
@@ -191,6 +192,35 @@ def test_nan_in_one_example_s_input_from_the_command_line(tf, tmp_path):
                             str(tmp_path / "batch.npz"))
     assert checked.returncode == 1, checked.stderr
     assert "NaN in the input x: example 3, step 5, feature 1" in checked.stdout
+
+
+def test_backward_the_derivative_of_sqrt_at_zero(tf):
+    """The loss and every value finite, a gradient not: an L2 norm of a zero vector (example
+    4 at step 2) is 0, and its derivative is not finite."""
+    import keras
+
+    @keras.saving.register_keras_serializable("gradscope_tests")
+    class WithNorm(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            norm = keras.ops.sqrt(keras.ops.sum(x * x, axis=-1, keepdims=True))
+            return keras.ops.concatenate([x, norm], axis=-1)
+
+    x = _sequences(6)
+    x[4, 2] = 0.0
+    inputs = keras.Input((6, F), name="x")
+    hidden = WithNorm(name="norm")(keras.layers.Dense(3, name="pre")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GRU(3)(hidden)))
+    model.compile(loss="mse")
+    y = np.ones((B, 2), "float32")
+    loss, norms = keras_tape_norms(model, x, y)
+    assert np.isfinite(loss) and not all(np.isfinite(v) for v in norms.values())
+    report = gradscope.explain(model, x=x, y=y)
+    found = report.nonfinite
+    assert found is not None
+    assert (found.pass_, found.origin, found.layer, found.step, found.examples,
+            found.operation) == ("backward", "layer", "norm", 2, [4], "SqrtGrad")
+    assert found.cause == ("the derivative of sqrt at 0 is infinite: its argument is 0 at "
+                           "step 2 (example 4); the value is finite, its gradient is not")
 
 
 @pytest.mark.parametrize("command", ["explain-keras", "check-keras"])

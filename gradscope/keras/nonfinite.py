@@ -160,7 +160,7 @@ def _in_loss(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.n
     """Every layer output finite, the loss not: the loss, rerun eagerly on Keras' own call."""
     if finite(result.loss):
         return None
-    outputs, birth = loss_rerun(engine, inputs, targets, sample_weight)
+    outputs, _, birth = loss_rerun(engine, inputs, targets, sample_weight)
     terms = [t for t in result.loss_terms if not finite(t.value)]
     label = "loss" if not terms else f"loss: {terms[0].name} ({terms[0].detail})"
     if birth is None:
@@ -173,10 +173,11 @@ def _in_loss(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.n
 
 
 def loss_rerun(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-               sample_weight: Any, watch: Any = None) -> tuple[list[Any], Birth | None]:
-    """Keras' own call of the model, eagerly, then its loss with the loss's ops looked at
-    (``watch(tape, outputs, loss)``: what to take from a tape around the loss instead);
-    the model's moved state is put back."""
+               sample_weight: Any, watch: Any = None) -> tuple[list[Any], Any, Birth | None]:
+    """Keras' own call of the model, eagerly, then its loss with the loss's ops looked at:
+    the outputs, the loss (or, with ``watch(tape, outputs, loss)``, what it takes from a
+    tape around the loss: the loss's backward is then looked at too) and the first op that
+    made a non-finite value. The model's moved state is put back."""
     from gradscope.keras.whole_model import (
         losses_kept,
         model_outputs,
@@ -203,10 +204,10 @@ def loss_rerun(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                     loss = engine.compute_loss(feed, y, outputs, weights)
                 return watch(tape, outputs, loss)
 
-            _, birth = first_birth(run)
+            found, birth = first_birth(run)
     finally:
         restore(before)
-    return outputs, birth
+    return outputs, found, birth
 
 
 def _log_cause(engine: Any, birth: Birth, outputs: list[Any],
