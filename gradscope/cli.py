@@ -31,7 +31,8 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  all good
-  1  a check found a problem (or gradscope disagreed with itself)
+  1  a check found a problem (or gradscope disagreed with itself), or a NaN/Inf
+     in a Keras model's loss or gradients (where it was born is said)
   2  usage, config or data error
 """
 
