@@ -421,8 +421,9 @@ finite differences.
               help="Absolute allowance added to the finite-difference comparison.")
 @click.option("--examples", metavar="N|all",
               help="For a .keras model: check at most N examples of the batch (default 16): "
-                   "each masked input's shortest and longest, the smallest and largest sample "
-                   "weight, the rest drawn with the seed; the report names them. 'all' checks "
+                   "one with NaN or Inf in its data, each masked input's shortest and "
+                   "longest, the smallest and largest sample weight, the rest drawn with the "
+                   "seed; the report names them. 'all' checks "
                    "every example.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.xml",
               help="Also write the result as JUnit XML (one test case per tensor, named by "

@@ -229,3 +229,21 @@ def test_the_schema_has_nonfinite_with_pass(command):
 
     schema = json.dumps(json_schema(command))
     assert '"nonfinite"' in schema and '"pass"' in schema
+
+
+def test_check_picks_the_example_that_holds_nan_and_numbers_it_in_the_batch(tf):
+    """A batch larger than check's default examples: the example whose input holds NaN is
+    checked, and the diagnosis numbers it as the batch does."""
+    import keras
+
+    model = keras.Sequential([keras.Input((4, F), name="x"), keras.layers.GRU(2),
+                              keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(1).normal(size=(40, 4, F)).astype("float32")
+    x[37, 2, 0] = np.inf
+    report = gradscope.check(model, x=x, y=np.zeros((40, 2), "float32"))
+    assert not report.summary.passed and report.examples is not None
+    assert report.examples.indices is not None and 37 in report.examples.indices
+    found = report.nonfinite
+    assert found is not None and (found.layer, found.step, found.examples) == ("x", 2, [37])
+    assert found.cause.startswith("Inf in the input x: example 37, step 2, feature 0")

@@ -188,11 +188,25 @@ def _not_finite(job: KerasJob, engine: KerasEngine, autodiff: Any, chosen: Check
                 sample_weight: Any, clock: Clock, timings: bool) -> KerasCheckReport:
     """A loss or gradient that is not finite: no witness can compare it, so check says where
     it was born instead (a problem found: exit 1), its examples numbered in the batch."""
-    found = diagnose(engine, inputs, targets, sample_weight, autodiff)
-    assert found is not None  # the pass is not all finite
+    found = None
     if chosen.indices is not None:
-        found = found.model_copy(update={"examples": [chosen.indices[e]
-                                                      for e in found.examples]})
+        # The whole batch, so that the examples (in the cause too) are numbered as the
+        # user numbers them.
+        dtype = engine.dtype_name
+        whole = {name: value.astype(dtype) if value.dtype.kind == "f" else value
+                 for name, value in job.batch.inputs.items()}
+        every = batch_targets(job.plan, job.batch.targets, engine.output_shapes(whole),
+                              job.seed)
+        every = {name: value.astype(dtype) if value.dtype.kind == "f" else value
+                 for name, value in every.items()}
+        result = engine.run(whole, every, sample_weight=job.batch.sample_weight)
+        found = diagnose(engine, whole, every, job.batch.sample_weight, result)
+    if found is None:
+        found = diagnose(engine, inputs, targets, sample_weight, autodiff)
+        assert found is not None  # the pass is not all finite
+        if chosen.indices is not None:
+            found = found.model_copy(update={"examples": [chosen.indices[e]
+                                                          for e in found.examples]})
     clock.lap("nonfinite")
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
