@@ -12,7 +12,9 @@ import json
 from typing import Any
 
 import numpy as np
+from conftest import render_text
 
+import gradscope
 from gradscope.keras.nan_stop import JSON_FILE, TEXT_TAG
 
 B, T, F = 6, 5, 3
@@ -34,7 +36,7 @@ def test_nan_in_one_example_s_input_stops_fit_with_the_diagnosis(tf, tmp_path, c
                               keras.layers.Dense(2)])
     x = np.random.default_rng(0).normal(size=(4 * B, T, F)).astype("float32")
     x[2 * B + 4, 1, 2] = np.nan  # the third batch's example 4
-    flow = GradientFlow(every=100, log_dir=tmp_path, stop_on_nan=True)
+    flow = GradientFlow(every=2, log_dir=tmp_path, stop_on_nan=True)  # one pass at step 2
     history = _fit(keras, model, x, flow)
     found = flow.nonfinite
     assert found is not None and flow.nonfinite_step == 3
@@ -48,6 +50,10 @@ def test_nan_in_one_example_s_input_stops_fit_with_the_diagnosis(tf, tmp_path, c
              for event in tf.compat.v1.train.summary_iterator(str(path))
              for value in event.summary.value if value.tag == TEXT_TAG]
     assert texts and b"NaN in the input x" in texts[0].tensor.string_val[0]
+    assert flow.history.nonfinite == found and flow.history.nonfinite_step == 3
+    watched = gradscope.watch(tmp_path)  # read back from the log_dir
+    assert watched.nonfinite == found and watched.nonfinite_step == 3
+    assert "training stopped at step 3: its loss is not finite" in render_text(watched, 80)
 
 
 def test_a_nan_gradient_is_found_on_the_step_that_wrote_it(tf):

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import keras_tape_norms, render_text, run_gradscope
 
 import gradscope
-from tests.conftest import keras_tape_norms, render_text, run_gradscope
 
 B, F = 6, 3
 

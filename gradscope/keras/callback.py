@@ -516,7 +516,11 @@ class GradientFlow(keras.callbacks.Callback):
         source = f"model '{model.name}'" if model is not None else "no model yet"
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
-        return self._record_of.report(source, loss, self.every)
+        report = self._record_of.report(source, loss, self.every)
+        if self.nonfinite is None:
+            return report
+        return report.model_copy(update={"nonfinite": self.nonfinite,
+                                         "nonfinite_step": self.nonfinite_step})
 
     def report(self, width: int | None = None) -> None:
         """Print the history as ``gradscope watch`` does (in a notebook: as HTML, when the

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from gradscope.report.models import NonFiniteEntry
+from gradscope.training_log import NONFINITE_FILE
 
 #: The TensorBoard text summary's tag.
 TEXT_TAG = "gradscope/nonfinite"
-#: The file, in ``log_dir``, that holds the diagnosis as JSON.
-JSON_FILE = "nonfinite.json"
+#: The file, in ``log_dir``, that holds the diagnosis as JSON (``gradscope watch`` reads it).
+JSON_FILE = NONFINITE_FILE
 
 
 def snapshot(model: Any) -> list[np.ndarray]:

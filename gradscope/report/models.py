@@ -845,6 +845,10 @@ class FlowHistoryReport(_CommandReport):
     weights: list[WeightNormSeries]
     recurrent: list[RecurrentFlowSeries]
     not_analysed: list[NotAnalysedAt]
+    nonfinite: NonFiniteEntry | None = Field(
+        default=None, description="GradientFlow(stop_on_nan=True): where the NaN of the first "
+                                  "batch whose loss was not finite was born (training stopped)")
+    nonfinite_step: int | None = Field(default=None, description="the step it was found at")
 
 
 class DiffChange(_Report):
