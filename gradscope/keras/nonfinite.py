@@ -69,7 +69,7 @@ def positions(value: np.ndarray) -> tuple[int | None, list[int]]:
     number, and the examples holding one there (any position, for rank 2)."""
     bad: np.ndarray = np.asarray(~np.isfinite(np.asarray(value, np.float64)))
     if bad.ndim < 2:
-        return None, [0] if bad.any() else []
+        return None, [int(e) for e in np.flatnonzero(bad)] if bad.ndim else []
     if bad.ndim == 2:
         return None, [int(e) for e in np.flatnonzero(bad.any(axis=1))]
     per_step: np.ndarray = np.asarray(bad.reshape(bad.shape[0], bad.shape[1], -1).any(axis=2))

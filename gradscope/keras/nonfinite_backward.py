@@ -93,8 +93,8 @@ def _call_backward(engine: Any, call: CapturedCall, upstream: list[Any]) -> NonF
         step, examples, label = stepped
     else:
         bad = next(np.asarray(g) for g in grads if g is not None and not finite(g))
-        step, examples = _positions(bad) if bad.shape[:1] == tuple(args[0].shape[:1]) \
-            else (None, [])
+        batch = tuple(args[0].shape[:1]) if args else ()
+        step, examples = _positions(bad) if batch and bad.shape[:1] == batch else (None, [])
     return entry("backward", "layer", label, step, examples, _cause(birth, step, examples),
                  birth)
 
