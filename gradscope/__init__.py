@@ -100,7 +100,8 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
 
     Returns:
         The report: ``report.to_dict()`` is the ``--json`` document, and it draws itself
-        in Jupyter and with ``report.plot()``.
+        in Jupyter and with ``report.plot()``. For a Keras model whose loss or a gradient is
+        not finite, ``report.nonfinite`` says where the first NaN or Inf was born.
 
     Raises:
         ConfigError: an option the model does not take, or a model gradscope cannot read.
@@ -158,11 +159,13 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
             chosen to include a mask's shortest and longest; ``"all"``: every one).
 
     Returns:
-        The report: ``report.summary.passed`` is the verdict, each tensor with its witnesses.
+        The report: ``report.summary.passed`` is the verdict, each tensor with its witnesses
+        (a Keras model whose loss or a gradient is not finite fails with
+        ``report.nonfinite``, where the first NaN or Inf was born, and compares nothing).
 
     Raises:
         ConfigError: an option the model does not take, or a model check cannot witness.
-        DataError: an array that does not fit the model, or a loss that is not finite.
+        DataError: an array that does not fit the model.
 
     Example:
         >>> import gradscope

@@ -68,12 +68,14 @@ def check_data_files(data: str | os.PathLike[str] | None = None,
             open_checked(Path(path), "an .npy file")
 
 
-def check_numeric(name: str, value: np.ndarray) -> None:
+def check_numeric(name: str, value: np.ndarray, finite: bool = True) -> None:
+    """Real numbers, and (``finite``) no NaN or Inf among them: a Keras model's inputs and
+    targets may hold them, and explain and check then say where they lead."""
     if value.dtype.kind not in "fiub":
         raise DataError(
             f"{name} has dtype {value.dtype}; expected real numbers (float or int)", where=name
         )
-    if value.dtype.kind == "f":
+    if finite and value.dtype.kind == "f":
         bad = ~np.isfinite(value)
         if bad.any():
             index = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -31,7 +31,8 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  all good
-  1  a check found a problem (or gradscope disagreed with itself)
+  1  a check found a problem (or gradscope disagreed with itself), or a NaN/Inf
+     in a Keras model's loss or gradients (where it was born is said)
   2  usage, config or data error
 """
 
@@ -375,7 +376,7 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
 
         write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
-    return EXIT_OK
+    return EXIT_PROBLEM if getattr(report, "nonfinite", None) is not None else EXIT_OK
 
 
 #: How ``check --help`` names each witness of :data:`gradscope.gradcheck.TOLERANCES`, and a
@@ -443,8 +444,9 @@ CHECK_EPILOG = _tolerance_help() + EXIT_CODES_HELP
               help="Absolute allowance added to the finite-difference comparison.")
 @click.option("--examples", metavar="N|all",
               help="For a .keras model: check at most N examples of the batch (default 16): "
-                   "each masked input's shortest and longest, the smallest and largest sample "
-                   "weight, the rest drawn with the seed; the report names them. 'all' checks "
+                   "one with NaN or Inf in its data, each masked input's shortest and "
+                   "longest, the smallest and largest sample weight, the rest drawn with the "
+                   "seed; the report names them. 'all' checks "
                    "every example.")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.xml",
               help="Also write the result as JUnit XML (one test case per tensor, named by "

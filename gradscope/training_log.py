@@ -19,6 +19,7 @@ from typing import Any
 from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
+    NonFiniteEntry,
     NotAnalysedAt,
     RecurrentFlowSeries,
     TrainingObservation,
@@ -30,6 +31,8 @@ from gradscope.report.models import (
 #: per-step profiles in float64).
 PLUGIN = "gradscope"
 RUN_TAG = "gradscope/run"
+#: GradientFlow(stop_on_nan=True)'s diagnosis, written in the log_dir as JSON.
+NONFINITE_FILE = "nonfinite.json"
 OBSERVATION_TAG = "gradscope/observation"
 LOSS_TAG = "gradscope/loss"
 WEIGHT_PREFIX = "gradient_norm/"
@@ -147,7 +150,18 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         names = ", ".join(str(r.relative_to(folder)) for r in sorted(runs))
         raise ConfigError(f"{folder}: holds {len(runs)} gradscope runs ({names}); expected one: "
                           "give its folder", where=str(folder))
-    return history_from_tags(next(iter(runs.values())), str(folder))
+    history = history_from_tags(next(iter(runs.values())), str(folder))
+    written = folder / NONFINITE_FILE  # GradientFlow(stop_on_nan=True) stopped the run
+    if written.is_file():
+        try:
+            document = json.loads(written.read_text())
+            found = NonFiniteEntry.model_validate(document["nonfinite"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes ({exc})",
+                              where=str(written)) from None
+        history = history.model_copy(update={"nonfinite": found,
+                                             "nonfinite_step": document.get("step")})
+    return history
 
 
 def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHistoryReport:

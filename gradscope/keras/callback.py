@@ -28,7 +28,7 @@ from gradscope.errors import ConfigError
 # The history draws itself in a notebook and as a figure: those renderers register here.
 from gradscope.report import display as _display  # noqa: F401
 from gradscope.report import plot as _plot  # noqa: F401
-from gradscope.report.models import FlowHistoryReport
+from gradscope.report.models import FlowHistoryReport, NonFiniteEntry
 
 tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
@@ -37,6 +37,7 @@ from gradscope._blas import blas_beside_tensorflow  # noqa: E402
 from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow import recurrent_weights  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
+from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 
 
@@ -123,6 +124,11 @@ class GradientFlow(keras.callbacks.Callback):
         model: the model, for a custom training loop (``fit`` sets it itself).
         loss: a Keras loss name for the extra pass (``"mse"``, ``"categorical_crossentropy"``,
             …) when the model is not compiled; by default the compiled loss.
+        stop_on_nan: at the first batch of ``fit`` whose loss is not finite, say where the
+            NaN was born (on that batch, with the weights its step started from: printed,
+            kept as ``callback.nonfinite``, and with ``log_dir`` written as
+            ``nonfinite.json`` and a TensorBoard text summary) and stop training, as
+            ``TerminateOnNaN`` does. It keeps a copy of the weights per step.
 
     The current batch, in ``fit``, is the batch the observed train step has just been given
     (the last of ``steps_per_execution``), read after that step's weight update, in inference
@@ -131,7 +137,7 @@ class GradientFlow(keras.callbacks.Callback):
     """
 
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
-                 loss: str | None = None) -> None:
+                 loss: str | None = None, stop_on_nan: bool = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
@@ -166,6 +172,11 @@ class GradientFlow(keras.callbacks.Callback):
         self._first_step = threading.Event()  # set while fit's first step runs
         self._fit_spec: Any = None
         self._fit_first = 0  # batches watched before this fit
+        self.stop_on_nan = bool(stop_on_nan)
+        #: Where the first NaN of fit was born (``stop_on_nan``), and at which step.
+        self.nonfinite: NonFiniteEntry | None = None
+        self.nonfinite_step: int | None = None
+        self._held: list[tuple[Any, list[np.ndarray]]] = []  # (batch, weights before its step)
         if model is not None:
             self.set_model(model)
 
@@ -185,6 +196,12 @@ class GradientFlow(keras.callbacks.Callback):
         self._fit_first = self._batches
         self._fit_spec = None  # read from this fit's first batches
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
+        if self.stop_on_nan and steps > 1:
+            raise ConfigError(f"GradientFlow(stop_on_nan=True): the model runs {steps} steps "
+                              "per execution; the failing batch is rerun with the weights its "
+                              "own step started from, so it needs steps_per_execution=1",
+                              where="stop_on_nan")
+        self._held = []
 
         def train_function(iterator: Any) -> Any:
             if self._fit_spec is None:
@@ -198,12 +215,14 @@ class GradientFlow(keras.callbacks.Callback):
             return step(iterator)
 
         def step(iterator: Any) -> Any:
-            if not self._pending:
+            if not self._pending and not self.stop_on_nan:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
             if not batches:
                 raise StopIteration
             self._last_batch = _global(strategy, batches[-1])
+            if self.stop_on_nan:
+                self._held = [*self._held[-1:], (self._last_batch, snapshot(model))]
             return original(_replay(iterator, batches, strategy))  # Keras' step, these tensors
 
         model.train_function = train_function
@@ -229,6 +248,11 @@ class GradientFlow(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self._batches = self._epoch_base + batch + 1
         self._warm_up_released.set()
+        loss = (logs or {}).get("loss")
+        if self.stop_on_nan and loss is not None and not np.all(np.isfinite(np.asarray(loss))):
+            self._pending = False
+            self._stop_for_nan(self._batches)
+            return
         if not self._pending:
             return
         self._pending = False
@@ -241,6 +265,53 @@ class GradientFlow(keras.callbacks.Callback):
         if y is None and not self._engine_for().added_only:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
         self._observe(x, y, self._batches, self._epoch, sample_weight)
+
+    def _stop_for_nan(self, step: int) -> None:
+        """Where the NaN of this step was born; said, kept, written; training stops."""
+        from gradscope.keras import nan_stop
+
+        self._drain()
+        self._settle_warm_up()
+        engine = self._engine_for()
+        found, at = None, step
+        for back, (batch, weights) in enumerate(reversed(self._held)):
+            diagnosed = self._diagnosed(engine, batch, weights)
+            if diagnosed is None:
+                continue
+            if found is None or found.origin == "weight":
+                found, at = diagnosed, step - back
+            if found.origin != "weight":
+                break
+        if found is None:
+            found = NonFiniteEntry.model_validate({
+                "pass": "forward", "origin": "unknown", "layer": None, "step": None,
+                "examples": [], "operation": None,
+                "cause": "fit's loss is not finite at this step, but a rerun of its batch in "
+                         "inference mode is finite: training mode differs (dropout, batch "
+                         "norm's batch statistics)"})
+        self.nonfinite, self.nonfinite_step = found, at
+        self._held = []
+        self.model.stop_training = True
+        sys.stderr.write(nan_stop.text(found, at))
+        if self.log_dir is not None:
+            from gradscope.keras.summaries import FlowSummaryWriter
+
+            if self._writer is None:
+                self._writer = FlowSummaryWriter(tf, self.log_dir)
+            nan_stop.write(self.log_dir, self._writer.writer, tf, found, at)
+
+    def _diagnosed(self, engine: Any, batch: Any, weights: list[np.ndarray],
+                   ) -> NonFiniteEntry | None:
+        """One held batch rerun on the weights its step started from, diagnosed."""
+        from gradscope.keras import nan_stop
+        from gradscope.keras.nonfinite import diagnose
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        inputs, targets = self._names(engine, x, y)
+        weighed = nan_stop.as_arrays(sample_weight)
+        with nan_stop.weights_held(self.model, weights):
+            result = engine.run(inputs, targets, sample_weight=weighed)
+            return diagnose(engine, inputs, targets, weighed, result)
 
     # -- a custom training loop ----------------------------------------------------------------
 
@@ -445,7 +516,11 @@ class GradientFlow(keras.callbacks.Callback):
         source = f"model '{model.name}'" if model is not None else "no model yet"
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
-        return self._record_of.report(source, loss, self.every)
+        report = self._record_of.report(source, loss, self.every)
+        if self.nonfinite is None:
+            return report
+        return report.model_copy(update={"nonfinite": self.nonfinite,
+                                         "nonfinite_step": self.nonfinite_step})
 
     def report(self, width: int | None = None) -> None:
         """Print the history as ``gradscope watch`` does (in a notebook: as HTML, when the

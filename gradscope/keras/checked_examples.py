@@ -2,10 +2,11 @@
 
 check's cost is float64 work linear in the examples, and the examples past a few say nothing
 more about how the gradient is computed: what tells one from another is its data. So check
-takes at most :data:`DEFAULT_EXAMPLES`: for every masked input the example with the fewest
-kept steps and the one with the most, for every sample weight the smallest and largest total
-weight, and the rest drawn with the seed, in the batch's order. A model whose Input fixes the
-batch size is checked whole. docs/keras.md gives the measured costs. No TensorFlow here.
+takes at most :data:`DEFAULT_EXAMPLES`: an example whose data holds NaN or Inf, for every
+masked input the example with the fewest kept steps and the one with the most, for every
+sample weight the smallest and largest total weight, and the rest drawn with the seed, in
+the batch's order. A model whose Input fixes the batch size is checked whole. docs/keras.md
+gives the measured costs. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def choose(job: Any, examples: int | None) -> CheckedExamples:
             "the model's Input fixes the batch size (a stateful layer keeps a state per "
             "example)"))
     wanted: list[tuple[int, str]] = []  # where the examples differ at all
+    # An example whose data holds NaN or Inf first: where the loss would not be finite.
+    for what, arrays in (("input", job.batch.inputs), ("target", job.batch.targets or {})):
+        for name, value in arrays.items():
+            value = np.asarray(value)
+            if value.dtype.kind == "f" and value.ndim and value.shape[0] == size:
+                bad = ~np.isfinite(value.reshape(size, -1)).all(axis=1)
+                wanted += [(int(i), f"a NaN or Inf in {what} {name}")
+                           for i in np.flatnonzero(bad)[:2]]
     for name, kept in _kept_steps(job).items():
         if kept.min() < kept.max():
             wanted += [(int(np.argmin(kept)), f"the fewest kept steps of {name}"),

@@ -30,6 +30,17 @@ def computed_in(call: CapturedCall, dtype: str) -> str:
     return name if name in TOLERANCES["cross_check"] else dtype
 
 
+def not_finite(call: CapturedCall) -> str | None:
+    """Why a call whose numbers are not all finite is not cross-checked (NaN equals
+    nothing): the report's diagnosis says where they were born."""
+    tensors = [call.args[0], *call.states, *call.outputs] if call.args else call.outputs
+    for tensor in tensors:
+        value = np.asarray(tensor)
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+            return "its numbers are not all finite on this batch"
+    return None
+
+
 def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: RecurrentExplainer,
                  weights: dict[str, np.ndarray], dtype: str,
                  training: bool = False) -> CrossCheckEntry:
@@ -37,7 +48,7 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
     key = cell.key
     label = call_label(call.layer, call.index)
     name = f"the NumPy reference cell {key}"
-    skip = unwitnessed(call, facts, training)
+    skip = unwitnessed(call, facts, training) or not_finite(call)
     rtol, atol = tolerance("cross_check", computed_in(call, dtype))
     if skip:
         return CrossCheckEntry(layer=label, witness=name, max_abs_error=None,

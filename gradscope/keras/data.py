@@ -202,9 +202,9 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
     arrays = read_npz(path)
     problems: list[tuple[str, str]] = []  # (message, where)
 
-    def numeric(key: str) -> bool:
+    def numeric(key: str, finite: bool = True) -> bool:
         try:
-            check_numeric(key, arrays[key])
+            check_numeric(key, arrays[key], finite)
         except DataError as exc:
             problems.append((exc.message, exc.where or key))
             return False
@@ -226,7 +226,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             continue
         used.add(key)
         labels[spec.name] = key
-        if not numeric(key):
+        if not numeric(key, finite=False):
             continue
         try:
             inputs[spec.name] = _checked_input(spec, arrays[key], key)
@@ -248,7 +248,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             continue
         used.add(key)
         labels[name] = key
-        if numeric(key):
+        if numeric(key, finite=False):
             targets[name] = arrays[key]
     weights: dict[str, np.ndarray] = {}
     for key in sorted(k for k in arrays if k == SAMPLE_WEIGHT
@@ -403,22 +403,23 @@ def _named(what: str, value: Any, names: list[str],
         if missing:
             raise DataError(f"{what} has no array for the {kind} '{missing[0]}'; expected "
                             f"arrays for {listed}", where=what)
-        return {name: (f"{what}[{name!r}]", _array(f"{what}[{name!r}]", value[name]))
+        return {name: (f"{what}[{name!r}]", _array(f"{what}[{name!r}]", value[name], False))
                 for name in names}
     if isinstance(value, list | tuple):
         if len(value) != len(names):
             raise DataError(f"{what} is a list of {len(value)} arrays; the model has "
                             f"{len(names)} {kind}s ({listed})", where=what)
-        return {name: (f"{what}[{k}]", _array(f"{what}[{k}]", item))
+        return {name: (f"{what}[{k}]", _array(f"{what}[{k}]", item, False))
                 for k, (name, item) in enumerate(zip(names, value, strict=True))}
     if len(names) != 1:
         raise DataError(f"{what} is one array; the model has {len(names)} {kind}s ({listed}): "
                         f"pass {what} as a list in that order or a dict by name", where=what)
-    return {names[0]: (what, _array(what, value))}
+    return {names[0]: (what, _array(what, value, False))}
 
 
-def _array(name: str, value: Any) -> np.ndarray:
-    """A NumPy copy of an array-like (NumPy, a TF tensor, nested lists), checked numeric."""
+def _array(name: str, value: Any, finite: bool = True) -> np.ndarray:
+    """A NumPy copy of an array-like (NumPy, a TF tensor, nested lists), checked numeric
+    (and, with ``finite``, free of NaN and Inf)."""
     if hasattr(value, "numpy") and callable(value.numpy):
         try:
             value = value.numpy()
@@ -431,7 +432,7 @@ def _array(name: str, value: Any) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise DataError(f"{name} is not an array ({exc}); expected a NumPy array or a "
                         "TensorFlow tensor", where=name) from None
-    check_numeric(name, array)
+    check_numeric(name, array, finite)
     if array.ndim == 0:
         raise DataError(f"{name} is a scalar; expected an array with a batch axis", where=name)
     return array

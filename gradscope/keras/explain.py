@@ -145,6 +145,20 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     report = _report(job, engine, result)
     clock.lap("explain")
     update: dict[str, Any] = {}
+    from gradscope.keras.nonfinite import all_finite, diagnose
+
+    if not all_finite(result):
+        say("a number is not finite: where it was born, on this batch")
+        nonfinite = diagnose(engine, job.batch.inputs, targets, job.batch.sample_weight,
+                             result)
+        clock.lap("nonfinite")
+        skipped = [name for name, asked in (("--flow", flow), ("--jacobians", jacobians),
+                                            ("--chunks", chunks is not None)) if asked]
+        report = report.model_copy(update={"nonfinite": nonfinite, "warnings": [
+            *report.warnings, *([f"{', '.join(skipped)} not computed: the numbers are not "
+                                 "finite"] if skipped else [])]})
+        flow = jacobians = heatmap = False
+        at = chunks = None
     if flow:
         from gradscope.keras.flow import gradient_flow
 
@@ -326,14 +340,14 @@ def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:
     """Both directions of a Bidirectional call rerun in gradscope's NumPy cells, merged as
     Keras merges them, against every output Keras gave; or why they are not."""
     from gradscope.gradcheck import tolerance
-    from gradscope.keras.cross_check import computed_in
+    from gradscope.keras.cross_check import computed_in, not_finite
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import output_error, rerun_call
 
     label = call_label(call.layer, call.index)
     name = "gradscope's NumPy cells, one per direction"
     rtol = tolerance("cross_check", computed_in(call, engine.dtype_name)).rtol
-    found = rerun_call(call, engine)
+    found = not_finite(call) or rerun_call(call, engine)
     if isinstance(found, str):
         return CrossCheckEntry(layer=label, witness=name, max_abs_error=None,
                                  tolerance=rtol, passed=None, detail=f"not witnessed: {found}")
@@ -432,7 +446,8 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
             origin = wired[k] if k < len(wired) else "another layer"
             source = f"wired from {origin}"
             flows_to = f"back into {origin}, and through it to the layers below"
-        per_example = None if value is None or value.ndim != 2 else per_example_norms(value)
+        per_example = (None if value is None or value.ndim != 2
+                       or not np.isfinite(value).all() else per_example_norms(value))
         entries.append(KerasStateEntry(
             name=f"{label}/{note.key}", layer=node.name, shape=shape, source=source,
             flows_to=flows_to, stats=None if value is None else stats(value),
@@ -453,14 +468,14 @@ def _warnings(result: Any, gradients: list[KerasGradientEntry]) -> list[str]:
     warnings = []
     if not np.isfinite(result.loss):
         warnings.append(f"the loss is not finite ({result.loss}) in Keras' own call on this "
-                        "batch, and its gradients may not be either: an average over "
-                        "nothing (every step masked), a log of 0 or an overflow; check the "
-                        "batch and the loss")
+                        "batch, and its gradients may not be either: where the first NaN or "
+                        "Inf was born is said below")
     if result.loss == 0:
         warnings.append("the loss is exactly 0: every gradient is 0 and says nothing about "
                         "the model; check the targets and the loss (--loss, --data)")
     trained = [g for g in gradients if g.trainable and g.stats is not None]
-    if trained and all(g.stats.l2 == 0 for g in trained if g.stats is not None):
+    if trained and all(g.stats.l2 == 0 and not g.stats.nonfinite for g in trained
+                       if g.stats is not None):
         warnings.append("every gradient is exactly 0: nothing of the loss reaches the "
                         "weights on this batch")
     missing = [g.name for g in gradients if g.trainable and g.stats is None]

@@ -99,6 +99,12 @@ def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableTyp
 
 def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     parts = header(report, width)
+    if report.nonfinite is not None:
+        from gradscope.report.keras_text import nonfinite_lines
+
+        parts.append(Text(f"\ntraining stopped at step {report.nonfinite_step}: its loss is "
+                          "not finite", style="bold red"))
+        parts += nonfinite_lines(report.nonfinite)
     if report.recurrent:
         parts += [section("Recurrent layers across training (sparklines: log "
                                     "scale, one mark per pass)"),

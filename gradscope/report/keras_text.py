@@ -42,6 +42,7 @@ from gradscope.report.models import (
     KerasStateEntry,
     KerasStateJacobians,
     KerasTensorSpec,
+    NonFiniteEntry,
 )
 from gradscope.report.tables import (
     CARRIED_COLUMNS,
@@ -275,8 +276,31 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     return parts
 
 
+def nonfinite_lines(found: NonFiniteEntry | None) -> list[RenderableType]:
+    """Where the first NaN or Inf was born: the pass, the place, the op and the cause."""
+    if found is None:
+        return []
+    place = [found.layer or "not found"]
+    if found.step is not None:
+        place.append(f"step {found.step}")
+    if found.examples:
+        shown = ", ".join(map(str, found.examples[:8])) + (", …" if len(found.examples) > 8
+                                                            else "")
+        place.append(f"example{'s' if len(found.examples) > 1 else ''} {shown}")
+    lines: list[RenderableType] = [
+        section(f"Where the first NaN or Inf was born ({found.pass_} pass)"),
+        hanging("✗", f"{found.origin} {', '.join(place)}", "bold red")]
+    if found.operation is not None:
+        sizes = ", ".join(f"{number(m)}" for m in found.operation_inputs)
+        lines.append(hanging(" ", f"op {found.operation}" + (f" (its inputs' max |x|: "
+                                                               f"{sizes})" if sizes else "")))
+    lines.append(hanging(" ", f"cause: {found.cause}", "bold"))
+    return lines
+
+
 def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[RenderableType]:
-    parts: list[RenderableType] = [*header(report), *map(warning, report.warnings)]
+    parts: list[RenderableType] = [*header(report), *map(warning, report.warnings),
+                                   *nonfinite_lines(report.nonfinite)]
     parts += [
         section(f"Layers ({len(report.layers)})"),
         layer_table(report.layers, width),
@@ -375,6 +399,10 @@ def _ranges(indices: list[int]) -> str:
 def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableType]:
     summary = report.summary
     parts: list[RenderableType] = [*header(report, "check"), *examples_lines(report)]
+    if report.nonfinite is not None:
+        return [*parts, *nonfinite_lines(report.nonfinite),
+                Text("\nFAILED: a number is not finite, so no gradient was compared",
+                     style="bold red"), *timings_lines(report.timings)]
     if report.dtype_reason is None:
         computed = Text("a float64 copy of the model with the same weights; every witness "
                         "compares with TF autodiff on it; relative tolerances: "

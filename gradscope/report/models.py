@@ -17,7 +17,7 @@ class _Report(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        return self.model_dump(mode="json", by_alias=True)
 
 
 #: How a report draws itself: ``"html"`` (a notebook's rendering) and ``"figure"`` (a
@@ -661,6 +661,32 @@ class _KerasRun(_KerasReport):
     loss: KerasLossEntry
 
 
+class NonFiniteEntry(_Report):
+    """Where the first NaN or Inf of a pass was born (only when the loss or a gradient is not
+    finite), found on a rerun of the failing batch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True,
+                              populate_by_name=True)
+
+    pass_: Literal["forward", "backward"] = Field(
+        alias="pass", description="forward: a value of the model or its loss; backward: a "
+                                  "gradient, the loss and every value being finite")
+    origin: Literal["input", "weight", "layer", "loss", "unknown"] = Field(
+        description="what holds the first non-finite value: the data, a weight, a layer call "
+                    "(or its backward), the loss (or its backward)")
+    layer: str | None = Field(description="the input's name, the layer call ('gru', "
+                                          "'dense[1]'), 'loss' or the loss term")
+    step: int | None = Field(description="the first time step (input order, from 0) that "
+                                         "holds it; null where the tensor has no time axis")
+    examples: list[int] = Field(description="the examples of the batch that hold it at that "
+                                            "step")
+    operation: str | None = Field(description="the TensorFlow op that made it from finite "
+                                              "inputs (Exp, Log, RealDiv, MatMul, …)")
+    operation_inputs: list[float] = Field(
+        default_factory=list, description="max |x| of each float input of that op")
+    cause: str = Field(description="the likely cause, in words, with the numbers")
+
+
 class KerasExplainReport(_KerasRun):
     command: Literal["explain"] = "explain"
     layers: list[KerasLayerEntry]
@@ -672,6 +698,9 @@ class KerasExplainReport(_KerasRun):
     state_jacobians: KerasStateJacobians | None = Field(default=None,
                                                         description="with --jacobians")
     carry: KerasCarry | None = Field(default=None, description="with --chunks K")
+    nonfinite: NonFiniteEntry | None = Field(
+        default=None, description="where the first NaN or Inf was born, when the loss or a "
+                                  "gradient is not finite (exit 1)")
     timings: dict[str, float] | None = None
 
 
@@ -742,6 +771,9 @@ class KerasCheckReport(_KerasRun):
         default_factory=list, description="layer calls a witness did not run on, with why")
     carry: CarryCheck | None = Field(default=None, description="with --chunks K: the "
                                      "boundaries the carry crosses")
+    nonfinite: NonFiniteEntry | None = Field(
+        default=None, description="where the first NaN or Inf was born, when the loss or a "
+                                  "gradient is not finite: nothing is compared (exit 1)")
     summary: CheckSummary
     timings: dict[str, float] | None = None
 
@@ -948,6 +980,10 @@ class FlowHistoryReport(_CommandReport):
     weights: list[WeightNormSeries]
     recurrent: list[RecurrentFlowSeries]
     not_analysed: list[NotAnalysedAt]
+    nonfinite: NonFiniteEntry | None = Field(
+        default=None, description="GradientFlow(stop_on_nan=True): where the NaN of the first "
+                                  "batch whose loss was not finite was born (training stopped)")
+    nonfinite_step: int | None = Field(default=None, description="the step it was found at")
 
 
 class DiffChange(_Report):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.errors import ConfigError, DataError
+from gradscope.errors import ConfigError
 from gradscope.gradcheck import checked_tensors, rounding_noise, step_for, tolerance
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
@@ -40,6 +40,7 @@ from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
 from gradscope.keras.data import batch_targets
 from gradscope.keras.engine import CopyFails, KerasEngine
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
+from gradscope.keras.nonfinite import all_finite, diagnose
 from gradscope.keras.whole_model import moved_state, restore
 from gradscope.report.models import CheckedExamples, CheckSummary, KerasCheckReport
 from gradscope.timing import Clock, Progress
@@ -109,11 +110,10 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         where = not_in_dtype(model, autodiff.calls, dtype)
         if where:
             raise CopyFails(where, where, engine.path)
-    if not np.isfinite(autodiff.loss):
-        raise DataError(f"{engine.path}: the loss is not finite ({autodiff.loss}) in Keras' own "
-                        f"call of the {'float64 copy' if copied else 'model'} on this batch: no "
-                        "witness can compare gradients of it; check the batch (an average over "
-                        "fully masked steps, a log of 0) and the loss", where=engine.path)
+    if not all_finite(autodiff):
+        say("a number is not finite: where it was born, on these examples")
+        return _not_finite(job, engine, autodiff, chosen, inputs, targets, sample_weight,
+                           clock, timings)
     if after_autodiff is not None:
         after_autodiff(model)
     give_back_freed_memory()  # the tape's, before the witnesses set the peak
@@ -180,6 +180,40 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
+        timings=clock.laps(timings))
+
+
+def _not_finite(job: KerasJob, engine: KerasEngine, autodiff: Any, chosen: CheckedExamples,
+                inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                sample_weight: Any, clock: Clock, timings: bool) -> KerasCheckReport:
+    """A loss or gradient that is not finite: no witness can compare it, so check says where
+    it was born instead (a problem found: exit 1), its examples numbered in the batch."""
+    found = None
+    if chosen.indices is not None:
+        # The whole batch, so that the examples (in the cause too) are numbered as the
+        # user numbers them.
+        dtype = engine.dtype_name
+        whole = {name: value.astype(dtype) if value.dtype.kind == "f" else value
+                 for name, value in job.batch.inputs.items()}
+        every = batch_targets(job.plan, job.batch.targets, engine.output_shapes(whole),
+                              job.seed)
+        every = {name: value.astype(dtype) if value.dtype.kind == "f" else value
+                 for name, value in every.items()}
+        result = engine.run(whole, every, sample_weight=job.batch.sample_weight)
+        found = diagnose(engine, whole, every, job.batch.sample_weight, result)
+    if found is None:
+        found = diagnose(engine, inputs, targets, sample_weight, autodiff)
+        assert found is not None  # the pass is not all finite
+        if chosen.indices is not None:
+            found = found.model_copy(update={"examples": [chosen.indices[e]
+                                                          for e in found.examples]})
+    clock.lap("nonfinite")
+    return KerasCheckReport(
+        model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
+        examples=chosen, dtype=engine.dtype_name, tolerances={}, tensors=[],
+        nonfinite=found,
+        summary=CheckSummary(passed=False, checked_tensors=0, failed_tensors=[], witnesses=[],
+                             comparisons=0, failures=0),
         timings=clock.laps(timings))
 
 

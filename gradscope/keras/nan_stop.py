@@ -1,0 +1,81 @@
+"""``GradientFlow(stop_on_nan=True)``: at the first step of ``fit`` whose loss is not finite,
+where the NaN was born, on that step's batch with the weights it started from.
+
+Keras' running loss turns non-finite at the first batch whose loss is (a mean of finite losses
+stays finite). By then the optimizer has applied that step; so the callback keeps the last
+two batches with the weights each started from (a copy of the weights per step: the cost of
+the option), and reruns the failing one on its own weights. Where those already hold NaN, the
+step before wrote them: a finite loss with a non-finite gradient, diagnosed on its batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradscope.report.models import NonFiniteEntry
+from gradscope.training_log import NONFINITE_FILE
+
+#: The TensorBoard text summary's tag.
+TEXT_TAG = "gradscope/nonfinite"
+#: The file, in ``log_dir``, that holds the diagnosis as JSON (``gradscope watch`` reads it).
+JSON_FILE = NONFINITE_FILE
+
+
+def snapshot(model: Any) -> list[np.ndarray]:
+    """Every weight of the model, copied."""
+    return [np.array(v.numpy()) for v in model.weights]
+
+
+@contextlib.contextmanager
+def weights_held(model: Any, values: list[np.ndarray]) -> Iterator[None]:
+    """The model's weights set to ``values`` within the block, and given back after it."""
+    now = snapshot(model)
+    for variable, value in zip(model.weights, values, strict=True):
+        variable.assign(value)
+    try:
+        yield
+    finally:
+        for variable, value in zip(model.weights, now, strict=True):
+            variable.assign(value)
+
+
+def as_arrays(value: Any) -> Any:
+    """Tensors of a batch's part (sample weights) as NumPy arrays, in the same structure."""
+    import keras
+
+    return None if value is None else keras.tree.map_structure(np.asarray, value)
+
+
+def text(found: NonFiniteEntry, step: int) -> str:
+    """The diagnosis as the text report draws it, 80 columns wide, without colour."""
+    import io
+
+    from rich.console import Console
+
+    from gradscope.report.keras_text import nonfinite_lines
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80, color_system=None, no_color=True,
+                      highlight=False, force_terminal=False)
+    console.print(f"GradientFlow: the loss of step {step} is not finite; training stops")
+    for line in nonfinite_lines(found):
+        console.print(line)
+    return buffer.getvalue()
+
+
+def write(log_dir: Path, writer: Any, tf: Any, found: NonFiniteEntry, step: int) -> None:
+    """``nonfinite.json`` in ``log_dir`` (the diagnosis with its step) and a TensorBoard text
+    summary of it at that step."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    document = {"step": step, "nonfinite": found.to_dict()}
+    (log_dir / JSON_FILE).write_text(json.dumps(document, indent=2, ensure_ascii=False,
+                                                allow_nan=False) + "\n")
+    with writer.as_default():
+        tf.summary.text(TEXT_TAG, text(found, step), step=step)
+    writer.flush()

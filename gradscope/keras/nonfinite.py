@@ -1,0 +1,255 @@
+"""Where the first NaN or Inf of a pass was born, when the loss or a gradient is not finite.
+
+Nothing runs when every number is finite. Otherwise, on the failing batch only: the data and
+the weights first; then, forward, the first layer call (in call order) whose outputs are not
+finite while its inputs are, a recurrent call stepped through its own cell to the first step
+whose state is not; then the loss; and, where the loss is finite, backward from the output
+side, the first call whose backward turns a finite ∂L/∂output into a non-finite gradient. The
+one call, step or loss found is rerun eagerly with its ops looked at
+(:mod:`~gradscope.keras.births`), which names the op and its inputs' magnitudes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.keras.births import Birth, finite, first_birth
+from gradscope.keras.engine import CapturedCall, KerasPass, call_label
+from gradscope.keras.nonfinite_causes import (
+    entry,
+    fully_masked,
+    kind_of,
+    op_cause,
+    where,
+)
+from gradscope.report.models import NonFiniteEntry
+
+
+def all_finite(result: KerasPass) -> bool:
+    """Whether the loss and every gradient of a pass are finite."""
+    grads = [*result.gradients.values(), *(g for gs in result.state_gradients.values()
+                                           for g in gs)]
+    return finite(result.loss) and all(g is None or finite(g) for g in grads)
+
+
+def diagnose(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+             sample_weight: Any, result: KerasPass) -> NonFiniteEntry | None:
+    """Where the first non-finite value of ``result`` (a pass of ``engine`` on this batch)
+    was born; None when the loss and every gradient are finite.
+
+    Args:
+        engine: The :class:`~gradscope.keras.engine.KerasEngine` that ran the pass.
+        inputs: The batch's inputs, by name.
+        targets: The targets the pass used, by output name.
+        sample_weight: As the pass took them.
+        result: The pass.
+
+    Returns:
+        The diagnosis, or None.
+    """
+    if all_finite(result):
+        return None
+    found = (_in_data(inputs, "input") or _in_data(targets, "target") or _in_weights(engine)
+             or _forward(engine, result)
+             or _in_loss(engine, inputs, targets, sample_weight, result))
+    if found is None and finite(result.loss):
+        from gradscope.keras.nonfinite_backward import backward
+
+        found = backward(engine, inputs, targets, sample_weight)
+    return found or entry(
+        "forward" if not finite(result.loss) else "backward", "unknown", None, None, [],
+        "gradscope could not find where: every layer call and the loss stay finite when "
+        "rerun one by one")
+
+
+def positions(value: np.ndarray) -> tuple[int | None, list[int]]:
+    """The first time step (axis 1 of a tensor of rank 3 or more) holding a non-finite
+    number, and the examples holding one there (any position, for rank 2)."""
+    bad: np.ndarray = np.asarray(~np.isfinite(np.asarray(value, np.float64)))
+    if bad.ndim < 2:
+        return None, [int(e) for e in np.flatnonzero(bad)] if bad.ndim else []
+    if bad.ndim == 2:
+        return None, [int(e) for e in np.flatnonzero(bad.any(axis=1))]
+    per_step: np.ndarray = np.asarray(bad.reshape(bad.shape[0], bad.shape[1], -1).any(axis=2))
+    step = int(np.flatnonzero(per_step.any(axis=0))[0])
+    return step, [int(e) for e in np.flatnonzero(per_step[:, step])]
+
+
+def _in_data(arrays: dict[str, np.ndarray], what: str) -> NonFiniteEntry | None:
+    """The first input (or target) array holding NaN or Inf: the data's fault."""
+    for name, value in arrays.items():
+        if value.dtype.kind != "f" or finite(value):
+            continue
+        step, examples = positions(value)
+        bad = np.argwhere(~np.isfinite(value))
+        first = next(b for b in bad if (step is None or int(b[1]) == step)
+                     and int(b[0]) == examples[0])
+        feature = f", feature {int(first[-1])}" if value.ndim >= 2 + (step is not None) else ""
+        spot = f"example {examples[0]}" + ("" if step is None else f", step {step}") + feature
+        total = int(bad.shape[0])
+        more = (f"; {total} non-finite numbers in "
+                f"{len({int(b[0]) for b in bad})} example(s)" if total > 1 else "")
+        return entry("forward", "input", name, step, examples,
+                     f"{kind_of(value)} in the {what} {name}: {spot}{more}; the data's "
+                     "fault, not the model's")
+    return None
+
+
+def _in_weights(engine: Any) -> NonFiniteEntry | None:
+    for variable in engine.model.weights:
+        value = np.asarray(variable.numpy())
+        if finite(value):
+            continue
+        count = int(np.sum(~np.isfinite(value)))
+        return entry("forward", "weight", variable.path.split("/")[0], None, [],
+                     f"the weight {variable.path} already holds {count} {kind_of(value)} "
+                     f"number(s) of {value.size}: an earlier update wrote them (the batch "
+                     "is not the cause)")
+    return None
+
+
+def _forward(engine: Any, result: KerasPass) -> NonFiniteEntry | None:
+    for call in result.calls:
+        if all(finite(o) for o in call.outputs if _is_float(o)):
+            continue
+        label = call_label(call.layer, call.index)
+        given = [a for a in [*call.args, *call.states] if _is_float(a)]
+        if not all(finite(a) for a in given):
+            step, examples = positions(next(a for a in given if not finite(a)))
+            return entry("forward", "layer", label, step, examples,
+                         f"its input is already not finite{where(step, examples)}, from "
+                         "outside the layer calls gradscope saw")
+        from gradscope.keras.nonfinite_steps import recurrent_birth
+
+        stepped = recurrent_birth(engine, call)
+        if stepped is not None:
+            return stepped
+        return _layer_birth(engine, call, label)
+    return None
+
+
+def _layer_birth(engine: Any, call: CapturedCall, label: str) -> NonFiniteEntry:
+    """A layer call whose outputs are not finite, its inputs being finite: rerun eagerly."""
+    layer = engine.operation(call.layer)
+    bad = next(np.asarray(o) for o in call.outputs if _is_float(o) and not finite(o))
+    step, examples = positions(bad)
+    _, birth = first_birth(lambda: layer_call(engine, layer, call))
+    cause = fully_masked(call.mask, examples) or op_cause(birth, step, examples)
+    return entry("forward", "layer", label, step, examples, cause, birth)
+
+
+def layer_call(engine: Any, layer: Any, call: CapturedCall, args: list[Any] | None = None,
+               states: list[Any] | None = None) -> Any:
+    """The layer called again, eagerly, on what the captured call received."""
+    args = [a for a in call.args if engine.tf.is_tensor(a)] if args is None else args
+    kwargs: dict[str, Any] = {}
+    if getattr(layer, "_call_has_training_arg", False):
+        kwargs["training"] = engine.training
+    if call.mask is not None and getattr(layer, "_call_has_mask_arg", False):
+        kwargs["mask"] = call.mask
+    states = call.states if states is None else states
+    if states:
+        kwargs["initial_state"] = list(states)
+    return layer(args[0] if len(args) == 1 else list(args), **kwargs)
+
+
+def _in_loss(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+             sample_weight: Any, result: KerasPass) -> NonFiniteEntry | None:
+    """Every layer output finite, the loss not: the loss, rerun eagerly on Keras' own call."""
+    if finite(result.loss):
+        return None
+    outputs, _, birth = loss_rerun(engine, inputs, targets, sample_weight)
+    terms = [t for t in result.loss_terms if not finite(t.value)]
+    label = "loss" if not terms else f"loss: {terms[0].name} ({terms[0].detail})"
+    if birth is None:
+        return entry("forward", "loss", label, None, [], op_cause(None, None, []))
+    step, examples = positions(birth.output) if birth.output.ndim else (None, [])
+    cause = op_cause(birth, step, examples, what="its argument")
+    if birth.op_type == "Log" and birth.inputs:
+        cause = _log_cause(engine, birth, outputs, result) or cause
+    return entry("forward", "loss", label, step, examples, cause, birth)
+
+
+def loss_rerun(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+               sample_weight: Any, watch: Any = None) -> tuple[list[Any], Any, Birth | None]:
+    """Keras' own call of the model, eagerly, then its loss with the loss's ops looked at:
+    the outputs, the loss (or, with ``watch(tape, outputs, loss)``, what it takes from a
+    tape around the loss: the loss's backward is then looked at too) and the first op that
+    made a non-finite value. The model's moved state is put back."""
+    from gradscope.keras.whole_model import (
+        losses_kept,
+        model_outputs,
+        moved_state,
+        restore,
+        seed_random_draws,
+    )
+
+    feed, y = engine.tensors(inputs, targets)
+    weights = engine.weight_tensors(sample_weight)
+    before = moved_state(engine.model)
+    tf = engine.tf
+    try:
+        with losses_kept(engine.model):
+            if engine.training:
+                seed_random_draws(engine.model, engine.seed)
+            outputs = model_outputs(engine.model, feed, engine.training)
+
+            def run() -> Any:
+                if watch is None:
+                    return engine.compute_loss(feed, y, outputs, weights)
+                with tf.GradientTape() as tape:
+                    tape.watch(outputs)
+                    loss = engine.compute_loss(feed, y, outputs, weights)
+                return watch(tape, outputs, loss)
+
+            found, birth = first_birth(run)
+    finally:
+        restore(before)
+    return outputs, found, birth
+
+
+def _log_cause(engine: Any, birth: Birth, outputs: list[Any],
+               result: KerasPass) -> str | None:
+    """'log of 0: the softmax output for example 5 is exactly 0 at class 2' where the log's
+    argument is one of the model's outputs."""
+    argument = birth.inputs[0]
+    bad = np.argwhere(~np.isfinite(birth.output) & (argument <= 0)) \
+        if argument.shape == birth.output.shape else np.zeros((0, 0))
+    if not len(bad):
+        return None
+    spot = [int(i) for i in bad[0]]
+    named = None
+    for name, output in zip(engine.output_names, outputs, strict=False):
+        if np.asarray(output).shape == argument.shape and np.array_equal(
+                np.asarray(output), argument):
+            named = _output_words(engine, name)
+    value = float(argument[tuple(spot)])
+    what = named or "the log's argument"
+    place = (f"example {spot[0]}" + (f" at step {spot[1]}" if len(spot) > 2 else "")
+             + (f" at class {spot[-1]}" if len(spot) >= 2 else ""))
+    size = "exactly 0" if value == 0 else f"{value:.3g}"
+    logits = [t.settings.get("from_logits") for t in result.loss_terms
+              if t.settings and "from_logits" in t.settings]
+    said = f" (from_logits={logits[0]})" if logits else ""
+    return f"log of {'0' if value == 0 else 'a negative number'}: {what} for {place} is " \
+           f"{size}{said}"
+
+
+def _output_words(engine: Any, name: str) -> str:
+    """'the softmax output' (the output layer's activation), else 'the output NAME'."""
+    try:
+        layer = engine.operation(name)
+    except KeyError:
+        return f"the output {name}"
+    activation = getattr(getattr(layer, "activation", None), "__name__", None)
+    return (f"the {activation} output" if activation in {"softmax", "sigmoid"}
+            else f"the output {name}")
+
+
+
+def _is_float(value: Any) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and (getattr(dtype, "is_floating", False)
+                                  or getattr(dtype, "kind", "") == "f")

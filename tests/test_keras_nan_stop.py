@@ -1,0 +1,83 @@
+"""gradscope/keras/nan_stop.py: GradientFlow(stop_on_nan=True) during model.fit.
+
+fit runs unshuffled on batches of 6, so batch k is rows 6k…6k+5; a NaN planted in one
+example of the third batch makes the loss of step 3 NaN, and a zero vector under an L2 norm
+in the second batch gives step 2 a finite loss with NaN gradients, so step 3's weights hold
+NaN: the diagnosis must name the step and the example where each was born.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from conftest import render_text
+
+import gradscope
+from gradscope.keras.nan_stop import JSON_FILE, TEXT_TAG
+
+B, T, F = 6, 5, 3
+
+
+def _fit(keras: Any, model: Any, x: np.ndarray, flow: Any) -> Any:
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model.fit(x, np.zeros((len(x), 2), "float32"), batch_size=B, epochs=2,
+                     shuffle=False, verbose=0, callbacks=[flow])
+
+
+def test_nan_in_one_example_s_input_stops_fit_with_the_diagnosis(tf, tmp_path, capsys):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((T, F), name="x"), keras.layers.GRU(3),
+                              keras.layers.Dense(2)])
+    x = np.random.default_rng(0).normal(size=(4 * B, T, F)).astype("float32")
+    x[2 * B + 4, 1, 2] = np.nan  # the third batch's example 4
+    flow = GradientFlow(every=2, log_dir=tmp_path, stop_on_nan=True)  # one pass at step 2
+    history = _fit(keras, model, x, flow)
+    found = flow.nonfinite
+    assert found is not None and flow.nonfinite_step == 3
+    assert (found.origin, found.layer, found.step, found.examples) == ("input", "x", 1, [4])
+    assert found.cause.startswith("NaN in the input x: example 4, step 1, feature 2")
+    assert len(history.history["loss"]) == 1  # stopped in the first epoch
+    assert "the loss of step 3 is not finite; training stops" in capsys.readouterr().err
+    written = json.loads((tmp_path / JSON_FILE).read_text())
+    assert written["step"] == 3 and written["nonfinite"]["examples"] == [4]
+    texts = [value for path in tmp_path.glob("events.out.tfevents.*")
+             for event in tf.compat.v1.train.summary_iterator(str(path))
+             for value in event.summary.value if value.tag == TEXT_TAG]
+    assert texts and b"NaN in the input x" in texts[0].tensor.string_val[0]
+    assert flow.history.nonfinite == found and flow.history.nonfinite_step == 3
+    watched = gradscope.watch(tmp_path)  # read back from the log_dir
+    assert watched.nonfinite == found and watched.nonfinite_step == 3
+    assert "training stopped at step 3: its loss is not finite" in render_text(watched, 80)
+
+
+def test_a_nan_gradient_is_found_on_the_step_that_wrote_it(tf):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    @keras.saving.register_keras_serializable("gradscope_tests")
+    class WithNorm(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            norm = keras.ops.sqrt(keras.ops.sum(x * x, axis=-1, keepdims=True))
+            return keras.ops.concatenate([x, norm], axis=-1)
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((T, F), name="x")
+    # No bias: a zero input stays a zero vector whatever the updates.
+    pre = keras.layers.Dense(3, use_bias=False, name="pre")
+    hidden = WithNorm(name="norm")(pre(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GRU(3)(hidden)))
+    x = np.random.default_rng(0).normal(size=(4 * B, T, F)).astype("float32")
+    x[B + 2, 3] = 0.0  # the second batch's example 2, at step 3
+    flow = GradientFlow(every=100, stop_on_nan=True)
+    _fit(keras, model, x, flow)
+    found = flow.nonfinite
+    assert found is not None and flow.nonfinite_step == 2
+    assert (found.pass_, found.layer, found.step, found.examples, found.operation) == (
+        "backward", "norm", 3, [2], "SqrtGrad")

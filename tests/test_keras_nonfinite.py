@@ -1,0 +1,249 @@
+"""gradscope/keras/nonfinite.py: where the first NaN or Inf of a pass is born, on planted
+failures, each with the right layer, step, examples and cause.
+
+The truth is computed here: NumPy unrolls the relu recurrence by hand (the step at which it
+overflows float32, and its growth), the planted input says where its NaN is, and the loss a
+failure plants is checked non-finite with Keras' own call. Models are small: a few units,
+a batch of 6, at most 64 steps.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import keras_tape_norms, render_text, run_gradscope
+
+import gradscope
+
+B, F = 6, 3
+
+
+def _sequences(steps: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(B, steps, F)).astype("float32")
+
+
+def _relu_rnn(tf: Any, gain: float, rate: float = 0.0) -> Any:
+    """A relu SimpleRNN whose recurrent kernel is ``gain``·I: its state grows ``gain``× a
+    step (times 1/(1 − rate) for the units recurrent_dropout keeps)."""
+    import keras
+
+    x = keras.Input((64, F), name="x")
+    rnn = keras.layers.SimpleRNN(4, activation="relu", recurrent_dropout=rate, name="rnn")
+    # A tanh head: the loss stays finite wherever the state does.
+    model = keras.Model(x, keras.layers.Dense(2, activation="tanh", name="head")(rnn(x)))
+    model.compile(loss="mse")
+    kernel, _, bias = rnn.get_weights()
+    rnn.set_weights([np.full_like(kernel, 0.3), gain * np.eye(4, dtype="float32"), bias])
+    return model
+
+
+def _overflow_step(x: np.ndarray, gain: float) -> tuple[int, list[int]]:
+    """By hand, in float32: the first step at which h_t = relu(x_t·0.3 + gain·h_{t-1})
+    overflows, and the examples that overflow there."""
+    h = np.zeros((B, 4), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(x.shape[1]):
+            h = np.maximum(x[:, t] @ np.full((F, 4), 0.3, np.float32)
+                           + h @ (gain * np.eye(4, dtype=np.float32)), 0).astype(np.float32)
+            bad = ~np.isfinite(h).all(axis=1)
+            if bad.any():
+                return t, [int(e) for e in np.flatnonzero(bad)]
+    raise AssertionError("the planted recurrence never overflows")
+
+
+def test_nothing_is_searched_when_every_number_is_finite(tf):
+    import keras
+
+    model = keras.Sequential([keras.Input((5, F)), keras.layers.GRU(3), keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=_sequences(5), y=np.zeros((B, 2), "float32"))
+    assert report.nonfinite is None
+    assert report.to_dict()["nonfinite"] is None
+
+
+def test_a_fully_masked_example_under_a_masked_mean(tf):
+    import keras
+
+    x = _sequences(8)
+    x[3] = 0.0  # every step of example 3 is masked
+    inputs = keras.Input((8, F), name="x")
+    hidden = keras.layers.GRU(4, return_sequences=True)(keras.layers.Masking(0.0)(inputs))
+    pooled = keras.layers.GlobalAveragePooling1D(name="mean")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(2)(pooled))
+    model.compile(loss="mse")
+    y = np.zeros((B, 2), "float32")
+    assert not np.isfinite(keras_tape_norms(model, x, y)[0])
+    found = gradscope.explain(model, x=x, y=y).nonfinite
+    assert found is not None
+    assert (found.pass_, found.origin, found.layer, found.step, found.examples) == (
+        "forward", "layer", "mean", None, [3])
+    assert found.cause.startswith("a fully masked example: the mean over 0 steps")
+    assert found.operation in {"RealDiv", "Div", "DivNoNan"}
+
+
+def test_log_of_zero_in_a_custom_loss(tf):
+    import keras
+
+    def log_loss(y_true: Any, y_pred: Any) -> Any:
+        return -keras.ops.sum(y_true * keras.ops.log(y_pred), axis=-1)
+
+    x = _sequences(5)
+    x[5] *= 40.0  # example 5's logits spread far enough for softmax to give an exact 0
+    inputs = keras.Input((5, F), name="x")
+    probs = keras.layers.Dense(3, activation="softmax", name="probs")
+    model = keras.Model(inputs, probs(keras.layers.Flatten()(inputs)))
+    model.compile(loss=log_loss)
+    kernel, bias = probs.get_weights()
+    kernel[:] = 0.0
+    kernel[:, 2] = -4.0 * np.sign(x[5].reshape(-1))  # class 2's logit: far below for 5
+    probs.set_weights([kernel, bias])
+    p = np.asarray(model(x))
+    assert p[5, 2] == 0 and (p[:5] > 0).all()
+    y = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 0]]
+    found = gradscope.explain(model, x=x, y=y).nonfinite
+    assert found is not None
+    assert (found.pass_, found.origin, found.step, found.examples) == (
+        "forward", "loss", None, [5])
+    assert found.operation == "Log"
+    assert found.cause == ("log of 0: the softmax output for example 5 at class 2 is "
+                           "exactly 0")
+
+
+def test_exp_overflow_in_a_custom_layer(tf):
+    import keras
+
+    @keras.saving.register_keras_serializable("gradscope_tests")
+    class Exponential(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            return keras.ops.exp(x)
+
+    x = _sequences(40)
+    x[2, 37] = 812.0 / F  # the pre-activation of example 2 reaches 812 at step 37
+    inputs = keras.Input((40, F), name="x")
+    pre = keras.layers.Dense(1, kernel_initializer="ones", name="pre")(inputs)
+    hidden = keras.layers.GRU(3)(Exponential(name="exp")(pre))
+    model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    model.compile(loss="mse")
+    found = gradscope.explain(model, x=x, y=np.zeros((B, 2), "float32")).nonfinite
+    assert found is not None
+    assert (found.pass_, found.layer, found.step, found.examples, found.operation) == (
+        "forward", "exp", 37, [2], "Exp")
+    assert found.cause == "exp overflow: the pre-activation reached 812 at step 37 (example 2)"
+
+
+def test_a_relu_simple_rnn_that_explodes(tf):
+    x = np.abs(_sequences(64))
+    model = _relu_rnn(tf, 4.4)
+    step, examples = _overflow_step(x, 4.4)
+    assert 55 <= step <= 63
+    report = gradscope.explain(model, x=x, y=np.zeros((B, 2), "float32"))
+    found = report.nonfinite
+    assert found is not None
+    assert (found.pass_, found.layer, found.step, found.examples) == (
+        "forward", "rnn", step, examples)
+    assert found.cause.startswith("the recurrent state grows 4.4× a step with relu, "
+                                  "reaching ")
+    assert found.cause.endswith(f"at step {step - 1}, and overflows at step {step} "
+                                f"(example {examples[0]})")
+    text = render_text(report, 80)
+    assert "Where the first NaN or Inf was born (forward pass)" in text
+    assert "cause: the recurrent state grows 4.4×" in text
+
+
+def test_recurrent_dropout_with_relu(tf):
+    """Without dropout the state grows 2.2× a step and stays finite over 64 steps; in
+    training mode recurrent_dropout 0.5 scales the units it keeps by 2 every step."""
+    x = np.abs(_sequences(64))
+    model = _relu_rnn(tf, 2.2, rate=0.5)
+    y = np.zeros((B, 2), "float32")
+    assert gradscope.explain(model, x=x, y=y).nonfinite is None
+    found = gradscope.explain(model, x=x, y=y, training=True).nonfinite
+    assert found is not None
+    assert (found.pass_, found.layer) == ("forward", "rnn")
+    assert found.step is not None and found.step < 64 and found.examples
+    assert "a step with relu and recurrent_dropout 0.5 (the units it keeps are scaled by 2 " \
+           "every step)" in found.cause
+
+
+def test_nan_in_one_example_s_input_from_the_command_line(tf, tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((8, F), name="x"), keras.layers.GRU(3),
+                              keras.layers.Dense(2, name="y")])
+    model.compile(loss="mse")
+    model.save(tmp_path / "model.keras")
+    x = _sequences(8)
+    x[3, 5, 1] = np.nan
+    np.savez(tmp_path / "batch.npz", x=x, y=np.zeros((B, 2), "float32"))
+    found = gradscope.explain(model, x=x, y=np.zeros((B, 2), "float32")).nonfinite
+    assert found is not None
+    assert (found.origin, found.layer, found.step, found.examples) == ("input", "x", 5, [3])
+    assert found.cause.startswith("NaN in the input x: example 3, step 5, feature 1")
+    run = run_gradscope("explain", str(tmp_path / "model.keras"), "--data",
+                        str(tmp_path / "batch.npz"), "--json")
+    assert run.returncode == 1, run.stderr
+    document = json.loads(run.stdout)["nonfinite"]
+    assert (document["pass"], document["layer"], document["step"], document["examples"]) == (
+        "forward", "x", 5, [3])
+    checked = run_gradscope("check", str(tmp_path / "model.keras"), "--data",
+                            str(tmp_path / "batch.npz"))
+    assert checked.returncode == 1, checked.stderr
+    assert "NaN in the input x: example 3, step 5, feature 1" in checked.stdout
+
+
+def test_backward_the_derivative_of_sqrt_at_zero(tf):
+    """The loss and every value finite, a gradient not: an L2 norm of a zero vector (example
+    4 at step 2) is 0, and its derivative is not finite."""
+    import keras
+
+    @keras.saving.register_keras_serializable("gradscope_tests")
+    class WithNorm(keras.layers.Layer):
+        def call(self, x: Any) -> Any:
+            norm = keras.ops.sqrt(keras.ops.sum(x * x, axis=-1, keepdims=True))
+            return keras.ops.concatenate([x, norm], axis=-1)
+
+    x = _sequences(6)
+    x[4, 2] = 0.0
+    inputs = keras.Input((6, F), name="x")
+    hidden = WithNorm(name="norm")(keras.layers.Dense(3, name="pre")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GRU(3)(hidden)))
+    model.compile(loss="mse")
+    y = np.ones((B, 2), "float32")
+    loss, norms = keras_tape_norms(model, x, y)
+    assert np.isfinite(loss) and not all(np.isfinite(v) for v in norms.values())
+    report = gradscope.explain(model, x=x, y=y)
+    found = report.nonfinite
+    assert found is not None
+    assert (found.pass_, found.origin, found.layer, found.step, found.examples,
+            found.operation) == ("backward", "layer", "norm", 2, [4], "SqrtGrad")
+    assert found.cause == ("the derivative of sqrt at 0 is infinite: its argument is 0 at "
+                           "step 2 (example 4); the value is finite, its gradient is not")
+
+
+@pytest.mark.parametrize("command", ["explain-keras", "check-keras"])
+def test_the_schema_has_nonfinite_with_pass(command):
+    from gradscope.report.models import json_schema
+
+    schema = json.dumps(json_schema(command))
+    assert '"nonfinite"' in schema and '"pass"' in schema
+
+
+def test_check_picks_the_example_that_holds_nan_and_numbers_it_in_the_batch(tf):
+    """A batch larger than check's default examples: the example whose input holds NaN is
+    checked, and the diagnosis numbers it as the batch does."""
+    import keras
+
+    model = keras.Sequential([keras.Input((4, F), name="x"), keras.layers.GRU(2),
+                              keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(1).normal(size=(40, 4, F)).astype("float32")
+    x[37, 2, 0] = np.inf
+    report = gradscope.check(model, x=x, y=np.zeros((40, 2), "float32"))
+    assert not report.summary.passed and report.examples is not None
+    assert report.examples.indices is not None and 37 in report.examples.indices
+    found = report.nonfinite
+    assert found is not None and (found.layer, found.step, found.examples) == ("x", 2, [37])
+    assert found.cause.startswith("Inf in the input x: example 37, step 2, feature 0")
