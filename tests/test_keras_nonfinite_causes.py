@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from gradscope.keras.births import Birth
-from gradscope.keras.nonfinite import positions
+from gradscope.keras.nonfinite_reruns import positions
 from gradscope.keras.nonfinite_causes import fully_masked, growth_cause, op_cause
 
 

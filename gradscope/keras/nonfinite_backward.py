@@ -15,6 +15,7 @@ import numpy as np
 from gradscope.keras.births import Birth, finite, first_birth
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.nonfinite_causes import entry, op_cause, where
+from gradscope.keras.nonfinite_reruns import layer_call, loss_rerun, positions
 from gradscope.report.models import NonFiniteEntry
 
 #: What the backward op of a function says when it is infinite at a point.
@@ -38,7 +39,6 @@ def backward(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.n
     Returns:
         The diagnosis, or None.
     """
-    from gradscope.keras.nonfinite import loss_rerun
 
     def output_gradients(tape: Any, outputs: list[Any], loss: Any) -> Any:
         return tape.gradient(loss, outputs)
@@ -65,7 +65,6 @@ def backward(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.n
 def _call_backward(engine: Any, call: CapturedCall, upstream: list[Any]) -> NonFiniteEntry | None:
     """One call's backward from its finite ∂L/∂outputs, rerun eagerly: the diagnosis where
     it makes a non-finite gradient."""
-    from gradscope.keras.nonfinite import layer_call
 
     tf, keras = engine.tf, engine.keras
     layer = engine.operation(call.layer)
@@ -123,7 +122,6 @@ def _stepped_totals(engine: Any, call: CapturedCall,
 
 
 def _positions(value: np.ndarray) -> tuple[int | None, list[int]]:
-    from gradscope.keras.nonfinite import positions
 
     return positions(value)
 
