@@ -151,7 +151,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     grid, method = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
         median=float(np.nanmedian(grid)), max=float(np.nanmax(grid)),
-        share_above_1=float(np.mean(grid[path.ran] > 1)),
+        share_above_1=float(np.mean(grid[path.ran & np.isfinite(grid)] > 1)),
         steps_median=_per_step(grid, np.nanmedian), steps_max=_per_step(grid, np.nanmax),
         method=method)
     say(f"{label}: gates")

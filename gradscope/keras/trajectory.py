@@ -19,6 +19,9 @@ from gradscope.keras.stepped import Stepped
 #: Pairs (x_t, s_{t−1}) the step-Jacobian norms take at once (Lanczos keeps its basis for
 #: each: rows × steps × state numbers in float64).
 FOLD_ROWS = 4096
+#: The step-Jacobian norms are taken at most at this many steps, evenly spaced (every step of
+#: a shorter call): their cost then does not grow with the length of the sequence.
+NORM_STEPS = 256
 #: Exact norms (batch_jacobian and SVD) up to this many state numbers; Lanczos above.
 EXACT_STATE = 32
 #: Lanczos stops when every norm moved less than this, relatively, or at the cap.
@@ -140,10 +143,15 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0) -> n
     return np.asarray(found, np.float64)
 
 
-def folded_pairs(path: Trajectory) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-    """Every pair (x_t, s_{t−1}) a step ran on, time folded into the batch: x (N, ·), the
-    states (N, w) each, and the (example, step) of each row (N, 2)."""
-    rows = np.argwhere(path.ran)
+def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Every pair (x_t, s_{t−1}) a step ran on (of ``steps`` only, when given), time folded
+    into the batch: x (N, ·), the states (N, w) each, and the (example, step) of each row
+    (N, 2)."""
+    ran = path.ran
+    if steps is not None:
+        ran = ran & np.isin(np.arange(ran.shape[1]), steps)[None, :]
+    rows = np.argwhere(ran)
     x = path.x[rows[:, 0], rows[:, 1]]
     previous = [p[rows[:, 0], rows[:, 1]] for p in path.previous]
     return x, previous, rows
@@ -151,8 +159,9 @@ def folded_pairs(path: Trajectory) -> tuple[np.ndarray, list[np.ndarray], np.nda
 
 def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
                seed: int = 0) -> tuple[np.ndarray, str]:
-    """The spectral norm ‖J_t‖₂ of every step that ran, (B, T), NaN where a step did not run;
-    and how it was computed. ``exact`` (default: for states of at most
+    """The spectral norm ‖J_t‖₂ of every step that ran (at most :data:`NORM_STEPS` steps,
+    evenly spaced), (B, T), NaN where a step did not run or was not taken; and how it was
+    computed. ``exact`` (default: for states of at most
     :data:`EXACT_STATE` numbers): ``batch_jacobian`` and SVD; else power iteration on JᵀJ
     (a JVP then a VJP of one step) by Lanczos, until every norm moves less than
     :data:`POWER_RTOL`."""
@@ -160,7 +169,10 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     step = _step(engine, path.layer)
     widths, size = path.widths, path.size
     exact = size <= EXACT_STATE if exact is None else exact
-    x, previous, rows = folded_pairs(path)
+    steps = path.ran.shape[1]
+    taken = (np.arange(steps) if steps <= NORM_STEPS else
+             np.unique(np.linspace(0, steps - 1, NORM_STEPS).round().astype(int)))
+    x, previous, rows = folded_pairs(path, taken)
     dtype = path.layer.cell.compute_dtype
 
     @tf.function(autograph=False, reduce_retracing=True)
@@ -201,7 +213,9 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
                 lambda v, xs=xs, joined=joined: np.asarray(
                     normal(xs, joined, tf.cast(v, dtype))[1], np.float64), start)
             unsettled += moving
-    method = ("exact: batch_jacobian of one step and its SVD" if exact else
+    sampled = (f"at {len(taken)} of {steps} steps, evenly spaced; " if len(taken) < steps
+               else "")
+    method = sampled + ("exact: batch_jacobian of one step and its SVD" if exact else
               "Lanczos on JᵀJ (a JVP and a VJP of one step), to a relative change "
               f"below {POWER_RTOL:g}" + (
                   f"; {unsettled} of {len(rows)} steps still moving after {POWER_STEPS} "

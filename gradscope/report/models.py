@@ -784,13 +784,15 @@ class KerasCheckReport(_KerasRun):
 class JacobianNorm(_Report):
     """The spectral norm of each step Jacobian J_t = ∂s_t/∂s_{t−1} (s: every state joined)."""
 
-    median: float = Field(description="the median over every step that ran, of every example")
+    median: float = Field(description="the median over every step that ran (and was taken), "
+                                      "of every example")
     max: float = Field(description="the largest, over every step and example")
     share_above_1: float = Field(description="the share of (example, step) pairs with "
                                  "‖J_t‖₂ > 1")
     steps_median: list[float | None] = Field(
         description="per step (processing order): the median over the examples; null where "
-                    "no example ran the step")
+                    "no example ran the step, or the step was not taken (a call of more than "
+                    "256 steps is read at 256 of them, evenly spaced: method says so)")
     steps_max: list[float | None] = Field(description="per step: the largest over the "
                                           "examples")
     method: str
