@@ -39,7 +39,8 @@ METHOD = [
     "trajectory, after its outputs are held to Keras' own; s is every state joined ([h, c] "
     "for an LSTM)",
     "Lyapunov exponents: QR re-orthonormalisation along the trajectory (Benettin's method): "
-    "Q_0 = I, J_t·Q_(t−1) = Q_t·R_t, λ_i the mean of log|R_t[i, i]| over the steps each "
+    "Q_0 = I (k orthonormal columns from a fixed seed where k is below the state's size), "
+    "J_t·Q_(t−1) = Q_t·R_t, λ_i the mean of log|R_t[i, i]| over the steps each "
     "example ran, then over the examples; J_t·Q by forward mode through one step",
     "horizon measured: the smallest lag k at which the median over steps t and examples of "
     "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell; predicted: "
