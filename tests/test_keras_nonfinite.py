@@ -153,6 +153,23 @@ def test_a_relu_simple_rnn_that_explodes(tf):
     assert "cause: the recurrent state grows 4.4×" in text
 
 
+def test_a_loss_that_overflows_names_the_state_that_grew(tf):
+    """Every layer output finite, the squared error not: the cause goes on to the relu state
+    that made the prediction that large, its growth measured (2.2× a step here)."""
+    import keras
+
+    x = np.abs(_sequences(64))
+    model = _relu_rnn(tf, 2.2)
+    out = keras.layers.Dense(2, name="linear_head")(model.get_layer("rnn").output)
+    model = keras.Model(model.inputs, out)
+    model.compile(loss="mse")
+    report = gradscope.explain(model, x=x, y=np.zeros((B, 2), "float32"))
+    found = report.nonfinite
+    assert found is not None and found.origin == "loss" and found.operation == "Square"
+    assert ", because rnn's state grows 2.2× a step with relu, reaching " in found.cause
+    assert "at step 63 (example " in found.cause
+
+
 def test_recurrent_dropout_with_relu(tf):
     """Without dropout the state grows 2.2× a step and stays finite over 64 steps; in
     training mode recurrent_dropout 0.5 scales the units it keeps by 2 every step."""

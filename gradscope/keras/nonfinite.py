@@ -142,7 +142,41 @@ def _in_loss(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.n
     cause = op_cause(birth, step, examples, what="its argument")
     if birth.op_type == "Log" and birth.inputs:
         cause = _log_cause(engine, birth, outputs, result) or cause
+    elif "overflows" in cause:
+        grown = _grown_state(engine, result)
+        cause = f"{cause}, because {grown}" if grown else cause
     return entry("forward", "loss", label, step, examples, cause, birth)
+
+
+#: A recurrent output this large, every number finite, is searched for a growing state when
+#: the loss overflows.
+LARGE = 1e10
+
+
+def _grown_state(engine: Any, result: KerasPass) -> str | None:
+    """Where the size an overflowing loss took comes from: the first recurrent call, in call
+    order, whose outputs reach :data:`LARGE` and whose state grows geometrically, in words
+    ('simple_rnn's state grows 1.6× a step with relu, reaching 9.4e+24 at step 119 (example
+    3)'); None where none does."""
+    from gradscope.keras.nonfinite_causes import growing
+    from gradscope.keras.stepped import step_call
+
+    for call in result.calls:
+        if not call.states or not all(
+                np.all(np.isfinite(np.asarray(o, np.float64))) for o in call.outputs):
+            continue
+        if max(float(np.max(np.abs(np.asarray(o, np.float64)), initial=0))
+               for o in call.outputs) < LARGE:
+            continue
+        stepped = step_call(engine, call, None, engine.training)
+        if isinstance(stepped, str):
+            continue
+        for direction, states in zip(stepped.directions, stepped.states, strict=True):
+            said = growing(states[0], direction.backwards, direction.layer.cell,
+                           engine.training)
+            if said:
+                return f"{direction.label}'s {said}"
+    return None
 
 
 def _log_cause(engine: Any, birth: Birth, outputs: list[Any],

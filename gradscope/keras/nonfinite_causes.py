@@ -109,6 +109,29 @@ def growth_cause(sequence: np.ndarray, example: int, step: int, backwards: bool,
             f"at step {previous}, and overflows at step {shown} (example {example})")
 
 
+def growing(sequence: np.ndarray, backwards: bool, cell: Any, training: bool) -> str | None:
+    """'state grows 1.6× a step with relu, reaching 9.4e+24 at step 119 (example 3)' from a
+    finite state sequence (B, T, ·) in processing order that ends large, for the example
+    that ends largest; None where it did not grow. Steps are said in input order."""
+    steps = sequence.shape[1]
+    sizes = np.max(np.abs(sequence.reshape(sequence.shape[0], steps, -1)), axis=2)
+    example = int(np.argmax(sizes[:, -1]))
+    span = min(10, steps - 1)
+    if span < 1:
+        return None
+    before, last = float(sizes[example, -1 - span]), float(sizes[example, -1])
+    if before <= 0 or last <= before:
+        return None
+    growth = (last / before) ** (1.0 / span)
+    if growth < 1.05:
+        return None
+    activation = getattr(getattr(cell, "activation", None), "__name__", None)
+    with_what = f" with {activation}" if activation else ""
+    shown = 0 if backwards else steps - 1
+    return (f"state grows {growth:.2g}× a step{with_what}, reaching {last:.2g} at step "
+            f"{shown} (example {example})")
+
+
 def entry(pass_: str, origin: str, layer: str | None, step: int | None, examples: list[int],
           cause: str, birth: Birth | None = None) -> NonFiniteEntry:
     """The report's entry (``pass`` is a Python keyword: the field is read by its alias)."""

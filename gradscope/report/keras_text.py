@@ -289,7 +289,8 @@ def nonfinite_lines(found: NonFiniteEntry | None) -> list[RenderableType]:
         place.append(f"example{'s' if len(found.examples) > 1 else ''} {shown}")
     lines: list[RenderableType] = [
         section(f"Where the first NaN or Inf was born ({found.pass_} pass)"),
-        hanging("✗", f"{found.origin} {', '.join(place)}", "bold red")]
+        hanging("✗", ", ".join(place) if place[0].startswith(found.origin)
+                else f"{found.origin} {', '.join(place)}", "bold red")]
     if found.operation is not None:
         sizes = ", ".join(f"{number(m)}" for m in found.operation_inputs)
         lines.append(hanging(" ", f"op {found.operation}" + (f" (its inputs' max |x|: "
