@@ -145,7 +145,10 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
               else (sequences, keep, tuple(probes)))
     last, outputs, final = backend.rnn(
         step, inputs, initial_state, go_backwards=backwards, mask=None, unroll=layer.unroll,
-        input_length=steps if steps is not None else tf.shape(sequences)[1],
+        # backend.rnn reads a length it is not given from inputs.shape, which nested inputs
+        # lack; a time axis known only at run time goes in a list: a tensor would be taken
+        # for per-example lengths, and its truth value asked.
+        input_length=steps if steps is not None else [tf.shape(sequences)[1]],
         zero_output_for_mask=layer.zero_output_for_mask,
         return_all_outputs=layer.return_sequences or keep is not None)
     if keep is not None:
