@@ -89,6 +89,7 @@ def _model(kind: str) -> Any:
         "bidirectional": L.Bidirectional(L.LSTM(2, return_sequences=True), name="rnn"),
         "tuple_cell": L.RNN(_cell(), return_sequences=True, name="rnn"),
         "relu_last": L.SimpleRNN(4, activation="relu", name="rnn"),
+        "unrolled": L.GRU(3, unroll=True, return_sequences=True, name="rnn"),
         "dropout": L.GRU(4, dropout=0.2, recurrent_dropout=0.3, return_sequences=True,
                          name="rnn"),
     }[kind]
@@ -99,8 +100,8 @@ def _model(kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["masked_lstm_state", "backwards_zero_output",
-                                  "bidirectional", "tuple_cell", "relu_last", "dropout",
-                                  "shared_wired"])
+                                  "bidirectional", "tuple_cell", "relu_last", "unrolled",
+                                  "dropout", "shared_wired"])
 def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind):
     """Every state of every direction, c included, and what arrives from above at each step:
     the probes against the stepped scan fed the tape's ∂L/∂(the call's outputs)."""

@@ -361,15 +361,21 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
     the two directions of a Bidirectional layer, each in the order it runs, are read alike.
     Where the gradient enters at the last step only, it is ‖∂L/∂h_0‖ / ‖∂L/∂h_{T−1}‖.
     ``total`` and ``direct``: (B, T, u) in processing order. None: nothing to carry."""
+    return carried_ratio_of(per_step_norms(np.asarray(total, np.float64) - direct),
+                            per_step_norms(total))
+
+
+def carried_ratio_of(carried: list[float], totals: list[float]) -> float | None:
+    """:func:`carried_ratio` from its per-step norms: ‖∂L/∂h_t − its part from above‖ and
+    ‖∂L/∂h_t‖ for every t."""
     logs = []
-    for t in range(total.shape[1] - 1):
-        after = float(np.linalg.norm(total[:, t + 1]))
+    for t in range(len(totals) - 1):
+        after = totals[t + 1]
         if not after > 0:
             continue
-        carried = float(np.linalg.norm(total[:, t] - direct[:, t]))
-        if carried == 0:
+        if carried[t] == 0:
             return 0.0
-        logs.append(np.log(carried) - np.log(after))
+        logs.append(np.log(carried[t]) - np.log(after))
     if not logs:
         return None
     return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))

@@ -40,21 +40,25 @@ class LoopFlow:
         return f"∂L/∂{self.label}/{self.names[k]}_t{read}"
 
     def carried(self) -> float | None:
-        """:func:`~gradscope.keras.flow.carried_ratio` of the whole state (every state, side by
-        side), where what arrives from above at a step is the gradient of the cell's output,
-        which is one of its states; None where the output is not a state, or the states do not
-        lie side by side."""
-        from gradscope.keras.flow import carried_ratio
+        """:func:`~gradscope.keras.flow.carried_ratio` of the whole state (every state
+        together), where what arrives from above at a step is the gradient of the cell's
+        output, which is one of its states; None where the output is not a state."""
+        from gradscope.keras.flow import carried_ratio_of
 
         found = self.totals
         k = found.output_state
-        shapes = {t.shape[:-1] for t in found.totals}
-        if k is None or len(shapes) != 1 or found.direct.shape != found.totals[k].shape:
+        if k is None or found.direct.shape != found.totals[k].shape:
             return None
-        above = [found.direct if i == k else np.zeros_like(t)
-                 for i, t in enumerate(found.totals)]
-        return carried_ratio(np.concatenate(found.totals, axis=-1),
-                             np.concatenate(above, axis=-1))
+        carried = sum(_squares(t - found.direct if i == k else t)
+                      for i, t in enumerate(found.totals))
+        whole = sum(_squares(t) for t in found.totals)
+        return carried_ratio_of(list(np.sqrt(carried)), list(np.sqrt(whole)))
+
+
+def _squares(gradient: np.ndarray) -> np.ndarray:
+    """Σ g² over every axis but the time axis 1, in float64."""
+    squares = np.square(gradient, dtype=np.float64)
+    return squares.sum(axis=tuple(i for i in range(squares.ndim) if i != 1))
 
 
 def loop_layers(layer: Any, label: str) -> list[tuple[str, Any]]:

@@ -37,9 +37,9 @@ class ProbedLoop:
 
 @dataclass
 class StateTotals:
-    """The totals of one probed loop, in NumPy: per state, ∂L/∂(the state after step t)
-    (B, T, ·), and the part of ∂L/∂(the output at t) that arrives from above (B, T, ·), both
-    in processing order (reversed for a go_backwards layer)."""
+    """The totals of one probed loop, in NumPy (the model's dtype): per state, ∂L/∂(the state
+    after step t) (B, T, ·), and the part of ∂L/∂(the output at t) that arrives from above
+    (B, T, ·), both in processing order (reversed for a go_backwards layer)."""
 
     totals: list[np.ndarray]
     direct: np.ndarray
@@ -128,7 +128,8 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
                       sequences=bool(layer.return_sequences))
 
     def step(inputs: Any, states: Any) -> tuple[Any, Any]:
-        x_t, keep_t, probes_t = inputs if keep is not None else (inputs[0], None, inputs[1])
+        x_t, keep_t, probes_t = ((inputs[0], inputs[1], inputs[2:]) if keep is not None
+                                 else (inputs[0], None, inputs[1:]))
         out, new = cell(x_t, states, **kwargs)
         flat_new = list(tree.flatten(new if tree.is_nested(new) else [new]))
         same = [k for k, n in enumerate(flat_new) if n is out]
@@ -141,8 +142,8 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
             out = flat_new[same[0]]
         return out, tree.pack_sequence_as(initial_state, flat_new)
 
-    inputs = ((sequences, tuple(probes)) if keep is None
-              else (sequences, keep, tuple(probes)))
+    # One flat tuple: backend.rnn's unrolled loop indexes each of its items by time.
+    inputs = (sequences, *probes) if keep is None else (sequences, keep, *probes)
     last, outputs, final = backend.rnn(
         step, inputs, initial_state, go_backwards=backwards, mask=None, unroll=layer.unroll,
         # backend.rnn reads a length it is not given from inputs.shape, which nested inputs
@@ -227,12 +228,13 @@ def state_totals(loops: list[ProbedLoop | None], gradients: list[Any]) -> list[S
     found = []
     for loop, (probes, above) in zip([lp for lp in loops if lp is not None], gradients,
                                      strict=True):
-        totals = [np.asarray(g, np.float64) for g in probes]
+        totals = [np.asarray(g) for g in probes]  # in the model's dtype: norms cast them
         if loop.backwards:
             totals = [t[:, ::-1] for t in totals]
-        direct = np.asarray(above, np.float64)
+        direct = np.asarray(above)
         if not loop.sequences:  # the last step's output alone is returned
-            whole = np.zeros((direct.shape[0], totals[0].shape[1], *direct.shape[1:]))
+            whole = np.zeros((direct.shape[0], totals[0].shape[1], *direct.shape[1:]),
+                             direct.dtype)
             whole[:, -1] = direct
             direct = whole
         found.append(StateTotals(totals=totals, direct=direct, backwards=loop.backwards,
