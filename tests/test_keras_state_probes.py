@@ -242,3 +242,30 @@ def test_a_loop_traced_with_a_free_time_axis_is_probed(tf):
                             state_totals(eager_found, eager), strict=True):
         for a, b in zip(mine.totals, theirs.totals, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_loop_the_probes_cannot_run_is_keras_own_and_stepped(tf, monkeypatch):
+    """Where the probed loop fails (here made to), Keras' own loop runs unprobed, the call's
+    numbers are unchanged, and the flow steps the cell the model holds instead, which the
+    method says."""
+    import gradscope
+    from gradscope.keras import state_probes
+
+    model = _model("masked_lstm_state")
+    model.compile(loss="mse")
+    x, y = _data(masked=True)
+    probed = gradscope.explain(model, x=x, y=y, flow=True)
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("not this loop")
+
+    monkeypatch.setattr(state_probes, "probed_loop", fails)
+    stepped = gradscope.explain(model, x=x, y=y, flow=True)
+    assert "from the pass's own backward" in probed.gradient_flow.method
+    assert stepped.gradient_flow.method.startswith("the total ∂L/∂h_t of each recurrent "
+                                                   "call: the cell the model holds, stepped")
+    assert stepped.loss.value == probed.loss.value
+    for mine, theirs in zip(stepped.gradient_flow.sequences, probed.gradient_flow.sequences,
+                            strict=True):
+        assert mine.what == theirs.what
+        np.testing.assert_allclose(mine.norms, theirs.norms, rtol=1e-4, atol=1e-9)

@@ -67,7 +67,8 @@ def states_probed(layers: list[Any], found: list[ProbedLoop | None],
                   watch: Callable[[Any], None]) -> Iterator[None]:
     """While inside, the loop of each of ``layers`` that :func:`probeable` accepts, run by this
     thread, is probed, and ``found[k]`` is the :class:`ProbedLoop` of ``layers[k]`` (None where
-    it did not run, or ran more than once). Other threads run Keras' own loop."""
+    it did not run, ran more than once, or could not be probed: Keras' own loop ran then).
+    Other threads run Keras' own loop."""
     owner = threading.get_ident()
     found[:] = [None] * len(layers)
     runs = [0] * len(layers)
@@ -82,7 +83,14 @@ def states_probed(layers: list[Any], found: list[ProbedLoop | None],
             if threading.get_ident() != owner:
                 return _own(sequences, initial_state, mask, training=training)
             runs[_index] += 1
-            loop, result = probed_loop(_layer, sequences, initial_state, mask, training, watch)
+            try:
+                loop, result = probed_loop(_layer, sequences, initial_state, mask, training,
+                                           watch)
+            except Exception:  # noqa: BLE001  (a structure the probes do not take: the
+                # loop runs as Keras runs it, unprobed; an error of the cell's own is raised
+                # there, as Keras raises it)
+                runs[_index] += 1
+                return _own(sequences, initial_state, mask, training=training)
             found[_index] = loop if runs[_index] == 1 else None
             return result
 
