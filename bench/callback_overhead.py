@@ -23,10 +23,12 @@ second estimate of the ratio, with the split.
 
 The model: input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps, batch 32, softmax
 cross-entropy, Adam; synthetic data from a fixed seed, unshuffled. ``--model lstm256``: the
-user-sized model instead (input 64 → LSTM 256 → LSTM 256 → Dense 10, 100 steps).
+user-sized model instead (input 64 → LSTM 256 → LSTM 256 → Dense 10, 100 steps);
+``--model masked``: the GRU model behind a Masking layer, the last 10 steps of every other
+sequence zeros (masked).
 
     .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
-                                                [--model gru|lstm256] [--json]
+                                                [--model gru|lstm256|masked] [--json]
 """
 
 from __future__ import annotations
@@ -60,12 +62,16 @@ if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
 else:
     steps, features, classes = 50, 32, 3
     layers = [keras.layers.GRU(64, return_sequences=True), keras.layers.GRU(32)]
+    if kind == "masked":
+        layers = [keras.layers.Masking(), *layers]
 model = keras.Sequential([keras.Input((steps, features)), *layers,
                           keras.layers.Dense(classes)])
 model.compile(optimizer="adam",
               loss=keras.losses.CategoricalCrossentropy(from_logits=True))
 rng = np.random.default_rng(0)
 x = rng.normal(size=(batches * 32, steps, features)).astype("float32")
+if kind == "masked":
+    x[::2, -10:] = 0.0
 y = np.eye(classes, dtype="float32")[rng.integers(0, classes, size=batches * 32)]
 ended, marks = [], []
 
@@ -144,9 +150,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--model", choices=["gru", "lstm256"], default="gru",
+    parser.add_argument("--model", choices=["gru", "lstm256", "masked"], default="gru",
                         help="gru: the model above; lstm256: input 64 → LSTM 256 → LSTM 256 → "
-                             "Dense 10 over 100 steps (bench/user_sized.py's model)")
+                             "Dense 10 over 100 steps (bench/user_sized.py's model); masked: "
+                             "the GRU model behind a Masking layer, half the sequences "
+                             "masked over their last 10 steps")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 3:

@@ -1,15 +1,16 @@
 """What ``--flow --jacobians`` costs on a Keras model: ``gradscope explain MODEL.keras --flow
 --jacobians`` against plain ``gradscope explain MODEL.keras``, whole processes, alternating,
-medians and the median of the pair ratios.
+medians and the median of the pair ratios (``--flags=--flow``: another set of options).
 
 The models, each saved once into a temporary folder:
 - ``seed``: the seed model written in Keras (input 200 → GRU 64 → GRU 32 → Dense 3, 100 steps,
-  batch 34), read through gradscope's NumPy cells;
+  batch 34);
 - ``masked``: the same behind a Masking layer, with the last 20 steps of half the batch
-  masked, so that both calls are stepped through the cells the model holds;
+  masked;
 - ``lstm``: the user-sized LSTM 256 × 2 (input 64, 1000 steps, batch 32, Dense 10).
 
-    .venv/bin/python bench/keras_flow_cost.py [--models seed masked lstm] [--repeats 5] [--json]
+    .venv/bin/python bench/keras_flow_cost.py [--models seed masked lstm] [--repeats 5]
+        [--flags="--flow --jacobians"] [--json]
 
 Target (issue 35): at most 1.3× plain explain.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -59,10 +61,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["seed", "masked", "lstm"],
                         choices=["seed", "masked", "lstm"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--flags", default="--flow --jacobians",
+                        help="the options timed against plain explain (default: %(default)s)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.repeats < 5:
-        parser.error("--repeats must be at least 5")
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3")
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.models:
@@ -71,11 +75,11 @@ def main() -> None:
                            stderr=subprocess.DEVNULL)
             plain = [sys.executable, "-m", "gradscope", "explain", path, "--data",
                      path.replace(".keras", ".npz")]
-            rows[kind] = compare([*plain, "--flow", "--jacobians"], plain, args.repeats)
+            rows[kind] = compare([*plain, *shlex.split(args.flags)], plain, args.repeats)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'model':8} {'--flow --jacobians':>20} {'plain explain':>15} {'ratio':>7}")
+    print(f"{'model':8} {args.flags:>20} {'plain explain':>15} {'ratio':>7}")
     for kind, figures in rows.items():
         print(f"{kind:8} {figures['gradscope_median_s']:>18.2f} s "
               f"{figures['floor_median_s']:>13.2f} s "

@@ -375,6 +375,74 @@ def test_custom_loop_with_observe(tf):
     assert flow.history.loss.startswith("mean_squared_error")
 
 
+def test_masks_and_a_cell_of_your_own_are_recorded_as_the_stepped_cell_gives_them(tf):
+    """Every recurrent call is recorded, masked steps, a cell of the user's with a tuple state
+    and both directions of a Bidirectional LSTM included: each profile and ratio against the
+    cell the model holds stepped in tf.scan (gradscope/keras/stepped.py, itself held to
+    hand-written unrolls), fed Keras' own ∂L/∂(the call's outputs); the ratio reads the whole
+    state, [h, c] for an LSTM."""
+    import keras
+    from keras import layers as L
+
+    from gradscope.keras import GradientFlow
+    from gradscope.keras.engine import call_label
+    from gradscope.keras.flow import carried_ratio, per_step_norms
+    from gradscope.keras.stepped import step_call
+
+    class PairCell(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units, self.state_size = units, (units, units)
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h, c = states
+            c = 0.8 * c + keras.ops.tanh(inputs @ self.kernel + h)
+            h = keras.ops.tanh(c)
+            return h, (h, c)
+
+    keras.utils.set_random_seed(4)
+    x_in = keras.Input((STEPS, FEATURES))
+    masked = L.Masking()(x_in)
+    mine = L.RNN(PairCell(3), return_sequences=True, name="mine")(masked)
+    both = L.Bidirectional(L.LSTM(2), name="both")(mine)
+    model = keras.Model(x_in, L.Dense(2)(L.Concatenate()([both, L.GRU(2, name="gru")(masked)])))
+    model.compile(loss="mse")
+    x, y = _data()
+    x, y = x[:BATCH], y[:BATCH]
+    x[0, -2:] = 0.0
+    x[1, :3] = 0.0
+    flow = GradientFlow(model=model)
+    flow.observe(x, y, step=1)
+    history = flow.history
+    assert history.not_analysed == []
+    assert [r.layer for r in history.recurrent] == ["mine", "both/forward", "both/backward",
+                                                     "gru"]
+    assert list(history.recurrent[0].initial_state_norms) == ["states[0]", "states[1]"]
+    assert list(history.recurrent[1].initial_state_norms) == ["h0", "c0"]
+    engine = flow._engine
+    result = engine.run({model.inputs[0].name: x}, {engine.output_names[0]: y},
+                        watch_outputs=True)
+    series = {r.layer: r for r in history.recurrent}
+    for call in result.calls:
+        if not call.states:
+            continue
+        label = call_label(call.layer, call.index)
+        stepped = step_call(engine, call, result.output_gradients[label], False)
+        assert not isinstance(stepped, str), stepped
+        assert stepped.totals is not None and stepped.direct is not None
+        for direction, totals, direct in zip(stepped.directions, stepped.totals,
+                                             stepped.direct, strict=True):
+            recorded = series[direction.label]
+            assert recorded.profiles[0] == pytest.approx(per_step_norms(totals[0]), rel=1e-4)
+            whole = np.concatenate(totals, axis=-1)
+            above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])], axis=-1)
+            assert recorded.ratios[0] == pytest.approx(carried_ratio(whole, above), rel=1e-4)
+            assert recorded.backwards == direction.backwards
+
+
 def test_heatmap_rows_are_observations_and_columns_time_steps():
     from gradscope.keras.summaries import MISSING, VIRIDIS, profile_image
 

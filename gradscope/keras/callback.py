@@ -33,9 +33,7 @@ from gradscope.report.models import FlowHistoryReport, NonFiniteEntry
 tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
-from gradscope._blas import blas_beside_tensorflow  # noqa: E402
 from gradscope.keras.engine import KerasPass  # noqa: E402
-from gradscope.keras.flow import recurrent_weights  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
@@ -462,16 +460,11 @@ class GradientFlow(keras.callbacks.Callback):
         assert self._pass is not None
         result = self._pass.run(inputs, targets, sample)
         witness = self._pass.witness(inputs, targets, result, sample)
-        # The recurrent layers' weights of this pass: training moves them on meanwhile.
-        weights = recurrent_weights(engine, result)
 
         def record() -> None:
             if witness is not None:  # nothing is recorded that Keras' own call contradicts
                 witness()
-            # One BLAS thread for the NumPy cells (gradscope/_blas.py): BLAS threads that spin
-            # beside TensorFlow's would slow the rest of training down too.
-            with blas_beside_tensorflow():
-                self._record(engine, inputs, result, weights, step, epoch)
+            self._record(engine, inputs, result, step, epoch)
 
         if self._original_train_function is None:
             record()  # a custom loop's observe(): done when it returns
@@ -479,8 +472,8 @@ class GradientFlow(keras.callbacks.Callback):
             self._submit(record)
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
-                weights: dict[str, np.ndarray], step: int, epoch: int | None) -> None:
-        skipped = self._record_of.add(engine, inputs, result, weights, step, epoch)
+                step: int, epoch: int | None) -> None:
+        skipped = self._record_of.add(engine, inputs, result, step, epoch)
         if self.log_dir is not None:
             size = int(next(iter(inputs.values())).shape[0])
             self._write(step, epoch, size, skipped)

@@ -30,6 +30,14 @@ from gradscope.keras.observed_call import (
     runner_wrapped,
     zero_states_watched,
 )
+from gradscope.keras.state_probes import (
+    StateTotals,
+    filled,
+    probe_targets,
+    probeable,
+    state_totals,
+    states_probed,
+)
 from gradscope.keras.stopped import start_of_call
 from gradscope.keras.subclassed import is_subclassed, tracked_layers
 from gradscope.keras.whole_model import (
@@ -71,6 +79,9 @@ class CapturedCall:
     states: list[Any] = field(default_factory=list)
     state_source: str = ""  # "zeros" (injected), "wired" (from another layer) or "carried"
     mask: Any = None
+    #: With ``probe_states``: the probed loop of each direction (see :mod:`state_probes`);
+    #: symbolic while traced, so never handed on.
+    probes: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -85,6 +96,9 @@ class KerasPass:
     input_gradients: dict[str, np.ndarray | None] = field(default_factory=dict)
     #: The loss term by term, from Keras' own call (empty where the run did not read them).
     loss_terms: list[LossTerm] = field(default_factory=list)
+    #: With ``probe_states``: by call label, each direction's total ∂L/∂(every state after
+    #: every step), from this pass's own backward (a call whose loop was not probed: absent).
+    state_totals: dict[str, list[StateTotals]] = field(default_factory=dict)
 
 
 class CopyFails(ConfigError):
@@ -386,12 +400,15 @@ class KerasEngine:
                 deltas: dict[str, list[Any]] | None = None,
                 watch_outputs: bool = False,
                 sample_weight: Any = None,
-                own: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
+                own: bool = False,
+                probe_states: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
         """The loss, the model's outputs and every layer call, from one run of the graph.
 
         ``watch`` is given every initial state (and, with ``watch_outputs``, every call's
         outputs) as it appears; ``deltas`` (call label → one tensor per state) are added to the
-        initial states: finite differences perturb them that way. Traceable by tf.function.
+        initial states: finite differences perturb them that way. With ``probe_states``, each
+        recurrent call's loop is probed (:mod:`~gradscope.keras.state_probes`; its probes are
+        watched and kept in ``CapturedCall.probes``). Traceable by tf.function.
 
         With ``own``, the run is Keras' own call of the model, ``model(x, training=…)``, looked
         on (see :mod:`~gradscope.keras.observed_call`): the zero initial states are Keras' own,
@@ -412,7 +429,8 @@ class KerasEngine:
         if own and deltas:
             raise ValueError("deltas perturb the replay's explicit initial states, not own=True")
         start_of_call()
-        observer = _Observer(tf, keras, self.training, own, watch, deltas or {}, watch_outputs)
+        observer = _Observer(tf, keras, self.training, own, watch, deltas or {}, watch_outputs,
+                             probe_states)
         operation_fn = observer.wrap
 
         if own:
@@ -447,7 +465,7 @@ class KerasEngine:
 
     def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
             watch_outputs: bool = False, watch_inputs: bool = False,
-            sample_weight: Any = None) -> KerasPass:
+            sample_weight: Any = None, probe_states: bool = False) -> KerasPass:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient.
 
@@ -456,7 +474,9 @@ class KerasEngine:
         Keras' own. Where it cannot be looked on (or fails), the replay runs instead, witnessed
         by Keras' own call of the whole model, run first from the same variables: the loss
         and weight gradients returned are that call's, and the replay must agree with them
-        (else :class:`InternalError`); where Keras' own call fails, that is said as such."""
+        (else :class:`InternalError`); where Keras' own call fails, that is said as such.
+        ``probe_states``: every recurrent call's total ∂L/∂(each state after each step) too
+        (``KerasPass.state_totals``), from this same backward pass."""
         self.stepped_calls = {}
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
@@ -470,20 +490,21 @@ class KerasEngine:
                 self.seeded = seed_random_draws(self.model, self.seed)
             try:
                 return self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
-                                 own=True)
+                                 own=True, probe_states=probe_states)
             except GradscopeError:
                 raise
             except Exception:  # noqa: BLE001  (NotObserved, or a failure the replay explains)
                 restore(before)
             return self._witnessed_replay(feed, y, inputs, watch_outputs, watch_inputs,
-                                          weights, eager, before)
+                                          weights, eager, before, probe_states)
         finally:
             if self.live:
                 restore(before)
 
     def _witnessed_replay(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
                           watch_outputs: bool, watch_inputs: bool, weights: Any, eager: bool,
-                          before: list[tuple[Any, np.ndarray]]) -> KerasPass:
+                          before: list[tuple[Any, np.ndarray]],
+                          probe_states: bool = False) -> KerasPass:
         """The replay, witnessed by Keras' own call (see :meth:`run`)."""
         if self.training:
             seed_random_draws(self.model, self.seed)
@@ -510,7 +531,8 @@ class KerasEngine:
         restore(before)
         if self.training:
             self.seeded = seed_random_draws(self.model, self.seed)
-        replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager)
+        replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
+                           probe_states=probe_states)
         confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
         return replace(replay, loss=own.loss, gradients=own.gradients,
                        sparse_rows=own.sparse_rows, loss_terms=own.terms)
@@ -523,7 +545,7 @@ class KerasEngine:
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None,
-             eager: bool = False, own: bool = False) -> KerasPass:
+             eager: bool = False, own: bool = False, probe_states: bool = False) -> KerasPass:
         """The pass under a tape (with ``own``, Keras' own call looked on; else the replay), as
         one ``tf.function`` (see :func:`~gradscope.keras.whole_model.traced_or_eager`); what
         each call received and returned comes back as eager tensors. Keras' own call also gives
@@ -543,14 +565,17 @@ class KerasEngine:
                 tape.watch(watched_inputs)
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
-                                                         sample_weight=sample_weight, own=own)
+                                                         sample_weight=sample_weight, own=own,
+                                                         probe_states=probe_states)
             # What each layer added during the call (activity regularizers, add_loss), for
             # the loss term by term.
             added = [layer._get_own_losses() for layer in layers]
             states = [call.states for call in calls]
             watched_outputs = [call.outputs for call in calls] if watch_outputs else []
+            probed = [probe_targets(call.probes) for call in calls]
             gradients = tape.gradient(loss, [variables, states, watched_outputs,
-                                             watched_inputs])
+                                             watched_inputs, probed])
+            gradients[-1] = filled(tf, probed, gradients[-1])
             traced["calls"] = calls
             traced["output_shapes"] = [tuple(int(d) for d in value.shape)
                                        for value in flat_outputs]
@@ -560,14 +585,16 @@ class KerasEngine:
                     [get_keras_mask(output) for output in flat_outputs], added)
 
         with native_stderr_silenced(), losses_kept(self.model):
-            (loss, (grads, state_grads, output_grads, input_grads), captured, outputs, masks,
-             added) = traced_or_eager(step, feed, y, eager=eager)
+            (loss, (grads, state_grads, output_grads, input_grads, probe_grads), captured,
+             outputs, masks, added) = traced_or_eager(step, feed, y, eager=eager)
             for output, mask in zip(outputs, masks, strict=True):
                 if mask is not None:
                     set_keras_mask(output, mask)
             terms = self.loss_terms(y, outputs, {id(layer): list(values) for layer, values
                                                  in zip(layers, added, strict=True)},
                                     sample_weight) if own else []
+        totals = {call_label(call.layer, call.index): state_totals(call.probes, grads)
+                  for call, grads in zip(traced["calls"], probe_grads, strict=True) if grads}
         calls = [_eager_call(call, *tensors)
                  for call, tensors in zip(traced["calls"], captured, strict=True)]
         gradients, sparse = dense_gradients(variables, grads)
@@ -585,7 +612,7 @@ class KerasEngine:
             state_gradients=state_gradients, calls=calls,
             output_shapes=dict(zip(self.output_names, traced["output_shapes"], strict=True)),
             output_gradients=output_gradients, input_gradients=input_gradients,
-            loss_terms=terms)
+            loss_terms=terms, state_totals=totals)
 
 
 def _eager_call(call: CapturedCall, args: list[Any], outputs: list[Any], states: list[Any],
@@ -596,7 +623,7 @@ def _eager_call(call: CapturedCall, args: list[Any], outputs: list[Any], states:
 
     given = iter(args)
     return replace(call, args=[next(given) if tf.is_tensor(a) else a for a in call.args],
-                   outputs=list(outputs), states=list(states), mask=mask)
+                   outputs=list(outputs), states=list(states), mask=mask, probes=[])
 
 
 @contextlib.contextmanager
@@ -642,6 +669,7 @@ class _Observer:
     watch: Callable[[Any], None]
     deltas: dict[str, list[Any]]
     watch_outputs: bool
+    probe_states: bool = False
     calls: list[CapturedCall] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -661,11 +689,15 @@ class _Observer:
         units = _state_units(operation)
         asked = self._initial_states(operation, captured, units, kwargs)
         run = keras_call or operation
-        if asked is None:
+        loops = state_layers(operation) if self.probe_states else []
+        with contextlib.ExitStack() as hooks:
+            if asked is not None:
+                hooks.enter_context(zero_states_watched(state_layers(operation), asked,
+                                                        self.watch))
+            if any(probeable(layer) for layer in loops):
+                hooks.enter_context(states_probed(loops, captured.probes, self.watch))
             out = run(*args, **kwargs)
-        else:
-            with zero_states_watched(state_layers(operation), asked, self.watch):
-                out = run(*args, **kwargs)
+        if asked is not None:
             if len(asked) != len(units):
                 raise NotObserved(f"{captured.layer}: {len(asked)} zero states asked of "
                                   f"get_initial_state, {len(units)} expected")

@@ -140,7 +140,7 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
                             job.seed)
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow,
-                        sample_weight=job.batch.sample_weight)
+                        sample_weight=job.batch.sample_weight, probe_states=flow)
     clock.lap("forward_backward")
     report = _report(job, engine, result)
     clock.lap("explain")

@@ -2,11 +2,12 @@
 GradientFlow callback): the gradient flow and state Jacobians of every recurrent call,
 wherever it sits in the graph.
 
-Keras' layer hides h_t inside its loop, so each call is re-run in gradscope's cells on its
-captured input and initial state: the NumPy cell's BPTT, fed the upstream gradient Keras' tape
-gave, has the total ∂L/∂h_t at every step; the TF cell, in float64, gives ∂h_T/∂h_0 by
-``batch_jacobian``. Every output of the call must first be rebuilt from the cells; a call they
-do not model is listed as not analysed, with the reason, never given a number that may be wrong.
+The total ∂L/∂h_t at every step comes from the pass itself, whose loops were probed
+(:mod:`~gradscope.keras.state_probes`); a call whose loop was not is stepped through its own
+cell (:mod:`~gradscope.keras.stepped`). The NumPy cells re-run a call they model on its
+captured input and initial state (the witnesses, and ∂h_T/∂h_0 by the TF cell in float64);
+every output must first be rebuilt. A call neither can read is listed as not analysed, with
+the reason, never given a number that may be wrong.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from gradscope.keras.cross_check import (
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
+from gradscope.keras.probed_flow import loop_flows
+from gradscope.keras.state_probes import StateTotals
 from gradscope.report.models import (
     FlowFlag,
     InfluenceMap,
@@ -40,9 +43,10 @@ from gradscope.report.models import (
     KerasStateJacobians,
 )
 
-NUMPY_FLOW = ("the total ∂L/∂h_t of each recurrent call: gradscope's NumPy reference BPTT "
-              "(float64) re-runs the call on its captured input and initial state and is fed "
-              "the tape's ∂L/∂(the call's outputs), one backward pass")
+PROBED_FLOW = ("the total ∂L/∂h_t of each recurrent call, from the pass's own backward: "
+               "while Keras runs the model, its loop (backend.rnn over the layer's own cell) "
+               "adds a zero to every state after every step, and the tape's gradient on that "
+               "zero is the total gradient on the state")
 STEPPED_FLOW = ("the total ∂L/∂h_t of each recurrent call: the cell the model holds, stepped "
                 "in tf.scan with Keras' masking on the call's captured input and initial "
                 "state, after its outputs are held to Keras' own, under one tape fed the "
@@ -52,7 +56,7 @@ FLOW_READING = ("∂L/∂x_t from the tape; norms are Frobenius over the batch; 
                 "step it runs to the first (the product of the one-step gains ‖∂L/∂h_t − its "
                 "part from above‖ / ‖∂L/∂h_(t+1)‖), an input by its norm at t=0 over its norm "
                 "at the last step")
-FLOW_METHOD = f"{NUMPY_FLOW}; {FLOW_READING}"
+FLOW_METHOD = f"{PROBED_FLOW}; {FLOW_READING}"
 JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
                    "captured input and initial state, float64, batch_jacobian in one traced "
                    "function per layer")
@@ -63,9 +67,9 @@ STEPPED_JACOBIAN = ("a call gradscope's cells do not model: the cell the model h
 #: Bidirectional merge modes whose gradient gradscope splits between the two directions.
 MERGE_MODES = ("concat", "sum", "ave", "mul", None)
 
-STEPPED_NOTE = ("a call gradscope's NumPy cells do not model (a mask, another activation, a "
-                "stateful layer, a cell of your own) is stepped through the cell the model "
-                "holds, in tf.scan under one tape, after its outputs are held to Keras' own")
+STEPPED_NOTE = ("a call whose loop is not Keras' own (a fused kernel, a loop a layer writes "
+                "itself) is stepped through the cell the model holds, in tf.scan under one "
+                "tape, after its outputs are held to Keras' own")
 BACKWARDS_NOTE = ("a go_backwards layer, and the backward layer of a Bidirectional, is shown "
                   "in its processing order: its t = 0 is the last input step")
 
@@ -366,15 +370,21 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
     the two directions of a Bidirectional layer, each in the order it runs, are read alike.
     Where the gradient enters at the last step only, it is ‖∂L/∂h_0‖ / ‖∂L/∂h_{T−1}‖.
     ``total`` and ``direct``: (B, T, u) in processing order. None: nothing to carry."""
+    return carried_ratio_of(per_step_norms(np.asarray(total, np.float64) - direct),
+                            per_step_norms(total))
+
+
+def carried_ratio_of(carried: list[float], totals: list[float]) -> float | None:
+    """:func:`carried_ratio` from its per-step norms: ‖∂L/∂h_t − its part from above‖ and
+    ‖∂L/∂h_t‖ for every t."""
     logs = []
-    for t in range(total.shape[1] - 1):
-        after = float(np.linalg.norm(total[:, t + 1]))
+    for t in range(len(totals) - 1):
+        after = totals[t + 1]
         if not after > 0:
             continue
-        carried = float(np.linalg.norm(total[:, t] - direct[:, t]))
-        if carried == 0:
+        if carried[t] == 0:
             return 0.0
-        logs.append(np.log(carried) - np.log(after))
+        logs.append(np.log(carried[t]) - np.log(after))
     if not logs:
         return None
     return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))
@@ -402,50 +412,36 @@ def per_step_norms(gradient: np.ndarray) -> list[float]:
 
 
 def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
-    """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True)``.
-    A call gradscope's NumPy cells model is read through them; every other recurrent call is
-    stepped through the cell the model holds (:mod:`~gradscope.keras.stepped`)."""
+    """``result`` must come from ``engine.run(..., watch_outputs=True, watch_inputs=True,
+    probe_states=True)``. A call whose loop was probed is read from the pass itself; any
+    other recurrent call is stepped through the cell the model holds
+    (:mod:`~gradscope.keras.stepped`)."""
     from gradscope.gradient_stats import flow_flags
 
-    usable, skipped = recurrent_calls(job, engine, result)
     by_call: list[tuple[str, list[KerasFlowSequence]]] = []
     flags: list[FlowFlag] = []
-    backwards = any_stepped = False
-    for recurrent in usable:
-        parts = total_state_gradients(recurrent, result)
-        if isinstance(parts, str):
-            skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=parts))
-            continue
-        found = []
-        for unit, (total, direct) in zip(recurrent.units, parts, strict=True):
-            backwards = backwards or unit.backwards
-            what = f"∂L/∂{unit.label}/h_t"
-            found.append(KerasFlowSequence(what=what, kind="state", source=unit.label,
-                                           norms=per_step_norms(total),
-                                           backwards=unit.backwards))
-            flag = recurrence_flag(what, carried_ratio(total, direct), total.shape[1])
-            if flag is not None:
-                flags.append(flag)
-        by_call.append((recurrent.label, found))
-    # Every call the NumPy cells left out is stepped; what cannot be is listed, with why.
-    unmodelled = {entry.layer for entry in skipped}
     still: list[KerasNotAnalysed] = []
+    backwards = any_probed = any_stepped = False
     for call in result.calls:
         label = call_label(call.layer, call.index)
-        kind = class_label(engine.operation(call.layer))
-        if label not in unmodelled and not stepped_only(engine.operation(call.layer)):
+        layer = engine.operation(call.layer)
+        kind = class_label(layer)
+        probed = result.state_totals.get(label)
+        if probed is not None:
+            found, found_flags, reversed_order = _probed_flow(layer, label, probed)
+            any_probed = True
+        elif call.class_name in RECURRENT_CLASSES or stepped_only(layer):
+            stepped = _stepped_flow(engine, call, result, kind)
+            if isinstance(stepped, KerasNotAnalysed):
+                still.append(stepped)
+                continue
+            found, found_flags, reversed_order = stepped
+            any_stepped = True
+        else:
             continue
-        stepped = _stepped_flow(engine, call, result, kind)
-        if isinstance(stepped, KerasNotAnalysed):
-            still.append(stepped)
-            continue
-        found, found_flags, reversed_order = stepped
         backwards = backwards or reversed_order
-        any_stepped = True
         flags += found_flags
         by_call.append((label, found))
-    order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
-    by_call.sort(key=lambda item: order.get(item[0], len(order)))
     sequences = [sequence for _, found in by_call for sequence in found]
     for name, value in job.batch.inputs.items():
         if value.dtype.kind != "f" or value.ndim != 3:
@@ -455,15 +451,36 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
                  else [0.0] * int(value.shape[1]))
         sequences.append(KerasFlowSequence(what=f"∂L/∂{name}_t", kind="input", source=name,
                                            norms=norms))
-    _in_call_order(still, result)
     flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences if s.kind == "input"})
-    if any_stepped and not usable:
+    if any_stepped and not any_probed:
         method = f"{STEPPED_FLOW}; {FLOW_READING}"
     else:
         method = FLOW_METHOD + ("; " + STEPPED_NOTE if any_stepped else "")
     method += "; " + BACKWARDS_NOTE if backwards else ""
     return KerasFlowSection(method=method, sequences=sequences, not_analysed=still,
                             flags=flags)
+
+
+def _probed_flow(layer: Any, label: str, probed: list[StateTotals]
+                 ) -> tuple[list[KerasFlowSequence], list[FlowFlag], bool]:
+    """A call read from its probed loops: the total ∂L/∂s_t of each direction (h alone for
+    Keras' own layers, every state for a cell of the user's), in processing order, and the
+    flag of the whole state's recurrence."""
+    sequences, flags = [], []
+    loops = loop_flows(layer, label, probed)
+    for loop in loops:
+        for k in loop.shown:
+            sequences.append(KerasFlowSequence(what=loop.what(k), kind="state",
+                                               source=loop.label,
+                                               norms=per_step_norms(loop.totals.totals[k]),
+                                               backwards=loop.totals.backwards))
+        output = loop.totals.output_state
+        steps = loop.totals.totals[0].shape[1]
+        flag = (None if output is None
+                else recurrence_flag(loop.what(output), loop.carried(), steps))
+        if flag is not None:
+            flags.append(flag)
+    return sequences, flags, any(loop.totals.backwards for loop in loops)
 
 
 #: Rows t of the influence map (``--plot``): at most this many, evenly spaced.

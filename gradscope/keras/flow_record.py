@@ -9,14 +9,9 @@ from typing import Any
 import numpy as np
 
 from gradscope.gradient_stats import FLOW_FACTOR
-from gradscope.keras.engine import KerasPass
-from gradscope.keras.flow import (
-    carried_ratio,
-    per_step_norms,
-    recurrence_flag,
-    recurrent_calls,
-    total_state_gradients,
-)
+from gradscope.keras.engine import KerasPass, call_label
+from gradscope.keras.flow import per_step_norms, recurrence_flag
+from gradscope.keras.probed_flow import LoopFlow, loop_flows
 from gradscope.report.models import (
     FlowHistoryReport,
     KerasNotAnalysed,
@@ -28,20 +23,12 @@ from gradscope.report.models import (
 
 METHOD = ("one extra forward and backward pass on the current batch, with the model's loss, in "
           "inference mode: ‖∂L/∂w‖ from the tape; ‖∂L/∂h0‖ from the tape with explicit zero "
-          "initial states; the total ‖∂L/∂h_t‖ per step from gradscope's NumPy reference BPTT "
-          "(float64) fed the tape's ∂L/∂(layer outputs); norms are Frobenius over the batch")
-
-
-class _Batch:
-    """What ``gradient_flow``'s helpers need of a job: the batch's inputs by name."""
-
-    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
-        self.inputs = inputs
-
-
-class _Job:
-    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
-        self.batch = _Batch(inputs)
+          "initial states; the total ‖∂L/∂h_t‖ per step from the same backward pass, where "
+          "Keras' own loop of each recurrent layer adds a zero to every state after every "
+          "step and the tape's gradient on it is the total; norms are Frobenius over the "
+          "batch")
+NOT_PROBED = ("its loop is not Keras' own over a cell (a fused kernel, or a loop the layer "
+              "writes itself): no zero could be added to its states")
 
 
 def _norm(gradient: Any) -> float | None:
@@ -65,12 +52,10 @@ class FlowRecord:
         """One more than the last recorded step (1 at first)."""
         return self.observations[-1].step + 1 if self.observations else 1
 
-    def add(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
-            weights: dict[str, np.ndarray], step: int,
+    def add(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass, step: int,
             epoch: int | None) -> list[KerasNotAnalysed]:
-        """Record one observation: ``result`` is its pass, ``weights`` the recurrent layers'
-        weights it ran with. Returns the calls it could not analyse, with why."""
-        usable, skipped = recurrent_calls(_Job(inputs), engine, result, weights)
+        """Record one observation: ``result`` is its pass, its loops probed. Returns the
+        calls it could not analyse, with why."""
         index = len(self.observations)
         size = int(next(iter(inputs.values())).shape[0])
         self.observations.append(TrainingObservation(
@@ -80,41 +65,48 @@ class FlowRecord:
             shape, norms = self._weights.setdefault(
                 variable.path, ([int(d) for d in variable.shape], [None] * index))
             norms.append(_norm(result.gradients.get(variable.path)))
+        skipped: list[KerasNotAnalysed] = []
+        for call in result.calls:
+            label = call_label(call.layer, call.index)
+            found = result.state_totals.get(label)
+            if found is None:
+                skipped.append(KerasNotAnalysed(layer=label, reason=NOT_PROBED))
+                continue
+            state_grads = list(result.state_gradients.get(label, []))
+            for loop in loop_flows(engine.operation(call.layer), label, found):
+                names = _initial_names(loop)
+                mine, state_grads = state_grads[:len(names)], state_grads[len(names):]
+                reason = self._series(loop, names, mine, index)
+                if reason is not None:
+                    skipped.append(KerasNotAnalysed(layer=loop.label, reason=reason))
         for entry in skipped:
             self._skipped.setdefault((entry.layer, entry.reason), []).append(step)
-        for recurrent in usable:
-            totals = total_state_gradients(recurrent, result)
-            if isinstance(totals, str):
-                skipped.append(KerasNotAnalysed(layer=recurrent.label, reason=totals))
-                self._skipped.setdefault((recurrent.label, totals), []).append(step)
-                continue
-            state_grads = result.state_gradients.get(recurrent.label, [])
-            for unit, (total, direct) in zip(recurrent.units, totals, strict=True):
-                mine, state_grads = (state_grads[:unit.state_count],
-                                     state_grads[unit.state_count:])
-                profile = per_step_norms(total)
-                ratio = None
-                if not np.all(np.isfinite(profile)):
-                    reason = "NaN or Inf in ∂L/∂h_t: no profile, ratio or flag"
-                    skipped.append(KerasNotAnalysed(layer=unit.label, reason=reason))
-                    self._skipped.setdefault((unit.label, reason), []).append(step)
-                    profile = []
-                else:
-                    ratio = carried_ratio(total, direct)
-                flag = recurrence_flag(unit.label, ratio, len(profile))
-                series = self._recurrent.setdefault(unit.label, {
-                    "class_name": unit.class_name, "units": int(unit.cell.units),
-                    "backwards": unit.backwards,
-                    "states": {name: [None] * index for name in unit.cell.state_names},
-                    "profiles": [None] * index, "ratios": [None] * index,
-                    "flags": [None] * index})
-                for name, gradient in zip(unit.cell.state_names, mine, strict=True):
-                    series["states"][name].append(_norm(gradient))
-                series["profiles"].append(profile or None)
-                series["ratios"].append(ratio)
-                series["flags"].append(flag.kind if flag is not None else None)
         self._pad(index + 1)
         return skipped
+
+    def _series(self, loop: LoopFlow, names: list[str], gradients: list[Any],
+                index: int) -> str | None:
+        """Add one direction's values to its series; why its profile is missing, if it is."""
+        totals = loop.totals
+        output = totals.output_state if totals.output_state is not None else 0
+        profile = per_step_norms(totals.totals[output])
+        ratio, reason = None, None
+        if not np.all(np.isfinite(profile)):
+            reason = "NaN or Inf in ∂L/∂h_t: no profile, ratio or flag"
+            profile = []
+        else:
+            ratio = loop.carried()
+        flag = recurrence_flag(loop.label, ratio, len(profile))
+        series = self._recurrent.setdefault(loop.label, {
+            "class_name": loop.class_name, "units": int(totals.totals[output].shape[-1]),
+            "backwards": totals.backwards, "states": {name: [None] * index for name in names},
+            "profiles": [None] * index, "ratios": [None] * index, "flags": [None] * index})
+        for name, gradient in zip(names, gradients + [None] * len(names), strict=False):
+            series["states"].setdefault(name, [None] * index).append(_norm(gradient))
+        series["profiles"].append(profile or None)
+        series["ratios"].append(ratio)
+        series["flags"].append(flag.kind if flag is not None else None)
+        return reason
 
     def _pad(self, count: int) -> None:
         """Every series one value per observation: None where this one gave nothing."""
@@ -140,6 +132,11 @@ class FlowRecord:
                 for label, s in self._recurrent.items()],
             not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=list(steps))
                           for (layer, reason), steps in self._skipped.items()])
+
+
+def _initial_names(loop: LoopFlow) -> list[str]:
+    """The names of a loop's initial states (h0, c0, states[k]), as ‖∂L/∂h0‖ is recorded."""
+    return [f"{n}0" if n in ("h", "c") else n for n in loop.names]
 
 
 __all__ = ["METHOD", "FlowRecord"]

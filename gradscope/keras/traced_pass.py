@@ -2,8 +2,10 @@
 training, or at the first observation that needs it) and run on an observed batch.
 
 The pass is Keras' own call of the whole model, looked on (see
-:mod:`~gradscope.keras.observed_call`). Where a model cannot be looked on, the pass is the
-engine's replay, witnessed once by Keras' own call of the whole model."""
+:mod:`~gradscope.keras.observed_call`), its recurrent loops probed, so that its one backward
+gives every state's total ∂L/∂s_t too (:mod:`~gradscope.keras.state_probes`). Where a model
+cannot be looked on, the pass is the engine's replay, witnessed once by Keras' own call of
+the whole model."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label
-from gradscope.keras.flow import RECURRENT_CLASSES
 from gradscope.keras.observed_call import NotObserved
+from gradscope.keras.state_probes import filled, probe_targets, state_totals
 from gradscope.keras.whole_model import (
     all_variables,
     confirm,
@@ -114,24 +116,22 @@ class TracedPass:
                 self.forget()
                 return self.run(inputs, targets, sample_weight)
         restore(before)
-        calls = []
-        for meta, tensors in zip(self.trace["calls"], captured, strict=True):
-            args, outputs, states, mask, state_grads, output_grads = tensors
-            calls.append((CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2],
-                                       args=[a.numpy() for a in args],
-                                       outputs=[o.numpy() for o in outputs],
-                                       states=[s.numpy() for s in states],
-                                       state_source=meta[3],
-                                       mask=None if mask is None else mask.numpy()),
-                          state_grads, output_grads))
+        calls, totals = [], {}
+        for meta, loops, tensors in zip(self.trace["calls"], self.trace["loops"], captured,
+                                        strict=True):
+            states, state_grads, probe_grads = tensors
+            call = CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2], args=[],
+                                outputs=[], states=[s.numpy() for s in states],
+                                state_source=meta[3])
+            calls.append((call, state_grads))
+            if probe_grads:
+                totals[call_label(call.layer, call.index)] = state_totals(loops, probe_grads)
         gradients, _ = dense_gradients(engine.model.trainable_variables, grads)
         return KerasPass(
             loss=float(loss.numpy()), gradients=gradients, sparse_rows={},
             state_gradients={call_label(c.layer, c.index): [_numpy(g) for g in sg]
-                             for c, sg, _ in calls if c.states},
-            calls=[c for c, _, _ in calls], output_shapes={},
-            output_gradients={call_label(c.layer, c.index): [_numpy(g) for g in og]
-                              for c, _, og in calls if og is not None})
+                             for c, sg in calls if c.states},
+            calls=[c for c, _ in calls], output_shapes={}, state_totals=totals)
 
     def witness(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                 result: KerasPass, sample_weight: Any = None) -> Callable[[], None] | None:
@@ -171,29 +171,25 @@ class TracedPass:
 
 def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
     """One tf.function: the engine's forward (``own``: Keras' own call, looked on) under a
-    tape, the gradients of the loss with respect to every weight, every initial state and
-    every recurrent call's outputs, and what each recurrent call received and returned.
-    ``trace`` gets the calls' names at tracing."""
-    recurrent = RECURRENT_CLASSES
+    tape, its recurrent loops probed, and the gradients of the loss with respect to every
+    weight, every initial state and every probe. ``trace`` gets the calls' names and their
+    probed loops at tracing."""
 
     @tf.function(autograph=False, reduce_retracing=True)
     def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
         with tf.GradientTape() as tape:
-            loss, _, calls = engine.forward(feed, targets, tape.watch, watch_outputs=True,
-                                            sample_weight=sample_weight, own=own)
-        kept = [c for c in calls if c.states or c.class_name in recurrent]
-        wanted = [c.outputs if c.class_name in recurrent else [] for c in kept]
-        grads, state_grads, output_grads = tape.gradient(
-            loss, [engine.model.trainable_variables, [c.states for c in kept], wanted])
+            loss, _, calls = engine.forward(feed, targets, tape.watch,
+                                            sample_weight=sample_weight, own=own,
+                                            probe_states=True)
+        kept = [c for c in calls if c.states or c.probes]
+        probed = [probe_targets(c.probes) for c in kept]
+        grads, state_grads, probe_grads = tape.gradient(
+            loss, [engine.model.trainable_variables, [c.states for c in kept], probed])
         trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
+        trace["loops"] = [c.probes for c in kept]
         trace["thread"] = threading.current_thread().name
-        captured = []
-        for call, sg, og in zip(kept, state_grads, output_grads, strict=True):
-            mine = call.class_name in recurrent
-            mask = call.mask if mine and call.mask is not None else None
-            captured.append(([call.args[0]] if mine else [], call.outputs if mine else [],
-                             call.states, mask, sg, og if mine else None))
-        return loss, grads, captured
+        return loss, grads, [(call.states, sg, pg) for call, sg, pg in zip(
+            kept, state_grads, filled(tf, probed, probe_grads), strict=True)]
 
     return run
 

@@ -1,0 +1,253 @@
+"""Zero probes on every state inside Keras' own recurrent loop, so that the pass's one backward
+gives the total ∂L/∂s_t of every state after every step (``explain --flow``, GradientFlow).
+
+While inside :func:`states_probed`, on the thread that entered it, each recurrent layer's
+``inner_loop`` runs Keras' own ``backend.rnn`` over the layer's own cell, as ``RNN.inner_loop``
+does, with a zero tensor per state as a further input sequence: each step adds its slice to
+every state it leaves, and returns that probed state as its output where the cell returns the
+state itself. Adding zeros changes no value; the gradient on a probe is the total gradient on
+that state after that step, the recurrence included. Masked steps are masked inside the step
+(the probe is added after), so that the carried state is probed too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class ProbedLoop:
+    """One run of one recurrent layer's loop, probed: the probes (one per state, flat, in
+    Keras' order, (B, T, ·) in input order) and a zero added to what the loop returns (the
+    output sequence, or its last step), both watched by the tape."""
+
+    probes: list[Any]
+    above: Any
+    backwards: bool
+    sequences: bool  # ``above`` is the whole output sequence, not its last step
+    #: Which state the cell returns as its output (None: an output of its own).
+    output_state: int | None = None
+
+
+@dataclass
+class StateTotals:
+    """The totals of one probed loop, in NumPy (the model's dtype): per state, ∂L/∂(the state
+    after step t) (B, T, ·), and the part of ∂L/∂(the output at t) that arrives from above
+    (B, T, ·), both in processing order (reversed for a go_backwards layer)."""
+
+    totals: list[np.ndarray]
+    direct: np.ndarray
+    backwards: bool
+    output_state: int | None
+
+
+def probeable(layer: Any) -> bool:
+    """Whether the layer's loop is Keras' own ``inner_loop`` over a cell (an RNN, GRU, LSTM,
+    SimpleRNN or ConvLSTM, not a loop a subclass writes itself), which the probes can run.
+    A layer that asks for cuDNN alone (``use_cudnn=True``) is left to Keras."""
+    import keras
+
+    from gradscope.keras.live import is_builtin
+
+    if not isinstance(layer, keras.layers.RNN) or getattr(layer, "cell", None) is None:
+        return False
+    own = getattr(type(layer), "inner_loop", None)
+    return (own is not None and is_builtin(getattr(own, "__module__", None))
+            and getattr(layer, "use_cudnn", "auto") is not True)
+
+
+@contextlib.contextmanager
+def states_probed(layers: list[Any], found: list[ProbedLoop | None],
+                  watch: Callable[[Any], None]) -> Iterator[None]:
+    """While inside, the loop of each of ``layers`` that :func:`probeable` accepts, run by this
+    thread, is probed, and ``found[k]`` is the :class:`ProbedLoop` of ``layers[k]`` (None where
+    it did not run, ran more than once, or could not be probed: Keras' own loop ran then).
+    Other threads run Keras' own loop."""
+    owner = threading.get_ident()
+    found[:] = [None] * len(layers)
+    runs = [0] * len(layers)
+    replaced = []
+    for index, layer in enumerate(layers):
+        if not probeable(layer):
+            continue
+
+        def inner_loop(sequences: Any, initial_state: Any, mask: Any, training: Any = False,
+                       _index: int = index, _layer: Any = layer,
+                       _own: Any = layer.inner_loop) -> Any:
+            if threading.get_ident() != owner:
+                return _own(sequences, initial_state, mask, training=training)
+            runs[_index] += 1
+            try:
+                loop, result = probed_loop(_layer, sequences, initial_state, mask, training,
+                                           watch)
+            except Exception:  # noqa: BLE001  (a structure the probes do not take: the
+                # loop runs as Keras runs it, unprobed; an error of the cell's own is raised
+                # there, as Keras raises it)
+                runs[_index] += 1
+                return _own(sequences, initial_state, mask, training=training)
+            found[_index] = loop if runs[_index] == 1 else None
+            return result
+
+        # object.__setattr__: a Keras layer tracks what is set on it; a hook is not its state.
+        object.__setattr__(layer, "inner_loop", inner_loop)
+        replaced.append(layer)
+    try:
+        yield
+    finally:
+        for layer in replaced:
+            object.__delattr__(layer, "inner_loop")
+        for index, count in enumerate(runs):
+            if count > 1:
+                found[index] = None
+
+
+def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, training: Any,
+                watch: Callable[[Any], None]) -> tuple[ProbedLoop, Any]:
+    """``layer.inner_loop(sequences, initial_state, mask, training)`` as ``RNN.inner_loop``
+    runs it (Keras' ``backend.rnn``, the same cell and arguments), probed; returns the probes
+    and what the loop returns, ``(last_output, outputs, final_states)``, of the same values."""
+    import tensorflow as tf
+    from keras.src import backend, tree
+    from keras.src.layers.layer import Layer
+
+    cell = layer.cell
+    kwargs = ({"training": training}
+              if isinstance(cell, Layer) and cell._call_has_training_arg else {})
+    if tree.is_nested(mask):  # as GRU's and LSTM's own inner_loop take it
+        mask = mask[0]
+    if not tree.is_nested(initial_state):
+        initial_state = [initial_state]
+    flat = list(tree.flatten(initial_state))
+    steps = sequences.shape[1]
+    probes = [tf.zeros([*_batch_and(sequences), *_dims(s)[1:]], s.dtype) for s in flat]
+    watch(probes)
+    keep = None
+    if mask is not None:
+        keep = tf.cast(mask, tf.bool)
+        keep = tf.expand_dims(keep, -1) if len(keep.shape) == 2 else keep
+    backwards = bool(layer.go_backwards)
+    loop = ProbedLoop(probes=probes, above=None, backwards=backwards,
+                      sequences=bool(layer.return_sequences))
+
+    def step(inputs: Any, states: Any) -> tuple[Any, Any]:
+        x_t, keep_t, probes_t = ((inputs[0], inputs[1], inputs[2:]) if keep is not None
+                                 else (inputs[0], None, inputs[1:]))
+        out, new = cell(x_t, states, **kwargs)
+        flat_new = list(tree.flatten(new if tree.is_nested(new) else [new]))
+        same = [k for k, n in enumerate(flat_new) if n is out]
+        if keep_t is not None:  # Keras' masking: a masked step keeps the states
+            flat_new = [_where(tf, keep_t, n, s)
+                        for n, s in zip(flat_new, tree.flatten(states), strict=True)]
+        flat_new = [n + p for n, p in zip(flat_new, probes_t, strict=True)]
+        if same:
+            loop.output_state = same[0]
+            out = flat_new[same[0]]
+        return out, tree.pack_sequence_as(initial_state, flat_new)
+
+    # One flat tuple: backend.rnn's unrolled loop indexes each of its items by time.
+    inputs = (sequences, *probes) if keep is None else (sequences, keep, *probes)
+    last, outputs, final = backend.rnn(
+        step, inputs, initial_state, go_backwards=backwards, mask=None, unroll=layer.unroll,
+        # backend.rnn reads a length it is not given from inputs.shape, which nested inputs
+        # lack; a time axis known only at run time goes in a list: a tensor would be taken
+        # for per-example lengths, and its truth value asked.
+        input_length=steps if steps is not None else [tf.shape(sequences)[1]],
+        zero_output_for_mask=layer.zero_output_for_mask,
+        return_all_outputs=layer.return_sequences or keep is not None)
+    if keep is not None:
+        # Keras' masked loop returns, at a masked step, the last kept step's output (zeros
+        # before the first), or zeros with zero_output_for_mask.
+        kept = tf.reverse(keep, [1]) if backwards else keep
+        outputs = (_where(tf, kept, outputs, tf.zeros_like(outputs), axis=2)
+                   if layer.zero_output_for_mask else _carried_forward(tf, outputs, kept))
+        last = outputs[:, -1]
+        outputs = outputs if layer.return_sequences else outputs[:, -1:]
+    # A zero on what the loop returns: its gradient is what arrives from above at each step.
+    loop.above = tf.zeros_like(outputs if layer.return_sequences else last)
+    watch(loop.above)
+    if layer.return_sequences:
+        outputs = outputs + loop.above
+        last = outputs[:, -1]
+    else:
+        last = last + loop.above
+        outputs = tf.expand_dims(last, 1)
+    return loop, (last, outputs, final)
+
+
+def _batch_and(sequences: Any) -> list[Any]:
+    """(B, T) of a batch-major sequence, static where known (the probes keep static shapes,
+    as the loop's states must)."""
+    return _dims(sequences)[:2]
+
+
+def _dims(tensor: Any) -> list[Any]:
+    """Each axis's size: static where known, else the tensor's own."""
+    import tensorflow as tf
+
+    return [d if d is not None else tf.shape(tensor)[i] for i, d in enumerate(tensor.shape)]
+
+
+def _where(tf: Any, keep: Any, value: Any, other: Any, axis: int = 1) -> Any:
+    """``value`` where ``keep`` (its first ``axis`` axes are the value's), else ``other``."""
+    keep = tf.reshape(keep, [*(-1 if i == 0 else tf.shape(keep)[i] for i in range(axis)),
+                             *[1] * (len(value.shape) - axis)])
+    return tf.where(keep, value, other)
+
+
+def _carried_forward(tf: Any, outputs: Any, kept: Any) -> Any:
+    """Each step's output (B, T, ·) where ``kept`` (B, T, 1), else the last kept step's
+    before it, zeros before the first: what Keras' masked loop returns."""
+    kept = kept[:, :, 0]
+    steps = tf.shape(kept)[1]
+    positions = tf.range(steps)
+    count = tf.cumsum(tf.cast(kept, tf.int32), axis=1)  # kept steps up to t
+    # The kept positions first, in order; the count-th of them is the last kept up to t.
+    order = tf.argsort(tf.where(kept, positions[None, :], steps + positions[None, :]),
+                       axis=1, stable=True)
+    last = tf.gather(order, tf.maximum(count - 1, 0), batch_dims=1)
+    carried = tf.gather(outputs, last, batch_dims=1)
+    return _where(tf, count > 0, carried, tf.zeros_like(carried), axis=2)
+
+
+def probe_targets(loops: list[ProbedLoop | None]) -> list[Any]:
+    """What the tape differentiates for one call's loops: ``[[probes, above], …]`` (empty
+    unless every loop of the call was probed)."""
+    if not loops or not all(loops):
+        return []
+    return [[loop.probes, loop.above] for loop in loops if loop is not None]
+
+
+def filled(tf: Any, targets: list[Any], gradients: list[Any]) -> list[Any]:
+    """The tape's gradients of :func:`probe_targets`, a zero where it gave None (the loss does
+    not reach that probe)."""
+    return tf.nest.map_structure(lambda t, g: tf.zeros_like(t) if g is None else g,
+                                 targets, gradients)
+
+
+def state_totals(loops: list[ProbedLoop | None], gradients: list[Any]) -> list[StateTotals]:
+    """One :class:`StateTotals` per loop, from the tape's (filled) gradients of
+    :func:`probe_targets`, in processing order."""
+    found = []
+    for loop, (probes, above) in zip([lp for lp in loops if lp is not None], gradients,
+                                     strict=True):
+        totals = [np.asarray(g) for g in probes]  # in the model's dtype: norms cast them
+        if loop.backwards:
+            totals = [t[:, ::-1] for t in totals]
+        direct = np.asarray(above)
+        if not loop.sequences:  # the last step's output alone is returned
+            whole = np.zeros((direct.shape[0], totals[0].shape[1], *direct.shape[1:]),
+                             direct.dtype)
+            whole[:, -1] = direct
+            direct = whole
+        found.append(StateTotals(totals=totals, direct=direct, backwards=loop.backwards,
+                                 output_state=loop.output_state))
+    return found
+
+
+__all__ = ["ProbedLoop", "StateTotals", "probeable", "state_totals", "states_probed"]
