@@ -73,8 +73,7 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
 
 CHANGES: list[tuple[Kind, str, Change]] = [
     ("keep_bias", "", keep_bias),
-    ("orthogonal", "recurrent kernel orthogonal at its spectral norm (per gate block)",
-     orthogonal),
+    ("orthogonal", "an orthogonal recurrent kernel at its spectral norm", orthogonal),
 ]
 
 

@@ -49,6 +49,11 @@ METHOD = [
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step",
+    "counterfactuals: a copy Keras makes of the model (the file loaded again, or the object "
+    "rebuilt from its config), one change at a time (keep-gate bias +1; each gate's block of "
+    "the recurrent kernel made its polar factor times its spectral norm), run again on the "
+    "batch and diagnosed as the layer (λ₁ with the same exponents); clipping at √n × the "
+    "median tensor norm changes the gradient, not the dynamics: not rerun",
 ]
 
 
