@@ -201,8 +201,9 @@ def suggested_clipping(gradients: dict[str, Any], lyapunov_1: float | None,
         return None
     scale = min(1.0, suggested / total) if total > 0 else 1.0
     return Counterfactual(
-        kind="clipping", change=f"global_clipnorm={suggested:.3g} (√n × the median tensor "
-        "norm)", applicable=True, note="changes the gradient, not the dynamics: λ₁ and the "
-        "horizon are the layer's own, not rerun", horizon=horizon, horizon_window=window,
+        kind="clipping", change=f"global_clipnorm={suggested:.3g}", applicable=True,
+        note="the norm the batch suggests, √n × the median tensor norm; it changes the "
+        "gradient, not the dynamics: λ₁ and the horizon are the layer's own, not rerun",
+        horizon=horizon, horizon_window=window,
         predicted=dynamics.predicted_horizon(lyapunov_1), lyapunov_1=lyapunov_1,
         clip_norm=suggested, clip_scale=scale, gradient_norm=total * scale)

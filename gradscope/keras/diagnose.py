@@ -329,6 +329,6 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
                                    best.horizon_window, best.lyapunov_1)
         clip = next((c for c in found if c.kind == "clipping"), None)
         if clip is not None and clip.clip_scale is not None and clip.clip_scale < 1:
-            return (f"with {clip.change.split(' (')[0]}, this batch's gradient would be "
+            return (f"with {clip.change}, this batch's gradient would be "
                     f"scaled by ×{clip.clip_scale:.3g} (the dynamics unchanged)")
     return None

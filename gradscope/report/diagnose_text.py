@@ -113,6 +113,7 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             parts.append(Text(f"  {change.change}: {change.note}", style="dim"))
         elif change.kind == "clipping":
             parts.append(_line(f"  {change.change}", [
+                "√n × the median tensor norm",
                 f"the gradient ×{number(change.clip_scale)} to norm "
                 f"{number(change.gradient_norm)}", "the dynamics unchanged (not rerun)"],
                 width))
