@@ -184,7 +184,8 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
 
 def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
              sample_weight: Any = None, exponents: int | None = None,
-             max_memory: int | str | None = None, timings: bool = False,
+             counterfactuals: bool = True, max_memory: int | str | None = None,
+             timings: bool = False,
              progress: Callable[[str], None] | None = None,
              **keras_options: Any) -> reports.DiagnoseReport:
     """Why the gradients of each recurrent call vanish or explode, measured on the batch.
@@ -201,6 +202,9 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
             :func:`explain`.
         exponents: How many Lyapunov exponents (default 8; every one when the state has at
             most 32 numbers).
+        counterfactuals: Measure each change (keep-gate bias +1, an orthogonal recurrent
+            kernel, the clipping the batch suggests) on a copy of the model, run again on the
+            batch; False skips those reruns.
 
     Returns:
         The report: ``report.layers`` one entry per recurrent call (per direction of a
@@ -224,7 +228,7 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
             str(model) if isinstance(model, str | PathLike) else "a YAML spec")
         raise ConfigError(f"{shown}: diagnose is not yet for YAML configs; give a saved "
                           "MODEL.keras or a Keras model object", where=None)
-    options = {"exponents": exponents, **keras_options}
+    options = {"exponents": exponents, "counterfactuals": counterfactuals, **keras_options}
     return front.run("diagnose", model, data, x, y, sample_weight, options, max_memory,
                      progress, timings)
 

@@ -536,13 +536,17 @@ Exit codes:
 @click.option("--exponents", type=click.IntRange(min=1), metavar="K",
               help="How many Lyapunov exponents, largest first (default 8; every one when "
                    "the state has at most 32 numbers).")
+@click.option("--no-counterfactuals", "no_counterfactuals", is_flag=True,
+              help="Skip the counterfactuals (each change run again on a copy of the "
+                   "model).")
 @data_options
 @keras_options
 @user_code_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
-def diagnose(config: str | None, exponents: int | None, data_files: DataFiles,
+def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool,
+             data_files: DataFiles,
              keras_run: dict[str, Any], max_memory: str | None, as_json: bool,
              output: Path | None, force: bool, quiet: bool, timings: bool,
              user_code: tuple[tuple[str, ...], bool]) -> int:
@@ -570,6 +574,7 @@ def diagnose(config: str | None, exponents: int | None, data_files: DataFiles,
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope diagnose", spinner="dots") as status:
         report = gradscope.diagnose(source, data=data_files, exponents=exponents,
+                                    counterfactuals=not no_counterfactuals,
                                     max_memory=max_memory, timings=timings,
                                     progress=status.update, **keras_run)
     _emit(report, as_json, output, force)

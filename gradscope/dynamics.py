@@ -132,6 +132,8 @@ class Evidence:
     keep_above: float | None = None
     median_tau: float | None = None
     growing: float | None = None
+    #: The most effective counterfactual, in words with its measured number (or None).
+    remedy: str | None = None
 
 
 def mechanism(evidence: Evidence) -> str:
@@ -149,8 +151,25 @@ def _steps(value: float) -> str:
     return f"{value:.2g} step" + ("" if value == 1 else "s")
 
 
+def remedy(kind: str, change: str, horizon: int | None, window: int | None,
+           lyapunov_1: float | None) -> str:
+    """A counterfactual in the verdict's words: what the horizon (vanishing) or λ₁
+    (exploding) would be with ``change``, as measured on the changed copy."""
+    if kind == "vanishing":
+        steps = (f"{horizon} step" + ("" if horizon == 1 else "s") if horizon is not None
+                 else f"more than {window} steps")
+        return f"with {change}, the horizon would be {steps} (measured)"
+    return f"with {change}, λ₁ would be {lyapunov_1:+.3g} per step (measured)"
+
+
 def verdict(evidence: Evidence) -> str:
-    """The verdict in words, naming the mechanism with the layer's own numbers."""
+    """The verdict in words, naming the mechanism with the layer's own numbers, and the most
+    effective counterfactual when there is one."""
+    said = _verdict(evidence)
+    return f"{said}; {evidence.remedy}" if evidence.remedy else said
+
+
+def _verdict(evidence: Evidence) -> str:
     kind = mechanism(evidence)
     e = evidence
     gate = ""

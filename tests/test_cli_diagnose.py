@@ -51,12 +51,17 @@ def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
     (layer,) = report["layers"]
     assert set(layer) >= LAYER_KEYS
     assert set(layer["gates"]) == {"update", "reset"}
-    assert layer["counterfactuals"] == []
+    assert [set(c) >= {"change", "horizon", "lyapunov_1"} for c in layer["counterfactuals"]] \
+        == [True] * 3
     assert report["clipping"]["setting"] == "clipvalue=0.0001"
     text = run_gradscope("diagnose", str(path), "--batch-size", "3", "--exponents", "2",
                          env={"COLUMNS": "80"})
     assert text.returncode == 0, text.stderr
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
     assert "gru: " in text.stdout and "Lyapunov exponents λ (nats/step, top 2)" in text.stdout
+    assert "update-gate bias +1: horizon" in text.stdout
+    skipped = run_gradscope("diagnose", str(path), "--batch-size", "3", "--json",
+                            "--no-counterfactuals")
+    assert json.loads(skipped.stdout)["layers"][0]["counterfactuals"] == []
     bad = run_gradscope("diagnose", str(path), "--exponents", "0")
     assert bad.returncode == 2

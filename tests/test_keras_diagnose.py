@@ -267,7 +267,7 @@ def test_lstm_with_forget_bias_minus_5_vanishes_by_its_forget_gate(lstm_case: An
     assert entry.gates is not None and entry.gates["forget"].below_0_1 > 0.99
     assert "forget-gate values below 0.1" in entry.verdict
     assert entry.horizon.measured is not None and entry.horizon.measured < 8
-    assert entry.counterfactuals == []
+    assert [c.kind for c in entry.counterfactuals] == ["keep_bias", "orthogonal", "clipping"]
     assert report.clipping.setting == "clipnorm=0.05"
 
 
@@ -278,6 +278,10 @@ def test_a_diagonal_linear_recurrence_has_the_logs_of_its_eigenvalues(tf: Any) -
     entry = report.layers[0]
     assert entry.gates is None and entry.gates_note is not None
     assert "not known for this cell" in entry.gates_note
+    for change in entry.counterfactuals[:2]:  # a cell of the user's: no gate, no kernel known
+        assert not change.applicable and change.note is not None
+        assert change.note.startswith("not applicable to this cell")
+        assert change.horizon is None and change.lyapunov_1 is None
     np.testing.assert_allclose(entry.lyapunov, np.sort(np.log(np.abs(diagonal)))[::-1],
                                atol=1e-5)
 

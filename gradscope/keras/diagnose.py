@@ -11,6 +11,7 @@ become words in :mod:`gradscope.dynamics`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from gradscope import dynamics
 from gradscope.keras.engine import call_label, class_label
 from gradscope.report.models import (
+    Counterfactual,
     DiagnosedLayer,
     DiagnoseReport,
     Exploding,
@@ -47,6 +49,11 @@ METHOD = [
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step",
+    "counterfactuals: a copy Keras makes of the model (the file loaded again, or the object "
+    "rebuilt from its config), one change at a time (keep-gate bias +1; each gate's block of "
+    "the recurrent kernel made its polar factor times its spectral norm), run again on the "
+    "batch and diagnosed as the layer (λ₁ with the same exponents); clipping at √n × the "
+    "median tensor norm changes the gradient, not the dynamics: not rerun",
 ]
 
 
@@ -58,7 +65,7 @@ def is_recurrent(engine: Any, call: Any) -> bool:
 
 
 def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
-             exponents: int | None = None) -> DiagnoseReport:
+             exponents: int | None = None, counterfactuals: bool = True) -> DiagnoseReport:
     """Every recurrent call of ``job``'s model, diagnosed on its batch.
 
     Args:
@@ -67,6 +74,8 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
         timings: Add the seconds each phase took.
         exponents: How many Lyapunov exponents (default 8; all when the state has at most 32
             numbers).
+        counterfactuals: Run each change on a copy of the model
+            (:mod:`~gradscope.keras.counterfactuals`); False leaves every list empty.
 
     Returns:
         The report.
@@ -90,6 +99,8 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
     clock.lap("forward_backward")
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
+    trained = {p: g for p, g in result.gradients.items() if g is not None}
+    whatif = _WhatIf(job, engine, targets, trained) if counterfactuals else None
     for call in result.calls:
         if not is_recurrent(engine, call):
             continue
@@ -105,10 +116,13 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
             if isinstance(found, str):
                 skipped.append(KerasNotAnalysed(layer=stepped.directions[index].label,
                                                 reason=found))
-            else:
-                layers.append(found)
+                continue
+            entry, evidence, count = found
+            if whatif is not None:
+                say(f"{entry.call}: counterfactuals, each on a changed copy of the model")
+                entry = whatif.add(entry, evidence, stepped, index, count)
+            layers.append(entry)
         clock.lap(f"diagnose {label}")
-    trained = {p: g for p, g in result.gradients.items() if g is not None}
     warnings = []
     if not any(is_recurrent(engine, c) for c in result.calls):
         warnings.append("the model has no recurrent layer call: nothing to diagnose")
@@ -128,8 +142,10 @@ def _dropout(layer: Any, training: bool) -> bool:
 
 
 def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
-               say: Progress) -> DiagnosedLayer | str:
-    """One direction of a stepped call, diagnosed; or why it cannot be."""
+               say: Progress) -> tuple[DiagnosedLayer, dynamics.Evidence, int] | str:
+    """One direction of a stepped call, diagnosed, with what its verdict rests on and how many
+    exponents it took; or why it cannot be."""
+    from gradscope.keras.counterfactuals import state_flow
     from gradscope.keras.gates import known_gates, read_gates
     from gradscope.keras.horizon import measure
     from gradscope.keras.trajectory import lyapunov_logs, step_norms, trajectory
@@ -196,8 +212,9 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         backwards=direction.backwards, lyapunov=[float(v) for v in spectrum],
         lyapunov_change=change, jacobian_norm=norms, gates=gates, gates_note=why_not,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
-        exploding=exploding, mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
-        verdict=dynamics.verdict(evidence))
+        exploding=exploding, flow=state_flow(stepped, index),
+        mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
+        verdict=dynamics.verdict(evidence)), evidence, count
 
 
 def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
@@ -242,3 +259,76 @@ def _exploding(stepped: Any, index: int) -> Exploding | None:
                      growing_step_count=int(growing.size),
                      examples=[GrowingExample(example=e, ratio=float(ratios[e]))
                                for e in grown])
+
+
+class _WhatIf:
+    """The counterfactuals of every diagnosed direction: one copy of the model for them all
+    (made at the first, each change undone after its run), and the batch's clipping."""
+
+    def __init__(self, job: Any, engine: Any, targets: dict[str, Any],
+                 gradients: dict[str, Any]) -> None:
+        self.job, self.engine, self.targets, self.gradients = job, engine, targets, gradients
+        self.copy: Any = None
+
+    def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
+            index: int, count: int) -> DiagnosedLayer:
+        """``entry`` with its counterfactuals, and its verdict naming the most effective."""
+        from gradscope.keras.counterfactuals import (
+            CHANGES,
+            Rerun,
+            copy_engine,
+            measure_change,
+            not_copied,
+            suggested_clipping,
+        )
+
+        if self.copy is None:
+            self.copy = copy_engine(self.job, self.engine)
+        call = stepped.call
+        rerun = Rerun(inputs=self.job.batch.inputs, targets=self.targets,
+                      sample_weight=self.job.batch.sample_weight, layer=call.layer,
+                      index=call.index, label=stepped.label)
+        cell = stepped.directions[index].layer.cell
+        found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
+                 else measure_change(self.copy, rerun, index, kind, count)
+                 for kind, _, _ in CHANGES]
+        largest = entry.lyapunov[0] if entry.lyapunov else None
+        clipped = suggested_clipping(self.gradients, largest, entry.horizon.measured,
+                                     entry.horizon.window)
+        found += [clipped] if clipped is not None else []
+        remedy = _most_effective(entry, found)
+        if remedy is None:
+            return entry.model_copy(update={"counterfactuals": found})
+        evidence = replace(evidence, remedy=remedy)
+        return entry.model_copy(update={"counterfactuals": found,
+                                        "verdict": dynamics.verdict(evidence)})
+
+
+def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str | None:
+    """The counterfactual the verdict names, in words: for a vanishing layer the change that
+    lengthens the measured horizon most; for an exploding one the change that lowers λ₁
+    most; None when no change helps (or the layer holds)."""
+    changed = [c for c in found if c.applicable and c.kind != "clipping"]
+    if entry.mechanism == "vanishing":
+        def reach(horizon: int | None, window: int | None) -> float:
+            return float(horizon) if horizon is not None else float(window or 0) + 0.5
+
+        before = reach(entry.horizon.measured, entry.horizon.window)
+        longer = [c for c in changed if reach(c.horizon, c.horizon_window) > before]
+        if not longer:
+            return None
+        best = max(longer, key=lambda c: reach(c.horizon, c.horizon_window))
+        return dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
+                               best.lyapunov_1)
+    if entry.mechanism == "exploding" and entry.lyapunov:
+        lower = [c for c in changed
+                 if c.lyapunov_1 is not None and c.lyapunov_1 < entry.lyapunov[0]]
+        if lower:
+            best = min(lower, key=lambda c: c.lyapunov_1 or 0.0)
+            return dynamics.remedy("exploding", best.change, best.horizon,
+                                   best.horizon_window, best.lyapunov_1)
+        clip = next((c for c in found if c.kind == "clipping"), None)
+        if clip is not None and clip.clip_scale is not None and clip.clip_scale < 1:
+            return (f"with {clip.change}, this batch's gradient would be "
+                    f"scaled by ×{clip.clip_scale:.3g} (the dynamics unchanged)")
+    return None

@@ -96,6 +96,8 @@ class KerasCommand:
     chosen: CheckedExamples | None = None
     #: diagnose: how many Lyapunov exponents (None: the default).
     exponents: int | None = None
+    #: diagnose: run each change on a copy of the model.
+    counterfactuals: bool = True
     after_autodiff: Callable[[Any], None] | None = field(default=None, compare=False)
 
 
@@ -119,8 +121,13 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
             raise ConfigError(f"{flag(name)} is for YAML configs; {reason}", where=flag(name))
     check_witness_options(options.get("directions"), options.get("rtol"), options.get("atol"))
     taken = ("flow", "jacobians", "chunks", "at", "heatmap", "directions", "rtol", "atol",
-             "after_autodiff", "exponents")
+             "after_autodiff", "exponents", "counterfactuals")
     own: dict[str, Any] = {name: options.pop(name) for name in taken if name in options}
+    if own.get("counterfactuals") is None:
+        own.pop("counterfactuals", None)
+    elif not isinstance(own["counterfactuals"], bool):
+        raise ConfigError(f"{given('counterfactuals', own['counterfactuals'])}: expected True "
+                          "or False", where=flag("counterfactuals"))
     if own.get("exponents") is not None:
         whole(own, "exponents", smallest=1)
     if own.get("at") is not None:
@@ -208,7 +215,8 @@ def run(prepared: KerasCommand, progress: Callable[[str], None] | None,
         from gradscope.keras.diagnose import diagnose
 
         return diagnose(prepared.job, progress=progress, timings=timings,
-                        exponents=prepared.exponents)
+                        exponents=prepared.exponents,
+                        counterfactuals=prepared.counterfactuals)
     if prepared.command == "explain":
         from gradscope.keras.explain import explain
 

@@ -82,6 +82,7 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
         "predicted " + ("n/a (λ₁ ≥ 0)" if horizon.predicted is None
                         else f"{horizon.predicted:.3g}"),
         *([horizon.agreement] if horizon.agreement else [])], width))
+    parts += _counterfactual_lines(layer, width)
     found = layer.exploding
     if found is not None and found.growing_share is not None:
         items = [f"on {_share(found.growing_share)} of (example, step) pairs"]
@@ -93,6 +94,37 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
             items.append("examples " + ", ".join(f"{e.example} (×{number(e.ratio)})"
                                                   for e in found.examples))
         parts.append(_line("∂L/∂s_t grows going back", items, width))
+    return parts
+
+
+def _reach(horizon: int | None, window: int | None) -> str:
+    return str(horizon) if horizon is not None else f"> {window}"
+
+
+def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
+    """Each change, before → after, as measured on the changed copy."""
+    if not layer.counterfactuals:
+        return []
+    parts: list[RenderableType] = [Text("with one change (a copy of the model, run again):")]
+    before_h = _reach(layer.horizon.measured, layer.horizon.window)
+    before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"
+    for change in layer.counterfactuals:
+        if not change.applicable:
+            parts.append(Text(f"  {change.change}: {change.note}", style="dim"))
+        elif change.kind == "clipping":
+            parts.append(_line(f"  {change.change}", [
+                "√n × the median tensor norm",
+                f"the gradient ×{number(change.clip_scale)} to norm "
+                f"{number(change.gradient_norm)}", "the dynamics unchanged (not rerun)"],
+                width))
+        else:
+            items = [f"horizon {before_h} → {_reach(change.horizon, change.horizon_window)}",
+                     f"λ₁ {before_l} → " + ("n/a" if change.lyapunov_1 is None
+                                            else _signed(change.lyapunov_1))]
+            if layer.flow is not None and change.flow is not None:
+                items.append(f"carried ×{number(layer.flow.ratio)} → "
+                             f"×{number(change.flow.ratio)}")
+            parts.append(_line(f"  {change.change}", items, width))
     return parts
 
 

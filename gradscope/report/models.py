@@ -854,10 +854,39 @@ class Exploding(_Report):
                                            "(at most 10)")
 
 
+class StateFlow(_Report):
+    """How ∂L/∂s_t (s: every state joined) crosses the recurrence, over the batch."""
+
+    first: float = Field(description="‖∂L/∂s_t‖ at the first step the layer runs")
+    last: float = Field(description="‖∂L/∂s_t‖ at the last step it runs")
+    ratio: float | None = Field(
+        description="how much of ∂L/∂s the recurrence carries back from the last step to the "
+                    "first: the product of the one-step gains, the ratio explain's flow flags "
+                    "(null: nothing carried)")
+
+
 class Counterfactual(_Report):
-    change: str
-    horizon: int | None
-    lyapunov_1: float | None
+    """A copy of the model with one change, run again on the same batch; every number is
+    measured on the copy (clipping changes the gradient, not the dynamics: not rerun)."""
+
+    kind: Literal["keep_bias", "orthogonal", "clipping"]
+    change: str = Field(description="the change, in words")
+    applicable: bool = Field(description="false: the change has no meaning for this cell, "
+                             "or the copy could not be made (note says why); no numbers")
+    note: str | None = None
+    horizon: int | None = Field(description="the measured horizon after the change (null: "
+                                "beyond horizon_window, or not applicable)")
+    horizon_window: int | None = Field(default=None, description="the lags measured")
+    predicted: float | None = Field(default=None, description="ln(10³)/|λ₁| after the change")
+    lyapunov_1: float | None = Field(description="λ₁ after the change, with the layer's own "
+                                     "number of exponents (the same start)")
+    flow: StateFlow | None = Field(default=None, description="∂L/∂s_t after the change")
+    clip_norm: float | None = Field(default=None, description="clipping: the global_clipnorm "
+                                    "the batch suggests")
+    clip_scale: float | None = Field(default=None, description="clipping: the scale Keras' "
+                                     "rule would apply to this batch's gradient")
+    gradient_norm: float | None = Field(default=None, description="clipping: the global "
+                                        "gradient norm after it")
 
 
 class DiagnosedLayer(_Report):
@@ -884,9 +913,11 @@ class DiagnosedLayer(_Report):
     timescales: Timescales | None
     horizon: Horizon
     exploding: Exploding | None
+    flow: StateFlow | None = Field(default=None, description="∂L/∂s_t across the "
+                                   "recurrence (null: no gradient reached the call)")
     counterfactuals: list[Counterfactual] = Field(
-        default_factory=list, description="each a copy of the model with one change, "
-        "diagnosed again (coming: empty in this version)")
+        default_factory=list, description="each a copy of the model with one change, run "
+        "again on the batch (empty with counterfactuals off)")
     mechanism: Literal["vanishing", "exploding", "holds"]
     verdict: str
 

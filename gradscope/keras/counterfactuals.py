@@ -1,0 +1,209 @@
+"""What one change would do to a recurrent call, measured on a copy of the user's model: the
+keep gate's bias +1 (an LSTM's forget gate, a Keras GRU's update gate z) and the recurrent
+kernel made orthogonal at its spectral norm, each run again on the same batch (λ₁, the
+horizon, ∂L/∂s_t through the recurrence); and the global_clipnorm the batch suggests, which
+changes the gradient, not the dynamics, so nothing is rerun for it.
+
+The copy is Keras' own (a saved file loaded again, a model object rebuilt from its config
+with the same weights); the user's model is never changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from gradscope import dynamics
+from gradscope.errors import first_line
+from gradscope.keras.engine import class_label
+from gradscope.report.models import Counterfactual, StateFlow
+
+#: A change of one cell's weights: each variable changed with its new value, or why the
+#: change has no meaning for this cell.
+Change = Callable[[Any], "list[tuple[Any, np.ndarray]] | str"]
+NOT_APPLICABLE = "not applicable to this cell"
+Kind = Literal["keep_bias", "orthogonal", "clipping"]
+
+
+def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
+    """+1 on the keep gate's bias: an LSTM's forget gate (Keras' columns [i | f | c | o]) or a
+    Keras GRU's update gate z (columns [z | r | h]; h_t = z·h_(t−1) + (1 − z)·ĥ_t, so a larger
+    z keeps more). With reset_after the GRU's bias has two rows that both add to z: the +1
+    goes on row 0 alone, so that z's pre-activation moves by 1, as the LSTM's does."""
+    kind = class_label(cell)
+    if kind not in ("LSTMCell", "GRUCell"):
+        return f"{NOT_APPLICABLE} ({kind} has no keep gate gradscope knows)"
+    if not cell.use_bias:
+        return f"{NOT_APPLICABLE} (use_bias=False: it has no bias)"
+    units = int(cell.units)
+    bias = np.array(cell.bias.numpy())
+    if kind == "LSTMCell":
+        bias[units:2 * units] += 1
+    elif bias.ndim == 2:
+        bias[0, :units] += 1
+    else:
+        bias[:units] += 1
+    return [(cell.bias, bias)]
+
+
+#: Column blocks of the recurrent kernel, per cell class (one per gate and the candidate).
+BLOCKS = {"LSTMCell": 4, "GRUCell": 3, "SimpleRNNCell": 1}
+
+
+def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
+    """The recurrent kernel, each gate's (u, u) block replaced by its polar factor (the
+    nearest orthogonal matrix, W·Vᵀ of the SVD W·S·Vᵀ) times its own spectral norm: every
+    singular value of the block becomes its largest. Per block, because each gate multiplies
+    h_(t−1) by its own block through its own nonlinearity: the orthogonality of the whole
+    (u, blocks·u) matrix (Keras' initializer) says nothing of any one block's spectrum."""
+    kind = class_label(cell)
+    if kind not in BLOCKS or getattr(cell, "recurrent_kernel", None) is None:
+        return f"{NOT_APPLICABLE} ({kind}: no recurrent kernel gradscope knows)"
+    kernel = np.array(cell.recurrent_kernel.numpy(), np.float64)
+    units = kernel.shape[0]
+    for block in range(BLOCKS[kind]):
+        part = kernel[:, block * units:(block + 1) * units]
+        left, values, right = np.linalg.svd(part)
+        kernel[:, block * units:(block + 1) * units] = values[0] * (left @ right)
+    return [(cell.recurrent_kernel, kernel)]
+
+
+CHANGES: list[tuple[Kind, str, Change]] = [
+    ("keep_bias", "", keep_bias),
+    ("orthogonal", "an orthogonal recurrent kernel at its spectral norm", orthogonal),
+]
+
+
+def change_words(kind: str, cell: Any) -> str:
+    if kind == "keep_bias":
+        gate = {"LSTMCell": "forget", "GRUCell": "update"}.get(class_label(cell), "keep")
+        return f"{gate}-gate bias +1"
+    return next(words for name, words, _ in CHANGES if name == kind)
+
+
+def state_flow(stepped: Any, index: int) -> StateFlow | None:
+    """‖∂L/∂s_t‖ at the first and last step of direction ``index``, and the ratio the flow
+    flags (None: no gradient reached the call)."""
+    from gradscope.keras.flow import carried_ratio
+
+    if stepped.totals is None or stepped.direct is None:
+        return None
+    totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
+    direct = np.asarray(stepped.direct[index], np.float64)
+    above = [np.zeros_like(t) for t in totals]
+    if direct.shape == totals[0].shape:
+        above[0] = direct
+    whole = np.concatenate(totals, axis=-1)
+    return StateFlow(first=float(np.linalg.norm(whole[:, 0])),
+                     last=float(np.linalg.norm(whole[:, -1])),
+                     ratio=carried_ratio(whole, np.concatenate(above, axis=-1)))
+
+
+def copy_engine(job: Any, engine: Any) -> Any:
+    """A second engine on a copy Keras makes of the model (a file loaded again; a model
+    object rebuilt from its config, the same weights), or why there is none."""
+    from gradscope.keras.engine import KerasEngine
+
+    policy = str(getattr(getattr(engine.model, "dtype_policy", None), "name", "float32"))
+    if engine.live and policy != engine.dtype_name:
+        return f"a model of dtype policy {policy} is not copied (not yet)"
+    try:
+        return KerasEngine(job.source, job.outputs, job.plan, training=job.training,
+                           seed=job.seed, dtype=engine.dtype_name if engine.live else None)
+    except Exception as exc:  # noqa: BLE001  (the user's classes, rebuilt: anything)
+        return f"Keras could not copy the model: {first_line(exc)}"
+
+
+@dataclass
+class Rerun:
+    """What a counterfactual needs of the original run: the batch and the call."""
+
+    inputs: dict[str, np.ndarray]
+    targets: dict[str, np.ndarray]
+    sample_weight: Any
+    layer: str
+    index: int
+    label: str
+
+
+def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: int
+                   ) -> Counterfactual:
+    """One change on ``copy`` (its weights restored after), the call run and stepped again:
+    λ₁ (``count`` exponents, as the layer's own diagnosis), the horizon and ∂L/∂s_t."""
+    from gradscope.keras.horizon import measure
+    from gradscope.keras.stepped import directions_of, step_call
+    from gradscope.keras.trajectory import lyapunov_logs, trajectory
+
+    directions = directions_of(copy.operation(rerun.layer), rerun.label)
+    if isinstance(directions, str):
+        return _not(kind, "", directions)
+    cell = directions[direction].layer.cell
+    words = change_words(kind, cell)
+    change = next(c for name, _, c in CHANGES if name == kind)(cell)
+    if isinstance(change, str):
+        return _not(kind, words, change)
+    kept = [(variable, np.array(variable.numpy())) for variable, _ in change]
+    try:
+        for (variable, value), (_, old) in zip(change, kept, strict=True):
+            variable.assign(value.astype(old.dtype))
+        result = copy.run(rerun.inputs, rerun.targets, watch_outputs=True,
+                          sample_weight=rerun.sample_weight)
+        call = next((c for c in result.calls
+                     if c.layer == rerun.layer and c.index == rerun.index), None)
+        if call is None:
+            return _not(kind, words, "the copy does not call the layer as the model does")
+        stepped = step_call(copy, call, result.output_gradients.get(rerun.label),
+                            copy.training)
+        if isinstance(stepped, str):
+            return _not(kind, words, f"the changed copy could not be stepped: {stepped}")
+        path = trajectory(stepped, direction)
+        if isinstance(path, str):
+            return _not(kind, words, path)
+        spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(copy, path, count), path.ran)
+        measured = measure(copy, path, stepped.call.mask)
+    finally:
+        for variable, value in kept:
+            variable.assign(value)
+    largest = float(spectrum[0]) if len(spectrum) else None
+    return Counterfactual(kind=kind, change=words, applicable=True, horizon=measured.horizon,
+                          horizon_window=measured.window,
+                          predicted=dynamics.predicted_horizon(largest), lyapunov_1=largest,
+                          flow=state_flow(stepped, direction))
+
+
+def _not(kind: Kind, words: str, why: str) -> Counterfactual:
+    return Counterfactual(kind=kind, change=words or kind, applicable=False, note=why,
+                          horizon=None, lyapunov_1=None)
+
+
+def not_copied(kind: Kind, cell: Any, why: str) -> Counterfactual:
+    """A change that could not be measured because there is no copy."""
+    return _not(kind, change_words(kind, cell), why)
+
+
+def suggested_clipping(gradients: dict[str, Any], lyapunov_1: float | None,
+                       horizon: int | None, window: int) -> Counterfactual | None:
+    """global_clipnorm at the norm the batch suggests: √n times the median of the n tensors'
+    gradient norms, the global norm the batch would have were every tensor's gradient a
+    typical one of its own, so that a tensor out of line (an exploding layer's) no longer sets
+    the step. Keras' rule (``_clip_gradients``): scale min(1, c/‖g‖). It changes the update,
+    not the dynamics: λ₁ and the horizon stay as measured (None: no gradient)."""
+    norms = [float(np.linalg.norm(np.asarray(g, np.float64))) for g in gradients.values()
+             if g is not None]
+    if not norms or not all(np.isfinite(norms)):
+        return None
+    total = float(np.sqrt(sum(n * n for n in norms)))
+    suggested = float(np.sqrt(len(norms)) * np.median(norms))
+    if not suggested > 0:
+        return None
+    scale = min(1.0, suggested / total) if total > 0 else 1.0
+    return Counterfactual(
+        kind="clipping", change=f"global_clipnorm={suggested:.3g}", applicable=True,
+        note="the norm the batch suggests, √n × the median tensor norm; it changes the "
+        "gradient, not the dynamics: λ₁ and the horizon are the layer's own, not rerun",
+        horizon=horizon, horizon_window=window,
+        predicted=dynamics.predicted_horizon(lyapunov_1), lyapunov_1=lyapunov_1,
+        clip_norm=suggested, clip_scale=scale, gradient_norm=total * scale)

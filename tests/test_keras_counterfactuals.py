@@ -1,0 +1,131 @@
+"""gradscope/keras/counterfactuals.py: each counterfactual against the same diagnosis run on a
+copy of the model changed by hand here (the bias set by hand, the polar factor by an
+eigendecomposition), and the suggested clipping against Keras' own optimizer's rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import keras_tape
+
+import gradscope
+
+B, T, F, U = 4, 20, 3, 5
+
+
+def _model(kind: str) -> Any:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    layer = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
+    h = layer(U, return_sequences=True, name="rnn")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    if kind == "lstm":  # a forget gate near shut: +1 has something to open
+        bias = model.get_layer("rnn").cell.bias
+        bias.assign(np.r_[np.zeros(U), -3 * np.ones(U), np.zeros(2 * U)].astype("float32"))
+    model.compile(loss="mse")
+    return model
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((B, T, F)).astype("float32"),
+            rng.standard_normal((B, T, 1)).astype("float32"))
+
+
+def _changed_by_hand(model: Any, change: Any) -> Any:
+    import keras
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    change(copy.get_layer("rnn").cell)
+    copy.compile(loss="mse")
+    return copy
+
+
+def _polar(block: np.ndarray) -> np.ndarray:
+    """W (WᵀW)^(−1/2), by an eigendecomposition of WᵀW: the orthogonal factor of W."""
+    values, vectors = np.linalg.eigh(block.T @ block)
+    return block @ vectors @ np.diag(values ** -0.5) @ vectors.T
+
+
+def _same(found: Any, truth: Any) -> None:
+    """A counterfactual's numbers equal the diagnosis of the copy changed by hand."""
+    assert found.applicable, found.note
+    assert found.horizon == truth.horizon.measured
+    assert found.lyapunov_1 == pytest.approx(truth.lyapunov[0], rel=1e-4, abs=1e-6)
+    assert truth.flow is not None and found.flow is not None
+    assert found.flow.first == pytest.approx(truth.flow.first, rel=1e-4)
+    assert found.flow.last == pytest.approx(truth.flow.last, rel=1e-4)
+    assert found.flow.ratio == pytest.approx(truth.flow.ratio, rel=1e-3)
+
+
+def test_forget_bias_plus_1_against_a_copy_changed_by_hand(tf: Any) -> None:
+    model = _model("lstm")
+    x, y = _batch()
+    weights = [w.copy() for w in model.get_weights()]
+    report = gradscope.diagnose(model, x=x, y=y)
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights(), strict=True))
+    entry = report.layers[0]
+    found = {c.kind: c for c in entry.counterfactuals}
+    assert found["keep_bias"].change == "forget-gate bias +1"
+
+    def plus_one(cell: Any) -> None:
+        bias = cell.bias.numpy()
+        bias[U:2 * U] += 1  # Keras' LSTM bias: [i | f | c | o]
+        cell.bias.assign(bias)
+
+    truth = gradscope.diagnose(_changed_by_hand(model, plus_one), x=x, y=y,
+                               counterfactuals=False).layers[0]
+    assert truth.counterfactuals == []
+    _same(found["keep_bias"], truth)
+    assert found["keep_bias"].lyapunov_1 > entry.lyapunov[0]  # the gate opened
+    assert "forget-gate bias +1, the horizon would be" in entry.verdict
+
+
+def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
+        tf: Any) -> None:
+    model = _model("gru")
+    x, y = _batch()
+    found = {c.kind: c for c in gradscope.diagnose(model, x=x, y=y).layers[0].counterfactuals}
+
+    def update_plus_one(cell: Any) -> None:
+        bias = cell.bias.numpy()  # reset_after: (2, 3u), columns [z | r | h]
+        bias[0, :U] += 1
+        cell.bias.assign(bias)
+
+    def orthogonal(cell: Any) -> None:
+        kernel = cell.recurrent_kernel.numpy().astype(np.float64)
+        for k in range(3):
+            block = kernel[:, k * U:(k + 1) * U]
+            kernel[:, k * U:(k + 1) * U] = np.linalg.norm(block, 2) * _polar(block)
+        cell.recurrent_kernel.assign(kernel.astype("float32"))
+
+    for kind, change in (("keep_bias", update_plus_one), ("orthogonal", orthogonal)):
+        truth = gradscope.diagnose(_changed_by_hand(model, change), x=x, y=y,
+                                   counterfactuals=False).layers[0]
+        _same(found[kind], truth)
+
+
+def test_suggested_clipping_by_keras_own_rule(tf: Any) -> None:
+    import keras
+
+    model = _model("gru")
+    x, y = _batch()
+    report = gradscope.diagnose(model, x=x, y=y, counterfactuals=True)
+    entry = report.layers[0]
+    clip = next(c for c in entry.counterfactuals if c.kind == "clipping")
+    _, gradients = keras_tape(model, x, y)
+    norms = [np.linalg.norm(g) for g in gradients.values()]
+    assert clip.clip_norm == pytest.approx(np.sqrt(len(norms)) * np.median(norms), rel=1e-4)
+    clipped = keras.optimizers.SGD(global_clipnorm=clip.clip_norm)._clip_gradients(
+        [tf.constant(g) for g in gradients.values()])
+    after = float(np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in clipped)))
+    assert clip.gradient_norm == pytest.approx(after, rel=1e-4)
+    assert clip.clip_scale == pytest.approx(after / report.gradient_norm, rel=1e-4)
+    # the dynamics are not rerun: the layer's own numbers
+    assert clip.lyapunov_1 == entry.lyapunov[0] and clip.horizon == entry.horizon.measured
