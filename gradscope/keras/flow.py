@@ -30,7 +30,7 @@ from gradscope.keras.cross_check import (
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.probed_flow import loop_flows
+from gradscope.keras.probed_flow import carried_ratio_of, loop_flows
 from gradscope.keras.state_probes import StateTotals
 from gradscope.report.models import (
     FlowFlag,
@@ -372,22 +372,6 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
     ``total`` and ``direct``: (B, T, u) in processing order. None: nothing to carry."""
     return carried_ratio_of(per_step_norms(np.asarray(total, np.float64) - direct),
                             per_step_norms(total))
-
-
-def carried_ratio_of(carried: list[float], totals: list[float]) -> float | None:
-    """:func:`carried_ratio` from its per-step norms: ‖∂L/∂h_t − its part from above‖ and
-    ‖∂L/∂h_t‖ for every t."""
-    logs = []
-    for t in range(len(totals) - 1):
-        after = totals[t + 1]
-        if not after > 0:
-            continue
-        if carried[t] == 0:
-            return 0.0
-        logs.append(np.log(carried[t]) - np.log(after))
-    if not logs:
-        return None
-    return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))
 
 
 def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | None:

@@ -43,7 +43,6 @@ class LoopFlow:
         """:func:`~gradscope.keras.flow.carried_ratio` of the whole state (every state
         together), where what arrives from above at a step is the gradient of the cell's
         output, which is one of its states; None where the output is not a state."""
-        from gradscope.keras.flow import carried_ratio_of
 
         found = self.totals
         k = found.output_state
@@ -87,3 +86,19 @@ def _names(layer: Any, count: int) -> list[str]:
 
 
 __all__ = ["LoopFlow", "loop_flows", "loop_layers"]
+
+
+def carried_ratio_of(carried: list[float], totals: list[float]) -> float | None:
+    """:func:`~gradscope.keras.flow.carried_ratio` from its per-step norms: ‖∂L/∂h_t − its
+    part from above‖ and ‖∂L/∂h_t‖ for every t."""
+    logs = []
+    for t in range(len(totals) - 1):
+        after = totals[t + 1]
+        if not after > 0:
+            continue
+        if carried[t] == 0:
+            return 0.0
+        logs.append(np.log(carried[t]) - np.log(after))
+    if not logs:
+        return None
+    return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))
