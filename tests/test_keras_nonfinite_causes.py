@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from gradscope.keras.births import Birth
-from gradscope.keras.nonfinite_reruns import positions
 from gradscope.keras.nonfinite_causes import fully_masked, growth_cause, op_cause
+from gradscope.keras.nonfinite_reruns import positions
 
 
 class _Relu:

@@ -69,8 +69,8 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
     scale = max(abs(loss), abs(added), float(np.sum(np.abs(shares))), 1e-30)
     if abs(float(np.sum(shares)) - (loss - added)) > rule.rtol * scale:
         raise ConfigError(f"{engine.path}: {flag('per_example')}: the loss is not a sum of "
-                          f"one share per example: the shares add up to {np.sum(shares):.6g}, the "
-                          f"loss less its added terms is {loss - added:.6g} (a reduction "
+                          f"one share per example: the shares add up to {np.sum(shares):.9g}, the "
+                          f"loss less its added terms is {loss - added:.9g} (a reduction "
                           "that divides by the sample weights, or a loss of your own that "
                           "mixes the examples)", where=flag("per_example"))
     for variable, total, truth in zip(variables, summed, gradient, strict=True):
