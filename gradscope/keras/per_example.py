@@ -126,9 +126,11 @@ def noise_scale(squares: np.ndarray, batch_squared: float) -> float | None:
 
 
 def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: list[Any],
-                         weights: Any, size: int) -> tuple[tuple[Any, ...], str]:
+                         weights: Any, size: int, traced: dict[bool, Any] | None = None
+                         ) -> tuple[tuple[Any, ...], str]:
     """(loss, loss with zero weights, shares, per variable ‖row‖² per example, per variable
-    the rows' sum, per variable the tape's gradient of the shares' sum), and the method."""
+    the rows' sum, per variable the tape's gradient of the shares' sum), and the method.
+    ``traced``: the traced functions by pfor, kept for another run (the bench's)."""
     from gradscope._tf import native_stderr_silenced
     from gradscope.keras.stopped import start_of_call
     from gradscope.keras.whole_model import losses_kept, model_outputs
@@ -136,12 +138,17 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
     tf = engine.tf
     dtype = engine.dtype_name
 
-    def weighted(scale: Any) -> Any:
+    def weighted(scale: Any, outputs: list[Any]) -> Any:
+        # One weight per entry of each output's loss (all its axes but the last): Keras
+        # does not broadcast a (batch,) weight over a sequence's steps.
+        spread = [_spread(tf, scale, output) for output in outputs]
         if weights is None:
-            return scale
+            return spread if len(spread) > 1 else spread[0]
         if isinstance(weights, list):
-            return [scale if w is None else _times(tf, scale, w) for w in weights]
-        return _times(tf, scale, weights)
+            return [part if w is None else _times(tf, part, w)
+                    for part, w in zip(spread, weights, strict=True)]
+        return _times(tf, spread[0], weights) if len(spread) == 1 else [
+            _times(tf, part, weights) for part in spread]
 
     def step(feed: list[Any], y: list[Any], ones: Any, pfor: bool) -> Any:
         with tf.GradientTape(persistent=True) as tape:
@@ -149,8 +156,9 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
             outputs = model_outputs(engine.model, feed, engine.training)
             with tf.GradientTape() as inner:
                 inner.watch(ones)
-                loss = engine.compute_loss(feed, y, outputs, weighted(ones))
-            added = engine.compute_loss(feed, y, outputs, weighted(tf.zeros_like(ones)))
+                loss = engine.compute_loss(feed, y, outputs, weighted(ones, outputs))
+            added = engine.compute_loss(feed, y, outputs,
+                                        weighted(tf.zeros_like(ones), outputs))
             # Linear in the weights: example i's share is ∂L/∂w_i at w_i = 1.
             shares = ones * inner.gradient(loss, ones,
                                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -167,11 +175,13 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
     ones = tf.ones([size], dtype=dtype)
     found = None
     method = ""
+    traced = {} if traced is None else traced
     with native_stderr_silenced(), losses_kept(engine.model):
         for pfor in (True, False):
             try:
-                traced = tf.function(step, autograph=False)
-                found = traced(feed, y, ones, pfor)
+                if pfor not in traced:
+                    traced[pfor] = tf.function(step, autograph=False)
+                found = traced[pfor](feed, y, ones, pfor)
                 method = ("one Jacobian of the examples' losses under Keras' own call, "
                           + ("vectorised (pfor)" if pfor else "one backward pass per example "
                              "(a tf.while_loop; pfor could not vectorise this model)"))
@@ -190,8 +200,18 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
              [np.asarray(g, np.float64) for g in gradient]), method)
 
 
-def _times(tf: Any, scale: Any, weight: Any) -> Any:
-    """``scale`` (one number per example) times a sample weight of any rank."""
-    weight = tf.cast(weight, scale.dtype)
-    shape = tf.concat([tf.shape(scale), tf.ones([tf.rank(weight) - 1], tf.int32)], axis=0)
-    return tf.reshape(scale, shape) * weight
+def _spread(tf: Any, scale: Any, output: Any) -> Any:
+    """``scale`` (one number per example) over every axis of ``output`` but the last."""
+    rank = max(len(output.shape) - 1, 1)
+    shaped = tf.reshape(scale, [-1] + [1] * (rank - 1))
+    return shaped * tf.ones(tf.shape(output)[:rank], scale.dtype)
+
+
+def _times(tf: Any, spread: Any, weight: Any) -> Any:
+    """A spread scale times the user's sample weight, each broadcast over the other's axes."""
+    weight = tf.cast(weight, spread.dtype)
+    low, high = sorted((spread, weight), key=lambda t: len(t.shape))
+    low = tf.reshape(low, tf.concat([tf.shape(low),
+                                     tf.ones([len(high.shape) - len(low.shape)], tf.int32)],
+                                    axis=0))
+    return low * high
