@@ -66,7 +66,7 @@ def shapes(spec: Any) -> reports.ShapesReport | reports.KerasShapesReport:
 def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int | None = None,
             *, x: Any = None, y: Any = None, sample_weight: Any = None, flow: bool = False,
             jacobians: bool = False, at: int | None = None, heatmap: bool = False,
-            max_memory: int | str | None = None, timings: bool = False,
+            per_example: bool = False, max_memory: int | str | None = None, timings: bool = False,
             progress: Callable[[str], None] | None = None,
             **keras_options: Any) -> reports.ExplainReport | reports.KerasExplainReport:
     """One forward and backward pass, every gradient explained.
@@ -90,6 +90,9 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
         jacobians: ∂h_T/∂h_0 of every recurrent layer.
         at: The step t of the influence ‖∂h_t/∂x_s‖ (implies ``flow``).
         heatmap: ‖∂h_t/∂x_s‖ over (t, s), drawn by ``report.plot()`` (implies ``flow``).
+        per_example: Keras models: each example's gradient norm, per layer and in total, the
+            share the top examples carry, the outliers and the gradient noise scale, under
+            ``report.per_example``.
         max_memory: Bytes, or a size such as ``"4G"`` (default a quarter of RAM): a run
             estimated to need more is refused before TensorFlow is imported for a file.
         timings: Add the seconds each phase took.
@@ -117,6 +120,8 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
     """
     options = {"weights": weights, "chunks": chunks, "flow": flow, "jacobians": jacobians,
                "at": at, "heatmap": heatmap, **keras_options}
+    if per_example:
+        options["per_example"] = per_example
     return front.run("explain", spec, data, x, y, sample_weight, options, max_memory, progress,
                 timings)
 

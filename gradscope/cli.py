@@ -326,6 +326,10 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
               help="Write norm curves and a heatmap of ‖∂h_t/∂x_s‖ over (t, s) to FILE.png "
                    "(needs matplotlib: `make install` in the clone, or "
                    "`.venv/bin/pip install matplotlib`). Implies --flow.")
+@click.option("--per-example", "per_example", is_flag=True,
+              help="Add each example's gradient norm ‖∂L_i/∂θ‖ (L_i: its share of the batch "
+                   "loss), per layer and in total, the share the top 10% carry, the outliers "
+                   "and the gradient noise scale. Keras models.")
 @weights_option
 @click.option("--chunks", type=int, metavar="K",
               help="Cut the time axis into K ≥ 2 chunks (K need not divide the steps: the "
@@ -340,8 +344,8 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bool,
-            at: int | None, plot: Path | None, weights: str | None, chunks: int | None,
-            keras_run: dict[str, Any],
+            at: int | None, per_example: bool, plot: Path | None, weights: str | None,
+            chunks: int | None, keras_run: dict[str, Any],
             max_memory: str | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool,
             user_code: tuple[tuple[str, ...], bool]) -> int:
@@ -360,6 +364,7 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
       gradscope explain --jacobians --flow --plot flow.png
       gradscope explain model.yaml --weights model.ckpt
       gradscope explain --chunks 2
+      gradscope explain model.keras --per-example
     """
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
@@ -369,7 +374,8 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
     with progress.status("gradscope explain", spinner="dots") as status:
         report = gradscope.explain(source, data=data_files, weights=weights, chunks=chunks,
                                    flow=flow, jacobians=jacobians, at=at,
-                                   heatmap=plot is not None, max_memory=max_memory,
+                                   per_example=per_example, heatmap=plot is not None,
+                                   max_memory=max_memory,
                                    timings=timings, progress=status.update, **keras_run)
     if plot is not None:
         from gradscope.report.plot import write_flow_plot

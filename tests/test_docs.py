@@ -45,6 +45,8 @@ SKIPPED = {
     "pip install -e '.[all]'": "installs into an environment of the reader's own",
     "cat seed_model.yaml": "shows the file `gradscope spec` wrote (WORKSPACE makes it)",
     ".venv/bin/python bench/callback_overhead.py --repeats 20": "a bench: minutes of fits",
+    ".venv/bin/python bench/per_example_cost.py --batch 64 --steps 100 --units 256":
+        "a bench: minutes of one process",
     ".venv/bin/python bench/diagnose_cost.py --repeats 3": "a bench: minutes of whole "
     "processes",
     ".venv/bin/python bench/user_sized.py --steps 100 1000 --commands explain --repeats 5":

@@ -203,8 +203,11 @@ class KerasEngine:
             from keras.src.trainers.compile_utils import CompileLoss
 
             user_loss = self.model._compile_loss
-            self._user_loss_copy = CompileLoss(user_loss._user_loss, user_loss._user_loss_weights,
-                                         output_names=getattr(self.model, "output_names", None))
+            # In the model's dtype: a CompileLoss casts its total to floatx as it was made.
+            with self._floatx():
+                self._user_loss_copy = CompileLoss(
+                    user_loss._user_loss, user_loss._user_loss_weights,
+                    output_names=getattr(self.model, "output_names", None))
         elif not compiled:
             by_output = {o.output: o for o in plan.outputs}
             losses = [self._loss(by_output.get(name)) for name in outputs]

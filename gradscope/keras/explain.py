@@ -122,12 +122,14 @@ def _fixed_batch(specs: list[InputSpec]) -> int | None:
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
             flow: bool = False, jacobians: bool = False, at: int | None = None,
-            heatmap: bool = False, chunks: int | None = None) -> KerasExplainReport:
+            heatmap: bool = False, chunks: int | None = None,
+            per_example: bool = False) -> KerasExplainReport:
     """``flow``: ‖∂L/∂h_t‖ (with the recurrence) of every recurrent call and ‖∂L/∂x_t‖ of every
     float sequence input; ``jacobians``: ∂h_T/∂h_0 of every recurrent call; ``at`` (or
     ``heatmap``, over up to 16 steps t): the influence ‖∂h_t/∂x_s‖ of every recurrent
     call (both imply ``flow``); ``chunks``: truncated BPTT in that many chunks, with and
-    without the carry."""
+    without the carry; ``per_example``: each example's gradient norms (see
+    :mod:`~gradscope.keras.per_example`)."""
     flow = flow or heatmap or at is not None
     from gradscope.keras.engine import KerasEngine
 
@@ -153,11 +155,12 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
                              result)
         clock.lap("nonfinite")
         skipped = [name for name, asked in (("--flow", flow), ("--jacobians", jacobians),
-                                            ("--chunks", chunks is not None)) if asked]
+                                            ("--chunks", chunks is not None),
+                                            ("--per-example", per_example)) if asked]
         report = report.model_copy(update={"nonfinite": nonfinite, "warnings": [
             *report.warnings, *([f"{', '.join(skipped)} not computed: the numbers are not "
                                  "finite"] if skipped else [])]})
-        flow = jacobians = heatmap = False
+        flow = jacobians = heatmap = per_example = False
         at = chunks = None
     if flow:
         from gradscope.keras.flow import gradient_flow
@@ -187,6 +190,14 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
                                         job.batch.sample_weight, result.gradients, names,
                                         chunks)
         clock.lap("carry")
+    if per_example:
+        from gradscope.keras.per_example import per_example as examples_section
+
+        say("per-example gradients: one Jacobian of the examples' losses")
+        update["per_example"] = examples_section(
+            engine, job.batch.inputs, targets, job.batch.sample_weight,
+            {entry.path: entry.layer for entry in report.gradients if entry.trainable})
+        clock.lap("per_example")
     if update:
         report = report.model_copy(update=update)
     if timings:

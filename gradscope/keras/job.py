@@ -85,6 +85,7 @@ class KerasCommand:
     job: KerasJob
     flow: bool = False
     jacobians: bool = False
+    per_example: bool = False
     chunks: int | None = None
     at: int | None = None
     heatmap: bool = False
@@ -120,9 +121,12 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
             reason = YAML_ONLY[name].format(command=command)
             raise ConfigError(f"{flag(name)} is for YAML configs; {reason}", where=flag(name))
     check_witness_options(options.get("directions"), options.get("rtol"), options.get("atol"))
-    taken = ("flow", "jacobians", "chunks", "at", "heatmap", "directions", "rtol", "atol",
-             "after_autodiff", "exponents", "counterfactuals")
+    taken = ("flow", "jacobians", "per_example", "chunks", "at", "heatmap", "directions",
+             "rtol", "atol", "after_autodiff", "exponents", "counterfactuals")
     own: dict[str, Any] = {name: options.pop(name) for name in taken if name in options}
+    if own.get("per_example") and command != "explain":
+        raise ConfigError(f"{flag('per_example')} is an option of explain, not of {command}",
+                          where=flag("per_example"))
     if own.get("counterfactuals") is None:
         own.pop("counterfactuals", None)
     elif not isinstance(own["counterfactuals"], bool):
@@ -200,7 +204,7 @@ def estimate(prepared: KerasCommand, across_time: bool = False) -> dict[str, int
     checked = prepared.chosen.checked if prepared.chosen is not None else None
     # diagnose keeps what explain keeps, one recurrent call's stepping at a time beside it.
     command = "explain" if prepared.command == "diagnose" else prepared.command
-    return _estimate(prepared.job, command, checked, prepared.chunks)
+    return _estimate(prepared.job, command, checked, prepared.chunks, prepared.per_example)
 
 
 def guard(prepared: KerasCommand, limit: int | None) -> None:
@@ -222,7 +226,8 @@ def run(prepared: KerasCommand, progress: Callable[[str], None] | None,
 
         return explain(prepared.job, progress=progress, timings=timings, flow=prepared.flow,
                        jacobians=prepared.jacobians, at=prepared.at,
-                       heatmap=prepared.heatmap, chunks=prepared.chunks)
+                       heatmap=prepared.heatmap, chunks=prepared.chunks,
+                       per_example=prepared.per_example)
     from gradscope.keras.check import check
 
     return check(prepared.job, directions=prepared.directions, rtol=prepared.rtol,

@@ -47,11 +47,12 @@ def recurrent_units(node: Any) -> list[tuple[str, int]]:
 
 
 def estimate(job: Any, command: str, examples: int | None = None,
-             chunks: int | None = None) -> dict[str, int]:
+             chunks: int | None = None, per_example: bool = False) -> dict[str, int]:
     """Bytes by term for ``command`` ("explain" or "check") on ``job``, a Keras model read and
     given its batch; the sum is the estimated peak resident memory of the whole process.
     ``examples``: how many of the batch's examples check runs on (default: every one);
-    ``chunks``: ``--chunks``, whose cut run keeps its own tape."""
+    ``chunks``: ``--chunks``, whose cut run keeps its own tape; ``per_example``:
+    ``--per-example``, whose Jacobian holds one gradient per example."""
     batch = job.batch_size if examples is None else examples
     steps = max(time_steps(job.batch.inputs), 1)
     weights, activations, loops = 0, 0, []
@@ -77,6 +78,11 @@ def estimate(job: Any, command: str, examples: int | None = None,
         states = sum(units * (2 if kind == "LSTM" else 1) for kind, units in loops)
         terms["the cut run of --chunks (its tape, states and edges)"] = itemsize * (
             kept + 3 * batch * steps * states)
+    if per_example:
+        # The Jacobian (one row of every weight per example), its squares, and pfor's
+        # batched copies of the recurrent loops' activations.
+        terms["the examples' gradients of --per-example (a Jacobian)"] = itemsize * (
+            2 * batch * weights + kept)
     return {
         **terms,
         BASELINE_TERM: PROCESS_BASELINE,

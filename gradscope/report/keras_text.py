@@ -38,6 +38,7 @@ from gradscope.report.models import (
     KerasLossEntry,
     KerasModelEntry,
     KerasNotAnalysed,
+    KerasPerExample,
     KerasShapesReport,
     KerasStateEntry,
     KerasStateJacobians,
@@ -324,8 +325,58 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         parts += flow_lines(report.gradient_flow, width)
     if report.carry is not None:
         parts += carry_lines(report.carry, width)
+    if report.per_example is not None:
+        parts += per_example_lines(report.per_example, width)
     parts += timings_lines(report.timings, "\n")
     return parts
+
+
+def per_example_lines(found: KerasPerExample, width: int) -> list[RenderableType]:
+    """``explain --per-example``: the spread of ‖g_i‖ per layer and in total, then the top
+    share, the outliers and the noise scale."""
+    layout = Layout([Column("layer", no_wrap=True), Column("min", "right", True),
+                     Column("median", "right", True), Column("max", "right", True),
+                     Column("largest", "right", True)])
+    for name, norms in [*found.layers.items(), ("all weights", found.l2)]:
+        biggest = max(range(len(norms)), key=norms.__getitem__)
+        layout.add_row(atom(name, "bold" if name == "all weights" else ""),
+                       *(atom(number(v)) for v in (min(norms), float(_median(norms)),
+                                                   max(norms))),
+                       atom(f"#{biggest}"))
+    count = len(found.l2)
+    lines: list[RenderableType] = [
+        section(f"Per-example gradients ‖∂L_i/∂θ‖ ({count} examples, {found.dtype})"),
+        Text("L_i is example i's share of the batch loss (its sample weight times e_i); the "
+             "examples' gradients add up to the batch gradient" + (
+                 f", less that of the added terms ({number(found.added_terms)}: "
+                 "regularizers, add_loss), which are no example's" if found.added_terms
+                 is not None else "") + ". largest: the example with the largest norm."),
+        fit(width, layout)]
+    if found.top_share is not None:
+        lines.append(hanging("·", f"the top {found.top_examples} of {count} examples by norm "
+                                  f"carry {found.top_share:.0%} of Σ_i ‖g_i‖²"))
+    if found.outliers:
+        shown = ", ".join(f"#{i}" for i in found.outliers[:10])
+        more = f" and {len(found.outliers) - 10} more" if len(found.outliers) > 10 else ""
+        lines.append(warning(f"outliers (‖g_i‖ beyond the median + 3.5 scaled MADs): "
+                             f"{shown}{more}"))
+    else:
+        lines.append(Text("no outliers (‖g_i‖ beyond the median + 3.5 scaled MADs)",
+                          style="dim"))
+    if found.noise_scale is not None:
+        lines.append(hanging("·", f"gradient noise scale B_simple = tr(Σ)/|G|² ≈ "
+                                  f"{number(found.noise_scale)} (batch {count}): a hint from "
+                                  "one batch; a batch much larger than it gains little per "
+                                  "example"))
+    lines.append(Text(found.method, style="dim"))
+    return lines
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return (ordered[middle] if len(ordered) % 2 else
+            (ordered[middle - 1] + ordered[middle]) / 2)
 
 
 def carry_lines(carry: KerasCarry, width: int) -> list[RenderableType]:

@@ -687,6 +687,34 @@ class NonFiniteEntry(_Report):
     cause: str = Field(description="the likely cause, in words, with the numbers")
 
 
+class KerasPerExample(_Report):
+    """With --per-example: each example's gradient norm ‖∂L_i/∂θ‖, where L_i is its share of
+    the batch loss (its sample weight times e_i), so that the examples' gradients add up to
+    the batch gradient less that of the added terms (regularizers, add_loss), which belong to
+    no example."""
+
+    l2: list[float] = Field(description="per example, the norm of its gradient over every "
+                                        "trainable weight")
+    layers: dict[str, list[float]] = Field(description="per layer (as gradients name it), one "
+                                                       "norm per example")
+    top_examples: int = Field(description="how many examples top_share counts: the top 10% "
+                                          "by norm, at least 1")
+    top_share: float | None = Field(description="the share of Σ_i ‖g_i‖² that the top_examples "
+                                                "largest carry; null when every g_i is 0")
+    outliers: list[int] = Field(description="the examples whose norm exceeds the median by "
+                                            "more than 3.5 × 1.4826 × MAD, largest first")
+    noise_scale: float | None = Field(
+        description="B_simple = tr(Σ)/|G|² (McCandlish et al. 2018), Σ the unbiased "
+                    "covariance of B·g_i, G = Σ_i g_i: a hint from one batch at the batch "
+                    "size beyond which a larger one helps little; null for one example or G = "
+                    "0")
+    added_terms: float | None = Field(description="the loss's added terms (regularizers, "
+                                                  "add_loss), which no example's share holds; "
+                                                  "null when there are none")
+    method: str
+    dtype: str = Field(description="the dtype the gradients computed in (the model's)")
+
+
 class KerasExplainReport(_KerasRun):
     command: Literal["explain"] = "explain"
     layers: list[KerasLayerEntry]
@@ -698,6 +726,7 @@ class KerasExplainReport(_KerasRun):
     state_jacobians: KerasStateJacobians | None = Field(default=None,
                                                         description="with --jacobians")
     carry: KerasCarry | None = Field(default=None, description="with --chunks K")
+    per_example: KerasPerExample | None = Field(default=None, description="with --per-example")
     nonfinite: NonFiniteEntry | None = Field(
         default=None, description="where the first NaN or Inf was born, when the loss or a "
                                   "gradient is not finite (exit 1)")

@@ -35,6 +35,8 @@ KERAS_ONLY = {
     "time_steps": _SETS_SIZES,
     "seed": "a YAML config sets its seed",
     "examples": "a YAML config's batch is checked whole (set batch_size in it)",
+    "per_example": "per-example gradients are computed on a Keras model (save yours, or pass "
+                   "the model object)",
 }
 #: Each command's own options for a YAML spec.
 OWN = {

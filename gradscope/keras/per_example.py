@@ -1,0 +1,217 @@
+"""``explain --per-example``: each example's gradient ‖∂L_i/∂θ‖, per layer and in total.
+
+L_i is example i's share of the batch loss: Keras' own loss with the sample weights times
+e_i. Keras' reductions are linear in the weights (``sum_over_batch_size`` divides by the
+entries, or by the unmasked ones of the whole batch, never by the weights), so the shares add
+up to the loss less its added terms (regularizers, ``add_loss``), which belong to no example;
+this is checked on every run, and a loss that is not such a sum is refused. The per-example
+gradients are one Jacobian of the shares under Keras' own call of the model (pfor, falling
+back to a loop), and they must add up to the tape's gradient of the shares' sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.errors import ConfigError, InternalError, first_line, flag
+from gradscope.gradcheck import tolerance
+from gradscope.report.models import KerasPerExample
+
+#: The share of the batch's examples whose ‖g_i‖² is summed in ``top_share``.
+TOP_FRACTION = 0.1
+#: An example is an outlier when its ‖g_i‖ exceeds the median by more than this many scaled
+#: median absolute deviations (1.4826 · MAD, the standard deviation of a normal sample).
+OUTLIER_MADS = 3.5
+
+
+def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                sample_weight: Any, layer_of: dict[str, str]) -> KerasPerExample:
+    """Each example's gradient norms on this batch (see the module).
+
+    Args:
+        engine: the :class:`~gradscope.keras.engine.KerasEngine` explain ran.
+        inputs: the batch's inputs, by name.
+        targets: its targets, by output name.
+        sample_weight: the sample weights as the job holds them (None, an array, a dict).
+        layer_of: each trainable variable's path → the layer explain's report names.
+
+    Returns:
+        The ``per_example`` section of the explain report.
+
+    Raises:
+        ConfigError: the loss is not a weighted sum over the examples (exit 2).
+    """
+    from gradscope.keras.whole_model import moved_state, restore, seed_random_draws
+
+    model = engine.model
+    variables = list(model.trainable_variables)
+    feed, y = engine.tensors(inputs, targets)
+    size = int(feed[0].shape[0])
+    weights = engine.weight_tensors(sample_weight)
+    before = moved_state(model)
+    try:
+        if engine.training:
+            seed_random_draws(model, engine.seed)
+        found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size)
+    finally:
+        restore(before)
+    loss, added, shares, squares, summed, gradient = found
+    dtype = engine.dtype_name
+    rule = tolerance("replay", dtype)
+    if not np.isfinite(loss) or not np.isfinite(added):
+        raise ConfigError(f"{engine.path}: {flag('per_example')}: the loss with every "
+                          "sample weight 0 is not finite: its reduction divides by the "
+                          "weights (a mean weighted by them), so it is no sum of one share "
+                          "per example",
+                          where=flag("per_example"))
+    scale = max(abs(loss), abs(added), float(np.sum(np.abs(shares))), 1e-30)
+    if abs(float(np.sum(shares)) - (loss - added)) > rule.rtol * scale:
+        raise ConfigError(f"{engine.path}: {flag('per_example')}: the loss is not a sum of "
+                          f"one share per example: the shares add up to {np.sum(shares):.9g}, the "
+                          f"loss less its added terms is {loss - added:.9g} (a reduction "
+                          "that divides by the sample weights, or a loss of your own that "
+                          "mixes the examples)", where=flag("per_example"))
+    for variable, total, truth in zip(variables, summed, gradient, strict=True):
+        bound = rule.rtol * float(np.max(np.abs(truth), initial=0.0)) + rule.atol
+        if np.max(np.abs(total - truth), initial=0.0) > max(bound, 1e-30):
+            raise InternalError(f"internal error: per-example gradients: the examples' "
+                                f"gradients of {variable.path} do not add up to the tape's "
+                                "gradient of their losses; please report it")
+    by_layer: dict[str, np.ndarray] = {}
+    for variable, square in zip(variables, squares, strict=True):
+        layer = layer_of.get(variable.path, variable.path.split("/")[0])
+        by_layer[layer] = by_layer.get(layer, np.zeros(size)) + square
+    total_squares = np.sum(list(by_layer.values()), axis=0) if by_layer else np.zeros(size)
+    norms = np.sqrt(total_squares)
+    batch_squared = float(sum(np.sum(g.astype(np.float64) ** 2) for g in gradient))
+    top = max(1, int(np.ceil(TOP_FRACTION * size)))
+    ordered = np.sort(total_squares)[::-1]
+    energy = float(np.sum(total_squares))
+    return KerasPerExample(
+        l2=[float(v) for v in norms],
+        layers={layer: [float(v) for v in np.sqrt(values)] for layer, values in by_layer.items()},
+        top_examples=top,
+        top_share=float(np.sum(ordered[:top]) / energy) if energy > 0 else None,
+        outliers=outliers(norms),
+        noise_scale=noise_scale(total_squares, batch_squared),
+        added_terms=(None if added == 0 else float(added)),
+        method=method, dtype=dtype)
+
+
+def outliers(norms: np.ndarray) -> list[int]:
+    """The examples whose norm exceeds the median by more than :data:`OUTLIER_MADS` scaled
+    median absolute deviations, largest first (none where the MAD is 0)."""
+    median = float(np.median(norms))
+    spread = 1.4826 * float(np.median(np.abs(norms - median)))
+    if spread == 0:
+        return []
+    above = [int(i) for i in np.argsort(-norms) if norms[i] > median + OUTLIER_MADS * spread]
+    return above
+
+
+def noise_scale(squares: np.ndarray, batch_squared: float) -> float | None:
+    """B_simple = tr(Σ)/|G|² (McCandlish et al. 2018) from one batch of B examples.
+
+    With g_i the gradient of example i's share and G = Σ_i g_i the batch gradient, B·g_i
+    estimates one example's gradient, whose mean G estimates; the covariance's trace is the
+    unbiased tr(Σ) = (B² Σ_i ‖g_i‖² − B ‖G‖²) / (B − 1), and |G|² is ‖G‖² as measured (an
+    overestimate by tr(Σ)/B, so B_simple leans low). None for one example or G = 0."""
+    size = len(squares)
+    if size < 2 or batch_squared <= 0:
+        return None
+    trace = (size * size * float(np.sum(squares)) - size * batch_squared) / (size - 1)
+    return max(trace, 0.0) / batch_squared
+
+
+def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: list[Any],
+                         weights: Any, size: int, traced: dict[bool, Any] | None = None
+                         ) -> tuple[tuple[Any, ...], str]:
+    """(loss, loss with zero weights, shares, per variable ‖row‖² per example, per variable
+    the rows' sum, per variable the tape's gradient of the shares' sum), and the method.
+    ``traced``: the traced functions by pfor, kept for another run (the bench's)."""
+    from gradscope._tf import native_stderr_silenced
+    from gradscope.keras.stopped import start_of_call
+    from gradscope.keras.whole_model import losses_kept, model_outputs
+
+    tf = engine.tf
+    dtype = engine.dtype_name
+
+    def weighted(scale: Any, outputs: list[Any]) -> Any:
+        # One weight per entry of each output's loss (all its axes but the last): Keras
+        # does not broadcast a (batch,) weight over a sequence's steps.
+        spread = [_spread(tf, scale, output) for output in outputs]
+        if weights is None:
+            return spread if len(spread) > 1 else spread[0]
+        if isinstance(weights, list):
+            return [part if w is None else _times(tf, part, w)
+                    for part, w in zip(spread, weights, strict=True)]
+        return _times(tf, spread[0], weights) if len(spread) == 1 else [
+            _times(tf, part, weights) for part in spread]
+
+    def step(feed: list[Any], y: list[Any], ones: Any, pfor: bool) -> Any:
+        with tf.GradientTape(persistent=True) as tape:
+            start_of_call()
+            outputs = model_outputs(engine.model, feed, engine.training)
+            with tf.GradientTape() as inner:
+                inner.watch(ones)
+                loss = engine.compute_loss(feed, y, outputs, weighted(ones, outputs))
+            added = engine.compute_loss(feed, y, outputs,
+                                        weighted(tf.zeros_like(ones), outputs))
+            # Linear in the weights: example i's share is ∂L/∂w_i at w_i = 1.
+            shares = ones * inner.gradient(loss, ones,
+                                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            total = tf.reduce_sum(shares)
+        rows = tape.jacobian(shares, variables, experimental_use_pfor=pfor,
+                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        gradient = tape.gradient(total, variables,
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        squares = [tf.reduce_sum(tf.reshape(tf.square(r), [size, -1]), axis=1) for r in rows]
+        summed = [tf.reduce_sum(r, axis=0) for r in rows]
+        return loss, added, shares, squares, summed, [tf.convert_to_tensor(g)
+                                                      for g in gradient]
+
+    ones = tf.ones([size], dtype=dtype)
+    found = None
+    method = ""
+    traced = {} if traced is None else traced
+    with native_stderr_silenced(), losses_kept(engine.model):
+        for pfor in (True, False):
+            try:
+                if pfor not in traced:
+                    traced[pfor] = tf.function(step, autograph=False)
+                found = traced[pfor](feed, y, ones, pfor)
+                method = ("one Jacobian of the examples' losses under Keras' own call, "
+                          + ("vectorised (pfor)" if pfor else "one backward pass per example "
+                             "(a tf.while_loop; pfor could not vectorise this model)"))
+                break
+            except Exception as exc:  # noqa: BLE001  (pfor fails in many ways; loop next)
+                failure = first_line(exc)
+                if not pfor:
+                    raise ConfigError(f"{engine.path}: {flag('per_example')}: the Jacobian of the "
+                                      f"examples' losses fails: {failure}",
+                                      where=flag("per_example")) from None
+    assert found is not None
+    loss, added, shares, squares, summed, gradient = found
+    return ((float(loss), float(added), np.asarray(shares, np.float64),
+             [np.asarray(s, np.float64) for s in squares],
+             [np.asarray(s, np.float64) for s in summed],
+             [np.asarray(g, np.float64) for g in gradient]), method)
+
+
+def _spread(tf: Any, scale: Any, output: Any) -> Any:
+    """``scale`` (one number per example) over every axis of ``output`` but the last."""
+    rank = max(len(output.shape) - 1, 1)
+    shaped = tf.reshape(scale, [-1] + [1] * (rank - 1))
+    return shaped * tf.ones(tf.shape(output)[:rank], scale.dtype)
+
+
+def _times(tf: Any, spread: Any, weight: Any) -> Any:
+    """A spread scale times the user's sample weight, each broadcast over the other's axes."""
+    weight = tf.cast(weight, spread.dtype)
+    low, high = sorted((spread, weight), key=lambda t: len(t.shape))
+    low = tf.reshape(low, tf.concat([tf.shape(low),
+                                     tf.ones([len(high.shape) - len(low.shape)], tf.int32)],
+                                    axis=0))
+    return low * high
