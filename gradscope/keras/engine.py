@@ -152,6 +152,10 @@ class KerasEngine:
         self.stepped_calls: dict[str, Any] = {}
         self.seed = seed
         self.dtype_name = dtype or "float32"  # the model's own, once it is loaded
+        #: What :meth:`compute_loss` multiplies its total by before the tape differentiates
+        #: it, as ``optimizer.scale_loss`` does in fit's train step (a LossScaleOptimizer's
+        #: loss scale): 1 but for the scaled pass of :mod:`~gradscope.keras.mixed_precision`.
+        self.loss_scale = 1.0
         #: The loss when it is not the model's own compiled one (a model object is never
         #: compiled by gradscope): a CompileLoss, called as Trainer.compute_loss calls it.
         self._user_loss_copy: Any = None
@@ -267,7 +271,15 @@ class KerasEngine:
         """Trainer.compute_loss: the compiled (or chosen) loss plus the model's added losses
         (regularisers, activity regularisers, add_loss). ``sample_weight``: None, one tensor
         for every output, or a list of them in the order of the outputs (see
-        :meth:`weight_tensors`)."""
+        :meth:`weight_tensors`). Times :attr:`loss_scale` where it is not 1."""
+        total = self._unscaled_loss(feed, targets, flat_outputs, sample_weight)
+        if self.loss_scale == 1.0:
+            return total
+        ops = self.keras.ops
+        return ops.multiply(total, ops.cast(self.loss_scale, total.dtype))
+
+    def _unscaled_loss(self, feed: list[Any], targets: list[Any], flat_outputs: list[Any],
+                       sample_weight: Any = None) -> Any:
         x = feed if len(feed) > 1 else feed[0]
         y, y_pred = self._structured(targets), self._structured(flat_outputs)
         weights = (self._structured(sample_weight) if isinstance(sample_weight, list)
@@ -953,7 +965,8 @@ def _set_dtype(config: Any, dtype: str) -> None:
     """Every float dtype and dtype policy in a serialised model config → ``dtype``."""
     if isinstance(config, dict):
         for key, value in list(config.items()):
-            if key == "dtype" and isinstance(value, str) and value.startswith("float"):
+            if key == "dtype" and isinstance(value, str) and value.startswith(("float",
+                                                                               "mixed_")):
                 config[key] = dtype
             elif (key == "dtype" and isinstance(value, dict)
                   and value.get("class_name") == "DTypePolicy"):

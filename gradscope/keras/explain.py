@@ -129,7 +129,8 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     ``heatmap``, over up to 16 steps t): the influence ‖∂h_t/∂x_s‖ of every recurrent
     call (both imply ``flow``); ``chunks``: truncated BPTT in that many chunks, with and
     without the carry; ``per_example``: each example's gradient norms (see
-    :mod:`~gradscope.keras.per_example`)."""
+    :mod:`~gradscope.keras.per_example`). Under a mixed dtype policy, always: what the
+    compute dtype loses at the loss scale (:mod:`~gradscope.keras.mixed_precision`)."""
     flow = flow or heatmap or at is not None
     from gradscope.keras.engine import KerasEngine
 
@@ -198,6 +199,14 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
             engine, job.batch.inputs, targets, job.batch.sample_weight,
             {entry.path: entry.layer for entry in report.gradients if entry.trainable})
         clock.lap("per_example")
+    if report.nonfinite is None:
+        from gradscope.keras.mixed_precision import compute_dtype, mixed_precision
+
+        if compute_dtype(engine.model) is not None:
+            say("mixed precision: the scaled backward against a float32 shadow")
+            update["mixed_precision"] = mixed_precision(engine, job.batch.inputs, targets,
+                                                        job.batch.sample_weight)
+            clock.lap("mixed_precision")
     if update:
         report = report.model_copy(update=update)
     if timings:

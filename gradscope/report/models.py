@@ -715,6 +715,47 @@ class KerasPerExample(_Report):
     dtype: str = Field(description="the dtype the gradients computed in (the model's)")
 
 
+class MixedPrecisionTensor(_Report):
+    """One gradient tensor under a mixed policy: the shares of its entries lost at the current
+    loss scale, by the float32 shadow, and the same counted on the model's own backward."""
+
+    path: str = Field(description="a weight's path, or a recurrent call's state after every "
+                                  "step (layer/h_t): ∂L/∂s_t as the backward carries it")
+    kind: Literal["weight", "state"]
+    entries: int
+    underflow: float = Field(description="the share whose shadow gradient g ≠ 0 becomes 0 as "
+                                         "g × scale cast to the compute dtype")
+    subnormal: float = Field(description="the share that becomes subnormal (nonzero, below "
+                                         "the smallest normal)")
+    overflow: float = Field(description="the share that becomes infinite")
+    mixed: list[float] = Field(description="[underflow, subnormal, overflow] as the mixed "
+                                           "model's own scaled backward gives them (0 where "
+                                           "the shadow's is not; not finite)")
+    agrees: bool = Field(description="mixed is within 1% of the entries (or one entry) of the "
+                                     "shadow's shares")
+
+
+class KerasMixedPrecision(_Report):
+    """Under a mixed dtype policy: what the compute dtype loses at the optimizer's loss scale,
+    against a float32 shadow of the same step."""
+
+    policy: str
+    compute_dtype: str
+    optimizer: str = Field(description="the model's optimizer, in words")
+    loss_scale: float = Field(description="what fit multiplies the loss by "
+                                          "(optimizer.scale_loss)")
+    scale_range: list[float] | None = Field(
+        description="[low, high]: the scales s with s × max |g| ≤ the largest finite and s × "
+                    "min nonzero |g| ≥ the smallest normal, over every tensor listed (the "
+                    "whole model); low > high when none does; null when every g is 0")
+    in_range: bool | None = Field(description="whether loss_scale is in scale_range")
+    smallest: float | None = Field(description="the smallest nonzero |g| of the shadow")
+    largest: float | None = Field(description="the largest |g| of the shadow")
+    tensors: list[MixedPrecisionTensor]
+    warnings: list[str]
+    method: str
+
+
 class KerasExplainReport(_KerasRun):
     command: Literal["explain"] = "explain"
     layers: list[KerasLayerEntry]
@@ -727,6 +768,8 @@ class KerasExplainReport(_KerasRun):
                                                         description="with --jacobians")
     carry: KerasCarry | None = Field(default=None, description="with --chunks K")
     per_example: KerasPerExample | None = Field(default=None, description="with --per-example")
+    mixed_precision: KerasMixedPrecision | None = Field(
+        default=None, description="under a mixed_float16 or mixed_bfloat16 policy")
     nonfinite: NonFiniteEntry | None = Field(
         default=None, description="where the first NaN or Inf was born, when the loss or a "
                                   "gradient is not finite (exit 1)")
