@@ -1,13 +1,12 @@
-"""What mixed precision loses: per gradient tensor, the share of entries that underflow to 0,
-turn subnormal or overflow in the compute dtype (float16 or bfloat16) at the optimizer's
-current loss scale, and the range of scales that keeps both at zero.
-
-The truth is a float32 shadow of the same step (a copy of the model in float32, same weights,
-Keras' own call): each unscaled shadow gradient g, times the scale s, cast to the compute
-dtype. It is compared with the scaled backward the mixed model itself makes (Keras' own call,
-the loss times s, as fit's train step scales it): within 1% of a tensor's entries, or one.
-Weights are read where their layer computes in the compute dtype (Keras casts the float32
-variable down, so its gradient arrives rounded there); states after every step from the probes.
+"""What mixed precision loses: per gradient tensor, the shares of entries that underflow to 0,
+turn subnormal or overflow in the compute dtype (float16 or bfloat16) at the optimizer's loss
+scale, and the range of scales that keeps both at zero. The truth is a float32 shadow of the
+step (a float32 copy, same weights, Keras' own call): each unscaled gradient g, times the
+scale, cast to the compute dtype. It is compared with the mixed model's own backward, the loss
+scaled as fit scales it (within 1% of a tensor's entries, or one). Weights are read where their
+layer computes in the half dtype (Keras casts the float32 variable down for the call, so the
+gradient is made there); states from the probes: what step t+1 sends back to the state after
+step t (for h_t with what its output receives).
 """
 
 from __future__ import annotations

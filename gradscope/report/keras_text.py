@@ -36,6 +36,7 @@ from gradscope.report.models import (
     KerasGradientEntry,
     KerasLayerEntry,
     KerasLossEntry,
+    KerasMixedPrecision,
     KerasModelEntry,
     KerasNotAnalysed,
     KerasPerExample,
@@ -327,6 +328,8 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         parts += carry_lines(report.carry, width)
     if report.per_example is not None:
         parts += per_example_lines(report.per_example, width)
+    if report.mixed_precision is not None:
+        parts += mixed_precision_lines(report.mixed_precision, width)
     parts += timings_lines(report.timings, "\n")
     return parts
 
@@ -370,6 +373,42 @@ def per_example_lines(found: KerasPerExample, width: int) -> list[RenderableType
                                   "example"))
     lines.append(Text(found.method, style="dim"))
     return lines
+
+
+def mixed_precision_lines(found: KerasMixedPrecision, width: int) -> list[RenderableType]:
+    """Under a mixed policy: per tensor, the shares lost at the loss scale (the float32
+    shadow's, then the model's own), the safe range of scales, the warnings."""
+    layout = Layout([Column("tensor"), Column("underflow", "right", True),
+                     Column("subnormal", "right", True), Column("overflow", "right", True),
+                     Column("mixed", "right", True)])
+    for tensor in found.tensors:
+        mixed = " ".join(_share(v) for v in tensor.mixed)
+        layout.add_row(atom(tensor.path), *(atom(_share(v)) for v in (
+            tensor.underflow, tensor.subnormal, tensor.overflow)),
+            atom(mixed if tensor.agrees else f"{mixed} ≠", "" if tensor.agrees else "bold"))
+    lines: list[RenderableType] = [
+        section(f"Mixed precision ({found.policy}, loss scale {found.loss_scale:g}, "
+                f"{found.optimizer})"),
+        Text("The share of each tensor's entries that the loss scale times the float32 "
+             f"shadow's gradient leaves 0, subnormal or inf in {found.compute_dtype}; mixed: "
+             "the same three on the model's own scaled backward (≠: more than 1% apart)."),
+        fit(width, layout)]
+    if found.scale_range is not None:
+        low, high = found.scale_range
+        where = ("no scale keeps both at zero" if low > high else
+                 "the current scale is in it" if found.in_range else
+                 "the current scale is outside it")
+        lines.append(hanging("·", f"scales that keep both at zero, over the whole model: "
+                                  f"[{number(low)}, {number(high)}] (|g| from "
+                                  f"{number(found.smallest or 0)} to "
+                                  f"{number(found.largest or 0)}): {where}"))
+    lines += [warning(text) for text in found.warnings]
+    lines.append(Text(found.method, style="dim"))
+    return lines
+
+
+def _share(value: float) -> str:
+    return "0" if value == 0 else f"{value:.1%}"
 
 
 def _median(values: list[float]) -> float:

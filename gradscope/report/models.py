@@ -721,7 +721,7 @@ class MixedPrecisionTensor(_Report):
 
     path: str = Field(description="a weight's path, or a recurrent call's state after every "
                                   "step (layer/h_t): ∂L/∂s_t as the backward carries it")
-    kind: Literal["weight", "state"]
+    kind: str = Field(description='"weight" or "state"')
     entries: int
     underflow: float = Field(description="the share whose shadow gradient g ≠ 0 becomes 0 as "
                                          "g × scale cast to the compute dtype")
