@@ -378,11 +378,11 @@ def per_example_lines(found: KerasPerExample, width: int) -> list[RenderableType
 def mixed_precision_lines(found: KerasMixedPrecision, width: int) -> list[RenderableType]:
     """Under a mixed policy: per tensor, the shares lost at the loss scale (the float32
     shadow's, then the model's own), the safe range of scales, the warnings."""
-    layout = Layout([Column("tensor"), Column("underflow", "right", True),
-                     Column("subnormal", "right", True), Column("overflow", "right", True),
+    layout = Layout([Column("tensor"), Column("to 0", "right", True),
+                     Column("subn.", "right", True), Column("inf", "right", True),
                      Column("mixed", "right", True)])
     for tensor in found.tensors:
-        mixed = " ".join(_share(v) for v in tensor.mixed)
+        mixed = "/".join(_share(v) for v in tensor.mixed)
         layout.add_row(atom(tensor.path), *(atom(_share(v)) for v in (
             tensor.underflow, tensor.subnormal, tensor.overflow)),
             atom(mixed if tensor.agrees else f"{mixed} ≠", "" if tensor.agrees else "bold"))
@@ -390,8 +390,9 @@ def mixed_precision_lines(found: KerasMixedPrecision, width: int) -> list[Render
         section(f"Mixed precision ({found.policy}, loss scale {found.loss_scale:g}, "
                 f"{found.optimizer})"),
         Text("The share of each tensor's entries that the loss scale times the float32 "
-             f"shadow's gradient leaves 0, subnormal or inf in {found.compute_dtype}; mixed: "
-             "the same three on the model's own scaled backward (≠: more than 1% apart)."),
+             f"shadow's gradient makes 0 (underflow), subnormal or inf (overflow) in "
+             f"{found.compute_dtype}; mixed: the same three (to 0/subn./inf) on the model's "
+             "own scaled backward (≠: more than 1% of the entries apart)."),
         fit(width, layout)]
     if found.scale_range is not None:
         low, high = found.scale_range
