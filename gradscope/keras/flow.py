@@ -547,31 +547,22 @@ def _in_call_order(skipped: list[KerasNotAnalysed], result: KerasPass) -> None:
 
 
 def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacobians:
-    """∂(final state)/∂(initial state) per example of every unit of every recurrent call."""
-    from gradscope._tf import native_stderr_silenced
-
-    usable, skipped = recurrent_calls(job, engine, result)
-    tf = engine.tf
+    """∂(final state)/∂(initial state) per example of every unit of every recurrent call,
+    one call at a time (its rerun in gradscope's NumPy cells is let go before the next)."""
     functions: dict[str, Any] = {}
     entries: list[JacobianEntry] = []
-    rtol, atol = tolerance("cross_check")
-    for recurrent in usable:
-        for unit in recurrent.units:
-            key = unit.label.removeprefix(recurrent.label) + "@" + recurrent.call.layer
-            if key not in functions:  # one traced function per layer (and direction)
-                functions[key] = _jacobian_function(tf, unit.cell)
-            with native_stderr_silenced():
-                jacobian, ours = functions[key](unit)
-            reference = np.concatenate(unit.finals(), axis=1)
-            error = float(np.max(np.abs(ours - reference))) if ours.size else 0.0
-            if not error <= atol + rtol * float(np.max(np.abs(reference), initial=0.0)):
-                raise InternalError(
-                    f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
-                    f"disagree on the final state (max |error| {error:.1e}); please report it")
-            entries.append(_jacobian_entry(unit.label, list(unit.cell.state_names), jacobian))
+    skipped: set[str] = set()
+    usable = False
+    for recurrent in each_recurrent_call(engine, result):
+        if isinstance(recurrent, KerasNotAnalysed):
+            skipped.add(recurrent.layer)
+        else:
+            usable = True
+            entries += _call_jacobians(engine.tf, recurrent, functions)
+        del recurrent  # not held while the next call is rerun
     cells = {call_label(c.layer, c.index) for c in result.calls
              if c.states and class_label(engine.operation(c.layer)) == "RNN"}
-    stepped, still = _stepped_jacobians(engine, result, {e.layer for e in skipped} | cells)
+    stepped, still = _stepped_jacobians(engine, result, skipped | cells)
     order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
     entries = sorted(entries + stepped,
                      key=lambda e: order.get(e.target.split("/")[0], len(order)))
@@ -579,6 +570,31 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
     method = (JACOBIAN_METHOD + ("; " + STEPPED_JACOBIAN if stepped else "") if usable
               else "∂(final state)/∂(initial state) per example: " + STEPPED_JACOBIAN)
     return KerasStateJacobians(method=method, entries=entries, not_analysed=still)
+
+
+def _call_jacobians(tf: Any, recurrent: RecurrentCall,
+                    functions: dict[str, Any]) -> list[JacobianEntry]:
+    """The Jacobian entry of each unit of a call gradscope's cells model, once its final
+    states in the TF cell equal the NumPy cell's; ``functions`` keeps one traced function
+    per layer (and direction) across calls."""
+    from gradscope._tf import native_stderr_silenced
+
+    entries = []
+    rtol, atol = tolerance("cross_check")
+    for unit in recurrent.units:
+        key = unit.label.removeprefix(recurrent.label) + "@" + recurrent.call.layer
+        if key not in functions:
+            functions[key] = _jacobian_function(tf, unit.cell)
+        with native_stderr_silenced():
+            jacobian, ours = functions[key](unit)
+        reference = np.concatenate(unit.finals(), axis=1)
+        error = float(np.max(np.abs(ours - reference))) if ours.size else 0.0
+        if not error <= atol + rtol * float(np.max(np.abs(reference), initial=0.0)):
+            raise InternalError(
+                f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
+                f"disagree on the final state (max |error| {error:.1e}); please report it")
+        entries.append(_jacobian_entry(unit.label, list(unit.cell.state_names), jacobian))
+    return entries
 
 
 def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
