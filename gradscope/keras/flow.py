@@ -549,11 +549,18 @@ def _in_call_order(skipped: list[KerasNotAnalysed], result: KerasPass) -> None:
 def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacobians:
     """∂(final state)/∂(initial state) per example of every unit of every recurrent call,
     one call at a time (its rerun in gradscope's NumPy cells is let go before the next)."""
+    from gradscope._blas import blas_beside_tensorflow
+
     functions: dict[str, Any] = {}
     entries: list[JacobianEntry] = []
     skipped: set[str] = set()
     usable = False
-    for recurrent in each_recurrent_call(engine, result):
+    calls = each_recurrent_call(engine, result)
+    while True:
+        with blas_beside_tensorflow():  # the NumPy rerun (see gradscope/_blas.py)
+            recurrent = next(calls, None)
+        if recurrent is None:
+            break
         if isinstance(recurrent, KerasNotAnalysed):
             skipped.add(recurrent.layer)
         else:
