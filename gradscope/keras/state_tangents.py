@@ -6,8 +6,8 @@ steps whichever way they are taken. Here they are taken forward: one loop over t
 the states and a block of tangent columns (k, B, S); each step is the cell's own step under a
 ``ForwardAccumulator``, vectorised over the block by ``tf.vectorized_map``. The step's weights
 are read once for the whole block (one matmul of k·B rows), and nothing is kept per step.
-Blocks are sized to :data:`TANGENT_BYTES`; a step ``vectorized_map`` cannot convert falls back
-to ``batch_jacobian`` (one backward pass per state unit), which gives the same numbers.
+Blocks are sized to :data:`TANGENT_BYTES`. A step ``vectorized_map`` cannot convert raises;
+a stepped cell then takes ``batch_jacobian`` (a backward pass per unit, the same numbers).
 """
 
 from __future__ import annotations
