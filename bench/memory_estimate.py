@@ -3,12 +3,13 @@
 For the seed model (explain, explain --jacobians --flow, check), for the scale model of
 bench/scale.py (GRU 256 → GRU 256 → dense 3, batch 32, input 64) at several lengths, and for
 the user-sized Keras model of bench/user_sized.py (LSTM 256 → LSTM 256 → Dense 10, batch 32,
-input 64; explain at every length, check at ``--check-steps``): the estimate
+input 64; explain at every length, check at ``--check-steps``, explain --jacobians at
+``--jacobian-steps``): the estimate
 (gradscope/yaml/memory.py, gradscope/keras/memory.py), the peak RSS of the whole process
 (``os.wait4`` on the child), and their ratio (target: within 1.5× either way).
 
     .venv/bin/python bench/memory_estimate.py [--steps 100 300 1000] [--check-steps 100 300]
-                                              [--json]
+                                              [--jacobian-steps 100] [--json]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[100, 300, 1000])
     parser.add_argument("--check-steps", type=int, nargs="*", default=[100, 300])
+    parser.add_argument("--jacobian-steps", type=int, nargs="*", default=[100])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     cli = [sys.executable, "-m", "gradscope"]
@@ -60,14 +62,16 @@ def main() -> None:
         for steps in args.steps:
             config = scale_config(Path(folder), steps)
             cases.append((f"scale, {steps} steps: explain", str(config), ["explain"]))
-        for steps in sorted(set(args.steps) | set(args.check_steps)):
+        lengths = {"explain": args.steps, "check": args.check_steps,
+                   "explain --jacobians": args.jacobian_steps}
+        for steps in sorted(set().union(*lengths.values())):
             model = Path(folder) / f"lstm_{steps}.keras"
             subprocess.run([sys.executable, "-c", BUILD, str(steps), "256", str(model)],
                            check=True, stderr=subprocess.DEVNULL)
-            for command in ("explain", "check"):
-                if steps in (args.steps if command == "explain" else args.check_steps):
+            for command, among in lengths.items():
+                if steps in among:
                     cases.append((f"Keras LSTM, {steps} steps: {command}", str(model),
-                                  [command, "--quiet"]))
+                                  [*command.split(), "--quiet"]))
         for name, source, command in cases:
             across_time = "--jacobians" in command or "--flow" in command
             terms = gradscope.estimate_memory(source, command[0], across_time=across_time)

@@ -248,7 +248,8 @@ def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None
         spec, data, x, y, **keras_options: The model and its batch, as :func:`explain`
             takes them.
         command: ``"explain"`` or ``"check"``.
-        across_time: YAML specs: with ``flow`` or ``jacobians``.
+        across_time: With ``flow`` or ``jacobians`` (a Keras model: explain's
+            ``jacobians``).
         chunks: as for :func:`explain`.
         examples: Keras models, for check: as :func:`check` takes it.
 

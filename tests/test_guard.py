@@ -82,6 +82,22 @@ def test_the_keras_estimate_grows_with_steps_units_and_batch(long_lstm):
     assert 1593 / 1.5 < explain / (1 << 20) < 1593 * 1.5
 
 
+def test_jacobians_add_their_term_and_are_refused_over_the_limit(long_lstm):
+    """``--jacobians`` reads one call at a time: its rerun in float64 and the tangents of
+    its [h, c], in blocks; a limit between explain's estimate and this one refuses it."""
+    import gradscope
+
+    plain = gradscope.estimate_memory(str(long_lstm), "explain")
+    terms = gradscope.estimate_memory(str(long_lstm), "explain", across_time=True)
+    term = terms.pop("the state Jacobians of one recurrent call (--jacobians)")
+    assert terms == plain and term > 64 << 20  # the (32, 512, 512) Jacobian alone
+    limit = sum(plain.values()) + term // 2
+    result = run_without_tensorflow("explain", str(long_lstm), "--jacobians",
+                                    "--max-memory", str(limit))
+    assert result.returncode == 2, result.stderr  # 99: TensorFlow was imported
+    assert "this explain would need about" in result.stderr
+
+
 def test_estimate_memory_is_what_the_guard_holds_against_the_limit():
     """The public estimate is the guard's: a limit just under its sum is refused before
     anything runs; with a flow across time it is larger; a command other than explain or

@@ -64,6 +64,38 @@ def _unrolled(tf: Any, layer: Any, x: Any, mask: Any, upstream: Any,
     return np.array([float(tf.norm(g)) for g in tape.gradient(objective, probes)])
 
 
+def _unrolled_jacobian(tf: Any, layer: Any, x: Any, mask: Any,
+                       widths: list[int]) -> np.ndarray:
+    """∂(final states)/∂(initial states) per example, every state concatenated ([h, c]), of
+    a layer's own cell unrolled by hand from zero states, a masked step keeping the states."""
+    joined = tf.zeros((x.shape[0], sum(widths)), x.dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(joined)
+        states = list(tf.split(joined, widths, axis=1))
+        for t in range(x.shape[1]):
+            _, new = layer.cell(x[:, t], states)
+            new = list(new) if isinstance(new, list | tuple) else [new]
+            if mask is not None:
+                keep = tf.reshape(tf.constant(mask[:, t]), (-1, 1))
+                new = [tf.where(keep, n, s) for n, s in zip(new, states, strict=True)]
+            states = new
+        final = tf.concat(states, axis=1)
+    return np.asarray(tape.batch_jacobian(final, joined), np.float64)
+
+
+def _assert_jacobian(entry: Any, truth: np.ndarray) -> None:
+    """A report's Jacobian entry summarises ``truth`` (B, S, S), to float32 rounding."""
+    frobenius = np.sqrt(np.sum(truth ** 2, axis=(1, 2)))
+    singular = np.linalg.svd(truth, compute_uv=False)
+    assert entry.shape == list(truth.shape[1:])
+    np.testing.assert_allclose([entry.frobenius_median, entry.frobenius_min,
+                                entry.frobenius_max, entry.largest_singular_median],
+                               [np.median(frobenius), frobenius.min(), frobenius.max(),
+                                np.median(singular[:, 0])], rtol=1e-4)
+    np.testing.assert_allclose(entry.smallest_singular_median, np.median(singular[:, -1]),
+                               rtol=1e-4, atol=1e-5 * float(np.median(singular[:, 0])))
+
+
 def _flow(report: Any, what: str) -> np.ndarray:
     found = [s for s in report.gradient_flow.sequences if s.what == what]
     assert len(found) == 1, [s.what for s in report.gradient_flow.sequences]
@@ -115,11 +147,13 @@ def test_a_call_the_cells_do_not_model_is_stepped_as_keras_runs_it(tf, data, kin
         final = out[:, -1] if layer.return_sequences else out
     truth = np.asarray(tape.batch_jacobian(final, joined))
     entry = report.state_jacobians.entries[0]
-    if kind == "masked_lstm":
-        assert entry.target == "rnn/[h_T, c_T]" and entry.shape == [6, 6]
-    else:
-        frobenius = np.sqrt(np.sum(truth ** 2, axis=(1, 2)))
-        assert entry.frobenius_median == pytest.approx(float(np.median(frobenius)), rel=1e-4)
+    if kind == "masked_lstm":  # Keras' layer returns h alone: [h, c] is unrolled by hand
+        assert entry.target == "rnn/[h_T, c_T]"
+        truth = _unrolled_jacobian(tf, layer, tf.constant(x), mask, [3, 3])
+    elif kind == "backwards":
+        truth = _unrolled_jacobian(tf, layer, tf.reverse(tf.constant(x), [1]),
+                                   mask[:, ::-1], [4])
+    _assert_jacobian(entry, truth)
 
 
 def test_a_bidirectional_masked_call_is_stepped_in_both_directions(tf, data):
@@ -311,7 +345,49 @@ def test_a_cell_of_your_own_with_a_tuple_state_is_stepped_over_masked_steps(tf, 
     truth = _unrolled(tf, layer, tf.constant(x), mask, _upstream(tf, model, "rnn", x, y))
     np.testing.assert_allclose(_flow(report, "∂L/∂rnn/states[0]_t"), truth, rtol=1e-4,
                                atol=1e-9)
-    assert report.state_jacobians.entries[0].shape == [6, 6]
+    _assert_jacobian(report.state_jacobians.entries[0],
+                     _unrolled_jacobian(tf, layer, tf.constant(x), mask, [3, 3]))
+
+
+def test_a_cell_whose_step_cannot_be_vectorised_gets_its_jacobian_by_backward_passes(
+        tf, data, capfd):
+    """The Jacobian's tangents are carried forward by ``tf.vectorized_map``, which has no
+    rule for some ops (here CumulativeLogsumexp): such a cell is taken one backward pass per
+    state unit instead, with the same numbers and no TensorFlow log line."""
+    import keras
+    from keras import layers as L
+
+    @keras.saving.register_keras_serializable(package="stepped_test")
+    class CumulativeCell(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = units
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            pre = keras.ops.tanh(inputs @ self.kernel + states[0] @ self.recurrent)
+            h = tf.math.cumulative_logsumexp(pre, axis=1) / self.units
+            return h, [h]
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "units": self.units}
+
+    x, mask, y = data
+    keras.utils.set_random_seed(13)
+    x_in = keras.Input((T, F), name="x")
+    layer = L.RNN(CumulativeCell(3), name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(layer(L.Masking()(x_in))))
+    model.compile(loss="mse")
+    capfd.readouterr()
+    report = gradscope.explain(model, x=x, y=y, jacobians=True)
+    assert not report.state_jacobians.not_analysed
+    _assert_jacobian(report.state_jacobians.entries[0],
+                     _unrolled_jacobian(tf, layer, tf.constant(x), mask, [3]))
+    assert capfd.readouterr().err == ""
 
 
 def test_a_stateful_rnn_over_a_cell_of_your_own_starts_from_its_carried_state(tf, data):

@@ -58,8 +58,8 @@ FLOW_READING = ("∂L/∂x_t from the tape; norms are Frobenius over the batch; 
                 "at the last step")
 FLOW_METHOD = f"{PROBED_FLOW}; {FLOW_READING}"
 JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
-                   "captured input and initial state, float64, batch_jacobian in one traced "
-                   "function per layer")
+                   "captured input and initial state, float64, the tangents of every "
+                   "initial-state unit carried forward through one loop over time")
 
 STEPPED_JACOBIAN = ("a call gradscope's cells do not model: the cell the model holds, "
                     "stepped in tf.scan with Keras' masking, in its own dtype")
@@ -557,34 +557,29 @@ def _in_call_order(skipped: list[KerasNotAnalysed], result: KerasPass) -> None:
 
 
 def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacobians:
-    """∂(final state)/∂(initial state) per example of every unit of every recurrent call."""
-    from gradscope._tf import native_stderr_silenced
+    """∂(final state)/∂(initial state) per example of every unit of every recurrent call,
+    one call at a time (its rerun in gradscope's NumPy cells is let go before the next)."""
+    from gradscope._blas import blas_beside_tensorflow
 
-    usable, skipped = recurrent_calls(job, engine, result)
-    tf = engine.tf
     functions: dict[str, Any] = {}
     entries: list[JacobianEntry] = []
-    rtol, atol = tolerance("cross_check")
-    for recurrent in usable:
-        for unit in recurrent.units:
-            key = unit.label.removeprefix(recurrent.label) + "@" + recurrent.call.layer
-            if key not in functions:  # one traced function per layer (and direction)
-                functions[key] = _jacobian_function(tf, unit.cell)
-            with native_stderr_silenced():
-                jacobian, final = functions[key](
-                    {k: tf.constant(v) for k, v in unit.params.items()}, tf.constant(unit.x),
-                    tf.constant(np.concatenate(unit.states, axis=1)))
-            ours, reference = final.numpy(), np.concatenate(unit.finals(), axis=1)
-            error = float(np.max(np.abs(ours - reference))) if ours.size else 0.0
-            if not error <= atol + rtol * float(np.max(np.abs(reference), initial=0.0)):
-                raise InternalError(
-                    f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
-                    f"disagree on the final state (max |error| {error:.1e}); please report it")
-            entries.append(_jacobian_entry(unit.label, list(unit.cell.state_names),
-                                           jacobian.numpy()))
+    skipped: set[str] = set()
+    usable = False
+    calls = each_recurrent_call(engine, result)
+    while True:
+        with blas_beside_tensorflow():  # the NumPy rerun (see gradscope/_blas.py)
+            recurrent = next(calls, None)
+        if recurrent is None:
+            break
+        if isinstance(recurrent, KerasNotAnalysed):
+            skipped.add(recurrent.layer)
+        else:
+            usable = True
+            entries += _call_jacobians(engine.tf, recurrent, functions)
+        del recurrent  # not held while the next call is rerun
     cells = {call_label(c.layer, c.index) for c in result.calls
              if stepped_only(engine.operation(c.layer))}
-    stepped, still = _stepped_jacobians(engine, result, {e.layer for e in skipped} | cells)
+    stepped, still = _stepped_jacobians(engine, result, skipped | cells)
     order = {call_label(c.layer, c.index): i for i, c in enumerate(result.calls)}
     entries = sorted(entries + stepped,
                      key=lambda e: order.get(e.target.split("/")[0], len(order)))
@@ -592,6 +587,31 @@ def state_jacobians(job: Any, engine: Any, result: KerasPass) -> KerasStateJacob
     method = (JACOBIAN_METHOD + ("; " + STEPPED_JACOBIAN if stepped else "") if usable
               else "∂(final state)/∂(initial state) per example: " + STEPPED_JACOBIAN)
     return KerasStateJacobians(method=method, entries=entries, not_analysed=still)
+
+
+def _call_jacobians(tf: Any, recurrent: RecurrentCall,
+                    functions: dict[str, Any]) -> list[JacobianEntry]:
+    """The Jacobian entry of each unit of a call gradscope's cells model, once its final
+    states in the TF cell equal the NumPy cell's; ``functions`` keeps one traced function
+    per layer (and direction) across calls."""
+    from gradscope._tf import native_stderr_silenced
+
+    entries = []
+    rtol, atol = tolerance("cross_check")
+    for unit in recurrent.units:
+        key = unit.label.removeprefix(recurrent.label) + "@" + recurrent.call.layer
+        if key not in functions:
+            functions[key] = _jacobian_function(tf, unit.cell)
+        with native_stderr_silenced():
+            jacobian, ours = functions[key](unit)
+        reference = np.concatenate(unit.finals(), axis=1)
+        error = float(np.max(np.abs(ours - reference))) if ours.size else 0.0
+        if not error <= atol + rtol * float(np.max(np.abs(reference), initial=0.0)):
+            raise InternalError(
+                f"internal error: {unit.label}: gradscope's TF cell and its NumPy cell "
+                f"disagree on the final state (max |error| {error:.1e}); please report it")
+        entries.append(_jacobian_entry(unit.label, list(unit.cell.state_names), jacobian))
+    return entries
 
 
 def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
@@ -641,17 +661,20 @@ def _joined(parts: list[str]) -> str:
 
 
 def _jacobian_function(tf: Any, cell: Cell) -> Any:
-    """One traced function for one layer: (params, x (B, T, F), [h0, c0] (B, S)) →
-    (∂[h_T, c_T]/∂[h0, c0] (B, S, S), [h_T, c_T] (B, S))."""
-    count = len(cell.state_names)
+    """One layer's ``jacobian(unit)`` → (∂[h_T, c_T]/∂[h0, c0] (B, S, S), [h_T, c_T] (B, S)),
+    in float64 through gradscope's TF cell: the tangents of every initial-state unit carried
+    forward (:mod:`~gradscope.keras.state_tangents`), traced once per layer."""
+    from gradscope.keras.state_tangents import jacobian_function, state_jacobian
 
-    @tf.function(autograph=False, reduce_retracing=True)
-    def compute(params: dict[str, Any], x: Any, initial: Any) -> tuple[Any, Any]:
-        with tf.GradientTape() as tape:
-            tape.watch(initial)
-            states = tuple(tf.split(initial, count, axis=1))
-            _, finals = cell.tf_sequence(tf, params, tf.transpose(x, [1, 0, 2]), states)
-            final = tf.concat(list(finals), axis=1)
-        return tape.batch_jacobian(final, initial, experimental_use_pfor=False), final
+    def advance(weights: Any, states: list[Any], inputs_t: tuple[Any, ...]) -> list[Any]:
+        return list(cell.tf_step(tf, weights, tuple(states), inputs_t))
 
-    return compute
+    compute = jacobian_function(tf, advance)
+
+    def jacobian(unit: Unit) -> tuple[np.ndarray, np.ndarray]:
+        params = {k: tf.constant(v) for k, v in unit.params.items()}
+        inputs = cell.tf_inputs(tf, params, tf.constant(np.swapaxes(unit.x, 0, 1)))
+        return state_jacobian(tf, compute, cell.tf_step_weights(tf, params), tuple(inputs),
+                              [tf.constant(s) for s in unit.states])
+
+    return jacobian

@@ -198,13 +198,16 @@ def shapes(source: Any) -> Any:
 
 
 def estimate(prepared: KerasCommand, across_time: bool = False) -> dict[str, int]:
-    """Bytes by term (``across_time``: the YAML wing's; a Keras estimate has no such term)."""
+    """Bytes by term; ``across_time`` (or the command's ``jacobians``) adds the state
+    Jacobians' term of explain."""
     from gradscope.keras.memory import estimate as _estimate
 
     checked = prepared.chosen.checked if prepared.chosen is not None else None
     # diagnose keeps what explain keeps, one recurrent call's stepping at a time beside it.
     command = "explain" if prepared.command == "diagnose" else prepared.command
-    return _estimate(prepared.job, command, checked, prepared.chunks, prepared.per_example)
+    return _estimate(prepared.job, command, checked, prepared.chunks, prepared.per_example,
+                     jacobians=prepared.command == "explain" and (
+                         prepared.jacobians or across_time))
 
 
 def guard(prepared: KerasCommand, limit: int | None) -> None:

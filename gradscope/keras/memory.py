@@ -29,6 +29,11 @@ KEPT_PER_UNIT = {"LSTM": 15, "GRU": 15, "SimpleRNN": 5}
 #: step and unit (the slope of peak RSS from 100 to 1000 steps, two LSTM layers of 256 units,
 #: batch 32: 952 MiB to 2077 MiB).
 CHECK_KEPT_PER_UNIT = 10
+#: ``--jacobians``, per step, example and unit of the recurrent call being read (float64):
+#: gradscope's NumPy cells rerun it and keep about 10 numbers (an LSTM's gates, c and h), and
+#: its input projection is taken for every step at once (4 for an LSTM), then read one step
+#: at a time by the loop over time (4 again).
+JACOBIAN_KEPT_PER_UNIT = 18
 
 
 def recurrent_units(node: Any) -> list[tuple[str, int]]:
@@ -47,15 +52,17 @@ def recurrent_units(node: Any) -> list[tuple[str, int]]:
 
 
 def estimate(job: Any, command: str, examples: int | None = None,
-             chunks: int | None = None, per_example: bool = False) -> dict[str, int]:
+             chunks: int | None = None, per_example: bool = False,
+             jacobians: bool = False) -> dict[str, int]:
     """Bytes by term for ``command`` ("explain" or "check") on ``job``, a Keras model read and
     given its batch; the sum is the estimated peak resident memory of the whole process.
     ``examples``: how many of the batch's examples check runs on (default: every one);
     ``chunks``: ``--chunks``, whose cut run keeps its own tape; ``per_example``:
-    ``--per-example``, whose Jacobian holds one gradient per example."""
+    ``--per-example``, whose Jacobian holds one gradient per example; ``jacobians``:
+    explain's ``--jacobians``, which reads one recurrent call at a time."""
     batch = job.batch_size if examples is None else examples
     steps = max(time_steps(job.batch.inputs), 1)
-    weights, activations, loops = 0, 0, []
+    weights, activations, loops, calls = 0, 0, [], []
     for node in job.graph.computing_layers:
         facts = layer_facts(job.graph, node)
         # A layer the algebra cannot size: its weights are not counted.
@@ -65,6 +72,7 @@ def estimate(job: Any, command: str, examples: int | None = None,
             sizes = [steps if d is None else d for d in shape[1:]]
             activations += 2 * batch * prod(sizes)
         loops += recurrent_units(node)
+        calls.append(recurrent_units(node))
     if command == "check":
         itemsize = 8
         kept = batch * steps * sum(CHECK_KEPT_PER_UNIT * units for _, units in loops)
@@ -83,7 +91,7 @@ def estimate(job: Any, command: str, examples: int | None = None,
         # batched copies of the recurrent loops' activations.
         terms["the examples' gradients of --per-example (a Jacobian)"] = itemsize * (
             2 * batch * weights + kept)
-    return {
+    terms = {
         **terms,
         BASELINE_TERM: PROCESS_BASELINE,
         "Keras and the model's traced passes": KERAS_OVERHEAD[command],
@@ -91,9 +99,24 @@ def estimate(job: Any, command: str, examples: int | None = None,
         "the layers' inputs and their gradients": activations * itemsize,
         "activations the recurrent layers keep for the backward pass": kept * itemsize,
     }
+    if jacobians and any(calls):
+        terms["the state Jacobians of one recurrent call (--jacobians)"] = max(
+            jacobian_bytes(call, batch, steps) for call in calls if call)
+    return terms
+
+
+def jacobian_bytes(loops: list[tuple[str, int]], batch: int, steps: int) -> int:
+    """What ``--jacobians`` holds while it reads one recurrent call of these loops (both
+    directions of a Bidirectional): the call rerun in float64, and the tangents and
+    Jacobians of its largest state (:func:`~gradscope.keras.state_tangents.tangent_bytes`)."""
+    from gradscope.keras.state_tangents import tangent_bytes
+
+    rerun = 8 * batch * steps * sum(JACOBIAN_KEPT_PER_UNIT * units for _, units in loops)
+    widths = [units * (2 if kind == "LSTM" else 1) for kind, units in loops]
+    return rerun + tangent_bytes(batch, max(widths), 8)
 
 
 def guard(job: Any, command: str, limit: int | None = None,
-          examples: int | None = None) -> None:
+          examples: int | None = None, jacobians: bool = False) -> None:
     """Raise ConfigError (exit 2) when the estimate is over ``limit`` (default: RAM / 4)."""
-    refuse_over(estimate(job, command, examples), limit, command)
+    refuse_over(estimate(job, command, examples, jacobians=jacobians), limit, command)

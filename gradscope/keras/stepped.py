@@ -360,17 +360,75 @@ def _inputs(tf: Any, stepped: Stepped, index: int) -> tuple[Direction, Any, Any,
 
 def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | str:
     """∂(final states)/∂(initial states) per example (B, S, S) of direction ``index`` of a
-    stepped call, its states concatenated ([h, c] for an LSTM); or why it cannot be given."""
-    tf, keras = engine.tf, engine.keras
+    stepped call, its states concatenated ([h, c] for an LSTM), in the cell's dtype: the
+    tangents of every initial-state unit carried forward through the cell's steps
+    (:mod:`~gradscope.keras.state_tangents`), or, where ``vectorized_map`` cannot convert
+    the cell's step, one backward pass per unit; or why it cannot be given."""
+    from gradscope._tf import native_stderr_silenced, without_grappler
+    from gradscope.keras.state_tangents import jacobian_function
+    from gradscope.keras.state_tangents import state_jacobian as carried
+
+    tf = engine.tf
     direction, x, mask, initial = _inputs(tf, stepped, index)
-    # A state of several axes (a ConvLSTM's feature maps) is read flat, when its Jacobian
-    # is small enough to hold.
     shapes = [[int(n) for n in s.shape[1:]] for s in initial]
-    widths = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
-    size, batch = sum(widths), int(x.shape[0])
-    if size > JACOBIAN_STATES or batch * size * size > INFLUENCE_NUMBERS:
+    size = sum(int(np.prod(shape, dtype=np.int64)) for shape in shapes)
+    flat = all(len(shape) == 1 for shape in shapes)
+    if not flat and (size > JACOBIAN_STATES
+                     or int(x.shape[0]) * size * size > INFLUENCE_NUMBERS):
         return (f"a state of {size:,} numbers per example: its Jacobian ({size:,} × "
                 f"{size:,} per example) is too large to compute")
+    everything = [tf.convert_to_tensor(s) for s in stepped.call.states]
+    with masks_drawn(engine, stepped.directions, stepped.call, x, everything), \
+            native_stderr_silenced(), without_grappler():
+        if not flat:
+            # A state of several axes (a ConvLSTM's feature maps) is read flat.
+            return _state_jacobian_backward(engine, direction, x, mask, initial)
+        inputs, start = _time_major(tf, direction.layer, x, mask, initial)
+        try:
+            compute = jacobian_function(tf, _cell_advance(engine, direction.layer))
+            jacobian, _ = carried(tf, compute, {}, inputs, start)
+            return jacobian
+        except Exception:  # noqa: BLE001  (a step vectorized_map cannot convert)
+            return _state_jacobian_backward(engine, direction, x, mask, initial)
+
+
+def _time_major(tf: Any, layer: Any, x: Any, mask: Any,
+                initial: list[Any]) -> tuple[tuple[Any, ...], list[Any]]:
+    """What the layer's loop reads at each step, time-major in processing order (the input,
+    and the mask as booleans if there is one), and its initial states in the cell's dtype."""
+    x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
+    inputs = [x_tm] if mask is None else [x_tm, tf.transpose(tf.cast(mask, tf.bool), [1, 0])]
+    if getattr(layer, "go_backwards", False):
+        inputs = [tf.reverse(value, [0]) for value in inputs]
+    return tuple(inputs), [tf.cast(s, layer.cell.compute_dtype) for s in initial]
+
+
+def _cell_advance(engine: Any, layer: Any) -> Any:
+    """One step of the layer's cell, as Keras' loop takes it: a masked step keeps the
+    states."""
+    tf, keras, cell = engine.tf, engine.keras, layer.cell
+    kwargs = ({"training": engine.training}
+              if getattr(cell, "_call_has_training_arg", False) else {})
+
+    def advance(weights: Any, states: list[Any], inputs_t: tuple[Any, ...]) -> list[Any]:
+        _, new = cell(inputs_t[0], list(states), **kwargs)
+        new = list(keras.tree.flatten(new))
+        if len(inputs_t) > 1:
+            keep = tf.reshape(inputs_t[1], [-1, 1])
+            new = [tf.where(keep, n, s) for n, s in zip(new, states, strict=True)]
+        return new
+
+    return advance
+
+
+def _state_jacobian_backward(engine: Any, direction: Direction, x: Any, mask: Any,
+                             initial: list[Any]) -> np.ndarray:
+    """:func:`state_jacobian` by ``batch_jacobian``: one backward pass per state unit, each
+    state read flat (a ConvLSTM's feature maps)."""
+    tf, keras = engine.tf, engine.keras
+    shapes = [[int(n) for n in s.shape[1:]] for s in initial]
+    widths = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    batch = int(x.shape[0])
 
     @tf.function(autograph=False, reduce_retracing=True)
     def compute(x: Any, mask: Any, joined: Any) -> Any:
@@ -386,13 +444,8 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
                               axis=1)
         return tape.batch_jacobian(final, joined, experimental_use_pfor=False)
 
-    from gradscope._tf import native_stderr_silenced, without_grappler
-
-    everything = [tf.convert_to_tensor(s) for s in stepped.call.states]
-    with masks_drawn(engine, stepped.directions, stepped.call, x, everything), \
-            native_stderr_silenced(), without_grappler():
-        joined = tf.concat([tf.reshape(s, [batch, -1]) for s in initial], axis=1)
-        return np.asarray(compute(x, mask, joined), np.float64)
+    joined = tf.concat([tf.reshape(s, [batch, -1]) for s in initial], axis=1)
+    return np.asarray(compute(x, mask, joined), np.float64)
 
 
 #: The most numbers of ∂h_t/∂x one batch_jacobian holds at once (its units are taken in
