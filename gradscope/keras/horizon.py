@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
-from gradscope.keras.stepped import _scan
+from gradscope.keras.stepped import scan_cell
 from gradscope.keras.trajectory import Trajectory
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
@@ -77,7 +77,7 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
                   for s in start]
         with tf.GradientTape() as tape:
             tape.watch(folded)
-            _, outs = _scan(tf, keras, layer, folded, folded_mask, start, probes,
+            _, outs = scan_cell(tf, keras, layer, folded, folded_mask, start, probes,
                             engine.training)
             last = tf.reshape(outs[-1], [tf.shape(folded)[0], -1])
             picked = tf.reduce_sum(last * tf.tile(tf.eye(units, dtype=last.dtype),

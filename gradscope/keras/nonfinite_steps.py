@@ -13,7 +13,7 @@ from gradscope.gradcheck import tolerance
 from gradscope.keras.births import first_birth
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.nonfinite_causes import entry, growth_cause, op_cause
-from gradscope.keras.stepped import _runner, directions_of, masks_drawn
+from gradscope.keras.stepped import directions_of, masks_drawn, stepped_runner
 from gradscope.report.models import NonFiniteEntry
 
 
@@ -27,7 +27,7 @@ def recurrent_birth(engine: Any, call: CapturedCall) -> NonFiniteEntry | None:
     if isinstance(directions, str) or not call.states:
         return None
     try:
-        run = _runner(engine, layer, directions, engine.training)
+        run = stepped_runner(engine, layer, directions, engine.training)
         outputs, states, _, _ = run(call, None)
     except Exception:  # noqa: BLE001  (the user's cell, run step by step)
         return None

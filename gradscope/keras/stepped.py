@@ -147,7 +147,7 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
             return own
         call = replace(call, states=own)
     try:
-        run = _runner(engine, layer, directions, training)
+        run = stepped_runner(engine, layer, directions, training)
         outputs, states, totals, direct = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
@@ -191,7 +191,7 @@ def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str |
     return found if isinstance(found, str) else None
 
 
-def _runner(engine: Any, layer: Any, directions: list[Direction], training: bool) -> Any:
+def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, all in NumPy. One
     traced function: the scan is a loop in the graph, never a Python loop over time."""
@@ -209,7 +209,7 @@ def _runner(engine: Any, layer: Any, directions: list[Direction], training: bool
         above: list[Any] = [None] * len(directions)
         with tf.GradientTape() as tape:
             tape.watch(probes)
-            scans = [_scan(tf, keras, d.layer, x, mask, part, probe, training)
+            scans = [scan_cell(tf, keras, d.layer, x, mask, part, probe, training)
                      for d, part, probe in zip(directions, parts, probes, strict=True)]
             # A zero added to each output sequence alone: its gradient is what arrives from
             # above at each step, apart from what the recurrence carries.
@@ -255,7 +255,7 @@ def _batch_major(value: Any) -> np.ndarray:
     return np.swapaxes(np.asarray(value, np.float64), 0, 1)
 
 
-def _scan(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
+def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
           probes: list[Any], training: bool, cuts: Any = None,
           edges: list[Any] | None = None) -> tuple[list[Any], Any]:
     """The layer's cell over ``x`` (B, T, ·) as Keras' RNN loop runs it: in processing order
@@ -438,7 +438,7 @@ def _state_jacobian_backward(engine: Any, direction: Direction, x: Any, mask: An
                      zip(tf.split(joined, widths, axis=1), shapes, strict=True)]
             probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(p)], 0), p.dtype)
                       for p in parts]
-            states, _ = _scan(tf, keras, direction.layer, x, mask, parts, probes,
+            states, _ = scan_cell(tf, keras, direction.layer, x, mask, parts, probes,
                               engine.training)
             final = tf.concat([tf.reshape(s[-1], [tf.shape(x)[0], -1]) for s in states],
                               axis=1)
@@ -470,7 +470,7 @@ def influence(engine: Any, stepped: Stepped, index: int,
             tape.watch(x)
             probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
                       for s in initial]
-            _, outs = _scan(tf, keras, direction.layer, x, mask, initial, probes,
+            _, outs = scan_cell(tf, keras, direction.layer, x, mask, initial, probes,
                             engine.training)
             h = tf.reshape(outs[at], [tf.shape(x)[0], -1])
             # Sliced under the tape: a slice taken after it would be unconnected to x.

@@ -106,7 +106,7 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
     import keras
     import tensorflow as tf
 
-    from gradscope.keras.stepped import _scan
+    from gradscope.keras.stepped import scan_cell
 
     owner = threading.get_ident()
     owners = _owners(model)
@@ -146,7 +146,7 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
             for edge in edges:
                 watch(edge)
             probes = [tf.zeros_like(edge) for edge in edges]
-            states, outs = _scan(tf, keras, layer, sequences, mask, given, probes, training,
+            states, outs = scan_cell(tf, keras, layer, sequences, mask, given, probes, training,
                                  tf.constant(flags), edges)
             names = state_names(layer)
             if len(names) != len(given):  # a layer whose states gradscope does not name
