@@ -81,6 +81,35 @@ def op_cause(birth: Birth | None, step: int | None, examples: list[int],
     return f"{op} makes NaN from finite inputs (up to {top:.3g}){at}"
 
 
+#: A state is said to grow when its size grows by at least this much a step, on average
+#: over the last (at most) 10 steps.
+GROWING = 1.05
+
+
+def _growth(sizes: np.ndarray) -> tuple[float, float] | None:
+    """The growth per step of the largest |state| over the last (at most) 10 steps of
+    ``sizes`` (one per step), and where it ends; None where it did not grow."""
+    span = min(10, len(sizes) - 1)
+    if span < 1:
+        return None
+    before, last = float(sizes[-1 - span]), float(sizes[-1])
+    if before <= 0 or last <= before:
+        return None
+    growth = (last / before) ** (1.0 / span)
+    return (growth, last) if growth >= GROWING else None
+
+
+def _with_what(cell: Any, training: bool) -> str:
+    """' with relu and recurrent_dropout 0.25 (…)': what makes a recurrence grow."""
+    activation = getattr(getattr(cell, "activation", None), "__name__", None)
+    with_what = f" with {activation}" if activation else ""
+    rate = float(getattr(cell, "recurrent_dropout", 0) or 0)
+    if training and rate:
+        with_what += (f" and recurrent_dropout {rate:g} (the units it keeps are scaled by "
+                      f"{1 / (1 - rate):.3g} every step)")
+    return with_what
+
+
 def growth_cause(sequence: np.ndarray, example: int, step: int, backwards: bool,
                  cell: Any, training: bool) -> str | None:
     """'the recurrent state grows 1.9× a step with relu, reaching 3e38 at step 61' from a
@@ -89,24 +118,15 @@ def growth_cause(sequence: np.ndarray, example: int, step: int, backwards: bool,
     the layer runs from the last step)."""
     if step < 2:
         return None
-    sizes = np.max(np.abs(sequence[example, :step].reshape(step, -1)), axis=1)
-    span = min(10, step - 1)
-    before, last = float(sizes[step - 1 - span]), float(sizes[step - 1])
-    if before <= 0 or last <= before:
+    found = _growth(np.max(np.abs(sequence[example, :step].reshape(step, -1)), axis=1))
+    if found is None:
         return None
-    growth = (last / before) ** (1.0 / span)
-    if growth < 1.05:
-        return None
-    activation = getattr(getattr(cell, "activation", None), "__name__", None)
-    with_what = f" with {activation}" if activation else ""
-    rate = float(getattr(cell, "recurrent_dropout", 0) or 0)
-    if training and rate:
-        with_what += (f" and recurrent_dropout {rate:g} (the units it keeps are scaled by "
-                      f"{1 / (1 - rate):.3g} every step)")
+    growth, last = found
     steps = sequence.shape[1]
     shown, previous = ((steps - 1 - step, steps - step) if backwards else (step, step - 1))
-    return (f"the recurrent state grows {growth:.2g}× a step{with_what}, reaching {last:.1e} "
-            f"at step {previous}, and overflows at step {shown} (example {example})")
+    return (f"the recurrent state grows {growth:.2g}× a step{_with_what(cell, training)}, "
+            f"reaching {last:.1e} at step {previous}, and overflows at step {shown} (example "
+            f"{example})")
 
 
 def growing(sequence: np.ndarray, backwards: bool, cell: Any, training: bool) -> str | None:
@@ -116,20 +136,12 @@ def growing(sequence: np.ndarray, backwards: bool, cell: Any, training: bool) ->
     steps = sequence.shape[1]
     sizes = np.max(np.abs(sequence.reshape(sequence.shape[0], steps, -1)), axis=2)
     example = int(np.argmax(sizes[:, -1]))
-    span = min(10, steps - 1)
-    if span < 1:
+    found = _growth(sizes[example])
+    if found is None:
         return None
-    before, last = float(sizes[example, -1 - span]), float(sizes[example, -1])
-    if before <= 0 or last <= before:
-        return None
-    growth = (last / before) ** (1.0 / span)
-    if growth < 1.05:
-        return None
-    activation = getattr(getattr(cell, "activation", None), "__name__", None)
-    with_what = f" with {activation}" if activation else ""
-    shown = 0 if backwards else steps - 1
-    return (f"state grows {growth:.2g}× a step{with_what}, reaching {last:.2g} at step "
-            f"{shown} (example {example})")
+    growth, last = found
+    return (f"state grows {growth:.2g}× a step{_with_what(cell, training)}, reaching "
+            f"{last:.2g} at step {0 if backwards else steps - 1} (example {example})")
 
 
 def entry(pass_: str, origin: str, layer: str | None, step: int | None, examples: list[int],
