@@ -88,18 +88,15 @@ def state_flow(stepped: Any, index: int) -> StateFlow | None:
     """‖∂L/∂s_t‖ at the first and last step of direction ``index``, and the ratio the flow
     flags (None: no gradient reached the call)."""
     from gradscope.keras.flow import carried_ratio
+    from gradscope.keras.stepped import joined_totals
 
-    if stepped.totals is None or stepped.direct is None:
+    found = joined_totals(stepped, index)
+    if found is None:
         return None
-    totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
-    direct = np.asarray(stepped.direct[index], np.float64)
-    above = [np.zeros_like(t) for t in totals]
-    if direct.shape == totals[0].shape:
-        above[0] = direct
-    whole = np.concatenate(totals, axis=-1)
+    whole, above = found
     return StateFlow(first=float(np.linalg.norm(whole[:, 0])),
                      last=float(np.linalg.norm(whole[:, -1])),
-                     ratio=carried_ratio(whole, np.concatenate(above, axis=-1)))
+                     ratio=carried_ratio(whole, above))
 
 
 def copy_engine(job: Any, engine: Any) -> Any:

@@ -228,15 +228,13 @@ def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
 def _exploding(stepped: Any, index: int) -> Exploding | None:
     """Where the carried ∂L/∂s_t grows going back a step (None: no gradient reached the
     call)."""
-    if stepped.totals is None or stepped.direct is None:
+    from gradscope.keras.stepped import joined_totals
+
+    found = joined_totals(stepped, index)
+    if found is None:
         return None
-    totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
-    direct = np.asarray(stepped.direct[index], np.float64)
-    above = [np.zeros_like(t) for t in totals]
-    if direct.shape == totals[0].shape:
-        above[0] = direct
-    whole = np.concatenate(totals, axis=-1)
-    carried = whole - np.concatenate(above, axis=-1)
+    whole, above = found
+    carried = whole - above
     axes = tuple(range(2, whole.ndim))
     after = np.sqrt(np.sum(whole[:, 1:] ** 2, axis=axes))  # (B, T−1): ‖∂L/∂s_(t+1)‖
     back = np.sqrt(np.sum(carried[:, :-1] ** 2, axis=axes))  # carried part at t

@@ -53,6 +53,20 @@ class Stepped:
     direct: list[np.ndarray] | None = None
 
 
+def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Direction ``index``'s total ∂L/∂s_t with every state joined (B, T, Σw), and the part
+    of it that arrives from above at each step (on the output state; zeros on the others);
+    None where no gradient reached the call."""
+    if stepped.totals is None or stepped.direct is None:
+        return None
+    totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
+    direct = np.asarray(stepped.direct[index], np.float64)
+    above = [np.zeros_like(t) for t in totals]
+    if direct.shape == totals[0].shape:
+        above[0] = direct
+    return np.concatenate(totals, axis=-1), np.concatenate(above, axis=-1)
+
+
 def not_stepped(exc: BaseException) -> str:
     """Why a call was left out: its cell, run step by step, raised ``exc``."""
     return f"the cell could not be run step by step: {first_line(exc)}"
