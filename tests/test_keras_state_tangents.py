@@ -40,17 +40,20 @@ def _unrolled(tf: Any, cell: Any, x: Any, initial: list[Any]) -> np.ndarray:
     return np.asarray(tape.batch_jacobian(final, joined))
 
 
-@pytest.mark.parametrize("budget", [state_tangents.TANGENT_BYTES, 1])
-def test_the_carried_tangents_are_the_jacobian_in_one_block_or_many(tf, monkeypatch, budget):
+@pytest.mark.parametrize(("budget", "folded"), [(state_tangents.TANGENT_BYTES, None),
+                                                (1, None), (1, False)])
+def test_the_carried_tangents_are_the_jacobian_in_one_block_or_many(tf, monkeypatch, budget,
+                                                                    folded):
     """With the budget of one column, the 6 columns come in 6 blocks; the numbers are the
-    same as in one block, and those of the tape."""
+    same as in one block, and those of the tape; the block folded into the batch (a small
+    state's default) or under ``tf.vectorized_map`` (a large state's) alike."""
     monkeypatch.setattr(state_tangents, "TANGENT_BYTES", budget)
     cell, x, initial = _cell_and_inputs(tf)
 
     def advance(weights: Any, states: list[Any], inputs_t: tuple[Any, ...]) -> list[Any]:
         return list(cell(inputs_t[0], states)[1])
 
-    compute = state_tangents.jacobian_function(tf, advance)
+    compute = state_tangents.jacobian_function(tf, advance, folded)
     jacobian, final = state_tangents.state_jacobian(tf, compute, {}, (x,), initial)
     assert state_tangents.block_columns(B, 2 * UNITS, 8) == (6 if budget > 1 else 1)
     np.testing.assert_allclose(jacobian, _unrolled(tf, cell, x, initial), rtol=1e-12,

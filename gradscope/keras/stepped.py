@@ -399,7 +399,12 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             return _state_jacobian_backward(engine, direction, x, mask, initial)
         inputs, start = _time_major(tf, direction.layer, x, mask, initial)
         try:
-            compute = jacobian_function(tf, _cell_advance(engine, direction.layer))
+            cell = direction.layer.cell
+            # Dropout masks drawn for B examples do not fold k copies of the batch.
+            dropping = engine.training and bool(getattr(cell, "dropout", 0)
+                                                or getattr(cell, "recurrent_dropout", 0))
+            compute = jacobian_function(tf, _cell_advance(engine, direction.layer),
+                                        folded=False if dropping else None)
             jacobian, _ = carried(tf, compute, {}, inputs, start)
             return jacobian
         except Exception:  # noqa: BLE001  (a step vectorized_map cannot convert)
