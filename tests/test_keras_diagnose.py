@@ -1,4 +1,4 @@
-"""gradscope/keras/diagnose.py (with trajectory.py, gates.py, horizon.py): the dynamics of every
+"""gradscope/keras/diagnose/ (with trajectory.py, gates.py, horizon.py): the dynamics of every
 recurrent call, each figure held to a computation written here.
 
 The truths never come from gradscope: the exponents from a float64 QR of ``batch_jacobian``s
@@ -138,8 +138,8 @@ def test_exponents_against_a_float64_qr_of_keras_own_cell(tf: Any, lstm_case: An
 
 def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     """The exact route (SVD) and Lanczos both give the largest singular value."""
+    from gradscope.keras.diagnose.trajectory import step_norms, trajectory
     from gradscope.keras.stepped import step_call
-    from gradscope.keras.trajectory import step_norms, trajectory
 
     model, x, _, report = lstm_case
     cell = model.get_layer("lstm").cell

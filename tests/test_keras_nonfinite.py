@@ -1,4 +1,4 @@
-"""gradscope/keras/nonfinite.py: where the first NaN or Inf of a pass is born, on planted
+"""gradscope/keras/nonfinite/: where the first NaN or Inf of a pass is born, on planted
 failures, each with the right layer, step, examples and cause.
 
 The truth is computed here: NumPy unrolls the relu recurrence by hand (the step at which it

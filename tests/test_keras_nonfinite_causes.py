@@ -1,13 +1,13 @@
-"""gradscope/keras/nonfinite_causes.py: the causes in words, from numbers made here (no
+"""gradscope/keras/nonfinite/causes.py: the causes in words, from numbers made here (no
 TensorFlow): a state sequence that doubles each step, ops with known inputs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from gradscope.keras.births import Birth
-from gradscope.keras.nonfinite_causes import fully_masked, growth_cause, op_cause
-from gradscope.keras.nonfinite_reruns import positions
+from gradscope.keras.nonfinite.births import Birth
+from gradscope.keras.nonfinite.causes import fully_masked, growth_cause, op_cause
+from gradscope.keras.nonfinite.reruns import positions
 
 
 class _Relu:

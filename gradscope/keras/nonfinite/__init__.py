@@ -6,7 +6,7 @@ finite while its inputs are, a recurrent call stepped through its own cell to th
 whose state is not; then the loss; and, where the loss is finite, backward from the output
 side, the first call whose backward turns a finite ∂L/∂output into a non-finite gradient. The
 one call, step or loss found is rerun eagerly with its ops looked at
-(:mod:`~gradscope.keras.births`), which names the op and its inputs' magnitudes.
+(:mod:`~gradscope.keras.nonfinite.births`), which names the op and its inputs' magnitudes.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.keras.births import Birth, finite, first_birth
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label
-from gradscope.keras.nonfinite_causes import (
+from gradscope.keras.nonfinite.births import Birth, finite, first_birth
+from gradscope.keras.nonfinite.causes import (
     entry,
     fully_masked,
     kind_of,
     op_cause,
     where,
 )
-from gradscope.keras.nonfinite_reruns import layer_call, loss_rerun, positions
+from gradscope.keras.nonfinite.reruns import layer_call, loss_rerun, positions
 from gradscope.report.models import NonFiniteEntry
 
 
@@ -56,7 +56,7 @@ def diagnose(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.n
              or _forward(engine, result)
              or _in_loss(engine, inputs, targets, sample_weight, result))
     if found is None and finite(result.loss):
-        from gradscope.keras.nonfinite_backward import backward
+        from gradscope.keras.nonfinite.backward import backward
 
         found = backward(engine, inputs, targets, sample_weight)
     return found or entry(
@@ -109,7 +109,7 @@ def _forward(engine: Any, result: KerasPass) -> NonFiniteEntry | None:
             return entry("forward", "layer", label, step, examples,
                          f"its input is already not finite{where(step, examples)}, from "
                          "outside the layer calls gradscope saw")
-        from gradscope.keras.nonfinite_steps import recurrent_birth
+        from gradscope.keras.nonfinite.steps import recurrent_birth
 
         stepped = recurrent_birth(engine, call)
         if stepped is not None:
@@ -158,7 +158,7 @@ def _grown_state(engine: Any, result: KerasPass) -> str | None:
     order, whose outputs reach :data:`LARGE` and whose state grows geometrically, in words
     ('simple_rnn's state grows 1.6× a step with relu, reaching 9.4e+24 at step 119 (example
     3)'); None where none does."""
-    from gradscope.keras.nonfinite_causes import growing
+    from gradscope.keras.nonfinite.causes import growing
     from gradscope.keras.stepped import step_call
 
     for call in result.calls:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from gradscope.gradcheck import tolerance
-from gradscope.keras.births import first_birth
 from gradscope.keras.engine import CapturedCall, call_label
-from gradscope.keras.nonfinite_causes import entry, growth_cause, op_cause
+from gradscope.keras.nonfinite.births import first_birth
+from gradscope.keras.nonfinite.causes import entry, growth_cause, op_cause
 from gradscope.keras.stepped import directions_of, masks_drawn, stepped_runner
 from gradscope.report.models import NonFiniteEntry
 

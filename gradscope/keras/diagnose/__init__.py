@@ -3,10 +3,10 @@ explode, measured on the batch's own trajectory through the cell the model holds
 
 Keras runs the model once under its tape (the loss, the gradients, each call's input, mask and
 initial state); each recurrent call is stepped through its own cell
-(:mod:`~gradscope.keras.stepped`, held to Keras' outputs), then read: the Lyapunov spectrum and
-the step Jacobians (:mod:`~gradscope.keras.trajectory`), the gates (:mod:`~gradscope.keras.gates`),
-the memory horizon (:mod:`~gradscope.keras.horizon`) and where ∂L/∂s_t grows. The numbers
-become words in :mod:`gradscope.dynamics`.
+(:mod:`~gradscope.keras.stepped`, held to Keras' outputs), then read: the Lyapunov spectrum
+and the step Jacobians (:mod:`.trajectory`), the gates (:mod:`.gates`), the memory horizon
+(:mod:`.horizon`), where ∂L/∂s_t grows, the clipping (:mod:`.clipping`) and what one change
+would do (:mod:`.counterfactuals`). The numbers become words in :mod:`gradscope.dynamics`.
 """
 
 from __future__ import annotations
@@ -75,13 +75,13 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
         exponents: How many Lyapunov exponents (default 8; all when the state has at most 32
             numbers).
         counterfactuals: Run each change on a copy of the model
-            (:mod:`~gradscope.keras.counterfactuals`); False leaves every list empty.
+            (:mod:`~gradscope.keras.diagnose.counterfactuals`); False leaves every list empty.
 
     Returns:
         The report.
     """
-    from gradscope.keras.clipping import clipping, global_norm
     from gradscope.keras.data import batch_targets
+    from gradscope.keras.diagnose.clipping import clipping, global_norm
     from gradscope.keras.engine import KerasEngine
     from gradscope.keras.explain import loss_entry, model_entry
     from gradscope.keras.stepped import step_call
@@ -145,10 +145,10 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                say: Progress) -> tuple[DiagnosedLayer, dynamics.Evidence, int] | str:
     """One direction of a stepped call, diagnosed, with what its verdict rests on and how many
     exponents it took; or why it cannot be."""
-    from gradscope.keras.counterfactuals import state_flow
-    from gradscope.keras.gates import known_gates, read_gates
-    from gradscope.keras.horizon import measure
-    from gradscope.keras.trajectory import lyapunov_logs, step_norms, trajectory
+    from gradscope.keras.diagnose.counterfactuals import state_flow
+    from gradscope.keras.diagnose.gates import known_gates, read_gates
+    from gradscope.keras.diagnose.horizon import measure
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms, trajectory
 
     direction = stepped.directions[index]
     layer = direction.layer
@@ -271,7 +271,7 @@ class _WhatIf:
     def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
             index: int, count: int) -> DiagnosedLayer:
         """``entry`` with its counterfactuals, and its verdict naming the most effective."""
-        from gradscope.keras.counterfactuals import (
+        from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
             Rerun,
             copy_engine,

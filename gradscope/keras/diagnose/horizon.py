@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
+from gradscope.keras.diagnose.trajectory import Trajectory
 from gradscope.keras.stepped import scan_cell
-from gradscope.keras.trajectory import Trajectory
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
 STEPS, EXAMPLES = 8, 8

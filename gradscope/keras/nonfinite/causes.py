@@ -1,5 +1,5 @@
 """The likely cause of a non-finite value, in words, with the user's numbers: from the op
-that made it (:mod:`~gradscope.keras.births`), the layer call's mask, or the growth of a
+that made it (:mod:`~gradscope.keras.nonfinite.births`), the layer call's mask, or the growth of a
 recurrent state measured step by step.
 """
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.keras.births import Birth
+from gradscope.keras.nonfinite.births import Birth
 from gradscope.report.models import NonFiniteEntry
 
 #: Ops whose overflow is an exponential's.

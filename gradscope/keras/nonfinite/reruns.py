@@ -1,6 +1,6 @@
 """The failing batch run again, a piece at a time, for the search for a non-finite number's
 birth (:mod:`~gradscope.keras.nonfinite`, forward and loss;
-:mod:`~gradscope.keras.nonfinite_backward`): one layer call, or Keras' own call of the model and
+:mod:`~gradscope.keras.nonfinite.backward`): one layer call, or Keras' own call of the model and
 its loss, eagerly, with the ops looked at; and where in a tensor the first non-finite number
 sits.
 """
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.keras.births import Birth, first_birth
 from gradscope.keras.engine import CapturedCall
+from gradscope.keras.nonfinite.births import Birth, first_birth
 
 
 def positions(value: np.ndarray) -> tuple[int | None, list[int]]:

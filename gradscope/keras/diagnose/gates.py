@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from gradscope.dynamics import HIGH, LOW
+from gradscope.keras.diagnose.trajectory import FOLD_ROWS, Trajectory, folded_pairs
 from gradscope.keras.engine import class_label
-from gradscope.keras.trajectory import FOLD_ROWS, Trajectory, folded_pairs
 
 #: Per cell class: its gates by name, as (column block, name), and its keep gate.
 GATES = {"LSTMCell": ([(0, "input"), (1, "forget"), (3, "output")], "forget"),

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.keras.births import Birth, finite, first_birth
 from gradscope.keras.engine import CapturedCall, call_label
-from gradscope.keras.nonfinite_causes import entry, op_cause, where
-from gradscope.keras.nonfinite_reruns import layer_call, loss_rerun, positions
+from gradscope.keras.nonfinite.births import Birth, finite, first_birth
+from gradscope.keras.nonfinite.causes import entry, op_cause, where
+from gradscope.keras.nonfinite.reruns import layer_call, loss_rerun, positions
 from gradscope.report.models import NonFiniteEntry
 
 #: What the backward op of a function says when it is infinite at a point.

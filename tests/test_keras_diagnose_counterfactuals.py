@@ -1,6 +1,7 @@
-"""gradscope/keras/counterfactuals.py: each counterfactual against the same diagnosis run on a
-copy of the model changed by hand here (the bias set by hand, the polar factor by an
-eigendecomposition), and the suggested clipping against Keras' own optimizer's rule.
+"""gradscope/keras/diagnose/counterfactuals.py: each counterfactual against the same
+diagnosis run on a copy of the model changed by hand here (the bias set by hand, the polar
+factor by an eigendecomposition), and the suggested clipping against Keras' own optimizer's
+rule.
 """
 
 from __future__ import annotations

@@ -130,9 +130,9 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
                    ) -> Counterfactual:
     """One change on ``copy`` (its weights restored after), the call run and stepped again:
     λ₁ (``count`` exponents, as the layer's own diagnosis), the horizon and ∂L/∂s_t."""
-    from gradscope.keras.horizon import measure
+    from gradscope.keras.diagnose.horizon import measure
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import directions_of, step_call
-    from gradscope.keras.trajectory import lyapunov_logs, trajectory
 
     directions = directions_of(copy.operation(rerun.layer), rerun.label)
     if isinstance(directions, str):
