@@ -112,11 +112,17 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
         if not change.applicable:
             parts.append(Text(f"  {change.change}: {change.note}", style="dim"))
         elif change.kind == "clipping":
-            parts.append(_line(f"  {change.change}", [
+            calm = layer.mechanism != "exploding" and not (
+                layer.exploding is not None and layer.exploding.growing_share)
+            line = _line(f"  {change.change}", [
                 "√n × the median tensor norm",
                 f"the gradient ×{number(change.clip_scale)} to norm "
-                f"{number(change.gradient_norm)}", "the dynamics unchanged (not rerun)"],
-                width))
+                f"{number(change.gradient_norm)}", "the dynamics unchanged (not rerun)",
+                *(["nothing grows here: for comparison, not a fix"] if calm else [])],
+                width)
+            if calm:
+                line.stylize("dim")
+            parts.append(line)
         else:
             items = [f"horizon {before_h} → {_reach(change.horizon, change.horizon_window)}",
                      f"λ₁ {before_l} → " + ("n/a" if change.lyapunov_1 is None
