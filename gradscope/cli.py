@@ -51,6 +51,7 @@ Examples:
   gradscope explain                      # the embedded seed model
   gradscope explain model.keras          # your saved Keras model
   gradscope check model.keras            # every gradient against witnesses
+  gradscope diagnose model.keras         # why its gradients vanish or explode
   gradscope explain sample_configs/keras_gru.yaml
   gradscope shapes config.yaml --json    # shapes only, no TensorFlow
 
