@@ -90,7 +90,11 @@ def test_jacobians_add_their_term_and_are_refused_over_the_limit(long_lstm):
     plain = gradscope.estimate_memory(str(long_lstm), "explain")
     terms = gradscope.estimate_memory(str(long_lstm), "explain", across_time=True)
     term = terms.pop("the state Jacobians of one recurrent call (--jacobians)")
+    probes = terms.pop("the per-step state gradients of --flow (its probes)")
     assert terms == plain and term > 64 << 20  # the (32, 512, 512) Jacobian alone
+    # --flow's zero per state and step, its gradient and the total read from it.
+    batch, steps, states = 32, 1000, 2 * 2 * 256
+    assert probes == 3 * batch * steps * states * 4
     limit = sum(plain.values()) + term // 2
     result = run_without_tensorflow("explain", str(long_lstm), "--jacobians",
                                     "--max-memory", str(limit))

@@ -205,9 +205,11 @@ def estimate(prepared: KerasCommand, across_time: bool = False) -> dict[str, int
     checked = prepared.chosen.checked if prepared.chosen is not None else None
     # diagnose keeps what explain keeps, one recurrent call's stepping at a time beside it.
     command = "explain" if prepared.command == "diagnose" else prepared.command
+    flow = prepared.command == "explain" and (prepared.flow or prepared.heatmap
+                                              or prepared.at is not None or across_time)
     return _estimate(prepared.job, command, checked, prepared.chunks, prepared.per_example,
                      jacobians=prepared.command == "explain" and (
-                         prepared.jacobians or across_time))
+                         prepared.jacobians or across_time), flow=flow)
 
 
 def guard(prepared: KerasCommand, limit: int | None) -> None:

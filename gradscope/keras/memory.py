@@ -53,13 +53,15 @@ def recurrent_units(node: Any) -> list[tuple[str, int]]:
 
 def estimate(job: Any, command: str, examples: int | None = None,
              chunks: int | None = None, per_example: bool = False,
-             jacobians: bool = False) -> dict[str, int]:
+             jacobians: bool = False, flow: bool = False) -> dict[str, int]:
     """Bytes by term for ``command`` ("explain" or "check") on ``job``, a Keras model read and
     given its batch; the sum is the estimated peak resident memory of the whole process.
     ``examples``: how many of the batch's examples check runs on (default: every one);
     ``chunks``: ``--chunks``, whose cut run keeps its own tape; ``per_example``:
     ``--per-example``, whose Jacobian holds one gradient per example; ``jacobians``:
-    explain's ``--jacobians``, which reads one recurrent call at a time."""
+    explain's ``--jacobians``, which reads one recurrent call at a time; ``flow``:
+    ``--flow``, whose probes add per state and step a zero, its gradient and the total read
+    from it."""
     batch = job.batch_size if examples is None else examples
     steps = max(time_steps(job.batch.inputs), 1)
     weights, activations, loops, calls = 0, 0, [], []
@@ -99,6 +101,10 @@ def estimate(job: Any, command: str, examples: int | None = None,
         "the layers' inputs and their gradients": activations * itemsize,
         "activations the recurrent layers keep for the backward pass": kept * itemsize,
     }
+    if flow and loops:
+        states = sum(units * (2 if kind == "LSTM" else 1) for kind, units in loops)
+        terms["the per-step state gradients of --flow (its probes)"] = (
+            3 * batch * steps * states * itemsize)
     if jacobians and any(calls):
         terms["the state Jacobians of one recurrent call (--jacobians)"] = max(
             jacobian_bytes(call, batch, steps) for call in calls if call)
