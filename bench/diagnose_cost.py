@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from keras_flow_cost import BUILD
+from keras_flow_cost import saved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -66,12 +66,10 @@ def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.models:
-            path = os.path.join(folder, f"{kind}.keras")
-            subprocess.run([sys.executable, "-c", BUILD, kind, path], check=True,
-                           stderr=subprocess.DEVNULL)
+            path, data = saved(folder, kind)
             batch = "32" if kind == "lstm" else "34"
-            command = [sys.executable, "-m", "gradscope", "diagnose", path, "--data",
-                       path.replace(".keras", ".npz"), "--json", "--timings"]
+            command = [sys.executable, "-m", "gradscope", "diagnose", path, "--data", data,
+                       "--json", "--timings"]
             floor = [sys.executable, os.path.join(HERE, "keras_floor.py"), path,
                      "--batch-size", batch, "--compiled"]
             rows[kind] = compare(command, floor, args.repeats)

@@ -56,6 +56,14 @@ np.savez(path.replace(".keras", ".npz"), x=x, y=y.astype("float32"))
 """
 
 
+def saved(folder: str, kind: str) -> tuple[str, str]:
+    """The model ``kind`` saved into ``folder`` by :data:`BUILD`: its path and its batch's."""
+    path = os.path.join(folder, f"{kind}.keras")
+    subprocess.run([sys.executable, "-c", BUILD, kind, path], check=True,
+                   stderr=subprocess.DEVNULL)
+    return path, path.replace(".keras", ".npz")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["seed", "masked", "lstm"],
@@ -70,11 +78,8 @@ def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.models:
-            path = os.path.join(folder, f"{kind}.keras")
-            subprocess.run([sys.executable, "-c", BUILD, kind, path], check=True,
-                           stderr=subprocess.DEVNULL)
-            plain = [sys.executable, "-m", "gradscope", "explain", path, "--data",
-                     path.replace(".keras", ".npz")]
+            path, data = saved(folder, kind)
+            plain = [sys.executable, "-m", "gradscope", "explain", path, "--data", data]
             rows[kind] = compare([*plain, *shlex.split(args.flags)], plain, args.repeats)
     if args.json:
         print(json.dumps(rows, indent=2))
