@@ -120,6 +120,18 @@ def _fixed_batch(specs: list[InputSpec]) -> int | None:
     return min(sizes) if sizes else None
 
 
+def loaded(job: KerasJob, say: Progress, clock: Clock) -> tuple[Any, dict[str, np.ndarray]]:
+    """The engine of ``job``'s model (TensorFlow imported, the model loaded with
+    ``safe_mode``) and the targets its batch is run with (drawn where the batch has none)."""
+    from gradscope.keras.engine import KerasEngine
+
+    say("importing TensorFlow and loading the model (safe_mode)")
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
+    clock.lap("load")
+    return engine, batch_targets(job.plan, job.batch.targets,
+                                 engine.output_shapes(job.batch.inputs), job.seed)
+
+
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,
             flow: bool = False, jacobians: bool = False, at: int | None = None,
             heatmap: bool = False, chunks: int | None = None,
@@ -132,15 +144,9 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     :mod:`~gradscope.keras.per_example`). Under a mixed dtype policy, always: what the
     compute dtype loses at the loss scale (:mod:`~gradscope.keras.mixed_precision`)."""
     flow = flow or heatmap or at is not None
-    from gradscope.keras.engine import KerasEngine
-
     say = progress or (lambda message: None)
     clock = Clock()
-    say("importing TensorFlow and loading the model (safe_mode)")
-    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
-    clock.lap("load")
-    targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
-                            job.seed)
+    engine, targets = loaded(job, say, clock)
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=flow, watch_inputs=flow,
                         sample_weight=job.batch.sample_weight, probe_states=flow)

@@ -80,19 +80,13 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
     Returns:
         The report.
     """
-    from gradscope.keras.data import batch_targets
     from gradscope.keras.diagnose.clipping import clipping, global_norm
-    from gradscope.keras.engine import KerasEngine
-    from gradscope.keras.explain import loss_entry, model_entry
+    from gradscope.keras.explain import loaded, loss_entry, model_entry
     from gradscope.keras.stepped import step_call
 
     say = progress or (lambda message: None)
     clock = Clock()
-    say("importing TensorFlow and loading the model (safe_mode)")
-    engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
-    clock.lap("load")
-    targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
-                            job.seed)
+    engine, targets = loaded(job, say, clock)
     say("running the model forward and backward under the tape")
     result = engine.run(job.batch.inputs, targets, watch_outputs=True,
                         sample_weight=job.batch.sample_weight)
