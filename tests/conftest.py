@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,3 +131,19 @@ def assert_keras_numbers(report: Any, loss: float, truth: dict[str, float],
     assert sorted(ours) == sorted(truth)
     for path, norm in truth.items():
         assert ours[path] == pytest.approx(norm, rel=rtol), path
+
+
+def assert_jacobian_summary(entry: Any, truth: np.ndarray, rtol: float,
+                            smallest_atol: float) -> None:
+    """A report's Jacobian entry summarises ``truth`` (B, S, S): its shape, the median, least
+    and largest Frobenius norm and median σ_max to ``rtol``; the median σ_min to ``rtol``
+    or ``smallest_atol`` × the median σ_max (rounding swamps a tiny σ_min)."""
+    frobenius = np.sqrt(np.sum(truth ** 2, axis=(1, 2)))
+    singular = np.linalg.svd(truth, compute_uv=False)
+    assert entry.shape == list(truth.shape[1:])
+    np.testing.assert_allclose([entry.frobenius_median, entry.frobenius_min,
+                                entry.frobenius_max, entry.largest_singular_median],
+                               [np.median(frobenius), frobenius.min(), frobenius.max(),
+                                np.median(singular[:, 0])], rtol=rtol)
+    np.testing.assert_allclose(entry.smallest_singular_median, np.median(singular[:, -1]),
+                               rtol=1e-4, atol=smallest_atol * float(np.median(singular[:, 0])))

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import assert_jacobian_summary
 
 import gradscope
 
@@ -85,15 +86,7 @@ def _unrolled_jacobian(tf: Any, layer: Any, x: Any, mask: Any,
 
 def _assert_jacobian(entry: Any, truth: np.ndarray) -> None:
     """A report's Jacobian entry summarises ``truth`` (B, S, S), to float32 rounding."""
-    frobenius = np.sqrt(np.sum(truth ** 2, axis=(1, 2)))
-    singular = np.linalg.svd(truth, compute_uv=False)
-    assert entry.shape == list(truth.shape[1:])
-    np.testing.assert_allclose([entry.frobenius_median, entry.frobenius_min,
-                                entry.frobenius_max, entry.largest_singular_median],
-                               [np.median(frobenius), frobenius.min(), frobenius.max(),
-                                np.median(singular[:, 0])], rtol=1e-4)
-    np.testing.assert_allclose(entry.smallest_singular_median, np.median(singular[:, -1]),
-                               rtol=1e-4, atol=1e-5 * float(np.median(singular[:, 0])))
+    assert_jacobian_summary(entry, truth, rtol=1e-4, smallest_atol=1e-5)
 
 
 def _flow(report: Any, what: str) -> np.ndarray:
