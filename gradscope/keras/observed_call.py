@@ -104,6 +104,29 @@ def _zeros_replaced(replacements: list[tuple[Any, Callable[[Any], Any]]]) -> Ite
             object.__delattr__(layer, "get_initial_state")
 
 
+@contextlib.contextmanager
+def inner_loops_replaced(replacements: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    """While inside, each recurrent layer's loop (``(layer, loop)`` in ``replacements``), run
+    by this thread, is ``loop(own, sequences, initial_state, mask, training)``, ``own`` being
+    Keras' own ``inner_loop`` of the layer; other threads run Keras' own. ``--flow``'s probes
+    and ``--chunks``' cuts run the loops this way."""
+    owner = threading.get_ident()
+    for layer, loop in replacements:
+        def inner_loop(sequences: Any, initial_state: Any, mask: Any, training: Any = False,
+                       _own: Any = layer.inner_loop, _loop: Any = loop) -> Any:
+            if threading.get_ident() != owner:
+                return _own(sequences, initial_state, mask, training=training)
+            return _loop(_own, sequences, initial_state, mask, training)
+
+        # object.__setattr__: a Keras layer tracks what is set on it; a hook is not its state.
+        object.__setattr__(layer, "inner_loop", inner_loop)
+    try:
+        yield
+    finally:
+        for layer, _ in replacements:
+            object.__delattr__(layer, "inner_loop")
+
+
 def zero_states_watched(layers: list[Any], states: list[Any],
                         watch: Callable[[Any], None]) -> contextlib.AbstractContextManager[None]:
     """While inside, each of ``layers``' ``get_initial_state`` (called by this thread) returns
@@ -147,4 +170,5 @@ def zero_states_shifted(shifts: list[tuple[Any, list[list[Any]]]]
     return _zeros_replaced([(layer, shifted(per_request)) for layer, per_request in shifts])
 
 
-__all__ = ["NotObserved", "runner_wrapped", "zero_states_shifted", "zero_states_watched"]
+__all__ = ["NotObserved", "inner_loops_replaced", "runner_wrapped", "zero_states_shifted",
+           "zero_states_watched"]

@@ -13,7 +13,6 @@ that state after that step, the recurrence included. Masked steps are masked ins
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -69,39 +68,34 @@ def states_probed(layers: list[Any], found: list[ProbedLoop | None],
     thread, is probed, and ``found[k]`` is the :class:`ProbedLoop` of ``layers[k]`` (None where
     it did not run, ran more than once, or could not be probed: Keras' own loop ran then).
     Other threads run Keras' own loop."""
-    owner = threading.get_ident()
+    from gradscope.keras.observed_call import inner_loops_replaced
+
     found[:] = [None] * len(layers)
     runs = [0] * len(layers)
-    replaced = []
-    for index, layer in enumerate(layers):
-        if not probeable(layer):
-            continue
 
-        def inner_loop(sequences: Any, initial_state: Any, mask: Any, training: Any = False,
-                       _index: int = index, _layer: Any = layer,
-                       _own: Any = layer.inner_loop) -> Any:
-            if threading.get_ident() != owner:
-                return _own(sequences, initial_state, mask, training=training)
-            runs[_index] += 1
+    def probing(index: int, layer: Any) -> Callable[..., Any]:
+        def loop(own: Any, sequences: Any, initial_state: Any, mask: Any,
+                 training: Any) -> Any:
+            runs[index] += 1
             try:
-                loop, result = probed_loop(_layer, sequences, initial_state, mask, training,
-                                           watch)
+                probed, result = probed_loop(layer, sequences, initial_state, mask, training,
+                                             watch)
             except Exception:  # noqa: BLE001  (a structure the probes do not take: the
                 # loop runs as Keras runs it, unprobed; an error of the cell's own is raised
                 # there, as Keras raises it)
-                runs[_index] += 1
-                return _own(sequences, initial_state, mask, training=training)
-            found[_index] = loop if runs[_index] == 1 else None
+                runs[index] += 1
+                return own(sequences, initial_state, mask, training=training)
+            found[index] = probed if runs[index] == 1 else None
             return result
 
-        # object.__setattr__: a Keras layer tracks what is set on it; a hook is not its state.
-        object.__setattr__(layer, "inner_loop", inner_loop)
-        replaced.append(layer)
+        return loop
+
     try:
-        yield
+        with inner_loops_replaced([(layer, probing(index, layer))
+                                   for index, layer in enumerate(layers)
+                                   if probeable(layer)]):
+            yield
     finally:
-        for layer in replaced:
-            object.__delattr__(layer, "inner_loop")
         for index, count in enumerate(runs):
             if count > 1:
                 found[index] = None

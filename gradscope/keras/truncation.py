@@ -12,7 +12,6 @@ back per pass. Only recurrent states are cut. How, for a reader: docs/keras.md.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,18 +105,15 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
     import keras
     import tensorflow as tf
 
+    from gradscope.keras.observed_call import inner_loops_replaced
     from gradscope.keras.stepped import scan_cell
 
-    owner = threading.get_ident()
     owners = _owners(model)
     counts: dict[int, int] = {}
-    layers = recurrent_layers(model)
 
-    def cut(layer: Any, original: Any) -> Any:
-        def inner_loop(sequences: Any, initial_state: Any, mask: Any,
-                       training: bool = False) -> Any:
-            if threading.get_ident() != owner:
-                return original(sequences, initial_state, mask, training=training)
+    def cut(layer: Any) -> Any:
+        def inner_loop(own: Any, sequences: Any, initial_state: Any, mask: Any,
+                       training: bool) -> Any:
             index = counts.get(id(layer), 0)
             counts[id(layer)] = index + 1
             name, direction = owners.get(id(layer), (layer.name, ""))
@@ -161,13 +157,8 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
 
         return inner_loop
 
-    for layer in layers:
-        object.__setattr__(layer, "inner_loop", cut(layer, layer.inner_loop))
-    try:
+    with inner_loops_replaced([(layer, cut(layer)) for layer in recurrent_layers(model)]):
         yield
-    finally:
-        for layer in layers:
-            object.__delattr__(layer, "inner_loop")
 
 
 def chunked(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
