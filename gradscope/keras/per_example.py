@@ -43,20 +43,15 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
     Raises:
         ConfigError: the loss is not a weighted sum over the examples (exit 2).
     """
-    from gradscope.keras.whole_model import moved_state, restore, seed_random_draws
+    from gradscope.keras.whole_model import as_a_run_starts
 
     model = engine.model
     variables = list(model.trainable_variables)
     feed, y = engine.tensors(inputs, targets)
     size = int(feed[0].shape[0])
     weights = engine.weight_tensors(sample_weight)
-    before = moved_state(model)
-    try:
-        if engine.training:
-            seed_random_draws(model, engine.seed)
+    with as_a_run_starts(model, engine.training, engine.seed):
         found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size)
-    finally:
-        restore(before)
     loss, added, shares, squares, summed, gradient = found
     dtype = engine.dtype_name
     rule = tolerance("replay", dtype)

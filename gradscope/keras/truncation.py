@@ -169,13 +169,7 @@ def chunked(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.nd
     from gradscope._tf import native_stderr_silenced, without_grappler
     from gradscope.keras.observed_call import NotObserved
     from gradscope.keras.subclassed import is_subclassed
-    from gradscope.keras.whole_model import (
-        dense_gradients,
-        losses_kept,
-        moved_state,
-        restore,
-        seed_random_draws,
-    )
+    from gradscope.keras.whole_model import as_a_run_starts, dense_gradients, losses_kept
 
     tf = engine.tf
     feed, y = engine.tensors(inputs, targets)
@@ -213,24 +207,17 @@ def chunked(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.nd
     def run(carried: list[np.ndarray] | None) -> Any:
         """One pass, from the model's state as the tape saw it; the replay where Keras' own
         call cannot be looked on."""
-        before = moved_state(engine.model)
-        try:
-            with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
-                if engine.training:
-                    seed_random_draws(engine.model, engine.seed)
-                if seen.get("own", True):
-                    try:
+        with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
+            if seen.get("own", True):
+                try:
+                    with as_a_run_starts(engine.model, engine.training, engine.seed):
                         return function(feed, y, carried, True)
-                    except NotObserved:
-                        if is_subclassed(engine.model):
-                            raise
-                        seen["own"] = False
-                        restore(before)
-                        if engine.training:
-                            seed_random_draws(engine.model, engine.seed)
+                except NotObserved:
+                    if is_subclassed(engine.model):
+                        raise
+                    seen["own"] = False
+            with as_a_run_starts(engine.model, engine.training, engine.seed):
                 return function(feed, y, carried, False)
-        finally:
-            restore(before)
 
     def carried_of(at: list[Any]) -> list[np.ndarray]:
         """What each edge's gradient carries into the state leaving the chunk before."""

@@ -253,6 +253,20 @@ def seed_random_draws(model: Any, seed: int) -> dict[int, np.ndarray]:
     return given
 
 
+@contextlib.contextmanager
+def as_a_run_starts(model: Any, training: bool, seed: int) -> Iterator[None]:
+    """While inside, the model as each of gradscope's runs of it starts: in training mode every
+    random draw seeded as the run's were (:func:`seed_random_draws`); afterwards, every
+    variable a call moves (:func:`moved_state`) put back."""
+    before = moved_state(model)
+    try:
+        if training:
+            seed_random_draws(model, seed)
+        yield
+    finally:
+        restore(before)
+
+
 def restore(saved: list[tuple[Any, np.ndarray]]) -> None:
     for variable, value in saved:
         variable.assign(value)

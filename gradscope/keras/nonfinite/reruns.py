@@ -49,33 +49,22 @@ def loss_rerun(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     the outputs, the loss (or, with ``watch(tape, outputs, loss)``, what it takes from a
     tape around the loss: the loss's backward is then looked at too) and the first op that
     made a non-finite value. The model's moved state is put back."""
-    from gradscope.keras.whole_model import (
-        losses_kept,
-        model_outputs,
-        moved_state,
-        restore,
-        seed_random_draws,
-    )
+    from gradscope.keras.whole_model import as_a_run_starts, losses_kept, model_outputs
 
     feed, y = engine.tensors(inputs, targets)
     weights = engine.weight_tensors(sample_weight)
-    before = moved_state(engine.model)
     tf = engine.tf
-    try:
-        with losses_kept(engine.model):
-            if engine.training:
-                seed_random_draws(engine.model, engine.seed)
-            outputs = model_outputs(engine.model, feed, engine.training)
+    with as_a_run_starts(engine.model, engine.training, engine.seed), \
+            losses_kept(engine.model):
+        outputs = model_outputs(engine.model, feed, engine.training)
 
-            def run() -> Any:
-                if watch is None:
-                    return engine.compute_loss(feed, y, outputs, weights)
-                with tf.GradientTape() as tape:
-                    tape.watch(outputs)
-                    loss = engine.compute_loss(feed, y, outputs, weights)
-                return watch(tape, outputs, loss)
+        def run() -> Any:
+            if watch is None:
+                return engine.compute_loss(feed, y, outputs, weights)
+            with tf.GradientTape() as tape:
+                tape.watch(outputs)
+                loss = engine.compute_loss(feed, y, outputs, weights)
+            return watch(tape, outputs, loss)
 
-            found, birth = first_birth(run)
-    finally:
-        restore(before)
+        found, birth = first_birth(run)
     return outputs, found, birth
