@@ -83,48 +83,58 @@ def layers_wrapped(layers: list[Any], wrap: Callable[[Any, Callable[..., Any]], 
 
 
 @contextlib.contextmanager
-def _zeros_replaced(replacements: list[tuple[Any, Callable[[Any], Any]]]) -> Iterator[None]:
-    """While inside, each layer's ``get_initial_state``, asked by this thread, returns
-    ``replace(Keras' own zeros)`` (``(layer, replace)`` in ``replacements``); other threads
-    get the zeros as they are."""
+def _methods_replaced(name: str, replacements: list[tuple[Any, Callable[..., Any]]]
+                      ) -> Iterator[None]:
+    """While inside, each layer's method ``name`` (``(layer, method)`` in ``replacements``),
+    called by this thread, is ``method(own, *args, **kwargs)``, ``own`` being the layer's
+    own; other threads call its own."""
     owner = threading.get_ident()
-    for layer, replace in replacements:
-        original = layer.get_initial_state
 
-        def get_initial_state(*args: Any, _original: Any = original,
-                              _replace: Callable[[Any], Any] = replace, **kwargs: Any) -> Any:
-            zeros = _original(*args, **kwargs)
-            return zeros if threading.get_ident() != owner else _replace(zeros)
+    def hooked(own: Any, method: Callable[..., Any]) -> Callable[..., Any]:
+        def replaced(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != owner:
+                return own(*args, **kwargs)
+            return method(own, *args, **kwargs)
 
-        object.__setattr__(layer, "get_initial_state", get_initial_state)
+        return replaced
+
+    for layer, method in replacements:
+        # object.__setattr__: a Keras layer tracks what is set on it; a hook is not its state.
+        object.__setattr__(layer, name, hooked(getattr(layer, name), method))
     try:
         yield
     finally:
         for layer, _ in replacements:
-            object.__delattr__(layer, "get_initial_state")
+            object.__delattr__(layer, name)
 
 
-@contextlib.contextmanager
-def inner_loops_replaced(replacements: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+def _zeros_replaced(replacements: list[tuple[Any, Callable[[Any], Any]]]
+                    ) -> contextlib.AbstractContextManager[None]:
+    """While inside, each layer's ``get_initial_state``, asked by this thread, returns
+    ``replace(Keras' own zeros)`` (``(layer, replace)`` in ``replacements``); other threads
+    get the zeros as they are."""
+    def replacing(replace: Callable[[Any], Any]) -> Callable[..., Any]:
+        return lambda own, *args, **kwargs: replace(own(*args, **kwargs))
+
+    return _methods_replaced("get_initial_state",
+                             [(layer, replacing(replace)) for layer, replace in replacements])
+
+
+def inner_loops_replaced(replacements: list[tuple[Any, Callable[..., Any]]]
+                         ) -> contextlib.AbstractContextManager[None]:
     """While inside, each recurrent layer's loop (``(layer, loop)`` in ``replacements``), run
     by this thread, is ``loop(own, sequences, initial_state, mask, training)``, ``own`` being
     Keras' own ``inner_loop`` of the layer; other threads run Keras' own. ``--flow``'s probes
     and ``--chunks``' cuts run the loops this way."""
-    owner = threading.get_ident()
-    for layer, loop in replacements:
-        def inner_loop(sequences: Any, initial_state: Any, mask: Any, training: Any = False,
-                       _own: Any = layer.inner_loop, _loop: Any = loop) -> Any:
-            if threading.get_ident() != owner:
-                return _own(sequences, initial_state, mask, training=training)
-            return _loop(_own, sequences, initial_state, mask, training)
+    def looping(loop: Callable[..., Any]) -> Callable[..., Any]:
+        def run(own: Any, sequences: Any, initial_state: Any, mask: Any,
+                training: Any = False) -> Any:
+            return loop(own, sequences, initial_state, mask, training)
 
-        # object.__setattr__: a Keras layer tracks what is set on it; a hook is not its state.
-        object.__setattr__(layer, "inner_loop", inner_loop)
-    try:
-        yield
-    finally:
-        for layer, _ in replacements:
-            object.__delattr__(layer, "inner_loop")
+        return run
+
+    return _methods_replaced("inner_loop",
+                             [(layer, looping(loop)) for layer, loop in replacements])
 
 
 def zero_states_watched(layers: list[Any], states: list[Any],
