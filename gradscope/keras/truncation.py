@@ -252,11 +252,6 @@ def _first(loops: list[CutLoop], loop: CutLoop) -> int:
         k for k, other in enumerate(loops) if other is loop)])
 
 
-def edge_gradient(gradients: list[Any], edges: list[Any], edge: Any) -> Any:
-    """The gradient, of ``gradients`` (one per edge of ``edges``), of ``edge``."""
-    return gradients[next(k for k, e in enumerate(edges) if e is edge)]
-
-
 def _zeros_for_none(variables: list[Any], arrays: dict[str, np.ndarray | None]
                     ) -> dict[str, np.ndarray]:
     return {v.path: np.zeros(v.shape, np.float64) if arrays.get(v.path) is None
