@@ -259,7 +259,7 @@ def test_go_backwards_and_bidirectional(tmp_path: Path) -> None:
     for name, truth in truths.items():
         np.testing.assert_allclose(_sequence(report, f"∂L/∂{name}/h_t"), _norms(truth),
                                    rtol=1e-5, err_msg=name)
-    flows = {s.source: s for s in report.gradient_flow.sequences}
+    flows = {s.source: s for s in report.gradient_flow.sequences if s.kind == "state"}
     assert flows["backwards"].backwards and flows["both/backward"].backwards
     assert not flows["both/forward"].backwards
 
@@ -298,8 +298,9 @@ def test_calls_the_cells_do_not_model_are_read_from_the_pass(
     assert report.gradient_flow is not None and report.state_jacobians is not None
     assert not report.gradient_flow.not_analysed and not report.state_jacobians.not_analysed
     assert [s.what for s in report.gradient_flow.sequences] == [
-        "∂L/∂masked/h_t", "∂L/∂relu/h_t", "∂L/∂hard/forward/h_t", "∂L/∂hard/backward/h_t",
-        "∂L/∂plain/h_t", "∂L/∂x_t"]
+        "∂L/∂masked/h_t", "∂L/∂masked/x_t", "∂L/∂relu/h_t", "∂L/∂relu/x_t",
+        "∂L/∂hard/forward/h_t", "∂L/∂hard/backward/h_t", "∂L/∂hard/x_t", "∂L/∂plain/h_t",
+        "∂L/∂plain/x_t", "∂L/∂x_t"]
     assert [e.target for e in report.state_jacobians.entries] == [
         "masked/h_T", "relu/h_T", "hard/forward/[h_T, c_T]", "hard/backward/[h_T, c_T]",
         "plain/h_T"]

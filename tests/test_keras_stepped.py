@@ -488,3 +488,87 @@ def test_a_conv_lstm_call_is_stepped_from_keras_own_zero_states(tf):
     truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 2, 4, 5))), axis=0)
     (found,) = report.gradient_flow.influence
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
+
+
+def _two_state_cell() -> Any:
+    """A cell of the user's with a tuple state (h, c)."""
+    import keras
+    from keras import layers as L
+
+    class PairCell(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = [units, units]
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h, c = states
+            c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
+            return keras.ops.tanh(c_new), [keras.ops.tanh(c_new), c_new]
+
+    return PairCell(3)
+
+
+@pytest.mark.parametrize("kind", ["mask_zero_bidirectional", "own_cell_masked",
+                                  "relu_stateful", "recurrent_dropout_training"])
+def test_each_calls_input_gradient_per_step_is_keras_own(tf, data, kind):
+    """‖∂L/∂x_t‖ of every recurrent call's input sequence equals Keras' own tape's gradient
+    on that layer's input, in the same call of the whole model."""
+    import keras
+    from keras import layers as L
+
+    from gradscope.keras.whole_model import seed_random_draws
+
+    x, _, y = data
+    keras.utils.set_random_seed(11)
+    training = kind == "recurrent_dropout_training"
+    if kind == "mask_zero_bidirectional":
+        x = np.random.default_rng(4).integers(1, 12, (B, T))
+        x[0, -3:] = 0
+        x[1, :2] = 0
+        x_in = keras.Input((T,), dtype="int32", name="x")
+        h = L.Bidirectional(L.LSTM(3, return_sequences=True), name="both")(
+            L.Embedding(12, F, mask_zero=True)(x_in))
+        calls = ["both", "rnn"]
+        h = L.GRU(4, name="rnn")(h)
+    else:
+        x_in = keras.Input(batch_shape=(B, T, F), name="x")
+        layer = {"own_cell_masked": L.RNN(_two_state_cell(), return_sequences=True),
+                 "relu_stateful": L.SimpleRNN(4, stateful=True, activation="relu",
+                                              return_sequences=True),
+                 "recurrent_dropout_training": L.SimpleRNN(
+                     4, activation="relu", dropout=0.2, recurrent_dropout=0.3,
+                     return_sequences=True)}[kind]
+        layer.name = "rnn"
+        h = L.GlobalAveragePooling1D()(layer(L.Masking()(x_in) if kind == "own_cell_masked"
+                                             else x_in))
+        calls = ["rnn"]
+    model = keras.Model(x_in, L.Dense(2)(h))
+    model.compile(loss="mse")
+    if kind == "relu_stateful":
+        model.predict(x, verbose=0)  # carries a state into the next batch
+    report = gradscope.explain(model, x=x, y=y, flow=True, training=training, seed=2)
+    assert not report.gradient_flow.not_analysed
+    # A recurrent layer's recorded input is [sequence, mask] where a mask reached it.
+    inputs = [model.get_layer(c).input for c in calls]
+    inputs = [i[0] if isinstance(i, list) else i for i in inputs]
+    both = keras.Model(model.inputs, [model.outputs[0], *inputs])
+    if training:
+        seed_random_draws(model, 2)
+    feed = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(feed)
+        prediction, *read = both({"x": feed}, training=training)
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction)
+    read = [feed if i is x_in else r for i, r in zip(inputs, read, strict=True)]
+    shown = [s.what for s in report.gradient_flow.sequences]
+    for call, gradient in zip(calls, tape.gradient(loss, read), strict=True):
+        truth = np.sqrt(np.sum(np.square(np.asarray(gradient, np.float64)), axis=(0, 2)))
+        # A call that alone reads the model's input is shown once, under the input's name.
+        what = f"∂L/∂{call}/x_t" if f"∂L/∂{call}/x_t" in shown else "∂L/∂x_t"
+        assert what != "∂L/∂x_t" or kind != "mask_zero_bidirectional"
+        np.testing.assert_allclose(_flow(report, what), truth, rtol=1e-4, atol=1e-9)

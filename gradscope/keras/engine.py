@@ -587,7 +587,7 @@ class KerasEngine:
             added = [layer._get_own_losses() for layer in layers]
             states = [call.states for call in calls]
             watched_outputs = [call.outputs for call in calls] if watch_outputs else []
-            probed = [probe_targets(call.probes) for call in calls]
+            probed = [probe_targets(call.probes, inputs=watch_inputs) for call in calls]
             gradients = tape.gradient(loss, [variables, states, watched_outputs,
                                              watched_inputs, probed])
             gradients[-1] = filled(tf, probed, gradients[-1])

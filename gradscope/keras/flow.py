@@ -46,16 +46,18 @@ from gradscope.report.models import (
 PROBED_FLOW = ("the total ∂L/∂h_t of each recurrent call, from the pass's own backward: "
                "while Keras runs the model, its loop (backend.rnn over the layer's own cell) "
                "adds a zero to every state after every step, and the tape's gradient on that "
-               "zero is the total gradient on the state")
+               "zero is the total gradient on the state; ∂L/∂x_t of the call's input "
+               "sequence likewise, from a zero added to the sequence the loop reads (both "
+               "directions' parts summed for a Bidirectional)")
 STEPPED_FLOW = ("the total ∂L/∂h_t of each recurrent call: the cell the model holds, stepped "
                 "in tf.scan with Keras' masking on the call's captured input and initial "
                 "state, after its outputs are held to Keras' own, under one tape fed the "
                 "tape's ∂L/∂(the call's outputs)")
-FLOW_READING = ("∂L/∂x_t from the tape; norms are Frobenius over the batch; a recurrent call "
-                "is flagged by how much of ∂L/∂h its recurrence carries back from the last "
-                "step it runs to the first (the product of the one-step gains ‖∂L/∂h_t − its "
-                "part from above‖ / ‖∂L/∂h_(t+1)‖), an input by its norm at t=0 over its norm "
-                "at the last step")
+FLOW_READING = ("a model input's ∂L/∂x_t from the tape; norms are Frobenius over the batch; "
+                "a recurrent call is flagged by how much of ∂L/∂h its recurrence carries back "
+                "from the last step it runs to the first (the product of the one-step gains "
+                "‖∂L/∂h_t − its part from above‖ / ‖∂L/∂h_(t+1)‖), a model input by its norm "
+                "at t=0 over its norm at the last step")
 FLOW_METHOD = f"{PROBED_FLOW}; {FLOW_READING}"
 JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
                    "captured input and initial state, float64, the tangents of every "
@@ -435,7 +437,11 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
                  else [0.0] * int(value.shape[1]))
         sequences.append(KerasFlowSequence(what=f"∂L/∂{name}_t", kind="input", source=name,
                                            norms=norms))
-    flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences if s.kind == "input"})
+    sequences = _once(sequences, job.batch.inputs)
+    # Flagged by their norm at t=0 over the last: the model's own inputs (a recurrent call's
+    # input has its call's recurrence flag).
+    flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences
+                         if s.kind == "input" and s.source in job.batch.inputs})
     if any_stepped and not any_probed:
         method = f"{STEPPED_FLOW}; {FLOW_READING}"
     else:
@@ -443,6 +449,16 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
     method += "; " + BACKWARDS_NOTE if backwards else ""
     return KerasFlowSection(method=method, sequences=sequences, not_analysed=still,
                             flags=flags)
+
+
+def _once(sequences: list[KerasFlowSequence], inputs: dict[str, Any]
+          ) -> list[KerasFlowSequence]:
+    """Without a call's ∂L/∂x_t that is a model input's own, step for step (a layer that
+    alone reads the input): shown once, under the input's name."""
+    own = [s.norms for s in sequences if s.kind == "input" and s.source in inputs]
+    return [s for s in sequences if s.kind != "input" or s.source in inputs
+            or not any(len(n) == len(s.norms) and np.allclose(n, s.norms, rtol=1e-6, atol=0)
+                       for n in own)]
 
 
 def _probed_flow(layer: Any, label: str, probed: list[StateTotals]
@@ -464,6 +480,11 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals]
                 else recurrence_flag(loop.what(output), loop.carried(), steps))
         if flag is not None:
             flags.append(flag)
+    read = [loop.totals.inputs for loop in loops if loop.totals.inputs is not None]
+    if read and len(read) == len(loops):
+        # Every direction reads the same sequence, in input order: its gradient is the sum.
+        sequences.append(KerasFlowSequence(what=f"∂L/∂{label}/x_t", kind="input", source=label,
+                                           norms=per_step_norms(np.sum(read, axis=0))))
     return sequences, flags, any(loop.totals.backwards for loop in loops)
 
 
@@ -545,6 +566,9 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 flag = recurrence_flag(what, carried_ratio(whole, above), total.shape[1])
                 if flag is not None:
                     flags.append(flag)
+    if stepped.inputs is not None:
+        sequences.append(KerasFlowSequence(what=f"∂L/∂{label}/x_t", kind="input", source=label,
+                                           norms=per_step_norms(stepped.inputs)))
     return sequences, flags, any(d.backwards for d in stepped.directions)
 
 

@@ -32,6 +32,9 @@ class ProbedLoop:
     sequences: bool  # ``above`` is the whole output sequence, not its last step
     #: Which state the cell returns as its output (None: an output of its own).
     output_state: int | None = None
+    #: A zero added to the input sequence the loop reads (B, T, ·), in input order: its
+    #: gradient is ∂L/∂x_t of the call, through this loop.
+    inputs: Any = None
 
 
 @dataclass
@@ -44,6 +47,9 @@ class StateTotals:
     direct: np.ndarray
     backwards: bool
     output_state: int | None
+    #: ∂L/∂x_t of the input sequence through this loop (B, T, ·), in input order, where
+    #: :func:`probe_targets` asked for it.
+    inputs: np.ndarray | None = None
 
 
 def probeable(layer: Any) -> bool:
@@ -120,14 +126,16 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
     flat = list(tree.flatten(initial_state))
     steps = sequences.shape[1]
     probes = [tf.zeros([*_batch_and(sequences), *_dims(s)[1:]], s.dtype) for s in flat]
-    watch(probes)
+    read = tf.zeros_like(sequences)
+    watch(probes + [read])
+    sequences = sequences + read
     keep = None
     if mask is not None:
         keep = tf.cast(mask, tf.bool)
         keep = tf.expand_dims(keep, -1) if len(keep.shape) == 2 else keep
     backwards = bool(layer.go_backwards)
     loop = ProbedLoop(probes=probes, above=None, backwards=backwards,
-                      sequences=bool(layer.return_sequences))
+                      sequences=bool(layer.return_sequences), inputs=read)
 
     def step(inputs: Any, states: Any) -> tuple[Any, Any]:
         x_t, keep_t, probes_t = ((inputs[0], inputs[1], inputs[2:]) if keep is not None
@@ -209,12 +217,15 @@ def _carried_forward(tf: Any, outputs: Any, kept: Any) -> Any:
     return _where(tf, count > 0, carried, tf.zeros_like(carried), axis=2)
 
 
-def probe_targets(loops: list[ProbedLoop | None]) -> list[Any]:
-    """What the tape differentiates for one call's loops: ``[[probes, above], …]`` (empty
-    unless every loop of the call was probed)."""
+def probe_targets(loops: list[ProbedLoop | None], inputs: bool = False) -> list[Any]:
+    """What the tape differentiates for one call's loops: ``[[probes, above], …]``, with
+    ``inputs`` ``[[probes, above, inputs], …]`` (empty unless every loop of the call was
+    probed). The input sequence's gradient is asked for only where it is shown: where nothing
+    upstream is trained, the backward pass need not compute it."""
     if not loops or not all(loops):
         return []
-    return [[loop.probes, loop.above] for loop in loops if loop is not None]
+    return [[loop.probes, loop.above] + ([loop.inputs] if inputs else [])
+            for loop in loops if loop is not None]
 
 
 def filled(tf: Any, targets: list[Any], gradients: list[Any]) -> list[Any]:
@@ -228,8 +239,8 @@ def state_totals(loops: list[ProbedLoop | None], gradients: list[Any]) -> list[S
     """One :class:`StateTotals` per loop, from the tape's (filled) gradients of
     :func:`probe_targets`, in processing order."""
     found = []
-    for loop, (probes, above) in zip([lp for lp in loops if lp is not None], gradients,
-                                     strict=True):
+    for loop, (probes, above, *inputs) in zip([lp for lp in loops if lp is not None],
+                                              gradients, strict=True):
         totals = [np.asarray(g) for g in probes]  # in the model's dtype: norms cast them
         if loop.backwards:
             totals = [t[:, ::-1] for t in totals]
@@ -240,7 +251,8 @@ def state_totals(loops: list[ProbedLoop | None], gradients: list[Any]) -> list[S
             whole[:, -1] = direct
             direct = whole
         found.append(StateTotals(totals=totals, direct=direct, backwards=loop.backwards,
-                                 output_state=loop.output_state))
+                                 output_state=loop.output_state,
+                                 inputs=np.asarray(inputs[0]) if inputs else None))
     return found
 
 

@@ -51,6 +51,9 @@ class Stepped:
     #: processing order: where the output is the state, the rest of the total is carried
     #: back from t+1.
     direct: list[np.ndarray] | None = None
+    #: With the gradient from above: ∂L/∂x_t of the call's input sequence (B, T, ·), in
+    #: input order, every direction's part summed.
+    inputs: np.ndarray | None = None
 
 
 def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -162,14 +165,14 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
         call = replace(call, states=own)
     try:
         run = stepped_runner(engine, layer, directions, training)
-        outputs, states, totals, direct = run(call, upstream)
+        outputs, states, totals, direct, inputs = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
     mismatch = _rebuilt(outputs, call, engine.dtype_name)
     if mismatch:
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
-                   totals=totals, direct=direct)
+                   totals=totals, direct=direct, inputs=inputs)
 
 
 def _own_initial_states(directions: list[Direction], call: CapturedCall) -> list[Any] | str:
@@ -207,8 +210,9 @@ def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str |
 
 def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
-    and (with ``upstream``) the total ∂L/∂ each state after every step, all in NumPy. One
-    traced function: the scan is a loop in the graph, never a Python loop over time."""
+    and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
+    above, and ∂L/∂x_t of the input sequence, all in NumPy. One traced function: the scan is a
+    loop in the graph, never a Python loop over time."""
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
@@ -222,7 +226,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                   for part in parts]
         above: list[Any] = [None] * len(directions)
         with tf.GradientTape() as tape:
-            tape.watch(probes)
+            tape.watch([probes, x])
             scans = [scan_cell(tf, keras, d.layer, x, mask, part, probe, training)
                      for d, part, probe in zip(directions, parts, probes, strict=True)]
             # A zero added to each output sequence alone: its gradient is what arrives from
@@ -236,15 +240,15 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                          tf.add_n([tf.reduce_sum(tf.cast(g, o.dtype) * o)
                                    for g, o in zip(upstream, outputs, strict=True)
                                    if g is not None]))
-        totals = direct = None
+        totals = direct = read = None
         if objective is not None:
-            totals, direct = tape.gradient(objective, [probes, above],
-                                           unconnected_gradients="zero")
-        return outputs, [scan[0] for scan in scans], totals, direct
+            totals, direct, read = tape.gradient(objective, [probes, above, x],
+                                                 unconnected_gradients="zero")
+        return outputs, [scan[0] for scan in scans], totals, direct, read
 
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
-            list[np.ndarray] | None]:
+            list[np.ndarray] | None, np.ndarray | None]:
         from gradscope._tf import native_stderr_silenced, without_grappler
 
         x = tf.convert_to_tensor(call.args[0])
@@ -254,12 +258,13 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                  [None if g is None else tf.convert_to_tensor(g) for g in upstream])
         with masks_drawn(engine, directions, call, x, initial), native_stderr_silenced(), \
                 without_grappler():
-            outputs, states, totals, direct = traced(x, mask, initial, given)
+            outputs, states, totals, direct, read = traced(x, mask, initial, given)
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s) for s in part] for part in states],
                 None if totals is None else [[_batch_major(g) for g in part]
                                              for part in totals],
-                None if direct is None else [_batch_major(g) for g in direct])
+                None if direct is None else [_batch_major(g) for g in direct],
+                None if read is None else np.asarray(read, np.float64))
 
     return run
 

@@ -28,7 +28,7 @@ def recurrent_birth(engine: Any, call: CapturedCall) -> NonFiniteEntry | None:
         return None
     try:
         run = stepped_runner(engine, layer, directions, engine.training)
-        outputs, states, _, _ = run(call, None)
+        outputs, states, *_ = run(call, None)
     except Exception:  # noqa: BLE001  (the user's cell, run step by step)
         return None
     if not _rebuilt(outputs, call.outputs, engine.dtype_name):
