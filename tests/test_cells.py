@@ -117,3 +117,31 @@ def test_numpy_reference_equals_tf_for_lstm_and_simple_rnn(layers, tf):
     for name, expected in autodiff.items():
         np.testing.assert_allclose(reference.gradients[name], expected, rtol=1e-10, atol=1e-13,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("key,options", [("gru_keras", {}),
+                                         ("gru_keras", {"reset_after": False}),
+                                         ("lstm_keras", {}), ("simple_rnn_keras", {})])
+def test_a_step_linearised_by_hand_is_forward_mode_autodiff(key, options, tf):
+    """``tf_step_tangent`` (the --jacobians loop's step) against TensorFlow's forward-mode
+    autodiff of ``tf_step``, one tangent column at a time, at a point away from zero."""
+    from gradscope.cells import CELLS
+
+    cell = CELLS[key](name="rnn", units=4, input_size=3, input_label="input", options=options)
+    assert cell.has_tangent
+    rng = np.random.default_rng(2)
+    params = {k: tf.constant(v + 0.5 * rng.standard_normal(v.shape))
+              for k, v in cell.init_params(rng).items()}
+    weights = cell.tf_step_weights(tf, params)
+    (inputs,) = cell.tf_inputs(tf, params, tf.constant(rng.standard_normal((1, 5, 3))))
+    states = tuple(tf.constant(rng.standard_normal((5, 4))) for _ in cell.state_names)
+    block = tuple(tf.constant(rng.standard_normal((3, 5, 4))) for _ in cell.state_names)
+    after, moved = cell.tf_step_tangent(tf, weights, states, (inputs[0],), block)
+    for mine, truth in zip(after, cell.tf_step(tf, weights, states, (inputs[0],)),
+                           strict=True):
+        np.testing.assert_allclose(mine, truth, rtol=1e-14)
+    for k in range(3):
+        with tf.autodiff.ForwardAccumulator(states, tuple(t[k] for t in block)) as acc:
+            new = cell.tf_step(tf, weights, states, (inputs[0],))
+        for mine, truth in zip(moved, acc.jvp(new), strict=True):
+            np.testing.assert_allclose(mine[k], truth, rtol=1e-12, atol=1e-14)

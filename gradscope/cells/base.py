@@ -99,6 +99,13 @@ def glorot_uniform(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarr
     return rng.uniform(-limit, limit, size=shape)
 
 
+def tf_block_matmul(tf: Any, block: Any, weight: Any) -> Any:
+    """``block`` (k, B, w) times ``weight`` (w, n): (k, B, n), as one matmul of k·B rows."""
+    shape = tf.shape(block)
+    product = tf.reshape(block, [-1, shape[2]]) @ weight
+    return tf.reshape(product, tf.concat([shape[:2], tf.shape(weight)[1:]], 0))
+
+
 def tf_project(tf: Any, inputs: Any, kernel: Any, bias: Any = None) -> Any:
     """``inputs @ kernel + bias`` over all leading axes at once: one matmul for every step."""
     lead = tf.shape(inputs)[:-1]
@@ -207,6 +214,19 @@ class Cell:
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """One step: the new states (the first one is the output h_t). ``params`` is what
         :meth:`tf_step_weights` returned."""
+        raise NotImplementedError
+
+    #: Whether :meth:`tf_step_tangent` is written out for this cell.
+    has_tangent: ClassVar[bool] = False
+
+    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
+                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """One step and its linearisation: the new states (B, w_i), and J_t applied to a block
+        of k tangent columns per state (k, B, w_i), the step's own values computed once for
+        the whole block. Forward-mode autodiff of :meth:`tf_step` gives the same numbers
+        (``tests/test_cells.py`` holds each cell to it) but recomputes the step once per
+        column; cells without it (``has_tangent``) are linearised that way."""
         raise NotImplementedError
 
     def tf_step_probed(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],

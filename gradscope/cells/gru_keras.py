@@ -16,7 +16,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells import numpy_bptt as bptt
-from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+from gradscope.cells.base import (
+    Block,
+    Cell,
+    TensorInfo,
+    glorot_uniform,
+    split_blocks,
+    tf_block_matmul,
+    tf_project,
+)
 
 GATES = ["update gate z", "reset gate r", "candidate ĥ"]
 
@@ -96,6 +104,38 @@ class GRUKeras(Cell):
             r = tf.sigmoid(x_r + inner[:, u:])
             candidate = tf.tanh(x_h + (r * h) @ params["recurrent_h"])
         return (z * h + (1.0 - z) * candidate,)
+
+    has_tangent: ClassVar[bool] = True
+
+    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
+                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """dz = z(1−z)∘(v·U_z), dr = r(1−r)∘(v·U_r); reset_after: dĥ = (1−ĥ²)∘(dr∘inner_h +
+        r∘(v·U_h)), else dĥ = (1−ĥ²)∘((dr∘h + r∘v)·U_h); dh_t = dz∘(h − ĥ) + z∘v + (1−z)∘dĥ."""
+        u = self.units
+        (h,), (x_t,), (v,) = states, step_inputs, tangents
+        x_z, x_r, x_h = x_t[:, :u], x_t[:, u : 2 * u], x_t[:, 2 * u :]
+        if self.reset_after:
+            inner = h @ params["recurrent"] + params["recurrent_bias"]
+            moved = tf_block_matmul(tf, v, params["recurrent"])
+            z = tf.sigmoid(x_z + inner[:, :u])
+            r = tf.sigmoid(x_r + inner[:, u : 2 * u])
+            candidate = tf.tanh(x_h + r * inner[:, 2 * u :])
+            d_r = r * (1.0 - r) * moved[..., u : 2 * u]
+            d_candidate = (1.0 - candidate ** 2) * (d_r * inner[:, 2 * u :]
+                                                    + r * moved[..., 2 * u :])
+        else:
+            inner = h @ params["recurrent_zr"]
+            moved = tf_block_matmul(tf, v, params["recurrent_zr"])
+            z = tf.sigmoid(x_z + inner[:, :u])
+            r = tf.sigmoid(x_r + inner[:, u:])
+            candidate = tf.tanh(x_h + (r * h) @ params["recurrent_h"])
+            d_r = r * (1.0 - r) * moved[..., u:]
+            d_candidate = (1.0 - candidate ** 2) * tf_block_matmul(
+                tf, d_r * h + r * v, params["recurrent_h"])
+        d_z = z * (1.0 - z) * moved[..., :u]
+        new = z * h + (1.0 - z) * candidate
+        return (new,), (d_z * (h - candidate) + z * v + (1.0 - z) * d_candidate,)
 
     @property
     def key(self) -> str:

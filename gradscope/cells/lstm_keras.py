@@ -14,7 +14,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells import numpy_bptt as bptt
-from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+from gradscope.cells.base import (
+    Block,
+    Cell,
+    TensorInfo,
+    glorot_uniform,
+    split_blocks,
+    tf_block_matmul,
+    tf_project,
+)
 from gradscope.cells.lstm import lstm_functions, tf_lstm_update
 
 GATES = ["input gate i", "forget gate f", "candidate c̃", "output gate o"]
@@ -62,6 +70,26 @@ class LSTMKeras(Cell):
         z = x_t + h @ params["recurrent_kernel"]
         i, f, g, o = z[:, :u], z[:, u : 2 * u], z[:, 2 * u : 3 * u], z[:, 3 * u :]
         return tf_lstm_update(tf, i, f, g, o, c, probes)
+
+    has_tangent: ClassVar[bool] = True
+
+    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
+                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """dz = v_h·U; dc_t = σ'(f)∘df∘c + σ(f)∘v_c + σ'(i)∘di∘tanh(g) + σ(i)∘tanh'(g)∘dg;
+        dh_t = σ'(o)∘do∘tanh(c_t) + σ(o)∘tanh'(c_t)∘dc_t."""
+        u = self.units
+        (h, c), (x_t,), (v_h, v_c) = states, step_inputs, tangents
+        z = x_t + h @ params["recurrent_kernel"]
+        dz = tf_block_matmul(tf, v_h, params["recurrent_kernel"])
+        i, f, o = (tf.sigmoid(z[:, k * u : (k + 1) * u]) for k in (0, 1, 3))
+        g = tf.tanh(z[:, 2 * u : 3 * u])
+        c_new = f * c + i * g
+        squashed = tf.tanh(c_new)
+        d_c = (f * (1.0 - f) * dz[..., u : 2 * u] * c + f * v_c
+               + i * (1.0 - i) * dz[..., :u] * g + i * (1.0 - g ** 2) * dz[..., 2 * u : 3 * u])
+        d_h = o * (1.0 - o) * dz[..., 3 * u :] * squashed + o * (1.0 - squashed ** 2) * d_c
+        return (o * squashed, c_new), (d_h, d_c)
 
     def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         return lstm_functions(self.layout)

@@ -10,7 +10,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gradscope.cells import numpy_bptt as bptt
-from gradscope.cells.base import Block, Cell, TensorInfo, glorot_uniform, split_blocks, tf_project
+from gradscope.cells.base import (
+    Block,
+    Cell,
+    TensorInfo,
+    glorot_uniform,
+    split_blocks,
+    tf_block_matmul,
+    tf_project,
+)
 
 
 class SimpleRNNKeras(Cell):
@@ -42,6 +50,16 @@ class SimpleRNNKeras(Cell):
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         (h,), (x_t,) = states, step_inputs
         return (tf.tanh(x_t + h @ params["recurrent_kernel"]),)
+
+    has_tangent: ClassVar[bool] = True
+
+    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
+                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """dh_t = (1 − h_t²)∘(v·recurrent_kernel)."""
+        (h,), (x_t,), (v,) = states, step_inputs, tangents
+        new = tf.tanh(x_t + h @ params["recurrent_kernel"])
+        return (new,), ((1.0 - new ** 2) * tf_block_matmul(tf, v, params["recurrent_kernel"]),)
 
     def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         return simple_rnn_keras_step, simple_rnn_keras_step_backward

@@ -693,7 +693,13 @@ def _jacobian_function(tf: Any, cell: Cell) -> Any:
     def advance(weights: Any, states: list[Any], inputs_t: tuple[Any, ...]) -> list[Any]:
         return list(cell.tf_step(tf, weights, tuple(states), inputs_t))
 
-    compute = jacobian_function(tf, advance)
+    def tangent(weights: Any, states: list[Any], inputs_t: tuple[Any, ...],
+                tangents: list[Any]) -> tuple[list[Any], list[Any]]:
+        after, moved = cell.tf_step_tangent(tf, weights, tuple(states), inputs_t,
+                                            tuple(tangents))
+        return list(after), list(moved)
+
+    compute = jacobian_function(tf, advance, tangent=tangent if cell.has_tangent else None)
 
     def jacobian(unit: Unit) -> tuple[np.ndarray, np.ndarray]:
         params = {k: tf.constant(v) for k, v in unit.params.items()}

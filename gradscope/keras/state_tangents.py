@@ -31,6 +31,10 @@ TANGENT_NUMBERS_PER_UNIT = 48
 
 #: ``advance(weights, states, inputs_t)`` → the states after one step (a list, in order).
 Advance = Callable[[Any, list[Any], tuple[Any, ...]], list[Any]]
+#: ``tangent(weights, states, inputs_t, tangents)`` → the states after one step and J_t applied
+#: to a block of tangent columns, one (k, B, w_i) per state: a step linearised by hand
+#: (:meth:`~gradscope.cells.base.Cell.tf_step_tangent`).
+Tangent = Callable[[Any, list[Any], tuple[Any, ...], list[Any]], tuple[list[Any], list[Any]]]
 
 
 def block_columns(batch: int, width: int, itemsize: int) -> int:
@@ -55,14 +59,17 @@ def tangent_bytes(batch: int, width: int, itemsize: int) -> int:
 FOLDED_WIDTH = 128
 
 
-def jacobian_function(tf: Any, advance: Advance, folded: bool | None = None) -> Any:
+def jacobian_function(tf: Any, advance: Advance, folded: bool | None = None,
+                      tangent: Tangent | None = None) -> Any:
     """A traced function ``(weights, inputs, initial, columns)`` → (∂s_T/∂s_0[:, :, columns]
     (B, S, k), s_T (B, S)): ``inputs`` a tuple of time-major tensors (T, B, ·) that
     ``advance`` reads one step at a time, ``initial`` the list of initial states (B, w_i),
     ``columns`` (k,) the state units whose tangents are carried. The loop over time is a
     ``tf.foldl``: a loop in the graph, keeping only its carry. ``folded``: the block's
     columns folded into the batch, not ``tf.vectorized_map`` (default: for states of at
-    most :data:`FOLDED_WIDTH` numbers)."""
+    most :data:`FOLDED_WIDTH` numbers). ``tangent``: the step linearised by hand, which
+    carries the whole block with the step's own values computed once (else forward-mode
+    autodiff of ``advance``)."""
 
     @tf.function(autograph=False, reduce_retracing=True)
     def compute(weights: Any, inputs: tuple[Any, ...], initial: list[Any],
@@ -78,6 +85,10 @@ def jacobian_function(tf: Any, advance: Advance, folded: bool | None = None) -> 
 
         def body(carry: tuple[Any, Any], inputs_t: tuple[Any, ...]) -> tuple[Any, Any]:
             states, tangents = carry
+            if tangent is not None:
+                after, moved = tangent(weights, list(tf.split(states, widths, axis=1)),
+                                       inputs_t, list(tf.split(tangents, widths, axis=2)))
+                return tf.concat(after, axis=1), tf.concat(moved, axis=2)
 
             def product(tangent: Any) -> Any:
                 with tf.autodiff.ForwardAccumulator(states, tangent) as accumulator:
