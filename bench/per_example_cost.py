@@ -59,7 +59,7 @@ def main() -> None:
     def batched() -> None:
         [g.numpy() for g in tape(feed[0], targets[0])]
 
-    kept: dict[bool, object] = {}
+    kept: dict[object, object] = {}
 
     def per_example() -> None:
         _shares_and_jacobian(engine, variables, feed, targets, None, args.batch, kept)

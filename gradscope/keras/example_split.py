@@ -98,8 +98,8 @@ class Recorder:
                 if _ids(layer.trainable_variables) != _ids(layer.cell.trainable_variables):
                     raise NotSplit(f"{layer.name}: trainable variables outside its cell")
                 cell = layer.cell
-                if self.training and (getattr(cell, "dropout", 0)
-                                      or getattr(cell, "recurrent_dropout", 0)):
+                if self.training and (bool(getattr(cell, "dropout", 0))
+                                      or bool(getattr(cell, "recurrent_dropout", 0))):
                     raise NotSplit(f"{layer.name}: dropout in its cell in training mode")
             with loops_recorded(loops, self):
                 return keras_call(*args, **kwargs)
@@ -313,15 +313,13 @@ def call_rows(record: CallRecord, gradients: list[Any], size: int) -> tuple[list
     return tf.vectorized_map(one, elems, fallback_to_while_loop=False)
 
 
-__all__ = ["CallRecord", "LoopRecord", "NotSplit", "Recorder", "call_rows", "loop_rows",
-           "observed"]
-
-
 def split_squares(tf: Any, recorder: Recorder, gradients: dict[str, list[Any]],
-                  variables: list[Any], size: int) -> tuple[list[Any], list[Any], Any, Any]:
+                  variables: list[Any], size: int
+                  ) -> tuple[list[Any], list[Any], Any, Any, list[bool]]:
     """Per variable, each example's ‖g_i‖² (B,) and Σ_i g_i; the largest stray of a recomputed
-    step or call, and the largest value it was compared with (float64 scalars).
-    ``gradients``: the tape's gradients on each record's probes / outputs, by kind."""
+    step or call, and the largest value it was compared with (float64 scalars); per variable,
+    whether a recorded call uses it (one that none uses has zero rows here, and must have a
+    zero gradient). ``gradients``: the tape's gradients on each record's probes / outputs."""
     rows: dict[int, Any] = {}
     strays = [tf.constant(0.0, tf.float64)]
     scales = [tf.constant(0.0, tf.float64)]
@@ -331,17 +329,24 @@ def split_squares(tf: Any, recorder: Recorder, gradients: dict[str, list[Any]],
         scales += [tf.reduce_max(tf.abs(tf.cast(r, tf.float64))) for r in record.raw]
         for variable, g in zip(record.layer.cell.trainable_variables, per, strict=True):
             rows[id(variable)] = g if id(variable) not in rows else rows[id(variable)] + g
-    for record, grads in zip(recorder.calls, gradients["calls"], strict=True):  # type: ignore[assignment]
-        per, stray = call_rows(record, grads, size)
+    for call, grads in zip(recorder.calls, gradients["calls"], strict=True):
+        per, stray = call_rows(call, grads, size)
         strays.append(tf.reduce_max(stray))
-        scales += [tf.reduce_max(tf.abs(tf.cast(o, tf.float64))) for o in record.outputs]
-        for variable, g in zip(record.layer.trainable_variables, per, strict=True):
+        scales += [tf.reduce_max(tf.abs(tf.cast(o, tf.float64))) for o in call.outputs]
+        for variable, g in zip(call.layer.trainable_variables, per, strict=True):
             rows[id(variable)] = g if id(variable) not in rows else rows[id(variable)] + g
     squares, summed = [], []
     for variable in variables:
         g = rows.get(id(variable))
         if g is None:
-            g = tf.zeros([size, *variable.shape], variable.dtype)
+            squares.append(tf.zeros([size], variable.dtype))
+            summed.append(tf.zeros(variable.shape, variable.dtype))
+            continue
         squares.append(tf.reduce_sum(tf.reshape(tf.square(g), [size, -1]), axis=1))
         summed.append(tf.reduce_sum(g, axis=0))
-    return squares, summed, tf.reduce_max(tf.stack(strays)), tf.reduce_max(tf.stack(scales))
+    return (squares, summed, tf.reduce_max(tf.stack(strays)), tf.reduce_max(tf.stack(scales)),
+            [id(variable) in rows for variable in variables])
+
+
+__all__ = ["CallRecord", "LoopRecord", "NotSplit", "Recorder", "call_rows", "loop_rows",
+           "observed", "split_squares"]

@@ -179,23 +179,32 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
 
     def split(feed: list[Any], y: list[Any], ones: Any, mixer: Any) -> Any:
         recorder = Recorder(watch=lambda _: None, training=engine.training)
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:
             recorder.watch = tape.watch
             start_of_call()
             with observed(engine.model, recorder):
                 outputs = model_outputs(engine.model, feed, engine.training)
+        # The loss on a tape of its own: its gradients on the outputs, then one backward
+        # pass of the model from there.
+        with tf.GradientTape(persistent=True) as on_loss:
+            on_loss.watch(outputs)
             loss, added, shares = losses(feed, y, outputs, ones)
             total = tf.reduce_sum(shares)
             mixed = tf.reduce_sum(mixer * shares)
+        on_outputs = on_loss.gradient(total, outputs,
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        mixed_on = on_loss.gradient(mixed, outputs,
+                                    unconnected_gradients=tf.UnconnectedGradients.ZERO)
         targets = {"loops": [r.probes for r in recorder.loops],
                    "calls": [r.outputs for r in recorder.calls]}
-        on_targets, gradient, on_outputs = tape.gradient(
-            total, [targets, variables, outputs],
+        on_targets, gradient = tape.gradient(
+            outputs, [targets, variables], output_gradients=on_outputs,
             unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        mixed_on = tape.gradient(mixed, outputs,
-                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        squares, summed, stray, scale = split_squares(tf, recorder, on_targets, variables,
-                                                      size)
+        squares, summed, stray, scale, used = split_squares(tf, recorder, on_targets,
+                                                            variables, size)
+        # A variable no recorded call uses must have no gradient: else the split missed it.
+        missed = [tf.reduce_max(tf.abs(tf.cast(g, tf.float64)))
+                  for g, split_uses in zip(gradient, used, strict=True) if not split_uses]
         # A loss that keeps the examples apart: example i's row of ∂(Σ r_i L_i)/∂outputs is
         # r_i times its row of ∂(Σ L_i)/∂outputs.
         apart = [tf.reduce_max(tf.abs(tf.cast(m - tf.reshape(mixer, [-1] + [1] * (
@@ -205,7 +214,8 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
         sizes = [tf.reduce_max(tf.abs(tf.cast(m, tf.float64))) for m in mixed_on]
         return (loss, added, shares, squares, summed,
                 [tf.convert_to_tensor(g) for g in gradient], stray, scale,
-                tf.reduce_max(tf.stack([zero, *apart])), tf.reduce_max(tf.stack([zero, *sizes])))
+                tf.reduce_max(tf.stack([zero, *apart])), tf.reduce_max(tf.stack([zero, *sizes])),
+                tf.reduce_max(tf.stack([zero, *missed])))
 
     ones = tf.ones([size], dtype=dtype)
     found = None
@@ -218,9 +228,12 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                 if "split" not in traced:
                     traced["split"] = tf.function(split, autograph=False)
                 mixer = tf.constant(np.random.default_rng(7).uniform(0.5, 1.5, size), dtype)
-                *found, stray, scale, apart, spread = traced["split"](feed, y, ones, mixer)
+                *found, stray, scale, apart, spread, missed = traced["split"](feed, y, ones,
+                                                                               mixer)
                 rtol, atol = tolerance("replay", dtype)
-                if float(apart) > 10 * (rtol * float(spread) + atol):
+                if float(missed) > 0:
+                    why = "a trainable variable used outside the layer calls it splits"
+                elif float(apart) > 10 * (rtol * float(spread) + atol):
                     why = "the loss mixes the examples"
                 elif float(stray) > 10 * (rtol * float(scale) + atol):
                     why = ("a layer or cell, run on one example alone, does not give what "
@@ -231,8 +244,9 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                     found = None
             except NotSplit as exc:
                 why = str(exc)
-            except Exception as exc:  # noqa: BLE001  (vectorized_map fails in many ways)
-                why = f"it could not be vectorised: {first_line(exc)}"
+            except Exception as exc:  # noqa: BLE001  (a cell or layer the split cannot run
+                # alone, or vectorized_map cannot convert: the Jacobian takes it)
+                why = f"it failed: {first_line(exc)}"
         for pfor in (True, False):
             if found is not None:
                 break
