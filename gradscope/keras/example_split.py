@@ -34,6 +34,8 @@ from typing import Any
 
 #: Weighted layers whose examples interact in training mode (batch statistics).
 BATCH_MIXING = frozenset({"BatchNormalization", "SyncBatchNormalization"})
+#: Keras' own layers that run code of the user's.
+USER_CODE = frozenset({"Lambda", "TFSMLayer"})
 
 
 class NotSplit(Exception):  # noqa: N818  (a signal to the caller, not an error for users)
@@ -103,13 +105,13 @@ class Recorder:
                     raise NotSplit(f"{layer.name}: dropout in its cell in training mode")
             with loops_recorded(loops, self):
                 return keras_call(*args, **kwargs)
-        nested = [layer for layer in _sublayers(operation)
+        nested = [layer for layer in [operation, *_sublayers(operation)]
                   if getattr(layer, "cell", None) is not None or class_label(layer)
                   in ("RNN", "Bidirectional")]
-        if nested or loops[0] is not operation:
+        if nested:
             raise NotSplit(f"{operation.name}: a recurrent call the split does not know")
         if not getattr(operation, "trainable_variables", None):
-            if not is_builtin(type(operation).__module__):
+            if not is_builtin(type(operation).__module__) or kind in USER_CODE:
                 raise NotSplit(f"{operation.name}: a layer of your own without weights, "
                                "which could mix the examples")
             return keras_call(*args, **kwargs)
