@@ -5,8 +5,11 @@ e_i. Keras' reductions are linear in the weights (``sum_over_batch_size`` divide
 entries, or by the unmasked ones of the whole batch, never by the weights), so the shares add
 up to the loss less its added terms (regularizers, ``add_loss``), which belong to no example;
 this is checked on every run, and a loss that is not such a sum is refused. The per-example
-gradients are one Jacobian of the shares under Keras' own call of the model (pfor, falling
-back to a loop), and they must add up to the tape's gradient of the shares' sum.
+gradients come from one batched backward pass under Keras' own call, split by example
+(:mod:`~gradscope.keras.example_split`), where the examples do not interact; else (and the
+method says why) from one Jacobian of the shares under Keras' own call of the model (pfor,
+falling back to a loop). Either way they must add up to the tape's gradient of the shares'
+sum.
 """
 
 from __future__ import annotations
@@ -128,8 +131,11 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                          weights: Any, size: int, traced: dict[Any, Any] | None = None
                          ) -> tuple[tuple[Any, ...], str]:
     """(loss, loss with zero weights, shares, per variable ‖row‖² per example, per variable
-    the rows' sum, per variable the tape's gradient of the shares' sum), and the method.
-    ``traced``: the traced functions by pfor, kept for another run (the bench's)."""
+    the rows' sum, per variable the tape's gradient of the shares' sum), and the method: split
+    from one batched backward pass where that is shown to be exact (every recomputed call
+    equals Keras', the loss keeps the examples apart, no variable is left out), else the
+    Jacobian. ``traced``: the traced functions ("split", then by pfor), kept for another run
+    (the bench's)."""
     from gradscope._tf import native_stderr_silenced
     from gradscope.keras.example_split import NotSplit, Recorder, observed, split_squares
     from gradscope.keras.stopped import start_of_call
