@@ -109,10 +109,24 @@ def _one_tape_per_example(model: Any, x: np.ndarray, y: np.ndarray,
                           weights: np.ndarray, training: bool = False) -> dict[str, np.ndarray]:
     """The truth: per layer, each example's gradient norm of Keras' own loss with the sample
     weights times e_i, less the loss with every weight 0 (the regularizer, no example's)."""
-    import tensorflow as tf
+    import keras
 
     norms: dict[str, list[float]] = {layer.name: [] for layer in model.layers
                                      if layer.trainable_weights}
+    previous = keras.config.floatx()
+    # The loss in the model's dtype, as gradscope computes it (Keras casts to floatx).
+    keras.config.set_floatx(str(model.trainable_variables[0].dtype))
+    try:
+        _tapes(model, x, y, weights, training, norms)
+    finally:
+        keras.config.set_floatx(previous)
+    return {name: np.array(values) for name, values in norms.items()}
+
+
+def _tapes(model: Any, x: np.ndarray, y: np.ndarray, weights: np.ndarray, training: bool,
+           norms: dict[str, list[float]]) -> None:
+    import tensorflow as tf
+
     for i in range(len(x)):
         one_hot = np.zeros((len(x),) + (1,) * (np.ndim(weights) - 1))
         one_hot[i] = 1.0
@@ -129,7 +143,6 @@ def _one_tape_per_example(model: Any, x: np.ndarray, y: np.ndarray,
             if layer.trainable_weights:
                 norms[layer.name].append(float(np.sqrt(sum(
                     np.sum(np.asarray(by_path[v.path]) ** 2) for v in layer.trainable_weights))))
-    return {name: np.array(values) for name, values in norms.items()}
 
 
 @pytest.mark.parametrize(("kind", "dtype", "rtol"), [
