@@ -53,7 +53,10 @@ class LoopRecord:
     initial: Any  # the initial state's structure, as the cell takes its states
     started: list[Any] = field(default_factory=list)  # each state entering each step
     raw: list[Any] = field(default_factory=list)  # each state the cell returned, unmasked
-    probes: list[Any] = field(default_factory=list)  # one per state, then one on the output
+    probes: list[Any] = field(default_factory=list)  # one per state
+    #: What the loop returned at each step, unmasked, in processing order (watched: its
+    #: gradient is the output's own cotangent where the output is no state).
+    outputs: Any = None
     output_is_state: bool = True
     training: Any = None
 
@@ -209,16 +212,10 @@ def recorded_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, tra
     keep = None if mask is None else tf.cast(mask, tf.bool)
     if keep is not None and len(keep.shape) != 2:
         raise NotSplit(f"{layer.name}: a mask of rank {len(keep.shape)}")
-    # The cell's first step tells whether its output is one of its states, and its shape.
-    out0, new0 = cell(sequences[:, 0], tree.pack_sequence_as(initial_state, flat), **kwargs)
-    flat0 = list(tree.flatten(new0 if tree.is_nested(new0) else [new0]))
-    output_is_state = any(n is out0 for n in flat0)
     probes = [tf.zeros([batch, steps, *_dims(s)[1:]], s.dtype) for s in flat]
-    if not output_is_state:
-        probes.append(tf.zeros([batch, steps, *_dims(out0)[1:]], out0.dtype))
     watch(probes)
     record = LoopRecord(layer=layer, sequences=sequences, keep=keep, initial=initial_state,
-                        probes=probes, output_is_state=output_is_state, training=training)
+                        probes=probes, training=training)
     count = len(flat)
 
     def step(inputs: Any, states: Any) -> tuple[Any, Any]:
@@ -228,8 +225,11 @@ def recorded_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, tra
         out, new = cell(x_t, states, **kwargs)
         raw = list(tree.flatten(new if tree.is_nested(new) else [new]))
         same = [k for k, n in enumerate(raw) if n is out]
-        probed = [n + p for n, p in zip(raw, probes_t[:count], strict=True)]
-        out = probed[same[0]] if same else out + probes_t[count]
+        probed = [n + p for n, p in zip(raw, probes_t, strict=True)]
+        # Where the output is a state, its probe takes the gradient from above too; else
+        # the output's own gradient is read on the sequence the loop returns.
+        record.output_is_state = bool(same)
+        out = probed[same[0]] if same else out
         if keep_t is not None:  # Keras' masking: a masked step keeps the states
             probed = [_where(tf, keep_t, n, s)
                       for n, s in zip(probed, started, strict=True)]
@@ -244,6 +244,8 @@ def recorded_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, tra
         input_length=steps, zero_output_for_mask=layer.zero_output_for_mask,
         return_all_outputs=True)
     outputs, rest = outputs[0], list(outputs[1:])
+    watch(outputs)
+    record.outputs = outputs
     if backwards:  # processing order back to input order, as the probes are
         rest = [tf.reverse(r, [1]) for r in rest]
     record.started, record.raw = rest[:count], rest[count:]
@@ -260,7 +262,8 @@ def recorded_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, tra
 def loop_rows(record: LoopRecord, gradients: list[Any]) -> tuple[list[Any], Any]:
     """Per example, the gradient of each of the cell's trainable variables (B, ·), and how far
     the recomputed steps stray from Keras' (B,): the VJP of one step of the cell on the T
-    steps of the example as rows, with the probes' gradients as cotangents."""
+    steps of the example as rows, with the probes' gradients as cotangents (``gradients``:
+    the tape's on :func:`loop_targets`)."""
     import tensorflow as tf
     from keras import tree
 
@@ -280,8 +283,17 @@ def loop_rows(record: LoopRecord, gradients: list[Any]) -> tuple[list[Any], Any]
                           for n, r in zip(flat, raw, strict=True)])
         return [tf.convert_to_tensor(g) for g in grads], stray
 
-    elems = (record.sequences, list(record.started), list(record.raw), list(gradients))
+    *cotangents, on_outputs = gradients
+    if not record.output_is_state:
+        cotangents.append(tf.reverse(on_outputs, [1]) if record.layer.go_backwards
+                          else on_outputs)
+    elems = (record.sequences, list(record.started), list(record.raw), cotangents)
     return tf.vectorized_map(one, elems, fallback_to_while_loop=False)
+
+
+def loop_targets(record: LoopRecord) -> list[Any]:
+    """What the tape differentiates for one loop: its probes, then its output sequence."""
+    return [*record.probes, record.outputs]
 
 
 def call_rows(record: CallRecord, gradients: list[Any], size: int) -> tuple[list[Any], Any]:
@@ -351,4 +363,4 @@ def split_squares(tf: Any, recorder: Recorder, gradients: dict[str, list[Any]],
 
 
 __all__ = ["CallRecord", "LoopRecord", "NotSplit", "Recorder", "call_rows", "loop_rows",
-           "observed", "split_squares"]
+           "loop_targets", "observed", "split_squares"]

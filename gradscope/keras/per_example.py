@@ -137,7 +137,7 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
     Jacobian. ``traced``: the traced functions ("split", then by pfor), kept for another run
     (the bench's)."""
     from gradscope._tf import native_stderr_silenced
-    from gradscope.keras.example_split import NotSplit, Recorder, observed, split_squares
+    from gradscope.keras import example_split as split_by
     from gradscope.keras.stopped import start_of_call
     from gradscope.keras.whole_model import losses_kept, model_outputs
 
@@ -184,11 +184,11 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                                                       for g in gradient]
 
     def split(feed: list[Any], y: list[Any], ones: Any, mixer: Any) -> Any:
-        recorder = Recorder(watch=lambda _: None, training=engine.training)
+        recorder = split_by.Recorder(watch=lambda _: None, training=engine.training)
         with tf.GradientTape() as tape:
             recorder.watch = tape.watch
             start_of_call()
-            with observed(engine.model, recorder):
+            with split_by.observed(engine.model, recorder):
                 outputs = model_outputs(engine.model, feed, engine.training)
         # The loss on a tape of its own: its gradients on the outputs, then one backward
         # pass of the model from there.
@@ -201,12 +201,12 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
         mixed_on = on_loss.gradient(mixed, outputs,
                                     unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        targets = {"loops": [r.probes for r in recorder.loops],
+        targets = {"loops": [split_by.loop_targets(r) for r in recorder.loops],
                    "calls": [r.outputs for r in recorder.calls]}
         on_targets, gradient = tape.gradient(
             outputs, [targets, variables], output_gradients=on_outputs,
             unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        squares, summed, stray, scale, used = split_squares(tf, recorder, on_targets,
+        squares, summed, stray, scale, used = split_by.split_squares(tf, recorder, on_targets,
                                                             variables, size)
         # A variable no recorded call uses must have no gradient: else the split missed it.
         missed = [tf.reduce_max(tf.abs(tf.cast(g, tf.float64)))
@@ -248,7 +248,7 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                     method = SPLIT_METHOD
                 if method != SPLIT_METHOD:
                     found = None
-            except NotSplit as exc:
+            except split_by.NotSplit as exc:
                 why = str(exc)
             except Exception as exc:  # noqa: BLE001  (a cell or layer the split cannot run
                 # alone, or vectorized_map cannot convert: the Jacobian takes it)
