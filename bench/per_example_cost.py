@@ -2,6 +2,7 @@
 (input 64 → LSTM U (sequences) → LSTM U → Dense 10, softmax cross-entropy from logits),
 batch B, T steps, in one process. Each side is traced once (its first run, reported apart:
 explain pays it once), then run alternately; medians of the seconds and of the pair ratios.
+The method line says which path ran (split from one batched backward pass, or the Jacobian).
 
     .venv/bin/python bench/per_example_cost.py [--batch 64] [--steps 100] [--units 256]
                                                [--repeats 3] [--json]
@@ -59,10 +60,12 @@ def main() -> None:
     def batched() -> None:
         [g.numpy() for g in tape(feed[0], targets[0])]
 
-    kept: dict[bool, object] = {}
+    kept: dict[object, object] = {}
+    method = [""]
 
     def per_example() -> None:
-        _shares_and_jacobian(engine, variables, feed, targets, None, args.batch, kept)
+        _, method[0] = _shares_and_jacobian(engine, variables, feed, targets, None, args.batch,
+                                            kept)
 
     start = time.perf_counter()
     batched()
@@ -82,12 +85,13 @@ def main() -> None:
            "tape_seconds": statistics.median(theirs),
            "per_example_seconds": statistics.median(ours),
            "ratio": statistics.median(o / t for o, t in zip(ours, theirs, strict=True)),
-           "tape_first_seconds": tape_trace, "per_example_first_seconds": ours_trace}
+           "tape_first_seconds": tape_trace, "per_example_first_seconds": ours_trace,
+           "method": method[0]}
     print(json.dumps(row) if args.json else
           f"batch {args.batch}, {args.steps} steps, LSTM {args.units}: tape "
           f"{row['tape_seconds']:.2f} s, --per-example {row['per_example_seconds']:.2f} s, "
           f"{row['ratio']:.1f}× (first runs, traced: {tape_trace:.1f} s and "
-          f"{ours_trace:.1f} s)")
+          f"{ours_trace:.1f} s)\nmethod: {method[0]}")
 
 
 if __name__ == "__main__":

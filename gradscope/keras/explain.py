@@ -200,7 +200,7 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     if per_example:
         from gradscope.keras.per_example import per_example as examples_section
 
-        say("per-example gradients: one Jacobian of the examples' losses")
+        say("per-example gradients: the batched backward pass, split by example")
         update["per_example"] = examples_section(
             engine, job.batch.inputs, targets, job.batch.sample_weight,
             {entry.path: entry.layer for entry in report.gradients if entry.trainable})

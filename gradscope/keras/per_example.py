@@ -5,8 +5,11 @@ e_i. Keras' reductions are linear in the weights (``sum_over_batch_size`` divide
 entries, or by the unmasked ones of the whole batch, never by the weights), so the shares add
 up to the loss less its added terms (regularizers, ``add_loss``), which belong to no example;
 this is checked on every run, and a loss that is not such a sum is refused. The per-example
-gradients are one Jacobian of the shares under Keras' own call of the model (pfor, falling
-back to a loop), and they must add up to the tape's gradient of the shares' sum.
+gradients come from one batched backward pass under Keras' own call, split by example
+(:mod:`~gradscope.keras.example_split`), where the examples do not interact; else (and the
+method says why) from one Jacobian of the shares under Keras' own call of the model (pfor,
+falling back to a loop). Either way they must add up to the tape's gradient of the shares'
+sum.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ TOP_FRACTION = 0.1
 #: An example is an outlier when its ‖g_i‖ exceeds the median by more than this many scaled
 #: median absolute deviations (1.4826 · MAD, the standard deviation of a normal sample).
 OUTLIER_MADS = 3.5
+#: ``method`` when the examples' gradients come from one batched backward pass, split.
+SPLIT_METHOD = ("one batched backward pass under Keras' own call, split by example: per "
+                "layer, the VJP of its own call (of one step of its own cell, on every step at "
+                "once) vectorised over the examples")
 
 
 def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
@@ -121,12 +128,16 @@ def noise_scale(squares: np.ndarray, batch_squared: float) -> float | None:
 
 
 def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: list[Any],
-                         weights: Any, size: int, traced: dict[bool, Any] | None = None
+                         weights: Any, size: int, traced: dict[Any, Any] | None = None
                          ) -> tuple[tuple[Any, ...], str]:
     """(loss, loss with zero weights, shares, per variable ‖row‖² per example, per variable
-    the rows' sum, per variable the tape's gradient of the shares' sum), and the method.
-    ``traced``: the traced functions by pfor, kept for another run (the bench's)."""
+    the rows' sum, per variable the tape's gradient of the shares' sum), and the method: split
+    from one batched backward pass where that is shown to be exact (every recomputed call
+    equals Keras', the loss keeps the examples apart, no variable is left out), else the
+    Jacobian. ``traced``: the traced functions ("split", then by pfor), kept for another run
+    (the bench's)."""
     from gradscope._tf import native_stderr_silenced
+    from gradscope.keras import example_split as split_by
     from gradscope.keras.stopped import start_of_call
     from gradscope.keras.whole_model import losses_kept, model_outputs
 
@@ -145,18 +156,23 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
         return _times(tf, spread[0], weights) if len(spread) == 1 else [
             _times(tf, part, weights) for part in spread]
 
+    def losses(feed: list[Any], y: list[Any], outputs: list[Any], ones: Any) -> Any:
+        """The loss, the loss with every weight 0 and each example's share (called under the
+        tape that differentiates the shares)."""
+        with tf.GradientTape() as inner:
+            inner.watch(ones)
+            loss = engine.compute_loss(feed, y, outputs, weighted(ones, outputs))
+        added = engine.compute_loss(feed, y, outputs, weighted(tf.zeros_like(ones), outputs))
+        # Linear in the weights: example i's share is ∂L/∂w_i at w_i = 1.
+        shares = ones * inner.gradient(loss, ones,
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, added, shares
+
     def step(feed: list[Any], y: list[Any], ones: Any, pfor: bool) -> Any:
         with tf.GradientTape(persistent=True) as tape:
             start_of_call()
             outputs = model_outputs(engine.model, feed, engine.training)
-            with tf.GradientTape() as inner:
-                inner.watch(ones)
-                loss = engine.compute_loss(feed, y, outputs, weighted(ones, outputs))
-            added = engine.compute_loss(feed, y, outputs,
-                                        weighted(tf.zeros_like(ones), outputs))
-            # Linear in the weights: example i's share is ∂L/∂w_i at w_i = 1.
-            shares = ones * inner.gradient(loss, ones,
-                                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            loss, added, shares = losses(feed, y, outputs, ones)
             total = tf.reduce_sum(shares)
         rows = tape.jacobian(shares, variables, experimental_use_pfor=pfor,
                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -167,19 +183,87 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
         return loss, added, shares, squares, summed, [tf.convert_to_tensor(g)
                                                       for g in gradient]
 
+    def split(feed: list[Any], y: list[Any], ones: Any, mixer: Any) -> Any:
+        recorder = split_by.Recorder(watch=lambda _: None, training=engine.training)
+        with tf.GradientTape() as tape:
+            recorder.watch = tape.watch
+            start_of_call()
+            with split_by.observed(engine.model, recorder):
+                outputs = model_outputs(engine.model, feed, engine.training)
+        # The loss on a tape of its own: its gradients on the outputs, then one backward
+        # pass of the model from there.
+        with tf.GradientTape(persistent=True) as on_loss:
+            on_loss.watch(outputs)
+            loss, added, shares = losses(feed, y, outputs, ones)
+            total = tf.reduce_sum(shares)
+            mixed = tf.reduce_sum(mixer * shares)
+        on_outputs = on_loss.gradient(total, outputs,
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        mixed_on = on_loss.gradient(mixed, outputs,
+                                    unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        targets = {"loops": [split_by.loop_targets(r) for r in recorder.loops],
+                   "calls": [r.outputs for r in recorder.calls]}
+        on_targets, gradient = tape.gradient(
+            outputs, [targets, variables], output_gradients=on_outputs,
+            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        squares, summed, stray, scale, used = split_by.split_squares(tf, recorder, on_targets,
+                                                            variables, size)
+        # A variable no recorded call uses must have no gradient: else the split missed it.
+        missed = [tf.reduce_max(tf.abs(tf.cast(g, tf.float64)))
+                  for g, split_uses in zip(gradient, used, strict=True) if not split_uses]
+        # A loss that keeps the examples apart: example i's row of ∂(Σ r_i L_i)/∂outputs is
+        # r_i times its row of ∂(Σ L_i)/∂outputs.
+        apart = [tf.reduce_max(tf.abs(tf.cast(m - tf.reshape(mixer, [-1] + [1] * (
+            len(o.shape) - 1)) * o, tf.float64))) for m, o in zip(mixed_on, on_outputs,
+                                                                  strict=True)]
+        zero = tf.constant(0.0, tf.float64)
+        sizes = [tf.reduce_max(tf.abs(tf.cast(m, tf.float64))) for m in mixed_on]
+        return (loss, added, shares, squares, summed,
+                [tf.convert_to_tensor(g) for g in gradient], stray, scale,
+                tf.reduce_max(tf.stack([zero, *apart])), tf.reduce_max(tf.stack([zero, *sizes])),
+                tf.reduce_max(tf.stack([zero, *missed])))
+
     ones = tf.ones([size], dtype=dtype)
     found = None
     method = ""
     traced = {} if traced is None else traced
     with native_stderr_silenced(), losses_kept(engine.model):
+        why = _split_refused(engine)
+        if why is None:
+            try:
+                if "split" not in traced:
+                    traced["split"] = tf.function(split, autograph=False)
+                mixer = tf.constant(np.random.default_rng(7).uniform(0.5, 1.5, size), dtype)
+                *found, stray, scale, apart, spread, missed = traced["split"](feed, y, ones,
+                                                                               mixer)
+                rtol, atol = tolerance("replay", dtype)
+                if float(missed) > 0:
+                    why = "a trainable variable used outside the layer calls it splits"
+                elif float(apart) > 10 * (rtol * float(spread) + atol):
+                    why = "the loss mixes the examples"
+                elif float(stray) > 10 * (rtol * float(scale) + atol):
+                    why = ("a layer or cell, run on one example alone, does not give what "
+                           "Keras' call of the batch gave (its examples interact)")
+                else:
+                    method = SPLIT_METHOD
+                if method != SPLIT_METHOD:
+                    found = None
+            except split_by.NotSplit as exc:
+                why = str(exc)
+            except Exception as exc:  # noqa: BLE001  (a cell or layer the split cannot run
+                # alone, or vectorized_map cannot convert: the Jacobian takes it)
+                why = f"it failed: {first_line(exc)}"
         for pfor in (True, False):
+            if found is not None:
+                break
             try:
                 if pfor not in traced:
                     traced[pfor] = tf.function(step, autograph=False)
                 found = traced[pfor](feed, y, ones, pfor)
                 method = ("one Jacobian of the examples' losses under Keras' own call, "
                           + ("vectorised (pfor)" if pfor else "one backward pass per example "
-                             "(a tf.while_loop; pfor could not vectorise this model)"))
+                             "(a tf.while_loop; pfor could not vectorise this model)")
+                          + f" (not split by layer: {why})")
                 break
             except Exception as exc:  # noqa: BLE001  (pfor fails in many ways; loop next)
                 failure = first_line(exc)
@@ -193,6 +277,13 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
              [np.asarray(s, np.float64) for s in squares],
              [np.asarray(s, np.float64) for s in summed],
              [np.asarray(g, np.float64) for g in gradient]), method)
+
+
+def _split_refused(engine: Any) -> str | None:
+    """Why the model's loss cannot be split by example whatever its layers (None: it may)."""
+    if engine.plan.custom_compute_loss:
+        return "a compute_loss of your own, which may read more than the model's outputs"
+    return None
 
 
 def _spread(tf: Any, scale: Any, output: Any) -> Any:
