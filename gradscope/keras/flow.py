@@ -64,7 +64,10 @@ JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's
                    "initial-state unit carried forward through one loop over time")
 
 STEPPED_JACOBIAN = ("a call gradscope's cells do not model: the cell the model holds, "
-                    "stepped in tf.scan with Keras' masking, in its own dtype")
+                    "stepped in tf.scan with Keras' masking, in its own dtype (a masked "
+                    "GRU, LSTM or SimpleRNN of Keras': gradscope's cell linearised by hand on "
+                    "the layer's weights, a masked step keeping the states, its final "
+                    "states held to the layer's own)")
 
 #: Bidirectional merge modes whose gradient gradscope splits between the two directions.
 MERGE_MODES = ("concat", "sum", "ave", "mul", None)

@@ -19,7 +19,7 @@ import numpy as np
 
 from gradscope.errors import first_line
 from gradscope.gradcheck import tolerance
-from gradscope.keras.cross_check import compared_outputs
+from gradscope.keras.cross_check import cell_params, compared_outputs, unmodelled
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
 
 #: How the two directions of a Bidirectional call are merged into its output.
@@ -403,6 +403,17 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             # A state of several axes (a ConvLSTM's feature maps) is read flat.
             return _state_jacobian_backward(engine, direction, x, mask, initial)
         inputs, start = _time_major(tf, direction.layer, x, mask, initial)
+        by_hand = _linearised(engine, direction.layer)
+        if by_hand is not None:
+            compute = jacobian_function(tf, _cell_advance(engine, direction.layer),
+                                        tangent=by_hand)
+            jacobian, final = carried(tf, compute, {}, inputs, start)
+            # Witnessed: gradscope's cell must end where the layer's own cell ended.
+            ended = np.concatenate([s[:, -1].reshape(len(s), -1)
+                                    for s in stepped.states[index]], axis=1)
+            rtol, atol = tolerance("cross_check", str(x.dtype.name))
+            if np.allclose(final, ended, rtol=rtol, atol=atol):
+                return jacobian
         try:
             cell = direction.layer.cell
             # Dropout masks drawn for B examples do not fold k copies of the batch.
@@ -414,6 +425,51 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             return jacobian
         except Exception:  # noqa: BLE001  (a step vectorized_map cannot convert)
             return _state_jacobian_backward(engine, direction, x, mask, initial)
+
+
+def _linearised(engine: Any, layer: Any) -> Any:
+    """For a Keras GRU, LSTM or SimpleRNN whose cell gradscope's cells model (masks aside),
+    its step linearised by hand (:meth:`~gradscope.cells.base.Cell.tf_step_tangent`) on the
+    layer's own weights in its compute dtype, a masked step keeping the states and their
+    tangents, for :func:`~gradscope.keras.state_tangents.jacobian_function`; else None."""
+    from gradscope.keras.layers import LayerFacts, explainer_for
+    from gradscope.keras.layers.recurrent import RecurrentExplainer
+
+    kind = class_label(layer)
+    if kind not in ("GRU", "LSTM", "SimpleRNN"):
+        return None
+    tf, dtype = engine.tf, layer.cell.compute_dtype
+    kernel = getattr(layer.cell, "kernel", None)
+    if kernel is None:
+        return None
+    facts = LayerFacts(name=layer.name, class_name=kind, config=layer.get_config(),
+                       input_shapes=((None, None, int(kernel.shape[0])),))
+    explainer = explainer_for(kind)
+    if unmodelled(facts, engine.training) or not isinstance(explainer, RecurrentExplainer):
+        return None
+    try:
+        cell = explainer.cell(facts)
+        params = {k: tf.constant(v, dtype) for k, v in cell_params(cell, {
+            v.path.split("/")[-1]: np.asarray(v.numpy()) for v in layer.weights}).items()}
+    except Exception:  # noqa: BLE001  (a layer the explainer does not read: autodiff)
+        return None
+    if not cell.has_tangent:
+        return None
+    weights = cell.tf_step_weights(tf, params)
+
+    def tangent(_: Any, states: list[Any], inputs_t: tuple[Any, ...],
+                tangents: list[Any]) -> tuple[list[Any], list[Any]]:
+        (projected,) = cell.tf_inputs(tf, params, inputs_t[0][None])
+        after, moved = cell.tf_step_tangent(tf, weights, tuple(states), (projected[0],),
+                                            tuple(tangents))
+        if len(inputs_t) == 1:
+            return list(after), list(moved)
+        keep = tf.reshape(inputs_t[1], [-1, 1])
+        return ([tf.where(keep, a, s) for a, s in zip(after, states, strict=True)],
+                [tf.where(keep[None], m, t) for m, t in zip(moved, tangents, strict=True)])
+
+    return tangent
+
 
 
 def _time_major(tf: Any, layer: Any, x: Any, mask: Any,
