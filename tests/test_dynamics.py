@@ -36,3 +36,22 @@ def test_horizon_timescales_and_words() -> None:
     assert dynamics.verdict(evidence).startswith(
         "lstm: vanishing: 91% of forget-gate values below 0.1, median τ 0.4 steps, so "
         "gradients fade by 10³ within about 3 steps (measured 3, predicted 3.5)")
+
+
+def test_a_smallest_singular_value_below_the_arithmetics_resolution_is_a_bound():
+    """σ_min far below max(rows, columns)·eps·σ_max is rounding: given as that floor, marked;
+    one the arithmetic resolves is given as it is."""
+    from gradscope.dynamics import singular_summary
+
+    rng = np.random.default_rng(0)
+    q1, _ = np.linalg.qr(rng.standard_normal((3, 3, 3)))
+    q2, _ = np.linalg.qr(rng.standard_normal((3, 3, 3)))
+    eps = float(np.finfo(np.float64).eps)
+    for low, below in ((1e-3, False), (1e-22, True)):
+        blocks = q1 @ (np.array([2.0, 1.0, low])[:, None] * q2)
+        found = singular_summary(blocks, eps)
+        assert found["smallest_singular_below"] is below
+        assert found["largest_singular_median"] == pytest.approx(2.0)
+        assert found["smallest_singular_median"] == pytest.approx(3 * eps * 2.0 if below
+                                                                  else low, rel=1e-6)
+        assert found["frobenius_median"] == pytest.approx(np.sqrt(5 + low**2))

@@ -663,24 +663,23 @@ def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
             if isinstance(blocks, str):
                 still.append(KerasNotAnalysed(layer=direction.label, reason=blocks))
                 continue
-            entries.append(_jacobian_entry(direction.label, direction.names, blocks))
+            entries.append(_jacobian_entry(direction.label, direction.names, blocks,
+                                           direction.layer.cell.compute_dtype))
     return entries, still
 
 
-def _jacobian_entry(label: str, names: list[str], blocks: np.ndarray) -> JacobianEntry:
-    """The per-example blocks (B, rows, columns) summed up as the YAML report does; ``names``
-    the initial states' (h0, c0, states[k])."""
-    frobenius = np.sqrt(np.sum(blocks**2, axis=(1, 2)))
-    singular = np.linalg.svd(blocks, compute_uv=False)
+def _jacobian_entry(label: str, names: list[str], blocks: np.ndarray,
+                    dtype: Any = np.float64) -> JacobianEntry:
+    """The per-example blocks (B, rows, columns), computed in ``dtype``, summed up as the YAML
+    report does (:func:`~gradscope.dynamics.singular_summary`); ``names`` the initial states'
+    (h0, c0, states[k])."""
+    from gradscope.dynamics import singular_summary
+
     finals = [n.removesuffix("0") + "_T" if n in ("h0", "c0") else f"{n}_T" for n in names]
     return JacobianEntry(
         target=f"{label}/{_joined(finals)}", source=f"{label}/{_joined(list(names))}",
         shape=list(blocks.shape[1:]),
-        frobenius_median=float(np.median(frobenius)),
-        frobenius_min=float(np.min(frobenius)),
-        frobenius_max=float(np.max(frobenius)),
-        largest_singular_median=float(np.median(singular[:, 0])),
-        smallest_singular_median=float(np.median(singular[:, -1])))
+        **singular_summary(blocks, float(np.finfo(np.dtype(dtype)).eps)))
 
 
 def _joined(parts: list[str]) -> str:

@@ -231,6 +231,10 @@ class JacobianEntry(_Report):
     frobenius_max: float
     largest_singular_median: float
     smallest_singular_median: float
+    smallest_singular_below: bool = Field(
+        default=False, description="σ_min is below what the arithmetic resolves for most "
+        "examples (max(rows, columns)·eps·σ_max): smallest_singular_median is then that "
+        "floor's median, an upper bound")
 
 
 class FlowFlag(_Report):

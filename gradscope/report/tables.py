@@ -62,7 +62,8 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
         median = atom(number(entry.frobenius_median))
         spread = f"{number(entry.frobenius_min)} … {number(entry.frobenius_max)}"
         largest = number(entry.largest_singular_median)
-        smallest = number(entry.smallest_singular_median)
+        smallest = ("< " if entry.smallest_singular_below else "") + number(
+            entry.smallest_singular_median)
         pair = atom(f"{entry.target}\n/ {entry.source}")
         wide.add_row(atom(entry.target), atom(entry.source), block, median, atom(spread),
                      atom(largest), atom(smallest))

@@ -9,6 +9,7 @@ import numpy as np
 
 from gradscope.cells.base import TensorInfo
 from gradscope.chunks import CARRIED_SHARE_THRESHOLD, carried_weights
+from gradscope.dynamics import singular_summary
 from gradscope.errors import ConfigError, InternalError
 from gradscope.gradient_stats import flow_flags, per_example_norms, stats
 from gradscope.report.models import (
@@ -246,11 +247,7 @@ def jacobian_entry(algebra: ModelShapes, block: JacobianBlock) -> JacobianEntry:
         target=_state_label(algebra, block.target_layer, final=True),
         source=_state_label(algebra, block.source_layer, final=False),
         shape=list(block.shape),
-        frobenius_median=float(np.median(block.frobenius)),
-        frobenius_min=float(np.min(block.frobenius)),
-        frobenius_max=float(np.max(block.frobenius)),
-        largest_singular_median=float(np.median(block.largest_singular)),
-        smallest_singular_median=float(np.median(block.smallest_singular)),
+        **singular_summary(block.blocks, float(np.finfo(np.dtype(algebra.spec.dtype)).eps)),
     )
 
 
