@@ -5,8 +5,11 @@ One layer of the user-sized model (LSTM 256 on 64 features, batch 32; gradscope'
 float64, as ``explain --jacobians`` runs it), over ``--steps`` steps:
 - ``floor``: the one product every Jacobian column needs at every step, the recurrent
   kernel (u × 4u) times the h part of S = 2u columns for all B examples, and nothing else;
-- ``carried``: gradscope's route, the S tangents carried forward in blocks
-  (gradscope/keras/state_tangents.py);
+- ``by_hand``: gradscope's route, the S tangents carried forward in blocks
+  (gradscope/keras/state_tangents.py) through the cell's step linearised by hand
+  (``Cell.tf_step_tangent``);
+- ``carried``: the route before it, the same blocks through forward-mode autodiff of the step
+  (``tf.autodiff.ForwardAccumulator``), as a cell of the user's still takes;
 - ``backward``: the route before it, ``batch_jacobian`` with one backward pass per unit.
 Each runs once untimed (its trace), then alternately ``--repeats`` times; wall and CPU
 seconds per step (medians), and both extrapolated to 1000 steps and two layers.
@@ -43,7 +46,13 @@ def routes(tf, cell, params, x, initial):  # noqa: ANN001, ANN201  (a bench)
     def advance(weights, states, inputs_t):  # noqa: ANN001, ANN202
         return list(cell.tf_step(tf, weights, tuple(states), inputs_t))
 
+    def tangent(weights, states, inputs_t, tangents):  # noqa: ANN001, ANN202
+        after, moved = cell.tf_step_tangent(tf, weights, tuple(states), inputs_t,
+                                            tuple(tangents))
+        return list(after), list(moved)
+
     carried = state_tangents.jacobian_function(tf, advance)
+    by_hand = state_tangents.jacobian_function(tf, advance, tangent=tangent)
 
     @tf.function(autograph=False)
     def floor(inputs, columns):  # noqa: ANN001, ANN202
@@ -68,6 +77,8 @@ def routes(tf, cell, params, x, initial):  # noqa: ANN001, ANN201  (a bench)
     columns = tf.zeros((width, int(x.shape[0]), width), x.dtype)
     return {
         "floor": lambda: floor(inputs, columns).numpy(),
+        "by_hand": lambda: state_tangents.state_jacobian(tf, by_hand, weights, inputs,
+                                                         states)[0],
         "carried": lambda: state_tangents.state_jacobian(tf, carried, weights, inputs,
                                                          states)[0],
         "backward": lambda: backward(params, x, initial).numpy(),
@@ -88,8 +99,9 @@ def main() -> None:
     x = tf.constant(rng.standard_normal((args.batch, args.steps, 64)))
     initial = tf.constant(0.1 * rng.standard_normal((args.batch, 2 * args.units)))
     found = routes(tf, cell, params, x, initial)
-    np.testing.assert_allclose(found["carried"](), found["backward"](), rtol=1e-9,
-                               atol=1e-12)  # the same Jacobian, and each route traced
+    truth = found["backward"]()
+    for name in ("by_hand", "carried"):  # the same Jacobian, and each route traced
+        np.testing.assert_allclose(found[name](), truth, rtol=1e-9, atol=1e-12)
     found["floor"]()
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in found}
     for _ in range(args.repeats):
