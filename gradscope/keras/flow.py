@@ -66,8 +66,8 @@ JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's
 STEPPED_JACOBIAN = ("a call gradscope's cells do not model: the cell the model holds, "
                     "stepped in tf.scan with Keras' masking, in its own dtype (a masked "
                     "GRU, LSTM or SimpleRNN of Keras': gradscope's cell linearised by hand on "
-                    "the layer's weights, a masked step keeping the states, its final "
-                    "states held to the layer's own)")
+                    "the layer's weights, in float64, a masked step keeping the states, its "
+                    "final states held to the layer's own)")
 
 #: Bidirectional merge modes whose gradient gradscope splits between the two directions.
 MERGE_MODES = ("concat", "sum", "ave", "mul", None)
@@ -663,8 +663,9 @@ def _stepped_jacobians(engine: Any, result: KerasPass, labels: set[str],
             if isinstance(blocks, str):
                 still.append(KerasNotAnalysed(layer=direction.label, reason=blocks))
                 continue
+            # In the dtype it was computed in: float64 by hand, else the cell's own.
             entries.append(_jacobian_entry(direction.label, direction.names, blocks,
-                                           direction.layer.cell.compute_dtype))
+                                           blocks.dtype))
     return entries, still
 
 

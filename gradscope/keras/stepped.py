@@ -405,15 +405,19 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
         inputs, start = _time_major(tf, direction.layer, x, mask, initial)
         by_hand = _linearised(engine, direction.layer)
         if by_hand is not None:
+            # In float64, as gradscope's cells take an unmasked call.
             compute = jacobian_function(tf, _cell_advance(engine, direction.layer),
                                         tangent=by_hand)
-            jacobian, final = carried(tf, compute, {}, inputs, start)
+            jacobian, final = carried(
+                tf, compute, {}, tuple(v if v.dtype == tf.bool else tf.cast(v, tf.float64)
+                                       for v in inputs),
+                [tf.cast(s, tf.float64) for s in start])
             # Witnessed: gradscope's cell must end where the layer's own cell ended.
             ended = np.concatenate([s[:, -1].reshape(len(s), -1)
                                     for s in stepped.states[index]], axis=1)
             rtol, atol = tolerance("cross_check", str(x.dtype.name))
             if np.allclose(final, ended, rtol=rtol, atol=atol):
-                return jacobian
+                return jacobian  # float64
         try:
             cell = direction.layer.cell
             # Dropout masks drawn for B examples do not fold k copies of the batch.
@@ -422,7 +426,7 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             compute = jacobian_function(tf, _cell_advance(engine, direction.layer),
                                         folded=False if dropping else None)
             jacobian, _ = carried(tf, compute, {}, inputs, start)
-            return jacobian
+            return jacobian.astype(cell.compute_dtype)  # what it was computed in
         except Exception:  # noqa: BLE001  (a step vectorized_map cannot convert)
             return _state_jacobian_backward(engine, direction, x, mask, initial)
 
@@ -430,15 +434,15 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
 def _linearised(engine: Any, layer: Any) -> Any:
     """For a Keras GRU, LSTM or SimpleRNN whose cell gradscope's cells model (masks aside),
     its step linearised by hand (:meth:`~gradscope.cells.base.Cell.tf_step_tangent`) on the
-    layer's own weights in its compute dtype, a masked step keeping the states and their
-    tangents, for :func:`~gradscope.keras.state_tangents.jacobian_function`; else None."""
+    layer's own weights in float64, a masked step keeping the states and their tangents, for
+    :func:`~gradscope.keras.state_tangents.jacobian_function`; else None."""
     from gradscope.keras.layers import LayerFacts, explainer_for
     from gradscope.keras.layers.recurrent import RecurrentExplainer
 
     kind = class_label(layer)
     if kind not in ("GRU", "LSTM", "SimpleRNN"):
         return None
-    tf, dtype = engine.tf, layer.cell.compute_dtype
+    tf = engine.tf
     kernel = getattr(layer.cell, "kernel", None)
     if kernel is None:
         return None
@@ -449,7 +453,7 @@ def _linearised(engine: Any, layer: Any) -> Any:
         return None
     try:
         cell = explainer.cell(facts)
-        params = {k: tf.constant(v, dtype) for k, v in cell_params(cell, {
+        params = {k: tf.constant(v, tf.float64) for k, v in cell_params(cell, {
             v.path.split("/")[-1]: np.asarray(v.numpy()) for v in layer.weights}).items()}
     except Exception:  # noqa: BLE001  (a layer the explainer does not read: autodiff)
         return None
@@ -525,7 +529,7 @@ def _state_jacobian_backward(engine: Any, direction: Direction, x: Any, mask: An
         return tape.batch_jacobian(final, joined, experimental_use_pfor=False)
 
     joined = tf.concat([tf.reshape(s, [batch, -1]) for s in initial], axis=1)
-    return np.asarray(compute(x, mask, joined), np.float64)
+    return np.asarray(compute(x, mask, joined))  # in the cell's dtype
 
 
 #: The most numbers of ∂h_t/∂x one batch_jacobian holds at once (its units are taken in
