@@ -185,7 +185,7 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
     if jacobians:
         from gradscope.keras.flow import state_jacobians
 
-        say("state Jacobians ∂h_T/∂h_0 of every recurrent call")
+        say("state Jacobians ∂h_T/∂h_0 of every recurrent call: " + jacobian_sizes(result))
         update["state_jacobians"] = state_jacobians(job, engine, result)
         clock.lap("jacobians")
     if chunks is not None:
@@ -225,6 +225,23 @@ def explain(job: KerasJob, progress: Progress | None = None, timings: bool = Fal
 
 def _batchless(shape: tuple[int, ...]) -> tuple[int | None, ...]:
     return (None, *shape[1:])
+
+
+def jacobian_sizes(result: Any) -> str:
+    """What ``--jacobians`` will carry, call by call (``result``: a KerasPass): as many
+    tangents as the call's state has numbers per example, each through every step (what its
+    time goes by)."""
+    from gradscope.keras.engine import call_label
+
+    sizes = []
+    for call in result.calls:
+        if not call.states or not call.args or len(np.shape(call.args[0])) < 3:
+            continue
+        width = sum(int(np.prod(np.shape(s)[1:])) for s in call.states)
+        steps = int(np.shape(call.args[0])[1])
+        sizes.append(f"{call_label(call.layer, call.index)} {width:,} tangents × {steps:,} "
+                     "steps")
+    return ", ".join(sizes) if sizes else "none"
 
 
 def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
