@@ -33,6 +33,7 @@ from gradscope.report.models import FlowHistoryReport, NonFiniteEntry
 tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
+from gradscope.diagnosis_record import DiagnosisRecord  # noqa: E402
 from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
@@ -127,6 +128,13 @@ class GradientFlow(keras.callbacks.Callback):
             kept as ``callback.nonfinite``, and with ``log_dir`` written as
             ``nonfinite.json`` and a TensorBoard text summary) and stop training, as
             ``TerminateOnNaN`` does. It keeps a copy of the weights per step.
+        diagnose_every: every this many batches (None: never), diagnose every recurrent call
+            on the batch fit has just trained on, as ``gradscope diagnose`` does: the top
+            Lyapunov exponents (λ₁ first, nats per step), the gate saturation shares (Keras
+            GRU and LSTM) and the horizon predicted from λ₁ (docs/diagnose.md, "During
+            training"). It runs on the training thread, between two steps.
+        diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
+            diagnosis takes about twice as long).
 
     The current batch, in ``fit``, is the batch the observed train step has just been given
     (the last of ``steps_per_execution``), read after that step's weight update, in inference
@@ -135,11 +143,18 @@ class GradientFlow(keras.callbacks.Callback):
     """
 
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
-                 loss: str | None = None, stop_on_nan: bool = False) -> None:
+                 loss: str | None = None, stop_on_nan: bool = False,
+                 diagnose_every: int | None = None, diagnose_horizon: bool = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
                               "batches ≥ 1", where="every")
+        if diagnose_every is not None and (isinstance(diagnose_every, bool) or
+                                           not isinstance(diagnose_every, int) or
+                                           diagnose_every < 1):
+            raise ConfigError(f"GradientFlow(diagnose_every={diagnose_every!r}): expected a "
+                              "whole number of batches ≥ 1, or None (no diagnosis)",
+                              where="diagnose_every")
         if log_dir is not None:
             from gradscope.training_log import require_tensorboard
 
@@ -150,6 +165,10 @@ class GradientFlow(keras.callbacks.Callback):
                 raise ConfigError(f"GradientFlow(log_dir={str(log_dir)!r}): is a file; expected "
                                   "a folder", where="log_dir")
         self.every = every
+        self.diagnose_every = diagnose_every
+        self.diagnose_horizon = bool(diagnose_horizon)
+        self._diagnoses = DiagnosisRecord()
+        self._diagnosis_pending = False  # the train step about to run is diagnosed
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
@@ -213,7 +232,7 @@ class GradientFlow(keras.callbacks.Callback):
             return step(iterator)
 
         def step(iterator: Any) -> Any:
-            if not self._pending and not self.stop_on_nan:
+            if not self._pending and not self._diagnosis_pending and not self.stop_on_nan:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
             if not batches:
@@ -241,6 +260,8 @@ class GradientFlow(keras.callbacks.Callback):
         steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
         first = self._epoch_base + batch + 1
         self._pending = any(n % self.every == 0 for n in range(first, first + steps))
+        self._diagnosis_pending = self.diagnose_every is not None and any(
+            n % self.diagnose_every == 0 for n in range(first, first + steps))
         self._last_batch = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -251,9 +272,10 @@ class GradientFlow(keras.callbacks.Callback):
             self._pending = False
             self._stop_for_nan(self._batches)
             return
-        if not self._pending:
+        observed, diagnosed = self._pending, self._diagnosis_pending
+        if not observed and not diagnosed:
             return
-        self._pending = False
+        self._pending = self._diagnosis_pending = False
         data, self._last_batch = self._last_batch, None
         if data is None:
             raise ConfigError("GradientFlow: the batch fit trained on was not seen: "
@@ -262,7 +284,10 @@ class GradientFlow(keras.callbacks.Callback):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if y is None and not self._engine_for().added_only:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
-        self._observe(x, y, self._batches, self._epoch, sample_weight)
+        if observed:
+            self._observe(x, y, self._batches, self._epoch, sample_weight)
+        if diagnosed:
+            self._diagnose(x, y, self._batches, sample_weight)
 
     def _stop_for_nan(self, step: int) -> None:
         """Where the NaN of this step was born; said, kept, written; training stops."""
@@ -323,6 +348,8 @@ class GradientFlow(keras.callbacks.Callback):
         if step is None:
             step = self._record_of.next_step()
         self._observe(x, y, int(step), None, sample_weight)
+        if self.diagnose_every is not None and int(step) % self.diagnose_every == 0:
+            self._diagnose(x, y, int(step), sample_weight)
 
     # -- work beside training ------------------------------------------------------------------
 
@@ -471,6 +498,38 @@ class GradientFlow(keras.callbacks.Callback):
         else:
             self._submit(record)
 
+    def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
+        """Diagnose every recurrent call on this batch, now, with the weights fit has just
+        updated (training waits: the cells are read live, as they are between two steps);
+        recorded and written on the worker, after the observations before it."""
+        from gradscope.keras import nan_stop
+        from gradscope.keras.diagnose.during_training import EXPONENTS, read_calls
+
+        engine = self._engine_for()
+        inputs, targets = self._names(engine, x, y)
+        self._settle_warm_up()  # the warm-up traces the model's layers on the worker
+        readings, skipped = read_calls(engine, inputs, targets,
+                                       nan_stop.as_arrays(sample_weight), EXPONENTS,
+                                       self.diagnose_horizon)
+
+        def record() -> None:
+            self._diagnoses.add(readings, skipped, step)
+            if self.log_dir is not None:
+                self._write_diagnosis(step, readings, skipped)
+
+        if self._original_train_function is None:
+            record()
+        else:
+            self._submit(record)
+
+    def _write_diagnosis(self, step: int, readings: list[Any],
+                         skipped: list[tuple[str, str]]) -> None:
+        from gradscope.keras.summaries import FlowSummaryWriter
+
+        if self._writer is None:
+            self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
+        self._writer.write_diagnosis(step, readings, skipped, self._run(self._history()))
+
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
                 step: int, epoch: int | None) -> None:
         skipped = self._record_of.add(engine, inputs, result, step, epoch)
@@ -484,16 +543,21 @@ class GradientFlow(keras.callbacks.Callback):
         if self._writer is None:
             self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
         history = self._history()
-        run = {"source": history.source, "loss": history.loss, "mode": history.mode,
-               "every": history.every, "flag_factor": history.flag_factor,
-               "method": history.method,
-               "weights": [{"weight": w.weight, "shape": w.shape} for w in history.weights],
-               "recurrent": [{"layer": r.layer, "class_name": r.class_name, "units": r.units,
-                              "states": list(r.initial_state_norms), "backwards": r.backwards}
-                             for r in history.recurrent]}
         details = {"epoch": epoch, "batch_size": size,
                    "not_analysed": [{"layer": s.layer, "reason": s.reason} for s in skipped]}
-        self._writer.write(history, run, details)
+        self._writer.write(history, self._run(history), details)
+
+    @staticmethod
+    def _run(history: FlowHistoryReport) -> dict[str, Any]:
+        """The run's description, as ``gradscope watch`` reads it back."""
+        return {"source": history.source, "loss": history.loss, "mode": history.mode,
+                "every": history.every, "flag_factor": history.flag_factor,
+                "method": history.method, "diagnose_every": history.diagnose_every,
+                "diagnose_exponents": history.diagnose_exponents,
+                "weights": [{"weight": w.weight, "shape": w.shape} for w in history.weights],
+                "recurrent": [{"layer": r.layer, "class_name": r.class_name, "units": r.units,
+                               "states": list(r.initial_state_norms),
+                               "backwards": r.backwards} for r in history.recurrent]}
 
     # -- the report ----------------------------------------------------------------------------
 
@@ -510,6 +574,14 @@ class GradientFlow(keras.callbacks.Callback):
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
         report = self._record_of.report(source, loss, self.every)
+        if self.diagnose_every is not None:
+            from gradscope.keras.diagnose.during_training import EXPONENTS
+
+            report = report.model_copy(update={
+                "diagnose_every": self.diagnose_every, "diagnose_exponents": EXPONENTS,
+                "diagnosis_steps": list(self._diagnoses.steps),
+                "diagnoses": self._diagnoses.series(),
+                "not_diagnosed": self._diagnoses.not_diagnosed()})
         if self.nonfinite is None:
             return report
         return report.model_copy(update={"nonfinite": self.nonfinite,

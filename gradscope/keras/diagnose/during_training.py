@@ -1,0 +1,87 @@
+"""What ``GradientFlow(diagnose_every=N)`` reads on a batch during ``fit``: for every recurrent
+call, the top Lyapunov exponents, the gate saturation shares (Keras GRU and LSTM) and the
+memory horizon predicted from λ₁ (and, on request, measured).
+
+Each number comes from the functions ``gradscope diagnose`` reads it with, on the same
+trajectory (the call stepped through the cell the model holds, its outputs held to Keras'
+own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
+:func:`~gradscope.keras.diagnose.gates.read_gates`,
+:func:`~gradscope.keras.diagnose.horizon.measure` and :mod:`gradscope.dynamics`. So a number
+recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
+exponents=k)`` reports for the same weights. What ``diagnose`` reads besides (the norm of
+every step Jacobian, where ∂L/∂s_t grows, the counterfactuals) costs more than a pass of
+training and is left to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope import dynamics
+from gradscope.diagnosis_record import CallReading
+from gradscope.keras.engine import call_label, class_label
+from gradscope.report.models import GateShares
+
+#: The top exponents taken by default: λ₁ and a few below it (forward mode carries one
+#: tangent column per exponent, folded into the batch).
+EXPONENTS = 3
+
+
+def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+               sample_weight: Any = None, exponents: int = EXPONENTS,
+               measure_horizon: bool = False) -> tuple[list[CallReading],
+                                                       list[tuple[str, str]]]:
+    """Every recurrent call of ``engine``'s model on this batch, read with the model's current
+    weights; and the (call, reason) of those that cannot be. One pass of the engine (as
+    ``diagnose`` runs it) captures each call's input, output, mask and initial state; then
+    each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read.
+    ``measure_horizon``: also the measured horizon (about as long again as the rest)."""
+    from gradscope.keras.diagnose import is_recurrent
+    from gradscope.keras.diagnose.gates import known_gates, read_gates
+    from gradscope.keras.diagnose.horizon import measure
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
+    from gradscope.keras.stepped import step_call
+
+    result = engine.run(inputs, targets, watch_outputs=True, sample_weight=sample_weight)
+    readings: list[CallReading] = []
+    skipped: list[tuple[str, str]] = []
+    for call in result.calls:
+        if not is_recurrent(engine, call):
+            continue
+        stepped = step_call(engine, call, None, engine.training)
+        if isinstance(stepped, str):
+            skipped.append((call_label(call.layer, call.index), stepped))
+            continue
+        for index, direction in enumerate(stepped.directions):
+            layer = direction.layer
+            if engine.training and (getattr(layer.cell, "dropout", 0) or
+                                    getattr(layer.cell, "recurrent_dropout", 0)):
+                skipped.append((direction.label, "dropout in training mode: not yet "
+                                "diagnosed (run in inference mode)"))
+                continue
+            path = trajectory(stepped, index)
+            if isinstance(path, str):
+                skipped.append((direction.label, path))
+                continue
+            count = min(exponents, path.size)
+            spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(engine, path, count),
+                                                      path.ran)
+            why_not = known_gates(layer, engine.training)
+            gates = None
+            if why_not is None:
+                reading = read_gates(engine, path)
+                gates = {name: GateShares(below_0_1=reading.below[name],
+                                          above_0_9=reading.above[name])
+                         for name in reading.below}
+            largest = float(spectrum[0]) if len(spectrum) else None
+            measured = measure(engine, path, stepped.call.mask) if measure_horizon else None
+            readings.append(CallReading(
+                call=direction.label, class_name=class_label(layer),
+                cell=class_label(layer.cell), lyapunov=[float(v) for v in spectrum],
+                gates=gates, gates_note=why_not,
+                predicted=dynamics.predicted_horizon(largest),
+                measured=None if measured is None else measured.horizon,
+                window=None if measured is None else measured.window))
+    return readings, skipped
