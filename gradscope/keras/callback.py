@@ -169,6 +169,7 @@ class GradientFlow(keras.callbacks.Callback):
         self.diagnose_horizon = bool(diagnose_horizon)
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
+        self._diagnosis_functions: dict[Any, Any] = {}
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
@@ -449,6 +450,7 @@ class GradientFlow(keras.callbacks.Callback):
                                   where="model")
             self._engine = make_engine(self.model, self.loss_name)
             self._pass = TracedPass(self._engine)
+            self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
         return self._engine
 
     def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -507,10 +509,13 @@ class GradientFlow(keras.callbacks.Callback):
 
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
-        self._settle_warm_up()  # the warm-up traces the model's layers on the worker
+        # The diagnosis traces the model's layers here: nothing may trace them on the worker
+        # meanwhile (the warm-up, a first observation's witness).
+        self._drain()
+        self._settle_warm_up()
         readings, skipped = read_calls(engine, inputs, targets,
                                        nan_stop.as_arrays(sample_weight), EXPONENTS,
-                                       self.diagnose_horizon)
+                                       self.diagnose_horizon, self._diagnosis_functions)
 
         def record() -> None:
             self._diagnoses.add(readings, skipped, step)
