@@ -170,6 +170,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
         self._diagnosis_functions: dict[Any, Any] = {}
+        self._twin: Any = None  # the copy of the model diagnosed in fit (False: none)
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
@@ -451,6 +452,7 @@ class GradientFlow(keras.callbacks.Callback):
             self._engine = make_engine(self.model, self.loss_name)
             self._pass = TracedPass(self._engine)
             self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
+            self._twin = None  # and its copy of the model
         return self._engine
 
     def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -501,31 +503,48 @@ class GradientFlow(keras.callbacks.Callback):
             self._submit(record)
 
     def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
-        """Diagnose every recurrent call on this batch, now, with the weights fit has just
-        updated (training waits: the cells are read live, as they are between two steps);
-        recorded and written on the worker, after the observations before it."""
+        """Diagnose every recurrent call on this batch with the weights fit has just updated.
+        In fit, on a copy of the model given those weights, on the worker, while training
+        goes on (:mod:`~gradscope.keras.diagnosis_twin`); where the model cannot be copied,
+        and in a custom loop, on the model itself, now (training waits). Recorded and written
+        on the worker, after the observations before it."""
         from gradscope.keras import nan_stop
         from gradscope.keras.diagnose.during_training import EXPONENTS, read_calls
 
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
-        # The diagnosis traces the model's layers here: nothing may trace them on the worker
-        # meanwhile (the warm-up, a first observation's witness).
-        self._drain()
-        self._settle_warm_up()
-        readings, skipped = read_calls(engine, inputs, targets,
-                                       nan_stop.as_arrays(sample_weight), EXPONENTS,
-                                       self.diagnose_horizon, self._diagnosis_functions)
+        weighed = nan_stop.as_arrays(sample_weight)
+        twin = self._twin_for() if self._original_train_function is not None else None
 
-        def record() -> None:
+        def record(readings: list[Any], skipped: list[tuple[str, str]]) -> None:
             self._diagnoses.add(readings, skipped, step)
             if self.log_dir is not None:
                 self._write_diagnosis(step, readings, skipped)
 
+        if twin is not None:
+            weights = self.model.get_weights()  # copies, as the step left them
+            self._submit(lambda: record(*twin.read(weights, inputs, targets, weighed,
+                                                   EXPONENTS, self.diagnose_horizon)))
+            return
+        # The model's own layers are traced here: nothing may trace them on the worker
+        # meanwhile (the warm-up, a first observation's witness).
+        self._drain()
+        self._settle_warm_up()
+        found = read_calls(engine, inputs, targets, weighed, EXPONENTS, self.diagnose_horizon,
+                           self._diagnosis_functions)
         if self._original_train_function is None:
-            record()
+            record(*found)
         else:
-            self._submit(record)
+            self._submit(record, *found)
+
+    def _twin_for(self) -> Any:
+        """The copy of the model the diagnoses of fit run on (made at the first; None where
+        the model cannot be copied)."""
+        from gradscope.keras.diagnosis_twin import make_twin
+
+        if self._twin is None:
+            self._twin = make_twin(self.model, self.loss_name) or False
+        return self._twin or None
 
     def _write_diagnosis(self, step: int, readings: list[Any],
                          skipped: list[tuple[str, str]]) -> None:

@@ -1,0 +1,66 @@
+"""A copy of the model that ``GradientFlow(diagnose_every=N)`` diagnoses beside training.
+
+A diagnosis steps each recurrent layer's cell, which reads its weights as they are when it
+runs: on the model itself it must run between two steps, while training waits. On a copy
+(Keras' ``clone_model``: the same layers from their configs, so the same names and the same
+computation) given the weights the step left, it runs on the callback's worker while
+training goes on, and gives the same numbers: the tests hold them to ``gradscope.diagnose``
+on the model itself. The copy keeps its own engine and its own traced functions (each traced
+once, at the first diagnosis).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.diagnosis_record import CallReading
+
+
+class DiagnosisTwin:
+    """The copy, its engine and its traced functions."""
+
+    def __init__(self, model: Any, engine: Any) -> None:
+        self.model = model
+        self.engine = engine
+        self.cache: dict[Any, Any] = {}
+
+    def read(self, weights: list[np.ndarray], inputs: dict[str, np.ndarray],
+             targets: dict[str, np.ndarray], sample_weight: Any, exponents: int,
+             measure_horizon: bool) -> tuple[list[CallReading], list[tuple[str, str]]]:
+        """Every recurrent call read on this batch, the copy holding ``weights`` (the
+        model's ``get_weights()`` when the step ended)."""
+        from gradscope.keras.diagnose.during_training import read_calls
+
+        self.model.set_weights(weights)
+        # The copy's outputs in the model's order, whatever the copy's inputs are named.
+        targets = dict(zip(self.engine.output_names, targets.values(), strict=True))
+        return read_calls(self.engine, inputs, targets, sample_weight, exponents,
+                          measure_horizon, self.cache)
+
+
+def make_twin(model: Any, loss: str | None) -> DiagnosisTwin | None:
+    """The copy of ``model``, compiled with its loss (or ``loss``), and its engine; None where
+    Keras cannot copy it so (a subclassed model without ``get_config``, a layer Keras cannot
+    rebuild) or the copy's weights differ in shape: the diagnoses then run on the model
+    itself, between two steps."""
+    import keras
+
+    from gradscope.keras.callback import make_engine
+
+    try:
+        twin = keras.models.clone_model(model)
+        shapes = [tuple(w.shape) for w in model.weights]
+        if ([tuple(w.shape) for w in twin.weights] != shapes or
+                [layer.name for layer in twin.layers] != [layer.name for layer in model.layers]):
+            return None
+        twin.set_weights(model.get_weights())
+        if loss is None:
+            twin.compile(loss=model.loss)
+        return DiagnosisTwin(twin, make_engine(twin, loss))
+    except Exception:  # noqa: BLE001  (many ways not to copy; the model itself still serves)
+        return None
+
+
+__all__ = ["DiagnosisTwin", "make_twin"]
