@@ -50,7 +50,7 @@ def fitted(tmp_path_factory, tf):
 
     log_dir = tmp_path_factory.mktemp("runs") / "diagnosed"
     flow = GradientFlow(every=3, log_dir=log_dir, diagnose_every=DIAGNOSE_EVERY,
-                        diagnose_horizon=True)
+                        diagnose_exponents=3, diagnose_horizon=True)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[flow, KeepWeights()])
     flow.close()
@@ -151,3 +151,6 @@ def test_invalid_diagnose_every_is_a_clear_error(value):
     with pytest.raises(ConfigError, match=r"GradientFlow\(diagnose_every=.*\): expected a "
                                           r"whole number of batches ≥ 1, or None"):
         GradientFlow(diagnose_every=value)
+    with pytest.raises(ConfigError, match=r"GradientFlow\(diagnose_exponents=.*\): expected "
+                                          r"a whole number ≥ 1"):
+        GradientFlow(diagnose_every=4, diagnose_exponents=value)

@@ -129,10 +129,13 @@ class GradientFlow(keras.callbacks.Callback):
             ``nonfinite.json`` and a TensorBoard text summary) and stop training, as
             ``TerminateOnNaN`` does. It keeps a copy of the weights per step.
         diagnose_every: every this many batches (None: never), diagnose every recurrent call
-            on the batch fit has just trained on, as ``gradscope diagnose`` does: the top
-            Lyapunov exponents (λ₁ first, nats per step), the gate saturation shares (Keras
-            GRU and LSTM) and the horizon predicted from λ₁ (docs/diagnose.md, "During
-            training"). It runs on the training thread, between two steps.
+            on the batch fit has just trained on, with the weights its step left, as
+            ``gradscope diagnose`` does: the top Lyapunov exponents (nats per step), the gate
+            saturation shares (Keras GRU and LSTM) and the horizon predicted from λ₁
+            (docs/diagnose.md, "During training"). In fit it runs beside training, on a copy
+            of the model; in a custom loop, ``observe`` diagnoses at the steps it divides.
+        diagnose_exponents: how many Lyapunov exponents each diagnosis takes (default 1,
+            λ₁; each one more costs about as much again).
         diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
             diagnosis takes about twice as long).
 
@@ -144,7 +147,8 @@ class GradientFlow(keras.callbacks.Callback):
 
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
                  loss: str | None = None, stop_on_nan: bool = False,
-                 diagnose_every: int | None = None, diagnose_horizon: bool = False) -> None:
+                 diagnose_every: int | None = None, diagnose_exponents: int = 1,
+                 diagnose_horizon: bool = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
@@ -155,6 +159,10 @@ class GradientFlow(keras.callbacks.Callback):
             raise ConfigError(f"GradientFlow(diagnose_every={diagnose_every!r}): expected a "
                               "whole number of batches ≥ 1, or None (no diagnosis)",
                               where="diagnose_every")
+        if (isinstance(diagnose_exponents, bool) or not isinstance(diagnose_exponents, int)
+                or diagnose_exponents < 1):
+            raise ConfigError(f"GradientFlow(diagnose_exponents={diagnose_exponents!r}): "
+                              "expected a whole number ≥ 1", where="diagnose_exponents")
         if log_dir is not None:
             from gradscope.training_log import require_tensorboard
 
@@ -166,6 +174,7 @@ class GradientFlow(keras.callbacks.Callback):
                                   "a folder", where="log_dir")
         self.every = every
         self.diagnose_every = diagnose_every
+        self.diagnose_exponents = diagnose_exponents
         self.diagnose_horizon = bool(diagnose_horizon)
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
@@ -509,7 +518,7 @@ class GradientFlow(keras.callbacks.Callback):
         and in a custom loop, on the model itself, now (training waits). Recorded and written
         on the worker, after the observations before it."""
         from gradscope.keras import nan_stop
-        from gradscope.keras.diagnose.during_training import EXPONENTS, read_calls
+        from gradscope.keras.diagnose.during_training import read_calls
 
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
@@ -524,14 +533,15 @@ class GradientFlow(keras.callbacks.Callback):
         if twin is not None:
             weights = self.model.get_weights()  # copies, as the step left them
             self._submit(lambda: record(*twin.read(weights, inputs, targets, weighed,
-                                                   EXPONENTS, self.diagnose_horizon)))
+                                                   self.diagnose_exponents,
+                                                   self.diagnose_horizon)))
             return
         # The model's own layers are traced here: nothing may trace them on the worker
         # meanwhile (the warm-up, a first observation's witness).
         self._drain()
         self._settle_warm_up()
-        found = read_calls(engine, inputs, targets, weighed, EXPONENTS, self.diagnose_horizon,
-                           self._diagnosis_functions)
+        found = read_calls(engine, inputs, targets, weighed, self.diagnose_exponents,
+                           self.diagnose_horizon, self._diagnosis_functions)
         if self._original_train_function is None:
             record(*found)
         else:
@@ -599,10 +609,9 @@ class GradientFlow(keras.callbacks.Callback):
                                                                    "the compiled loss")
         report = self._record_of.report(source, loss, self.every)
         if self.diagnose_every is not None:
-            from gradscope.keras.diagnose.during_training import EXPONENTS
-
             report = report.model_copy(update={
-                "diagnose_every": self.diagnose_every, "diagnose_exponents": EXPONENTS,
+                "diagnose_every": self.diagnose_every,
+                "diagnose_exponents": self.diagnose_exponents,
                 "diagnosis_steps": list(self._diagnoses.steps),
                 "diagnoses": self._diagnoses.series(),
                 "not_diagnosed": self._diagnoses.not_diagnosed()})

@@ -24,9 +24,10 @@ from gradscope.diagnosis_record import CallReading
 from gradscope.keras.engine import call_label, class_label
 from gradscope.report.models import GateShares
 
-#: The top exponents taken by default: λ₁ and a few below it (forward mode carries one
-#: tangent column per exponent, folded into the batch).
-EXPONENTS = 3
+#: The top exponents taken by default: λ₁ alone. Forward mode carries one tangent column per
+#: exponent, folded into the batch, and the scan costs about that many times as much (29 ms
+#: for λ₁, 83 ms for three, on the two GRU calls of bench/callback_overhead.py's model).
+EXPONENTS = 1
 
 
 def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
