@@ -154,3 +154,25 @@ def test_invalid_diagnose_every_is_a_clear_error(value):
     with pytest.raises(ConfigError, match=r"GradientFlow\(diagnose_exponents=.*\): expected "
                                           r"a whole number ≥ 1"):
         GradientFlow(diagnose_every=4, diagnose_exponents=value)
+
+
+def test_a_custom_loop_diagnoses_the_model_itself_at_the_steps_observe_divides(tf):
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((5, 2)), keras.layers.GRU(4), keras.layers.Dense(1)])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 5, 2)).astype("float32")
+    y = rng.standard_normal((6, 1)).astype("float32")
+    flow = GradientFlow(model=model, loss="mse", diagnose_every=2)
+    flow.observe(x, y)  # step 1: not diagnosed
+    flow.observe(x, y)  # step 2
+    model.compile(loss="mse")
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
+    history = flow.history
+    assert history.diagnosis_steps == [2]
+    np.testing.assert_allclose(history.diagnoses[0].lyapunov[0], truth.lyapunov, rtol=1e-9)
+    assert history.diagnoses[0].gates == [truth.gates]
