@@ -138,7 +138,7 @@ def step_split(plain: list[list[float]], watched: list[list[float]], every: int,
     batches = count - 1
     observed = {i for i in range(every - 1, batches, every)}
     after = {i + k for i in observed for k in range(1, 6) if i + k < batches}
-    warm = set(range(1, every - 1)) - observed
+    warm = set(range(1, min(every - 1, batches))) - observed
     diagnosed = ({i for i in range(diagnose_every - 1, batches, diagnose_every)}
                  if diagnose_every else set())
     observed -= diagnosed
