@@ -43,12 +43,16 @@ class DiagnosisTwin:
 def make_twin(model: Any, loss: str | None) -> DiagnosisTwin | None:
     """The copy of ``model``, compiled with its loss (or ``loss``), and its engine; None where
     Keras cannot copy it so (a subclassed model without ``get_config``, a layer Keras cannot
-    rebuild) or the copy's weights differ in shape: the diagnoses then run on the model
-    itself, between two steps."""
+    rebuild), where the copy's weights differ in shape, or where a layer is stateful (its
+    carried state is no weight: ``set_weights`` would not give it to the copy): the
+    diagnoses then run on the model itself, between two steps."""
     import keras
 
     from gradscope.keras.callback import make_engine
 
+    if any(getattr(layer, "stateful", False)
+           for layer in model._flatten_layers(include_self=False, recursive=True)):
+        return None
     try:
         twin = keras.models.clone_model(model)
         shapes = [tuple(w.shape) for w in model.weights]
