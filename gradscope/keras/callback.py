@@ -523,7 +523,8 @@ class GradientFlow(keras.callbacks.Callback):
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         weighed = nan_stop.as_arrays(sample_weight)
-        twin = self._twin_for() if self._original_train_function is not None else None
+        twin = (self._twin_for(inputs) if self._original_train_function is not None
+                else None)
 
         def record(readings: list[Any], skipped: list[tuple[str, str]]) -> None:
             self._diagnoses.add(readings, skipped, step)
@@ -547,13 +548,15 @@ class GradientFlow(keras.callbacks.Callback):
         else:
             self._submit(record, *found)
 
-    def _twin_for(self) -> Any:
-        """The copy of the model the diagnoses of fit run on (made at the first; None where
-        the model cannot be copied)."""
+    def _twin_for(self, inputs: dict[str, np.ndarray]) -> Any:
+        """The copy of the model the diagnoses of fit run on (made at the first, witnessed on
+        its batch; None where the model cannot be copied)."""
         from gradscope.keras.diagnosis_twin import make_twin
 
         if self._twin is None:
-            self._twin = make_twin(self.model, self.loss_name) or False
+            self._drain()  # the copy calls the model: nothing may trace it on the worker
+            self._settle_warm_up()
+            self._twin = make_twin(self.model, self.loss_name, inputs) or False
         return self._twin or None
 
     def _write_diagnosis(self, step: int, readings: list[Any],

@@ -40,15 +40,20 @@ class DiagnosisTwin:
                           measure_horizon, self.cache)
 
 
-def make_twin(model: Any, loss: str | None) -> DiagnosisTwin | None:
+def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
+              ) -> DiagnosisTwin | None:
     """The copy of ``model``, compiled with its loss (or ``loss``), and its engine; None where
     Keras cannot copy it so (a subclassed model without ``get_config``, a layer Keras cannot
-    rebuild), where the copy's weights differ in shape, or where a layer is stateful (its
-    carried state is no weight: ``set_weights`` would not give it to the copy): the
-    diagnoses then run on the model itself, between two steps."""
+    rebuild), where the copy's weights differ in shape, where a layer is stateful (its
+    carried state is no weight: ``set_weights`` would not give it to the copy), or where the
+    copy's outputs on ``inputs`` (a batch) are not the model's own (state the copy did not
+    get, another computation): the diagnoses then run on the model itself, between two
+    steps."""
     import keras
 
+    from gradscope.gradcheck import tolerance
     from gradscope.keras.callback import make_engine
+    from gradscope.keras.whole_model import model_outputs
 
     if any(getattr(layer, "stateful", False)
            for layer in model._flatten_layers(include_self=False, recursive=True)):
@@ -60,6 +65,12 @@ def make_twin(model: Any, loss: str | None) -> DiagnosisTwin | None:
                 [layer.name for layer in twin.layers] != [layer.name for layer in model.layers]):
             return None
         twin.set_weights(model.get_weights())
+        feed = [keras.ops.convert_to_tensor(v) for v in inputs.values()]
+        rtol, atol = tolerance("replay", str(model.dtype_policy.compute_dtype))
+        for ours, theirs in zip(model_outputs(model, feed, False),
+                                model_outputs(twin, feed, False), strict=True):
+            if not np.allclose(np.asarray(theirs), np.asarray(ours), rtol=rtol, atol=atol):
+                return None
         if loss is None:
             twin.compile(loss=model.loss)
         return DiagnosisTwin(twin, make_engine(twin, loss))
