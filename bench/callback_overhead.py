@@ -27,8 +27,13 @@ user-sized model instead (input 64 → LSTM 256 → LSTM 256 → Dense 10, 100 s
 ``--model masked``: the GRU model behind a Masking layer, the last 10 steps of every other
 sequence zeros (masked).
 
+``--diagnose-every N``: the callback diagnoses every recurrent call every N batches too
+(``GradientFlow(diagnose_every=N)``); goals: at most 1.10× at N = 16, 1.2× at N = 4. The
+split then has the diagnosed steps apart.
+
     .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
                                                 [--model gru|lstm256|masked] [--json]
+                                                [--diagnose-every N]
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import keras
 import numpy as np
 
 with_callback, batches, every = sys.argv[1] == "callback", int(sys.argv[2]), int(sys.argv[3])
-kind = sys.argv[4]
+kind, diagnose_every = sys.argv[4], int(sys.argv[5]) or None
 keras.utils.set_random_seed(0)
 if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
     steps, features, classes = 100, 64, 10
@@ -89,24 +94,27 @@ with tempfile.TemporaryDirectory() as log_dir:
     if with_callback:
         from gradscope.keras import GradientFlow
 
-        callbacks = [GradientFlow(every=every, log_dir=log_dir)]
+        callbacks = [GradientFlow(every=every, log_dir=log_dir, diagnose_every=diagnose_every)]
     start = time.perf_counter()
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
               callbacks=[*callbacks, Ended()])
     wall = time.perf_counter() - start
 observations = len(callbacks[0].history.observations) if callbacks else 0
+diagnoses = len(callbacks[0].history.diagnosis_steps) if callbacks else 0
 times = [start, *marks, ended[0]]
 steps_ms = [1000 * (b - a) for a, b in zip(times, times[1:])]
 print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall,
                   "teardown_s": wall - (ended[0] - start), "observations": observations,
+                  "diagnoses": diagnoses,
                   "steps_ms": steps_ms}}))
 """
 
 
-def run(kind: str, batches: int, every: int, model: str) -> dict[str, float]:
+def run(kind: str, batches: int, every: int, model: str, diagnose_every: int = 0
+        ) -> dict[str, float]:
     code = FIT.format(repo=str(REPO))
-    result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every), model],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every), model,
+                             str(diagnose_every)], capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -119,8 +127,8 @@ def median_interval(values: list[float], resamples: int = 4000) -> tuple[float, 
     return float(low), float(high)
 
 
-def step_split(plain: list[list[float]], watched: list[list[float]], every: int
-               ) -> dict[str, float]:
+def step_split(plain: list[list[float]], watched: list[list[float]], every: int,
+               diagnose_every: int = 0) -> dict[str, float]:
     """The callback's extra time, in ms, where it was spent: for every step, the median of its
     times with the callback minus the median of its plain times (the last entry is the end,
     from the last batch to the end of on_train_end)."""
@@ -130,13 +138,19 @@ def step_split(plain: list[list[float]], watched: list[list[float]], every: int
     batches = count - 1
     observed = {i for i in range(every - 1, batches, every)}
     after = {i + k for i in observed for k in range(1, 6) if i + k < batches}
-    warm = set(range(1, every - 1)) - observed
+    warm = set(range(1, min(every - 1, batches))) - observed
+    diagnosed = ({i for i in range(diagnose_every - 1, batches, diagnose_every)}
+                 if diagnose_every else set())
+    observed -= diagnosed
+    after -= diagnosed
+    warm -= diagnosed
     regions = {
+        "diagnosed steps (and observed ones among them)": diagnosed,
         "first step (fit's set-up, Keras traces its train step)": {0},
         f"steps 2–{every - 1} (the pass traced beside training)": warm,
         "observed steps": observed,
         "the 5 steps after each observed one (recording)": after - warm,
-        "the other steps": set(range(1, batches)) - warm - observed - after,
+        "the other steps": set(range(1, batches)) - warm - observed - after - diagnosed,
         "end (on_train_end: the last recording)": {batches},
     }
     split = {name: sum(extra[i] for i in sorted(indexes)) for name, indexes in regions.items()}
@@ -155,6 +169,8 @@ def main() -> None:
                              "Dense 10 over 100 steps (bench/user_sized.py's model); masked: "
                              "the GRU model behind a Masking layer, half the sequences "
                              "masked over their last 10 steps")
+    parser.add_argument("--diagnose-every", type=int, default=0, metavar="N",
+                        help="GradientFlow(diagnose_every=N) too (0: none)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 3:
@@ -162,7 +178,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "callback": []}
     for _ in range(args.repeats):
         for kind in runs:
-            runs[kind].append(run(kind, args.batches, args.every, args.model))
+            runs[kind].append(run(kind, args.batches, args.every, args.model,
+                                  args.diagnose_every))
 
     def series(kind: str, key: str) -> list[Any]:
         return [r[key] for r in runs[kind]]
@@ -172,6 +189,8 @@ def main() -> None:
     figures = {
         "batches": args.batches, "every": args.every, "repeats": args.repeats,
         "observations": int(runs["callback"][-1]["observations"]),
+        "diagnose_every": args.diagnose_every or None,
+        "diagnoses": int(runs["callback"][-1]["diagnoses"]),
         "plain_fit_median_s": statistics.median(plain),
         "callback_fit_median_s": statistics.median(watched),
         "ratio_of_medians": statistics.median(watched) / statistics.median(plain),
@@ -183,16 +202,18 @@ def main() -> None:
         "callback_teardown_s": series("callback", "teardown_s"),
         "plain_fit_s": plain, "callback_fit_s": watched,
         "extra_ms_by_step": step_split(series("plain", "steps_ms"),
-                                       series("callback", "steps_ms"), args.every),
+                                       series("callback", "steps_ms"), args.every,
+                                       args.diagnose_every),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
         return
     print(f"fit, {args.batches} batches                      "
           f"{figures['plain_fit_median_s']:.2f} s median")
-    print(f"fit with GradientFlow(every={args.every}, log_dir)  "
+    diagnosing = (f", diagnose_every={args.diagnose_every}" if args.diagnose_every else "")
+    print(f"fit with GradientFlow(every={args.every}{diagnosing}, log_dir)  "
           f"{figures['callback_fit_median_s']:.2f} s median "
-          f"({figures['observations']} extra passes)")
+          f"({figures['observations']} extra passes, {figures['diagnoses']} diagnoses)")
     low, high = figures["median_pair_ratio_95"]
     print(f"ratio of medians {figures['ratio_of_medians']:.3f}, median of pair ratios "
           f"{figures['median_pair_ratio']:.3f} (95% bootstrap interval {low:.3f}–{high:.3f}; "

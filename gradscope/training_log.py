@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gradscope.diagnosis_record import CallReading, DiagnosisRecord, from_json
 from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
@@ -42,6 +43,10 @@ FLAG_PREFIX = "flow_flag/"
 IMAGE_PREFIX = "flow_profile/"
 PROFILE_PREFIX = "flow_profile_values/"
 FLAG_VALUES = {-1.0: "vanishing", 0.0: None, 1.0: "exploding"}
+#: GradientFlow(diagnose_every=N): per diagnosed step, every call's reading as JSON (exact),
+#: and scalars for TensorBoard's dashboards under diagnose/<call>/… (see diagnose_scalars).
+DIAGNOSIS_TAG = "gradscope/diagnosis"
+DIAGNOSE_PREFIX = "diagnose/"
 
 
 def tensorboard_install_line() -> str:
@@ -109,7 +114,7 @@ def _tags(events: list[Any]) -> dict[str, dict[int, Any]]:
     """tag → step → value, for gradscope's tags (a later event of a step wins)."""
     by_tag: dict[str, dict[int, Any]] = {}
     prefixes = (LOSS_TAG, RUN_TAG, OBSERVATION_TAG, WEIGHT_PREFIX, STATE_PREFIX, RATIO_PREFIX,
-                FLAG_PREFIX, PROFILE_PREFIX)
+                FLAG_PREFIX, PROFILE_PREFIX, DIAGNOSIS_TAG)
     for event in events:
         if not event.HasField("summary"):
             continue
@@ -164,6 +169,24 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
     return history
 
 
+def diagnose_scalars(readings: list[CallReading]) -> dict[str, float]:
+    """The TensorBoard scalars of one diagnosis, by tag: per call, λ_i (nats per step), each
+    gate's shares below 0.1 and above 0.9 (fractions of 1) and the horizons (steps)."""
+    scalars: dict[str, float] = {}
+    for reading in readings:
+        tag = f"{DIAGNOSE_PREFIX}{reading.call}/"
+        for rank, value in enumerate(reading.lyapunov, start=1):
+            scalars[f"{tag}lyapunov_{rank}"] = value
+        for gate, shares in (reading.gates or {}).items():
+            scalars[f"{tag}gate_{gate}_below_0_1"] = shares.below_0_1
+            scalars[f"{tag}gate_{gate}_above_0_9"] = shares.above_0_9
+        if reading.predicted is not None:
+            scalars[f"{tag}horizon_predicted"] = reading.predicted
+        if reading.measured is not None:
+            scalars[f"{tag}horizon_measured"] = float(reading.measured)
+    return scalars
+
+
 def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHistoryReport:
     runs = tags.get(RUN_TAG, {})
     run = json.loads(runs[max(runs)])
@@ -200,7 +223,14 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
     for step in steps:
         for entry in details[step].get("not_analysed", []):
             skipped.setdefault((entry["layer"], entry["reason"]), []).append(step)
+    diagnosed = tags.get(DIAGNOSIS_TAG, {})
+    record = DiagnosisRecord()
+    for step in sorted(diagnosed):
+        record.add(*from_json(json.loads(diagnosed[step])), step)
     return FlowHistoryReport(
+        diagnose_every=run.get("diagnose_every"),
+        diagnose_exponents=run.get("diagnose_exponents"), diagnosis_steps=record.steps,
+        diagnoses=record.series(), not_diagnosed=record.not_diagnosed(),
         source=source, loss=run["loss"], mode=run["mode"], every=run.get("every"),
         flag_factor=run["flag_factor"], method=run["method"] + "; read back from the event "
         "files (TensorBoard stores scalars in float32)", observations=observations,

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 from conftest import REPO
 
 SCRIPT = r"""
@@ -54,12 +55,19 @@ def tape(xb, yb):
 out = {"replicas": strategy.num_replicas_in_sync}
 # Batches of 8 split 4 + 4 across the replicas; every=4 observes the last of 4 steps, after
 # its update: the final weights, on the global batch x[24:32].
-flow = GradientFlow(every=4)
+# diagnose_every=4 diagnoses that batch too, with those weights: as diagnose does afterwards.
+flow = GradientFlow(every=4, diagnose_every=4)
 model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
 plain.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
 out["trained_alike"] = max(float(np.max(np.abs(a.numpy() - b.numpy())))
                            for a, b in zip(model.weights, plain.weights))
 history = flow.history
+truth = gradscope.diagnose(model, x=x[24:], y=y[24:], exponents=1,
+                           counterfactuals=False).layers[0]
+out["diagnosed"] = {"steps": history.diagnosis_steps,
+                    "lyapunov": history.diagnoses[0].lyapunov[-1], "truth": truth.lyapunov,
+                    "gates": {k: v.to_dict() for k, v in history.diagnoses[0].gates[-1].items()},
+                    "truth_gates": {k: v.to_dict() for k, v in truth.gates.items()}}
 loss, norms = tape(x[24:], y[24:])
 out["flow"] = {"steps": [o.step for o in history.observations],
                "batch_size": history.observations[-1].batch_size,
@@ -124,6 +132,10 @@ def test_mirrored_strategy_is_observed_on_the_global_batch_as_a_tape_sees_it():
     for path, norm in explain["tape_norms"].items():
         assert abs(explain["norms"][path] - norm) <= 1e-6 * norm, path
     assert out["check"] is True
+    diagnosed = out["diagnosed"]
+    assert diagnosed["steps"] == [4]
+    np.testing.assert_allclose(diagnosed["lyapunov"], diagnosed["truth"], rtol=1e-9)
+    assert diagnosed["gates"] == diagnosed["truth_gates"]
     if "refused" in out:
         assert out["refused"] is not None
         assert "CentralStorageStrategy" in out["refused"]

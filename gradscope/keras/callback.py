@@ -33,6 +33,7 @@ from gradscope.report.models import FlowHistoryReport, NonFiniteEntry
 tf = import_tensorflow()
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
+from gradscope.diagnosis_record import DiagnosisRecord  # noqa: E402
 from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
@@ -127,6 +128,16 @@ class GradientFlow(keras.callbacks.Callback):
             kept as ``callback.nonfinite``, and with ``log_dir`` written as
             ``nonfinite.json`` and a TensorBoard text summary) and stop training, as
             ``TerminateOnNaN`` does. It keeps a copy of the weights per step.
+        diagnose_every: every this many batches (None: never), diagnose every recurrent call
+            on the batch fit has just trained on, with the weights its step left, as
+            ``gradscope diagnose`` does: the top Lyapunov exponents (nats per step), the gate
+            saturation shares (Keras GRU and LSTM) and the horizon predicted from λ₁
+            (docs/diagnose.md, "During training"). In fit it runs beside training, on a copy
+            of the model; in a custom loop, ``observe`` diagnoses at the steps it divides.
+        diagnose_exponents: how many Lyapunov exponents each diagnosis takes (default 1,
+            λ₁; each one more costs about as much again).
+        diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
+            diagnosis takes about twice as long).
 
     The current batch, in ``fit``, is the batch the observed train step has just been given
     (the last of ``steps_per_execution``), read after that step's weight update, in inference
@@ -135,11 +146,23 @@ class GradientFlow(keras.callbacks.Callback):
     """
 
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
-                 loss: str | None = None, stop_on_nan: bool = False) -> None:
+                 loss: str | None = None, stop_on_nan: bool = False,
+                 diagnose_every: int | None = None, diagnose_exponents: int = 1,
+                 diagnose_horizon: bool = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
                               "batches ≥ 1", where="every")
+        if diagnose_every is not None and (isinstance(diagnose_every, bool) or
+                                           not isinstance(diagnose_every, int) or
+                                           diagnose_every < 1):
+            raise ConfigError(f"GradientFlow(diagnose_every={diagnose_every!r}): expected a "
+                              "whole number of batches ≥ 1, or None (no diagnosis)",
+                              where="diagnose_every")
+        if (isinstance(diagnose_exponents, bool) or not isinstance(diagnose_exponents, int)
+                or diagnose_exponents < 1):
+            raise ConfigError(f"GradientFlow(diagnose_exponents={diagnose_exponents!r}): "
+                              "expected a whole number ≥ 1", where="diagnose_exponents")
         if log_dir is not None:
             from gradscope.training_log import require_tensorboard
 
@@ -150,6 +173,13 @@ class GradientFlow(keras.callbacks.Callback):
                 raise ConfigError(f"GradientFlow(log_dir={str(log_dir)!r}): is a file; expected "
                                   "a folder", where="log_dir")
         self.every = every
+        self.diagnose_every = diagnose_every
+        self.diagnose_exponents = diagnose_exponents
+        self.diagnose_horizon = bool(diagnose_horizon)
+        self._diagnoses = DiagnosisRecord()
+        self._diagnosis_pending = False  # the train step about to run is diagnosed
+        self._diagnosis_functions: dict[Any, Any] = {}
+        self._twin: Any = None  # the copy of the model diagnosed in fit (False: none)
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
@@ -213,7 +243,7 @@ class GradientFlow(keras.callbacks.Callback):
             return step(iterator)
 
         def step(iterator: Any) -> Any:
-            if not self._pending and not self.stop_on_nan:
+            if not self._pending and not self._diagnosis_pending and not self.stop_on_nan:
                 return original(iterator)
             batches = list(itertools.islice(iterator, steps))
             if not batches:
@@ -241,6 +271,8 @@ class GradientFlow(keras.callbacks.Callback):
         steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
         first = self._epoch_base + batch + 1
         self._pending = any(n % self.every == 0 for n in range(first, first + steps))
+        self._diagnosis_pending = self.diagnose_every is not None and any(
+            n % self.diagnose_every == 0 for n in range(first, first + steps))
         self._last_batch = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -251,9 +283,10 @@ class GradientFlow(keras.callbacks.Callback):
             self._pending = False
             self._stop_for_nan(self._batches)
             return
-        if not self._pending:
+        observed, diagnosed = self._pending, self._diagnosis_pending
+        if not observed and not diagnosed:
             return
-        self._pending = False
+        self._pending = self._diagnosis_pending = False
         data, self._last_batch = self._last_batch, None
         if data is None:
             raise ConfigError("GradientFlow: the batch fit trained on was not seen: "
@@ -262,7 +295,10 @@ class GradientFlow(keras.callbacks.Callback):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if y is None and not self._engine_for().added_only:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
-        self._observe(x, y, self._batches, self._epoch, sample_weight)
+        if observed:
+            self._observe(x, y, self._batches, self._epoch, sample_weight)
+        if diagnosed:
+            self._diagnose(x, y, self._batches, sample_weight)
 
     def _stop_for_nan(self, step: int) -> None:
         """Where the NaN of this step was born; said, kept, written; training stops."""
@@ -323,6 +359,8 @@ class GradientFlow(keras.callbacks.Callback):
         if step is None:
             step = self._record_of.next_step()
         self._observe(x, y, int(step), None, sample_weight)
+        if self.diagnose_every is not None and int(step) % self.diagnose_every == 0:
+            self._diagnose(x, y, int(step), sample_weight)
 
     # -- work beside training ------------------------------------------------------------------
 
@@ -422,6 +460,8 @@ class GradientFlow(keras.callbacks.Callback):
                                   where="model")
             self._engine = make_engine(self.model, self.loss_name)
             self._pass = TracedPass(self._engine)
+            self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
+            self._twin = None  # and its copy of the model
         return self._engine
 
     def _names(self, engine: Any, x: Any, y: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -471,6 +511,62 @@ class GradientFlow(keras.callbacks.Callback):
         else:
             self._submit(record)
 
+    def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
+        """Diagnose every recurrent call on this batch with the weights fit has just updated.
+        In fit, on a copy of the model given those weights, on the worker, while training
+        goes on (:mod:`~gradscope.keras.diagnosis_twin`); where the model cannot be copied,
+        and in a custom loop, on the model itself, now (training waits). Recorded and written
+        on the worker, after the observations before it."""
+        from gradscope.keras import nan_stop
+        from gradscope.keras.diagnose.during_training import read_calls
+
+        engine = self._engine_for()
+        inputs, targets = self._names(engine, x, y)
+        weighed = nan_stop.as_arrays(sample_weight)
+        twin = (self._twin_for(inputs) if self._original_train_function is not None
+                else None)
+
+        def record(readings: list[Any], skipped: list[tuple[str, str]]) -> None:
+            self._diagnoses.add(readings, skipped, step)
+            if self.log_dir is not None:
+                self._write_diagnosis(step, readings, skipped)
+
+        if twin is not None:
+            weights = self.model.get_weights()  # copies, as the step left them
+            self._submit(lambda: record(*twin.read(weights, inputs, targets, weighed,
+                                                   self.diagnose_exponents,
+                                                   self.diagnose_horizon)))
+            return
+        # The model's own layers are traced here: nothing may trace them on the worker
+        # meanwhile (the warm-up, a first observation's witness).
+        self._drain()
+        self._settle_warm_up()
+        found = read_calls(engine, inputs, targets, weighed, self.diagnose_exponents,
+                           self.diagnose_horizon, self._diagnosis_functions)
+        if self._original_train_function is None:
+            record(*found)
+        else:
+            self._submit(record, *found)
+
+    def _twin_for(self, inputs: dict[str, np.ndarray]) -> Any:
+        """The copy of the model the diagnoses of fit run on (made at the first, witnessed on
+        its batch; None where the model cannot be copied)."""
+        from gradscope.keras.diagnosis_twin import make_twin
+
+        if self._twin is None:
+            self._drain()  # the copy calls the model: nothing may trace it on the worker
+            self._settle_warm_up()
+            self._twin = make_twin(self.model, self.loss_name, inputs) or False
+        return self._twin or None
+
+    def _write_diagnosis(self, step: int, readings: list[Any],
+                         skipped: list[tuple[str, str]]) -> None:
+        from gradscope.keras.summaries import FlowSummaryWriter
+
+        if self._writer is None:
+            self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
+        self._writer.write_diagnosis(step, readings, skipped, self._run(self._history()))
+
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
                 step: int, epoch: int | None) -> None:
         skipped = self._record_of.add(engine, inputs, result, step, epoch)
@@ -484,16 +580,21 @@ class GradientFlow(keras.callbacks.Callback):
         if self._writer is None:
             self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
         history = self._history()
-        run = {"source": history.source, "loss": history.loss, "mode": history.mode,
-               "every": history.every, "flag_factor": history.flag_factor,
-               "method": history.method,
-               "weights": [{"weight": w.weight, "shape": w.shape} for w in history.weights],
-               "recurrent": [{"layer": r.layer, "class_name": r.class_name, "units": r.units,
-                              "states": list(r.initial_state_norms), "backwards": r.backwards}
-                             for r in history.recurrent]}
         details = {"epoch": epoch, "batch_size": size,
                    "not_analysed": [{"layer": s.layer, "reason": s.reason} for s in skipped]}
-        self._writer.write(history, run, details)
+        self._writer.write(history, self._run(history), details)
+
+    @staticmethod
+    def _run(history: FlowHistoryReport) -> dict[str, Any]:
+        """The run's description, as ``gradscope watch`` reads it back."""
+        return {"source": history.source, "loss": history.loss, "mode": history.mode,
+                "every": history.every, "flag_factor": history.flag_factor,
+                "method": history.method, "diagnose_every": history.diagnose_every,
+                "diagnose_exponents": history.diagnose_exponents,
+                "weights": [{"weight": w.weight, "shape": w.shape} for w in history.weights],
+                "recurrent": [{"layer": r.layer, "class_name": r.class_name, "units": r.units,
+                               "states": list(r.initial_state_norms),
+                               "backwards": r.backwards} for r in history.recurrent]}
 
     # -- the report ----------------------------------------------------------------------------
 
@@ -510,6 +611,13 @@ class GradientFlow(keras.callbacks.Callback):
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
         report = self._record_of.report(source, loss, self.every)
+        if self.diagnose_every is not None:
+            report = report.model_copy(update={
+                "diagnose_every": self.diagnose_every,
+                "diagnose_exponents": self.diagnose_exponents,
+                "diagnosis_steps": list(self._diagnoses.steps),
+                "diagnoses": self._diagnoses.series(),
+                "not_diagnosed": self._diagnoses.not_diagnosed()})
         if self.nonfinite is None:
             return report
         return report.model_copy(update={"nonfinite": self.nonfinite,

@@ -147,10 +147,11 @@ def masks_drawn(engine: Any, directions: list[Direction], call: CapturedCall, x:
 
 
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
-              training: bool) -> Stepped | str:
+              training: bool, cache: dict[Any, Any] | None = None) -> Stepped | str:
     """``call`` stepped through its layer's own cells; with ``upstream`` (the tape's
     ∂L/∂ each output of the call), the total ∂L/∂ every state after every step too. Or why
-    it is not stepped."""
+    it is not stepped. ``cache``: a dict the caller keeps across calls with one engine, where
+    the traced stepping is kept (by layer and mode): traced once."""
     layer = engine.operation(call.layer)
     label = call_label(call.layer, call.index)
     directions = directions_of(layer, label)
@@ -164,7 +165,7 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
             return own
         call = replace(call, states=own)
     try:
-        run = stepped_runner(engine, layer, directions, training)
+        run = stepped_runner(engine, layer, directions, training, cache)
         outputs, states, totals, direct, inputs = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
@@ -208,7 +209,8 @@ def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str |
     return found if isinstance(found, str) else None
 
 
-def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool) -> Any:
+def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool,
+                   cache: dict[Any, Any] | None = None) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
     above, and ∂L/∂x_t of the input sequence, all in NumPy. One traced function: the scan is a
@@ -245,6 +247,9 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
             totals, direct, read = tape.gradient(objective, [probes, above, x],
                                                  unconnected_gradients="zero")
         return outputs, [scan[0] for scan in scans], totals, direct, read
+
+    if cache is not None:
+        traced = cache.setdefault(("stepped_runner", id(layer), training), traced)
 
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,

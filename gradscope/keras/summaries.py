@@ -20,8 +20,10 @@ from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.util.tensor_util import make_tensor_proto
 
+from gradscope.diagnosis_record import CallReading, as_json
 from gradscope.report.models import FlowHistoryReport
 from gradscope.training_log import (
+    DIAGNOSIS_TAG,
     FLAG_PREFIX,
     IMAGE_PREFIX,
     LOSS_TAG,
@@ -32,6 +34,7 @@ from gradscope.training_log import (
     RUN_TAG,
     STATE_PREFIX,
     WEIGHT_PREFIX,
+    diagnose_scalars,
 )
 
 #: viridis at 0, ¼, ½, ¾ and 1: enough anchors for a heatmap without matplotlib.
@@ -141,6 +144,23 @@ class FlowSummaryWriter:
             tf.summary.experimental.write_raw_pb(
                 tf.constant([summary.SerializeToString()]), step=step)
         self.run_written = True
+        self.writer.flush()
+
+    def write_diagnosis(self, step: int, readings: list[CallReading],
+                        skipped: list[tuple[str, str]], run: dict[str, Any]) -> None:
+        """One diagnosis (``GradientFlow(diagnose_every=N)``) at ``step``: the scalars of
+        :func:`~gradscope.training_log.diagnose_scalars` and the readings as JSON; the run's
+        description too until an observation has written it (a diagnosis may come first)."""
+        summary = summary_pb2.Summary()
+        if not self.run_written:
+            self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
+        self._tensor(summary, DIAGNOSIS_TAG,
+                     json.dumps(as_json(readings, skipped), ensure_ascii=False))
+        for tag, value in diagnose_scalars(readings).items():
+            summary.value.extend(scalar_pb(tag, value).value)
+        with self.writer.as_default():
+            self.tf.summary.experimental.write_raw_pb(
+                self.tf.constant([summary.SerializeToString()]), step=step)
         self.writer.flush()
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ SSH, at any width from 60 columns."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.console import RenderableType
 from rich.table import Table
@@ -12,7 +13,7 @@ from rich.text import Text
 
 from gradscope.report.formats import number
 from gradscope.report.layout import pack, section, title
-from gradscope.report.models import FlowHistoryReport, RecurrentFlowSeries
+from gradscope.report.models import DiagnosisSeries, FlowHistoryReport, RecurrentFlowSeries
 from gradscope.report.tables import NO_FLAGS, norm_table, spark_table
 
 
@@ -97,6 +98,59 @@ def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableTyp
             norm_table(rows, width)]
 
 
+def _last(values: list[Any], steps: list[int]) -> tuple[Any, int | None]:
+    """The last value that is not None, and its step."""
+    for value, step in zip(reversed(values), reversed(steps), strict=True):
+        if value is not None:
+            return value, step
+    return None, None
+
+
+def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[str]:
+    """One call's last diagnosis in words, each number with its unit, λ₁'s first beside it."""
+    lyapunov, at = _last(entry.lyapunov, steps)
+    if lyapunov is None or at is None:
+        return [f"{entry.call}: not diagnosed"]
+    first, first_at = next(((v, s) for v, s in zip(entry.lyapunov, steps, strict=True) if v),
+                           (None, None))
+    lead = f"{entry.call} ({entry.cell}) at step {at}: λ₁ {lyapunov[0]:+.3g} nats/step"
+    if len(lyapunov) > 1:
+        lead += " (next " + ", ".join(f"{v:+.3g}" for v in lyapunov[1:]) + ")"
+    if first is not None and first_at != at:
+        lead += f"; at step {first_at} λ₁ was {first[0]:+.3g}"
+    index = steps.index(at)
+    predicted = entry.horizon_predicted[index]
+    measured, window = entry.horizon_measured[index], entry.horizon_window[index]
+    horizon = ("horizon predicted from λ₁: " + (f"{predicted:.3g} steps" if predicted is not None
+                                                else "none (λ₁ ≥ 0)"))
+    if window is not None:
+        horizon += "; measured: " + (f"{measured} steps" if measured is not None
+                                     else f"beyond {window} steps")
+    gates = entry.gates[index]
+    gate_text = ("gates (values below 0.1 / above 0.9): " + ", ".join(
+        f"{name} {shares.below_0_1:.0%} / {shares.above_0_9:.0%}"
+        for name, shares in gates.items()) if gates is not None
+        else f"gates: {entry.gates_note or 'not known'}")
+    return [lead, f"  {horizon}", f"  {gate_text}"]
+
+
+def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
+    """Each recurrent call as its last diagnosis read it (``diagnose_every``)."""
+    if not report.diagnose_every:
+        return []
+    steps = report.diagnosis_steps
+    count = f"{len(steps)} diagnos{'es' if len(steps) != 1 else 'is'}"
+    parts: list[RenderableType] = [section(
+        f"Dynamics across training ({count}, one every {report.diagnose_every} batches; "
+        "as gradscope diagnose reads them)")]
+    for entry in report.diagnoses:
+        parts += [Text(line) for line in _diagnosis_lines(entry, steps)]
+    for skipped in report.not_diagnosed:
+        parts.append(Text(f"not diagnosed: {skipped.layer}: {skipped.reason} (at "
+                          f"{len(skipped.steps)} of {len(steps)} diagnoses)", style="dim"))
+    return parts
+
+
 def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     parts = header(report, width)
     if report.nonfinite is not None:
@@ -111,6 +165,7 @@ def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType
                   series_table(_recurrent_rows(report.recurrent), width, "layer · quantity")]
         parts += flag_lines(report)
         parts += profile_section(report, width)
+    parts += diagnosis_section(report)
     if report.weights:
         parts += [section("Weight gradients ‖∂L/∂w‖ across training"),
                   series_table({w.weight: w.norms for w in report.weights}, width, "weight")]

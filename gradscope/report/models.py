@@ -1073,6 +1073,31 @@ class NotAnalysedAt(_Report):
     steps: list[int] = Field(description="the observations' steps where this held")
 
 
+class DiagnosisSeries(_Report):
+    """One recurrent call (one direction of a Bidirectional) diagnosed during training
+    (``GradientFlow(diagnose_every=N)``): one value per diagnosis, on the batch fit had just
+    trained on, as ``gradscope diagnose`` reads it (null where the call was not diagnosed)."""
+
+    call: str = Field(description="the call, as diagnose names it (decoder[1], both/forward)")
+    class_name: str
+    cell: str
+    lyapunov: list[list[float] | None] = Field(
+        description="per diagnosis: the top Lyapunov exponents, nats per step, largest first "
+                    "(QR along the batch's trajectory, the exponents' count in "
+                    "diagnose_exponents)")
+    gates: list[dict[str, GateShares] | None] = Field(
+        description="per diagnosis: per gate, the shares of its values below 0.1 and above "
+                    "0.9 (Keras GRU and LSTM; null: see gates_note)")
+    gates_note: str | None = Field(default=None, description="why the gates are not read")
+    horizon_predicted: list[float | None] = Field(
+        description="per diagnosis: ln(10³)/|λ₁| in steps when λ₁ < 0, else null")
+    horizon_measured: list[int | None] = Field(
+        description="per diagnosis: the measured horizon in steps (null: not measured, see "
+                    "horizon_window, or beyond the window)")
+    horizon_window: list[int | None] = Field(
+        description="per diagnosis: the lags measured (null: the horizon was not measured)")
+
+
 class FlowHistoryReport(_CommandReport):
     """What the GradientFlow callback recorded (``callback.history``), or what ``gradscope
     watch`` read back from its TensorBoard event files."""
@@ -1093,6 +1118,17 @@ class FlowHistoryReport(_CommandReport):
         default=None, description="GradientFlow(stop_on_nan=True): where the NaN of the first "
                                   "batch whose loss was not finite was born (training stopped)")
     nonfinite_step: int | None = Field(default=None, description="the step it was found at")
+    diagnose_every: int | None = Field(
+        default=None, description="GradientFlow(diagnose_every=N): a diagnosis every this "
+                                  "many batches (null: none)")
+    diagnose_exponents: int | None = Field(default=None, description="the Lyapunov exponents "
+                                           "each diagnosis takes")
+    diagnosis_steps: list[int] = Field(default_factory=list, description="the steps "
+                                       "(batches trained) of each diagnosis")
+    diagnoses: list[DiagnosisSeries] = Field(default_factory=list, description="per "
+                                             "recurrent call, one value per diagnosis")
+    not_diagnosed: list[NotAnalysedAt] = Field(default_factory=list, description="calls a "
+                                               "diagnosis could not read, why, and when")
 
 
 class DiffChange(_Report):

@@ -66,8 +66,11 @@ def _preactivations(tf: Any, cell: Any, x: Any, h: Any) -> Any:
     return x_part + h_part
 
 
-def read_gates(engine: Any, path: Trajectory) -> GateReading:
-    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None)."""
+def read_gates(engine: Any, path: Trajectory, cache: dict[Any, Any] | None = None
+               ) -> GateReading:
+    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None).
+    ``cache``: a dict the caller keeps across calls with one engine, where the traced function
+    is kept (by cell): traced once."""
     tf = engine.tf
     cell = path.layer.cell
     gates, keep = GATES[class_label(cell)]
@@ -82,6 +85,8 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
         return tf.stack([found[:, block * units:(block + 1) * units]
                          for block, _ in gates], 0)
 
+    if cache is not None:
+        values = cache.setdefault(("read_gates", id(cell)), values)
     below = np.zeros(len(gates))
     above = np.zeros(len(gates))
     keep_sum = np.zeros(units)

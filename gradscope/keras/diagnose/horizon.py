@@ -51,8 +51,11 @@ def output_width(layer: Any, path: Trajectory) -> int:
     return path.widths[0]
 
 
-def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
-    """The measured horizon of ``path`` (``mask``: the call's, input order, or None)."""
+def measure(engine: Any, path: Trajectory, mask: np.ndarray | None,
+            cache: dict[Any, Any] | None = None) -> Measured:
+    """The measured horizon of ``path`` (``mask``: the call's, input order, or None).
+    ``cache``: a dict the caller keeps across calls with one engine, where the traced function
+    is kept (by layer and output width): traced once per window length."""
     tf, keras = engine.tf, engine.keras
     layer = path.layer
     backwards = bool(getattr(layer, "go_backwards", False))
@@ -86,6 +89,9 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
         squares = tf.reduce_sum(grads ** 2, axis=list(range(2, len(grads.shape))))
         squares = tf.reduce_sum(tf.reshape(squares, [tf.shape(x)[0], units, -1]), axis=1)
         return tf.sqrt(squares)
+
+    if cache is not None:
+        window_norms = cache.setdefault(("measure", id(layer), units), window_norms)
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 

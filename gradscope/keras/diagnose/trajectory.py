@@ -89,12 +89,14 @@ def _step(engine: Any, layer: Any) -> Any:
     return step
 
 
-def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0) -> np.ndarray:
+def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
+                  cache: dict[Any, Any] | None = None) -> np.ndarray:
     """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I (with fewer columns than
     states: ``count`` orthonormal columns drawn from ``seed``, so that no column starts inside
     a subspace the steps keep to themselves); J_t·Q_{t−1} = Q_t·R_t, J_t applied by forward
     mode through one step of the cell (the ``count`` columns folded into the batch); a masked
-    step keeps Q (J = I there) and adds 0."""
+    step keeps Q (J = I there) and adds 0. ``cache``: a dict the caller keeps across calls
+    with one engine, where the traced scan is kept (by layer and count): traced once."""
     tf = engine.tf
     step = _step(engine, path.layer)
     widths, size = path.widths, path.size
@@ -133,6 +135,9 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0) -> n
         _, logs = tf.scan(body, (x_tm, ran_tm, *prev_tm),
                           initializer=(q0, tf.zeros([batch, count], dtype)))
         return tf.transpose(logs, [1, 0, 2])
+
+    if cache is not None:
+        scan = cache.setdefault(("lyapunov_logs", id(path.layer), count), scan)
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 

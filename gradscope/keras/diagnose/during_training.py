@@ -1,0 +1,137 @@
+"""What ``GradientFlow(diagnose_every=N)`` reads on a batch during ``fit``: for every recurrent
+call, the top Lyapunov exponents, the gate saturation shares (Keras GRU and LSTM) and the
+memory horizon predicted from λ₁ (and, on request, measured).
+
+Each number comes from the functions ``gradscope diagnose`` reads it with, on the same
+trajectory (the call stepped through the cell the model holds, its outputs held to Keras'
+own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
+:func:`~gradscope.keras.diagnose.gates.read_gates`,
+:func:`~gradscope.keras.diagnose.horizon.measure` and :mod:`gradscope.dynamics`. So a number
+recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
+exponents=k)`` reports for the same weights. What ``diagnose`` reads besides (the norm of
+every step Jacobian, where ∂L/∂s_t grows, the counterfactuals) costs more than a pass of
+training and is left to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope import dynamics
+from gradscope.diagnosis_record import CallReading
+from gradscope.keras.engine import call_label, class_label
+from gradscope.report.models import GateShares
+
+#: The top exponents taken by default: λ₁ alone. Forward mode carries one tangent column per
+#: exponent, folded into the batch, and the scan costs about that many times as much (29 ms
+#: for λ₁, 83 ms for three, on the two GRU calls of bench/callback_overhead.py's model).
+EXPONENTS = 1
+
+
+def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+               sample_weight: Any = None, exponents: int = EXPONENTS,
+               measure_horizon: bool = False, cache: dict[Any, Any] | None = None
+               ) -> tuple[list[CallReading], list[tuple[str, str]]]:
+    """Every recurrent call of ``engine``'s model on this batch, read with the model's current
+    weights; and the (call, reason) of those that cannot be. Keras' own call of the model
+    captures each call's input, output, mask and initial state (:func:`captured_calls`); then
+    each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read.
+    ``measure_horizon``: also the measured horizon (about as long again as the rest).
+    ``cache``: kept by the caller across calls with one engine: each function that steps a
+    cell is traced once, not at every diagnosis."""
+    from gradscope.keras.diagnose import is_recurrent
+    from gradscope.keras.diagnose.gates import known_gates, read_gates
+    from gradscope.keras.diagnose.horizon import measure
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
+    from gradscope.keras.stepped import step_call
+
+    calls = captured_calls(engine, inputs, targets, sample_weight, cache)
+    readings: list[CallReading] = []
+    skipped: list[tuple[str, str]] = []
+    for call in calls:
+        if not is_recurrent(engine, call):
+            continue
+        stepped = step_call(engine, call, None, engine.training, cache)
+        if isinstance(stepped, str):
+            skipped.append((call_label(call.layer, call.index), stepped))
+            continue
+        for index, direction in enumerate(stepped.directions):
+            layer = direction.layer
+            if engine.training and (getattr(layer.cell, "dropout", 0) or
+                                    getattr(layer.cell, "recurrent_dropout", 0)):
+                skipped.append((direction.label, "dropout in training mode: not yet "
+                                "diagnosed (run in inference mode)"))
+                continue
+            path = trajectory(stepped, index)
+            if isinstance(path, str):
+                skipped.append((direction.label, path))
+                continue
+            count = min(exponents, path.size)
+            spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(engine, path, count,
+                                                                    cache=cache),
+                                                      path.ran)
+            why_not = known_gates(layer, engine.training)
+            gates = None
+            if why_not is None:
+                reading = read_gates(engine, path, cache)
+                gates = {name: GateShares(below_0_1=reading.below[name],
+                                          above_0_9=reading.above[name])
+                         for name in reading.below}
+            largest = float(spectrum[0]) if len(spectrum) else None
+            measured = (measure(engine, path, stepped.call.mask, cache) if measure_horizon
+                        else None)
+            readings.append(CallReading(
+                call=direction.label, class_name=class_label(layer),
+                cell=class_label(layer.cell), lyapunov=[float(v) for v in spectrum],
+                gates=gates, gates_note=why_not,
+                predicted=dynamics.predicted_horizon(largest),
+                measured=None if measured is None else measured.horizon,
+                window=None if measured is None else measured.window))
+    return readings, skipped
+
+
+def captured_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                   sample_weight: Any = None, cache: dict[Any, Any] | None = None) -> list[Any]:
+    """Every layer call of one forward pass, with the tensors it received and returned.
+
+    With ``cache``: Keras' own call of the model, looked on (as ``engine.run`` runs it, without
+    the backward pass nothing here needs), in one ``tf.function`` traced once and kept in
+    ``cache``: a pass of ``engine.run`` traces anew every time, which would cost more than the
+    diagnosis. Where Keras' own call cannot be looked on or traced so (or without ``cache``),
+    ``engine.run`` itself, whose replay is witnessed by Keras' own call."""
+    from gradscope.keras.engine import _eager_call
+    from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
+
+    kept = None if cache is None else cache.get(("captured_calls",))
+    if cache is None or kept is False or engine.training or runs_eagerly(engine.user_model):
+        return engine.run(inputs, targets, watch_outputs=True, sample_weight=sample_weight).calls
+    tf = engine.tf
+    feed, ys = engine.tensors(inputs, targets)
+    if kept is None:
+        traced: dict[str, Any] = {}
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def forward(feed: list[Any], ys: list[Any]) -> Any:
+            _, _, calls = engine.forward(feed, ys, lambda tensor: None, own=True)
+            traced["calls"] = calls
+            return [([a for a in c.args if tf.is_tensor(a)], c.outputs, c.states, c.mask)
+                    for c in calls]
+
+        kept = (forward, traced)
+    forward, traced = kept
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    before = moved_state(engine.model)  # a stateful layer's state is put back
+    try:
+        with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
+            captured = forward(feed, ys)
+    except Exception:  # noqa: BLE001  (not looked on, or not traceable: engine.run says why)
+        restore(before)
+        cache[("captured_calls",)] = False
+        return engine.run(inputs, targets, watch_outputs=True, sample_weight=sample_weight).calls
+    restore(before)
+    cache[("captured_calls",)] = kept
+    return [_eager_call(call, *tensors)
+            for call, tensors in zip(traced["calls"], captured, strict=True)]

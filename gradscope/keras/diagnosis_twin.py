@@ -1,0 +1,81 @@
+"""A copy of the model that ``GradientFlow(diagnose_every=N)`` diagnoses beside training.
+
+A diagnosis steps each recurrent layer's cell, which reads its weights as they are when it
+runs: on the model itself it must run between two steps, while training waits. On a copy
+(Keras' ``clone_model``: the same layers from their configs, so the same names and the same
+computation) given the weights the step left, it runs on the callback's worker while
+training goes on, and gives the same numbers: the tests hold them to ``gradscope.diagnose``
+on the model itself. The copy keeps its own engine and its own traced functions (each traced
+once, at the first diagnosis).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gradscope.diagnosis_record import CallReading
+
+
+class DiagnosisTwin:
+    """The copy, its engine and its traced functions."""
+
+    def __init__(self, model: Any, engine: Any) -> None:
+        self.model = model
+        self.engine = engine
+        self.cache: dict[Any, Any] = {}
+
+    def read(self, weights: list[np.ndarray], inputs: dict[str, np.ndarray],
+             targets: dict[str, np.ndarray], sample_weight: Any, exponents: int,
+             measure_horizon: bool) -> tuple[list[CallReading], list[tuple[str, str]]]:
+        """Every recurrent call read on this batch, the copy holding ``weights`` (the
+        model's ``get_weights()`` when the step ended)."""
+        from gradscope.keras.diagnose.during_training import read_calls
+
+        self.model.set_weights(weights)
+        # The copy's outputs in the model's order, whatever the copy's inputs are named.
+        targets = dict(zip(self.engine.output_names, targets.values(), strict=True))
+        return read_calls(self.engine, inputs, targets, sample_weight, exponents,
+                          measure_horizon, self.cache)
+
+
+def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
+              ) -> DiagnosisTwin | None:
+    """The copy of ``model``, compiled with its loss (or ``loss``), and its engine; None where
+    Keras cannot copy it so (a subclassed model without ``get_config``, a layer Keras cannot
+    rebuild), where the copy's weights differ in shape, where a layer is stateful (its
+    carried state is no weight: ``set_weights`` would not give it to the copy), or where the
+    copy's outputs on ``inputs`` (a batch) are not the model's own (state the copy did not
+    get, another computation): the diagnoses then run on the model itself, between two
+    steps."""
+    import keras
+
+    from gradscope.gradcheck import tolerance
+    from gradscope.keras.callback import make_engine
+    from gradscope.keras.whole_model import model_outputs
+
+    if any(getattr(layer, "stateful", False)
+           for layer in model._flatten_layers(include_self=False, recursive=True)):
+        return None
+    try:
+        twin = keras.models.clone_model(model)
+        shapes = [tuple(w.shape) for w in model.weights]
+        if ([tuple(w.shape) for w in twin.weights] != shapes or
+                [layer.name for layer in twin.layers] != [layer.name for layer in model.layers]):
+            return None
+        twin.set_weights(model.get_weights())
+        feed = [keras.ops.convert_to_tensor(v) for v in inputs.values()]
+        rtol, atol = tolerance("replay", str(model.dtype_policy.compute_dtype))
+        for ours, theirs in zip(model_outputs(model, feed, False),
+                                model_outputs(twin, feed, False), strict=True):
+            if not np.allclose(np.asarray(theirs), np.asarray(ours), rtol=rtol, atol=atol):
+                return None
+        if loss is None:
+            twin.compile(loss=model.loss)
+        return DiagnosisTwin(twin, make_engine(twin, loss))
+    except Exception:  # noqa: BLE001  (many ways not to copy; the model itself still serves)
+        return None
+
+
+__all__ = ["DiagnosisTwin", "make_twin"]

@@ -1,0 +1,178 @@
+"""GradientFlow(diagnose_every=N): the dynamics each diagnosis records during model.fit, in
+TensorBoard's event files and in `gradscope watch`.
+
+The truth is the diagnose API run afterwards on the same weights (kept by a callback after
+GradientFlow at each diagnosed step) and the same batch (fit runs unshuffled, so batch k is
+rows 8k…8k+7): an independent path (its own engine, its own run), itself held to QR of
+batch_jacobians in test_keras_diagnose.py. (Its MirroredStrategy case is in
+test_keras_distributed.py.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_gradscope, run_without_tensorflow
+
+from gradscope.errors import ConfigError
+
+BATCH, STEPS, FEATURES, BATCHES = 8, 7, 3, 4
+DIAGNOSE_EVERY = 2  # diagnoses after batches 2 and 4
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, tf):
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(5)
+    # A bias of 2.5 saturates many gate values above 0.9: the shares are not all 0.
+    saturating = keras.initializers.Constant(2.5)
+    model = keras.Sequential([
+        keras.Input((STEPS, FEATURES)),
+        keras.layers.GRU(5, return_sequences=True, bias_initializer=saturating, name="gru"),
+        keras.layers.SimpleRNN(4, return_sequences=True, name="simple"),
+        keras.layers.LSTM(3, bias_initializer=saturating, name="lstm"),
+        keras.layers.Dense(2, name="out"),
+    ], name="diagnosed_model")
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH * BATCHES, STEPS, FEATURES)).astype("float32")
+    y = rng.standard_normal((BATCH * BATCHES, 2)).astype("float32")
+    weights: dict[int, list[np.ndarray]] = {}
+
+    class KeepWeights(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            weights[batch + 1] = self.model.get_weights()
+
+    log_dir = tmp_path_factory.mktemp("runs") / "diagnosed"
+    flow = GradientFlow(every=3, log_dir=log_dir, diagnose_every=DIAGNOSE_EVERY,
+                        diagnose_exponents=3, diagnose_horizon=True)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[flow, KeepWeights()])
+    flow.close()
+    return {"flow": flow, "model": model, "x": x, "y": y, "weights": weights,
+            "log_dir": log_dir}
+
+
+def _truth(fitted, step):
+    import gradscope
+
+    model = fitted["model"]
+    model.set_weights(fitted["weights"][step])
+    rows = slice((step - 1) * BATCH, step * BATCH)
+    try:
+        return gradscope.diagnose(model, x=fitted["x"][rows], y=fitted["y"][rows],
+                                  exponents=3, counterfactuals=False)
+    finally:
+        model.set_weights(fitted["weights"][BATCHES])
+
+
+def test_each_diagnosis_equals_diagnose_on_the_same_weights_and_batch(fitted):
+    history = fitted["flow"].history
+    assert history.diagnose_every == DIAGNOSE_EVERY and history.diagnose_exponents == 3
+    assert history.diagnosis_steps == [2, 4]
+    assert [o.step for o in history.observations] == [3]  # the flow keeps its own every
+    series = {s.call: s for s in history.diagnoses}
+    assert list(series) == ["gru", "simple", "lstm"]
+    saturated = 0.0
+    for index, step in enumerate(history.diagnosis_steps):
+        truth = {layer.call: layer for layer in _truth(fitted, step).layers}
+        for call, entry in series.items():
+            expected = truth[call]
+            np.testing.assert_allclose(entry.lyapunov[index], expected.lyapunov, rtol=1e-9)
+            assert entry.horizon_predicted[index] == pytest.approx(expected.horizon.predicted,
+                                                                   rel=1e-9)
+            assert entry.horizon_measured[index] == expected.horizon.measured
+            assert entry.horizon_window[index] == expected.horizon.window
+            if expected.gates is None:
+                assert entry.gates[index] is None
+                assert entry.gates_note == expected.gates_note
+                continue
+            assert entry.gates[index] == expected.gates
+            saturated = max(saturated, *(g.above_0_9 for g in expected.gates.values()))
+    assert series["simple"].gates_note == "gates not known for this cell (SimpleRNNCell)"
+    assert saturated > 0.2  # the shares compared are not all zero
+
+
+def test_event_files_hold_the_diagnose_tags(fitted, tf):
+    history = fitted["flow"].history
+    values: dict[str, dict[int, float]] = {}
+    for path in sorted(fitted["log_dir"].glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag.startswith("diagnose/"):
+                    values.setdefault(value.tag, {})[event.step] = float(
+                        tf.make_ndarray(value.tensor))
+    gru = next(s for s in history.diagnoses if s.call == "gru")
+    for rank in (1, 2, 3):
+        recorded = [v[rank - 1] for v in gru.lyapunov]
+        np.testing.assert_allclose([values[f"diagnose/gru/lyapunov_{rank}"][s]
+                                    for s in (2, 4)], recorded, rtol=1e-6)  # float32
+    np.testing.assert_allclose([values["diagnose/gru/gate_update_above_0_9"][s]
+                                for s in (2, 4)],
+                               [g["update"].above_0_9 for g in gru.gates], rtol=1e-6)
+    for tag in ("diagnose/lstm/gate_forget_below_0_1", "diagnose/lstm/horizon_predicted",
+                "diagnose/simple/lyapunov_1"):
+        assert set(values[tag]) == {2, 4}, tag
+    assert not any(t.startswith("diagnose/simple/gate_") for t in values)
+
+
+def test_watch_shows_the_diagnoses(fitted):
+    history = fitted["flow"].history
+    result = run_without_tensorflow("watch", str(fitted["log_dir"]), "--json")
+    assert result.returncode == 0, result.stderr
+    read = json.loads(result.stdout)
+    ours = history.to_dict()
+    for key in ("diagnose_every", "diagnose_exponents", "diagnosis_steps", "diagnoses",
+                "not_diagnosed"):
+        assert read[key] == ours[key], key  # written as JSON: exact
+    text = run_gradscope("watch", str(fitted["log_dir"]), env={"COLUMNS": "100"})
+    assert text.returncode == 0, text.stderr
+    gru = next(s for s in history.diagnoses if s.call == "gru")
+    lines = text.stdout.splitlines()
+    lead = next(line for line in lines if line.startswith("gru (GRUCell) at step 4"))
+    assert f"λ₁ {gru.lyapunov[-1][0]:+.3g} nats/step" in lead
+    assert f"at step 2 λ₁ was {gru.lyapunov[0][0]:+.3g}" in lead
+    shares = gru.gates[-1]["update"]
+    assert (f"update {shares.below_0_1:.0%} / {shares.above_0_9:.0%}" in text.stdout
+            and "gates (values below 0.1 / above 0.9)" in text.stdout)
+    assert "gates: gates not known for this cell (SimpleRNNCell)" in text.stdout
+    assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.5, True, "4"])
+def test_invalid_diagnose_every_is_a_clear_error(value):
+    from gradscope.keras import GradientFlow
+
+    with pytest.raises(ConfigError, match=r"GradientFlow\(diagnose_every=.*\): expected a "
+                                          r"whole number of batches ≥ 1, or None"):
+        GradientFlow(diagnose_every=value)
+    with pytest.raises(ConfigError, match=r"GradientFlow\(diagnose_exponents=.*\): expected "
+                                          r"a whole number ≥ 1"):
+        GradientFlow(diagnose_every=4, diagnose_exponents=value)
+
+
+def test_a_custom_loop_diagnoses_the_model_itself_at_the_steps_observe_divides(tf):
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((5, 2)), keras.layers.GRU(4), keras.layers.Dense(1)])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 5, 2)).astype("float32")
+    y = rng.standard_normal((6, 1)).astype("float32")
+    flow = GradientFlow(model=model, loss="mse", diagnose_every=2)
+    flow.observe(x, y)  # step 1: not diagnosed
+    flow.observe(x, y)  # step 2
+    model.compile(loss="mse")
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
+    history = flow.history
+    assert history.diagnosis_steps == [2]
+    np.testing.assert_allclose(history.diagnoses[0].lyapunov[0], truth.lyapunov, rtol=1e-9)
+    assert history.diagnoses[0].gates == [truth.gates]
