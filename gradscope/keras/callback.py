@@ -458,6 +458,8 @@ class GradientFlow(keras.callbacks.Callback):
                 raise ConfigError("GradientFlow.observe: no model; give it with "
                                   "GradientFlow(model=model) or callback.set_model(model)",
                                   where="model")
+            from gradscope.keras.live_engine import make_engine
+
             self._engine = make_engine(self.model, self.loss_name)
             self._pass = TracedPass(self._engine)
             self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
@@ -644,20 +646,6 @@ class GradientFlow(keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-def make_engine(model: Any, loss: str | None) -> Any:
-    """gradscope's Keras engine on the live model, with its compiled loss or ``loss``."""
-    from gradscope.keras.engine import KerasEngine
-    from gradscope.keras.live import read_model
-    from gradscope.keras.loss import output_names
-
-    if loss is None and not getattr(model, "compiled", False):
-        raise ConfigError(f"GradientFlow: model '{model.name}' is not compiled, so its loss is "
-                          "unknown; pass GradientFlow(loss=NAME), the Keras loss your loop "
-                          "minimises", where="loss")
-    graph, plan, _, _ = read_model(model, loss)  # as explain reads it: the loss fit minimises
-    return KerasEngine(model, output_names(graph), plan)
 
 
 def _native_call(thread: int, released: threading.Event, stepping: threading.Event) -> str:

@@ -52,7 +52,7 @@ def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
     import keras
 
     from gradscope.gradcheck import tolerance
-    from gradscope.keras.callback import make_engine
+    from gradscope.keras.live_engine import make_engine
     from gradscope.keras.whole_model import model_outputs
 
     if any(getattr(layer, "stateful", False)
