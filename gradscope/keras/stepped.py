@@ -70,18 +70,30 @@ def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray]
 def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Per example and step (B, T), ‖∂L/∂s_t‖² and ‖its carried part‖² (the total less what
     arrives from above at t), every state joined, in float64: what :func:`joined_totals`
-    holds, summed over the state as it is read, without joining (B, T, Σw) twice. None where
-    no gradient reached the call."""
+    holds, summed over the state as it is read, one example at a time (no float64 copy of
+    the whole sequences). None where no gradient reached the call."""
     if stepped.totals is None or stepped.direct is None:
         return None
-    totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
-    direct = np.asarray(stepped.direct[index], np.float64)
-    axes = tuple(range(2, totals[0].ndim))
+    totals = stepped.totals[index]
+    direct = stepped.direct[index]
     first = totals[0]
-    others = sum((np.sum(t * t, axis=axes) for t in totals[1:]), np.zeros(first.shape[:2]))
-    rest = first - direct if direct.shape == first.shape else first
-    return (np.sum(first * first, axis=axes) + others,
-            np.sum(rest * rest, axis=axes) + others)
+    whole = np.zeros(first.shape[:2])
+    carried = np.zeros(first.shape[:2])
+    axes = tuple(range(1, first.ndim - 1))  # an example's axes past time
+    for example in range(first.shape[0]):
+        others = sum((_squares(t[example], axes) for t in totals[1:]),
+                     np.zeros(first.shape[1]))
+        own = np.asarray(first[example], np.float64)
+        rest = own - direct[example] if direct.shape == first.shape else own
+        whole[example] = _squares(own, axes) + others
+        carried[example] = _squares(rest, axes) + others
+    return whole, carried
+
+
+def _squares(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Σ value² over ``axes``, in float64."""
+    value = np.asarray(value, np.float64)
+    return np.sum(value * value, axis=axes)
 
 
 def not_stepped(exc: BaseException) -> str:

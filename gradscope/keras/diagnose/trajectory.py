@@ -119,8 +119,7 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     return np.asarray(found, np.float64)
 
 
-def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
-                   vectorized: bool = False) -> Any:
+def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int) -> Any:
     """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start)`` → the logs
     (B, T, count)."""
     tf = engine.tf
@@ -140,25 +139,13 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
         def body(carry: tuple[Any, Any], elems: tuple[Any, ...]) -> tuple[Any, Any]:
             q, _ = carry
             x_t, ran_t, *prev_t = elems
-            if vectorized:
-                def product(column: Any) -> Any:
-                    with tf.autodiff.ForwardAccumulator(
-                            prev_t, tf.split(column, widths, axis=1)) as acc:
-                        new = step(x_t, list(prev_t))
-                    return tf.concat([acc.jvp(n, unconnected_gradients="zero")
-                                      for n in new], 1)
-
-                moved = tf.vectorized_map(product, tf.transpose(q, [2, 0, 1]),
-                                          fallback_to_while_loop=False)
-                moved = tf.transpose(moved, [1, 2, 0])
-            else:
-                columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
-                tangents = tf.split(columns, widths, axis=1)
-                primals = [tf.tile(p, [count, 1]) for p in prev_t]
-                with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-                    new = step(tf.tile(x_t, repeats), primals)
-                moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
-                moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
+            columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
+            tangents = tf.split(columns, widths, axis=1)
+            primals = [tf.tile(p, [count, 1]) for p in prev_t]
+            with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
+                new = step(tf.tile(x_t, repeats), primals)
+            moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
+            moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
             q_new, r = tf.linalg.qr(moved)
             diagonal = tf.linalg.diag_part(r)
             signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
@@ -195,7 +182,7 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     evenly spaced), (B, T), NaN where a step did not run or was not taken; and how it was
     computed. ``exact`` (default: for states of at most
     :data:`EXACT_STATE` numbers): ``batch_jacobian`` and SVD; else power iteration on JᵀJ
-    (a JVP then a VJP of one step) by Lanczos, each step's until its norm moves less than
+    (a JVP then a VJP of one step) by Lanczos, until every norm moves less than
     :data:`POWER_RTOL`."""
     tf = engine.tf
     step = _step(engine, path.layer)
@@ -241,19 +228,14 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
                 norms[part] = np.linalg.svd(found, compute_uv=False)[:, 0]
                 continue
             start = generator.standard_normal((int(joined.shape[0]), size))
-
-            def product(v: np.ndarray, rows: np.ndarray, xs: Any = xs,
-                        joined: Any = joined) -> np.ndarray:
-                if len(rows) < int(joined.shape[0]):
-                    xs, joined = tf.gather(xs, rows), tf.gather(joined, rows)
-                return np.asarray(normal(xs, joined, tf.cast(v, dtype))[1], np.float64)
-
-            norms[part], moving = largest_singular(product, start, by_rows=True)
+            norms[part], moving = largest_singular(
+                lambda v, xs=xs, joined=joined: np.asarray(
+                    normal(xs, joined, tf.cast(v, dtype))[1], np.float64), start)
             unsettled += moving
     sampled = (f"at {len(taken)} of {steps} steps, evenly spaced; " if len(taken) < steps
                else "")
     method = sampled + ("exact: batch_jacobian of one step and its SVD" if exact else
-              "Lanczos on JᵀJ (a JVP and a VJP of one step), each step's to a relative change "
+              "Lanczos on JᵀJ (a JVP and a VJP of one step), to a relative change "
               f"below {POWER_RTOL:g}" + (
                   f"; {unsettled} of {len(rows)} steps still moving after {POWER_STEPS} "
                   "products (their norms are lower bounds)" if unsettled else ""))
@@ -262,48 +244,40 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     return grid, method
 
 
-def largest_singular(normal: Any, start: np.ndarray, by_rows: bool = False
-                     ) -> tuple[np.ndarray, int]:
+def largest_singular(normal: Any, start: np.ndarray) -> tuple[np.ndarray, int]:
     """Per row, the largest singular value of J, from ``normal(v)`` = JᵀJ·v (rows of v):
-    Lanczos, started at ``start``, until the value moved less than :data:`POWER_RTOL` or
-    after :data:`POWER_STEPS` products (or the state's size). Each row is its own Lanczos
-    run: a row whose value has settled takes no more products (``by_rows``: ``normal(v,
-    rows)`` is given the rows still running, by index, and the v of those alone; else every
-    row takes every product until all have settled). Its error after m products falls as the
-    power method's after about m². Without re-orthogonalisation the basis loses
+    Lanczos, started at ``start``, until every value moved less than :data:`POWER_RTOL` or
+    after :data:`POWER_STEPS` products (or the state's size). Its error after m products
+    falls as the power method's after about m². Without re-orthogonalisation the basis loses
     orthogonality once a value has converged, which only repeats that value among the Ritz
     values: the largest stays right. Also returns how many rows had not settled at the cap:
     theirs are lower bounds (a Ritz value never exceeds the largest eigenvalue)."""
     rows, size = start.shape
-    products = min(POWER_STEPS, size)
-    alphas = np.zeros((rows, products))
-    betas = np.zeros((rows, products))
+    alphas: list[np.ndarray] = []
+    betas: list[np.ndarray] = []
     q = start / np.maximum(np.linalg.norm(start, axis=1, keepdims=True), 1e-300)
     before = np.zeros_like(q)
     last = np.zeros(rows)
-    active = np.arange(rows)
-    for j in range(products):
-        w = normal(q, active) if by_rows else normal(q)
+    for j in range(min(POWER_STEPS, size)):
+        w = normal(q)
         alpha = np.einsum("rs,rs->r", q, w)
-        w -= alpha[:, None] * q + (betas[active, j - 1][:, None] * before if j else 0.0)
-        alphas[active, j] = alpha
-        tridiagonal = np.zeros((len(active), j + 1, j + 1))
+        w -= alpha[:, None] * q + (betas[-1][:, None] * before if betas else 0.0)
+        alphas.append(alpha)
+        tridiagonal = np.zeros((rows, j + 1, j + 1))
         index = np.arange(j + 1)
-        tridiagonal[:, index, index] = alphas[active, :j + 1]
+        tridiagonal[:, index, index] = np.stack(alphas, axis=1)
         if j:
-            off = betas[active, :j]
+            off = np.stack(betas, axis=1)
             tridiagonal[:, index[1:], index[:-1]] = off
             tridiagonal[:, index[:-1], index[1:]] = off
         top = np.sqrt(np.maximum(np.linalg.eigvalsh(tridiagonal)[:, -1], 0.0))
-        moving = np.abs(top - last[active]) > POWER_RTOL * np.maximum(top, 1e-30)
-        last[active] = top
+        moving = np.abs(top - last) > POWER_RTOL * np.maximum(top, 1e-30)
         if j and not np.any(moving):
-            return last, 0
+            return top, 0
+        last = top
         beta = np.linalg.norm(w, axis=1)
-        betas[active, j] = beta
+        betas.append(beta)
         # A row whose Krylov space is whole (β = 0) goes on from a zero vector: T is exact.
         before, q = q, np.where(beta[:, None] > 0, w / np.where(beta > 0, beta, 1)[:, None],
                                 0.0)
-        if by_rows and j:
-            active, before, q = active[moving], before[moving], q[moving]
     return last, int(np.sum(moving))
