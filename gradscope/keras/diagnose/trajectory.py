@@ -2,9 +2,9 @@
 (x_t, s_{t−1}) each step ran on, the Lyapunov scan (QR re-orthonormalisation, Benettin's
 method) and the spectral norm of each step Jacobian J_t = ∂s_t/∂s_{t−1}.
 
-Both run the layer's own cell, one step at a time: the Lyapunov scan in ``tf.scan`` with the
-k tangent columns folded into the batch (forward mode), the norms with time folded into the
-batch (every pair at once). s is every state concatenated ([h, c] for an LSTM).
+Both run the layer's own cell, one step at a time: the Lyapunov scan in ``tf.while_loop``
+with the k tangent columns folded into the batch (forward mode), the norms with time folded
+into the batch (every pair at once). s is every state concatenated ([h, c] for an LSTM).
 """
 
 from __future__ import annotations
@@ -129,16 +129,15 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int) -> An
 
     @tf.function(autograph=False, reduce_retracing=True)
     def scan(x: Any, ran: Any, previous: list[Any], start: Any) -> Any:
-        batch = tf.shape(x)[0]
-        x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
-        ran_tm = tf.transpose(ran, [1, 0])
-        prev_tm = [tf.transpose(tf.cast(p, dtype), [1, 0, 2]) for p in previous]
+        # A while loop reading step t of the batch-major inputs in place: tf.scan would hold
+        # time-major copies of them, and of their TensorArrays, through the whole loop.
+        batch, steps = tf.shape(x)[0], tf.shape(x)[1]
+        previous = [tf.cast(p, dtype) for p in previous]
         q0 = tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1])
         repeats = [count] + [1] * (len(x.shape) - 2)
 
-        def body(carry: tuple[Any, Any], elems: tuple[Any, ...]) -> tuple[Any, Any]:
-            q, _ = carry
-            x_t, ran_t, *prev_t = elems
+        def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
+            x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
             columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
             tangents = tf.split(columns, widths, axis=1)
             primals = [tf.tile(p, [count, 1]) for p in prev_t]
@@ -153,11 +152,12 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int) -> An
             logs = tf.math.log(tf.maximum(tf.abs(diagonal), SMALLEST_STRETCH))
             q_new = tf.where(ran_t[:, None, None], q_new, q)
             logs = tf.where(ran_t[:, None], logs, tf.zeros_like(logs))
-            return q_new, logs
+            return t + 1, q_new, written.write(t, logs)
 
-        _, logs = tf.scan(body, (x_tm, ran_tm, *prev_tm),
-                          initializer=(q0, tf.zeros([batch, count], dtype)))
-        return tf.transpose(logs, [1, 0, 2])
+        _, _, written = tf.while_loop(
+            lambda t, q, written: t < steps, body,
+            (tf.constant(0), q0, tf.TensorArray(dtype, size=steps, element_shape=[None, count])))
+        return tf.transpose(written.stack(), [1, 0, 2])
 
     return scan
 
