@@ -121,7 +121,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         done = [_direction(engine, stepped, index, exponents, say)
                 for index in range(len(stepped.directions))]
         # The counterfactuals step a copy of their own: this call's sequences and totals
-        # are let go before they run (on the LSTM 256 bench model, 160 MB less at the peak).
+        # are let go before they run.
         stepped = replace(stepped, states=[], totals=None, direct=None)
         for index, found in enumerate(done):
             if isinstance(found, str):
