@@ -84,9 +84,9 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
     """
     from gradscope._blas import blas_beside_tensorflow
 
-    # NumPy's share (the Lanczos products' bookkeeping, the SVDs of a changed kernel, the
-    # per-step norms) on one BLAS thread: with one per core it fights TensorFlow's spinning
-    # pools (gradscope/_blas.py): 11.6 s instead of 0.1 s for one kernel's SVDs, measured.
+    # NumPy's share (the Lanczos bookkeeping, the SVDs of a changed kernel, the per-step
+    # norms) on one BLAS thread: with one per core it fights TensorFlow's spinning pools
+    # (gradscope/_blas.py): one kernel's SVDs took up to 11.6 s instead of about 0.1 s.
     with blas_beside_tensorflow():
         return _diagnose(job, progress, timings, exponents, counterfactuals)
 
