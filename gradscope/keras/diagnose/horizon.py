@@ -67,7 +67,7 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
 
-    window_norms = engine_cached(engine, ("horizon", id(layer), units),
+    window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units),
                                  lambda: _window_norms(engine, layer, units))
 
     from gradscope._tf import native_stderr_silenced, without_grappler

@@ -107,7 +107,8 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
              np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
     if carried is not None:
         start = start[:, :max(1, min(carried, count))]
-    scan = engine_cached(engine, ("lyapunov", id(path.layer), tuple(widths), start.shape[1]),
+    scan = engine_cached(engine, ("lyapunov", id(path.layer), bool(engine.training),
+                                  tuple(widths), start.shape[1]),
                          lambda: _lyapunov_scan(engine, path.layer, widths, start.shape[1]))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
