@@ -302,3 +302,47 @@ def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) ->
     else:
         assert entry.horizon.predicted is None
         assert entry.jacobian_norm.share_above_1 == 1.0
+
+
+def test_one_tangent_column_is_the_first_of_k_against_a_float64_power_iteration(
+        tf: Any) -> None:
+    """A counterfactual's λ₁ carries only the first of the layer's k random start columns
+    (a state above 32 numbers): its logs are the first column's of the k-column scan, and
+    both are a float64 power iteration of Keras' own step Jacobians from that column."""
+    import keras
+
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
+    from gradscope.keras.stepped import joined_totals, step_call, step_squares
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.LSTM(17, return_sequences=True, name="lstm")(inp)  # s: 34 numbers
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    x, _ = _batch()
+    engine = _real_engine(model, x)
+    call = next(c for c in engine.last.calls if c.layer == "lstm")
+    stepped = step_call(engine, call, [np.ones(call.outputs[0].shape, "float32")], False,
+                        cell_dtype=True)
+    assert not isinstance(stepped, str)
+    path = trajectory(stepped, 0)
+    assert not isinstance(path, str)
+    full = lyapunov_logs(engine, path, 8)
+    one = lyapunov_logs(engine, path, 8, carried=1)
+    assert one.shape == (B, T, 1)
+    np.testing.assert_allclose(one[..., 0], full[..., 0], rtol=1e-4, atol=1e-5)
+
+    column = np.linalg.qr(np.random.default_rng(0).standard_normal((34, 8)))[0][:, 0]
+    v = np.tile(column, (B, 1))
+    truth = np.zeros((B, T))
+    for t, (x_t, s) in enumerate(_sequences(tf, model, "lstm", x)):
+        v = np.einsum("bij,bj->bi", _jacobian(tf, model.get_layer("lstm").cell, x_t, s), v)
+        norms = np.linalg.norm(v, axis=1)
+        truth[:, t], v = np.log(norms), v / norms[:, None]
+    np.testing.assert_allclose(one[..., 0], truth, rtol=1e-4, atol=1e-4)
+
+    # The per-step squared norms of ∂L/∂s_t and its carried part, as joined_totals has them.
+    whole, above = joined_totals(stepped, 0)
+    squares, carried = step_squares(stepped, 0)
+    np.testing.assert_allclose(squares, np.sum(whole ** 2, axis=2), rtol=1e-12)
+    np.testing.assert_allclose(carried, np.sum((whole - above) ** 2, axis=2), rtol=1e-12)

@@ -70,6 +70,35 @@ def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray]
     return np.concatenate(totals, axis=-1), np.concatenate(above, axis=-1)
 
 
+def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per example and step (B, T), ‖∂L/∂s_t‖² and ‖its carried part‖² (the total less what
+    arrives from above at t), every state joined, in float64: what :func:`joined_totals`
+    holds, summed over the state as it is read, one example at a time (no float64 copy of
+    the whole sequences). None where no gradient reached the call."""
+    if stepped.totals is None or stepped.direct is None:
+        return None
+    totals = stepped.totals[index]
+    direct = stepped.direct[index]
+    first = totals[0]
+    whole = np.zeros(first.shape[:2])
+    carried = np.zeros(first.shape[:2])
+    axes = tuple(range(1, first.ndim - 1))  # an example's axes past time
+    for example in range(first.shape[0]):
+        others = sum((_squares(t[example], axes) for t in totals[1:]),
+                     np.zeros(first.shape[1]))
+        own = np.asarray(first[example], np.float64)
+        rest = own - direct[example] if direct.shape == first.shape else own
+        whole[example] = _squares(own, axes) + others
+        carried[example] = _squares(rest, axes) + others
+    return whole, carried
+
+
+def _squares(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Σ value² over ``axes``, in float64."""
+    value = np.asarray(value, np.float64)
+    return np.sum(value * value, axis=axes)
+
+
 def not_stepped(exc: BaseException) -> str:
     """Why a call was left out: its cell, run step by step, raised ``exc``."""
     return f"the cell could not be run step by step: {first_line(exc)}"
@@ -147,11 +176,14 @@ def masks_drawn(engine: Any, directions: list[Direction], call: CapturedCall, x:
 
 
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
-              training: bool, cache: dict[Any, Any] | None = None) -> Stepped | str:
+              training: bool, cell_dtype: bool = False, reuse: bool = False) -> Stepped | str:
     """``call`` stepped through its layer's own cells; with ``upstream`` (the tape's
     ∂L/∂ each output of the call), the total ∂L/∂ every state after every step too. Or why
-    it is not stepped. ``cache``: a dict the caller keeps across calls with one engine, where
-    the traced stepping is kept (by layer and mode): traced once."""
+    it is not stepped.
+
+    ``cell_dtype``: the state sequences and totals kept in the cell's dtype, not float64
+    (half the memory of a long call; the numbers are the same). ``reuse``: the traced step
+    kept on ``engine`` for the next call of the same layer (:func:`engine_cached`)."""
     layer = engine.operation(call.layer)
     label = call_label(call.layer, call.index)
     directions = directions_of(layer, label)
@@ -165,7 +197,10 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
             return own
         call = replace(call, states=own)
     try:
-        run = stepped_runner(engine, layer, directions, training, cache)
+        run = (engine_cached(engine, ("stepped", id(layer), training, cell_dtype),
+                             lambda: stepped_runner(engine, layer, directions, training,
+                                                    cell_dtype))
+               if reuse else stepped_runner(engine, layer, directions, training, cell_dtype))
         outputs, states, totals, direct, inputs = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
@@ -210,11 +245,12 @@ def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str |
 
 
 def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool,
-                   cache: dict[Any, Any] | None = None) -> Any:
+                   cell_dtype: bool = False) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
-    above, and ∂L/∂x_t of the input sequence, all in NumPy. One traced function: the scan is a
-    loop in the graph, never a Python loop over time."""
+    above, and ∂L/∂x_t of the input sequence, all in NumPy (float64; the sequences and totals
+    in the cell's dtype with ``cell_dtype``). One traced function: the scan is a loop in the
+    graph, never a Python loop over time."""
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
@@ -248,9 +284,6 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                                                  unconnected_gradients="zero")
         return outputs, [scan[0] for scan in scans], totals, direct, read
 
-    if cache is not None:
-        traced = cache.setdefault(("stepped_runner", id(layer), training), traced)
-
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
             list[np.ndarray] | None, np.ndarray | None]:
@@ -264,19 +297,37 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         with masks_drawn(engine, directions, call, x, initial), native_stderr_silenced(), \
                 without_grappler():
             outputs, states, totals, direct, read = traced(x, mask, initial, given)
+        kind = None if cell_dtype else np.float64
         return ([np.asarray(o, np.float64) for o in outputs],
-                [[_batch_major(s) for s in part] for part in states],
-                None if totals is None else [[_batch_major(g) for g in part]
+                [[_batch_major(s, kind) for s in part] for part in states],
+                None if totals is None else [[_batch_major(g, kind) for g in part]
                                              for part in totals],
-                None if direct is None else [_batch_major(g) for g in direct],
+                None if direct is None else [_batch_major(g, kind) for g in direct],
                 None if read is None else np.asarray(read, np.float64))
 
     return run
 
 
-def _batch_major(value: Any) -> np.ndarray:
-    """A time-major sequence (T, B, ·) as (B, T, ·), in float64."""
-    return np.swapaxes(np.asarray(value, np.float64), 0, 1)
+def _batch_major(value: Any, dtype: Any = np.float64) -> np.ndarray:
+    """A time-major sequence (T, B, ·) as (B, T, ·), in ``dtype`` (None: its own)."""
+    return np.swapaxes(np.asarray(value, dtype), 0, 1)
+
+
+def engine_cached(engine: Any, key: tuple[Any, ...], build: Any) -> Any:
+    """``build()`` (a traced function), made once per ``engine`` and ``key``: the changes of
+    a counterfactual run on one copy, whose variables a trace reads as they are at each call,
+    so each reuses the first one's trace. An engine that takes no attribute builds every
+    time."""
+    store = getattr(engine, "_traces", None)
+    if store is None:
+        store = {}
+        try:
+            engine._traces = store
+        except AttributeError:
+            return build()
+    if key not in store:
+        store[key] = build()
+    return store[key]
 
 
 def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],

@@ -124,8 +124,10 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
                 line.stylize("dim")
             parts.append(line)
         else:
+            before = (before_l if change.lyapunov_1_before is None
+                      else _signed(change.lyapunov_1_before))
             items = [f"horizon {before_h} → {_reach(change.horizon, change.horizon_window)}",
-                     f"λ₁ {before_l} → " + ("n/a" if change.lyapunov_1 is None
+                     f"λ₁ {before} → " + ("n/a" if change.lyapunov_1 is None
                                             else _signed(change.lyapunov_1))]
             if layer.flow is not None and change.flow is not None:
                 items.append(f"carried ×{number(layer.flow.ratio)} → "

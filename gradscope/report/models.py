@@ -954,8 +954,12 @@ class Counterfactual(_Report):
                                 "beyond horizon_window, or not applicable)")
     horizon_window: int | None = Field(default=None, description="the lags measured")
     predicted: float | None = Field(default=None, description="ln(10³)/|λ₁| after the change")
-    lyapunov_1: float | None = Field(description="λ₁ after the change, with the layer's own "
-                                     "number of exponents (the same start)")
+    lyapunov_1: float | None = Field(description="λ₁ after the change, from the layer's own "
+                                     "start: with all its tangent columns where it carries "
+                                     "every exponent, else with its first column alone")
+    lyapunov_1_before: float | None = Field(
+        default=None, description="the layer's λ₁ taken as lyapunov_1 is (its first tangent "
+        "column alone, where that is how lyapunov_1 was taken): before, for after")
     flow: StateFlow | None = Field(default=None, description="∂L/∂s_t after the change")
     clip_norm: float | None = Field(default=None, description="clipping: the global_clipnorm "
                                     "the batch suggests")

@@ -52,8 +52,10 @@ METHOD = [
     "counterfactuals: a copy Keras makes of the model (the file loaded again, or the object "
     "rebuilt from its config), one change at a time (keep-gate bias +1; each gate's block of "
     "the recurrent kernel made its polar factor times its spectral norm), run again on the "
-    "batch and diagnosed as the layer (λ₁ with the same exponents); clipping at √n × the "
-    "median tensor norm changes the gradient, not the dynamics: not rerun",
+    "batch and diagnosed as the layer: the horizon, the flow and λ₁ from the layer's own "
+    "start (every column where the layer carries every exponent; else its first, random, "
+    "column alone, Benettin's λ₁, beside the layer's own first column as before); clipping "
+    "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun",
 ]
 
 
@@ -80,6 +82,17 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
     Returns:
         The report.
     """
+    from gradscope._blas import blas_beside_tensorflow
+
+    # NumPy's share (the Lanczos bookkeeping, the SVDs of a changed kernel, the per-step
+    # norms) on one BLAS thread: with one per core it fights TensorFlow's spinning pools
+    # (gradscope/_blas.py): one kernel's SVDs took up to 11.6 s instead of about 0.1 s.
+    with blas_beside_tensorflow():
+        return _diagnose(job, progress, timings, exponents, counterfactuals)
+
+
+def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int | None,
+              counterfactuals: bool) -> DiagnoseReport:
     from gradscope.keras.diagnose.clipping import clipping, global_norm
     from gradscope.keras.explain import loaded, loss_entry, model_entry
     from gradscope.keras.stepped import step_call
@@ -101,20 +114,24 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
         label = call_label(call.layer, call.index)
         say(f"{label}: stepping its cell along the batch")
         upstream = result.output_gradients.get(label)
-        stepped = step_call(engine, call, upstream, engine.training)
+        stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True)
         if isinstance(stepped, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue
-        for index in range(len(stepped.directions)):
-            found = _direction(engine, stepped, index, exponents, say)
+        done = [_direction(engine, stepped, index, exponents, say)
+                for index in range(len(stepped.directions))]
+        # The counterfactuals step a copy of their own: this call's sequences and totals
+        # are let go before they run.
+        stepped = replace(stepped, states=[], totals=None, direct=None)
+        for index, found in enumerate(done):
             if isinstance(found, str):
                 skipped.append(KerasNotAnalysed(layer=stepped.directions[index].label,
                                                 reason=found))
                 continue
-            entry, evidence, count = found
+            entry, evidence, count, first = found
             if whatif is not None:
                 say(f"{entry.call}: counterfactuals, each on a changed copy of the model")
-                entry = whatif.add(entry, evidence, stepped, index, count)
+                entry = whatif.add(entry, evidence, stepped, index, count, first)
             layers.append(entry)
         clock.lap(f"diagnose {label}")
     warnings = []
@@ -136,9 +153,12 @@ def _dropout(layer: Any, training: bool) -> bool:
 
 
 def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
-               say: Progress) -> tuple[DiagnosedLayer, dynamics.Evidence, int] | str:
-    """One direction of a stepped call, diagnosed, with what its verdict rests on and how many
-    exponents it took; or why it cannot be."""
+               say: Progress) -> tuple[DiagnosedLayer, dynamics.Evidence, int,
+                                       float | None] | str:
+    """One direction of a stepped call, diagnosed, with what its verdict rests on, how many
+    exponents it took and the exponent of its first tangent column alone (what a
+    counterfactual's λ₁ is compared with: it carries that column only); or why it cannot
+    be."""
     from gradscope.keras.diagnose.counterfactuals import state_flow
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
@@ -158,6 +178,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     say(f"{label}: Lyapunov exponents (QR along the trajectory)")
     logs = lyapunov_logs(engine, path, count)
     spectrum, change = dynamics.lyapunov_exponents(logs, path.ran)
+    first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
     grid, method = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
@@ -208,7 +229,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
         exploding=exploding, flow=state_flow(stepped, index),
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
-        verdict=dynamics.verdict(evidence)), evidence, count
+        verdict=dynamics.verdict(evidence)), evidence, count, (
+            float(first[0]) if len(first) else None)
 
 
 def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
@@ -222,16 +244,14 @@ def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
 def _exploding(stepped: Any, index: int) -> Exploding | None:
     """Where the carried ∂L/∂s_t grows going back a step (None: no gradient reached the
     call)."""
-    from gradscope.keras.stepped import joined_totals
+    from gradscope.keras.stepped import step_squares
 
-    found = joined_totals(stepped, index)
+    found = step_squares(stepped, index)
     if found is None:
         return None
-    whole, above = found
-    carried = whole - above
-    axes = tuple(range(2, whole.ndim))
-    after = np.sqrt(np.sum(whole[:, 1:] ** 2, axis=axes))  # (B, T−1): ‖∂L/∂s_(t+1)‖
-    back = np.sqrt(np.sum(carried[:, :-1] ** 2, axis=axes))  # carried part at t
+    whole, carried = found
+    after = np.sqrt(whole[:, 1:])  # (B, T−1): ‖∂L/∂s_(t+1)‖
+    back = np.sqrt(carried[:, :-1])  # carried part at t
     live = after > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(live, back / np.where(live, after, 1), np.nan)
@@ -263,12 +283,14 @@ class _WhatIf:
         self.copy: Any = None
 
     def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
-            index: int, count: int) -> DiagnosedLayer:
-        """``entry`` with its counterfactuals, and its verdict naming the most effective."""
+            index: int, count: int, first: float | None) -> DiagnosedLayer:
+        """``entry`` with its counterfactuals, and its verdict naming the most effective
+        (``first``: the layer's λ₁ by its first tangent column, as a change's is taken)."""
         from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
             Rerun,
             copy_engine,
+            first_column_only,
             measure_change,
             not_copied,
             suggested_clipping,
@@ -284,6 +306,9 @@ class _WhatIf:
         found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
                  else measure_change(self.copy, rerun, index, kind, count)
                  for kind, _, _ in CHANGES]
+        if first_column_only(count, entry.state_size):
+            found = [c.model_copy(update={"lyapunov_1_before": first}) if c.applicable else c
+                     for c in found]
         largest = entry.lyapunov[0] if entry.lyapunov else None
         clipped = suggested_clipping(self.gradients, largest, entry.horizon.measured,
                                      entry.horizon.window)
@@ -299,7 +324,8 @@ class _WhatIf:
 def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str | None:
     """The counterfactual the verdict names, in words: for a vanishing layer the change that
     lengthens the measured horizon most; for an exploding one the change that lowers λ₁
-    most; None when no change helps (or the layer holds)."""
+    most (each against the layer's λ₁ taken as the change's is); None when no change helps
+    (or the layer holds)."""
     changed = [c for c in found if c.applicable and c.kind != "clipping"]
     if entry.mechanism == "vanishing":
         def reach(horizon: int | None, window: int | None) -> float:
@@ -313,8 +339,8 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
         return dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
                                best.lyapunov_1)
     if entry.mechanism == "exploding" and entry.lyapunov:
-        lower = [c for c in changed
-                 if c.lyapunov_1 is not None and c.lyapunov_1 < entry.lyapunov[0]]
+        lower = [c for c in changed if c.lyapunov_1 is not None and c.lyapunov_1 < (
+            entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before)]
         if lower:
             best = min(lower, key=lambda c: c.lyapunov_1 or 0.0)
             return dynamics.remedy("exploding", best.change, best.horizon,

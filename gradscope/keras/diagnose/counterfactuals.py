@@ -86,17 +86,19 @@ def change_words(kind: str, cell: Any) -> str:
 
 def state_flow(stepped: Any, index: int) -> StateFlow | None:
     """‖∂L/∂s_t‖ at the first and last step of direction ``index``, and the ratio the flow
-    flags (None: no gradient reached the call)."""
-    from gradscope.keras.flow import carried_ratio
-    from gradscope.keras.stepped import joined_totals
+    flags (:func:`~gradscope.keras.flow.carried_ratio`, from the same per-step norms; None:
+    no gradient reached the call)."""
+    from gradscope.keras.probed_flow import carried_ratio_of
+    from gradscope.keras.stepped import step_squares
 
-    found = joined_totals(stepped, index)
+    found = step_squares(stepped, index)
     if found is None:
         return None
-    whole, above = found
-    return StateFlow(first=float(np.linalg.norm(whole[:, 0])),
-                     last=float(np.linalg.norm(whole[:, -1])),
-                     ratio=carried_ratio(whole, above))
+    whole, carried = found
+    totals = np.sqrt(np.sum(whole, axis=0))
+    return StateFlow(first=float(totals[0]), last=float(totals[-1]),
+                     ratio=carried_ratio_of([float(v) for v in np.sqrt(np.sum(carried, axis=0))],
+                                            [float(v) for v in totals]))
 
 
 def copy_engine(job: Any, engine: Any) -> Any:
@@ -114,6 +116,16 @@ def copy_engine(job: Any, engine: Any) -> Any:
         return f"Keras could not copy the model: {first_line(exc)}"
 
 
+def first_column_only(count: int, size: int) -> bool:
+    """Whether a change's λ₁ carries only the first of the layer's ``count`` tangent
+    columns: where they are fewer than the state's ``size`` numbers. Their start is then
+    drawn at random, so the first column is a generic direction, whose growth rate is
+    Benettin's λ₁; Gram–Schmidt makes Q_t's first column and R_t[0, 0] from it alone, so it
+    costs 1/``count`` of the scan. With every exponent (Q_0 = I) the first column is e_1,
+    which a step may keep to itself: every column is carried then, as the layer's are."""
+    return count < size
+
+
 @dataclass
 class Rerun:
     """What a counterfactual needs of the original run: the batch and the call."""
@@ -129,7 +141,9 @@ class Rerun:
 def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: int
                    ) -> Counterfactual:
     """One change on ``copy`` (its weights restored after), the call run and stepped again:
-    λ₁ (``count`` exponents, as the layer's own diagnosis), the horizon and ∂L/∂s_t."""
+    λ₁ (from the layer's own start of ``count`` tangent columns; where they are fewer than
+    the state's numbers, so drawn at random, only the first is carried
+    (:func:`first_column_only`)), the horizon and ∂L/∂s_t."""
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import directions_of, step_call
@@ -153,13 +167,15 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
         if call is None:
             return _not(kind, words, "the copy does not call the layer as the model does")
         stepped = step_call(copy, call, result.output_gradients.get(rerun.label),
-                            copy.training)
+                            copy.training, cell_dtype=True, reuse=True)
         if isinstance(stepped, str):
             return _not(kind, words, f"the changed copy could not be stepped: {stepped}")
         path = trajectory(stepped, direction)
         if isinstance(path, str):
             return _not(kind, words, path)
-        spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(copy, path, count), path.ran)
+        carried = 1 if first_column_only(count, path.size) else None
+        spectrum, _ = dynamics.lyapunov_exponents(
+            lyapunov_logs(copy, path, count, carried=carried), path.ran)
         measured = measure(copy, path, stepped.call.mask)
     finally:
         for variable, value in kept:

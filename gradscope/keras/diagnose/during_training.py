@@ -39,8 +39,9 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     captures each call's input, output, mask and initial state (:func:`captured_calls`); then
     each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read.
     ``measure_horizon``: also the measured horizon (about as long again as the rest).
-    ``cache``: kept by the caller across calls with one engine: each function that steps a
-    cell is traced once, not at every diagnosis."""
+    ``cache``: kept by the caller across calls with one engine: Keras' own call of the model
+    is traced once, not at every diagnosis (each function that steps a cell is kept on the
+    engine itself: :func:`~gradscope.keras.stepped.engine_cached`)."""
     from gradscope.keras.diagnose import is_recurrent
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
@@ -53,7 +54,7 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     for call in calls:
         if not is_recurrent(engine, call):
             continue
-        stepped = step_call(engine, call, None, engine.training, cache)
+        stepped = step_call(engine, call, None, engine.training, reuse=True)
         if isinstance(stepped, str):
             skipped.append((call_label(call.layer, call.index), stepped))
             continue
@@ -69,18 +70,17 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                 skipped.append((direction.label, path))
                 continue
             count = min(exponents, path.size)
-            spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(engine, path, count,
-                                                                    cache=cache),
+            spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(engine, path, count),
                                                       path.ran)
             why_not = known_gates(layer, engine.training)
             gates = None
             if why_not is None:
-                reading = read_gates(engine, path, cache)
+                reading = read_gates(engine, path)
                 gates = {name: GateShares(below_0_1=reading.below[name],
                                           above_0_9=reading.above[name])
                          for name in reading.below}
             largest = float(spectrum[0]) if len(spectrum) else None
-            measured = (measure(engine, path, stepped.call.mask, cache) if measure_horizon
+            measured = (measure(engine, path, stepped.call.mask) if measure_horizon
                         else None)
             readings.append(CallReading(
                 call=direction.label, class_name=class_label(layer),

@@ -17,6 +17,7 @@ import numpy as np
 from gradscope.dynamics import HIGH, LOW
 from gradscope.keras.diagnose.trajectory import FOLD_ROWS, Trajectory, folded_pairs
 from gradscope.keras.engine import class_label
+from gradscope.keras.stepped import engine_cached
 
 #: Per cell class: its gates by name, as (column block, name), and its keep gate.
 GATES = {"LSTMCell": ([(0, "input"), (1, "forget"), (3, "output")], "forget"),
@@ -66,11 +67,9 @@ def _preactivations(tf: Any, cell: Any, x: Any, h: Any) -> Any:
     return x_part + h_part
 
 
-def read_gates(engine: Any, path: Trajectory, cache: dict[Any, Any] | None = None
-               ) -> GateReading:
-    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None).
-    ``cache``: a dict the caller keeps across calls with one engine, where the traced function
-    is kept (by cell): traced once."""
+def read_gates(engine: Any, path: Trajectory) -> GateReading:
+    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None); the
+    traced function is kept on ``engine`` (:func:`~gradscope.keras.stepped.engine_cached`)."""
     tf = engine.tf
     cell = path.layer.cell
     gates, keep = GATES[class_label(cell)]
@@ -78,15 +77,17 @@ def read_gates(engine: Any, path: Trajectory, cache: dict[Any, Any] | None = Non
     x, previous, _ = folded_pairs(path)
     dtype = cell.compute_dtype
 
-    @tf.function(autograph=False, reduce_retracing=True)
-    def values(x: Any, h: Any) -> Any:
-        found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
-                                                          tf.cast(h, dtype)))
-        return tf.stack([found[:, block * units:(block + 1) * units]
-                         for block, _ in gates], 0)
+    def traced() -> Any:
+        @tf.function(autograph=False, reduce_retracing=True)
+        def values(x: Any, h: Any) -> Any:
+            found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
+                                                              tf.cast(h, dtype)))
+            return tf.stack([found[:, block * units:(block + 1) * units]
+                             for block, _ in gates], 0)
 
-    if cache is not None:
-        values = cache.setdefault(("read_gates", id(cell)), values)
+        return values
+
+    values = engine_cached(engine, ("gates", id(cell)), traced)
     below = np.zeros(len(gates))
     above = np.zeros(len(gates))
     keep_sum = np.zeros(units)

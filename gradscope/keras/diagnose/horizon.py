@@ -16,7 +16,7 @@ import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
 from gradscope.keras.diagnose.trajectory import Trajectory
-from gradscope.keras.stepped import scan_cell
+from gradscope.keras.stepped import engine_cached, scan_cell
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
 STEPS, EXAMPLES = 8, 8
@@ -51,12 +51,9 @@ def output_width(layer: Any, path: Trajectory) -> int:
     return path.widths[0]
 
 
-def measure(engine: Any, path: Trajectory, mask: np.ndarray | None,
-            cache: dict[Any, Any] | None = None) -> Measured:
-    """The measured horizon of ``path`` (``mask``: the call's, input order, or None).
-    ``cache``: a dict the caller keeps across calls with one engine, where the traced function
-    is kept (by layer and output width): traced once per window length."""
-    tf, keras = engine.tf, engine.keras
+def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
+    """The measured horizon of ``path`` (``mask``: the call's, input order, or None)."""
+    tf = engine.tf
     layer = path.layer
     backwards = bool(getattr(layer, "go_backwards", False))
     batch, steps = path.ran.shape
@@ -70,28 +67,8 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None,
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
 
-    @tf.function(autograph=False, reduce_retracing=True)
-    def window_norms(x: Any, mask: Any, initial: list[Any]) -> Any:
-        folded = tf.repeat(x, units, axis=0)
-        start = [tf.repeat(tf.cast(s, layer.cell.compute_dtype), units, axis=0)
-                 for s in initial]
-        folded_mask = None if mask is None else tf.repeat(mask, units, axis=0)
-        probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
-                  for s in start]
-        with tf.GradientTape() as tape:
-            tape.watch(folded)
-            _, outs = scan_cell(tf, keras, layer, folded, folded_mask, start, probes,
-                            engine.training)
-            last = tf.reshape(outs[-1], [tf.shape(folded)[0], -1])
-            picked = tf.reduce_sum(last * tf.tile(tf.eye(units, dtype=last.dtype),
-                                                  [tf.shape(x)[0], 1]))
-        grads = tf.cast(tape.gradient(picked, folded), tf.float64)
-        squares = tf.reduce_sum(grads ** 2, axis=list(range(2, len(grads.shape))))
-        squares = tf.reduce_sum(tf.reshape(squares, [tf.shape(x)[0], units, -1]), axis=1)
-        return tf.sqrt(squares)
-
-    if cache is not None:
-        window_norms = cache.setdefault(("measure", id(layer), units), window_norms)
+    window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units),
+                                 lambda: _window_norms(engine, layer, units))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
@@ -126,3 +103,32 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None,
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples)
         window = min(2 * window, max(ts))
+
+
+def _window_norms(engine: Any, layer: Any, units: int) -> Any:
+    """The traced pass of :func:`measure`: ``window_norms(x, mask, initial)`` → per example
+    and input step of the window, ‖∂h_t/∂x_s‖ (h_t the output after the window's last step),
+    the output units folded into the batch."""
+    tf, keras = engine.tf, engine.keras
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def window_norms(x: Any, mask: Any, initial: list[Any]) -> Any:
+        folded = tf.repeat(x, units, axis=0)
+        start = [tf.repeat(tf.cast(s, layer.cell.compute_dtype), units, axis=0)
+                 for s in initial]
+        folded_mask = None if mask is None else tf.repeat(mask, units, axis=0)
+        probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
+                  for s in start]
+        with tf.GradientTape() as tape:
+            tape.watch(folded)
+            _, outs = scan_cell(tf, keras, layer, folded, folded_mask, start, probes,
+                                engine.training)
+            last = tf.reshape(outs[-1], [tf.shape(folded)[0], -1])
+            picked = tf.reduce_sum(last * tf.tile(tf.eye(units, dtype=last.dtype),
+                                                  [tf.shape(x)[0], 1]))
+        grads = tf.cast(tape.gradient(picked, folded), tf.float64)
+        squares = tf.reduce_sum(grads ** 2, axis=list(range(2, len(grads.shape))))
+        squares = tf.reduce_sum(tf.reshape(squares, [tf.shape(x)[0], units, -1]), axis=1)
+        return tf.sqrt(squares)
+
+    return window_norms

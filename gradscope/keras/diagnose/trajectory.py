@@ -2,9 +2,9 @@
 (x_t, s_{t−1}) each step ran on, the Lyapunov scan (QR re-orthonormalisation, Benettin's
 method) and the spectral norm of each step Jacobian J_t = ∂s_t/∂s_{t−1}.
 
-Both run the layer's own cell, one step at a time: the Lyapunov scan in ``tf.scan`` with the
-k tangent columns folded into the batch (forward mode), the norms with time folded into the
-batch (every pair at once). s is every state concatenated ([h, c] for an LSTM).
+Both run the layer's own cell, one step at a time: the Lyapunov scan in ``tf.while_loop``
+with the k tangent columns folded into the batch (forward mode), the norms with time folded
+into the batch (every pair at once). s is every state concatenated ([h, c] for an LSTM).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.keras.stepped import Stepped
+from gradscope.keras.stepped import Stepped, engine_cached
 
 #: Pairs (x_t, s_{t−1}) the step-Jacobian norms take at once (Lanczos keeps its basis for
 #: each: rows × steps × state numbers in float64).
@@ -90,32 +90,55 @@ def _step(engine: Any, layer: Any) -> Any:
 
 
 def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
-                  cache: dict[Any, Any] | None = None) -> np.ndarray:
+                  carried: int | None = None) -> np.ndarray:
     """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I (with fewer columns than
     states: ``count`` orthonormal columns drawn from ``seed``, so that no column starts inside
     a subspace the steps keep to themselves); J_t·Q_{t−1} = Q_t·R_t, J_t applied by forward
     mode through one step of the cell (the ``count`` columns folded into the batch); a masked
-    step keeps Q (J = I there) and adds 0. ``cache``: a dict the caller keeps across calls
-    with one engine, where the traced scan is kept (by layer and count): traced once."""
+    step keeps Q (J = I there) and adds 0.
+
+    ``carried``: only the first ``carried`` of those columns (B, T, carried). Gram–Schmidt
+    makes column i of Q_t and R_t[i, i] from columns 0..i alone, so these logs are the first
+    ``carried`` of the ``count`` columns' (to rounding), at ``carried``/``count`` of the
+    cost: what a counterfactual's λ₁ (``carried=1``) needs."""
     tf = engine.tf
-    step = _step(engine, path.layer)
     widths, size = path.widths, path.size
-    dtype = path.layer.cell.compute_dtype
     start = (np.eye(size, count) if count >= size else
              np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
+    if carried is not None:
+        start = start[:, :max(1, min(carried, count))]
+    scan = engine_cached(engine, ("lyapunov", id(path.layer), bool(engine.training),
+                                  tuple(widths), start.shape[1]),
+                         lambda: _lyapunov_scan(engine, path.layer, widths, start.shape[1]))
+
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
+    with native_stderr_silenced(), without_grappler():
+        found = scan(tf.convert_to_tensor(path.x), tf.convert_to_tensor(path.ran),
+                     [tf.convert_to_tensor(p) for p in path.previous],
+                     tf.convert_to_tensor(start))
+    return np.asarray(found, np.float64)
+
+
+def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int) -> Any:
+    """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start)`` → the logs
+    (B, T, count)."""
+    tf = engine.tf
+    step = _step(engine, layer)
+    size = sum(widths)
+    dtype = layer.cell.compute_dtype
 
     @tf.function(autograph=False, reduce_retracing=True)
     def scan(x: Any, ran: Any, previous: list[Any], start: Any) -> Any:
-        batch = tf.shape(x)[0]
-        x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
-        ran_tm = tf.transpose(ran, [1, 0])
-        prev_tm = [tf.transpose(tf.cast(p, dtype), [1, 0, 2]) for p in previous]
+        # A while loop reading step t of the batch-major inputs in place: tf.scan would hold
+        # time-major copies of them, and of their TensorArrays, through the whole loop.
+        batch, steps = tf.shape(x)[0], tf.shape(x)[1]
+        previous = [tf.cast(p, dtype) for p in previous]
         q0 = tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1])
         repeats = [count] + [1] * (len(x.shape) - 2)
 
-        def body(carry: tuple[Any, Any], elems: tuple[Any, ...]) -> tuple[Any, Any]:
-            q, _ = carry
-            x_t, ran_t, *prev_t = elems
+        def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
+            x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
             columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
             tangents = tf.split(columns, widths, axis=1)
             primals = [tf.tile(p, [count, 1]) for p in prev_t]
@@ -130,22 +153,14 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
             logs = tf.math.log(tf.maximum(tf.abs(diagonal), SMALLEST_STRETCH))
             q_new = tf.where(ran_t[:, None, None], q_new, q)
             logs = tf.where(ran_t[:, None], logs, tf.zeros_like(logs))
-            return q_new, logs
+            return t + 1, q_new, written.write(t, logs)
 
-        _, logs = tf.scan(body, (x_tm, ran_tm, *prev_tm),
-                          initializer=(q0, tf.zeros([batch, count], dtype)))
-        return tf.transpose(logs, [1, 0, 2])
+        _, _, written = tf.while_loop(
+            lambda t, q, written: t < steps, body,
+            (tf.constant(0), q0, tf.TensorArray(dtype, size=steps, element_shape=[None, count])))
+        return tf.transpose(written.stack(), [1, 0, 2])
 
-    if cache is not None:
-        scan = cache.setdefault(("lyapunov_logs", id(path.layer), count), scan)
-
-    from gradscope._tf import native_stderr_silenced, without_grappler
-
-    with native_stderr_silenced(), without_grappler():
-        found = scan(tf.convert_to_tensor(path.x), tf.convert_to_tensor(path.ran),
-                     [tf.convert_to_tensor(p) for p in path.previous],
-                     tf.convert_to_tensor(start))
-    return np.asarray(found, np.float64)
+    return scan
 
 
 def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
