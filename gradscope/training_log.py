@@ -19,6 +19,7 @@ from typing import Any
 from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
+    KerasMixedPrecision,
     NonFiniteEntry,
     NotAnalysedAt,
     RecurrentFlowSeries,
@@ -42,6 +43,12 @@ FLAG_PREFIX = "flow_flag/"
 IMAGE_PREFIX = "flow_profile/"
 PROFILE_PREFIX = "flow_profile_values/"
 FLAG_VALUES = {-1.0: "vanishing", 0.0: None, 1.0: "exploding"}
+#: Under a mixed policy: each observation's mixed_precision section as JSON (what ``gradscope
+#: watch`` reads back, exactly), and scalars for TensorBoard under this prefix: loss_scale,
+#: scale_range_low, scale_range_high, in_range (1 or 0), warnings (how many), and
+#: underflow/PATH, subnormal/PATH, overflow/PATH (the shares of each tensor's entries).
+MIXED_TAG = "gradscope/mixed_precision"
+MIXED_PREFIX = "mixed_precision/"
 
 
 def tensorboard_install_line() -> str:
@@ -109,7 +116,7 @@ def _tags(events: list[Any]) -> dict[str, dict[int, Any]]:
     """tag → step → value, for gradscope's tags (a later event of a step wins)."""
     by_tag: dict[str, dict[int, Any]] = {}
     prefixes = (LOSS_TAG, RUN_TAG, OBSERVATION_TAG, WEIGHT_PREFIX, STATE_PREFIX, RATIO_PREFIX,
-                FLAG_PREFIX, PROFILE_PREFIX)
+                FLAG_PREFIX, PROFILE_PREFIX, MIXED_TAG)
     for event in events:
         if not event.HasField("summary"):
             continue
@@ -196,6 +203,7 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
                       else None for s in steps],
             ratios=series(RATIO_PREFIX + name), flags=flags,  # type: ignore[arg-type]
             backwards=layer.get("backwards", False)))
+    mixed = tags.get(MIXED_TAG, {})
     skipped: dict[tuple[str, str], list[int]] = {}
     for step in steps:
         for entry in details[step].get("not_analysed", []):
@@ -206,4 +214,6 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
         "files (TensorBoard stores scalars in float32)", observations=observations,
         weights=weights, recurrent=recurrent,
         not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=at)
-                      for (layer, reason), at in skipped.items()])
+                      for (layer, reason), at in skipped.items()],
+        mixed_precision=[KerasMixedPrecision.model_validate_json(mixed[s]) if s in mixed
+                         else None for s in steps] if mixed else None)

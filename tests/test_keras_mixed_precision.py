@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import lstm_float32_shadow, mixed_lstm, mixed_lstm_batch
 
 import gradscope
 from gradscope.keras.mixed_precision import classify, observed
@@ -17,62 +18,15 @@ BATCH, STEPS, FEATURES, UNITS = 4, 5, 3, 4
 
 
 def _model(scale: float) -> Any:
-    import keras
-
-    keras.utils.set_random_seed(7)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        model = keras.Sequential([keras.Input((STEPS, FEATURES)),
-                                  keras.layers.LSTM(UNITS, return_sequences=True),
-                                  keras.layers.Dense(2)])
-    finally:
-        keras.config.set_dtype_policy(previous)
-    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
-        keras.optimizers.SGD(), initial_scale=scale), loss="mse")
-    return model
+    return mixed_lstm(scale, STEPS, FEATURES, UNITS)
 
 
 def _batch() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    # Small inputs and targets near 0: gradients from 1e-12 up, some lost in float16.
-    return (rng.normal(size=(BATCH, STEPS, FEATURES)).astype("float32") * 1e-2,
-            rng.normal(size=(BATCH, STEPS, 2)).astype("float32") * 1e-3)
+    return mixed_lstm_batch(BATCH, STEPS, FEATURES)
 
 
 def _shadow(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    """The float32 step by hand: the same weights in float32 layers, the LSTM cell unrolled
-    in Python, and the tape's gradients on the weights and on each h_t and c_t."""
-    import keras
-    import tensorflow as tf
-
-    lstm, dense = model.layers
-    cell = keras.layers.LSTMCell(UNITS, dtype="float32")
-    head = keras.layers.Dense(2, dtype="float32")
-    cell.build((None, FEATURES))
-    head.build((None, UNITS))
-    cell.set_weights(lstm.cell.get_weights())
-    head.set_weights(dense.get_weights())
-    h = c = tf.zeros((BATCH, UNITS))
-    with tf.GradientTape() as tape:
-        hs, cs = [], []
-        for t in range(STEPS):
-            h, (h, c) = cell(tf.constant(x[:, t]), [h, c])
-            # The c that step t+1 receives: its gradient is what the backward carries back
-            # through time (the path c_t → h_t inside step t is not in it).
-            c = tf.identity(c)
-            hs.append(h)
-            cs.append(c)
-        loss = keras.losses.MeanSquaredError()(y, head(tf.stack(hs, axis=1)))
-    variables = [*cell.trainable_variables, *head.trainable_variables]
-    gradients = tape.gradient(loss, [variables, hs, cs])
-    paths = [v.path for v in [*lstm.cell.trainable_variables, *dense.trainable_variables]]
-    found = {path: g.numpy() for path, g in zip(paths, gradients[0], strict=True)}
-    found[f"{lstm.name}/h_t"] = np.stack([g.numpy() for g in gradients[1]], axis=1)
-    # The last c goes nowhere: no gradient (0).
-    found[f"{lstm.name}/c_t"] = np.stack([np.zeros((BATCH, UNITS), np.float32) if g is None
-                                  else g.numpy() for g in gradients[2]], axis=1)
-    return found
+    return lstm_float32_shadow(model, x, y)
 
 
 def _mixed(model: Any, x: np.ndarray, y: np.ndarray, scale: float) -> dict[str, np.ndarray]:

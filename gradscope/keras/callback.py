@@ -35,6 +35,7 @@ import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
+from gradscope.keras.mixed_precision_fit import MixedPrecisionRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 
@@ -156,6 +157,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._pass: TracedPass | None = None  # the engine's, made with it
         self._writer: Any = None
         self._record_of = FlowRecord()
+        self._mixed_precision = MixedPrecisionRecord()  # under a mixed policy only
         self._batches = 0  # batches trained while this callback watched fit
         self._epoch_base = 0
         self._epoch: int | None = None
@@ -460,10 +462,14 @@ class GradientFlow(keras.callbacks.Callback):
         assert self._pass is not None
         result = self._pass.run(inputs, targets, sample)
         witness = self._pass.witness(inputs, targets, result, sample)
+        # Under a mixed policy: the shares lost at the loss scale, now (None otherwise).
+        mixed = self._mixed_precision.observe(engine, inputs, targets, sample)
 
         def record() -> None:
             if witness is not None:  # nothing is recorded that Keras' own call contradicts
                 witness()
+            if mixed is not None:
+                mixed(len(self._record_of.observations))
             self._record(engine, inputs, result, step, epoch)
 
         if self._original_train_function is None:
@@ -509,7 +515,8 @@ class GradientFlow(keras.callbacks.Callback):
         source = f"model '{model.name}'" if model is not None else "no model yet"
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
-        report = self._record_of.report(source, loss, self.every)
+        report = self._mixed_precision.attached(self._record_of.report(source, loss,
+                                                                       self.every))
         if self.nonfinite is None:
             return report
         return report.model_copy(update={"nonfinite": self.nonfinite,

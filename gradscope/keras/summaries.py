@@ -20,11 +20,13 @@ from tensorboard.plugins.image import metadata as image_metadata
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.util.tensor_util import make_tensor_proto
 
-from gradscope.report.models import FlowHistoryReport
+from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
 from gradscope.training_log import (
     FLAG_PREFIX,
     IMAGE_PREFIX,
     LOSS_TAG,
+    MIXED_PREFIX,
+    MIXED_TAG,
     OBSERVATION_TAG,
     PLUGIN,
     PROFILE_PREFIX,
@@ -137,6 +139,11 @@ class FlowSummaryWriter:
                                                                 description=description),
                 tensor=make_tensor_proto(np.array(
                     [str(width).encode(), str(height).encode(), png], dtype=object)))
+        mixed = (history.mixed_precision or [None] * (index + 1))[index]
+        if mixed is not None:
+            self._tensor(summary, MIXED_TAG, json.dumps(mixed.to_dict(), ensure_ascii=False))
+            for tag, value in mixed_scalars(mixed).items():
+                scalar(tag, value)
         with self.writer.as_default():
             tf.summary.experimental.write_raw_pb(
                 tf.constant([summary.SerializeToString()]), step=step)
@@ -145,3 +152,17 @@ class FlowSummaryWriter:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def mixed_scalars(section: KerasMixedPrecision) -> dict[str, float]:
+    """One observation's mixed-precision scalars by tag (see ``training_log.MIXED_PREFIX``)."""
+    values = {f"{MIXED_PREFIX}loss_scale": section.loss_scale,
+              f"{MIXED_PREFIX}warnings": float(len(section.warnings))}
+    if section.scale_range is not None:
+        values[f"{MIXED_PREFIX}scale_range_low"] = section.scale_range[0]
+        values[f"{MIXED_PREFIX}scale_range_high"] = section.scale_range[1]
+        values[f"{MIXED_PREFIX}in_range"] = float(bool(section.in_range))
+    for tensor in section.tensors:
+        for kind in ("underflow", "subnormal", "overflow"):
+            values[f"{MIXED_PREFIX}{kind}/{tensor.path}"] = getattr(tensor, kind)
+    return values

@@ -1089,6 +1089,12 @@ class FlowHistoryReport(_CommandReport):
         default=None, description="GradientFlow(stop_on_nan=True): where the NaN of the first "
                                   "batch whose loss was not finite was born (training stopped)")
     nonfinite_step: int | None = Field(default=None, description="the step it was found at")
+    mixed_precision: list[KerasMixedPrecision | None] | None = Field(
+        default=None, description="under a mixed_float16 or mixed_bfloat16 policy: per "
+                                  "observation, explain's mixed_precision section on that "
+                                  "observation's batch and weights, at the optimizer's loss "
+                                  "scale then (null where it was not taken); null for a model "
+                                  "without a mixed policy")
 
 
 class DiffChange(_Report):

@@ -1,0 +1,112 @@
+"""``GradientFlow`` under a mixed dtype policy: at each observation, explain's
+``mixed_precision`` section (:mod:`~gradscope.keras.mixed_precision`) on the observed batch,
+with the weights and the optimizer's loss scale of that moment.
+
+The section needs two more passes of the batch: the mixed model's own backward with the loss
+times the scale, and the float32 shadow's. Both are :class:`~gradscope.keras.traced_pass.
+TracedPass`es, as the flow's own pass is, so that each is traced once (at the first
+observation, on the main thread) and every later observation runs two traced functions: an
+observation under a mixed policy costs about three passes instead of one. The scale is a
+constant of the scaled pass's trace: a LossScaleOptimizer that changes its scale (halved at a
+non-finite step, doubled after ``dynamic_growth_steps`` finite ones) traces it again.
+
+A model without a mixed policy goes no further than the first look of
+:meth:`MixedPrecisionRecord.observe` (one scan of its layers' policies per model): no pass,
+no copy, nothing recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gradscope.keras.mixed_precision import compute_dtype, current_scale, section, shadow_engine
+from gradscope.keras.traced_pass import TracedPass
+from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
+
+
+class MixedPrecisionWatch:
+    """The two passes of one mixed model."""
+
+    def __init__(self, engine: Any, dtype: str) -> None:
+        from gradscope.keras.engine import KerasEngine
+
+        self.engine = engine
+        self.dtype = dtype
+        # Its own engine on the same live model: the loss scale is this engine's, never the
+        # flow pass's (whose trace, or its witness on the worker, must not see it).
+        self.scaled_engine = KerasEngine(engine.user_model, engine.output_names, engine.plan,
+                                         training=engine.training, seed=engine.seed)
+        self.scaled = TracedPass(self.scaled_engine)
+        self.shadow_engine = shadow_engine(engine)
+        self.shadow = TracedPass(self.shadow_engine)
+
+    def take(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+             sample_weight: Any) -> KerasMixedPrecision:
+        """The section of this batch, now: the shadow's weights set to the model's, the scaled
+        pass at the optimizer's current scale."""
+        model = self.engine.user_model
+        scale, optimizer = current_scale(model)
+        for mine, theirs in zip(self.shadow_engine.model.weights, model.weights, strict=True):
+            mine.assign(np.asarray(theirs.numpy(), dtype=mine.dtype))
+        if self.scaled_engine.loss_scale != scale:
+            self.scaled_engine.loss_scale = scale
+            self.scaled.forget()  # the scale is a constant of the trace
+        shadow = _run(self.shadow, inputs, targets, sample_weight)
+        scaled = _run(self.scaled, inputs, targets, sample_weight)
+        return section(self.scaled_engine, self.dtype, scale, optimizer, scaled, shadow)
+
+
+def _run(traced: TracedPass, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+         sample_weight: Any) -> Any:
+    """One traced pass, its loops probed; where it is the replay, witnessed by Keras' own call
+    at once (as the flow's pass is at its first observation)."""
+    result = traced.run(inputs, targets, sample_weight)
+    witness = traced.witness(inputs, targets, result, sample_weight)
+    if witness is not None:
+        witness()
+    return result
+
+
+class MixedPrecisionRecord:
+    """What one ``GradientFlow`` keeps of mixed precision: the engine last looked at, its
+    passes (None for a model without a mixed policy), and the sections by observation index
+    (across the models a callback watches, as its other series are)."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.watch: MixedPrecisionWatch | None = None
+        self.sections: dict[int, KerasMixedPrecision] = {}
+
+    def observe(self, engine: Any, inputs: dict[str, np.ndarray],
+                targets: dict[str, np.ndarray], sample_weight: Any,
+                ) -> Callable[[int], None] | None:
+        """At one observation by ``engine``: under a mixed policy, the section taken now (on
+        the main thread, with the weights of this moment), and the job that records it at
+        the observation's index (run with the observation's own recording). None for a
+        model without a mixed policy."""
+        if self.engine is not engine:
+            dtype = compute_dtype(engine.model)
+            self.engine = engine
+            self.watch = None if dtype is None else MixedPrecisionWatch(engine, dtype)
+        if self.watch is None:
+            return None
+        taken = self.watch.take(inputs, targets, sample_weight)
+
+        def record(index: int) -> None:
+            self.sections[index] = taken
+
+        return record
+
+    def attached(self, report: FlowHistoryReport) -> FlowHistoryReport:
+        """``report`` with the sections recorded, one per observation (None where none was
+        taken); as it is where no observation was under a mixed policy."""
+        if not self.sections:
+            return report
+        sections = [self.sections.get(index) for index in range(len(report.observations))]
+        return report.model_copy(update={"mixed_precision": sections})
+
+
+__all__ = ["MixedPrecisionRecord", "MixedPrecisionWatch"]
