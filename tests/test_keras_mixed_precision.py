@@ -78,3 +78,38 @@ def test_classify_by_the_limits() -> None:
     assert classify(values, 1.0, "float16") == (1, 1, 2)
     assert classify(values, 2.0 ** 10, "float16") == (0, 1, 2)
     assert classify(values, 1.0, "bfloat16") == (0, 0, 0)
+
+
+def test_the_notebook_display_shows_mixed_precision_per_example_and_nonfinite(tf: Any) -> None:
+    """A report in a notebook (``_repr_html_``) draws the three sections of issue 37 with
+    their numbers, as the terminal does."""
+    import html
+    import re
+
+    from gradscope.report.formats import number
+
+    def shown(report: Any) -> str:
+        page = report._repr_html_()
+        assert page.startswith("<pre")
+        return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+
+    model = _model(1.0)
+    x, y = _batch()
+    report = gradscope.explain(model, x=x, y=y, per_example=True)
+    text = shown(report)
+    found = report.mixed_precision
+    assert found is not None and report.per_example is not None
+    assert "Mixed precision (mixed_float16, loss scale 1, LossScaleOptimizer(SGD))" in text
+    for tensor in found.tensors:
+        shares = " ".join("0" if v == 0 else f"{v:.1%}" for v in (
+            tensor.underflow, tensor.subnormal, tensor.overflow))
+        assert f"{tensor.path} {shares}" in text
+    assert "the loss scale is 1" in text
+    assert f"Per-example gradients ‖∂L_i/∂θ‖ ({BATCH} examples" in text
+    assert f"all weights {number(min(report.per_example.l2))}" in text
+    x[2, 3, 1] = np.nan
+    broken = gradscope.explain(model, x=x, y=y)
+    assert broken.nonfinite is not None
+    text = shown(broken)
+    assert "Where the first NaN or Inf was born (forward pass)" in text
+    assert broken.nonfinite.cause in text and "example 2" in text

@@ -8,6 +8,7 @@ test_keras_callback's fitted run asserts that."""
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -130,3 +131,6 @@ def test_tensorboard_holds_the_tags_and_watch_reads_them_back(fitted: Any, tf: A
     assert f"loss scale {scale:g}, LossScaleOptimizer(SGD)" in text
     if scale == 1:
         assert "⚠ the loss scale is 1" in text and "(at 2 of 2 observations" in text
+    # callback.report() in a notebook: the same section, as HTML
+    assert "Mixed precision across training (mixed_float16" in html.unescape(
+        history._repr_html_())
