@@ -129,6 +129,11 @@ class GradientFlow(keras.callbacks.Callback):
             ``nonfinite.json`` and a TensorBoard text summary) and stop training, as
             ``TerminateOnNaN`` does. It keeps a copy of the weights per step.
 
+    Under a ``mixed_float16`` or ``mixed_bfloat16`` policy, each observation also records
+    explain's mixed-precision section (the shares each gradient tensor loses at the
+    optimizer's loss scale, against a float32 shadow; two more passes): see
+    :mod:`~gradscope.keras.mixed_precision_fit`.
+
     The current batch, in ``fit``, is the batch the observed train step has just been given
     (the last of ``steps_per_execution``), read after that step's weight update, in inference
     mode. After training, ``callback.history`` is the report (``to_dict()``, ``to_json()``)

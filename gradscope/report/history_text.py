@@ -119,15 +119,15 @@ def mixed_precision_section(report: FlowHistoryReport, width: int) -> list[Rende
         "safe range: low": series(lambda m: m.scale_range[0] if m.scale_range else None),
         "safe range: high": series(lambda m: m.scale_range[1] if m.scale_range else None)}
     for tensor in sections[-1].tensors:
-        for kind, label in (("underflow", "to 0"), ("subnormal", "subnormal"),
+        for kind, label in (("underflow", "to 0"), ("subnormal", "subn."),
                             ("overflow", "inf")):
             shares = [None if m is None else _share_of(m, tensor.path, kind)
                       for m in report.mixed_precision or []]
             if any(shares):
                 rows[f"{tensor.path} {label}"] = shares
     parts: list[RenderableType] = [
-        section(f"Mixed precision across training ({sections[-1].policy}; log-scale "
-                "sparklines, blank at 0)"),
+        section(f"Mixed precision across training ({sections[-1].policy}; log sparklines, "
+                "blank = 0)"),
         series_table(rows, width, "quantity")]
     outside = [step for step, m in taken if m.in_range is False]
     if outside:
