@@ -134,3 +134,33 @@ def test_tensorboard_holds_the_tags_and_watch_reads_them_back(fitted: Any, tf: A
     # callback.report() in a notebook: the same section, as HTML
     assert "Mixed precision across training (mixed_float16" in html.unescape(
         history._repr_html_())
+
+
+def test_observe_in_a_custom_loop_warns_without_a_loss_scale_optimizer(tf: Any) -> None:
+    """Layers under mixed_float16 in a model whose own policy is float32, compiled with a
+    plain SGD (Keras wraps it in a LossScaleOptimizer only when the model's own policy is
+    mixed_float16): fit would not scale the loss; observe() says so, and its shares are the
+    hand shadow's at scale 1."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([
+        keras.Input((STEPS, FEATURES)),
+        keras.layers.LSTM(UNITS, return_sequences=True, dtype="mixed_float16"),
+        keras.layers.Dense(2, dtype="mixed_float16")])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x, y = mixed_lstm_batch(BATCH, STEPS, FEATURES)
+    flow = GradientFlow(model=model)
+    flow.observe(x, y)
+    sections = flow.history.mixed_precision
+    assert sections is not None and len(sections) == 1 and sections[0] is not None
+    section = sections[0]
+    assert section.loss_scale == 1 and section.optimizer == "SGD"
+    assert any("not a LossScaleOptimizer" in w for w in section.warnings)
+    shadow = lstm_float32_shadow(model, x, y)
+    for tensor in section.tensors:
+        truth = shadow[tensor.path]
+        assert (tensor.underflow, tensor.subnormal, tensor.overflow) == tuple(
+            n / truth.size for n in classify(truth, 1.0, "float16")), tensor.path
