@@ -149,6 +149,11 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         by_folder.setdefault(path.parent, []).extend(_records(path))
     runs = {parent: _tags(events) for parent, events in by_folder.items()}
     runs = {parent: tags for parent, tags in runs.items() if RUN_TAG in tags}
+    written = folder / NONFINITE_FILE  # GradientFlow(stop_on_nan=True) stopped the run
+    document = _diagnosis(written) if written.is_file() else None
+    if not runs and document is not None and "run" in document:
+        # Stopped before its first observation: the run's description is in the diagnosis.
+        runs = {folder: {RUN_TAG: {0: json.dumps(document["run"])}}}
     if not runs:
         raise ConfigError(f"{folder}: its {len(files)} event file(s) hold no gradscope events; "
                           "expected the log_dir given to gradscope.keras.GradientFlow",
@@ -158,10 +163,8 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         raise ConfigError(f"{folder}: holds {len(runs)} gradscope runs ({names}); expected one: "
                           "give its folder", where=str(folder))
     history = history_from_tags(next(iter(runs.values())), str(folder))
-    written = folder / NONFINITE_FILE  # GradientFlow(stop_on_nan=True) stopped the run
-    if written.is_file():
+    if document is not None:
         try:
-            document = json.loads(written.read_text())
             found = NonFiniteEntry.model_validate(document["nonfinite"])
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes ({exc})",
@@ -169,6 +172,20 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         history = history.model_copy(update={"nonfinite": found,
                                              "nonfinite_step": document.get("step")})
     return history
+
+
+def _diagnosis(written: Path) -> dict[str, Any]:
+    """``nonfinite.json`` as GradientFlow(stop_on_nan=True) writes it (a JSON object), or exit
+    2 saying what it is not."""
+    try:
+        document = json.loads(written.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes ({exc})",
+                          where=str(written)) from None
+    if not isinstance(document, dict) or not isinstance(document.get("run", {}), dict):
+        raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes (expected a "
+                          "JSON object)", where=str(written))
+    return document
 
 
 def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHistoryReport:

@@ -303,7 +303,7 @@ class GradientFlow(keras.callbacks.Callback):
 
             if self._writer is None:
                 self._writer = FlowSummaryWriter(tf, self.log_dir)
-            nan_stop.write(self.log_dir, self._writer.writer, tf, found, at)
+            nan_stop.write(self.log_dir, self._writer.writer, tf, found, at, self._history())
 
     def _diagnosed(self, engine: Any, batch: Any, weights: list[np.ndarray],
                    ) -> NonFiniteEntry | None:
