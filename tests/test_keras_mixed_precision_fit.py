@@ -164,3 +164,44 @@ def test_observe_in_a_custom_loop_warns_without_a_loss_scale_optimizer(tf: Any) 
         truth = shadow[tensor.path]
         assert (tensor.underflow, tensor.subnormal, tensor.overflow) == tuple(
             n / truth.size for n in classify(truth, 1.0, "float16")), tensor.path
+
+
+def test_a_scale_that_changes_during_fit_is_the_one_each_observation_uses(tf: Any) -> None:
+    """A LossScaleOptimizer that doubles its scale after every finite step: each observation
+    reads the scale of its moment, and the model's own scaled backward (the 'mixed' shares,
+    whose trace holds the scale) equals a tape of the loss times that scale."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+    from gradscope.keras.mixed_precision import observed
+
+    model = mixed_lstm(1.0, STEPS, FEATURES, UNITS)
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.5), initial_scale=2.0 ** 10, dynamic_growth_steps=1),
+        loss="mse")
+    parts = [mixed_lstm_batch(BATCH, STEPS, FEATURES, seed) for seed in range(BATCHES)]
+    weights: dict[int, list[np.ndarray]] = {}
+
+    class KeepWeights(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            weights[batch + 1] = self.model.get_weights()
+
+    flow = GradientFlow(every=1)
+    model.fit(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+              batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[flow, KeepWeights()])
+    sections = flow.history.mixed_precision
+    assert sections is not None
+    assert [s.loss_scale for s in sections] == [2.0 ** 11, 2.0 ** 12]
+    for step, section in zip((1, 2), sections, strict=True):
+        model.set_weights(weights[step])
+        x, y = parts[step - 1]
+        shadow = lstm_float32_shadow(model, x, y)
+        with tf.GradientTape() as tape:
+            loss = keras.losses.MeanSquaredError()(y, model(x)) * section.loss_scale
+        own = tape.gradient(loss, model.trainable_variables)
+        for variable, gradient in zip(model.trainable_variables, own, strict=True):
+            entry = next(t for t in section.tensors if t.path == variable.path)
+            truth = shadow[variable.path]
+            assert entry.mixed == [n / truth.size for n in observed(
+                gradient.numpy(), truth, "float16")], (step, variable.path)
