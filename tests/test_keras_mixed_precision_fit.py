@@ -84,6 +84,10 @@ def test_shares_at_each_observation_equal_a_float32_shadow_by_hand(fitted: Any) 
         model.set_weights(final)
     if scale == 1:
         assert lost > 0  # the test sees underflow happen during fit
+    # Both mixed-precision passes were traced beside training, with the flow's own.
+    watch = fitted["flow"]._mixed_precision.watch
+    for traced in (watch.scaled, watch.shadow):
+        assert traced.trace["thread"].startswith("gradscope-GradientFlow")
 
 
 def test_the_last_observation_equals_explain_on_its_weights_and_batch(fitted: Any) -> None:

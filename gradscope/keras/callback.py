@@ -412,6 +412,7 @@ class GradientFlow(keras.callbacks.Callback):
         traced.trace["gate"] = _native_call(thread, self._warm_up_released, stepping)
         traced.trace["began_after"] = self._batches  # batches trained when the trace began
         traced.warm(inputs, targets)
+        self._mixed_precision.warm(traced.engine, inputs, targets)  # a mixed policy's passes
 
     # -- the pass ------------------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ with the weights and the optimizer's loss scale of that moment.
 
 The section needs two more passes of the batch: the mixed model's own backward with the loss
 times the scale, and the float32 shadow's. Both are :class:`~gradscope.keras.traced_pass.
-TracedPass`es, as the flow's own pass is, so that each is traced once (at the first
-observation, on the main thread) and every later observation runs two traced functions: an
+TracedPass`es, as the flow's own pass is, each traced once: beside training with the flow's
+own (GradientFlow's warm-up, :meth:`MixedPrecisionRecord.warm`), else at the first
+observation. Every observation then runs two traced functions on the training thread: an
 observation under a mixed policy costs about three passes instead of one. The scale is a
 constant of the scaled pass's trace: a LossScaleOptimizer that changes its scale (halved at a
 non-finite step, doubled after ``dynamic_growth_steps`` finite ones) traces it again.
@@ -87,18 +88,38 @@ class MixedPrecisionRecord:
         the main thread, with the weights of this moment), and the job that records it at
         the observation's index (run with the observation's own recording). None for a
         model without a mixed policy."""
-        if self.engine is not engine:
-            dtype = compute_dtype(engine.model)
-            self.engine = engine
-            self.watch = None if dtype is None else MixedPrecisionWatch(engine, dtype)
-        if self.watch is None:
+        watch = self._watch_for(engine)
+        if watch is None:
             return None
-        taken = self.watch.take(inputs, targets, sample_weight)
+        taken = watch.take(inputs, targets, sample_weight)
 
         def record(index: int) -> None:
             self.sections[index] = taken
 
         return record
+
+    def warm(self, engine: Any, inputs: list[Any], targets: list[Any]) -> None:
+        """GradientFlow's warm-up, on its worker beside training: under a mixed policy, the
+        float32 copy made and both passes traced for fit's specs (``tf.TensorSpec``s), the
+        scaled one at the optimizer's scale of now, so that the first observation runs them
+        as every later one does. The first observation waits for the warm-up before it
+        looks here; where the warm-up fails, the observation makes what is missing on the
+        training thread, and raises its error there."""
+        watch = self._watch_for(engine)
+        if watch is None:
+            return
+        watch.scaled_engine.loss_scale = current_scale(engine.user_model)[0]
+        watch.shadow.warm(inputs, targets)
+        watch.scaled.warm(inputs, targets)
+
+    def _watch_for(self, engine: Any) -> MixedPrecisionWatch | None:
+        """The passes of ``engine``'s model (made at its first look), None without a mixed
+        policy. The engine is taken as seen only once its passes are made."""
+        if self.engine is not engine:
+            dtype = compute_dtype(engine.model)
+            self.watch = None if dtype is None else MixedPrecisionWatch(engine, dtype)
+            self.engine = engine
+        return self.watch
 
     def attached(self, report: FlowHistoryReport) -> FlowHistoryReport:
         """``report`` with the sections recorded, one per observation (None where none was
