@@ -209,3 +209,35 @@ def test_a_scale_that_changes_during_fit_is_the_one_each_observation_uses(tf: An
             truth = shadow[variable.path]
             assert entry.mixed == [n / truth.size for n in observed(
                 gradient.numpy(), truth, "float16")], (step, variable.path)
+
+
+def test_a_model_without_a_float32_copy_trains_on_and_says_why(tf: Any, tmp_path: Any) -> None:
+    """A compiled loss Keras cannot rebuild from its config (explain refuses such a model with
+    exit 2): fit goes on, every observation lists the section as not analysed, with why, in
+    the history and in what `gradscope watch` reads back."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+    from gradscope.keras.engine import CopyFails
+
+    class Scaled(keras.losses.Loss):
+        def __init__(self, factor: float) -> None:  # not in get_config: cannot be rebuilt
+            super().__init__()
+            self.factor = factor
+
+        def call(self, y_true: Any, y_pred: Any) -> Any:
+            return keras.ops.mean((y_true - y_pred) ** 2, axis=-1) * self.factor
+
+    model = mixed_lstm(2.0 ** 15, STEPS, FEATURES, UNITS)
+    model.compile(optimizer=model.optimizer, loss=Scaled(0.5))
+    x, y = mixed_lstm_batch(2 * BATCH, STEPS, FEATURES)
+    with pytest.raises(CopyFails):
+        gradscope.explain(model, x=x, y=y)
+    flow = GradientFlow(every=1, log_dir=tmp_path)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
+    for history in (flow.history, gradscope.watch(tmp_path)):
+        assert history.mixed_precision is None
+        [entry] = [e for e in history.not_analysed if e.layer == "mixed precision"]
+        assert entry.steps == [1, 2]
+        assert entry.reason.startswith("no mixed-precision section: its float32 shadow cannot "
+                                       "be built (Keras cannot rebuild it in float32")

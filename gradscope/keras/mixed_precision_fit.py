@@ -25,7 +25,7 @@ import numpy as np
 
 from gradscope.keras.mixed_precision import compute_dtype, current_scale, section, shadow_engine
 from gradscope.keras.traced_pass import TracedPass
-from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
+from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision, NotAnalysedAt
 
 
 class MixedPrecisionWatch:
@@ -80,6 +80,10 @@ class MixedPrecisionRecord:
         self.engine: Any = None
         self.watch: MixedPrecisionWatch | None = None
         self.sections: dict[int, KerasMixedPrecision] = {}
+        #: Why the engine's model, under a mixed policy, gets no section (its float32 copy
+        #: cannot be built: the user's code does not run in float32), or None.
+        self.refused: str | None = None
+        self.refused_at: dict[int, str] = {}  # observation index → that reason
 
     def observe(self, engine: Any, inputs: dict[str, np.ndarray],
                 targets: dict[str, np.ndarray], sample_weight: Any,
@@ -90,7 +94,14 @@ class MixedPrecisionRecord:
         model without a mixed policy."""
         watch = self._watch_for(engine)
         if watch is None:
-            return None
+            refused = self.refused
+            if refused is None:
+                return None
+
+            def say(index: int) -> None:
+                self.refused_at[index] = refused
+
+            return say
         taken = watch.take(inputs, targets, sample_weight)
 
         def record(index: int) -> None:
@@ -115,19 +126,36 @@ class MixedPrecisionRecord:
     def _watch_for(self, engine: Any) -> MixedPrecisionWatch | None:
         """The passes of ``engine``'s model (made at its first look), None without a mixed
         policy. The engine is taken as seen only once its passes are made."""
+        from gradscope.keras.engine import CopyFails
+
         if self.engine is not engine:
             dtype = compute_dtype(engine.model)
-            self.watch = None if dtype is None else MixedPrecisionWatch(engine, dtype)
+            self.watch, self.refused = None, None
+            if dtype is not None:
+                try:
+                    self.watch = MixedPrecisionWatch(engine, dtype)
+                except CopyFails as exc:  # said in the report; training goes on
+                    self.refused = ("no mixed-precision section: its float32 shadow cannot "
+                                    f"be built ({exc.reason})")
             self.engine = engine
         return self.watch
 
     def attached(self, report: FlowHistoryReport) -> FlowHistoryReport:
         """``report`` with the sections recorded, one per observation (None where none was
         taken); as it is where no observation was under a mixed policy."""
-        if not self.sections:
-            return report
-        sections = [self.sections.get(index) for index in range(len(report.observations))]
-        return report.model_copy(update={"mixed_precision": sections})
+        steps = [o.step for o in report.observations]
+        refused: dict[str, list[int]] = {}
+        for index, reason in sorted(self.refused_at.items()):
+            refused.setdefault(reason, []).append(steps[index])
+        update: dict[str, Any] = {}
+        if refused:
+            update["not_analysed"] = [*report.not_analysed, *(
+                NotAnalysedAt(layer="mixed precision", reason=reason, steps=at)
+                for reason, at in refused.items())]
+        if self.sections:
+            update["mixed_precision"] = [self.sections.get(index)
+                                         for index in range(len(steps))]
+        return report.model_copy(update=update) if update else report
 
 
 __all__ = ["MixedPrecisionRecord", "MixedPrecisionWatch"]

@@ -110,6 +110,13 @@ class FlowSummaryWriter:
         step = observation.step
         if not self.run_written:
             self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
+        # What the history says was not analysed at this step, beyond the recurrent calls
+        # (a mixed policy's section that could not be taken), goes with the details too.
+        listed = {(e["layer"], e["reason"]) for e in details.get("not_analysed", [])}
+        more = [{"layer": e.layer, "reason": e.reason} for e in history.not_analysed
+                if step in e.steps and (e.layer, e.reason) not in listed]
+        if more:
+            details = {**details, "not_analysed": [*details.get("not_analysed", []), *more]}
         self._tensor(summary, OBSERVATION_TAG, json.dumps(details, ensure_ascii=False))
         if observation.loss is not None:
             scalar(LOSS_TAG, observation.loss)
