@@ -11,6 +11,9 @@ observation under a mixed policy costs about three passes instead of one. The sc
 constant of the scaled pass's trace: a LossScaleOptimizer that changes its scale (halved at a
 non-finite step, doubled after ``dynamic_growth_steps`` finite ones) traces it again.
 
+Where the float32 copy cannot be built (explain refuses such a model), training goes on and
+each observation lists the section as not analysed, with the reason.
+
 A model without a mixed policy goes no further than the first look of
 :meth:`MixedPrecisionRecord.observe` (one scan of its layers' policies per model): no pass,
 no copy, nothing recorded.
