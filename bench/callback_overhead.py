@@ -25,14 +25,15 @@ The model: input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps, bat
 cross-entropy, Adam; synthetic data from a fixed seed, unshuffled. ``--model lstm256``: the
 user-sized model instead (input 64 → LSTM 256 → LSTM 256 → Dense 10, 100 steps);
 ``--model masked``: the GRU model behind a Masking layer, the last 10 steps of every other
-sequence zeros (masked).
+sequence zeros (masked); ``--model mixed``: the GRU model under ``mixed_float16`` (Adam in
+Keras' LossScaleOptimizer), whose observations take the mixed-precision section too.
 
 ``--diagnose-every N``: the callback diagnoses every recurrent call every N batches too
 (``GradientFlow(diagnose_every=N)``); goals: at most 1.10× at N = 16, 1.2× at N = 4. The
 split then has the diagnosed steps apart.
 
     .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
-                                                [--model gru|lstm256|masked] [--json]
+                                                [--model gru|lstm256|masked|mixed] [--json]
                                                 [--diagnose-every N]
 """
 
@@ -66,6 +67,8 @@ if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
     layers = [keras.layers.LSTM(256, return_sequences=True), keras.layers.LSTM(256)]
 else:
     steps, features, classes = 50, 32, 3
+    if kind == "mixed":  # compile wraps Adam in a LossScaleOptimizer under mixed_float16
+        keras.config.set_dtype_policy("mixed_float16")
     layers = [keras.layers.GRU(64, return_sequences=True), keras.layers.GRU(32)]
     if kind == "masked":
         layers = [keras.layers.Masking(), *layers]
@@ -164,11 +167,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--every", type=int, default=50)
-    parser.add_argument("--model", choices=["gru", "lstm256", "masked"], default="gru",
+    parser.add_argument("--model", choices=["gru", "lstm256", "masked", "mixed"], default="gru",
                         help="gru: the model above; lstm256: input 64 → LSTM 256 → LSTM 256 → "
                              "Dense 10 over 100 steps (bench/user_sized.py's model); masked: "
                              "the GRU model behind a Masking layer, half the sequences "
-                             "masked over their last 10 steps")
+                             "masked over their last 10 steps; mixed: the GRU model under "
+                             "mixed_float16 (each observation takes the mixed-precision "
+                             "section too: two more passes)")
     parser.add_argument("--diagnose-every", type=int, default=0, metavar="N",
                         help="GradientFlow(diagnose_every=N) too (0: none)")
     parser.add_argument("--json", action="store_true")

@@ -20,6 +20,7 @@ from gradscope.diagnosis_record import CallReading, DiagnosisRecord, from_json
 from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
+    KerasMixedPrecision,
     NonFiniteEntry,
     NotAnalysedAt,
     RecurrentFlowSeries,
@@ -47,6 +48,12 @@ FLAG_VALUES = {-1.0: "vanishing", 0.0: None, 1.0: "exploding"}
 #: and scalars for TensorBoard's dashboards under diagnose/<call>/… (see diagnose_scalars).
 DIAGNOSIS_TAG = "gradscope/diagnosis"
 DIAGNOSE_PREFIX = "diagnose/"
+#: Under a mixed policy: each observation's mixed_precision section as JSON (what ``gradscope
+#: watch`` reads back, exactly), and scalars for TensorBoard under this prefix: loss_scale,
+#: scale_range_low, scale_range_high, in_range (1 or 0), warnings (how many), and
+#: underflow/PATH, subnormal/PATH, overflow/PATH (the shares of each tensor's entries).
+MIXED_TAG = "gradscope/mixed_precision"
+MIXED_PREFIX = "mixed_precision/"
 
 
 def tensorboard_install_line() -> str:
@@ -114,7 +121,7 @@ def _tags(events: list[Any]) -> dict[str, dict[int, Any]]:
     """tag → step → value, for gradscope's tags (a later event of a step wins)."""
     by_tag: dict[str, dict[int, Any]] = {}
     prefixes = (LOSS_TAG, RUN_TAG, OBSERVATION_TAG, WEIGHT_PREFIX, STATE_PREFIX, RATIO_PREFIX,
-                FLAG_PREFIX, PROFILE_PREFIX, DIAGNOSIS_TAG)
+                FLAG_PREFIX, PROFILE_PREFIX, DIAGNOSIS_TAG, MIXED_TAG)
     for event in events:
         if not event.HasField("summary"):
             continue
@@ -147,6 +154,11 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         by_folder.setdefault(path.parent, []).extend(_records(path))
     runs = {parent: _tags(events) for parent, events in by_folder.items()}
     runs = {parent: tags for parent, tags in runs.items() if RUN_TAG in tags}
+    written = folder / NONFINITE_FILE  # GradientFlow(stop_on_nan=True) stopped the run
+    document = _diagnosis(written) if written.is_file() else None
+    if not runs and document is not None and "run" in document:
+        # Stopped before its first observation: the run's description is in the diagnosis.
+        runs = {folder: {RUN_TAG: {0: json.dumps(document["run"])}}}
     if not runs:
         raise ConfigError(f"{folder}: its {len(files)} event file(s) hold no gradscope events; "
                           "expected the log_dir given to gradscope.keras.GradientFlow",
@@ -156,10 +168,8 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         raise ConfigError(f"{folder}: holds {len(runs)} gradscope runs ({names}); expected one: "
                           "give its folder", where=str(folder))
     history = history_from_tags(next(iter(runs.values())), str(folder))
-    written = folder / NONFINITE_FILE  # GradientFlow(stop_on_nan=True) stopped the run
-    if written.is_file():
+    if document is not None:
         try:
-            document = json.loads(written.read_text())
             found = NonFiniteEntry.model_validate(document["nonfinite"])
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes ({exc})",
@@ -185,6 +195,20 @@ def diagnose_scalars(readings: list[CallReading]) -> dict[str, float]:
         if reading.measured is not None:
             scalars[f"{tag}horizon_measured"] = float(reading.measured)
     return scalars
+
+
+def _diagnosis(written: Path) -> dict[str, Any]:
+    """``nonfinite.json`` as GradientFlow(stop_on_nan=True) writes it (a JSON object), or exit
+    2 saying what it is not."""
+    try:
+        document = json.loads(written.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes ({exc})",
+                          where=str(written)) from None
+    if not isinstance(document, dict) or not isinstance(document.get("run", {}), dict):
+        raise ConfigError(f"{written}: is not the diagnosis GradientFlow writes (expected a "
+                          "JSON object)", where=str(written))
+    return document
 
 
 def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHistoryReport:
@@ -219,6 +243,7 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
                       else None for s in steps],
             ratios=series(RATIO_PREFIX + name), flags=flags,  # type: ignore[arg-type]
             backwards=layer.get("backwards", False)))
+    mixed = tags.get(MIXED_TAG, {})
     skipped: dict[tuple[str, str], list[int]] = {}
     for step in steps:
         for entry in details[step].get("not_analysed", []):
@@ -236,4 +261,6 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
         "files (TensorBoard stores scalars in float32)", observations=observations,
         weights=weights, recurrent=recurrent,
         not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=at)
-                      for (layer, reason), at in skipped.items()])
+                      for (layer, reason), at in skipped.items()],
+        mixed_precision=[KerasMixedPrecision.model_validate_json(mixed[s]) if s in mixed
+                         else None for s in steps] if mixed else None)

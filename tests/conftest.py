@@ -147,3 +147,70 @@ def assert_jacobian_summary(entry: Any, truth: np.ndarray, rtol: float,
                                 np.median(singular[:, 0])], rtol=rtol)
     np.testing.assert_allclose(entry.smallest_singular_median, np.median(singular[:, -1]),
                                rtol=1e-4, atol=smallest_atol * float(np.median(singular[:, 0])))
+
+
+def mixed_lstm(scale: float, steps: int, features: int, units: int,
+               learning_rate: float = 0.01) -> Any:
+    """A mixed_float16 LSTM → Dense(2), compiled with mse and a LossScaleOptimizer(SGD) at
+    ``scale`` (the mixed-precision tests' model)."""
+    import keras
+
+    keras.utils.set_random_seed(7)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((steps, features)),
+                                  keras.layers.LSTM(units, return_sequences=True),
+                                  keras.layers.Dense(2)])
+    finally:
+        keras.config.set_dtype_policy(previous)
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(learning_rate), initial_scale=scale), loss="mse")
+    return model
+
+
+def mixed_lstm_batch(batch: int, steps: int, features: int, seed: int = 0,
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Small inputs and targets near 0 for :func:`mixed_lstm`: gradients from 1e-12 up, some
+    lost in float16."""
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(batch, steps, features)).astype("float32") * 1e-2,
+            rng.normal(size=(batch, steps, 2)).astype("float32") * 1e-3)
+
+
+def lstm_float32_shadow(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """The float32 step of a :func:`mixed_lstm` by hand: the same weights in float32 layers,
+    the LSTM cell unrolled in Python, and the tape's gradients on the weights and on each h_t
+    and c_t (by the paths and labels gradscope's mixed_precision section uses)."""
+    import keras
+    import tensorflow as tf
+
+    lstm, dense = model.layers
+    batch, steps, features = x.shape
+    units = lstm.units
+    cell = keras.layers.LSTMCell(units, dtype="float32")
+    head = keras.layers.Dense(2, dtype="float32")
+    cell.build((None, features))
+    head.build((None, units))
+    cell.set_weights(lstm.cell.get_weights())
+    head.set_weights(dense.get_weights())
+    h = c = tf.zeros((batch, units))
+    with tf.GradientTape() as tape:
+        hs, cs = [], []
+        for t in range(steps):
+            h, (h, c) = cell(tf.constant(x[:, t]), [h, c])
+            # The c that step t+1 receives: its gradient is what the backward carries back
+            # through time (the path c_t → h_t inside step t is not in it).
+            c = tf.identity(c)
+            hs.append(h)
+            cs.append(c)
+        loss = keras.losses.MeanSquaredError()(y, head(tf.stack(hs, axis=1)))
+    variables = [*cell.trainable_variables, *head.trainable_variables]
+    gradients = tape.gradient(loss, [variables, hs, cs])
+    paths = [v.path for v in [*lstm.cell.trainable_variables, *dense.trainable_variables]]
+    found = {path: g.numpy() for path, g in zip(paths, gradients[0], strict=True)}
+    found[f"{lstm.name}/h_t"] = np.stack([g.numpy() for g in gradients[1]], axis=1)
+    # The last c goes nowhere: no gradient (0).
+    found[f"{lstm.name}/c_t"] = np.stack([np.zeros((batch, units), np.float32) if g is None
+                                          else g.numpy() for g in gradients[2]], axis=1)
+    return found

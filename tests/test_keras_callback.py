@@ -162,6 +162,9 @@ def _events(tf, log_dir: Path) -> tuple[dict[str, dict[int, float]], dict[str, s
 
 def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
     history = fitted["flow"].history
+    # A float32 model: the mixed-precision passes were never made, nothing was recorded.
+    assert fitted["flow"]._mixed_precision.watch is None
+    assert history.mixed_precision is None
     truth = fitted["truth"]
     assert [o.step for o in history.observations] == [2, 4, 6]
     assert [o.epoch for o in history.observations] == [0, 1, 1]
@@ -216,6 +219,7 @@ def test_event_files_hold_every_tag_with_the_tape_values(fitted, tf):
             assert image[2][:8] == b"\x89PNG\r\n\x1a\n"
     assert plugins[f"gradient_norm/{paths[0]}"] == "scalars"
     assert plugins["initial_state_gradient/gru_a/h0"] == "scalars"
+    assert not any(tag.startswith(("mixed_precision/", "gradscope/mixed")) for tag in values)
 
 
 def test_tensorboard_own_reader_files_each_tag_under_its_dashboard(fitted):

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import lstm_float32_shadow, mixed_lstm, mixed_lstm_batch
 
 import gradscope
 from gradscope.keras.mixed_precision import classify, observed
@@ -17,62 +18,15 @@ BATCH, STEPS, FEATURES, UNITS = 4, 5, 3, 4
 
 
 def _model(scale: float) -> Any:
-    import keras
-
-    keras.utils.set_random_seed(7)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        model = keras.Sequential([keras.Input((STEPS, FEATURES)),
-                                  keras.layers.LSTM(UNITS, return_sequences=True),
-                                  keras.layers.Dense(2)])
-    finally:
-        keras.config.set_dtype_policy(previous)
-    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
-        keras.optimizers.SGD(), initial_scale=scale), loss="mse")
-    return model
+    return mixed_lstm(scale, STEPS, FEATURES, UNITS)
 
 
 def _batch() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(0)
-    # Small inputs and targets near 0: gradients from 1e-12 up, some lost in float16.
-    return (rng.normal(size=(BATCH, STEPS, FEATURES)).astype("float32") * 1e-2,
-            rng.normal(size=(BATCH, STEPS, 2)).astype("float32") * 1e-3)
+    return mixed_lstm_batch(BATCH, STEPS, FEATURES)
 
 
 def _shadow(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    """The float32 step by hand: the same weights in float32 layers, the LSTM cell unrolled
-    in Python, and the tape's gradients on the weights and on each h_t and c_t."""
-    import keras
-    import tensorflow as tf
-
-    lstm, dense = model.layers
-    cell = keras.layers.LSTMCell(UNITS, dtype="float32")
-    head = keras.layers.Dense(2, dtype="float32")
-    cell.build((None, FEATURES))
-    head.build((None, UNITS))
-    cell.set_weights(lstm.cell.get_weights())
-    head.set_weights(dense.get_weights())
-    h = c = tf.zeros((BATCH, UNITS))
-    with tf.GradientTape() as tape:
-        hs, cs = [], []
-        for t in range(STEPS):
-            h, (h, c) = cell(tf.constant(x[:, t]), [h, c])
-            # The c that step t+1 receives: its gradient is what the backward carries back
-            # through time (the path c_t → h_t inside step t is not in it).
-            c = tf.identity(c)
-            hs.append(h)
-            cs.append(c)
-        loss = keras.losses.MeanSquaredError()(y, head(tf.stack(hs, axis=1)))
-    variables = [*cell.trainable_variables, *head.trainable_variables]
-    gradients = tape.gradient(loss, [variables, hs, cs])
-    paths = [v.path for v in [*lstm.cell.trainable_variables, *dense.trainable_variables]]
-    found = {path: g.numpy() for path, g in zip(paths, gradients[0], strict=True)}
-    found[f"{lstm.name}/h_t"] = np.stack([g.numpy() for g in gradients[1]], axis=1)
-    # The last c goes nowhere: no gradient (0).
-    found[f"{lstm.name}/c_t"] = np.stack([np.zeros((BATCH, UNITS), np.float32) if g is None
-                                  else g.numpy() for g in gradients[2]], axis=1)
-    return found
+    return lstm_float32_shadow(model, x, y)
 
 
 def _mixed(model: Any, x: np.ndarray, y: np.ndarray, scale: float) -> dict[str, np.ndarray]:
@@ -124,3 +78,38 @@ def test_classify_by_the_limits() -> None:
     assert classify(values, 1.0, "float16") == (1, 1, 2)
     assert classify(values, 2.0 ** 10, "float16") == (0, 1, 2)
     assert classify(values, 1.0, "bfloat16") == (0, 0, 0)
+
+
+def test_the_notebook_display_shows_mixed_precision_per_example_and_nonfinite(tf: Any) -> None:
+    """A report in a notebook (``_repr_html_``) draws the three sections of issue 37 with
+    their numbers, as the terminal does."""
+    import html
+    import re
+
+    from gradscope.report.formats import number
+
+    def shown(report: Any) -> str:
+        page = report._repr_html_()
+        assert page.startswith("<pre")
+        return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+
+    model = _model(1.0)
+    x, y = _batch()
+    report = gradscope.explain(model, x=x, y=y, per_example=True)
+    text = shown(report)
+    found = report.mixed_precision
+    assert found is not None and report.per_example is not None
+    assert "Mixed precision (mixed_float16, loss scale 1, LossScaleOptimizer(SGD))" in text
+    for tensor in found.tensors:
+        shares = " ".join("0" if v == 0 else f"{v:.1%}" for v in (
+            tensor.underflow, tensor.subnormal, tensor.overflow))
+        assert f"{tensor.path} {shares}" in text
+    assert "the loss scale is 1" in text
+    assert f"Per-example gradients ‖∂L_i/∂θ‖ ({BATCH} examples" in text
+    assert f"all weights {number(min(report.per_example.l2))}" in text
+    x[2, 3, 1] = np.nan
+    broken = gradscope.explain(model, x=x, y=y)
+    assert broken.nonfinite is not None
+    text = shown(broken)
+    assert "Where the first NaN or Inf was born (forward pass)" in text
+    assert broken.nonfinite.cause in text and "example 2" in text

@@ -56,6 +56,32 @@ def test_nan_in_one_example_s_input_stops_fit_with_the_diagnosis(tf, tmp_path, c
     assert "training stopped at step 3: its loss is not finite" in render_text(watched, 80)
 
 
+def test_watch_reads_a_run_stopped_before_its_first_observation(tf, tmp_path, capsys):
+    """every=50: the NaN of step 3 stops fit before any observation wrote the run's events;
+    the diagnosis file holds the run's description, and watch reads it back."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((T, F), name="x"), keras.layers.GRU(3),
+                              keras.layers.Dense(2)])
+    x = np.random.default_rng(0).normal(size=(4 * B, T, F)).astype("float32")
+    x[2 * B + 4, 1, 2] = np.nan  # the third batch's example 4
+    flow = GradientFlow(every=50, log_dir=tmp_path, stop_on_nan=True)
+    _fit(keras, model, x, flow)
+    capsys.readouterr()
+    assert flow.nonfinite is not None and flow.history.observations == []
+    watched = gradscope.watch(tmp_path)
+    assert watched.nonfinite == flow.nonfinite and watched.nonfinite_step == 3
+    assert watched.observations == [] and watched.every == 50
+    assert watched.loss == flow.history.loss
+    text = render_text(watched, 80)
+    assert "no observations yet" in text
+    assert "training stopped at step 3: its loss is not finite" in text
+    assert "NaN in the input x: example 4, step 1, feature 2" in " ".join(text.split())
+
+
 def test_a_nan_gradient_is_found_on_the_step_that_wrote_it(tf):
     import keras
 

@@ -36,6 +36,7 @@ import keras  # noqa: E402  (after TensorFlow's quiet import)
 from gradscope.diagnosis_record import DiagnosisRecord  # noqa: E402
 from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
+from gradscope.keras.mixed_precision_fit import MixedPrecisionRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 
@@ -139,6 +140,11 @@ class GradientFlow(keras.callbacks.Callback):
         diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
             diagnosis takes about twice as long).
 
+    Under a ``mixed_float16`` or ``mixed_bfloat16`` policy, each observation also records
+    explain's mixed-precision section (the shares each gradient tensor loses at the
+    optimizer's loss scale, against a float32 shadow; two more passes): see
+    :mod:`~gradscope.keras.mixed_precision_fit`.
+
     The current batch, in ``fit``, is the batch the observed train step has just been given
     (the last of ``steps_per_execution``), read after that step's weight update, in inference
     mode. After training, ``callback.history`` is the report (``to_dict()``, ``to_json()``)
@@ -186,6 +192,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._pass: TracedPass | None = None  # the engine's, made with it
         self._writer: Any = None
         self._record_of = FlowRecord()
+        self._mixed_precision = MixedPrecisionRecord()  # under a mixed policy only
         self._batches = 0  # batches trained while this callback watched fit
         self._epoch_base = 0
         self._epoch: int | None = None
@@ -332,7 +339,7 @@ class GradientFlow(keras.callbacks.Callback):
 
             if self._writer is None:
                 self._writer = FlowSummaryWriter(tf, self.log_dir)
-            nan_stop.write(self.log_dir, self._writer.writer, tf, found, at)
+            nan_stop.write(self.log_dir, self._writer.writer, tf, found, at, self._history())
 
     def _diagnosed(self, engine: Any, batch: Any, weights: list[np.ndarray],
                    ) -> NonFiniteEntry | None:
@@ -443,6 +450,7 @@ class GradientFlow(keras.callbacks.Callback):
         traced.trace["gate"] = _native_call(thread, self._warm_up_released, stepping)
         traced.trace["began_after"] = self._batches  # batches trained when the trace began
         traced.warm(inputs, targets)
+        self._mixed_precision.warm(traced.engine, inputs, targets)  # a mixed policy's passes
 
     # -- the pass ------------------------------------------------------------------------------
 
@@ -502,10 +510,14 @@ class GradientFlow(keras.callbacks.Callback):
         assert self._pass is not None
         result = self._pass.run(inputs, targets, sample)
         witness = self._pass.witness(inputs, targets, result, sample)
+        # Under a mixed policy: the shares lost at the loss scale, now (None otherwise).
+        mixed = self._mixed_precision.observe(engine, inputs, targets, sample)
 
         def record() -> None:
             if witness is not None:  # nothing is recorded that Keras' own call contradicts
                 witness()
+            if mixed is not None:
+                mixed(len(self._record_of.observations))
             self._record(engine, inputs, result, step, epoch)
 
         if self._original_train_function is None:
@@ -612,7 +624,8 @@ class GradientFlow(keras.callbacks.Callback):
         source = f"model '{model.name}'" if model is not None else "no model yet"
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
-        report = self._record_of.report(source, loss, self.every)
+        report = self._mixed_precision.attached(self._record_of.report(source, loss,
+                                                                       self.every))
         if self.diagnose_every is not None:
             report = report.model_copy(update={
                 "diagnose_every": self.diagnose_every,

@@ -123,23 +123,38 @@ def mixed_precision(engine: Any, inputs: dict[str, np.ndarray], targets: dict[st
     Returns:
         Per tensor, the shares lost at the current scale; the safe range; the warnings.
     """
-    from gradscope.keras.engine import KerasEngine
-
     model = engine.model
     dtype = compute_dtype(model)
     if dtype is None:
         raise ValueError("the model has no mixed dtype policy")
     scale, optimizer = current_scale(engine.user_model)
-    shadow_engine = KerasEngine(engine.user_model if engine.live else engine.path,
-                                engine.output_names, engine.plan, training=engine.training,
-                                seed=engine.seed, dtype="float32")
-    shadow = shadow_engine.run(inputs, targets, sample_weight=sample_weight, probe_states=True)
+    shadow = shadow_engine(engine).run(inputs, targets, sample_weight=sample_weight,
+                                       probe_states=True)
     engine.loss_scale = scale
     try:
         scaled = engine.run(inputs, targets, sample_weight=sample_weight, probe_states=True)
     finally:
         engine.loss_scale = 1.0
-    half = _half_weights(model, dtype)
+    return section(engine, dtype, scale, optimizer, scaled, shadow)
+
+
+def shadow_engine(engine: Any) -> Any:
+    """The float32 shadow of ``engine``'s model: a float32 copy with the same weights, run by
+    Keras' own call (:class:`~gradscope.keras.engine.KerasEngine` with ``dtype="float32"``)."""
+    from gradscope.keras.engine import KerasEngine
+
+    return KerasEngine(engine.user_model if engine.live else engine.path, engine.output_names,
+                       engine.plan, training=engine.training, seed=engine.seed,
+                       dtype="float32")
+
+
+def section(engine: Any, dtype: str, scale: float, optimizer: str, scaled: Any,
+            shadow: Any) -> KerasMixedPrecision:
+    """The section from the two passes of one batch: ``scaled``, the mixed model's own with the
+    loss times ``scale``, and ``shadow``, the float32 copy's (both KerasPass, their recurrent
+    loops probed). explain runs them with the engine; GradientFlow with its traced passes
+    (:mod:`~gradscope.keras.mixed_precision_fit`)."""
+    half = _half_weights(engine.model, dtype)
     pairs: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for path, value in shadow.gradients.items():
         mine = scaled.gradients.get(path)

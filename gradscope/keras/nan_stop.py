@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.report.models import NonFiniteEntry
+from gradscope.report.models import FlowHistoryReport, NonFiniteEntry
 from gradscope.training_log import NONFINITE_FILE
 
 #: The TensorBoard text summary's tag.
@@ -69,11 +69,18 @@ def text(found: NonFiniteEntry, step: int) -> str:
     return buffer.getvalue()
 
 
-def write(log_dir: Path, writer: Any, tf: Any, found: NonFiniteEntry, step: int) -> None:
+def write(log_dir: Path, writer: Any, tf: Any, found: NonFiniteEntry, step: int,
+          history: FlowHistoryReport | None = None) -> None:
     """``nonfinite.json`` in ``log_dir`` (the diagnosis with its step) and a TensorBoard text
-    summary of it at that step."""
+    summary of it at that step. With ``history`` (the callback's so far), the file holds the
+    run's description too (its loss, mode, every, flag factor and method), so that ``gradscope
+    watch`` reads a run stopped before its first observation, which wrote no other events."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    document = {"step": step, "nonfinite": found.to_dict()}
+    document: dict[str, Any] = {"step": step, "nonfinite": found.to_dict()}
+    if history is not None:
+        document["run"] = {"loss": history.loss, "mode": history.mode, "every": history.every,
+                           "flag_factor": history.flag_factor, "method": history.method,
+                           "weights": [], "recurrent": []}
     (log_dir / JSON_FILE).write_text(json.dumps(document, indent=2, ensure_ascii=False,
                                                 allow_nan=False) + "\n")
     with writer.as_default():

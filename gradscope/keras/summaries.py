@@ -21,12 +21,14 @@ from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.util.tensor_util import make_tensor_proto
 
 from gradscope.diagnosis_record import CallReading, as_json
-from gradscope.report.models import FlowHistoryReport
+from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
 from gradscope.training_log import (
     DIAGNOSIS_TAG,
     FLAG_PREFIX,
     IMAGE_PREFIX,
     LOSS_TAG,
+    MIXED_PREFIX,
+    MIXED_TAG,
     OBSERVATION_TAG,
     PLUGIN,
     PROFILE_PREFIX,
@@ -111,6 +113,13 @@ class FlowSummaryWriter:
         step = observation.step
         if not self.run_written:
             self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
+        # What the history says was not analysed at this step, beyond the recurrent calls
+        # (a mixed policy's section that could not be taken), goes with the details too.
+        listed = {(e["layer"], e["reason"]) for e in details.get("not_analysed", [])}
+        more = [{"layer": e.layer, "reason": e.reason} for e in history.not_analysed
+                if step in e.steps and (e.layer, e.reason) not in listed]
+        if more:
+            details = {**details, "not_analysed": [*details.get("not_analysed", []), *more]}
         self._tensor(summary, OBSERVATION_TAG, json.dumps(details, ensure_ascii=False))
         if observation.loss is not None:
             scalar(LOSS_TAG, observation.loss)
@@ -140,6 +149,11 @@ class FlowSummaryWriter:
                                                                 description=description),
                 tensor=make_tensor_proto(np.array(
                     [str(width).encode(), str(height).encode(), png], dtype=object)))
+        mixed = (history.mixed_precision or [None] * (index + 1))[index]
+        if mixed is not None:
+            self._tensor(summary, MIXED_TAG, json.dumps(mixed.to_dict(), ensure_ascii=False))
+            for tag, value in mixed_scalars(mixed).items():
+                scalar(tag, value)
         with self.writer.as_default():
             tf.summary.experimental.write_raw_pb(
                 tf.constant([summary.SerializeToString()]), step=step)
@@ -165,3 +179,17 @@ class FlowSummaryWriter:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def mixed_scalars(section: KerasMixedPrecision) -> dict[str, float]:
+    """One observation's mixed-precision scalars by tag (see ``training_log.MIXED_PREFIX``)."""
+    values = {f"{MIXED_PREFIX}loss_scale": section.loss_scale,
+              f"{MIXED_PREFIX}warnings": float(len(section.warnings))}
+    if section.scale_range is not None:
+        values[f"{MIXED_PREFIX}scale_range_low"] = section.scale_range[0]
+        values[f"{MIXED_PREFIX}scale_range_high"] = section.scale_range[1]
+        values[f"{MIXED_PREFIX}in_range"] = float(bool(section.in_range))
+    for tensor in section.tensors:
+        for kind in ("underflow", "subnormal", "overflow"):
+            values[f"{MIXED_PREFIX}{kind}/{tensor.path}"] = getattr(tensor, kind)
+    return values

@@ -5,6 +5,7 @@ SSH, at any width from 60 columns."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import RenderableType
@@ -13,7 +14,12 @@ from rich.text import Text
 
 from gradscope.report.formats import number
 from gradscope.report.layout import pack, section, title
-from gradscope.report.models import DiagnosisSeries, FlowHistoryReport, RecurrentFlowSeries
+from gradscope.report.models import (
+    DiagnosisSeries,
+    FlowHistoryReport,
+    KerasMixedPrecision,
+    RecurrentFlowSeries,
+)
 from gradscope.report.tables import NO_FLAGS, norm_table, spark_table
 
 
@@ -151,6 +157,64 @@ def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
     return parts
 
 
+def mixed_precision_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
+    """Under a mixed policy: the loss scale and the safe range across training, each tensor's
+    shares lost where any observation lost some, every warning with how often it was given;
+    then the table of the last observation, as explain draws it."""
+    from gradscope.report.keras_text import mixed_precision_lines
+
+    steps = [o.step for o in report.observations]
+    taken = [(step, m) for step, m in zip(steps, report.mixed_precision or [], strict=False)
+             if m is not None]
+    if not taken:
+        return []
+    sections = [m for _, m in taken]
+
+    def series(value: Callable[[KerasMixedPrecision], float | None]) -> list[float | None]:
+        return [None if m is None else value(m) for m in report.mixed_precision or []]
+
+    rows: dict[str, list[float | None]] = {
+        "loss scale": series(lambda m: m.loss_scale),
+        "safe range: low": series(lambda m: m.scale_range[0] if m.scale_range else None),
+        "safe range: high": series(lambda m: m.scale_range[1] if m.scale_range else None)}
+    for tensor in sections[-1].tensors:
+        for kind, label in (("underflow", "to 0"), ("subnormal", "subn."),
+                            ("overflow", "inf")):
+            shares = [None if m is None else _share_of(m, tensor.path, kind)
+                      for m in report.mixed_precision or []]
+            if any(shares):
+                rows[f"{tensor.path} {label}"] = shares
+    parts: list[RenderableType] = [
+        section(f"Mixed precision across training ({sections[-1].policy}; log sparklines, "
+                "blank = 0)"),
+        series_table(rows, width, "quantity")]
+    outside = [step for step, m in taken if m.in_range is False]
+    if outside:
+        parts.append(Text(f"⚠ the loss scale was outside the safe range at {len(outside)} of "
+                          f"{len(taken)} observations, the last at step {outside[-1]}",
+                          style="bold yellow"))
+    said: dict[str, list[int]] = {}
+    for step, m in taken:
+        for text in m.warnings:
+            said.setdefault(text, []).append(step)
+    for text, at in said.items():
+        parts.append(Text(f"⚠ {text} (at {len(at)} of {len(taken)} observations, the last at "
+                          f"step {at[-1]})", style="bold yellow"))
+    last_step, last = taken[-1]
+    parts.append(Text(f"\nAt the last observation (step {last_step}):", style="bold"))
+    parts += mixed_precision_lines(last.model_copy(update={"warnings": []}), width)
+    return parts
+
+
+def _share_of(section: KerasMixedPrecision, path: str, kind: str) -> float | None:
+    """The share of one kind ("underflow", "subnormal", "overflow") of the tensor at ``path``
+    in one observation's section; None where it lists no such tensor."""
+    for tensor in section.tensors:
+        if tensor.path == path:
+            return float(getattr(tensor, kind))
+    return None
+
+
 def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     parts = header(report, width)
     if report.nonfinite is not None:
@@ -166,6 +230,8 @@ def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType
         parts += flag_lines(report)
         parts += profile_section(report, width)
     parts += diagnosis_section(report)
+    if report.mixed_precision is not None:
+        parts += mixed_precision_section(report, width)
     if report.weights:
         parts += [section("Weight gradients ‖∂L/∂w‖ across training"),
                   series_table({w.weight: w.norms for w in report.weights}, width, "weight")]

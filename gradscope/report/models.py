@@ -1133,6 +1133,12 @@ class FlowHistoryReport(_CommandReport):
                                              "recurrent call, one value per diagnosis")
     not_diagnosed: list[NotAnalysedAt] = Field(default_factory=list, description="calls a "
                                                "diagnosis could not read, why, and when")
+    mixed_precision: list[KerasMixedPrecision | None] | None = Field(
+        default=None, description="under a mixed_float16 or mixed_bfloat16 policy: per "
+                                  "observation, explain's mixed_precision section on that "
+                                  "observation's batch and weights, at the optimizer's loss "
+                                  "scale then (null where it was not taken); null for a model "
+                                  "without a mixed policy")
 
 
 class DiffChange(_Report):
