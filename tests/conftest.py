@@ -214,3 +214,27 @@ def lstm_float32_shadow(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, n
     found[f"{lstm.name}/c_t"] = np.stack([np.zeros((batch, units), np.float32) if g is None
                                           else g.numpy() for g in gradients[2]], axis=1)
     return found
+
+
+def tuple_state_cell(units: int = 3) -> Any:
+    """A cell of the user's with a tuple state (h, c), whose output is its first state."""
+    import keras
+    from keras import layers as L
+
+    class TwoStateCell(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = (units, units)
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h, c = states
+            c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
+            h_new = keras.ops.tanh(c_new)
+            return h_new, (h_new, c_new)
+
+    return TwoStateCell(units)

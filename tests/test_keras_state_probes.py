@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import tuple_state_cell
 
 T, F, B = 6, 3, 4
 
@@ -43,27 +44,7 @@ def _data(masked: bool = False) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _cell(units: int = 3) -> Any:
-    """A cell of the user's with a tuple state, whose output is its first state."""
-    import keras
-    from keras import layers as L
-
-    class TwoStateCell(L.Layer):
-        def __init__(self, units: int, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.units = units
-            self.state_size = (units, units)
-
-        def build(self, shape: Any) -> None:
-            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
-            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
-
-        def call(self, inputs: Any, states: Any) -> Any:
-            h, c = states
-            c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
-            h_new = keras.ops.tanh(c_new)
-            return h_new, (h_new, c_new)
-
-    return TwoStateCell(units)
+    return tuple_state_cell(units)
 
 
 def _model(kind: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_jacobian_summary
+from conftest import assert_jacobian_summary, tuple_state_cell
 
 import gradscope
 
@@ -490,29 +490,6 @@ def test_a_conv_lstm_call_is_stepped_from_keras_own_zero_states(tf):
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
 
 
-def _two_state_cell() -> Any:
-    """A cell of the user's with a tuple state (h, c)."""
-    import keras
-    from keras import layers as L
-
-    class PairCell(L.Layer):
-        def __init__(self, units: int, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.units = units
-            self.state_size = [units, units]
-
-        def build(self, shape: Any) -> None:
-            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
-            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
-
-        def call(self, inputs: Any, states: Any) -> Any:
-            h, c = states
-            c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
-            return keras.ops.tanh(c_new), [keras.ops.tanh(c_new), c_new]
-
-    return PairCell(3)
-
-
 @pytest.mark.parametrize("kind", ["mask_zero_bidirectional", "own_cell_masked",
                                   "relu_stateful", "recurrent_dropout_training"])
 def test_each_calls_input_gradient_per_step_is_keras_own(tf, data, kind):
@@ -537,7 +514,7 @@ def test_each_calls_input_gradient_per_step_is_keras_own(tf, data, kind):
         h = L.GRU(4, name="rnn")(h)
     else:
         x_in = keras.Input(batch_shape=(B, T, F), name="x")
-        layer = {"own_cell_masked": L.RNN(_two_state_cell(), return_sequences=True),
+        layer = {"own_cell_masked": L.RNN(tuple_state_cell(), return_sequences=True),
                  "relu_stateful": L.SimpleRNN(4, stateful=True, activation="relu",
                                               return_sequences=True),
                  "recurrent_dropout_training": L.SimpleRNN(
