@@ -34,7 +34,8 @@ SPLIT_METHOD = ("one batched backward pass under Keras' own call, split by examp
 
 
 def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-                sample_weight: Any, layer_of: dict[str, str]) -> KerasPerExample:
+                sample_weight: Any, layer_of: dict[str, str],
+                traced: dict[Any, Any] | None = None) -> KerasPerExample:
     """Each example's gradient norms on this batch (see the module).
 
     Args:
@@ -43,6 +44,8 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
         targets: its targets, by output name.
         sample_weight: the sample weights as the job holds them (None, an array, a dict).
         layer_of: each trainable variable's path → the layer explain's report names.
+        traced: the traced functions of earlier runs on this engine, kept here for the next
+            (GradientFlow's observations: one trace, not one per batch); None: traced anew.
 
     Returns:
         The ``per_example`` section of the explain report.
@@ -58,7 +61,8 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
     size = int(feed[0].shape[0])
     weights = engine.weight_tensors(sample_weight)
     with as_a_run_starts(model, engine.training, engine.seed):
-        found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size)
+        found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size,
+                                             traced)
     loss, added, shares, squares, summed, gradient = found
     dtype = engine.dtype_name
     rule = tolerance("replay", dtype)
