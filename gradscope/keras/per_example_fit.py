@@ -73,6 +73,7 @@ class PerExampleRecord:
         self.engine: Any = None
         self.layer_of: dict[str, str] = {}
         self.traced: dict[Any, Any] = {}
+        self.trainable: list[int] = []  # the ids of the variables ``traced`` differentiates
         self.sections: dict[int, KerasPerExample] = {}
         self.refused_at: dict[int, str] = {}  # observation index → why no section
 
@@ -85,9 +86,11 @@ class PerExampleRecord:
         from gradscope.keras.nonfinite import all_finite
         from gradscope.keras.per_example import per_example
 
-        if self.engine is not engine:
+        trainable = [id(v) for v in engine.model.trainable_variables]
+        if self.engine is not engine or trainable != self.trainable:
+            # The traced functions differentiate the variables they were traced with.
             self.layer_of, self.traced = weight_layers(engine), {}
-            self.engine = engine
+            self.engine, self.trainable = engine, trainable
         taken: KerasPerExample | None = None
         why: str | None = None
         if not all_finite(result):
