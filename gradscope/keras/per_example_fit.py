@@ -11,8 +11,10 @@ thread: about 1.7 batched backward passes where the split serves (docs/performan
 Where the section cannot be taken (a loss that is no sum of one share per example: a
 reduction that divides by the sample weights; the numbers of the batch not finite), training
 goes on and the observation lists it as not analysed, with the reason, as explain would refuse
-it. An error of gradscope's own (the examples' gradients not adding up to the batch's) is
-raised, as in explain.
+it. A refusal of the model's loss (explain's ConfigError) holds for every batch: the later
+observations of that model list the first one's reason without trying again. An error of
+gradscope's own (the examples' gradients not adding up to the batch's) is raised, as in
+explain.
 
 Without ``per_example=True`` none of this runs: no record is made.
 """
@@ -74,6 +76,8 @@ class PerExampleRecord:
         self.layer_of: dict[str, str] = {}
         self.traced: dict[Any, Any] = {}
         self.trainable: list[int] = []  # the ids of the variables ``traced`` differentiates
+        #: Why the engine's loss gives no section (explain's refusal, on its first batch).
+        self.refused: str | None = None
         self.sections: dict[int, KerasPerExample] = {}
         self.refused_at: dict[int, str] = {}  # observation index → why no section
 
@@ -90,10 +94,12 @@ class PerExampleRecord:
         if self.engine is not engine or trainable != self.trainable:
             # The traced functions differentiate the variables they were traced with.
             self.layer_of, self.traced = weight_layers(engine), {}
-            self.engine, self.trainable = engine, trainable
+            self.engine, self.trainable, self.refused = engine, trainable, None
         taken: KerasPerExample | None = None
         why: str | None = None
-        if not all_finite(result):
+        if self.refused is not None:
+            why = self.refused
+        elif not all_finite(result):
             why = ("not computed: the loss or a gradient of this batch is not finite "
                    "(explain's nonfinite diagnosis says where it was born)")
         else:
@@ -101,7 +107,7 @@ class PerExampleRecord:
                 taken = per_example(engine, inputs, targets, _as_job_weights(engine, sample),
                                     self.layer_of, self.traced)
             except ConfigError as exc:  # said in the report; training goes on
-                why = str(exc)
+                why = self.refused = str(exc)
 
         def record(index: int) -> None:
             if taken is not None:
