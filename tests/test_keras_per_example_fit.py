@@ -3,8 +3,9 @@ equals explain's (``gradscope.explain(..., per_example=True)``, itself held to a
 tape per example in test_keras_per_example) on the weights that step left and the batch fit
 trained on, sample weights and a smaller last batch included; the TensorBoard events hold the
 tags and `gradscope watch` reads it all back (text and --json, exactly); a loss that is no sum
-over the examples trains on, each observation saying why it has no section. Without
-per_example (the default) nothing is made: test_keras_callback's fitted run asserts that."""
+over the examples trains on, each observation saying why it has no section; a custom loop's
+observe() takes it too. Without per_example (the default) nothing is made: test_keras_callback's
+fitted run asserts that."""
 
 from __future__ import annotations
 
@@ -155,3 +156,15 @@ def test_a_loss_that_is_no_sum_over_the_examples_trains_on_and_says_why(tmp_path
     assert read.not_analysed == history.not_analysed and read.per_example is None
     text = " ".join(render_text(read, 100).split())
     assert "not analysed: per-example gradients:" in text
+
+
+def test_a_custom_loops_observe_takes_it_too(tf: Any) -> None:
+    from gradscope.keras import GradientFlow
+
+    model = _model()
+    x, y, _ = _data()
+    flow = GradientFlow(model=model, per_example=True)
+    flow.observe(x[:6], y[:6], step=1)
+    truth = gradscope.explain(model, x=x[:6], y=y[:6], per_example=True).per_example
+    [found] = flow.history.per_example
+    _assert_same(found, truth)
