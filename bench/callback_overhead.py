@@ -32,9 +32,13 @@ Keras' LossScaleOptimizer), whose observations take the mixed-precision section 
 (``GradientFlow(diagnose_every=N)``); goals: at most 1.10× at N = 16, 1.2× at N = 4. The
 split then has the diagnosed steps apart.
 
+``--per-example``: each observation takes explain's per-example section too
+(``GradientFlow(per_example=True)``: each example's gradient norms and the noise scale); no
+goal is set.
+
     .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
                                                 [--model gru|lstm256|masked|mixed] [--json]
-                                                [--diagnose-every N]
+                                                [--diagnose-every N] [--per-example]
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import numpy as np
 
 with_callback, batches, every = sys.argv[1] == "callback", int(sys.argv[2]), int(sys.argv[3])
 kind, diagnose_every = sys.argv[4], int(sys.argv[5]) or None
+per_example = sys.argv[6] == "1"
 keras.utils.set_random_seed(0)
 if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
     steps, features, classes = 100, 64, 10
@@ -97,7 +102,8 @@ with tempfile.TemporaryDirectory() as log_dir:
     if with_callback:
         from gradscope.keras import GradientFlow
 
-        callbacks = [GradientFlow(every=every, log_dir=log_dir, diagnose_every=diagnose_every)]
+        callbacks = [GradientFlow(every=every, log_dir=log_dir, diagnose_every=diagnose_every,
+                                  per_example=per_example)]
     start = time.perf_counter()
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
               callbacks=[*callbacks, Ended()])
@@ -113,11 +119,12 @@ print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall,
 """
 
 
-def run(kind: str, batches: int, every: int, model: str, diagnose_every: int = 0
-        ) -> dict[str, float]:
+def run(kind: str, batches: int, every: int, model: str, diagnose_every: int = 0,
+        per_example: bool = False) -> dict[str, float]:
     code = FIT.format(repo=str(REPO))
     result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every), model,
-                             str(diagnose_every)], capture_output=True, text=True, check=True)
+                             str(diagnose_every), "1" if per_example else "0"],
+                            capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -176,6 +183,9 @@ def main() -> None:
                              "section too: two more passes)")
     parser.add_argument("--diagnose-every", type=int, default=0, metavar="N",
                         help="GradientFlow(diagnose_every=N) too (0: none)")
+    parser.add_argument("--per-example", action="store_true",
+                        help="GradientFlow(per_example=True): each observation takes explain's "
+                             "per-example section too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 3:
@@ -184,7 +194,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for kind in runs:
             runs[kind].append(run(kind, args.batches, args.every, args.model,
-                                  args.diagnose_every))
+                                  args.diagnose_every, args.per_example))
 
     def series(kind: str, key: str) -> list[Any]:
         return [r[key] for r in runs[kind]]
@@ -195,6 +205,7 @@ def main() -> None:
         "batches": args.batches, "every": args.every, "repeats": args.repeats,
         "observations": int(runs["callback"][-1]["observations"]),
         "diagnose_every": args.diagnose_every or None,
+        "per_example": args.per_example,
         "diagnoses": int(runs["callback"][-1]["diagnoses"]),
         "plain_fit_median_s": statistics.median(plain),
         "callback_fit_median_s": statistics.median(watched),
@@ -216,6 +227,7 @@ def main() -> None:
     print(f"fit, {args.batches} batches                      "
           f"{figures['plain_fit_median_s']:.2f} s median")
     diagnosing = (f", diagnose_every={args.diagnose_every}" if args.diagnose_every else "")
+    diagnosing += ", per_example=True" if args.per_example else ""
     print(f"fit with GradientFlow(every={args.every}{diagnosing}, log_dir)  "
           f"{figures['callback_fit_median_s']:.2f} s median "
           f"({figures['observations']} extra passes, {figures['diagnoses']} diagnoses)")

@@ -21,6 +21,7 @@ from gradscope.errors import ConfigError
 from gradscope.report.models import (
     FlowHistoryReport,
     KerasMixedPrecision,
+    KerasPerExample,
     NonFiniteEntry,
     NotAnalysedAt,
     RecurrentFlowSeries,
@@ -54,6 +55,12 @@ DIAGNOSE_PREFIX = "diagnose/"
 #: underflow/PATH, subnormal/PATH, overflow/PATH (the shares of each tensor's entries).
 MIXED_TAG = "gradscope/mixed_precision"
 MIXED_PREFIX = "mixed_precision/"
+#: With GradientFlow(per_example=True): each observation's per_example section as JSON (what
+#: ``gradscope watch`` reads back, exactly), and scalars for TensorBoard under this prefix:
+#: noise_scale (B_simple), top_share, max_over_median (the largest ‖g_i‖ over the median) and
+#: median/LAYER (the median of the examples' ‖g_i‖ of each layer).
+PER_EXAMPLE_TAG = "gradscope/per_example"
+PER_EXAMPLE_PREFIX = "per_example/"
 
 
 def tensorboard_install_line() -> str:
@@ -121,7 +128,7 @@ def _tags(events: list[Any]) -> dict[str, dict[int, Any]]:
     """tag → step → value, for gradscope's tags (a later event of a step wins)."""
     by_tag: dict[str, dict[int, Any]] = {}
     prefixes = (LOSS_TAG, RUN_TAG, OBSERVATION_TAG, WEIGHT_PREFIX, STATE_PREFIX, RATIO_PREFIX,
-                FLAG_PREFIX, PROFILE_PREFIX, DIAGNOSIS_TAG, MIXED_TAG)
+                FLAG_PREFIX, PROFILE_PREFIX, DIAGNOSIS_TAG, MIXED_TAG, PER_EXAMPLE_TAG)
     for event in events:
         if not event.HasField("summary"):
             continue
@@ -244,6 +251,7 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
             ratios=series(RATIO_PREFIX + name), flags=flags,  # type: ignore[arg-type]
             backwards=layer.get("backwards", False)))
     mixed = tags.get(MIXED_TAG, {})
+    examples = tags.get(PER_EXAMPLE_TAG, {})
     skipped: dict[tuple[str, str], list[int]] = {}
     for step in steps:
         for entry in details[step].get("not_analysed", []):
@@ -263,4 +271,6 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
         not_analysed=[NotAnalysedAt(layer=layer, reason=reason, steps=at)
                       for (layer, reason), at in skipped.items()],
         mixed_precision=[KerasMixedPrecision.model_validate_json(mixed[s]) if s in mixed
-                         else None for s in steps] if mixed else None)
+                         else None for s in steps] if mixed else None,
+        per_example=[KerasPerExample.model_validate_json(examples[s]) if s in examples
+                     else None for s in steps] if examples else None)

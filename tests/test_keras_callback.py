@@ -165,6 +165,8 @@ def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
     # A float32 model: the mixed-precision passes were never made, nothing was recorded.
     assert fitted["flow"]._mixed_precision.watch is None
     assert history.mixed_precision is None
+    # per_example=False (the default): no per-example record, nothing recorded.
+    assert fitted["flow"]._per_example is None and history.per_example is None
     truth = fitted["truth"]
     assert [o.step for o in history.observations] == [2, 4, 6]
     assert [o.epoch for o in history.observations] == [0, 1, 1]
@@ -219,7 +221,8 @@ def test_event_files_hold_every_tag_with_the_tape_values(fitted, tf):
             assert image[2][:8] == b"\x89PNG\r\n\x1a\n"
     assert plugins[f"gradient_norm/{paths[0]}"] == "scalars"
     assert plugins["initial_state_gradient/gru_a/h0"] == "scalars"
-    assert not any(tag.startswith(("mixed_precision/", "gradscope/mixed")) for tag in values)
+    assert not any(tag.startswith(("mixed_precision/", "gradscope/mixed", "per_example/",
+                                   "gradscope/per_example")) for tag in values)
 
 
 def test_tensorboard_own_reader_files_each_tag_under_its_dashboard(fitted):

@@ -38,6 +38,7 @@ from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.mixed_precision_fit import MixedPrecisionRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
+from gradscope.keras.per_example_fit import PerExampleRecord  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 
 
@@ -139,6 +140,10 @@ class GradientFlow(keras.callbacks.Callback):
             λ₁; each one more costs about as much again).
         diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
             diagnosis takes about twice as long).
+        per_example: at each observation, explain's per-example section too (each example's
+            ‖∂L_i/∂θ‖ per layer and in total, the top share, the outliers and the gradient
+            noise scale B_simple), on the observed batch with the weights the step left:
+            see :mod:`~gradscope.keras.per_example_fit` and docs/training.md.
 
     Under a ``mixed_float16`` or ``mixed_bfloat16`` policy, each observation also records
     explain's mixed-precision section (the shares each gradient tensor loses at the
@@ -154,7 +159,7 @@ class GradientFlow(keras.callbacks.Callback):
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
                  loss: str | None = None, stop_on_nan: bool = False,
                  diagnose_every: int | None = None, diagnose_exponents: int = 1,
-                 diagnose_horizon: bool = False) -> None:
+                 diagnose_horizon: bool = False, per_example: bool = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
@@ -193,6 +198,8 @@ class GradientFlow(keras.callbacks.Callback):
         self._writer: Any = None
         self._record_of = FlowRecord()
         self._mixed_precision = MixedPrecisionRecord()  # under a mixed policy only
+        self.per_example = bool(per_example)
+        self._per_example = PerExampleRecord() if per_example else None
         self._batches = 0  # batches trained while this callback watched fit
         self._epoch_base = 0
         self._epoch: int | None = None
@@ -512,12 +519,17 @@ class GradientFlow(keras.callbacks.Callback):
         witness = self._pass.witness(inputs, targets, result, sample)
         # Under a mixed policy: the shares lost at the loss scale, now (None otherwise).
         mixed = self._mixed_precision.observe(engine, inputs, targets, sample)
+        # With per_example=True: explain's per-example section of this batch, now.
+        examples = (None if self._per_example is None else
+                    self._per_example.observe(engine, inputs, targets, sample, result))
 
         def record() -> None:
             if witness is not None:  # nothing is recorded that Keras' own call contradicts
                 witness()
             if mixed is not None:
                 mixed(len(self._record_of.observations))
+            if examples is not None:
+                examples(len(self._record_of.observations))
             self._record(engine, inputs, result, step, epoch)
 
         if self._original_train_function is None:
@@ -626,6 +638,8 @@ class GradientFlow(keras.callbacks.Callback):
                                                                    "the compiled loss")
         report = self._mixed_precision.attached(self._record_of.report(source, loss,
                                                                        self.every))
+        if self._per_example is not None:
+            report = self._per_example.attached(report)
         if self.diagnose_every is not None:
             report = report.model_copy(update={
                 "diagnose_every": self.diagnose_every,

@@ -34,7 +34,8 @@ SPLIT_METHOD = ("one batched backward pass under Keras' own call, split by examp
 
 
 def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-                sample_weight: Any, layer_of: dict[str, str]) -> KerasPerExample:
+                sample_weight: Any, layer_of: dict[str, str],
+                traced: dict[Any, Any] | None = None) -> KerasPerExample:
     """Each example's gradient norms on this batch (see the module).
 
     Args:
@@ -43,6 +44,8 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
         targets: its targets, by output name.
         sample_weight: the sample weights as the job holds them (None, an array, a dict).
         layer_of: each trainable variable's path → the layer explain's report names.
+        traced: the traced functions of earlier runs on this engine, kept here for the next
+            (GradientFlow's observations: one trace, not one per batch); None: traced anew.
 
     Returns:
         The ``per_example`` section of the explain report.
@@ -58,7 +61,8 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
     size = int(feed[0].shape[0])
     weights = engine.weight_tensors(sample_weight)
     with as_a_run_starts(model, engine.training, engine.seed):
-        found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size)
+        found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size,
+                                             traced)
     loss, added, shares, squares, summed, gradient = found
     dtype = engine.dtype_name
     rule = tolerance("replay", dtype)
@@ -135,7 +139,9 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
     from one batched backward pass where that is shown to be exact (every recomputed call
     equals Keras', the loss keeps the examples apart, no variable is left out), else the
     Jacobian. ``traced``: the traced functions ("split", then by pfor), kept for another run
-    (the bench's)."""
+    on the same engine (GradientFlow's observations): everything that changes from batch to
+    batch (the sample weights, the batch size) is their argument, none a value they close
+    over, so that a function traced on one batch is right on the next."""
     from gradscope._tf import native_stderr_silenced
     from gradscope.keras import example_split as split_by
     from gradscope.keras.stopped import start_of_call
@@ -144,7 +150,7 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
     tf = engine.tf
     dtype = engine.dtype_name
 
-    def weighted(scale: Any, outputs: list[Any]) -> Any:
+    def weighted(scale: Any, outputs: list[Any], weights: Any) -> Any:
         # One weight per entry of each output's loss (all its axes but the last): Keras
         # does not broadcast a (batch,) weight over a sequence's steps.
         spread = [_spread(tf, scale, output) for output in outputs]
@@ -156,23 +162,26 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
         return _times(tf, spread[0], weights) if len(spread) == 1 else [
             _times(tf, part, weights) for part in spread]
 
-    def losses(feed: list[Any], y: list[Any], outputs: list[Any], ones: Any) -> Any:
+    def losses(feed: list[Any], y: list[Any], outputs: list[Any], ones: Any,
+               weights: Any) -> Any:
         """The loss, the loss with every weight 0 and each example's share (called under the
         tape that differentiates the shares)."""
         with tf.GradientTape() as inner:
             inner.watch(ones)
-            loss = engine.compute_loss(feed, y, outputs, weighted(ones, outputs))
-        added = engine.compute_loss(feed, y, outputs, weighted(tf.zeros_like(ones), outputs))
+            loss = engine.compute_loss(feed, y, outputs, weighted(ones, outputs, weights))
+        added = engine.compute_loss(feed, y, outputs,
+                                    weighted(tf.zeros_like(ones), outputs, weights))
         # Linear in the weights: example i's share is ∂L/∂w_i at w_i = 1.
         shares = ones * inner.gradient(loss, ones,
                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return loss, added, shares
 
-    def step(feed: list[Any], y: list[Any], ones: Any, pfor: bool) -> Any:
+    def step(feed: list[Any], y: list[Any], ones: Any, weights: Any, pfor: bool) -> Any:
+        size = int(ones.shape[0])
         with tf.GradientTape(persistent=True) as tape:
             start_of_call()
             outputs = model_outputs(engine.model, feed, engine.training)
-            loss, added, shares = losses(feed, y, outputs, ones)
+            loss, added, shares = losses(feed, y, outputs, ones, weights)
             total = tf.reduce_sum(shares)
         rows = tape.jacobian(shares, variables, experimental_use_pfor=pfor,
                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -183,7 +192,8 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
         return loss, added, shares, squares, summed, [tf.convert_to_tensor(g)
                                                       for g in gradient]
 
-    def split(feed: list[Any], y: list[Any], ones: Any, mixer: Any) -> Any:
+    def split(feed: list[Any], y: list[Any], ones: Any, mixer: Any, weights: Any) -> Any:
+        size = int(ones.shape[0])
         recorder = split_by.Recorder(watch=lambda _: None, training=engine.training)
         with tf.GradientTape() as tape:
             recorder.watch = tape.watch
@@ -194,7 +204,7 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
         # pass of the model from there.
         with tf.GradientTape(persistent=True) as on_loss:
             on_loss.watch(outputs)
-            loss, added, shares = losses(feed, y, outputs, ones)
+            loss, added, shares = losses(feed, y, outputs, ones, weights)
             total = tf.reduce_sum(shares)
             mixed = tf.reduce_sum(mixer * shares)
         on_outputs = on_loss.gradient(total, outputs,
@@ -234,8 +244,8 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                 if "split" not in traced:
                     traced["split"] = tf.function(split, autograph=False)
                 mixer = tf.constant(np.random.default_rng(7).uniform(0.5, 1.5, size), dtype)
-                *found, stray, scale, apart, spread, missed = traced["split"](feed, y, ones,
-                                                                               mixer)
+                *found, stray, scale, apart, spread, missed = traced["split"](
+                    feed, y, ones, mixer, weights)
                 rtol, atol = tolerance("replay", dtype)
                 if float(missed) > 0:
                     why = "a trainable variable used outside the layer calls it splits"
@@ -259,7 +269,7 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
             try:
                 if pfor not in traced:
                     traced[pfor] = tf.function(step, autograph=False)
-                found = traced[pfor](feed, y, ones, pfor)
+                found = traced[pfor](feed, y, ones, weights, pfor)
                 method = ("one Jacobian of the examples' losses under Keras' own call, "
                           + ("vectorised (pfor)" if pfor else "one backward pass per example "
                              "(a tf.while_loop; pfor could not vectorise this model)")

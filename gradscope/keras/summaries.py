@@ -21,7 +21,7 @@ from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 from tensorboard.util.tensor_util import make_tensor_proto
 
 from gradscope.diagnosis_record import CallReading, as_json
-from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
+from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision, KerasPerExample
 from gradscope.training_log import (
     DIAGNOSIS_TAG,
     FLAG_PREFIX,
@@ -30,6 +30,8 @@ from gradscope.training_log import (
     MIXED_PREFIX,
     MIXED_TAG,
     OBSERVATION_TAG,
+    PER_EXAMPLE_PREFIX,
+    PER_EXAMPLE_TAG,
     PLUGIN,
     PROFILE_PREFIX,
     RATIO_PREFIX,
@@ -154,6 +156,12 @@ class FlowSummaryWriter:
             self._tensor(summary, MIXED_TAG, json.dumps(mixed.to_dict(), ensure_ascii=False))
             for tag, value in mixed_scalars(mixed).items():
                 scalar(tag, value)
+        examples = (history.per_example or [None] * (index + 1))[index]
+        if examples is not None:
+            self._tensor(summary, PER_EXAMPLE_TAG,
+                         json.dumps(examples.to_dict(), ensure_ascii=False))
+            for tag, value in per_example_scalars(examples).items():
+                scalar(tag, value)
         with self.writer.as_default():
             tf.summary.experimental.write_raw_pb(
                 tf.constant([summary.SerializeToString()]), step=step)
@@ -193,3 +201,14 @@ def mixed_scalars(section: KerasMixedPrecision) -> dict[str, float]:
         for kind in ("underflow", "subnormal", "overflow"):
             values[f"{MIXED_PREFIX}{kind}/{tensor.path}"] = getattr(tensor, kind)
     return values
+
+
+def per_example_scalars(section: KerasPerExample) -> dict[str, float]:
+    """One observation's per-example scalars by tag (see ``training_log.PER_EXAMPLE_PREFIX``);
+    a quantity that is undefined at this observation (B_simple of one example) has none."""
+    values = {f"{PER_EXAMPLE_PREFIX}noise_scale": section.noise_scale,
+              f"{PER_EXAMPLE_PREFIX}top_share": section.top_share,
+              f"{PER_EXAMPLE_PREFIX}max_over_median": section.max_over_median()}
+    for layer, norms in section.layers.items():
+        values[f"{PER_EXAMPLE_PREFIX}median/{layer}"] = float(np.median(norms))
+    return {tag: value for tag, value in values.items() if value is not None}

@@ -18,6 +18,7 @@ from gradscope.report.models import (
     DiagnosisSeries,
     FlowHistoryReport,
     KerasMixedPrecision,
+    KerasPerExample,
     RecurrentFlowSeries,
 )
 from gradscope.report.tables import NO_FLAGS, norm_table, spark_table
@@ -206,6 +207,51 @@ def mixed_precision_section(report: FlowHistoryReport, width: int) -> list[Rende
     return parts
 
 
+def per_example_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
+    """With ``per_example=True``: the gradient noise scale B_simple, the top share and the
+    largest ‖g_i‖ over the median across training, each layer's median ‖g_i‖; then the table
+    of the last observation, as explain draws it."""
+    from gradscope.report.keras_text import per_example_lines
+
+    steps = [o.step for o in report.observations]
+    sections = report.per_example or []
+    taken = [(step, p) for step, p in zip(steps, sections, strict=False) if p is not None]
+    if not taken:
+        return []
+
+    def series(value: Callable[[KerasPerExample], float | None]) -> list[float | None]:
+        return [None if p is None else value(p) for p in sections]
+
+    last_step, last = taken[-1]
+    rows: dict[str, list[float | None]] = {
+        "noise scale B_simple": series(lambda p: p.noise_scale),
+        "top-10% share of Σ‖g_i‖²": series(lambda p: p.top_share),
+        "largest ‖g_i‖ / median": series(lambda p: p.max_over_median())}
+    for layer in last.layers:
+        rows[f"{layer} median ‖g_i‖"] = [
+            None if p is None or layer not in p.layers else _middle(p.layers[layer])
+            for p in sections]
+    parts: list[RenderableType] = [
+        section(f"Per-example gradients across training ({len(taken)} of {len(steps)} "
+                "observations; log sparklines)"),
+        series_table(rows, width, "quantity")]
+    flagged = [step for step, p in taken if p.outliers]
+    if flagged:
+        parts.append(Text(f"⚠ outliers (‖g_i‖ beyond the median + 3.5 scaled MADs) at "
+                          f"{len(flagged)} of {len(taken)} observations, the last at step "
+                          f"{flagged[-1]}", style="bold yellow"))
+    parts.append(Text(f"\nAt the last observation (step {last_step}):", style="bold"))
+    parts += per_example_lines(last, width)
+    return parts
+
+
+def _middle(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return (ordered[middle] if len(ordered) % 2 else
+            (ordered[middle - 1] + ordered[middle]) / 2)
+
+
 def _share_of(section: KerasMixedPrecision, path: str, kind: str) -> float | None:
     """The share of one kind ("underflow", "subnormal", "overflow") of the tensor at ``path``
     in one observation's section; None where it lists no such tensor."""
@@ -232,6 +278,8 @@ def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType
     parts += diagnosis_section(report)
     if report.mixed_precision is not None:
         parts += mixed_precision_section(report, width)
+    if report.per_example is not None:
+        parts += per_example_section(report, width)
     if report.weights:
         parts += [section("Weight gradients ‖∂L/∂w‖ across training"),
                   series_table({w.weight: w.norms for w in report.weights}, width, "weight")]

@@ -7,6 +7,7 @@ They are pydantic models so that ``to_dict()`` and the published JSON Schema
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -718,6 +719,12 @@ class KerasPerExample(_Report):
     method: str
     dtype: str = Field(description="the dtype the gradients computed in (the model's)")
 
+    def max_over_median(self) -> float | None:
+        """The largest ‖g_i‖ over the median one (how far the batch's largest gradient stands
+        out); None where the median is 0."""
+        middle = statistics.median(self.l2) if self.l2 else 0.0
+        return max(self.l2) / middle if middle > 0 else None
+
 
 class MixedPrecisionTensor(_Report):
     """One gradient tensor under a mixed policy: the shares of its entries lost at the current
@@ -1139,6 +1146,12 @@ class FlowHistoryReport(_CommandReport):
                                   "observation's batch and weights, at the optimizer's loss "
                                   "scale then (null where it was not taken); null for a model "
                                   "without a mixed policy")
+    per_example: list[KerasPerExample | None] | None = Field(
+        default=None, description="with GradientFlow(per_example=True): per observation, "
+                                  "explain's per_example section on that observation's batch "
+                                  "and weights (null where it was not taken: not_analysed "
+                                  "says why); null without per_example=True or where no "
+                                  "observation took it")
 
 
 class DiffChange(_Report):
