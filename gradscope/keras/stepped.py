@@ -459,7 +459,7 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             # A state of several axes (a ConvLSTM's feature maps) is read flat.
             return _state_jacobian_backward(engine, direction, x, mask, initial)
         inputs, start = _time_major(tf, direction.layer, x, mask, initial)
-        by_hand = _linearised(engine, direction.layer)
+        by_hand = linearised(engine, direction.layer)
         if by_hand is not None:
             # In float64, as gradscope's cells take an unmasked call.
             compute = jacobian_function(tf, _cell_advance(engine, direction.layer),
@@ -487,11 +487,12 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             return _state_jacobian_backward(engine, direction, x, mask, initial)
 
 
-def _linearised(engine: Any, layer: Any) -> Any:
+def linearised(engine: Any, layer: Any) -> Any:
     """For a Keras GRU, LSTM or SimpleRNN whose cell gradscope's cells model (masks aside),
     its step linearised by hand (:meth:`~gradscope.cells.base.Cell.tf_step_tangent`) on the
-    layer's own weights in float64, a masked step keeping the states and their tangents, for
-    :func:`~gradscope.keras.state_tangents.jacobian_function`; else None."""
+    layer's own weights in float64 (read at each call), a masked step keeping the states and
+    their tangents, for :func:`~gradscope.keras.state_tangents.jacobian_function`; else
+    None."""
     from gradscope.keras.layers import LayerFacts, explainer_for
     from gradscope.keras.layers.recurrent import RecurrentExplainer
 
@@ -509,16 +510,23 @@ def _linearised(engine: Any, layer: Any) -> Any:
         return None
     try:
         cell = explainer.cell(facts)
-        params = {k: tf.constant(v, tf.float64) for k, v in cell_params(cell, {
-            v.path.split("/")[-1]: np.asarray(v.numpy()) for v in layer.weights}).items()}
+        variables = {v.path.split("/")[-1]: v for v in layer.weights}
+        # Only the shapes are read here: the values are read at each call (a trace kept across
+        # a change of the weights, by training or by a counterfactual, reads the new ones).
+        shapes = cell_params(cell, {k: np.zeros(v.shape) for k, v in variables.items()})
     except Exception:  # noqa: BLE001  (a layer the explainer does not read: autodiff)
         return None
-    if not cell.has_tangent:
+    if not cell.has_tangent or set(shapes) - set(variables) - {"bias"}:
         return None
-    weights = cell.tf_step_weights(tf, params)
+
+    def read() -> dict[str, Any]:
+        return {k: (tf.cast(tf.convert_to_tensor(variables[k]), tf.float64) if k in variables
+                    else tf.zeros(value.shape, tf.float64)) for k, value in shapes.items()}
 
     def tangent(_: Any, states: list[Any], inputs_t: tuple[Any, ...],
                 tangents: list[Any]) -> tuple[list[Any], list[Any]]:
+        params = read()
+        weights = cell.tf_step_weights(tf, params)
         (projected,) = cell.tf_inputs(tf, params, inputs_t[0][None])
         after, moved = cell.tf_step_tangent(tf, weights, tuple(states), (projected[0],),
                                             tuple(tangents))

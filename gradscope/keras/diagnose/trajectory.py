@@ -28,6 +28,9 @@ EXACT_STATE = 32
 POWER_RTOL, POWER_STEPS = 1e-4, 24
 #: A |R_t[i, i]| below this is taken as this: a log of 0 is no exponent.
 SMALLEST_STRETCH = 1e-30
+#: Steps at which a step linearised by hand is held to the layer's own (its pairs (x_t, s_{t−1})
+#: of every example that ran there).
+CHECKED_STEPS = 16
 
 
 @dataclass
@@ -94,8 +97,9 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I (with fewer columns than
     states: ``count`` orthonormal columns drawn from ``seed``, so that no column starts inside
     a subspace the steps keep to themselves); J_t·Q_{t−1} = Q_t·R_t, J_t applied by forward
-    mode through one step of the cell (the ``count`` columns folded into the batch); a masked
-    step keeps Q (J = I there) and adds 0.
+    mode through one step of the cell (the ``count`` columns folded into the batch; a Keras
+    GRU, LSTM or SimpleRNN's step linearised by hand, :func:`_by_hand`); a masked step keeps
+    Q (J = I there) and adds 0.
 
     ``carried``: only the first ``carried`` of those columns (B, T, carried). Gram–Schmidt
     makes column i of Q_t and R_t[i, i] from columns 0..i alone, so these logs are the first
@@ -107,9 +111,12 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
              np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
     if carried is not None:
         start = start[:, :max(1, min(carried, count))]
+    by_hand = engine_cached(engine, ("lyapunov by hand", id(path.layer), bool(engine.training)),
+                            lambda: [_by_hand(engine, path)])[0]
     scan = engine_cached(engine, ("lyapunov", id(path.layer), bool(engine.training),
-                                  tuple(widths), start.shape[1]),
-                         lambda: _lyapunov_scan(engine, path.layer, widths, start.shape[1]))
+                                  tuple(widths), start.shape[1], by_hand is not None),
+                         lambda: _lyapunov_scan(engine, path.layer, widths, start.shape[1],
+                                                by_hand))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
@@ -120,9 +127,39 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     return np.asarray(found, np.float64)
 
 
-def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int) -> Any:
+def _by_hand(engine: Any, path: Trajectory) -> Any:
+    """The layer's step linearised by hand (:func:`~gradscope.keras.stepped.linearised`, in
+    float64) where gradscope's cells model the layer and, run on pairs (x_t, s_{t−1}) of the
+    trajectory at up to :data:`CHECKED_STEPS` evenly spaced steps, it gives the states the
+    layer's own cell gave; else None (forward-mode autodiff of the layer's own step)."""
+    from gradscope.gradcheck import tolerance
+    from gradscope.keras.stepped import linearised
+
+    tangent = linearised(engine, path.layer)
+    if tangent is None:
+        return None
+    tf = engine.tf
+    steps = path.ran.shape[1]
+    checked = np.unique(np.linspace(0, steps - 1, min(CHECKED_STEPS, steps)).astype(int))
+    x, previous, rows = folded_pairs(path, checked)
+    if not len(rows):
+        return None
+    after, _ = tangent(None, [tf.constant(p, tf.float64) for p in previous],
+                       (tf.constant(x, tf.float64),),
+                       [tf.zeros((1, len(rows), w), tf.float64) for w in path.widths])
+    rtol, atol = tolerance("cross_check", str(np.dtype(path.layer.cell.compute_dtype)))
+    for mine, sequence in zip(after, path.sequences, strict=True):
+        truth = np.asarray(sequence)[rows[:, 0], rows[:, 1]]
+        if not np.allclose(np.asarray(mine), truth, rtol=rtol, atol=atol):
+            return None
+    return tangent
+
+
+def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
+                   by_hand: Any = None) -> Any:
     """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start)`` → the logs
-    (B, T, count)."""
+    (B, T, count). ``by_hand``: the step linearised by hand (:func:`_by_hand`), which carries
+    the columns with the step's own values computed once, in float64."""
     tf = engine.tf
     step = _step(engine, layer)
     size = sum(widths)
@@ -139,13 +176,20 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int) -> An
 
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
             x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
-            columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
-            tangents = tf.split(columns, widths, axis=1)
-            primals = [tf.tile(p, [count, 1]) for p in prev_t]
-            with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-                new = step(tf.tile(x_t, repeats), primals)
-            moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
-            moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
+            if by_hand is not None:
+                blocks = tf.split(tf.cast(tf.transpose(q, [2, 0, 1]), tf.float64), widths,
+                                  axis=2)  # (count, B, w) each
+                _, carried = by_hand(None, [tf.cast(p, tf.float64) for p in prev_t],
+                                     (tf.cast(x_t, tf.float64),), blocks)
+                moved = tf.cast(tf.transpose(tf.concat(carried, axis=2), [1, 2, 0]), dtype)
+            else:
+                columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
+                tangents = tf.split(columns, widths, axis=1)
+                primals = [tf.tile(p, [count, 1]) for p in prev_t]
+                with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
+                    new = step(tf.tile(x_t, repeats), primals)
+                moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
+                moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
             q_new, r = tf.linalg.qr(moved)
             diagonal = tf.linalg.diag_part(r)
             signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
