@@ -487,11 +487,11 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
             return _state_jacobian_backward(engine, direction, x, mask, initial)
 
 
-def linearised(engine: Any, layer: Any) -> Any:
+def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
     """For a Keras GRU, LSTM or SimpleRNN whose cell gradscope's cells model (masks aside),
     its step linearised by hand (:meth:`~gradscope.cells.base.Cell.tf_step_tangent`) on the
-    layer's own weights in float64 (read at each call), a masked step keeping the states and
-    their tangents, for :func:`~gradscope.keras.state_tangents.jacobian_function`; else
+    layer's own weights in ``dtype`` (read at each call), a masked step keeping the states
+    and their tangents, for :func:`~gradscope.keras.state_tangents.jacobian_function`; else
     None."""
     from gradscope.keras.layers import LayerFacts, explainer_for
     from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -520,8 +520,8 @@ def linearised(engine: Any, layer: Any) -> Any:
         return None
 
     def read() -> dict[str, Any]:
-        return {k: (tf.cast(tf.convert_to_tensor(variables[k]), tf.float64) if k in variables
-                    else tf.zeros(value.shape, tf.float64)) for k, value in shapes.items()}
+        return {k: (tf.cast(tf.convert_to_tensor(variables[k]), dtype) if k in variables
+                    else tf.zeros(value.shape, dtype)) for k, value in shapes.items()}
 
     def tangent(_: Any, states: list[Any], inputs_t: tuple[Any, ...],
                 tangents: list[Any]) -> tuple[list[Any], list[Any]]:

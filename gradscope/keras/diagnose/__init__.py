@@ -44,8 +44,8 @@ METHOD = [
     "Q_0 = I (k orthonormal columns from a fixed seed where k is below the state's size), "
     "J_t·Q_(t−1) = Q_t·R_t, λ_i the mean of log|R_t[i, i]| over the steps each "
     "example ran, then over the examples; J_t·Q by forward mode through one step of the "
-    "cell (a Keras GRU, LSTM or SimpleRNN: its step linearised by hand, in float64, held "
-    "to the layer's own states at 16 steps)",
+    "cell (a Keras GRU, LSTM or SimpleRNN: its step linearised by hand, held to the "
+    "layer's own states at 16 steps)",
     "horizon measured: the smallest lag k at which the median over steps t and examples of "
     "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell; predicted: "
     "ln(10³)/|λ₁| when λ₁ < 0",

@@ -129,13 +129,15 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
 
 def _by_hand(engine: Any, path: Trajectory) -> Any:
     """The layer's step linearised by hand (:func:`~gradscope.keras.stepped.linearised`, in
-    float64) where gradscope's cells model the layer and, run on pairs (x_t, s_{t−1}) of the
-    trajectory at up to :data:`CHECKED_STEPS` evenly spaced steps, it gives the states the
-    layer's own cell gave; else None (forward-mode autodiff of the layer's own step)."""
+    the cell's dtype) where gradscope's cells model the layer and, run on pairs
+    (x_t, s_{t−1}) of the trajectory at up to :data:`CHECKED_STEPS` evenly spaced steps, it
+    gives the states the layer's own cell gave; else None (forward-mode autodiff of the
+    layer's own step)."""
     from gradscope.gradcheck import tolerance
     from gradscope.keras.stepped import linearised
 
-    tangent = linearised(engine, path.layer)
+    dtype = str(np.dtype(path.layer.cell.compute_dtype))
+    tangent = linearised(engine, path.layer, dtype)
     if tangent is None:
         return None
     tf = engine.tf
@@ -144,10 +146,9 @@ def _by_hand(engine: Any, path: Trajectory) -> Any:
     x, previous, rows = folded_pairs(path, checked)
     if not len(rows):
         return None
-    after, _ = tangent(None, [tf.constant(p, tf.float64) for p in previous],
-                       (tf.constant(x, tf.float64),),
-                       [tf.zeros((1, len(rows), w), tf.float64) for w in path.widths])
-    rtol, atol = tolerance("cross_check", str(np.dtype(path.layer.cell.compute_dtype)))
+    after, _ = tangent(None, [tf.constant(p, dtype) for p in previous], (tf.constant(x, dtype),),
+                       [tf.zeros((1, len(rows), w), dtype) for w in path.widths])
+    rtol, atol = tolerance("cross_check", dtype)
     for mine, sequence in zip(after, path.sequences, strict=True):
         truth = np.asarray(sequence)[rows[:, 0], rows[:, 1]]
         if not np.allclose(np.asarray(mine), truth, rtol=rtol, atol=atol):
@@ -159,7 +160,7 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
                    by_hand: Any = None) -> Any:
     """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start)`` → the logs
     (B, T, count). ``by_hand``: the step linearised by hand (:func:`_by_hand`), which carries
-    the columns with the step's own values computed once, in float64."""
+    the columns with the step's own values computed once."""
     tf = engine.tf
     step = _step(engine, layer)
     size = sum(widths)
@@ -177,11 +178,9 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
             x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
             if by_hand is not None:
-                blocks = tf.split(tf.cast(tf.transpose(q, [2, 0, 1]), tf.float64), widths,
-                                  axis=2)  # (count, B, w) each
-                _, carried = by_hand(None, [tf.cast(p, tf.float64) for p in prev_t],
-                                     (tf.cast(x_t, tf.float64),), blocks)
-                moved = tf.cast(tf.transpose(tf.concat(carried, axis=2), [1, 2, 0]), dtype)
+                blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (count, B, w)
+                _, carried = by_hand(None, prev_t, (tf.cast(x_t, dtype),), blocks)
+                moved = tf.transpose(tf.concat(carried, axis=2), [1, 2, 0])
             else:
                 columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
                 tangents = tf.split(columns, widths, axis=1)
