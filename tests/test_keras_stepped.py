@@ -549,3 +549,79 @@ def test_each_calls_input_gradient_per_step_is_keras_own(tf, data, kind):
         what = f"∂L/∂{call}/x_t" if f"∂L/∂{call}/x_t" in shown else "∂L/∂x_t"
         assert what != "∂L/∂x_t" or kind != "mask_zero_bidirectional"
         np.testing.assert_allclose(_flow(report, what), truth, rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["own_cell_masked", "relu_stateful", "mask_zero"])
+def test_the_influence_of_your_cell_a_carried_state_and_mask_zero_is_keras_own(tf, data,
+                                                                              kind):
+    """‖∂h_t/∂x_s‖ (``at``) on a cell of the user's with a tuple state behind a mask, a stateful
+    relu layer from its carried state, and a layer behind Embedding(mask_zero=True): Keras'
+    own RNN over the same cell (the same weights, every step returned, from the same initial
+    state and mask), its Jacobian at t with respect to its input sequence."""
+    import keras
+    from keras import layers as L
+
+    x, mask, y = data
+    keras.utils.set_random_seed(13)
+    at = 4
+    if kind == "mask_zero":
+        tokens = np.random.default_rng(5).integers(1, 9, (B, T))
+        tokens[0, -2:] = 0
+        tokens[1, :3] = 0
+        x_in = keras.Input((T,), dtype="int32", name="x")
+        embedding = L.Embedding(9, F, mask_zero=True)
+        layer = L.GRU(4, return_sequences=True, name="rnn")
+        model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(embedding(x_in)))))
+        feed, inputs, mask = tokens, embedding(tokens), tokens != 0
+    else:
+        x_in = keras.Input(batch_shape=(B, T, F), name="x")
+        layer = (L.RNN(tuple_state_cell(), return_sequences=True, name="rnn")
+                 if kind == "own_cell_masked" else
+                 L.SimpleRNN(4, stateful=True, activation="relu", name="rnn"))
+        h = layer(L.Masking()(x_in) if kind == "own_cell_masked" else x_in)
+        model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(h) if len(h.shape) == 3
+                                             else h))
+        feed, inputs = x, tf.constant(x)
+        mask = mask if kind == "own_cell_masked" else None
+    model.compile(loss="mse")
+    initial = None
+    if kind == "relu_stateful":
+        model.predict(x, verbose=0)  # carries a state into the next batch
+        initial = [tf.constant(np.asarray(layer.states[0]))]
+    report = gradscope.explain(model, x=feed, y=y, at=at)
+    found = next(i for i in report.gradient_flow.influence if i.source == "rnn")
+    twin = L.RNN(layer.cell, return_sequences=True)  # the same cell, the same weights
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        out = twin(inputs, initial_state=initial,
+                   mask=None if mask is None else tf.constant(mask))[:, at]
+    jacobian = np.asarray(tape.batch_jacobian(out, inputs))  # (B, units, T, F)
+    truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
+    np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
+
+
+def test_the_influence_of_each_direction_of_a_bidirectional_is_keras_own(tf, data):
+    """‖∂h_t/∂x_s‖ of both directions of a masked Bidirectional LSTM: h_t is the direction's
+    output after processing t steps (the backward one reads x_T first), s in input order;
+    the truth is Keras' own RNN over each direction's cell, every step returned."""
+    import keras
+    from keras import layers as L
+
+    x, mask, y = data
+    keras.utils.set_random_seed(14)
+    x_in = keras.Input((T, F), name="x")
+    both = L.Bidirectional(L.LSTM(3, return_sequences=True), name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(both(L.Masking()(x_in)))))
+    model.compile(loss="mse")
+    at = 2
+    report = gradscope.explain(model, x=x, y=y, at=at)
+    inputs = tf.constant(x)
+    for name, sub in (("forward", both.forward_layer), ("backward", both.backward_layer)):
+        found = next(i for i in report.gradient_flow.influence if i.source == f"rnn/{name}")
+        twin = L.RNN(sub.cell, return_sequences=True, go_backwards=sub.go_backwards)
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = twin(inputs, mask=tf.constant(mask))[:, at]  # in processing order
+        jacobian = np.asarray(tape.batch_jacobian(out, inputs))
+        truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
+        np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9, err_msg=name)
