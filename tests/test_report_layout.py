@@ -235,3 +235,25 @@ def test_an_alias_wider_than_the_console_folds_after_a_slash():
     folded = [line.rstrip() for line in lines[start:start + 3]]
     assert "".join(folded) == f"checkpoint {long_name}"
     assert all(line.endswith("/") for line in folded[:-1])
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_a_trend_table_folds_a_long_weight_path_and_cuts_no_number(width):
+    """``gradscope watch``'s weight table: a Keras weight's path has no space to wrap at; it
+    is folded after a "/", and every number is shown whole."""
+    from rich.console import Console
+
+    from gradscope.report.tables import spark_table
+
+    long = "bidirectional/backward_lstm/lstm_cell/recurrent_kernel"
+    rows = {long: ([1e-3, 2e-3, 5e-4], 4.58e-02, 4.53e-02),
+            "dense/bias": ([1.0, 2.0], 0.184, 0.112)}
+    console = Console(width=width, record=True, color_system=None)
+    console.print(spark_table(rows, width, ("weight", "trend", "first", "last")))
+    lines = console.export_text().splitlines()
+    assert max(cell_len(line) for line in lines) <= width
+    text = "\n".join(lines)
+    for value in (4.58e-02, 4.53e-02, 0.184, 0.112):
+        assert number(value) in text
+    folded = [line.split()[0] for line in lines if line.split() and line.split()[0] in long]
+    assert "".join(folded) == long and all(part.endswith("/") for part in folded[:-1])

@@ -135,7 +135,7 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[str]:
                                      else f"beyond {window} steps")
     gates = entry.gates[index]
     gate_text = ("gates (values below 0.1 / above 0.9): " + ", ".join(
-        f"{name} {shares.below_0_1:.0%} / {shares.above_0_9:.0%}"
+        f"{name} {shares.below_0_1:.0%}/{shares.above_0_9:.0%}"
         for name, shares in gates.items()) if gates is not None
         else f"gates: {entry.gates_note or 'not known'}")
     return [lead, f"  {horizon}", f"  {gate_text}"]

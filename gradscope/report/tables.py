@@ -88,17 +88,42 @@ def spark_table(rows: dict[str, SparkRow], width: int,
     numbers = max([len(number(value)) for _, *ends in rows.values() for value in ends]
                   + [len(first_title), len(last_title)])
     fixed = 2 * numbers + 3 * GAP
-    room = width - fixed - max(cell_len(label_title), *(cell_len(label) for label in rows))
+    # A label with no room beside the numbers and a short sparkline is folded after a "/"
+    # (a weight's path has no space to wrap at): the numbers are never cut.
+    limit = max(cell_len(label_title), width - fixed - SPARK_MIN)
+    shown = {label: folded(label, limit) for label in rows}
+    room = width - fixed - max(cell_len(label_title),
+                               *(cell_len(line) for text in shown.values()
+                                 for line in text.split("\n")))
     if room < SPARK_MIN:
-        longest_word = max(cell_len(word) for label in rows for word in label.split())
+        longest_word = max(cell_len(word) for text in shown.values() for word in text.split())
         room = min(SPARK_MIN, width - fixed - longest_word)
     spark_width = max(1, min(SPARK_WIDTH, room))
     layout = Layout([Column(label_title), Column(spark_title), Column(first_title, "right"),
                      Column(last_title, "right")])
     for label, (values, first, last) in rows.items():
-        layout.add_row(Text(label), atom(sparkline(values, spark_width), "cyan"),
+        layout.add_row(Text(shown[label]), atom(sparkline(values, spark_width), "cyan"),
                        atom(number(first)), atom(number(last)))
     return fit(width, layout)
+
+
+def folded(label: str, limit: int) -> str:
+    """``label`` in lines of at most ``limit`` cells where it has a word longer than that,
+    broken after a "/" (else at the limit); a label that fits is left as it is."""
+    if all(cell_len(word) <= limit for word in label.split()):
+        return label
+    lines: list[str] = []
+    line = ""
+    for part in label.replace("/", "/\0").split("\0"):
+        while cell_len(part) > limit:  # one part too long: broken where the line ends
+            room = limit - cell_len(line)
+            lines.append(line + part[:room])
+            line, part = "", part[room:]
+        if cell_len(line + part) > limit:
+            lines.append(line)
+            line = ""
+        line += part
+    return "\n".join(lines + ([line] if line else []))
 
 
 def norm_table(rows: dict[str, list[float]], width: int) -> Table:
