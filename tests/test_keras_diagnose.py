@@ -346,3 +346,42 @@ def test_one_tangent_column_is_the_first_of_k_against_a_float64_power_iteration(
     squares, carried = step_squares(stepped, 0)
     np.testing.assert_allclose(squares, np.sum(whole ** 2, axis=2), rtol=1e-12)
     np.testing.assert_allclose(carried, np.sum((whole - above) ** 2, axis=2), rtol=1e-12)
+
+
+def test_a_conv_lstm_is_diagnosed_with_its_feature_maps_read_flat(tf: Any) -> None:
+    """A ConvLSTM1D's states are feature maps (width × filters): the exponents, read flat,
+    against a float64 QR of its own cell's step Jacobians (the maps flattened), from an
+    eager loop over Keras' own cell from zero states."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    steps, width, channels, filters = 9, 4, 2, 2
+    inp = keras.Input((steps, width, channels), name="x")
+    conv = keras.layers.ConvLSTM1D(filters, 3, padding="same", name="conv")
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Flatten()(conv(inp))))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(3, steps, width, channels)).astype(np.float32)
+    report = gradscope.diagnose(model, x=x, y=rng.normal(size=(3, 1)).astype(np.float32),
+                                counterfactuals=False)
+    (found,) = report.layers
+    size = 2 * width * filters
+    assert found.call == "conv" and found.state_size == size and not report.not_diagnosed
+    shape = (width, filters)
+    states = [tf.zeros((3, *shape)), tf.zeros((3, *shape))]
+    logs = np.zeros((3, size))
+    q = np.tile(np.eye(size), (3, 1, 1))
+    for t in range(steps):
+        joined = tf.concat([tf.reshape(s, (3, -1)) for s in states], 1)
+        with tf.GradientTape() as tape:
+            tape.watch(joined)
+            h, c = tf.split(joined, 2, axis=1)
+            _, new = conv.cell(x[:, t], [tf.reshape(h, (3, *shape)), tf.reshape(c, (3, *shape))])
+            flat = tf.concat([tf.reshape(n, (3, -1)) for n in keras.tree.flatten(new)], 1)
+        jacobian = np.asarray(tape.batch_jacobian(flat, joined), np.float64)
+        for example in range(3):
+            q[example], r = np.linalg.qr(jacobian[example] @ q[example])
+            logs[example] += np.log(np.abs(np.diag(r)))
+        states = list(keras.tree.flatten(new))
+    truth = np.sort((logs / steps).mean(axis=0))[::-1]
+    np.testing.assert_allclose(found.lyapunov, truth, rtol=1e-3, atol=1e-3)

@@ -62,10 +62,11 @@ METHOD = [
 
 
 def is_recurrent(engine: Any, call: Any) -> bool:
-    from gradscope.keras.flow import RECURRENT_CLASSES
+    """Whether ``call`` is a recurrent call (Keras' own layers, an ``RNN`` over a cell, a
+    ConvLSTM, a subclass of Keras' recurrent layers), as ``--flow`` counts them."""
+    from gradscope.keras.flow import RECURRENT_CLASSES, stepped_only
 
-    kind = class_label(engine.operation(call.layer))
-    return call.class_name in RECURRENT_CLASSES or (kind == "RNN" and bool(call.states))
+    return call.class_name in RECURRENT_CLASSES or stepped_only(engine.operation(call.layer))
 
 
 def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,

@@ -81,6 +81,9 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
             # processing steps first..t, in input order when the layer runs backwards
             span = (slice(steps - 1 - t, steps - first) if backwards else slice(first, t + 1))
             initial = [p[examples, first] for p in path.previous]
+            if path.shapes is not None:  # read flat: given to the cell in their own shapes
+                initial = [np.reshape(s, (len(examples), *shape))
+                           for s, shape in zip(initial, path.shapes, strict=True)]
             x = x_input[examples, span]
             part = None if mask is None else np.asarray(mask, bool)[examples, span]
             with native_stderr_silenced(), without_grappler():

@@ -36,8 +36,9 @@ CHECKED_STEPS = 16
 @dataclass
 class Trajectory:
     """One direction's steps in processing order: x (B, T, ·), the states entering each step
-    (one (B, T, w) per state), and where each step ran (B, T) (a masked step keeps its
-    state)."""
+    (one (B, T, w) per state, read flat: a ConvLSTM's feature maps are w numbers), and where
+    each step ran (B, T) (a masked step keeps its state). ``initial`` keeps the states' own
+    shapes; ``shapes`` is each state's shape per example where it has more than one axis."""
 
     layer: Any
     x: np.ndarray
@@ -45,6 +46,7 @@ class Trajectory:
     ran: np.ndarray
     initial: list[np.ndarray]
     sequences: list[np.ndarray]
+    shapes: list[tuple[int, ...]] | None = None
 
     @property
     def widths(self) -> list[int]:
@@ -56,17 +58,17 @@ class Trajectory:
 
 
 def trajectory(stepped: Stepped, index: int) -> Trajectory | str:
-    """Direction ``index`` of ``stepped`` as a :class:`Trajectory`, or why it is not one (a
-    state with more than one axis per example)."""
+    """Direction ``index`` of ``stepped`` as a :class:`Trajectory`, its states read flat."""
     direction = stepped.directions[index]
     counts = [len(d.names) for d in stepped.directions]
     start = int(np.sum(counts[:index]))
     call = stepped.call
     initial = [np.asarray(s) for s in call.states[start:start + counts[index]]]
-    if any(s.ndim != 2 for s in initial):
-        return "states of more than one axis per example (a ConvLSTM's): not yet"
-    sequences = stepped.states[index]
-    previous = [np.concatenate([s0[:, None].astype(seq.dtype), seq[:, :-1]], axis=1)
+    shapes = ([tuple(int(d) for d in s.shape[1:]) for s in initial]
+              if any(s.ndim != 2 for s in initial) else None)
+    sequences = [np.reshape(seq, (*np.shape(seq)[:2], -1)) for seq in stepped.states[index]]
+    previous = [np.concatenate([np.reshape(s0, (len(s0), 1, -1)).astype(seq.dtype),
+                                seq[:, :-1]], axis=1)
                 for s0, seq in zip(initial, sequences, strict=True)]
     x = np.asarray(call.args[0])
     steps = x.shape[1]
@@ -75,19 +77,28 @@ def trajectory(stepped: Stepped, index: int) -> Trajectory | str:
     if direction.backwards:
         x, ran = x[:, ::-1], ran[:, ::-1]
     return Trajectory(layer=direction.layer, x=np.ascontiguousarray(x), previous=previous,
-                      ran=np.ascontiguousarray(ran), initial=initial, sequences=sequences)
+                      ran=np.ascontiguousarray(ran), initial=initial, sequences=sequences,
+                      shapes=shapes)
 
 
-def _step(engine: Any, layer: Any) -> Any:
-    """One step of the layer's cell: ``step(x_t, states)`` → the new states, flat."""
-    keras = engine.keras
+def _step(engine: Any, layer: Any, shapes: list[tuple[int, ...]] | None = None) -> Any:
+    """One step of the layer's cell: ``step(x_t, states)`` → the new states, flat (a list);
+    with ``shapes``, the states come and go read flat (N, w), each given to the cell in its
+    own shape."""
+    tf, keras = engine.tf, engine.keras
     cell = layer.cell
     kwargs = ({"training": engine.training} if getattr(cell, "_call_has_training_arg", False)
               else {})
 
     def step(x_t: Any, states: list[Any]) -> list[Any]:
+        if shapes is not None:
+            states = [tf.reshape(s, [-1, *shape]) for s, shape in zip(states, shapes,
+                                                                       strict=True)]
         _, new = cell(x_t, list(states), **kwargs)
-        return list(keras.tree.flatten(new))
+        new = list(keras.tree.flatten(new))
+        if shapes is not None:
+            new = [tf.reshape(n, [tf.shape(n)[0], -1]) for n in new]
+        return new
 
     return step
 
@@ -116,7 +127,7 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     scan = engine_cached(engine, ("lyapunov", id(path.layer), bool(engine.training),
                                   tuple(widths), start.shape[1], by_hand is not None),
                          lambda: _lyapunov_scan(engine, path.layer, widths, start.shape[1],
-                                                by_hand))
+                                                by_hand, path.shapes))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
@@ -157,12 +168,12 @@ def _by_hand(engine: Any, path: Trajectory) -> Any:
 
 
 def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
-                   by_hand: Any = None) -> Any:
+                   by_hand: Any = None, shapes: list[tuple[int, ...]] | None = None) -> Any:
     """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start)`` → the logs
     (B, T, count). ``by_hand``: the step linearised by hand (:func:`_by_hand`), which carries
     the columns with the step's own values computed once."""
     tf = engine.tf
-    step = _step(engine, layer)
+    step = _step(engine, layer, shapes)
     size = sum(widths)
     dtype = layer.cell.compute_dtype
 
@@ -229,7 +240,7 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     (a JVP then a VJP of one step) by Lanczos, until every norm moves less than
     :data:`POWER_RTOL`."""
     tf = engine.tf
-    step = _step(engine, path.layer)
+    step = _step(engine, path.layer, path.shapes)
     widths, size = path.widths, path.size
     exact = size <= EXACT_STATE if exact is None else exact
     steps = path.ran.shape[1]
