@@ -134,9 +134,29 @@ class FlowRecord:
                           for (layer, reason), steps in self._skipped.items()])
 
 
+def with_sections(report: FlowHistoryReport, field: str, label: str, sections: dict[int, Any],
+                  refused_at: dict[int, str]) -> FlowHistoryReport:
+    """``report`` with a section recorded beside the flow (explain's mixed_precision or
+    per_example) under ``field``, one per observation (None where none was taken; ``sections``
+    and ``refused_at`` by the observation's index), and the observations that could not take
+    it in ``not_analysed`` under ``label``, with why; as it is where nothing was recorded."""
+    steps = [o.step for o in report.observations]
+    refused: dict[str, list[int]] = {}
+    for index, reason in sorted(refused_at.items()):
+        refused.setdefault(reason, []).append(steps[index])
+    update: dict[str, Any] = {}
+    if refused:
+        update["not_analysed"] = [*report.not_analysed, *(
+            NotAnalysedAt(layer=label, reason=reason, steps=at)
+            for reason, at in refused.items())]
+    if sections:
+        update[field] = [sections.get(index) for index in range(len(steps))]
+    return report.model_copy(update=update) if update else report
+
+
 def _initial_names(loop: LoopFlow) -> list[str]:
     """The names of a loop's initial states (h0, c0, states[k]), as ‖∂L/∂h0‖ is recorded."""
     return [f"{n}0" if n in ("h", "c") else n for n in loop.names]
 
 
-__all__ = ["METHOD", "FlowRecord"]
+__all__ = ["METHOD", "FlowRecord", "with_sections"]

@@ -28,7 +28,7 @@ import numpy as np
 
 from gradscope.keras.mixed_precision import compute_dtype, current_scale, section, shadow_engine
 from gradscope.keras.traced_pass import TracedPass
-from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision, NotAnalysedAt
+from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
 
 
 class MixedPrecisionWatch:
@@ -145,20 +145,12 @@ class MixedPrecisionRecord:
 
     def attached(self, report: FlowHistoryReport) -> FlowHistoryReport:
         """``report`` with the sections recorded, one per observation (None where none was
-        taken); as it is where no observation was under a mixed policy."""
-        steps = [o.step for o in report.observations]
-        refused: dict[str, list[int]] = {}
-        for index, reason in sorted(self.refused_at.items()):
-            refused.setdefault(reason, []).append(steps[index])
-        update: dict[str, Any] = {}
-        if refused:
-            update["not_analysed"] = [*report.not_analysed, *(
-                NotAnalysedAt(layer="mixed precision", reason=reason, steps=at)
-                for reason, at in refused.items())]
-        if self.sections:
-            update["mixed_precision"] = [self.sections.get(index)
-                                         for index in range(len(steps))]
-        return report.model_copy(update=update) if update else report
+        taken) and the refusals in ``not_analysed``; as it is where no observation was under a
+        mixed policy."""
+        from gradscope.keras.flow_record import with_sections
+
+        return with_sections(report, "mixed_precision", "mixed precision", self.sections,
+                             self.refused_at)
 
 
 __all__ = ["MixedPrecisionRecord", "MixedPrecisionWatch"]

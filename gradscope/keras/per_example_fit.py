@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import ConfigError
-from gradscope.report.models import FlowHistoryReport, KerasPerExample, NotAnalysedAt
+from gradscope.report.models import FlowHistoryReport, KerasPerExample
 
 #: How an observation whose section could not be taken names it in ``not_analysed``.
 NOT_ANALYSED = "per-example gradients"
@@ -121,18 +121,10 @@ class PerExampleRecord:
     def attached(self, report: FlowHistoryReport) -> FlowHistoryReport:
         """``report`` with the sections recorded, one per observation (None where none was
         taken) and the refusals in ``not_analysed``; as it is where nothing was recorded."""
-        steps = [o.step for o in report.observations]
-        refused: dict[str, list[int]] = {}
-        for index, reason in sorted(self.refused_at.items()):
-            refused.setdefault(reason, []).append(steps[index])
-        update: dict[str, Any] = {}
-        if refused:
-            update["not_analysed"] = [*report.not_analysed, *(
-                NotAnalysedAt(layer=NOT_ANALYSED, reason=reason, steps=at)
-                for reason, at in refused.items())]
-        if self.sections:
-            update["per_example"] = [self.sections.get(index) for index in range(len(steps))]
-        return report.model_copy(update=update) if update else report
+        from gradscope.keras.flow_record import with_sections
+
+        return with_sections(report, "per_example", NOT_ANALYSED, self.sections,
+                             self.refused_at)
 
 
 __all__ = ["NOT_ANALYSED", "PerExampleRecord", "weight_layers"]
