@@ -238,3 +238,20 @@ def tuple_state_cell(units: int = 3) -> Any:
             return h_new, (h_new, c_new)
 
     return TwoStateCell(units)
+
+
+def tensorboard_events(tf: Any, log_dir: Path) -> tuple[dict[str, dict[int, Any]], dict[str, str]]:
+    """tag → step → value from tf.compat.v1.train.summary_iterator, and tag → plugin name."""
+    values: dict[str, dict[int, Any]] = {}
+    plugins: dict[str, str] = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                plugins.setdefault(value.tag, value.metadata.plugin_data.plugin_name)
+                array = tf.make_ndarray(value.tensor) if value.HasField("tensor") else \
+                    np.asarray(value.simple_value)
+                if array.dtype.kind == "f" and array.ndim == 0:
+                    values.setdefault(value.tag, {})[event.step] = float(array)
+                else:
+                    values.setdefault(value.tag, {})[event.step] = array
+    return values, plugins

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, render_text, run_gradscope, run_without_tensorflow
+from conftest import REPO, render_text, run_gradscope, run_without_tensorflow, tensorboard_events
 
 from gradscope.errors import ConfigError
 
@@ -143,23 +142,6 @@ def fitted(tmp_path_factory, tf):
             "ratios": ratios}
 
 
-def _events(tf, log_dir: Path) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
-    """tag → step → value from tf.compat.v1.train.summary_iterator, and tag → plugin name."""
-    values: dict[str, dict[int, float]] = {}
-    plugins: dict[str, str] = {}
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                plugins.setdefault(value.tag, value.metadata.plugin_data.plugin_name)
-                array = tf.make_ndarray(value.tensor) if value.HasField("tensor") else \
-                    np.asarray(value.simple_value)
-                if array.dtype.kind == "f" and array.ndim == 0:
-                    values.setdefault(value.tag, {})[event.step] = float(array)
-                else:
-                    values.setdefault(value.tag, {})[event.step] = array
-    return values, plugins
-
-
 def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
     history = fitted["flow"].history
     # A float32 model: the mixed-precision passes were never made, nothing was recorded.
@@ -196,7 +178,7 @@ def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
 
 
 def test_event_files_hold_every_tag_with_the_tape_values(fitted, tf):
-    values, plugins = _events(tf, fitted["log_dir"])
+    values, plugins = tensorboard_events(tf, fitted["log_dir"])
     truth = fitted["truth"]
     paths = [v.path for v in fitted["model"].trainable_variables]
     for step in (2, 4, 6):

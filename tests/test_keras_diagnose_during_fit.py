@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_gradscope, run_without_tensorflow
+from conftest import run_gradscope, run_without_tensorflow, tensorboard_events
 
 from gradscope.errors import ConfigError
 
@@ -100,13 +100,7 @@ def test_each_diagnosis_equals_diagnose_on_the_same_weights_and_batch(fitted):
 
 def test_event_files_hold_the_diagnose_tags(fitted, tf):
     history = fitted["flow"].history
-    values: dict[str, dict[int, float]] = {}
-    for path in sorted(fitted["log_dir"].glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag.startswith("diagnose/"):
-                    values.setdefault(value.tag, {})[event.step] = float(
-                        tf.make_ndarray(value.tensor))
+    values, _ = tensorboard_events(tf, fitted["log_dir"])
     gru = next(s for s in history.diagnoses if s.call == "gru")
     for rank in (1, 2, 3):
         recorded = [v[rank - 1] for v in gru.lyapunov]

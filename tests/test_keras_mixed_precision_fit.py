@@ -20,6 +20,7 @@ from conftest import (
     mixed_lstm_batch,
     render_text,
     run_without_tensorflow,
+    tensorboard_events,
 )
 
 import gradscope
@@ -102,13 +103,7 @@ def test_the_last_observation_equals_explain_on_its_weights_and_batch(fitted: An
 
 def test_tensorboard_holds_the_tags_and_watch_reads_them_back(fitted: Any, tf: Any) -> None:
     history, log_dir, scale = fitted["history"], fitted["log_dir"], fitted["scale"]
-    scalars: dict[str, dict[int, float]] = {}
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag.startswith("mixed_precision/"):
-                    scalars.setdefault(value.tag, {})[event.step] = float(
-                        tf.make_ndarray(value.tensor))
+    scalars, _ = tensorboard_events(tf, log_dir)
     last = history.mixed_precision[-1]
     assert scalars["mixed_precision/loss_scale"] == {1: scale, 2: scale}
     assert scalars["mixed_precision/in_range"][2] == float(last.in_range)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import render_text, run_without_tensorflow
+from conftest import render_text, run_without_tensorflow, tensorboard_events
 
 import gradscope
 
@@ -96,13 +96,7 @@ def test_each_observation_equals_explain_on_its_weights_and_batch(fitted: Any) -
 
 def test_tensorboard_holds_the_tags_and_watch_reads_them_back(fitted: Any, tf: Any) -> None:
     history, log_dir = fitted["history"], fitted["log_dir"]
-    scalars: dict[str, dict[int, float]] = {}
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag.startswith("per_example/"):
-                    scalars.setdefault(value.tag, {})[event.step] = float(
-                        tf.make_ndarray(value.tensor))
+    scalars, _ = tensorboard_events(tf, log_dir)
     for step, found in zip((1, 2, 3), history.per_example, strict=True):
         norms = np.asarray(found.l2)
         assert scalars["per_example/noise_scale"][step] == pytest.approx(found.noise_scale,
