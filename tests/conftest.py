@@ -216,8 +216,9 @@ def lstm_float32_shadow(model: Any, x: np.ndarray, y: np.ndarray) -> dict[str, n
     return found
 
 
-def tuple_state_cell(units: int = 3) -> Any:
-    """A cell of the user's with a tuple state (h, c), whose output is its first state."""
+def tuple_state_cell(units: int = 3, structure: type = tuple) -> Any:
+    """A cell of the user's with two states (h, c), whose output is its first state;
+    ``structure`` (tuple or list) holds its state sizes and the states it returns."""
     import keras
     from keras import layers as L
 
@@ -225,7 +226,7 @@ def tuple_state_cell(units: int = 3) -> Any:
         def __init__(self, units: int, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.units = units
-            self.state_size = (units, units)
+            self.state_size = structure((units, units))
 
         def build(self, shape: Any) -> None:
             self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
@@ -235,7 +236,7 @@ def tuple_state_cell(units: int = 3) -> Any:
             h, c = states
             c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
             h_new = keras.ops.tanh(c_new)
-            return h_new, (h_new, c_new)
+            return h_new, structure((h_new, c_new))
 
     return TwoStateCell(units)
 

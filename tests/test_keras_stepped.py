@@ -307,30 +307,10 @@ def test_a_cell_of_your_own_with_a_tuple_state_is_stepped_over_masked_steps(tf, 
     import keras
     from keras import layers as L
 
-    @keras.saving.register_keras_serializable(package="stepped_test")
-    class TwoStateCell(L.Layer):
-        def __init__(self, units: int, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.units = units
-            self.state_size = [units, units]
-
-        def build(self, shape: Any) -> None:
-            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
-            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
-
-        def call(self, inputs: Any, states: Any) -> Any:
-            h, c = states
-            c_new = 0.5 * c + keras.ops.tanh(inputs @ self.kernel + h @ self.recurrent)
-            h_new = keras.ops.tanh(c_new)
-            return h_new, [h_new, c_new]
-
-        def get_config(self) -> dict[str, Any]:
-            return {**super().get_config(), "units": self.units}
-
     x, mask, y = data
     keras.utils.set_random_seed(10)
     x_in = keras.Input((T, F), name="x")
-    layer = L.RNN(TwoStateCell(3), return_sequences=True, name="rnn")
+    layer = L.RNN(tuple_state_cell(3, list), return_sequences=True, name="rnn")
     model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(L.Masking()(x_in)))))
     model.compile(loss="mse")
     report = gradscope.explain(model, x=x, y=y, flow=True, jacobians=True)
