@@ -416,14 +416,16 @@ class KerasEngine:
                 watch_outputs: bool = False,
                 sample_weight: Any = None,
                 own: bool = False,
-                probe_states: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
+                probe_states: bool = False,
+                probe_inputs: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
         """The loss, the model's outputs and every layer call, from one run of the graph.
 
         ``watch`` is given every initial state (and, with ``watch_outputs``, every call's
         outputs) as it appears; ``deltas`` (call label → one tensor per state) are added to the
         initial states: finite differences perturb them that way. With ``probe_states``, each
         recurrent call's loop is probed (:mod:`~gradscope.keras.state_probes`; its probes are
-        watched and kept in ``CapturedCall.probes``). Traceable by tf.function.
+        watched and kept in ``CapturedCall.probes``), with ``probe_inputs`` its input sequence
+        too. Traceable by tf.function.
 
         With ``own``, the run is Keras' own call of the model, ``model(x, training=…)``, looked
         on (see :mod:`~gradscope.keras.observed_call`): the zero initial states are Keras' own,
@@ -445,7 +447,7 @@ class KerasEngine:
             raise ValueError("deltas perturb the replay's explicit initial states, not own=True")
         start_of_call()
         observer = _Observer(tf, keras, self.training, own, watch, deltas or {}, watch_outputs,
-                             probe_states)
+                             probe_states, probe_inputs)
         operation_fn = observer.wrap
 
         if own:
@@ -581,13 +583,14 @@ class KerasEngine:
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
                                                          sample_weight=sample_weight, own=own,
-                                                         probe_states=probe_states)
+                                                         probe_states=probe_states,
+                                                         probe_inputs=watch_inputs)
             # What each layer added during the call (activity regularizers, add_loss), for
             # the loss term by term.
             added = [layer._get_own_losses() for layer in layers]
             states = [call.states for call in calls]
             watched_outputs = [call.outputs for call in calls] if watch_outputs else []
-            probed = [probe_targets(call.probes, inputs=watch_inputs) for call in calls]
+            probed = [probe_targets(call.probes) for call in calls]
             gradients = tape.gradient(loss, [variables, states, watched_outputs,
                                              watched_inputs, probed])
             gradients[-1] = filled(tf, probed, gradients[-1])
@@ -685,6 +688,7 @@ class _Observer:
     deltas: dict[str, list[Any]]
     watch_outputs: bool
     probe_states: bool = False
+    probe_inputs: bool = False  # with probe_states: each loop's input sequence probed too
     calls: list[CapturedCall] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -710,7 +714,8 @@ class _Observer:
                 hooks.enter_context(zero_states_watched(state_layers(operation), asked,
                                                         self.watch))
             if any(probeable(layer) for layer in loops):
-                hooks.enter_context(states_probed(loops, captured.probes, self.watch))
+                hooks.enter_context(states_probed(loops, captured.probes, self.watch,
+                                                  self.probe_inputs))
             out = run(*args, **kwargs)
         if asked is not None:
             if len(asked) != len(units):

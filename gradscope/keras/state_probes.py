@@ -32,8 +32,8 @@ class ProbedLoop:
     sequences: bool  # ``above`` is the whole output sequence, not its last step
     #: Which state the cell returns as its output (None: an output of its own).
     output_state: int | None = None
-    #: A zero added to the input sequence the loop reads (B, T, ·), in input order: its
-    #: gradient is ∂L/∂x_t of the call, through this loop.
+    #: With ``probe_inputs``: a zero added to the input sequence the loop reads (B, T, ·), in input
+    #: order, watched: its gradient is ∂L/∂x_t of the call, through this loop.
     inputs: Any = None
 
 
@@ -47,8 +47,8 @@ class StateTotals:
     direct: np.ndarray
     backwards: bool
     output_state: int | None
-    #: ∂L/∂x_t of the input sequence through this loop (B, T, ·), in input order, where
-    #: :func:`probe_targets` asked for it.
+    #: ∂L/∂x_t of the input sequence through this loop (B, T, ·), in input order, where the
+    #: loop was probed with ``probe_inputs``.
     inputs: np.ndarray | None = None
 
 
@@ -69,10 +69,12 @@ def probeable(layer: Any) -> bool:
 
 @contextlib.contextmanager
 def states_probed(layers: list[Any], found: list[ProbedLoop | None],
-                  watch: Callable[[Any], None]) -> Iterator[None]:
+                  watch: Callable[[Any], None], probe_inputs: bool = False) -> Iterator[None]:
     """While inside, the loop of each of ``layers`` that :func:`probeable` accepts, run by this
     thread, is probed, and ``found[k]`` is the :class:`ProbedLoop` of ``layers[k]`` (None where
     it did not run, ran more than once, or could not be probed: Keras' own loop ran then).
+    ``probe_inputs``: the input sequence each loop reads is probed too (``explain --flow`` shows
+    ∂L/∂x_t; where nothing upstream is trained, the backward need not compute it otherwise).
     Other threads run Keras' own loop."""
     from gradscope.keras.observed_call import inner_loops_replaced
 
@@ -85,7 +87,7 @@ def states_probed(layers: list[Any], found: list[ProbedLoop | None],
             runs[index] += 1
             try:
                 probed, result = probed_loop(layer, sequences, initial_state, mask, training,
-                                             watch)
+                                             watch, probe_inputs)
             except Exception:  # noqa: BLE001  (a structure the probes do not take: the
                 # loop runs as Keras runs it, unprobed; an error of the cell's own is raised
                 # there, as Keras raises it)
@@ -108,7 +110,8 @@ def states_probed(layers: list[Any], found: list[ProbedLoop | None],
 
 
 def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, training: Any,
-                watch: Callable[[Any], None]) -> tuple[ProbedLoop, Any]:
+                watch: Callable[[Any], None], probe_inputs: bool = False
+                ) -> tuple[ProbedLoop, Any]:
     """``layer.inner_loop(sequences, initial_state, mask, training)`` as ``RNN.inner_loop``
     runs it (Keras' ``backend.rnn``, the same cell and arguments), probed; returns the probes
     and what the loop returns, ``(last_output, outputs, final_states)``, of the same values."""
@@ -126,9 +129,12 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
     flat = list(tree.flatten(initial_state))
     steps = sequences.shape[1]
     probes = [tf.zeros([*_batch_and(sequences), *_dims(s)[1:]], s.dtype) for s in flat]
-    read = tf.zeros_like(sequences)
-    watch(probes + [read])
-    sequences = sequences + read
+    watch(probes)
+    read = None
+    if probe_inputs:
+        read = tf.zeros_like(sequences)
+        watch(read)
+        sequences = sequences + read
     keep = None
     if mask is not None:
         keep = tf.cast(mask, tf.bool)
@@ -217,14 +223,13 @@ def _carried_forward(tf: Any, outputs: Any, kept: Any) -> Any:
     return _where(tf, count > 0, carried, tf.zeros_like(carried), axis=2)
 
 
-def probe_targets(loops: list[ProbedLoop | None], inputs: bool = False) -> list[Any]:
-    """What the tape differentiates for one call's loops: ``[[probes, above], …]``, with
-    ``inputs`` ``[[probes, above, inputs], …]`` (empty unless every loop of the call was
-    probed). The input sequence's gradient is asked for only where it is shown: where nothing
-    upstream is trained, the backward pass need not compute it."""
+def probe_targets(loops: list[ProbedLoop | None]) -> list[Any]:
+    """What the tape differentiates for one call's loops: ``[[probes, above], …]``, and the
+    input sequence's probe after them where the loop has one (empty unless every loop of the
+    call was probed)."""
     if not loops or not all(loops):
         return []
-    return [[loop.probes, loop.above] + ([loop.inputs] if inputs else [])
+    return [[loop.probes, loop.above] + ([loop.inputs] if loop.inputs is not None else [])
             for loop in loops if loop is not None]
 
 
