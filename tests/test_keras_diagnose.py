@@ -161,6 +161,26 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     np.testing.assert_allclose(power, truth, rtol=1e-4)
 
 
+def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:
+    """A cell gradscope does not model takes Lanczos through forward mode and the tape: its
+    every J_t is W, so every norm is W's largest singular value."""
+    from gradscope.keras.diagnose.trajectory import step_norms, trajectory
+    from gradscope.keras.stepped import step_call
+
+    w = np.random.default_rng(4).standard_normal((6, 6)) * 0.4
+    x, _ = _batch()
+    model = _linear_model(w)
+    engine = _real_engine(model, x)
+    call = next(c for c in engine.last.calls if c.layer == "linear")
+    stepped = step_call(engine, call, None, False)
+    assert not isinstance(stepped, str)
+    path = trajectory(stepped, 0)
+    assert not isinstance(path, str)
+    norms, method = step_norms(engine, path, exact=False)
+    assert method.startswith("Lanczos") and "by hand" not in method
+    np.testing.assert_allclose(norms, np.linalg.svd(w, compute_uv=False)[0], rtol=1e-5)
+
+
 def _real_engine(model: Any, x: np.ndarray) -> Any:
     from gradscope.keras.data import batch_targets
     from gradscope.keras.engine import KerasEngine

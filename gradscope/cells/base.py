@@ -11,6 +11,7 @@ shapes`` can use the algebra without importing TensorFlow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -216,18 +217,27 @@ class Cell:
         :meth:`tf_step_weights` returned."""
         raise NotImplementedError
 
-    #: Whether :meth:`tf_step_tangent` is written out for this cell.
+    #: Whether :meth:`tf_step_linear` is written out for this cell.
     has_tangent: ClassVar[bool] = False
+
+    def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...]
+                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
+        """One step and its linearisation: the new states (B, w_i), and ``apply``, which takes
+        a block of k tangent columns per state (k, B, w_i) to J_t applied to them. The step's
+        own values (gates, slopes) are computed here once, for every block ``apply`` is then
+        given: a loop that applies J_t or Jᵀ_t many times at one step pays one matmul each.
+        Forward-mode autodiff of :meth:`tf_step` gives the same numbers
+        (``tests/test_cells.py`` holds each cell to it) but recomputes the step each time;
+        cells without it (``has_tangent``) are linearised that way."""
+        raise NotImplementedError
 
     def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                         step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
                         ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """One step and its linearisation: the new states (B, w_i), and J_t applied to a block
-        of k tangent columns per state (k, B, w_i), the step's own values computed once for
-        the whole block. Forward-mode autodiff of :meth:`tf_step` gives the same numbers
-        (``tests/test_cells.py`` holds each cell to it) but recomputes the step once per
-        column; cells without it (``has_tangent``) are linearised that way."""
-        raise NotImplementedError
+        """One step and J_t applied to one block of tangent columns (:meth:`tf_step_linear`)."""
+        after, apply = self.tf_step_linear(tf, params, states, step_inputs)
+        return after, apply(tangents)
 
     def tf_step_probed(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                        step_inputs: tuple[Any, ...], probes: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -11,6 +11,7 @@ With reset_after=True the bias is (2, 3u): row 0 is the input bias b, row 1 the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -107,35 +108,40 @@ class GRUKeras(Cell):
 
     has_tangent: ClassVar[bool] = True
 
-    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
-                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
-                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...]
+                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
         """dz = z(1−z)∘(v·U_z), dr = r(1−r)∘(v·U_r); reset_after: dĥ = (1−ĥ²)∘(dr∘inner_h +
         r∘(v·U_h)), else dĥ = (1−ĥ²)∘((dr∘h + r∘v)·U_h); dh_t = dz∘(h − ĥ) + z∘v + (1−z)∘dĥ."""
         u = self.units
-        (h,), (x_t,), (v,) = states, step_inputs, tangents
+        (h,), (x_t,) = states, step_inputs
         x_z, x_r, x_h = x_t[:, :u], x_t[:, u : 2 * u], x_t[:, 2 * u :]
         if self.reset_after:
-            inner = h @ params["recurrent"] + params["recurrent_bias"]
-            moved = tf_block_matmul(tf, v, params["recurrent"])
+            kernel = params["recurrent"]
+            inner = h @ kernel + params["recurrent_bias"]
             z = tf.sigmoid(x_z + inner[:, :u])
             r = tf.sigmoid(x_r + inner[:, u : 2 * u])
             candidate = tf.tanh(x_h + r * inner[:, 2 * u :])
-            d_r = r * (1.0 - r) * moved[..., u : 2 * u]
-            d_candidate = (1.0 - candidate ** 2) * (d_r * inner[:, 2 * u :]
-                                                    + r * moved[..., 2 * u :])
         else:
-            inner = h @ params["recurrent_zr"]
-            moved = tf_block_matmul(tf, v, params["recurrent_zr"])
+            kernel = params["recurrent_zr"]
+            inner = h @ kernel
             z = tf.sigmoid(x_z + inner[:, :u])
             r = tf.sigmoid(x_r + inner[:, u:])
             candidate = tf.tanh(x_h + (r * h) @ params["recurrent_h"])
-            d_r = r * (1.0 - r) * moved[..., u:]
-            d_candidate = (1.0 - candidate ** 2) * tf_block_matmul(
-                tf, d_r * h + r * v, params["recurrent_h"])
-        d_z = z * (1.0 - z) * moved[..., :u]
-        new = z * h + (1.0 - z) * candidate
-        return (new,), (d_z * (h - candidate) + z * v + (1.0 - z) * d_candidate,)
+        by_z, by_r, slope = z * (1.0 - z) * (h - candidate), r * (1.0 - r), 1.0 - candidate ** 2
+
+        def apply(tangents: tuple[Any, ...]) -> tuple[Any, ...]:
+            (v,) = tangents
+            moved = tf_block_matmul(tf, v, kernel)
+            if self.reset_after:
+                d_candidate = slope * (by_r * moved[..., u : 2 * u] * inner[:, 2 * u :]
+                                       + r * moved[..., 2 * u :])
+            else:
+                d_candidate = slope * tf_block_matmul(
+                    tf, by_r * moved[..., u:] * h + r * v, params["recurrent_h"])
+            return (by_z * moved[..., :u] + z * v + (1.0 - z) * d_candidate,)
+
+        return (z * h + (1.0 - z) * candidate,), apply
 
     @property
     def key(self) -> str:

@@ -9,6 +9,7 @@ Keras initialises the forget block of the bias to 1 (unit_forget_bias).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,23 +74,30 @@ class LSTMKeras(Cell):
 
     has_tangent: ClassVar[bool] = True
 
-    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
-                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
-                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...]
+                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
         """dz = v_h·U; dc_t = σ'(f)∘df∘c + σ(f)∘v_c + σ'(i)∘di∘tanh(g) + σ(i)∘tanh'(g)∘dg;
         dh_t = σ'(o)∘do∘tanh(c_t) + σ(o)∘tanh'(c_t)∘dc_t."""
         u = self.units
-        (h, c), (x_t,), (v_h, v_c) = states, step_inputs, tangents
-        z = x_t + h @ params["recurrent_kernel"]
-        dz = tf_block_matmul(tf, v_h, params["recurrent_kernel"])
+        (h, c), (x_t,) = states, step_inputs
+        kernel = params["recurrent_kernel"]
+        z = x_t + h @ kernel
         i, f, o = (tf.sigmoid(z[:, k * u : (k + 1) * u]) for k in (0, 1, 3))
         g = tf.tanh(z[:, 2 * u : 3 * u])
         c_new = f * c + i * g
         squashed = tf.tanh(c_new)
-        d_c = (f * (1.0 - f) * dz[..., u : 2 * u] * c + f * v_c
-               + i * (1.0 - i) * dz[..., :u] * g + i * (1.0 - g ** 2) * dz[..., 2 * u : 3 * u])
-        d_h = o * (1.0 - o) * dz[..., 3 * u :] * squashed + o * (1.0 - squashed ** 2) * d_c
-        return (o * squashed, c_new), (d_h, d_c)
+        by_f, by_i, by_g = f * (1.0 - f) * c, i * (1.0 - i) * g, i * (1.0 - g ** 2)
+        by_o, by_c = o * (1.0 - o) * squashed, o * (1.0 - squashed ** 2)
+
+        def apply(tangents: tuple[Any, ...]) -> tuple[Any, ...]:
+            v_h, v_c = tangents
+            dz = tf_block_matmul(tf, v_h, kernel)
+            d_c = (by_f * dz[..., u : 2 * u] + f * v_c + by_i * dz[..., :u]
+                   + by_g * dz[..., 2 * u : 3 * u])
+            return by_o * dz[..., 3 * u :] + by_c * d_c, d_c
+
+        return (o * squashed, c_new), apply
 
     def numpy_functions(self) -> tuple[bptt.Forward, bptt.Backward]:
         return lstm_functions(self.layout)

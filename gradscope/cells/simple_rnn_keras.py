@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,13 +54,19 @@ class SimpleRNNKeras(Cell):
 
     has_tangent: ClassVar[bool] = True
 
-    def tf_step_tangent(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
-                        step_inputs: tuple[Any, ...], tangents: tuple[Any, ...]
-                        ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
+                       step_inputs: tuple[Any, ...]
+                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
         """dh_t = (1 − h_t²)∘(v·recurrent_kernel)."""
-        (h,), (x_t,), (v,) = states, step_inputs, tangents
-        new = tf.tanh(x_t + h @ params["recurrent_kernel"])
-        return (new,), ((1.0 - new ** 2) * tf_block_matmul(tf, v, params["recurrent_kernel"]),)
+        (h,), (x_t,) = states, step_inputs
+        kernel = params["recurrent_kernel"]
+        new = tf.tanh(x_t + h @ kernel)
+        slope = 1.0 - new ** 2
+
+        def apply(tangents: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (slope * tf_block_matmul(tf, tangents[0], kernel),)
+
+        return (new,), apply
 
     def numpy_steps(self) -> tuple[bptt.Step, bptt.StepBackward]:
         return simple_rnn_keras_step, simple_rnn_keras_step_backward

@@ -11,7 +11,7 @@ read from it; a call it cannot step is refused with the reason.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -489,10 +489,8 @@ def state_jacobian(engine: Any, stepped: Stepped, index: int) -> np.ndarray | st
 
 def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
     """For a Keras GRU, LSTM or SimpleRNN whose cell gradscope's cells model (masks aside),
-    its step linearised by hand (:meth:`~gradscope.cells.base.Cell.tf_step_tangent`) on the
-    layer's own weights in ``dtype`` (read at each call), a masked step keeping the states
-    and their tangents, for :func:`~gradscope.keras.state_tangents.jacobian_function`; else
-    None."""
+    its step linearised by hand (:meth:`~gradscope.cells.base.Cell.tf_step_linear`) on the
+    layer's own weights in ``dtype`` (read at each call), a :class:`Linearised`; else None."""
     from gradscope.keras.layers import LayerFacts, explainer_for
     from gradscope.keras.layers.recurrent import RecurrentExplainer
 
@@ -523,21 +521,38 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
         return {k: (tf.cast(tf.convert_to_tensor(variables[k]), dtype) if k in variables
                     else tf.zeros(value.shape, dtype)) for k, value in shapes.items()}
 
-    def tangent(_: Any, states: list[Any], inputs_t: tuple[Any, ...],
-                tangents: list[Any]) -> tuple[list[Any], list[Any]]:
+    def linear(states: list[Any], x_t: Any) -> tuple[list[Any], Any]:
         params = read()
         weights = cell.tf_step_weights(tf, params)
-        (projected,) = cell.tf_inputs(tf, params, inputs_t[0][None])
-        after, moved = cell.tf_step_tangent(tf, weights, tuple(states), (projected[0],),
-                                            tuple(tangents))
+        (projected,) = cell.tf_inputs(tf, params, x_t[None])
+        after, apply = cell.tf_step_linear(tf, weights, tuple(states), (projected[0],))
+        return list(after), lambda tangents: list(apply(tuple(tangents)))
+
+    return Linearised(linear)
+
+
+@dataclass
+class Linearised:
+    """A layer's step linearised by hand (:func:`linearised`). Called as
+    ``(None, states, inputs_t, tangents)`` → (the new states, J_t applied to the block of
+    tangents), a masked step (``inputs_t[1]`` False) keeping both, as
+    :func:`~gradscope.keras.state_tangents.jacobian_function` takes a tangent; ``linear(states,
+    x_t)`` → (the new states, ``apply(tangents)``): the step's own values computed once for
+    every block ``apply`` is given (a step that ran)."""
+
+    linear: Callable[[list[Any], Any], tuple[list[Any], Any]]
+
+    def __call__(self, _: Any, states: list[Any], inputs_t: tuple[Any, ...],
+                 tangents: list[Any]) -> tuple[list[Any], list[Any]]:
+        after, apply = self.linear(states, inputs_t[0])
+        moved = apply(tangents)
         if len(inputs_t) == 1:
-            return list(after), list(moved)
+            return after, moved
+        import tensorflow as tf
+
         keep = tf.reshape(inputs_t[1], [-1, 1])
         return ([tf.where(keep, a, s) for a, s in zip(after, states, strict=True)],
                 [tf.where(keep[None], m, t) for m, t in zip(moved, tangents, strict=True)])
-
-    return tangent
-
 
 
 def _time_major(tf: Any, layer: Any, x: Any, mask: Any,

@@ -24,7 +24,8 @@ FOLD_ROWS = 4096
 NORM_STEPS = 256
 #: Exact norms (batch_jacobian and SVD) up to this many state numbers; Lanczos above.
 EXACT_STATE = 32
-#: Lanczos stops when every norm moved less than this, relatively, or at the cap.
+#: Lanczos takes this many products (JᵀJ·q); a norm that moved by more than POWER_RTOL,
+#: relatively, at the last is said to be a lower bound.
 POWER_RTOL, POWER_STEPS = 1e-4, 24
 #: A |R_t[i, i]| below this is taken as this: a log of 0 is no exponent.
 SMALLEST_STRETCH = 1e-30
@@ -122,8 +123,7 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
              np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
     if carried is not None:
         start = start[:, :max(1, min(carried, count))]
-    by_hand = engine_cached(engine, ("lyapunov by hand", id(path.layer), bool(engine.training)),
-                            lambda: [_by_hand(engine, path)])[0]
+    by_hand = _by_hand_kept(engine, path)
     scan = engine_cached(engine, ("lyapunov", id(path.layer), bool(engine.training),
                                   tuple(widths), start.shape[1], by_hand is not None),
                          lambda: _lyapunov_scan(engine, path.layer, widths, start.shape[1],
@@ -236,103 +236,154 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     """The spectral norm ‖J_t‖₂ of every step that ran (at most :data:`NORM_STEPS` steps,
     evenly spaced), (B, T), NaN where a step did not run or was not taken; and how it was
     computed. ``exact`` (default: for states of at most
-    :data:`EXACT_STATE` numbers): ``batch_jacobian`` and SVD; else power iteration on JᵀJ
-    (a JVP then a VJP of one step) by Lanczos, until every norm moves less than
-    :data:`POWER_RTOL`."""
+    :data:`EXACT_STATE` numbers): ``batch_jacobian`` and SVD; else Lanczos on JᵀJ
+    (:func:`_lanczos`), :data:`POWER_STEPS` products, each a JVP then a VJP of one step: a
+    Keras GRU, LSTM or SimpleRNN's step linearised by hand (:func:`_by_hand`: its values
+    computed once per pair, each product two matmuls), else forward mode through the
+    layer's own step and the tape back."""
     tf = engine.tf
-    step = _step(engine, path.layer, path.shapes)
     widths, size = path.widths, path.size
     exact = size <= EXACT_STATE if exact is None else exact
     steps = path.ran.shape[1]
     taken = (np.arange(steps) if steps <= NORM_STEPS else
              np.unique(np.linspace(0, steps - 1, NORM_STEPS).round().astype(int)))
     x, previous, rows = folded_pairs(path, taken)
-    dtype = path.layer.cell.compute_dtype
-
-    @tf.function(autograph=False, reduce_retracing=True)
-    def jacobian(x: Any, joined: Any) -> Any:
-        with tf.GradientTape() as tape:
-            tape.watch(joined)
-            new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
-        return tape.batch_jacobian(new, joined, experimental_use_pfor=False)
-
-    @tf.function(autograph=False, reduce_retracing=True)
-    def normal(x: Any, joined: Any, v: Any) -> tuple[Any, Any]:
-        with tf.GradientTape() as tape:
-            tape.watch(joined)
-            with tf.autodiff.ForwardAccumulator(joined, v) as acc:
-                new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
-            moved = acc.jvp(new, unconnected_gradients="zero")
-        back = tape.gradient(new, joined, output_gradients=moved,
-                             unconnected_gradients="zero")
-        return tf.norm(moved, axis=1), back
+    by_hand = None if exact else _by_hand_kept(engine, path)
+    key = ("step norms", id(path.layer), bool(engine.training), tuple(widths), exact,
+           by_hand is not None)
+    traced = engine_cached(engine, key, lambda: _norms_function(
+        engine, path.layer, widths, exact, by_hand, path.shapes))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
     norms = np.full(len(rows), np.nan)
     unsettled = 0
     generator = np.random.default_rng(seed)
+    products = min(POWER_STEPS, size)
     with native_stderr_silenced(), without_grappler():
         for first in range(0, len(rows), FOLD_ROWS):
             part = slice(first, first + FOLD_ROWS)
             xs = tf.convert_to_tensor(x[part])
-            joined = tf.cast(tf.concat([tf.convert_to_tensor(p[part]) for p in previous], 1),
-                             dtype)
+            joined = [tf.convert_to_tensor(p[part]) for p in previous]
             if exact:
-                found = np.asarray(jacobian(xs, joined), np.float64)
+                found = np.asarray(traced(xs, joined), np.float64)
                 norms[part] = np.linalg.svd(found, compute_uv=False)[:, 0]
                 continue
-            start = generator.standard_normal((int(joined.shape[0]), size))
-            norms[part], moving = largest_singular(
-                lambda v, xs=xs, joined=joined: np.asarray(
-                    normal(xs, joined, tf.cast(v, dtype))[1], np.float64), start)
+            start = tf.constant(generator.standard_normal((len(x[part]), size)))
+            alphas, betas = traced(xs, joined, start, tf.constant(products))
+            norms[part], moving = ritz_largest(np.asarray(alphas).T, np.asarray(betas).T)
             unsettled += moving
     sampled = (f"at {len(taken)} of {steps} steps, evenly spaced; " if len(taken) < steps
                else "")
     method = sampled + ("exact: batch_jacobian of one step and its SVD" if exact else
-              "Lanczos on JᵀJ (a JVP and a VJP of one step), to a relative change "
-              f"below {POWER_RTOL:g}" + (
-                  f"; {unsettled} of {len(rows)} steps still moving after {POWER_STEPS} "
-                  "products (their norms are lower bounds)" if unsettled else ""))
+              f"Lanczos on JᵀJ, {products} products (a JVP and a VJP of one step"
+              + (", linearised by hand" if by_hand is not None else "") + ")" + (
+                  f"; {unsettled} of {len(rows)} steps still moved by more than "
+                  f"{POWER_RTOL:g} at the last product (their norms are lower bounds)"
+                  if unsettled else f", each settled to {POWER_RTOL:g}"))
     grid = np.full(path.ran.shape, np.nan)
     grid[rows[:, 0], rows[:, 1]] = norms
     return grid, method
 
 
-def largest_singular(normal: Any, start: np.ndarray) -> tuple[np.ndarray, int]:
-    """Per row, the largest singular value of J, from ``normal(v)`` = JᵀJ·v (rows of v):
-    Lanczos, started at ``start``, until every value moved less than :data:`POWER_RTOL` or
-    after :data:`POWER_STEPS` products (or the state's size). Its error after m products
-    falls as the power method's after about m². Without re-orthogonalisation the basis loses
-    orthogonality once a value has converged, which only repeats that value among the Ritz
-    values: the largest stays right. Also returns how many rows had not settled at the cap:
-    theirs are lower bounds (a Ritz value never exceeds the largest eigenvalue)."""
-    rows, size = start.shape
-    alphas: list[np.ndarray] = []
-    betas: list[np.ndarray] = []
-    q = start / np.maximum(np.linalg.norm(start, axis=1, keepdims=True), 1e-300)
-    before = np.zeros_like(q)
-    last = np.zeros(rows)
-    for j in range(min(POWER_STEPS, size)):
+def _by_hand_kept(engine: Any, path: Trajectory) -> Any:
+    """:func:`_by_hand`, witnessed once per layer and kept on the engine."""
+    return engine_cached(engine, ("lyapunov by hand", id(path.layer), bool(engine.training)),
+                         lambda: [_by_hand(engine, path)])[0]
+
+
+def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_hand: Any,
+                    shapes: list[tuple[int, ...]] | None) -> Any:
+    """The traced function of :func:`step_norms`: ``(x, previous)`` → the step Jacobians
+    (N, S, S) where ``exact``; else ``(x, previous, start, products)`` → Lanczos' α and β
+    (products, N) each, in float64."""
+    tf = engine.tf
+    step = _step(engine, layer, shapes)
+    dtype = layer.cell.compute_dtype
+
+    if exact:
+        @tf.function(autograph=False, reduce_retracing=True)
+        def jacobian(x: Any, previous: list[Any]) -> Any:
+            joined = tf.cast(tf.concat(previous, 1), dtype)
+            with tf.GradientTape() as tape:
+                tape.watch(joined)
+                new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
+            return tape.batch_jacobian(new, joined, experimental_use_pfor=False)
+
+        return jacobian
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def tridiagonal(x: Any, previous: list[Any], start: Any, products: Any) -> Any:
+        states = [tf.cast(p, dtype) for p in previous]
+        if by_hand is not None:
+            _, apply = by_hand.linear(states, tf.cast(x, dtype))
+
+            def normal(q: Any) -> Any:
+                v = tf.cast(q, dtype)
+                with tf.GradientTape() as tape:
+                    tape.watch(v)
+                    moved = tf.concat(apply(tf.split(v[None], widths, axis=2)), axis=2)[0]
+                return tape.gradient(moved, v, output_gradients=moved)
+        else:
+            joined = tf.concat(states, 1)
+
+            def normal(q: Any) -> Any:
+                with tf.GradientTape() as tape:
+                    tape.watch(joined)
+                    with tf.autodiff.ForwardAccumulator(joined, tf.cast(q, dtype)) as acc:
+                        new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
+                    moved = acc.jvp(new, unconnected_gradients="zero")
+                return tape.gradient(new, joined, output_gradients=moved,
+                                     unconnected_gradients="zero")
+
+        return _lanczos(tf, lambda q: tf.cast(normal(q), tf.float64), start, products)
+
+    return tridiagonal
+
+
+def _lanczos(tf: Any, normal: Any, start: Any, products: Any) -> tuple[Any, Any]:
+    """Lanczos on a symmetric positive semi-definite JᵀJ per row, given ``normal(q)`` =
+    JᵀJ·q (rows of q), from ``start``: its α and β (products, rows), in float64. Without
+    re-orthogonalisation the basis loses orthogonality once a value has converged, which only
+    repeats that value among the Ritz values: the largest stays right. A row whose Krylov
+    space is whole (β = 0) goes on from a zero vector: its tridiagonal is then exact."""
+    q = start / tf.maximum(tf.norm(start, axis=1, keepdims=True), 1e-300)
+    rows = tf.shape(start)[0]
+
+    def body(j: Any, q: Any, before: Any, beta: Any, alphas: Any, betas: Any) -> Any:
         w = normal(q)
-        alpha = np.einsum("rs,rs->r", q, w)
-        w -= alpha[:, None] * q + (betas[-1][:, None] * before if betas else 0.0)
-        alphas.append(alpha)
-        tridiagonal = np.zeros((rows, j + 1, j + 1))
-        index = np.arange(j + 1)
-        tridiagonal[:, index, index] = np.stack(alphas, axis=1)
-        if j:
-            off = np.stack(betas, axis=1)
-            tridiagonal[:, index[1:], index[:-1]] = off
-            tridiagonal[:, index[:-1], index[1:]] = off
-        top = np.sqrt(np.maximum(np.linalg.eigvalsh(tridiagonal)[:, -1], 0.0))
-        moving = np.abs(top - last) > POWER_RTOL * np.maximum(top, 1e-30)
-        if j and not np.any(moving):
-            return top, 0
-        last = top
-        beta = np.linalg.norm(w, axis=1)
-        betas.append(beta)
-        # A row whose Krylov space is whole (β = 0) goes on from a zero vector: T is exact.
-        before, q = q, np.where(beta[:, None] > 0, w / np.where(beta > 0, beta, 1)[:, None],
-                                0.0)
+        alpha = tf.reduce_sum(q * w, axis=1)
+        w = w - alpha[:, None] * q - beta[:, None] * before
+        beta = tf.norm(w, axis=1)
+        safe = tf.where(beta > 0, beta, tf.ones_like(beta))
+        following = tf.where(beta[:, None] > 0, w / safe[:, None], tf.zeros_like(w))
+        return j + 1, following, q, beta, alphas.write(j, alpha), betas.write(j, beta)
+
+    empty = tf.TensorArray(tf.float64, size=products, element_shape=[None])
+    *_, alphas, betas = tf.while_loop(
+        lambda j, *rest: j < products, body,
+        (tf.constant(0), q, tf.zeros_like(q), tf.zeros([rows], tf.float64), empty, empty))
+    return alphas.stack(), betas.stack()
+
+
+def ritz_largest(alphas: np.ndarray, betas: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per row, the largest singular value of J from Lanczos' α, β (rows, m) on JᵀJ: the
+    square root of the largest eigenvalue of the m × m tridiagonal (its error after m
+    products falls as the power method's after about m²; a Ritz value never exceeds the
+    largest eigenvalue); and how many rows it still moved for, by more than
+    :data:`POWER_RTOL` relatively, from m − 1 products to m (theirs are lower bounds)."""
+    def top(m: int) -> np.ndarray:
+        rows = alphas.shape[0]
+        tridiagonal = np.zeros((rows, m, m))
+        index = np.arange(m)
+        tridiagonal[:, index, index] = alphas[:, :m]
+        tridiagonal[:, index[1:], index[:-1]] = betas[:, :m - 1]
+        tridiagonal[:, index[:-1], index[1:]] = betas[:, :m - 1]
+        return np.sqrt(np.maximum(np.linalg.eigvalsh(tridiagonal)[:, -1], 0.0))
+
+    m = alphas.shape[1]
+    last = top(m)
+    if m < 2:
+        return last, 0
+    moving = np.abs(last - top(m - 1)) > POWER_RTOL * np.maximum(last, 1e-30)
     return last, int(np.sum(moving))
