@@ -284,6 +284,7 @@ class _WhatIf:
                  gradients: dict[str, Any]) -> None:
         self.job, self.engine, self.targets, self.gradients = job, engine, targets, gradients
         self.copy: Any = None
+        self.cache: dict[Any, Any] = {}  # the copy's traced pass, kept across the changes
 
     def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
             index: int, count: int, first: float | None) -> DiagnosedLayer:
@@ -307,7 +308,7 @@ class _WhatIf:
                       index=call.index, label=stepped.label)
         cell = stepped.directions[index].layer.cell
         found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
-                 else measure_change(self.copy, rerun, index, kind, count)
+                 else measure_change(self.copy, rerun, index, kind, count, self.cache)
                  for kind, _, _ in CHANGES]
         if first_column_only(count, entry.state_size):
             found = [c.model_copy(update={"lyapunov_1_before": first}) if c.applicable else c

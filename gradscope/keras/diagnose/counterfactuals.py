@@ -138,12 +138,16 @@ class Rerun:
     label: str
 
 
-def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: int
-                   ) -> Counterfactual:
+def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: int,
+                   cache: dict[Any, Any] | None = None) -> Counterfactual:
     """One change on ``copy`` (its weights restored after), the call run and stepped again:
     λ₁ (from the layer's own start of ``count`` tangent columns; where they are fewer than
     the state's numbers, so drawn at random, only the first is carried
-    (:func:`first_column_only`)), the horizon and ∂L/∂s_t."""
+    (:func:`first_column_only`)), the horizon and ∂L/∂s_t. The copy's pass is Keras' own
+    call, back to each call's outputs only
+    (:func:`~gradscope.keras.diagnose.captured.captured_pass`; ``cache`` keeps its trace
+    across the changes)."""
+    from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import directions_of, step_call
@@ -160,13 +164,13 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     try:
         for (variable, value), (_, old) in zip(change, kept, strict=True):
             variable.assign(value.astype(old.dtype))
-        result = copy.run(rerun.inputs, rerun.targets, watch_outputs=True,
-                          sample_weight=rerun.sample_weight)
-        call = next((c for c in result.calls
-                     if c.layer == rerun.layer and c.index == rerun.index), None)
+        calls, upstream = captured_pass(copy, rerun.inputs, rerun.targets,
+                                        rerun.sample_weight, cache, upstream=True)
+        call = next((c for c in calls if c.layer == rerun.layer and c.index == rerun.index),
+                    None)
         if call is None:
             return _not(kind, words, "the copy does not call the layer as the model does")
-        stepped = step_call(copy, call, result.output_gradients.get(rerun.label),
+        stepped = step_call(copy, call, upstream.get(rerun.label),
                             copy.training, cell_dtype=True, reuse=True)
         if isinstance(stepped, str):
             return _not(kind, words, f"the changed copy could not be stepped: {stepped}")

@@ -36,19 +36,21 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                ) -> tuple[list[CallReading], list[tuple[str, str]]]:
     """Every recurrent call of ``engine``'s model on this batch, read with the model's current
     weights; and the (call, reason) of those that cannot be. Keras' own call of the model
-    captures each call's input, output, mask and initial state (:func:`captured_calls`); then
+    captures each call's input, output, mask and initial state
+    (:func:`~gradscope.keras.diagnose.captured.captured_pass`); then
     each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read.
     ``measure_horizon``: also the measured horizon (about as long again as the rest).
     ``cache``: kept by the caller across calls with one engine: Keras' own call of the model
     is traced once, not at every diagnosis (each function that steps a cell is kept on the
     engine itself: :func:`~gradscope.keras.stepped.engine_cached`)."""
     from gradscope.keras.diagnose import is_recurrent
+    from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import step_call
 
-    calls = captured_calls(engine, inputs, targets, sample_weight, cache)
+    calls, _ = captured_pass(engine, inputs, targets, sample_weight, cache)
     readings: list[CallReading] = []
     skipped: list[tuple[str, str]] = []
     for call in calls:
@@ -90,48 +92,3 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                 measured=None if measured is None else measured.horizon,
                 window=None if measured is None else measured.window))
     return readings, skipped
-
-
-def captured_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-                   sample_weight: Any = None, cache: dict[Any, Any] | None = None) -> list[Any]:
-    """Every layer call of one forward pass, with the tensors it received and returned.
-
-    With ``cache``: Keras' own call of the model, looked on (as ``engine.run`` runs it, without
-    the backward pass nothing here needs), in one ``tf.function`` traced once and kept in
-    ``cache``: a pass of ``engine.run`` traces anew every time, which would cost more than the
-    diagnosis. Where Keras' own call cannot be looked on or traced so (or without ``cache``),
-    ``engine.run`` itself, whose replay is witnessed by Keras' own call."""
-    from gradscope.keras.engine import _eager_call
-    from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
-
-    kept = None if cache is None else cache.get(("captured_calls",))
-    if cache is None or kept is False or engine.training or runs_eagerly(engine.user_model):
-        return engine.run(inputs, targets, watch_outputs=True, sample_weight=sample_weight).calls
-    tf = engine.tf
-    feed, ys = engine.tensors(inputs, targets)
-    if kept is None:
-        traced: dict[str, Any] = {}
-
-        @tf.function(autograph=False, reduce_retracing=True)
-        def forward(feed: list[Any], ys: list[Any]) -> Any:
-            _, _, calls = engine.forward(feed, ys, lambda tensor: None, own=True)
-            traced["calls"] = calls
-            return [([a for a in c.args if tf.is_tensor(a)], c.outputs, c.states, c.mask)
-                    for c in calls]
-
-        kept = (forward, traced)
-    forward, traced = kept
-    from gradscope._tf import native_stderr_silenced, without_grappler
-
-    before = moved_state(engine.model)  # a stateful layer's state is put back
-    try:
-        with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
-            captured = forward(feed, ys)
-    except Exception:  # noqa: BLE001  (not looked on, or not traceable: engine.run says why)
-        restore(before)
-        cache[("captured_calls",)] = False
-        return engine.run(inputs, targets, watch_outputs=True, sample_weight=sample_weight).calls
-    restore(before)
-    cache[("captured_calls",)] = kept
-    return [_eager_call(call, *tensors)
-            for call, tensors in zip(traced["calls"], captured, strict=True)]
