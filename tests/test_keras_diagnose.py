@@ -306,6 +306,18 @@ def test_a_diagonal_linear_recurrence_has_the_logs_of_its_eigenvalues(tf: Any) -
                                atol=1e-5)
 
 
+def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
+    """J_t = diag(0.9, 0, 0.5) has a zero column: the Cholesky QR cannot factor J·Q, and the
+    step's QR is Householder's, whose zero R[i, i] is logged at the floor."""
+    from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
+
+    x, y = _batch()
+    entry = gradscope.diagnose(_linear_model(np.diag([0.9, 0.0, 0.5])), x=x, y=y,
+                               counterfactuals=False).layers[0]
+    np.testing.assert_allclose(entry.lyapunov, [np.log(0.9), np.log(0.5),
+                                                np.log(SMALLEST_STRETCH)], rtol=1e-5)
+
+
 @pytest.mark.parametrize(("rho", "mechanism"), [(1.05, "exploding"), (0.5, "vanishing")])
 def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) -> None:
     x, y = _batch(steps=40)

@@ -200,11 +200,8 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
                     new = step(tf.tile(x_t, repeats), primals)
                 moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
                 moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
-            q_new, r = tf.linalg.qr(moved)
-            diagonal = tf.linalg.diag_part(r)
-            signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
-            q_new = q_new * signs[:, None, :]
-            logs = tf.math.log(tf.maximum(tf.abs(diagonal), SMALLEST_STRETCH))
+            q_new, r = orthonormalised(tf, moved)
+            logs = tf.math.log(tf.maximum(tf.linalg.diag_part(r), SMALLEST_STRETCH))
             q_new = tf.where(ran_t[:, None, None], q_new, q)
             logs = tf.where(ran_t[:, None], logs, tf.zeros_like(logs))
             return t + 1, q_new, written.write(t, logs)
@@ -215,6 +212,37 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
         return tf.transpose(written.stack(), [1, 0, 2])
 
     return scan
+
+
+def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
+    """The QR of each (S, k) block of ``moved`` (B, S, k), R's diagonal positive, in
+    ``moved``'s dtype: by Cholesky QR twice in float64 (the k × k Gram matrix, its Cholesky
+    factor, a triangular solve: a few small matmuls, about a third of the time of TensorFlow's
+    Householder QR on the LSTM 256 × 2's (32, 512, 8) blocks), where its Q is orthonormal to
+    10⁻¹⁰ after; else, for a block of (nearly) dependent columns, whose Gram matrix is not
+    positive definite in float64 (a dead unit's zero row of J_t), Householder's for that
+    step."""
+    wide = tf.cast(moved, tf.float64)
+
+    def once(block: Any) -> tuple[Any, Any]:
+        lower = tf.linalg.cholesky(tf.linalg.matmul(block, block, transpose_a=True))
+        q = tf.linalg.triangular_solve(lower, tf.linalg.matrix_transpose(block), lower=True)
+        return tf.linalg.matrix_transpose(q), tf.linalg.matrix_transpose(lower)
+
+    first, r_first = once(wide)
+    q, r_second = once(first)
+    gram = tf.linalg.matmul(q, q, transpose_a=True)
+    # A failed Cholesky factor is NaN (on CPU), and NaN < 1e-10 is False.
+    exact = tf.reduce_max(tf.abs(gram - tf.eye(tf.shape(gram)[-1], dtype=tf.float64))) < 1e-10
+
+    def householder() -> tuple[Any, Any]:
+        q, r = tf.linalg.qr(moved)
+        diagonal = tf.linalg.diag_part(r)
+        signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
+        return q * signs[:, None, :], r * signs[:, :, None]
+
+    return tf.cond(exact, lambda: (tf.cast(q, moved.dtype),
+                                   tf.cast(r_second @ r_first, moved.dtype)), householder)
 
 
 def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
