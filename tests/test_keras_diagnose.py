@@ -4,7 +4,9 @@ recurrent call, each figure held to a computation written here.
 The truths never come from gradscope: the exponents from a float64 QR of ``batch_jacobian``s
 of Keras' own cell, stepped in an eager Python loop, and from the eigenvalues of a linear
 recurrence whose W is chosen; the gate shares from a NumPy forward pass of Keras' equations;
-the horizon from Keras' own layer under a tape; the step-Jacobian norms from an SVD.
+the horizon from Keras' own layer under a tape; the step-Jacobian norms from an SVD. In
+training mode with dropout, the same truths with the masks Keras' own cells draw, held to
+Keras' own training-mode call.
 """
 
 from __future__ import annotations
@@ -103,19 +105,45 @@ def _sequences(tf: Any, model: Any, name: str, x: np.ndarray) -> list[np.ndarray
     return pairs
 
 
-def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any]) -> np.ndarray:
-    """∂(new states)/∂(states) of one step of Keras' own cell, per example."""
+def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any],
+              masks: tuple[Any, Any] | None = None) -> np.ndarray:
+    """∂(new states)/∂(states) of one step of Keras' own cell, per example; with ``masks``
+    (a row per example), in training mode, the cell holding them."""
     import keras
 
     widths = [int(s.shape[1]) for s in states]
     joined = tf.concat(states, 1)
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(joined)
-        _, new = cell(x_t, list(tf.split(joined, widths, 1)))
-        new = tf.concat(list(keras.tree.flatten(new)), 1)
-        columns = [new[:, i] for i in range(sum(widths))]
+    if masks is not None:
+        cell._dropout_mask, cell._recurrent_dropout_mask = masks
+    try:
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(joined)
+            _, new = cell(x_t, list(tf.split(joined, widths, 1)), training=masks is not None)
+            new = tf.concat(list(keras.tree.flatten(new)), 1)
+            columns = [new[:, i] for i in range(sum(widths))]
+    finally:
+        cell.reset_dropout_mask()
+        cell.reset_recurrent_dropout_mask()
     rows = [tape.gradient(column, joined) for column in columns]
     return np.stack([np.asarray(r, np.float64) for r in rows], axis=1)
+
+
+def _qr_logs(jacobians: list[np.ndarray], start: np.ndarray | None = None) -> np.ndarray:
+    """log|R_t[i, i]| (B, T, k) along each example's product of ``jacobians`` (B, S, S
+    each): a float64 QR from Q_0 = ``start`` (S, k; default I)."""
+    batch, size = jacobians[0].shape[:2]
+    q = np.tile(np.eye(size) if start is None else start, (batch, 1, 1))
+    logs = []
+    for j in jacobians:
+        q, r = np.linalg.qr(j @ q)
+        logs.append(np.log(np.abs(np.diagonal(r, 0, 1, 2))))
+    return np.stack(logs, axis=1)
+
+
+def _qr_exponents(jacobians: list[np.ndarray], start: np.ndarray | None = None) -> np.ndarray:
+    """The Lyapunov spectrum, largest first, of :func:`_qr_logs`: the logs averaged over
+    steps, then examples."""
+    return np.sort(_qr_logs(jacobians, start).mean(axis=(0, 1)))[::-1]
 
 
 def test_exponents_against_a_float64_qr_of_keras_own_cell(tf: Any, lstm_case: Any) -> None:
@@ -123,16 +151,9 @@ def test_exponents_against_a_float64_qr_of_keras_own_cell(tf: Any, lstm_case: An
     for name in ("lstm", "gru"):
         cell = model.get_layer(name).cell
         jacobians = [_jacobian(tf, cell, x_t, s) for x_t, s in _sequences(tf, model, name, x)]
-        size = jacobians[0].shape[1]
-        logs = np.zeros((x.shape[0], size))
-        for example in range(x.shape[0]):
-            q = np.eye(size)
-            for j in jacobians:
-                q, r = np.linalg.qr(j[example] @ q)
-                logs[example] += np.log(np.abs(np.diag(r)))
-        truth = np.sort((logs / len(jacobians)).mean(axis=0))[::-1]
+        truth = _qr_exponents(jacobians)
         found = next(entry for entry in report.layers if entry.call == name)
-        assert found.state_size == size
+        assert found.state_size == jacobians[0].shape[1]
         np.testing.assert_allclose(found.lyapunov, truth, rtol=1e-3, atol=1e-3)
 
 
@@ -181,17 +202,24 @@ def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:
     np.testing.assert_allclose(norms, np.linalg.svd(w, compute_uv=False)[0], rtol=1e-5)
 
 
-def _real_engine(model: Any, x: np.ndarray) -> Any:
+def _real_engine(model: Any, x: np.ndarray, training: bool = False, seed: int = 0) -> Any:
+    return _engine_and_batch(model, x, training, seed)[0]
+
+
+def _engine_and_batch(model: Any, x: np.ndarray, training: bool = False,
+                      seed: int = 0) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """An engine on ``model`` that has run on ``x`` (``engine.last``), with its inputs and
+    targets."""
     from gradscope.keras.data import batch_targets
     from gradscope.keras.engine import KerasEngine
     from gradscope.keras.explain import prepare
 
-    job = prepare(model, x=x)
-    engine = KerasEngine(job.source, job.outputs, job.plan)
+    job = prepare(model, x=x, training=training, seed=seed)
+    engine = KerasEngine(job.source, job.outputs, job.plan, training=training, seed=seed)
     targets = batch_targets(job.plan, job.batch.targets,
                             engine.output_shapes(job.batch.inputs), 0)
     engine.last = engine.run(job.batch.inputs, targets)
-    return engine
+    return engine, job.batch.inputs, targets
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -417,3 +445,236 @@ def test_a_conv_lstm_is_diagnosed_with_its_feature_maps_read_flat(tf: Any) -> No
         states = list(keras.tree.flatten(new))
     truth = np.sort((logs / steps).mean(axis=0))[::-1]
     np.testing.assert_allclose(found.lyapunov, truth, rtol=1e-3, atol=1e-3)
+
+
+# -- training mode with dropout ---------------------------------------------------------------
+
+DROP_STEPS, DROP_SEED = 20, 5
+
+
+@pytest.fixture(scope="module")
+def dropout_case(tf: Any) -> tuple[Any, np.ndarray, np.ndarray, Any]:
+    """An LSTM then a GRU, each with dropout and recurrent_dropout 0.3 (Keras'
+    implementation 1: a mask per gate), diagnosed once in training mode."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    inp = keras.Input((DROP_STEPS, F), name="x")
+    h = keras.layers.LSTM(5, dropout=0.3, recurrent_dropout=0.3, return_sequences=True,
+                          name="lstm")(inp)
+    h = keras.layers.GRU(4, dropout=0.3, recurrent_dropout=0.3, return_sequences=True,
+                         name="gru")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    x, y = _batch(steps=DROP_STEPS)
+    return model, x, y, gradscope.diagnose(model, x=x, y=y, training=True, seed=DROP_SEED,
+                                           counterfactuals=False)
+
+
+@pytest.fixture(scope="module")
+def dropped(tf: Any, dropout_case: Any) -> dict[str, Any]:
+    """Per layer, the masks its cell draws in a training-mode call seeded as the diagnosis
+    was (Keras' own draw: get_dropout_mask from the generator's start), and the pairs
+    (x_t, states) of an eager loop over Keras' own cell holding them; the loop's outputs are
+    held to Keras' own training-mode call of the model, which draws its masks itself, so
+    these are the masks the call drew."""
+    import keras
+
+    from gradscope.keras.whole_model import seed_random_draws
+
+    model, x, _, _ = dropout_case
+    names = ("lstm", "gru")
+    seed_random_draws(model, DROP_SEED)
+    own = keras.Model(model.inputs, [model.get_layer(n).output for n in names])(
+        x, training=True)
+    seed_random_draws(model, DROP_SEED)
+    found: dict[str, Any] = {}
+    inputs = tf.constant(x)
+    for name, keras_outputs in zip(names, own, strict=True):
+        cell = model.get_layer(name).cell
+        masks = (cell.get_dropout_mask(inputs[:, 0]),
+                 cell.get_recurrent_dropout_mask(tf.zeros((B, cell.units))))
+        assert len(masks[0]) == len(masks[1]) == (4 if name == "lstm" else 3)
+        states = [tf.zeros((B, s)) for s in keras.tree.flatten(cell.state_size)]
+        pairs, outputs = [], []
+        for t in range(DROP_STEPS):
+            pairs.append((inputs[:, t], [tf.identity(s) for s in states]))
+            out, states = cell(inputs[:, t], states, training=True)
+            states = list(keras.tree.flatten(states))
+            outputs.append(out)
+        cell.reset_dropout_mask()
+        cell.reset_recurrent_dropout_mask()
+        inputs = tf.stack(outputs, axis=1)
+        np.testing.assert_allclose(inputs, keras_outputs, rtol=1e-5, atol=1e-6)
+        found[name] = masks, pairs, np.asarray(inputs, np.float64)
+    return found
+
+
+def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
+        tf: Any, dropout_case: Any, dropped: dict[str, Any]) -> None:
+    """Training mode, dropout and recurrent_dropout 0.3: the exponents against a float64 QR
+    of batch_jacobians of Keras' own cell holding the masks the call drew, the norm of every
+    step Jacobian against their SVD (per step, and per pair by Lanczos and exactly). The
+    LSTM's J_t is singular at every step (its output gate's recurrent mask drops units):
+    as many exponents as the SVD finds singular values at rounding level are −∞, and only
+    the top ones are given, from a random start (as for fewer columns than states)."""
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms, trajectory
+    from gradscope.keras.stepped import step_call
+
+    model, x, _, report = dropout_case
+    assert not report.not_diagnosed
+    engine = _real_engine(model, x, training=True, seed=DROP_SEED)
+    for name, cut in (("lstm", 2), ("gru", 0)):
+        masks, pairs, _ = dropped[name]
+        cell = model.get_layer(name).cell
+        jacobians = [_jacobian(tf, cell, x_t, s, masks) for x_t, s in pairs]
+        values = np.stack([np.linalg.svd(j, compute_uv=False) for j in jacobians], axis=1)
+        singular = np.sum(values < 1e-6 * values[..., :1], axis=2)  # (B, T)
+        assert (singular == singular[:, :1]).all() and singular.max() == cut
+        size = values.shape[2]
+        start = (None if not cut else
+                 np.linalg.qr(np.random.default_rng(0).standard_normal((size, size - cut)))[0])
+        entry = next(e for e in report.layers if e.call == name)
+        assert len(entry.lyapunov) == size - cut
+        np.testing.assert_allclose(entry.lyapunov, _qr_exponents(jacobians, start),
+                                   rtol=1e-3, atol=1e-3)
+        truth = values[..., 0]
+        np.testing.assert_allclose(entry.jacobian_norm.steps_max, truth.max(axis=0),
+                                   rtol=1e-4)
+        np.testing.assert_allclose(entry.jacobian_norm.steps_median, np.median(truth, axis=0),
+                                   rtol=1e-4)
+        call = next(c for c in engine.last.calls if c.layer == name)
+        stepped = step_call(engine, call, None, True)
+        assert not isinstance(stepped, str)
+        path = trajectory(stepped, 0)
+        assert not isinstance(path, str)
+        for exact in (True, False):
+            np.testing.assert_allclose(step_norms(engine, path, exact=exact)[0], truth,
+                                       rtol=1e-4)
+        # Per example and step: log|R_t[i, i]| of the same float64 QR, column by column.
+        np.testing.assert_allclose(lyapunov_logs(engine, path, size - cut),
+                                   _qr_logs(jacobians, start), rtol=1e-3, atol=1e-4)
+    assert report.method[-1].startswith("training mode with dropout: each step holds")
+    (said,) = report.warnings
+    assert said.startswith("lstm: recurrent_dropout in training mode cuts up to 2 of the "
+                           "state's 10 directions") and "the top 8 are given" in said
+
+
+def test_dropout_gate_shares_against_a_numpy_pass_with_the_masks(
+        tf: Any, dropout_case: Any, dropped: dict[str, Any]) -> None:
+    """Keras' LSTM and GRU (reset_after) equations of implementation 1 written out in NumPy,
+    x_t and h_(t−1) multiplied by each gate's own mask; their outputs held to Keras'."""
+    model, x, _, report = dropout_case
+    lstm = model.get_layer("lstm").cell
+    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
+                               (lstm.kernel, lstm.recurrent_kernel, lstm.bias))
+    (m, r_m), _, keras_outputs = dropped["lstm"]
+    m = [np.asarray(v, np.float64) for v in m]
+    r_m = [np.asarray(v, np.float64) for v in r_m]
+    u = 5
+    h, c = np.zeros((B, u)), np.zeros((B, u))
+    gates: dict[str, list[np.ndarray]] = {"input": [], "forget": [], "output": []}
+    outputs = []
+    for t in range(DROP_STEPS):
+        x_t = x[:, t].astype(np.float64)
+        i, f, g, o = ((x_t * m[k]) @ kernel[:, k * u:(k + 1) * u]
+                      + (h * r_m[k]) @ recurrent[:, k * u:(k + 1) * u]
+                      + bias[k * u:(k + 1) * u] for k in range(4))
+        i, f, o = _sigmoid(i), _sigmoid(f), _sigmoid(o)
+        c = f * c + i * np.tanh(g)
+        h = o * np.tanh(c)
+        outputs.append(h)
+        for name, value in (("input", i), ("forget", f), ("output", o)):
+            gates[name].append(value)
+    np.testing.assert_allclose(np.stack(outputs, 1), keras_outputs, rtol=1e-4, atol=1e-6)
+    entry = next(e for e in report.layers if e.call == "lstm")
+    assert entry.gates is not None and entry.timescales is not None
+    for name, values in gates.items():
+        stacked = np.stack(values)
+        assert entry.gates[name].below_0_1 == pytest.approx(np.mean(stacked < 0.1), abs=1e-9)
+        assert entry.gates[name].above_0_9 == pytest.approx(np.mean(stacked > 0.9), abs=1e-9)
+    taus = -1 / np.log(np.stack(gates["forget"]).mean(axis=(0, 1)))
+    assert entry.timescales.median == pytest.approx(np.median(taus), rel=1e-4)
+    gru = model.get_layer("gru").cell
+    assert gru.reset_after
+    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
+                               (gru.kernel, gru.recurrent_kernel, gru.bias))
+    (m, r_m), _, keras_outputs = dropped["gru"]
+    m = [np.asarray(v, np.float64) for v in m]
+    r_m = [np.asarray(v, np.float64) for v in r_m]
+    v = 4
+    h = np.zeros((B, v))
+    zs, rs, hs = [], [], []
+    for t in range(DROP_STEPS):
+        xs = [(outputs[t] * m[k]) @ kernel[:, k * v:(k + 1) * v] + bias[0, k * v:(k + 1) * v]
+              for k in range(3)]
+        rec = [(h * r_m[k]) @ recurrent[:, k * v:(k + 1) * v] + bias[1, k * v:(k + 1) * v]
+               for k in range(3)]
+        z, r = _sigmoid(xs[0] + rec[0]), _sigmoid(xs[1] + rec[1])
+        h = z * h + (1 - z) * np.tanh(xs[2] + r * rec[2])
+        zs.append(z)
+        rs.append(r)
+        hs.append(h)
+    np.testing.assert_allclose(np.stack(hs, 1), keras_outputs, rtol=1e-4, atol=1e-6)
+    entry = next(e for e in report.layers if e.call == "gru")
+    assert entry.gates is not None and entry.timescales is not None
+    for name, values in (("update", zs), ("reset", rs)):
+        stacked = np.stack(values)
+        assert entry.gates[name].below_0_1 == pytest.approx(np.mean(stacked < 0.1), abs=1e-9)
+        assert entry.gates[name].above_0_9 == pytest.approx(np.mean(stacked > 0.9), abs=1e-9)
+    taus = -1 / np.log(np.stack(zs).mean(axis=(0, 1)))
+    assert entry.timescales.median == pytest.approx(np.median(taus), rel=1e-4)
+
+
+def test_dropout_measured_horizon_against_a_tape_through_keras_own_training_call(
+        tf: Any, dropout_case: Any) -> None:
+    """‖∂h_t/∂x_s‖ per example from Keras' own layer called in training mode under a tape,
+    seeded as the diagnosis was: the layer draws its own masks, as the call did."""
+    import keras
+
+    from gradscope.keras.whole_model import seed_random_draws
+
+    model, x, _, report = dropout_case
+    for name in ("lstm", "gru"):
+        entry = next(e for e in report.layers if e.call == name)
+        layer = model.get_layer(name)
+        seed_random_draws(model, DROP_SEED)
+        inputs = tf.convert_to_tensor(keras.Model(model.inputs, layer.input)(x, training=True))
+        steps = entry.horizon.steps
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            picked = tf.reshape(tf.gather(layer(inputs, training=True), steps, axis=1),
+                                [B, -1])
+        jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
+        jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
+        rows = []
+        for k, t in enumerate(steps):
+            norms = np.sqrt((jac[:, k] ** 2).sum(axis=(1, 3)))[entry.horizon.examples]
+            row = np.full((len(norms), entry.horizon.window + 1), np.nan)
+            for lag in range(min(t, entry.horizon.window) + 1):
+                row[:, lag] = norms[:, t - lag] / norms[:, t]
+            rows.append(row)
+        truth = np.nanmedian(np.concatenate(rows), axis=0)
+        found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
+        np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
+        below = np.nonzero(truth < 1e-3)[0]
+        assert entry.horizon.measured == (int(below[0]) if below.size else None)
+
+
+def test_during_training_reads_a_training_mode_call_with_dropout_as_diagnose_does(
+        tf: Any, dropout_case: Any) -> None:
+    """What GradientFlow's diagnosis reads (read_calls), on an engine in training mode:
+    the exponents (as many as the diagnosis took: the LSTM's 8 finite ones of 10), gate
+    shares and measured horizon equal to the diagnosis held above."""
+    from gradscope.keras.diagnose.during_training import read_calls
+
+    model, x, _, report = dropout_case
+    engine, inputs, targets = _engine_and_batch(model, x, training=True, seed=DROP_SEED)
+    readings, skipped = read_calls(engine, inputs, targets, exponents=8,
+                                   measure_horizon=True)
+    assert not skipped and [r.call for r in readings] == ["lstm", "gru"]
+    for reading in readings:
+        entry = next(e for e in report.layers if e.call == reading.call)
+        np.testing.assert_allclose(reading.lyapunov, entry.lyapunov, rtol=1e-6)
+        assert reading.gates == entry.gates
+        assert reading.measured == entry.horizon.measured

@@ -54,6 +54,9 @@ class Stepped:
     #: With the gradient from above: ∂L/∂x_t of the call's input sequence (B, T, ·), in
     #: input order, every direction's part summed.
     inputs: np.ndarray | None = None
+    #: Per direction, the dropout masks its cell stepped with (:data:`Masks`, in NumPy), or
+    #: None where it draws none (inference mode, no dropout).
+    masks: list[Masks | None] | None = None
 
 
 def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -123,8 +126,14 @@ def directions_of(layer: Any, label: str) -> list[Direction] | str:
     return found
 
 
+#: The dropout masks a call drew in a cell: (input mask, recurrent mask), each None, one
+#: tensor with a row per example (B, ·), or a list of them, one per gate (Keras'
+#: ``implementation=1``: an LSTM draws 4, a GRU 3).
+Masks = tuple[Any, Any]
+
+
 def dropout_masks(engine: Any, layer: Any, call: CapturedCall, x: Any,
-                  state: Any) -> tuple[Any, Any] | str | None:
+                  state: Any) -> Masks | str | None:
     """The dropout masks a training-mode call drew in its cell (None: it draws none): drawn
     again from where the cell's seed generator started in that run, as many times as the
     layer had been called, in Keras' order (input mask, then recurrent mask); or why they
@@ -151,28 +160,80 @@ def dropout_masks(engine: Any, layer: Any, call: CapturedCall, x: Any,
         cell.reset_recurrent_dropout_mask()
 
 
+def drawn_masks(engine: Any, directions: list[Direction], call: CapturedCall, x: Any,
+                initial: list[Any]) -> list[Masks | None]:
+    """Per direction, the dropout masks the call drew (:func:`dropout_masks`); raises
+    ValueError with the reason where they cannot be drawn again."""
+    found: list[Masks | None] = []
+    start = 0
+    for direction in directions:
+        masks = dropout_masks(engine, direction.layer, call, x, initial[start])
+        start += len(direction.names)
+        if isinstance(masks, str):
+            raise ValueError(masks)
+        found.append(masks)
+    return found
+
+
+@contextlib.contextmanager
+def cell_holding(cell: Any, masks: Masks | None) -> Iterator[None]:
+    """``cell`` holding ``masks`` while it steps (None: nothing held), so that its calls in
+    training mode multiply by them and draw none of their own; dropped afterwards. Inside a
+    traced function, give the masks as its arguments: a tensor read from the cell at trace
+    time would be kept in the trace as a constant, and a later call of it would step with
+    the masks of the first."""
+    if masks is None:
+        yield
+        return
+    cell._dropout_mask, cell._recurrent_dropout_mask = masks
+    try:
+        yield
+    finally:
+        cell.reset_dropout_mask()
+        cell.reset_recurrent_dropout_mask()
+
+
+def masks_for_rows(tf: Any, masks: Masks | None, examples: Any) -> Masks | None:
+    """``masks`` (a row per example) for rows folded into the batch: row r gets the masks of
+    example ``examples[r]`` (a gather), so that each row steps as its example did."""
+    if masks is None:
+        return None
+
+    def rows(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            return [rows(v) for v in value]
+        return tf.gather(tf.convert_to_tensor(value), examples)
+
+    return rows(masks[0]), rows(masks[1])
+
+
+def masks_numpy(masks: Masks | None) -> Masks | None:
+    """``masks`` as NumPy arrays (the same structure)."""
+    if masks is None:
+        return None
+
+    def array(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            return [array(v) for v in value]
+        return np.asarray(value)
+
+    return array(masks[0]), array(masks[1])
+
+
 @contextlib.contextmanager
 def masks_drawn(engine: Any, directions: list[Direction], call: CapturedCall, x: Any,
                 initial: list[Any]) -> Iterator[None]:
     """Each direction's cell holding the dropout masks the call drew (training mode), so
     that stepping it draws none of its own; the masks are dropped afterwards."""
-    cells = []
-    start = 0
-    try:
-        for direction in directions:
-            masks = dropout_masks(engine, direction.layer, call, x, initial[start])
-            start += len(direction.names)
-            if isinstance(masks, str):
-                raise ValueError(masks)
-            if masks is not None:
-                cell = direction.layer.cell
-                cell._dropout_mask, cell._recurrent_dropout_mask = masks
-                cells.append(cell)
+    drawn = drawn_masks(engine, directions, call, x, initial)
+    with contextlib.ExitStack() as stack:
+        for direction, masks in zip(directions, drawn, strict=True):
+            stack.enter_context(cell_holding(direction.layer.cell, masks))
         yield
-    finally:
-        for cell in cells:
-            cell.reset_dropout_mask()
-            cell.reset_recurrent_dropout_mask()
 
 
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
@@ -201,14 +262,14 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
                              lambda: stepped_runner(engine, layer, directions, training,
                                                     cell_dtype))
                if reuse else stepped_runner(engine, layer, directions, training, cell_dtype))
-        outputs, states, totals, direct, inputs = run(call, upstream)
+        outputs, states, totals, direct, inputs, masks = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
     mismatch = _rebuilt(outputs, call, engine.dtype_name)
     if mismatch:
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
-                   totals=totals, direct=direct, inputs=inputs)
+                   totals=totals, direct=direct, inputs=inputs, masks=masks)
 
 
 def _own_initial_states(directions: list[Direction], call: CapturedCall) -> list[Any] | str:
@@ -249,14 +310,17 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
     above, and ∂L/∂x_t of the input sequence, all in NumPy (float64; the sequences and totals
-    in the cell's dtype with ``cell_dtype``). One traced function: the scan is a loop in the
-    graph, never a Python loop over time."""
+    in the cell's dtype with ``cell_dtype``), and each direction's dropout masks
+    (:func:`drawn_masks`). One traced function: the scan is a loop in the graph, never a
+    Python loop over time; the masks are its arguments, so a trace kept for the next call
+    (``reuse``) steps with that call's own."""
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def traced(x: Any, mask: Any, initial: list[Any], upstream: list[Any] | None) -> Any:
+    def traced(x: Any, mask: Any, initial: list[Any], upstream: list[Any] | None,
+               drawn: list[Masks | None]) -> Any:
         starts = np.cumsum([0, *counts])
         parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
         steps = tf.shape(x)[1]
@@ -265,8 +329,10 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         above: list[Any] = [None] * len(directions)
         with tf.GradientTape() as tape:
             tape.watch([probes, x])
-            scans = [scan_cell(tf, keras, d.layer, x, mask, part, probe, training)
-                     for d, part, probe in zip(directions, parts, probes, strict=True)]
+            scans = []
+            for d, part, probe, masks in zip(directions, parts, probes, drawn, strict=True):
+                with cell_holding(d.layer.cell, masks):
+                    scans.append(scan_cell(tf, keras, d.layer, x, mask, part, probe, training))
             # A zero added to each output sequence alone: its gradient is what arrives from
             # above at each step, apart from what the recurrence carries.
             above = [tf.zeros_like(outs) for _, outs in scans]
@@ -286,7 +352,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
 
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
-            list[np.ndarray] | None, np.ndarray | None]:
+            list[np.ndarray] | None, np.ndarray | None, list[Masks | None]]:
         from gradscope._tf import native_stderr_silenced, without_grappler
 
         x = tf.convert_to_tensor(call.args[0])
@@ -294,16 +360,17 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         initial = [tf.convert_to_tensor(s) for s in call.states]
         given = (None if upstream is None or all(g is None for g in upstream) else
                  [None if g is None else tf.convert_to_tensor(g) for g in upstream])
-        with masks_drawn(engine, directions, call, x, initial), native_stderr_silenced(), \
-                without_grappler():
-            outputs, states, totals, direct, read = traced(x, mask, initial, given)
+        drawn = drawn_masks(engine, directions, call, x, initial)
+        with native_stderr_silenced(), without_grappler():
+            outputs, states, totals, direct, read = traced(x, mask, initial, given, drawn)
         kind = None if cell_dtype else np.float64
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s, kind) for s in part] for part in states],
                 None if totals is None else [[_batch_major(g, kind) for g in part]
                                              for part in totals],
                 None if direct is None else [_batch_major(g, kind) for g in direct],
-                None if read is None else np.asarray(read, np.float64))
+                None if read is None else np.asarray(read, np.float64),
+                [masks_numpy(m) for m in drawn])
 
     return run
 

@@ -60,6 +60,17 @@ METHOD = [
     "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun",
 ]
 
+#: Added to :data:`METHOD` where a diagnosed call ran with dropout in training mode.
+DROPOUT_METHOD = (
+    "training mode with dropout: each step holds the masks the call drew (drawn again from "
+    "where its seed generator started; the stepped outputs equal Keras' own), and every row "
+    "folded into a batch (a tangent column, an (example, step) pair, an output unit) holds "
+    "its own example's; J_t by forward mode through the cell itself (the step linearised "
+    "by hand has no masks); the gates with x_t and h_(t−1) multiplied by each gate's mask; "
+    "where recurrent dropout makes every J_t singular (units dropped by an LSTM's "
+    "output-gate mask, by a SimpleRNN's), that many exponents are −∞ and the finite ones "
+    "are given, from random start columns")
+
 
 def is_recurrent(engine: Any, call: Any) -> bool:
     """Whether ``call`` is a recurrent call (Keras' own layers, an ``RNN`` over a cell, a
@@ -109,6 +120,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     clock.lap("forward_backward")
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
+    warnings: list[str] = []
+    dropped = False  # a call stepped with dropout masks
     trained = {p: g for p, g in result.gradients.items() if g is not None}
     whatif = _WhatIf(job, engine, targets, trained) if counterfactuals else None
     for call in result.calls:
@@ -121,7 +134,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         if isinstance(stepped, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue
-        done = [_direction(engine, stepped, index, exponents, say)
+        dropped = dropped or any(m is not None for m in stepped.masks or [])
+        done = [_direction(engine, stepped, index, exponents, say, warnings)
                 for index in range(len(stepped.directions))]
         # The counterfactuals step a copy of their own: this call's sequences and totals
         # are let go before they run.
@@ -137,31 +151,49 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
                 entry = whatif.add(entry, evidence, stepped, index, count, first)
             layers.append(entry)
         clock.lap(f"diagnose {label}")
-    warnings = []
     if not any(is_recurrent(engine, c) for c in result.calls):
         warnings.append("the model has no recurrent layer call: nothing to diagnose")
     report = DiagnoseReport(
         model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=layers,
         not_diagnosed=skipped, gradient_norm=global_norm(trained),
-        clipping=clipping(job.graph.compile_config, trained, job.model), method=METHOD,
+        clipping=clipping(job.graph.compile_config, trained, job.model),
+        method=[*METHOD, DROPOUT_METHOD] if dropped else METHOD,
         warnings=warnings)
     if timings:
         report = report.model_copy(update={"timings": clock.laps()})
     return report
 
 
-def _dropout(layer: Any, training: bool) -> bool:
-    cell = layer.cell
-    return training and bool(getattr(cell, "dropout", 0) or getattr(cell, "recurrent_dropout", 0))
+def exponent_room(path: Any, label: str) -> tuple[int, str | None] | str:
+    """How many exponents of ``path`` are finite to take (the state's size, less the most
+    directions recurrent dropout cuts in any example: those are −∞), with a warning that
+    says so where it cuts any; or why none is known to be (:func:`cut_directions`)."""
+    from gradscope.keras.diagnose.trajectory import cut_directions
+
+    cut = cut_directions(path)
+    if isinstance(cut, str):
+        return cut
+    size = path.size
+    if cut is None or not np.any(cut):
+        return size, None
+    most = int(np.max(cut))
+    if most >= size:
+        return ("recurrent_dropout in training mode drops every unit in some example: J_t = 0 "
+                "there, every exponent −∞ (not diagnosed)")
+    hit = int(np.count_nonzero(cut))
+    return size - most, (
+        f"{label}: recurrent_dropout in training mode cuts up to {most} of the state's "
+        f"{size} directions (J_t singular at every step, in {hit} of {len(cut)} examples): "
+        f"those exponents are −∞; the top {size - most} are given")
 
 
 def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
-               say: Progress) -> tuple[DiagnosedLayer, dynamics.Evidence, int,
-                                       float | None] | str:
+               say: Progress, warnings: list[str]) -> tuple[DiagnosedLayer, dynamics.Evidence,
+                                                            int, float | None] | str:
     """One direction of a stepped call, diagnosed, with what its verdict rests on, how many
     exponents it took and the exponent of its first tangent column alone (what a
     counterfactual's λ₁ is compared with: it carries that column only); or why it cannot
-    be."""
+    be. What the reader must know of its numbers is added to ``warnings``."""
     from gradscope.keras.diagnose.counterfactuals import state_flow
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
@@ -169,15 +201,19 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
 
     direction = stepped.directions[index]
     layer = direction.layer
-    if _dropout(layer, engine.training):
-        return "dropout in training mode: not yet diagnosed (run in inference mode)"
     path = trajectory(stepped, index)
     if isinstance(path, str):
         return path
     size = path.size
-    count = size if size <= ALL_EXPONENTS and exponents is None else min(
-        exponents or EXPONENTS, size)
     label = direction.label
+    room = exponent_room(path, label)
+    if isinstance(room, str):
+        return room
+    live, cut = room
+    count = min(live, size if size <= ALL_EXPONENTS and exponents is None else min(
+        exponents or EXPONENTS, size))
+    if cut is not None:
+        warnings.append(cut)
     say(f"{label}: Lyapunov exponents (QR along the trajectory)")
     logs = lyapunov_logs(engine, path, count)
     spectrum, change = dynamics.lyapunov_exponents(logs, path.ran)
@@ -190,7 +226,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         steps_median=_per_step(grid, np.nanmedian), steps_max=_per_step(grid, np.nanmax),
         method=method)
     say(f"{label}: gates")
-    why_not = known_gates(layer, engine.training)
+    why_not = known_gates(layer)
     gates = timescales = None
     saturated: list[SaturatedUnit] = []
     if why_not is None:

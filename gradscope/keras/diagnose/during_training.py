@@ -43,7 +43,7 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     ``cache``: kept by the caller across calls with one engine: Keras' own call of the model
     is traced once, not at every diagnosis (each function that steps a cell is kept on the
     engine itself: :func:`~gradscope.keras.stepped.engine_cached`)."""
-    from gradscope.keras.diagnose import is_recurrent
+    from gradscope.keras.diagnose import exponent_room, is_recurrent
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
@@ -62,19 +62,19 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
             continue
         for index, direction in enumerate(stepped.directions):
             layer = direction.layer
-            if engine.training and (getattr(layer.cell, "dropout", 0) or
-                                    getattr(layer.cell, "recurrent_dropout", 0)):
-                skipped.append((direction.label, "dropout in training mode: not yet "
-                                "diagnosed (run in inference mode)"))
-                continue
             path = trajectory(stepped, index)
             if isinstance(path, str):
                 skipped.append((direction.label, path))
                 continue
-            count = min(exponents, path.size)
+            # In training mode, recurrent dropout may leave fewer finite exponents than asked.
+            live = exponent_room(path, direction.label)
+            if isinstance(live, str):
+                skipped.append((direction.label, live))
+                continue
+            count = min(exponents, live[0])
             spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(engine, path, count),
                                                       path.ran)
-            why_not = known_gates(layer, engine.training)
+            why_not = known_gates(layer)
             gates = None
             if why_not is None:
                 reading = read_gates(engine, path)

@@ -4,7 +4,8 @@ on every pair (x_t, h_{t−1}) a step ran on (time folded into the batch).
 Keras' layouts (keras/src/layers/rnn/gru.py, lstm.py): GRU kernel columns [z | r | h], with
 ``reset_after`` a (2, 3u) bias whose row 1 adds to the recurrent part; LSTM [i | f | c | o].
 The keep gate, the share of the old state a step keeps, is f for an LSTM and z for a GRU
-(h_t = z·h_{t−1} + (1 − z)·ĥ_t).
+(h_t = z·h_{t−1} + (1 − z)·ĥ_t). In training mode with dropout, the gates are those the step
+computed: x_t and h_{t−1} multiplied by the masks the call drew, each pair by its example's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from gradscope.dynamics import HIGH, LOW
 from gradscope.keras.diagnose.trajectory import FOLD_ROWS, Trajectory, folded_pairs
 from gradscope.keras.engine import class_label
-from gradscope.keras.stepped import engine_cached
+from gradscope.keras.stepped import Masks, engine_cached, masks_for_rows
 
 #: Per cell class: its gates by name, as (column block, name), and its keep gate.
 GATES = {"LSTMCell": ([(0, "input"), (1, "forget"), (3, "output")], "forget"),
@@ -37,19 +38,20 @@ class GateReading:
     saturated: np.ndarray
 
 
-def known_gates(layer: Any, training: bool) -> str | None:
+def known_gates(layer: Any) -> str | None:
     """None when gradscope reads this layer's gates; else why not."""
     cell = layer.cell
     kind = class_label(cell)
     if kind not in GATES:
         return f"gates not known for this cell ({kind})"
-    if training and (getattr(cell, "dropout", None) or getattr(cell, "recurrent_dropout", None)):
-        return "gates not read with dropout in training mode (not yet)"
     return None
 
 
-def _preactivations(tf: Any, cell: Any, x: Any, h: Any) -> Any:
-    """The gate pre-activations (N, blocks·u), Keras' column order."""
+def _preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None = None) -> Any:
+    """The gate pre-activations (N, blocks·u), Keras' column order (a GRU's first two
+    blocks, z and r); with ``masks``, as the step computes them in training mode."""
+    if masks is not None:
+        return _masked_preactivations(tf, cell, x, h, masks)
     kind = class_label(cell)
     kernel, recurrent = cell.kernel, cell.recurrent_kernel
     if kind == "LSTMCell":
@@ -67,6 +69,41 @@ def _preactivations(tf: Any, cell: Any, x: Any, h: Any) -> Any:
     return x_part + h_part
 
 
+def _masked_preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks) -> Any:
+    """:func:`_preactivations` with dropout, as Keras' LSTMCell and GRUCell ``call`` apply it
+    (a row of masks per row of x and h): gate g's block takes x·m_g and h_(t−1)·r_g, one
+    mask for every gate or one per gate (``implementation=1``, a list); a rate outside
+    (0, 1) applies none, and the recurrent mask only ``implementation=1`` applies."""
+    kind = class_label(cell)
+    units = int(cell.units)
+    inputs, recurrent = masks
+    if not 0.0 < float(cell.dropout) < 1.0:
+        inputs = None
+    if not 0.0 < float(cell.recurrent_dropout) < 1.0 or getattr(cell, "implementation",
+                                                                  1) != 1:
+        recurrent = None
+
+    def times(value: Any, mask: Any, block: int) -> Any:
+        if mask is None:
+            return value
+        mask = mask[block] if isinstance(mask, (list, tuple)) else mask
+        return value * tf.cast(mask, value.dtype)
+
+    parts = []
+    for block in range(4 if kind == "LSTMCell" else 2):
+        columns = slice(block * units, (block + 1) * units)
+        x_part = tf.matmul(times(x, inputs, block), cell.kernel[:, columns])
+        h_part = tf.matmul(times(h, recurrent, block), cell.recurrent_kernel[:, columns])
+        if cell.use_bias:
+            if kind == "GRUCell" and cell.reset_after:
+                x_part += cell.bias[0, columns]
+                h_part += cell.bias[1, columns]
+            else:
+                x_part += cell.bias[columns]
+        parts.append(x_part + h_part)
+    return tf.concat(parts, axis=1)
+
+
 def read_gates(engine: Any, path: Trajectory) -> GateReading:
     """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None); the
     traced function is kept on ``engine`` (:func:`~gradscope.keras.stepped.engine_cached`)."""
@@ -74,14 +111,14 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
     cell = path.layer.cell
     gates, keep = GATES[class_label(cell)]
     units = int(cell.units)
-    x, previous, _ = folded_pairs(path)
+    x, previous, rows = folded_pairs(path)
     dtype = cell.compute_dtype
 
     def traced() -> Any:
         @tf.function(autograph=False, reduce_retracing=True)
-        def values(x: Any, h: Any) -> Any:
+        def values(x: Any, h: Any, masks: Masks | None) -> Any:
             found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
-                                                              tf.cast(h, dtype)))
+                                                              tf.cast(h, dtype), masks))
             return tf.stack([found[:, block * units:(block + 1) * units]
                              for block, _ in gates], 0)
 
@@ -100,7 +137,9 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
         for first in range(0, len(x), FOLD_ROWS):
             part = slice(first, first + FOLD_ROWS)
             found = np.asarray(values(tf.convert_to_tensor(x[part]),
-                                      tf.convert_to_tensor(previous[0][part])), np.float64)
+                                      tf.convert_to_tensor(previous[0][part]),
+                                      masks_for_rows(tf, path.masks, rows[part, 0])),
+                               np.float64)
             below += (found < LOW).sum(axis=(1, 2))
             above += (found > HIGH).sum(axis=(1, 2))
             keep_sum += found[where].sum(axis=0)

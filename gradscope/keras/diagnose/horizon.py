@@ -4,7 +4,8 @@ steps t, ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖ for every lag k in a wi
 Exact, through the layer's own cell: the window's steps are stepped again from the state the
 trajectory held where the window begins (h_t depends on x_s, s ≥ t − W, through those steps
 alone), with the output units folded into the batch, so one backward pass gives every row of
-∂h_t/∂x. The window doubles until the median ratio falls below 10⁻³, up to a budget.
+∂h_t/∂x. The window doubles until the median ratio falls below 10⁻³, up to a budget. In
+training mode with dropout, each folded row steps with the masks of its own example.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
 from gradscope.keras.diagnose.trajectory import Trajectory
-from gradscope.keras.stepped import engine_cached, scan_cell
+from gradscope.keras.stepped import Masks, cell_holding, engine_cached, masks_for_rows, scan_cell
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
 STEPS, EXAMPLES = 8, 8
@@ -69,6 +70,8 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
 
     window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units),
                                  lambda: _window_norms(engine, layer, units))
+    # Row e·units + u of the fold is output unit u of example examples[e]: its masks.
+    held = masks_for_rows(tf, path.masks, np.repeat(np.asarray(examples), units))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
@@ -90,7 +93,8 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
                 norms = np.asarray(window_norms(tf.convert_to_tensor(x),
                                                 None if part is None else
                                                 tf.convert_to_tensor(part),
-                                                [tf.convert_to_tensor(s) for s in initial]))
+                                                [tf.convert_to_tensor(s) for s in initial],
+                                                held))
             if backwards:
                 norms = norms[:, ::-1]  # processing order
             own = norms[:, -1]
@@ -109,20 +113,21 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
 
 
 def _window_norms(engine: Any, layer: Any, units: int) -> Any:
-    """The traced pass of :func:`measure`: ``window_norms(x, mask, initial)`` → per example
-    and input step of the window, ‖∂h_t/∂x_s‖ (h_t the output after the window's last step),
-    the output units folded into the batch."""
+    """The traced pass of :func:`measure`: ``window_norms(x, mask, initial, masks)`` → per
+    example and input step of the window, ‖∂h_t/∂x_s‖ (h_t the output after the window's
+    last step), the output units folded into the batch (``masks``: the dropout masks of
+    every folded row, or None)."""
     tf, keras = engine.tf, engine.keras
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def window_norms(x: Any, mask: Any, initial: list[Any]) -> Any:
+    def window_norms(x: Any, mask: Any, initial: list[Any], masks: Masks | None) -> Any:
         folded = tf.repeat(x, units, axis=0)
         start = [tf.repeat(tf.cast(s, layer.cell.compute_dtype), units, axis=0)
                  for s in initial]
         folded_mask = None if mask is None else tf.repeat(mask, units, axis=0)
         probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
                   for s in start]
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, cell_holding(layer.cell, masks):
             tape.watch(folded)
             _, outs = scan_cell(tf, keras, layer, folded, folded_mask, start, probes,
                                 engine.training)

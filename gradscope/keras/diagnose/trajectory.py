@@ -5,6 +5,11 @@ method) and the spectral norm of each step Jacobian J_t = ∂s_t/∂s_{t−1}.
 Both run the layer's own cell, one step at a time: the Lyapunov scan in ``tf.while_loop``
 with the k tangent columns folded into the batch (forward mode), the norms with time folded
 into the batch (every pair at once). s is every state concatenated ([h, c] for an LSTM).
+
+In training mode with dropout, the cell holds the masks the call drew
+(:func:`~gradscope.keras.stepped.dropout_masks`), one row per example; every row folded into
+the batch gets the masks of its own example (:func:`~gradscope.keras.stepped.masks_for_rows`),
+so that J_t is the Jacobian of the step that example really took.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.keras.stepped import Stepped, engine_cached
+from gradscope.keras.engine import class_label
+from gradscope.keras.stepped import Masks, Stepped, cell_holding, engine_cached, masks_for_rows
 
 #: Pairs (x_t, s_{t−1}) the step-Jacobian norms take at once (Lanczos keeps its basis for
 #: each: rows × steps × state numbers in float64).
@@ -39,7 +45,8 @@ class Trajectory:
     """One direction's steps in processing order: x (B, T, ·), the states entering each step
     (one (B, T, w) per state, read flat: a ConvLSTM's feature maps are w numbers), and where
     each step ran (B, T) (a masked step keeps its state). ``initial`` keeps the states' own
-    shapes; ``shapes`` is each state's shape per example where it has more than one axis."""
+    shapes; ``shapes`` is each state's shape per example where it has more than one axis.
+    ``masks``: the dropout masks the cell stepped with, a row per example (None: none)."""
 
     layer: Any
     x: np.ndarray
@@ -48,6 +55,7 @@ class Trajectory:
     initial: list[np.ndarray]
     sequences: list[np.ndarray]
     shapes: list[tuple[int, ...]] | None = None
+    masks: Masks | None = None
 
     @property
     def widths(self) -> list[int]:
@@ -77,25 +85,75 @@ def trajectory(stepped: Stepped, index: int) -> Trajectory | str:
            else np.asarray(call.mask, bool).reshape(x.shape[0], steps))
     if direction.backwards:
         x, ran = x[:, ::-1], ran[:, ::-1]
+    masks = None if stepped.masks is None else stepped.masks[index]
+    odd = _not_per_example(masks, x.shape[0])
+    if odd is not None:
+        return odd
     return Trajectory(layer=direction.layer, x=np.ascontiguousarray(x), previous=previous,
                       ran=np.ascontiguousarray(ran), initial=initial, sequences=sequences,
-                      shapes=shapes)
+                      shapes=shapes, masks=masks)
+
+
+def _not_per_example(masks: Masks | None, batch: int) -> str | None:
+    """Why ``masks`` cannot be given to rows folded into the batch (None: each has one row
+    per example, as Keras' cells draw them), e.g. a cell of the user's drawing one mask
+    broadcast over the batch."""
+    if masks is None:
+        return None
+    for value in masks:
+        for part in value if isinstance(value, (list, tuple)) else [value]:
+            if part is not None and (np.ndim(part) < 1 or np.shape(part)[0] != batch):
+                return (f"dropout in training mode: a mask of shape {np.shape(part)} is not "
+                        f"one row per example of the batch of {batch}, so the rows folded "
+                        "into the batch cannot be given their own (not diagnosed)")
+    return None
+
+
+def cut_directions(path: Trajectory) -> np.ndarray | str | None:
+    """Per example, how many directions of the state a step maps to 0 because recurrent
+    dropout cut them (B,): J_t is singular by that much at every step, so as many of the
+    example's exponents are −∞. None without a recurrent mask; a reason where the cell is
+    not one whose algebra gradscope knows for this.
+
+    Keras' SimpleRNNCell: J_t = diag(φ′)·Rᵀ·diag(r), so each unit r drops. LSTMCell
+    (``implementation=1``): with the c-rows taken out of the h-rows (h_t = o·tanh(c_t)),
+    what is left of the h-rows is diag(tanh c_t)·∂o/∂h_(t−1), whose columns are those the
+    output gate's mask r_o keeps: each unit r_o drops. GRUCell: J_t = diag(z) + …, with
+    z ∈ (0, 1), is not made singular by its masks: none."""
+    if path.masks is None or path.masks[1] is None:
+        return None
+    cell = path.layer.cell
+    kind = class_label(cell)
+    recurrent = path.masks[1]
+    if kind == "GRUCell":
+        return np.zeros(len(path.x), int)
+    if kind == "SimpleRNNCell" and not isinstance(recurrent, (list, tuple)):
+        return np.sum(np.asarray(recurrent) == 0, axis=1)
+    if (kind == "LSTMCell" and isinstance(recurrent, (list, tuple)) and len(recurrent) == 4
+            and getattr(cell, "implementation", 1) == 1):
+        if not 0.0 < float(cell.recurrent_dropout) < 1.0:
+            return np.zeros(len(path.x), int)  # drawn, but not applied by the step
+        return np.sum(np.asarray(recurrent[3]) == 0, axis=1)
+    return (f"recurrent_dropout in training mode in a {kind}: which directions of the state "
+            "its masks cut (making J_t singular, those exponents −∞) is known for Keras' "
+            "LSTM, GRU and SimpleRNN cells only (not diagnosed)")
 
 
 def _step(engine: Any, layer: Any, shapes: list[tuple[int, ...]] | None = None) -> Any:
-    """One step of the layer's cell: ``step(x_t, states)`` → the new states, flat (a list);
-    with ``shapes``, the states come and go read flat (N, w), each given to the cell in its
-    own shape."""
+    """One step of the layer's cell: ``step(x_t, states, masks)`` → the new states, flat (a
+    list), the cell holding ``masks`` (a row per row of x_t; None: none); with ``shapes``,
+    the states come and go read flat (N, w), each given to the cell in its own shape."""
     tf, keras = engine.tf, engine.keras
     cell = layer.cell
     kwargs = ({"training": engine.training} if getattr(cell, "_call_has_training_arg", False)
               else {})
 
-    def step(x_t: Any, states: list[Any]) -> list[Any]:
+    def step(x_t: Any, states: list[Any], masks: Masks | None = None) -> list[Any]:
         if shapes is not None:
             states = [tf.reshape(s, [-1, *shape]) for s, shape in zip(states, shapes,
                                                                        strict=True)]
-        _, new = cell(x_t, list(states), **kwargs)
+        with cell_holding(cell, masks):
+            _, new = cell(x_t, list(states), **kwargs)
         new = list(keras.tree.flatten(new))
         if shapes is not None:
             new = [tf.reshape(n, [tf.shape(n)[0], -1]) for n in new]
@@ -134,7 +192,7 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     with native_stderr_silenced(), without_grappler():
         found = scan(tf.convert_to_tensor(path.x), tf.convert_to_tensor(path.ran),
                      [tf.convert_to_tensor(p) for p in path.previous],
-                     tf.convert_to_tensor(start))
+                     tf.convert_to_tensor(start), path.masks)
     return np.asarray(found, np.float64)
 
 
@@ -143,10 +201,13 @@ def _by_hand(engine: Any, path: Trajectory) -> Any:
     the cell's dtype) where gradscope's cells model the layer and, run on pairs
     (x_t, s_{t−1}) of the trajectory at up to :data:`CHECKED_STEPS` evenly spaced steps, it
     gives the states the layer's own cell gave; else None (forward-mode autodiff of the
-    layer's own step)."""
+    layer's own step). Also None with dropout masks: gradscope's cells do not model them,
+    and the layer's own cell, holding each row's masks, is differentiated instead."""
     from gradscope.gradcheck import tolerance
     from gradscope.keras.stepped import linearised
 
+    if path.masks is not None:
+        return None
     dtype = str(np.dtype(path.layer.cell.compute_dtype))
     tangent = linearised(engine, path.layer, dtype)
     if tangent is None:
@@ -169,22 +230,25 @@ def _by_hand(engine: Any, path: Trajectory) -> Any:
 
 def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
                    by_hand: Any = None, shapes: list[tuple[int, ...]] | None = None) -> Any:
-    """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start)`` → the logs
-    (B, T, count). ``by_hand``: the step linearised by hand (:func:`_by_hand`), which carries
-    the columns with the step's own values computed once."""
+    """The traced scan of :func:`lyapunov_logs`: ``scan(x, ran, previous, start, masks)`` →
+    the logs (B, T, count). ``by_hand``: the step linearised by hand (:func:`_by_hand`), which
+    carries the columns with the step's own values computed once. ``masks``: the dropout
+    masks, a row per example (None: none), tiled as the columns are folded."""
     tf = engine.tf
     step = _step(engine, layer, shapes)
     size = sum(widths)
     dtype = layer.cell.compute_dtype
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def scan(x: Any, ran: Any, previous: list[Any], start: Any) -> Any:
+    def scan(x: Any, ran: Any, previous: list[Any], start: Any, masks: Masks | None) -> Any:
         # A while loop reading step t of the batch-major inputs in place: tf.scan would hold
         # time-major copies of them, and of their TensorArrays, through the whole loop.
         batch, steps = tf.shape(x)[0], tf.shape(x)[1]
         previous = [tf.cast(p, dtype) for p in previous]
         q0 = tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1])
         repeats = [count] + [1] * (len(x.shape) - 2)
+        # Row c·B + b of the fold is column c of example b: it takes example b's masks.
+        held = masks_for_rows(tf, masks, tf.tile(tf.range(batch), [count]))
 
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
             x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
@@ -197,7 +261,7 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
                 tangents = tf.split(columns, widths, axis=1)
                 primals = [tf.tile(p, [count, 1]) for p in prev_t]
                 with tf.autodiff.ForwardAccumulator(primals, tangents) as acc:
-                    new = step(tf.tile(x_t, repeats), primals)
+                    new = step(tf.tile(x_t, repeats), primals, held)
                 moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
                 moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
             q_new, r = orthonormalised(tf, moved)
@@ -268,7 +332,8 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     (:func:`_lanczos`), :data:`POWER_STEPS` products, each a JVP then a VJP of one step: a
     Keras GRU, LSTM or SimpleRNN's step linearised by hand (:func:`_by_hand`: its values
     computed once per pair, each product two matmuls), else forward mode through the
-    layer's own step and the tape back."""
+    layer's own step and the tape back. Each pair (example, step) steps with its example's
+    dropout masks."""
     tf = engine.tf
     widths, size = path.widths, path.size
     exact = size <= EXACT_STATE if exact is None else exact
@@ -293,12 +358,13 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
             part = slice(first, first + FOLD_ROWS)
             xs = tf.convert_to_tensor(x[part])
             joined = [tf.convert_to_tensor(p[part]) for p in previous]
+            held = masks_for_rows(tf, path.masks, rows[part, 0])  # each row's example's
             if exact:
-                found = np.asarray(traced(xs, joined), np.float64)
+                found = np.asarray(traced(xs, joined, held), np.float64)
                 norms[part] = np.linalg.svd(found, compute_uv=False)[:, 0]
                 continue
             start = tf.constant(generator.standard_normal((len(x[part]), size)))
-            alphas, betas = traced(xs, joined, start, tf.constant(products))
+            alphas, betas = traced(xs, joined, held, start, tf.constant(products))
             norms[part], moving = ritz_largest(np.asarray(alphas).T, np.asarray(betas).T)
             unsettled += moving
     sampled = (f"at {len(taken)} of {steps} steps, evenly spaced; " if len(taken) < steps
@@ -322,26 +388,28 @@ def _by_hand_kept(engine: Any, path: Trajectory) -> Any:
 
 def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_hand: Any,
                     shapes: list[tuple[int, ...]] | None) -> Any:
-    """The traced function of :func:`step_norms`: ``(x, previous)`` → the step Jacobians
-    (N, S, S) where ``exact``; else ``(x, previous, start, products)`` → Lanczos' α and β
-    (products, N) each, in float64."""
+    """The traced function of :func:`step_norms`: ``(x, previous, masks)`` → the step
+    Jacobians (N, S, S) where ``exact``; else ``(x, previous, masks, start, products)`` →
+    Lanczos' α and β (products, N) each, in float64. ``masks``: the dropout masks of each
+    row (None: none)."""
     tf = engine.tf
     step = _step(engine, layer, shapes)
     dtype = layer.cell.compute_dtype
 
     if exact:
         @tf.function(autograph=False, reduce_retracing=True)
-        def jacobian(x: Any, previous: list[Any]) -> Any:
+        def jacobian(x: Any, previous: list[Any], masks: Masks | None) -> Any:
             joined = tf.cast(tf.concat(previous, 1), dtype)
             with tf.GradientTape() as tape:
                 tape.watch(joined)
-                new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
+                new = tf.concat(step(x, list(tf.split(joined, widths, axis=1)), masks), 1)
             return tape.batch_jacobian(new, joined, experimental_use_pfor=False)
 
         return jacobian
 
     @tf.function(autograph=False, reduce_retracing=True)
-    def tridiagonal(x: Any, previous: list[Any], start: Any, products: Any) -> Any:
+    def tridiagonal(x: Any, previous: list[Any], masks: Masks | None, start: Any,
+                    products: Any) -> Any:
         states = [tf.cast(p, dtype) for p in previous]
         if by_hand is not None:
             _, apply = by_hand.linear(states, tf.cast(x, dtype))
@@ -359,7 +427,8 @@ def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_
                 with tf.GradientTape() as tape:
                     tape.watch(joined)
                     with tf.autodiff.ForwardAccumulator(joined, tf.cast(q, dtype)) as acc:
-                        new = tf.concat(step(x, list(tf.split(joined, widths, axis=1))), 1)
+                        new = tf.concat(step(x, list(tf.split(joined, widths, axis=1)),
+                                             masks), 1)
                     moved = acc.jvp(new, unconnected_gradients="zero")
                 return tape.gradient(new, joined, output_gradients=moved,
                                      unconnected_gradients="zero")
