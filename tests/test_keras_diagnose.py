@@ -260,6 +260,64 @@ def test_measured_horizon_against_a_tape(tf: Any, lstm_case: Any) -> None:
     assert entry.horizon.measured == (int(below[0]) if below.size else None)
 
 
+@pytest.mark.parametrize("backwards", [False, True])
+def test_a_masked_step_is_left_out_of_the_horizon_not_counted_as_no_influence(
+        tf: Any, backwards: bool) -> None:
+    """Three of four examples padded over the half of the sequence the layer reads first (the
+    start for a forward layer, the end for a go_backwards one): a padded step reads no input,
+    so its lag is no evidence of fading. The ratios are held to Keras' own layer under a tape,
+    with those lags left out; counting them as an influence of 0 would have put the horizon
+    at the first lag that reaches the padding."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    masked = keras.layers.Masking(name="mask")(inp)
+    h = keras.layers.GRU(4, return_sequences=True, go_backwards=backwards, name="gru")(masked)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    x, y = _batch()
+    padded = slice(T // 2, T) if backwards else slice(0, T // 2)
+    x[:3, padded] = 0.0
+    y = y[:, ::-1] if backwards else y
+    entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
+    layer = model.get_layer("gru")
+    inputs = tf.convert_to_tensor(x)
+    mask = np.any(x != 0, axis=-1)  # (B, T) input order
+    steps = entry.horizon.steps  # processing order
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        # go_backwards: Keras' sequence is in processing order, step t read input T−1−t
+        out = layer(inputs, mask=tf.convert_to_tensor(mask))
+        picked = tf.reshape(tf.gather(out, steps, axis=1), [B, -1])
+    jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
+    jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
+    order = np.arange(T)[::-1] if backwards else np.arange(T)  # processing → input step
+    rows, zeros = [], []
+    for k, t in enumerate(steps):
+        norms = np.sqrt((jac[:, k] ** 2).sum(axis=(1, 3)))[:, order]  # processing order
+        ran = mask[:, order]
+        row = np.full((B, entry.horizon.window + 1), np.nan)
+        for lag in range(min(t, entry.horizon.window) + 1):
+            row[:, lag] = norms[:, t - lag] / norms[:, t]
+        row[~ran[:, t]] = np.nan
+        zeros.append(row.copy())
+        for lag in range(min(t, entry.horizon.window) + 1):
+            row[~ran[:, t - lag], lag] = np.nan
+        rows.append(row)
+    picked_rows = np.concatenate(rows)[np.tile(np.isin(np.arange(B), entry.horizon.examples),
+                                               len(steps))]
+    truth = np.array([np.median(c[np.isfinite(c)]) if np.isfinite(c).any() else np.nan
+                      for c in picked_rows.T])
+    found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
+    np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
+    below = np.nonzero(truth < 1e-3)[0]
+    assert entry.horizon.measured == (int(below[0]) if below.size else None)
+    # with the padded lags counted as 0, the median would fall to 0 where they begin
+    counted = np.nanmedian(np.concatenate(zeros), axis=0)
+    assert np.nonzero(counted < 1e-3)[0][0] < (below[0] if below.size else T)
+
+
 def test_lstm_with_forget_bias_minus_5_vanishes_by_its_forget_gate(lstm_case: Any) -> None:
     _, _, _, report = lstm_case
     entry = next(e for e in report.layers if e.call == "lstm")
