@@ -137,12 +137,26 @@ class Evidence:
     remedy: str | None = None
 
 
+def fades_within(evidence: Evidence) -> float | None:
+    """Within how many steps an input's influence fades by :data:`HORIZON_FACTOR`: the
+    measured horizon; where it is beyond the lags measured, the predicted one only if those
+    lags stop short of the sequence (the budget cut the window) and it lies beyond them, for
+    a measurement over every lag the sequence has (window T − 1) is the answer. None: it
+    does not fade within what is known."""
+    e = evidence
+    if e.measured is not None:
+        return e.measured
+    if e.predicted is not None and e.window < e.steps - 1 and e.predicted > e.window:
+        return e.predicted
+    return None
+
+
 def mechanism(evidence: Evidence) -> str:
     """"exploding", "vanishing" or "holds" (gradients neither fade within the steps nor
     grow)."""
     if evidence.largest is not None and evidence.largest > EXPLODING_EXPONENT:
         return "exploding"
-    fades = evidence.measured if evidence.measured is not None else evidence.predicted
+    fades = fades_within(evidence)
     if fades is not None and fades < evidence.steps:
         return "vanishing"
     return "holds"
@@ -193,7 +207,7 @@ def _verdict(evidence: Evidence) -> str:
             parts.append(f"{e.keep_above:.0%} of {e.keep_gate}-gate values above {HIGH}")
         return f"{e.name}: exploding: " + "; ".join(parts)
     if kind == "vanishing":
-        fades = e.measured if e.measured is not None else e.predicted
+        fades = fades_within(e)
         assert fades is not None
         lead = f"{gate}, so gradients" if gate else (
             f"λ₁ = {e.largest:+.3g} per step, so gradients" if e.largest is not None

@@ -38,6 +38,23 @@ def test_horizon_timescales_and_words() -> None:
         "gradients fade by 10³ within about 3 steps (measured 3, predicted 3.5)")
 
 
+def test_a_horizon_measured_over_every_lag_is_not_overruled_by_the_predicted_one() -> None:
+    """λ₁ = −0.268 predicts 25.8 steps; measured over every lag of 30 steps (window 29) the
+    influence stays above 10⁻³: it holds. The prediction stands in only where the budget cut
+    the window short of the sequence, and beyond it."""
+    evidence = dynamics.Evidence(name="lstm", steps=30, largest=-0.268, measured=None,
+                                 window=29, predicted=25.8, share_above_1=0.0)
+    assert dynamics.fades_within(evidence) is None
+    assert dynamics.mechanism(evidence) == "holds"
+    assert "measured more than 29, predicted 26" in dynamics.verdict(evidence)
+    cut = dynamics.Evidence(name="lstm", steps=300, largest=-0.05, measured=None, window=64,
+                            predicted=138.0, share_above_1=0.0)
+    assert dynamics.fades_within(cut) == 138.0 and dynamics.mechanism(cut) == "vanishing"
+    below = dynamics.Evidence(name="lstm", steps=300, largest=-0.2, measured=None, window=64,
+                              predicted=34.5, share_above_1=0.0)
+    assert dynamics.fades_within(below) is None and dynamics.mechanism(below) == "holds"
+
+
 def test_a_smallest_singular_value_below_the_arithmetics_resolution_is_a_bound():
     """σ_min far below max(rows, columns)·eps·σ_max is rounding: given as that floor, marked;
     one the arithmetic resolves is given as it is."""
