@@ -9,18 +9,33 @@ with these functions after its wing has stepped the layer's own cell along the b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 #: The factor the memory horizon is measured at: influence 10⁻³ of the step's own.
 HORIZON_FACTOR = 1e3
+#: ``explain --flow`` (and GradientFlow) flag a gradient whose size changes by more than this
+#: factor over the sequence: vanishing (exploding) where the recurrence carries back less
+#: (more) than 1/FLOW_FACTOR (FLOW_FACTOR) × ∂L/∂h from the last step to the first. It is the
+#: horizon's factor: on one recurrence the two read the same fading (an LSTM of 30 steps at
+#: λ₁ = −0.209 kept ×1.96e-03 carried back and ×3.98e-03 of an input's influence 29 steps
+#: back, e^(29·λ₁) = 2.34e-03), so "vanishing" means one thing in explain and diagnose.
+FLOW_FACTOR = HORIZON_FACTOR
 #: λ₁ above this (nats per step) grows a perturbation by 1% or more per step: exploding.
 EXPLODING_EXPONENT = 0.01
 #: A gate value below or above these counts as saturated (Karpathy et al. 2015).
 LOW, HIGH = 0.1, 0.9
 #: The keep gate is named as the mechanism when at least this share of it is saturated.
 BLAMED = 0.5
+
+
+def flow_kind(ratio: float | None) -> Literal["vanishing", "exploding"] | None:
+    """The flag ``explain --flow`` gives a ratio: "vanishing" below 1/:data:`FLOW_FACTOR`,
+    "exploding" above :data:`FLOW_FACTOR`, else None (None too for no ratio)."""
+    if ratio is None or 1 / FLOW_FACTOR <= ratio <= FLOW_FACTOR:
+        return None
+    return "vanishing" if ratio < 1 else "exploding"
 
 
 def lyapunov_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> tuple[np.ndarray,
