@@ -150,6 +150,12 @@ class Evidence:
     growing: float | None = None
     #: The most effective counterfactual, in words with its measured number (or None).
     remedy: str | None = None
+    #: How much of ∂L/∂s the recurrence carries back from the last step to the first: the
+    #: ratio ``explain --flow`` flags (None: nothing carried).
+    carried: float | None = None
+    #: The median influence ratio at the last lag measured, and that lag (None: none).
+    reach: float | None = None
+    reach_lag: int | None = None
 
 
 def fades_within(evidence: Evidence) -> float | None:
@@ -193,10 +199,69 @@ def remedy(kind: str, change: str, horizon: int | None, window: int | None,
 
 
 def verdict(evidence: Evidence) -> str:
-    """The verdict in words, naming the mechanism with the layer's own numbers, and the most
+    """The verdict in words, naming the mechanism with the layer's own numbers, why
+    ``explain --flow`` flags otherwise where it does (:func:`flow_note`), and the most
     effective counterfactual when there is one."""
     said = _verdict(evidence)
+    note = flow_note(evidence)
+    said = f"{said}; {note}" if note else said
     return f"{said}; {evidence.remedy}" if evidence.remedy else said
+
+
+#: Two fadings over the same steps count as different when they end more than this factor
+#: apart; within it they are one fading read two ways.
+APART = 10.0
+
+
+def flow_note(evidence: Evidence) -> str | None:
+    """Where ``explain --flow``'s flag and the verdict part on vanishing, why, with both
+    numbers (None where they agree, or nothing was carried).
+
+    The flag reads ∂L/∂s carried back from the last step to the first; the horizon one
+    input's influence on the state. Where the carried gradient ends more than :data:`APART`
+    below what the slower fading would leave over the same steps (λ₁'s, or the horizon's), the
+    loss's gradient and the inputs' influence lie along directions of the state that fade at
+    different rates, and the note says which; else it is one fading whose two reads fall on
+    either side of 10³.
+    """
+    e = evidence
+    kind = mechanism(e)
+    if e.carried is None or not e.carried > 0 or e.steps < 2:
+        return None
+    back = e.steps - 1
+    carried = f"∂L/∂s carried back from t={back} to t=0 keeps ×{e.carried:.3g}"
+    rate = float(np.log(e.carried)) / back
+    if kind == "holds" and flow_kind(e.carried) == "vanishing":
+        reach = (f"an input's influence {e.reach_lag} steps back is still ×{e.reach:.3g} of "
+                 f"its own step's" if e.reach is not None and e.reach_lag is not None
+                 else f"an input's influence stays above 10⁻³ of its own step's over the "
+                      f"{e.window} lags measured")
+        said = f"explain --flow flags it vanishing: {carried} ({rate:+.3g} per step), while {reach}"
+        if e.largest is None:
+            return said
+        kept = float(np.exp(back * e.largest))
+        if e.carried * APART < kept:
+            return (f"{said}: the loss reads the state along directions it forgets faster "
+                    f"than λ₁ = {e.largest:+.3g}, its slowest rate (×{kept:.3g} over those "
+                    f"{back} steps), which carries an input's influence")
+        return (f"{said}: one fading at about λ₁'s rate (λ₁ = {e.largest:+.3g} per step "
+                f"leaves ×{kept:.3g} over those {back} steps), read two ways that fall on "
+                f"either side of 10³")
+    if kind == "vanishing" and flow_kind(e.carried) is None:
+        fades = fades_within(e)
+        assert fades is not None
+        said = (f"explain --flow does not flag it: {carried} ({rate:+.3g} per step), within "
+                f"its factor 10³")
+        influence = -float(np.log(HORIZON_FACTOR)) / fades
+        left = float(np.exp(back * influence))
+        if left * APART < e.carried:
+            return (f"{said}, while an input's influence fades by 10³ within about "
+                    f"{_steps(fades)} ({influence:+.3g} per step): inputs enter the state "
+                    f"along directions it forgets faster than those the loss reads")
+        return (f"{said}: one fading (an input's influence, by 10³ within about "
+                f"{_steps(fades)}, would leave ×{left:.3g} over those {back} steps), read two "
+                f"ways that fall on either side of 10³")
+    return None
 
 
 def _verdict(evidence: Evidence) -> str:

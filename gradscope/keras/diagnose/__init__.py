@@ -216,6 +216,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
                       steps=measured.steps, examples=measured.examples)
     exploding = _exploding(stepped, index)
+    flow = state_flow(stepped, index)
+    reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
     keep = timescales.keep_gate if timescales is not None else None
     evidence = dynamics.Evidence(
@@ -224,14 +226,17 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         keep_gate=keep, keep_below=gates[keep].below_0_1 if gates and keep else None,
         keep_above=gates[keep].above_0_9 if gates and keep else None,
         median_tau=timescales.median if timescales is not None else None,
-        growing=exploding.growing_share if exploding is not None else None)
+        growing=exploding.growing_share if exploding is not None else None,
+        carried=flow.ratio if flow is not None else None,
+        reach=float(measured.medians[reached[-1]]) if reached.size else None,
+        reach_lag=int(reached[-1]) if reached.size else None)
     return DiagnosedLayer(
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,
         backwards=direction.backwards, lyapunov=[float(v) for v in spectrum],
         lyapunov_change=change, jacobian_norm=norms, gates=gates, gates_note=why_not,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
-        exploding=exploding, flow=state_flow(stepped, index),
+        exploding=exploding, flow=flow,
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
         verdict=dynamics.verdict(evidence)), evidence, count, (
             float(first[0]) if len(first) else None)
