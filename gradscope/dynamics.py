@@ -9,18 +9,33 @@ with these functions after its wing has stepped the layer's own cell along the b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 #: The factor the memory horizon is measured at: influence 10⁻³ of the step's own.
 HORIZON_FACTOR = 1e3
+#: ``explain --flow`` (and GradientFlow) flag a gradient whose size changes by more than this
+#: factor over the sequence: vanishing (exploding) where the recurrence carries back less
+#: (more) than 1/FLOW_FACTOR (FLOW_FACTOR) × ∂L/∂h from the last step to the first. It is the
+#: horizon's factor: on one recurrence the two read the same fading (an LSTM of 30 steps at
+#: λ₁ = −0.209 kept ×1.96e-03 carried back and ×3.98e-03 of an input's influence 29 steps
+#: back, e^(29·λ₁) = 2.34e-03), so "vanishing" means one thing in explain and diagnose.
+FLOW_FACTOR = HORIZON_FACTOR
 #: λ₁ above this (nats per step) grows a perturbation by 1% or more per step: exploding.
 EXPLODING_EXPONENT = 0.01
 #: A gate value below or above these counts as saturated (Karpathy et al. 2015).
 LOW, HIGH = 0.1, 0.9
 #: The keep gate is named as the mechanism when at least this share of it is saturated.
 BLAMED = 0.5
+
+
+def flow_kind(ratio: float | None) -> Literal["vanishing", "exploding"] | None:
+    """The flag ``explain --flow`` gives a ratio: "vanishing" below 1/:data:`FLOW_FACTOR`,
+    "exploding" above :data:`FLOW_FACTOR`, else None (None too for no ratio)."""
+    if ratio is None or 1 / FLOW_FACTOR <= ratio <= FLOW_FACTOR:
+        return None
+    return "vanishing" if ratio < 1 else "exploding"
 
 
 def lyapunov_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> tuple[np.ndarray,
@@ -135,6 +150,26 @@ class Evidence:
     growing: float | None = None
     #: The most effective counterfactual, in words with its measured number (or None).
     remedy: str | None = None
+    #: How much of ∂L/∂s the recurrence carries back from the last step to the first: the
+    #: ratio ``explain --flow`` flags (None: nothing carried).
+    carried: float | None = None
+    #: The median influence ratio at the last lag measured, and that lag (None: none).
+    reach: float | None = None
+    reach_lag: int | None = None
+
+
+def fades_within(evidence: Evidence) -> float | None:
+    """Within how many steps an input's influence fades by :data:`HORIZON_FACTOR`: the
+    measured horizon; where it is beyond the lags measured, the predicted one only if those
+    lags stop short of the sequence (the budget cut the window) and it lies beyond them, for
+    a measurement over every lag the sequence has (window T − 1) is the answer. None: it
+    does not fade within what is known."""
+    e = evidence
+    if e.measured is not None:
+        return e.measured
+    if e.predicted is not None and e.window < e.steps - 1 and e.predicted > e.window:
+        return e.predicted
+    return None
 
 
 def mechanism(evidence: Evidence) -> str:
@@ -142,7 +177,7 @@ def mechanism(evidence: Evidence) -> str:
     grow)."""
     if evidence.largest is not None and evidence.largest > EXPLODING_EXPONENT:
         return "exploding"
-    fades = evidence.measured if evidence.measured is not None else evidence.predicted
+    fades = fades_within(evidence)
     if fades is not None and fades < evidence.steps:
         return "vanishing"
     return "holds"
@@ -164,10 +199,69 @@ def remedy(kind: str, change: str, horizon: int | None, window: int | None,
 
 
 def verdict(evidence: Evidence) -> str:
-    """The verdict in words, naming the mechanism with the layer's own numbers, and the most
+    """The verdict in words, naming the mechanism with the layer's own numbers, why
+    ``explain --flow`` flags otherwise where it does (:func:`flow_note`), and the most
     effective counterfactual when there is one."""
     said = _verdict(evidence)
+    note = flow_note(evidence)
+    said = f"{said}; {note}" if note else said
     return f"{said}; {evidence.remedy}" if evidence.remedy else said
+
+
+#: Two fadings over the same steps count as different when they end more than this factor
+#: apart; within it they are one fading read two ways.
+APART = 10.0
+
+
+def flow_note(evidence: Evidence) -> str | None:
+    """Where ``explain --flow``'s flag and the verdict part on vanishing, why, with both
+    numbers (None where they agree, or nothing was carried).
+
+    The flag reads ∂L/∂s carried back from the last step to the first; the horizon one
+    input's influence on the state. Where the carried gradient ends more than :data:`APART`
+    below what the slower fading would leave over the same steps (λ₁'s, or the horizon's), the
+    loss's gradient and the inputs' influence lie along directions of the state that fade at
+    different rates, and the note says which; else it is one fading whose two reads fall on
+    either side of 10³.
+    """
+    e = evidence
+    kind = mechanism(e)
+    if e.carried is None or not e.carried > 0 or e.steps < 2:
+        return None
+    back = e.steps - 1
+    carried = f"∂L/∂s carried back from t={back} to t=0 keeps ×{e.carried:.3g}"
+    rate = float(np.log(e.carried)) / back
+    if kind == "holds" and flow_kind(e.carried) == "vanishing":
+        reach = (f"an input's influence {e.reach_lag} steps back is still ×{e.reach:.3g} of "
+                 f"its own step's" if e.reach is not None and e.reach_lag is not None
+                 else f"an input's influence stays above 10⁻³ of its own step's over the "
+                      f"{e.window} lags measured")
+        said = f"explain --flow flags it vanishing: {carried} ({rate:+.3g} per step), while {reach}"
+        if e.largest is None:
+            return said
+        kept = float(np.exp(back * e.largest))
+        if e.carried * APART < kept:
+            return (f"{said}: the loss reads the state along directions it forgets faster "
+                    f"than λ₁ = {e.largest:+.3g}, its slowest rate (×{kept:.3g} over those "
+                    f"{back} steps), which carries an input's influence")
+        return (f"{said}: one fading at about λ₁'s rate (λ₁ = {e.largest:+.3g} per step "
+                f"leaves ×{kept:.3g} over those {back} steps), read two ways that fall on "
+                f"either side of 10³")
+    if kind == "vanishing" and flow_kind(e.carried) is None:
+        fades = fades_within(e)
+        assert fades is not None
+        said = (f"explain --flow does not flag it: {carried} ({rate:+.3g} per step), within "
+                f"its factor 10³")
+        influence = -float(np.log(HORIZON_FACTOR)) / fades
+        left = float(np.exp(back * influence))
+        if left * APART < e.carried:
+            return (f"{said}, while an input's influence fades by 10³ within about "
+                    f"{_steps(fades)} ({influence:+.3g} per step): inputs enter the state "
+                    f"along directions it forgets faster than those the loss reads")
+        return (f"{said}: one fading (an input's influence, by 10³ within about "
+                f"{_steps(fades)}, would leave ×{left:.3g} over those {back} steps), read two "
+                f"ways that fall on either side of 10³")
+    return None
 
 
 def _verdict(evidence: Evidence) -> str:
@@ -193,7 +287,7 @@ def _verdict(evidence: Evidence) -> str:
             parts.append(f"{e.keep_above:.0%} of {e.keep_gate}-gate values above {HIGH}")
         return f"{e.name}: exploding: " + "; ".join(parts)
     if kind == "vanishing":
-        fades = e.measured if e.measured is not None else e.predicted
+        fades = fades_within(e)
         assert fades is not None
         lead = f"{gate}, so gradients" if gate else (
             f"λ₁ = {e.largest:+.3g} per step, so gradients" if e.largest is not None

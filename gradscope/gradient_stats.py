@@ -3,15 +3,14 @@ norms, and the vanishing/exploding flag of a profile over time."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from gradscope.dynamics import FLOW_FACTOR, flow_kind
 from gradscope.report.models import FlowFlag, PerExampleNorms, Stats
 
-#: A gradient norm that shrinks (grows) by more than this factor from the last step back to
-#: the first is flagged as vanishing (exploding).
-FLOW_FACTOR = 100.0
+__all__ = ["FLOW_FACTOR", "flow_flags", "per_example_norms", "stats"]
 
 
 def stats(values: np.ndarray) -> Stats:
@@ -36,14 +35,15 @@ def per_example_norms(gradient: np.ndarray) -> PerExampleNorms:
 
 
 def flow_flags(sequences: dict[str, Any]) -> list[FlowFlag]:
-    """Vanishing/exploding flags: norm at t=0 over the norm at t=T−1 beyond FLOW_FACTOR."""
+    """Vanishing/exploding flags: norm at t=0 over the norm at t=T−1 beyond FLOW_FACTOR
+    (:func:`gradscope.dynamics.flow_kind`)."""
     flags = []
     for what, norms in sequences.items():
         if len(norms) < 2 or norms[-1] == 0:
             continue
         ratio = float(norms[0] / norms[-1])
-        if ratio < 1 / FLOW_FACTOR or ratio > FLOW_FACTOR:
-            kind: Literal["vanishing", "exploding"] = "vanishing" if ratio < 1 else "exploding"
+        kind = flow_kind(ratio)
+        if kind is not None:
             flags.append(FlowFlag(
                 what=what, kind=kind, ratio=ratio,
                 message=f"{what} is {ratio:.2e} × as large at t=0 as at t={len(norms) - 1}: "

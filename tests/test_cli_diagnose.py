@@ -27,6 +27,9 @@ def test_the_schema_names_the_keys_of_a_layer() -> None:
     assert set(layer) >= LAYER_KEYS
     assert {"median", "max", "share_above_1"} <= set(
         schema["$defs"]["JacobianNorm"]["properties"])
+    flow = schema["$defs"]["StateFlow"]["properties"]
+    assert set(flow) == {"first", "last", "ratio", "flag"}
+    assert "explain --flow" in flow["flag"]["description"]
 
 
 def _saved(tmp_path: Path, tf: Any) -> Path:
@@ -51,6 +54,7 @@ def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
     (layer,) = report["layers"]
     assert set(layer) >= LAYER_KEYS
     assert set(layer["gates"]) == {"update", "reset"}
+    assert set(layer["flow"]) == {"first", "last", "ratio", "flag"}
     assert [set(c) >= {"change", "horizon", "lyapunov_1"} for c in layer["counterfactuals"]] \
         == [True] * 3
     assert report["clipping"]["setting"] == "clipvalue=0.0001"

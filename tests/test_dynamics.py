@@ -38,6 +38,47 @@ def test_horizon_timescales_and_words() -> None:
         "gradients fade by 10³ within about 3 steps (measured 3, predicted 3.5)")
 
 
+def test_a_horizon_measured_over_every_lag_is_not_overruled_by_the_predicted_one() -> None:
+    """λ₁ = −0.268 predicts 25.8 steps; measured over every lag of 30 steps (window 29) the
+    influence stays above 10⁻³: it holds. The prediction stands in only where the budget cut
+    the window short of the sequence, and beyond it."""
+    evidence = dynamics.Evidence(name="lstm", steps=30, largest=-0.268, measured=None,
+                                 window=29, predicted=25.8, share_above_1=0.0)
+    assert dynamics.fades_within(evidence) is None
+    assert dynamics.mechanism(evidence) == "holds"
+    assert "measured more than 29, predicted 26" in dynamics.verdict(evidence)
+    cut = dynamics.Evidence(name="lstm", steps=300, largest=-0.05, measured=None, window=64,
+                            predicted=138.0, share_above_1=0.0)
+    assert dynamics.fades_within(cut) == 138.0 and dynamics.mechanism(cut) == "vanishing"
+    below = dynamics.Evidence(name="lstm", steps=300, largest=-0.2, measured=None, window=64,
+                              predicted=34.5, share_above_1=0.0)
+    assert dynamics.fades_within(below) is None and dynamics.mechanism(below) == "holds"
+
+
+def test_one_fading_on_either_side_of_the_factor_is_said_so() -> None:
+    """A 30-step layer at λ₁ = −0.204: ∂L/∂s carried back keeps ×7.8e-4 (explain flags it),
+    an input's influence 29 steps back ×1.5e-3 (the horizon holds); λ₁ alone leaves
+    e^(−0.204·29) = ×2.69e-3, within APART of the carried ratio: one fading, two reads."""
+    evidence = dynamics.Evidence(name="bi/forward", steps=30, largest=-0.204, measured=None,
+                                 window=29, predicted=33.9, share_above_1=0.0, carried=7.8e-4,
+                                 reach=1.5e-3, reach_lag=29)
+    assert dynamics.flow_kind(7.8e-4) == "vanishing" and dynamics.mechanism(evidence) == "holds"
+    kept = np.exp(-0.204 * 29)
+    assert dynamics.verdict(evidence).endswith(
+        "neither vanishing within the 30 steps nor exploding; explain --flow flags it "
+        "vanishing: ∂L/∂s carried back from t=29 to t=0 keeps ×0.00078 "
+        f"({np.log(7.8e-4) / 29:+.3g} per step), while an input's influence 29 steps back is "
+        f"still ×0.0015 of its own step's: one fading at about λ₁'s rate (λ₁ = -0.204 per "
+        f"step leaves ×{kept:.3g} over those 29 steps), read two ways that fall on either "
+        "side of 10³")
+    assert dynamics.flow_kind(1 / dynamics.FLOW_FACTOR) is None
+    assert dynamics.flow_kind(1.01 * dynamics.FLOW_FACTOR) == "exploding"
+    agreeing = dynamics.Evidence(name="lstm", steps=30, largest=-0.209, measured=None,
+                                 window=29, predicted=33.1, share_above_1=0.0,
+                                 carried=1.96e-3, reach=3.98e-3, reach_lag=29)
+    assert dynamics.flow_note(agreeing) is None
+
+
 def test_a_smallest_singular_value_below_the_arithmetics_resolution_is_a_bound():
     """σ_min far below max(rows, columns)·eps·σ_max is rounding: given as that floor, marked;
     one the arithmetic resolves is given as it is."""

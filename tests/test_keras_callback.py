@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import REPO, render_text, run_gradscope, run_without_tensorflow, tensorboard_events
 
+from gradscope.dynamics import FLOW_FACTOR
 from gradscope.errors import ConfigError
 
 BATCH, STEPS, FEATURES = 8, 6, 3
@@ -168,8 +169,8 @@ def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
             assert series.profiles[index] == pytest.approx(profiles[series.layer], rel=1e-5)
             ratio = fitted["ratios"][step][series.layer]
             assert series.ratios[index] == pytest.approx(ratio, rel=1e-4)
-            expected_flag = ("vanishing" if ratio < 1e-2 else
-                             "exploding" if ratio > 1e2 else None)
+            expected_flag = ("vanishing" if ratio < 1 / FLOW_FACTOR else
+                             "exploding" if ratio > FLOW_FACTOR else None)
             assert series.flags[index] == expected_flag
         # gru_b gets its gradient at its last step only: its ratio is the profile's ends.
         profile = profiles["gru_b"]

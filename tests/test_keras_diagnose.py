@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import render_text
 
 import gradscope
 
@@ -308,6 +309,64 @@ def test_measured_horizon_against_a_tape(tf: Any, lstm_case: Any) -> None:
     assert entry.horizon.measured == (int(below[0]) if below.size else None)
 
 
+@pytest.mark.parametrize("backwards", [False, True])
+def test_a_masked_step_is_left_out_of_the_horizon_not_counted_as_no_influence(
+        tf: Any, backwards: bool) -> None:
+    """Three of four examples padded over the half of the sequence the layer reads first (the
+    start for a forward layer, the end for a go_backwards one): a padded step reads no input,
+    so its lag is no evidence of fading. The ratios are held to Keras' own layer under a tape,
+    with those lags left out; counting them as an influence of 0 would have put the horizon
+    at the first lag that reaches the padding."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    masked = keras.layers.Masking(name="mask")(inp)
+    h = keras.layers.GRU(4, return_sequences=True, go_backwards=backwards, name="gru")(masked)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    x, y = _batch()
+    padded = slice(T // 2, T) if backwards else slice(0, T // 2)
+    x[:3, padded] = 0.0
+    y = y[:, ::-1] if backwards else y
+    entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
+    layer = model.get_layer("gru")
+    inputs = tf.convert_to_tensor(x)
+    mask = np.any(x != 0, axis=-1)  # (B, T) input order
+    steps = entry.horizon.steps  # processing order
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        # go_backwards: Keras' sequence is in processing order, step t read input T−1−t
+        out = layer(inputs, mask=tf.convert_to_tensor(mask))
+        picked = tf.reshape(tf.gather(out, steps, axis=1), [B, -1])
+    jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
+    jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
+    order = np.arange(T)[::-1] if backwards else np.arange(T)  # processing → input step
+    rows, zeros = [], []
+    for k, t in enumerate(steps):
+        norms = np.sqrt((jac[:, k] ** 2).sum(axis=(1, 3)))[:, order]  # processing order
+        ran = mask[:, order]
+        row = np.full((B, entry.horizon.window + 1), np.nan)
+        for lag in range(min(t, entry.horizon.window) + 1):
+            row[:, lag] = norms[:, t - lag] / norms[:, t]
+        row[~ran[:, t]] = np.nan
+        zeros.append(row.copy())
+        for lag in range(min(t, entry.horizon.window) + 1):
+            row[~ran[:, t - lag], lag] = np.nan
+        rows.append(row)
+    picked_rows = np.concatenate(rows)[np.tile(np.isin(np.arange(B), entry.horizon.examples),
+                                               len(steps))]
+    truth = np.array([np.median(c[np.isfinite(c)]) if np.isfinite(c).any() else np.nan
+                      for c in picked_rows.T])
+    found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
+    np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
+    below = np.nonzero(truth < 1e-3)[0]
+    assert entry.horizon.measured == (int(below[0]) if below.size else None)
+    # with the padded lags counted as 0, the median would fall to 0 where they begin
+    counted = np.nanmedian(np.concatenate(zeros), axis=0)
+    assert np.nonzero(counted < 1e-3)[0][0] < (below[0] if below.size else T)
+
+
 def test_lstm_with_forget_bias_minus_5_vanishes_by_its_forget_gate(lstm_case: Any) -> None:
     _, _, _, report = lstm_case
     entry = next(e for e in report.layers if e.call == "lstm")
@@ -317,6 +376,120 @@ def test_lstm_with_forget_bias_minus_5_vanishes_by_its_forget_gate(lstm_case: An
     assert entry.horizon.measured is not None and entry.horizon.measured < 8
     assert [c.kind for c in entry.counterfactuals] == ["keep_bias", "orthogonal", "clipping"]
     assert report.clipping.setting == "clipnorm=0.05"
+
+
+def _read_model(u: np.ndarray, read: list[float]) -> Any:
+    """The linear recurrence of W = diag(0.9, 0.5) (a slow unit, a fast one) and input weights
+    ``u`` (F, 2), its last state read by a Dense of weights ``read``, no bias."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.RNN(_linear_cell_class()(np.diag([0.9, 0.5]), u), name="linear")(inp)
+    out = keras.layers.Dense(1, use_bias=False, name="out")
+    model = keras.Model(inp, out(h))
+    out.kernel.assign(np.asarray(read, "float32")[:, None])
+    model.compile(loss="mse")
+    return model
+
+
+def _explain_and_diagnose(model: Any) -> tuple[dict[str, Any], Any]:
+    """explain --flow's flags by what they flag, and diagnose's report, on one batch."""
+    x, _ = _batch()
+    y = np.random.default_rng(4).standard_normal((B, 1)).astype("float32")
+    flags = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow.flags
+    return ({f.what: f for f in flags},
+            gradscope.diagnose(model, x=x, y=y, counterfactuals=False))
+
+
+def test_explain_flags_vanishing_where_diagnose_holds_and_the_verdict_says_why(tf: Any) -> None:
+    """Inputs drive both units, the loss reads the fast one: ∂L/∂s carried back keeps 0.5^23
+    (explain flags it), while an input's influence keeps the slow unit's 0.9^k (the horizon
+    holds). diagnose's verdict names explain's flag with explain's own ratio, and the cause:
+    the loss reads the state along the direction it forgets faster than λ₁ = ln 0.9."""
+    flags, report = _explain_and_diagnose(_read_model(np.ones((F, 2)), [0.0, 1.0]))
+    flag = flags["∂L/∂linear/h_t"]
+    assert flag.kind == "vanishing" and flag.ratio == pytest.approx(0.5 ** (T - 1), rel=1e-5)
+    assert flag.message.endswith("(flagged beyond a factor 1000); gradscope diagnose says why")
+    entry = report.layers[0]
+    assert entry.mechanism == "holds"
+    assert entry.horizon.measured is None and entry.horizon.window == T - 1
+    assert entry.flow is not None and entry.flow.flag == "vanishing"
+    assert entry.flow.ratio == pytest.approx(flag.ratio, rel=1e-6)
+    # ‖∂h_t/∂x_(t−k)‖_F / ‖∂h_t/∂x_t‖_F = ‖U·diag(0.9, 0.5)^k‖_F / ‖U‖_F, U all ones
+    reach = np.sqrt((0.81 ** (T - 1) + 0.25 ** (T - 1)) / 2)
+    assert entry.horizon.ratios[-1] == pytest.approx(reach, rel=1e-4)
+    assert entry.lyapunov[0] == pytest.approx(np.log(0.9), abs=1e-5)
+    lam = entry.lyapunov[0]
+    assert (f"; explain --flow flags it vanishing: ∂L/∂s carried back from t={T - 1} to t=0 "
+            f"keeps ×{flag.ratio:.3g} ({np.log(flag.ratio) / (T - 1):+.3g} per step), while "
+            f"an input's influence {T - 1} steps back is still ×{entry.horizon.ratios[-1]:.3g}"
+            f" of its own step's: the loss reads the state along directions it forgets "
+            f"faster than λ₁ = {lam:+.3g}, its slowest rate (×{np.exp((T - 1) * lam):.3g} "
+            f"over those {T - 1} steps), which carries an input's influence") in entry.verdict
+    text = render_text(report, 80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert f"×{flag.ratio:.3g}" in text.split()
+
+
+def test_diagnose_vanishing_where_explain_flags_nothing_says_why(tf: Any) -> None:
+    """The mirror: inputs drive the fast unit alone, the loss reads the slow one. ∂L/∂s
+    carried back keeps 0.9^23 (no flag), while an input's influence falls as 0.5^k, below 10⁻³
+    first at k = 10 (the horizon vanishes)."""
+    flags, report = _explain_and_diagnose(
+        _read_model(np.c_[np.zeros(F), np.ones(F)], [1.0, 0.0]))
+    assert "∂L/∂linear/h_t" not in flags
+    entry = report.layers[0]
+    assert entry.mechanism == "vanishing" and entry.horizon.measured == 10
+    assert entry.flow is not None and entry.flow.flag is None
+    assert entry.flow.ratio == pytest.approx(0.9 ** (T - 1), rel=1e-5)
+    influence = -np.log(1e3) / 10
+    assert (f"; explain --flow does not flag it: ∂L/∂s carried back from t={T - 1} to t=0 "
+            f"keeps ×{entry.flow.ratio:.3g} ({np.log(0.9):+.3g} per step), within its factor "
+            f"10³, while an input's influence fades by 10³ within about 10 steps "
+            f"({influence:+.3g} per step): inputs enter the state along directions it "
+            f"forgets faster than those the loss reads") in entry.verdict
+
+
+def test_a_vanishing_lstm_is_vanishing_in_both_and_the_flows_are_one_number(
+        tf: Any, lstm_case: Any) -> None:
+    """The LSTM whose forget bias is −5: explain --flow flags it, diagnose calls it vanishing,
+    and the ratio diagnose reads from its stepped cell is the one explain flags."""
+    model, x, y, report = lstm_case
+    flags = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow.flags
+    flag = next(f for f in flags if f.what == "∂L/∂lstm/h_t")
+    entry = next(e for e in report.layers if e.call == "lstm")
+    assert flag.kind == entry.mechanism == "vanishing"
+    assert entry.flow is not None and entry.flow.flag == "vanishing"
+    assert entry.flow.ratio == pytest.approx(flag.ratio, rel=1e-5)
+    assert "explain --flow" not in entry.verdict
+
+
+def test_a_bidirectional_lstm_behind_a_padding_mask_gets_one_word_from_both(tf: Any) -> None:
+    """Embedding(mask_zero) → Bidirectional(LSTM) → Dense, half the rows padded: each
+    direction's flag in explain is the flag diagnose gives its own flow, and the two words
+    agree (a default LSTM fades about ×e^(−0.2) per step: neither flags 23 steps of it)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T,), dtype="int32", name="x")
+    h = keras.layers.Embedding(20, 4, mask_zero=True, name="emb")(inp)
+    h = keras.layers.Bidirectional(keras.layers.LSTM(4), name="bi")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(5)
+    x = rng.integers(1, 20, (B, T)).astype("int32")
+    x[:2, T // 2:] = 0
+    y = rng.standard_normal((B, 1)).astype("float32")
+    flags = {f.what: f for f in gradscope.explain(model, x=x, y=y, flow=True).gradient_flow.flags}
+    report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
+    assert [e.call for e in report.layers] == ["bi/forward", "bi/backward"]
+    for entry in report.layers:
+        flag = flags.get(f"∂L/∂{entry.call}/h_t")
+        assert entry.flow is not None
+        assert entry.flow.flag == (flag.kind if flag is not None else None)
+        assert entry.flow.flag is None and entry.mechanism == "holds", entry.verdict
+        assert "explain --flow" not in entry.verdict
 
 
 def test_a_diagonal_linear_recurrence_has_the_logs_of_its_eigenvalues(tf: Any) -> None:

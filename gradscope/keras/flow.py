@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -380,17 +380,20 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
 
 
 def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | None:
-    """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way."""
-    from gradscope.gradient_stats import FLOW_FACTOR
+    """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way
+    (:func:`gradscope.dynamics.flow_kind`, the rule diagnose reads its own flow by); the
+    flag points to ``gradscope diagnose`` for why."""
+    from gradscope.dynamics import FLOW_FACTOR, flow_kind
 
-    if ratio is None or 1 / FLOW_FACTOR <= ratio <= FLOW_FACTOR:
+    kind = flow_kind(ratio)
+    if kind is None:
         return None
-    kind: Literal["vanishing", "exploding"] = "vanishing" if ratio < 1 else "exploding"
+    assert ratio is not None
     return FlowFlag(what=what, kind=kind, ratio=ratio,
                     message=f"{what}: carried back through the recurrence from t={steps - 1} "
                             f"to t=0 (the order the layer runs), the gradient keeps "
                             f"{ratio:.2e} × its size: {kind} gradients (flagged beyond a "
-                            f"factor {FLOW_FACTOR:g})")
+                            f"factor {FLOW_FACTOR:g}); gradscope diagnose says why")
 
 
 def per_step_norms(gradient: np.ndarray) -> list[float]:

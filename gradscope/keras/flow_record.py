@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.gradient_stats import FLOW_FACTOR
+from gradscope.dynamics import FLOW_FACTOR
 from gradscope.keras.engine import KerasPass, call_label
 from gradscope.keras.flow import per_step_norms, recurrence_flag
 from gradscope.keras.probed_flow import LoopFlow, loop_flows

@@ -946,6 +946,9 @@ class StateFlow(_Report):
         description="how much of ∂L/∂s the recurrence carries back from the last step to the "
                     "first: the product of the one-step gains, the ratio explain's flow flags "
                     "(null: nothing carried)")
+    flag: Literal["vanishing", "exploding"] | None = Field(
+        default=None, description="the flag explain --flow gives this ratio, by the same rule "
+        "and factor (10³, the horizon's); null: none")
 
 
 class Counterfactual(_Report):

@@ -47,7 +47,8 @@ METHOD = [
     "cell (a Keras GRU, LSTM or SimpleRNN: its step linearised by hand, held to the "
     "layer's own states at 16 steps)",
     "horizon measured: the smallest lag k at which the median over steps t and examples of "
-    "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell; predicted: "
+    "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell (a masked "
+    "step's lag left out: it reads no input); predicted: "
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step",
@@ -251,6 +252,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
                       steps=measured.steps, examples=measured.examples)
     exploding = _exploding(stepped, index)
+    flow = state_flow(stepped, index)
+    reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
     keep = timescales.keep_gate if timescales is not None else None
     evidence = dynamics.Evidence(
@@ -259,14 +262,17 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         keep_gate=keep, keep_below=gates[keep].below_0_1 if gates and keep else None,
         keep_above=gates[keep].above_0_9 if gates and keep else None,
         median_tau=timescales.median if timescales is not None else None,
-        growing=exploding.growing_share if exploding is not None else None)
+        growing=exploding.growing_share if exploding is not None else None,
+        carried=flow.ratio if flow is not None else None,
+        reach=float(measured.medians[reached[-1]]) if reached.size else None,
+        reach_lag=int(reached[-1]) if reached.size else None)
     return DiagnosedLayer(
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,
         backwards=direction.backwards, lyapunov=[float(v) for v in spectrum],
         lyapunov_change=change, jacobian_norm=norms, gates=gates, gates_note=why_not,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
-        exploding=exploding, flow=state_flow(stepped, index),
+        exploding=exploding, flow=flow,
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
         verdict=dynamics.verdict(evidence)), evidence, count, (
             float(first[0]) if len(first) else None)

@@ -85,9 +85,10 @@ def change_words(kind: str, cell: Any) -> str:
 
 
 def state_flow(stepped: Any, index: int) -> StateFlow | None:
-    """‖∂L/∂s_t‖ at the first and last step of direction ``index``, and the ratio the flow
-    flags (:func:`~gradscope.keras.flow.carried_ratio`, from the same per-step norms; None:
-    no gradient reached the call)."""
+    """‖∂L/∂s_t‖ at the first and last step of direction ``index``, the ratio the flow
+    flags (:func:`~gradscope.keras.flow.carried_ratio`, from the same per-step norms) and the
+    flag it gives it (:func:`gradscope.dynamics.flow_kind`); None: no gradient reached the
+    call."""
     from gradscope.keras.probed_flow import carried_ratio_of
     from gradscope.keras.stepped import step_squares
 
@@ -96,9 +97,10 @@ def state_flow(stepped: Any, index: int) -> StateFlow | None:
         return None
     whole, carried = found
     totals = np.sqrt(np.sum(whole, axis=0))
-    return StateFlow(first=float(totals[0]), last=float(totals[-1]),
-                     ratio=carried_ratio_of([float(v) for v in np.sqrt(np.sum(carried, axis=0))],
-                                            [float(v) for v in totals]))
+    ratio = carried_ratio_of([float(v) for v in np.sqrt(np.sum(carried, axis=0))],
+                             [float(v) for v in totals])
+    return StateFlow(first=float(totals[0]), last=float(totals[-1]), ratio=ratio,
+                     flag=dynamics.flow_kind(ratio))
 
 
 def copy_engine(job: Any, engine: Any) -> Any:

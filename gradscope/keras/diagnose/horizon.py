@@ -1,5 +1,7 @@
 """The memory horizon of one direction of a stepped call, measured: per example and for a few
-steps t, ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖ for every lag k in a window before t.
+steps t, ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖ for every lag k in a window before t. A masked step
+reads no input (it keeps its state): its lag is left out, not counted as an influence of 0,
+and so is every lag of a masked t.
 
 Exact, through the layer's own cell: the window's steps are stepped again from the state the
 trajectory held where the window begins (h_t depends on x_s, s ≥ t − W, through those steps
@@ -102,6 +104,9 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
             with np.errstate(divide="ignore", invalid="ignore"):
                 found = norms[:, ::-1] / own[:, None]  # lag 0 first
             found[~(own > 0)] = np.nan
+            if part is not None:  # a masked step reads no input: no influence to measure
+                ran = part[:, ::-1] if backwards else part  # processing order
+                found[~ran[:, ::-1]] = np.nan
             row[:, :lags + 1] = found
             ratios.append(row)
         medians = median_ratios(np.concatenate(ratios, axis=0))
