@@ -517,6 +517,10 @@ def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
                                counterfactuals=False).layers[0]
     np.testing.assert_allclose(entry.lyapunov, [np.log(0.9), np.log(0.5),
                                                 np.log(SMALLEST_STRETCH)], rtol=1e-5)
+    # One column (λ₁ alone) is its norm; a column J_t takes to 0 takes Householder's too.
+    entry = gradscope.diagnose(_linear_model(np.zeros((3, 3))), x=x, y=y, exponents=1,
+                               counterfactuals=False).layers[0]
+    np.testing.assert_allclose(entry.lyapunov, [np.log(SMALLEST_STRETCH)], rtol=1e-5)
 
 
 @pytest.mark.parametrize(("rho", "mechanism"), [(1.05, "exploding"), (0.5, "vanishing")])

@@ -584,18 +584,18 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
     if not cell.has_tangent or set(shapes) - set(variables) - {"bias"}:
         return None
 
-    def read() -> dict[str, Any]:
-        return {k: (tf.cast(tf.convert_to_tensor(variables[k]), dtype) if k in variables
-                    else tf.zeros(value.shape, dtype)) for k, value in shapes.items()}
+    def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        params = {k: (tf.cast(tf.convert_to_tensor(variables[k]), dtype) if k in variables
+                      else tf.zeros(value.shape, dtype)) for k, value in shapes.items()}
+        return params, cell.tf_step_weights(tf, params)
 
-    def linear(states: list[Any], x_t: Any) -> tuple[list[Any], Any]:
-        params = read()
-        weights = cell.tf_step_weights(tf, params)
+    def linear(states: list[Any], x_t: Any, weights: Any = None) -> tuple[list[Any], Any]:
+        params, step_weights = weights or read()
         (projected,) = cell.tf_inputs(tf, params, x_t[None])
-        after, apply = cell.tf_step_linear(tf, weights, tuple(states), (projected[0],))
+        after, apply = cell.tf_step_linear(tf, step_weights, tuple(states), (projected[0],))
         return list(after), lambda tangents: list(apply(tuple(tangents)))
 
-    return Linearised(linear)
+    return Linearised(linear, read)
 
 
 @dataclass
@@ -603,15 +603,18 @@ class Linearised:
     """A layer's step linearised by hand (:func:`linearised`). Called as
     ``(None, states, inputs_t, tangents)`` → (the new states, J_t applied to the block of
     tangents), a masked step (``inputs_t[1]`` False) keeping both, as
-    :func:`~gradscope.keras.state_tangents.jacobian_function` takes a tangent; ``linear(states,
-    x_t)`` → (the new states, ``apply(tangents)``): the step's own values computed once for
-    every block ``apply`` is given (a step that ran)."""
+    :func:`~gradscope.keras.state_tangents.jacobian_function` takes a tangent;
+    ``linear(states, x_t, weights)`` → (the new states, ``apply(tangents)``): the step's own
+    values computed once for every block ``apply`` is given (a step that ran). ``weights()``
+    reads the layer's weights as they are (in a traced loop: once, before it), for
+    ``linear``; without them, ``linear`` reads them itself."""
 
-    linear: Callable[[list[Any], Any], tuple[list[Any], Any]]
+    linear: Callable[..., tuple[list[Any], Any]]
+    weights: Callable[[], Any]
 
-    def __call__(self, _: Any, states: list[Any], inputs_t: tuple[Any, ...],
+    def __call__(self, weights: Any, states: list[Any], inputs_t: tuple[Any, ...],
                  tangents: list[Any]) -> tuple[list[Any], list[Any]]:
-        after, apply = self.linear(states, inputs_t[0])
+        after, apply = self.linear(states, inputs_t[0], weights)
         moved = apply(tangents)
         if len(inputs_t) == 1:
             return after, moved

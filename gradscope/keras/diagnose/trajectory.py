@@ -249,12 +249,13 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
         repeats = [count] + [1] * (len(x.shape) - 2)
         # Row c·B + b of the fold is column c of example b: it takes example b's masks.
         held = masks_for_rows(tf, masks, tf.tile(tf.range(batch), [count]))
+        weights = by_hand.weights() if by_hand is not None else None  # once, not per step
 
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
             x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
             if by_hand is not None:
                 blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (count, B, w)
-                _, carried = by_hand(None, prev_t, (tf.cast(x_t, dtype),), blocks)
+                _, carried = by_hand(weights, prev_t, (tf.cast(x_t, dtype),), blocks)
                 moved = tf.transpose(tf.concat(carried, axis=2), [1, 2, 0])
             else:
                 columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
@@ -285,7 +286,16 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
     Householder QR on the LSTM 256 × 2's (32, 512, 8) blocks), where its Q is orthonormal to
     10⁻¹⁰ after; else, for a block of (nearly) dependent columns, whose Gram matrix is not
     positive definite in float64 (a dead unit's zero row of J_t), Householder's for that
-    step."""
+    step. One column: its norm (Householder's where a column is 0)."""
+    def householder() -> tuple[Any, Any]:
+        q, r = tf.linalg.qr(moved)
+        diagonal = tf.linalg.diag_part(r)
+        signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
+        return q * signs[:, None, :], r * signs[:, :, None]
+
+    if moved.shape[-1] == 1:  # one column: its norm, where no column is 0
+        norm = tf.norm(moved, axis=1, keepdims=True)  # (B, 1, 1)
+        return tf.cond(tf.reduce_all(norm > 0), lambda: (moved / norm, norm), householder)
     wide = tf.cast(moved, tf.float64)
 
     def once(block: Any) -> tuple[Any, Any]:
@@ -298,13 +308,6 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
     gram = tf.linalg.matmul(q, q, transpose_a=True)
     # A failed Cholesky factor is NaN (on CPU), and NaN < 1e-10 is False.
     exact = tf.reduce_max(tf.abs(gram - tf.eye(tf.shape(gram)[-1], dtype=tf.float64))) < 1e-10
-
-    def householder() -> tuple[Any, Any]:
-        q, r = tf.linalg.qr(moved)
-        diagonal = tf.linalg.diag_part(r)
-        signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
-        return q * signs[:, None, :], r * signs[:, :, None]
-
     return tf.cond(exact, lambda: (tf.cast(q, moved.dtype),
                                    tf.cast(r_second @ r_first, moved.dtype)), householder)
 
