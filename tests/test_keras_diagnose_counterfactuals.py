@@ -130,3 +130,41 @@ def test_suggested_clipping_by_keras_own_rule(tf: Any) -> None:
     assert clip.clip_scale == pytest.approx(after / report.gradient_norm, rel=1e-4)
     # the dynamics are not rerun: the layer's own numbers
     assert clip.lyapunov_1 == entry.lyapunov[0] and clip.horizon == entry.horizon.measured
+
+
+def test_the_copys_pass_back_to_one_call_is_engine_runs_and_reads_changed_weights(
+        tf: Any) -> None:
+    """captured_pass with ``upstream`` (what each change reruns: a tape that watches that
+    call's outputs alone, its trace kept across the changes) gives the call's ∂L/∂outputs
+    as engine.run's tape over everything does, with sample weights, for each recurrent call of
+    a stack, and again after a weight changed under the kept trace."""
+    import keras
+
+    from gradscope.keras.diagnose.captured import captured_pass
+    from gradscope.keras.engine import KerasEngine
+    from gradscope.keras.explain import prepare
+
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.GRU(U, return_sequences=True, name="first")(inp)
+    h = keras.layers.LSTM(U, name="second")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    x, y = _batch()
+    y = y[:, -1]
+    weights = np.linspace(0.5, 2.0, B).astype("float32")
+    job = prepare(model, x=x, y=y, sample_weight=weights)
+    engine = KerasEngine(job.source, job.outputs, job.plan)
+    targets = {engine.output_names[0]: y}
+    cache: dict[Any, Any] = {}
+    kernel = engine.model.get_layer("first").cell.recurrent_kernel
+    for scale in (1.0, 1.5):
+        kernel.assign(kernel.numpy() * scale)
+        truth = engine.run(job.batch.inputs, targets, watch_outputs=True,
+                           sample_weight=weights).output_gradients
+        for label in ("first", "second"):
+            _, found = captured_pass(engine, job.batch.inputs, targets, weights, cache,
+                                     upstream=label)
+            assert list(found) == [label]
+            np.testing.assert_allclose(found[label][0], truth[label][0], rtol=1e-5,
+                                       atol=1e-7)

@@ -417,12 +417,18 @@ class KerasEngine:
                 sample_weight: Any = None,
                 own: bool = False,
                 probe_states: bool = False,
-                probe_inputs: bool = False) -> tuple[Any, list[Any], list[CapturedCall]]:
+                probe_inputs: bool = False,
+                watch_only: str | None = None) -> tuple[Any, list[Any], list[CapturedCall]]:
         """The loss, the model's outputs and every layer call, from one run of the graph.
 
         ``watch`` is given every initial state (and, with ``watch_outputs``, every call's
-        outputs) as it appears; ``deltas`` (call label → one tensor per state) are added to the
-        initial states: finite differences perturb them that way. With ``probe_states``, each
+        outputs) as it appears; with ``watch_only`` (a call's label), the outputs of that call
+        alone: a tape that watches nothing else (``watch_accessed_variables=False``) records
+        only what follows that call, and a gradient with respect to them differentiates no
+        loop before it (TensorFlow would otherwise make every recorded loop keep its steps,
+        at the cost of a backward pass, even for a gradient that does not go through it);
+        ``deltas`` (call label → one tensor per state) are added to the initial states: finite
+        differences perturb them that way. With ``probe_states``, each
         recurrent call's loop is probed (:mod:`~gradscope.keras.state_probes`; its probes are
         watched and kept in ``CapturedCall.probes``), with ``probe_inputs`` its input sequence
         too. Traceable by tf.function.
@@ -447,7 +453,7 @@ class KerasEngine:
             raise ValueError("deltas perturb the replay's explicit initial states, not own=True")
         start_of_call()
         observer = _Observer(tf, keras, self.training, own, watch, deltas or {}, watch_outputs,
-                             probe_states, probe_inputs)
+                             probe_states, probe_inputs, watch_only)
         operation_fn = observer.wrap
 
         if own:
@@ -689,6 +695,7 @@ class _Observer:
     watch_outputs: bool
     probe_states: bool = False
     probe_inputs: bool = False  # with probe_states: each loop's input sequence probed too
+    watch_only: str | None = None  # only this call's outputs watched, no initial state
     calls: list[CapturedCall] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -712,7 +719,7 @@ class _Observer:
         with contextlib.ExitStack() as hooks:
             if asked is not None:
                 hooks.enter_context(zero_states_watched(state_layers(operation), asked,
-                                                        self.watch))
+                                                        self._state_watch))
             if any(probeable(layer) for layer in loops):
                 hooks.enter_context(states_probed(loops, captured.probes, self.watch,
                                                   self.probe_inputs))
@@ -727,6 +734,10 @@ class _Observer:
             out = self._fresh_outputs(captured, out)
         self.calls.append(captured)
         return out
+
+    def _state_watch(self, state: Any) -> None:
+        if self.watch_only is None:
+            self.watch(state)
 
     def _captured(self, operation: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> CapturedCall:
@@ -775,7 +786,7 @@ class _Observer:
             states = [tf.identity(state) for state in self.keras.tree.flatten(given)]
             captured.state_source = "wired"
         for state in states:
-            self.watch(state)
+            self._state_watch(state)
         shift = self.deltas.get(call_label(captured.layer, captured.index))
         if shift is not None:
             states = [state + d for state, d in zip(states, shift, strict=True)]
@@ -796,12 +807,14 @@ class _Observer:
         from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
         fresh = []
+        watched = self.watch_only in (None, call_label(captured.layer, captured.index))
         for output in captured.outputs:
             copy = self.tf.identity(output)
             mask = get_keras_mask(output)
             if mask is not None:
                 set_keras_mask(copy, mask)
-            self.watch(copy)
+            if watched:
+                self.watch(copy)
             fresh.append(copy)
         captured.outputs = fresh
         return self.keras.tree.pack_sequence_as(out, fresh)

@@ -1,5 +1,5 @@
 """Keras' own call of the model, looked on as ``engine.run`` runs it, in one ``tf.function``
-traced once and kept: every layer call's tensors, and on request ∂L/∂(each call's outputs),
+traced once and kept: every layer call's tensors, and on request ∂L/∂(one call's outputs),
 the backward pass then running only as far back as those outputs (no weight's gradient).
 
 What a diagnosis during ``fit`` and each counterfactual's rerun need: ``engine.run`` traces its
@@ -17,10 +17,12 @@ import numpy as np
 
 def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                   sample_weight: Any = None, cache: dict[Any, Any] | None = None,
-                  upstream: bool = False) -> tuple[list[Any], dict[str, list[Any]]]:
+                  upstream: str | None = None) -> tuple[list[Any], dict[str, list[Any]]]:
     """Every layer call of one pass, with the tensors it received and returned; and with
-    ``upstream``, each call's ∂L/∂(outputs) by label (the loss Keras computes, with the
-    sample weights), as ``engine.run(..., watch_outputs=True)`` gives them.
+    ``upstream`` (a call's label), that call's ∂L/∂(outputs) (the loss Keras computes, with
+    the sample weights), as ``engine.run(..., watch_outputs=True)`` gives it: the backward
+    pass runs back to that call only (to another call's outputs it would go through every
+    recurrent layer between them, a while loop whose gradient TensorFlow computes whole).
 
     With ``cache`` (kept by the caller across passes on one engine): the traced function is
     made once and kept there. Where Keras' own call cannot be looked on or traced so (or
@@ -29,7 +31,7 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     from gradscope.keras.engine import _eager_call, call_label
     from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
 
-    key = ("captured pass", upstream, sample_weight is None)
+    key = ("captured pass", upstream, sample_weight is None)  # a trace per call asked of
     kept = None if cache is None else cache.get(key)
     if cache is None or kept is False or engine.training or runs_eagerly(engine.user_model):
         return _run(engine, inputs, targets, sample_weight)
@@ -41,11 +43,14 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
 
         @tf.function(autograph=False, reduce_retracing=True)
         def forward(feed: list[Any], ys: list[Any], weights: Any) -> Any:
-            if upstream:
-                with tf.GradientTape() as tape:
+            if upstream is not None:
+                with tf.GradientTape(watch_accessed_variables=False) as tape:
                     loss, _, calls = engine.forward(feed, ys, tape.watch, watch_outputs=True,
-                                                    sample_weight=weights, own=True)
-                gradients = tape.gradient(loss, [call.outputs for call in calls])
+                                                    sample_weight=weights, own=True,
+                                                    watch_only=upstream)
+                gradients = tape.gradient(loss, [call.outputs for call in calls
+                                                 if call_label(call.layer, call.index)
+                                                 == upstream])
             else:
                 _, _, calls = engine.forward(feed, ys, lambda tensor: None, own=True)
                 gradients = []
@@ -69,9 +74,8 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     cache[key] = kept
     calls = [_eager_call(call, *tensors)
              for call, tensors in zip(traced["calls"], captured, strict=True)]
-    found = {call_label(call.layer, call.index): [None if g is None else g.numpy()
-                                                  for g in grads]
-             for call, grads in zip(calls, gradients, strict=True)} if upstream else {}
+    found = {upstream: [None if g is None else g.numpy() for g in gradients[0]]
+             } if upstream is not None and gradients else {}
     return calls, found
 
 

@@ -167,7 +167,7 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
         for (variable, value), (_, old) in zip(change, kept, strict=True):
             variable.assign(value.astype(old.dtype))
         calls, upstream = captured_pass(copy, rerun.inputs, rerun.targets,
-                                        rerun.sample_weight, cache, upstream=True)
+                                        rerun.sample_weight, cache, upstream=rerun.label)
         call = next((c for c in calls if c.layer == rerun.layer and c.index == rerun.index),
                     None)
         if call is None:
