@@ -131,7 +131,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         label = call_label(call.layer, call.index)
         say(f"{label}: stepping its cell along the batch")
         upstream = result.output_gradients.get(label)
-        stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True)
+        stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True,
+                            read_inputs=False)
         if isinstance(stepped, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue

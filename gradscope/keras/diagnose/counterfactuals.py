@@ -173,7 +173,7 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
         if call is None:
             return _not(kind, words, "the copy does not call the layer as the model does")
         stepped = step_call(copy, call, upstream.get(rerun.label),
-                            copy.training, cell_dtype=True, reuse=True)
+                            copy.training, cell_dtype=True, reuse=True, read_inputs=False)
         if isinstance(stepped, str):
             return _not(kind, words, f"the changed copy could not be stepped: {stepped}")
         path = trajectory(stepped, direction)
