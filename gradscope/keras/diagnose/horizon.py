@@ -132,7 +132,9 @@ def _window_norms(engine: Any, layer: Any, units: int) -> Any:
         folded_mask = None if mask is None else tf.repeat(mask, units, axis=0)
         probes = [tf.zeros(tf.concat([[tf.shape(x)[1]], tf.shape(s)], 0), s.dtype)
                   for s in start]
-        with tf.GradientTape() as tape, cell_holding(layer.cell, masks):
+        # x alone watched: no variable's gradient is asked.
+        with tf.GradientTape(watch_accessed_variables=False) as tape, \
+                cell_holding(layer.cell, masks):
             tape.watch(folded)
             _, outs = scan_cell(tf, keras, layer, folded, folded_mask, start, probes,
                                 engine.training)
