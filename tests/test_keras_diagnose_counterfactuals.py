@@ -168,3 +168,44 @@ def test_the_copys_pass_back_to_one_call_is_engine_runs_and_reads_changed_weight
             assert list(found) == [label]
             np.testing.assert_allclose(found[label][0], truth[label][0], rtol=1e-5,
                                        atol=1e-7)
+
+
+def test_a_saved_file_changes_on_its_own_load_and_reports_as_the_object(
+        tf: Any, tmp_path: Any) -> None:
+    """A saved file's changes run on the load the diagnosis ran on (each undone after its
+    run), a model object's on Keras' rebuild of it: the same report, the second layer's
+    diagnosis (after the first's changes) included, and the file unchanged."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.LSTM(U, return_sequences=True, name="first")(inp)
+    h = keras.layers.GRU(U, return_sequences=True, name="second")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    path = str(tmp_path / "stack.keras")
+    model.save(path)
+    x, y = _batch()
+    live = gradscope.diagnose(model, x=x, y=y)
+    saved = gradscope.diagnose(path, x=x, y=y)
+    for ours, theirs in zip(saved.layers, live.layers, strict=True):
+        assert ours.call == theirs.call
+        np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, rtol=1e-5, atol=1e-7)
+        assert ours.horizon.measured == theirs.horizon.measured
+        assert len(ours.counterfactuals) == len(theirs.counterfactuals) == 3
+        for found, truth in zip(ours.counterfactuals, theirs.counterfactuals, strict=True):
+            assert found.change == truth.change and found.horizon == truth.horizon
+            assert found.lyapunov_1 == pytest.approx(truth.lyapunov_1, rel=1e-5, abs=1e-7)
+    again = keras.saving.load_model(path)
+    assert all(np.array_equal(a, b) for a, b in zip(again.get_weights(), model.get_weights(),
+                                                    strict=True))
+    # The second layer's change, after the first's were undone: a copy changed by hand.
+    changed = keras.models.clone_model(model)
+    changed.set_weights(model.get_weights())
+    bias = changed.get_layer("second").cell.bias
+    value = bias.numpy()
+    value[0, :U] += 1  # Keras' GRU (reset_after): z's pre-activation, row 0
+    bias.assign(value)
+    changed.compile(loss="mse")
+    truth = gradscope.diagnose(changed, x=x, y=y, counterfactuals=False).layers[1]
+    _same(saved.layers[1].counterfactuals[0], truth)

@@ -52,11 +52,11 @@ METHOD = [
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step",
-    "counterfactuals: a copy Keras makes of the model (the file loaded again, or the object "
-    "rebuilt from its config), one change at a time (keep-gate bias +1; each gate's block of "
-    "the recurrent kernel made its polar factor times its spectral norm), run again on the "
-    "batch and diagnosed as the layer: the horizon, the flow and λ₁ from the layer's own "
-    "start (every column where the layer carries every exponent; else its first, random, "
+    "counterfactuals: a copy of the model (gradscope's own load of the file, or the object "
+    "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; each gate's "
+    "block of the recurrent kernel made its polar factor times its spectral norm), run again "
+    "on the batch and diagnosed as the layer: the horizon, the flow and λ₁ from the layer's "
+    "own start (every column where the layer carries every exponent; else its first, random, "
     "column alone, Benettin's λ₁, beside the layer's own first column as before); clipping "
     "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun",
 ]
@@ -132,7 +132,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         say(f"{label}: stepping its cell along the batch")
         upstream = result.output_gradients.get(label)
         stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True,
-                            read_inputs=False)
+                            reuse=True, read_inputs=False)
         if isinstance(stepped, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue

@@ -4,8 +4,9 @@ kernel made orthogonal at its spectral norm, each run again on the same batch (�
 horizon, ∂L/∂s_t through the recurrence); and the global_clipnorm the batch suggests, which
 changes the gradient, not the dynamics, so nothing is rerun for it.
 
-The copy is Keras' own (a saved file loaded again, a model object rebuilt from its config
-with the same weights); the user's model is never changed.
+The copy is gradscope's own load of a saved file (the one the diagnosis ran on, each change
+undone after its run), or, for a model object, Keras' rebuild of it from its config with the
+same weights; the user's model is never changed.
 """
 
 from __future__ import annotations
@@ -104,9 +105,15 @@ def state_flow(stepped: Any, index: int) -> StateFlow | None:
 
 
 def copy_engine(job: Any, engine: Any) -> Any:
-    """A second engine on a copy Keras makes of the model (a file loaded again; a model
-    object rebuilt from its config, the same weights), or why there is none."""
+    """The engine the changes run on, or why there is none: ``engine`` itself where its model
+    is gradscope's own load of a file (each change is undone after its run, and the traces
+    of the layer's diagnosis serve its changes too); for the user's model object, a second
+    engine on a copy Keras rebuilds from its config, with the same weights (the user's model
+    is never changed)."""
     from gradscope.keras.engine import KerasEngine
+
+    if not engine.live:
+        return engine
 
     policy = str(getattr(getattr(engine.model, "dtype_policy", None), "name", "float32"))
     if engine.live and policy != engine.dtype_name:
