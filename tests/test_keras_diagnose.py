@@ -289,10 +289,18 @@ def test_measured_horizon_against_a_tape(tf: Any, lstm_case: Any) -> None:
     entry = next(e for e in report.layers if e.call == "gru")
     layer = model.get_layer("gru")
     inputs = tf.convert_to_tensor(keras.Model(model.inputs, layer.input)(x))
+    _assert_horizon_by_tape(tf, entry, layer, inputs)
+
+
+def _assert_horizon_by_tape(tf: Any, entry: Any, layer: Any, inputs: Any,
+                            training: bool = False) -> None:
+    """``entry``'s measured horizon and ratios against ‖∂h_t/∂x_s‖ per example from Keras'
+    own ``layer`` called on ``inputs`` under a tape, the whole sequence."""
     steps = entry.horizon.steps
     with tf.GradientTape() as tape:
         tape.watch(inputs)
-        picked = tf.reshape(tf.gather(layer(inputs), steps, axis=1), [B, -1])
+        picked = tf.reshape(tf.gather(layer(inputs, training=training), steps, axis=1),
+                            [B, -1])
     jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
     jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
     rows = []
@@ -817,25 +825,7 @@ def test_dropout_measured_horizon_against_a_tape_through_keras_own_training_call
         layer = model.get_layer(name)
         seed_random_draws(model, DROP_SEED)
         inputs = tf.convert_to_tensor(keras.Model(model.inputs, layer.input)(x, training=True))
-        steps = entry.horizon.steps
-        with tf.GradientTape() as tape:
-            tape.watch(inputs)
-            picked = tf.reshape(tf.gather(layer(inputs, training=True), steps, axis=1),
-                                [B, -1])
-        jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
-        jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
-        rows = []
-        for k, t in enumerate(steps):
-            norms = np.sqrt((jac[:, k] ** 2).sum(axis=(1, 3)))[entry.horizon.examples]
-            row = np.full((len(norms), entry.horizon.window + 1), np.nan)
-            for lag in range(min(t, entry.horizon.window) + 1):
-                row[:, lag] = norms[:, t - lag] / norms[:, t]
-            rows.append(row)
-        truth = np.nanmedian(np.concatenate(rows), axis=0)
-        found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
-        np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
-        below = np.nonzero(truth < 1e-3)[0]
-        assert entry.horizon.measured == (int(below[0]) if below.size else None)
+        _assert_horizon_by_tape(tf, entry, layer, inputs, training=True)
 
 
 def test_during_training_reads_a_training_mode_call_with_dropout_as_diagnose_does(

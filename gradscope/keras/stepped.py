@@ -196,32 +196,18 @@ def cell_holding(cell: Any, masks: Masks | None) -> Iterator[None]:
 def masks_for_rows(tf: Any, masks: Masks | None, examples: Any) -> Masks | None:
     """``masks`` (a row per example) for rows folded into the batch: row r gets the masks of
     example ``examples[r]`` (a gather), so that each row steps as its example did."""
-    if masks is None:
-        return None
+    from keras import tree
 
-    def rows(value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, (list, tuple)):
-            return [rows(v) for v in value]
-        return tf.gather(tf.convert_to_tensor(value), examples)
-
-    return rows(masks[0]), rows(masks[1])
+    return None if masks is None else tree.map_structure(
+        lambda value: tf.gather(tf.convert_to_tensor(value), examples), masks,
+        none_is_leaf=False)
 
 
 def masks_numpy(masks: Masks | None) -> Masks | None:
     """``masks`` as NumPy arrays (the same structure)."""
-    if masks is None:
-        return None
+    from keras import tree
 
-    def array(value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, (list, tuple)):
-            return [array(v) for v in value]
-        return np.asarray(value)
-
-    return array(masks[0]), array(masks[1])
+    return None if masks is None else tree.map_structure(np.asarray, masks, none_is_leaf=False)
 
 
 @contextlib.contextmanager
