@@ -160,8 +160,7 @@ def test_exponents_against_a_float64_qr_of_keras_own_cell(tf: Any, lstm_case: An
 
 def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     """The exact route (SVD) and Lanczos both give the largest singular value."""
-    from gradscope.keras.diagnose.trajectory import step_norms, trajectory
-    from gradscope.keras.stepped import step_call
+    from gradscope.keras.diagnose.trajectory import step_norms
 
     model, x, _, report = lstm_case
     cell = model.get_layer("lstm").cell
@@ -173,12 +172,7 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     assert entry.jacobian_norm.max == pytest.approx(truth.max(), rel=1e-4)
 
     engine = _real_engine(model, x)
-    call = next(c for c in engine.last.calls if c.layer == "lstm")
-    stepped = step_call(engine, call, None, False)
-    assert not isinstance(stepped, str)
-    path = trajectory(stepped, 0)
-    assert not isinstance(path, str)
-    power, method = step_norms(engine, path, exact=False)
+    power, method = step_norms(engine, _trajectory(engine, "lstm"), exact=False)
     assert method.startswith("Lanczos")
     np.testing.assert_allclose(power, truth, rtol=1e-4)
 
@@ -186,21 +180,29 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
 def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:
     """A cell gradscope does not model takes Lanczos through forward mode and the tape: its
     every J_t is W, so every norm is W's largest singular value."""
-    from gradscope.keras.diagnose.trajectory import step_norms, trajectory
-    from gradscope.keras.stepped import step_call
+    from gradscope.keras.diagnose.trajectory import step_norms
 
     w = np.random.default_rng(4).standard_normal((6, 6)) * 0.4
     x, _ = _batch()
     model = _linear_model(w)
     engine = _real_engine(model, x)
-    call = next(c for c in engine.last.calls if c.layer == "linear")
-    stepped = step_call(engine, call, None, False)
+    norms, method = step_norms(engine, _trajectory(engine, "linear"), exact=False)
+    assert method.startswith("Lanczos") and "by hand" not in method
+    np.testing.assert_allclose(norms, np.linalg.svd(w, compute_uv=False)[0], rtol=1e-5)
+
+
+def _trajectory(engine: Any, name: str, upstream: Any = None, training: bool = False,
+                **options: Any) -> Any:
+    """Layer ``name``'s call on ``engine``'s last run, stepped and read as a trajectory."""
+    from gradscope.keras.diagnose.trajectory import trajectory
+    from gradscope.keras.stepped import step_call
+
+    call = next(c for c in engine.last.calls if c.layer == name)
+    stepped = step_call(engine, call, upstream, training, **options)
     assert not isinstance(stepped, str)
     path = trajectory(stepped, 0)
     assert not isinstance(path, str)
-    norms, method = step_norms(engine, path, exact=False)
-    assert method.startswith("Lanczos") and "by hand" not in method
-    np.testing.assert_allclose(norms, np.linalg.svd(w, compute_uv=False)[0], rtol=1e-5)
+    return path
 
 
 def _real_engine(model: Any, x: np.ndarray, training: bool = False, seed: int = 0) -> Any:
@@ -703,8 +705,7 @@ def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
     LSTM's J_t is singular at every step (its output gate's recurrent mask drops units):
     as many exponents as the SVD finds singular values at rounding level are −∞, and only
     the top ones are given, from a random start (as for fewer columns than states)."""
-    from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms, trajectory
-    from gradscope.keras.stepped import step_call
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms
 
     model, x, _, report = dropout_case
     assert not report.not_diagnosed
@@ -728,11 +729,7 @@ def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
                                    rtol=1e-4)
         np.testing.assert_allclose(entry.jacobian_norm.steps_median, np.median(truth, axis=0),
                                    rtol=1e-4)
-        call = next(c for c in engine.last.calls if c.layer == name)
-        stepped = step_call(engine, call, None, True)
-        assert not isinstance(stepped, str)
-        path = trajectory(stepped, 0)
-        assert not isinstance(path, str)
+        path = _trajectory(engine, name, training=True)
         for exact in (True, False):
             np.testing.assert_allclose(step_norms(engine, path, exact=exact)[0], truth,
                                        rtol=1e-4)
