@@ -842,3 +842,35 @@ def test_during_training_reads_a_training_mode_call_with_dropout_as_diagnose_doe
         np.testing.assert_allclose(reading.lyapunov, entry.lyapunov, rtol=1e-6)
         assert reading.gates == entry.gates
         assert reading.measured == entry.horizon.measured
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_a_mixed_precision_model_is_diagnosed_in_its_compute_dtype(tf: Any,
+                                                                    policy: str) -> None:
+    """Under a mixed policy (float32 variables, float16 or bfloat16 steps) every number is
+    read in the steps' dtype, as Keras runs them, and lies near the same model's in float32
+    (the low precision's own rounding apart)."""
+    import keras
+
+    def build(dtype: str) -> Any:
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((T, F), name="x")
+        h = keras.layers.LSTM(20, return_sequences=True, name="lstm", dtype=dtype)(inp)
+        h = keras.layers.GRU(4, return_sequences=True, name="gru", dtype=dtype)(h)
+        model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+        model.compile(loss="mse")
+        return model
+
+    x, y = _batch()
+    mixed, plain = build(policy), build("float32")
+    plain.set_weights(mixed.get_weights())
+    found = gradscope.diagnose(mixed, x=x, y=y, counterfactuals=False)
+    truth = gradscope.diagnose(plain, x=x, y=y, counterfactuals=False)
+    assert [e.call for e in found.layers] == ["lstm", "gru"] and not found.not_diagnosed
+    for ours, theirs in zip(found.layers, truth.layers, strict=True):
+        np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, atol=0.05)
+        assert ours.jacobian_norm.median == pytest.approx(theirs.jacobian_norm.median,
+                                                          rel=0.02)
+        assert ours.gates is not None and theirs.gates is not None
+        for name, shares in ours.gates.items():
+            assert shares.below_0_1 == pytest.approx(theirs.gates[name].below_0_1, abs=0.05)

@@ -53,20 +53,31 @@ def _preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None = No
     if masks is not None:
         return _masked_preactivations(tf, cell, x, h, masks)
     kind = class_label(cell)
-    kernel, recurrent = cell.kernel, cell.recurrent_kernel
+    kernel, recurrent, bias = _weights(tf, cell, x.dtype)
     if kind == "LSTMCell":
         z = tf.matmul(x, kernel) + tf.matmul(h, recurrent)
-        return z + cell.bias if cell.use_bias else z
+        return z + bias if bias is not None else z
     units = cell.units
     x_part = tf.matmul(x, kernel[:, :2 * units])
     h_part = tf.matmul(h, recurrent[:, :2 * units])
-    if cell.use_bias:
+    if bias is not None:
         if cell.reset_after:
-            x_part += cell.bias[0, :2 * units]
-            h_part += cell.bias[1, :2 * units]
+            x_part += bias[0, :2 * units]
+            h_part += bias[1, :2 * units]
         else:
-            x_part += cell.bias[:2 * units]
+            x_part += bias[:2 * units]
     return x_part + h_part
+
+
+def _weights(tf: Any, cell: Any, dtype: Any) -> tuple[Any, Any, Any]:
+    """The cell's kernel, recurrent kernel and bias (None without one) in the step's dtype,
+    as Keras casts them under a mixed policy (float32 variables, float16 or bfloat16
+    compute)."""
+    def cast(variable: Any) -> Any:
+        return tf.cast(tf.convert_to_tensor(variable), dtype)
+
+    return (cast(cell.kernel), cast(cell.recurrent_kernel),
+            cast(cell.bias) if cell.use_bias else None)
 
 
 def _masked_preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks) -> Any:
@@ -89,17 +100,18 @@ def _masked_preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks) -> 
         mask = mask[block] if isinstance(mask, (list, tuple)) else mask
         return value * tf.cast(mask, value.dtype)
 
+    kernel, recurrent_kernel, bias = _weights(tf, cell, x.dtype)
     parts = []
     for block in range(4 if kind == "LSTMCell" else 2):
         columns = slice(block * units, (block + 1) * units)
-        x_part = tf.matmul(times(x, inputs, block), cell.kernel[:, columns])
-        h_part = tf.matmul(times(h, recurrent, block), cell.recurrent_kernel[:, columns])
-        if cell.use_bias:
+        x_part = tf.matmul(times(x, inputs, block), kernel[:, columns])
+        h_part = tf.matmul(times(h, recurrent, block), recurrent_kernel[:, columns])
+        if bias is not None:
             if kind == "GRUCell" and cell.reset_after:
-                x_part += cell.bias[0, columns]
-                h_part += cell.bias[1, columns]
+                x_part += bias[0, columns]
+                h_part += bias[1, columns]
             else:
-                x_part += cell.bias[columns]
+                x_part += bias[columns]
         parts.append(x_part + h_part)
     return tf.concat(parts, axis=1)
 

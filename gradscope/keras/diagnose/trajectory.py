@@ -288,10 +288,12 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
     positive definite in float64 (a dead unit's zero row of J_t), Householder's for that
     step. One column: its norm (Householder's where a column is 0)."""
     def householder() -> tuple[Any, Any]:
-        q, r = tf.linalg.qr(moved)
+        # In float64: TensorFlow's QR takes no bfloat16 (a mixed_bfloat16 policy's steps).
+        q, r = tf.linalg.qr(tf.cast(moved, tf.float64))
         diagonal = tf.linalg.diag_part(r)
         signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
-        return q * signs[:, None, :], r * signs[:, :, None]
+        return (tf.cast(q * signs[:, None, :], moved.dtype),
+                tf.cast(r * signs[:, :, None], moved.dtype))
 
     if moved.shape[-1] == 1:  # one column: its norm, where no column is 0
         norm = tf.norm(moved, axis=1, keepdims=True)  # (B, 1, 1)
