@@ -59,3 +59,28 @@ def test_a_misread_cell_is_caught_on_a_sample_as_on_the_whole_batch(tf, monkeypa
     x, y = rng.standard_normal((examples, steps, 3)), rng.standard_normal((examples, 2))
     with pytest.raises(InternalError, match="does not reproduce Keras' output"):
         gradscope.explain(_model(keras, steps), x=x, y=y)
+
+
+def test_an_exploding_call_whose_rounding_grows_is_not_witnessed_not_called_misread(tf):
+    """A SimpleRNN whose recurrent kernel is orthogonal × 3 (λ₁ > 0) over 40 steps: Keras'
+    float32 loop and the float64 cell part by rounding grown along the trajectory (far past
+    the tolerance), as the cell's own output does when its inputs move by one float32
+    rounding. explain reports the exploding flow, the witness says why it
+    cannot hold the call, and no internal error is raised."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((40, 4)),
+        keras.layers.SimpleRNN(16, recurrent_initializer=keras.initializers.Orthogonal(3.0)),
+        keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 40, 4)).astype("float32")
+    y = rng.standard_normal((16, 1)).astype("float32")
+    report = gradscope.explain(model, x=x, y=y, flow=True)
+    (entry,) = report.witnesses
+    assert entry.passed is None and entry.max_abs_error > 1e-3, entry.detail
+    assert entry.detail.startswith("not witnessed: this trajectory amplifies rounding")
+    assert [f.kind for f in report.gradient_flow.flags if "simple_rnn" in f.what][0] == \
+        "exploding"

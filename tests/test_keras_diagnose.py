@@ -874,3 +874,23 @@ def test_a_mixed_precision_model_is_diagnosed_in_its_compute_dtype(tf: Any,
         assert ours.gates is not None and theirs.gates is not None
         for name, shares in ours.gates.items():
             assert shares.below_0_1 == pytest.approx(theirs.gates[name].below_0_1, abs=0.05)
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_every_wrapped_line_of_a_layer_is_indented_under_its_label(tf: Any, width: int) -> None:
+    """A line longer than the terminal (the changes that do not apply to a cell of the user's,
+    the steps where ∂L/∂s_t grows) wraps at its own spaces, indented: no line passes the width,
+    none starts at the first column but a label's, and no example is parted from its ratio."""
+    x, y = _batch(steps=40)
+    report = gradscope.diagnose(_linear_model(_orthogonal(6, 1.05), steps=40), x=x, y=y,
+                                exponents=3)
+    text = render_text(report, width)
+    lines = text.split("linear (", 1)[1].split("The batch's gradient", 1)[0].splitlines()[1:]
+    labels = ("▲ ", "Lyapunov exponents", "step Jacobian", "gates", "memory horizon",
+              "with one change", "∂L/∂s_t grows")
+    assert any("gradscope knows)" in line for line in lines)
+    assert any(line.lstrip().startswith("steps ") for line in lines)
+    for line in filter(None, lines):
+        assert len(line) <= width, line
+        assert line.startswith("  ") or line.startswith(labels), line
+        assert not line.lstrip().startswith("(×"), line

@@ -4,6 +4,7 @@ ever cut."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -34,11 +35,37 @@ def _steps(value: float | None) -> str:
 
 
 def _line(label: str, items: list[str], width: int) -> Text:
-    """``label: item · item · …``, wrapped between items only, later lines indented."""
+    """``label: item · item · …``, wrapped between items where they fit, later lines
+    indented; an item wider than a line (a long list of steps, a note) is wrapped at its own
+    spaces, indented too, so that no line passes ``width`` and none is left for the
+    terminal to wrap at its first column."""
     first, *rest = items or [""]
     packed = pack([f"{label}: {first}", *rest], width - 2, " · ")
-    lines = packed.plain.split("\n")
+    lines = [part for line in packed.plain.split("\n") for part in _fold(line, width - 2)]
     return Text("\n  ".join(lines))
+
+
+def _fold(line: str, width: int) -> list[str]:
+    """``line`` in lines of at most ``width`` cells, broken after a list's commas where they
+    serve (an example stays beside its ratio), else at spaces (a word wider than ``width``
+    stays whole, on a line of its own)."""
+    if cell_len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip(" "))
+    pieces = line[lead:].split(", ")
+    pieces = [piece + "," for piece in pieces[:-1]] + pieces[-1:]
+    words = [word for piece in pieces
+             for word in ([piece] if cell_len(piece) <= width - lead else piece.split(" "))]
+    folded: list[str] = []
+    current = line[:lead]
+    for word in words:
+        if current.strip() and cell_len(current) + 1 + cell_len(word) > width:
+            folded.append(current)
+            current = word
+        else:
+            current = f"{current} {word}" if current.strip() else current + word
+    folded.append(current)
+    return folded
 
 
 def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
@@ -60,7 +87,9 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
         f"median {number(norm.median)}", f"max {number(norm.max)}",
         f"> 1 on {_share(norm.share_above_1)} of steps"], width))
     if layer.gates is None:
-        parts.append(Text(f"gates: {layer.gates_note}", style="dim"))
+        note = _line("gates", [layer.gates_note or ""], width)
+        note.stylize("dim")
+        parts.append(note)
     else:
         parts.append(_line("gates (share < 0.1 / > 0.9)", [
             f"{name} {_share(g.below_0_1)} / {_share(g.above_0_9)}"
@@ -110,7 +139,9 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
     before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"
     for change in layer.counterfactuals:
         if not change.applicable:
-            parts.append(Text(f"  {change.change}: {change.note}", style="dim"))
+            line = _line(f"  {change.change}", [change.note or ""], width)
+            line.stylize("dim")
+            parts.append(line)
         elif change.kind == "clipping":
             calm = layer.mechanism != "exploding" and not (
                 layer.exploding is not None and layer.exploding.growing_share)
