@@ -30,7 +30,12 @@ from gradscope.keras.cross_check import (
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
-from gradscope.keras.probed_flow import carried_ratio_of, loop_flows
+from gradscope.keras.probed_flow import (
+    carried_ratio_of,
+    example_squares,
+    loop_flows,
+    processing_ran,
+)
 from gradscope.keras.state_probes import StateTotals
 from gradscope.report.models import (
     FlowFlag,
@@ -367,16 +372,19 @@ def total_state_gradients(recurrent: RecurrentCall, result: KerasPass
     return parts
 
 
-def carried_ratio(total: np.ndarray, direct: np.ndarray) -> float | None:
+def carried_ratio(total: np.ndarray, direct: np.ndarray,
+                  ran: np.ndarray | None = None) -> float | None:
     """How much of ∂L/∂h survives being carried back through the recurrence, from the last
     step the layer runs to its first: the product over t of ‖∂L/∂h_t − its part from above at
     t‖ / ‖∂L/∂h_{t+1}‖, each the gain of one step back (steps whose ∂L/∂h_{t+1} is 0 carry
     nothing and are left out). It reads the recurrence, not where the loss puts its gradient:
     the two directions of a Bidirectional layer, each in the order it runs, are read alike.
     Where the gradient enters at the last step only, it is ‖∂L/∂h_0‖ / ‖∂L/∂h_{T−1}‖.
-    ``total`` and ``direct``: (B, T, u) in processing order. None: nothing to carry."""
-    return carried_ratio_of(per_step_norms(np.asarray(total, np.float64) - direct),
-                            per_step_norms(total))
+    ``total`` and ``direct``: (B, T, u) in processing order; each step's gain is taken over
+    the examples whose step t+1 ran (``ran`` (B, T), processing order;
+    :func:`~gradscope.keras.probed_flow.carried_ratio_of`). None: nothing to carry."""
+    total = np.asarray(total, np.float64)
+    return carried_ratio_of(example_squares(total - direct), example_squares(total), ran)
 
 
 def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | None:
@@ -420,7 +428,8 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
         kind = class_label(layer)
         probed = result.state_totals.get(label)
         if probed is not None:
-            found, found_flags, reversed_order = _probed_flow(layer, label, probed)
+            found, found_flags, reversed_order = _probed_flow(layer, label, probed,
+                                                              call.mask)
             any_probed = True
         elif call.class_name in RECURRENT_CLASSES or stepped_only(layer):
             stepped = _stepped_flow(engine, call, result, kind)
@@ -467,13 +476,13 @@ def _once(sequences: list[KerasFlowSequence], inputs: dict[str, Any]
                        for n in own)]
 
 
-def _probed_flow(layer: Any, label: str, probed: list[StateTotals]
+def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = None
                  ) -> tuple[list[KerasFlowSequence], list[FlowFlag], bool]:
     """A call read from its probed loops: the total ∂L/∂s_t of each direction (h alone for
     Keras' own layers, every state for a cell of the user's), in processing order, and the
     flag of the whole state's recurrence."""
     sequences, flags = [], []
-    loops = loop_flows(layer, label, probed)
+    loops = loop_flows(layer, label, probed, mask)
     for loop in loops:
         for k in loop.shown:
             sequences.append(KerasFlowSequence(what=loop.what(k), kind="state",
@@ -569,7 +578,8 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 whole = np.concatenate(totals, axis=-1)
                 above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])],
                                        axis=-1)
-                flag = recurrence_flag(what, carried_ratio(whole, above), total.shape[1])
+                ran = processing_ran(stepped.call.mask, total.shape[1], direction.backwards)
+                flag = recurrence_flag(what, carried_ratio(whole, above, ran), total.shape[1])
                 if flag is not None:
                     flags.append(flag)
     if stepped.inputs is not None:

@@ -73,7 +73,7 @@ class FlowRecord:
                 skipped.append(KerasNotAnalysed(layer=label, reason=NOT_PROBED))
                 continue
             state_grads = list(result.state_gradients.get(label, []))
-            for loop in loop_flows(engine.operation(call.layer), label, found):
+            for loop in loop_flows(engine.operation(call.layer), label, found, call.mask):
                 names = _initial_names(loop)
                 mine, state_grads = state_grads[:len(names)], state_grads[len(names):]
                 reason = self._series(loop, names, mine, index)

@@ -27,6 +27,7 @@ class LoopFlow:
     class_name: str
     names: list[str]  # each state's name: "h", "c", "states[1]"
     totals: StateTotals
+    ran: np.ndarray | None = None  # where each example's steps ran (B, T), processing order
 
     @property
     def shown(self) -> list[int]:
@@ -48,16 +49,25 @@ class LoopFlow:
         k = found.output_state
         if k is None or found.direct.shape != found.totals[k].shape:
             return None
-        carried = sum(_squares(t - found.direct if i == k else t)
-                      for i, t in enumerate(found.totals))
-        whole = sum(_squares(t) for t in found.totals)
-        return carried_ratio_of(list(np.sqrt(carried)), list(np.sqrt(whole)))
+        carried = np.sum([example_squares(t - found.direct if i == k else t)
+                          for i, t in enumerate(found.totals)], axis=0)
+        whole = np.sum([example_squares(t) for t in found.totals], axis=0)
+        return carried_ratio_of(carried, whole, self.ran)
 
 
-def _squares(gradient: np.ndarray) -> np.ndarray:
-    """Σ g² over every axis but the time axis 1, in float64."""
+def example_squares(gradient: np.ndarray) -> np.ndarray:
+    """Σ g² per example and step (B, T): over every axis past time, in float64."""
     squares = np.square(gradient, dtype=np.float64)
-    return squares.sum(axis=tuple(i for i in range(squares.ndim) if i != 1))
+    return squares.sum(axis=tuple(range(2, squares.ndim)))
+
+
+def processing_ran(mask: Any, steps: int, backwards: bool) -> np.ndarray | None:
+    """Where each example's steps ran (B, T), in processing order, from a call's mask (None:
+    every step ran)."""
+    if mask is None:
+        return None
+    ran = np.asarray(mask, bool).reshape(-1, steps)
+    return ran[:, ::-1] if backwards else ran
 
 
 def loop_layers(layer: Any, label: str) -> list[tuple[str, Any]]:
@@ -68,10 +78,13 @@ def loop_layers(layer: Any, label: str) -> list[tuple[str, Any]]:
     return [(label, layer)]
 
 
-def loop_flows(layer: Any, label: str, found: list[StateTotals]) -> list[LoopFlow]:
-    """Each direction of a call of ``layer`` with its probed totals ``found``."""
+def loop_flows(layer: Any, label: str, found: list[StateTotals],
+               mask: Any = None) -> list[LoopFlow]:
+    """Each direction of a call of ``layer`` with its probed totals ``found`` (``mask``: the
+    call's, in input order, or None)."""
     return [LoopFlow(label=name, class_name=class_label(sub),
-                     names=_names(sub, len(totals.totals)), totals=totals)
+                     names=_names(sub, len(totals.totals)), totals=totals,
+                     ran=processing_ran(mask, totals.totals[0].shape[1], totals.backwards))
             for (name, sub), totals in zip(loop_layers(layer, label), found, strict=True)]
 
 
@@ -85,20 +98,31 @@ def _names(layer: Any, count: int) -> list[str]:
     return ["h"] if count == 1 else [f"states[{k}]" for k in range(count)]
 
 
-__all__ = ["LoopFlow", "loop_flows", "loop_layers"]
+__all__ = ["LoopFlow", "carried_ratio_of", "example_squares", "loop_flows", "loop_layers",
+           "processing_ran"]
 
 
-def carried_ratio_of(carried: list[float], totals: list[float]) -> float | None:
-    """:func:`~gradscope.keras.flow.carried_ratio` from its per-step norms: ‖∂L/∂h_t − its
-    part from above‖ and ‖∂L/∂h_t‖ for every t."""
+def carried_ratio_of(carried: np.ndarray, whole: np.ndarray,
+                     ran: np.ndarray | None = None) -> float | None:
+    """:func:`~gradscope.keras.flow.carried_ratio` from per-example squared norms (B, T), in
+    processing order: ‖∂L/∂s_t − its part from above‖² (``carried``) and ‖∂L/∂s_t‖²
+    (``whole``). Each step's gain back, ‖carried part at t‖ / ‖∂L/∂s_(t+1)‖, is taken over
+    the examples whose step t+1 ran (``ran`` (B, T); None: all): an example that skipped
+    step t+1 (masked) copied its state through it, so nothing went through the recurrence
+    there, while the gradient its later, masked, outputs pass back to its last step that ran
+    would count as carried (on a padded batch of uneven lengths, every example's last step
+    then looked like a gain)."""
+    moved = (np.ones(whole.shape, bool) if ran is None else np.asarray(ran, bool))[:, 1:]
     logs = []
-    for t in range(len(totals) - 1):
-        after = totals[t + 1]
+    for t in range(whole.shape[1] - 1):
+        rows = moved[:, t]
+        after = float(np.sqrt(np.sum(whole[rows, t + 1])))
         if not after > 0:
             continue
-        if carried[t] == 0:
+        back = float(np.sqrt(np.sum(carried[rows, t])))
+        if back == 0:
             return 0.0
-        logs.append(np.log(carried[t]) - np.log(after))
+        logs.append(np.log(back) - np.log(after))
     if not logs:
         return None
     return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))

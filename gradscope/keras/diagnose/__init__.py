@@ -289,15 +289,23 @@ def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
 
 def _exploding(stepped: Any, index: int) -> Exploding | None:
     """Where the carried ∂L/∂s_t grows going back a step (None: no gradient reached the
-    call)."""
+    call): over the (example, step) pairs whose step t+1 ran (a masked step copies its state,
+    and what reaches an example's last step that ran from its later, masked, outputs is not
+    carried: :func:`~gradscope.keras.probed_flow.carried_ratio_of`)."""
+    from gradscope.keras.probed_flow import processing_ran
     from gradscope.keras.stepped import step_squares
 
     found = step_squares(stepped, index)
     if found is None:
         return None
     whole, carried = found
+    ran = processing_ran(stepped.call.mask, whole.shape[1],
+                         stepped.directions[index].backwards)
     after = np.sqrt(whole[:, 1:])  # (B, T−1): ‖∂L/∂s_(t+1)‖
     back = np.sqrt(carried[:, :-1])  # carried part at t
+    if ran is not None:  # the pairs whose step t+1 did not run are left out
+        after = np.where(ran[:, 1:], after, 0.0)
+        back = np.where(ran[:, 1:], back, 0.0)
     live = after > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(live, back / np.where(live, after, 1), np.nan)

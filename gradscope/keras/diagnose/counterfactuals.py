@@ -90,7 +90,7 @@ def state_flow(stepped: Any, index: int) -> StateFlow | None:
     flags (:func:`~gradscope.keras.flow.carried_ratio`, from the same per-step norms) and the
     flag it gives it (:func:`gradscope.dynamics.flow_kind`); None: no gradient reached the
     call."""
-    from gradscope.keras.probed_flow import carried_ratio_of
+    from gradscope.keras.probed_flow import carried_ratio_of, processing_ran
     from gradscope.keras.stepped import step_squares
 
     found = step_squares(stepped, index)
@@ -98,8 +98,9 @@ def state_flow(stepped: Any, index: int) -> StateFlow | None:
         return None
     whole, carried = found
     totals = np.sqrt(np.sum(whole, axis=0))
-    ratio = carried_ratio_of([float(v) for v in np.sqrt(np.sum(carried, axis=0))],
-                             [float(v) for v in totals])
+    ran = processing_ran(stepped.call.mask, whole.shape[1],
+                         stepped.directions[index].backwards)
+    ratio = carried_ratio_of(carried, whole, ran)
     return StateFlow(first=float(totals[0]), last=float(totals[-1]), ratio=ratio,
                      flag=dynamics.flow_kind(ratio))
 
