@@ -186,7 +186,8 @@ def exponent_room(path: Any, label: str) -> tuple[int, str | None] | str:
     return size - most, (
         f"{label}: recurrent_dropout in training mode cuts up to {most} of the state's "
         f"{size} directions (J_t singular at every step, in {hit} of {len(cut)} examples): "
-        f"those exponents are −∞; the top {size - most} are given")
+        f"those exponents are −∞; "
+        + ("the top one is given" if size - most == 1 else f"the top {size - most} are given"))
 
 
 def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
