@@ -51,7 +51,7 @@ METHOD = [
     "step's lag left out: it reads no input); predicted: "
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
-    "against ∂L/∂s_(t+1), per example and step",
+    "against ∂L/∂s_(t+1), per example and step, where step t+1 ran",
     "counterfactuals: a copy of the model (gradscope's own load of the file, or the object "
     "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; each gate's "
     "block of the recurrent kernel made its polar factor times its spectral norm), run again "
@@ -139,8 +139,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         dropped = dropped or any(m is not None for m in stepped.masks or [])
         done = [_direction(engine, stepped, index, exponents, say, warnings)
                 for index in range(len(stepped.directions))]
-        # The counterfactuals step a copy of their own: this call's sequences and totals
-        # are let go before they run.
+        # The counterfactuals step the call again, changed: this call's sequences and
+        # totals are let go before they run.
         stepped = replace(stepped, states=[], totals=None, direct=None)
         for index, found in enumerate(done):
             if isinstance(found, str):

@@ -31,7 +31,7 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     from gradscope.keras.engine import _eager_call, call_label
     from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
 
-    key = ("captured pass", upstream, sample_weight is None)  # a trace per call asked of
+    key = ("captured pass", upstream, sample_weight is None)  # a trace per call asked about
     kept = None if cache is None else cache.get(key)
     if cache is None or kept is False or engine.training or runs_eagerly(engine.user_model):
         return _run(engine, inputs, targets, sample_weight)
