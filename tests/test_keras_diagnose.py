@@ -941,3 +941,28 @@ def test_a_padded_batch_of_uneven_lengths_carries_only_through_steps_that_ran(
     beside = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
     assert alone.flow is not None and beside.flow is not None
     assert beside.flow.ratio == pytest.approx(alone.flow.ratio, rel=1e-5)
+
+
+def test_a_change_that_changes_nothing_says_so(tf: Any) -> None:
+    """A SimpleRNN whose recurrent kernel already is orthogonal × 3: the orthogonal change
+    would change nothing, and says so instead of a rerun whose numbers move by chaos alone;
+    a clipping that would scale the gradient by 1 says it clips nothing."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((T, F)),
+        keras.layers.SimpleRNN(6, recurrent_initializer=keras.initializers.Orthogonal(3.0),
+                               name="rnn"),
+        keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x, y = _batch()
+    entry = gradscope.diagnose(model, x=x, y=y[:, -1]).layers[0]
+    found = {c.kind: c for c in entry.counterfactuals}
+    assert not found["orthogonal"].applicable
+    assert "already is orthogonal" in (found["orthogonal"].note or "")
+    report = gradscope.diagnose(model, x=x, y=y[:, -1], counterfactuals=False)
+    clip = found["clipping"].model_copy(update={"clip_scale": 1.0})
+    text = render_text(report.model_copy(update={
+        "layers": [entry.model_copy(update={"counterfactuals": [clip]})]}), 80)
+    assert "clips nothing on this batch" in text

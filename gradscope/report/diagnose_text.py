@@ -145,10 +145,13 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
         elif change.kind == "clipping":
             calm = layer.mechanism != "exploding" and not (
                 layer.exploding is not None and layer.exploding.growing_share)
+            scaled = (f"the gradient ×{number(change.clip_scale)} to norm "
+                      f"{number(change.gradient_norm)}"
+                      if change.clip_scale is None or change.clip_scale < 1 else
+                      f"clips nothing on this batch (the gradient's norm "
+                      f"{number(change.gradient_norm)} is within it)")
             line = _line(f"  {change.change}", [
-                "√n × the median tensor norm",
-                f"the gradient ×{number(change.clip_scale)} to norm "
-                f"{number(change.gradient_norm)}", "the dynamics unchanged (not rerun)",
+                "√n × the median tensor norm", scaled, "the dynamics unchanged (not rerun)",
                 *(["nothing grows here: for comparison, not a fix"] if calm else [])],
                 width)
             if calm:

@@ -63,13 +63,23 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     kind = class_label(cell)
     if kind not in BLOCKS or getattr(cell, "recurrent_kernel", None) is None:
         return f"{NOT_APPLICABLE} ({kind}: no recurrent kernel gradscope knows)"
-    kernel = np.array(cell.recurrent_kernel.numpy(), np.float64)
+    before = np.array(cell.recurrent_kernel.numpy(), np.float64)
+    kernel = before.copy()
     units = kernel.shape[0]
     for block in range(BLOCKS[kind]):
         part = kernel[:, block * units:(block + 1) * units]
         left, values, right = np.linalg.svd(part)
         kernel[:, block * units:(block + 1) * units] = values[0] * (left @ right)
+    scale = float(np.max(np.abs(before))) if before.size else 0.0
+    if np.max(np.abs(kernel - before), initial=0.0) <= SAME * scale:
+        return (f"{NOT_APPLICABLE}: each gate's block of its recurrent kernel already is "
+                "orthogonal times its spectral norm (the change would change nothing)")
     return [(cell.recurrent_kernel, kernel)]
+
+
+#: A changed kernel within this much of the old one (relative to its largest entry, a few
+#: float32 roundings) is no change.
+SAME = 1e-5
 
 
 CHANGES: list[tuple[Kind, str, Change]] = [
