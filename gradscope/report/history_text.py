@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.formats import number
-from gradscope.report.layout import pack, section, title
+from gradscope.report.layout import pack, section, title, warning
 from gradscope.report.models import (
     DiagnosisSeries,
     FlowHistoryReport,
@@ -77,12 +77,11 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
             if not hits:
                 continue
             last = hits[-1]
-            lines.append(Text(
-                f"⚠ {entry.layer}: {kind} gradients at {len(hits)} of {len(entry.flags)} "
+            lines.append(warning(
+                f"{entry.layer}: {kind} gradients at {len(hits)} of {len(entry.flags)} "
                 f"observations, the last at step {steps[last]} (carried back from t=T−1 to "
                 f"t=0, ∂L/∂h keeps {number(entry.ratios[last])} × its size; flagged beyond a "
-                "factor "
-                f"{report.flag_factor:g})", style="bold yellow"))
+                f"factor {report.flag_factor:g})"))
     if report.recurrent and not lines:
         lines.append(Text(f"{NO_FLAGS} (factor {report.flag_factor:g})", style="dim"))
     return lines
@@ -191,16 +190,15 @@ def mixed_precision_section(report: FlowHistoryReport, width: int) -> list[Rende
         series_table(rows, width, "quantity")]
     outside = [step for step, m in taken if m.in_range is False]
     if outside:
-        parts.append(Text(f"⚠ the loss scale was outside the safe range at {len(outside)} of "
-                          f"{len(taken)} observations, the last at step {outside[-1]}",
-                          style="bold yellow"))
+        parts.append(warning(f"the loss scale was outside the safe range at {len(outside)} "
+                             f"of {len(taken)} observations, the last at step {outside[-1]}"))
     said: dict[str, list[int]] = {}
     for step, m in taken:
         for text in m.warnings:
             said.setdefault(text, []).append(step)
     for text, at in said.items():
-        parts.append(Text(f"⚠ {text} (at {len(at)} of {len(taken)} observations, the last at "
-                          f"step {at[-1]})", style="bold yellow"))
+        parts.append(warning(f"{text} (at {len(at)} of {len(taken)} observations, the last "
+                             f"at step {at[-1]})"))
     last_step, last = taken[-1]
     parts.append(Text(f"\nAt the last observation (step {last_step}):", style="bold"))
     parts += mixed_precision_lines(last.model_copy(update={"warnings": []}), width)
@@ -237,9 +235,9 @@ def per_example_section(report: FlowHistoryReport, width: int) -> list[Renderabl
         series_table(rows, width, "quantity")]
     flagged = [step for step, p in taken if p.outliers]
     if flagged:
-        parts.append(Text(f"⚠ outliers (‖g_i‖ beyond the median + 3.5 scaled MADs) at "
-                          f"{len(flagged)} of {len(taken)} observations, the last at step "
-                          f"{flagged[-1]}", style="bold yellow"))
+        parts.append(warning(f"outliers (‖g_i‖ beyond the median + 3.5 scaled MADs) at "
+                             f"{len(flagged)} of {len(taken)} observations, the last at step "
+                             f"{flagged[-1]}"))
     parts.append(Text(f"\nAt the last observation (step {last_step}):", style="bold"))
     parts += per_example_lines(last, width)
     return parts
