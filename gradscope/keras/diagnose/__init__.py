@@ -201,6 +201,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms, trajectory
+    from gradscope.keras.stepped import step_squares
 
     direction = stepped.directions[index]
     layer = direction.layer
@@ -253,8 +254,9 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       window=measured.window,
                       ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
                       steps=measured.steps, examples=measured.examples)
-    exploding = _exploding(stepped, index)
-    flow = state_flow(stepped, index)
+    squares = step_squares(stepped, index)
+    exploding = _exploding(squares, path.ran)
+    flow = state_flow(squares, path.ran)
     reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
     keep = timescales.keep_gate if timescales is not None else None
@@ -288,25 +290,20 @@ def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
     return out
 
 
-def _exploding(stepped: Any, index: int) -> Exploding | None:
-    """Where the carried ∂L/∂s_t grows going back a step (None: no gradient reached the
-    call): over the (example, step) pairs whose step t+1 ran (a masked step copies its state,
-    and what reaches an example's last step that ran from its later, masked, outputs is not
-    carried: :func:`~gradscope.keras.probed_flow.carried_ratio_of`)."""
-    from gradscope.keras.probed_flow import processing_ran
-    from gradscope.keras.stepped import step_squares
-
-    found = step_squares(stepped, index)
-    if found is None:
+def _exploding(squares: tuple[np.ndarray, np.ndarray] | None,
+               ran: np.ndarray) -> Exploding | None:
+    """Where the carried ∂L/∂s_t grows going back a step, from a direction's
+    :func:`~gradscope.keras.stepped.step_squares` (None: no gradient reached the call) and
+    where each example's steps ran (B, T), processing order: over the (example, step) pairs
+    whose step t+1 ran (a masked step copies its state, and what reaches an example's last
+    step that ran from its later, masked, outputs is not carried:
+    :func:`~gradscope.keras.probed_flow.carried_ratio_of`)."""
+    if squares is None:
         return None
-    whole, carried = found
-    ran = processing_ran(stepped.call.mask, whole.shape[1],
-                         stepped.directions[index].backwards)
-    after = np.sqrt(whole[:, 1:])  # (B, T−1): ‖∂L/∂s_(t+1)‖
-    back = np.sqrt(carried[:, :-1])  # carried part at t
-    if ran is not None:  # the pairs whose step t+1 did not run are left out
-        after = np.where(ran[:, 1:], after, 0.0)
-        back = np.where(ran[:, 1:], back, 0.0)
+    whole, carried = squares
+    # The pairs whose step t+1 did not run are left out.
+    after = np.where(ran[:, 1:], np.sqrt(whole[:, 1:]), 0.0)  # (B, T−1): ‖∂L/∂s_(t+1)‖
+    back = np.where(ran[:, 1:], np.sqrt(carried[:, :-1]), 0.0)  # carried part at t
     live = after > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(live, back / np.where(live, after, 1), np.nan)

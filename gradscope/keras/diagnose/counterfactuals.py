@@ -95,21 +95,19 @@ def change_words(kind: str, cell: Any) -> str:
     return next(words for name, words, _ in CHANGES if name == kind)
 
 
-def state_flow(stepped: Any, index: int) -> StateFlow | None:
-    """‖∂L/∂s_t‖ at the first and last step of direction ``index``, the ratio the flow
-    flags (:func:`~gradscope.keras.flow.carried_ratio`, from the same per-step norms) and the
-    flag it gives it (:func:`gradscope.dynamics.flow_kind`); None: no gradient reached the
-    call."""
-    from gradscope.keras.probed_flow import carried_ratio_of, processing_ran
-    from gradscope.keras.stepped import step_squares
+def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
+               ran: np.ndarray) -> StateFlow | None:
+    """‖∂L/∂s_t‖ at the first and last step of a direction, from its
+    :func:`~gradscope.keras.stepped.step_squares` and where each example's steps ran (B, T),
+    processing order: the ratio the flow flags (:func:`~gradscope.keras.flow.carried_ratio`,
+    from the same per-step norms) and the flag it gives it
+    (:func:`gradscope.dynamics.flow_kind`); None: no gradient reached the call."""
+    from gradscope.keras.probed_flow import carried_ratio_of
 
-    found = step_squares(stepped, index)
-    if found is None:
+    if squares is None:
         return None
-    whole, carried = found
+    whole, carried = squares
     totals = np.sqrt(np.sum(whole, axis=0))
-    ran = processing_ran(stepped.call.mask, whole.shape[1],
-                         stepped.directions[index].backwards)
     ratio = carried_ratio_of(carried, whole, ran)
     return StateFlow(first=float(totals[0]), last=float(totals[-1]), ratio=ratio,
                      flag=dynamics.flow_kind(ratio))
@@ -170,7 +168,7 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
-    from gradscope.keras.stepped import directions_of, step_call
+    from gradscope.keras.stepped import directions_of, step_call, step_squares
 
     directions = directions_of(copy.operation(rerun.layer), rerun.label)
     if isinstance(directions, str):
@@ -208,7 +206,7 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     return Counterfactual(kind=kind, change=words, applicable=True, horizon=measured.horizon,
                           horizon_window=measured.window,
                           predicted=dynamics.predicted_horizon(largest), lyapunov_1=largest,
-                          flow=state_flow(stepped, direction))
+                          flow=state_flow(step_squares(stepped, direction), path.ran))
 
 
 def _not(kind: Kind, words: str, why: str) -> Counterfactual:
