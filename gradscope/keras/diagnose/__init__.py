@@ -23,7 +23,6 @@ from gradscope.report.models import (
     DiagnosedLayer,
     DiagnoseReport,
     Exploding,
-    GateShares,
     GrowingExample,
     Horizon,
     JacobianNorm,
@@ -235,8 +234,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     saturated: list[SaturatedUnit] = []
     if why_not is None:
         reading = read_gates(engine, path)
-        gates = {name: GateShares(below_0_1=reading.below[name], above_0_9=reading.above[name])
-                 for name in reading.below}
+        gates = reading.shares()
         taus = dynamics.timescales(reading.mean_keep)
         timescales = Timescales(median=dynamics.quantile(taus, 0.5),
                                 p10=dynamics.quantile(taus, 0.1),

@@ -22,7 +22,6 @@ import numpy as np
 from gradscope import dynamics
 from gradscope.diagnosis_record import CallReading
 from gradscope.keras.engine import call_label, class_label
-from gradscope.report.models import GateShares
 
 #: The top exponents taken by default: λ₁ alone. Forward mode carries one tangent column per
 #: exponent, folded into the batch, and the scan costs about that many times as much (29 ms
@@ -77,10 +76,7 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
             why_not = known_gates(layer)
             gates = None
             if why_not is None:
-                reading = read_gates(engine, path)
-                gates = {name: GateShares(below_0_1=reading.below[name],
-                                          above_0_9=reading.above[name])
-                         for name in reading.below}
+                gates = read_gates(engine, path).shares()
             largest = float(spectrum[0]) if len(spectrum) else None
             measured = (measure(engine, path, stepped.call.mask) if measure_horizon
                         else None)

@@ -19,6 +19,7 @@ from gradscope.dynamics import HIGH, LOW
 from gradscope.keras.diagnose.trajectory import FOLD_ROWS, Trajectory, folded_pairs
 from gradscope.keras.engine import class_label
 from gradscope.keras.stepped import Masks, engine_cached, masks_for_rows
+from gradscope.report.models import GateShares
 
 #: Per cell class: its gates by name, as (column block, name), and its keep gate.
 GATES = {"LSTMCell": ([(0, "input"), (1, "forget"), (3, "output")], "forget"),
@@ -37,6 +38,11 @@ class GateReading:
     mean_keep: np.ndarray
     saturated: np.ndarray
 
+    def shares(self) -> dict[str, GateShares]:
+        """Each gate's shares, as the reports hold them."""
+        return {name: GateShares(below_0_1=self.below[name], above_0_9=self.above[name])
+                for name in self.below}
+
 
 def known_gates(layer: Any) -> str | None:
     """None when gradscope reads this layer's gates; else why not."""
@@ -45,28 +51,6 @@ def known_gates(layer: Any) -> str | None:
     if kind not in GATES:
         return f"gates not known for this cell ({kind})"
     return None
-
-
-def _preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None = None) -> Any:
-    """The gate pre-activations (N, blocks·u), Keras' column order (a GRU's first two
-    blocks, z and r); with ``masks``, as the step computes them in training mode."""
-    if masks is not None:
-        return _masked_preactivations(tf, cell, x, h, masks)
-    kind = class_label(cell)
-    kernel, recurrent, bias = _weights(tf, cell, x.dtype)
-    if kind == "LSTMCell":
-        z = tf.matmul(x, kernel) + tf.matmul(h, recurrent)
-        return z + bias if bias is not None else z
-    units = cell.units
-    x_part = tf.matmul(x, kernel[:, :2 * units])
-    h_part = tf.matmul(h, recurrent[:, :2 * units])
-    if bias is not None:
-        if cell.reset_after:
-            x_part += bias[0, :2 * units]
-            h_part += bias[1, :2 * units]
-        else:
-            x_part += bias[:2 * units]
-    return x_part + h_part
 
 
 def _weights(tf: Any, cell: Any, dtype: Any) -> tuple[Any, Any, Any]:
@@ -80,14 +64,16 @@ def _weights(tf: Any, cell: Any, dtype: Any) -> tuple[Any, Any, Any]:
             cast(cell.bias) if cell.use_bias else None)
 
 
-def _masked_preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks) -> Any:
-    """:func:`_preactivations` with dropout, as Keras' LSTMCell and GRUCell ``call`` apply it
-    (a row of masks per row of x and h): gate g's block takes x·m_g and h_(t−1)·r_g, one
-    mask for every gate or one per gate (``implementation=1``, a list); a rate outside
-    (0, 1) applies none, and the recurrent mask only ``implementation=1`` applies."""
+def _preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None = None) -> Any:
+    """The gate pre-activations (N, blocks·u), Keras' column order (a GRU's first two
+    blocks, z and r), block by block. With ``masks`` (dropout in training mode), as Keras'
+    LSTMCell and GRUCell ``call`` apply them (a row of masks per row of x and h): gate g's
+    block takes x·m_g and h_(t−1)·r_g, one mask for every gate or one per gate
+    (``implementation=1``, a list); a rate outside (0, 1) applies none, and the recurrent
+    mask only ``implementation=1`` applies."""
     kind = class_label(cell)
     units = int(cell.units)
-    inputs, recurrent = masks
+    inputs, recurrent = masks if masks is not None else (None, None)
     if not 0.0 < float(cell.dropout) < 1.0:
         inputs = None
     if not 0.0 < float(cell.recurrent_dropout) < 1.0 or getattr(cell, "implementation",
