@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.keras.engine import class_label
+from gradscope.keras.probed_flow import processing_ran
 from gradscope.keras.stepped import Masks, Stepped, cell_holding, engine_cached, masks_for_rows
 
 #: Pairs (x_t, s_{t−1}) the step-Jacobian norms take at once (Lanczos keeps its basis for
@@ -81,10 +82,11 @@ def trajectory(stepped: Stepped, index: int) -> Trajectory | str:
                 for s0, seq in zip(initial, sequences, strict=True)]
     x = np.asarray(call.args[0])
     steps = x.shape[1]
-    ran = (np.ones(x.shape[:2], bool) if call.mask is None
-           else np.asarray(call.mask, bool).reshape(x.shape[0], steps))
+    ran = processing_ran(call.mask, steps, direction.backwards)
+    if ran is None:
+        ran = np.ones(x.shape[:2], bool)
     if direction.backwards:
-        x, ran = x[:, ::-1], ran[:, ::-1]
+        x = x[:, ::-1]
     masks = None if stepped.masks is None else stepped.masks[index]
     odd = _not_per_example(masks, x.shape[0])
     if odd is not None:
