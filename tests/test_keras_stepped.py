@@ -149,16 +149,26 @@ def test_a_call_the_cells_do_not_model_is_stepped_as_keras_runs_it(tf, data, kin
     _assert_jacobian(entry, truth)
 
 
+def _masked_bidirectional(layer: Any, name: str) -> Any:
+    """Masking → Bidirectional(``layer``) named ``name`` → mean over time → Dense 2, compiled
+    with mse; and the Bidirectional layer."""
+    import keras
+    from keras import layers as L
+
+    x_in = keras.Input((T, F), name="x")
+    both = L.Bidirectional(layer, name=name)
+    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(both(L.Masking()(x_in)))))
+    model.compile(loss="mse")
+    return model, both
+
+
 def test_a_bidirectional_masked_call_is_stepped_in_both_directions(tf, data):
     import keras
     from keras import layers as L
 
     x, mask, y = data
     keras.utils.set_random_seed(4)
-    x_in = keras.Input((T, F), name="x")
-    both = L.Bidirectional(L.GRU(3, return_sequences=True), name="both")
-    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(both(L.Masking()(x_in)))))
-    model.compile(loss="mse")
+    model, both = _masked_bidirectional(L.GRU(3, return_sequences=True), "both")
     report = gradscope.explain(model, x=x, y=y, flow=True)
     assert not report.gradient_flow.not_analysed
     upstream = _upstream(tf, model, "both", x, y)
@@ -589,10 +599,7 @@ def test_the_influence_of_each_direction_of_a_bidirectional_is_keras_own(tf, dat
 
     x, mask, y = data
     keras.utils.set_random_seed(14)
-    x_in = keras.Input((T, F), name="x")
-    both = L.Bidirectional(L.LSTM(3, return_sequences=True), name="rnn")
-    model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(both(L.Masking()(x_in)))))
-    model.compile(loss="mse")
+    model, both = _masked_bidirectional(L.LSTM(3, return_sequences=True), "rnn")
     at = 2
     report = gradscope.explain(model, x=x, y=y, at=at)
     inputs = tf.constant(x)
