@@ -744,17 +744,23 @@ def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
                            "state's 10 directions") and "the top 8 are given" in said
 
 
+def _in_float64(model: Any, name: str, dropped: dict[str, Any]) -> tuple[Any, ...]:
+    """Layer ``name``'s kernel, recurrent kernel and bias, its input and recurrent masks (one
+    per gate) in float64, and Keras' own outputs of the call that drew them."""
+    cell = model.get_layer(name).cell
+    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
+                               (cell.kernel, cell.recurrent_kernel, cell.bias))
+    (m, r_m), _, keras_outputs = dropped[name]
+    return (kernel, recurrent, bias, [np.asarray(v, np.float64) for v in m],
+            [np.asarray(v, np.float64) for v in r_m], keras_outputs)
+
+
 def test_dropout_gate_shares_against_a_numpy_pass_with_the_masks(
         tf: Any, dropout_case: Any, dropped: dict[str, Any]) -> None:
     """Keras' LSTM and GRU (reset_after) equations of implementation 1 written out in NumPy,
     x_t and h_(t−1) multiplied by each gate's own mask; their outputs held to Keras'."""
     model, x, _, report = dropout_case
-    lstm = model.get_layer("lstm").cell
-    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
-                               (lstm.kernel, lstm.recurrent_kernel, lstm.bias))
-    (m, r_m), _, keras_outputs = dropped["lstm"]
-    m = [np.asarray(v, np.float64) for v in m]
-    r_m = [np.asarray(v, np.float64) for v in r_m]
+    kernel, recurrent, bias, m, r_m, keras_outputs = _in_float64(model, "lstm", dropped)
     u = 5
     h, c = np.zeros((B, u)), np.zeros((B, u))
     gates: dict[str, list[np.ndarray]] = {"input": [], "forget": [], "output": []}
@@ -779,13 +785,8 @@ def test_dropout_gate_shares_against_a_numpy_pass_with_the_masks(
         assert entry.gates[name].above_0_9 == pytest.approx(np.mean(stacked > 0.9), abs=1e-9)
     taus = -1 / np.log(np.stack(gates["forget"]).mean(axis=(0, 1)))
     assert entry.timescales.median == pytest.approx(np.median(taus), rel=1e-4)
-    gru = model.get_layer("gru").cell
-    assert gru.reset_after
-    kernel, recurrent, bias = (np.asarray(v, np.float64) for v in
-                               (gru.kernel, gru.recurrent_kernel, gru.bias))
-    (m, r_m), _, keras_outputs = dropped["gru"]
-    m = [np.asarray(v, np.float64) for v in m]
-    r_m = [np.asarray(v, np.float64) for v in r_m]
+    assert model.get_layer("gru").cell.reset_after
+    kernel, recurrent, bias, m, r_m, keras_outputs = _in_float64(model, "gru", dropped)
     v = 4
     h = np.zeros((B, v))
     zs, rs, hs = [], [], []
