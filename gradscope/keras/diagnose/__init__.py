@@ -107,6 +107,7 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
 
 def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int | None,
               counterfactuals: bool) -> DiagnoseReport:
+    from gradscope._heap import give_back_freed_memory
     from gradscope.keras.diagnose.clipping import clipping, global_norm
     from gradscope.keras.explain import loaded, loss_entry, model_entry
     from gradscope.keras.stepped import step_call
@@ -129,6 +130,9 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             continue
         label = call_label(call.layer, call.index)
         say(f"{label}: stepping its cell along the batch")
+        # The stepping and its backward pass are the peak of a diagnosis: they start on
+        # what the phases before freed, given back (gradscope/_heap.py).
+        give_back_freed_memory()
         upstream = result.output_gradients.get(label)
         stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True,
                             reuse=True, read_inputs=False)

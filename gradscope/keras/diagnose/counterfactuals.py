@@ -165,6 +165,7 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     call, back to each call's outputs only
     (:func:`~gradscope.keras.diagnose.captured.captured_pass`; ``cache`` keeps its trace
     across the changes)."""
+    from gradscope._heap import give_back_freed_memory
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
@@ -182,12 +183,16 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     try:
         for (variable, value), (_, old) in zip(change, kept, strict=True):
             variable.assign(value.astype(old.dtype))
+        # The pass and the stepping each start on what the phases before freed, given
+        # back: the stepping is the peak of a diagnosis (gradscope/_heap.py).
+        give_back_freed_memory()
         calls, upstream = captured_pass(copy, rerun.inputs, rerun.targets,
                                         rerun.sample_weight, cache, upstream=rerun.label)
         call = next((c for c in calls if c.layer == rerun.layer and c.index == rerun.index),
                     None)
         if call is None:
             return _not(kind, words, "the copy does not call the layer as the model does")
+        give_back_freed_memory()
         stepped = step_call(copy, call, upstream.get(rerun.label),
                             copy.training, cell_dtype=True, reuse=True, read_inputs=False)
         if isinstance(stepped, str):
