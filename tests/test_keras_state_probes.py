@@ -83,12 +83,18 @@ def _model(kind: str) -> Any:
 @pytest.mark.parametrize("kind", ["masked_lstm_state", "backwards_zero_output",
                                   "bidirectional", "tuple_cell", "relu_last", "unrolled",
                                   "dropout", "shared_wired"])
-def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind):
+@pytest.mark.parametrize("stretched", [False, True])
+def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind, stretched, monkeypatch):
     """Every state of every direction, c included, and what arrives from above at each step:
-    the probes against the stepped scan fed the tape's ∂L/∂(the call's outputs)."""
+    the probes against the stepped scan fed the tape's ∂L/∂(the call's outputs); and, with
+    ``stretched``, against its backward pass by stretches of 2 steps (a long call's: the
+    gradient carried from each stretch into the one before, masked steps among them)."""
+    import gradscope.keras.stepped as stepped_module
     from gradscope.keras.engine import call_label
     from gradscope.keras.stepped import step_call
 
+    if stretched:
+        monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
     training = kind == "dropout"
     model = _model(kind)
     model.compile(loss="mse")

@@ -612,3 +612,56 @@ def test_the_influence_of_each_direction_of_a_bidirectional_is_keras_own(tf, dat
         jacobian = np.asarray(tape.batch_jacobian(out, inputs))
         truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
         np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["bidirectional", "backwards_last"])
+def test_a_long_call_differentiated_by_stretches_gives_keras_own_gradients(tf, data, kind,
+                                                                           monkeypatch):
+    """A call longer than twice ``STRETCH_STEPS`` is differentiated a stretch at a time (here
+    2 steps: 7 steps make stretches of 2, 2, 2 and 1), masked steps among them: ∂L/∂x_t of
+    its input equals Keras' own tape's, and the total ∂L/∂h_t the whole tape's (the
+    unrolled cell, :func:`_unrolled`)."""
+    import keras
+    from keras import layers as L
+
+    import gradscope.keras.stepped as stepped_module
+    from gradscope.keras.data import batch_targets
+    from gradscope.keras.engine import KerasEngine
+    from gradscope.keras.explain import prepare
+
+    x, mask, y = data
+    keras.utils.set_random_seed(6)
+    if kind == "bidirectional":
+        model, layer = _masked_bidirectional(L.LSTM(3, return_sequences=True), "rnn")
+    else:
+        x_in = keras.Input((T, F), name="x")
+        layer = L.GRU(4, go_backwards=True, name="rnn")
+        model = keras.Model(x_in, L.Dense(2)(layer(L.Masking()(x_in))))
+        model.compile(loss="mse")
+    monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
+    job = prepare(model, x=x, y=y)
+    engine = KerasEngine(job.source, job.outputs, job.plan)
+    targets = batch_targets(job.plan, job.batch.targets,
+                            engine.output_shapes(job.batch.inputs), 0)
+    result = engine.run(job.batch.inputs, targets, watch_outputs=True)
+    call = next(c for c in result.calls if c.layer == "rnn")
+    stepped = stepped_module.step_call(engine, call, result.output_gradients["rnn"], False)
+    assert not isinstance(stepped, str), stepped
+    # Keras' own tape: ∂L/∂(the layer's input), the mask Masking gives it.
+    masked = model.layers[1].output
+    both = keras.Model(model.inputs, [model.outputs[0], masked])
+    feed = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(feed)
+        prediction, read = both({"x": feed})
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction)
+    truth = np.asarray(tape.gradient(loss, read), np.float64)
+    assert stepped.inputs is not None
+    np.testing.assert_allclose(stepped.inputs, truth, rtol=1e-4,
+                               atol=1e-6 * float(np.max(np.abs(truth))))
+    if kind == "backwards_last":
+        upstream = _upstream(tf, model, "rnn", x, y)
+        totals = np.sqrt(np.sum(np.square(np.asarray(stepped.totals[0][0], np.float64)),
+                                axis=(0, 2)))
+        np.testing.assert_allclose(totals, _unrolled(tf, layer, x, mask, upstream),
+                                   rtol=1e-4)

@@ -310,9 +310,12 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
 
     @tf.function(autograph=False, reduce_retracing=True)
     def traced(x: Any, mask: Any, initial: list[Any], upstream: list[Any] | None,
-               drawn: list[Masks | None]) -> Any:
+               drawn: list[Masks | None], stretched: bool = False) -> Any:
         starts = np.cumsum([0, *counts])
         parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
+        if stretched and upstream is not None:
+            return _by_stretches(tf, keras, layer, directions, parts, drawn, x, mask,
+                                 upstream, training, read_inputs)
         steps = tf.shape(x)[1]
         probes = [[tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
                   for part in parts]
@@ -353,8 +356,10 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         given = (None if upstream is None or all(g is None for g in upstream) else
                  [None if g is None else tf.convert_to_tensor(g) for g in upstream])
         drawn = drawn_masks(engine, directions, call, x, initial)
+        stretched = given is not None and int(np.shape(call.args[0])[1]) > 2 * STRETCH_STEPS
         with native_stderr_silenced(), without_grappler():
-            outputs, states, totals, direct, read = traced(x, mask, initial, given, drawn)
+            outputs, states, totals, direct, read = traced(x, mask, initial, given, drawn,
+                                                           stretched)
         kind = None if cell_dtype else np.float64
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s, kind) for s in part] for part in states],
@@ -365,6 +370,108 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                 [masks_numpy(m) for m in drawn])
 
     return run
+
+
+#: A call longer than twice this many steps is differentiated this many steps at a time
+#: (:func:`_by_stretches`).
+STRETCH_STEPS = 128
+
+
+def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
+                  parts: list[list[Any]], drawn: list[Masks | None], x: Any, mask: Any,
+                  upstream: list[Any], training: bool, read_inputs: bool) -> Any:
+    """What ``stepped_runner``'s traced pass returns with ``upstream``, with the memory of
+    :data:`STRETCH_STEPS` steps instead of every step's: the scans run forward once,
+    untaped, keeping each state's sequence and the outputs; ∂L/∂ those outputs (what
+    arrives from above at each step) and ∂L/∂ the final states come from Keras' merge
+    alone; then, from the last stretch of steps to the first, each stretch is stepped again
+    from the states the forward scan left before it, under its own tape, its gradient
+    carrying on from what the stretch after it gave its first states (and its first
+    output, which a masked step keeps). The numbers are the whole tape's; the cost is one
+    more forward pass."""
+    bidirectional = class_label(layer) == "Bidirectional"
+    scans = []
+    for d, part, masks in zip(directions, parts, drawn, strict=True):
+        steps = tf.shape(x)[1]
+        probe = [tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
+        with cell_holding(d.layer.cell, masks):
+            scans.append(scan_cell(tf, keras, d.layer, x, mask, part, probe, training))
+    sequences = [states for states, _ in scans]
+    outs = [o for _, o in scans]
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch([sequences, outs])
+        outputs = _outputs(tf, layer, list(zip(sequences, outs, strict=True)), bidirectional)
+        objective = tf.add_n([tf.reduce_sum(tf.cast(g, o.dtype) * o)
+                              for g, o in zip(upstream, outputs, strict=True) if g is not None])
+    on_states, direct = tape.gradient(objective, [sequences, outs],
+                                      unconnected_gradients="zero")
+    totals, reads = [], []
+    for k, (d, part, masks) in enumerate(zip(directions, parts, drawn, strict=True)):
+        with cell_holding(d.layer.cell, masks):
+            total, read = _stretches_back(tf, keras, d.layer, x, mask, part, sequences[k],
+                                          outs[k], on_states[k], direct[k], training,
+                                          read_inputs)
+        totals.append(total)
+        reads.append(read)
+    read = tf.add_n(reads) if read_inputs else None
+    return outputs, sequences, totals, direct, read
+
+
+def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
+                    sequences: list[Any], outs: Any, on_states: list[Any], on_outs: Any,
+                    training: bool, read_inputs: bool) -> tuple[list[Any], Any]:
+    """One direction's backward pass by stretches (:func:`_by_stretches`), a loop in the
+    graph: the total ∂L/∂ each state after every step (time-major, processing order) and,
+    with ``read_inputs``, ∂L/∂x (batch-major, input order; else None)."""
+    steps = tf.shape(outs)[0]
+    count = (steps + STRETCH_STEPS - 1) // STRETCH_STEPS
+    backwards = bool(getattr(layer, "go_backwards", False))
+    dtype = layer.cell.compute_dtype
+    initial = [tf.cast(s, dtype) for s in initial]
+
+    def body(k: Any, carried: list[Any], carried_out: Any, written: list[Any],
+             read: Any) -> tuple[Any, ...]:
+        stretch = count - 1 - k  # from the last stretch to the first
+        first = stretch * STRETCH_STEPS
+        end = tf.minimum(first + STRETCH_STEPS, steps)
+        before = tf.maximum(first - 1, 0)
+        start = [tf.where(first > 0, seq[before], s0)
+                 for seq, s0 in zip(sequences, initial, strict=True)]
+        last = tf.where(first > 0, outs[before], tf.zeros_like(outs[0]))
+        # processing steps first..end−1: input steps T−end..T−first−1 when run backwards
+        lo, hi = (steps - end, steps - first) if backwards else (first, end)
+        xs = x[:, lo:hi]
+        ms = None if mask is None else mask[:, lo:hi]
+        probes = [tf.zeros_like(seq[first:end]) for seq in sequences]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch([probes, start, last] + ([xs] if read_inputs else []))
+            states, o = scan_cell(tf, keras, layer, xs, ms, start, probes, training,
+                                  last_output=last)
+            objective = (tf.reduce_sum(on_outs[first:end] * o)
+                         + tf.add_n([tf.reduce_sum(g[first:end] * s)
+                                     for g, s in zip(on_states, states, strict=True)])
+                         + tf.add_n([tf.reduce_sum(c * s[-1])
+                                     for c, s in zip(carried, states, strict=True)])
+                         + tf.reduce_sum(carried_out * o[-1]))
+        found = tape.gradient(objective, [probes, start, last] + (
+            [xs] if read_inputs else []), unconnected_gradients="zero")
+        on_probes, on_start, on_last = found[:3]
+        written = [w.write(stretch, g) for w, g in zip(written, on_probes, strict=True)]
+        if read_inputs:  # time-major, so that the pieces join along axis 0
+            read = read.write(count - 1 - stretch if backwards else stretch,
+                              tf.transpose(found[3], [1, 0, *range(2, len(x.shape))]))
+        return k + 1, on_start, on_last, written, read
+
+    written = [tf.TensorArray(seq.dtype, size=count, infer_shape=False) for seq in sequences]
+    read = tf.TensorArray(x.dtype, size=count if read_inputs else 0, infer_shape=False)
+    _, _, _, written, read = tf.while_loop(
+        lambda k, *rest: k < count, body,
+        (tf.constant(0), [tf.zeros_like(s) for s in initial], tf.zeros_like(outs[0]),
+         written, read))
+    totals = [w.concat() for w in written]
+    if not read_inputs:
+        return totals, None
+    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))])
 
 
 def _batch_major(value: Any, dtype: Any = np.float64) -> np.ndarray:
@@ -391,7 +498,7 @@ def engine_cached(engine: Any, key: tuple[Any, ...], build: Any) -> Any:
 
 def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
           probes: list[Any], training: bool, cuts: Any = None,
-          edges: list[Any] | None = None) -> tuple[list[Any], Any]:
+          edges: list[Any] | None = None, last_output: Any = None) -> tuple[list[Any], Any]:
     """The layer's cell over ``x`` (B, T, ·) as Keras' RNN loop runs it: in processing order
     (reversed for go_backwards), a masked step keeping the states and the last output (or a
     zero output, with ``zero_output_for_mask``). A zero probe is added to every state a step
@@ -399,8 +506,9 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
     is the probed state, so that the gradient from above at t reaches the probe. With
     ``cuts`` (T,) and ``edges`` (one (T, B, ·) per state), the states entering step p are
     held (``tf.stop_gradient``) where ``cuts[p]`` is nonzero, then ``edges[p]`` is added:
-    truncated BPTT (:mod:`~gradscope.keras.truncation`). Returns every state's sequence and
-    the outputs, time-major."""
+    truncated BPTT (:mod:`~gradscope.keras.truncation`). ``last_output``: the output before
+    the first step (what a masked first step keeps; default zeros), for a stretch of a longer
+    call. Returns every state's sequence and the outputs, time-major."""
     cell = layer.cell
     kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
     backwards = bool(getattr(layer, "go_backwards", False))
@@ -416,7 +524,9 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
         out, new = cell(x_t, list(states), **kwargs)
         return out, list(keras.tree.flatten(new))
 
-    first, _ = step(x_tm[0], initial)
+    if last_output is None:
+        first, _ = step(x_tm[0], initial)
+        last_output = tf.zeros_like(first)
 
     def kept(m_t: Any, value: Any, other: Any) -> Any:
         shape = [-1] + [1] * (len(value.shape) - 1)
@@ -450,10 +560,10 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
             return body(carry, (items[0], None, *items[1:]))
 
         states, outs = tf.scan(unmasked, (x_tm, probes, *cut),
-                               initializer=(initial, tf.zeros_like(first)))
+                               initializer=(initial, last_output))
     else:
         states, outs = tf.scan(body, (x_tm, m_tm, probes, *cut),
-                               initializer=(initial, tf.zeros_like(first)))
+                               initializer=(initial, last_output))
     return list(states), outs
 
 
