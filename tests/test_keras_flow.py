@@ -402,3 +402,27 @@ def test_both_directions_get_one_flag_rule() -> None:
     assert carried_ratio(np.ones((1, 3, 2)), np.zeros((1, 3, 2))) == pytest.approx(1.0)
     assert carried_ratio(np.ones((1, 3, 2)), np.ones((1, 3, 2))) == 0.0
 
+
+
+def test_an_input_read_backwards_is_not_flagged_by_its_ends(tf) -> None:
+    """A go_backwards layer carries the gradient towards its last input step: ∂L/∂x_t is
+    large at t = 0 (its last step) and fades towards t = T−1. The model input's series is
+    not flagged "exploding" by its ends; the layer's own recurrence is flagged vanishing."""
+    import keras
+    from keras import layers as L
+
+    keras.utils.set_random_seed(3)
+    steps = 20
+    x_in = keras.Input((steps, F), name="x")
+    rnn = L.SimpleRNN(4, go_backwards=True, name="rnn",
+                      recurrent_initializer=keras.initializers.Orthogonal(gain=0.1))
+    model = keras.Model(x_in, L.Dense(2)(rnn(x_in)))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(B, steps, F)).astype(np.float32)
+    y = rng.normal(size=(B, 2)).astype(np.float32)
+    report = gradscope.explain(model, x=x, y=y, flow=True)
+    flow = report.gradient_flow
+    norms = next(np.asarray(s.norms) for s in flow.sequences if s.what == "∂L/∂x_t")
+    assert norms[0] / norms[-1] > 1e3  # what the ends of the input's series would flag
+    assert [(f.what, f.kind) for f in flow.flags] == [("∂L/∂rnn/h_t", "vanishing")]

@@ -81,7 +81,9 @@ STEPPED_NOTE = ("a call whose loop is not Keras' own (a fused kernel, a loop a l
                 "itself) is stepped through the cell the model holds, in tf.scan under one "
                 "tape, after its outputs are held to Keras' own")
 BACKWARDS_NOTE = ("a go_backwards layer, and the backward layer of a Bidirectional, is shown "
-                  "in its processing order: its t = 0 is the last input step")
+                  "in its processing order: its t = 0 is the last input step; the model's "
+                  "inputs are then not flagged by the ends of ∂L/∂x_t (a layer reading them "
+                  "backwards carries the gradient towards t = 0), only the layers are")
 
 
 @dataclass
@@ -454,9 +456,12 @@ def gradient_flow(job: Any, engine: Any, result: KerasPass) -> KerasFlowSection:
                                            norms=norms))
     sequences = _once(sequences, job.batch.inputs)
     # Flagged by their norm at t=0 over the last: the model's own inputs (a recurrent call's
-    # input has its call's recurrence flag).
-    flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences
-                         if s.kind == "input" and s.source in job.batch.inputs})
+    # input has its call's recurrence flag). Not where a call runs backwards: a layer that
+    # reads its input from the last step carries the gradient towards t = 0, so the ends of
+    # the input's series compare the other way round (its layers' own flags read it).
+    if not backwards:
+        flags += flow_flags({s.what: np.asarray(s.norms) for s in sequences
+                             if s.kind == "input" and s.source in job.batch.inputs})
     if any_stepped and not any_probed:
         method = f"{STEPPED_FLOW}; {FLOW_READING}"
     else:
