@@ -71,6 +71,20 @@ def lyapunov_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> tuple[np.n
     return final[order], change
 
 
+def example_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> np.ndarray:
+    """Per example, its own largest exponent: the mean over the steps it ran of each column's
+    log|R_t[i, i]|, the largest of the columns (B,); NaN for an example that ran no step.
+    λ₁ is the mean over the examples (:func:`lyapunov_exponents`); these say whether it
+    stands for them, e.g. where a few examples pass a step that cuts every perturbation
+    (J_t = 0: a relu layer's units all off) and pull the mean far below the others'."""
+    logs = np.asarray(log_diagonals, np.float64)
+    runs = np.asarray(ran, bool).sum(axis=1)
+    out = np.full(logs.shape[0], np.nan)
+    kept = runs > 0
+    out[kept] = np.max(logs[kept].sum(axis=1) / runs[kept, None], axis=1)
+    return out
+
+
 def predicted_horizon(largest: float | None) -> float | None:
     """Steps for a perturbation to shrink by :data:`HORIZON_FACTOR` at the rate λ₁ (None
     unless λ₁ < 0)."""
@@ -156,6 +170,8 @@ class Evidence:
     #: The median influence ratio at the last lag measured, and that lag (None: none).
     reach: float | None = None
     reach_lag: int | None = None
+    #: Each example's own largest exponent (:func:`example_exponents`; empty: not known).
+    per_example: tuple[float, ...] = ()
 
 
 def fades_within(evidence: Evidence) -> float | None:
@@ -176,6 +192,10 @@ def mechanism(evidence: Evidence) -> str:
     """"exploding", "vanishing" or "holds" (gradients neither fade within the steps nor
     grow)."""
     if evidence.largest is not None and evidence.largest > EXPLODING_EXPONENT:
+        return "exploding"
+    if flow_kind(evidence.carried) == "exploding":
+        # The batch's own gradient grows by more than 10³ carried back, whatever the mean
+        # exponent says (:func:`_explodes_in`).
         return "exploding"
     fades = fades_within(evidence)
     if fades is not None and fades < evidence.steps:
@@ -264,6 +284,25 @@ def flow_note(evidence: Evidence) -> str | None:
     return None
 
 
+def _explodes_in(e: Evidence) -> str:
+    """Why a layer whose mean λ₁ does not grow is exploding: ∂L/∂s carried back grows by more
+    than 10³ on the batch (``explain --flow``'s flag), and the examples that make it so."""
+    assert e.carried is not None
+    said = (f"∂L/∂s carried back from t={e.steps - 1} to t=0 grows ×{e.carried:.3g} on this "
+            "batch")
+    own = np.asarray(e.per_example, np.float64)
+    own = own[np.isfinite(own)]
+    growing = own[own > EXPLODING_EXPONENT]
+    if e.largest is None or not growing.size:
+        return said
+    rate = float(np.median(growing))
+    return (f"{said}: in {growing.size} of the {own.size} examples λ₁ is above "
+            f"{EXPLODING_EXPONENT:+g} (median {rate:+.3g} per step, about {np.exp(rate):.3g}× "
+            f"per step carried back); the mean over all {own.size}, λ₁ = {e.largest:+.3g}, "
+            "hides it: a step whose J_t nearly or wholly cuts the state (such as every relu "
+            "unit off) pulls an example's λ₁ far down")
+
+
 def _verdict(evidence: Evidence) -> str:
     kind = mechanism(evidence)
     e = evidence
@@ -276,9 +315,11 @@ def _verdict(evidence: Evidence) -> str:
                else f"measured more than {e.window}")
     horizon += f", predicted {e.predicted:.2g}" if e.predicted is not None else ""
     if kind == "exploding":
-        assert e.largest is not None
-        parts = [f"λ₁ = {e.largest:+.3g} per step, so a gradient grows about "
-                 f"{np.exp(e.largest):.3g}× per step carried back"]
+        if e.largest is not None and e.largest > EXPLODING_EXPONENT:
+            parts = [f"λ₁ = {e.largest:+.3g} per step, so a gradient grows about "
+                     f"{np.exp(e.largest):.3g}× per step carried back"]
+        else:
+            parts = [_explodes_in(e)]
         if e.share_above_1 is not None:
             parts.append(f"‖J_t‖ > 1 on {e.share_above_1:.0%} of steps")
         if e.growing is not None:

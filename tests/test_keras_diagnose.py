@@ -553,6 +553,50 @@ def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) ->
         assert entry.jacobian_norm.share_above_1 == 1.0
 
 
+def test_a_relu_recurrence_that_explodes_in_most_examples_is_called_exploding(
+        tf: Any) -> None:
+    """A relu SimpleRNN at 1.05 · I: every example grows about 1.05× per step, but in two of
+    four one input switches every unit off at step 100 (J_t = 0 there), which pulls their
+    exponents, and so the mean λ₁, far below 0. The batch's gradient still grows by more
+    than 10³ carried back: the verdict is exploding, with the examples' own λ₁ held to a
+    NumPy QR of J_t = diag(relu′)·Rᵀ."""
+    import keras
+    from keras import layers as L
+
+    from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
+
+    steps, units = 200, 4
+    x = np.full((4, steps, 1), 0.01, np.float32)
+    x[2:, 100] = -1000.0
+    y = np.ones((4, 1), np.float32)
+    rnn = L.SimpleRNN(units, activation="relu", name="rnn",
+                      kernel_initializer="ones", bias_initializer="zeros",
+                      recurrent_initializer=keras.initializers.Identity(gain=1.05))
+    model = keras.Sequential([keras.Input((steps, 1), name="x"), rnn,
+                              L.Dense(1, kernel_initializer="ones")])
+    model.compile(loss="mse")
+    entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
+    assert entry.lyapunov[0] < 0 and entry.flow is not None and entry.flow.flag == "exploding"
+    assert entry.mechanism == "exploding"
+    # Each example's own exponent, by NumPy: h_t = relu(x_t·W + h_(t−1)·R).
+    kernel, recurrent, _ = (np.asarray(w, np.float64) for w in rnn.get_weights())
+    h = np.zeros((4, units))
+    logs = np.zeros((4, units))
+    q = np.tile(np.eye(units), (4, 1, 1))
+    for t in range(steps):
+        z = x[:, t].astype(np.float64) @ kernel + h @ recurrent
+        h = np.maximum(z, 0)
+        for e in range(4):
+            q[e], r = np.linalg.qr((z[e] > 0)[:, None] * recurrent.T @ q[e])
+            logs[e] += np.log(np.maximum(np.abs(np.diag(r)), SMALLEST_STRETCH))
+    own = np.max(logs / steps, axis=1)
+    np.testing.assert_allclose(own[:2], np.log(1.05), rtol=1e-4)
+    assert np.all(own[2:] < -0.2)
+    assert (f"in 2 of the 4 examples λ₁ is above +0.01 (median {np.log(1.05):+.3g} per step"
+            in entry.verdict), entry.verdict
+    assert f"λ₁ = {entry.lyapunov[0]:+.3g}, hides it" in entry.verdict
+
+
 def test_one_tangent_column_is_the_first_of_k_against_a_float64_power_iteration(
         tf: Any) -> None:
     """A counterfactual's λ₁ carries only the first of the layer's k random start columns

@@ -271,7 +271,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         growing=exploding.growing_share if exploding is not None else None,
         carried=flow.ratio if flow is not None else None,
         reach=float(measured.medians[reached[-1]]) if reached.size else None,
-        reach_lag=int(reached[-1]) if reached.size else None)
+        reach_lag=int(reached[-1]) if reached.size else None,
+        per_example=tuple(float(v) for v in dynamics.example_exponents(logs, path.ran)))
     return DiagnosedLayer(
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,
