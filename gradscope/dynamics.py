@@ -49,25 +49,28 @@ def lyapunov_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> tuple[np.n
 
     Returns:
         λ (k,) in nats per step: per example the mean over the steps it ran, then the mean over
-        the examples; and the largest change of any λ_i between the estimate at three
-        quarters of the steps and the final one (None with fewer than 4 steps).
+        the examples; and the largest change of any λ_i between the estimate from the first
+        three quarters of the steps each example ran and the final one (None with fewer than
+        4 steps). Each example's own steps: padding (a masked tail) moves nothing, and a
+        quarter of padded steps would say the estimate had settled.
     """
     logs = np.asarray(log_diagonals, np.float64)
     counted = np.asarray(ran, bool)
     steps = logs.shape[1]
 
-    def estimate(upto: int) -> np.ndarray:
-        runs = counted[:, :upto].sum(axis=1)
+    def estimate(within: np.ndarray) -> np.ndarray:
+        runs = within.sum(axis=1)
         keep = runs > 0
         if not keep.any():
             return np.zeros(logs.shape[2])
-        sums = logs[:, :upto].sum(axis=1)
+        sums = np.where(within[..., None], logs, 0.0).sum(axis=1)
         return (sums[keep] / runs[keep, None]).mean(axis=0)
 
-    final = estimate(steps)
+    final = estimate(counted)
     order = np.argsort(-final, kind="stable")
-    change = (None if steps < 4 else
-              float(np.max(np.abs(final - estimate((3 * steps) // 4)))))
+    # Per example, the first three quarters of the steps it ran.
+    early = counted & (np.cumsum(counted, axis=1) <= (3 * counted.sum(axis=1))[:, None] // 4)
+    change = None if steps < 4 else float(np.max(np.abs(final - estimate(early))))
     return final[order], change
 
 

@@ -597,6 +597,39 @@ def test_a_relu_recurrence_that_explodes_in_most_examples_is_called_exploding(
     assert f"λ₁ = {entry.lyapunov[0]:+.3g}, hides it" in entry.verdict
 
 
+def test_a_padded_tail_changes_no_number_of_the_diagnosis(tf: Any) -> None:
+    """Sequences of 30 to 60 real steps behind Masking, padded with zeros to 200 steps: the
+    horizon is measured where the examples ran, and the exponents' change over the last
+    quarter of each example's own steps, so every number equals the same batch cropped to 60
+    steps. (Measured in the padded second half, the horizon read nothing and the layer was
+    said to hold.)"""
+    import keras
+    from keras import layers as L
+
+    lengths = [30, 40, 50, 60]
+    rng = np.random.default_rng(2)
+    x = np.zeros((4, 200, F), np.float32)
+    for e, n in enumerate(lengths):
+        x[e, :n] = rng.standard_normal((n, F))
+    y = rng.standard_normal((4, 1)).astype(np.float32)
+
+    def entry(steps: int) -> Any:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((steps, F), name="x"), L.Masking(),
+                                  L.LSTM(8, name="lstm"), L.Dense(1)])
+        model.compile(loss="mse")
+        return gradscope.diagnose(model, x=x[:, :steps], y=y,
+                                  counterfactuals=False).layers[0]
+
+    padded, cropped = entry(200), entry(60)
+    assert cropped.horizon.measured is not None and cropped.mechanism == "vanishing"
+    assert padded.horizon.measured == cropped.horizon.measured
+    assert padded.horizon.steps == cropped.horizon.steps
+    np.testing.assert_allclose(padded.lyapunov, cropped.lyapunov, rtol=1e-5)
+    assert padded.lyapunov_change == pytest.approx(cropped.lyapunov_change, rel=1e-5)
+    assert padded.mechanism == "vanishing"
+
+
 def test_one_tangent_column_is_the_first_of_k_against_a_float64_power_iteration(
         tf: Any) -> None:
     """A counterfactual's λ₁ carries only the first of the layer's k random start columns

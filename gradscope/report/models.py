@@ -993,7 +993,7 @@ class DiagnosedLayer(_Report):
                                   "first")
     lyapunov_change: float | None = Field(
         description="the largest change of an exponent over the last quarter of the steps "
-                    "(how well they converged)")
+                    "each example ran (how well they converged)")
     jacobian_norm: JacobianNorm
     gates: dict[str, GateShares] | None = Field(
         description="per gate (input, forget, output; update, reset); null: see gates_note")

@@ -1,7 +1,7 @@
 """The memory horizon of one direction of a stepped call, measured: per example and for a few
-steps t, ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖ for every lag k in a window before t. A masked step
-reads no input (it keeps its state): its lag is left out, not counted as an influence of 0,
-and so is every lag of a masked t.
+steps t (in the second half of the steps the examples ran), ‖∂h_t/∂x_{t−k}‖ / ‖∂h_t/∂x_t‖
+for every lag k in a window before t. A masked step reads no input (it keeps its state): its
+lag is left out, not counted as an influence of 0, and so is every lag of a masked t.
 
 Exact, through the layer's own cell: the window's steps are stepped again from the state the
 trajectory held where the window begins (h_t depends on x_s, s ≥ t − W, through those steps
@@ -66,7 +66,11 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     # as many examples (up to EXAMPLES) as the first window affords, at least one
     examples = _evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (per_step *
                                                                     (FIRST_WINDOW + 1)))))
-    ts = _evenly(steps, STEPS, start=steps // 2)
+    # Steps in the second half of those the chosen examples ran: a padded batch's masked
+    # tail reads no input, and steps there would measure nothing.
+    live = np.nonzero(path.ran[examples].any(axis=0))[0]
+    live = live if live.size else np.arange(steps)
+    ts = [int(live[k]) for k in _evenly(len(live), STEPS, start=len(live) // 2)]
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
 
