@@ -227,14 +227,20 @@ def test_models_gradscope_cannot_read_yet_are_refused(tf):
         gradscope.explain(unbuilt)
 
 
-def test_reports_draw_themselves_in_a_notebook(compiled_gru):
+def test_reports_draw_themselves_in_a_notebook(compiled_gru, monkeypatch):
     pytest.importorskip("matplotlib")
+    monkeypatch.setenv("COLUMNS", "80")
     model, x, y = compiled_gru
     report = gradscope.explain(model, x=x, y=y, flow=True)
     html = report._repr_html_()
     assert html.startswith("<pre") and "gru/recurrent_kernel" in html
     assert "∂L/∂gru/h_t" in html or "gru" in html
     assert json.loads(report.to_json()) == report.to_dict()
+    # In a script, print(report) prints what the terminal shows, at its width (80 here).
+    text = str(report)
+    assert text.startswith("gradscope explain") and "gru/recurrent_kernel" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert repr(report).startswith("KerasExplainReport(")
     figure = report.plot()
     assert len(figure.axes) >= 2  # the weights' ‖g‖ and the flow's norm curves
     assert figure._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,5 @@
-"""Reports in a notebook: the terminal renderer, recorded by rich and exported as HTML.
+"""Reports in a notebook, and printed in a script: the terminal renderer, recorded by rich and
+exported as HTML, or as plain text for ``print(report)``.
 
 The HTML is the same text the terminal shows (tables, formulas, flags, colours), drawn at
 :data:`NOTEBOOK_WIDTH` columns, as a ``<pre>`` block with inline styles: Jupyter shows it as it
@@ -36,4 +37,19 @@ def report_html(report: Any, width: int = NOTEBOOK_WIDTH) -> str:
     return str(console.export_html(inline_styles=True, code_format=HTML_FORMAT))
 
 
+def report_text(report: Any, width: int | None = None) -> str:
+    """``report`` as the terminal shows it, plain text (no colour) at ``width`` columns (the
+    terminal's, else 80): what ``print(report)`` prints in a script."""
+    import shutil
+
+    from rich.console import Console
+
+    columns = width or shutil.get_terminal_size((80, 24)).columns
+    console = Console(record=True, file=io.StringIO(), width=columns, force_terminal=False,
+                      color_system=None, highlight=False, force_jupyter=False)
+    print_report(console, report)
+    return console.export_text().rstrip("\n")
+
+
 DRAWERS["html"] = report_html
+DRAWERS["text"] = report_text

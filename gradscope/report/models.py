@@ -41,6 +41,12 @@ class _Displayed(_Report):
         draw = DRAWERS.get("html")
         return None if draw is None else str(draw(self))
 
+    def __str__(self) -> str:
+        """The report as the terminal shows it (``print(report)`` in a script); the fields
+        are in ``repr(report)`` and ``to_dict()``."""
+        draw = DRAWERS.get("text")
+        return super().__str__() if draw is None else str(draw(self))
+
     def plot(self) -> Any:
         """A matplotlib Figure of the report's numbers (shown inline in a notebook); needs
         matplotlib."""
