@@ -240,7 +240,10 @@ def _warnings(dtype: str, scale: float, optimizer: str, tensors: list[MixedPreci
                         "concern there (its 8-bit mantissa rounds coarsely instead)")
     else:
         if not optimizer.startswith("LossScaleOptimizer"):
-            warnings.append(f"the optimizer is {optimizer}, not a LossScaleOptimizer, under "
+            warnings.append(f"the optimizer as compiled is {optimizer}, not a "
+                            "LossScaleOptimizer (Keras wraps one at compile only where the "
+                            "model's own dtype policy is mixed_float16; a saved model loaded "
+                            "under another global policy is compiled without it), under "
                             "float16: fit does not scale the loss, and gradients below "
                             "6e-8 are lost to 0")
         if scale == 1:
