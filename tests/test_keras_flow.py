@@ -426,3 +426,17 @@ def test_an_input_read_backwards_is_not_flagged_by_its_ends(tf) -> None:
     norms = next(np.asarray(s.norms) for s in flow.sequences if s.what == "∂L/∂x_t")
     assert norms[0] / norms[-1] > 1e3  # what the ends of the input's series would flag
     assert [(f.what, f.kind) for f in flow.flags] == [("∂L/∂rnn/h_t", "vanishing")]
+
+
+def test_a_gradient_rounded_to_zero_on_the_way_back_is_said_so() -> None:
+    """A carried ratio of exactly 0 is a gradient that underflowed the layer's dtype on its
+    way back (a float32 encoder of 300 steps: its true size is below 1e-45): the flag and
+    diagnose's counterfactual line say it rounds to 0, not that it keeps 0.00e+00."""
+    from gradscope.keras.flow import recurrence_flag
+    from gradscope.report.diagnose_text import _carried
+
+    flag = recurrence_flag("∂L/∂encoder/h_t", 0.0, 300)
+    assert flag is not None and flag.kind == "vanishing"
+    assert "keeps nothing of its size (it rounds to 0" in flag.message
+    assert "0.00e+00" not in flag.message
+    assert _carried(0.0) == "×0 (rounds to 0)" and _carried(2e-5) == "×2.00e-05"

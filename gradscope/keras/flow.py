@@ -399,11 +399,14 @@ def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | No
     if kind is None:
         return None
     assert ratio is not None
+    kept = (f"keeps {ratio:.2e} × its size" if ratio > 0 else
+            "keeps nothing of its size (it rounds to 0 on the way, below the smallest number "
+            "the layer's dtype holds)")
     return FlowFlag(what=what, kind=kind, ratio=ratio,
                     message=f"{what}: carried back through the recurrence from t={steps - 1} "
-                            f"to t=0 (the order the layer runs), the gradient keeps "
-                            f"{ratio:.2e} × its size: {kind} gradients (flagged beyond a "
-                            f"factor {FLOW_FACTOR:g}); gradscope diagnose says why")
+                            f"to t=0 (the order the layer runs), the gradient {kept}: {kind} "
+                            f"gradients (flagged beyond a factor {FLOW_FACTOR:g}); gradscope "
+                            "diagnose says why")
 
 
 def per_step_norms(gradient: np.ndarray) -> list[float]:

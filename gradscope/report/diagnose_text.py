@@ -164,10 +164,18 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
                      f"λ₁ {before} → " + ("n/a" if change.lyapunov_1 is None
                                             else _signed(change.lyapunov_1))]
             if layer.flow is not None and change.flow is not None:
-                items.append(f"carried ×{number(layer.flow.ratio)} → "
-                             f"×{number(change.flow.ratio)}")
+                items.append(f"carried {_carried(layer.flow.ratio)} → "
+                             f"{_carried(change.flow.ratio)}")
             parts.append(_line(f"  {change.change}", items, width))
     return parts
+
+
+def _carried(ratio: float | None) -> str:
+    """A flow's carried ratio; 0 is a gradient rounded to 0 on the way back (below the
+    smallest number the layer's dtype holds), said so."""
+    if ratio == 0:
+        return "×0 (rounds to 0)"
+    return f"×{number(ratio)}"
 
 
 def render_diagnose(report: DiagnoseReport, width: int = 80) -> list[RenderableType]:
