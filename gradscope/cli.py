@@ -587,7 +587,7 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
                                     max_memory=max_memory, timings=timings,
                                     progress=status.update, **keras_run)
     _emit(report, as_json, output, force)
-    return EXIT_OK
+    return EXIT_PROBLEM if report.nonfinite is not None else EXIT_OK
 
 
 @cli.command("spec", epilog=EXIT_CODES_HELP)

@@ -69,3 +69,28 @@ def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
     assert json.loads(skipped.stdout)["layers"][0]["counterfactuals"] == []
     bad = run_gradscope("diagnose", str(path), "--exponents", "0")
     assert bad.returncode == 2
+
+
+def test_a_batch_whose_numbers_are_not_finite_says_where_the_first_was_born(
+        tmp_path: Path, tf: Any) -> None:
+    """A NaN in the data: no call is diagnosed (dynamics read from NaN mean nothing), the
+    report says where the first NaN was born, the JSON is one valid document, and the exit
+    code is 1, as explain's (a run whose gradient overflowed made the JSON writer fail)."""
+    import numpy as np
+
+    path = _saved(tmp_path, tf)
+    x = np.random.default_rng(0).standard_normal((3, 12, 3)).astype(np.float32)
+    x[1, 7, 0] = np.nan
+    data = tmp_path / "batch.npz"
+    np.savez(data, x=x, y=np.zeros((3, 1), np.float32))
+    done = run_gradscope("diagnose", str(path), "--data", str(data), "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["layers"] == [] and report["nonfinite"] is not None
+    assert [entry["layer"] for entry in report["not_diagnosed"]] == ["gru"]
+    assert report["nonfinite"]["step"] == 7
+    text = run_gradscope("diagnose", str(path), "--data", str(data), env={"COLUMNS": "80"})
+    assert text.returncode == 1, text.stderr
+    assert "Where the first NaN or Inf was born" in text.stdout
+    assert "no clipping makes it finite" in text.stdout
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80

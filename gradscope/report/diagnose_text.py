@@ -182,6 +182,10 @@ def render_diagnose(report: DiagnoseReport, width: int = 80) -> list[RenderableT
     parts: list[RenderableType] = [*header(report, "diagnose"), *map(warning, report.warnings)]
     for layer in report.layers:
         parts += layer_lines(layer, width)
+    if report.nonfinite is not None:
+        from gradscope.report.keras_text import nonfinite_lines
+
+        parts += nonfinite_lines(report.nonfinite)
     if report.not_diagnosed:
         parts.append(section("Not diagnosed"))
         parts += [hanging("·", f"{entry.layer}: {entry.reason}", "dim")
@@ -193,7 +197,8 @@ def render_diagnose(report: DiagnoseReport, width: int = 80) -> list[RenderableT
         f"optimizer {clip.optimizer or 'none'}",
         clip.setting or "no clipping"], width))
     parts.append(hanging("→", clip.effect))
-    parts.append(section("How"))
-    parts += [hanging("·", line, "dim") for line in report.method]
+    if report.method:
+        parts.append(section("How"))
+        parts += [hanging("·", line, "dim") for line in report.method]
     parts += timings_lines(report.timings, "\n")
     return parts

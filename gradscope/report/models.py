@@ -1039,6 +1039,9 @@ class DiagnoseReport(_KerasRun):
     clipping: Clipping
     method: list[str]
     warnings: list[str]
+    nonfinite: NonFiniteEntry | None = Field(
+        default=None, description="where the first NaN or Inf was born, when the loss or a "
+                                  "gradient is not finite: no call is diagnosed (exit 1)")
     timings: dict[str, float] | None = None
 
 

@@ -122,8 +122,30 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
     warnings: list[str] = []
+    from gradscope.keras.nonfinite import all_finite
+    from gradscope.keras.nonfinite import diagnose as where_born
+
+    if not all_finite(result):
+        # Dynamics read from NaN or Inf mean nothing: where the first was born instead.
+        say("a number is not finite: where it was born, on this batch")
+        nonfinite = where_born(engine, job.batch.inputs, targets, job.batch.sample_weight,
+                               result)
+        clock.lap("nonfinite")
+        skipped = [KerasNotAnalysed(layer=call_label(c.layer, c.index), reason=(
+            "the loss or a gradient is not finite on this batch (where the first NaN or "
+            "Inf was born is above)")) for c in result.calls
+            if is_recurrent(engine, c)]
+        report = DiagnoseReport(
+            model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=[],
+            not_diagnosed=skipped, gradient_norm=None,
+            clipping=clipping(job.graph.compile_config, trained_of(result), job.model),
+            method=[],
+            warnings=["the loss or a gradient is not finite on this batch: no call is "
+                      "diagnosed; a diagnosis needs a batch on which every number is finite"],
+            nonfinite=nonfinite)
+        return report.model_copy(update={"timings": clock.laps()}) if timings else report
     dropped = False  # a call stepped with dropout masks
-    trained = {p: g for p, g in result.gradients.items() if g is not None}
+    trained = trained_of(result)
     whatif = _WhatIf(job, engine, targets, trained) if counterfactuals else None
     for call in result.calls:
         if not is_recurrent(engine, call):
@@ -167,6 +189,11 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     if timings:
         report = report.model_copy(update={"timings": clock.laps()})
     return report
+
+
+def trained_of(result: Any) -> dict[str, Any]:
+    """The pass's gradient of every weight that has one (variable path → array)."""
+    return {p: g for p, g in result.gradients.items() if g is not None}
 
 
 def exponent_room(path: Any, label: str) -> tuple[int, str | None] | str:

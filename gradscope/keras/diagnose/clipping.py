@@ -42,6 +42,12 @@ def clipping(compile_config: dict[str, Any] | None, gradients: dict[str, Any],
     if name is None:
         return Clipping(optimizer=None, setting=None,
                         effect="the model is not compiled with an optimizer: no clipping")
+    if not np.isfinite(total):
+        # Keras scales by c/‖g‖ (or clips each entry): a NaN stays NaN, and Inf/Inf is NaN.
+        return Clipping(optimizer=name, setting=None if chosen is None else
+                        f"{chosen[0]}={chosen[1]:g}",
+                        effect="this batch's gradient is not finite: no clipping makes it "
+                               "finite, and the update would hold NaN")
     if chosen is None:
         return Clipping(optimizer=name, setting=None,
                         effect=f"{name} clips nothing: this batch's gradient goes to the "
