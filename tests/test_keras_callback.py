@@ -621,3 +621,36 @@ def test_an_error_beside_training_is_raised_on_the_training_thread(tf):
     with pytest.raises(RuntimeError, match="recording failed"):
         _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                           callbacks=[Failing(every=2)])
+
+
+@pytest.mark.parametrize("diagnosed", [False, True])
+def test_a_recurrent_dropout_fit_trains_as_without_the_callback(tf, diagnosed):
+    """A recurrent cell with dropout draws its masks from its seed generator at every call,
+    even in inference mode: the callback's passes beside training (the warm-up, the
+    diagnosis copy's witness) must leave that seed where training left it, so that the
+    weights end bit for bit as a fit without the callback leaves them."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+    x, y = np.concatenate([x, x]), np.concatenate([y, y])  # 6 batches
+    ends = []
+    for watched in (False, True):
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([
+            keras.Input((STEPS, FEATURES)),
+            keras.layers.LSTM(4, dropout=0.2, recurrent_dropout=0.2, name="lstm"),
+            keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        flow = (GradientFlow(every=100, diagnose_every=2) if diagnosed else
+                GradientFlow(every=3))
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[flow] if watched else [])
+        ends.append(model.get_weights())
+    for plain, ours in zip(*ends, strict=True):
+        np.testing.assert_array_equal(plain, ours)
+    if diagnosed:
+        assert flow.history.diagnosis_steps == [2, 4, 6]
+    else:
+        assert [o.step for o in flow.history.observations] == [3, 6]

@@ -53,7 +53,7 @@ def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
 
     from gradscope.gradcheck import tolerance
     from gradscope.keras.live_engine import make_engine
-    from gradscope.keras.whole_model import model_outputs
+    from gradscope.keras.whole_model import model_outputs, moved_state, restore
 
     if any(getattr(layer, "stateful", False)
            for layer in model._flatten_layers(include_self=False, recursive=True)):
@@ -67,8 +67,14 @@ def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
         twin.set_weights(model.get_weights())
         feed = [keras.ops.convert_to_tensor(v) for v in inputs.values()]
         rtol, atol = tolerance("replay", str(model.dtype_policy.compute_dtype))
-        for ours, theirs in zip(model_outputs(model, feed, False),
-                                model_outputs(twin, feed, False), strict=True):
+        # Even in inference mode a call moves what training reads next (a recurrent cell
+        # draws its dropout masks from its seed generator): put back after the model's call.
+        before = moved_state(model)
+        try:
+            own = model_outputs(model, feed, False)
+        finally:
+            restore(before)
+        for ours, theirs in zip(own, model_outputs(twin, feed, False), strict=True):
             if not np.allclose(np.asarray(theirs), np.asarray(ours), rtol=rtol, atol=atol):
                 return None
         if loss is None:

@@ -25,6 +25,7 @@ from gradscope.keras.whole_model import (
     confirm,
     dense_gradients,
     moved_state,
+    moved_variables,
     pass_of,
     restore,
     snapshot,
@@ -63,9 +64,13 @@ class TracedPass:
             zeros = [tf.zeros((s.shape[0] or 1, *s.shape[1:]), s.dtype)
                      for s in [*inputs, *targets]]
             # Zeros are no batch of the user's: whatever they give is dropped, and an error
-            # here says nothing of the observation, which runs on real ones.
-            with contextlib.suppress(tf.errors.OpError), without_grappler():
-                concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
+            # here says nothing of the observation, which runs on real ones. Not where a
+            # call moves a state training reads (a recurrent cell's dropout seed, drawn even
+            # in inference mode; a stateful layer's state): this runs beside training, which
+            # could not be given its state back; the first observation builds it then.
+            if not _moves_training_state(self.engine.model):
+                with contextlib.suppress(tf.errors.OpError), without_grappler():
+                    concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
             self.function, self.concrete = function, concrete
             if not self.witnessed and not self.own:
                 self.witness_concrete = _trace_witness(self.engine, inputs, targets, zeros)
@@ -167,6 +172,20 @@ class TracedPass:
                     engine.dtype_name, label)
 
         return witness
+
+
+def _moves_training_state(model: Any) -> bool:
+    """Whether a call of ``model``, even in inference mode, moves a state its training reads
+    next: a stateful layer's carried state, or the seed generator of a recurrent cell with
+    dropout (Keras' ``DropoutRNNCell`` draws its masks at every call, whatever the mode; a
+    ``Dropout`` layer draws only in training)."""
+    tracked = {id(v) for v in model.non_trainable_variables}
+    if any(id(v) not in tracked for v in moved_variables(model)):  # a stateful layer's
+        return True
+    return any(getattr(layer, "seed_generator", None) is not None and (
+        float(getattr(layer, "dropout", 0) or 0) > 0
+        or float(getattr(layer, "recurrent_dropout", 0) or 0) > 0)
+        for layer in model._flatten_layers(include_self=False, recursive=True))
 
 
 def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
