@@ -134,7 +134,7 @@ def test_watch_shows_the_diagnoses(fitted):
     shares = gru.gates[-1]["update"]
     assert (f"update {shares.below_0_1:.0%}/{shares.above_0_9:.0%}" in text.stdout
             and "gates (values below 0.1 / above 0.9)" in text.stdout)
-    assert "gates: gates not known for this cell (SimpleRNNCell)" in text.stdout
+    assert "gates: not known for this cell (SimpleRNNCell)" in text.stdout
     assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
 
 

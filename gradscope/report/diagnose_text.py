@@ -8,7 +8,7 @@ from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.text import Text
 
-from gradscope.report.formats import number, percent
+from gradscope.report.formats import number, share
 from gradscope.report.keras_text import header
 from gradscope.report.layout import hanging, pack, section, warning
 from gradscope.report.models import DiagnosedLayer, DiagnoseReport
@@ -20,10 +20,6 @@ MARKS = {"vanishing": ("▼", "bold yellow"), "exploding": ("▲", "bold red"),
 
 def _signed(value: float) -> str:
     return f"{value:+.3g}"
-
-
-def _share(value: float) -> str:
-    return "0%" if value == 0 else percent(value)
 
 
 #: The text shows at most this many exponents (the JSON has them all).
@@ -85,14 +81,14 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     norm = layer.jacobian_norm
     parts.append(_line("step Jacobian ‖J_t‖₂", [
         f"median {number(norm.median)}", f"max {number(norm.max)}",
-        f"> 1 on {_share(norm.share_above_1)} of steps"], width))
+        f"> 1 on {share(norm.share_above_1)} of steps"], width))
     if layer.gates is None:
-        note = _line("gates", [layer.gates_note or ""], width)
+        note = _line("gates", [(layer.gates_note or "").removeprefix("gates ")], width)
         note.stylize("dim")
         parts.append(note)
     else:
         parts.append(_line("gates (share < 0.1 / > 0.9)", [
-            f"{name} {_share(g.below_0_1)} / {_share(g.above_0_9)}"
+            f"{name} {share(g.below_0_1)} / {share(g.above_0_9)}"
             for name, g in layer.gates.items()], width))
     if layer.timescales is not None:
         tau = layer.timescales
@@ -101,7 +97,7 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
             f"p90 {_steps(tau.p90)}"], width))
     if layer.saturated_units:
         parts.append(_line("most saturated units", [
-            f"{u.unit} ({_share(u.share)}, mean {u.mean_keep:.3g})"
+            f"{u.unit} ({share(u.share)}, mean {u.mean_keep:.3g})"
             for u in layer.saturated_units], width))
     horizon = layer.horizon
     measured = (str(horizon.measured) if horizon.measured is not None
@@ -114,7 +110,7 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     parts += _counterfactual_lines(layer, width)
     found = layer.exploding
     if found is not None and found.growing_share is not None:
-        items = [f"on {_share(found.growing_share)} of (example, step) pairs"]
+        items = [f"on {share(found.growing_share)} of (example, step) pairs"]
         if found.growing_steps:
             more = found.growing_step_count - len(found.growing_steps)
             items.append("steps " + ", ".join(map(str, found.growing_steps))

@@ -12,6 +12,11 @@ def percent(share: float) -> str:
     return "0" if share == 0 else f"{100 * share:#.3g}".rstrip(".") + "%"
 
 
+def share(value: float) -> str:
+    """A share of values, as :func:`percent` gives it, but "0%" for none."""
+    return "0%" if value == 0 else percent(value)
+
+
 def number(value: float | None) -> str:
     if value is None:
         return "n/a"

@@ -12,7 +12,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.formats import number
+from gradscope.report.formats import number, share
 from gradscope.report.layout import pack, section, title, warning
 from gradscope.report.models import (
     DiagnosisSeries,
@@ -134,9 +134,9 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[str]:
                                      else f"beyond {window} steps")
     gates = entry.gates[index]
     gate_text = ("gates (values below 0.1 / above 0.9): " + ", ".join(
-        f"{name} {shares.below_0_1:.0%}/{shares.above_0_9:.0%}"
+        f"{name} {share(shares.below_0_1)}/{share(shares.above_0_9)}"
         for name, shares in gates.items()) if gates is not None
-        else f"gates: {entry.gates_note or 'not known'}")
+        else f"gates: {(entry.gates_note or 'not known').removeprefix('gates ')}")
     return [lead, f"  {horizon}", f"  {gate_text}"]
 
 
