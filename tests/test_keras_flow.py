@@ -440,3 +440,25 @@ def test_a_gradient_rounded_to_zero_on_the_way_back_is_said_so() -> None:
     assert "keeps nothing of its size (it rounds to 0" in flag.message
     assert "0.00e+00" not in flag.message
     assert _carried(0.0) == "×0 (rounds to 0)" and _carried(2e-5) == "×2.00e-05"
+
+
+def test_nothing_flagged_is_no_all_clear_for_a_call_not_analysed() -> None:
+    """Where the only recurrent call was not analysed, the flow section does not say "no
+    vanishing or exploding gradients flagged" as if it had been read: it says how many calls
+    were not, beside the input's series it did draw."""
+    from rich.console import Console
+
+    from gradscope.report.keras_text import flow_lines
+    from gradscope.report.models import KerasFlowSection, KerasFlowSequence, KerasNotAnalysed
+
+    section = KerasFlowSection(
+        method="m", flags=[],
+        sequences=[KerasFlowSequence(what="∂L/∂x_t", kind="input", source="x",
+                                     norms=[1.0, 0.5, 0.25])],
+        not_analysed=[KerasNotAnalysed(layer="rnn", reason="why")])
+    console = Console(record=True, width=80, color_system=None)
+    for part in flow_lines(section, 80):
+        console.print(part)
+    text = " ".join(console.export_text().split())
+    assert "flagged in what was analysed; 1 recurrent call not analysed (below)" in text
+    assert "rnn: not analysed: why" in text

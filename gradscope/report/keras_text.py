@@ -48,6 +48,7 @@ from gradscope.report.models import (
 )
 from gradscope.report.tables import (
     CARRIED_COLUMNS,
+    NO_FLAGS,
     WITNESS_TITLES,
     all_agree,
     carried_tables,
@@ -272,7 +273,13 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
         parts.append(norm_table(rows, width))
     else:
         parts.append(Text("no recurrent call or float sequence input to show", style="dim"))
-    parts += flag_warnings(flow.flags, drawn=bool(rows))
+    if not flow.flags and flow.not_analysed and rows:
+        # Nothing flagged is no all-clear for a call that was not read.
+        count = len(flow.not_analysed)
+        parts.append(Text(f"{NO_FLAGS} in what was analysed; {count} recurrent call"
+                          f"{'' if count == 1 else 's'} not analysed (below)", style="dim"))
+    else:
+        parts += flag_warnings(flow.flags, drawn=bool(rows))
     parts += _not_analysed(flow.not_analysed)
     parts.append(Text(flow.method, style="dim"))
     return parts
