@@ -241,11 +241,15 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
         return directions
     if not call.states:
         if getattr(layer, "stateful", False):
-            return "stateful, with no state carried to this call"
-        own = _own_initial_states(directions, call)
-        if isinstance(own, str):
-            return own
-        call = replace(call, states=own)
+            carried = _carried_states(directions)
+            if carried is None:
+                return "stateful, with no state carried to this call"
+            call = replace(call, states=carried)
+        else:
+            own = _own_initial_states(directions, call)
+            if isinstance(own, str):
+                return own
+            call = replace(call, states=own)
     try:
         run = (engine_cached(engine, ("stepped", id(layer), training, cell_dtype, read_inputs),
                              lambda: stepped_runner(engine, layer, directions, training,
@@ -260,6 +264,26 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
                    totals=totals, direct=direct, inputs=inputs, masks=masks)
+
+
+def _carried_states(directions: list[Direction]) -> list[Any] | None:
+    """A stateful layer's carried states where the run captured none (a subclass of ``RNN``
+    with a loop of its own): what each direction holds now, which is what the call started
+    from (every pass puts back the states it moves). None where a direction holds none yet.
+    A wrong guess is caught: the rebuilt outputs must equal Keras' own."""
+    from keras import tree
+
+    states: list[Any] = []
+    for direction in directions:
+        held = getattr(direction.layer, "states", None)
+        flat = list(tree.flatten(held)) if held is not None else []
+        if not flat or any(s is None for s in flat):
+            return None
+        if len(direction.names) != len(flat):
+            direction.names = (["h0"] if len(flat) == 1 else
+                               [f"states[{k}]" for k in range(len(flat))])
+        states += [np.asarray(s) for s in flat]
+    return states
 
 
 def _own_initial_states(directions: list[Direction], call: CapturedCall) -> list[Any] | str:
