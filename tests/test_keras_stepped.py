@@ -693,3 +693,30 @@ def test_a_long_call_differentiated_by_stretches_gives_keras_own_gradients(tf, d
                                 axis=(0, 2)))
         np.testing.assert_allclose(totals, _unrolled(tf, layer, x, mask, upstream),
                                    rtol=1e-4)
+
+
+def test_a_subclass_of_rnn_with_its_own_loop_shows_every_state_of_your_cell(tf, data):
+    """A subclass of RNN whose loop is its own, over a two-state cell of the user's, masked:
+    stepped through the cell, it shows both states' totals, each equal to what the same
+    cell in Keras' own RNN gives (its loop probed), and, as there, no flag."""
+    import keras
+    from keras import layers as L
+
+    x, _, y = data
+    flows = []
+    for own_loop in (False, True):
+        keras.utils.set_random_seed(10)
+        x_in = keras.Input((T, F), name="x")
+        kind = _own_loop_rnn_class() if own_loop else L.RNN
+        layer = kind(tuple_state_cell(3, list), return_sequences=True, name="rnn")
+        model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(
+            layer(L.Masking()(x_in)))))
+        model.compile(loss="mse")
+        flow = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
+        assert not flow.not_analysed and not flow.flags
+        flows.append({s.what.split(" (")[0]: s.norms for s in flow.sequences
+                      if s.kind == "state"})
+    probed, stepped = flows
+    assert set(stepped) == set(probed) == {"∂L/∂rnn/states[0]_t", "∂L/∂rnn/states[1]_t"}
+    for what, norms in probed.items():
+        np.testing.assert_allclose(stepped[what], norms, rtol=1e-5, atol=1e-12, err_msg=what)

@@ -129,6 +129,10 @@ class RecurrentCall:
 RECURRENT_CLASSES = frozenset({"GRU", "LSTM", "SimpleRNN", "Bidirectional"})
 
 
+#: Keras' own cells: their output is their first state, h.
+KERAS_CELLS = ("GRUCell", "LSTMCell", "SimpleRNNCell", "ConvLSTMCell")
+
+
 def stepped_only(layer: Any) -> bool:
     """Whether the calls of ``layer`` are recurrent calls that only the stepped cell can
     analyse: an ``RNN`` over a cell, a ConvLSTM, or a subclass of Keras' recurrent layers."""
@@ -570,7 +574,9 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
     sequences, flags = [], []
     for direction, totals, direct in zip(stepped.directions, stepped.totals, stepped.direct,
                                          strict=True):
-        names = direction.names if kind == "RNN" else direction.names[:1]
+        # A cell of the user's (in an RNN, or a subclass of it): every state, no flag.
+        own_cell = kind == "RNN" or class_label(direction.layer.cell) not in KERAS_CELLS
+        names = direction.names if own_cell else direction.names[:1]
         for k, (name, total) in enumerate(zip(names, totals, strict=False)):
             short = f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"
             # A cell of the user's is a black box: a state other than its output can be
@@ -579,7 +585,7 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
             sequences.append(KerasFlowSequence(what=what, kind="state", source=direction.label,
                                                norms=per_step_norms(total),
                                                backwards=direction.backwards))
-            if kind != "RNN" and total.shape == direct.shape:
+            if not own_cell and total.shape == direct.shape:
                 # What the recurrence carries is the whole state: an LSTM's c carries what
                 # its h does not, so both are read together (the gradient from above
                 # arrives at h alone).
