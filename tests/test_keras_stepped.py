@@ -712,8 +712,12 @@ def test_a_subclass_of_rnn_with_its_own_loop_shows_every_state_of_your_cell(tf, 
         model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(
             layer(L.Masking()(x_in)))))
         model.compile(loss="mse")
-        flow = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
+        report = gradscope.explain(model, x=x, y=y, flow=True)
+        flow = report.gradient_flow
         assert not flow.not_analysed and not flow.flags
+        # Its initial-state gradient is not read, and the report says why.
+        assert bool(report.initial_state_gradients) != own_loop
+        assert any("a loop of its own" in w for w in report.warnings) == own_loop
         flows.append({s.what.split(" (")[0]: s.norms for s in flow.sequences
                       if s.kind == "state"})
     probed, stepped = flows

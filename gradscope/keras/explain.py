@@ -350,6 +350,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             formula=None, meaning=meaning, rows=[], columns=[], trainable=trainable,
             stats=None if gradient is None else stats(gradient), sparse=None))
     warnings = _warnings(result, gradients)
+    warnings += _own_loops(engine, result)
     if graph.your_call is not None:
         warnings.append(f"a subclassed model: every number is Keras' own, and the layers are "
                         f"read from one symbolic call, listed in the order it made them; what "
@@ -364,6 +365,25 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
         model=model_entry(job, engine, result), loss=loss_entry(job, result),
         layers=layers, gradients=gradients, initial_state_gradients=states,
         witnesses=witnesses, warnings=warnings)
+
+
+def _own_loops(engine: Any, result: Any) -> list[str]:
+    """Why a recurrent call has no initial-state gradient: a subclass of ``RNN`` whose
+    ``inner_loop`` is its own, which the run does not look inside."""
+    from keras.layers import RNN
+
+    from gradscope.keras.engine import call_label, class_label
+
+    said = []
+    for call in result.calls:
+        layer = engine.operation(call.layer)
+        if (isinstance(layer, RNN) and not call.states
+                and type(layer).inner_loop is not RNN.inner_loop):
+            said.append(f"{call_label(call.layer, call.index)}: a subclass of RNN with a loop "
+                        f"of its own ({class_label(layer)}.inner_loop): its ∂L/∂(initial "
+                        "state) is not read (the run does not look inside that loop); --flow "
+                        "steps its cell instead")
+    return said
 
 
 def _weight_keys(name: str, layer: Any) -> dict[int, str]:
