@@ -724,3 +724,39 @@ def test_a_subclass_of_rnn_with_its_own_loop_shows_every_state_of_your_cell(tf, 
     assert set(stepped) == set(probed) == {"∂L/∂rnn/states[0]_t", "∂L/∂rnn/states[1]_t"}
     for what, norms in probed.items():
         np.testing.assert_allclose(stepped[what], norms, rtol=1e-5, atol=1e-12, err_msg=what)
+
+
+def test_a_stepped_cell_whose_output_is_not_its_state_reads_the_state_as_the_next_step(
+        tf, data):
+    """A cell of the user's whose output is not its state (tanh of it): stepped, the total on
+    that state is what step t+1 reads, and its label says so, as the probed loop's does; a
+    cell whose output is its state has no such qualifier."""
+    import keras
+    from keras import layers as L
+
+    class Squashed(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = units
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+        def call(self, inputs: Any, states: Any) -> Any:
+            h = 0.5 * states[0] + inputs @ self.kernel + states[0] @ self.recurrent * 0.1
+            return keras.ops.tanh(h), [h]
+
+    x, _, y = data
+    labels = {}
+    for name, cell in (("squashed", Squashed(3)), ("own", L.SimpleRNNCell(3))):
+        keras.utils.set_random_seed(12)
+        x_in = keras.Input((T, F), name="x")
+        layer = _own_loop_rnn_class()(cell, return_sequences=True, name="rnn")
+        model = keras.Model(x_in, L.Dense(2)(L.GlobalAveragePooling1D()(layer(x_in))))
+        model.compile(loss="mse")
+        flow = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
+        labels[name] = [s.what for s in flow.sequences if s.kind == "state"]
+    assert labels == {"squashed": ["∂L/∂rnn/h_t (as step t+1 reads it)"],
+                      "own": ["∂L/∂rnn/h_t"]}

@@ -572,8 +572,9 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
     engine.stepped_calls[label] = stepped
     assert stepped.totals is not None and stepped.direct is not None
     sequences, flags = [], []
-    for direction, totals, direct in zip(stepped.directions, stepped.totals, stepped.direct,
-                                         strict=True):
+    same = stepped.output_is_state or [True] * len(stepped.directions)
+    for direction, totals, direct, output_is_state in zip(
+            stepped.directions, stepped.totals, stepped.direct, same, strict=True):
         # A cell of the user's (in an RNN, or a subclass of it): every state, no flag.
         own_cell = kind == "RNN" or class_label(direction.layer.cell) not in KERAS_CELLS
         names = direction.names if own_cell else direction.names[:1]
@@ -581,7 +582,10 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
             short = f"{name[0]}_t" if name in ("h0", "c0") else f"{name}_t"
             # A cell of the user's is a black box: a state other than its output can be
             # moved only as the next step reads it, not where the same step's output reads it.
-            what = f"∂L/∂{direction.label}/{short}" + (" (as step t+1 reads it)" if k else "")
+            # So is the first, where the cell's output is not that state itself.
+            later = k > 0 or not output_is_state
+            what = f"∂L/∂{direction.label}/{short}" + (" (as step t+1 reads it)" if later
+                                                       else "")
             sequences.append(KerasFlowSequence(what=what, kind="state", source=direction.label,
                                                norms=per_step_norms(total),
                                                backwards=direction.backwards))

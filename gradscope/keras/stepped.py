@@ -57,6 +57,10 @@ class Stepped:
     #: Per direction, the dropout masks its cell stepped with (:data:`Masks`, in NumPy), or
     #: None where it draws none (inference mode, no dropout).
     masks: list[Masks | None] | None = None
+    #: Per direction, whether the cell's output at a step is its first state itself (Keras'
+    #: cells; a cell of the user's may return something else): else the total on that state
+    #: is the gradient as step t+1 reads it, not where the same step's output reads it.
+    output_is_state: list[bool] | None = None
 
 
 def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -256,14 +260,15 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
                                                     cell_dtype, read_inputs))
                if reuse else stepped_runner(engine, layer, directions, training, cell_dtype,
                                             read_inputs))
-        outputs, states, totals, direct, inputs, masks = run(call, upstream)
+        outputs, states, totals, direct, inputs, masks, same = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
     mismatch = _rebuilt(outputs, call, engine.dtype_name)
     if mismatch:
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
-                   totals=totals, direct=direct, inputs=inputs, masks=masks)
+                   totals=totals, direct=direct, inputs=inputs, masks=masks,
+                   output_is_state=same)
 
 
 def _carried_states(directions: list[Direction]) -> list[Any] | None:
@@ -331,6 +336,8 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
+    # Filled at tracing, per direction: whether its cell's output is its first state.
+    seen: list[dict[str, Any]] = [{} for _ in directions]
 
     @tf.function(autograph=False, reduce_retracing=True)
     def traced(x: Any, mask: Any, initial: list[Any], upstream: list[Any] | None,
@@ -339,7 +346,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
         if stretched and upstream is not None:
             return _by_stretches(tf, keras, layer, directions, parts, drawn, x, mask,
-                                 upstream, training, read_inputs)
+                                 upstream, training, read_inputs, seen)
         steps = tf.shape(x)[1]
         probes = [[tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
                   for part in parts]
@@ -348,9 +355,11 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch([probes, x] if read_inputs else [probes])
             scans = []
-            for d, part, probe, masks in zip(directions, parts, probes, drawn, strict=True):
+            for d, part, probe, masks, held in zip(directions, parts, probes, drawn, seen,
+                                                   strict=True):
                 with cell_holding(d.layer.cell, masks):
-                    scans.append(scan_cell(tf, keras, d.layer, x, mask, part, probe, training))
+                    scans.append(scan_cell(tf, keras, d.layer, x, mask, part, probe, training,
+                                           seen=held))
             # A zero added to each output sequence alone: its gradient is what arrives from
             # above at each step, apart from what the recurrence carries.
             above = [tf.zeros_like(outs) for _, outs in scans]
@@ -371,7 +380,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
 
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
-            list[np.ndarray] | None, np.ndarray | None, list[Masks | None]]:
+            list[np.ndarray] | None, np.ndarray | None, list[Masks | None], list[bool]]:
         from gradscope._tf import native_stderr_silenced, without_grappler
 
         x = tf.convert_to_tensor(call.args[0])
@@ -391,7 +400,8 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                                              for part in totals],
                 None if direct is None else [_batch_major(g, kind) for g in direct],
                 None if read is None else np.asarray(read, np.float64),
-                [masks_numpy(m) for m in drawn])
+                [masks_numpy(m) for m in drawn],
+                [bool(held.get("output_is_state", True)) for held in seen])
 
     return run
 
@@ -403,7 +413,8 @@ STRETCH_STEPS = 128
 
 def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                   parts: list[list[Any]], drawn: list[Masks | None], x: Any, mask: Any,
-                  upstream: list[Any], training: bool, read_inputs: bool) -> Any:
+                  upstream: list[Any], training: bool, read_inputs: bool,
+                  seen: list[dict[str, Any]]) -> Any:
     """What ``stepped_runner``'s traced pass returns with ``upstream``, with the memory of
     :data:`STRETCH_STEPS` steps instead of every step's: the scans run forward once,
     untaped, keeping each state's sequence and the outputs; ∂L/∂ those outputs (what
@@ -415,11 +426,12 @@ def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
     more forward pass."""
     bidirectional = class_label(layer) == "Bidirectional"
     scans = []
-    for d, part, masks in zip(directions, parts, drawn, strict=True):
+    for d, part, masks, held in zip(directions, parts, drawn, seen, strict=True):
         steps = tf.shape(x)[1]
         probe = [tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
         with cell_holding(d.layer.cell, masks):
-            scans.append(scan_cell(tf, keras, d.layer, x, mask, part, probe, training))
+            scans.append(scan_cell(tf, keras, d.layer, x, mask, part, probe, training,
+                                   seen=held))
     sequences = [states for states, _ in scans]
     outs = [o for _, o in scans]
     with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -522,7 +534,8 @@ def engine_cached(engine: Any, key: tuple[Any, ...], build: Any) -> Any:
 
 def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
           probes: list[Any], training: bool, cuts: Any = None,
-          edges: list[Any] | None = None, last_output: Any = None) -> tuple[list[Any], Any]:
+          edges: list[Any] | None = None, last_output: Any = None,
+          seen: dict[str, Any] | None = None) -> tuple[list[Any], Any]:
     """The layer's cell over ``x`` (B, T, ·) as Keras' RNN loop runs it: in processing order
     (reversed for go_backwards), a masked step keeping the states and the last output (or a
     zero output, with ``zero_output_for_mask``). A zero probe is added to every state a step
@@ -532,7 +545,8 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
     held (``tf.stop_gradient``) where ``cuts[p]`` is nonzero, then ``edges[p]`` is added:
     truncated BPTT (:mod:`~gradscope.keras.truncation`). ``last_output``: the output before
     the first step (what a masked first step keeps; default zeros), for a stretch of a longer
-    call. Returns every state's sequence and the outputs, time-major."""
+    call. ``seen`` gets ``output_is_state`` at tracing: whether the cell's output is its first
+    state itself. Returns every state's sequence and the outputs, time-major."""
     cell = layer.cell
     kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
     backwards = bool(getattr(layer, "go_backwards", False))
@@ -565,6 +579,8 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
                       for s, e in zip(states, edges_t, strict=True)]
         out, new = step(x_t, states)
         same = [k for k, n in enumerate(new) if n is out]
+        if seen is not None:
+            seen["output_is_state"] = 0 in same
         if m_t is not None:
             new = [kept(m_t, n, s) for n, s in zip(new, states, strict=True)]
             out = kept(m_t, out, tf.zeros_like(out) if zero_output else previous)
