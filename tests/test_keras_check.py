@@ -316,3 +316,22 @@ def test_one_wrong_element_of_a_wide_gradient_is_caught_through_its_projection(t
     assert _witness(report, name, "finite_differences").passed
     caught = _witness(report, name, "numpy_reference")
     assert not caught.passed and caught.error >= 1e-6 * (1 - 1e-9)
+
+
+def test_examples_whose_gradients_are_all_zero_are_refused_not_passed(tf):
+    """Every sample weight 0: the loss and every gradient are exactly 0, every witness agrees
+    with 0, and a check that cannot fail would say PASSED; it is refused with the cause."""
+    import keras
+
+    from gradscope.errors import DataError
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4), keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 5, 3)).astype(np.float32)
+    y = rng.normal(size=(4, 2)).astype(np.float32)
+    with pytest.raises(DataError, match="every sample weight of these examples is 0"):
+        gradscope.check(model, x=x, y=y, sample_weight=np.zeros(4, np.float32))
+    report = gradscope.check(model, x=x, y=y, sample_weight=np.ones(4, np.float32))
+    assert report.summary.passed

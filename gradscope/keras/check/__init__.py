@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.errors import ConfigError
+from gradscope.errors import ConfigError, DataError
 from gradscope.gradcheck import checked_tensors, rounding_noise, step_for, tolerance
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
@@ -81,6 +81,21 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
                   reason, chunks)
 
 
+def _refuse_all_zero(autodiff: Any, sample_weight: Any) -> None:
+    """A check of gradients that are all exactly 0 cannot fail: every witness agrees with 0.
+    Refused (exit 2), with the likely cause, rather than passed."""
+    gradients = [g for g in autodiff.gradients.values() if g is not None]
+    if not gradients or any(np.any(np.asarray(g) != 0) for g in gradients):
+        return
+    weights = None if sample_weight is None else np.asarray(
+        list(sample_weight.values())[0] if isinstance(sample_weight, dict) else sample_weight)
+    cause = ("every sample weight of these examples is 0" if weights is not None
+             and weights.size and not np.any(weights) else f"the loss is {autodiff.loss:g}")
+    raise DataError(f"nothing to check: every gradient is exactly 0 on these examples "
+                    f"({cause}), and a check of zeros cannot fail; give examples whose loss "
+                    "reaches the weights", where="data")
+
+
 def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
            directions: int | None, rtol: float | None, atol: float | None, say: Progress,
            timings: bool, after_autodiff: Callable[[Any], None] | None,
@@ -114,6 +129,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         say("a number is not finite: where it was born, on these examples")
         return _not_finite(job, engine, autodiff, chosen, inputs, targets, sample_weight,
                            clock, timings)
+    _refuse_all_zero(autodiff, sample_weight)
     if after_autodiff is not None:
         after_autodiff(model)
     give_back_freed_memory()  # the tape's, before the witnesses set the peak
