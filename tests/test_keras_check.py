@@ -335,3 +335,42 @@ def test_examples_whose_gradients_are_all_zero_are_refused_not_passed(tf):
         gradscope.check(model, x=x, y=y, sample_weight=np.zeros(4, np.float32))
     report = gradscope.check(model, x=x, y=y, sample_weight=np.ones(4, np.float32))
     assert report.summary.passed
+
+
+CHECK_FROM_PYTHON = """
+import gradscope, keras, numpy as np, tensorflow as tf
+
+class WrongTanh(keras.layers.Layer):
+    def call(self, x):
+        @tf.custom_gradient
+        def f(v):
+            y = tf.tanh(v)
+            return y, lambda dy: dy * (1.0 - y)  # the derivative is 1 - y²
+        return f(x)
+
+keras.utils.set_random_seed(0)
+x_in = keras.Input((12, 3))
+model = keras.Model(x_in, keras.layers.Dense(2)(keras.layers.GRU(4)(WrongTanh()(x_in))))
+model.compile(loss="mse")
+rng = np.random.default_rng(0)
+report = gradscope.check(model, x=rng.normal(size=(4, 12, 3)).astype("float32"),
+                         y=rng.normal(size=(4, 2)).astype("float32"))
+print("passed", report.summary.passed)
+"""
+
+
+def test_check_from_python_writes_no_tensorflow_log_line() -> None:
+    """In a script, a check whose witnesses run the float64 copy's functions (a wrong
+    custom gradient: the layers are then checked on their own too) writes no TensorFlow log
+    line: the graph optimiser's "Not handling type DT_DOUBLE" lines are silenced, as the
+    CLI's are. (Lines TensorFlow writes when the script itself imports it come before.)"""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run([sys.executable, "-c", CHECK_FROM_PYTHON], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "passed False" in done.stdout
+    assert "DT_DOUBLE" not in done.stderr and "W0000" not in done.stderr, done.stderr[-2000:]

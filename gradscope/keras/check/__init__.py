@@ -65,6 +65,20 @@ def check(job: KerasJob, directions: int | None = None, rtol: float | None = Non
     the float64 copy: a check that cannot fail is a defect; where check runs in the model's
     own dtype, it is given the user's model object itself). ``chunks``: also truncated BPTT
     in that many chunks, carried, against the tape (:mod:`~gradscope.keras.check.carry`)."""
+    from gradscope._tf import native_stderr_silenced
+
+    # TensorFlow's graph optimiser logs each float64 op it passes over ("Not handling type
+    # DT_DOUBLE") as the witnesses first run the copy's functions: from Python too (the CLI
+    # silences them already), none is shown; Python's own stderr still works.
+    with native_stderr_silenced():
+        return _checked(job, directions, rtol, atol, progress, timings, after_autodiff,
+                        examples, chosen, chunks)
+
+
+def _checked(job: KerasJob, directions: int | None, rtol: float | None, atol: float | None,
+             progress: Progress | None, timings: bool,
+             after_autodiff: Callable[[Any], None] | None, examples: int | None,
+             chosen: CheckedExamples | None, chunks: int | None) -> KerasCheckReport:
     say = progress or (lambda message: None)
     chosen = choose(job, examples) if chosen is None else chosen
     say("importing TensorFlow, loading the model and its float64 copy")
