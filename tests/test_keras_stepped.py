@@ -291,6 +291,24 @@ def test_training_mode_dropout_is_stepped_with_the_masks_the_call_drew(tf, data)
     np.testing.assert_allclose(_flow(report, "∂L/∂rnn/h_t"), truth, rtol=1e-4, atol=1e-9)
 
 
+def _one_state_cell_base() -> Any:
+    """A cell of the user's with one state of ``units`` numbers, a kernel and a recurrent
+    kernel; a subclass writes its ``call``."""
+    from keras import layers as L
+
+    class OneStateCell(L.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = units
+            self.state_size = units
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+    return OneStateCell
+
+
 def _own_loop_rnn_class() -> Any:
     """A subclass of ``keras.layers.RNN`` whose loop is its own (``inner_loop`` calling
     ``backend.rnn`` itself): gradscope cannot look inside it and steps its cell."""
@@ -369,16 +387,7 @@ def test_a_cell_whose_step_cannot_be_vectorised_gets_its_jacobian_by_backward_pa
     from keras import layers as L
 
     @keras.saving.register_keras_serializable(package="stepped_test")
-    class CumulativeCell(L.Layer):
-        def __init__(self, units: int, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.units = units
-            self.state_size = units
-
-        def build(self, shape: Any) -> None:
-            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
-            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
-
+    class CumulativeCell(_one_state_cell_base()):
         def call(self, inputs: Any, states: Any) -> Any:
             pre = keras.ops.tanh(inputs @ self.kernel + states[0] @ self.recurrent)
             h = tf.math.cumulative_logsumexp(pre, axis=1) / self.units
@@ -734,16 +743,7 @@ def test_a_stepped_cell_whose_output_is_not_its_state_reads_the_state_as_the_nex
     import keras
     from keras import layers as L
 
-    class Squashed(L.Layer):
-        def __init__(self, units: int, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.units = units
-            self.state_size = units
-
-        def build(self, shape: Any) -> None:
-            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
-            self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
-
+    class Squashed(_one_state_cell_base()):
         def call(self, inputs: Any, states: Any) -> Any:
             h = 0.5 * states[0] + inputs @ self.kernel + states[0] @ self.recurrent * 0.1
             return keras.ops.tanh(h), [h]
