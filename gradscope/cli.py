@@ -575,10 +575,11 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
     preflight.check_output(output, force, as_json)
     if config is None or not str(config).endswith(".keras"):
         shown = config or "the seed model"
-        kind = ("YAML configs" if config is None or str(config).endswith((".yaml", ".yml"))
-                else "other files than a saved Keras model")
-        raise GradscopeError(f"{shown}: diagnose is not yet for {kind}; give a saved "
-                             "MODEL.keras (model.save('model.keras'))", where=config)
+        said = ("diagnose is not yet for YAML configs"
+                if config is None or str(config).endswith((".yaml", ".yml"))
+                else "diagnose reads a saved Keras model only")
+        raise GradscopeError(f"{shown}: {said}; give a saved MODEL.keras "
+                             "(model.save('model.keras'))", where=config)
     source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope diagnose", spinner="dots") as status:
