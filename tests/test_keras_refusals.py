@@ -199,6 +199,18 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     assert result.stderr.strip().splitlines() == [
         f"gradscope: error: {alone}: has both sample_weight (every output) and "
         "sample_weight/NAME arrays; expected one or the other"]
+    # Weights whose shape is not the leading axes of their targets': said before TensorFlow
+    # loads (Keras' loss raised a 400-character TensorFlow error on them).
+    shaped = tmp_path / "weights_shape.npz"
+    np.savez(shaped, seq=np.zeros((3, 7, 5), np.float32), tokens=np.zeros((3, 7), np.int32),
+             out_a=np.zeros((3, 7, 3), np.float32), out_b=np.zeros((3, 7, 2), np.float32),
+             **{"sample_weight/out_b": np.ones((3, 5), np.float32)})
+    result = run_without_tensorflow("explain", str(path), "--data", str(shaped))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gradscope: error: {shaped}: sample_weight/out_b has shape (3, 5), which does not fit "
+        "the targets out_b (3, 7, 2); expected one weight per example (3,), or the leading "
+        "axes of the targets' shape (per example and step, for targets per step)"]
 
 
 @pytest.mark.parametrize("command", ["explain", "check", "shapes"])

@@ -284,11 +284,34 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         listed = ", ".join(f"{name} {size}" for name, size in batches.items())
         problems.append((f"{path}: the arrays disagree on the batch size ({listed}); expected "
                          "one batch size along axis 0", path))
+    else:
+        problems += _weights_against_targets(path, weights, targets, labels)
     if problems:
         raise DataProblems(path, problems)
     return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})",
                       sample_weight=weights.get("") if "" in weights else
                       (weights or None))
+
+
+def _weights_against_targets(path: str, weights: dict[str, np.ndarray],
+                             targets: dict[str, np.ndarray],
+                             labels: dict[str, str]) -> list[tuple[str, str]]:
+    """Sample weights whose shape is not the leading axes of their target's (per example,
+    or per example and step), said before Keras' loss raises on them."""
+    problems = []
+    for output, weight in weights.items():
+        for name, target in targets.items() if not output else [(output,
+                                                                 targets.get(output))]:
+            if target is None or weight.ndim == 0:
+                continue
+            if weight.ndim > target.ndim or weight.shape != target.shape[:weight.ndim]:
+                key = f"{SAMPLE_WEIGHT}/{output}" if output else SAMPLE_WEIGHT
+                problems.append((
+                    f"{path}: {key} has shape {weight.shape}, which does not fit the targets "
+                    f"{labels.get(name, name)} {target.shape}; expected one weight per example "
+                    f"{target.shape[:1]}, or the leading axes of the targets' shape (per "
+                    "example and step, for targets per step)", key))
+    return problems
 
 
 def _checked_input(spec: InputSpec, value: np.ndarray, key: str) -> np.ndarray:
