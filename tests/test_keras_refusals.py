@@ -228,3 +228,21 @@ def test_a_keras_file_without_its_weights_is_refused_before_tensorflow(models, c
     _assert_refused(result, path, "the file has no weights: model.weights.h5 is missing from "
                                   "the archive (it holds config.json, metadata.json)")
     assert "--loss" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sample_weights_that_do_not_fit_their_targets_are_refused_in_python(tf):
+    """``sample_weight=`` of shape (4, 7) for targets (4, 2): one sentence, not Keras' loss
+    raising a TensorFlow error; one weight per example is taken."""
+    import keras
+
+    import gradscope
+    from gradscope.errors import DataError
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4), keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    x, y = np.zeros((4, 5, 3), np.float32), np.zeros((4, 2), np.float32)
+    with pytest.raises(DataError, match=r"sample_weight= has shape \(4, 7\), which does not "
+                                        r"fit the targets y \(4, 2\)"):
+        gradscope.explain(model, x=x, y=y, sample_weight=np.ones((4, 7), np.float32))
+    assert gradscope.explain(model, x=x, y=y, sample_weight=np.ones(4, np.float32)).gradients

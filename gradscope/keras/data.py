@@ -396,6 +396,12 @@ def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any,
         listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
         raise DataError(f"the arrays disagree on the batch size ({listed}); expected one batch "
                         "size along axis 0", where=next(iter(sizes)))
+    if weights is not None and targets is not None:
+        by_output = weights if isinstance(weights, dict) else {"": weights}
+        found = _weights_against_targets("sample_weight=", by_output, targets, labels)
+        if found:
+            raise DataError(found[0][0].replace("sample_weight=: sample_weight", "sample_weight=",
+                                                1), where="sample_weight")
     return KerasBatch(inputs=inputs, targets=targets,
                       source=("supplied (x, y, sample_weight)" if weights is not None else
                               "supplied (x, y)" if y is not None else
