@@ -242,7 +242,7 @@ def test_sample_weights_that_do_not_fit_their_targets_are_refused_in_python(tf):
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4), keras.layers.Dense(2)])
     model.compile(loss="mse")
     x, y = np.zeros((4, 5, 3), np.float32), np.zeros((4, 2), np.float32)
-    with pytest.raises(DataError, match=r"sample_weight= has shape \(4, 7\), which does not "
+    with pytest.raises(DataError, match=r"sample_weight has shape \(4, 7\), which does not "
                                         r"fit the targets y \(4, 2\)"):
         gradscope.explain(model, x=x, y=y, sample_weight=np.ones((4, 7), np.float32))
     assert gradscope.explain(model, x=x, y=y, sample_weight=np.ones(4, np.float32)).gradients

@@ -285,7 +285,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         problems.append((f"{path}: the arrays disagree on the batch size ({listed}); expected "
                          "one batch size along axis 0", path))
     else:
-        problems += _weights_against_targets(path, weights, targets, labels)
+        problems += [(f"{path}: {key} {said}", key)
+                     for key, said in _weights_against_targets(weights, targets, labels)]
     if problems:
         raise DataProblems(path, problems)
     return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})",
@@ -293,11 +294,11 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
                       (weights or None))
 
 
-def _weights_against_targets(path: str, weights: dict[str, np.ndarray],
-                             targets: dict[str, np.ndarray],
+def _weights_against_targets(weights: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                              labels: dict[str, str]) -> list[tuple[str, str]]:
     """Sample weights whose shape is not the leading axes of their target's (per example,
-    or per example and step), said before Keras' loss raises on them."""
+    or per example and step), said before Keras' loss raises on them: (the weights' key,
+    what is wrong, after their name)."""
     problems = []
     for output, weight in weights.items():
         for name, target in targets.items() if not output else [(output,
@@ -306,11 +307,11 @@ def _weights_against_targets(path: str, weights: dict[str, np.ndarray],
                 continue
             if weight.ndim > target.ndim or weight.shape != target.shape[:weight.ndim]:
                 key = f"{SAMPLE_WEIGHT}/{output}" if output else SAMPLE_WEIGHT
-                problems.append((
-                    f"{path}: {key} has shape {weight.shape}, which does not fit the targets "
+                problems.append((key, (
+                    f"has shape {weight.shape}, which does not fit the targets "
                     f"{labels.get(name, name)} {target.shape}; expected one weight per example "
                     f"{target.shape[:1]}, or the leading axes of the targets' shape (per "
-                    "example and step, for targets per step)", key))
+                    "example and step, for targets per step)")))
     return problems
 
 
@@ -398,10 +399,8 @@ def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any,
                         "size along axis 0", where=next(iter(sizes)))
     if weights is not None and targets is not None:
         by_output = weights if isinstance(weights, dict) else {"": weights}
-        found = _weights_against_targets("sample_weight=", by_output, targets, labels)
-        if found:
-            raise DataError(found[0][0].replace("sample_weight=: sample_weight", "sample_weight=",
-                                                1), where="sample_weight")
+        for key, said in _weights_against_targets(by_output, targets, labels):
+            raise DataError(f"{labels.get(key, 'sample_weight=')} {said}", where=key)
     return KerasBatch(inputs=inputs, targets=targets,
                       source=("supplied (x, y, sample_weight)" if weights is not None else
                               "supplied (x, y)" if y is not None else
