@@ -271,6 +271,13 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
                    output_is_state=same)
 
 
+def _name_states(direction: Direction, count: int) -> None:
+    """Names for a direction's ``count`` states where the run named none (or other
+    counts): ``h0`` for one, else ``states[k]``."""
+    if len(direction.names) != count:
+        direction.names = ["h0"] if count == 1 else [f"states[{k}]" for k in range(count)]
+
+
 def _carried_states(directions: list[Direction]) -> list[Any] | None:
     """A stateful layer's carried states where the run captured none (a subclass of ``RNN``
     with a loop of its own): what each direction holds now, which is what the call started
@@ -284,9 +291,7 @@ def _carried_states(directions: list[Direction]) -> list[Any] | None:
         flat = list(tree.flatten(held)) if held is not None else []
         if not flat or any(s is None for s in flat):
             return None
-        if len(direction.names) != len(flat):
-            direction.names = (["h0"] if len(flat) == 1 else
-                               [f"states[{k}]" for k in range(len(flat))])
+        _name_states(direction, len(flat))
         states += [np.asarray(s) for s in flat]
     return states
 
@@ -308,9 +313,7 @@ def _own_initial_states(directions: list[Direction], call: CapturedCall) -> list
             mine = list(tree.flatten(getter(batch)))
         except Exception as exc:  # noqa: BLE001  (the user's get_initial_state)
             return f"its get_initial_state raised: {first_line(exc)}"
-        if len(direction.names) != len(mine):
-            direction.names = (["h0"] if len(mine) == 1 else
-                               [f"states[{k}]" for k in range(len(mine))])
+        _name_states(direction, len(mine))
         states += mine
     return states
 
