@@ -153,3 +153,28 @@ def without_grappler() -> Iterator[None]:
         yield
     finally:
         current.function_call_options = previous
+
+
+def xla_or_graph(tf: Any, function: Any, **options: Any) -> Any:
+    """``function`` compiled by XLA, or traced as a graph where XLA cannot compile it (an op
+    it has no kernel for): the first call decides, and every later call takes the same.
+    XLA fuses the elementwise ops of a step, which TensorFlow's graph runs one kernel each;
+    it pays where those dominate, as in a long loop of small steps. ``options``: for
+    ``tf.function``."""
+    chosen: list[Any] = []
+    compiled = tf.function(function, jit_compile=True, **options)
+    traced = tf.function(function, **options)
+
+    def run(*args: Any) -> Any:
+        if chosen:
+            return chosen[0](*args)
+        try:
+            with native_stderr_silenced():
+                value = compiled(*args)
+            chosen.append(compiled)
+        except Exception:  # noqa: BLE001  (any op XLA has no kernel for: the graph serves)
+            value = traced(*args)
+            chosen.append(traced)
+        return value
+
+    return run

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope._tf import native_stderr_silenced
+from gradscope._tf import xla_or_graph
 from gradscope.errors import InternalError
 from gradscope.gradcheck import (
     PER_TENSOR_DIRECTIONS,
@@ -77,7 +77,10 @@ def witness(probing: Probing, directions: int | None,
         with zero_states_shifted(list(zip(hooked.layers, shifts, strict=True))):
             return probing.keras_loss(feed, y)
 
-    evaluate = _compiled(tf, joint_loss)
+    # XLA runs a long recurrent forward pass in float64 in about 0.7 of the time of
+    # TensorFlow's graph (and compiles faster than that traces). Either way the same Keras
+    # call: a joint direction that disagrees sends every tensor to its own probes, as a graph.
+    evaluate = xla_or_graph(tf, joint_loss, reduce_retracing=True)
 
     def loss_at(values: dict[str, np.ndarray]) -> float:
         probing.restore()
@@ -146,30 +149,6 @@ def masked_inputs(job: KerasJob, inputs: dict[str, np.ndarray]) -> dict[str, np.
         masked = np.all(value == spec.pad_value, axis=-1, keepdims=True)
         keep[spec.name] = np.broadcast_to(~masked, value.shape).astype(np.float64)
     return keep
-
-
-def _compiled(tf: Any, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` compiled by XLA, which runs a long recurrent forward pass in float64 in
-    about 0.7 of the time of TensorFlow's graph (and compiles faster than that traces), or as
-    a graph where XLA cannot compile the model. Either way the same Keras call: a joint
-    direction that disagrees sends every tensor to its own probes, run as a graph."""
-    chosen: list[Any] = []
-    compiled = tf.function(function, jit_compile=True, reduce_retracing=True)
-    traced = tf.function(function, reduce_retracing=True)
-
-    def run(*args: Any) -> Any:
-        if chosen:
-            return chosen[0](*args)
-        try:
-            with native_stderr_silenced():
-                value = compiled(*args)
-            chosen.append(compiled)
-        except Exception:  # noqa: BLE001  (any op XLA has no kernel for: the graph serves)
-            value = traced(*args)
-            chosen.append(traced)
-        return value
-
-    return run
 
 
 @dataclass
