@@ -145,3 +145,14 @@ def test_a_step_linearised_by_hand_is_forward_mode_autodiff(key, options, tf):
             new = cell.tf_step(tf, weights, states, (inputs[0],))
         for mine, truth in zip(moved, acc.jvp(new), strict=True):
             np.testing.assert_allclose(mine[k], truth, rtol=1e-12, atol=1e-14)
+    # With the projected input's tangent too (what the memory horizon reads, ∂h_t/∂x_s).
+    step_input = inputs[0]
+    _, apply = cell.tf_step_linear(tf, weights, states, (step_input,))
+    along = tf.constant(rng.standard_normal((3, *step_input.shape)))
+    moved = apply(block, (along,))
+    for k in range(3):
+        with tf.autodiff.ForwardAccumulator((*states, step_input),
+                                            (*(t[k] for t in block), along[k])) as acc:
+            new = cell.tf_step(tf, weights, states, (step_input,))
+        for mine, truth in zip(moved, acc.jvp(new), strict=True):
+            np.testing.assert_allclose(mine[k], truth, rtol=1e-12, atol=1e-14)

@@ -222,9 +222,12 @@ class Cell:
 
     def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                        step_inputs: tuple[Any, ...]
-                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
+                       ) -> tuple[tuple[Any, ...], Callable[..., tuple[Any, ...]]]:
         """One step and its linearisation: the new states (B, w_i), and ``apply``, which takes
-        a block of k tangent columns per state (k, B, w_i) to J_t applied to them. The step's
+        a block of k tangent columns per state (k, B, w_i) to J_t applied to them; given
+        ``inputs`` too, a block of tangents of each step input (k, B, ·), it adds what they
+        move (the step's Jacobian in its projected input, which the memory horizon reads
+        back to x_s). The step's
         own values (gates, slopes) are computed here once, for every block ``apply`` is then
         given: a loop that applies J_t or Jᵀ_t many times at one step pays one matmul each.
         Forward-mode autodiff of :meth:`tf_step` gives the same numbers

@@ -110,9 +110,10 @@ class GRUKeras(Cell):
 
     def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                        step_inputs: tuple[Any, ...]
-                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
-        """dz = z(1−z)∘(v·U_z), dr = r(1−r)∘(v·U_r); reset_after: dĥ = (1−ĥ²)∘(dr∘inner_h +
-        r∘(v·U_h)), else dĥ = (1−ĥ²)∘((dr∘h + r∘v)·U_h); dh_t = dz∘(h − ĥ) + z∘v + (1−z)∘dĥ."""
+                       ) -> tuple[tuple[Any, ...], Callable[..., tuple[Any, ...]]]:
+        """dz = z(1−z)∘(v·U_z + v_x,z), dr = r(1−r)∘(v·U_r + v_x,r); reset_after:
+        dĥ = (1−ĥ²)∘(v_x,h + dr∘inner_h + r∘(v·U_h)), else dĥ = (1−ĥ²)∘(v_x,h + (dr∘h + r∘v)·U_h);
+        dh_t = dz∘(h − ĥ) + z∘v + (1−z)∘dĥ (v_x: the projected input's tangent, if given)."""
         u = self.units
         (h,), (x_t,) = states, step_inputs
         x_z, x_r, x_h = x_t[:, :u], x_t[:, u : 2 * u], x_t[:, 2 * u :]
@@ -130,16 +131,21 @@ class GRUKeras(Cell):
             candidate = tf.tanh(x_h + (r * h) @ params["recurrent_h"])
         by_z, by_r, slope = z * (1.0 - z) * (h - candidate), r * (1.0 - r), 1.0 - candidate ** 2
 
-        def apply(tangents: tuple[Any, ...]) -> tuple[Any, ...]:
+        def apply(tangents: tuple[Any, ...], inputs: tuple[Any, ...] | None = None
+                  ) -> tuple[Any, ...]:
             (v,) = tangents
             moved = tf_block_matmul(tf, v, kernel)
+            d_z, d_r = moved[..., :u], moved[..., u : 2 * u]
+            if inputs is not None:
+                d_z, d_r = d_z + inputs[0][..., :u], d_r + inputs[0][..., u : 2 * u]
             if self.reset_after:
-                d_candidate = slope * (by_r * moved[..., u : 2 * u] * inner[:, 2 * u :]
-                                       + r * moved[..., 2 * u :])
+                d_pre = by_r * d_r * inner[:, 2 * u :] + r * moved[..., 2 * u :]
             else:
-                d_candidate = slope * tf_block_matmul(
-                    tf, by_r * moved[..., u:] * h + r * v, params["recurrent_h"])
-            return (by_z * moved[..., :u] + z * v + (1.0 - z) * d_candidate,)
+                d_pre = tf_block_matmul(tf, by_r * d_r * h + r * v, params["recurrent_h"])
+            if inputs is not None:
+                d_pre = d_pre + inputs[0][..., 2 * u :]
+            d_candidate = slope * d_pre
+            return (by_z * d_z + z * v + (1.0 - z) * d_candidate,)
 
         return (z * h + (1.0 - z) * candidate,), apply
 

@@ -76,9 +76,9 @@ class LSTMKeras(Cell):
 
     def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                        step_inputs: tuple[Any, ...]
-                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
-        """dz = v_h·U; dc_t = σ'(f)∘df∘c + σ(f)∘v_c + σ'(i)∘di∘tanh(g) + σ(i)∘tanh'(g)∘dg;
-        dh_t = σ'(o)∘do∘tanh(c_t) + σ(o)∘tanh'(c_t)∘dc_t."""
+                       ) -> tuple[tuple[Any, ...], Callable[..., tuple[Any, ...]]]:
+        """dz = v_h·U (+ v_x, the tangent of the projected input); dc_t = σ'(f)∘df∘c + σ(f)∘v_c
+        + σ'(i)∘di∘tanh(g) + σ(i)∘tanh'(g)∘dg; dh_t = σ'(o)∘do∘tanh(c_t) + σ(o)∘tanh'(c_t)∘dc_t."""
         u = self.units
         (h, c), (x_t,) = states, step_inputs
         kernel = params["recurrent_kernel"]
@@ -90,9 +90,12 @@ class LSTMKeras(Cell):
         by_f, by_i, by_g = f * (1.0 - f) * c, i * (1.0 - i) * g, i * (1.0 - g ** 2)
         by_o, by_c = o * (1.0 - o) * squashed, o * (1.0 - squashed ** 2)
 
-        def apply(tangents: tuple[Any, ...]) -> tuple[Any, ...]:
+        def apply(tangents: tuple[Any, ...], inputs: tuple[Any, ...] | None = None
+                  ) -> tuple[Any, ...]:
             v_h, v_c = tangents
             dz = tf_block_matmul(tf, v_h, kernel)
+            if inputs is not None:
+                dz = dz + inputs[0]
             d_c = (by_f * dz[..., u : 2 * u] + f * v_c + by_i * dz[..., :u]
                    + by_g * dz[..., 2 * u : 3 * u])
             return by_o * dz[..., 3 * u :] + by_c * d_c, d_c

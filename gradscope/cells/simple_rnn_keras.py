@@ -56,15 +56,17 @@ class SimpleRNNKeras(Cell):
 
     def tf_step_linear(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                        step_inputs: tuple[Any, ...]
-                       ) -> tuple[tuple[Any, ...], Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
-        """dh_t = (1 − h_t²)∘(v·recurrent_kernel)."""
+                       ) -> tuple[tuple[Any, ...], Callable[..., tuple[Any, ...]]]:
+        """dh_t = (1 − h_t²)∘(v·recurrent_kernel + v_x), v_x the projected input's tangent."""
         (h,), (x_t,) = states, step_inputs
         kernel = params["recurrent_kernel"]
         new = tf.tanh(x_t + h @ kernel)
         slope = 1.0 - new ** 2
 
-        def apply(tangents: tuple[Any, ...]) -> tuple[Any, ...]:
-            return (slope * tf_block_matmul(tf, tangents[0], kernel),)
+        def apply(tangents: tuple[Any, ...], inputs: tuple[Any, ...] | None = None
+                  ) -> tuple[Any, ...]:
+            moved = tf_block_matmul(tf, tangents[0], kernel)
+            return (slope * (moved if inputs is None else moved + inputs[0]),)
 
         return (new,), apply
 

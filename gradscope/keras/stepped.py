@@ -738,9 +738,13 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
         params, step_weights = weights or read()
         (projected,) = cell.tf_inputs(tf, params, x_t[None])
         after, apply = cell.tf_step_linear(tf, step_weights, tuple(states), (projected[0],))
-        return list(after), lambda tangents: list(apply(tuple(tangents)))
+        return list(after), lambda tangents, inputs=None: list(apply(tuple(tangents), inputs))
 
-    return Linearised(linear, read)
+    def project(x_t: Any, weights: Any = None) -> Any:
+        params, _ = weights or read()
+        return cell.tf_inputs(tf, params, x_t[None])[0][0]
+
+    return Linearised(linear, read, project)
 
 
 @dataclass
@@ -749,13 +753,15 @@ class Linearised:
     ``(None, states, inputs_t, tangents)`` → (the new states, J_t applied to the block of
     tangents), a masked step (``inputs_t[1]`` False) keeping both, as
     :func:`~gradscope.keras.state_tangents.jacobian_function` takes a tangent;
-    ``linear(states, x_t, weights)`` → (the new states, ``apply(tangents)``): the step's own
-    values computed once for every block ``apply`` is given (a step that ran). ``weights()``
-    reads the layer's weights as they are (in a traced loop: once, before it), for
-    ``linear``; without them, ``linear`` reads them itself."""
+    ``linear(states, x_t, weights)`` → (the new states, ``apply(tangents, inputs=None)``):
+    the step's own values computed once for every block ``apply`` is given (a step that ran;
+    ``inputs``: a block of tangents of the projected input, ``project(x_t)``, too).
+    ``weights()`` reads the layer's weights as they are (in a traced loop: once, before it),
+    for ``linear`` and ``project``; without them, each reads them itself."""
 
     linear: Callable[..., tuple[list[Any], Any]]
     weights: Callable[[], Any]
+    project: Callable[..., Any]
 
     def __call__(self, weights: Any, states: list[Any], inputs_t: tuple[Any, ...],
                  tangents: list[Any]) -> tuple[list[Any], list[Any]]:

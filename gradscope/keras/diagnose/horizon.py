@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
-from gradscope.keras.diagnose.trajectory import Trajectory
+from gradscope.keras.diagnose.trajectory import Trajectory, by_hand_kept
 from gradscope.keras.stepped import Masks, cell_holding, engine_cached, masks_for_rows, scan_cell
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
@@ -74,8 +74,11 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
 
-    window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units),
-                                 lambda: _window_norms(engine, layer, units))
+    by_hand = by_hand_kept(engine, path) if units == path.widths[0] else None
+    window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units,
+                                          by_hand is not None),
+                                 lambda: _window_norms(engine, layer, units) if by_hand is None
+                                 else _by_hand_norms(engine, layer, units, by_hand))
     # Row e·units + u of the fold is output unit u of example examples[e]: its masks.
     held = masks_for_rows(tf, path.masks, np.repeat(np.asarray(examples), units))
 
@@ -83,6 +86,15 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
 
     window = min(FIRST_WINDOW, max(ts))
     while True:
+        if by_hand is not None:
+            with native_stderr_silenced(), without_grappler():
+                medians = median_ratios(_every_lag(tf, window_norms, path, examples, ts, window))
+            horizon = measured_horizon(medians)
+            if horizon is not None or window >= max(ts) or 2 * window > budget:
+                return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
+                                examples=examples)
+            window = min(2 * window, max(ts))
+            continue
         ratios = []
         for t in ts:
             first = max(0, t - window)
@@ -119,6 +131,87 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples)
         window = min(2 * window, max(ts))
+
+
+def _every_lag(tf: Any, lag_norms: Any, path: Trajectory, examples: list[int], ts: list[int],
+               window: int) -> np.ndarray:
+    """The ratios ‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ (len(ts)·len(examples), window + 1), rows
+    t-major, lag 0 first, NaN where step t − k is before the window's start (step 0), did
+    not run (masked), or where ‖∂h_t/∂x_t‖ is 0: every pair (t, example) at once, through
+    the step linearised by hand (:func:`_by_hand_norms`)."""
+    pairs = [(t, e) for t in ts for e in examples]
+    steps = np.array([[t - k for t, _ in pairs] for k in range(window + 1)])  # (K, P)
+    rows = np.array([e for _, e in pairs])[None, :].repeat(window + 1, axis=0)
+    inside = steps >= 0
+    at = np.maximum(steps, 0)
+    live = inside & path.ran[rows, at]
+    norms = np.sqrt(np.asarray(lag_norms(
+        tf.convert_to_tensor(path.x[rows, at]),
+        [tf.convert_to_tensor(p[rows, at]) for p in path.previous],
+        tf.convert_to_tensor(live)), np.float64)).T  # (P, K)
+    own = norms[:, :1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = norms / own
+    ratios[~live.T] = np.nan
+    ratios[~(own[:, 0] > 0)] = np.nan
+    return ratios
+
+
+def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any) -> Any:
+    """The traced pass of :func:`measure` for a step linearised by hand
+    (:func:`~gradscope.keras.diagnose.trajectory.by_hand_kept`): ``lag_norms(x, previous,
+    live)`` → ‖∂h_t/∂x_(t−k)‖² (K, P), where x (K, P, ·) and the states (K, P, w) are what
+    step t − k of each pair (t, example) ran on, and ``live`` (K, P) where it ran. Back from
+    h_t, one lag at a time: the cotangent of the state, every output unit of every pair
+    folded into one block (units, P, ·), goes through Jᵀ of the step (the VJP of the step's
+    linear map, the projected input's tangent included); a step that did not run passes it
+    on unchanged and reads no input. No step is run again: the trajectory's states are read,
+    and nothing is kept but the cotangent."""
+    tf = engine.tf
+    dtype = layer.cell.compute_dtype
+
+    def lag_norms(x: Any, previous: list[Any], live: Any) -> Any:
+        weights = by_hand.weights()
+        lags, pairs = tf.shape(x)[0], tf.shape(x)[1]
+        first = tf.tile(tf.eye(units, dtype=dtype)[:, None, :], [1, pairs, 1])
+        cotangent = [first] + [tf.zeros([units, pairs, p.shape[-1]], dtype)
+                               for p in previous[1:]]
+
+        def body(k: Any, g: list[Any], written: Any) -> tuple[Any, list[Any], Any]:
+            x_k = tf.cast(x[k], dtype)
+            _, apply = by_hand.linear([tf.cast(p[k], dtype) for p in previous], x_k, weights)
+            width = tf.shape(by_hand.project(x_k, weights))[-1]
+            # J is linear: its VJP read at zero tangents (under XLA the forward products,
+            # unused, are not computed).
+            along = [tf.zeros_like(part) for part in g]
+            inputs = tf.zeros([units, pairs, width], dtype)
+            with tf.GradientTape() as tape:
+                tape.watch([*along, inputs])
+                moved = apply(along, (inputs,))
+            *back, to_input = tape.gradient(moved, [*along, inputs], output_gradients=g,
+                                            unconnected_gradients="zero")
+            anywhere = tf.zeros([units * pairs, tf.shape(x)[2]], dtype)  # the projection is
+            with tf.GradientTape() as tape:  # affine: its VJP is the same at every x
+                tape.watch(anywhere)
+                projected = by_hand.project(anywhere, weights)
+            to_x = tape.gradient(projected, anywhere,
+                                 output_gradients=tf.reshape(to_input, [units * pairs, -1]))
+            squares = tf.reduce_sum(tf.reshape(tf.cast(to_x, tf.float64) ** 2,
+                                               [units, pairs, -1]), axis=[0, 2])
+            ran = live[k]
+            squares = tf.where(ran, squares, tf.zeros_like(squares))
+            g = [tf.where(ran[None, :, None], b, old) for b, old in zip(back, g, strict=True)]
+            return k + 1, g, written.write(k, squares)
+
+        _, _, written = tf.while_loop(
+            lambda k, g, written: k < lags, body,
+            (tf.constant(0), cotangent, tf.TensorArray(tf.float64, size=lags,
+                                                       element_shape=[None])))
+        return written.stack()
+
+    from gradscope._tf import xla_or_graph
+
+    return xla_or_graph(tf, lag_norms, autograph=False, reduce_retracing=True)
 
 
 def _window_norms(engine: Any, layer: Any, units: int) -> Any:
