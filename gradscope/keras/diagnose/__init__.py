@@ -46,8 +46,9 @@ METHOD = [
     "cell (a Keras GRU, LSTM or SimpleRNN: its step linearised by hand, held to the "
     "layer's own states at 16 steps)",
     "horizon measured: the smallest lag k at which the median over steps t and examples of "
-    "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell (a masked "
-    "step's lag left out: it reads no input); predicted: "
+    "‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ is below 10⁻³, exactly, through the cell (a Keras "
+    "GRU, LSTM or SimpleRNN: back through its step linearised by hand; a masked step's lag "
+    "left out: it reads no input); predicted: "
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step, where step t+1 ran",

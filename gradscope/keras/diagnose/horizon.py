@@ -3,11 +3,15 @@ steps t (in the second half of the steps the examples ran), ‖∂h_t/∂x_{t−
 for every lag k in a window before t. A masked step reads no input (it keeps its state): its
 lag is left out, not counted as an influence of 0, and so is every lag of a masked t.
 
-Exact, through the layer's own cell: the window's steps are stepped again from the state the
-trajectory held where the window begins (h_t depends on x_s, s ≥ t − W, through those steps
-alone), with the output units folded into the batch, so one backward pass gives every row of
-∂h_t/∂x. The window doubles until the median ratio falls below 10⁻³, up to a budget. In
-training mode with dropout, each folded row steps with the masks of its own example.
+Exact, two ways. A Keras GRU, LSTM or SimpleRNN whose step gradscope's cells linearise by
+hand (held to the layer's own states): the cotangent of h_t goes back through Jᵀ of each
+step, one lag at a time, read at the trajectory's own states, every output unit of every
+(t, example) folded into one block. Any other cell, and dropout masks: the window's steps are
+stepped again through the layer's own cell from the state the trajectory held where the
+window begins (h_t depends on x_s, s ≥ t − W, through those steps alone), with the output
+units folded into the batch, so one backward pass gives every row of ∂h_t/∂x; in training
+mode with dropout, each folded row steps with the masks of its own example. The window
+doubles until the median ratio falls below 10⁻³, up to a budget (the second way's memory).
 """
 
 from __future__ import annotations
