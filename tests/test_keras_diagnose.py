@@ -535,6 +535,34 @@ def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
     np.testing.assert_allclose(entry.lyapunov, [np.log(SMALLEST_STRETCH)], rtol=1e-5)
 
 
+@pytest.mark.parametrize("condition", [1.0, 1e6, "dependent"])
+def test_the_scan_qr_is_orthonormal_to_1e_10_once_twice_or_by_householder(
+        tf: Any, condition: Any) -> None:
+    """Each (S, k) block's Q from the Lyapunov scan's QR, in float64, against QᵀQ = I to
+    10⁻¹⁰ and Q·R = M, R upper triangular with a positive diagonal: a well-conditioned
+    block (Cholesky QR once), one of condition 10⁶ (once leaves QᵀQ about 10⁻⁴ from I: it
+    takes a second pass) and one with a column the others make (Householder's)."""
+    from gradscope.keras.diagnose.trajectory import orthonormalised
+
+    rng = np.random.default_rng(0)
+    blocks = []
+    for _ in range(4):
+        left = np.linalg.qr(rng.standard_normal((40, 5)))[0]
+        right = np.linalg.qr(rng.standard_normal((5, 5)))[0]
+        values = (np.ones(5) if condition == "dependent" else
+                  np.geomspace(1.0, 1.0 / float(condition), 5))
+        block = left @ np.diag(values) @ right
+        if condition == "dependent":
+            block[:, 3] = block[:, 0] + block[:, 1]
+        blocks.append(block)
+    moved = np.stack(blocks)
+    q, r = (np.asarray(v) for v in orthonormalised(tf, tf.constant(moved)))
+    gram = np.einsum("bsi,bsj->bij", q, q)
+    assert np.max(np.abs(gram - np.eye(5))) < 1e-10
+    np.testing.assert_allclose(q @ r, moved, atol=1e-12)
+    assert np.allclose(np.tril(r, -1), 0) and np.all(np.diagonal(r, axis1=1, axis2=2) >= 0)
+
+
 @pytest.mark.parametrize(("rho", "mechanism"), [(1.05, "exploding"), (0.5, "vanishing")])
 def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) -> None:
     x, y = _batch(steps=40)

@@ -285,12 +285,13 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
 
 def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
     """The QR of each (S, k) block of ``moved`` (B, S, k), R's diagonal positive, in
-    ``moved``'s dtype: by Cholesky QR twice in float64 (the k × k Gram matrix, its Cholesky
-    factor, a triangular solve: a few small matmuls, about a third of the time of TensorFlow's
-    Householder QR on the LSTM 256 × 2's (32, 512, 8) blocks), where its Q is orthonormal to
-    10⁻¹⁰ after; else, for a block of (nearly) dependent columns, whose Gram matrix is not
-    positive definite in float64 (a dead unit's zero row of J_t), Householder's for that
-    step. One column: its norm (Householder's where a column is 0)."""
+    ``moved``'s dtype: by Cholesky QR in float64 (the k × k Gram matrix, its Cholesky factor
+    L, Q = M·L⁻ᵀ: a few small matmuls, about a third of the time of TensorFlow's Householder
+    QR on the LSTM 256 × 2's (32, 512, 8) blocks), where its Q is orthonormal to 10⁻¹⁰
+    (QᵀQ within 10⁻¹⁰ of I, which Q's own Gram matrix shows); else once more from that Q
+    (Cholesky QR twice), held to the same; else, for a block of (nearly) dependent columns,
+    whose Gram matrix is not positive definite in float64 (a dead unit's zero row of J_t),
+    Householder's for that step. One column: its norm (Householder's where a column is 0)."""
     def householder() -> tuple[Any, Any]:
         # In float64: TensorFlow's QR takes no bfloat16 (a mixed_bfloat16 policy's steps).
         q, r = tf.linalg.qr(tf.cast(moved, tf.float64))
@@ -303,19 +304,28 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
         norm = tf.norm(moved, axis=1, keepdims=True)  # (B, 1, 1)
         return tf.cond(tf.reduce_all(norm > 0), lambda: (moved / norm, norm), householder)
     wide = tf.cast(moved, tf.float64)
+    eye = tf.eye(tf.shape(wide)[-1], batch_shape=tf.shape(wide)[:1], dtype=tf.float64)
 
-    def once(block: Any) -> tuple[Any, Any]:
-        lower = tf.linalg.cholesky(tf.linalg.matmul(block, block, transpose_a=True))
-        q = tf.linalg.triangular_solve(lower, tf.linalg.matrix_transpose(block), lower=True)
-        return tf.linalg.matrix_transpose(q), tf.linalg.matrix_transpose(lower)
+    def cholesky_qr(block: Any, gram: Any) -> tuple[Any, Any, Any]:
+        lower = tf.linalg.cholesky(gram)
+        inverse = tf.linalg.triangular_solve(lower, eye, lower=True)  # k × k
+        q = tf.linalg.matmul(block, inverse, transpose_b=True)
+        return q, tf.linalg.matrix_transpose(lower), tf.linalg.matmul(q, q, transpose_a=True)
 
-    first, r_first = once(wide)
-    q, r_second = once(first)
-    gram = tf.linalg.matmul(q, q, transpose_a=True)
-    # A failed Cholesky factor is NaN (on CPU), and NaN < 1e-10 is False.
-    exact = tf.reduce_max(tf.abs(gram - tf.eye(tf.shape(gram)[-1], dtype=tf.float64))) < 1e-10
-    return tf.cond(exact, lambda: (tf.cast(q, moved.dtype),
-                                   tf.cast(r_second @ r_first, moved.dtype)), householder)
+    def orthonormal(gram: Any) -> Any:
+        # A failed Cholesky factor is NaN (on CPU), and NaN < 1e-10 is False.
+        return tf.reduce_max(tf.abs(gram - eye)) < 1e-10
+
+    first, r_first, gram = cholesky_qr(wide, tf.linalg.matmul(wide, wide, transpose_a=True))
+
+    def again() -> tuple[Any, Any]:
+        q, r_second, regram = cholesky_qr(first, gram)
+        return tf.cond(orthonormal(regram), lambda: (tf.cast(q, moved.dtype),
+                                                     tf.cast(r_second @ r_first, moved.dtype)),
+                       householder)
+
+    return tf.cond(orthonormal(gram), lambda: (tf.cast(first, moved.dtype),
+                                               tf.cast(r_first, moved.dtype)), again)
 
 
 def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
