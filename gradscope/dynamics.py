@@ -175,6 +175,18 @@ class Evidence:
     reach_lag: int | None = None
     #: Each example's own largest exponent (:func:`example_exponents`; empty: not known).
     per_example: tuple[float, ...] = ()
+    #: The most steps any example ran, where a mask leaves that below ``steps`` (padding).
+    ran: int | None = None
+
+    @property
+    def span(self) -> int:
+        """The steps a gradient can fade within: those the longest example ran."""
+        return self.ran if self.ran is not None else self.steps
+
+    def span_words(self) -> str:
+        if self.ran is None or self.ran >= self.steps:
+            return f"the {self.steps} steps"
+        return f"the {self.ran} steps the longest example ran ({self.steps} with padding)"
 
 
 def fades_within(evidence: Evidence) -> float | None:
@@ -186,7 +198,7 @@ def fades_within(evidence: Evidence) -> float | None:
     e = evidence
     if e.measured is not None:
         return e.measured
-    if e.predicted is not None and e.window < e.steps - 1 and e.predicted > e.window:
+    if e.predicted is not None and e.window < e.span - 1 and e.predicted > e.window:
         return e.predicted
     return None
 
@@ -201,7 +213,7 @@ def mechanism(evidence: Evidence) -> str:
         # exponent says (:func:`_explodes_in`).
         return "exploding"
     fades = fades_within(evidence)
-    if fades is not None and fades < evidence.steps:
+    if fades is not None and fades < evidence.span:
         return "vanishing"
     return "holds"
 
@@ -264,9 +276,9 @@ def flow_note(evidence: Evidence) -> str | None:
             return said
         kept = float(np.exp(back * e.largest))
         if e.carried * APART < kept:
-            return (f"{said}: the loss reads the state along directions it forgets faster "
-                    f"than λ₁ = {e.largest:+.3g}, its slowest rate (×{kept:.3g} over those "
-                    f"{back} steps), which carries an input's influence")
+            return (f"{said}: the loss reads the state along directions that fade faster "
+                    f"than its most lasting one (λ₁ = {e.largest:+.3g} per step: ×{kept:.3g} "
+                    f"over those {back} steps), which carries an input's influence")
         return (f"{said}: one fading at about λ₁'s rate (λ₁ = {e.largest:+.3g} per step "
                 f"leaves ×{kept:.3g} over those {back} steps), read two ways that fall on "
                 f"either side of 10³")
@@ -337,11 +349,11 @@ def _verdict(evidence: Evidence) -> str:
             f"λ₁ = {e.largest:+.3g} per step, so gradients" if e.largest is not None
             else "gradients")
         return (f"{e.name}: vanishing: {lead} fade by 10³ within about {_steps(fades)} "
-                f"({horizon}) of the {e.steps} steps")
+                f"({horizon}) of {e.span_words()}")
     lead = f"λ₁ = {e.largest:+.3g} per step" if e.largest is not None else "λ₁ unknown"
     return (f"{e.name}: holds: {lead}; the influence of an input stays above 10⁻³ of its "
-            f"own step's over the lags measured ({horizon}), neither vanishing within the "
-            f"{e.steps} steps nor exploding")
+            f"own step's over the lags measured ({horizon}), neither vanishing within "
+            f"{e.span_words()} nor exploding")
 
 
 def singular_summary(blocks: np.ndarray, eps: float) -> dict[str, Any]:

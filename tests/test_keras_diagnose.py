@@ -434,9 +434,10 @@ def test_explain_flags_vanishing_where_diagnose_holds_and_the_verdict_says_why(t
     assert (f"; explain --flow flags it vanishing: ∂L/∂s carried back from t={T - 1} to t=0 "
             f"keeps ×{flag.ratio:.3g} ({np.log(flag.ratio) / (T - 1):+.3g} per step), while "
             f"an input's influence {T - 1} steps back is still ×{entry.horizon.ratios[-1]:.3g}"
-            f" of its own step's: the loss reads the state along directions it forgets "
-            f"faster than λ₁ = {lam:+.3g}, its slowest rate (×{np.exp((T - 1) * lam):.3g} "
-            f"over those {T - 1} steps), which carries an input's influence") in entry.verdict
+            f" of its own step's: the loss reads the state along directions that fade "
+            f"faster than its most lasting one (λ₁ = {lam:+.3g} per step: "
+            f"×{np.exp((T - 1) * lam):.3g} over those {T - 1} steps), which carries an "
+            f"input's influence") in entry.verdict
     text = render_text(report, 80)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert f"×{flag.ratio:.3g}" in text.split()
@@ -525,10 +526,15 @@ def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
     from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
 
     x, y = _batch()
-    entry = gradscope.diagnose(_linear_model(np.diag([0.9, 0.0, 0.5])), x=x, y=y,
-                               counterfactuals=False).layers[0]
+    report = gradscope.diagnose(_linear_model(np.diag([0.9, 0.0, 0.5])), x=x, y=y,
+                                counterfactuals=False)
+    entry = report.layers[0]
     np.testing.assert_allclose(entry.lyapunov, [np.log(0.9), np.log(0.5),
                                                 np.log(SMALLEST_STRETCH)], rtol=1e-5)
+    # The floor is said to be no rate: every step cut that direction.
+    assert (f"linear: at {B * T} of {B * T} steps taken, a step took a direction followed to "
+            "0") in " ".join(report.warnings)
+    assert "(−∞ in truth)" in " ".join(report.warnings)
     # One column (λ₁ alone) is its norm; a column J_t takes to 0 takes Householder's too.
     entry = gradscope.diagnose(_linear_model(np.zeros((3, 3))), x=x, y=y, exponents=1,
                                counterfactuals=False).layers[0]
@@ -656,6 +662,9 @@ def test_a_padded_tail_changes_no_number_of_the_diagnosis(tf: Any) -> None:
     np.testing.assert_allclose(padded.lyapunov, cropped.lyapunov, rtol=1e-5)
     assert padded.lyapunov_change == pytest.approx(cropped.lyapunov_change, rel=1e-5)
     assert padded.mechanism == "vanishing"
+    # The verdict counts the steps the examples ran, and says the rest is padding.
+    assert padded.verdict == cropped.verdict.replace(
+        "of the 60 steps", "of the 60 steps the longest example ran (200 with padding)")
 
 
 def test_one_tangent_column_is_the_first_of_k_against_a_float64_power_iteration(

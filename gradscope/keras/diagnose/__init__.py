@@ -42,7 +42,8 @@ METHOD = [
     "Lyapunov exponents: QR re-orthonormalisation along the trajectory (Benettin's method): "
     "Q_0 = I (k orthonormal columns from a fixed seed where k is below the state's size), "
     "J_t·Q_(t−1) = Q_t·R_t, λ_i the mean of log|R_t[i, i]| over the steps each "
-    "example ran, then over the examples; J_t·Q by forward mode through one step of the "
+    "example ran, then over the examples, listed largest first (over a finite run a later "
+    "column's mean may exceed the first's); J_t·Q by forward mode through one step of the "
     "cell (a Keras GRU, LSTM or SimpleRNN: its step linearised by hand, held to the "
     "layer's own states at 16 steps)",
     "horizon measured: the smallest lag k at which the median over steps t and examples of "
@@ -252,6 +253,9 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     say(f"{label}: Lyapunov exponents (QR along the trajectory)")
     logs = lyapunov_logs(engine, path, count)
     spectrum, change = dynamics.lyapunov_exponents(logs, path.ran)
+    floored = _floored(logs, path.ran, label)
+    if floored is not None:
+        warnings.append(floored)
     first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
     grid, method = step_norms(engine, path, seed=0)
@@ -300,7 +304,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         carried=flow.ratio if flow is not None else None,
         reach=float(measured.medians[reached[-1]]) if reached.size else None,
         reach_lag=int(reached[-1]) if reached.size else None,
-        per_example=tuple(float(v) for v in dynamics.example_exponents(logs, path.ran)))
+        per_example=tuple(float(v) for v in dynamics.example_exponents(logs, path.ran)),
+        ran=int(np.max(np.sum(path.ran, axis=1), initial=0)))
     return DiagnosedLayer(
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,
@@ -311,6 +316,25 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
         verdict=dynamics.verdict(evidence)), evidence, count, (
             float(first[0]) if len(first) else None)
+
+
+def _floored(logs: np.ndarray, ran: np.ndarray, label: str) -> str | None:
+    """Where a step took a followed direction to 0 (|R_t[i, i]| at the scan's floor, a unit
+    switched off, a zero row of J_t), that step's log is the floor's, not a rate (−∞ in
+    truth): how often, in words (None: never)."""
+    from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
+
+    floor = float(np.log(SMALLEST_STRETCH))
+    hit = (np.asarray(logs, np.float64) <= floor + 1e-3) & np.asarray(ran, bool)[..., None]
+    if not hit.any():
+        return None
+    columns = int(np.count_nonzero(hit.any(axis=(0, 1))))
+    pairs = int(np.count_nonzero(hit.any(axis=2)))
+    what = "a direction" if columns == 1 else f"{columns} of the {logs.shape[2]} directions"
+    return (f"{label}: at {pairs} of {int(np.count_nonzero(ran))} steps taken, a step took "
+            f"{what} followed to 0 (|R_t[i, i]| below {SMALLEST_STRETCH:g}: a unit switched "
+            f"off, J_t singular); each such step counts ln {SMALLEST_STRETCH:g} = {floor:.1f} "
+            "(−∞ in truth), so the exponents of those directions are not rates")
 
 
 def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
