@@ -270,22 +270,26 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
                 moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
                 moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
             q_new, r = orthonormalised(tf, moved)
-            logs = tf.math.log(tf.maximum(tf.linalg.diag_part(r), SMALLEST_STRETCH))
+            logs = tf.math.log(tf.maximum(tf.linalg.diag_part(r),
+                                          tf.constant(SMALLEST_STRETCH, tf.float64)))
             q_new = tf.where(ran_t[:, None, None], q_new, q)
             logs = tf.where(ran_t[:, None], logs, tf.zeros_like(logs))
             return t + 1, q_new, written.write(t, logs)
 
         _, _, written = tf.while_loop(
             lambda t, q, written: t < steps, body,
-            (tf.constant(0), q0, tf.TensorArray(dtype, size=steps, element_shape=[None, count])))
+            (tf.constant(0), q0, tf.TensorArray(tf.float64, size=steps,
+                                                 element_shape=[None, count])))
         return tf.transpose(written.stack(), [1, 0, 2])
 
     return scan
 
 
 def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
-    """The QR of each (S, k) block of ``moved`` (B, S, k), R's diagonal positive, in
-    ``moved``'s dtype: by Cholesky QR in float64 (the k × k Gram matrix, its Cholesky factor
+    """The QR of each (S, k) block of ``moved`` (B, S, k), R's diagonal positive: Q in
+    ``moved``'s dtype, R in float64 (its diagonal is what the exponents are made of: in a
+    float16 step its rounding, and a floor of 10⁻³⁰ that rounds to 0, would be theirs). By
+    Cholesky QR in float64 (the k × k Gram matrix, its Cholesky factor
     L, Q = M·L⁻ᵀ: a few small matmuls, about a third of the time of TensorFlow's Householder
     QR on the LSTM 256 × 2's (32, 512, 8) blocks), where its Q is orthonormal to 10⁻¹⁰
     (QᵀQ within 10⁻¹⁰ of I, which Q's own Gram matrix shows); else once more from that Q
@@ -297,13 +301,13 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
         q, r = tf.linalg.qr(tf.cast(moved, tf.float64))
         diagonal = tf.linalg.diag_part(r)
         signs = tf.where(diagonal < 0, -tf.ones_like(diagonal), tf.ones_like(diagonal))
-        return (tf.cast(q * signs[:, None, :], moved.dtype),
-                tf.cast(r * signs[:, :, None], moved.dtype))
+        return tf.cast(q * signs[:, None, :], moved.dtype), r * signs[:, :, None]
 
-    if moved.shape[-1] == 1:  # one column: its norm, where no column is 0
-        norm = tf.norm(moved, axis=1, keepdims=True)  # (B, 1, 1)
-        return tf.cond(tf.reduce_all(norm > 0), lambda: (moved / norm, norm), householder)
     wide = tf.cast(moved, tf.float64)
+    if moved.shape[-1] == 1:  # one column: its norm, where no column is 0
+        norm = tf.norm(wide, axis=1, keepdims=True)  # (B, 1, 1)
+        return tf.cond(tf.reduce_all(norm > 0),
+                       lambda: (tf.cast(wide / norm, moved.dtype), norm), householder)
     eye = tf.eye(tf.shape(wide)[-1], batch_shape=tf.shape(wide)[:1], dtype=tf.float64)
 
     def cholesky_qr(block: Any, gram: Any) -> tuple[Any, Any, Any]:
@@ -320,12 +324,10 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
 
     def again() -> tuple[Any, Any]:
         q, r_second, regram = cholesky_qr(first, gram)
-        return tf.cond(orthonormal(regram), lambda: (tf.cast(q, moved.dtype),
-                                                     tf.cast(r_second @ r_first, moved.dtype)),
-                       householder)
+        return tf.cond(orthonormal(regram),
+                       lambda: (tf.cast(q, moved.dtype), r_second @ r_first), householder)
 
-    return tf.cond(orthonormal(gram), lambda: (tf.cast(first, moved.dtype),
-                                               tf.cast(r_first, moved.dtype)), again)
+    return tf.cond(orthonormal(gram), lambda: (tf.cast(first, moved.dtype), r_first), again)
 
 
 def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
