@@ -65,11 +65,15 @@ def step_for(dtype: str, code: str = "any") -> float:
     return row.get(dtype, row.get("float32", row["float64"]))
 
 
-def retake_for(dtype: str) -> float:
-    """The smaller step a disagreeing probe is taken again at (a kink or a wrong gradient?):
-    a hundredth of the step in float64, a tenth in float32, whose rounding would drown a
-    hundredth."""
-    return step_for(dtype) / (100 if dtype == "float64" else 10)
+def retakes_for(dtype: str) -> tuple[float, ...]:
+    """The smaller steps a disagreeing probe is taken again at, in turn (a kink, a loss that
+    curves within the step, or a wrong gradient?): in float64 a hundredth of the step, then a
+    ten-thousandth (a chaotic trajectory's loss curves within 1e-6 of the weights; its
+    rounding, 1e-16 of the loss over 1e-9, is still far below a gradient), in float32 a
+    tenth, whose rounding would drown a hundredth. A wrong gradient disagrees at every step;
+    a kink's one-sided slopes stay apart at every step."""
+    step = step_for(dtype)
+    return (step / 100, step / 10_000) if dtype == "float64" else (step / 10,)
 
 
 #: Random directions per tensor, unless the user asks for another number (``--directions``).
@@ -200,27 +204,33 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                  base: np.ndarray, loss: float, rtol: float,
                  atol: float | None, dtype: str = "float64",
                  rounding: float = ROUNDING) -> Settled:
-    """A probe whose central difference disagrees with autodiff is taken again at a smaller
-    step (:func:`retake_for`). Where the loss is smooth, that difference is then closer (it
-    keeps the smaller step). Where the probe straddles a kink, the one-sided slopes stay apart
-    at every step: the probe is left out, and said to be at a kink, never a failure. A probe
-    that fails at both steps on a smooth loss stays as it failed."""
+    """A probe whose central difference disagrees with autodiff is taken again at smaller
+    steps, in turn (:func:`retakes_for`). Where the loss is smooth, or curves within the step
+    but not within a smaller one, the difference there agrees (it keeps that step). Where the
+    probe straddles a kink, the one-sided slopes stay apart at every step: the probe is left
+    out, and said to be at a kink, never a failure. A probe that fails at every step on a
+    smooth loss stays as it failed."""
     settled = Settled()
     kept: list[int] = []
-    retaken: list[tuple[Probe, float, float]] = []
+    retaken: dict[float, list[tuple[Probe, float, float]]] = {}
     centre: float | None = None
-    step, small = step_for(dtype), retake_for(dtype)
+    step, retakes = step_for(dtype), retakes_for(dtype)
+    small = retakes[0]
     for k, probe in enumerate(probes):
         if directional_error(gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol,
                              atol, step, rounding)[1]:
             kept.append(k)
             continue
-        near_plus = evaluate_at((base + small * probe.direction).astype(base.dtype))
-        near_minus = evaluate_at((base - small * probe.direction).astype(base.dtype))
-        if directional_error(gradient, [probe], np.array([near_plus]), np.array([near_minus]),
-                             loss, rtol, atol, small, rounding)[1]:
-            retaken.append((probe, near_plus, near_minus))
+        taken = [(at, evaluate_at((base + at * probe.direction).astype(base.dtype)),
+                  evaluate_at((base - at * probe.direction).astype(base.dtype)))
+                 for at in retakes]
+        agreeing = next(((at, a, b) for at, a, b in taken if directional_error(
+            gradient, [probe], np.array([a]), np.array([b]), loss, rtol, atol, at,
+            rounding)[1]), None)
+        if agreeing is not None:
+            retaken.setdefault(agreeing[0], []).append((probe, agreeing[1], agreeing[2]))
             continue
+        _, near_plus, near_minus = taken[0]
         centre = evaluate_at(base) if centre is None else centre
         far = (plus[k] - centre) / step - (centre - minus[k]) / step
         near = (near_plus - centre) / small - (centre - near_minus) / small
@@ -232,9 +242,9 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
             kept.append(k)
     if kept:
         settled.groups.append(([probes[k] for k in kept], plus[kept], minus[kept], step))
-    if retaken:
-        settled.groups.append(([p for p, _, _ in retaken], np.array([a for _, a, _ in retaken]),
-                               np.array([b for _, _, b in retaken]), small))
+    for at, group in retaken.items():
+        settled.groups.append(([p for p, _, _ in group], np.array([a for _, a, _ in group]),
+                               np.array([b for _, _, b in group]), at))
     return settled
 
 

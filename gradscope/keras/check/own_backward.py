@@ -17,7 +17,7 @@ from gradscope.gradcheck import (
     Probe,
     WitnessResult,
     directional_error,
-    retake_for,
+    retakes_for,
     rounding_of,
     step_for,
 )
@@ -101,7 +101,7 @@ def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.rando
     probe = Probe("input", "a random direction", direction / np.linalg.norm(direction))
     analytic = float(np.sum(gradient * probe.direction))
     dtype = x.dtype.name
-    for step in (step_for(dtype), retake_for(dtype)):
+    for step in (step_for(dtype), *retakes_for(dtype)):
         shift = tf.constant(step * probe.direction, x.dtype)
         plus, minus = at(x + shift), at(x - shift)
         error, passed, _ = directional_error(gradient, [probe], np.array([plus]),

@@ -39,21 +39,36 @@ def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None
     """Whether the loss of a float64 copy really resolves float64 steps. Central differences
     of the loss along one random direction of the weights, at steps 1e-4 and 1e-8, agree to
     ~1e-6 in float64 (rounding ~1e-16 of the loss, over 1e-8), kinks and all: both straddle
-    the same corner. Where code inside the model or its loss computes in float32, the loss
-    moves in steps of ~6e-8 of itself, and the slope at 1e-8 is that rounding. No gradient
-    enters the comparison, so a wrong one cannot pass for low precision. ``loss_along(h)``:
-    the loss with the weights moved by ``h`` along the direction."""
+    the same corner. Where the loss curves within 1e-4 (a chaotic trajectory, whose gradient
+    is large), the slope at 1e-6 stands in for 1e-4's: still far above float32's rounding
+    (~6e-8 of the loss, over 1e-6: 3e-2 of it), it is the tangent's there. Where code inside
+    the model or its loss computes in float32, the loss moves in steps of ~6e-8 of itself,
+    and the slope at 1e-8 is that rounding (3 times the loss), which neither larger step
+    shares. No gradient enters the comparison, so a wrong one cannot pass for low precision.
+    ``loss_along(h)``: the loss with the weights moved by ``h`` along the direction."""
 
-    large, small = 1e-4, 1e-8
-    slope_large = (loss_along(large) - loss_along(-large)) / (2 * large)
-    slope_small = (loss_along(small) - loss_along(-small)) / (2 * small)
-    allowed = 1e-2 * abs(slope_large) + 100 * float(rounding_noise(loss, small))
-    if abs(slope_small - slope_large) <= allowed:
+    def slope(step: float) -> float:
+        return (loss_along(step) - loss_along(-step)) / (2 * step)
+
+    small = 1e-8
+    slope_small = slope(small)
+    slopes = []
+    for large in (1e-4, 1e-6):
+        slopes.append(slope(large))
+        allowed = 1e-2 * abs(slopes[-1]) + 100 * float(rounding_noise(loss, small))
+        if abs(slope_small - slopes[-1]) <= allowed:
+            return None
+    # Curved within 1e-6 too: float64 resolves the slope if a tenth of the small step gives
+    # the same, nonzero (float32's rounding would be ten times as large there, 30 times the
+    # loss: only a slope above 3000 times the loss could hide it, which the finite
+    # differences then resolve in float64 too).
+    smaller = slope(small / 10)
+    if slope_small != 0 and abs(smaller - slope_small) <= 1e-2 * abs(slope_small):
         return None
     return (f"its float64 copy's loss does not resolve float64 steps (along a random direction "
-            f"of the weights its slope is {slope_large:.6e} at a step of 1e-4 and "
-            f"{slope_small:.6e} at 1e-8), so code inside the model or its loss computes in a "
-            "lower precision (a float32 constant or cast, keras.ops.ctc_loss)")
+            f"of the weights its slope is {slopes[0]:.6e} at a step of 1e-4, {slopes[1]:.6e} at "
+            f"1e-6 and {slope_small:.6e} at 1e-8), so code inside the model or its loss "
+            "computes in a lower precision (a float32 constant or cast, keras.ops.ctc_loss)")
 
 
 def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float:

@@ -1,0 +1,61 @@
+"""gradscope/gradcheck.py's retakes and gradscope/keras/check/precision.py's coarse_loss, on
+losses whose truth is known: one that curves within check's float64 step (a chaotic
+trajectory's, in miniature: sin(10⁶·⟨w, x⟩)/10⁶) and one computed in float32.
+
+Found tried as a new user would: a tanh SimpleRNN at 3× an orthogonal kernel (chaotic over 60
+steps) failed check on correct gradients. Its float64 copy's slope at a step of 1e-4 was
+-22, at 1e-8 4.8e4 (the tangent's, as at 1e-9): check took that for float32 code and checked
+in float32, and every recurrent weight's probes disagreed at 1e-5 and 1e-7."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradscope.gradcheck import Probe, directional_error, settle_kinks, step_for
+from gradscope.keras.check.precision import coarse_loss
+
+FREQUENCY = 1e6
+W = np.random.default_rng(0).standard_normal(6)
+
+
+def _curved(x: np.ndarray) -> float:
+    return float(np.sin(FREQUENCY * W @ x) / FREQUENCY + 2.0)
+
+
+def _settled(gradient: np.ndarray) -> tuple[float, bool]:
+    base = np.random.default_rng(1).standard_normal(6) * 1e-3
+    direction = np.random.default_rng(2).standard_normal(6)
+    probe = Probe("w", "direction 1", direction / np.linalg.norm(direction))
+    step = step_for("float64")
+    plus = np.array([_curved(base + step * probe.direction)])
+    minus = np.array([_curved(base - step * probe.direction)])
+    settled = settle_kinks(gradient(base), [probe], plus, minus, _curved, base, 2.0, 1e-5,
+                           None)
+    assert not settled.kinks
+    (group, p, m, taken), = settled.groups
+    return taken, directional_error(gradient(base), group, p, m, 2.0, 1e-5, None, taken)[1]
+
+
+def test_a_loss_that_curves_within_the_step_is_resolved_at_a_smaller_one() -> None:
+    """At 1e-5 and 1e-7 the central difference of sin(10⁶·h) is off by 1.7e-3 or more; at
+    1e-9 by 1.7e-7: the probe agrees there, and keeps that step."""
+    taken, passed = _settled(lambda x: np.cos(FREQUENCY * W @ x) * W)
+    assert passed and taken == pytest.approx(1e-9)
+
+
+def test_a_wrong_gradient_disagrees_at_every_step() -> None:
+    taken, passed = _settled(lambda x: 1.01 * np.cos(FREQUENCY * W @ x) * W)
+    assert not passed and taken == step_for("float64")
+
+
+def test_a_loss_curved_within_1e_4_resolves_float64_steps() -> None:
+    """Its slopes at 1e-4 and 1e-6 are not the tangent's; at 1e-8 and 1e-9 they are."""
+    assert coarse_loss(lambda h: float(np.sin(3e5 * h) / 3e5 + 2.0), 2.0) is None
+
+
+def test_a_loss_computed_in_float32_does_not() -> None:
+    """The same slope, linear, but each value rounded to float32: its slope at 1e-8 and 1e-9
+    is that rounding."""
+    found = coarse_loss(lambda h: float(np.float32(2.0 + 0.7 * h)), 2.0)
+    assert found is not None and "does not resolve float64 steps" in found
