@@ -257,3 +257,23 @@ def test_a_trend_table_folds_a_long_weight_path_and_cuts_no_number(width):
         assert number(value) in text
     folded = [line.split()[0] for line in lines if line.split() and line.split()[0] in long]
     assert "".join(folded) == long and all(part.endswith("/") for part in folded[:-1])
+
+
+@pytest.mark.parametrize("width", [60, 64])
+def test_a_long_keras_weight_path_in_the_check_table_folds_and_cuts_no_number(
+        seed_reports, width):
+    """A Keras weight path has no space to wrap at: with every witness's verdict packed
+    beside it (the narrowest layout), it folds after a "/" where the widest verdict would not
+    fit, and no verdict's number is cut (found tried as a new user would: at 60 columns
+    "srnn/simple_rnn_cell/recurrent_kerne" and "9.3e-0")."""
+    report = seed_reports["check"]
+    long_name = "srnn/simple_rnn_cell/recurrent_kernel"
+    tensors = [report.tensors[0].model_copy(update={"name": long_name}), *report.tensors[1:]]
+    report = report.model_copy(update={"tensors": tensors})
+    lines = render_text(report, width).split("\n")
+    assert max(cell_len(line) for line in lines) <= width
+    cut = [word for line in lines for word in line.split() if CUT_NUMBER.search(word)]
+    assert not cut, cut
+    start = next(i for i, line in enumerate(lines) if line.startswith("srnn/"))
+    pieces = [lines[start + k].split()[0] for k in range(3)]
+    assert "".join(pieces).startswith(long_name)

@@ -191,15 +191,39 @@ def check_table(report: CheckReport | KerasCheckReport | LayerCheckReport,
             verdicts.append(atom("–", "dim") if worst is None else _verdict(worst))
         beside.add_row(atom(tensor.name, style), atom(shape), *verdicts)
         under.add_row(names[-1], *verdicts)
+    packed = [[_verdict(entry, WITNESS_TITLES[entry.witness])
+               for entry in (_worst(tensor.witnesses, w) for w in witnesses)
+               if entry is not None] for tensor in report.tensors]
+    # Narrowest: a long name folds after a "/" where the widest verdict would not fit beside
+    # it, so that no verdict's number is cut.
+    widest = max((cell_len(item.plain) for items in packed for item in items), default=0)
+    room = max(width - GAP - widest, len("tensor · shape"))
+    if column_width(names, "tensor · shape") > room:
+        names = [_folded(name, room) for name in names]
     verdict_width = width - column_width(names, "tensor · shape") - GAP
     one_column = Layout([Column("tensor · shape", no_wrap=True),
                          Column("witness: relative error")])
-    for name, tensor in zip(names, report.tensors, strict=True):
-        worst_entries = [_worst(tensor.witnesses, w) for w in witnesses]
-        items = [_verdict(entry, WITNESS_TITLES[entry.witness])
-                 for entry in worst_entries if entry is not None]
+    for name, items in zip(names, packed, strict=True):
         one_column.add_row(name, atom(pack(items, verdict_width)))
     return fit(width, beside, under, one_column)
+
+
+def _folded(cell: Text, room: int) -> Text:
+    """``cell``'s lines, each longer than ``room`` folded after a "/" (the style kept)."""
+    lines = cell.split("\n")
+    out = Text()
+    for index, line in enumerate(lines):
+        pieces: list[Text] = []
+        while cell_len(line.plain) > room and "/" in line.plain[:room]:
+            cut = line.plain.rindex("/", 0, room) + 1
+            pieces.append(line[:cut])
+            line = line[cut:]
+        pieces.append(line)
+        for k, piece in enumerate(pieces):
+            if index or k:
+                out.append("\n")
+            out.append_text(piece)
+    return out
 
 
 def failure_lines(tensor: CheckedTensor) -> list[tuple[str, str]]:
