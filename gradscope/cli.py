@@ -532,7 +532,9 @@ DIAGNOSE_EPILOG = """\b
 Exit codes:
   0  the diagnosis is made (whatever it finds: a vanishing or exploding
      layer is an answer, as explain's flags are)
-  1  gradscope disagreed with itself (an internal error)
+  1  a NaN or Inf in the loss or a gradient on this batch (no layer is
+     diagnosed; where it was born is said), or gradscope disagreed with
+     itself (an internal error)
   2  usage, config or data error, or a YAML config (not yet diagnosed)
 """
 

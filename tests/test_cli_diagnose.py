@@ -89,6 +89,10 @@ def test_a_batch_whose_numbers_are_not_finite_says_where_the_first_was_born(
     assert report["layers"] == [] and report["nonfinite"] is not None
     assert [entry["layer"] for entry in report["not_diagnosed"]] == ["gru"]
     assert report["nonfinite"]["step"] == 7
+    # The global norm is the one the clipping line reads: here none (the gradient is NaN).
+    assert report["gradient_norm"] is None
+    assert "a NaN or Inf in the loss or a gradient" in run_gradscope(
+        "diagnose", "--help", env={"COLUMNS": "80"}).stdout
     text = run_gradscope("diagnose", str(path), "--data", str(data), env={"COLUMNS": "80"})
     assert text.returncode == 1, text.stderr
     assert "Where the first NaN or Inf was born" in text.stdout

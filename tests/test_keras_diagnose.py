@@ -855,7 +855,7 @@ def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
     assert report.method[-1].startswith("training mode with dropout: each step holds")
     (said,) = report.warnings
     assert said.startswith("lstm: recurrent_dropout in training mode cuts up to 2 of the "
-                           "state's 10 directions") and "the top 8 are given" in said
+                           "state's 10 directions") and "only the top 8 are finite" in said
 
 
 def _in_float64(model: Any, name: str, dropped: dict[str, Any]) -> tuple[Any, ...]:
@@ -1081,3 +1081,25 @@ def test_a_change_that_changes_nothing_says_so(tf: Any) -> None:
     text = render_text(report.model_copy(update={
         "layers": [entry.model_copy(update={"counterfactuals": [clip]})]}), 80)
     assert "clips nothing on this batch" in text
+
+
+def test_a_batch_whose_sample_weights_are_all_0_says_what_is_not_read(tf: Any) -> None:
+    """Every sample weight 0: the loss and every gradient are exactly 0. The flow reads
+    nothing (n/a), and the report says why, and that the dynamics stand (found tried as a new
+    user would: "carried ×n/a → ×n/a", with no word)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.GRU(4, return_sequences=True, name="gru")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    x, y = _batch()
+    report = gradscope.diagnose(model, x=x, y=y, sample_weight=np.zeros((B, T), np.float32),
+                                counterfactuals=False)
+    assert report.loss.value == 0 and report.gradient_norm == 0
+    flow = report.layers[0].flow
+    assert flow is not None and flow.ratio is None and report.layers[0].lyapunov
+    said = " ".join(report.warnings)
+    assert "the loss is exactly 0 on this batch (every sample weight 0?)" in said
+    assert "the dynamics (λ, the step Jacobians, the gates, the horizon)" in said

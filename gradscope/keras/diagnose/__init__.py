@@ -139,7 +139,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             if is_recurrent(engine, c)]
         report = DiagnoseReport(
             model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=[],
-            not_diagnosed=skipped, gradient_norm=None,
+            not_diagnosed=skipped, gradient_norm=global_norm(trained_of(result)),
             clipping=clipping(job.graph.compile_config, trained_of(result), job.model),
             method=[],
             warnings=["the loss or a gradient is not finite on this batch: no call is "
@@ -182,6 +182,13 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         clock.lap(f"diagnose {label}")
     if not any(is_recurrent(engine, c) for c in result.calls):
         warnings.append("the model has no recurrent layer call: nothing to diagnose")
+    if global_norm(trained) == 0:
+        warnings.append(
+            ("the loss is exactly 0 on this batch (every sample weight 0?), so every "
+             if result.loss == 0 else "every ")
+            + "gradient is exactly 0: no flow, growth or clipping is read (n/a); the "
+            "dynamics (λ, the step Jacobians, the gates, the horizon) are the layers' own, "
+            "whatever the loss, and stand")
     report = DiagnoseReport(
         model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=layers,
         not_diagnosed=skipped, gradient_norm=global_norm(trained),
@@ -219,7 +226,8 @@ def exponent_room(path: Any, label: str) -> tuple[int, str | None] | str:
         f"{label}: recurrent_dropout in training mode cuts up to {most} of the state's "
         f"{size} directions (J_t singular at every step, in {hit} of {len(cut)} examples): "
         f"those exponents are −∞; "
-        + ("the top one is given" if size - most == 1 else f"the top {size - most} are given"))
+        + ("only the top one is finite" if size - most == 1
+           else f"only the top {size - most} are finite"))
 
 
 def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
