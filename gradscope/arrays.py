@@ -121,6 +121,10 @@ def read_npz(path: str | os.PathLike[str], shown: str | None = None,
             if not hasattr(archive, "files"):
                 raise error(f"{shown}: is a single array; expected {single}",
                             where=where or str(path))
+            if {"config.json", "model.weights.h5"} <= set(archive.files):
+                raise error(f"{shown}: is a saved Keras model (model.save), not arrays; "
+                            f"expected {single}, as np.savez writes it",
+                            where=where or str(path))
             arrays = {}
             for key in archive.files:
                 try:

@@ -153,3 +153,20 @@ def test_plot_without_matplotlib_names_an_install_line_that_works(tmp_path):
     assert subprocess.run([str(python), "-m", "pip", "--version"],
                           capture_output=True).returncode == 0
     assert not picture.exists()
+
+
+def test_a_saved_model_given_as_data_is_named_a_model(tmp_path):
+    """``--data model.keras`` (the model where its arrays go): one line naming a saved Keras
+    model, exit 2, before TensorFlow loads; it listed config.json, metadata.json and
+    model.weights.h5 as unknown arrays (found tried as a new user would)."""
+    import zipfile
+
+    archive = tmp_path / "model.keras"
+    with zipfile.ZipFile(archive, "w") as written:
+        for name in ("config.json", "metadata.json", "model.weights.h5"):
+            written.writestr(name, "{}")
+    result = run_gradscope("explain", "--data", str(archive))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gradscope: error: {archive}: is a saved Keras model (model.save), not arrays; "
+        "expected an .npz archive with x and y (or use --x and --y), as np.savez writes it"]
