@@ -29,6 +29,10 @@ def test_a_long_call_is_witnessed_on_spread_examples_and_a_short_one_on_all(tf):
     report = gradscope.explain(_model(keras, 40), x=x, y=y)
     (entry,) = report.witnesses
     assert entry.passed and entry.detail.endswith("on 80 of its 100 examples")
+    # The limit applied, as the text gives it, in the JSON too (the tolerance is relative).
+    assert entry.allowed is not None and entry.max_abs_error <= entry.allowed
+    assert f"(allowed {entry.allowed:.1e})" in entry.detail
+    assert report.to_dict()["witnesses"][0]["allowed"] == entry.allowed
     short = gradscope.explain(_model(keras, 40), x=x[:8], y=y[:8])
     assert "examples" not in short.witnesses[0].detail
 

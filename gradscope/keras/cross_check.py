@@ -72,6 +72,7 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
     if not error <= allowed and error <= allowed + AMPLIFIED * moved:
         return CrossCheckEntry(
             layer=label, witness=name, max_abs_error=error, tolerance=rtol, passed=None,
+            allowed=allowed,
             detail=f"not witnessed: this trajectory amplifies rounding (its output moves by "
                    f"{moved:.1e} when the inputs move by one rounding of "
                    f"{computed_in(call, dtype)}), so Keras' output, {error:.1e} from the "
@@ -82,7 +83,7 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
             f"not reproduce Keras' output (max |error| {error:.2e} > {allowed:.1e}); gradscope "
             "misreads this layer, so its explanation would be wrong; please report it")
     return CrossCheckEntry(layer=label, witness=name, max_abs_error=error, tolerance=rtol,
-                             passed=True,
+                             passed=True, allowed=allowed,
                              detail=f"reproduces Keras' output to {error:.1e} "
                                     f"(allowed {allowed:.1e}){_of_batch(rows, call)}")
 

@@ -420,6 +420,7 @@ def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:
                      for unit in found.units)
     return CrossCheckEntry(layer=label, witness=f"{name} ({keys})",
                              max_abs_error=error[0], tolerance=rtol, passed=True,
+                             allowed=error[1],
                              detail=f"reproduce Keras' merged output to {error[0]:.1e} "
                                     f"(allowed {error[1]:.1e})")
 

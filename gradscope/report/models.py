@@ -575,9 +575,13 @@ class CrossCheckEntry(_Report):
     layer: str
     witness: str = Field(description="e.g. the NumPy reference cell gru_keras")
     max_abs_error: float | None
-    tolerance: float
+    tolerance: float = Field(description="relative: the limit applied is `allowed`")
     passed: bool | None = Field(description="null: not witnessed (see detail)")
     detail: str
+    allowed: float | None = Field(
+        default=None, description="the largest max_abs_error that passes: an absolute "
+        "tolerance plus `tolerance` times the largest |value| of Keras' output; null where "
+        "not witnessed")
 
 
 class KerasFlowSequence(_Report):
