@@ -277,3 +277,24 @@ def test_a_long_keras_weight_path_in_the_check_table_folds_and_cuts_no_number(
     start = next(i for i, line in enumerate(lines) if line.startswith("srnn/"))
     pieces = [lines[start + k].split()[0] for k in range(3)]
     assert "".join(pieces).startswith(long_name)
+
+
+def test_a_failures_wrapped_detail_stays_indented_under_it(seed_reports):
+    """Under "What failed", a detail longer than the console wraps under its own first word
+    (found tried as a new user would: its wrapped lines began at column 0)."""
+    report = seed_reports["check"]
+    tensor = report.tensors[0]
+    detail = " ".join(["6 probes; worst: element (1, 11) (largest |g|), finite difference "
+                       "-4.162574e+00 vs autodiff -7.291402e+04"] * 3)
+    wrong = [tensor.witnesses[0].model_copy(update={"passed": False, "error": 0.96,
+                                                     "detail": detail}),
+             *tensor.witnesses[1:]]
+    tensors = [tensor.model_copy(update={"passed": False, "witnesses": wrong}),
+               *report.tensors[1:]]
+    report = report.model_copy(update={"tensors": tensors})
+    lines = render_text(report, 80).split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("What failed"))
+    said = lines[start + 2:start + 2 + 4]
+    assert said[0].startswith("    6 probes; worst:")
+    assert all(line.startswith("    ") and line.strip() for line in said[1:]), said
+    assert max(cell_len(line) for line in lines) <= 80

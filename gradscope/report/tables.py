@@ -243,13 +243,15 @@ def failure_lines(tensor: CheckedTensor) -> list[tuple[str, str]]:
     return lines
 
 
-def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[Text]:
-    lines = []
+def check_failures(report: CheckReport | KerasCheckReport | LayerCheckReport
+                   ) -> list[RenderableType]:
+    """Each disagreement, and its detail indented under it (wrapped lines too)."""
+    lines: list[RenderableType] = []
     for tensor in report.tensors:
         for disagreement, detail in failure_lines(tensor):
-            lines.append(Text(f"✗ {disagreement}", style="red"))
+            lines.append(hanging("✗", disagreement, "red"))
             if detail:
-                lines.append(Text(f"    {detail}"))
+                lines.append(hanging("   ", detail))
     return lines
 
 
