@@ -172,6 +172,15 @@ def test_import_errors_are_one_line_and_yaml_configs_refuse_it(project):
     assert "--import no_such_module: no module named 'no_such_module'" in missing.stderr
     yaml_config = _gradscope(project, "explain", "--import", "my_layers")
     assert yaml_config.returncode == 2 and "for a saved .keras model" in yaml_config.stderr
+    # A module that defines nothing the file needs: the class and its module, in one short
+    # line (it was Keras' message, with the whole serialised config).
+    (project / "other.py").write_text("import keras\n")
+    wrong = _gradscope(project, "explain", "right.keras", "--import", "other.py")
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines() == [
+        "gradscope: error: right.keras: Keras could not find the class 'ScaledTanh' (module "
+        "my_layers) the file names, after --import other.py: import the module that defines "
+        "and registers it (--import my_layers, or --import path/to/its_file.py)"]
 
 
 LOSS = textwrap.dedent('''

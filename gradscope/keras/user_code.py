@@ -70,7 +70,7 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
     Keras' default, True, unless ``unsafe``. ConfigError (exit 2) if Keras cannot load it."""
     from gradscope.keras.archive import read_config
 
-    read_config(path)  # a file that is not a Keras model is refused as without --import
+    config = read_config(path)  # a file that is not a Keras model is refused as without --import
     from gradscope._tf import import_tensorflow, native_stderr_silenced
 
     # TensorFlow first, quietly: the user's modules import Keras, and with it TensorFlow.
@@ -90,6 +90,17 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
             warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
             model = keras.saving.load_model(str(path), compile=True, safe_mode=not unsafe)
     except Exception as exc:  # noqa: BLE001  (Keras raises many kinds; all mean "not loaded")
+        missing = _class_not_found(exc)
+        if missing is not None:
+            imported = " ".join(f"--import {source}" for source in imports)
+            module = _module_of(config, missing)
+            raise ConfigError(
+                f"{path}: Keras could not find the class '{missing}'"
+                + (f" (module {module})" if module else "") + " the file names"
+                + (f", after {imported}" if imported else "")
+                + ": import the module that defines and registers it ("
+                + (f"--import {module}, or " if module else "--import MODULE, or ")
+                + "--import path/to/its_file.py)", where=str(path)) from None
         hint = "" if unsafe else (
             "; a class it names may need --import MODULE (the module that registers it)")
         raise ConfigError(f"{path}: Keras cannot load it{'' if unsafe else ' safely'}: "
@@ -97,6 +108,37 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
     # Reports name the file (a hook on the object, not its state: Keras does not track it).
     object.__setattr__(model, LOADED_FROM, str(path))
     return model
+
+
+def _module_of(config: Any, name: str) -> str | None:
+    """The module the serialised config gives for the class ``name`` (None: not said)."""
+    if isinstance(config, dict):
+        names = (config.get("class_name"), str(config.get("registered_name", "")))
+        module = config.get("module")
+        if isinstance(module, str) and (name in names or names[1].endswith(f">{name}")):
+            return module if module not in ("__main__", "builtins") else None
+        found = (_module_of(value, name) for value in config.values())
+    elif isinstance(config, list):
+        found = (_module_of(value, name) for value in config)
+    else:
+        return None
+    return next((module for module in found if module), None)
+
+
+def _class_not_found(exc: BaseException) -> str | None:
+    """The class Keras says it could not locate, anywhere in ``exc``'s chain (its message
+    otherwise holds the whole serialised config, on one line), or None."""
+    import re
+
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        match = re.search(r"Could not locate (?:class|function) '([^']+)'", str(found))
+        if match:
+            return match.group(1)
+        found = found.__cause__ or found.__context__
+    return None
 
 
 __all__ = ["import_user_code", "load_user_model"]
