@@ -1142,3 +1142,26 @@ def test_a_batch_padded_after_its_sequences_carries_as_one_padded_before_them(tf
         ratios(after), ratios(before))
     assert diagnosed_after == pytest.approx(diagnosed_before, rel=1e-4)
     assert len(flagged_after) == len(flagged_before)
+
+
+def test_a_mixed_float16_model_object_names_its_loss_scale_optimizer(tf: Any) -> None:
+    """Compiled under the mixed_float16 policy, a model object's optimizer is Keras'
+    LossScaleOptimizer around Adam: the clipping line names both (found tried as a new user
+    would: diagnose said "optimizer Adam", explain "LossScaleOptimizer(Adam)")."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inp = keras.Input((T, F), name="x")
+        h = keras.layers.GRU(4, name="gru")(inp)
+        model = keras.Model(inp, keras.layers.Dense(1, name="out", dtype="float32")(h))
+        model.compile(optimizer=keras.optimizers.Adam(clipnorm=0.5), loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+    x, _ = _batch()
+    y = np.random.default_rng(0).standard_normal((B, 1)).astype("float32")
+    report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
+    assert report.clipping.optimizer == "LossScaleOptimizer(Adam)"
+    assert report.clipping.setting == "clipnorm=0.5"

@@ -18,16 +18,26 @@ SETTINGS = ("clipnorm", "global_clipnorm", "clipvalue")
 
 def optimizer_config(compile_config: dict[str, Any] | None,
                      model: Any = None) -> tuple[str | None, dict[str, Any]]:
-    """The optimizer's class name and its config (empty: not compiled, or none known)."""
+    """The optimizer's class name and its config (empty: not compiled, or none known). A
+    model object compiled under a mixed-precision policy holds Keras' LossScaleOptimizer
+    around the one compiled (whose clipping applies, to the unscaled gradient): both are
+    named, as explain names them."""
+    optimizer = getattr(model, "optimizer", None) if model is not None else None
+    wrapper = type(optimizer).__name__ if optimizer is not None else ""
+    inner = getattr(optimizer, "inner_optimizer", None) if wrapper == "LossScaleOptimizer" else None
     found = (compile_config or {}).get("optimizer")
     if isinstance(found, dict):
-        return found.get("class_name"), dict(found.get("config") or {})
-    if isinstance(found, str):
-        return found, {}
-    optimizer = getattr(model, "optimizer", None) if model is not None else None
-    if optimizer is not None and hasattr(optimizer, "get_config"):
-        return type(optimizer).__name__, dict(optimizer.get_config())
-    return None, {}
+        name, config = found.get("class_name"), dict(found.get("config") or {})
+    elif isinstance(found, str):
+        name, config = found, {}
+    elif optimizer is not None and hasattr(optimizer, "get_config"):
+        chosen = inner if inner is not None else optimizer
+        name, config = type(chosen).__name__, dict(chosen.get_config())
+    else:
+        return None, {}
+    if inner is not None and name != wrapper:
+        name = f"{wrapper}({type(inner).__name__})"
+    return name, config
 
 
 def clipping(compile_config: dict[str, Any] | None, gradients: dict[str, Any],
