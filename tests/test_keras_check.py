@@ -203,6 +203,12 @@ def test_a_passing_check_moves_every_tensor_jointly(regularized, tf):
     for tensor in report.tensors:
         entry = _witness(report, tensor.name, "finite_differences")
         assert entry.detail.startswith("jointly with"), (tensor.name, entry.detail)
+    # The text says that the one error in the column is the joint directions', for each.
+    from conftest import render_text
+
+    text = " ".join(render_text(report, 80).split())
+    assert (f"finite diff.: {len(report.tensors)} tensors checked together, by 2 random "
+            "directions moving every tensor at once") in text
 
 
 def test_the_initial_states_of_a_layer_called_twice_are_told_apart(regularized, tf,

@@ -514,6 +514,7 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
         computed,
         *(Text(line, style="dim") for line in report.held_fixed),
         *checked_section(report, width),
+        *_joint_note(report),
         *failures_section(report),
     ]
     unwitnessed = [t.name for t in report.tensors if t.witnesses
@@ -537,3 +538,15 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
         parts.append(all_agree(report))
     return parts + timings_lines(report.timings)
 
+
+def _joint_note(report: KerasCheckReport) -> list[RenderableType]:
+    """Where finite differences moved several tensors at once and agreed, the one error in
+    their column is those joint directions', the same for each: said under the table."""
+    joint = [e for t in report.tensors for e in t.witnesses
+             if e.witness == "finite_differences" and e.detail.startswith("jointly with")]
+    if len(joint) < 2:
+        return []
+    said = joint[0].detail.split(": ", 1)[1].split(";", 1)[0]
+    return [hanging("·", f"finite diff.: {len(joint)} tensors checked together, by {said}: "
+                         "each shows that one error; a tensor is probed on its own only "
+                         "where they disagree", "dim")]
