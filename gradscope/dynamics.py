@@ -183,6 +183,14 @@ class Evidence:
         """The steps a gradient can fade within: those the longest example ran."""
         return self.ran if self.ran is not None else self.steps
 
+    def carried_words(self) -> str:
+        """The steps the carried ratio spans, in words: a padded batch's are counted back
+        from each example's last step that ran (:func:`~gradscope.keras.probed_flow.
+        carried_ratio_of`), not numbered."""
+        if self.ran is None or self.ran >= self.steps:
+            return f"from t={self.steps - 1} to t=0"
+        return f"over the {self.ran} steps the longest example ran"
+
     def span_words(self) -> str:
         if self.ran is None or self.ran >= self.steps:
             return f"the {self.steps} steps"
@@ -263,8 +271,8 @@ def flow_note(evidence: Evidence) -> str | None:
     kind = mechanism(e)
     if e.carried is None or not e.carried > 0 or e.steps < 2:
         return None
-    back = e.steps - 1
-    carried = f"∂L/∂s carried back from t={back} to t=0 keeps ×{e.carried:.3g}"
+    back = e.span - 1
+    carried = f"∂L/∂s carried back {e.carried_words()} keeps ×{e.carried:.3g}"
     rate = float(np.log(e.carried)) / back
     if kind == "holds" and flow_kind(e.carried) == "vanishing":
         reach = (f"an input's influence {e.reach_lag} steps back is still ×{e.reach:.3g} of "
@@ -303,7 +311,7 @@ def _explodes_in(e: Evidence) -> str:
     """Why a layer whose mean λ₁ does not grow is exploding: ∂L/∂s carried back grows by more
     than 10³ on the batch (``explain --flow``'s flag), and the examples that make it so."""
     assert e.carried is not None
-    said = (f"∂L/∂s carried back from t={e.steps - 1} to t=0 grows ×{e.carried:.3g} on this "
+    said = (f"∂L/∂s carried back {e.carried_words()} grows ×{e.carried:.3g} on this "
             "batch")
     own = np.asarray(e.per_example, np.float64)
     own = own[np.isfinite(own)]

@@ -96,3 +96,21 @@ def test_a_smallest_singular_value_below_the_arithmetics_resolution_is_a_bound()
         assert found["smallest_singular_median"] == pytest.approx(3 * eps * 2.0 if below
                                                                   else low, rel=1e-6)
         assert found["frobenius_median"] == pytest.approx(np.sqrt(5 + low**2))
+
+
+def test_a_padded_batch_is_read_over_the_steps_its_longest_example_ran() -> None:
+    """The same evidence on a batch padded to 200 steps whose longest example ran 30: the
+    verdict counts 30 steps, and the carried ratio spans them, said without step numbers
+    (a batch padded after its sequences is read aligned at each example's last step)."""
+    evidence = dynamics.Evidence(name="bi/forward", steps=200, largest=-0.204, measured=None,
+                                 window=29, predicted=33.9, share_above_1=0.0, carried=7.8e-4,
+                                 reach=1.5e-3, reach_lag=29, ran=30)
+    kept = np.exp(-0.204 * 29)
+    assert dynamics.mechanism(evidence) == "holds"
+    assert dynamics.verdict(evidence).endswith(
+        "neither vanishing within the 30 steps the longest example ran (200 with padding) "
+        "nor exploding; explain --flow flags it vanishing: ∂L/∂s carried back over the 30 "
+        f"steps the longest example ran keeps ×0.00078 ({np.log(7.8e-4) / 29:+.3g} per "
+        "step), while an input's influence 29 steps back is still ×0.0015 of its own step's: "
+        f"one fading at about λ₁'s rate (λ₁ = -0.204 per step leaves ×{kept:.3g} over those "
+        "29 steps), read two ways that fall on either side of 10³")
