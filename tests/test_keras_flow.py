@@ -462,3 +462,22 @@ def test_nothing_flagged_is_no_all_clear_for_a_call_not_analysed() -> None:
     text = " ".join(console.export_text().split())
     assert "flagged in what was analysed; 1 recurrent call not analysed (below)" in text
     assert "rnn: not analysed: why" in text
+
+
+def test_a_padded_batch_s_flag_names_the_steps_its_longest_example_ran():
+    """On a padded batch the carried ratio is read aligned at each example's last step, so
+    its flag says over how many steps, not which step numbers of the padded call."""
+    import numpy as np
+
+    from gradscope.keras.flow import recurrence_flag
+
+    ran = np.zeros((3, 40), bool)
+    for row, length in enumerate([30, 12, 20]):
+        ran[row, :length] = True
+    flag = recurrence_flag("∂L/∂lstm/h_t", 1e-7, 40, ran)
+    assert flag is not None and flag.kind == "vanishing"
+    assert flag.message.startswith("∂L/∂lstm/h_t: carried back through the recurrence over "
+                                   "the 30 steps its longest example ran (each example's from "
+                                   "its own last step), the gradient keeps 1.00e-07 × its size")
+    whole = recurrence_flag("∂L/∂lstm/h_t", 1e-7, 40, np.ones((3, 40), bool))
+    assert whole is not None and "from t=39 to t=0 (the order the layer runs)" in whole.message

@@ -393,10 +393,14 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray,
     return carried_ratio_of(example_squares(total - direct), example_squares(total), ran)
 
 
-def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | None:
+def recurrence_flag(what: str, ratio: float | None, steps: int,
+                    ran: np.ndarray | None = None) -> FlowFlag | None:
     """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way
     (:func:`gradscope.dynamics.flow_kind`, the rule diagnose reads its own flow by); the
-    flag points to ``gradscope diagnose`` for why."""
+    flag points to ``gradscope diagnose`` for why. ``ran`` (B, T): where each example's
+    steps ran; a padded batch's ratio is read aligned at each example's last step
+    (:func:`~gradscope.keras.probed_flow.carried_ratio_of`), over the steps its longest
+    example ran, and is said so."""
     from gradscope.dynamics import FLOW_FACTOR, flow_kind
 
     kind = flow_kind(ratio)
@@ -406,9 +410,13 @@ def recurrence_flag(what: str, ratio: float | None, steps: int) -> FlowFlag | No
     kept = (f"keeps {ratio:.2e} × its size" if ratio > 0 else
             "keeps nothing of its size (it rounds to 0 on the way, below the smallest number "
             "the layer's dtype holds)")
+    longest = steps if ran is None else int(np.max(np.sum(ran, axis=1), initial=0))
+    span = (f"from t={steps - 1} to t=0 (the order the layer runs)" if longest >= steps else
+            f"over the {longest} steps its longest example ran (each example's from its own "
+            "last step)")
     return FlowFlag(what=what, kind=kind, ratio=ratio,
-                    message=f"{what}: carried back through the recurrence from t={steps - 1} "
-                            f"to t=0 (the order the layer runs), the gradient {kept}: {kind} "
+                    message=f"{what}: carried back through the recurrence {span}, the "
+                            f"gradient {kept}: {kind} "
                             f"gradients (flagged beyond a factor {FLOW_FACTOR:g}); gradscope "
                             "diagnose says why")
 
@@ -504,7 +512,7 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
         output = loop.totals.output_state
         steps = loop.totals.totals[0].shape[1]
         flag = (None if output is None
-                else recurrence_flag(loop.what(output), loop.carried(), steps))
+                else recurrence_flag(loop.what(output), loop.carried(), steps, loop.ran))
         if flag is not None:
             flags.append(flag)
     read = [loop.totals.inputs for loop in loops if loop.totals.inputs is not None]
@@ -597,7 +605,8 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])],
                                        axis=-1)
                 ran = processing_ran(stepped.call.mask, total.shape[1], direction.backwards)
-                flag = recurrence_flag(what, carried_ratio(whole, above, ran), total.shape[1])
+                flag = recurrence_flag(what, carried_ratio(whole, above, ran), total.shape[1],
+                                       ran)
                 if flag is not None:
                     flags.append(flag)
     if stepped.inputs is not None:

@@ -96,7 +96,7 @@ class FlowRecord:
             profile = []
         else:
             ratio = loop.carried()
-        flag = recurrence_flag(loop.label, ratio, len(profile))
+        flag = recurrence_flag(loop.label, ratio, len(profile), loop.ran)
         series = self._recurrent.setdefault(loop.label, {
             "class_name": loop.class_name, "units": int(totals.totals[output].shape[-1]),
             "backwards": totals.backwards, "states": {name: [None] * index for name in names},
