@@ -185,11 +185,13 @@ def directional_error(gradient: np.ndarray, probes: list[Probe], plus: np.ndarra
 @dataclass
 class Settled:
     """Probes after :func:`settle_kinks`: groups of (probes, plus, minus, step) to compare,
-    and the probes left out at a kink (label, right slope, left slope)."""
+    the probes left out at a kink (label, right slope, left slope), and those left out
+    unresolved (label, the two smallest steps, the central difference at each)."""
 
     groups: list[tuple[list[Probe], np.ndarray, np.ndarray, float]] = field(
         default_factory=list)
     kinks: list[tuple[str, float, float]] = field(default_factory=list)
+    unresolved: list[tuple[str, float, float, float, float]] = field(default_factory=list)
 
     def kink_detail(self, total: int) -> str:
         label, right, left = self.kinks[0]
@@ -197,6 +199,19 @@ class Settled:
                 f"a tie in a max): the loss has no derivative there, its one-sided slopes "
                 f"differ ({label}: {right:.6e} on one side, {left:.6e} on the other), so "
                 "those probes are left out")
+
+    def unresolved_detail(self, total: int) -> str:
+        label, larger, smaller, at_larger, at_smaller = self.unresolved[0]
+        return (f"{len(self.unresolved)} of {total} probes not resolved: their central "
+                f"differences do not settle as the step shrinks ({label}: {at_larger:.6e} at "
+                f"{larger:g}, {at_smaller:.6e} at {smaller:g}), as along a trajectory that "
+                "amplifies every perturbation (a chaotic or exploding recurrence), so those "
+                "probes are left out")
+
+    def left_out_detail(self, total: int) -> str:
+        """What was left out, in words ("" where nothing was)."""
+        said = [self.kink_detail(total)] if self.kinks else []
+        return "; ".join(said + ([self.unresolved_detail(total)] if self.unresolved else []))
 
 
 def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
@@ -230,6 +245,26 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
         if agreeing is not None:
             retaken.setdefault(agreeing[0], []).append((probe, agreeing[1], agreeing[2]))
             continue
+        if len(taken) > 1:
+            # The central differences do not converge: the two smallest steps disagree with
+            # each other beyond rounding, and by more than a hundredth of what the two
+            # largest did (on a smooth loss, even one that curves within the step, the
+            # error falls as the step squared: 10⁴-fold from one retake to the next). Then
+            # they witness nothing. A wrong gradient converges, to another value than
+            # autodiff's, and fails.
+            fds = [(step, (plus[k] - minus[k]) / (2 * step)),
+                   *((at, (a - b) / (2 * at)) for at, a, b in taken)]
+            (_, first), (larger, at_larger), (smaller, at_smaller) = fds[-3:]
+            analytic = float(np.sum(gradient * probe.direction))
+            typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
+            allowed = (rtol * max(abs(analytic), typical)
+                       + 2 * float(rounding_noise(loss, smaller, rounding))
+                       + float(rounding_noise(loss, larger, rounding)))
+            apart = abs(at_larger - at_smaller)
+            if apart > allowed and apart > 0.01 * abs(first - at_larger):
+                settled.unresolved.append((probe.label, larger, smaller, at_larger,
+                                           at_smaller))
+                continue
         _, near_plus, near_minus = taken[0]
         centre = evaluate_at(base) if centre is None else centre
         far = (plus[k] - centre) / step - (centre - minus[k]) / step
@@ -267,6 +302,9 @@ class WitnessResult:
     first_bad_step: int | None = None
     #: Every probe sat where the loss has no derivative: the witness says nothing here.
     at_kink: bool = False
+    #: Every probe left out, some not resolved (:meth:`Settled.unresolved_detail`): the
+    #: witness says nothing here.
+    unresolved: bool = False
 
 
 def checked_tensors(results: list[WitnessResult], order: list[str] | None = None,
@@ -295,4 +333,4 @@ def _entry(result: WitnessResult) -> WitnessEntry:
         error, passed, detail = None, False, f"{detail}; its error is {result.error}"
     return WitnessEntry(witness=result.witness, error=error, tolerance=result.tolerance,
                         passed=passed, detail=detail, first_bad_step=result.first_bad_step,
-                        at_kink=result.at_kink)
+                        at_kink=result.at_kink, unresolved=result.unresolved)

@@ -59,3 +59,27 @@ def test_a_loss_computed_in_float32_does_not() -> None:
     is that rounding."""
     found = coarse_loss(lambda h: float(np.float32(2.0 + 0.7 * h)), 2.0)
     assert found is not None and "does not resolve float64 steps" in found
+
+
+def test_central_differences_that_do_not_settle_are_left_out_not_failed() -> None:
+    """A loss with a ripple far finer than any step (10⁻¹²·sin(10¹⁰·⟨w, x⟩), as rounding
+    amplified along a chaotic trajectory behaves): its central differences at 1e-7 and 1e-9
+    disagree with each other by more than those at 1e-5 and 1e-7 did, so they do not
+    converge and witness nothing: the probe is left out, said not resolved, never a failure.
+    A wrong gradient on a smooth loss still converges, and fails (above)."""
+    a = np.random.default_rng(3).standard_normal(6)
+
+    def rippled(x: np.ndarray) -> float:
+        return float(a @ x + 1e-12 * np.sin(1e10 * W @ x) + 2.0)
+
+    base = np.random.default_rng(1).standard_normal(6) * 1e-3
+    direction = np.random.default_rng(2).standard_normal(6)
+    probe = Probe("w", "direction 1", direction / np.linalg.norm(direction))
+    gradient = a + 1e-2 * np.cos(1e10 * W @ base) * W
+    step = step_for("float64")
+    settled = settle_kinks(gradient, [probe], np.array([rippled(base + step * probe.direction)]),
+                           np.array([rippled(base - step * probe.direction)]), rippled, base,
+                           2.0, 1e-5, None)
+    assert not settled.groups and not settled.kinks
+    assert [u[0] for u in settled.unresolved] == ["direction 1"]
+    assert settled.left_out_detail(1).startswith("1 of 1 probes not resolved")

@@ -523,6 +523,13 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
         parts.append(Text(f"not witnessed, every probe at a kink: {', '.join(unwitnessed)} "
                           "(the loss has no derivative there; autodiff takes one side)",
                           style="yellow"))
+    unresolved = [t.name for t in report.tensors if t.witnesses
+                  and all(e.at_kink or e.unresolved for e in t.witnesses)
+                  and any(e.unresolved for e in t.witnesses)]
+    if unresolved:
+        parts.append(Text(f"not witnessed, the finite differences not resolved: "
+                          f"{', '.join(unresolved)} (they do not settle as the step shrinks: "
+                          "the trajectory amplifies every perturbation)", style="yellow"))
     for skipped in report.not_witnessed:
         parts.append(Text(f"{WITNESS_TITLES.get(skipped.witness, skipped.witness)} not run on "
                           f"{skipped.layer}: {skipped.reason}", style="dim"))

@@ -362,6 +362,11 @@ class WitnessEntry(_Report):
         default=False,
         description="every probe straddles a point where the loss has no derivative (relu "
                     "or a clip at its corner, a tie in a max): this witness says nothing here")
+    unresolved: bool = Field(
+        default=False,
+        description="every probe left out, some because their central differences do not "
+                    "settle as the step shrinks (a trajectory that amplifies every "
+                    "perturbation): this witness says nothing here")
 
 
 class CheckedTensor(_Report):

@@ -160,6 +160,8 @@ def _verdict(entry: WitnessEntry, title: str = "") -> Text:
     value = "no value" if entry.error is None else f"{entry.error:.1e}"
     if entry.at_kink:
         return atom(f"{title} at a kink" if title else "at a kink", "yellow")
+    if entry.unresolved:
+        return atom(f"{title} not resolved" if title else "not resolved", "yellow")
     label = f"{title} {value}" if title else value
     if entry.passed:
         return atom(f"✓ {label}", "green")

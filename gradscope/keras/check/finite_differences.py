@@ -321,13 +321,15 @@ def _probed(probing: Probing, name: str, gradient: np.ndarray,
     settled = settle_kinks(gradient, probes, plus, minus, evaluate_at, base, loss, rtol, atol,
                            probing.dtype, rounding)
     if not settled.groups:
-        return WitnessResult(WITNESS, name, None, rtol, True, settled.kink_detail(len(probes)),
-                             at_kink=True)
+        return WitnessResult(WITNESS, name, None, rtol, True,
+                             settled.left_out_detail(len(probes)),
+                             at_kink=not settled.unresolved,
+                             unresolved=bool(settled.unresolved))
     error, passed, detail = max(
         (directional_error(gradient, group, p, m, loss, rtol, atol, taken, rounding)
          for group, p, m, taken in settled.groups), key=lambda found: found[0])
-    if settled.kinks:
-        detail += f"; {settled.kink_detail(len(probes))}"
+    if settled.kinks or settled.unresolved:
+        detail += f"; {settled.left_out_detail(len(probes))}"
     if keep is not None:
         detail += "; masked steps held fixed (their mask depends on their values)"
     return WitnessResult(WITNESS, name, error, rtol, passed, detail)
