@@ -654,3 +654,37 @@ def test_a_recurrent_dropout_fit_trains_as_without_the_callback(tf, diagnosed):
         assert flow.history.diagnosis_steps == [2, 4, 6]
     else:
         assert [o.step for o in flow.history.observations] == [3, 6]
+
+
+def test_a_subclassed_model_is_observed_and_trained_as_without_the_callback(tf):
+    """A subclassed keras.Model has no ``inputs``: the callback names its inputs from the
+    graph explain reads (found tried as a new user would: fit raised AttributeError). Its
+    observations are made, and its weights end as a fit without the callback leaves them."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    class Tagger(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = keras.layers.GRU(4, name="gru")
+            self.out = keras.layers.Dense(2, name="out")
+
+        def call(self, x):
+            return self.out(self.gru(x))
+
+    def trained(callbacks: list[Any]) -> Any:
+        keras.utils.set_random_seed(3)
+        model = Tagger()
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        x, y = _data()
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=callbacks)
+        return model
+
+    flow = GradientFlow(every=EVERY)
+    observed = trained([flow])
+    assert [o.step for o in flow.history.observations] == [2]
+    assert [r.layer for r in flow.history.recurrent] == ["gru"]
+    for ours, theirs in zip(observed.get_weights(), trained([]).get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)

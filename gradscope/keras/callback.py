@@ -194,6 +194,7 @@ class GradientFlow(keras.callbacks.Callback):
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
+        self._inputs: tuple[Any, list[str]] | None = None  # the model, its input names
         self._pass: TracedPass | None = None  # the engine's, made with it
         self._writer: Any = None
         self._record_of = FlowRecord()
@@ -485,8 +486,9 @@ class GradientFlow(keras.callbacks.Callback):
         """The batch's inputs and targets by the names of the model's inputs and of the
         engine's outputs (NumPy arrays; ``tf.TensorSpec``s stay as they are)."""
         model = self.model
-        input_names = [getattr(t, "name", f"input {i}") for i, t in enumerate(model.inputs)]
-        inputs = _flat(x, input_names, "x")
+        if self._inputs is None or self._inputs[0] is not model:
+            self._inputs = (model, _input_names(model))
+        inputs = _flat(x, self._inputs[1], "x")
         if y is None and engine.added_only:
             return inputs, _unread_targets(model, engine, inputs)
         outputs = list(getattr(model, "output_names", None) or engine.output_names)
@@ -734,6 +736,21 @@ def _loss_text(plan: Any) -> str:
     losses = " + ".join(o.label if len(plan.outputs) == 1 else f"{o.output} {o.label}"
                         for o in plan.outputs)
     return f"{losses} ({'compiled' if plan.source == 'compiled' else 'GradientFlow loss='})"
+
+
+def _input_names(model: Any) -> list[str]:
+    """The names of the model's inputs: a functional model's own; a subclassed model has no
+    ``inputs`` (Keras raises), and its graph, read from one symbolic call as explain reads
+    it, names them."""
+    try:
+        tensors = model.inputs
+    except AttributeError:
+        tensors = None
+    if tensors:
+        return [getattr(t, "name", f"input {i}") for i, t in enumerate(tensors)]
+    from gradscope.keras.live import read_live_graph
+
+    return [ref.layer for ref in read_live_graph(model).inputs]
 
 
 def _flat(value: Any, names: list[str], what: str) -> dict[str, Any]:
