@@ -688,3 +688,34 @@ def test_a_subclassed_model_is_observed_and_trained_as_without_the_callback(tf):
     assert [r.layer for r in flow.history.recurrent] == ["gru"]
     for ours, theirs in zip(observed.get_weights(), trained([]).get_weights(), strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_padded_batch_is_observed_with_its_mask_as_explain_reads_it(tf):
+    """Behind Embedding(mask_zero), sequences of 5 to 20 tokens padded after them: the
+    callback's carried ratio is the one diagnose (and explain's flag) reads on the same batch
+    and weights. Found tried as a new user would: the callback's traced pass kept no mask,
+    so every padded step counted, and it recorded ×5.03e-02 and no flag where explain
+    flagged ×2.31e-06."""
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(5)
+    steps, lengths = 20, [20, 5, 14, 9]
+    model = keras.Sequential([keras.Input((steps,), dtype="int32"),
+                              keras.layers.Embedding(30, 4, mask_zero=True, name="embed"),
+                              keras.layers.GRU(6, name="gru"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(2)
+    x = np.zeros((len(lengths), steps), "int32")
+    for row, length in enumerate(lengths):
+        x[row, :length] = rng.integers(1, 30, size=length)
+    y = rng.standard_normal((len(lengths), 1)).astype("float32")
+    flow = GradientFlow(model=model)
+    flow.observe(x, y, step=0)
+    flow.close()
+    (recorded,) = flow.history.recurrent
+    truth = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0].flow
+    assert truth is not None and truth.ratio is not None
+    assert recorded.ratios[0] == pytest.approx(truth.ratio, rel=1e-5)

@@ -124,10 +124,11 @@ class TracedPass:
         calls, totals = [], {}
         for meta, loops, tensors in zip(self.trace["calls"], self.trace["loops"], captured,
                                         strict=True):
-            states, state_grads, probe_grads = tensors
+            states, state_grads, probe_grads, mask = tensors
             call = CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2], args=[],
                                 outputs=[], states=[s.numpy() for s in states],
-                                state_source=meta[3])
+                                state_source=meta[3],
+                                mask=np.asarray(mask[0]) if mask else None)
             calls.append((call, state_grads))
             if probe_grads:
                 totals[call_label(call.layer, call.index)] = state_totals(loops, probe_grads)
@@ -207,8 +208,11 @@ def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
         trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
         trace["loops"] = [c.probes for c in kept]
         trace["thread"] = threading.current_thread().name
-        return loss, grads, [(call.states, sg, pg) for call, sg, pg in zip(
-            kept, state_grads, filled(tf, probed, probe_grads), strict=True)]
+        # Each call's mask (where each example's steps ran: the flow's carried ratio
+        # reads a padded batch by it), as explain's pass has it.
+        masks = [[c.mask] if hasattr(c.mask, "dtype") else [] for c in kept]
+        return loss, grads, [(call.states, sg, pg, mask) for call, sg, pg, mask in zip(
+            kept, state_grads, filled(tf, probed, probe_grads), masks, strict=True)]
 
     return run
 
