@@ -377,6 +377,7 @@ def test_masks_and_a_cell_of_your_own_are_recorded_as_the_stepped_cell_gives_the
     from gradscope.keras import GradientFlow
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import carried_ratio, per_step_norms
+    from gradscope.keras.probed_flow import processing_ran
     from gradscope.keras.stepped import step_call
 
     class PairCell(L.Layer):
@@ -429,7 +430,10 @@ def test_masks_and_a_cell_of_your_own_are_recorded_as_the_stepped_cell_gives_the
             assert recorded.profiles[0] == pytest.approx(per_step_norms(totals[0]), rel=1e-4)
             whole = np.concatenate(totals, axis=-1)
             above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])], axis=-1)
-            assert recorded.ratios[0] == pytest.approx(carried_ratio(whole, above), rel=1e-4)
+            # Where each example's steps ran: the mask, as explain reads it.
+            ran = processing_ran(call.mask, whole.shape[1], direction.backwards)
+            assert recorded.ratios[0] == pytest.approx(carried_ratio(whole, above, ran),
+                                                       rel=1e-4)
             assert recorded.backwards == direction.backwards
 
 
