@@ -1165,3 +1165,31 @@ def test_a_mixed_float16_model_object_names_its_loss_scale_optimizer(tf: Any) ->
     report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
     assert report.clipping.optimizer == "LossScaleOptimizer(Adam)"
     assert report.clipping.setting == "clipnorm=0.5"
+
+
+def test_a_batch_padded_before_its_sequences_measures_no_lag_before_its_first_step(
+        tf: Any) -> None:
+    """Every example runs the last 10 of 30 steps (padded before them): no lag reaches back
+    past step 20, so the window stops at 9 lags, and "measured more than" says no more than
+    was measured (found tried as a new user would: "measured more than 29", with ratios up to
+    lag 9 only)."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    steps, ran = 30, 10
+    model = keras.Sequential([keras.Input((steps,), dtype="int32"),
+                              keras.layers.Embedding(20, 4, mask_zero=True, name="embed"),
+                              keras.layers.GRU(4, name="gru",
+                                               recurrent_initializer="identity"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = np.zeros((4, steps), "int32")
+    x[:, steps - ran:] = rng.integers(1, 20, size=(4, ran))
+    y = rng.standard_normal((4, 1)).astype("float32")
+    entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
+    horizon = entry.horizon
+    assert horizon.window <= ran - 1
+    assert all(r is not None for r in horizon.ratios[:horizon.window + 1])
+    if horizon.measured is None:
+        assert f"measured more than {horizon.window}" in entry.verdict

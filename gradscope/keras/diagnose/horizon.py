@@ -77,6 +77,9 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     ts = [int(live[k]) for k in _evenly(len(live), STEPS, start=len(live) // 2)]
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
+    # The longest lag any step t can have: back to the first step the examples ran (a batch
+    # padded before its sequences reads no input before it: lags there are not measured).
+    reach = max(ts) - int(live[0])
 
     by_hand = by_hand_kept(engine, path) if units == path.widths[0] else None
     window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units,
@@ -88,16 +91,16 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    window = min(FIRST_WINDOW, max(ts))
+    window = min(FIRST_WINDOW, reach)
     while True:
         if by_hand is not None:
             with native_stderr_silenced(), without_grappler():
                 medians = median_ratios(_every_lag(tf, window_norms, path, examples, ts, window))
             horizon = measured_horizon(medians)
-            if horizon is not None or window >= max(ts) or 2 * window > budget:
+            if horizon is not None or window >= reach or 2 * window > budget:
                 return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                                 examples=examples)
-            window = min(2 * window, max(ts))
+            window = min(2 * window, reach)
             continue
         ratios = []
         for t in ts:
@@ -131,10 +134,10 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
             ratios.append(row)
         medians = median_ratios(np.concatenate(ratios, axis=0))
         horizon = measured_horizon(medians)
-        if horizon is not None or window >= max(ts) or 2 * window > budget:
+        if horizon is not None or window >= reach or 2 * window > budget:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples)
-        window = min(2 * window, max(ts))
+        window = min(2 * window, reach)
 
 
 def _every_lag(tf: Any, lag_norms: Any, path: Trajectory, examples: list[int], ts: list[int],
