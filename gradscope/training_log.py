@@ -148,7 +148,8 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
     the folder does not exist or holds no gradscope events."""
     folder = Path(log_dir)
     if not folder.is_dir():
-        raise ConfigError(f"{folder}: no such folder; expected the log_dir given to "
+        what = "is a file, not a folder" if folder.exists() else "no such folder"
+        raise ConfigError(f"{folder}: {what}; expected the log_dir given to "
                           "gradscope.keras.GradientFlow", where=str(folder))
     require_tensorboard("gradscope watch")
     files = event_files(folder)

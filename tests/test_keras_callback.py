@@ -302,7 +302,10 @@ def test_watch_refuses_in_one_line(tmp_path):
     broken.mkdir()
     (broken / "events.out.tfevents.2.host").write_bytes(b"not a record, not a CRC")
     corrupt = run_without_tensorflow("watch", str(broken))
-    for result, says in ((missing, "no such folder"), (empty, "no TensorBoard event files"),
+    (tmp_path / "a_file.txt").write_text("")
+    a_file = run_without_tensorflow("watch", str(tmp_path / "a_file.txt"))
+    for result, says in ((missing, "no such folder"), (a_file, "is a file, not a folder"),
+                         (empty, "no TensorBoard event files"),
                          (foreign, "hold no gradscope events"),
                          (corrupt, "not a readable event file (failed header crc32 check)")):
         assert result.returncode == 2, result.stderr
