@@ -62,6 +62,19 @@ def _linear_model(w: np.ndarray, steps: int = T) -> Any:
     return model
 
 
+def _token_lstm(steps: int, seed: int) -> Any:
+    """Embedding(mask_zero) over tokens, an LSTM 6 returning its last output, a Dense 1."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((steps,), dtype="int32", name="tokens")
+    h = keras.layers.Embedding(20, 4, mask_zero=True, name="embed")(inp)
+    h = keras.layers.LSTM(6, name="lstm")(h)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    model.compile(loss="mse")
+    return model
+
+
 def _batch(steps: int = T, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((B, steps, F)).astype("float32"),
@@ -1020,15 +1033,8 @@ def test_a_padded_batch_of_uneven_lengths_carries_only_through_steps_that_ran(
     grows ∂L/∂s going back, and the ratio carried back is at most the product of each step's
     largest ‖J_t‖₂ (the carried part at t is J_(t+1)ᵀ·∂L/∂s_(t+1)); explain --flow flags the
     same ratio."""
-    import keras
-
-    keras.utils.set_random_seed(3)
     steps, lengths = 30, [30, 24, 18, 12, 30, 9]
-    inp = keras.Input((steps,), dtype="int32", name="tokens")
-    h = keras.layers.Embedding(20, 4, mask_zero=True, name="embed")(inp)
-    h = keras.layers.LSTM(6, name="lstm")(h)
-    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
-    model.compile(loss="mse")
+    model = _token_lstm(steps, seed=3)
     rng = np.random.default_rng(0)
     x = np.zeros((len(lengths), steps), "int32")
     for row, length in enumerate(lengths):
@@ -1113,15 +1119,8 @@ def test_a_batch_padded_after_its_sequences_carries_as_one_padded_before_them(tf
     ratio of the batch padded after took each example's entry for a loss of what was carried
     (found tried as a new user would: ×1.6e-07 flagged vanishing, where each example kept
     ×1.1e-03 to ×7.0e-02)."""
-    import keras
-
-    keras.utils.set_random_seed(4)
     steps, lengths = 30, [30, 8, 20, 12, 26, 16]
-    inp = keras.Input((steps,), dtype="int32", name="tokens")
-    h = keras.layers.Embedding(20, 4, mask_zero=True, name="embed")(inp)
-    h = keras.layers.LSTM(6, name="lstm")(h)
-    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
-    model.compile(loss="mse")
+    model = _token_lstm(steps, seed=4)
     rng = np.random.default_rng(1)
     after, before = (np.zeros((len(lengths), steps), "int32") for _ in range(2))
     for row, length in enumerate(lengths):
