@@ -223,8 +223,10 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
     steps, in turn (:func:`retakes_for`). Where the loss is smooth, or curves within the step
     but not within a smaller one, the difference there agrees (it keeps that step). Where the
     probe straddles a kink, the one-sided slopes stay apart at every step: the probe is left
-    out, and said to be at a kink, never a failure. A probe that fails at every step on a
-    smooth loss stays as it failed."""
+    out, and said to be at a kink, never a failure. Where the differences do not converge
+    as the step shrinks (a trajectory that amplifies every perturbation), the probe is left
+    out too, said not resolved. A probe that fails at every step on a smooth loss stays as
+    it failed."""
     settled = Settled()
     kept: list[int] = []
     retaken: dict[float, list[tuple[Probe, float, float]]] = {}
