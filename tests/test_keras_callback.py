@@ -726,3 +726,31 @@ def test_a_padded_batch_is_observed_with_its_mask_as_explain_reads_it(tf):
     truth = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0].flow
     assert truth is not None and truth.ratio is not None
     assert recorded.ratios[0] == pytest.approx(truth.ratio, rel=1e-5)
+
+
+def test_steps_per_execution_numbers_the_steps_as_the_optimizer_counts_them(tf):
+    """With steps_per_execution=2 over 3 batches an epoch, Keras names an execution by its
+    last step as if whole (batch 3 of an epoch of 3): the callback numbers each observation
+    by the steps trained, as optimizer.iterations counts them (found tried as a new user
+    would: steps 3, 6, 9, 12 for 8 steps trained)."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    model = _model(keras, compiled=False)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse", steps_per_execution=2)
+    x, y = _data()
+
+    class Iterations(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[int] = []
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.seen.append(int(self.model.optimizer.iterations))
+
+    flow, iterations = GradientFlow(every=1), Iterations()
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[flow, iterations])
+    assert iterations.seen == [2, 3, 5, 6]
+    assert [o.step for o in flow.history.observations] == iterations.seen

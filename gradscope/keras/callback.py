@@ -291,6 +291,11 @@ class GradientFlow(keras.callbacks.Callback):
         self._last_batch = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        # With steps_per_execution, Keras names the last step of an execution as if it were
+        # whole: one that runs past the epoch's end is numbered beyond it.
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if steps:
+            batch = min(batch, int(steps) - 1)
         self._batches = self._epoch_base + batch + 1
         self._warm_up_released.set()
         loss = (logs or {}).get("loss")
