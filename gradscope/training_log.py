@@ -157,11 +157,27 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         raise ConfigError(f"{folder}: holds no TensorBoard event files (events.out.tfevents.*)"
                           "; expected the log_dir given to gradscope.keras.GradientFlow",
                           where=str(folder))
-    by_folder: dict[Path, list[Any]] = {}
+    by_folder: dict[Path, list[list[Any]]] = {}
     for path in files:  # name order is time order within a folder
-        by_folder.setdefault(path.parent, []).extend(_records(path))
-    runs = {parent: _tags(events) for parent, events in by_folder.items()}
-    runs = {parent: tags for parent, tags in runs.items() if RUN_TAG in tags}
+        by_folder.setdefault(path.parent, []).append(_records(path))
+    earlier: dict[Path, int] = {}  # runs written before the newest to the same folder
+    runs: dict[Path, dict[str, dict[int, Any]]] = {}
+    for parent, per_file in by_folder.items():
+        # Each writer starts its own file. One whose steps start again at or below those
+        # already written is another run (a notebook cell run again writes beside the
+        # first, and their steps would mix); one whose steps go on is the same callback's
+        # next fit.
+        newest, last = 0, -1
+        for k, events in enumerate(per_file):
+            steps = [int(event.step) for event in events if event.HasField("summary")
+                     and any(v.tag == RUN_TAG for v in event.summary.value)]
+            if steps and min(steps) <= last:
+                newest = k
+                earlier[parent] = earlier.get(parent, 0) + 1
+            last = max([last, *steps])
+        tags = _tags([event for events in per_file[newest:] for event in events])
+        if RUN_TAG in tags:
+            runs[parent] = tags
     written = folder / NONFINITE_FILE  # GradientFlow(stop_on_nan=True) stopped the run
     document = _diagnosis(written) if written.is_file() else None
     if not runs and document is not None and "run" in document:
@@ -175,7 +191,13 @@ def watch(log_dir: str | os.PathLike[str]) -> FlowHistoryReport:
         names = ", ".join(str(r.relative_to(folder)) for r in sorted(runs))
         raise ConfigError(f"{folder}: holds {len(runs)} gradscope runs ({names}); expected one: "
                           "give its folder", where=str(folder))
-    history = history_from_tags(next(iter(runs.values())), str(folder))
+    parent = next(iter(runs))
+    source = str(folder)
+    if earlier.get(parent):
+        count = earlier[parent]
+        source += (f" (its newest run: {count} earlier run{'s' if count > 1 else ''} written "
+                   "to the same folder left out; give each run its own log_dir)")
+    history = history_from_tags(runs[parent], source)
     if document is not None:
         try:
             found = NonFiniteEntry.model_validate(document["nonfinite"])

@@ -754,3 +754,31 @@ def test_steps_per_execution_numbers_the_steps_as_the_optimizer_counts_them(tf):
               callbacks=[flow, iterations])
     assert iterations.seen == [2, 3, 5, 6]
     assert [o.step for o in flow.history.observations] == iterations.seen
+
+
+def test_watch_of_a_log_dir_written_twice_reads_the_newest_run_and_says_so(tf, tmp_path):
+    """A training cell run again into the same log_dir writes a second run beside the first,
+    its steps starting again: watch reads the newest run alone and says an earlier one was
+    left out (found tried as a new user would: the two mixed, with null ratios and a wrong
+    last step)."""
+    import keras
+
+    from gradscope import watch
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+    flows = []
+    for epochs in (EPOCHS, 1):
+        model = _model(keras)
+        flow = GradientFlow(every=EVERY, log_dir=tmp_path)
+        model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
+                  callbacks=[flow])
+        flow.close()
+        flows.append(flow)
+    read = watch(tmp_path)
+    newest = flows[-1].history
+    assert [o.step for o in read.observations] == [o.step for o in newest.observations] == [2]
+    for ours, theirs in zip(read.recurrent, newest.recurrent, strict=True):
+        assert ours.ratios == pytest.approx(theirs.ratios, rel=1e-6)
+    assert read.source.endswith("(its newest run: 1 earlier run written to the same folder "
+                                "left out; give each run its own log_dir)")
