@@ -62,7 +62,6 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     """The measured horizon of ``path`` (``mask``: the call's, input order, or None)."""
     tf = engine.tf
     layer = path.layer
-    backwards = bool(getattr(layer, "go_backwards", False))
     batch, steps = path.ran.shape
     units = output_width(layer, path)
     features = int(np.prod(path.x.shape[2:]))
@@ -76,7 +75,6 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     live = live if live.size else np.arange(steps)
     ts = [int(live[k]) for k in _evenly(len(live), STEPS, start=len(live) // 2)]
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
-    x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
     # The longest lag any step t can have: back to the first step the examples ran (a batch
     # padded before its sequences reads no input before it: lags there are not measured).
     reach = max(ts) - int(live[0])
@@ -93,51 +91,55 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
 
     window = min(FIRST_WINDOW, reach)
     while True:
-        if by_hand is not None:
-            with native_stderr_silenced(), without_grappler():
-                medians = median_ratios(_every_lag(tf, window_norms, path, examples, ts, window))
-            horizon = measured_horizon(medians)
-            if horizon is not None or window >= reach or 2 * window > budget:
-                return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
-                                examples=examples)
-            window = min(2 * window, reach)
-            continue
-        ratios = []
-        for t in ts:
-            first = max(0, t - window)
-            lags = t - first
-            # processing steps first..t, in input order when the layer runs backwards
-            span = (slice(steps - 1 - t, steps - first) if backwards else slice(first, t + 1))
-            initial = [p[examples, first] for p in path.previous]
-            if path.shapes is not None:  # read flat: given to the cell in their own shapes
-                initial = [np.reshape(s, (len(examples), *shape))
-                           for s, shape in zip(initial, path.shapes, strict=True)]
-            x = x_input[examples, span]
-            part = None if mask is None else np.asarray(mask, bool)[examples, span]
-            with native_stderr_silenced(), without_grappler():
-                norms = np.asarray(window_norms(tf.convert_to_tensor(x),
-                                                None if part is None else
-                                                tf.convert_to_tensor(part),
-                                                [tf.convert_to_tensor(s) for s in initial],
-                                                held))
-            if backwards:
-                norms = norms[:, ::-1]  # processing order
-            own = norms[:, -1]
-            row = np.full((len(examples), window + 1), np.nan)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                found = norms[:, ::-1] / own[:, None]  # lag 0 first
-            found[~(own > 0)] = np.nan
-            if part is not None:  # a masked step reads no input: no influence to measure
-                ran = part[:, ::-1] if backwards else part  # processing order
-                found[~ran[:, ::-1]] = np.nan
-            row[:, :lags + 1] = found
-            ratios.append(row)
-        medians = median_ratios(np.concatenate(ratios, axis=0))
+        with native_stderr_silenced(), without_grappler():
+            ratios = (_every_lag(tf, window_norms, path, examples, ts, window)
+                      if by_hand is not None else
+                      _each_window(tf, window_norms, path, mask, held, examples, ts, window))
+        medians = median_ratios(ratios)
         horizon = measured_horizon(medians)
         if horizon is not None or window >= reach or 2 * window > budget:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples)
         window = min(2 * window, reach)
+
+
+def _each_window(tf: Any, window_norms: Any, path: Trajectory, mask: np.ndarray | None,
+                 held: Masks | None, examples: list[int], ts: list[int],
+                 window: int) -> np.ndarray:
+    """The ratios of :func:`_every_lag`, each t's window stepped again through the layer's
+    own cell under a tape (:func:`_window_norms`; ``held``: each folded row's dropout
+    masks), from the state the trajectory held where the window begins."""
+    backwards = bool(getattr(path.layer, "go_backwards", False))
+    steps = path.ran.shape[1]
+    x_input = path.x[:, ::-1] if backwards else path.x  # back in input order
+    ratios = []
+    for t in ts:
+        first = max(0, t - window)
+        lags = t - first
+        # processing steps first..t, in input order when the layer runs backwards
+        span = (slice(steps - 1 - t, steps - first) if backwards else slice(first, t + 1))
+        initial = [p[examples, first] for p in path.previous]
+        if path.shapes is not None:  # read flat: given to the cell in their own shapes
+            initial = [np.reshape(s, (len(examples), *shape))
+                       for s, shape in zip(initial, path.shapes, strict=True)]
+        x = x_input[examples, span]
+        part = None if mask is None else np.asarray(mask, bool)[examples, span]
+        norms = np.asarray(window_norms(tf.convert_to_tensor(x),
+                                        None if part is None else tf.convert_to_tensor(part),
+                                        [tf.convert_to_tensor(s) for s in initial], held))
+        if backwards:
+            norms = norms[:, ::-1]  # processing order
+        own = norms[:, -1]
+        row = np.full((len(examples), window + 1), np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            found = norms[:, ::-1] / own[:, None]  # lag 0 first
+        found[~(own > 0)] = np.nan
+        if part is not None:  # a masked step reads no input: no influence to measure
+            ran = part[:, ::-1] if backwards else part  # processing order
+            found[~ran[:, ::-1]] = np.nan
+        row[:, :lags + 1] = found
+        ratios.append(row)
+    return np.concatenate(ratios, axis=0)
 
 
 def _every_lag(tf: Any, lag_norms: Any, path: Trajectory, examples: list[int], ts: list[int],
