@@ -124,6 +124,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
     warnings: list[str] = []
+    trained = trained_of(result)
     from gradscope.keras.nonfinite import all_finite
     from gradscope.keras.nonfinite import diagnose as where_born
 
@@ -139,15 +140,14 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             if is_recurrent(engine, c)]
         report = DiagnoseReport(
             model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=[],
-            not_diagnosed=skipped, gradient_norm=global_norm(trained_of(result)),
-            clipping=clipping(job.graph.compile_config, trained_of(result), job.model),
+            not_diagnosed=skipped, gradient_norm=global_norm(trained),
+            clipping=clipping(job.graph.compile_config, trained, job.model),
             method=[],
             warnings=["the loss or a gradient is not finite on this batch: no call is "
                       "diagnosed; a diagnosis needs a batch on which every number is finite"],
             nonfinite=nonfinite)
         return report.model_copy(update={"timings": clock.laps()}) if timings else report
     dropped = False  # a call stepped with dropout masks
-    trained = trained_of(result)
     whatif = _WhatIf(job, engine, targets, trained) if counterfactuals else None
     for call in result.calls:
         if not is_recurrent(engine, call):
@@ -182,7 +182,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         clock.lap(f"diagnose {label}")
     if not any(is_recurrent(engine, c) for c in result.calls):
         warnings.append("the model has no recurrent layer call: nothing to diagnose")
-    if global_norm(trained) == 0:
+    norm = global_norm(trained)
+    if norm == 0:
         warnings.append(
             ("the loss is exactly 0 on this batch (every sample weight 0?), so every "
              if result.loss == 0 else "every ")
@@ -191,7 +192,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             "whatever the loss, and stand")
     report = DiagnoseReport(
         model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=layers,
-        not_diagnosed=skipped, gradient_norm=global_norm(trained),
+        not_diagnosed=skipped, gradient_norm=norm,
         clipping=clipping(job.graph.compile_config, trained, job.model),
         method=[*METHOD, DROPOUT_METHOD] if dropped else METHOD,
         warnings=warnings)
