@@ -77,9 +77,10 @@ def _direct(tf, keras, model, weights, x, y):
 def _carried(tf, keras, model, weights, x, y):
     """Per layer, how much of ∂L/∂h its recurrence carries back from t=T−1 to t=0, by hand:
     the cells unrolled under one tape, with a zero tensor added to every h_t (its gradient
-    is the total at h_t) and another where h_t leaves the layer (its gradient is the part
-    that arrives from above); the carried part is their difference, and the ratio the
-    product over t of ‖carried_t‖ / ‖total_(t+1)‖."""
+    is the total at h_t); what the loss puts on h at t=T−1 is then carried back to t=0
+    alone, by a second gradient of h_(T−1) seeded with it, and the ratio is ‖that at t=0‖ /
+    ‖it at T−1‖. For the top layer, whose gradient enters at its last step only, that is
+    ‖∂L/∂h_0‖ / ‖∂L/∂h_(T−1)‖; the layer below is fed by it at every step."""
     copy = keras.models.clone_model(model)
     copy.set_weights(weights)
     gru_a, gru_b, dense = copy.layers
@@ -87,26 +88,22 @@ def _carried(tf, keras, model, weights, x, y):
     x, y = tf.constant(x), tf.constant(y)
     zeros = {name: [tf.zeros((batch, units)) for _ in range(STEPS)]
              for name, units in (("gru_a", 5), ("gru_b", 3))}
-    leaving = {name: [tf.zeros_like(z) for z in shifts] for name, shifts in zeros.items()}
-    with tf.GradientTape() as tape:
-        tape.watch([*zeros["gru_a"], *zeros["gru_b"], *leaving["gru_a"], *leaving["gru_b"]])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([*zeros["gru_a"], *zeros["gru_b"]])
         state, sequence = tf.zeros((batch, 5)), []
         for t in range(STEPS):
             state = gru_a.cell(x[:, t], [state], training=False)[0] + zeros["gru_a"][t]
-            sequence.append(state + leaving["gru_a"][t])
+            sequence.append(state)
         state = tf.zeros((batch, 3))
         for t in range(STEPS):
             state = gru_b.cell(sequence[t], [state], training=False)[0] + zeros["gru_b"][t]
-        loss = tf.reduce_mean(tf.square(dense(state + leaving["gru_b"][-1]) - y))
-    totals, directs = tape.gradient(loss, [zeros, leaving])
+        last = {"gru_a": sequence[-1], "gru_b": state}
+        loss = tf.reduce_mean(tf.square(dense(state) - y))
+    totals = tape.gradient(loss, zeros)
     ratios = {}
     for name in ("gru_a", "gru_b"):
-        ratio = 1.0
-        for t in range(STEPS - 1):
-            carried = tf.norm(totals[name][t] - (directs[name][t] if directs[name][t] is not None
-                                                 else 0.0))
-            ratio *= float(carried / tf.norm(totals[name][t + 1]))
-        ratios[name] = ratio
+        back = tape.gradient(last[name], zeros[name][0], output_gradients=totals[name][-1])
+        ratios[name] = float(tf.norm(back) / tf.norm(totals[name][-1]))
     return ratios
 
 
@@ -380,8 +377,8 @@ def test_masks_and_a_cell_of_your_own_are_recorded_as_the_stepped_cell_gives_the
     from gradscope.keras import GradientFlow
     from gradscope.keras.engine import call_label
     from gradscope.keras.flow import carried_ratio, per_step_norms
-    from gradscope.keras.probed_flow import processing_ran
-    from gradscope.keras.stepped import step_call
+    from gradscope.keras.probed_flow import back_ratio_of, processing_ran
+    from gradscope.keras.stepped import carried_back, step_call
 
     class PairCell(L.Layer):
         def __init__(self, units: int, **kwargs: Any) -> None:
@@ -427,16 +424,20 @@ def test_masks_and_a_cell_of_your_own_are_recorded_as_the_stepped_cell_gives_the
         stepped = step_call(engine, call, result.output_gradients[label], False)
         assert not isinstance(stepped, str), stepped
         assert stepped.totals is not None and stepped.direct is not None
-        for direction, totals, direct in zip(stepped.directions, stepped.totals,
-                                             stepped.direct, strict=True):
+        for index, (direction, totals, direct) in enumerate(zip(
+                stepped.directions, stepped.totals, stepped.direct, strict=True)):
             recorded = series[direction.label]
             assert recorded.profiles[0] == pytest.approx(per_step_norms(totals[0]), rel=1e-4)
             whole = np.concatenate(totals, axis=-1)
             above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])], axis=-1)
             # Where each example's steps ran: the mask, as explain reads it.
             ran = processing_ran(call.mask, whole.shape[1], direction.backwards)
-            assert recorded.ratios[0] == pytest.approx(carried_ratio(whole, above, ran),
-                                                       rel=1e-4)
+            # "mine" returns its sequence: what arrives at each example's last step is
+            # carried back alone (a gradient from above enters at every step).
+            back = carried_back(stepped, index)
+            ratio = carried_ratio(whole, above, ran) if back is None else back_ratio_of(back, ran)
+            assert (back is None) == (direction.label != "mine")
+            assert recorded.ratios[0] == pytest.approx(ratio, rel=1e-4)
             assert recorded.backwards == direction.backwards
 
 

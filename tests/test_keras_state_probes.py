@@ -120,6 +120,67 @@ def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind, stretched, m
                                        atol=1e-6 * float(np.max(np.abs(direct))))
 
 
+@pytest.mark.parametrize("backwards", [False, True])
+@pytest.mark.parametrize("stretched", [False, True])
+def test_what_arrives_at_the_last_step_carried_back_against_a_hand_unrolled_tape(
+        tf, backwards, stretched, monkeypatch):
+    """An LSTM that returns its sequence gets a gradient from above at every step; what the
+    loss puts on [h, c] at each example's last step that ran is carried back alone: ‖v_t‖²
+    per example and step from the probes and from the stepped cell (``stretched``: by
+    stretches of 2 steps), against the cell unrolled by hand with Keras' masking (a masked
+    step keeps its states), a zero probe on h and c after every step, and one gradient of
+    the states at the last step that ran seeded with the totals there (examples padded
+    after, before and in the middle; ``backwards``: the layer runs the other way)."""
+    import keras
+    from keras import layers as L
+
+    import gradscope.keras.stepped as stepped_module
+    from gradscope.keras.stepped import carried_back, step_call
+
+    if stretched:
+        monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
+    keras.utils.set_random_seed(7)
+    x_in = keras.Input((T, F), name="x")
+    rnn = L.LSTM(3, return_sequences=True, go_backwards=backwards, name="rnn")
+    pooled = L.GlobalAveragePooling1D()(rnn(L.Masking()(x_in)))
+    model = keras.Model(x_in, L.Dense(2)(pooled))
+    model.compile(loss="mse")
+    x, y = _data(masked=True)
+    engine, result = _pass(model, x, y)
+    (call,) = [c for c in result.calls if c.states]
+    (loop,) = result.state_totals["rnn"]
+    stepped = step_call(engine, call, result.output_gradients["rnn"], False)
+    assert not isinstance(stepped, str), stepped
+
+    ran = np.any(x != 0, axis=2)[:, ::-1] if backwards else np.any(x != 0, axis=2)
+    last = [int(np.nonzero(r)[0][-1]) for r in ran]  # processing order
+    inputs = tf.constant(x[:, ::-1] if backwards else x)
+    probes = [[tf.zeros((B, 3)), tf.zeros((B, 3))] for _ in range(T)]
+    with tf.GradientTape() as tape:
+        tape.watch(probes)
+        states, seen = [tf.zeros((B, 3)), tf.zeros((B, 3))], []
+        for t in range(T):
+            _, new = rnn.cell(inputs[:, t], states)
+            keep = tf.constant(ran[:, t])[:, None]
+            states = [tf.where(keep, n, s) + p for n, s, p in zip(new, states, probes[t],
+                                                                 strict=True)]
+            seen.append(states)
+        objective = tf.add_n([tf.reduce_sum(loop.totals[k][b, last[b]] * seen[last[b]][k][b])
+                              for b in range(B) for k in range(2)])
+    back = tape.gradient(objective, probes)
+    truth = np.array([[sum(float(tf.reduce_sum(g[b] ** 2)) for g in step) for step in back]
+                      for b in range(B)])
+    # (Run backwards, Keras' mask on the output sequence is in input order while the
+    # sequence is in processing order: one example gets no gradient at its last step, and
+    # nothing is carried back from there.)
+    assert sum(truth[b, last[b]] > 0 for b in range(B)) >= B - int(backwards)
+    # Up to each example's last step that ran (after it, nothing is read).
+    upto = np.arange(T)[None, :] <= np.array(last)[:, None]
+    for found in (loop.carried_back, carried_back(stepped, 0)):
+        assert found is not None
+        np.testing.assert_allclose(np.where(upto, found, 0), truth, rtol=1e-4, atol=1e-12)
+
+
 def test_the_probes_equal_the_numpy_bptt_and_change_no_number(tf):
     """Where gradscope's NumPy cells model the calls (a GRU chain, an LSTM that returns its
     states), their float64 BPTT gives the same totals of h; and the pass with probes gives the

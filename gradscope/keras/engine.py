@@ -32,6 +32,7 @@ from gradscope.keras.observed_call import (
 )
 from gradscope.keras.state_probes import (
     StateTotals,
+    carried_back,
     filled,
     probe_targets,
     probeable,
@@ -584,7 +585,9 @@ class KerasEngine:
 
         def step(feed: list[Any], y: list[Any]) -> Any:
             watched_inputs = [feed[k] for k in floating]
-            with tf.GradientTape() as tape:
+            # Persistent where the loops are probed: what arrives at each example's last step
+            # is carried back once more (:func:`carried_back`).
+            with tf.GradientTape(persistent=probe_states) as tape:
                 tape.watch(watched_inputs)
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
@@ -600,6 +603,8 @@ class KerasEngine:
             gradients = tape.gradient(loss, [variables, states, watched_outputs,
                                              watched_inputs, probed])
             gradients[-1] = filled(tf, probed, gradients[-1])
+            gradients.append([carried_back(tf, tape, call.probes, found) if found else []
+                              for call, found in zip(calls, gradients[-1], strict=True)])
             traced["calls"] = calls
             traced["output_shapes"] = [tuple(int(d) for d in value.shape)
                                        for value in flat_outputs]
@@ -609,7 +614,7 @@ class KerasEngine:
                     [get_keras_mask(output) for output in flat_outputs], added)
 
         with native_stderr_silenced(), losses_kept(self.model):
-            (loss, (grads, state_grads, output_grads, input_grads, probe_grads), captured,
+            (loss, (grads, state_grads, output_grads, input_grads, probe_grads, back), captured,
              outputs, masks, added) = traced_or_eager(step, feed, y, eager=eager)
             for output, mask in zip(outputs, masks, strict=True):
                 if mask is not None:
@@ -617,8 +622,9 @@ class KerasEngine:
             terms = self.loss_terms(y, outputs, {id(layer): list(values) for layer, values
                                                  in zip(layers, added, strict=True)},
                                     sample_weight) if own else []
-        totals = {call_label(call.layer, call.index): state_totals(call.probes, grads)
-                  for call, grads in zip(traced["calls"], probe_grads, strict=True) if grads}
+        totals = {call_label(call.layer, call.index): state_totals(call.probes, grads, carried)
+                  for call, grads, carried in zip(traced["calls"], probe_grads, back,
+                                                  strict=True) if grads}
         calls = [_eager_call(call, *tensors)
                  for call, tensors in zip(traced["calls"], captured, strict=True)]
         gradients, sparse = dense_gradients(variables, grads)

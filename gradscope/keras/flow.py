@@ -31,6 +31,7 @@ from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_la
 from gradscope.keras.layers import LayerFacts, explainer_for
 from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.keras.probed_flow import (
+    back_ratio_of,
     carried_ratio_of,
     example_squares,
     loop_flows,
@@ -385,7 +386,10 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray,
     t‖ / ‖∂L/∂h_{t+1}‖, each the gain of one step back (steps whose ∂L/∂h_{t+1} is 0 carry
     nothing and are left out). It reads the recurrence, not where the loss puts its gradient:
     the two directions of a Bidirectional layer, each in the order it runs, are read alike.
-    Where the gradient enters at the last step only, it is ‖∂L/∂h_0‖ / ‖∂L/∂h_{T−1}‖.
+    Where the gradient enters at the last step only, it is ‖∂L/∂h_0‖ / ‖∂L/∂h_{T−1}‖; where
+    it enters at every step (the call returns its sequence), the ratio is read instead from
+    what arrives at the last step carried back alone
+    (:func:`~gradscope.keras.probed_flow.back_ratio_of`).
     ``total`` and ``direct``: (B, T, u) in processing order; each step's gain is taken over
     the examples whose step t+1 ran (``ran`` (B, T), processing order;
     :func:`~gradscope.keras.probed_flow.carried_ratio_of`). None: nothing to carry."""
@@ -581,8 +585,8 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
     assert stepped.totals is not None and stepped.direct is not None
     sequences, flags = [], []
     same = stepped.output_is_state or [True] * len(stepped.directions)
-    for direction, totals, direct, output_is_state in zip(
-            stepped.directions, stepped.totals, stepped.direct, same, strict=True):
+    for index, (direction, totals, direct, output_is_state) in enumerate(zip(
+            stepped.directions, stepped.totals, stepped.direct, same, strict=True)):
         # A cell of the user's (in an RNN, or a subclass of it): every state, no flag.
         own_cell = kind == "RNN" or class_label(direction.layer.cell) not in KERAS_CELLS
         names = direction.names if own_cell else direction.names[:1]
@@ -605,8 +609,10 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])],
                                        axis=-1)
                 ran = processing_ran(stepped.call.mask, total.shape[1], direction.backwards)
-                flag = recurrence_flag(what, carried_ratio(whole, above, ran), total.shape[1],
-                                       ran)
+                back = (stepped.carried_back or [None] * len(stepped.directions))[index]
+                ratio = (carried_ratio(whole, above, ran) if back is None else
+                         back_ratio_of(back, ran))
+                flag = recurrence_flag(what, ratio, total.shape[1], ran)
                 if flag is not None:
                     flags.append(flag)
     if stepped.inputs is not None:

@@ -43,12 +43,16 @@ class LoopFlow:
     def carried(self) -> float | None:
         """:func:`~gradscope.keras.flow.carried_ratio` of the whole state (every state
         together), where what arrives from above at a step is the gradient of the cell's
-        output, which is one of its states; None where the output is not a state."""
+        output, which is one of its states (where that is at every step, from what arrives
+        at the last step carried back: :func:`back_ratio_of`); None where the output is not
+        a state."""
 
         found = self.totals
         k = found.output_state
         if k is None or found.direct.shape != found.totals[k].shape:
             return None
+        if found.carried_back is not None:  # a gradient from above at every step
+            return back_ratio_of(found.carried_back, self.ran)
         carried = np.sum([example_squares(t - found.direct if i == k else t)
                           for i, t in enumerate(found.totals)], axis=0)
         whole = np.sum([example_squares(t) for t in found.totals], axis=0)
@@ -98,8 +102,8 @@ def _names(layer: Any, count: int) -> list[str]:
     return ["h"] if count == 1 else [f"states[{k}]" for k in range(count)]
 
 
-__all__ = ["LoopFlow", "carried_ratio_of", "example_squares", "loop_flows", "loop_layers",
-           "processing_ran"]
+__all__ = ["LoopFlow", "back_ratio_of", "carried_ratio_of", "example_squares", "loop_flows",
+           "loop_layers", "processing_ran"]
 
 
 def _at_last_step(carried: np.ndarray, whole: np.ndarray, ran: np.ndarray
@@ -157,3 +161,13 @@ def carried_ratio_of(carried: np.ndarray, whole: np.ndarray,
     if not logs:
         return None
     return float(np.exp(np.clip(sum(logs), -700.0, 700.0)))
+
+
+def back_ratio_of(squares: np.ndarray, ran: np.ndarray | None = None) -> float | None:
+    """:func:`carried_ratio_of` where a gradient from above enters at every step, from the
+    ‖v_t‖² (B, T) of what the loss puts on the state at each example's last step that ran,
+    carried back through the recurrence alone
+    (:func:`~gradscope.keras.state_probes.carried_back`): nothing enters v after that step,
+    so it is carried whole, and the product of its gains is ‖v_0‖ / ‖v_last‖ (the batch's,
+    aligned at each example's last step)."""
+    return carried_ratio_of(squares, squares, ran)

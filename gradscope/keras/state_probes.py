@@ -35,6 +35,10 @@ class ProbedLoop:
     #: With ``probe_inputs``: a zero added to the input sequence the loop reads (B, T, ·), in input
     #: order, watched: its gradient is ∂L/∂x_t of the call, through this loop.
     inputs: Any = None
+    #: Every state after the loop's last step, flat, and where each example's steps ran
+    #: (B, T), input order (None: every step): :func:`carried_back` differentiates them.
+    final: list[Any] | None = None
+    ran: Any = None
 
 
 @dataclass
@@ -50,6 +54,12 @@ class StateTotals:
     #: ∂L/∂x_t of the input sequence through this loop (B, T, ·), in input order, where the
     #: loop was probed with ``probe_inputs``.
     inputs: np.ndarray | None = None
+    #: Where the gradient from above may enter at every step (the output is the sequence):
+    #: per example and step (B, T), processing order, ‖v_t‖² of every state joined, where v
+    #: is what the loss puts on the state at the example's last step that ran, carried back
+    #: through the recurrence alone (:func:`carried_back`). None where the output is the
+    #: last step alone: there the totals are that already.
+    carried_back: np.ndarray | None = None
 
 
 def probeable(layer: Any) -> bool:
@@ -141,7 +151,8 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
         keep = tf.expand_dims(keep, -1) if len(keep.shape) == 2 else keep
     backwards = bool(layer.go_backwards)
     loop = ProbedLoop(probes=probes, above=None, backwards=backwards,
-                      sequences=bool(layer.return_sequences), inputs=read)
+                      sequences=bool(layer.return_sequences), inputs=read,
+                      ran=None if keep is None else tf.reshape(keep, tf.shape(keep)[:2]))
 
     def step(inputs: Any, states: Any) -> tuple[Any, Any]:
         x_t, keep_t, probes_t = ((inputs[0], inputs[1], inputs[2:]) if keep is not None
@@ -176,6 +187,7 @@ def probed_loop(layer: Any, sequences: Any, initial_state: Any, mask: Any, train
                    if layer.zero_output_for_mask else _carried_forward(tf, outputs, kept))
         last = outputs[:, -1]
         outputs = outputs if layer.return_sequences else outputs[:, -1:]
+    loop.final = list(tree.flatten(final))
     # A zero on what the loop returns: its gradient is what arrives from above at each step.
     loop.above = tf.zeros_like(outputs if layer.return_sequences else last)
     watch(loop.above)
@@ -240,12 +252,55 @@ def filled(tf: Any, targets: list[Any], gradients: list[Any]) -> list[Any]:
                                  targets, gradients)
 
 
-def state_totals(loops: list[ProbedLoop | None], gradients: list[Any]) -> list[StateTotals]:
+def carried_back(tf: Any, tape: Any, loops: list[ProbedLoop | None],
+                 gradients: list[Any]) -> list[Any]:
+    """Per probed loop of one call (as :func:`probe_targets` lists them), where its output is
+    the whole sequence: ‖v_t‖² per example and step (B, T), input order, every state joined,
+    where v is what the loss puts on the states at the example's last step that ran (the
+    totals there, from the tape's (filled) ``gradients``), carried back through the
+    recurrence alone: the gradient of (those totals) · (the loop's final states) with
+    respect to every probe, one more backward through the loop (``tape`` persistent). Where
+    a gradient enters at every step (a layer below another, a tagger, a decoder), a product
+    of the totals' gains step by step is no gain of any gradient: each step's fresh part
+    decays fastest in its first steps back, and the product compounds that. None for a loop
+    that returns its last step alone: its totals are carried back from there already."""
+    kept = [lp for lp in loops if lp is not None]
+    found: list[Any] = []
+    for loop, (probes, *_) in zip(kept, gradients, strict=True):
+        if not loop.sequences or loop.final is None or len(loop.final) != len(probes):
+            found.append(None)
+            continue
+        steps = tf.shape(probes[0])[1]
+        last = last_steps(tf, loop.ran, tf.shape(probes[0])[0], steps, loop.backwards)
+        if loop.backwards:  # the probes are in input order
+            last = steps - 1 - last
+        seeds = [tf.gather(g, last, axis=1, batch_dims=1) for g in probes]
+        back = tape.gradient(loop.final, loop.probes, output_gradients=seeds,
+                             unconnected_gradients="zero")
+        found.append(tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float64)),
+                                             axis=list(range(2, len(v.shape))))
+                               for v in back]))
+    return found
+
+
+def last_steps(tf: Any, ran: Any, batch: Any, steps: Any, backwards: bool) -> Any:
+    """Each example's last step that ran (B,), in the order the loop runs them, from where
+    its steps ran (``ran`` (B, T), input order; None: every step)."""
+    if ran is None:
+        return tf.fill([batch], steps - 1)
+    ran = tf.cast(ran, tf.int32)
+    ran = ran if backwards else tf.reverse(ran, [1])  # processing order, reversed
+    return steps - 1 - tf.argmax(ran, axis=1, output_type=tf.int32)
+
+
+def state_totals(loops: list[ProbedLoop | None], gradients: list[Any],
+                 back: list[Any] | None = None) -> list[StateTotals]:
     """One :class:`StateTotals` per loop, from the tape's (filled) gradients of
-    :func:`probe_targets`, in processing order."""
+    :func:`probe_targets` and, where given, :func:`carried_back`, in processing order."""
     found = []
-    for loop, (probes, above, *inputs) in zip([lp for lp in loops if lp is not None],
-                                              gradients, strict=True):
+    kept = [lp for lp in loops if lp is not None]
+    back = back if back is not None else [None] * len(kept)
+    for loop, (probes, above, *inputs), squares in zip(kept, gradients, back, strict=True):
         totals = [np.asarray(g) for g in probes]  # in the model's dtype: norms cast them
         if loop.backwards:
             totals = [t[:, ::-1] for t in totals]
@@ -255,10 +310,15 @@ def state_totals(loops: list[ProbedLoop | None], gradients: list[Any]) -> list[S
                              direct.dtype)
             whole[:, -1] = direct
             direct = whole
+        if squares is not None:
+            squares = np.asarray(squares, np.float64)
+            squares = squares[:, ::-1] if loop.backwards else squares
         found.append(StateTotals(totals=totals, direct=direct, backwards=loop.backwards,
                                  output_state=loop.output_state,
-                                 inputs=np.asarray(inputs[0]) if inputs else None))
+                                 inputs=np.asarray(inputs[0]) if inputs else None,
+                                 carried_back=squares))
     return found
 
 
-__all__ = ["ProbedLoop", "StateTotals", "probeable", "state_totals", "states_probed"]
+__all__ = ["ProbedLoop", "StateTotals", "carried_back", "last_steps", "probeable", "state_totals",
+           "states_probed"]

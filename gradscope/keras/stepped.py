@@ -61,6 +61,12 @@ class Stepped:
     #: cells; a cell of the user's may return something else): else the total on that state
     #: is the gradient as step t+1 reads it, not where the same step's output reads it.
     output_is_state: list[bool] | None = None
+    #: Per direction, where the call returns its whole output sequence (a gradient from
+    #: above may enter at every step): ‖v_t‖² per example and step (B, T), processing order,
+    #: every state joined, where v is what the loss puts on the states at the example's last
+    #: step that ran, carried back through the recurrence alone
+    #: (:func:`~gradscope.keras.state_probes.carried_back`); else None.
+    carried_back: list[np.ndarray | None] | None = None
 
 
 def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -98,6 +104,13 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
         whole[example] = _squares(own, axes) + others
         carried[example] = _squares(rest, axes) + others
     return whole, carried
+
+
+def carried_back(stepped: Stepped, index: int) -> np.ndarray | None:
+    """Direction ``index``'s ‖v_t‖² (B, T) of what arrives at each example's last step,
+    carried back (:attr:`Stepped.carried_back`); None where the call returns its last step
+    alone (its totals are that already) or no gradient reached it."""
+    return None if stepped.carried_back is None else stepped.carried_back[index]
 
 
 def _squares(value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -260,7 +273,7 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
                                                     cell_dtype, read_inputs))
                if reuse else stepped_runner(engine, layer, directions, training, cell_dtype,
                                             read_inputs))
-        outputs, states, totals, direct, inputs, masks, same = run(call, upstream)
+        outputs, states, totals, direct, inputs, masks, same, back = run(call, upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
     mismatch = _rebuilt(outputs, call, engine.dtype_name)
@@ -268,7 +281,7 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
                    totals=totals, direct=direct, inputs=inputs, masks=masks,
-                   output_is_state=same)
+                   output_is_state=same, carried_back=back)
 
 
 def _name_states(direction: Direction, count: int) -> None:
@@ -339,6 +352,9 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
+    # A gradient from above may enter at every step: what enters at the last is carried
+    # back once more (:func:`~gradscope.keras.state_probes.carried_back`).
+    sequences = bool(getattr(layer, "return_sequences", False))
     # Filled at tracing, per direction: whether its cell's output is its first state.
     seen: list[dict[str, Any]] = [{} for _ in directions]
 
@@ -349,13 +365,15 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
         if stretched and upstream is not None:
             return _by_stretches(tf, keras, layer, directions, parts, drawn, x, mask,
-                                 upstream, training, read_inputs, seen)
+                                 upstream, training, read_inputs, seen, sequences)
         steps = tf.shape(x)[1]
         probes = [[tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
                   for part in parts]
         above: list[Any] = [None] * len(directions)
-        # No variable watched: the probes, what arrives from above and (``read_inputs``) x.
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
+        # No variable watched: the probes, what arrives from above and (``read_inputs``) x;
+        # persistent where what arrives at the last step is carried back once more.
+        with tf.GradientTape(watch_accessed_variables=False,
+                             persistent=sequences) as tape:
             tape.watch([probes, x] if read_inputs else [probes])
             scans = []
             for d, part, probe, masks, held in zip(directions, parts, probes, drawn, seen,
@@ -374,16 +392,21 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                          tf.add_n([tf.reduce_sum(tf.cast(g, o.dtype) * o)
                                    for g, o in zip(upstream, outputs, strict=True)
                                    if g is not None]))
-        totals = direct = read = None
+        totals = direct = read = back = None
         if objective is not None:
             totals, direct, *rest = tape.gradient(objective, [probes, above] + (
                 [x] if read_inputs else []), unconnected_gradients="zero")
             read = rest[0] if rest else None
-        return outputs, [scan[0] for scan in scans], totals, direct, read
+            if sequences:
+                back = [_carried_back(tf, tape, states, probe, total, mask, d.backwards)
+                        for (states, _), probe, total, d in zip(scans, probes, totals,
+                                                                directions, strict=True)]
+        return outputs, [scan[0] for scan in scans], totals, direct, read, back
 
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
-            list[np.ndarray] | None, np.ndarray | None, list[Masks | None], list[bool]]:
+            list[np.ndarray] | None, np.ndarray | None, list[Masks | None], list[bool],
+            list[np.ndarray | None] | None]:
         from gradscope._tf import native_stderr_silenced, without_grappler
 
         x = tf.convert_to_tensor(call.args[0])
@@ -394,8 +417,8 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         drawn = drawn_masks(engine, directions, call, x, initial)
         stretched = given is not None and int(np.shape(call.args[0])[1]) > 2 * STRETCH_STEPS
         with native_stderr_silenced(), without_grappler():
-            outputs, states, totals, direct, read = traced(x, mask, initial, given, drawn,
-                                                           stretched)
+            outputs, states, totals, direct, read, back = traced(x, mask, initial, given,
+                                                                 drawn, stretched)
         kind = None if cell_dtype else np.float64
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s, kind) for s in part] for part in states],
@@ -404,7 +427,8 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                 None if direct is None else [_batch_major(g, kind) for g in direct],
                 None if read is None else np.asarray(read, np.float64),
                 [masks_numpy(m) for m in drawn],
-                [bool(held.get("output_is_state", True)) for held in seen])
+                [bool(held.get("output_is_state", True)) for held in seen],
+                None if back is None else [np.swapaxes(np.asarray(b), 0, 1) for b in back])
 
     return run
 
@@ -417,7 +441,7 @@ STRETCH_STEPS = 128
 def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                   parts: list[list[Any]], drawn: list[Masks | None], x: Any, mask: Any,
                   upstream: list[Any], training: bool, read_inputs: bool,
-                  seen: list[dict[str, Any]]) -> Any:
+                  seen: list[dict[str, Any]], sequences_out: bool) -> Any:
     """What ``stepped_runner``'s traced pass returns with ``upstream``, with the memory of
     :data:`STRETCH_STEPS` steps instead of every step's: the scans run forward once,
     untaped, keeping each state's sequence and the outputs; ∂L/∂ those outputs (what
@@ -444,32 +468,41 @@ def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                               for g, o in zip(upstream, outputs, strict=True) if g is not None])
     on_states, direct = tape.gradient(objective, [sequences, outs],
                                       unconnected_gradients="zero")
-    totals, reads = [], []
+    totals, reads, backs = [], [], []
     for k, (d, part, masks) in enumerate(zip(directions, parts, drawn, strict=True)):
         with cell_holding(d.layer.cell, masks):
-            total, read = _stretches_back(tf, keras, d.layer, x, mask, part, sequences[k],
-                                          outs[k], on_states[k], direct[k], training,
-                                          read_inputs)
+            total, read, back = _stretches_back(tf, keras, d.layer, x, mask, part,
+                                                sequences[k], outs[k], on_states[k],
+                                                direct[k], training, read_inputs,
+                                                sequences_out)
         totals.append(total)
         reads.append(read)
+        backs.append(back)
     read = tf.add_n(reads) if read_inputs else None
-    return outputs, sequences, totals, direct, read
+    return outputs, sequences, totals, direct, read, backs if sequences_out else None
 
 
 def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
                     sequences: list[Any], outs: Any, on_states: list[Any], on_outs: Any,
-                    training: bool, read_inputs: bool) -> tuple[list[Any], Any]:
+                    training: bool, read_inputs: bool, back_out: bool = False
+                    ) -> tuple[list[Any], Any, Any]:
     """One direction's backward pass by stretches (:func:`_by_stretches`), a loop in the
-    graph: the total ∂L/∂ each state after every step (time-major, processing order) and,
-    with ``read_inputs``, ∂L/∂x (batch-major, input order; else None)."""
+    graph: the total ∂L/∂ each state after every step (time-major, processing order); with
+    ``read_inputs``, ∂L/∂x (batch-major, input order; else None); with ``back_out``, what
+    arrives at each example's last step carried back (:func:`_carried_back`), its ‖v_t‖²
+    (T, B), processing order (else None), a second backward through each stretch."""
+    from gradscope.keras.state_probes import last_steps
+
     steps = tf.shape(outs)[0]
+    last_ran = last_steps(tf, mask, tf.shape(outs)[1], steps,
+                          bool(getattr(layer, "go_backwards", False)))
     count = (steps + STRETCH_STEPS - 1) // STRETCH_STEPS
     backwards = bool(getattr(layer, "go_backwards", False))
     dtype = layer.cell.compute_dtype
     initial = [tf.cast(s, dtype) for s in initial]
 
     def body(k: Any, carried: list[Any], carried_out: Any, written: list[Any],
-             read: Any) -> tuple[Any, ...]:
+             read: Any, carried_back: list[Any], written_back: Any) -> tuple[Any, ...]:
         stretch = count - 1 - k  # from the last stretch to the first
         first = stretch * STRETCH_STEPS
         end = tf.minimum(first + STRETCH_STEPS, steps)
@@ -482,7 +515,7 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
         xs = x[:, lo:hi]
         ms = None if mask is None else mask[:, lo:hi]
         probes = [tf.zeros_like(seq[first:end]) for seq in sequences]
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
+        with tf.GradientTape(watch_accessed_variables=False, persistent=back_out) as tape:
             tape.watch([probes, start, last] + ([xs] if read_inputs else []))
             states, o = scan_cell(tf, keras, layer, xs, ms, start, probes, training,
                                   last_output=last)
@@ -496,21 +529,69 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
             [xs] if read_inputs else []), unconnected_gradients="zero")
         on_probes, on_start, on_last = found[:3]
         written = [w.write(stretch, g) for w, g in zip(written, on_probes, strict=True)]
+        if back_out:
+            # What the loss puts on the states at each example's last step (where it falls
+            # in this stretch), and what the stretch after carried back to its end.
+            here = tf.equal(tf.range(first, end)[:, None], last_ran[None, :])  # (n, B)
+            seeds = [tf.where(_along(tf, here, g), g, tf.zeros_like(g))
+                     + tf.concat([tf.zeros_like(g[:-1]), c[None]], axis=0)
+                     for g, c in zip(on_probes, carried_back, strict=True)]
+            on_back = tape.gradient(states, [probes, start], output_gradients=seeds,
+                                    unconnected_gradients="zero")
+            written_back = written_back.write(stretch, _joined_squares(tf, on_back[0]))
+            carried_back = on_back[1]
+        del tape
         if read_inputs:  # time-major, so that the pieces join along axis 0
             read = read.write(count - 1 - stretch if backwards else stretch,
                               tf.transpose(found[3], [1, 0, *range(2, len(x.shape))]))
-        return k + 1, on_start, on_last, written, read
+        return k + 1, on_start, on_last, written, read, carried_back, written_back
 
     written = [tf.TensorArray(seq.dtype, size=count, infer_shape=False) for seq in sequences]
     read = tf.TensorArray(x.dtype, size=count if read_inputs else 0, infer_shape=False)
-    _, _, _, written, read = tf.while_loop(
+    written_back = tf.TensorArray(tf.float64, size=count if back_out else 0, infer_shape=False)
+    _, _, _, written, read, _, written_back = tf.while_loop(
         lambda k, *rest: k < count, body,
         (tf.constant(0), [tf.zeros_like(s) for s in initial], tf.zeros_like(outs[0]),
-         written, read))
+         written, read, [tf.zeros_like(s) for s in initial], written_back))
     totals = [w.concat() for w in written]
+    back = written_back.concat() if back_out else None
     if not read_inputs:
-        return totals, None
-    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))])
+        return totals, None, back
+    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))]), back
+
+
+def _along(tf: Any, where: Any, value: Any) -> Any:
+    """``where`` (T, B) broadcast to a time-major ``value`` (T, B, ·)."""
+    return tf.reshape(where, [tf.shape(where)[0], tf.shape(where)[1],
+                              *[1] * (len(value.shape) - 2)])
+
+
+def _joined_squares(tf: Any, values: list[Any]) -> Any:
+    """Σ v² over every state and every axis past (T, B), in float64: (T, B)."""
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float64)),
+                                   axis=list(range(2, len(v.shape)))) for v in values])
+
+
+def _carried_back(tf: Any, tape: Any, states: list[Any], probes: list[Any],
+                  totals: list[Any], mask: Any, backwards: bool) -> Any:
+    """What the loss puts on the states at each example's last step that ran (``totals``
+    there), carried back through the recurrence alone: ‖v_t‖² (T, B), time-major,
+    processing order, every state joined; the gradient of those totals · the scan's final
+    states with respect to its ``probes`` (the persistent ``tape``'s; ``states`` and
+    ``totals`` time-major, ``mask`` (B, T) input order or None). See
+    :func:`~gradscope.keras.state_probes.carried_back`."""
+    from gradscope.keras.state_probes import last_steps
+
+    steps, batch = tf.shape(totals[0])[0], tf.shape(totals[0])[1]
+    last = last_steps(tf, mask, batch, steps, backwards)
+    at = tf.stack([last, tf.range(batch)], axis=1)
+    # On the whole sequences the tape recorded, at their last step (a slice taken now
+    # would not be on the tape).
+    seeds = [tf.concat([tf.zeros_like(s[:-1]), tf.gather_nd(g, at)[None]], axis=0)
+             for s, g in zip(states, totals, strict=True)]
+    back = tape.gradient(states, probes, output_gradients=seeds,
+                         unconnected_gradients="zero")
+    return _joined_squares(tf, back)
 
 
 def _batch_major(value: Any, dtype: Any = np.float64) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label
 from gradscope.keras.observed_call import NotObserved
-from gradscope.keras.state_probes import filled, probe_targets, state_totals
+from gradscope.keras.state_probes import carried_back, filled, probe_targets, state_totals
 from gradscope.keras.whole_model import (
     all_variables,
     confirm,
@@ -124,14 +124,14 @@ class TracedPass:
         calls, totals = [], {}
         for meta, loops, tensors in zip(self.trace["calls"], self.trace["loops"], captured,
                                         strict=True):
-            states, state_grads, probe_grads, mask = tensors
+            states, state_grads, probe_grads, mask, back = tensors
             call = CapturedCall(layer=meta[0], index=meta[1], class_name=meta[2], args=[],
                                 outputs=[], states=[s.numpy() for s in states],
                                 state_source=meta[3],
                                 mask=np.asarray(mask[0]) if mask else None)
             calls.append((call, state_grads))
             if probe_grads:
-                totals[call_label(call.layer, call.index)] = state_totals(loops, probe_grads)
+                totals[call_label(call.layer, call.index)] = state_totals(loops, probe_grads, back)
         gradients, _ = dense_gradients(engine.model.trainable_variables, grads)
         return KerasPass(
             loss=float(loss.numpy()), gradients=gradients, sparse_rows={},
@@ -197,7 +197,7 @@ def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
 
     @tf.function(autograph=False, reduce_retracing=True)
     def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=True) as tape:  # for carried_back
             loss, _, calls = engine.forward(feed, targets, tape.watch,
                                             sample_weight=sample_weight, own=own,
                                             probe_states=True)
@@ -211,8 +211,11 @@ def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
         # Each call's mask (where each example's steps ran: the flow's carried ratio
         # reads a padded batch by it), as explain's pass has it.
         masks = [[c.mask] if hasattr(c.mask, "dtype") else [] for c in kept]
-        return loss, grads, [(call.states, sg, pg, mask) for call, sg, pg, mask in zip(
-            kept, state_grads, filled(tf, probed, probe_grads), masks, strict=True)]
+        probe_grads = filled(tf, probed, probe_grads)
+        back = [carried_back(tf, tape, c.probes, found) if found else []
+                for c, found in zip(kept, probe_grads, strict=True)]
+        return loss, grads, [(call.states, sg, pg, mask, cb) for call, sg, pg, mask, cb in zip(
+            kept, state_grads, probe_grads, masks, back, strict=True)]
 
     return run
 

@@ -242,7 +242,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms, trajectory
-    from gradscope.keras.stepped import step_squares
+    from gradscope.keras.stepped import carried_back, step_squares
 
     direction = stepped.directions[index]
     layer = direction.layer
@@ -299,7 +299,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       steps=measured.steps, examples=measured.examples)
     squares = step_squares(stepped, index)
     exploding = _exploding(squares, path.ran)
-    flow = state_flow(squares, path.ran)
+    flow = state_flow(squares, path.ran, carried_back(stepped, index))
     reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
     keep = timescales.keep_gate if timescales is not None else None

@@ -96,19 +96,20 @@ def change_words(kind: str, cell: Any) -> str:
 
 
 def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
-               ran: np.ndarray) -> StateFlow | None:
+               ran: np.ndarray, back: np.ndarray | None = None) -> StateFlow | None:
     """‖∂L/∂s_t‖ at the first and last step of a direction, from its
     :func:`~gradscope.keras.stepped.step_squares` and where each example's steps ran (B, T),
     processing order: the ratio the flow flags (:func:`~gradscope.keras.flow.carried_ratio`,
-    from the same per-step norms) and the flag it gives it
+    from the same per-step norms, or, where the call returns its sequence, from ``back``:
+    :func:`~gradscope.keras.stepped.carried_back`) and the flag it gives it
     (:func:`gradscope.dynamics.flow_kind`); None: no gradient reached the call."""
-    from gradscope.keras.probed_flow import carried_ratio_of
+    from gradscope.keras.probed_flow import back_ratio_of, carried_ratio_of
 
     if squares is None:
         return None
     whole, carried = squares
     totals = np.sqrt(np.sum(whole, axis=0))
-    ratio = carried_ratio_of(carried, whole, ran)
+    ratio = carried_ratio_of(carried, whole, ran) if back is None else back_ratio_of(back, ran)
     return StateFlow(first=float(totals[0]), last=float(totals[-1]), ratio=ratio,
                      flag=dynamics.flow_kind(ratio))
 
@@ -169,7 +170,7 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
-    from gradscope.keras.stepped import directions_of, step_call, step_squares
+    from gradscope.keras.stepped import carried_back, directions_of, step_call, step_squares
 
     directions = directions_of(copy.operation(rerun.layer), rerun.label)
     if isinstance(directions, str):
@@ -211,7 +212,8 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
     return Counterfactual(kind=kind, change=words, applicable=True, horizon=measured.horizon,
                           horizon_window=measured.window,
                           predicted=dynamics.predicted_horizon(largest), lyapunov_1=largest,
-                          flow=state_flow(step_squares(stepped, direction), path.ran))
+                          flow=state_flow(step_squares(stepped, direction), path.ran,
+                                          carried_back(stepped, direction)))
 
 
 def _not(kind: Kind, words: str, why: str) -> Counterfactual:
