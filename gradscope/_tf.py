@@ -119,6 +119,13 @@ def tensorflow_logger_quieted() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def grappler_if(wanted: bool) -> contextlib.AbstractContextManager[None]:
+    """Grappler where ``wanted``, else :func:`without_grappler`: it prunes what a second
+    gradient through a recurrent loop computes and does not return (the weights' and the
+    inputs' parts), 0.7 s of an LSTM 256 at 1000 steps, more than its own cost."""
+    return contextlib.nullcontext() if wanted else without_grappler()
+
+
 @contextlib.contextmanager
 def without_grappler() -> Iterator[None]:
     """Functions instantiated and run without TensorFlow's Grappler graph optimiser, on this

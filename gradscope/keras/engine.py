@@ -33,11 +33,13 @@ from gradscope.keras.observed_call import (
 from gradscope.keras.state_probes import (
     StateTotals,
     carried_back,
+    carries_back,
     filled,
     probe_targets,
     probeable,
     state_totals,
     states_probed,
+    tape_for,
 )
 from gradscope.keras.stopped import start_of_call
 from gradscope.keras.subclassed import is_subclassed, tracked_layers
@@ -585,9 +587,9 @@ class KerasEngine:
 
         def step(feed: list[Any], y: list[Any]) -> Any:
             watched_inputs = [feed[k] for k in floating]
-            # Persistent where the loops are probed: what arrives at each example's last step
-            # is carried back once more (:func:`carried_back`).
-            with tf.GradientTape(persistent=probe_states) as tape:
+            # What arrives at each example's last step is carried back once more
+            # (:func:`carried_back`).
+            with tape_for(tf, probe_states) as tape:
                 tape.watch(watched_inputs)
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
@@ -615,7 +617,9 @@ class KerasEngine:
 
         with native_stderr_silenced(), losses_kept(self.model):
             (loss, (grads, state_grads, output_grads, input_grads, probe_grads, back), captured,
-             outputs, masks, added) = traced_or_eager(step, feed, y, eager=eager)
+             outputs, masks, added) = traced_or_eager(
+                step, feed, y, eager=eager,
+                optimised=probe_states and carries_back(self.model))
             for output, mask in zip(outputs, masks, strict=True):
                 if mask is not None:
                     set_keras_mask(output, mask)

@@ -259,7 +259,7 @@ def carried_back(tf: Any, tape: Any, loops: list[ProbedLoop | None],
     where v is what the loss puts on the states at the example's last step that ran (the
     totals there, from the tape's (filled) ``gradients``), carried back through the
     recurrence alone: the gradient of (those totals) · (the loop's final states) with
-    respect to every probe, one more backward through the loop (``tape`` persistent). Where
+    respect to every probe, one more backward through the loop (:func:`gradient`). Where
     a gradient enters at every step (a layer below another, a tagger, a decoder), a product
     of the totals' gains step by step is no gain of any gradient: each step's fresh part
     decays fastest in its first steps back, and the product compounds that. None for a loop
@@ -275,12 +275,34 @@ def carried_back(tf: Any, tape: Any, loops: list[ProbedLoop | None],
         if loop.backwards:  # the probes are in input order
             last = steps - 1 - last
         seeds = [tf.gather(g, last, axis=1, batch_dims=1) for g in probes]
-        back = tape.gradient(loop.final, loop.probes, output_gradients=seeds,
-                             unconnected_gradients="zero")
+        back = gradient(tf, tape, loop.final, loop.probes, seeds)
         found.append(tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float64)),
                                              axis=list(range(2, len(v.shape))))
                                for v in back]))
     return found
+
+
+def gradient(tf: Any, tape: Any, targets: Any, sources: Any, seeds: Any) -> Any:
+    """The gradient of ``targets`` (seeded with ``seeds``) with respect to ``sources``, a zero
+    where they are unconnected: in a traced function from the graph itself
+    (``tf.gradients``), which reuses the forward loop's intermediates, where a second
+    gradient of a tape through a ``while`` loop costs about a second pass of the whole
+    model's backward (3 s more on an LSTM 256 × 2 at 1000 steps) and a persistent tape
+    alone 2 s more; run eagerly, from ``tape``, which must then be persistent
+    (:func:`tape_for`)."""
+    if tf.executing_eagerly():
+        return tape.gradient(targets, sources, output_gradients=seeds,
+                             unconnected_gradients="zero")
+    found = tf.gradients(tf.nest.flatten(targets), tf.nest.flatten(sources),
+                         grad_ys=tf.nest.flatten(seeds), unconnected_gradients="zero")
+    return tf.nest.pack_sequence_as(sources, found)
+
+
+def tape_for(tf: Any, probed: bool, **options: Any) -> Any:
+    """The tape of a pass whose loops are probed (``probed``): persistent where it runs
+    eagerly, for :func:`carried_back`'s second gradient (in a traced function that
+    gradient comes from the graph: :func:`gradient`)."""
+    return tf.GradientTape(persistent=probed and tf.executing_eagerly(), **options)
 
 
 def last_steps(tf: Any, ran: Any, batch: Any, steps: Any, backwards: bool) -> Any:
@@ -291,6 +313,13 @@ def last_steps(tf: Any, ran: Any, batch: Any, steps: Any, backwards: bool) -> An
     ran = tf.cast(ran, tf.int32)
     ran = ran if backwards else tf.reverse(ran, [1])  # processing order, reversed
     return steps - 1 - tf.argmax(ran, axis=1, output_type=tf.int32)
+
+
+def carries_back(model: Any) -> bool:
+    """Whether a probed pass of ``model`` takes :func:`carried_back`'s second gradient: a
+    layer the probes run returns its whole sequence."""
+    return any(probeable(layer) and bool(getattr(layer, "return_sequences", False))
+               for layer in model._flatten_layers(include_self=False, recursive=True))
 
 
 def state_totals(loops: list[ProbedLoop | None], gradients: list[Any],
@@ -320,5 +349,5 @@ def state_totals(loops: list[ProbedLoop | None], gradients: list[Any],
     return found
 
 
-__all__ = ["ProbedLoop", "StateTotals", "carried_back", "last_steps", "probeable", "state_totals",
-           "states_probed"]
+__all__ = ["ProbedLoop", "StateTotals", "carried_back", "carries_back", "gradient", "last_steps",
+           "probeable", "state_totals", "states_probed", "tape_for"]

@@ -21,6 +21,7 @@ from gradscope.errors import first_line
 from gradscope.gradcheck import tolerance
 from gradscope.keras.cross_check import cell_params, compared_outputs, unmodelled
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
+from gradscope.keras.state_probes import gradient, last_steps, tape_for
 
 #: How the two directions of a Bidirectional call are merged into its output.
 MERGES = ("concat", "sum", "ave", "mul", None)
@@ -372,8 +373,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         above: list[Any] = [None] * len(directions)
         # No variable watched: the probes, what arrives from above and (``read_inputs``) x;
         # persistent where what arrives at the last step is carried back once more.
-        with tf.GradientTape(watch_accessed_variables=False,
-                             persistent=sequences) as tape:
+        with tape_for(tf, sequences, watch_accessed_variables=False) as tape:
             tape.watch([probes, x] if read_inputs else [probes])
             scans = []
             for d, part, probe, masks, held in zip(directions, parts, probes, drawn, seen,
@@ -491,8 +491,6 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
     ``read_inputs``, ∂L/∂x (batch-major, input order; else None); with ``back_out``, what
     arrives at each example's last step carried back (:func:`_carried_back`), its ‖v_t‖²
     (T, B), processing order (else None), a second backward through each stretch."""
-    from gradscope.keras.state_probes import last_steps
-
     steps = tf.shape(outs)[0]
     last_ran = last_steps(tf, mask, tf.shape(outs)[1], steps,
                           bool(getattr(layer, "go_backwards", False)))
@@ -515,7 +513,7 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
         xs = x[:, lo:hi]
         ms = None if mask is None else mask[:, lo:hi]
         probes = [tf.zeros_like(seq[first:end]) for seq in sequences]
-        with tf.GradientTape(watch_accessed_variables=False, persistent=back_out) as tape:
+        with tape_for(tf, back_out, watch_accessed_variables=False) as tape:
             tape.watch([probes, start, last] + ([xs] if read_inputs else []))
             states, o = scan_cell(tf, keras, layer, xs, ms, start, probes, training,
                                   last_output=last)
@@ -536,8 +534,7 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
             seeds = [tf.where(_along(tf, here, g), g, tf.zeros_like(g))
                      + tf.concat([tf.zeros_like(g[:-1]), c[None]], axis=0)
                      for g, c in zip(on_probes, carried_back, strict=True)]
-            on_back = tape.gradient(states, [probes, start], output_gradients=seeds,
-                                    unconnected_gradients="zero")
+            on_back = gradient(tf, tape, states, [probes, start], seeds)
             written_back = written_back.write(stretch, _joined_squares(tf, on_back[0]))
             carried_back = on_back[1]
         del tape
@@ -580,8 +577,6 @@ def _carried_back(tf: Any, tape: Any, states: list[Any], probes: list[Any],
     states with respect to its ``probes`` (the persistent ``tape``'s; ``states`` and
     ``totals`` time-major, ``mask`` (B, T) input order or None). See
     :func:`~gradscope.keras.state_probes.carried_back`."""
-    from gradscope.keras.state_probes import last_steps
-
     steps, batch = tf.shape(totals[0])[0], tf.shape(totals[0])[1]
     last = last_steps(tf, mask, batch, steps, backwards)
     at = tf.stack([last, tf.range(batch)], axis=1)
@@ -589,8 +584,7 @@ def _carried_back(tf: Any, tape: Any, states: list[Any], probes: list[Any],
     # would not be on the tape).
     seeds = [tf.concat([tf.zeros_like(s[:-1]), tf.gather_nd(g, at)[None]], axis=0)
              for s, g in zip(states, totals, strict=True)]
-    back = tape.gradient(states, probes, output_gradients=seeds,
-                         unconnected_gradients="zero")
+    back = gradient(tf, tape, states, probes, seeds)
     return _joined_squares(tf, back)
 
 

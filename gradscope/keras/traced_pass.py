@@ -16,10 +16,22 @@ from typing import Any
 
 import numpy as np
 
-from gradscope._tf import import_tensorflow, native_stderr_silenced, without_grappler
+from gradscope._tf import (
+    grappler_if,
+    import_tensorflow,
+    native_stderr_silenced,
+    without_grappler,
+)
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label
 from gradscope.keras.observed_call import NotObserved
-from gradscope.keras.state_probes import carried_back, filled, probe_targets, state_totals
+from gradscope.keras.state_probes import (
+    carried_back,
+    carries_back,
+    filled,
+    probe_targets,
+    state_totals,
+    tape_for,
+)
 from gradscope.keras.whole_model import (
     all_variables,
     confirm,
@@ -49,6 +61,9 @@ class TracedPass:
         #: The pass is Keras' own call, looked on; False where it cannot be (a model whose
         #: calls the hooks cannot see): the replay, witnessed.
         self.own = True
+        #: Run with Grappler: the pass takes a second gradient through a loop
+        #: (:func:`~gradscope._tf.grappler_if`); every run of one function takes the same.
+        self.optimised = carries_back(engine.model)
 
     def warm(self, inputs: list[Any], targets: list[Any]) -> None:
         """Trace the pass for ``inputs`` and ``targets`` (``tf.TensorSpec``s) and run it once
@@ -69,7 +84,7 @@ class TracedPass:
             # in inference mode; a stateful layer's state): this runs beside training, which
             # could not be given its state back; the first observation builds it then.
             if not _moves_training_state(self.engine.model):
-                with contextlib.suppress(tf.errors.OpError), without_grappler():
+                with contextlib.suppress(tf.errors.OpError), grappler_if(self.optimised):
                     concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
             self.function, self.concrete = function, concrete
             if not self.witnessed and not self.own:
@@ -102,7 +117,7 @@ class TracedPass:
         # next training step. What the pass moves is put back.
         before = moved_state(engine.model)
         # TensorFlow's native log lines at a first op
-        with native_stderr_silenced(), without_grappler():
+        with native_stderr_silenced(), grappler_if(self.optimised):
             if self.function is None:
                 # Traced once with the batch axis free: the last, smaller batch of an epoch
                 # does not trace again.
@@ -197,7 +212,7 @@ def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
 
     @tf.function(autograph=False, reduce_retracing=True)
     def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
-        with tf.GradientTape(persistent=True) as tape:  # for carried_back
+        with tape_for(tf, True) as tape:  # for carried_back
             loss, _, calls = engine.forward(feed, targets, tape.watch,
                                             sample_weight=sample_weight, own=own,
                                             probe_states=True)

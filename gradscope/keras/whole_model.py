@@ -95,22 +95,24 @@ def whole_model_pass(model: Any, compute_loss: LossFunction, feed: list[Any],
     return replace(pass_of(model, loss, grads), terms=parts)
 
 
-def traced_or_eager(step: Callable[..., Any], *args: Any, eager: bool = False) -> Any:
-    """``step(*args)`` as one ``tf.function`` (without Grappler: it would cost more than it
-    saves on a pass that runs once), or eagerly where Keras or the model cannot be traced:
-    then any error is the one Keras gives when it runs the model as it is. ``eager``: run it
-    eagerly (a short model, where a trace costs more than it saves, or one the user compiled
-    with ``run_eagerly=True``, which ``fit`` runs eagerly too)."""
+def traced_or_eager(step: Callable[..., Any], *args: Any, eager: bool = False,
+                    optimised: bool = False) -> Any:
+    """``step(*args)`` as one ``tf.function`` (without Grappler unless ``optimised``: it
+    would cost more than it saves on a pass that runs once, but for a second gradient
+    through a loop, :func:`~gradscope._tf.grappler_if`), or eagerly where Keras or the model
+    cannot be traced: then any error is the one Keras gives when it runs the model as it is.
+    ``eager``: run it eagerly (a short model, where a trace costs more than it saves, or one
+    the user compiled with ``run_eagerly=True``, which ``fit`` runs eagerly too)."""
     import tensorflow as tf
 
-    from gradscope._tf import without_grappler
+    from gradscope._tf import grappler_if
     from gradscope.errors import GradscopeError
     from gradscope.keras.observed_call import NotObserved
 
     if eager:
         return step(*args)
     try:
-        with without_grappler():
+        with grappler_if(optimised):
             return tf.function(step, autograph=False)(*args)
     except (GradscopeError, NotObserved):  # NotObserved: the caller runs the replay
         raise
