@@ -366,7 +366,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
         if stretched and upstream is not None:
             return _by_stretches(tf, keras, layer, directions, parts, drawn, x, mask,
-                                 upstream, training, read_inputs, seen, sequences)
+                                 upstream, training, read_inputs, seen)
         steps = tf.shape(x)[1]
         probes = [[tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
                   for part in parts]
@@ -403,6 +403,21 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                                                                 directions, strict=True)]
         return outputs, [scan[0] for scan in scans], totals, direct, read, back
 
+    @tf.function(autograph=False, reduce_retracing=True)
+    def carried(x: Any, mask: Any, initial: list[Any], states: list[list[Any]],
+                at_last: list[list[Any]], drawn: list[Masks | None]) -> Any:
+        """A long call's :func:`_last_step_back`, per direction: a function of its own, run
+        after the stepping has let its memory go (within it, the peak grew by 0.7 GB on an
+        LSTM 256 at 1000 steps)."""
+        starts = np.cumsum([0, *counts])
+        found = []
+        for k, (d, masks) in enumerate(zip(directions, drawn, strict=True)):
+            with cell_holding(d.layer.cell, masks):
+                found.append(_last_step_back(tf, keras, d, x, mask,
+                                             initial[starts[k]:starts[k + 1]], states[k],
+                                             at_last[k], training))
+        return found
+
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
             list[np.ndarray] | None, np.ndarray | None, list[Masks | None], list[bool],
@@ -419,6 +434,10 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         with native_stderr_silenced(), without_grappler():
             outputs, states, totals, direct, read, back = traced(x, mask, initial, given,
                                                                  drawn, stretched)
+            if stretched and sequences and totals is not None:
+                at_last = [[tf.gather_nd(t, at) for t in part] for part, at in
+                           zip(totals, _last_places(tf, mask, directions, states), strict=True)]
+                back = carried(x, mask, initial, states, at_last, drawn)
         kind = None if cell_dtype else np.float64
         return ([np.asarray(o, np.float64) for o in outputs],
                 [[_batch_major(s, kind) for s in part] for part in states],
@@ -441,7 +460,7 @@ STRETCH_STEPS = 128
 def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                   parts: list[list[Any]], drawn: list[Masks | None], x: Any, mask: Any,
                   upstream: list[Any], training: bool, read_inputs: bool,
-                  seen: list[dict[str, Any]], sequences_out: bool) -> Any:
+                  seen: list[dict[str, Any]]) -> Any:
     """What ``stepped_runner``'s traced pass returns with ``upstream``, with the memory of
     :data:`STRETCH_STEPS` steps instead of every step's: the scans run forward once,
     untaped, keeping each state's sequence and the outputs; ∂L/∂ those outputs (what
@@ -468,93 +487,121 @@ def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                               for g, o in zip(upstream, outputs, strict=True) if g is not None])
     on_states, direct = tape.gradient(objective, [sequences, outs],
                                       unconnected_gradients="zero")
-    totals, reads, backs = [], [], []
+    totals, reads = [], []
     for k, (d, part, masks) in enumerate(zip(directions, parts, drawn, strict=True)):
         with cell_holding(d.layer.cell, masks):
-            total, read, back = _stretches_back(tf, keras, d.layer, x, mask, part,
-                                                sequences[k], outs[k], on_states[k],
-                                                direct[k], training, read_inputs,
-                                                sequences_out)
+            total, read = _stretches_back(tf, keras, d.layer, x, mask, part, sequences[k],
+                                          outs[k], on_states[k], direct[k], training,
+                                          read_inputs)
         totals.append(total)
         reads.append(read)
-        backs.append(back)
     read = tf.add_n(reads) if read_inputs else None
-    return outputs, sequences, totals, direct, read, backs if sequences_out else None
+    return outputs, sequences, totals, direct, read, None
+
+
+def _last_step_back(tf: Any, keras: Any, direction: Direction, x: Any, mask: Any,
+                    initial: list[Any], sequences: list[Any], at_last: list[Any],
+                    training: bool) -> Any:
+    """What arrives at each example's last step that ran, carried back alone
+    (:func:`_carried_back`), for a long call: the backward by stretches again
+    (:func:`_stretches_back`) from the state sequences the stepping kept (time-major,
+    processing order), seeded with each example's totals at that step (``at_last``: per
+    state, (B, ·)) there only. ‖v_t‖² (T, B)."""
+    steps, batch = tf.shape(sequences[0])[0], tf.shape(sequences[0])[1]
+    last = last_steps(tf, mask, batch, steps, direction.backwards)
+
+    def seeds(first: Any, end: Any) -> list[Any]:
+        here = tf.equal(tf.range(first, end)[:, None], last[None, :])  # (n, B)
+        return [tf.where(_along(tf, here, s), g[None], tf.zeros_like(s[first:end]))
+                for g, s in zip(at_last, sequences, strict=True)]
+
+    # Nothing arrives on the outputs: what a masked step keeps of the last is not read.
+    (back,), _ = _stretches_back(tf, keras, direction.layer, x, mask, initial, sequences,
+                                 None, seeds, None, training, read_inputs=False, joined=True)
+    return back
 
 
 def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
-                    sequences: list[Any], outs: Any, on_states: list[Any], on_outs: Any,
-                    training: bool, read_inputs: bool, back_out: bool = False
-                    ) -> tuple[list[Any], Any, Any]:
+                    sequences: list[Any], outs: Any, on_states: Any, on_outs: Any,
+                    training: bool, read_inputs: bool, joined: bool = False
+                    ) -> tuple[list[Any], Any]:
     """One direction's backward pass by stretches (:func:`_by_stretches`), a loop in the
-    graph: the total ∂L/∂ each state after every step (time-major, processing order); with
-    ``read_inputs``, ∂L/∂x (batch-major, input order; else None); with ``back_out``, what
-    arrives at each example's last step carried back (:func:`_carried_back`), its ‖v_t‖²
-    (T, B), processing order (else None), a second backward through each stretch."""
-    steps = tf.shape(outs)[0]
-    last_ran = last_steps(tf, mask, tf.shape(outs)[1], steps,
-                          bool(getattr(layer, "go_backwards", False)))
+    graph: the total ∂L/∂ each state after every step (time-major, processing order) and,
+    with ``read_inputs``, ∂L/∂x (batch-major, input order; else None).
+
+    ``outs`` None: nothing arrives on the outputs (``on_outs`` is not read); ``on_states``:
+    each state's sequence, or ``on_states(first, end)`` → the stretch's; ``joined``: instead
+    of the totals, ``[Σ over every state of its total², (T, B) in float64]`` (a stretch's
+    worth of memory, not the whole sequence's)."""
+    steps = tf.shape(sequences[0])[0]
     count = (steps + STRETCH_STEPS - 1) // STRETCH_STEPS
     backwards = bool(getattr(layer, "go_backwards", False))
     dtype = layer.cell.compute_dtype
     initial = [tf.cast(s, dtype) for s in initial]
+    outputs = outs is not None
 
     def body(k: Any, carried: list[Any], carried_out: Any, written: list[Any],
-             read: Any, carried_back: list[Any], written_back: Any) -> tuple[Any, ...]:
+             read: Any) -> tuple[Any, ...]:
         stretch = count - 1 - k  # from the last stretch to the first
         first = stretch * STRETCH_STEPS
         end = tf.minimum(first + STRETCH_STEPS, steps)
         before = tf.maximum(first - 1, 0)
         start = [tf.where(first > 0, seq[before], s0)
                  for seq, s0 in zip(sequences, initial, strict=True)]
-        last = tf.where(first > 0, outs[before], tf.zeros_like(outs[0]))
+        last = tf.where(first > 0, outs[before], tf.zeros_like(outs[0])) if outputs else None
         # processing steps first..end−1: input steps T−end..T−first−1 when run backwards
         lo, hi = (steps - end, steps - first) if backwards else (first, end)
         xs = x[:, lo:hi]
         ms = None if mask is None else mask[:, lo:hi]
         probes = [tf.zeros_like(seq[first:end]) for seq in sequences]
-        with tape_for(tf, back_out, watch_accessed_variables=False) as tape:
-            tape.watch([probes, start, last] + ([xs] if read_inputs else []))
+        here = (on_states(first, end) if callable(on_states) else
+                [g[first:end] for g in on_states])
+        watched = [probes, start] + ([last] if outputs else [])
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(watched + ([xs] if read_inputs else []))
             states, o = scan_cell(tf, keras, layer, xs, ms, start, probes, training,
                                   last_output=last)
-            objective = (tf.reduce_sum(on_outs[first:end] * o)
-                         + tf.add_n([tf.reduce_sum(g[first:end] * s)
-                                     for g, s in zip(on_states, states, strict=True)])
+            objective = (tf.add_n([tf.reduce_sum(g * s)
+                                   for g, s in zip(here, states, strict=True)])
                          + tf.add_n([tf.reduce_sum(c * s[-1])
-                                     for c, s in zip(carried, states, strict=True)])
-                         + tf.reduce_sum(carried_out * o[-1]))
-        found = tape.gradient(objective, [probes, start, last] + (
-            [xs] if read_inputs else []), unconnected_gradients="zero")
-        on_probes, on_start, on_last = found[:3]
-        written = [w.write(stretch, g) for w, g in zip(written, on_probes, strict=True)]
-        if back_out:
-            # What the loss puts on the states at each example's last step (where it falls
-            # in this stretch), and what the stretch after carried back to its end.
-            here = tf.equal(tf.range(first, end)[:, None], last_ran[None, :])  # (n, B)
-            seeds = [tf.where(_along(tf, here, g), g, tf.zeros_like(g))
-                     + tf.concat([tf.zeros_like(g[:-1]), c[None]], axis=0)
-                     for g, c in zip(on_probes, carried_back, strict=True)]
-            on_back = gradient(tf, tape, states, [probes, start], seeds)
-            written_back = written_back.write(stretch, _joined_squares(tf, on_back[0]))
-            carried_back = on_back[1]
-        del tape
+                                     for c, s in zip(carried, states, strict=True)]))
+            if outputs:
+                objective += (tf.reduce_sum(on_outs[first:end] * o)
+                              + tf.reduce_sum(carried_out * o[-1]))
+        found = tape.gradient(objective, watched + ([xs] if read_inputs else []),
+                              unconnected_gradients="zero")
+        on_probes, on_start = found[:2]
+        on_last = found[2] if outputs else carried_out
+        written = ([written[0].write(stretch, _joined_squares(tf, on_probes))] if joined else
+                   [w.write(stretch, g) for w, g in zip(written, on_probes, strict=True)])
         if read_inputs:  # time-major, so that the pieces join along axis 0
             read = read.write(count - 1 - stretch if backwards else stretch,
-                              tf.transpose(found[3], [1, 0, *range(2, len(x.shape))]))
-        return k + 1, on_start, on_last, written, read, carried_back, written_back
+                              tf.transpose(found[-1], [1, 0, *range(2, len(x.shape))]))
+        return k + 1, on_start, on_last, written, read
 
-    written = [tf.TensorArray(seq.dtype, size=count, infer_shape=False) for seq in sequences]
+    written = ([tf.TensorArray(tf.float64, size=count, infer_shape=False)] if joined else
+               [tf.TensorArray(seq.dtype, size=count, infer_shape=False) for seq in sequences])
     read = tf.TensorArray(x.dtype, size=count if read_inputs else 0, infer_shape=False)
-    written_back = tf.TensorArray(tf.float64, size=count if back_out else 0, infer_shape=False)
-    _, _, _, written, read, _, written_back = tf.while_loop(
+    _, _, _, written, read = tf.while_loop(
         lambda k, *rest: k < count, body,
-        (tf.constant(0), [tf.zeros_like(s) for s in initial], tf.zeros_like(outs[0]),
-         written, read, [tf.zeros_like(s) for s in initial], written_back))
+        (tf.constant(0), [tf.zeros_like(s) for s in initial],
+         tf.zeros_like(outs[0]) if outputs else tf.zeros([], dtype), written, read))
     totals = [w.concat() for w in written]
-    back = written_back.concat() if back_out else None
     if not read_inputs:
-        return totals, None, back
-    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))]), back
+        return totals, None
+    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))])
+
+
+def _last_places(tf: Any, mask: Any, directions: list[Direction],
+                 states: list[list[Any]]) -> list[Any]:
+    """Per direction, each example's last step that ran with its index, (B, 2), for
+    ``gather_nd`` on a time-major sequence (processing order)."""
+    found = []
+    for d, part in zip(directions, states, strict=True):
+        steps, batch = tf.shape(part[0])[0], tf.shape(part[0])[1]
+        last = last_steps(tf, mask, batch, steps, d.backwards)
+        found.append(tf.stack([last, tf.range(batch)], axis=1))
+    return found
 
 
 def _along(tf: Any, where: Any, value: Any) -> Any:
