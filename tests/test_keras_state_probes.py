@@ -135,7 +135,7 @@ def test_what_arrives_at_the_last_step_carried_back_against_a_hand_unrolled_tape
     from keras import layers as L
 
     import gradscope.keras.stepped as stepped_module
-    from gradscope.keras.stepped import carried_back, step_call
+    from gradscope.keras.stepped import carried_back, step_call, step_squares
 
     if stretched:
         monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
@@ -176,7 +176,13 @@ def test_what_arrives_at_the_last_step_carried_back_against_a_hand_unrolled_tape
     assert sum(truth[b, last[b]] > 0 for b in range(B)) >= B - int(backwards)
     # Up to each example's last step that ran (after it, nothing is read).
     upto = np.arange(T)[None, :] <= np.array(last)[:, None]
-    for found in (loop.carried_back, carried_back(stepped, 0)):
+    # diagnose's stepping keeps the squared norms alone (by stretches): the same numbers.
+    kept = step_call(engine, call, result.output_gradients["rnn"], False, squares=True)
+    assert not isinstance(kept, str), kept
+    assert (kept.squares is not None) == stretched
+    for mine, theirs in zip(step_squares(kept, 0), step_squares(stepped, 0), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-14)
+    for found in (loop.carried_back, carried_back(stepped, 0), carried_back(kept, 0)):
         assert found is not None
         np.testing.assert_allclose(np.where(upto, found, 0), truth, rtol=1e-4, atol=1e-12)
 

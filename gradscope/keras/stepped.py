@@ -68,6 +68,10 @@ class Stepped:
     #: step that ran, carried back through the recurrence alone
     #: (:func:`~gradscope.keras.state_probes.carried_back`); else None.
     carried_back: list[np.ndarray | None] | None = None
+    #: Per direction, where the stepping kept squared norms only (``squares``, a long call):
+    #: :func:`step_squares` as it gives them; the totals and what arrives from above are
+    #: then None.
+    squares: list[tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -89,6 +93,8 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
     arrives from above at t), every state joined, in float64: what :func:`joined_totals`
     holds, summed over the state as it is read, one example at a time (no float64 copy of
     the whole sequences). None where no gradient reached the call."""
+    if stepped.squares is not None:
+        return stepped.squares[index]
     if stepped.totals is None or stepped.direct is None:
         return None
     totals = stepped.totals[index]
@@ -242,7 +248,7 @@ def masks_drawn(engine: Any, directions: list[Direction], call: CapturedCall, x:
 
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
               training: bool, cell_dtype: bool = False, reuse: bool = False,
-              read_inputs: bool = True) -> Stepped | str:
+              read_inputs: bool = True, squares: bool = False) -> Stepped | str:
     """``call`` stepped through its layer's own cells; with ``upstream`` (the tape's
     ∂L/∂ each output of the call), the total ∂L/∂ every state after every step too. Or why
     it is not stepped.
@@ -251,7 +257,10 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
     (half the memory of a long call; the numbers are the same). ``reuse``: the traced step
     kept on ``engine`` for the next call of the same layer (:func:`engine_cached`).
     ``read_inputs``: ∂L/∂x_t of the input sequence too (``Stepped.inputs``; a quarter of the
-    stepping's time on an LSTM 256 at 1000 steps)."""
+    stepping's time on an LSTM 256 at 1000 steps). ``squares``: where the call is long
+    (differentiated by stretches), only :func:`step_squares`' two per step are kept
+    (``Stepped.squares``), not the totals (diagnose: 0.1 GB less on an LSTM 256 at 1000
+    steps)."""
     layer = engine.operation(call.layer)
     label = call_label(call.layer, call.index)
     directions = directions_of(layer, label)
@@ -269,12 +278,14 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
                 return own
             call = replace(call, states=own)
     try:
-        run = (engine_cached(engine, ("stepped", id(layer), training, cell_dtype, read_inputs),
+        run = (engine_cached(engine, ("stepped", id(layer), training, cell_dtype, read_inputs,
+                                      squares),
                              lambda: stepped_runner(engine, layer, directions, training,
-                                                    cell_dtype, read_inputs))
+                                                    cell_dtype, read_inputs, squares))
                if reuse else stepped_runner(engine, layer, directions, training, cell_dtype,
-                                            read_inputs))
-        outputs, states, totals, direct, inputs, masks, same, back = run(call, upstream)
+                                            read_inputs, squares))
+        outputs, states, totals, direct, inputs, masks, same, back, kept = run(call,
+                                                                              upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
         return not_stepped(exc)
     mismatch = _rebuilt(outputs, call, engine.dtype_name)
@@ -282,7 +293,7 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
         return mismatch
     return Stepped(label=label, call=call, directions=directions, states=states,
                    totals=totals, direct=direct, inputs=inputs, masks=masks,
-                   output_is_state=same, carried_back=back)
+                   output_is_state=same, carried_back=back, squares=kept)
 
 
 def _name_states(direction: Direction, count: int) -> None:
@@ -342,14 +353,17 @@ def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str |
 
 
 def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool,
-                   cell_dtype: bool = False, read_inputs: bool = True) -> Any:
+                   cell_dtype: bool = False, read_inputs: bool = True,
+                   squares: bool = False) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
     above, and ∂L/∂x_t of the input sequence, all in NumPy (float64; the sequences and totals
     in the cell's dtype with ``cell_dtype``), and each direction's dropout masks
     (:func:`drawn_masks`). One traced function: the scan is a loop in the graph, never a
     Python loop over time; the masks are its arguments, so a trace kept for the next call
-    (``reuse``) steps with that call's own."""
+    (``reuse``) steps with that call's own. ``squares``: a long call keeps
+    :func:`step_squares`' two in place of its totals (see :func:`step_call`); the totals and
+    what arrives from above are then None, and the squares come last."""
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
@@ -366,7 +380,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         parts = [initial[starts[k]:starts[k + 1]] for k in range(len(directions))]
         if stretched and upstream is not None:
             return _by_stretches(tf, keras, layer, directions, parts, drawn, x, mask,
-                                 upstream, training, read_inputs, seen)
+                                 upstream, training, read_inputs, seen, squares)
         steps = tf.shape(x)[1]
         probes = [[tf.zeros(tf.concat([[steps], tf.shape(s)], 0), s.dtype) for s in part]
                   for part in parts]
@@ -421,7 +435,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
     def run(call: CapturedCall, upstream: list[Any] | None) -> tuple[
             list[np.ndarray], list[list[np.ndarray]], list[list[np.ndarray]] | None,
             list[np.ndarray] | None, np.ndarray | None, list[Masks | None], list[bool],
-            list[np.ndarray | None] | None]:
+            list[np.ndarray | None] | None, list[tuple[np.ndarray, np.ndarray]] | None]:
         from gradscope._tf import native_stderr_silenced, without_grappler
 
         x = tf.convert_to_tensor(call.args[0])
@@ -434,7 +448,11 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
         with native_stderr_silenced(), without_grappler():
             outputs, states, totals, direct, read, back = traced(x, mask, initial, given,
                                                                  drawn, stretched)
-            if stretched and sequences and totals is not None:
+            kept = None
+            if stretched and squares:  # the squares in place of the totals
+                kept, totals, at_last = totals, None, back
+                back = carried(x, mask, initial, states, at_last, drawn) if sequences else None
+            elif stretched and sequences and totals is not None:
                 at_last = [[tf.gather_nd(t, at) for t in part] for part, at in
                            zip(totals, _last_places(tf, mask, directions, states), strict=True)]
                 back = carried(x, mask, initial, states, at_last, drawn)
@@ -447,7 +465,9 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                 None if read is None else np.asarray(read, np.float64),
                 [masks_numpy(m) for m in drawn],
                 [bool(held.get("output_is_state", True)) for held in seen],
-                None if back is None else [np.swapaxes(np.asarray(b), 0, 1) for b in back])
+                None if back is None else [np.swapaxes(np.asarray(b), 0, 1) for b in back],
+                None if kept is None else [(np.swapaxes(np.asarray(w), 0, 1),
+                                            np.swapaxes(np.asarray(c), 0, 1)) for w, c in kept])
 
     return run
 
@@ -460,7 +480,7 @@ STRETCH_STEPS = 128
 def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                   parts: list[list[Any]], drawn: list[Masks | None], x: Any, mask: Any,
                   upstream: list[Any], training: bool, read_inputs: bool,
-                  seen: list[dict[str, Any]]) -> Any:
+                  seen: list[dict[str, Any]], squares: bool = False) -> Any:
     """What ``stepped_runner``'s traced pass returns with ``upstream``, with the memory of
     :data:`STRETCH_STEPS` steps instead of every step's: the scans run forward once,
     untaped, keeping each state's sequence and the outputs; ∂L/∂ those outputs (what
@@ -469,7 +489,9 @@ def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
     from the states the forward scan left before it, under its own tape, its gradient
     carrying on from what the stretch after it gave its first states (and its first
     output, which a masked step keeps). The numbers are the whole tape's; the cost is one
-    more forward pass."""
+    more forward pass. With ``squares``, each direction keeps :func:`step_squares`' two
+    (T, B) and its totals at each example's last step (``_stretches_back(keep="squares")``)
+    in place of its totals, and what arrives from above is not returned."""
     bidirectional = class_label(layer) == "Bidirectional"
     scans = []
     for d, part, masks, held in zip(directions, parts, drawn, seen, strict=True):
@@ -487,15 +509,21 @@ def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
                               for g, o in zip(upstream, outputs, strict=True) if g is not None])
     on_states, direct = tape.gradient(objective, [sequences, outs],
                                       unconnected_gradients="zero")
-    totals, reads = [], []
+    totals, reads, at_last = [], [], []
     for k, (d, part, masks) in enumerate(zip(directions, parts, drawn, strict=True)):
+        last = (last_steps(tf, mask, tf.shape(x)[0], tf.shape(x)[1], d.backwards)
+                if squares else None)
         with cell_holding(d.layer.cell, masks):
-            total, read = _stretches_back(tf, keras, d.layer, x, mask, part, sequences[k],
-                                          outs[k], on_states[k], direct[k], training,
-                                          read_inputs)
+            total, read, found = _stretches_back(
+                tf, keras, d.layer, x, mask, part, sequences[k], outs[k], on_states[k],
+                direct[k], training, read_inputs, keep="squares" if squares else "totals",
+                last_ran=last)
         totals.append(total)
         reads.append(read)
+        at_last.append(found)
     read = tf.add_n(reads) if read_inputs else None
+    if squares:
+        return outputs, sequences, totals, None, read, at_last
     return outputs, sequences, totals, direct, read, None
 
 
@@ -516,32 +544,52 @@ def _last_step_back(tf: Any, keras: Any, direction: Direction, x: Any, mask: Any
                 for g, s in zip(at_last, sequences, strict=True)]
 
     # Nothing arrives on the outputs: what a masked step keeps of the last is not read.
-    (back,), _ = _stretches_back(tf, keras, direction.layer, x, mask, initial, sequences,
-                                 None, seeds, None, training, read_inputs=False, joined=True)
+    (back,), _, _ = _stretches_back(tf, keras, direction.layer, x, mask, initial, sequences,
+                                    None, seeds, None, training, read_inputs=False,
+                                    keep="joined")
     return back
 
 
 def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
                     sequences: list[Any], outs: Any, on_states: Any, on_outs: Any,
-                    training: bool, read_inputs: bool, joined: bool = False
-                    ) -> tuple[list[Any], Any]:
+                    training: bool, read_inputs: bool, keep: str = "totals",
+                    last_ran: Any = None) -> tuple[list[Any], Any, list[Any] | None]:
     """One direction's backward pass by stretches (:func:`_by_stretches`), a loop in the
     graph: the total ∂L/∂ each state after every step (time-major, processing order) and,
     with ``read_inputs``, ∂L/∂x (batch-major, input order; else None).
 
     ``outs`` None: nothing arrives on the outputs (``on_outs`` is not read); ``on_states``:
-    each state's sequence, or ``on_states(first, end)`` → the stretch's; ``joined``: instead
-    of the totals, ``[Σ over every state of its total², (T, B) in float64]`` (a stretch's
-    worth of memory, not the whole sequence's)."""
+    each state's sequence, or ``on_states(first, end)`` → the stretch's. What is kept, a
+    stretch's worth of memory instead of the whole sequence's: ``keep="joined"``, instead of
+    the totals, ``[Σ over every state of its total²]``; ``keep="squares"``, :func:`step_squares`'
+    two, ``[‖∂L/∂s_t‖², ‖its carried part‖²]``, both (T, B) in float64, and, third, each
+    state's total at each example's step ``last_ran`` (B,) (else None)."""
     steps = tf.shape(sequences[0])[0]
     count = (steps + STRETCH_STEPS - 1) // STRETCH_STEPS
     backwards = bool(getattr(layer, "go_backwards", False))
     dtype = layer.cell.compute_dtype
     initial = [tf.cast(s, dtype) for s in initial]
     outputs = outs is not None
+    # step_squares' carried part: the output's gradient is taken off the first state's
+    subtract = outputs and list(outs.shape[2:]) == list(sequences[0].shape[2:])
+
+    def kept(first: Any, end: Any, on_probes: list[Any], acc: list[Any]) -> tuple[
+            list[Any], list[Any]]:
+        """What a stretch writes, and the totals at each example's last step so far."""
+        if keep == "totals":
+            return on_probes, acc
+        whole = _joined_squares(tf, on_probes)
+        if keep == "joined":
+            return [whole], acc
+        rest = on_probes[0] - on_outs[first:end] if subtract else on_probes[0]
+        carried = _joined_squares(tf, [rest, *on_probes[1:]])
+        here = tf.equal(tf.range(first, end)[:, None], last_ran[None, :])  # (n, B)
+        acc = [a + tf.reduce_sum(tf.where(_along(tf, here, g), g, tf.zeros_like(g)), axis=0)
+               for a, g in zip(acc, on_probes, strict=True)]
+        return [whole, carried], acc
 
     def body(k: Any, carried: list[Any], carried_out: Any, written: list[Any],
-             read: Any) -> tuple[Any, ...]:
+             read: Any, acc: list[Any]) -> tuple[Any, ...]:
         stretch = count - 1 - k  # from the last stretch to the first
         first = stretch * STRETCH_STEPS
         end = tf.minimum(first + STRETCH_STEPS, steps)
@@ -572,24 +620,28 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
                               unconnected_gradients="zero")
         on_probes, on_start = found[:2]
         on_last = found[2] if outputs else carried_out
-        written = ([written[0].write(stretch, _joined_squares(tf, on_probes))] if joined else
-                   [w.write(stretch, g) for w, g in zip(written, on_probes, strict=True)])
+        pieces, acc = kept(first, end, on_probes, acc)
+        written = [w.write(stretch, g) for w, g in zip(written, pieces, strict=True)]
         if read_inputs:  # time-major, so that the pieces join along axis 0
             read = read.write(count - 1 - stretch if backwards else stretch,
                               tf.transpose(found[-1], [1, 0, *range(2, len(x.shape))]))
-        return k + 1, on_start, on_last, written, read
+        return k + 1, on_start, on_last, written, read, acc
 
-    written = ([tf.TensorArray(tf.float64, size=count, infer_shape=False)] if joined else
-               [tf.TensorArray(seq.dtype, size=count, infer_shape=False) for seq in sequences])
+    written = ([tf.TensorArray(seq.dtype, size=count, infer_shape=False) for seq in sequences]
+               if keep == "totals" else
+               [tf.TensorArray(tf.float64, size=count, infer_shape=False)
+                for _ in range(1 if keep == "joined" else 2)])
     read = tf.TensorArray(x.dtype, size=count if read_inputs else 0, infer_shape=False)
-    _, _, _, written, read = tf.while_loop(
+    acc = [tf.zeros_like(s) for s in initial]
+    _, _, _, written, read, acc = tf.while_loop(
         lambda k, *rest: k < count, body,
         (tf.constant(0), [tf.zeros_like(s) for s in initial],
-         tf.zeros_like(outs[0]) if outputs else tf.zeros([], dtype), written, read))
+         tf.zeros_like(outs[0]) if outputs else tf.zeros([], dtype), written, read, acc))
     totals = [w.concat() for w in written]
+    at_last = acc if keep == "squares" else None
     if not read_inputs:
-        return totals, None
-    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))])
+        return totals, None, at_last
+    return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))]), at_last
 
 
 def _last_places(tf: Any, mask: Any, directions: list[Direction],

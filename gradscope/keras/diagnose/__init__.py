@@ -159,7 +159,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         give_back_freed_memory()
         upstream = result.output_gradients.get(label)
         stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True,
-                            reuse=True, read_inputs=False)
+                            reuse=True, read_inputs=False, squares=True)
         if isinstance(stepped, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue

@@ -195,7 +195,8 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
             return _not(kind, words, "the copy does not call the layer as the model does")
         give_back_freed_memory()
         stepped = step_call(copy, call, upstream.get(rerun.label),
-                            copy.training, cell_dtype=True, reuse=True, read_inputs=False)
+                            copy.training, cell_dtype=True, reuse=True, read_inputs=False,
+                            squares=True)
         if isinstance(stepped, str):
             return _not(kind, words, f"the changed copy could not be stepped: {stepped}")
         path = trajectory(stepped, direction)
