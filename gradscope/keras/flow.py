@@ -62,8 +62,10 @@ STEPPED_FLOW = ("the total ∂L/∂h_t of each recurrent call: the cell the mode
 FLOW_READING = ("a model input's ∂L/∂x_t from the tape; norms are Frobenius over the batch; "
                 "a recurrent call is flagged by how much of ∂L/∂h its recurrence carries back "
                 "from the last step it runs to the first (the product of the one-step gains "
-                "‖∂L/∂h_t − its part from above‖ / ‖∂L/∂h_(t+1)‖), a model input by its norm "
-                "at t=0 over its norm at the last step")
+                "‖∂L/∂h_t − its part from above‖ / ‖∂L/∂h_(t+1)‖; where the call returns its "
+                "sequence, of what arrives at its last step carried back alone, one more "
+                "backward pass), a model input by its norm at t=0 over its norm at the last "
+                "step")
 FLOW_METHOD = f"{PROBED_FLOW}; {FLOW_READING}"
 JACOBIAN_METHOD = ("∂(final state)/∂(initial state) per example: gradscope's TF cell on the "
                    "captured input and initial state, float64, the tangents of every "

@@ -959,8 +959,9 @@ class StateFlow(_Report):
     last: float = Field(description="‖∂L/∂s_t‖ at the last step it runs")
     ratio: float | None = Field(
         description="how much of ∂L/∂s the recurrence carries back from the last step to the "
-                    "first: the product of the one-step gains, the ratio explain's flow flags "
-                    "(null: nothing carried)")
+                    "first: the product of the one-step gains (where the call returns its "
+                    "sequence, of what arrives at the last step carried back alone), the "
+                    "ratio explain's flow flags (null: nothing carried)")
     flag: Literal["vanishing", "exploding"] | None = Field(
         default=None, description="the flag explain --flow gives this ratio, by the same rule "
         "and factor (10³, the horizon's); null: none")
@@ -1092,7 +1093,9 @@ class RecurrentFlowSeries(_Report):
     ratios: list[float | None] = Field(
         description="per observation: how much of ∂L/∂h the recurrence carries back from "
                     "the last step it runs to the first, the product of the one-step gains "
-                    "‖∂L/∂h_t − its part from above‖ / ‖∂L/∂h_(t+1)‖ (the flag's ratio)")
+                    "‖∂L/∂h_t − its part from above‖ / ‖∂L/∂h_(t+1)‖ (where the call returns "
+                    "its sequence, of what arrives at the last step carried back alone; the "
+                    "flag's ratio)")
     flags: list[Literal["vanishing", "exploding"] | None] = Field(
         description="per observation: the flag of `explain --flow`'s rule, beyond the factor")
     backwards: bool = Field(default=False, description="processing order: t = 0 is the last "
