@@ -284,3 +284,32 @@ def test_every_kind_of_recurrent_call_is_cut(keras_tf: Any, kind: str) -> None:
     assert report.carry.carried_error < 1e-4
     if kind == "encoder_decoder":
         assert [call.chunk_lengths for call in report.carry.calls] == [[3, 3, 3], [2, 2, 1]]
+
+
+def test_chunks_on_a_saved_stateful_model_start_each_pass_from_its_carried_state(
+        keras_tf: Any, tmp_path: Any) -> None:
+    """A stateful LSTM saved to a file, its state carried from a batch before: every pass
+    (the full one, then the cut ones) starts from that state. The pass moved it before, and
+    the cut runs then disagreed with Keras' full gradient; the file reads as the object."""
+    import gradscope
+
+    keras, _ = keras_tf
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((8, 2), batch_size=4),
+                              keras.layers.LSTM(5, stateful=True, return_sequences=True),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4, 8, 2)).astype(np.float32)
+    y = rng.normal(size=(4, 8, 1)).astype(np.float32)
+    model.predict(x, verbose=0)  # a batch before: the state the next one starts from
+    path = str(tmp_path / "stateful.keras")
+    model.save(path)
+    from_file = gradscope.explain(path, x=x, y=y, chunks=2)
+    from_object = gradscope.explain(keras.saving.load_model(path), x=x, y=y, chunks=2)
+    mine, theirs = from_file.to_dict()["carry"], from_object.to_dict()["carry"]
+    assert mine["verdict"] == theirs["verdict"] and mine["weights"]
+    for a, b in zip(mine["weights"], theirs["weights"], strict=True):
+        assert a["name"] == b["name"]
+        for key in ("l2_full", "l2_truncated"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5)

@@ -508,8 +508,9 @@ class KerasEngine:
         weights = self.weight_tensors(sample_weight)
         eager = runs_eagerly(self.user_model) or not self._worth_tracing(inputs)
         # A training-mode run moves batch-norm statistics, dropout seeds and the states of
-        # stateful layers: each pass starts from the same values, and the user's model
-        # object gets its own values back.
+        # stateful layers: each pass starts from the same values (gradscope's own load of a
+        # file too: its next pass, a cut run of --chunks or a probe of check, must see the
+        # model this one saw), and the user's model object gets its own values back.
         before = moved_state(self.model)
         try:
             if self.training:
@@ -524,8 +525,7 @@ class KerasEngine:
             return self._witnessed_replay(feed, y, inputs, watch_outputs, watch_inputs,
                                           weights, eager, before, probe_states)
         finally:
-            if self.live:
-                restore(before)
+            restore(before)
 
     def _witnessed_replay(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
                           watch_outputs: bool, watch_inputs: bool, weights: Any, eager: bool,
