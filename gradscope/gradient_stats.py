@@ -10,7 +10,22 @@ import numpy as np
 from gradscope.dynamics import FLOW_FACTOR, flow_kind
 from gradscope.report.models import FlowFlag, PerExampleNorms, Stats
 
-__all__ = ["FLOW_FACTOR", "flow_flags", "per_example_norms", "stats"]
+__all__ = ["FLOW_FACTOR", "MAP_ROWS", "flow_flags", "map_rows", "per_example_norms",
+           "stats"]
+
+#: Rows t of the influence map (``--plot``): at most this many evenly spaced, beside ``--at``
+#: (a YAML spec's takes one backward pass per row and unit of its last layer).
+MAP_ROWS = 16
+
+
+def map_rows(steps: int, at: int | None = None) -> list[int]:
+    """The steps t whose ‖∂h_t/∂x_s‖ the influence map shows: up to :data:`MAP_ROWS` evenly
+    spaced from the first step to the last, and the step ``--at`` names among them (the
+    influence the text shows is then a row of the map)."""
+    rows = {int(r) for r in np.linspace(0, steps - 1, min(MAP_ROWS, steps))}
+    if at is not None:
+        rows.add(int(at))
+    return sorted(rows)
 
 
 def stats(values: np.ndarray) -> Stats:

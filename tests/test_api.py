@@ -82,6 +82,12 @@ def test_yaml_explain_takes_flow_jacobians_at_and_heatmap_and_refuses_keras_opti
     assert report.gradient_flow is not None and report.state_jacobians is not None
     assert report.gradient_flow.influence_map is not None
     assert report.gradient_flow.influence_step == 3
+    # The --at step is a row of the map: 20 steps, rows 0, 1, 2, 3, 5, …, 19 and 4.
+    spec = gradscope.load_spec({"input_size": 3, "time_steps": 20, "batch_size": 2,
+                                "layers": [{"gru": 3}, {"dense": 2}]})
+    long = gradscope.explain(spec, at=4, heatmap=True).gradient_flow
+    assert long is not None and long.influence_map is not None
+    assert 4 in long.influence_map.steps and len(long.influence_map.steps) == 17
     for option in ({"loss": "mse"}, {"training": True}):
         with pytest.raises(ConfigError, match=f"{next(iter(option))}= is for Keras models; a "
                                               "YAML config sets its loss"):

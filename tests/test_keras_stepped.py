@@ -244,6 +244,17 @@ def test_at_and_plot_on_a_saved_keras_model(tmp_path):
     assert found["influence_map"]["steps"][0] == 0 and plot.stat().st_size > 1000
     result = run_gradscope("explain", str(tmp_path / "m.keras"), "--at", "9")
     assert result.returncode == 2 and "--at 9 is outside the 7 time steps" in result.stderr
+    # Over 20 steps the map's 16 evenly spaced rows miss t = 4: the --at step is added.
+    long = keras.Model(x_in := keras.Input((20, F)), L.Dense(2)(L.GRU(3)(x_in)))
+    long.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    report = gradscope.explain(long, x=rng.normal(size=(2, 20, F)).astype("float32"),
+                               y=rng.normal(size=(2, 2)).astype("float32"), at=4, heatmap=True)
+    (found,) = report.gradient_flow.influence
+    assert found.step == 4 and found.influence_map is not None
+    assert 4 in found.influence_map.steps and len(found.influence_map.steps) == 17
+    row = found.influence_map.steps.index(4)
+    assert found.influence_map.values[row] == pytest.approx(found.influence, rel=1e-6)
 
 
 def _dropout_model(seed: int) -> tuple[Any, Any]:

@@ -529,16 +529,14 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
     return sequences, flags, any(loop.totals.backwards for loop in loops)
 
 
-#: Rows t of the influence map (``--plot``): at most this many, evenly spaced.
-MAP_ROWS = 16
-
-
 def influences(engine: Any, result: KerasPass, at: int | None,
                heatmap: bool) -> list[KerasInfluence]:
     """‖∂h_t/∂x_s‖ of every recurrent call that can be stepped (each direction of a
-    Bidirectional), t = ``at`` (default: the last step), with ``heatmap`` over up to
-    :data:`MAP_ROWS` steps t too. ``at`` beyond a call's steps is a ConfigError."""
+    Bidirectional), t = ``at`` (default: the last step), with ``heatmap`` over the steps
+    :func:`~gradscope.gradient_stats.map_rows` gives too. ``at`` beyond a call's steps is a
+    ConfigError."""
     from gradscope.errors import ConfigError
+    from gradscope.gradient_stats import map_rows
     from gradscope.keras.stepped import influence, step_call
 
     found: list[KerasInfluence] = []
@@ -556,8 +554,7 @@ def influences(engine: Any, result: KerasPass, at: int | None,
             raise ConfigError(f"--at {at} is outside the {steps} time steps of "
                               f"{stepped.label}; expected 0 to {steps - 1}", where="--at")
         t = steps - 1 if at is None else at
-        rows = (sorted({int(r) for r in np.linspace(0, steps - 1, min(MAP_ROWS, steps))})
-                if heatmap else [])
+        rows = map_rows(steps, t) if heatmap else []
         for index, direction in enumerate(stepped.directions):
             norms = influence(engine, stepped, index, [t, *rows])
             heat = (InfluenceMap(steps=rows, values=[[float(v) for v in norms[r]]

@@ -90,9 +90,10 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
                            if jacobians else None)
         gradient_flow = flow_entry(found) if flow else None
         if heatmap and gradient_flow is not None:
+            from gradscope.gradient_stats import map_rows
             from gradscope.yaml.dynamics import influence_map
 
-            rows = sorted({int(t) for t in np.linspace(0, steps - 1, min(steps, HEATMAP_ROWS))})
+            rows = map_rows(steps, at)
             say("influence map ‖∂h_t/∂x_s‖")
             values = influence_map(engine, params, batch, rows)
             gradient_flow = gradient_flow.model_copy(update={"influence_map": InfluenceMap(
@@ -251,8 +252,6 @@ def jacobian_entry(algebra: ModelShapes, block: JacobianBlock) -> JacobianEntry:
     )
 
 
-#: Rows t of the --plot heatmap (one backward pass per row and unit of the last layer).
-HEATMAP_ROWS = 16
 
 def flow_entry(found: Dynamics) -> FlowSection:
     sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}
