@@ -323,12 +323,12 @@ def _probed(probing: Probing, name: str, gradient: np.ndarray,
     if not settled.groups:
         return WitnessResult(WITNESS, name, None, rtol, True,
                              settled.left_out_detail(len(probes)),
-                             at_kink=not settled.unresolved,
-                             unresolved=bool(settled.unresolved))
+                             at_kink=not settled.not_resolved,
+                             unresolved=settled.not_resolved)
     error, passed, detail = max(
         (directional_error(gradient, group, p, m, loss, rtol, atol, taken, rounding)
          for group, p, m, taken in settled.groups), key=lambda found: found[0])
-    if settled.kinks or settled.unresolved:
+    if settled.kinks or settled.not_resolved:
         detail += f"; {settled.left_out_detail(len(probes))}"
     if keep is not None:
         detail += "; masked steps held fixed (their mask depends on their values)"
