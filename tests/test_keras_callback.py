@@ -246,7 +246,7 @@ def test_report_fits_the_width_and_names_every_layer(fitted):
     for width in (60, 80, 120):
         text = render_text(history, width)
         assert max(len(line) for line in text.splitlines()) <= width, width
-        for name in ("gru_a ‖∂L/∂h0‖", "gru_b ∂L/∂h carried T−1→0", "gru_a (step 6)"):
+        for name in ("gru_a ‖∂L/∂h0‖", "gru_b ∂L/∂s carried back", "gru_a (step 6)"):
             assert name in text
     assert json.loads(history.to_json())["observations"][0]["step"] == 2
     assert "gru_a ‖∂L/∂h0‖" in history._repr_html_()  # how a notebook shows it

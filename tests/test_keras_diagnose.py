@@ -1129,18 +1129,23 @@ def test_a_batch_padded_after_its_sequences_carries_as_one_padded_before_them(tf
         before[row, steps - length:] = tokens
     y = rng.standard_normal((len(lengths), 1)).astype("float32")
 
-    def ratios(x: np.ndarray) -> tuple[float, list[float]]:
+    def ratios(x: np.ndarray) -> tuple[Any, list[float]]:
         entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
         flow = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
         assert entry.flow is not None and entry.flow.ratio is not None and flow is not None
         flagged = [f.ratio for f in flow.flags if f.what.startswith("∂L/∂lstm/h_t")]
         assert flagged in ([], [pytest.approx(entry.flow.ratio, rel=1e-5)])
-        return entry.flow.ratio, flagged
+        return entry.flow, flagged
 
     (diagnosed_after, flagged_after), (diagnosed_before, flagged_before) = (
         ratios(after), ratios(before))
-    assert diagnosed_after == pytest.approx(diagnosed_before, rel=1e-4)
+    assert diagnosed_after.ratio == pytest.approx(diagnosed_before.ratio, rel=1e-4)
     assert len(flagged_after) == len(flagged_before)
+    # ‖∂L/∂s‖ at the first and the last step is each example's own (padded after, the
+    # call's last step held no gradient: "last" read 0).
+    assert diagnosed_after.last > 0
+    assert diagnosed_after.first == pytest.approx(diagnosed_before.first, rel=1e-4)
+    assert diagnosed_after.last == pytest.approx(diagnosed_before.last, rel=1e-4)
 
 
 def test_a_mixed_float16_model_object_names_its_loss_scale_optimizer(tf: Any) -> None:

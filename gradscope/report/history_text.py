@@ -64,7 +64,7 @@ def _recurrent_rows(series: list[RecurrentFlowSeries]) -> dict[str, list[float |
     for entry in series:
         for state, norms in entry.initial_state_norms.items():
             rows[f"{entry.layer} ‖∂L/∂{state}‖"] = norms
-        rows[f"{entry.layer} ∂L/∂h carried T−1→0"] = entry.ratios
+        rows[f"{entry.layer} ∂L/∂s carried back"] = entry.ratios
     return rows
 
 
@@ -79,9 +79,10 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
             last = hits[-1]
             lines.append(warning(
                 f"{entry.layer}: {kind} gradients at {len(hits)} of {len(entry.flags)} "
-                f"observations, the last at step {steps[last]} (carried back from t=T−1 to "
-                f"t=0, ∂L/∂h keeps {number(entry.ratios[last])} × its size; flagged beyond a "
-                f"factor {report.flag_factor:g})"))
+                f"observations, the last at step {steps[last]} (carried back from each "
+                f"example's last step that ran to its first, ∂L/∂s, every state joined, keeps "
+                f"{number(entry.ratios[last])} × its size; flagged beyond a factor "
+                f"{report.flag_factor:g})"))
     if report.recurrent and not lines:
         lines.append(Text(f"{NO_FLAGS} (factor {report.flag_factor:g})", style="dim"))
     return lines

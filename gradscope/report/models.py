@@ -955,8 +955,10 @@ class Exploding(_Report):
 class StateFlow(_Report):
     """How ∂L/∂s_t (s: every state joined) crosses the recurrence, over the batch."""
 
-    first: float = Field(description="‖∂L/∂s_t‖ at the first step the layer runs")
-    last: float = Field(description="‖∂L/∂s_t‖ at the last step it runs")
+    first: float = Field(description="‖∂L/∂s_t‖ at the first step the layer runs (on a padded "
+                                     "batch, at each example's own first step that ran)")
+    last: float = Field(description="‖∂L/∂s_t‖ at the last step it runs (on a padded batch, "
+                                    "at each example's own last step that ran)")
     ratio: float | None = Field(
         description="how much of ∂L/∂s the recurrence carries back from the last step to the "
                     "first: the product of the one-step gains (where the call returns its "

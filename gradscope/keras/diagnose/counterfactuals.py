@@ -97,7 +97,8 @@ def change_words(kind: str, cell: Any) -> str:
 
 def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
                ran: np.ndarray, back: np.ndarray | None = None) -> StateFlow | None:
-    """‖∂L/∂s_t‖ at the first and last step of a direction, from its
+    """‖∂L/∂s_t‖ at the first and last step of a direction (each example's own that ran),
+    from its
     :func:`~gradscope.keras.stepped.step_squares` and where each example's steps ran (B, T),
     processing order: the ratio the flow flags (:func:`~gradscope.keras.flow.carried_ratio`,
     from the same per-step norms, or, where the call returns its sequence, from ``back``:
@@ -108,9 +109,15 @@ def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
     if squares is None:
         return None
     whole, carried = squares
-    totals = np.sqrt(np.sum(whole, axis=0))
     ratio = carried_ratio_of(carried, whole, ran) if back is None else back_ratio_of(back, ran)
-    return StateFlow(first=float(totals[0]), last=float(totals[-1]), ratio=ratio,
+    # Each example's own first and last step that ran (on a padded batch, a step of the call
+    # no example ran holds no gradient): what the ratio is read between.
+    ran = np.asarray(ran, bool)
+    rows = np.nonzero(ran.any(axis=1))[0]
+    first = np.argmax(ran[rows], axis=1)
+    last = ran.shape[1] - 1 - np.argmax(ran[rows, ::-1], axis=1)
+    return StateFlow(first=float(np.sqrt(np.sum(whole[rows, first]))),
+                     last=float(np.sqrt(np.sum(whole[rows, last]))), ratio=ratio,
                      flag=dynamics.flow_kind(ratio))
 
 
