@@ -248,7 +248,8 @@ def masks_drawn(engine: Any, directions: list[Direction], call: CapturedCall, x:
 
 def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
               training: bool, cell_dtype: bool = False, reuse: bool = False,
-              read_inputs: bool = True, squares: bool = False) -> Stepped | str:
+              read_inputs: bool = True, squares: bool = False,
+              carry_back: bool = True) -> Stepped | str:
     """``call`` stepped through its layer's own cells; with ``upstream`` (the tape's
     ∂L/∂ each output of the call), the total ∂L/∂ every state after every step too. Or why
     it is not stepped.
@@ -260,7 +261,8 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
     stepping's time on an LSTM 256 at 1000 steps). ``squares``: where the call is long
     (differentiated by stretches), only :func:`step_squares`' two per step are kept
     (``Stepped.squares``), not the totals (diagnose: 0.1 GB less on an LSTM 256 at 1000
-    steps)."""
+    steps). ``carry_back``: where the call returns its sequence, what arrives at each
+    example's last step is carried back (``Stepped.carried_back``, one more backward pass)."""
     layer = engine.operation(call.layer)
     label = call_label(call.layer, call.index)
     directions = directions_of(layer, label)
@@ -279,11 +281,12 @@ def step_call(engine: Any, call: CapturedCall, upstream: list[Any] | None,
             call = replace(call, states=own)
     try:
         run = (engine_cached(engine, ("stepped", id(layer), training, cell_dtype, read_inputs,
-                                      squares),
+                                      squares, carry_back),
                              lambda: stepped_runner(engine, layer, directions, training,
-                                                    cell_dtype, read_inputs, squares))
+                                                    cell_dtype, read_inputs, squares,
+                                                    carry_back))
                if reuse else stepped_runner(engine, layer, directions, training, cell_dtype,
-                                            read_inputs, squares))
+                                            read_inputs, squares, carry_back))
         outputs, states, totals, direct, inputs, masks, same, back, kept = run(call,
                                                                               upstream)
     except Exception as exc:  # noqa: BLE001  (the user's cell, run step by step)
@@ -354,7 +357,7 @@ def _rebuilt(outputs: list[np.ndarray], call: CapturedCall, dtype: str) -> str |
 
 def stepped_runner(engine: Any, layer: Any, directions: list[Direction], training: bool,
                    cell_dtype: bool = False, read_inputs: bool = True,
-                   squares: bool = False) -> Any:
+                   squares: bool = False, carry_back: bool = True) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
     above, and ∂L/∂x_t of the input sequence, all in NumPy (float64; the sequences and totals
@@ -363,13 +366,14 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
     Python loop over time; the masks are its arguments, so a trace kept for the next call
     (``reuse``) steps with that call's own. ``squares``: a long call keeps
     :func:`step_squares`' two in place of its totals (see :func:`step_call`); the totals and
-    what arrives from above are then None, and the squares come last."""
+    what arrives from above are then None, and the squares come last. ``carry_back``: see
+    :func:`step_call`."""
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
     # A gradient from above may enter at every step: what enters at the last is carried
     # back once more (:func:`~gradscope.keras.state_probes.carried_back`).
-    sequences = bool(getattr(layer, "return_sequences", False))
+    sequences = carry_back and bool(getattr(layer, "return_sequences", False))
     # Filled at tracing, per direction: whether its cell's output is its first state.
     seen: list[dict[str, Any]] = [{} for _ in directions]
 

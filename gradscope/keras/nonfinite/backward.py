@@ -105,7 +105,7 @@ def _stepped_totals(engine: Any, call: CapturedCall,
     direction; None where the call is not stepped or every total is finite."""
     from gradscope.keras.stepped import step_call
 
-    stepped = step_call(engine, call, upstream, engine.training)
+    stepped = step_call(engine, call, upstream, engine.training, carry_back=False)
     if isinstance(stepped, str) or stepped.totals is None:
         return None
     for direction, totals in zip(stepped.directions, stepped.totals, strict=True):
