@@ -1135,6 +1135,9 @@ def test_a_batch_padded_after_its_sequences_carries_as_one_padded_before_them(tf
         assert entry.flow is not None and entry.flow.ratio is not None and flow is not None
         flagged = [f.ratio for f in flow.flags if f.what.startswith("∂L/∂lstm/h_t")]
         assert flagged in ([], [pytest.approx(entry.flow.ratio, rel=1e-5)])
+        # explain gives the ratio, flagged or not, on the state it reads.
+        carried = [s.carried for s in flow.sequences if s.carried is not None]
+        assert carried == [pytest.approx(entry.flow.ratio, rel=1e-5)]
         return entry.flow, flagged
 
     (diagnosed_after, flagged_after), (diagnosed_before, flagged_before) = (

@@ -510,15 +510,17 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
     sequences, flags = [], []
     loops = loop_flows(layer, label, probed, mask)
     for loop in loops:
+        output = loop.totals.output_state
+        ratio = None if output is None else loop.carried()
         for k in loop.shown:
             sequences.append(KerasFlowSequence(what=loop.what(k), kind="state",
                                                source=loop.label,
                                                norms=per_step_norms(loop.totals.totals[k]),
-                                               backwards=loop.totals.backwards))
-        output = loop.totals.output_state
+                                               backwards=loop.totals.backwards,
+                                               carried=ratio if k == output else None))
         steps = loop.totals.totals[0].shape[1]
         flag = (None if output is None
-                else recurrence_flag(loop.what(output), loop.carried(), steps, loop.ran))
+                else recurrence_flag(loop.what(output), ratio, steps, loop.ran))
         if flag is not None:
             flags.append(flag)
     read = [loop.totals.inputs for loop in loops if loop.totals.inputs is not None]
@@ -597,9 +599,10 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
             later = k > 0 or not output_is_state
             what = f"∂L/∂{direction.label}/{short}" + (" (as step t+1 reads it)" if later
                                                        else "")
-            sequences.append(KerasFlowSequence(what=what, kind="state", source=direction.label,
-                                               norms=per_step_norms(total),
-                                               backwards=direction.backwards))
+            sequence = KerasFlowSequence(what=what, kind="state", source=direction.label,
+                                         norms=per_step_norms(total),
+                                         backwards=direction.backwards)
+            sequences.append(sequence)
             if not own_cell and total.shape == direct.shape:
                 # What the recurrence carries is the whole state: an LSTM's c carries what
                 # its h does not, so both are read together (the gradient from above
@@ -611,6 +614,7 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 back = (stepped.carried_back or [None] * len(stepped.directions))[index]
                 ratio = (carried_ratio(whole, above, ran) if back is None else
                          back_ratio_of(back, ran))
+                sequences[-1] = sequence.model_copy(update={"carried": ratio})
                 flag = recurrence_flag(what, ratio, total.shape[1], ran)
                 if flag is not None:
                     flags.append(flag)

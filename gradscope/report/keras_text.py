@@ -280,6 +280,13 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
                           f"{'' if count == 1 else 's'} not analysed (below)", style="dim"))
     else:
         parts += flag_warnings(flow.flags, drawn=bool(rows))
+    flagged = {flag.what for flag in flow.flags}
+    kept = [f"{s.source} ×{s.carried:.2e}" for s in flow.sequences
+            if s.carried is not None and s.what not in flagged]
+    if kept:
+        # Not flagged is not nothing: the ratio the flag reads, for each call it did not flag.
+        parts.append(Text("carried back, every state joined, from each example's last step to "
+                          f"its first (not flagged): {', '.join(kept)}", style="dim"))
     parts += _not_analysed(flow.not_analysed)
     parts.append(Text(flow.method, style="dim"))
     return parts

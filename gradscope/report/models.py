@@ -598,6 +598,10 @@ class KerasFlowSequence(_Report):
     norms: list[float] = Field(description="per step t: the Frobenius norm over the batch")
     backwards: bool = Field(default=False, description="a layer that reads the input backwards: "
                             "its steps are in processing order, t = 0 is the last input step")
+    carried: float | None = Field(
+        default=None, description="for the state the flag reads: how much of ∂L/∂s (every "
+        "state joined) the recurrence carries back from each example's last step that ran to "
+        "its first, the flag's ratio, flagged or not (null: not read here)")
 
 
 class KerasNotAnalysed(_Report):
