@@ -481,3 +481,27 @@ def test_a_padded_batch_s_flag_names_the_steps_its_longest_example_ran():
                                    "its own last step), the gradient keeps 1.00e-07 × its size")
     whole = recurrence_flag("∂L/∂lstm/h_t", 1e-7, 40, np.ones((3, 40), bool))
     assert whole is not None and "from t=39 to t=0 (the order the layer runs)" in whole.message
+
+
+def test_an_lstm_s_flag_says_its_ratio_is_of_h_and_c_together(tmp_path):
+    """The flag of an LSTM is labelled by h, and its ratio is of h and c together: it says
+    so (found tried as a new user would: h alone would read ×2.2e-03 where [h, c] reads
+    ×7.9e-03)."""
+    import keras
+    import numpy as np
+
+    import gradscope
+
+    keras.utils.set_random_seed(2)
+    x_in = keras.Input((30, 3))
+    lstm = keras.layers.LSTM(4, name="lstm")
+    model = keras.Model(x_in, keras.layers.Dense(1)(lstm(x_in)))
+    model.compile(loss="mse")
+    kernel, recurrent, bias = lstm.get_weights()
+    bias[4:8] = -5.0  # the forget gate shut: vanishing
+    lstm.set_weights([kernel, recurrent, bias])
+    rng = np.random.default_rng(0)
+    flow = gradscope.explain(model, x=rng.normal(size=(4, 30, 3)).astype("float32"),
+                             y=rng.normal(size=(4, 1)).astype("float32"), flow=True).gradient_flow
+    (flag,) = [f for f in flow.flags if f.what == "∂L/∂lstm/h_t"]
+    assert "the gradient on h and c together keeps" in flag.message

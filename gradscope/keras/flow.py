@@ -400,13 +400,16 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray,
 
 
 def recurrence_flag(what: str, ratio: float | None, steps: int,
-                    ran: np.ndarray | None = None) -> FlowFlag | None:
+                    ran: np.ndarray | None = None,
+                    states: list[str] | None = None) -> FlowFlag | None:
     """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way
     (:func:`gradscope.dynamics.flow_kind`, the rule diagnose reads its own flow by); the
     flag points to ``gradscope diagnose`` for why. ``ran`` (B, T): where each example's
     steps ran; a padded batch's ratio is read aligned at each example's last step
     (:func:`~gradscope.keras.probed_flow.carried_ratio_of`), over the steps its longest
-    example ran, and is said so."""
+    example ran, and is said so. ``states``: the names of the states the ratio joins, said
+    where they are more than one (an LSTM's is of h and c together, where ``what`` names
+    h)."""
     from gradscope.dynamics import FLOW_FACTOR, flow_kind
 
     kind = flow_kind(ratio)
@@ -420,9 +423,11 @@ def recurrence_flag(what: str, ratio: float | None, steps: int,
     span = (f"from t={steps - 1} to t=0 (the order the layer runs)" if longest >= steps else
             f"over the {longest} steps its longest example ran (each example's from its own "
             "last step)")
+    joined = ("" if not states or len(states) < 2 else
+              f" on {', '.join(states[:-1])} and {states[-1]} together")
     return FlowFlag(what=what, kind=kind, ratio=ratio,
                     message=f"{what}: carried back through the recurrence {span}, the "
-                            f"gradient {kept}: {kind} "
+                            f"gradient{joined} {kept}: {kind} "
                             f"gradients (flagged beyond a factor {FLOW_FACTOR:g}); gradscope "
                             "diagnose says why")
 
@@ -520,7 +525,7 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
                                                carried=ratio if k == output else None))
         steps = loop.totals.totals[0].shape[1]
         flag = (None if output is None
-                else recurrence_flag(loop.what(output), ratio, steps, loop.ran))
+                else recurrence_flag(loop.what(output), ratio, steps, loop.ran, loop.names))
         if flag is not None:
             flags.append(flag)
     read = [loop.totals.inputs for loop in loops if loop.totals.inputs is not None]
@@ -615,7 +620,8 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 ratio = (carried_ratio(whole, above, ran) if back is None else
                          back_ratio_of(back, ran))
                 sequences[-1] = sequence.model_copy(update={"carried": ratio})
-                flag = recurrence_flag(what, ratio, total.shape[1], ran)
+                flag = recurrence_flag(what, ratio, total.shape[1], ran,
+                                       [n.removesuffix("0") for n in direction.names])
                 if flag is not None:
                     flags.append(flag)
     if stepped.inputs is not None:
