@@ -176,6 +176,18 @@ def test_what_arrives_at_the_last_step_carried_back_against_a_hand_unrolled_tape
     assert sum(truth[b, last[b]] > 0 for b in range(B)) >= B - int(backwards)
     # Up to each example's last step that ran (after it, nothing is read).
     upto = np.arange(T)[None, :] <= np.array(last)[:, None]
+    # Where an example gets no gradient at its last step that ran, the ratio is read on the
+    # others, and says so.
+    from gradscope.keras.probed_flow import resting_on
+
+    reached = sum(bool(truth[b, last[b]] > 0) for b in range(B))
+    assert resting_on(loop.carried_back, ran) == (None if reached == B else (reached, B))
+    if backwards and not stretched:
+        import gradscope
+
+        flow = gradscope.explain(model, x=x, y=y, flow=True).gradient_flow
+        (read,) = [q for q in flow.sequences if q.carried is not None]
+        assert read.carried_examples == [reached, B]
     # diagnose's stepping keeps the squared norms alone (by stretches): the same numbers.
     kept = step_call(engine, call, result.output_gradients["rnn"], False, squares=True)
     assert not isinstance(kept, str), kept

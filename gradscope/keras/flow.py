@@ -36,6 +36,7 @@ from gradscope.keras.probed_flow import (
     example_squares,
     loop_flows,
     processing_ran,
+    resting_on,
 )
 from gradscope.keras.state_probes import StateTotals
 from gradscope.report.models import (
@@ -401,7 +402,8 @@ def carried_ratio(total: np.ndarray, direct: np.ndarray,
 
 def recurrence_flag(what: str, ratio: float | None, steps: int,
                     ran: np.ndarray | None = None,
-                    states: list[str] | None = None) -> FlowFlag | None:
+                    states: list[str] | None = None,
+                    rests_on: tuple[int, int] | None = None) -> FlowFlag | None:
     """Vanishing or exploding, by :func:`carried_ratio` beyond FLOW_FACTOR either way
     (:func:`gradscope.dynamics.flow_kind`, the rule diagnose reads its own flow by); the
     flag points to ``gradscope diagnose`` for why. ``ran`` (B, T): where each example's
@@ -409,7 +411,8 @@ def recurrence_flag(what: str, ratio: float | None, steps: int,
     (:func:`~gradscope.keras.probed_flow.carried_ratio_of`), over the steps its longest
     example ran, and is said so. ``states``: the names of the states the ratio joins, said
     where they are more than one (an LSTM's is of h and c together, where ``what`` names
-    h)."""
+    h). ``rests_on``: (how many examples, of how many that ran) the ratio rests on, said
+    where not every one (:func:`~gradscope.keras.probed_flow.resting_on`)."""
     from gradscope.dynamics import FLOW_FACTOR, flow_kind
 
     kind = flow_kind(ratio)
@@ -425,11 +428,20 @@ def recurrence_flag(what: str, ratio: float | None, steps: int,
             "last step)")
     joined = ("" if not states or len(states) < 2 else
               f" on {', '.join(states[:-1])} and {states[-1]} together")
+    if rests_on is not None:
+        kept += f" ({resting_words(rests_on)})"
     return FlowFlag(what=what, kind=kind, ratio=ratio,
                     message=f"{what}: carried back through the recurrence {span}, the "
                             f"gradient{joined} {kept}: {kind} "
                             f"gradients (flagged beyond a factor {FLOW_FACTOR:g}); gradscope "
                             "diagnose says why")
+
+
+def resting_words(rests_on: tuple[int, int]) -> str:
+    """Of how many examples a carried ratio is read, where not every one that ran."""
+    reached, ran = rests_on
+    return (f"read on {reached} of the {ran} examples: the others get no gradient at their "
+            "last step that ran")
 
 
 def per_step_norms(gradient: np.ndarray) -> list[float]:
@@ -517,15 +529,17 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
     for loop in loops:
         output = loop.totals.output_state
         ratio = None if output is None else loop.carried()
+        rests = None if ratio is None else loop.rests_on()
         for k in loop.shown:
-            sequences.append(KerasFlowSequence(what=loop.what(k), kind="state",
-                                               source=loop.label,
-                                               norms=per_step_norms(loop.totals.totals[k]),
-                                               backwards=loop.totals.backwards,
-                                               carried=ratio if k == output else None))
+            sequences.append(KerasFlowSequence(
+                what=loop.what(k), kind="state", source=loop.label,
+                norms=per_step_norms(loop.totals.totals[k]), backwards=loop.totals.backwards,
+                carried=ratio if k == output else None,
+                carried_examples=list(rests) if k == output and rests else None))
         steps = loop.totals.totals[0].shape[1]
         flag = (None if output is None
-                else recurrence_flag(loop.what(output), ratio, steps, loop.ran, loop.names))
+                else recurrence_flag(loop.what(output), ratio, steps, loop.ran, loop.names,
+                                     rests))
         if flag is not None:
             flags.append(flag)
     read = [loop.totals.inputs for loop in loops if loop.totals.inputs is not None]
@@ -619,9 +633,12 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 back = (stepped.carried_back or [None] * len(stepped.directions))[index]
                 ratio = (carried_ratio(whole, above, ran) if back is None else
                          back_ratio_of(back, ran))
-                sequences[-1] = sequence.model_copy(update={"carried": ratio})
+                rests = (None if ratio is None else resting_on(
+                    example_squares(whole) if back is None else back, ran))
+                sequences[-1] = sequence.model_copy(update={
+                    "carried": ratio, "carried_examples": list(rests) if rests else None})
                 flag = recurrence_flag(what, ratio, total.shape[1], ran,
-                                       [n.removesuffix("0") for n in direction.names])
+                                       [n.removesuffix("0") for n in direction.names], rests)
                 if flag is not None:
                     flags.append(flag)
     if stepped.inputs is not None:

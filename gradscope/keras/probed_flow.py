@@ -34,6 +34,13 @@ class LoopFlow:
         """The states whose ‖∂L/∂s_t‖ is shown."""
         return [0] if self.class_name in H_SHOWN else list(range(len(self.names)))
 
+    def rests_on(self) -> tuple[int, int] | None:
+        """:func:`resting_on` of :meth:`carried`'s ratio."""
+        found = self.totals
+        squares = (found.carried_back if found.carried_back is not None else
+                   np.sum([example_squares(t) for t in found.totals], axis=0))
+        return resting_on(squares, self.ran)
+
     def what(self, k: int) -> str:
         """``∂L/∂label/h_t``; a state the cell does not return as its output is moved only
         as the next step reads it, which its name says."""
@@ -55,6 +62,7 @@ class LoopFlow:
             return back_ratio_of(found.carried_back, self.ran)
         carried = np.sum([example_squares(t - found.direct if i == k else t)
                           for i, t in enumerate(found.totals)], axis=0)
+        # (the product of the totals' gains: where the gradient enters at the last step only)
         whole = np.sum([example_squares(t) for t in found.totals], axis=0)
         return carried_ratio_of(carried, whole, self.ran)
 
@@ -103,7 +111,7 @@ def _names(layer: Any, count: int) -> list[str]:
 
 
 __all__ = ["LoopFlow", "back_ratio_of", "carried_ratio_of", "example_squares", "loop_flows",
-           "loop_layers", "processing_ran"]
+           "loop_layers", "processing_ran", "resting_on"]
 
 
 def _at_last_step(carried: np.ndarray, whole: np.ndarray, ran: np.ndarray
@@ -171,3 +179,19 @@ def back_ratio_of(squares: np.ndarray, ran: np.ndarray | None = None) -> float |
     so it is carried whole, and the product of its gains is ‖v_0‖ / ‖v_last‖ (the batch's,
     aligned at each example's last step)."""
     return carried_ratio_of(squares, squares, ran)
+
+
+def resting_on(squares: np.ndarray, ran: np.ndarray | None = None) -> tuple[int, int] | None:
+    """Where some examples that ran get no gradient at their last step that ran, so that the
+    carried ratio rests on the others alone: (how many it rests on, how many ran); None where
+    it rests on every one. ``squares`` (B, T): ‖∂L/∂s_t‖² (or what is carried back from the
+    last step) per example, processing order. (A masked ``go_backwards`` layer that returns
+    its sequence: Keras keeps the output's mask in input order, while the sequence is in
+    processing order, so an example padded after gets its gradient at steps it did not run.)"""
+    ran = np.ones(squares.shape, bool) if ran is None else np.asarray(ran, bool)
+    rows = np.nonzero(ran.any(axis=1))[0]
+    if rows.size == 0:
+        return None
+    last = ran.shape[1] - 1 - np.argmax(ran[rows, ::-1], axis=1)
+    reached = int(np.count_nonzero(squares[rows, last] > 0))
+    return None if reached == rows.size else (reached, int(rows.size))

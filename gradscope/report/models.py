@@ -602,6 +602,9 @@ class KerasFlowSequence(_Report):
         default=None, description="for the state the flag reads: how much of ∂L/∂s (every "
         "state joined) the recurrence carries back from each example's last step that ran to "
         "its first, the flag's ratio, flagged or not (null: not read here)")
+    carried_examples: list[int] | None = Field(
+        default=None, description="[how many examples, of how many that ran] the carried ratio "
+        "is read on, where some get no gradient at their last step that ran (null: all)")
 
 
 class KerasNotAnalysed(_Report):
