@@ -111,7 +111,7 @@ def _names(layer: Any, count: int) -> list[str]:
 
 
 __all__ = ["LoopFlow", "back_ratio_of", "carried_ratio_of", "example_squares", "loop_flows",
-           "loop_layers", "processing_ran", "resting_on"]
+           "loop_layers", "processing_ran", "ran_ends", "resting_on"]
 
 
 def _at_last_step(carried: np.ndarray, whole: np.ndarray, ran: np.ndarray
@@ -188,10 +188,17 @@ def resting_on(squares: np.ndarray, ran: np.ndarray | None = None) -> tuple[int,
     last step) per example, processing order. (A masked ``go_backwards`` layer that returns
     its sequence: Keras keeps the output's mask in input order, while the sequence is in
     processing order, so an example padded after gets its gradient at steps it did not run.)"""
-    ran = np.ones(squares.shape, bool) if ran is None else np.asarray(ran, bool)
-    rows = np.nonzero(ran.any(axis=1))[0]
+    rows, _, last = ran_ends(np.ones(squares.shape, bool) if ran is None else ran)
     if rows.size == 0:
         return None
-    last = ran.shape[1] - 1 - np.argmax(ran[rows, ::-1], axis=1)
     reached = int(np.count_nonzero(squares[rows, last] > 0))
     return None if reached == rows.size else (reached, int(rows.size))
+
+
+def ran_ends(ran: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The examples that ran a step (their rows), and each one's first and last step that
+    ran, from where each example's steps ran (B, T)."""
+    ran = np.asarray(ran, bool)
+    rows = np.nonzero(ran.any(axis=1))[0]
+    return (rows, np.argmax(ran[rows], axis=1),
+            ran.shape[1] - 1 - np.argmax(ran[rows, ::-1], axis=1))

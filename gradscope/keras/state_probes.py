@@ -275,11 +275,15 @@ def carried_back(tf: Any, tape: Any, loops: list[ProbedLoop | None],
         if loop.backwards:  # the probes are in input order
             last = steps - 1 - last
         seeds = [tf.gather(g, last, axis=1, batch_dims=1) for g in probes]
-        back = gradient(tf, tape, loop.final, loop.probes, seeds)
-        found.append(tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float64)),
-                                             axis=list(range(2, len(v.shape))))
-                               for v in back]))
+        found.append(joined_squares(tf, gradient(tf, tape, loop.final, loop.probes, seeds)))
     return found
+
+
+def joined_squares(tf: Any, values: list[Any]) -> Any:
+    """Σ v² over every state and every axis past the first two (the batch and time, either
+    way round), in float64."""
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float64)),
+                                   axis=list(range(2, len(v.shape)))) for v in values])
 
 
 def gradient(tf: Any, tape: Any, targets: Any, sources: Any, seeds: Any) -> Any:
@@ -349,5 +353,6 @@ def state_totals(loops: list[ProbedLoop | None], gradients: list[Any],
     return found
 
 
-__all__ = ["ProbedLoop", "StateTotals", "carried_back", "carries_back", "gradient", "last_steps",
-           "probeable", "state_totals", "states_probed", "tape_for"]
+__all__ = ["ProbedLoop", "StateTotals", "carried_back", "carries_back", "gradient",
+           "joined_squares", "last_steps", "probeable", "state_totals", "states_probed",
+           "tape_for"]

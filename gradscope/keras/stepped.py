@@ -21,7 +21,7 @@ from gradscope.errors import first_line
 from gradscope.gradcheck import tolerance
 from gradscope.keras.cross_check import cell_params, compared_outputs, unmodelled
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
-from gradscope.keras.state_probes import gradient, last_steps, tape_for
+from gradscope.keras.state_probes import gradient, joined_squares, last_steps, tape_for
 
 #: How the two directions of a Bidirectional call are merged into its output.
 MERGES = ("concat", "sum", "ave", "mul", None)
@@ -457,8 +457,8 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                 kept, totals, at_last = totals, None, back
                 back = carried(x, mask, initial, states, at_last, drawn) if sequences else None
             elif stretched and sequences and totals is not None:
-                at_last = [[tf.gather_nd(t, at) for t in part] for part, at in
-                           zip(totals, _last_places(tf, mask, directions, states), strict=True)]
+                at_last = [_at_last_step(tf, part, mask, d.backwards)
+                           for part, d in zip(totals, directions, strict=True)]
                 back = carried(x, mask, initial, states, at_last, drawn)
         kind = None if cell_dtype else np.float64
         return ([np.asarray(o, np.float64) for o in outputs],
@@ -582,11 +582,11 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
         """What a stretch writes, and the totals at each example's last step so far."""
         if keep == "totals":
             return on_probes, acc
-        whole = _joined_squares(tf, on_probes)
+        whole = joined_squares(tf, on_probes)
         if keep == "joined":
             return [whole], acc
         rest = on_probes[0] - on_outs[first:end] if subtract else on_probes[0]
-        carried = _joined_squares(tf, [rest, *on_probes[1:]])
+        carried = joined_squares(tf, [rest, *on_probes[1:]])
         here = tf.equal(tf.range(first, end)[:, None], last_ran[None, :])  # (n, B)
         acc = [a + tf.reduce_sum(tf.where(_along(tf, here, g), g, tf.zeros_like(g)), axis=0)
                for a, g in zip(acc, on_probes, strict=True)]
@@ -648,28 +648,18 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
     return totals, tf.transpose(read.concat(), [1, 0, *range(2, len(x.shape))]), at_last
 
 
-def _last_places(tf: Any, mask: Any, directions: list[Direction],
-                 states: list[list[Any]]) -> list[Any]:
-    """Per direction, each example's last step that ran with its index, (B, 2), for
-    ``gather_nd`` on a time-major sequence (processing order)."""
-    found = []
-    for d, part in zip(directions, states, strict=True):
-        steps, batch = tf.shape(part[0])[0], tf.shape(part[0])[1]
-        last = last_steps(tf, mask, batch, steps, d.backwards)
-        found.append(tf.stack([last, tf.range(batch)], axis=1))
-    return found
+def _at_last_step(tf: Any, totals: list[Any], mask: Any, backwards: bool) -> list[Any]:
+    """Each state's total (time-major, processing order) at each example's last step that
+    ran: (B, ·) per state."""
+    steps, batch = tf.shape(totals[0])[0], tf.shape(totals[0])[1]
+    at = tf.stack([last_steps(tf, mask, batch, steps, backwards), tf.range(batch)], axis=1)
+    return [tf.gather_nd(g, at) for g in totals]
 
 
 def _along(tf: Any, where: Any, value: Any) -> Any:
     """``where`` (T, B) broadcast to a time-major ``value`` (T, B, ·)."""
     return tf.reshape(where, [tf.shape(where)[0], tf.shape(where)[1],
                               *[1] * (len(value.shape) - 2)])
-
-
-def _joined_squares(tf: Any, values: list[Any]) -> Any:
-    """Σ v² over every state and every axis past (T, B), in float64: (T, B)."""
-    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(v, tf.float64)),
-                                   axis=list(range(2, len(v.shape)))) for v in values])
 
 
 def _carried_back(tf: Any, tape: Any, states: list[Any], probes: list[Any],
@@ -680,15 +670,12 @@ def _carried_back(tf: Any, tape: Any, states: list[Any], probes: list[Any],
     states with respect to its ``probes`` (the persistent ``tape``'s; ``states`` and
     ``totals`` time-major, ``mask`` (B, T) input order or None). See
     :func:`~gradscope.keras.state_probes.carried_back`."""
-    steps, batch = tf.shape(totals[0])[0], tf.shape(totals[0])[1]
-    last = last_steps(tf, mask, batch, steps, backwards)
-    at = tf.stack([last, tf.range(batch)], axis=1)
     # On the whole sequences the tape recorded, at their last step (a slice taken now
     # would not be on the tape).
-    seeds = [tf.concat([tf.zeros_like(s[:-1]), tf.gather_nd(g, at)[None]], axis=0)
-             for s, g in zip(states, totals, strict=True)]
+    seeds = [tf.concat([tf.zeros_like(s[:-1]), g[None]], axis=0)
+             for s, g in zip(states, _at_last_step(tf, totals, mask, backwards), strict=True)]
     back = gradient(tf, tape, states, probes, seeds)
-    return _joined_squares(tf, back)
+    return joined_squares(tf, back)
 
 
 def _batch_major(value: Any, dtype: Any = np.float64) -> np.ndarray:

@@ -104,7 +104,7 @@ def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
     from the same per-step norms, or, where the call returns its sequence, from ``back``:
     :func:`~gradscope.keras.stepped.carried_back`) and the flag it gives it
     (:func:`gradscope.dynamics.flow_kind`); None: no gradient reached the call."""
-    from gradscope.keras.probed_flow import back_ratio_of, carried_ratio_of
+    from gradscope.keras.probed_flow import back_ratio_of, carried_ratio_of, ran_ends
 
     if squares is None:
         return None
@@ -112,10 +112,7 @@ def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
     ratio = carried_ratio_of(carried, whole, ran) if back is None else back_ratio_of(back, ran)
     # Each example's own first and last step that ran (on a padded batch, a step of the call
     # no example ran holds no gradient): what the ratio is read between.
-    ran = np.asarray(ran, bool)
-    rows = np.nonzero(ran.any(axis=1))[0]
-    first = np.argmax(ran[rows], axis=1)
-    last = ran.shape[1] - 1 - np.argmax(ran[rows, ::-1], axis=1)
+    rows, first, last = ran_ends(ran)
     return StateFlow(first=float(np.sqrt(np.sum(whole[rows, first]))),
                      last=float(np.sqrt(np.sum(whole[rows, last]))), ratio=ratio,
                      flag=dynamics.flow_kind(ratio))
