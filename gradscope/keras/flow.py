@@ -592,7 +592,7 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
     (of every state, for an ``RNN`` over a cell of the user's), in processing order, and its
     flag. For a cell of the user's, no flag: what arrives from above at a step is the
     gradient of the cell's output, which need not be its state."""
-    from gradscope.keras.stepped import step_call
+    from gradscope.keras.stepped import carried_back, step_call
 
     label = call_label(call.layer, call.index)
     upstream = result.output_gradients.get(label)
@@ -618,10 +618,7 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
             later = k > 0 or not output_is_state
             what = f"∂L/∂{direction.label}/{short}" + (" (as step t+1 reads it)" if later
                                                        else "")
-            sequence = KerasFlowSequence(what=what, kind="state", source=direction.label,
-                                         norms=per_step_norms(total),
-                                         backwards=direction.backwards)
-            sequences.append(sequence)
+            ratio = rests = None
             if not own_cell and total.shape == direct.shape:
                 # What the recurrence carries is the whole state: an LSTM's c carries what
                 # its h does not, so both are read together (the gradient from above
@@ -630,17 +627,19 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
                 above = np.concatenate([direct, *(np.zeros_like(t) for t in totals[1:])],
                                        axis=-1)
                 ran = processing_ran(stepped.call.mask, total.shape[1], direction.backwards)
-                back = (stepped.carried_back or [None] * len(stepped.directions))[index]
+                back = carried_back(stepped, index)
                 ratio = (carried_ratio(whole, above, ran) if back is None else
                          back_ratio_of(back, ran))
                 rests = (None if ratio is None else resting_on(
                     example_squares(whole) if back is None else back, ran))
-                sequences[-1] = sequence.model_copy(update={
-                    "carried": ratio, "carried_examples": list(rests) if rests else None})
                 flag = recurrence_flag(what, ratio, total.shape[1], ran,
                                        [n.removesuffix("0") for n in direction.names], rests)
                 if flag is not None:
                     flags.append(flag)
+            sequences.append(KerasFlowSequence(
+                what=what, kind="state", source=direction.label, norms=per_step_norms(total),
+                backwards=direction.backwards, carried=ratio,
+                carried_examples=list(rests) if rests else None))
     if stepped.inputs is not None:
         sequences.append(KerasFlowSequence(what=f"∂L/∂{label}/x_t", kind="input", source=label,
                                            norms=per_step_norms(stepped.inputs)))
