@@ -360,8 +360,8 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                    squares: bool = False, carry_back: bool = True) -> Any:
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
-    above, and ∂L/∂x_t of the input sequence, all in NumPy (float64; the sequences and totals
-    in the cell's dtype with ``cell_dtype``), and each direction's dropout masks
+    above, and ∂L/∂x_t of the input sequence, all in NumPy (the outputs in their dtype, the
+    rest float64, the sequences and totals in the cell's dtype with ``cell_dtype``), and each direction's dropout masks
     (:func:`drawn_masks`). One traced function: the scan is a loop in the graph, never a
     Python loop over time; the masks are its arguments, so a trace kept for the next call
     (``reuse``) steps with that call's own. ``squares``: a long call keeps
@@ -461,7 +461,7 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                            for part, d in zip(totals, directions, strict=True)]
                 back = carried(x, mask, initial, states, at_last, drawn)
         kind = None if cell_dtype else np.float64
-        return ([np.asarray(o, np.float64) for o in outputs],
+        return ([np.asarray(o) for o in outputs],  # in their dtype: only compared
                 [[_batch_major(s, kind) for s in part] for part in states],
                 None if totals is None else [[_batch_major(g, kind) for g in part]
                                              for part in totals],
