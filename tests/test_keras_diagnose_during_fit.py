@@ -170,3 +170,29 @@ def test_a_custom_loop_diagnoses_the_model_itself_at_the_steps_observe_divides(t
     assert history.diagnosis_steps == [2]
     np.testing.assert_allclose(history.diagnoses[0].lyapunov[0], truth.lyapunov, rtol=1e-9)
     assert history.diagnoses[0].gates == [truth.gates]
+
+
+def test_a_functional_model_is_diagnosed_on_its_copy(tf):
+    """Keras' copy of a functional model renames its input layer: the copy still serves (the
+    diagnoses of fit then run beside training), and reads what diagnose reads on the model."""
+    import keras
+
+    import gradscope
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6, 2))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.GRU(4)(inputs)))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 6, 2)).astype("float32")
+    y = rng.standard_normal((5, 1)).astype("float32")
+    twin = make_twin(model, None, {"x": x})
+    assert twin is not None
+    assert [layer.name for layer in twin.model.layers][1:] == [
+        layer.name for layer in model.layers][1:]
+    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False)
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
+    assert not skipped and readings[0].call == truth.call
+    np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, rtol=1e-9)
+    assert readings[0].gates == truth.gates

@@ -2,10 +2,10 @@
 
 A diagnosis steps each recurrent layer's cell, which reads its weights as they are when it
 runs: on the model itself it must run between two steps, while training waits. On a copy
-(Keras' ``clone_model``: the same layers from their configs, so the same names and the same
-computation) given the weights the step left, it runs on the callback's worker while
-training goes on, and gives the same numbers: the tests hold them to ``gradscope.diagnose``
-on the model itself. The copy keeps its own engine and its own traced functions (each traced
+(Keras' ``clone_model``: the same layers from their configs, so the same names but its
+input layers', and the same computation) given the weights the step left, it runs on the
+callback's worker while training goes on, and gives the same numbers: the tests hold them
+to ``gradscope.diagnose`` on the model itself. The copy keeps its own engine and its own traced functions (each traced
 once, at the first diagnosis).
 """
 
@@ -61,8 +61,7 @@ def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
     try:
         twin = keras.models.clone_model(model)
         shapes = [tuple(w.shape) for w in model.weights]
-        if ([tuple(w.shape) for w in twin.weights] != shapes or
-                [layer.name for layer in twin.layers] != [layer.name for layer in model.layers]):
+        if [tuple(w.shape) for w in twin.weights] != shapes or _names(twin) != _names(model):
             return None
         twin.set_weights(model.get_weights())
         feed = [keras.ops.convert_to_tensor(v) for v in inputs.values()]
@@ -82,6 +81,15 @@ def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
         return DiagnosisTwin(twin, make_engine(twin, loss))
     except Exception:  # noqa: BLE001  (many ways not to copy; the model itself still serves)
         return None
+
+
+def _names(model: Any) -> list[str]:
+    """The names of ``model``'s layers the readings are labelled by. Not its input layers':
+    Keras' copy of a functional model renames them (``input_layer`` to ``keras_tensor``), and
+    the batch is given to the copy by position."""
+    from gradscope.keras.engine import class_label
+
+    return [layer.name for layer in model.layers if class_label(layer) != "InputLayer"]
 
 
 __all__ = ["DiagnosisTwin", "make_twin"]
