@@ -5,8 +5,8 @@ runs: on the model itself it must run between two steps, while training waits. O
 (Keras' ``clone_model``: the same layers from their configs, so the same names but its
 input layers', and the same computation) given the weights the step left, it runs on the
 callback's worker while training goes on, and gives the same numbers: the tests hold them
-to ``gradscope.diagnose`` on the model itself. The copy keeps its own engine and its own traced functions (each traced
-once, at the first diagnosis).
+to ``gradscope.diagnose`` on the model itself. The copy keeps its own engine and its own
+traced functions (each traced once, at the first diagnosis).
 """
 
 from __future__ import annotations

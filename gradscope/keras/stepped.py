@@ -361,13 +361,13 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
     """``run(call, upstream)`` → the call's outputs rebuilt, each direction's state sequences
     and (with ``upstream``) the total ∂L/∂ each state after every step, what arrives from
     above, and ∂L/∂x_t of the input sequence, all in NumPy (the outputs in their dtype, the
-    rest float64, the sequences and totals in the cell's dtype with ``cell_dtype``), and each direction's dropout masks
-    (:func:`drawn_masks`). One traced function: the scan is a loop in the graph, never a
-    Python loop over time; the masks are its arguments, so a trace kept for the next call
-    (``reuse``) steps with that call's own. ``squares``: a long call keeps
-    :func:`step_squares`' two in place of its totals (see :func:`step_call`); the totals and
-    what arrives from above are then None, and the squares come last. ``carry_back``: see
-    :func:`step_call`."""
+    rest float64, the sequences and totals in the cell's dtype with ``cell_dtype``), and
+    each direction's dropout masks (:func:`drawn_masks`). One traced function: the scan is
+    a loop in the graph, never a Python loop over time; the masks are its arguments, so a
+    trace kept for the next call (``reuse``) steps with that call's own. ``squares``: a long
+    call keeps :func:`step_squares`' two in place of its totals (see :func:`step_call`); the
+    totals and what arrives from above are then None, and the squares come last.
+    ``carry_back``: see :func:`step_call`."""
     tf, keras = engine.tf, engine.keras
     bidirectional = class_label(layer) == "Bidirectional"
     counts = [len(d.names) for d in directions]
