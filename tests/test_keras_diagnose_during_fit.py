@@ -20,6 +20,10 @@ from gradscope.errors import ConfigError
 
 BATCH, STEPS, FEATURES, BATCHES = 8, 7, 3, 4
 DIAGNOSE_EVERY = 2  # diagnoses after batches 2 and 4
+#: During fit the Lyapunov scan of a step linearised by hand runs under XLA, which orders its
+#: float32 sums its own way: the exponents are diagnose's to float32 rounding (a step's log
+#: is 1e-7 off at most; a wrong weight or batch moves them by far more).
+ROUNDING = {"rtol": 1e-5, "atol": 1e-7}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +87,9 @@ def test_each_diagnosis_equals_diagnose_on_the_same_weights_and_batch(fitted):
         truth = {layer.call: layer for layer in _truth(fitted, step).layers}
         for call, entry in series.items():
             expected = truth[call]
-            np.testing.assert_allclose(entry.lyapunov[index], expected.lyapunov, rtol=1e-9)
+            np.testing.assert_allclose(entry.lyapunov[index], expected.lyapunov, **ROUNDING)
             assert entry.horizon_predicted[index] == pytest.approx(expected.horizon.predicted,
-                                                                   rel=1e-9)
+                                                                   rel=1e-5)
             assert entry.horizon_measured[index] == expected.horizon.measured
             assert entry.horizon_window[index] == expected.horizon.window
             if expected.gates is None:
@@ -168,7 +172,7 @@ def test_a_custom_loop_diagnoses_the_model_itself_at_the_steps_observe_divides(t
     truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
     history = flow.history
     assert history.diagnosis_steps == [2]
-    np.testing.assert_allclose(history.diagnoses[0].lyapunov[0], truth.lyapunov, rtol=1e-9)
+    np.testing.assert_allclose(history.diagnoses[0].lyapunov[0], truth.lyapunov, **ROUNDING)
     assert history.diagnoses[0].gates == [truth.gates]
 
 
@@ -194,5 +198,5 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
     readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False)
     truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
     assert not skipped and readings[0].call == truth.call
-    np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, rtol=1e-9)
+    np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, **ROUNDING)
     assert readings[0].gates == truth.gates

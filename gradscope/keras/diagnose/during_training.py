@@ -8,9 +8,10 @@ own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
 :func:`~gradscope.keras.diagnose.gates.read_gates`,
 :func:`~gradscope.keras.diagnose.horizon.measure` and :mod:`gradscope.dynamics`. So a number
 recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
-exponents=k)`` reports for the same weights. What ``diagnose`` reads besides (the norm of
-every step Jacobian, where ∂L/∂s_t grows, the counterfactuals) costs more than a pass of
-training and is left to it.
+exponents=k)`` reports for the same weights (the exponents to float32 rounding: here the
+Lyapunov scan runs under XLA, ``lyapunov_logs(compiled=True)``). What ``diagnose`` reads
+besides (the norm of every step Jacobian, where ∂L/∂s_t grows, the counterfactuals) costs
+more than a pass of training and is left to it.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                 skipped.append((direction.label, live))
                 continue
             count = min(exponents, live[0])
-            spectrum, _ = dynamics.lyapunov_exponents(lyapunov_logs(engine, path, count),
-                                                      path.ran)
+            # Under XLA: the scan runs at every diagnosis, its compilation once.
+            spectrum, _ = dynamics.lyapunov_exponents(
+                lyapunov_logs(engine, path, count, compiled=True), path.ran)
             why_not = known_gates(layer)
             gates = None
             if why_not is None:
