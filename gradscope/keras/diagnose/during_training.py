@@ -8,7 +8,7 @@ own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
 :func:`~gradscope.keras.diagnose.gates.read_gates`,
 :func:`~gradscope.keras.diagnose.horizon.measure` and :mod:`gradscope.dynamics`. So a number
 recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
-exponents=k)`` reports for the same weights (the exponents to float32 rounding: here the
+exponents=k)`` reports for the same weights (the exponents to the compute dtype's rounding: here the
 Lyapunov scan runs under XLA, ``lyapunov_logs(compiled=True)``). What ``diagnose`` reads
 besides (the norm of every step Jacobian, where ∂L/∂s_t grows, the counterfactuals) costs
 more than a pass of training and is left to it.

@@ -183,7 +183,8 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     ``compiled``: a step linearised by hand is scanned under XLA, which fuses each step's
     small ops (on a GRU 64 → GRU 32 at 50 steps, batch 32, one column: 4.4 ms of CPU instead
     of 12 ms); its compilation (about a second on an LSTM 256) pays only for a scan run
-    again and again, as during ``fit``. The logs are the graph's to float32 rounding."""
+    again and again, as during ``fit``. The logs are the graph's to the rounding of the
+    cell's dtype."""
     tf = engine.tf
     widths, size = path.widths, path.size
     start = (np.eye(size, count) if count >= size else
