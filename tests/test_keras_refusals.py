@@ -166,24 +166,24 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     model.save(path)
     data = tmp_path / "bad.npz"
     np.savez(data, seq=np.zeros((3, 7, 6), np.float32), tokenz=np.zeros((3, 7), np.int32),
-             out_a=np.zeros((2, 7, 3), np.float32),
+             out_a=np.zeros((2, 7, 3), np.float32), y=np.zeros((3, 7, 3), np.float32),
              **{"sample_weight/out_c": np.ones(3, np.float32)})
     result = run_without_tensorflow("explain", str(path), "--data", str(data))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line.strip() for line in result.stderr.strip().splitlines()]
-    assert lines[0] == f"gradscope: error: {data}: 6 problems, one per line:"
+    assert lines[0] == f"gradscope: error: {data}: 7 problems, one per line:"
     expected = [
         "seq has 6 along axis 2 but the input 'seq' expects 5: (batch, 7, 5)",
-        "has no array for the input 'tokens' (found out_a, sample_weight/out_c, seq, tokenz); "
-        "expected arrays named seq, tokens",
+        "has no array for the input 'tokens' (found out_a, sample_weight/out_c, seq, tokenz, "
+        "y); expected arrays named seq, tokens",
         "has no targets for the output 'out_b' (found out_a, sample_weight/out_c, seq, "
-        "tokenz); "
-        "expected arrays named out_a, out_b",
+        "tokenz, y); expected arrays named out_a, out_b",
         "unknown array 'tokenz' (did you mean 'tokens'?); expected the inputs seq, tokens and "
         "the outputs out_a, out_b",
         "array 'sample_weight/out_c' weighs an output the model does not have; expected "
         "sample_weight or sample_weight/NAME for an output NAME of out_a, out_b",
+        "unknown array 'y' (y names the output of a model with one); expected the inputs",
         "the arrays disagree on the batch size (seq 3, out_a 2)",
     ]
     for fragment in expected:

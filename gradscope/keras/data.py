@@ -275,6 +275,9 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
     for extra in sorted(set(arrays) - used):
         hint = difflib.get_close_matches(extra, input_names + outputs, n=1)
         did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+        if extra in ("x", "y") and not hint:  # the shorthand of a model with one of them
+            did_you_mean = (f" ({extra} names the {'input' if extra == 'x' else 'output'} "
+                            f"of a model with one)")
         problems.append((f"{path}: unknown array '{extra}'{did_you_mean}; expected the inputs "
                          f"{', '.join(input_names)} and the outputs {', '.join(outputs)}", extra))
     weighed = {(f"{SAMPLE_WEIGHT}/{k}" if k else SAMPLE_WEIGHT): v for k, v in weights.items()}
