@@ -134,8 +134,7 @@ def test_mirrored_strategy_is_observed_on_the_global_batch_as_a_tape_sees_it():
     assert out["check"] is True
     diagnosed = out["diagnosed"]
     assert diagnosed["steps"] == [4]
-    # under XLA during fit: diagnose's to float32 rounding (test_keras_diagnose_during_fit.py)
-    np.testing.assert_allclose(diagnosed["lyapunov"], diagnosed["truth"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(diagnosed["lyapunov"], diagnosed["truth"], rtol=1e-9)
     assert diagnosed["gates"] == diagnosed["truth_gates"]
     if "refused" in out:
         assert out["refused"] is not None

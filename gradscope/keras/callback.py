@@ -190,6 +190,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
         self._diagnosis_functions: dict[Any, Any] = {}
+        self._compiled: bool | None = None  # the diagnoses scan under XLA (at the first)
         self._twin: Any = None  # the copy of the model diagnosed in fit (False: none)
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
@@ -238,6 +239,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._original_train_function = original
         self._fit_first = self._batches
         self._fit_spec = None  # read from this fit's first batches
+        self._compiled = None  # decided at this fit's first diagnosis
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
         if self.stop_on_nan and steps > 1:
             raise ConfigError(f"GradientFlow(stop_on_nan=True): the model runs {steps} steps "
@@ -415,6 +417,19 @@ class GradientFlow(keras.callbacks.Callback):
             if self._pass is not None:
                 self._pass.forget()
 
+    def _compiles_diagnoses(self) -> bool:
+        """Whether this fit's diagnoses scan under XLA: where fit knows its length and takes
+        at least ``COMPILED_DIAGNOSES`` more
+        (:mod:`~gradscope.keras.diagnose.during_training`), which the compilation pays for."""
+        from gradscope.keras.diagnose.during_training import COMPILED_DIAGNOSES
+
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs or self.diagnose_every is None:
+            return False
+        left = self._fit_first + int(steps) * int(epochs) - self._batches
+        return left // self.diagnose_every + 1 >= COMPILED_DIAGNOSES
+
     def _observes_later(self) -> bool:
         """Whether this fit reaches another observed batch (when fit knows its length)."""
         params = self.params or {}
@@ -558,6 +573,9 @@ class GradientFlow(keras.callbacks.Callback):
         weighed = nan_stop.as_arrays(sample_weight)
         twin = (self._twin_for(inputs) if self._original_train_function is not None
                 else None)
+        if self._compiled is None:
+            self._compiled = self._compiles_diagnoses()
+        compiled = self._compiled
 
         def record(readings: list[Any], skipped: list[tuple[str, str]]) -> None:
             self._diagnoses.add(readings, skipped, step)
@@ -568,14 +586,14 @@ class GradientFlow(keras.callbacks.Callback):
             weights = self.model.get_weights()  # copies, as the step left them
             self._submit(lambda: record(*twin.read(weights, inputs, targets, weighed,
                                                    self.diagnose_exponents,
-                                                   self.diagnose_horizon)))
+                                                   self.diagnose_horizon, compiled)))
             return
         # The model's own layers are traced here: nothing may trace them on the worker
         # meanwhile (the warm-up, a first observation's witness).
         self._drain()
         self._settle_warm_up()
         found = read_calls(engine, inputs, targets, weighed, self.diagnose_exponents,
-                           self.diagnose_horizon, self._diagnosis_functions)
+                           self.diagnose_horizon, self._diagnosis_functions, compiled)
         if self._original_train_function is None:
             record(*found)
         else:

@@ -28,16 +28,18 @@ class DiagnosisTwin:
 
     def read(self, weights: list[np.ndarray], inputs: dict[str, np.ndarray],
              targets: dict[str, np.ndarray], sample_weight: Any, exponents: int,
-             measure_horizon: bool) -> tuple[list[CallReading], list[tuple[str, str]]]:
+             measure_horizon: bool, compiled: bool = False
+             ) -> tuple[list[CallReading], list[tuple[str, str]]]:
         """Every recurrent call read on this batch, the copy holding ``weights`` (the
-        model's ``get_weights()`` when the step ended)."""
+        model's ``get_weights()`` when the step ended); ``compiled``: see
+        :func:`~gradscope.keras.diagnose.during_training.read_calls`."""
         from gradscope.keras.diagnose.during_training import read_calls
 
         self.model.set_weights(weights)
         # The copy's outputs in the model's order, whatever the copy's inputs are named.
         targets = dict(zip(self.engine.output_names, targets.values(), strict=True))
         return read_calls(self.engine, inputs, targets, sample_weight, exponents,
-                          measure_horizon, self.cache)
+                          measure_horizon, self.cache, compiled)
 
 
 def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
