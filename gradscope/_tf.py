@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import io
 import logging
 import os
@@ -85,23 +86,37 @@ def _stream_is_fd2(stream: Any) -> bool:
         return False
 
 
-def import_tensorflow() -> ModuleType:
-    """Import TF quietly, once; later calls return the module."""
-    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "function"):
-        return sys.modules["tensorflow"]
-    # Even a user's TF_CPP_MIN_LOG_LEVEL=0 must not bring the start-up lines back.
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    with native_stderr_silenced(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import tensorflow as tf
+_started = False  # gradscope's first op has run (silenced)
 
-        tf.get_logger().setLevel(logging.ERROR)
-        with contextlib.suppress(Exception):
-            from absl import logging as absl_logging
 
-            absl_logging.set_verbosity(absl_logging.ERROR)
-        # The first op prints its own lines (oneDNN, CUDA stub): run one here, silenced.
-        _ = (tf.constant([[1.0]]) @ tf.constant([[1.0]])).numpy()
+def import_tensorflow(start: bool = True) -> ModuleType:
+    """Import TF quietly, once; later calls return the module.
+
+    ``start``: gradscope is about to run TensorFlow, so its runtime is started now, by one op
+    with stderr silenced (the first op prints its own lines: oneDNN, the CUDA stub). Without
+    it (a module of the library imported, as ``from gradscope.keras import GradientFlow``),
+    the runtime is left alone: the user may still configure it (``tf.config``'s devices,
+    memory growth and threads, which a started runtime refuses), and so does the log level
+    of TensorFlow's C++ side: ``TF_CPP_MIN_LOG_LEVEL`` is set (to 3) only where gradscope
+    imports TensorFlow for its own run and the user has not set it (the command line sets it
+    for its whole process: ``gradscope.cli``)."""
+    global _started
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not hasattr(tf, "function"):
+        if start:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with native_stderr_silenced(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tf = importlib.import_module("tensorflow")
+            tf.get_logger().setLevel(logging.ERROR)
+            with contextlib.suppress(Exception):
+                from absl import logging as absl_logging
+
+                absl_logging.set_verbosity(absl_logging.ERROR)
+    if start and not _started:
+        with native_stderr_silenced():
+            _ = (tf.constant([[1.0]]) @ tf.constant([[1.0]])).numpy()
+        _started = True
     return tf
 
 

@@ -725,6 +725,8 @@ def main(argv: list[str] | None = None) -> None:
     if not os.environ.get("GRADSCOPE_DEBUG"):
         # Deprecation chatter from TensorFlow, Keras or NumPy is not the user's business.
         warnings.simplefilter("ignore")
+        # Nor TensorFlow's C++ log lines, whatever the shell says: the terminal is gradscope's.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     try:
         with on_command_line():  # the library's messages spell options as flags
             code = cli.main(args=args, prog_name="gradscope", standalone_mode=False)

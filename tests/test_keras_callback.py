@@ -332,6 +332,25 @@ def test_without_tensorboard_a_clear_message(tmp_path, monkeypatch, tf):
     assert len(result.stderr.splitlines()) == 1
 
 
+def test_importing_the_callback_leaves_tensorflow_to_be_configured():
+    """Found tried as a new user would: ``from gradscope.keras import GradientFlow`` started
+    TensorFlow's runtime (a silenced op), and a program that then set up its devices or
+    threads (``tf.config``: two logical CPUs for MirroredStrategy, GPU memory growth) got
+    "cannot be modified after being initialized". Importing it starts nothing."""
+    import subprocess
+
+    code = ("from gradscope.keras import GradientFlow\nimport tensorflow as tf\n"
+            "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+            "tf.config.set_logical_device_configuration(\n"
+            "    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
+            "print(len(tf.config.list_logical_devices('CPU')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2"]
+
+
 def test_custom_loop_with_observe(tf):
     import keras
 

@@ -30,7 +30,7 @@ from gradscope.report import display as _display  # noqa: F401
 from gradscope.report import plot as _plot  # noqa: F401
 from gradscope.report.models import FlowHistoryReport, NonFiniteEntry
 
-tf = import_tensorflow()
+tf = import_tensorflow(start=False)  # the runtime is the user's to configure
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope.diagnosis_record import DiagnosisRecord  # noqa: E402

@@ -44,7 +44,7 @@ from gradscope.keras.whole_model import (
     whole_model_function,
 )
 
-tf = import_tensorflow()
+tf = import_tensorflow(start=False)  # the runtime is the user's to configure
 
 
 class TracedPass:

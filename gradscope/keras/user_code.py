@@ -74,7 +74,8 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
     from gradscope._tf import import_tensorflow, native_stderr_silenced
 
     # TensorFlow first, quietly: the user's modules import Keras, and with it TensorFlow.
-    import_tensorflow()
+    # Not started: a module may configure it (tf.config) as the user's program would.
+    import_tensorflow(start=False)
     import keras
 
     # A module beside the model, in the current folder, imports as under `python -m`.
