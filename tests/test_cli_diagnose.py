@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import SAMPLES, run_gradscope, run_without_tensorflow
+from conftest import SAMPLES, render_text, run_gradscope, run_without_tensorflow
 
 LAYER_KEYS = {"layer", "call", "lyapunov", "jacobian_norm", "verdict", "gates", "timescales",
               "horizon", "counterfactuals"}
@@ -69,6 +69,17 @@ def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
     assert json.loads(skipped.stdout)["layers"][0]["counterfactuals"] == []
     bad = run_gradscope("diagnose", str(path), "--exponents", "0")
     assert bad.returncode == 2
+    # A change's λ₁ is its first column's where the layer takes fewer columns than its state
+    # has numbers: its line names it so where the layer's λ₁ (the largest of its columns'
+    # means) is another column's, and only there.
+    from gradscope.report.models import DiagnoseReport
+
+    assert "λ₁ (first column)" not in render_text(DiagnoseReport.model_validate(report), 80)
+    change = next(c for c in layer["counterfactuals"] if c["kind"] == "keep_bias")
+    change["lyapunov_1_before"] = layer["lyapunov"][0] - 0.1
+    lines = render_text(DiagnoseReport.model_validate(report), 80).splitlines()
+    at = next(k for k, line in enumerate(lines) if "update-gate bias +1" in line)
+    assert "λ₁ (first column) " in lines[at] + lines[at + 1]
 
 
 def test_a_batch_whose_numbers_are_not_finite_says_where_the_first_was_born(

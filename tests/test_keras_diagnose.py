@@ -708,7 +708,11 @@ def test_one_tangent_column_is_the_first_of_k_against_a_float64_power_iteration(
     assert one.shape == (B, T, 1)
     np.testing.assert_allclose(one[..., 0], full[..., 0], rtol=1e-4, atol=1e-5)
 
-    column = np.linalg.qr(np.random.default_rng(0).standard_normal((34, 8)))[0][:, 0]
+    # Column i of the start is the same whatever the count: column 0's logs with one column.
+    np.testing.assert_allclose(lyapunov_logs(engine, path, 1)[..., 0], full[..., 0],
+                               rtol=1e-4, atol=1e-5)
+    column = np.random.default_rng(0).standard_normal(34)
+    column /= np.linalg.norm(column)
     v = np.tile(column, (B, 1))
     truth = np.zeros((B, T))
     for t, (x_t, s) in enumerate(_sequences(tf, model, "lstm", x)):
@@ -848,7 +852,7 @@ def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
         assert (singular == singular[:, :1]).all() and singular.max() == cut
         size = values.shape[2]
         start = (None if not cut else
-                 np.linalg.qr(np.random.default_rng(0).standard_normal((size, size - cut)))[0])
+                 np.linalg.qr(np.random.default_rng(0).standard_normal((size - cut, size)).T)[0])
         entry = next(e for e in report.layers if e.call == name)
         assert len(entry.lyapunov) == size - cut
         np.testing.assert_allclose(entry.lyapunov, _qr_exponents(jacobians, start),

@@ -156,9 +156,12 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
         else:
             before = (before_l if change.lyapunov_1_before is None
                       else _signed(change.lyapunov_1_before))
+            # A change carries the first column alone: where the layer's λ₁, the largest of
+            # its columns' means, is another column's, the line says whose its λ₁ is.
+            whose = ("λ₁ (first column)" if before != before_l else "λ₁")
             items = [f"horizon {before_h} → {_reach(change.horizon, change.horizon_window)}",
-                     f"λ₁ {before} → " + ("n/a" if change.lyapunov_1 is None
-                                            else _signed(change.lyapunov_1))]
+                     f"{whose} {before} → " + ("n/a" if change.lyapunov_1 is None
+                                                 else _signed(change.lyapunov_1))]
             if layer.flow is not None and change.flow is not None:
                 items.append(f"carried {_carried(layer.flow.ratio)} → "
                              f"{_carried(change.flow.ratio)}")

@@ -40,7 +40,8 @@ METHOD = [
     "trajectory, after its outputs are held to Keras' own; s is every state joined ([h, c] "
     "for an LSTM)",
     "Lyapunov exponents: QR re-orthonormalisation along the trajectory (Benettin's method): "
-    "Q_0 = I (k orthonormal columns from a fixed seed where k is below the state's size), "
+    "Q_0 = I (k orthonormal columns from a fixed seed where k is below the state's size, "
+    "column i the same whatever k), "
     "J_t·Q_(t−1) = Q_t·R_t, λ_i the mean of log|R_t[i, i]| over the steps each "
     "example ran, then over the examples, listed largest first (over a finite run a later "
     "column's mean may exceed the first's); J_t·Q by forward mode through one step of the "

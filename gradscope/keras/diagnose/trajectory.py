@@ -187,8 +187,7 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     cell's dtype."""
     tf = engine.tf
     widths, size = path.widths, path.size
-    start = (np.eye(size, count) if count >= size else
-             np.linalg.qr(np.random.default_rng(seed).standard_normal((size, count)))[0])
+    start = np.eye(size, count) if count >= size else drawn_start(size, count, seed)
     if carried is not None:
         start = start[:, :max(1, min(carried, count))]
     by_hand = by_hand_kept(engine, path)
@@ -205,6 +204,17 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
                      [tf.convert_to_tensor(p) for p in path.previous],
                      tf.convert_to_tensor(start), path.masks)
     return np.asarray(found, np.float64)
+
+
+def drawn_start(size: int, count: int, seed: int = 0) -> np.ndarray:
+    """``count`` orthonormal columns of ``size`` numbers from ``seed`` (the Lyapunov scan's
+    Q_0 where it takes fewer columns than the state has numbers): the QR of Gaussian columns
+    drawn one after another, so that column i is the same whatever ``count`` is, and so is
+    its exponent (Gram–Schmidt makes column i of Q_t and R_t[i, i] from columns 0..i alone):
+    λ₁ read with one column, as a fit's diagnoses and a counterfactual take it, is the first
+    column's of the eight ``diagnose`` takes."""
+    columns = np.random.default_rng(seed).standard_normal((count, size)).T
+    return np.linalg.qr(columns)[0]
 
 
 def _by_hand(engine: Any, path: Trajectory) -> Any:
