@@ -132,6 +132,40 @@ def test_suggested_clipping_by_keras_own_rule(tf: Any) -> None:
     assert clip.lyapunov_1 == entry.lyapunov[0] and clip.horizon == entry.horizon.measured
 
 
+def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
+    """Keras takes one clipping setting: a global_clipnorm suggested for an exploding layer
+    would replace the optimizer's own, and is weighed against what that one does to the batch
+    (Keras' own ``_clip_gradients``). Found tried as a new user would: with clipnorm=1e-3
+    compiled, the verdict still offered a global_clipnorm that would clip far less."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    h = keras.layers.SimpleRNN(U, activation="linear", return_sequences=True, name="rnn")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+    kernel = np.linalg.qr(np.random.default_rng(3).standard_normal((U, U)))[0]
+    model.get_layer("rnn").cell.recurrent_kernel.assign((1.05 * kernel).astype("float32"))
+    x, y = _batch()
+    model.compile(loss="mse")
+    _, gradients = keras_tape(model, x, y)
+    said = {}
+    for optimizer in (keras.optimizers.SGD(), keras.optimizers.SGD(clipnorm=1e-3)):
+        model.compile(optimizer=optimizer, loss="mse")
+        entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+        assert entry.mechanism == "exploding"
+        clip = next(c for c in entry.counterfactuals if c.kind == "clipping")
+        said[optimizer.clipnorm] = (clip, entry.verdict)
+    clip, verdict = said[None]
+    assert clip.compiled is None and clip.clip_scale < 1 and clip.change in verdict
+    clip, verdict = said[1e-3]
+    kept = keras.optimizers.SGD(clipnorm=1e-3)._clip_gradients(
+        [tf.constant(g) for g in gradients.values()])
+    left = float(np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in kept)))
+    assert clip.compiled == "clipnorm=0.001"
+    assert clip.compiled_norm == pytest.approx(left, rel=1e-4)
+    assert clip.gradient_norm > clip.compiled_norm and clip.change not in verdict
+
+
 def test_the_copys_pass_back_to_one_call_is_engine_runs_and_reads_changed_weights(
         tf: Any) -> None:
     """captured_pass with ``upstream`` (what each change reruns: a tape that watches that

@@ -146,8 +146,13 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
                       if change.clip_scale is None or change.clip_scale < 1 else
                       f"clips nothing on this batch (the gradient's norm "
                       f"{number(change.gradient_norm)} is within it)")
+            # Keras takes one clipping setting: the suggested one would replace the compiled.
+            instead = ([] if change.compiled is None else
+                       [f"in place of the compiled {change.compiled}, which leaves norm "
+                        f"{number(change.compiled_norm)}"])
             line = _line(f"  {change.change}", [
-                "√n × the median tensor norm", scaled, "the dynamics unchanged (not rerun)",
+                "√n × the median tensor norm", scaled, *instead,
+                "the dynamics unchanged (not rerun)",
                 *(["nothing grows here: for comparison, not a fix"] if calm else [])],
                 width)
             if calm:

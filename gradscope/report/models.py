@@ -1002,6 +1002,11 @@ class Counterfactual(_Report):
                                      "rule would apply to this batch's gradient")
     gradient_norm: float | None = Field(default=None, description="clipping: the global "
                                         "gradient norm after it")
+    compiled: str | None = Field(default=None, description="clipping: the clipping the "
+                                 "optimizer is compiled with, which this one would replace "
+                                 "(Keras takes one setting); None: none")
+    compiled_norm: float | None = Field(default=None, description="clipping: the global "
+                                        "gradient norm the compiled clipping leaves")
 
 
 class DiagnosedLayer(_Report):

@@ -404,6 +404,7 @@ class _WhatIf:
             index: int, count: int, first: float | None) -> DiagnosedLayer:
         """``entry`` with its counterfactuals, and its verdict naming the most effective
         (``first``: the layer's λ₁ by its first tangent column, as a change's is taken)."""
+        from gradscope.keras.diagnose.clipping import after_clipping, global_norm
         from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
             Rerun,
@@ -428,8 +429,13 @@ class _WhatIf:
             found = [c.model_copy(update={"lyapunov_1_before": first}) if c.applicable else c
                      for c in found]
         largest = entry.lyapunov[0] if entry.lyapunov else None
+        # Keras takes one clipping setting: the one suggested would replace one compiled,
+        # whose effect on this batch it is weighed against.
+        already, compiled = after_clipping(self.job.graph.compile_config, self.gradients,
+                                           self.job.model)
         clipped = suggested_clipping(self.gradients, largest, entry.horizon.measured,
-                                     entry.horizon.window)
+                                     entry.horizon.window,
+                                     None if compiled is None else (compiled, global_norm(already)))
         found += [clipped] if clipped is not None else []
         remedy = _most_effective(entry, found)
         if remedy is None:
@@ -464,7 +470,9 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
             return dynamics.remedy("exploding", best.change, best.horizon,
                                    best.horizon_window, best.lyapunov_1)
         clip = next((c for c in found if c.kind == "clipping"), None)
-        if clip is not None and clip.clip_scale is not None and clip.clip_scale < 1:
+        if (clip is not None and clip.clip_scale is not None and clip.clip_scale < 1
+                and (clip.compiled_norm is None or clip.gradient_norm is None
+                     or clip.gradient_norm < clip.compiled_norm)):
             return (f"with {clip.change}, this batch's gradient would be "
                     f"scaled by ×{clip.clip_scale:.3g} (the dynamics unchanged)")
     return None

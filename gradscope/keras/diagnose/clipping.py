@@ -86,6 +86,30 @@ def clipping(compile_config: dict[str, Any] | None, gradients: dict[str, Any],
     return Clipping(optimizer=name, setting=setting, effect=effect)
 
 
+def after_clipping(compile_config: dict[str, Any] | None, gradients: dict[str, Any],
+                   model: Any = None) -> tuple[dict[str, np.ndarray], str | None]:
+    """``gradients`` (variable path → array or None) as the compiled optimizer's clipping
+    leaves them, by Keras' rule (``_clip_gradients``: ``clip_by_norm`` per tensor, else
+    ``clip_by_global_norm``, else each entry to ±c), and the setting that did it (None: the
+    optimizer clips nothing, or there is none)."""
+    _, config = optimizer_config(compile_config, model)
+    arrays = {path: np.asarray(g, np.float64) for path, g in gradients.items() if g is not None}
+    chosen = next(((key, float(config[key])) for key in SETTINGS
+                   if config.get(key) and float(config[key]) > 0), None)
+    if chosen is None:
+        return arrays, None
+    key, value = chosen
+    if key == "clipnorm":
+        clipped = {p: g * (value / max(float(np.linalg.norm(g)), value))
+                   for p, g in arrays.items()}
+    elif key == "global_clipnorm":
+        total = float(np.sqrt(sum(float(np.sum(g * g)) for g in arrays.values())))
+        clipped = {p: g * (value / max(total, value)) for p, g in arrays.items()}
+    else:
+        clipped = {p: np.clip(g, -value, value) for p, g in arrays.items()}
+    return clipped, f"{key}={value:g}"
+
+
 def global_norm(gradients: dict[str, Any]) -> float | None:
     """√Σ‖g‖² over every gradient given (None when there is none, or it is not finite)."""
     squares = [float(np.sum(np.asarray(g, np.float64) ** 2)) for g in gradients.values()

@@ -232,12 +232,16 @@ def not_copied(kind: Kind, cell: Any, why: str) -> Counterfactual:
 
 
 def suggested_clipping(gradients: dict[str, Any], lyapunov_1: float | None,
-                       horizon: int | None, window: int) -> Counterfactual | None:
+                       horizon: int | None, window: int,
+                       compiled: tuple[str, float | None] | None = None
+                       ) -> Counterfactual | None:
     """global_clipnorm at the norm the batch suggests: √n times the median of the n tensors'
     gradient norms, the global norm the batch would have were every tensor's gradient a
     typical one of its own, so that a tensor out of line (an exploding layer's) no longer sets
     the step. Keras' rule (``_clip_gradients``): scale min(1, c/‖g‖). It changes the update,
-    not the dynamics: λ₁ and the horizon stay as measured (None: no gradient)."""
+    not the dynamics: λ₁ and the horizon stay as measured (None: no gradient). ``compiled``:
+    the clipping the optimizer is compiled with and the global norm it leaves this batch's
+    gradient at; Keras takes one setting, so the one suggested would replace it."""
     norms = [float(np.linalg.norm(np.asarray(g, np.float64))) for g in gradients.values()
              if g is not None]
     if not norms or not all(np.isfinite(norms)):
@@ -247,10 +251,16 @@ def suggested_clipping(gradients: dict[str, Any], lyapunov_1: float | None,
     if not suggested > 0:
         return None
     scale = min(1.0, suggested / total) if total > 0 else 1.0
+    instead = ("" if compiled is None else
+               f"; Keras takes one clipping setting: it would replace the compiled "
+               f"{compiled[0]}")
     return Counterfactual(
         kind="clipping", change=f"global_clipnorm={suggested:.3g}", applicable=True,
         note="the norm the batch suggests, √n × the median tensor norm; it changes the "
-        "gradient, not the dynamics: λ₁ and the horizon are the layer's own, not rerun",
+        "gradient, not the dynamics: λ₁ and the horizon are the layer's own, not rerun"
+        + instead,
         horizon=horizon, horizon_window=window,
         predicted=dynamics.predicted_horizon(lyapunov_1), lyapunov_1=lyapunov_1,
-        clip_norm=suggested, clip_scale=scale, gradient_norm=total * scale)
+        clip_norm=suggested, clip_scale=scale, gradient_norm=total * scale,
+        compiled=None if compiled is None else compiled[0],
+        compiled_norm=None if compiled is None else compiled[1])
