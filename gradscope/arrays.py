@@ -117,6 +117,12 @@ def read_npz(path: str | os.PathLike[str], shown: str | None = None,
     array's name for a pickled array)."""
     shown = shown or str(path)
     try:
+        with open(path, "rb") as opened:
+            head = opened.read(6)
+        if head and not head.startswith((b"PK", b"\x93NUMPY")):
+            # NumPy would try it as a pickle and say so, which it is not (a text file, …)
+            raise error(f"{shown}: not a readable .npz file: neither a zip archive of arrays "
+                        "(np.savez) nor a NumPy array file", where=where or str(path))
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise error(f"{shown}: is a single array; expected {single}",

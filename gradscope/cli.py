@@ -575,12 +575,14 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
     """
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    if config is None or not str(config).endswith(".keras"):
-        shown = config or "the seed model"
-        said = ("diagnose is not yet for YAML configs"
-                if config is None or str(config).endswith((".yaml", ".yml"))
+    if config is None:
+        raise GradscopeError("gradscope diagnose needs a saved Keras model: gradscope diagnose "
+                             "MODEL.keras (model.save('model.keras')); the seed model and YAML "
+                             "configs are not diagnosed yet", where="MODEL")
+    if not str(config).endswith(".keras"):
+        said = ("diagnose is not yet for YAML configs" if str(config).endswith((".yaml", ".yml"))
                 else "diagnose reads a saved Keras model only")
-        raise GradscopeError(f"{shown}: {said}; give a saved MODEL.keras "
+        raise GradscopeError(f"{config}: {said}; give a saved MODEL.keras "
                              "(model.save('model.keras'))", where=config)
     source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)

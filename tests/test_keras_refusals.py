@@ -213,6 +213,17 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
         "axes of the targets' shape (per example and step, for targets per step)"]
 
 
+def test_time_steps_for_a_model_that_fixes_its_time_axis_is_refused_before_tensorflow(models):
+    """Found tried as a new user would: --time-steps 3 on a model whose input fixes 7 steps ran
+    7 steps, with no word. Refused, before TensorFlow; its own length is taken."""
+    _, paths = models
+    result = run_without_tensorflow("diagnose", str(paths["two_heads"]), "--time-steps", "3")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "gradscope: error: --time-steps 3: the model's inputs fix their time axis "
+        "('input_layer' 7 steps); --time-steps is for a time axis that is None"]
+
+
 @pytest.mark.parametrize("command", ["explain", "check", "shapes"])
 def test_a_keras_file_without_its_weights_is_refused_before_tensorflow(models, command,
                                                                        tmp_path):

@@ -101,6 +101,7 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
                            read=None if plan.custom_compute_loss else
                            {entry.output for entry in plan.outputs})
     else:
+        _time_steps_read(specs, time_steps)
         batch = synthetic_inputs(specs, batch_size or fixed or 32, time_steps, pad, seed)
     size = next(iter(batch.inputs.values())).shape[0]
     if fixed is not None and size != fixed:
@@ -118,6 +119,19 @@ def _fixed_batch(specs: list[InputSpec]) -> int | None:
     """The batch size an Input fixes (``batch_shape=(4, ...)``, as a stateful model needs)."""
     sizes = {int(spec.shape[0]) for spec in specs if spec.shape and spec.shape[0] is not None}
     return min(sizes) if sizes else None
+
+
+def _time_steps_read(specs: list[Any], time_steps: int | None) -> None:
+    """``--time-steps`` sets a time axis that is None; a model whose every input fixes its own
+    to another length would run with that length, silently: refused instead."""
+    timed = {spec.name: spec.shape[1] for spec in specs if len(spec.shape) > 1}
+    if time_steps is None or not timed or any(steps is None for steps in timed.values()):
+        return
+    if any(steps != time_steps for steps in timed.values()):
+        listed = ", ".join(f"'{name}' {steps}" for name, steps in timed.items())
+        raise ConfigError(f"--time-steps {time_steps}: the model's inputs fix their time axis "
+                          f"({listed} steps); --time-steps is for a time axis that is None",
+                          where="--time-steps")
 
 
 def loaded(job: KerasJob, say: Progress, clock: Clock) -> tuple[Any, dict[str, np.ndarray]]:
