@@ -205,3 +205,27 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
         assert readings[0].gates == truth.gates
     scans = [key for key in twin.engine._traces if key[0] == "lyapunov"]
     assert sorted(key[-1] for key in scans) == [False, True]  # the graph's, then XLA's
+
+
+def test_a_model_with_no_recurrent_layer_says_so(tf):
+    """Found tried as a new user would: diagnose exited 0 on a model with no recurrent layer
+    (a CI job passed on nothing), and a fit's diagnoses recorded nothing, with no word. The
+    command refuses (exit 2); the diagnoses say why each found nothing."""
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    model = keras.Sequential([keras.Input((5, 2)), keras.layers.Flatten(),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x = np.zeros((4, 5, 2), "float32")
+    y = np.zeros((4, 1), "float32")
+    with pytest.raises(ConfigError, match="the model has no recurrent layer call, so there is "
+                                          "nothing to diagnose"):
+        gradscope.diagnose(model, x=x, y=y)
+    flow = GradientFlow(model=model, loss="mse", diagnose_every=1)
+    flow.observe(x, y)
+    (skipped,) = flow.history.not_diagnosed
+    assert (skipped.layer, skipped.reason, skipped.steps) == (
+        "the model", "it has no recurrent layer call: nothing to diagnose", [1])

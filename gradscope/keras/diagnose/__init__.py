@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gradscope import dynamics
+from gradscope.errors import ConfigError
 from gradscope.keras.engine import call_label, class_label
 from gradscope.report.models import (
     Counterfactual,
@@ -125,6 +126,12 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
     warnings: list[str] = []
+    if not any(is_recurrent(engine, c) for c in result.calls):
+        # Nothing to read: a usage error (exit 2), not a report that passes in CI.
+        raise ConfigError(f"{job.path}: the model has no recurrent layer call, so there is "
+                          "nothing to diagnose (diagnose reads the dynamics of recurrent "
+                          "layers: RNN, LSTM, GRU and their cells); explain and check read "
+                          "any model", where=job.path)
     trained = trained_of(result)
     from gradscope.keras.nonfinite import all_finite
     from gradscope.keras.nonfinite import diagnose as where_born
@@ -181,8 +188,6 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
                 entry = whatif.add(entry, evidence, stepped, index, count, first)
             layers.append(entry)
         clock.lap(f"diagnose {label}")
-    if not any(is_recurrent(engine, c) for c in result.calls):
-        warnings.append("the model has no recurrent layer call: nothing to diagnose")
     norm = global_norm(trained)
     if norm == 0:
         warnings.append(

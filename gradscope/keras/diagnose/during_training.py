@@ -94,4 +94,6 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                 predicted=dynamics.predicted_horizon(largest),
                 measured=None if measured is None else measured.horizon,
                 window=None if measured is None else measured.window))
+    if not any(is_recurrent(engine, call) for call in calls):
+        skipped.append(("the model", "it has no recurrent layer call: nothing to diagnose"))
     return readings, skipped
