@@ -78,7 +78,7 @@ def _truth(fitted, step):
 def test_each_diagnosis_equals_diagnose_on_the_same_weights_and_batch(fitted):
     history = fitted["flow"].history
     assert history.diagnose_every == DIAGNOSE_EVERY and history.diagnose_exponents == 3
-    assert history.diagnosis_steps == [2, 4]
+    assert history.diagnosis_steps == [2, 4] and history.batches == BATCHES
     assert [o.step for o in history.observations] == [3]  # the flow keeps its own every
     series = {s.call: s for s in history.diagnoses}
     assert list(series) == ["gru", "simple", "lstm"]

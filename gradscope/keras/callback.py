@@ -663,6 +663,7 @@ class GradientFlow(keras.callbacks.Callback):
                                                                    "the compiled loss")
         report = self._mixed_precision.attached(self._record_of.report(source, loss,
                                                                        self.every))
+        report = report.model_copy(update={"batches": self._batches})
         if self._per_example is not None:
             report = self._per_example.attached(report)
         if self.diagnose_every is not None:

@@ -37,6 +37,10 @@ def _first_last(series: list[float | None]) -> tuple[float | None, float | None]
 def _steps(report: FlowHistoryReport) -> str:
     steps = [o.step for o in report.observations]
     if not steps:
+        if report.batches is not None and report.every:
+            # An every beyond what fit ran: say where the first observation would be.
+            return (f"no observations yet: {report.batches} batches trained, the first at "
+                    f"batch {report.every}")
         return "no observations yet"
     count = f"{len(steps)} observation{'s' if len(steps) != 1 else ''}"
     return f"{count}, step {steps[0]}" if len(steps) == 1 else \

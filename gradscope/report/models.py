@@ -1156,6 +1156,8 @@ class FlowHistoryReport(_CommandReport):
     loss: str = Field(description="the loss of the extra passes")
     mode: str = Field(description="the mode of the extra passes, e.g. inference")
     every: int | None = Field(description="one extra pass every this many batches (fit)")
+    batches: int | None = Field(default=None, description="the batches fit has trained so far "
+                                "(the callback's own report; null: read back by watch)")
     flag_factor: float = Field(description="flagged when the carried ratio passes this "
                                "factor either way")
     method: str
