@@ -545,8 +545,8 @@ def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
     np.testing.assert_allclose(entry.lyapunov, [np.log(0.9), np.log(0.5),
                                                 np.log(SMALLEST_STRETCH)], rtol=1e-5)
     # The floor is said to be no rate: every step cut that direction.
-    assert (f"linear: at {B * T} of {B * T} steps taken, a step took a direction followed to "
-            "0") in " ".join(report.warnings)
+    assert (f"linear: 1 of the directions followed was taken to 0 at some step, at {B * T} "
+            f"of the {B * T} (example, step) pairs that ran") in " ".join(report.warnings)
     assert "(−∞ in truth)" in " ".join(report.warnings)
     # One column (λ₁ alone) is its norm; a column J_t takes to 0 takes Householder's too.
     entry = gradscope.diagnose(_linear_model(np.zeros((3, 3))), x=x, y=y, exponents=1,

@@ -345,11 +345,13 @@ def _floored(logs: np.ndarray, ran: np.ndarray, label: str) -> str | None:
         return None
     columns = int(np.count_nonzero(hit.any(axis=(0, 1))))
     pairs = int(np.count_nonzero(hit.any(axis=2)))
-    what = "a direction" if columns == 1 else f"{columns} of the {logs.shape[2]} directions"
-    return (f"{label}: at {pairs} of {int(np.count_nonzero(ran))} steps taken, a step took "
-            f"{what} followed to 0 (|R_t[i, i]| below {SMALLEST_STRETCH:g}: a unit switched "
-            f"off, J_t singular); each such step counts ln {SMALLEST_STRETCH:g} = {floor:.1f} "
-            "(−∞ in truth), so the exponents of those directions are not rates")
+    what = ("1 of the directions followed was" if columns == 1 else
+            f"{columns} of the {logs.shape[2]} directions followed were")
+    those = "its exponent is" if columns == 1 else f"those {columns} exponents are"
+    return (f"{label}: {what} taken to 0 at some step, at {pairs} of the "
+            f"{int(np.count_nonzero(ran))} (example, step) pairs that ran (|R_t[i, i]| below "
+            f"{SMALLEST_STRETCH:g}: a unit switched off, J_t singular); each such step counts "
+            f"ln {SMALLEST_STRETCH:g} = {floor:.1f} (−∞ in truth), so {those} not rates")
 
 
 def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
