@@ -47,8 +47,7 @@ def clipping(compile_config: dict[str, Any] | None, gradients: dict[str, Any],
     arrays = {path: np.asarray(g, np.float64) for path, g in gradients.items() if g is not None}
     norms = {path: float(np.linalg.norm(g)) for path, g in arrays.items()}
     total = float(np.sqrt(sum(n * n for n in norms.values())))
-    chosen = next(((key, float(config[key])) for key in SETTINGS
-                   if config.get(key) and float(config[key]) > 0), None)
+    chosen = _setting(config)
     if name is None:
         return Clipping(optimizer=None, setting=None,
                         effect="the model is not compiled with an optimizer: no clipping")
@@ -94,8 +93,7 @@ def after_clipping(compile_config: dict[str, Any] | None, gradients: dict[str, A
     optimizer clips nothing, or there is none)."""
     _, config = optimizer_config(compile_config, model)
     arrays = {path: np.asarray(g, np.float64) for path, g in gradients.items() if g is not None}
-    chosen = next(((key, float(config[key])) for key in SETTINGS
-                   if config.get(key) and float(config[key]) > 0), None)
+    chosen = _setting(config)
     if chosen is None:
         return arrays, None
     key, value = chosen
@@ -108,6 +106,12 @@ def after_clipping(compile_config: dict[str, Any] | None, gradients: dict[str, A
     else:
         clipped = {p: np.clip(g, -value, value) for p, g in arrays.items()}
     return clipped, f"{key}={value:g}"
+
+
+def _setting(config: dict[str, Any]) -> tuple[str, float] | None:
+    """The clipping setting Keras applies (it takes one), and its value; None: none."""
+    return next(((key, float(config[key])) for key in SETTINGS
+                 if config.get(key) and float(config[key]) > 0), None)
 
 
 def global_norm(gradients: dict[str, Any]) -> float | None:
