@@ -140,6 +140,11 @@ def test_watch_shows_the_diagnoses(fitted):
             and "gates (values below 0.1 / above 0.9)" in text.stdout)
     assert "gates: not known for this cell (SimpleRNNCell)" in text.stdout
     assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
+    # Narrow, a wrapped line hangs under its first words, never at the first column.
+    narrow = run_gradscope("watch", str(fitted["log_dir"]), env={"COLUMNS": "60"}).stdout
+    section = narrow.split("as gradscope diagnose reads them)\n")[1].split("\n\n")[0]
+    for line in section.splitlines():
+        assert len(line) <= 60 and (line.startswith((" ", "gru (", "simple (", "lstm ("))), line
 
 
 @pytest.mark.parametrize("value", [0, -2, 2.5, True, "4"])

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gradscope.report.formats import number, share
-from gradscope.report.layout import pack, section, title, warning
+from gradscope.report.layout import hanging, pack, section, title, warning
 from gradscope.report.models import (
     DiagnosisSeries,
     FlowHistoryReport,
@@ -155,7 +155,12 @@ def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
         f"Dynamics across training ({count}, one every {report.diagnose_every} batches; "
         "as gradscope diagnose reads them)")]
     for entry in report.diagnoses:
-        parts += [Text(line) for line in _diagnosis_lines(entry, steps)]
+        # Wrapped lines hang under their first words, never at the first column.
+        lead, *rest = _diagnosis_lines(entry, steps)
+        name = f"{entry.call} ({entry.cell})"
+        parts.append(hanging(name, lead.removeprefix(name).lstrip()) if lead.startswith(name)
+                     else Text(lead))
+        parts += [hanging(" ", line.lstrip()) for line in rest]
     for skipped in report.not_diagnosed:
         parts.append(Text(f"not diagnosed: {skipped.layer}: {skipped.reason} (at "
                           f"{len(skipped.steps)} of {len(steps)} diagnoses)", style="dim"))
