@@ -84,7 +84,8 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
             lines.append(warning(
                 f"{entry.layer}: {kind} gradients at {len(hits)} of {len(entry.flags)} "
                 f"observations, the last at step {steps[last]} (carried back from each "
-                f"example's last step that ran to its first, ∂L/∂s, every state joined, keeps "
+                f"example's last step that ran to its first, ∂L/∂s, every state and example "
+                f"joined, keeps "
                 f"{number(entry.ratios[last])} × its size; flagged beyond a factor "
                 f"{report.flag_factor:g})"))
     if report.recurrent and not lines:
