@@ -259,6 +259,24 @@ def test_a_trend_table_folds_a_long_weight_path_and_cuts_no_number(width):
     assert "".join(folded) == long and all(part.endswith("/") for part in folded[:-1])
 
 
+def test_a_trend_table_folds_a_path_only_where_its_sparkline_needs_the_room():
+    """Found tried as a new user would: at 80 columns a 41-cell weight path was folded beside
+    seven observations, for a sparkline of 16 marks the table kept room for. A sparkline
+    needs a mark per value, up to that; a path is folded only where that room is missing."""
+    from rich.console import Console
+
+    from gradscope.report.tables import spark_table
+
+    path = "seqclf/encoder/lstm_cell/recurrent_kernel"
+    for count, kept in ((7, True), (60, False)):
+        rows = {path: ([1e-3 * (k + 1) for k in range(count)], 5.83e-02, 1.03e-01)}
+        console = Console(width=80, record=True, color_system=None)
+        console.print(spark_table(rows, 80, ("weight", "trend", "first", "last")))
+        lines = console.export_text().splitlines()
+        assert max(cell_len(line) for line in lines) <= 80
+        assert any(line.startswith(path + " ") for line in lines) is kept, lines
+
+
 @pytest.mark.parametrize("width", [60, 64])
 def test_a_long_keras_weight_path_in_the_check_table_folds_and_cuts_no_number(
         seed_reports, width):

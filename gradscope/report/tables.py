@@ -89,15 +89,18 @@ def spark_table(rows: dict[str, SparkRow], width: int,
                   + [len(first_title), len(last_title)])
     fixed = 2 * numbers + 3 * GAP
     # A label with no room beside the numbers and a short sparkline is folded after a "/"
-    # (a weight's path has no space to wrap at): the numbers are never cut.
-    limit = max(cell_len(label_title), width - fixed - SPARK_MIN)
+    # (a weight's path has no space to wrap at): the numbers are never cut. A sparkline of
+    # fewer values than SPARK_MIN needs only a mark each (and its title its width).
+    marks = max([len(values) for values, *_ in rows.values()] + [1])
+    least = min(SPARK_MIN, max(marks, cell_len(spark_title)))
+    limit = max(cell_len(label_title), width - fixed - least)
     shown = {label: folded(label, limit) for label in rows}
     room = width - fixed - max(cell_len(label_title),
                                *(cell_len(line) for text in shown.values()
                                  for line in text.split("\n")))
-    if room < SPARK_MIN:
+    if room < least:
         longest_word = max(cell_len(word) for text in shown.values() for word in text.split())
-        room = min(SPARK_MIN, width - fixed - longest_word)
+        room = min(least, width - fixed - longest_word)
     spark_width = max(1, min(SPARK_WIDTH, room))
     layout = Layout([Column(label_title), Column(spark_title), Column(first_title, "right"),
                      Column(last_title, "right")])
