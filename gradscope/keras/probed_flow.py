@@ -6,6 +6,7 @@ Shared by ``explain --flow`` and the GradientFlow callback.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +35,16 @@ class LoopFlow:
         """The states whose ‖∂L/∂s_t‖ is shown."""
         return [0] if self.class_name in H_SHOWN else list(range(len(self.names)))
 
+    @functools.cached_property
+    def whole(self) -> np.ndarray:
+        """‖∂L/∂s_t‖² per example and step (B, T), every state joined."""
+        return np.sum([example_squares(t) for t in self.totals.totals], axis=0)
+
     def rests_on(self) -> tuple[int, int] | None:
         """:func:`resting_on` of :meth:`carried`'s ratio."""
         found = self.totals
-        squares = (found.carried_back if found.carried_back is not None else
-                   np.sum([example_squares(t) for t in found.totals], axis=0))
-        return resting_on(squares, self.ran)
+        return resting_on(found.carried_back if found.carried_back is not None else
+                          self.whole, self.ran)
 
     def what(self, k: int) -> str:
         """``∂L/∂label/h_t``; a state the cell does not return as its output is moved only
@@ -53,18 +58,16 @@ class LoopFlow:
         output, which is one of its states (where that is at every step, from what arrives
         at the last step carried back: :func:`back_ratio_of`); None where the output is not
         a state."""
-
         found = self.totals
         k = found.output_state
         if k is None or found.direct.shape != found.totals[k].shape:
             return None
         if found.carried_back is not None:  # a gradient from above at every step
             return back_ratio_of(found.carried_back, self.ran)
+        # Where the gradient enters at the last step only: the product of the gains.
         carried = np.sum([example_squares(t - found.direct if i == k else t)
                           for i, t in enumerate(found.totals)], axis=0)
-        # (the product of the totals' gains: where the gradient enters at the last step only)
-        whole = np.sum([example_squares(t) for t in found.totals], axis=0)
-        return carried_ratio_of(carried, whole, self.ran)
+        return carried_ratio_of(carried, self.whole, self.ran)
 
 
 def example_squares(gradient: np.ndarray) -> np.ndarray:
