@@ -403,7 +403,13 @@ class _WhatIf:
 
     def __init__(self, job: Any, engine: Any, targets: dict[str, Any],
                  gradients: dict[str, Any]) -> None:
+        from gradscope.keras.diagnose.clipping import after_clipping, global_norm
+
         self.job, self.engine, self.targets, self.gradients = job, engine, targets, gradients
+        # Keras takes one clipping setting: one suggested would replace one compiled, whose
+        # effect on this batch (the same for every layer) it is weighed against.
+        already, setting = after_clipping(job.graph.compile_config, gradients, job.model)
+        self.compiled = None if setting is None else (setting, global_norm(already))
         self.copy: Any = None
         self.cache: dict[Any, Any] = {}  # the copy's traced pass, kept across the changes
 
@@ -411,7 +417,6 @@ class _WhatIf:
             index: int, count: int, first: float | None) -> DiagnosedLayer:
         """``entry`` with its counterfactuals, and its verdict naming the most effective
         (``first``: the layer's λ₁ by its first tangent column, as a change's is taken)."""
-        from gradscope.keras.diagnose.clipping import after_clipping, global_norm
         from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
             Rerun,
@@ -436,13 +441,8 @@ class _WhatIf:
             found = [c.model_copy(update={"lyapunov_1_before": first}) if c.applicable else c
                      for c in found]
         largest = entry.lyapunov[0] if entry.lyapunov else None
-        # Keras takes one clipping setting: the one suggested would replace one compiled,
-        # whose effect on this batch it is weighed against.
-        already, compiled = after_clipping(self.job.graph.compile_config, self.gradients,
-                                           self.job.model)
         clipped = suggested_clipping(self.gradients, largest, entry.horizon.measured,
-                                     entry.horizon.window,
-                                     None if compiled is None else (compiled, global_norm(already)))
+                                     entry.horizon.window, self.compiled)
         found += [clipped] if clipped is not None else []
         remedy = _most_effective(entry, found)
         if remedy is None:
