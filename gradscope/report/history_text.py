@@ -118,14 +118,15 @@ def _last(values: list[Any], steps: list[int]) -> tuple[Any, int | None]:
     return None, None
 
 
-def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[str]:
-    """One call's last diagnosis in words, each number with its unit, λ₁'s first beside it."""
+def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[tuple[str, str]]:
+    """One call's last diagnosis in words, each number with its unit, λ₁'s first beside it:
+    (what the line hangs from, the line), so that a wrapped line hangs under its words."""
     lyapunov, at = _last(entry.lyapunov, steps)
     if lyapunov is None or at is None:
-        return [f"{entry.call}: not diagnosed"]
+        return [(f"{entry.call}:", "not diagnosed")]
     first, first_at = next(((v, s) for v, s in zip(entry.lyapunov, steps, strict=True) if v),
                            (None, None))
-    lead = f"{entry.call} ({entry.cell}) at step {at}: λ₁ {lyapunov[0]:+.3g} nats/step"
+    lead = f"at step {at}: λ₁ {lyapunov[0]:+.3g} nats/step"
     if len(lyapunov) > 1:
         lead += " (next " + ", ".join(f"{v:+.3g}" for v in lyapunov[1:]) + ")"
     if first is not None and first_at != at:
@@ -143,7 +144,7 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[str]:
         f"{name} {share(shares.below_0_1)}/{share(shares.above_0_9)}"
         for name, shares in gates.items()) if gates is not None
         else f"gates: {(entry.gates_note or 'not known').removeprefix('gates ')}")
-    return [lead, f"  {horizon}", f"  {gate_text}"]
+    return [(f"{entry.call} ({entry.cell})", lead), (" ", horizon), (" ", gate_text)]
 
 
 def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
@@ -157,11 +158,7 @@ def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
         "as gradscope diagnose reads them)")]
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
-        lead, *rest = _diagnosis_lines(entry, steps)
-        name = f"{entry.call} ({entry.cell})"
-        parts.append(hanging(name, lead.removeprefix(name).lstrip()) if lead.startswith(name)
-                     else Text(lead))
-        parts += [hanging(" ", line.lstrip()) for line in rest]
+        parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps)]
     for skipped in report.not_diagnosed:
         parts.append(Text(f"not diagnosed: {skipped.layer}: {skipped.reason} (at "
                           f"{len(skipped.steps)} of {len(steps)} diagnoses)", style="dim"))
