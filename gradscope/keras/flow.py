@@ -39,6 +39,7 @@ from gradscope.keras.probed_flow import (
     resting_on,
 )
 from gradscope.keras.state_probes import StateTotals
+from gradscope.report.formats import read_on
 from gradscope.report.models import (
     FlowFlag,
     InfluenceMap,
@@ -439,9 +440,7 @@ def recurrence_flag(what: str, ratio: float | None, steps: int,
 
 def resting_words(rests_on: tuple[int, int]) -> str:
     """Of how many examples a carried ratio is read, where not every one that ran."""
-    reached, ran = rests_on
-    return (f"read on {reached} of the {ran} examples: the others get no gradient at their "
-            "last step that ran")
+    return f"{read_on(rests_on)}: the others get no gradient at their last step that ran"
 
 
 def per_step_norms(gradient: np.ndarray) -> list[float]:

@@ -28,3 +28,10 @@ def number(value: float | None) -> str:
 def shape_text(shape: Iterable[int]) -> str:
     dims = list(shape)
     return f"({dims[0]},)" if len(dims) == 1 else "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+def read_on(examples: Iterable[int]) -> str:
+    """A carried ratio read on some of the examples: ``examples`` is (how many it rests on,
+    how many ran)."""
+    reached, ran = examples
+    return f"read on {reached} of the {ran} examples"

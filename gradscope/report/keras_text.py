@@ -13,7 +13,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.formats import number, shape_text
+from gradscope.report.formats import number, read_on, shape_text
 from gradscope.report.layout import (
     GAP,
     Column,
@@ -282,9 +282,8 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
         parts += flag_warnings(flow.flags, drawn=bool(rows))
     flagged = {flag.what for flag in flow.flags}
     kept = [f"{s.source} ×{s.carried:.2e}" + (
-        f" (read on {s.carried_examples[0]} of the {s.carried_examples[1]} examples)"
-        if s.carried_examples else "") for s in flow.sequences
-        if s.carried is not None and s.what not in flagged]
+        f" ({read_on(s.carried_examples)})" if s.carried_examples else "")
+        for s in flow.sequences if s.carried is not None and s.what not in flagged]
     if kept:
         # Not flagged is not nothing: the ratio the flag reads, for each call it did not flag.
         parts.append(Text("carried back, every state joined, from each example's last step to "
