@@ -227,7 +227,10 @@ def mechanism(evidence: Evidence) -> str:
 
 
 def _steps(value: float) -> str:
-    return f"{value:.2g} step" + ("" if value == 1 else "s")
+    """A count of steps in words: two significant digits, whole steps from 10 on (not
+    2.9e+02)."""
+    shown = f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+    return f"{shown} step" + ("" if shown == "1" else "s")
 
 
 def remedy(kind: str, change: str, horizon: int | None, window: int | None,
@@ -239,6 +242,41 @@ def remedy(kind: str, change: str, horizon: int | None, window: int | None,
                  else f"more than {window} steps")
         return f"with {change}, the horizon would be {steps} (measured)"
     return f"with {change}, λ₁ would be {lyapunov_1:+.3g} per step (measured)"
+
+
+#: A change whose measured horizon, like the layer's, lies beyond its window is named for
+#: its λ₁ only where the horizon predicted from it is at least this factor longer.
+SLOWER = 1.25
+
+
+def slower_fading(lyapunov_1: float, before: float) -> float | None:
+    """How many times longer the horizon predicted from a change's λ₁ is than the one
+    predicted from the layer's own ``before`` (taken as the change's is): ``inf`` where the
+    change leaves λ₁ ≥ 0 (nothing fades at that rate) and the layer's is below 0; None
+    where the layer's does not fade either."""
+    old = predicted_horizon(before)
+    if old is None:
+        return None
+    new = predicted_horizon(lyapunov_1)
+    return float("inf") if new is None else new / old
+
+
+def remedy_by_rate(change: str, lyapunov_1: float, before: float, window: int | None,
+                   first_column: bool = False) -> str:
+    """A counterfactual in the verdict's words where the measured horizons (the layer's and
+    the changed copy's) both lie beyond their windows: what λ₁ would be against ``before``
+    (the layer's, taken as the change's is: its first tangent column's where
+    ``first_column``), and the horizons the two predict."""
+    beyond = (f"the measured horizon is beyond {window} steps both ways"
+              if window is not None else "the measured horizon is beyond the window both ways")
+    old = predicted_horizon(before)
+    new = predicted_horizon(lyapunov_1)
+    fading = (f"so gradients would fade by 10³ within about {_steps(new)}, not {_steps(old)}"
+              if new is not None and old is not None else
+              "so the slowest direction would no longer fade at that rate")
+    rate = "λ₁ of the first tangent column" if first_column else "λ₁"
+    return (f"with {change}, {rate} would be {lyapunov_1:+.3g} per step, against "
+            f"{before:+.3g} now (measured), {fading} (predicted; {beyond})")
 
 
 def verdict(evidence: Evidence) -> str:

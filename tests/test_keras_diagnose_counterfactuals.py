@@ -88,6 +88,44 @@ def test_forget_bias_plus_1_against_a_copy_changed_by_hand(tf: Any) -> None:
     assert "forget-gate bias +1, the horizon would be" in entry.verdict
 
 
+def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
+        tf: Any) -> None:
+    """A large layer's horizon window stops at 16 lags: where the layer's horizon and every
+    change's lie beyond it, the verdict named no change at all (on the LSTM 256 × 2 of the
+    bench, forget bias +1 takes λ₁ from −0.18 to −0.02). It names the change whose λ₁
+    predicts the longest horizon, with both λ₁ and both predicted horizons."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((60, 3))
+    h = keras.layers.LSTM(256, name="rnn")(inp)
+    model = keras.Model(inp, keras.layers.Dense(1)(h))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 60, 3)).astype("float32")
+    y = rng.standard_normal((2, 1)).astype("float32")
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    found = {c.kind: c for c in entry.counterfactuals}
+    assert entry.mechanism == "vanishing"
+    assert entry.horizon.measured is None and entry.horizon.window == 16
+    assert all(found[k].horizon is None for k in ("keep_bias", "orthogonal"))
+
+    def predicted(rate: float) -> float:  # ln 10³ / |λ₁|, here by hand
+        return 3 * np.log(10) / -rate
+
+    factors = {k: predicted(found[k].lyapunov_1) / predicted(found[k].lyapunov_1_before)
+               for k in ("keep_bias", "orthogonal")}
+    best = max(factors, key=factors.__getitem__)
+    assert best == "keep_bias" and factors["keep_bias"] > 1.25
+    change = found["keep_bias"]
+    assert (f"with forget-gate bias +1, λ₁ of the first tangent column would be "
+            f"{change.lyapunov_1:+.3g} per step, against {change.lyapunov_1_before:+.3g} now "
+            f"(measured), so gradients would fade by 10³ within about "
+            f"{predicted(change.lyapunov_1):.0f} steps, not "
+            f"{predicted(change.lyapunov_1_before):.0f} steps (predicted; the measured "
+            "horizon is beyond 16 steps both ways)") in entry.verdict
+
+
 def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
         tf: Any) -> None:
     model = _model("gru")

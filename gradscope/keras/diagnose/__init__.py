@@ -454,9 +454,11 @@ class _WhatIf:
 
 def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str | None:
     """The counterfactual the verdict names, in words: for a vanishing layer the change that
-    lengthens the measured horizon most; for an exploding one the change that lowers λ₁
-    most (each against the layer's λ₁ taken as the change's is); None when no change helps
-    (or the layer holds)."""
+    lengthens the measured horizon most, or, where the layer's and the changes' horizons all
+    lie beyond their windows, the change whose λ₁ predicts the longest horizon (at least
+    :data:`~gradscope.dynamics.SLOWER` times the layer's); for an exploding one the change
+    that lowers λ₁ most (λ₁ each time against the layer's taken as the change's is); None
+    when no change helps (or the layer holds)."""
     changed = [c for c in found if c.applicable and c.kind != "clipping"]
     if entry.mechanism == "vanishing":
         def reach(horizon: int | None, window: int | None) -> float:
@@ -464,11 +466,30 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
 
         before = reach(entry.horizon.measured, entry.horizon.window)
         longer = [c for c in changed if reach(c.horizon, c.horizon_window) > before]
-        if not longer:
+        if longer:
+            best = max(longer, key=lambda c: reach(c.horizon, c.horizon_window))
+            return dynamics.remedy("vanishing", best.change, best.horizon,
+                                   best.horizon_window, best.lyapunov_1)
+        if entry.horizon.measured is not None or not entry.lyapunov:
             return None
-        best = max(longer, key=lambda c: reach(c.horizon, c.horizon_window))
-        return dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
-                               best.lyapunov_1)
+        # Beyond the windows measured both ways, the horizons do not tell the changes
+        # apart: the horizon predicted from each change's λ₁ (against the layer's, taken as
+        # the change's is) does.
+        slower = []
+        for c in changed:
+            if c.horizon is not None or c.lyapunov_1 is None:
+                continue
+            own = entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before
+            factor = dynamics.slower_fading(c.lyapunov_1, own)
+            if factor is not None and factor >= dynamics.SLOWER:
+                slower.append((factor, c, own))
+        if not slower:
+            return None
+        _, best, own = max(slower, key=lambda found: found[0])
+        assert best.lyapunov_1 is not None
+        return dynamics.remedy_by_rate(best.change, best.lyapunov_1, own,
+                                       entry.horizon.window,
+                                       first_column=best.lyapunov_1_before is not None)
     if entry.mechanism == "exploding" and entry.lyapunov:
         lower = [c for c in changed if c.lyapunov_1 is not None and c.lyapunov_1 < (
             entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before)]
