@@ -348,6 +348,9 @@ class WitnessResult:
     #: Every probe left out, some not resolved (:meth:`Settled.unresolved_detail`): the
     #: witness says nothing here.
     unresolved: bool = False
+    #: The probes left out, in words (:meth:`Settled.left_out_detail`; "" where none was):
+    #: at a kink, or not resolved. Where every probe was, it is also the ``detail``.
+    left_out: str = ""
 
 
 def checked_tensors(results: list[WitnessResult], order: list[str] | None = None,
@@ -376,4 +379,5 @@ def _entry(result: WitnessResult) -> WitnessEntry:
         error, passed, detail = None, False, f"{detail}; its error is {result.error}"
     return WitnessEntry(witness=result.witness, error=error, tolerance=result.tolerance,
                         passed=passed, detail=detail, first_bad_step=result.first_bad_step,
-                        at_kink=result.at_kink, unresolved=result.unresolved)
+                        at_kink=result.at_kink, unresolved=result.unresolved,
+                        left_out=result.left_out)

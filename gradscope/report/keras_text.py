@@ -529,9 +529,8 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
         # A tensor that passed on some probes, others left out (at a kink, not resolved):
         # what was left out is said, as for one that failed.
         for entry in tensor.witnesses:
-            left = [part for part in entry.detail.split("; ") if part.endswith("left out")]
-            if entry.passed and not (entry.at_kink or entry.unresolved) and left:
-                parts.append(Text(f"{tensor.name}: {'; '.join(left)}", style="dim"))
+            if entry.passed and not (entry.at_kink or entry.unresolved) and entry.left_out:
+                parts.append(Text(f"{tensor.name}: {entry.left_out}", style="dim"))
     unwitnessed = [t.name for t in report.tensors if t.witnesses
                    and all(e.at_kink for e in t.witnesses)]
     if unwitnessed:

@@ -367,6 +367,10 @@ class WitnessEntry(_Report):
         description="every probe left out, some because their central differences do not "
                     "settle as the step shrinks (a trajectory that amplifies every "
                     "perturbation): this witness says nothing here")
+    left_out: str = Field(
+        default="",
+        description="the probes left out, in words: at a kink, or not resolved (empty where "
+                    "none was); where every probe was, the detail says it too")
 
 
 class CheckedTensor(_Report):

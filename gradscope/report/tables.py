@@ -243,8 +243,11 @@ def failure_lines(tensor: CheckedTensor) -> list[tuple[str, str]]:
             entry.first_bad_step is not None) else ""
         value = "" if entry.error is None else (
             f": relative error {entry.error:.2e} > {entry.tolerance:.0e}")
+        said = [entry.detail] if entry.detail else []
+        if entry.left_out and entry.left_out != entry.detail:
+            said.append(entry.left_out)  # the probes the error leaves out
         lines.append((f"{tensor.name} · {WITNESS_TITLES[entry.witness]}{value}{where}",
-                      entry.detail))
+                      "; ".join(said)))
     return lines
 
 

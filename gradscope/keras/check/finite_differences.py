@@ -320,19 +320,17 @@ def _probed(probing: Probing, name: str, gradient: np.ndarray,
                       for p in probes])
     settled = settle_kinks(gradient, probes, plus, minus, evaluate_at, base, loss, rtol, atol,
                            probing.dtype, rounding)
+    left_out = settled.left_out_detail(len(probes))
     if not settled.groups:
-        return WitnessResult(WITNESS, name, None, rtol, True,
-                             settled.left_out_detail(len(probes)),
+        return WitnessResult(WITNESS, name, None, rtol, True, left_out,
                              at_kink=not settled.not_resolved,
-                             unresolved=settled.not_resolved)
+                             unresolved=settled.not_resolved, left_out=left_out)
     error, passed, detail = max(
         (directional_error(gradient, group, p, m, loss, rtol, atol, taken, rounding)
          for group, p, m, taken in settled.groups), key=lambda found: found[0])
-    if settled.kinks or settled.not_resolved:
-        detail += f"; {settled.left_out_detail(len(probes))}"
     if keep is not None:
         detail += "; masked steps held fixed (their mask depends on their values)"
-    return WitnessResult(WITNESS, name, error, rtol, passed, detail)
+    return WitnessResult(WITNESS, name, error, rtol, passed, detail, left_out=left_out)
 
 
 def _restricted(probes: list[Probe], keep: np.ndarray) -> list[Probe]:
