@@ -19,6 +19,29 @@ def test_a_yaml_config_is_refused_before_tensorflow_loads() -> None:
     assert "not yet for YAML configs" in done.stderr
 
 
+def test_a_saved_model_of_keras_layers_none_recurrent_is_refused_before_tensorflow_loads(
+        tmp_path: Path, tf: Any) -> None:
+    """Its config shows that nothing is recurrent (a sequence model of Dense and pooling,
+    one nested in TimeDistributed): refused in a fraction of a second, not after the model
+    was loaded and run. With a layer of the user's own class, only the run can tell."""
+    import keras
+    import numpy as np
+
+    inner = keras.Sequential([keras.layers.Dense(4)])
+    inp = keras.Input((10, 3))
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.TimeDistributed(inner)(inp))
+    model = keras.Model(inp, keras.layers.Dense(1)(pooled))
+    model.compile(loss="mse")
+    model.save(tmp_path / "dense.keras")
+    np.savez(tmp_path / "batch.npz", x=np.zeros((4, 10, 3), "float32"),
+             y=np.zeros((4, 1), "float32"))
+    done = run_without_tensorflow("diagnose", str(tmp_path / "dense.keras"), "--data",
+                                  str(tmp_path / "batch.npz"))
+    assert done.returncode == 2, done.stderr
+    assert "the model has no recurrent layer call, so there is nothing to diagnose" in " ".join(
+        done.stderr.split())
+
+
 def test_the_schema_names_the_keys_of_a_layer() -> None:
     done = run_without_tensorflow("schema", "diagnose")
     assert done.returncode == 0, done.stderr

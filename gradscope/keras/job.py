@@ -159,6 +159,10 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
                data=None if data is None else data.data, x=x, y=y, sample_weight=sample_weight,
                batch_size=checked.batch_size, time_steps=checked.time_steps, loss=checked.loss,
                training=checked.training, pad=checked.pad, seed=checked.seed)
+    if command == "diagnose":
+        from gradscope.keras.diagnose import refuse_without_recurrent
+
+        refuse_without_recurrent(job.graph, job.path)
     at = own.get("at")
     steps = time_steps(job.batch.inputs)
     if at is not None and at >= steps:

@@ -76,6 +76,34 @@ DROPOUT_METHOD = (
     "are given, from random start columns")
 
 
+#: Keras' own layer classes whose calls may be recurrent calls (a model's run says which).
+MAY_RECUR = frozenset({"RNN", "LSTM", "GRU", "SimpleRNN", "Bidirectional", "ConvLSTM1D",
+                       "ConvLSTM2D", "ConvLSTM3D"})
+
+
+def nothing_recurrent(path: str) -> ConfigError:
+    """The refusal of a model with no recurrent layer call (exit 2)."""
+    return ConfigError(f"{path}: the model has no recurrent layer call, so there is nothing "
+                       "to diagnose (diagnose reads the dynamics of recurrent layers: RNN, "
+                       "LSTM, GRU and their cells); explain and check read any model",
+                       where=path)
+
+
+def refuse_without_recurrent(graph: Any, path: str) -> None:
+    """Before TensorFlow loads: a model whose config holds only Keras' own layers, none of
+    them recurrent (nested models and wrapped layers included), is refused
+    (:func:`nothing_recurrent`). A layer of the user's own class (it may be an ``RNN``) or a
+    subclassed model's own call leaves it to the run."""
+    from gradscope.keras.graph import YOUR_CALL
+
+    for layer in graph.walk():
+        module = layer.module or ""
+        if (layer.class_name in MAY_RECUR or layer.class_name == YOUR_CALL
+                or not (module == "keras" or module.startswith("keras."))):
+            return
+    raise nothing_recurrent(path)
+
+
 def is_recurrent(engine: Any, call: Any) -> bool:
     """Whether ``call`` is a recurrent call (Keras' own layers, an ``RNN`` over a cell, a
     ConvLSTM, a subclass of Keras' recurrent layers), as ``--flow`` counts them."""
@@ -128,10 +156,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     warnings: list[str] = []
     if not any(is_recurrent(engine, c) for c in result.calls):
         # Nothing to read: a usage error (exit 2), not a report that passes in CI.
-        raise ConfigError(f"{job.path}: the model has no recurrent layer call, so there is "
-                          "nothing to diagnose (diagnose reads the dynamics of recurrent "
-                          "layers: RNN, LSTM, GRU and their cells); explain and check read "
-                          "any model", where=job.path)
+        raise nothing_recurrent(job.path)
     trained = trained_of(result)
     from gradscope.keras.nonfinite import all_finite
     from gradscope.keras.nonfinite import diagnose as where_born
