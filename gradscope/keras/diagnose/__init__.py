@@ -512,9 +512,11 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
             return None
         _, best, own = max(slower, key=lambda found: found[0])
         assert best.lyapunov_1 is not None
-        return dynamics.remedy_by_rate(best.change, best.lyapunov_1, own,
-                                       entry.horizon.window,
-                                       first_column=best.lyapunov_1_before is not None)
+        # Whose λ₁ it is, where the layer's first column reads otherwise than its λ₁ (the
+        # largest of its columns' means), as the change's line says it.
+        return dynamics.remedy_by_rate(
+            best.change, best.lyapunov_1, own, entry.horizon.window,
+            first_column=f"{own:+.3g}" != f"{entry.lyapunov[0]:+.3g}")
     if entry.mechanism == "exploding" and entry.lyapunov:
         lower = [c for c in changed if c.lyapunov_1 is not None and c.lyapunov_1 < (
             entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before)]
