@@ -600,6 +600,23 @@ def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) ->
         assert entry.jacobian_norm.share_above_1 == 1.0
 
 
+@pytest.mark.parametrize(("rho", "above"), [(1.0, 0.0), (1.00001, 1.0)])
+def test_a_norm_of_1_by_rounding_is_not_above_1(tf: Any, rho: float, above: float) -> None:
+    """Found tried as a new user would: a relu SimpleRNN fresh from Keras' orthogonal
+    initializer read "‖J_t‖₂ median 1.00 · max 1.00 · > 1 on 100% of steps" (J = D·W, D a
+    0/1 diagonal: its norm is at most 1; float32 made it 1 + 1.4e-7). A norm above 1 by
+    less than 4 float32 roundoffs does not count; one 1e-5 above does."""
+    from gradscope.keras.diagnose import above_1_rounding
+
+    assert above_1_rounding("float32") == 4 * np.finfo(np.float32).eps
+    x, y = _batch(steps=12)
+    w = _orthogonal(6, rho)
+    entry = gradscope.diagnose(_linear_model(w, steps=12), x=x, y=y, exponents=1,
+                               counterfactuals=False).layers[0]
+    assert entry.jacobian_norm.max == pytest.approx(np.linalg.norm(w, 2), abs=5e-7)
+    assert entry.jacobian_norm.share_above_1 == above
+
+
 def test_a_relu_recurrence_that_explodes_in_most_examples_is_called_exploding(
         tf: Any) -> None:
     """A relu SimpleRNN at 1.05 · I: every example grows about 1.05× per step, but in two of

@@ -301,7 +301,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     grid, method = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
         median=float(np.nanmedian(grid)), max=float(np.nanmax(grid)),
-        share_above_1=float(np.mean(grid[path.ran & np.isfinite(grid)] > 1)),
+        share_above_1=float(np.mean(grid[path.ran & np.isfinite(grid)]
+                                    > 1 + above_1_rounding(layer.cell.compute_dtype))),
         steps_median=_per_step(grid, np.nanmedian), steps_max=_per_step(grid, np.nanmax),
         method=method)
     say(f"{label}: gates")
@@ -356,6 +357,22 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
         verdict=dynamics.verdict(evidence)), evidence, count, (
             float(first[0]) if len(first) else None)
+
+
+#: ‖J_t‖₂ within this many units of the cell dtype's roundoff above 1 does not count as
+#: above 1: an orthogonal kernel behind a relu reads 1 + 1.4e-7 in float32 (J = D·W, with
+#: D a 0/1 diagonal, has norm at most ‖W‖ = 1), and "> 1 on 100% of steps" misled.
+ROUNDING_ULPS = 4
+
+
+def above_1_rounding(dtype: Any) -> float:
+    """How far above 1 a step Jacobian's norm, computed in ``dtype`` (the cell's), may read
+    by rounding alone: :data:`ROUNDING_ULPS` units of its roundoff."""
+    import ml_dtypes
+
+    name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
+    kind = ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+    return ROUNDING_ULPS * float(ml_dtypes.finfo(kind).eps)
 
 
 def _floored(logs: np.ndarray, ran: np.ndarray, label: str) -> str | None:
