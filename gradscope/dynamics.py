@@ -57,21 +57,30 @@ def lyapunov_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> tuple[np.n
     logs = np.asarray(log_diagonals, np.float64)
     counted = np.asarray(ran, bool)
     steps = logs.shape[1]
-
-    def estimate(within: np.ndarray) -> np.ndarray:
-        runs = within.sum(axis=1)
-        keep = runs > 0
-        if not keep.any():
-            return np.zeros(logs.shape[2])
-        sums = np.where(within[..., None], logs, 0.0).sum(axis=1)
-        return (sums[keep] / runs[keep, None]).mean(axis=0)
-
-    final = estimate(counted)
+    final = _column_means(logs, counted)
     order = np.argsort(-final, kind="stable")
     # Per example, the first three quarters of the steps it ran.
     early = counted & (np.cumsum(counted, axis=1) <= (3 * counted.sum(axis=1))[:, None] // 4)
-    change = None if steps < 4 else float(np.max(np.abs(final - estimate(early))))
+    change = None if steps < 4 else float(np.max(np.abs(final - _column_means(logs, early))))
     return final[order], change
+
+
+def column_order(log_diagonals: np.ndarray, ran: np.ndarray) -> np.ndarray:
+    """The columns of ``log_diagonals`` in the order :func:`lyapunov_exponents` lists their
+    exponents (largest first): entry i is the column of the i-th exponent."""
+    means = _column_means(np.asarray(log_diagonals, np.float64), np.asarray(ran, bool))
+    return np.argsort(-means, kind="stable")
+
+
+def _column_means(logs: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """Per column, the mean over the examples of each one's mean over its steps ``within``
+    (B, T) (zeros where no example has a step there)."""
+    runs = within.sum(axis=1)
+    keep = runs > 0
+    if not keep.any():
+        return np.zeros(logs.shape[2])
+    sums = np.where(within[..., None], logs, 0.0).sum(axis=1)
+    return (sums[keep] / runs[keep, None]).mean(axis=0)
 
 
 def example_exponents(log_diagonals: np.ndarray, ran: np.ndarray) -> np.ndarray:

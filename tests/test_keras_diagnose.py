@@ -548,6 +548,13 @@ def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
     assert (f"linear: 1 of the directions followed was taken to 0 at some step, at {B * T} "
             f"of the {B * T} (example, step) pairs that ran") in " ".join(report.warnings)
     assert "(−∞ in truth)" in " ".join(report.warnings)
+    # Which exponent it is: the last (the JSON's position, the text's mark), not the others.
+    assert entry.lyapunov_floored == [2]
+    from conftest import render_text
+
+    text = " ".join(render_text(report, 80).split())
+    assert (f"{entry.lyapunov[0]:+.3g} · {entry.lyapunov[1]:+.3g} · "
+            f"{entry.lyapunov[2]:+.3g}* · * taken to 0 at some step: not a rate") in text
     # One column (λ₁ alone) is its norm; a column J_t takes to 0 takes Householder's too.
     entry = gradscope.diagnose(_linear_model(np.zeros((3, 3))), x=x, y=y, exponents=1,
                                counterfactuals=False).layers[0]

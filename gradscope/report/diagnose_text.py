@@ -74,10 +74,16 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     converged = ("" if layer.lyapunov_change is None
                  else f"moved {number(layer.lyapunov_change)} over the last quarter")
     more = len(layer.lyapunov) - SHOWN
+    # An exponent whose direction a step took to 0 is marked: not a rate (the warning says).
+    floored = set(layer.lyapunov_floored)
+    shown = [_signed(v) + ("*" if i in floored else "")
+             for i, v in enumerate(layer.lyapunov[:SHOWN])]
+    marks = len(floored & set(range(SHOWN)))
+    marked = ([f"* taken to 0 at some step: not {'a rate' if marks == 1 else 'rates'}"]
+              if marks else [])
     parts.append(_line(f"Lyapunov exponents λ (nats/step, top {len(layer.lyapunov)})",
-                       [*map(_signed, layer.lyapunov[:SHOWN]),
-                        *([f"{more} more in --json"] if more > 0 else []),
-                        *([converged] if converged else [])], width))
+                       [*shown, *([f"{more} more in --json"] if more > 0 else []),
+                        *marked, *([converged] if converged else [])], width))
     norm = layer.jacobian_norm
     parts.append(_line("step Jacobian ‖J_t‖₂", [
         f"median {number(norm.median)}", f"max {number(norm.max)}",

@@ -1029,6 +1029,11 @@ class DiagnosedLayer(_Report):
     lyapunov_change: float | None = Field(
         description="the largest change of an exponent over the last quarter of the steps "
                     "each example ran (how well they converged)")
+    lyapunov_floored: list[int] = Field(
+        default_factory=list,
+        description="the positions in lyapunov of the exponents whose direction some step "
+                    "took to 0 (a unit switched off, J_t singular): each such step counts "
+                    "ln 1e-30, so they are not rates (−∞ in truth); see the warnings")
     jacobian_norm: JacobianNorm
     gates: dict[str, GateShares] | None = Field(
         description="per gate (input, forget, output; update, reset); null: see gates_note")

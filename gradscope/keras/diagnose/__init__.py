@@ -296,6 +296,9 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     floored = _floored(logs, path.ran, label)
     if floored is not None:
         warnings.append(floored)
+    hit = floored_columns(logs, path.ran)
+    floored_at = [i for i, column in enumerate(dynamics.column_order(logs, path.ran))
+                  if hit[column]]
     first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
     grid, method = step_norms(engine, path, seed=0)
@@ -351,7 +354,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,
         backwards=direction.backwards, lyapunov=[float(v) for v in spectrum],
-        lyapunov_change=change, jacobian_norm=norms, gates=gates, gates_note=why_not,
+        lyapunov_change=change, lyapunov_floored=floored_at, jacobian_norm=norms,
+        gates=gates, gates_note=why_not,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
         exploding=exploding, flow=flow,
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
@@ -381,7 +385,7 @@ def _floored(logs: np.ndarray, ran: np.ndarray, label: str) -> str | None:
     from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
 
     floor = float(np.log(SMALLEST_STRETCH))
-    hit = (np.asarray(logs, np.float64) <= floor + 1e-3) & np.asarray(ran, bool)[..., None]
+    hit = _at_floor(logs, ran)
     if not hit.any():
         return None
     columns = int(np.count_nonzero(hit.any(axis=(0, 1))))
@@ -393,6 +397,20 @@ def _floored(logs: np.ndarray, ran: np.ndarray, label: str) -> str | None:
             f"{int(np.count_nonzero(ran))} (example, step) pairs that ran (|R_t[i, i]| below "
             f"{SMALLEST_STRETCH:g}: a unit switched off, J_t singular); each such step counts "
             f"ln {SMALLEST_STRETCH:g} = {floor:.1f} (−∞ in truth), so {those} not rates")
+
+
+def _at_floor(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
+    """(B, T, k): where a step that ran took column k's direction to 0 (its log at the
+    scan's floor)."""
+    from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
+
+    floor = float(np.log(SMALLEST_STRETCH))
+    return (np.asarray(logs, np.float64) <= floor + 1e-3) & np.asarray(ran, bool)[..., None]
+
+
+def floored_columns(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
+    """(k,): the columns some step took to 0, whose exponents are not rates."""
+    return np.asarray(_at_floor(logs, ran).any(axis=(0, 1)))
 
 
 def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
