@@ -605,6 +605,13 @@ def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) ->
     else:
         assert entry.horizon.predicted is None
         assert entry.jacobian_norm.share_above_1 == 1.0
+        # Beyond every lag the batch has: the window is the whole sequence, and says so.
+        assert entry.horizon.measured is None
+        assert entry.horizon.window == entry.horizon.longest_lag == max(entry.horizon.steps)
+        from conftest import render_text
+
+        assert "measured more than 39 (every lag there is)" in " ".join(
+            render_text(report, 80).split())
 
 
 @pytest.mark.parametrize(("rho", "above"), [(1.0, 0.0), (1.00001, 1.0)])

@@ -104,10 +104,18 @@ def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 60, 3)).astype("float32")
     y = rng.standard_normal((2, 1)).astype("float32")
-    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    report = gradscope.diagnose(model, x=x, y=y)
+    entry = report.layers[0]
     found = {c.kind: c for c in entry.counterfactuals}
     assert entry.mechanism == "vanishing"
     assert entry.horizon.measured is None and entry.horizon.window == 16
+    # The window stopped at the memory budget, short of the 59 lags the steps measured
+    # have: the text says so, not only "more than 16".
+    assert entry.horizon.longest_lag == max(entry.horizon.steps) == 59
+    from conftest import render_text
+
+    assert ("measured more than 16 (measured to 16 lags only: a layer this wide reaches the "
+            "memory budget there)") in " ".join(render_text(report, 80).split())
     assert all(found[k].horizon is None for k in ("keep_bias", "orthogonal"))
 
     def predicted(rate: float) -> float:  # ln 10³ / |λ₁|, here by hand

@@ -11,11 +11,22 @@ from rich.text import Text
 from gradscope.report.formats import number, share
 from gradscope.report.keras_text import header
 from gradscope.report.layout import hanging, pack, section, warning
-from gradscope.report.models import DiagnosedLayer, DiagnoseReport
+from gradscope.report.models import DiagnosedLayer, DiagnoseReport, Horizon
 from gradscope.report.tables import timings_lines
 
 MARKS = {"vanishing": ("▼", "bold yellow"), "exploding": ("▲", "bold red"),
          "holds": ("✓", "green")}
+
+
+def _beyond(horizon: Horizon) -> str:
+    """Why a horizon beyond its window was measured no further: the sequence ends there, or
+    the window stopped at its cost ("" where that is not known)."""
+    if horizon.longest_lag is None:
+        return ""
+    if horizon.window >= horizon.longest_lag:
+        return " (every lag there is)"
+    return (f" (measured to {horizon.window} lags only: a layer this wide reaches the memory "
+            "budget there)")
 
 
 def _signed(value: float) -> str:
@@ -107,7 +118,7 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
             for u in layer.saturated_units], width))
     horizon = layer.horizon
     measured = (str(horizon.measured) if horizon.measured is not None
-                else f"more than {horizon.window}")
+                else f"more than {horizon.window}" + _beyond(horizon))
     parts.append(_line("memory horizon (10⁻³), steps", [
         f"measured {measured}",
         "predicted " + ("n/a (λ₁ ≥ 0)" if horizon.predicted is None

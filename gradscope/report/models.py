@@ -939,6 +939,11 @@ class Horizon(_Report):
     predicted: float | None = Field(description="ln(10³)/|λ₁| when λ₁ < 0, else null")
     agreement: str | None = Field(description="how far the two agree, e.g. 'within 1.3×'")
     window: int = Field(description="the lags measured: 0 to window")
+    longest_lag: int | None = Field(
+        default=None,
+        description="the longest lag the steps measured have (back to the first step the "
+                    "examples ran): a window below it stopped at the memory budget (a wide "
+                    "layer's), at 16 lags or more")
     ratios: list[float | None] = Field(description="per lag: the median ratio")
     steps: list[int] = Field(description="the steps t measured (processing order)")
     examples: list[int] = Field(description="the examples measured")

@@ -329,7 +329,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     predicted = dynamics.predicted_horizon(largest)
     horizon = Horizon(measured=measured.horizon, predicted=predicted,
                       agreement=dynamics.agreement(measured.horizon, predicted),
-                      window=measured.window,
+                      window=measured.window, longest_lag=measured.longest,
                       ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
                       steps=measured.steps, examples=measured.examples)
     squares = step_squares(stepped, index)

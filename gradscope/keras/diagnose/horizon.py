@@ -37,13 +37,15 @@ WINDOW_NUMBERS = 2**26
 @dataclass
 class Measured:
     """The median ratio per lag (0 to ``window``), the horizon (None: beyond the window), the
-    steps t and examples it was measured at (processing order)."""
+    steps t and examples it was measured at (processing order), and the longest lag those
+    steps have (a window below it stopped at its cost)."""
 
     medians: np.ndarray
     horizon: int | None
     window: int
     steps: list[int]
     examples: list[int]
+    longest: int = 0
 
 
 def _evenly(count: int, most: int, start: int = 0) -> list[int]:
@@ -99,7 +101,7 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
         horizon = measured_horizon(medians)
         if horizon is not None or window >= reach or 2 * window > budget:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
-                            examples=examples)
+                            examples=examples, longest=reach)
         window = min(2 * window, reach)
 
 
