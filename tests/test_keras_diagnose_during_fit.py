@@ -210,6 +210,8 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
         assert readings[0].gates == truth.gates
     scans = [key for key in twin.engine._traces if key[0] == "lyapunov"]
     assert sorted(key[-1] for key in scans) == [False, True]  # the graph's, then XLA's
+    steppings = [key for key in twin.engine._traces if key[0] == "stepped"]
+    assert sorted(key[-1] for key in steppings) == [False, True]
 
 
 def test_a_model_with_no_recurrent_layer_says_so(tf):

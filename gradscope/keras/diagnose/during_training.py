@@ -9,9 +9,9 @@ own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
 :func:`~gradscope.keras.diagnose.horizon.measure` and :mod:`gradscope.dynamics`. So a number
 recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
 exponents=k)`` reports for the same weights (in a fit that diagnoses often, the exponents
-to the compute dtype's rounding: its Lyapunov scans run under XLA). What ``diagnose`` reads
-besides (the norm of every step Jacobian, where ∂L/∂s_t grows, the counterfactuals) costs
-more than a pass of training and is left to it.
+to the compute dtype's rounding: its steppings and Lyapunov scans run under XLA). What
+``diagnose`` reads besides (the norm of every step Jacobian, where ∂L/∂s_t grows, the
+counterfactuals) costs more than a pass of training and is left to it.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from gradscope.keras.engine import call_label, class_label
 #: exponent, folded into the batch, and the scan costs about that many times as much (29 ms
 #: for λ₁, 83 ms for three, on the two GRU calls of bench/callback_overhead.py's model).
 EXPONENTS = 1
-#: A fit that will diagnose at least this many more times scans under XLA
+#: A fit that will diagnose at least this many more times steps and scans under XLA
 #: (``read_calls(compiled=True)``): on a GRU 64 → GRU 32 at 50 steps, batch 32, the Lyapunov
-#: scans of a diagnosis took 4.4 ms of CPU instead of 12, after compiling for about 0.45 s a layer.
+#: scans of a diagnosis took 4.4 ms of CPU instead of 12, after compiling for about 0.45 s a
+#: layer, and the steppings 2.5 ms instead of 6.5 (bench/diagnosis_parts.py).
 COMPILED_DIAGNOSES = 50
 
 
@@ -47,8 +48,9 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     ``cache``: kept by the caller across calls with one engine: Keras' own call of the model
     is traced once, not at every diagnosis (each function that steps a cell is kept on the
     engine itself: :func:`~gradscope.keras.stepped.engine_cached`). ``compiled``: the
-    Lyapunov scans of a step linearised by hand run under XLA (``lyapunov_logs(compiled=
-    True)``), the exponents then diagnose's to the compute dtype's rounding."""
+    steppings and the Lyapunov scans of a step linearised by hand run under XLA where they
+    compile (``step_call(compiled=True)``, ``lyapunov_logs(compiled=True)``), the exponents
+    then diagnose's to the compute dtype's rounding."""
     from gradscope.keras.diagnose import exponent_room, is_recurrent
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.gates import known_gates, read_gates
@@ -62,7 +64,8 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     for call in calls:
         if not is_recurrent(engine, call):
             continue
-        stepped = step_call(engine, call, None, engine.training, reuse=True)
+        stepped = step_call(engine, call, None, engine.training, reuse=True,
+                            compiled=compiled)
         if isinstance(stepped, str):
             skipped.append((call_label(call.layer, call.index), stepped))
             continue
