@@ -253,9 +253,10 @@ def remedy(kind: str, change: str, horizon: int | None, window: int | None,
     return f"with {change}, λ₁ would be {lyapunov_1:+.3g} per step (measured)"
 
 
-#: A change whose measured horizon, like the layer's, lies beyond its window is named for
-#: its λ₁ only where the horizon predicted from it is at least this factor longer.
-SLOWER = 1.25
+#: A change is named for a vanishing layer only where the horizon it gives (measured, or
+#: predicted from λ₁ where the change's lies beyond the lags measured) is at least this
+#: many times the layer's: a horizon of 4 steps taken to 5 is no remedy.
+LONGER = 1.5
 
 
 def slower_fading(lyapunov_1: float, before: float) -> float | None:
@@ -271,13 +272,14 @@ def slower_fading(lyapunov_1: float, before: float) -> float | None:
 
 
 def remedy_by_rate(change: str, lyapunov_1: float, before: float, window: int | None,
-                   first_column: bool = False) -> str:
-    """A counterfactual in the verdict's words where the measured horizons (the layer's and
-    the changed copy's) both lie beyond their windows: what λ₁ would be against ``before``
-    (the layer's, taken as the change's is: its first tangent column's where
-    ``first_column``), and the horizons the two predict."""
-    beyond = (f"the measured horizon is beyond {window} steps both ways"
-              if window is not None else "the measured horizon is beyond the window both ways")
+                   first_column: bool = False, measured: int | None = None) -> str:
+    """A counterfactual in the verdict's words where the changed copy's measured horizon
+    lies beyond its ``window``: what λ₁ would be against ``before`` (the layer's, taken as
+    the change's is: its first tangent column's where ``first_column``), and the horizons
+    the two predict; ``measured``: the layer's own measured horizon (None: beyond its
+    window too)."""
+    beyond = (f"the measured horizon is beyond {window} steps both ways" if measured is None
+              else f"measured, {_steps(measured)} now and more than {window} with the change")
     old = predicted_horizon(before)
     new = predicted_horizon(lyapunov_1)
     fading = (f"so gradients would fade by 10³ within about {_steps(new)}, not {_steps(old)}"
@@ -393,7 +395,8 @@ def _verdict(evidence: Evidence) -> str:
         if e.share_above_1 is not None:
             parts.append(f"‖J_t‖ > 1 on {e.share_above_1:.0%} of steps")
         if e.growing is not None:
-            parts.append(f"‖∂L/∂h_t‖ grows going back on {e.growing:.0%} of steps")
+            parts.append(f"‖∂L/∂s_t‖ grows going back on {e.growing:.0%} of (example, step) "
+                         "pairs")
         if e.keep_above is not None and e.keep_above >= BLAMED:
             parts.append(f"{e.keep_above:.0%} of {e.keep_gate}-gate values above {HIGH}")
         return f"{e.name}: exploding: " + "; ".join(parts)

@@ -85,7 +85,13 @@ def test_forget_bias_plus_1_against_a_copy_changed_by_hand(tf: Any) -> None:
     assert truth.counterfactuals == []
     _same(found["keep_bias"], truth)
     assert found["keep_bias"].lyapunov_1 > entry.lyapunov[0]  # the gate opened
-    assert "forget-gate bias +1, the horizon would be" in entry.verdict
+    # Found tried as a new user would: the verdict named a change that took the horizon
+    # from 4 steps to 5 as the remedy. Each change here does no more (the gate stays near
+    # shut at bias −2): none is named, and the verdict says so.
+    assert entry.horizon.measured == 4
+    assert [found[k].horizon for k in ("keep_bias", "orthogonal")] == [5, 5]
+    assert entry.verdict.endswith("; no change tried lengthens the horizon by half or more "
+                                  "(each one is below)")
 
 
 def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
@@ -134,11 +140,49 @@ def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
             "horizon is beyond 16 steps both ways)") in entry.verdict
 
 
+def test_a_change_that_makes_the_layer_explode_is_no_remedy(tf: Any) -> None:
+    """Found tried as a new user would: a tanh SimpleRNN whose recurrent kernel has spectral
+    radius 1.3 vanishes (its units saturate); the orthogonal kernel at its spectral norm
+    lengthens the horizon past the sequence, and explodes. The verdict named it as the
+    remedy; it now says both."""
+    import keras
+
+    rng = np.random.default_rng(1)
+    keras.utils.set_random_seed(1)
+    x = rng.standard_normal((8, 60, 4)).astype("float32")
+    y = rng.standard_normal((8, 1)).astype("float32")
+    model = keras.Sequential([keras.Input((60, 4)), keras.layers.SimpleRNN(16, name="rnn"),
+                              keras.layers.Dense(1)])
+    w = rng.standard_normal((16, 16)) / 4
+    w *= 1.3 / np.max(np.abs(np.linalg.eigvals(w)))
+    model.get_layer("rnn").cell.recurrent_kernel.assign(w.astype("float32"))
+    model.compile(loss="mse")
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    change = {c.kind: c for c in entry.counterfactuals}["orthogonal"]
+    assert entry.mechanism == "vanishing" and change.horizon is None
+    assert change.lyapunov_1 > 0.01 and change.flow.flag == "exploding"
+    assert entry.verdict.endswith(
+        f"; with an orthogonal recurrent kernel at its spectral norm, the horizon would be "
+        f"more than {change.horizon_window} steps (measured), but the layer would explode "
+        f"(λ₁ {change.lyapunov_1:+.3g} per step, ∂L/∂s carried back "
+        f"×{change.flow.ratio:.3g})")
+
+
 def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
         tf: Any) -> None:
     model = _model("gru")
     x, y = _batch()
-    found = {c.kind: c for c in gradscope.diagnose(model, x=x, y=y).layers[0].counterfactuals}
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    found = {c.kind: c for c in entry.counterfactuals}
+    # The update gate's +1 takes the horizon past every lag the batch has (19), not half
+    # again the layer's 14: named by the horizon its λ₁ predicts, beside the layer's.
+    change = found["keep_bias"]
+    assert (entry.horizon.measured, change.horizon, change.horizon_window) == (14, None, 19)
+    assert (f"with update-gate bias +1, λ₁ would be {change.lyapunov_1:+.3g} per step, "
+            f"against {entry.lyapunov[0]:+.3g} now (measured), so gradients would fade by "
+            f"10³ within about {3 * np.log(10) / -change.lyapunov_1:.0f} steps, not "
+            f"{3 * np.log(10) / -entry.lyapunov[0]:.0f} steps (predicted; measured, 14 steps "
+            "now and more than 19 with the change)") in entry.verdict
 
     def update_plus_one(cell: Any) -> None:
         bias = cell.bias.numpy()  # reset_after: (2, 3u), columns [z | r | h]

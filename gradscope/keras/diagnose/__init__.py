@@ -511,46 +511,83 @@ class _WhatIf:
                                         "verdict": dynamics.verdict(evidence)})
 
 
+def _none_helps(changed: list[Counterfactual], before: float, reach: Any) -> str | None:
+    """Where no change is a remedy for a vanishing layer, why, in the verdict's words: a
+    change that would lengthen the horizon by half but make the layer explode, with both;
+    else that none tried lengthens it by half (None where no change was run)."""
+    exploding = [c for c in changed if _explodes(c)
+                 and reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+    if exploding:
+        best = max(exploding, key=lambda c: reach(c.horizon, c.horizon_window))
+        said = dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
+                               best.lyapunov_1).removesuffix(" (measured)")
+        why = ([f"λ₁ {best.lyapunov_1:+.3g} per step"]
+               if best.lyapunov_1 is not None
+               and best.lyapunov_1 > dynamics.EXPLODING_EXPONENT else [])
+        if (best.flow is not None and best.flow.flag == "exploding"
+                and best.flow.ratio is not None):
+            why.append(f"∂L/∂s carried back ×{best.flow.ratio:.3g}")
+        return f"{said} (measured), but the layer would explode ({', '.join(why)})"
+    if not changed:
+        return None
+    return "no change tried lengthens the horizon by half or more (each one is below)"
+
+
+def _explodes(change: Counterfactual) -> bool:
+    """Whether a change makes the layer explode: its λ₁ above
+    :data:`~gradscope.dynamics.EXPLODING_EXPONENT`, or what its recurrence carries back
+    flagged exploding."""
+    return ((change.lyapunov_1 is not None
+             and change.lyapunov_1 > dynamics.EXPLODING_EXPONENT)
+            or (change.flow is not None and change.flow.flag == "exploding"))
+
+
 def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str | None:
     """The counterfactual the verdict names, in words: for a vanishing layer the change that
-    lengthens the measured horizon most, or, where the layer's and the changes' horizons all
-    lie beyond their windows, the change whose λ₁ predicts the longest horizon (at least
-    :data:`~gradscope.dynamics.SLOWER` times the layer's); for an exploding one the change
-    that lowers λ₁ most (λ₁ each time against the layer's taken as the change's is); None
-    when no change helps (or the layer holds)."""
+    lengthens the measured horizon most, at least :data:`~gradscope.dynamics.LONGER` times,
+    or, where no measured horizon shows that (a change's lies beyond the lags measured),
+    the change whose λ₁ predicts the longest horizon, at least as many times the layer's
+    (λ₁ taken alike); never a change that makes the layer explode (λ₁ above
+    :data:`~gradscope.dynamics.EXPLODING_EXPONENT`, or its flow flagged exploding). For an
+    exploding layer the change that lowers λ₁ most, else the clipping. None when no change
+    helps (or the layer holds)."""
     changed = [c for c in found if c.applicable and c.kind != "clipping"]
     if entry.mechanism == "vanishing":
         def reach(horizon: int | None, window: int | None) -> float:
             return float(horizon) if horizon is not None else float(window or 0) + 0.5
 
+        # A change that trades vanishing for exploding is no remedy.
+        calm = [c for c in changed if not _explodes(c)]
         before = reach(entry.horizon.measured, entry.horizon.window)
-        longer = [c for c in changed if reach(c.horizon, c.horizon_window) > before]
+        longer = [c for c in calm
+                  if reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
         if longer:
             best = max(longer, key=lambda c: reach(c.horizon, c.horizon_window))
             return dynamics.remedy("vanishing", best.change, best.horizon,
                                    best.horizon_window, best.lyapunov_1)
-        if entry.horizon.measured is not None or not entry.lyapunov:
-            return None
-        # Beyond the windows measured both ways, the horizons do not tell the changes
-        # apart: the horizon predicted from each change's λ₁ (against the layer's, taken as
-        # the change's is) does.
+        if not entry.lyapunov:
+            return _none_helps(changed, before, reach)
+        # Beyond the lags measured, the measured horizons do not tell how much longer: the
+        # horizon predicted from each change's λ₁ (against the layer's, taken as the
+        # change's is) does.
         slower = []
-        for c in changed:
+        for c in calm:
             if c.horizon is not None or c.lyapunov_1 is None:
                 continue
             own = entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before
             factor = dynamics.slower_fading(c.lyapunov_1, own)
-            if factor is not None and factor >= dynamics.SLOWER:
+            if factor is not None and factor >= dynamics.LONGER:
                 slower.append((factor, c, own))
         if not slower:
-            return None
+            return _none_helps(changed, before, reach)
         _, best, own = max(slower, key=lambda found: found[0])
         assert best.lyapunov_1 is not None
         # Whose λ₁ it is, where the layer's first column reads otherwise than its λ₁ (the
         # largest of its columns' means), as the change's line says it.
         return dynamics.remedy_by_rate(
-            best.change, best.lyapunov_1, own, entry.horizon.window,
-            first_column=f"{own:+.3g}" != f"{entry.lyapunov[0]:+.3g}")
+            best.change, best.lyapunov_1, own, best.horizon_window,
+            first_column=f"{own:+.3g}" != f"{entry.lyapunov[0]:+.3g}",
+            measured=entry.horizon.measured)
     if entry.mechanism == "exploding" and entry.lyapunov:
         lower = [c for c in changed if c.lyapunov_1 is not None and c.lyapunov_1 < (
             entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before)]
