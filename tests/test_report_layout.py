@@ -316,3 +316,25 @@ def test_a_failures_wrapped_detail_stays_indented_under_it(seed_reports):
     assert said[0].startswith("    6 probes; worst:")
     assert all(line.startswith("    ") and line.strip() for line in said[1:]), said
     assert max(cell_len(line) for line in lines) <= 80
+
+
+def test_a_keras_headers_inputs_line_wraps_under_its_first_name(tf):
+    """Found tried as a new user would: a character model's header wrapped its output's
+    shape to the first column ("outputs time_distributed (batch," then "100, 40)"): the
+    line's wrapped lines hang under the first input's name."""
+    import keras
+    import numpy as np
+
+    import gradscope
+
+    model = keras.Sequential([keras.Input((100, 40)),
+                              keras.layers.LSTM(4, return_sequences=True),
+                              keras.layers.TimeDistributed(keras.layers.Dense(40),
+                                                           name="next_character_logits")])
+    model.compile(loss="mse")
+    x = np.zeros((2, 100, 40), "float32")
+    report = gradscope.explain(model, x=x, y=np.zeros((2, 100, 40), "float32"))
+    lines = render_text(report, 80).split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("inputs "))
+    assert "next_character_logits" in lines[at] and lines[at + 1].startswith(" " * 7)
+    assert lines[at + 1].strip() and max(cell_len(line) for line in lines) <= 80

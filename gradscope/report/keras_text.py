@@ -156,7 +156,8 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
              + f" · {model.weight_count:,} trainable weights", style="dim"),
         Text(f"loss = {value}: {loss.name}", style="dim"),
         *loss_terms(loss),
-        Text(f"inputs {_inputs(model.inputs)} · outputs {outputs}", style="dim"),
+        # Wrapped lines hang under the first input's name, not at the first column.
+        hanging("inputs", f"{_inputs(model.inputs)} · outputs {outputs}", "dim"),
         Text(f"data {model.data}", style="dim"),
     ]
 
