@@ -253,6 +253,11 @@ def remedy(kind: str, change: str, horizon: int | None, window: int | None,
     return f"with {change}, λ₁ would be {lyapunov_1:+.3g} per step (measured)"
 
 
+#: A vanishing layer whose step Jacobians have norm above 1 on at least this share of steps
+#: says how both hold.
+STRETCHING = 0.5
+
+
 #: A change is named for a vanishing layer only where the horizon it gives (measured, or
 #: predicted from λ₁ where the change's lies beyond the lags measured) is at least this
 #: many times the layer's: a horizon of 4 steps taken to 5 is no remedy.
@@ -406,8 +411,14 @@ def _verdict(evidence: Evidence) -> str:
         lead = f"{gate}, so gradients" if gate else (
             f"λ₁ = {e.largest:+.3g} per step, so gradients" if e.largest is not None
             else "gradients")
-        return (f"{e.name}: vanishing: {lead} fade by 10³ within about {_steps(fades)} "
+        said = (f"{e.name}: vanishing: {lead} fade by 10³ within about {_steps(fades)} "
                 f"({horizon}) of {e.span_words()}")
+        if e.share_above_1 is not None and e.share_above_1 >= STRETCHING:
+            # Pascanu et al.'s ‖J_t‖ < 1 is enough to vanish, not needed: the product of
+            # steps that each stretch some direction may still shrink every one.
+            said += (f", though ‖J_t‖₂ > 1 on {e.share_above_1:.0%} of steps: what one step "
+                     "stretches, the steps after it shrink more")
+        return said
     lead = f"λ₁ = {e.largest:+.3g} per step" if e.largest is not None else "λ₁ unknown"
     return (f"{e.name}: holds: {lead}; the influence of an input stays above 10⁻³ of its "
             f"own step's over the lags measured ({horizon}), neither vanishing within "

@@ -114,3 +114,18 @@ def test_a_padded_batch_is_read_over_the_steps_its_longest_example_ran() -> None
         "step), while an input's influence 29 steps back is still ×0.0015 of its own step's: "
         f"one fading at about λ₁'s rate (λ₁ = -0.204 per step leaves ×{kept:.3g} over those "
         "29 steps), read two ways that fall on either side of 10³")
+
+
+def test_a_vanishing_layer_whose_steps_stretch_says_how_both_hold() -> None:
+    """Found tried as a new user would: a tanh SimpleRNN at spectral radius 1.3 read
+    "vanishing" beside "‖J_t‖₂ > 1 on 100% of steps", with no word on how both hold. Where
+    at least half the steps stretch, the verdict says it; below half, nothing is added."""
+    def said(share: float) -> str:
+        return dynamics.verdict(dynamics.Evidence(
+            name="srnn", steps=100, largest=-0.135, measured=56, window=99, predicted=51.2,
+            share_above_1=share))
+
+    assert said(1.0).endswith(
+        "of the 100 steps, though ‖J_t‖₂ > 1 on 100% of steps: what one step stretches, "
+        "the steps after it shrink more")
+    assert said(0.49).endswith("of the 100 steps")
