@@ -527,7 +527,8 @@ def _none_helps(changed: list[Counterfactual], before: float, reach: Any) -> str
         if (best.flow is not None and best.flow.flag == "exploding"
                 and best.flow.ratio is not None):
             why.append(f"∂L/∂s carried back ×{best.flow.ratio:.3g}")
-        return f"{said} (measured), but the layer would explode ({', '.join(why)})"
+        return (f"{said} (measured), but the layer would explode"
+                + (f" ({', '.join(why)})" if why else ""))
     if not changed:
         return None
     return "no change tried lengthens the horizon by half or more (each one is below)"
