@@ -20,7 +20,7 @@ MARKS = {"vanishing": ("▼", "bold yellow"), "exploding": ("▲", "bold red"),
 
 def _beyond(horizon: Horizon) -> str:
     """Why a horizon beyond its window was measured no further: the sequence ends there, or
-    the window stopped at its cost ("" where that is not known)."""
+    the window stopped at the memory budget ("" where that is not known)."""
     if horizon.longest_lag is None:
         return ""
     if horizon.window >= horizon.longest_lag:

@@ -38,7 +38,7 @@ WINDOW_NUMBERS = 2**26
 class Measured:
     """The median ratio per lag (0 to ``window``), the horizon (None: beyond the window), the
     steps t and examples it was measured at (processing order), and the longest lag those
-    steps have (a window below it stopped at its cost)."""
+    steps have (a window below it stopped at the memory budget)."""
 
     medians: np.ndarray
     horizon: int | None
