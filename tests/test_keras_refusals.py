@@ -259,3 +259,27 @@ def test_sample_weights_that_do_not_fit_their_targets_are_refused_in_python(tf):
                                         r"fit the targets y \(4, 2\)"):
         gradscope.explain(model, x=x, y=y, sample_weight=np.ones((4, 7), np.float32))
     assert gradscope.explain(model, x=x, y=y, sample_weight=np.ones(4, np.float32)).gradients
+
+
+def test_arrays_under_other_names_are_said_once(tmp_path, tf):
+    """Found tried as a new user would: a one-input, one-output model given arrays named
+    'inputs' and 'targets' read "4 problems": the missing input and output, each naming
+    both arrays found, then each array again as unknown. An unknown array that no name is
+    near is said once, in the lines that list what was found."""
+    import keras
+
+    model = keras.Sequential([keras.Input((5, 2), name="seq"), keras.layers.GRU(3),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(loss="mse")
+    path = tmp_path / "model.keras"
+    model.save(path)
+    data = tmp_path / "batch.npz"
+    np.savez(data, inputs=np.zeros((2, 5, 2), np.float32),
+             targets=np.zeros((2, 1), np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(data))
+    assert result.returncode == 2, result.stderr
+    lines = [line.strip() for line in result.stderr.strip().splitlines()]
+    assert lines[0] == f"gradscope: error: {data}: 2 problems, one per line:"
+    assert [line.split(" (found ")[0] for line in lines[1:]] == [
+        "has no array for the input 'seq'", "has no targets for the output 'out'"]
+    assert all("(found inputs, targets)" in line for line in lines[1:])

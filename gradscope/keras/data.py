@@ -215,10 +215,12 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
     used: set[str] = set()
     labels: dict[str, str] = {}  # input or output → the array's name in the file
     input_names = [spec.name for spec in specs]
+    missing = False  # an input or output without its array (its line names every array)
     for spec in specs:
         key = spec.name if spec.name in arrays else ("x" if len(specs) == 1 and "x" in arrays
                                                      else None)
         if key is None:
+            missing = True
             problems.append((f"{path}: has no array for the input '{spec.name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(input_names)}"
@@ -241,6 +243,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         if key is None and read is not None and name not in read:
             continue
         if key is None:
+            missing = True
             problems.append((f"{path}: has no targets for the output '{name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(outputs)}"
@@ -272,8 +275,12 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         problems.append((f"{path}: has both {SAMPLE_WEIGHT} (every output) and "
                          f"{SAMPLE_WEIGHT}/NAME arrays; expected one or the other",
                          SAMPLE_WEIGHT))
+    # A line for an input or output without its array names every array found: one that
+    # only repeats that (no name near it to suggest) is not said again.
     for extra in sorted(set(arrays) - used):
         hint = difflib.get_close_matches(extra, input_names + outputs, n=1)
+        if missing and not hint and extra not in ("x", "y"):
+            continue
         did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
         if extra in ("x", "y") and not hint:  # the shorthand of a model with one of them
             did_you_mean = (f" ({extra} names the {'input' if extra == 'x' else 'output'} "
