@@ -172,7 +172,8 @@ def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
         tf: Any) -> None:
     model = _model("gru")
     x, y = _batch()
-    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    report = gradscope.diagnose(model, x=x, y=y)
+    entry = report.layers[0]
     found = {c.kind: c for c in entry.counterfactuals}
     # The update gate's +1 takes the horizon past every lag the batch has (19), not half
     # again the layer's 14: named by the horizon its λ₁ predicts, beside the layer's.
@@ -183,6 +184,10 @@ def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
             f"10³ within about {3 * np.log(10) / -change.lyapunov_1:.0f} steps, not "
             f"{3 * np.log(10) / -entry.lyapunov[0]:.0f} steps (predicted; measured, 14 steps "
             "now and more than 19 with the change)") in entry.verdict
+    from conftest import render_text
+
+    assert "update-gate bias +1: horizon 14 → > 19 (every lag there is)" in " ".join(
+        render_text(report, 80).split())
 
     def update_plus_one(cell: Any) -> None:
         bias = cell.bias.numpy()  # reset_after: (2, 3u), columns [z | r | h]

@@ -181,7 +181,16 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             # A change carries the first column alone: where the layer's λ₁, the largest of
             # its columns' means, is another column's, the line says whose its λ₁ is.
             whose = ("λ₁ (first column)" if before != before_l else "λ₁")
-            items = [f"horizon {before_h} → {_reach(change.horizon, change.horizon_window)}",
+            after = _reach(change.horizon, change.horizon_window)
+            longest = layer.horizon.longest_lag
+            if (change.horizon is None and change.horizon_window is not None
+                    and longest is not None
+                    and (layer.horizon.measured is not None
+                         or change.horizon_window != layer.horizon.window)):
+                # Why the change's lags stop there, where the layer's line does not say it.
+                after += (" (every lag there is)" if change.horizon_window >= longest
+                          else " (the memory budget)")
+            items = [f"horizon {before_h} → {after}",
                      f"{whose} {before} → " + ("n/a" if change.lyapunov_1 is None
                                                  else _signed(change.lyapunov_1))]
             if layer.flow is not None and change.flow is not None:
