@@ -397,7 +397,8 @@ def test_lstm_with_forget_bias_minus_5_vanishes_by_its_forget_gate(lstm_case: An
     assert entry.gates is not None and entry.gates["forget"].below_0_1 > 0.99
     assert "forget-gate values below 0.1" in entry.verdict
     assert entry.horizon.measured is not None and entry.horizon.measured < 8
-    assert [c.kind for c in entry.counterfactuals] == ["keep_bias", "orthogonal", "clipping"]
+    assert [c.kind for c in entry.counterfactuals] == ["keep_bias", "forget_bias_1",
+                                                       "orthogonal", "clipping"]
     assert report.clipping.setting == "clipnorm=0.05"
 
 

@@ -85,13 +85,29 @@ def test_forget_bias_plus_1_against_a_copy_changed_by_hand(tf: Any) -> None:
     assert truth.counterfactuals == []
     _same(found["keep_bias"], truth)
     assert found["keep_bias"].lyapunov_1 > entry.lyapunov[0]  # the gate opened
-    # Found tried as a new user would: the verdict named a change that took the horizon
-    # from 4 steps to 5 as the remedy. Each change here does no more (the gate stays near
-    # shut at bias −2): none is named, and the verdict says so.
+    # Found tried as a new user would: +1 on a bias of −3 leaves the gate near shut (4 steps
+    # to 5, as the orthogonal kernel does), and the verdict named that as the remedy. The
+    # forget biases raised to 1 (Keras' own initial value) open it: that is named.
     assert entry.horizon.measured == 4
     assert [found[k].horizon for k in ("keep_bias", "orthogonal")] == [5, 5]
-    assert entry.verdict.endswith("; no change tried lengthens the horizon by half or more "
-                                  "(each one is below)")
+    raised = found["forget_bias_1"]
+    assert raised.horizon is None and raised.horizon_window == 19
+    assert entry.verdict.endswith("; with every forget-gate bias below 1 raised to 1, the "
+                                  "horizon would be more than 19 steps (measured)")
+
+    def to_1(cell: Any) -> None:
+        bias = cell.bias.numpy()
+        bias[U:2 * U] = 1.0  # every forget bias here is −3
+        cell.bias.assign(bias)
+
+    _same(raised, gradscope.diagnose(_changed_by_hand(model, to_1), x=x, y=y,
+                                     counterfactuals=False).layers[0])
+    # Without it, the two that take 4 steps to 5 are no remedy, and the verdict says so.
+    from gradscope.keras.diagnose import _most_effective
+
+    modest = [c for c in entry.counterfactuals if c.kind != "forget_bias_1"]
+    assert _most_effective(entry, modest) == (
+        "no change tried lengthens the horizon by half or more (each one is below)")
 
 
 def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
@@ -115,6 +131,8 @@ def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
     found = {c.kind: c for c in entry.counterfactuals}
     assert entry.mechanism == "vanishing"
     assert entry.horizon.measured is None and entry.horizon.window == 16
+    # Keras' LSTM starts its forget biases at 1: raising those below 1 is not listed.
+    assert [c.kind for c in entry.counterfactuals] == ["keep_bias", "orthogonal", "clipping"]
     # The window stopped at the memory budget, short of the 59 lags the steps measured
     # have: the text says so, not only "more than 16".
     assert entry.horizon.longest_lag == max(entry.horizon.steps) == 59

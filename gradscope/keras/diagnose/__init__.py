@@ -56,8 +56,9 @@ METHOD = [
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step, where step t+1 ran",
     "counterfactuals: a copy of the model (gradscope's own load of the file, or the object "
-    "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; each gate's "
-    "block of the recurrent kernel made its polar factor times its spectral norm), run again "
+    "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; an LSTM's "
+    "forget biases below 1 raised to 1; each gate's block of the recurrent kernel made its "
+    "polar factor times its spectral norm), run again "
     "on the batch and diagnosed as the layer: the horizon, the flow and λ₁ from the layer's "
     "own start (every column where the layer carries every exponent; else its first, random, "
     "column alone, Benettin's λ₁, beside the layer's own first column as before); clipping "
@@ -478,6 +479,7 @@ class _WhatIf:
         (``first``: the layer's λ₁ by its first tangent column, as a change's is taken)."""
         from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
+            LISTED_ONLY_WHERE_APPLICABLE,
             Rerun,
             copy_engine,
             first_column_only,
@@ -496,6 +498,8 @@ class _WhatIf:
         found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
                  else measure_change(self.copy, rerun, index, kind, count, self.cache)
                  for kind, _, _ in CHANGES]
+        found = [c for c in found
+                 if c.applicable or c.kind not in LISTED_ONLY_WHERE_APPLICABLE]
         if first_column_only(count, entry.state_size):
             found = [c.model_copy(update={"lyapunov_1_before": first}) if c.applicable else c
                      for c in found]

@@ -26,7 +26,7 @@ from gradscope.report.models import Counterfactual, StateFlow
 #: change has no meaning for this cell.
 Change = Callable[[Any], "list[tuple[Any, np.ndarray]] | str"]
 NOT_APPLICABLE = "not applicable to this cell"
-Kind = Literal["keep_bias", "orthogonal", "clipping"]
+Kind = Literal["keep_bias", "forget_bias_1", "orthogonal", "clipping"]
 
 
 def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
@@ -48,6 +48,30 @@ def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     else:
         bias[:units] += 1
     return [(cell.bias, bias)]
+
+
+def forget_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
+    """An LSTM's forget-gate biases below 1 raised to 1: Keras' own initial value
+    (``unit_forget_bias``, after Jozefowicz et al. 2015). Where a gate is shut (a bias of
+    −4), +1 leaves it shut; this is the fix the literature gives. Not applicable where every
+    forget bias is 1 or more already (a layer as Keras initialises it): the change is then
+    not listed (:data:`LISTED_ONLY_WHERE_APPLICABLE`)."""
+    kind = class_label(cell)
+    if kind != "LSTMCell":
+        return f"{NOT_APPLICABLE} ({kind} has no forget gate)"
+    if not cell.use_bias:
+        return f"{NOT_APPLICABLE} (use_bias=False: it has no bias)"
+    units = int(cell.units)
+    bias = np.array(cell.bias.numpy())
+    forget = bias[units:2 * units]
+    if np.all(forget >= 1):
+        return f"{NOT_APPLICABLE}: every forget-gate bias is 1 or more already"
+    bias[units:2 * units] = np.maximum(forget, 1)
+    return [(cell.bias, bias)]
+
+
+#: The changes a layer's list leaves out where they do not apply.
+LISTED_ONLY_WHERE_APPLICABLE = frozenset({"forget_bias_1"})
 
 
 #: Column blocks of the recurrent kernel, per cell class (one per gate and the candidate).
@@ -84,6 +108,7 @@ SAME = 1e-5
 
 CHANGES: list[tuple[Kind, str, Change]] = [
     ("keep_bias", "", keep_bias),
+    ("forget_bias_1", "every forget-gate bias below 1 raised to 1", forget_bias_1),
     ("orthogonal", "an orthogonal recurrent kernel at its spectral norm", orthogonal),
 ]
 
