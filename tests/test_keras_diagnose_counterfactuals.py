@@ -131,7 +131,7 @@ def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
     found = {c.kind: c for c in entry.counterfactuals}
     assert entry.mechanism == "vanishing"
     assert entry.horizon.measured is None and entry.horizon.window == 16
-    # Keras' LSTM starts its forget biases at 1: raising those below 1 is not listed.
+    # Keras' LSTM starts its forget biases at 1: none below 0, nothing raised, not listed.
     assert [c.kind for c in entry.counterfactuals] == ["keep_bias", "orthogonal", "clipping"]
     # The window stopped at the memory budget, short of the 59 lags the steps measured
     # have: the text says so, not only "more than 16".

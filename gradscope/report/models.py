@@ -992,7 +992,7 @@ class Counterfactual(_Report):
 
     kind: Literal["keep_bias", "forget_bias_1", "orthogonal", "clipping"] = Field(
         description="keep_bias: +1 on the keep gate's bias; forget_bias_1: an LSTM's forget "
-                    "biases below 1 raised to 1 (listed only where some is below 1); "
+                    "biases below 1 raised to 1 (listed only where some is below 0); "
                     "orthogonal: each gate's block of the recurrent kernel made orthogonal "
                     "at its spectral norm; clipping: global_clipnorm at the norm the batch "
                     "suggests")

@@ -53,9 +53,10 @@ def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
 def forget_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     """An LSTM's forget-gate biases below 1 raised to 1: Keras' own initial value
     (``unit_forget_bias``, after Jozefowicz et al. 2015). Where a gate is shut (a bias of
-    −4), +1 leaves it shut; this is the fix the literature gives. Not applicable where every
-    forget bias is 1 or more already (a layer as Keras initialises it): the change is then
-    not listed (:data:`LISTED_ONLY_WHERE_APPLICABLE`)."""
+    −4), +1 leaves it shut; this is the fix the literature gives. Run only where some forget
+    bias is below 0 (a gate that rests more shut than open): a layer as Keras initialises
+    it, or one trained a little away from 1, is not run again for it, and the change is
+    then not listed (:data:`LISTED_ONLY_WHERE_APPLICABLE`)."""
     kind = class_label(cell)
     if kind != "LSTMCell":
         return f"{NOT_APPLICABLE} ({kind} has no forget gate)"
@@ -64,8 +65,8 @@ def forget_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     units = int(cell.units)
     bias = np.array(cell.bias.numpy())
     forget = bias[units:2 * units]
-    if np.all(forget >= 1):
-        return f"{NOT_APPLICABLE}: every forget-gate bias is 1 or more already"
+    if np.all(forget >= 0):
+        return f"{NOT_APPLICABLE}: no forget-gate bias is below 0"
     bias[units:2 * units] = np.maximum(forget, 1)
     return [(cell.bias, bias)]
 
