@@ -77,9 +77,9 @@ DROPOUT_METHOD = (
     "are given, from random start columns")
 
 
-#: Keras' own layer classes whose calls may be recurrent calls (a model's run says which).
-MAY_RECUR = frozenset({"RNN", "LSTM", "GRU", "SimpleRNN", "Bidirectional", "ConvLSTM1D",
-                       "ConvLSTM2D", "ConvLSTM3D"})
+#: Keras' own layer classes besides flow's ``RECURRENT_CLASSES`` whose calls may be
+#: recurrent calls (a model's run says which).
+MAY_RECUR = frozenset({"RNN", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D"})
 
 
 def nothing_recurrent(path: str) -> ConfigError:
@@ -95,11 +95,13 @@ def refuse_without_recurrent(graph: Any, path: str) -> None:
     them recurrent (nested models and wrapped layers included), is refused
     (:func:`nothing_recurrent`). A layer of the user's own class (it may be an ``RNN``) or a
     subclassed model's own call leaves it to the run."""
+    from gradscope.keras.flow import RECURRENT_CLASSES
     from gradscope.keras.graph import YOUR_CALL
 
+    recurrent = RECURRENT_CLASSES | MAY_RECUR
     for layer in graph.walk():
         module = layer.module or ""
-        if (layer.class_name in MAY_RECUR or layer.class_name == YOUR_CALL
+        if (layer.class_name in recurrent or layer.class_name == YOUR_CALL
                 or not (module == "keras" or module.startswith("keras."))):
             return
     raise nothing_recurrent(path)
@@ -294,12 +296,13 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     say(f"{label}: Lyapunov exponents (QR along the trajectory)")
     logs = lyapunov_logs(engine, path, count)
     spectrum, change = dynamics.lyapunov_exponents(logs, path.ran)
-    floored = _floored(logs, path.ran, label)
+    hit = _at_floor(logs, path.ran)
+    floored = _floored(hit, path.ran, label)
     if floored is not None:
         warnings.append(floored)
-    hit = floored_columns(logs, path.ran)
+    columns_hit = np.asarray(hit.any(axis=(0, 1)))
     floored_at = [i for i, column in enumerate(dynamics.column_order(logs, path.ran))
-                  if hit[column]]
+                  if columns_hit[column]]
     first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
     grid, method = step_norms(engine, path, seed=0)
@@ -379,20 +382,19 @@ def above_1_rounding(dtype: Any) -> float:
     return ROUNDING_ULPS * eps
 
 
-def _floored(logs: np.ndarray, ran: np.ndarray, label: str) -> str | None:
-    """Where a step took a followed direction to 0 (|R_t[i, i]| at the scan's floor, a unit
-    switched off, a zero row of J_t), that step's log is the floor's, not a rate (−∞ in
-    truth): how often, in words (None: never)."""
+def _floored(hit: np.ndarray, ran: np.ndarray, label: str) -> str | None:
+    """Where a step took a followed direction to 0 (``hit``: :func:`_at_floor`; |R_t[i, i]|
+    at the scan's floor, a unit switched off, a zero row of J_t), that step's log is the
+    floor's, not a rate (−∞ in truth): how often, in words (None: never)."""
     from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
 
     floor = float(np.log(SMALLEST_STRETCH))
-    hit = _at_floor(logs, ran)
     if not hit.any():
         return None
     columns = int(np.count_nonzero(hit.any(axis=(0, 1))))
     pairs = int(np.count_nonzero(hit.any(axis=2)))
     what = ("1 of the directions followed was" if columns == 1 else
-            f"{columns} of the {logs.shape[2]} directions followed were")
+            f"{columns} of the {hit.shape[2]} directions followed were")
     those = "its exponent is" if columns == 1 else f"those {columns} exponents are"
     return (f"{label}: {what} taken to 0 at some step, at {pairs} of the "
             f"{int(np.count_nonzero(ran))} (example, step) pairs that ran (|R_t[i, i]| below "
@@ -407,11 +409,6 @@ def _at_floor(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
 
     floor = float(np.log(SMALLEST_STRETCH))
     return (np.asarray(logs, np.float64) <= floor + 1e-3) & np.asarray(ran, bool)[..., None]
-
-
-def floored_columns(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
-    """(k,): the columns some step took to 0, whose exponents are not rates."""
-    return np.asarray(_at_floor(logs, ran).any(axis=(0, 1)))
 
 
 def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
@@ -515,14 +512,19 @@ class _WhatIf:
                                         "verdict": dynamics.verdict(evidence)})
 
 
-def _none_helps(changed: list[Counterfactual], before: float, reach: Any) -> str | None:
+def _reach(horizon: int | None, window: int | None) -> float:
+    """A measured horizon as a number to compare: beyond its window, half a step past it."""
+    return float(horizon) if horizon is not None else float(window or 0) + 0.5
+
+
+def _none_helps(changed: list[Counterfactual], before: float) -> str | None:
     """Where no change is a remedy for a vanishing layer, why, in the verdict's words: a
     change that would lengthen the horizon by half but make the layer explode, with both;
     else that none tried lengthens it by half (None where no change was run)."""
     exploding = [c for c in changed if _explodes(c)
-                 and reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+                 and _reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
     if exploding:
-        best = max(exploding, key=lambda c: reach(c.horizon, c.horizon_window))
+        best = max(exploding, key=lambda c: _reach(c.horizon, c.horizon_window))
         said = dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
                                best.lyapunov_1).removesuffix(" (measured)")
         why = ([f"λ₁ {best.lyapunov_1:+.3g} per step"]
@@ -558,20 +560,17 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
     helps (or the layer holds)."""
     changed = [c for c in found if c.applicable and c.kind != "clipping"]
     if entry.mechanism == "vanishing":
-        def reach(horizon: int | None, window: int | None) -> float:
-            return float(horizon) if horizon is not None else float(window or 0) + 0.5
-
         # A change that trades vanishing for exploding is no remedy.
         calm = [c for c in changed if not _explodes(c)]
-        before = reach(entry.horizon.measured, entry.horizon.window)
+        before = _reach(entry.horizon.measured, entry.horizon.window)
         longer = [c for c in calm
-                  if reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+                  if _reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
         if longer:
-            best = max(longer, key=lambda c: reach(c.horizon, c.horizon_window))
+            best = max(longer, key=lambda c: _reach(c.horizon, c.horizon_window))
             return dynamics.remedy("vanishing", best.change, best.horizon,
                                    best.horizon_window, best.lyapunov_1)
         if not entry.lyapunov:
-            return _none_helps(changed, before, reach)
+            return _none_helps(changed, before)
         # Beyond the lags measured, the measured horizons do not tell how much longer: the
         # horizon predicted from each change's λ₁ (against the layer's, taken as the
         # change's is) does.
@@ -584,7 +583,7 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
             if factor is not None and factor >= dynamics.LONGER:
                 slower.append((factor, c, own))
         if not slower:
-            return _none_helps(changed, before, reach)
+            return _none_helps(changed, before)
         _, best, own = max(slower, key=lambda found: found[0])
         assert best.lyapunov_1 is not None
         # Whose λ₁ it is, where the layer's first column reads otherwise than its λ₁ (the
