@@ -11,21 +11,24 @@ from rich.text import Text
 from gradscope.report.formats import number, share
 from gradscope.report.keras_text import header
 from gradscope.report.layout import hanging, pack, section, warning
-from gradscope.report.models import DiagnosedLayer, DiagnoseReport, Horizon
+from gradscope.report.models import DiagnosedLayer, DiagnoseReport
 from gradscope.report.tables import timings_lines
 
 MARKS = {"vanishing": ("▼", "bold yellow"), "exploding": ("▲", "bold red"),
          "holds": ("✓", "green")}
 
 
-def _beyond(horizon: Horizon) -> str:
-    """Why a horizon beyond its window was measured no further: the sequence ends there, or
-    the window stopped at the memory budget ("" where that is not known)."""
-    if horizon.longest_lag is None:
+def _beyond(window: int, longest: int | None, short: bool = False) -> str:
+    """Why a horizon beyond its ``window`` was measured no further: the steps have no longer
+    lag (``longest``), or the window stopped at the memory budget ("" where ``longest`` is
+    not known); ``short``: the budget in two words, as a change's line says it."""
+    if longest is None:
         return ""
-    if horizon.window >= horizon.longest_lag:
+    if window >= longest:
         return " (every lag there is)"
-    return (f" (measured to {horizon.window} lags only: a layer this wide reaches the memory "
+    if short:
+        return " (the memory budget)"
+    return (f" (measured to {window} lags only: a layer this wide reaches the memory "
             "budget there)")
 
 
@@ -118,7 +121,8 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
             for u in layer.saturated_units], width))
     horizon = layer.horizon
     measured = (str(horizon.measured) if horizon.measured is not None
-                else f"more than {horizon.window}" + _beyond(horizon))
+                else f"more than {horizon.window}"
+                + _beyond(horizon.window, horizon.longest_lag))
     parts.append(_line("memory horizon (10⁻³), steps", [
         f"measured {measured}",
         "predicted " + ("n/a (λ₁ ≥ 0)" if horizon.predicted is None
@@ -182,14 +186,12 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             # its columns' means, is another column's, the line says whose its λ₁ is.
             whose = ("λ₁ (first column)" if before != before_l else "λ₁")
             after = _reach(change.horizon, change.horizon_window)
-            longest = layer.horizon.longest_lag
             if (change.horizon is None and change.horizon_window is not None
-                    and longest is not None
                     and (layer.horizon.measured is not None
                          or change.horizon_window != layer.horizon.window)):
                 # Why the change's lags stop there, where the layer's line does not say it.
-                after += (" (every lag there is)" if change.horizon_window >= longest
-                          else " (the memory budget)")
+                after += _beyond(change.horizon_window, layer.horizon.longest_lag,
+                                 short=True)
             items = [f"horizon {before_h} → {after}",
                      f"{whose} {before} → " + ("n/a" if change.lyapunov_1 is None
                                                  else _signed(change.lyapunov_1))]
