@@ -259,6 +259,29 @@ def test_a_trend_table_folds_a_long_weight_path_and_cuts_no_number(width):
     assert "".join(folded) == long and all(part.endswith("/") for part in folded[:-1])
 
 
+@pytest.mark.parametrize("width", [30, 40, 48])
+def test_a_norm_table_below_60_columns_cuts_no_number_and_no_word(width):
+    """Found at stop 47: ``gradscope watch`` at 40 columns drew ‖∂L/∂h_t‖'s table as
+    "sequenc|e" and "4.46e-0": the sparkline was sized for the labels' longest word, not the
+    title's ("sequence"), and nothing narrower was tried. Below where the four columns fit,
+    each sparkline goes under its label, beside the two numbers."""
+    from rich.console import Console
+
+    from gradscope.report.tables import norm_table
+
+    rows = {"gru (step 20)": [1.68e-03 * 1.2 ** k for k in range(20)],
+            "lstm (step 20)": [4.48e-04 * 1.3 ** k for k in range(20)]}
+    console = Console(width=width, record=True, color_system=None)
+    console.print(norm_table(rows, width))
+    lines = console.export_text().splitlines()
+    assert max(cell_len(line) for line in lines) <= width, lines
+    words = " ".join(lines).split()
+    for values in rows.values():
+        assert number(values[0]) in words and number(values[-1]) in words, lines
+    assert "sequence" in words, lines
+    assert sum(any(mark in line for mark in "▁▂▃▄▅▆▇█") for line in lines) == 2, lines
+
+
 def test_a_trend_table_folds_a_path_only_where_its_sparkline_needs_the_room():
     """Found tried as a new user would: at 80 columns a 41-cell weight path was folded beside
     seven observations, for a sparkline of 16 marks the table kept room for. A sparkline

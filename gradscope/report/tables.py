@@ -99,15 +99,24 @@ def spark_table(rows: dict[str, SparkRow], width: int,
                                *(cell_len(line) for text in shown.values()
                                  for line in text.split("\n")))
     if room < least:
-        longest_word = max(cell_len(word) for text in shown.values() for word in text.split())
+        # The label column is never narrower than its longest word, its title's included.
+        longest_word = max(cell_len(word) for text in [label_title, *shown.values()]
+                           for word in text.split())
         room = min(least, width - fixed - longest_word)
     spark_width = max(1, min(SPARK_WIDTH, room))
     layout = Layout([Column(label_title), Column(spark_title), Column(first_title, "right"),
                      Column(last_title, "right")])
+    # Narrower still: each sparkline under its label, in one column, beside the numbers.
+    under = Layout([Column(f"{label_title} · {spark_title}"), Column(first_title, "right"),
+                    Column(last_title, "right")])
+    below = max(1, min(SPARK_MIN, width - fixed + GAP))
     for label, (values, first, last) in rows.items():
         layout.add_row(Text(shown[label]), atom(sparkline(values, spark_width), "cyan"),
                        atom(number(first)), atom(number(last)))
-    return fit(width, layout)
+        stacked = Text(shown[label] + "\n")
+        stacked.append(atom(sparkline(values, below), "cyan"))
+        under.add_row(stacked, atom(number(first)), atom(number(last)))
+    return fit(width, layout, under)
 
 
 def folded(label: str, limit: int) -> str:
