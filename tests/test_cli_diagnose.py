@@ -98,8 +98,13 @@ def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
     from gradscope.report.models import DiagnoseReport
 
     assert "λ₁ (first column)" not in render_text(DiagnoseReport.model_validate(report), 80)
+    for change in layer["counterfactuals"]:
+        before = change.get("lyapunov_1_before")
+        assert change.get("first_column", False) is (
+            before is not None and f"{before:+.3g}" != f"{layer['lyapunov'][0]:+.3g}")
     change = next(c for c in layer["counterfactuals"] if c["kind"] == "keep_bias")
     change["lyapunov_1_before"] = layer["lyapunov"][0] - 0.1
+    change["first_column"] = True
     lines = render_text(DiagnoseReport.model_validate(report), 80).splitlines()
     at = next(k for k, line in enumerate(lines) if "update-gate bias +1" in line)
     assert "λ₁ (first column) " in lines[at] + lines[at + 1]

@@ -150,6 +150,8 @@ def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
     best = max(factors, key=factors.__getitem__)
     assert best == "keep_bias" and factors["keep_bias"] > 1.25
     change = found["keep_bias"]
+    assert change.first_column  # its line says "λ₁ (first column)" too
+    assert "λ₁ (first column)" in render_text(report, 80)
     assert (f"with forget-gate bias +1, λ₁ of the first tangent column would be "
             f"{change.lyapunov_1:+.3g} per step, against {change.lyapunov_1_before:+.3g} now "
             f"(measured), so gradients would fade by 10³ within about "

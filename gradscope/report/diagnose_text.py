@@ -182,9 +182,7 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
         else:
             before = (before_l if change.lyapunov_1_before is None
                       else _signed(change.lyapunov_1_before))
-            # A change carries the first column alone: where the layer's λ₁, the largest of
-            # its columns' means, is another column's, the line says whose its λ₁ is.
-            whose = ("λ₁ (first column)" if before != before_l else "λ₁")
+            whose = "λ₁ (first column)" if change.first_column else "λ₁"
             after = _reach(change.horizon, change.horizon_window)
             if (change.horizon is None and change.horizon_window is not None
                     and (layer.horizon.measured is not None

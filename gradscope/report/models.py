@@ -1010,6 +1010,10 @@ class Counterfactual(_Report):
     lyapunov_1_before: float | None = Field(
         default=None, description="the layer's λ₁ taken as lyapunov_1 is (its first tangent "
         "column alone, where that is how lyapunov_1 was taken): before, for after")
+    first_column: bool = Field(
+        default=False, description="lyapunov_1 and lyapunov_1_before are of the layer's first "
+        "tangent column alone, which reads otherwise (to 3 digits) than the layer's λ₁, the "
+        "largest of its columns' means: the text says \"λ₁ (first column)\"")
     flow: StateFlow | None = Field(default=None, description="∂L/∂s_t after the change")
     clip_norm: float | None = Field(default=None, description="clipping: the global_clipnorm "
                                     "the batch suggests")

@@ -497,9 +497,12 @@ class _WhatIf:
                  for kind, _, _ in CHANGES]
         found = [c for c in found
                  if c.applicable or c.kind not in LISTED_ONLY_WHERE_APPLICABLE]
-        if first_column_only(count, entry.state_size):
-            found = [c.model_copy(update={"lyapunov_1_before": first}) if c.applicable else c
-                     for c in found]
+        if first_column_only(count, entry.state_size) and first is not None:
+            # Whose λ₁ a change's is, where the layer's first column reads otherwise than its
+            # λ₁ (the largest of its columns' means): said once, for its line and the verdict.
+            other = bool(entry.lyapunov) and f"{first:+.3g}" != f"{entry.lyapunov[0]:+.3g}"
+            found = [c.model_copy(update={"lyapunov_1_before": first, "first_column": other})
+                     if c.applicable else c for c in found]
         largest = entry.lyapunov[0] if entry.lyapunov else None
         clipped = suggested_clipping(self.gradients, largest, entry.horizon.measured,
                                      entry.horizon.window, self.compiled)
@@ -586,12 +589,9 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
             return _none_helps(changed, before)
         _, best, own = max(slower, key=lambda found: found[0])
         assert best.lyapunov_1 is not None
-        # Whose λ₁ it is, where the layer's first column reads otherwise than its λ₁ (the
-        # largest of its columns' means), as the change's line says it.
-        return dynamics.remedy_by_rate(
-            best.change, best.lyapunov_1, own, best.horizon_window,
-            first_column=f"{own:+.3g}" != f"{entry.lyapunov[0]:+.3g}",
-            measured=entry.horizon.measured)
+        return dynamics.remedy_by_rate(best.change, best.lyapunov_1, own, best.horizon_window,
+                                       first_column=best.first_column,
+                                       measured=entry.horizon.measured)
     if entry.mechanism == "exploding" and entry.lyapunov:
         lower = [c for c in changed if c.lyapunov_1 is not None and c.lyapunov_1 < (
             entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before)]
