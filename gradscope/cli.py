@@ -528,13 +528,18 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
 
 
+#: The mechanisms ``diagnose --fail-on`` takes.
+FAIL_ON = ("vanishing", "exploding")
+
+
 DIAGNOSE_EPILOG = """\b
 Exit codes:
   0  the diagnosis is made (whatever it finds: a vanishing or exploding
-     layer is an answer, as explain's flags are)
+     layer is an answer, as explain's flags are, unless --fail-on names it)
   1  a NaN or Inf in the loss or a gradient on this batch (no layer is
-     diagnosed; where it was born is said), or gradscope disagreed with
-     itself (an internal error)
+     diagnosed; where it was born is said); with --fail-on, a layer whose
+     verdict names that mechanism (one line on stderr says which); or
+     gradscope disagreed with itself (an internal error)
   2  usage, config or data error, or a YAML config (not yet diagnosed)
 """
 
@@ -548,6 +553,9 @@ Exit codes:
 @click.option("--no-counterfactuals", "no_counterfactuals", is_flag=True,
               help="Skip the counterfactuals (each change run again on a copy of the "
                    "model).")
+@click.option("--fail-on", "fail_on", type=click.Choice(FAIL_ON), multiple=True,
+              help="Exit 1 where some layer's verdict names this mechanism (repeat the "
+                   "option for both): for CI.")
 @data_options
 @keras_options
 @user_code_options
@@ -555,7 +563,7 @@ Exit codes:
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool,
-             data_files: DataFiles,
+             fail_on: tuple[str, ...], data_files: DataFiles,
              keras_run: dict[str, Any], max_memory: str | None, as_json: bool,
              output: Path | None, force: bool, quiet: bool, timings: bool,
              user_code: tuple[tuple[str, ...], bool]) -> int:
@@ -592,7 +600,16 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
                                     max_memory=max_memory, timings=timings,
                                     progress=status.update, **keras_run)
     _emit(report, as_json, output, force)
-    return EXIT_PROBLEM if report.nonfinite is not None else EXIT_OK
+    if report.nonfinite is not None:
+        return EXIT_PROBLEM
+    failing = [f"{layer.call} ({layer.mechanism})" for layer in report.layers
+               if layer.mechanism in fail_on]
+    if failing:
+        # Why a CI job failed, beside the report (which goes to stdout or -o).
+        _stderr_console().print(f"gradscope diagnose: --fail-on {','.join(fail_on)}: "
+                                + ", ".join(failing), soft_wrap=True)
+        return EXIT_PROBLEM
+    return EXIT_OK
 
 
 @cli.command("spec", epilog=EXIT_CODES_HELP)

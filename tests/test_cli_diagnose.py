@@ -137,3 +137,27 @@ def test_a_batch_whose_numbers_are_not_finite_says_where_the_first_was_born(
     assert "Where the first NaN or Inf was born" in text.stdout
     assert "no clipping makes it finite" in text.stdout
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
+
+
+def test_fail_on_exits_1_where_a_layer_has_that_mechanism(tmp_path: Path, tf: Any) -> None:
+    """For CI: a vanishing layer is an answer (exit 0) unless ``--fail-on vanishing`` asks
+    for exit 1; stderr says which layer failed, and the JSON stays one document on stdout."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((12, 3))
+    h = keras.layers.SimpleRNN(
+        4, name="rnn", recurrent_initializer=keras.initializers.Orthogonal(gain=0.1))(inp)
+    model = keras.Model(inp, keras.layers.Dense(1)(h))
+    model.compile(loss="mse")
+    path = tmp_path / "fading.keras"
+    model.save(path)
+    args = ["diagnose", str(path), "--batch-size", "3", "--no-counterfactuals"]
+    failed = run_gradscope(*args, "--json", "--fail-on", "exploding", "--fail-on", "vanishing")
+    assert failed.returncode == 1, failed.stderr
+    (layer,) = json.loads(failed.stdout)["layers"]
+    assert layer["mechanism"] == "vanishing"
+    assert "--fail-on exploding,vanishing: rnn (vanishing)" in failed.stderr
+    passed = run_gradscope(*args, "--fail-on", "exploding")
+    assert passed.returncode == 0, passed.stderr
+    assert "--fail-on" not in passed.stderr
