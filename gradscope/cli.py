@@ -31,8 +31,9 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  all good
-  1  a check found a problem (or gradscope disagreed with itself), or a NaN/Inf
-     in a Keras model's loss or gradients (where it was born is said)
+  1  a check found a problem (or gradscope disagreed with itself), a NaN/Inf
+     in a Keras model's loss or gradients (where it was born is said), or a
+     flag that --fail-on names (explain --flow)
   2  usage, config or data error
 """
 
@@ -310,6 +311,10 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
     return EXIT_OK
 
 
+#: The mechanisms ``--fail-on`` (explain --flow, diagnose) takes.
+FAIL_ON = ("vanishing", "exploding")
+
+
 @cli.command(epilog=EXIT_CODES_HELP)
 @config_argument
 @data_options
@@ -344,12 +349,15 @@ def shapes(config: str | None, as_json: bool, output: Path | None, force: bool,
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
+@click.option("--fail-on", "fail_on", type=click.Choice(FAIL_ON), multiple=True,
+              help="With --flow: exit 1 where the flow flags this (repeat the option for "
+                   "both): for CI.")
 def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bool,
             at: int | None, per_example: bool, plot: Path | None, weights: str | None,
             chunks: int | None, keras_run: dict[str, Any],
             max_memory: str | None, as_json: bool, output: Path | None, force: bool,
             quiet: bool, timings: bool,
-            user_code: tuple[tuple[str, ...], bool]) -> int:
+            user_code: tuple[tuple[str, ...], bool], fail_on: tuple[str, ...]) -> int:
     """Build the model in CONFIG, run one forward/backward pass, and explain every gradient.
 
     For each weight gradient: its name and TF1/Keras alias, its shape (the real TF gradient
@@ -370,6 +378,8 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
     preflight.check_force(force, {"-o": output, "--plot": plot})
     preflight.check_output(output, force, as_json)
     preflight.check_plot(plot, force, output)
+    if fail_on and not flow:
+        raise GradscopeError("--fail-on reads the flow's flags: add --flow", where="--fail-on")
     source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope explain", spinner="dots") as status:
@@ -383,7 +393,23 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
 
         write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
-    return EXIT_PROBLEM if getattr(report, "nonfinite", None) is not None else EXIT_OK
+    if getattr(report, "nonfinite", None) is not None:
+        return EXIT_PROBLEM
+    section = getattr(report, "gradient_flow", None)
+    return _failed_on("explain", fail_on, [
+        (flag.what, flag.kind) for flag in (section.flags if section is not None else [])])
+
+
+def _failed_on(command: str, fail_on: tuple[str, ...], found: list[tuple[str, str]]) -> int:
+    """EXIT_PROBLEM where any of ``found`` ((what, mechanism) pairs) has a mechanism that
+    ``--fail-on`` names, with one line on stderr that says which (the report itself goes to
+    stdout or -o); else EXIT_OK."""
+    failing = [f"{what} ({kind})" for what, kind in found if kind in fail_on]
+    if not failing:
+        return EXIT_OK
+    _stderr_console().print(f"gradscope {command}: --fail-on {','.join(fail_on)}: "
+                            + ", ".join(failing), soft_wrap=True)
+    return EXIT_PROBLEM
 
 
 #: How ``check --help`` names each witness of :data:`gradscope.gradcheck.TOLERANCES`, and a
@@ -528,10 +554,6 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
     return EXIT_OK if report.summary.passed else EXIT_PROBLEM
 
 
-#: The mechanisms ``diagnose --fail-on`` takes.
-FAIL_ON = ("vanishing", "exploding")
-
-
 DIAGNOSE_EPILOG = """\b
 Exit codes:
   0  the diagnosis is made (whatever it finds: a vanishing or exploding
@@ -602,14 +624,8 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
     _emit(report, as_json, output, force)
     if report.nonfinite is not None:
         return EXIT_PROBLEM
-    failing = [f"{layer.call} ({layer.mechanism})" for layer in report.layers
-               if layer.mechanism in fail_on]
-    if failing:
-        # Why a CI job failed, beside the report (which goes to stdout or -o).
-        _stderr_console().print(f"gradscope diagnose: --fail-on {','.join(fail_on)}: "
-                                + ", ".join(failing), soft_wrap=True)
-        return EXIT_PROBLEM
-    return EXIT_OK
+    return _failed_on("diagnose", fail_on,
+                      [(layer.call, layer.mechanism) for layer in report.layers])
 
 
 @cli.command("spec", epilog=EXIT_CODES_HELP)

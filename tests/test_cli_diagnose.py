@@ -139,7 +139,7 @@ def test_a_batch_whose_numbers_are_not_finite_says_where_the_first_was_born(
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
 
 
-def test_fail_on_exits_1_where_a_layer_has_that_mechanism(tmp_path: Path, tf: Any) -> None:
+def test_fail_on_exits_1_where_a_layer_has_that_mechanism_or_flag(tmp_path: Path, tf: Any) -> None:
     """For CI: a vanishing layer is an answer (exit 0) unless ``--fail-on vanishing`` asks
     for exit 1; stderr says which layer failed, and the JSON stays one document on stdout."""
     import keras
@@ -161,3 +161,11 @@ def test_fail_on_exits_1_where_a_layer_has_that_mechanism(tmp_path: Path, tf: An
     passed = run_gradscope(*args, "--fail-on", "exploding")
     assert passed.returncode == 0, passed.stderr
     assert "--fail-on" not in passed.stderr
+    # explain --flow fails on its own flags alike; without --flow there is nothing to read.
+    flagged = run_gradscope("explain", str(path), "--batch-size", "3", "--flow",
+                            "--fail-on", "vanishing")
+    assert flagged.returncode == 1, flagged.stderr
+    assert "gradscope explain: --fail-on vanishing: ∂L/∂rnn" in flagged.stderr
+    assert "vanishing" in flagged.stdout
+    refused = run_without_tensorflow("explain", str(path), "--fail-on", "vanishing")
+    assert refused.returncode == 2 and "add --flow" in refused.stderr

@@ -94,6 +94,8 @@ WORKSPACE = {
     "new.json": "docs/ci.md: the explain report of the seed model with `- gru: 16`",
     "runs/memory/model.keras": "docs/weights.md: saved by sample_configs/keras_train_with_flow.py",
     "memory.yaml": "docs/weights.md: what `gradscope spec runs/memory/model.keras` writes",
+    "fading.keras": "docs/ci.md: a SimpleRNN 4 over 12 steps, its recurrent kernel "
+                    "orthogonal × 0.1 (its gradients vanish)",
 }
 
 FENCE = re.compile(r"^```(\S*)\s*$")
@@ -272,6 +274,15 @@ def workspace(tf, tmp_path_factory) -> dict[str, Path]:
     files["runs/memory/model.keras"] = files["runs/memory"] / "model.keras"
     files["memory.yaml"].write_text(gradscope.infer_spec(files["runs/memory/model.keras"]).yaml)
     files["base.json"].write_text(gradscope.explain(None).to_json())
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((12, 3), name="x")
+    fading = keras.layers.SimpleRNN(
+        4, name="rnn", recurrent_initializer=keras.initializers.Orthogonal(gain=0.1))(inp)
+    model = keras.Model(inp, keras.layers.Dense(1)(fading))
+    model.compile(loss="mse")
+    model.save(files["fading.keras"])
     narrowed = seed.replace("  - gru: 32\n", "  - gru: 16\n")
     assert narrowed != seed
     files["new.json"].write_text(
@@ -321,6 +332,9 @@ def test_the_command_runs_with_the_exit_code_shown(shown, workspace, monkeypatch
     errors = [line for line in shown.output if line.startswith("gradscope: error:")]
     if errors:
         assert err.strip() == errors[0]
+    for line in shown.output:  # what --fail-on says failed, on stderr
+        if re.match(r"gradscope \w+: --fail-on ", line):
+            assert line in err.splitlines(), err
     if _verdict(shown.output):
         assert _verdict(out.splitlines()) == _verdict(shown.output)
 
