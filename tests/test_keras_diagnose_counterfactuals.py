@@ -188,6 +188,46 @@ def test_a_change_that_makes_the_layer_explode_is_no_remedy(tf: Any) -> None:
         f"×{change.flow.ratio:.3g})")
 
 
+def test_a_simple_rnn_of_norm_below_1_made_orthogonal_at_1_against_a_copy_by_hand(
+        tf: Any) -> None:
+    """Found tried as a new user would: a SimpleRNN whose recurrent kernel is orthogonal
+    times 0.1 vanishes within 3 steps, and no change applied (it has no keep gate, and its
+    kernel already is orthogonal at its own norm): the verdict named no fix. The kernel made
+    orthogonal at norm 1 is run where its norm is below 1, and named; a kernel of norm 1 or
+    more, or a gated cell, does not list it."""
+    import keras
+
+    def model_at(gain: float) -> Any:
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((T, F), name="x")
+        h = keras.layers.SimpleRNN(
+            U, name="rnn", recurrent_initializer=keras.initializers.Orthogonal(gain=gain))(inp)
+        model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+        model.compile(loss="mse")
+        return model
+
+    x, _ = _batch()
+    y = np.random.default_rng(1).standard_normal((B, 1)).astype("float32")
+    model = model_at(0.1)
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    found = {c.kind: c for c in entry.counterfactuals}
+    assert not found["orthogonal"].applicable
+    change = found["orthogonal_1"]
+    assert entry.mechanism == "vanishing" and entry.horizon.measured == 3
+    assert change.horizon is not None and change.horizon >= 3 * 1.5
+    assert entry.verdict.endswith("; with an orthogonal recurrent kernel at spectral norm 1, "
+                                  f"the horizon would be {change.horizon} steps (measured)")
+
+    def polar(cell: Any) -> None:
+        kernel = cell.recurrent_kernel.numpy().astype(np.float64)
+        cell.recurrent_kernel.assign(_polar(kernel).astype("float32"))
+
+    _same(change, gradscope.diagnose(_changed_by_hand(model, polar), x=x, y=y,
+                                     counterfactuals=False).layers[0])
+    at_1 = gradscope.diagnose(model_at(1.0), x=x, y=y).layers[0]
+    assert "orthogonal_1" not in [c.kind for c in at_1.counterfactuals]
+
+
 def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
         tf: Any) -> None:
     model = _model("gru")

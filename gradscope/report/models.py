@@ -990,12 +990,14 @@ class Counterfactual(_Report):
     """A copy of the model with one change, run again on the same batch; every number is
     measured on the copy (clipping changes the gradient, not the dynamics: not rerun)."""
 
-    kind: Literal["keep_bias", "forget_bias_1", "orthogonal", "clipping"] = Field(
+    kind: Literal["keep_bias", "forget_bias_1", "orthogonal", "orthogonal_1",
+                  "clipping"] = Field(
         description="keep_bias: +1 on the keep gate's bias; forget_bias_1: an LSTM's forget "
                     "biases below 1 raised to 1 (listed only where some is below 0); "
                     "orthogonal: each gate's block of the recurrent kernel made orthogonal "
-                    "at its spectral norm; clipping: global_clipnorm at the norm the batch "
-                    "suggests")
+                    "at its spectral norm; orthogonal_1: a SimpleRNN's recurrent kernel made "
+                    "orthogonal at spectral norm 1 (listed only where its norm is below 1); "
+                    "clipping: global_clipnorm at the norm the batch suggests")
     change: str = Field(description="the change, in words")
     applicable: bool = Field(description="false: the change has no meaning for this cell, "
                              "or the copy could not be made (note says why); no numbers")

@@ -1,8 +1,9 @@
 """What one change would do to a recurrent call, measured on a copy of the user's model: the
-keep gate's bias +1 (an LSTM's forget gate, a Keras GRU's update gate z) and the recurrent
-kernel made orthogonal at its spectral norm, each run again on the same batch (λ₁, the
-horizon, ∂L/∂s_t through the recurrence); and the global_clipnorm the batch suggests, which
-changes the gradient, not the dynamics, so nothing is rerun for it.
+keep gate's bias +1 (an LSTM's forget gate, a Keras GRU's update gate z), an LSTM's shut
+forget biases raised to 1, the recurrent kernel made orthogonal at its spectral norm, and a
+SimpleRNN's kernel of norm below 1 made orthogonal at norm 1, each run again on the same
+batch (λ₁, the horizon, ∂L/∂s_t through the recurrence); and the global_clipnorm the batch
+suggests, which changes the gradient, not the dynamics, so nothing is rerun for it.
 
 The copy is gradscope's own load of a saved file (the one the diagnosis ran on, each change
 undone after its run), or, for a model object, Keras' rebuild of it from its config with the
@@ -26,7 +27,7 @@ from gradscope.report.models import Counterfactual, StateFlow
 #: change has no meaning for this cell.
 Change = Callable[[Any], "list[tuple[Any, np.ndarray]] | str"]
 NOT_APPLICABLE = "not applicable to this cell"
-Kind = Literal["keep_bias", "forget_bias_1", "orthogonal", "clipping"]
+Kind = Literal["keep_bias", "forget_bias_1", "orthogonal", "orthogonal_1", "clipping"]
 
 
 def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
@@ -72,7 +73,7 @@ def forget_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
 
 
 #: The changes a layer's list leaves out where they do not apply.
-LISTED_ONLY_WHERE_APPLICABLE = frozenset({"forget_bias_1"})
+LISTED_ONLY_WHERE_APPLICABLE = frozenset({"forget_bias_1", "orthogonal_1"})
 
 
 #: Column blocks of the recurrent kernel, per cell class (one per gate and the candidate).
@@ -97,9 +98,29 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
         kernel[:, block * units:(block + 1) * units] = values[0] * (left @ right)
     scale = float(np.max(np.abs(before))) if before.size else 0.0
     if np.max(np.abs(kernel - before), initial=0.0) <= SAME * scale:
-        return (f"{NOT_APPLICABLE}: each gate's block of its recurrent kernel already is "
-                "orthogonal times its spectral norm (the change would change nothing)")
+        what = ("its recurrent kernel" if BLOCKS[kind] == 1
+                else "each gate's block of its recurrent kernel")
+        return (f"{NOT_APPLICABLE}: {what} already is orthogonal times its spectral norm "
+                "(the change would change nothing)")
     return [(cell.recurrent_kernel, kernel)]
+
+
+def orthogonal_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
+    """A SimpleRNN's recurrent kernel made orthogonal at spectral norm 1: its polar factor,
+    as Keras' own initializer draws it (``Orthogonal``, gain 1). Where the kernel's norm is
+    below 1, every step shrinks what it carries back by at least that much, and the change
+    at its own norm (:func:`orthogonal`) keeps the shrinking: this is the fix the literature
+    gives for a vanilla RNN (Saxe et al. 2014; Pascanu et al. 2013: ‖W‖ < 1 is sufficient for
+    vanishing). Run and listed only there (:data:`LISTED_ONLY_WHERE_APPLICABLE`); a gated
+    cell's blocks are the gates' business (the keep gate's bias)."""
+    kind = class_label(cell)
+    if kind != "SimpleRNNCell" or getattr(cell, "recurrent_kernel", None) is None:
+        return f"{NOT_APPLICABLE} ({kind}: only a SimpleRNN's kernel is set to norm 1)"
+    before = np.array(cell.recurrent_kernel.numpy(), np.float64)
+    left, values, right = np.linalg.svd(before)
+    if not values.size or values[0] >= 1 - SAME:
+        return f"{NOT_APPLICABLE}: its recurrent kernel's spectral norm is not below 1"
+    return [(cell.recurrent_kernel, left @ right)]
 
 
 #: A changed kernel within this much of the old one (relative to its largest entry, a few
@@ -111,6 +132,7 @@ CHANGES: list[tuple[Kind, str, Change]] = [
     ("keep_bias", "", keep_bias),
     ("forget_bias_1", "every forget-gate bias below 1 raised to 1", forget_bias_1),
     ("orthogonal", "an orthogonal recurrent kernel at its spectral norm", orthogonal),
+    ("orthogonal_1", "an orthogonal recurrent kernel at spectral norm 1", orthogonal_1),
 ]
 
 
