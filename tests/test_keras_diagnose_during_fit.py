@@ -136,8 +136,10 @@ def test_watch_shows_the_diagnoses(fitted):
     assert f"λ₁ {gru.lyapunov[-1][0]:+.3g} nats/step" in lead
     assert f"at step 2 λ₁ was {gru.lyapunov[0][0]:+.3g}" in lead
     shares = gru.gates[-1]["update"]
-    assert (f"update {shares.below_0_1:.0%}/{shares.above_0_9:.0%}" in text.stdout
-            and "gates (values below 0.1 / above 0.9)" in text.stdout)
+    from gradscope.report.formats import share
+
+    assert (f"update {share(shares.below_0_1)} / {share(shares.above_0_9)}" in text.stdout
+            and "gates (share < 0.1 / > 0.9)" in text.stdout)
     assert "gates: not known for this cell (SimpleRNNCell)" in text.stdout
     assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
     # Narrow, a wrapped line hangs under its first words, never at the first column.

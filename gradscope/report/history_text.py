@@ -118,9 +118,11 @@ def _last(values: list[Any], steps: list[int]) -> tuple[Any, int | None]:
     return None, None
 
 
-def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[tuple[str, str]]:
+def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
+                     width: int) -> list[tuple[str, str]]:
     """One call's last diagnosis in words, each number with its unit, λ₁'s first beside it:
-    (what the line hangs from, the line), so that a wrapped line hangs under its words."""
+    (what the line hangs from, the line), so that a wrapped line hangs under its words; the
+    gates' line breaks between gates, never inside one's pair of shares."""
     lyapunov, at = _last(entry.lyapunov, steps)
     if lyapunov is None or at is None:
         return [(f"{entry.call}:", "not diagnosed")]
@@ -140,14 +142,16 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int]) -> list[tuple[str
         horizon += "; measured: " + (f"{measured} steps" if measured is not None
                                      else f"beyond {window} steps")
     gates = entry.gates[index]
-    gate_text = ("gates (values below 0.1 / above 0.9): " + ", ".join(
-        f"{name} {share(shares.below_0_1)}/{share(shares.above_0_9)}"
-        for name, shares in gates.items()) if gates is not None
-        else f"gates: {(entry.gates_note or 'not known').removeprefix('gates ')}")
+    # As diagnose's text words them; the hanging mark and its gap take 2 columns.
+    gate_text = (pack([f"{'gates (share < 0.1 / > 0.9): ' if k == 0 else ''}{name} "
+                       f"{share(shares.below_0_1)} / {share(shares.above_0_9)}"
+                       for k, (name, shares) in enumerate(gates.items())], width - 2).plain
+                 if gates is not None
+                 else f"gates: {(entry.gates_note or 'not known').removeprefix('gates ')}")
     return [(f"{entry.call} ({entry.cell})", lead), (" ", horizon), (" ", gate_text)]
 
 
-def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
+def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     """Each recurrent call as its last diagnosis read it (``diagnose_every``)."""
     if not report.diagnose_every:
         return []
@@ -158,7 +162,7 @@ def diagnosis_section(report: FlowHistoryReport) -> list[RenderableType]:
         "as gradscope diagnose reads them)")]
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
-        parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps)]
+        parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps, width)]
     for skipped in report.not_diagnosed:
         parts.append(Text(f"not diagnosed: {skipped.layer}: {skipped.reason} (at "
                           f"{len(skipped.steps)} of {len(steps)} diagnoses)", style="dim"))
@@ -281,7 +285,7 @@ def render_history(report: FlowHistoryReport, width: int) -> list[RenderableType
                   series_table(_recurrent_rows(report.recurrent), width, "layer · quantity")]
         parts += flag_lines(report)
         parts += profile_section(report, width)
-    parts += diagnosis_section(report)
+    parts += diagnosis_section(report, width)
     if report.mixed_precision is not None:
         parts += mixed_precision_section(report, width)
     if report.per_example is not None:
