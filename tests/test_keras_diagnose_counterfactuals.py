@@ -228,6 +228,41 @@ def test_a_simple_rnn_of_norm_below_1_made_orthogonal_at_1_against_a_copy_by_han
     assert "orthogonal_1" not in [c.kind for c in at_1.counterfactuals]
 
 
+def test_a_stateful_layers_changes_start_from_the_state_it_carries(tf: Any) -> None:
+    """Found tried as a new user would: a stateful GRU diagnosed in memory after fit was
+    stepped from the state it carried, but each changed copy from zeros (a carried state is
+    no weight): the orthogonal kernel's λ₁ was −0.407 against −0.426 from the same state.
+    The copy now holds the model's carried state; both say where they start."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((T, F), batch_size=B),
+                              keras.layers.GRU(U, stateful=True, name="rnn"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(loss="mse")
+    x, _ = _batch()
+    y = np.random.default_rng(1).standard_normal((B, 1)).astype("float32")
+    model(x + 1.0)  # the state it carries: the last call's final state
+    carried = model.get_layer("rnn").states[0].numpy()
+    assert np.linalg.norm(carried) > 0.5
+    report = gradscope.diagnose(model, x=x, y=y)
+    entry = report.layers[0]
+    assert np.array_equal(model.get_layer("rnn").states[0].numpy(), carried)
+    assert any(w.startswith("rnn is stateful: stepped from the state it carries")
+               for w in report.warnings)
+    found = {c.kind: c for c in entry.counterfactuals}
+
+    def plus_one(cell: Any) -> None:
+        bias = cell.bias.numpy()
+        bias[0, :U] += 1
+        cell.bias.assign(bias)
+
+    copy = _changed_by_hand(model, plus_one)
+    copy.get_layer("rnn").states[0].assign(carried)
+    _same(found["keep_bias"], gradscope.diagnose(copy, x=x, y=y,
+                                                 counterfactuals=False).layers[0])
+
+
 def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(
         tf: Any) -> None:
     model = _model("gru")

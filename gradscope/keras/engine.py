@@ -382,6 +382,7 @@ class KerasEngine:
             if [type(a) for a in mine_layers] == [type(b) for b in their_layers]:
                 for mine_layer, their_layer in zip(mine_layers, their_layers, strict=True):
                     mine_layer.name = their_layer.name
+            _carried_states_copied(self.model, copy, dtype)
         except Exception as exc:  # the user's code, rebuilt from its config: anything
             first = first_line(exc)
             raise CopyFails(f"{self.path}: Keras cannot rebuild it in {dtype} from its "
@@ -968,6 +969,37 @@ def keras_registered_name(cls: type) -> str:
     from keras.saving import get_registered_name
 
     return str(get_registered_name(cls))
+
+
+def _carried_states_copied(model: Any, copy: Any, dtype: str) -> None:
+    """Each stateful recurrent layer's carried state (no weight: ``set_weights`` leaves a
+    copy's at zeros) given to the same layer of ``copy``, in ``dtype``, so that the copy's
+    call starts where the model's would (a copy that started from zeros measured another
+    trajectory: found tried as a new user would, a stateful GRU's counterfactuals). Raises
+    where a state the model carries has no place in the copy."""
+    import keras
+
+    def stateful(m: Any) -> list[Any]:
+        return [layer for layer in m._flatten_layers(include_self=False, recursive=True)
+                if getattr(layer, "stateful", False)]
+
+    theirs, mine = stateful(model), stateful(copy)
+    held = [(layer, getattr(layer, "states", None)) for layer in theirs]
+    if all(states is None for _, states in held):
+        return
+    if [type(a) for a in mine] != [type(b) for b in theirs]:
+        raise ValueError("its stateful layers are not the copy's: their carried states "
+                         "cannot be given to it")
+    for into, (_, states) in zip(mine, held, strict=True):
+        if states is None:
+            continue
+        values = keras.tree.flatten(states)
+        targets = keras.tree.flatten(getattr(into, "states", None) or [])
+        if len(targets) != len(values) or not all(hasattr(t, "assign") for t in targets):
+            raise ValueError(f"the copy of the stateful layer {into.name} holds no state to "
+                             "give its carried one to")
+        for target, value in zip(targets, values, strict=True):
+            target.assign(np.asarray(value).astype(dtype))
 
 
 def _same_functions(model: Any, copy: Any) -> None:

@@ -201,6 +201,9 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue
         dropped = dropped or any(m is not None for m in stepped.masks or [])
+        carried = carried_state(engine, stepped)
+        if carried is not None:
+            warnings.append(carried)
         done = [_direction(engine, stepped, index, exponents, say, warnings)
                 for index in range(len(stepped.directions))]
         # The counterfactuals step the call again, changed: this call's sequences and
@@ -234,6 +237,25 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     if timings:
         report = report.model_copy(update={"timings": clock.laps()})
     return report
+
+
+def carried_state(engine: Any, stepped: Any) -> str | None:
+    """Where a stateful layer's call starts, in words (None: the layer is not stateful): from
+    the state it carries, its last call's final state, or from zeros (a saved file keeps none;
+    an object reset, or never called). Its dynamics, and each change's, are read from there."""
+    layer = engine.operation(stepped.call.layer)
+    if not getattr(layer, "stateful", False):
+        return None
+    start = [np.asarray(s, np.float64) for s in stepped.call.states]
+    norm = float(np.sqrt(sum(np.sum(s * s) for s in start)))
+    if norm == 0:
+        why = ("a saved file keeps no carried state" if not engine.live else
+               "it was reset, or never called")
+        return (f"{stepped.label} is stateful: stepped from zeros ({why}), as a call after "
+                "reset_state() starts; each change starts there too")
+    return (f"{stepped.label} is stateful: stepped from the state it carries, its last call's "
+            f"final state (norm {norm:.3g} over the batch), as its next call would start; each "
+            "change starts there too")
 
 
 def trained_of(result: Any) -> dict[str, Any]:
