@@ -238,3 +238,56 @@ def test_a_model_with_no_recurrent_layer_says_so(tf):
     (skipped,) = flow.history.not_diagnosed
     assert (skipped.layer, skipped.reason, skipped.steps) == (
         "the model", "it has no recurrent layer call: nothing to diagnose", [1])
+
+
+def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf):
+    """Found tried as a new user would: a stateful GRU's diagnosis during fit stepped its
+    batch from the state the step left (after the batch), not the one the batch started
+    from: λ₁ -0.44035 against -0.44091. The observation and the diagnosis now rerun the
+    batch from its own start; training keeps its state (the step's, given back after)."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    batch, steps = 4, 9
+
+    class Start(keras.callbacks.Callback):  # the carried state as each batch starts
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[np.ndarray] = []
+
+        def on_train_batch_begin(self, index, logs=None):
+            self.seen.append(self.model.get_layer("gru").states[0].numpy().copy())
+
+    def trained(*callbacks):
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((steps, 2), batch_size=batch),
+                                  keras.layers.GRU(4, stateful=True, name="gru"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                  callbacks=list(callbacks))
+        return model
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4 * batch, steps, 2)).astype("float32") + 1.0
+    y = x[:, -2:, 0].sum(1, keepdims=True)
+    start, flow = Start(), GradientFlow(every=4, diagnose_every=4, diagnose_exponents=4)
+    model = trained(start, flow)
+    assert flow.history.diagnosis_steps == [4]
+    after = model.get_layer("gru").states[0].numpy().copy()
+    plain = trained()  # training itself is untouched: its weights and its carried state
+    assert np.array_equal(plain.get_layer("gru").states[0].numpy(), after)
+    assert all(np.array_equal(a, b) for a, b in zip(plain.get_weights(), model.get_weights(),
+                                                    strict=True))
+    recorded = flow.history.diagnoses[0].lyapunov[-1]
+    import gradscope
+
+    model.get_layer("gru").states[0].assign(start.seen[3])
+    truth = gradscope.diagnose(model, x=x[-batch:], y=y[-batch:], exponents=4,
+                               counterfactuals=False).layers[0].lyapunov
+    np.testing.assert_allclose(recorded, truth, rtol=1e-6)
+    model.get_layer("gru").states[0].assign(after)
+    moved = gradscope.diagnose(model, x=x[-batch:], y=y[-batch:], exponents=4,
+                               counterfactuals=False).layers[0].lyapunov
+    assert not np.allclose(recorded, moved, rtol=1e-4)  # the state after it reads otherwise

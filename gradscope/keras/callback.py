@@ -40,6 +40,11 @@ from gradscope.keras.mixed_precision_fit import MixedPrecisionRecord  # noqa: E4
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.per_example_fit import PerExampleRecord  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
+from gradscope.keras.whole_model import (  # noqa: E402
+    carried_state_variables,
+    moved_state_of,
+    states_at,
+)
 
 
 def _replay_options() -> Any:
@@ -221,6 +226,8 @@ class GradientFlow(keras.callbacks.Callback):
         self.nonfinite: NonFiniteEntry | None = None
         self.nonfinite_step: int | None = None
         self._held: list[tuple[Any, list[np.ndarray]]] = []  # (batch, weights before its step)
+        #: The carried states of stateful layers as the observed or diagnosed step started.
+        self._start_states: list[tuple[Any, np.ndarray]] | None = None
         if model is not None:
             self.set_model(model)
 
@@ -268,6 +275,12 @@ class GradientFlow(keras.callbacks.Callback):
             self._last_batch = _global(strategy, batches[-1])
             if self.stop_on_nan:
                 self._held = [*self._held[-1:], (self._last_batch, snapshot(model))]
+            # A stateful layer's carried state as this batch starts: an observation or a
+            # diagnosis reruns the batch from it, not from where the step leaves it. (With
+            # several steps per execution, the last batch's start is not seen.)
+            self._start_states = (moved_state_of(carried_state_variables(model))
+                                  if (self._pending or self._diagnosis_pending) and steps == 1
+                                  else None)
             return original(_replay(iterator, batches, strategy))  # Keras' step, these tensors
 
         model.train_function = train_function
@@ -317,10 +330,12 @@ class GradientFlow(keras.callbacks.Callback):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if y is None and not self._engine_for().added_only:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
-        if observed:
-            self._observe(x, y, self._batches, self._epoch, sample_weight)
-        if diagnosed:
-            self._diagnose(x, y, self._batches, sample_weight)
+        start, self._start_states = self._start_states, None
+        with states_at(start):
+            if observed:
+                self._observe(x, y, self._batches, self._epoch, sample_weight)
+            if diagnosed:
+                self._diagnose(x, y, self._batches, sample_weight)
 
     def _stop_for_nan(self, step: int) -> None:
         """Where the NaN of this step was born; said, kept, written; training stops."""

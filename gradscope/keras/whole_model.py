@@ -209,7 +209,27 @@ def dense_gradients(variables: list[Any], grads: list[Any]
 def moved_state(model: Any) -> list[tuple[Any, np.ndarray]]:
     """Every variable a call of the model may move, with its value now. Assign the values
     back with :func:`restore` so that the next pass sees the same model."""
-    return [(variable, np.array(variable.numpy())) for variable in moved_variables(model)]
+    return moved_state_of(moved_variables(model))
+
+
+def moved_state_of(variables: list[Any]) -> list[tuple[Any, np.ndarray]]:
+    """Each of ``variables`` with its value now (for :func:`restore`)."""
+    return [(variable, np.array(variable.numpy())) for variable in variables]
+
+
+@contextlib.contextmanager
+def states_at(values: list[tuple[Any, np.ndarray]] | None) -> Iterator[None]:
+    """Each variable of ``values`` holding its value there within the block, and given its
+    own back after it (None or empty: nothing changes)."""
+    if not values:
+        yield
+        return
+    now = moved_state_of([variable for variable, _ in values])
+    restore(values)
+    try:
+        yield
+    finally:
+        restore(now)
 
 
 def moved_variables(model: Any) -> list[Any]:
@@ -218,16 +238,26 @@ def moved_variables(model: Any) -> list[Any]:
     outside the tracked variables)."""
     variables = list(model.non_trainable_variables)
     tracked = {id(v) for v in variables}
+    for state in carried_state_variables(model):
+        if id(state) not in tracked:
+            tracked.add(id(state))
+            variables.append(state)
+    return variables
+
+
+def carried_state_variables(model: Any) -> list[Any]:
+    """The state variables of the model's stateful recurrent layers (what their next call
+    starts from), in layer order."""
     import keras
 
+    found: list[Any] = []
     for layer in model._flatten_layers(include_self=False, recursive=True):
         held = getattr(layer, "states", None) if getattr(layer, "stateful", False) else None
         # StackedRNNCells keeps one list of states per cell: flattened, as Keras assigns them.
         for state in keras.tree.flatten(held) if held is not None else []:
-            if id(state) not in tracked and hasattr(state, "assign"):
-                tracked.add(id(state))
-                variables.append(state)
-    return variables
+            if hasattr(state, "assign") and all(state is not f for f in found):
+                found.append(state)
+    return found
 
 
 def seed_random_draws(model: Any, seed: int) -> dict[int, np.ndarray]:
