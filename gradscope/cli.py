@@ -133,28 +133,48 @@ def memory_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The flags that replace the synthetic batch with the user's own arrays."""
+    return _data_options(func, yaml=True)
 
-    @click.option("--data", "data_file", metavar="FILE.npz", shell_complete=_complete_path,
-                  help="Use this batch: arrays x (B, T, F), y (targets) and optionally initial "
-                       "states named like gru_1/h0. Batch and time sizes come from the data. "
-                       "For a .keras model: arrays named after its inputs and outputs, and "
-                       "optionally sample_weight (or sample_weight/OUTPUT).")
-    @click.option("--x", "x_file", metavar="FILE.npy", shell_complete=_complete_path,
-                  help="Inputs (B, T, F); with --y.")
-    @click.option("--y", "y_file", metavar="FILE.npy", shell_complete=_complete_path,
-                  help="Targets; with --x.")
-    @click.option("--batch-size", type=click.IntRange(min=1), metavar="B",
-                  help="For a .keras model without --data/--x: the batch size (default 32).")
-    @click.option("--time-steps", type=click.IntRange(min=1), metavar="T",
-                  help="For a .keras model whose time dimension is None, without --data/--x.")
+
+def keras_data_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`data_options` of a command that reads a saved Keras model only: no --x/--y
+    (a Keras model takes its batch as --data)."""
+    return _data_options(func, yaml=False)
+
+
+def _data_options(func: Callable[..., Any], yaml: bool) -> Callable[..., Any]:
+    data_help = ("Use this batch: arrays x (B, T, F), y (targets) and optionally initial "
+                 "states named like gru_1/h0. Batch and time sizes come from the data. "
+                 "For a .keras model: arrays named after its inputs and outputs, and "
+                 "optionally sample_weight (or sample_weight/OUTPUT)." if yaml else
+                 "Use this batch: arrays named after the model's inputs and outputs, and "
+                 "optionally sample_weight (or sample_weight/OUTPUT). Batch and time sizes "
+                 "come from the data.")
+    without = "without --data/--x" if yaml else "without --data"
+    options = [
+        click.option("--data", "data_file", metavar="FILE.npz", shell_complete=_complete_path,
+                     help=data_help),
+        *([click.option("--x", "x_file", metavar="FILE.npy", shell_complete=_complete_path,
+                        help="Inputs (B, T, F); with --y."),
+           click.option("--y", "y_file", metavar="FILE.npy", shell_complete=_complete_path,
+                        help="Targets; with --x.")] if yaml else []),
+        click.option("--batch-size", type=click.IntRange(min=1), metavar="B",
+                     help=f"For a .keras model {without}: the batch size (default 32)."),
+        click.option("--time-steps", type=click.IntRange(min=1), metavar="T",
+                     help=f"For a .keras model whose time dimension is None, {without}."),
+    ]
+
     @functools.wraps(func)
-    def wrapper(*args: Any, data_file: str | None, x_file: str | None, y_file: str | None,
-                batch_size: int | None, time_steps: int | None, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, data_file: str | None, batch_size: int | None,
+                time_steps: int | None, x_file: str | None = None, y_file: str | None = None,
+                **kwargs: Any) -> Any:
         # --batch-size and --time-steps go on to keras_options, which makes them part of the
         # Keras run's options.
         return func(*args, data_files=DataFiles(data_file, x_file, y_file),
                     batch_size=batch_size, time_steps=time_steps, **kwargs)
 
+    for option in reversed(options):
+        wrapper = option(wrapper)
     return wrapper
 
 
@@ -578,7 +598,7 @@ Exit codes:
 @click.option("--fail-on", "fail_on", type=click.Choice(FAIL_ON), multiple=True,
               help="Exit 1 where some layer's verdict names this mechanism (repeat the "
                    "option for both): for CI.")
-@data_options
+@keras_data_options
 @keras_options
 @user_code_options
 @memory_option

@@ -169,3 +169,13 @@ def test_fail_on_exits_1_where_a_layer_has_that_mechanism_or_flag(tmp_path: Path
     assert "vanishing" in flagged.stdout
     refused = run_without_tensorflow("explain", str(path), "--fail-on", "vanishing")
     assert refused.returncode == 2 and "add --flow" in refused.stderr
+
+
+def test_help_offers_only_the_batch_a_keras_model_takes() -> None:
+    """Found tried as a new user would: ``diagnose --help`` listed --x/--y, which it always
+    refused (a Keras model takes its batch as --data)."""
+    done = run_without_tensorflow("diagnose", "--help")
+    assert done.returncode == 0
+    assert "--data FILE.npz" in done.stdout and "--x" not in done.stdout
+    assert "without --data/--x" not in done.stdout
+    assert run_without_tensorflow("diagnose", "m.keras", "--x", "x.npy").returncode == 2
