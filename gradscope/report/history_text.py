@@ -130,7 +130,8 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
                            (None, None))
     lead = f"at step {at}: λ₁ {lyapunov[0]:+.3g} nats/step"
     if len(lyapunov) > 1:
-        lead += " (next " + ", ".join(f"{v:+.3g}" for v in lyapunov[1:]) + ")"
+        lead += " (" + ", ".join(f"λ{_subscript(i + 2)} {v:+.3g}"
+                                 for i, v in enumerate(lyapunov[1:])) + ")"
     if first is not None and first_at != at:
         lead += f"; at step {first_at} λ₁ was {first[0]:+.3g}"
     index = steps.index(at)
@@ -151,15 +152,26 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
     return [(f"{entry.call} ({entry.cell})", lead), (" ", horizon), (" ", gate_text)]
 
 
+def _subscript(number: int) -> str:
+    return str(number).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
+
+
 def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     """Each recurrent call as its last diagnosis read it (``diagnose_every``)."""
     if not report.diagnose_every:
         return []
     steps = report.diagnosis_steps
     count = f"{len(steps)} diagnos{'es' if len(steps) != 1 else 'is'}"
+    every = ("every batch" if report.diagnose_every == 1
+             else f"one every {report.diagnose_every} batches")
+    # The exponents diagnose gives for these weights and this batch with as many columns:
+    # with fewer than the state's numbers, they start from random columns, and its default
+    # (8, or all where the state has 32 numbers or fewer) may read otherwise.
+    asked = (f" --exponents {report.diagnose_exponents}" if report.diagnose_exponents
+             else "")
     parts: list[RenderableType] = [section(
-        f"Dynamics across training ({count}, one every {report.diagnose_every} batches; "
-        "as gradscope diagnose reads them)")]
+        f"Dynamics across training ({count}, {every}; as gradscope diagnose{asked} reads "
+        "them)")]
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
         parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps, width)]
