@@ -1236,3 +1236,21 @@ def test_a_batch_padded_before_its_sequences_measures_no_lag_before_its_first_st
     assert all(r is not None for r in horizon.ratios[:horizon.window + 1])
     if horizon.measured is None:
         assert f"measured more than {horizon.window}" in entry.verdict
+
+
+def test_a_run_too_short_to_settle_says_so(tf: Any) -> None:
+    """Found tried as a new user would: over 3 steps the exponents were shown with no
+    "moved" (it needs 4 steps) and no word that 3 steps cannot settle them."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    for steps, warned in ((3, True), (4, False)):
+        model = keras.Sequential([keras.Input((steps, 2)), keras.layers.LSTM(3, name="lstm"),
+                                  keras.layers.Dense(1)])
+        model.compile(loss="mse")
+        report = gradscope.diagnose(model, x=rng.standard_normal((2, steps, 2)),
+                                    y=rng.standard_normal((2, 1)), counterfactuals=False)
+        assert (report.layers[0].lyapunov_change is None) is warned
+        assert any(w.startswith(f"lstm: {steps} steps are too few to tell how far the "
+                                "exponents have settled") for w in report.warnings) is warned

@@ -319,6 +319,12 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     say(f"{label}: Lyapunov exponents (QR along the trajectory)")
     logs = lyapunov_logs(engine, path, count)
     spectrum, change = dynamics.lyapunov_exponents(logs, path.ran)
+    if change is None:
+        warnings.append(
+            f"{label}: {path.ran.shape[1]} steps are too few to tell how far the exponents "
+            "have settled (\"moved\" compares the last quarter of at least 4): they are the "
+            "rates of these steps alone, from where the scan started, and a horizon "
+            "predicted from λ₁ is no more than that")
     hit = _at_floor(logs, path.ran)
     floored = _floored(hit, path.ran, label)
     if floored is not None:
