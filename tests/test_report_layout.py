@@ -361,3 +361,27 @@ def test_a_keras_headers_inputs_line_wraps_under_its_first_name(tf):
     at = next(i for i, line in enumerate(lines) if line.startswith("inputs "))
     assert "next_character_logits" in lines[at] and lines[at + 1].startswith(" " * 7)
     assert lines[at + 1].strip() and max(cell_len(line) for line in lines) <= 80
+
+
+def test_a_backward_directions_heading_wraps_under_itself(tf):
+    """Found tried as a new user would: a Bidirectional's backward heading wrapped its
+    "(processing order: …)" to the first column at 80 columns. It goes whole under the
+    heading, indented, where both do not fit on a line."""
+    import keras
+    import numpy as np
+    from conftest import render_text
+
+    import gradscope
+
+    keras.utils.set_random_seed(0)
+    name = "bidirectional_encoder_of_the_sentences"
+    model = keras.Sequential([keras.Input((6, 2)), keras.layers.Bidirectional(
+        keras.layers.GRU(3), merge_mode="sum", name=name), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    report = gradscope.diagnose(model, x=rng.standard_normal((2, 6, 2)),
+                                y=rng.standard_normal((2, 1)), counterfactuals=False)
+    lines = render_text(report, 80).splitlines()
+    at = next(k for k, line in enumerate(lines) if line.startswith(f"{name}/backward (GRU"))
+    assert lines[at + 1] == "  (processing order: t = 0 is the last input step)", lines[at:at + 2]
+    assert max(cell_len(line) for line in lines) <= 80

@@ -80,11 +80,14 @@ def _fold(line: str, width: int) -> list[str]:
 
 def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     mark, style = MARKS[layer.mechanism]
-    direction = " (processing order: t = 0 is the last input step)" if layer.backwards else ""
-    parts: list[RenderableType] = [
-        section(f"{layer.call} ({layer.class_name}, {layer.steps} steps, state of "
-                f"{layer.state_size}){direction}"),
-        hanging(mark, layer.verdict, style)]
+    heading = (f"{layer.call} ({layer.class_name}, {layer.steps} steps, state of "
+               f"{layer.state_size})")
+    if layer.backwards:
+        direction = "(processing order: t = 0 is the last input step)"
+        # Where both do not fit on a line, the direction goes under it, indented.
+        joint = " " if cell_len(heading) + 1 + cell_len(direction) <= width else "\n  "
+        heading += joint + direction
+    parts: list[RenderableType] = [section(heading), hanging(mark, layer.verdict, style)]
     converged = ("" if layer.lyapunov_change is None
                  else f"moved {number(layer.lyapunov_change)} over the last quarter")
     more = len(layer.lyapunov) - SHOWN
