@@ -100,6 +100,12 @@ def test_the_notebook_display_shows_mixed_precision_per_example_and_nonfinite(tf
     found = report.mixed_precision
     assert found is not None and report.per_example is not None
     assert "Mixed precision (mixed_float16, loss scale 1, LossScaleOptimizer(SGD))" in text
+    # The header says the model computes in float16 (found tried as a new user would: a
+    # diagnosis said nothing of the dtype its cells stepped in), and each output's dtype.
+    assert (report.model.dtype_policy, report.model.compute_dtype) == ("mixed_float16",
+                                                                       "float16")
+    assert "dtype policy mixed_float16 (computes in float16)" in text
+    assert [o.dtype for o in report.model.outputs] == [str(model.outputs[0].dtype)]
     for tensor in found.tensors:
         shares = " ".join("0" if v == 0 else f"{v:.1%}" for v in (
             tensor.underflow, tensor.subnormal, tensor.overflow))

@@ -444,6 +444,18 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
     trainable_count = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     non_trainable = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables
                         if "seed_generator" not in v.path)
+    # Where some layer computes in another dtype than its variables' (mixed_float16): the
+    # model object's own policy may be float32's while its layers' are mixed.
+    mixed = sorted({(str(policy.name), str(policy.compute_dtype)) for policy in (
+        getattr(layer, "dtype_policy", None)
+        for layer in [model, *model._flatten_layers(include_self=False, recursive=True)])
+        if policy is not None and getattr(policy, "compute_dtype", None)
+        and str(policy.compute_dtype) != str(getattr(policy, "variable_dtype", ""))})
+    # Each output's dtype, as Keras built it (a subclassed model has no symbolic outputs).
+    symbolic = getattr(model, "outputs", None) or []
+    dtypes = ([str(getattr(t, "dtype", "")) or None for t in symbolic]
+              if len(symbolic) == len(result.output_shapes) else
+              [None] * len(result.output_shapes))
     return KerasModelEntry(
         name=job.graph.name,
         file=(job.path if job.model is None
@@ -452,11 +464,14 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
         inputs=[KerasTensorSpec(name=name, shape=[None, *value.shape[1:]],
                                 dtype=str(value.dtype))
                 for name, value in job.batch.inputs.items()],
-        outputs=[KerasTensorSpec(name=name, shape=[None, *shape[1:]])
-                 for name, shape in result.output_shapes.items()],
+        outputs=[KerasTensorSpec(name=name, shape=[None, *shape[1:]], dtype=dtype)
+                 for (name, shape), dtype in zip(result.output_shapes.items(), dtypes,
+                                                 strict=True)],
         batch_size=job.batch_size, mode="training" if job.training else "inference",
         seed=job.seed, weight_count=trainable_count, non_trainable_count=non_trainable,
-        data=job.batch.source)
+        data=job.batch.source,
+        dtype_policy=", ".join(name for name, _ in mixed) if mixed else None,
+        compute_dtype=", ".join(sorted({dtype for _, dtype in mixed})) if mixed else None)
 
 
 def loss_entry(job: KerasJob, result: Any) -> KerasLossEntry:

@@ -153,7 +153,9 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
         Text(f"batch {model.batch_size} · {model.mode} mode"
              + (" (dropout off, batch norm uses its moving statistics)"
                 if model.mode == "inference" else f" (seed {model.seed})")
-             + f" · {model.weight_count:,} trainable weights", style="dim"),
+             + f" · {model.weight_count:,} trainable weights"
+             + (f" · dtype policy {model.dtype_policy} (computes in {model.compute_dtype})"
+                if model.dtype_policy else ""), style="dim"),
         Text(f"loss = {value}: {loss.name}", style="dim"),
         *loss_terms(loss),
         # Wrapped lines hang under the first input's name, not at the first column.

@@ -498,6 +498,12 @@ class KerasModelEntry(_Report):
     weight_count: int = Field(description="trainable weights (numbers)")
     non_trainable_count: int
     data: str
+    dtype_policy: str | None = Field(
+        default=None, description="the model's dtype policy where it computes in another "
+        "dtype than its variables' (mixed_float16: float16 steps, float32 weights); null "
+        "otherwise")
+    compute_dtype: str | None = Field(default=None, description="with dtype_policy: the "
+                                      "dtype its layers compute in")
 
 
 class KerasOutputLoss(_Report):
