@@ -169,6 +169,26 @@ def step_split(plain: list[list[float]], watched: list[list[float]], every: int,
     return split
 
 
+#: Batches per window of :func:`by_window`.
+WINDOW = 100
+
+
+def by_window(plain: list[list[float]], watched: list[list[float]]
+              ) -> list[tuple[float, float]]:
+    """Per window of :data:`WINDOW` batches, the callback's extra time in ms (the sum over its
+    steps of the median step time with the callback less the plain median) and that extra
+    over the window's plain time: where the first diagnoses trace and compile beside
+    training, and what the rest costs once they are traced."""
+    count = min(len(r) for r in plain + watched) - 1  # the last entry is the end
+    found = []
+    for first in range(0, count, WINDOW):
+        steps = range(first, min(first + WINDOW, count))
+        base = sum(statistics.median(r[i] for r in plain) for i in steps)
+        extra = sum(statistics.median(r[i] for r in watched) for i in steps) - base
+        found.append((extra, extra / base if base else 0.0))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -220,6 +240,8 @@ def main() -> None:
         "extra_ms_by_step": step_split(series("plain", "steps_ms"),
                                        series("callback", "steps_ms"), args.every,
                                        args.diagnose_every),
+        "extra_ms_by_window": by_window(series("plain", "steps_ms"),
+                                        series("callback", "steps_ms")),
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -246,6 +268,10 @@ def main() -> None:
           "the extra time by where it was spent:")
     for name, ms in split.items():
         print(f"  {ms:8.0f} ms  {name}")
+    windows = figures["extra_ms_by_window"]
+    print(f"the extra time per {WINDOW} batches (step medians; the first window holds the "
+          "first step, fit's set-up): "
+          + ", ".join(f"{extra:.0f} ms ({share:+.0%})" for extra, share in windows))
 
 
 if __name__ == "__main__":
