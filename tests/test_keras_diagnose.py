@@ -1254,3 +1254,42 @@ def test_a_run_too_short_to_settle_says_so(tf: Any) -> None:
         assert (report.layers[0].lyapunov_change is None) is warned
         assert any(w.startswith(f"lstm: {steps} steps are too few to tell how far the "
                                 "exponents have settled") for w in report.warnings) is warned
+
+
+def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> None:
+    """Found tried as a new user would: RNN(StackedRNNCells([LSTMCell, GRUCell])) was not
+    diagnosed ("LSTMCell.call(): list index out of range": its states went to the stack flat,
+    where it takes one entry per cell). Its exponents against a float64 QR of the
+    batch_jacobians of Keras' own stack, called here with its states nested: [[h, c], h]."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    stack = keras.layers.StackedRNNCells([keras.layers.LSTMCell(3), keras.layers.GRUCell(2)])
+    model = keras.Sequential([keras.Input((T, F)), keras.layers.RNN(stack, name="stk"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x, _ = _batch()
+    y = np.random.default_rng(1).standard_normal((x.shape[0], 1)).astype("float32")
+    report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
+    assert not report.not_diagnosed, report.not_diagnosed
+    (entry,) = report.layers
+    cell = model.get_layer("stk").cell
+
+    def nested(flat: list[Any]) -> list[Any]:
+        return [[flat[0], flat[1]], flat[2]]
+
+    states = [tf.zeros((x.shape[0], n)) for n in (3, 3, 2)]
+    jacobians = []
+    for t in range(x.shape[1]):
+        joined = tf.concat(states, 1)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(joined)
+            _, new = cell(tf.constant(x[:, t]), nested(list(tf.split(joined, [3, 3, 2], 1))))
+            new = tf.concat(list(keras.tree.flatten(new)), 1)
+            columns = [new[:, i] for i in range(8)]
+        jacobians.append(np.stack([np.asarray(tape.gradient(c, joined), np.float64)
+                                   for c in columns], axis=1))
+        states = list(tf.split(new, [3, 3, 2], 1))
+    assert entry.state_size == 8 and entry.gates is None
+    np.testing.assert_allclose(entry.lyapunov, _qr_exponents(jacobians), rtol=1e-4,
+                               atol=1e-5)

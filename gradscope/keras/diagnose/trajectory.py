@@ -21,7 +21,14 @@ import numpy as np
 
 from gradscope.keras.engine import class_label
 from gradscope.keras.probed_flow import processing_ran
-from gradscope.keras.stepped import Masks, Stepped, cell_holding, engine_cached, masks_for_rows
+from gradscope.keras.stepped import (
+    Masks,
+    Stepped,
+    cell_holding,
+    cell_states,
+    engine_cached,
+    masks_for_rows,
+)
 
 #: Pairs (x_t, s_{t−1}) the step-Jacobian norms take at once (Lanczos keeps its basis for
 #: each: rows × steps × state numbers in float64). oneDNN keeps a large matmul's working
@@ -157,7 +164,7 @@ def _step(engine: Any, layer: Any, shapes: list[tuple[int, ...]] | None = None) 
             states = [tf.reshape(s, [-1, *shape]) for s, shape in zip(states, shapes,
                                                                        strict=True)]
         with cell_holding(cell, masks):
-            _, new = cell(x_t, list(states), **kwargs)
+            _, new = cell(x_t, cell_states(keras, cell, list(states)), **kwargs)
         new = list(keras.tree.flatten(new))
         if shapes is not None:
             new = [tf.reshape(n, [tf.shape(n)[0], -1]) for n in new]
