@@ -417,19 +417,29 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
         return EXIT_PROBLEM
     section = getattr(report, "gradient_flow", None)
     return _failed_on("explain", fail_on, [
-        (flag.what, flag.kind) for flag in (section.flags if section is not None else [])])
+        (flag.what, flag.kind) for flag in (section.flags if section is not None else [])],
+        [(entry.layer, entry.reason) for entry in getattr(section, "not_analysed", None) or []])
 
 
-def _failed_on(command: str, fail_on: tuple[str, ...], found: list[tuple[str, str]]) -> int:
+def _failed_on(command: str, fail_on: tuple[str, ...], found: list[tuple[str, str]],
+               unread: list[tuple[str, str]]) -> int:
     """EXIT_PROBLEM where any of ``found`` ((what, mechanism) pairs) has a mechanism that
-    ``--fail-on`` names, with one line on stderr that says which (the report itself goes to
-    stdout or -o); else EXIT_OK."""
-    failing = [f"{what} ({kind})" for what, kind in found if kind in fail_on]
-    if not failing:
+    ``--fail-on`` names; else, with ``--fail-on``, EXIT_USAGE where a recurrent call was not
+    read (``unread``: (call, why) pairs): a job that asked cannot pass on a layer nobody
+    looked at. One line on stderr says which (the report itself goes to stdout or -o); else
+    EXIT_OK."""
+    if not fail_on:
         return EXIT_OK
-    _stderr_console().print(f"gradscope {command}: --fail-on {','.join(fail_on)}: "
-                            + ", ".join(failing), soft_wrap=True)
-    return EXIT_PROBLEM
+    failing = [f"{what} ({kind})" for what, kind in found if kind in fail_on]
+    said = f"gradscope {command}: --fail-on {','.join(fail_on)}: "
+    if failing:
+        _stderr_console().print(said + ", ".join(failing), soft_wrap=True)
+        return EXIT_PROBLEM
+    if unread:
+        _stderr_console().print(said + "not read, so not known: " + "; ".join(
+            f"{what} ({why})" for what, why in unread), soft_wrap=True)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 #: How ``check --help`` names each witness of :data:`gradscope.gradcheck.TOLERANCES`, and a
@@ -582,7 +592,8 @@ Exit codes:
      diagnosed; where it was born is said); with --fail-on, a layer whose
      verdict names that mechanism (one line on stderr says which); or
      gradscope disagreed with itself (an internal error)
-  2  usage, config or data error, or a YAML config (not yet diagnosed)
+  2  usage, config or data error, or a YAML config (not yet diagnosed); with
+     --fail-on, a recurrent call that could not be diagnosed
 """
 
 
@@ -645,7 +656,8 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
     if report.nonfinite is not None:
         return EXIT_PROBLEM
     return _failed_on("diagnose", fail_on,
-                      [(layer.call, layer.mechanism) for layer in report.layers])
+                      [(layer.call, layer.mechanism) for layer in report.layers],
+                      [(entry.layer, entry.reason) for entry in report.not_diagnosed])
 
 
 @cli.command("spec", epilog=EXIT_CODES_HELP)

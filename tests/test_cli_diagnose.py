@@ -179,3 +179,19 @@ def test_help_offers_only_the_batch_a_keras_model_takes() -> None:
     assert "--data FILE.npz" in done.stdout and "--x" not in done.stdout
     assert "without --data/--x" not in done.stdout
     assert run_without_tensorflow("diagnose", "m.keras", "--x", "x.npy").returncode == 2
+
+
+def test_fail_on_cannot_pass_a_layer_nobody_read(capsys: Any) -> None:
+    """Found tried as a new user would: a stack of cells that was not diagnosed let
+    ``--fail-on vanishing`` exit 0. With --fail-on, a recurrent call not read is exit 2
+    (not known), unless another one failed (exit 1); without --fail-on nothing changes."""
+    from gradscope.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, _failed_on
+
+    unread = [("stk", "the cell could not be run step by step")]
+    assert _failed_on("diagnose", (), [], unread) == EXIT_OK
+    assert _failed_on("diagnose", ("vanishing",), [("gru", "holds")], unread) == EXIT_USAGE
+    assert ("gradscope diagnose: --fail-on vanishing: not read, so not known: stk (the cell "
+            "could not be run step by step)") in " ".join(capsys.readouterr().err.split())
+    assert _failed_on("diagnose", ("vanishing",), [("gru", "vanishing")],
+                      unread) == EXIT_PROBLEM
+    assert _failed_on("diagnose", ("vanishing",), [("gru", "holds")], []) == EXIT_OK
