@@ -186,6 +186,9 @@ class Evidence:
     per_example: tuple[float, ...] = ()
     #: The most steps any example ran, where a mask leaves that below ``steps`` (padding).
     ran: int | None = None
+    #: λ₁ is a floored exponent (a step took its direction to 0: a mean of logs held at the
+    #: scan's floor, not a rate), and so is a horizon predicted from it.
+    floored: bool = False
 
     @property
     def span(self) -> int:
@@ -302,6 +305,12 @@ def verdict(evidence: Evidence) -> str:
     said = _verdict(evidence)
     note = flow_note(evidence)
     said = f"{said}; {note}" if note else said
+    if evidence.floored:
+        # Found tried as a new user would: a relu layer's verdict read λ₁ as a rate right
+        # under the warning that it is none.
+        said += ("; but λ₁ here counts steps that took its direction to 0 (marked *: "
+                 "−∞ in truth), so it is no rate and the horizon predicted from it says "
+                 "nothing: read the measured one")
     return f"{said}; {evidence.remedy}" if evidence.remedy else said
 
 

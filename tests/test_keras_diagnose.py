@@ -1293,3 +1293,26 @@ def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> No
     assert entry.state_size == 8 and entry.gates is None
     np.testing.assert_allclose(entry.lyapunov, _qr_exponents(jacobians), rtol=1e-4,
                                atol=1e-5)
+
+
+def test_a_floored_lambda_1_is_not_read_as_a_rate_by_the_verdict(tf: Any) -> None:
+    """Found tried as a new user would: a relu SimpleRNN's exponents were all marked "not
+    rates" (units switched off), yet its verdict read λ₁ as a rate and predicted a horizon
+    from it, without a word."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((T, F)),
+                              keras.layers.SimpleRNN(6, activation="relu", name="rnn"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x, _ = _batch()
+    y = np.random.default_rng(1).standard_normal((x.shape[0], 1)).astype("float32")
+    # Units switched off by the relu at some steps: here every unit at every other step.
+    cell = model.get_layer("rnn").cell
+    cell.recurrent_kernel.assign(0.9 * np.eye(6, dtype="float32"))
+    x = x.copy()
+    x[:, 1::2] = -10.0  # every other step drives every unit below 0
+    entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
+    assert 0 in entry.lyapunov_floored
+    assert "but λ₁ here counts steps that took its direction to 0" in entry.verdict
