@@ -136,7 +136,7 @@ def test_watch_shows_the_diagnoses(fitted):
     assert f"λ₁ {gru.lyapunov[-1][0]:+.3g} nats/step" in lead
     # Each exponent by its name; and the diagnose that gives them, with as many columns.
     assert f"(λ₂ {gru.lyapunov[-1][1]:+.3g}, λ₃ {gru.lyapunov[-1][2]:+.3g})" in lead
-    assert "as gradscope diagnose --exponents 3 reads them" in " ".join(text.stdout.split())
+    assert "\nas gradscope diagnose --exponents 3 reads them\n" in text.stdout
     assert f"at step 2 λ₁ was {gru.lyapunov[0][0]:+.3g}" in lead
     shares = gru.gates[-1]["update"]
     from gradscope.report.formats import share
@@ -147,7 +147,7 @@ def test_watch_shows_the_diagnoses(fitted):
     assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
     # Narrow, a wrapped line hangs under its first words, never at the first column.
     narrow = run_gradscope("watch", str(fitted["log_dir"]), env={"COLUMNS": "60"}).stdout
-    section = narrow.split("reads them)\n")[1].split("\n\n")[0]
+    section = narrow.split("reads them\n")[1].split("\n\n")[0]
     for line in section.splitlines():
         assert len(line) <= 60 and (line.startswith((" ", "gru (", "simple (", "lstm ("))), line
 

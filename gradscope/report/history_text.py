@@ -169,9 +169,10 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     # (8, or all where the state has 32 numbers or fewer) may read otherwise.
     asked = (f" --exponents {report.diagnose_exponents}" if report.diagnose_exponents
              else "")
-    parts: list[RenderableType] = [section(
-        f"Dynamics across training ({count}, {every}; as gradscope diagnose{asked} reads "
-        "them)")]
+    # The command on a line of its own: a wrapped title split it at 80 columns.
+    parts: list[RenderableType] = [
+        section(f"Dynamics across training ({count}, {every})"),
+        Text(f"as gradscope diagnose{asked} reads them", style="dim")]
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
         parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps, width)]
