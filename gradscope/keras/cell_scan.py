@@ -28,7 +28,7 @@ def cell_run(engine: Any, layer: Any, call: CapturedCall, training: bool
     kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
 
     def step(x_t: Any, states: list[Any]) -> tuple[Any, list[Any]]:
-        out, new = cell(x_t, cell_states(keras, cell, list(states)), **kwargs)
+        out, new = cell(x_t, cell_states(cell, list(states)), **kwargs)
         return out, list(keras.tree.flatten(new))
 
     x = tf.convert_to_tensor(call.args[0])

@@ -977,25 +977,20 @@ def _carried_states_copied(model: Any, copy: Any, dtype: str) -> None:
     call starts where the model's would (a copy that started from zeros measured another
     trajectory: found tried as a new user would, a stateful GRU's counterfactuals). Raises
     where a state the model carries has no place in the copy."""
-    import keras
+    from gradscope.keras.whole_model import layer_carried_states, stateful_layers
 
-    def stateful(m: Any) -> list[Any]:
-        return [layer for layer in m._flatten_layers(include_self=False, recursive=True)
-                if getattr(layer, "stateful", False)]
-
-    theirs, mine = stateful(model), stateful(copy)
-    held = [(layer, getattr(layer, "states", None)) for layer in theirs]
-    if all(states is None for _, states in held):
+    theirs, mine = stateful_layers(model), stateful_layers(copy)
+    held = [layer_carried_states(layer) for layer in theirs]
+    if not any(held):
         return
     if [type(a) for a in mine] != [type(b) for b in theirs]:
         raise ValueError("its stateful layers are not the copy's: their carried states "
                          "cannot be given to it")
-    for into, (_, states) in zip(mine, held, strict=True):
-        if states is None:
+    for into, values in zip(mine, held, strict=True):
+        if not values:
             continue
-        values = keras.tree.flatten(states)
-        targets = keras.tree.flatten(getattr(into, "states", None) or [])
-        if len(targets) != len(values) or not all(hasattr(t, "assign") for t in targets):
+        targets = layer_carried_states(into)
+        if len(targets) != len(values):
             raise ValueError(f"the copy of the stateful layer {into.name} holds no state to "
                              "give its carried one to")
         for target, value in zip(targets, values, strict=True):

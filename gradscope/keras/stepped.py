@@ -709,7 +709,7 @@ def engine_cached(engine: Any, key: tuple[Any, ...], build: Any) -> Any:
     return store[key]
 
 
-def cell_states(keras: Any, cell: Any, flat: list[Any]) -> Any:
+def cell_states(cell: Any, flat: list[Any]) -> Any:
     """The states as ``cell`` takes them, from their flat list: Keras' StackedRNNCells
     takes one entry per cell (``[[h, c], h]`` for an LSTMCell over a GRUCell), every other
     cell the flat list itself (what gradscope passed before; found tried as a new user
@@ -755,7 +755,7 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
     initial = [tf.cast(s, cell.compute_dtype) for s in initial]
 
     def step(x_t: Any, states: list[Any]) -> tuple[Any, list[Any]]:
-        out, new = cell(x_t, cell_states(keras, cell, list(states)), **kwargs)
+        out, new = cell(x_t, cell_states(cell, list(states)), **kwargs)
         return out, list(keras.tree.flatten(new))
 
     if last_output is None:

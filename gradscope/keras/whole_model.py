@@ -248,16 +248,28 @@ def moved_variables(model: Any) -> list[Any]:
 def carried_state_variables(model: Any) -> list[Any]:
     """The state variables of the model's stateful recurrent layers (what their next call
     starts from), in layer order."""
-    import keras
-
     found: list[Any] = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        held = getattr(layer, "states", None) if getattr(layer, "stateful", False) else None
-        # StackedRNNCells keeps one list of states per cell: flattened, as Keras assigns them.
-        for state in keras.tree.flatten(held) if held is not None else []:
-            if hasattr(state, "assign") and all(state is not f for f in found):
+    for layer in stateful_layers(model):
+        for state in layer_carried_states(layer):
+            if all(state is not f for f in found):
                 found.append(state)
     return found
+
+
+def stateful_layers(model: Any) -> list[Any]:
+    """The model's stateful recurrent layers, in layer order."""
+    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+            if getattr(layer, "stateful", False)]
+
+
+def layer_carried_states(layer: Any) -> list[Any]:
+    """A stateful layer's state variables, flat ([] where it holds none yet)."""
+    import keras
+
+    held = getattr(layer, "states", None)
+    # StackedRNNCells keeps one list of states per cell: flattened, as Keras assigns them.
+    return [state for state in (keras.tree.flatten(held) if held is not None else [])
+            if hasattr(state, "assign")]
 
 
 def seed_random_draws(model: Any, seed: int) -> dict[int, np.ndarray]:

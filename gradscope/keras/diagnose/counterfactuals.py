@@ -93,9 +93,8 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     kernel = before.copy()
     units = kernel.shape[0]
     for block in range(BLOCKS[kind]):
-        part = kernel[:, block * units:(block + 1) * units]
-        left, values, right = np.linalg.svd(part)
-        kernel[:, block * units:(block + 1) * units] = values[0] * (left @ right)
+        factor, norm = _polar(kernel[:, block * units:(block + 1) * units])
+        kernel[:, block * units:(block + 1) * units] = norm * factor
     scale = float(np.max(np.abs(before))) if before.size else 0.0
     if np.max(np.abs(kernel - before), initial=0.0) <= SAME * scale:
         what = ("its recurrent kernel" if BLOCKS[kind] == 1
@@ -116,11 +115,17 @@ def orthogonal_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     kind = class_label(cell)
     if kind != "SimpleRNNCell" or getattr(cell, "recurrent_kernel", None) is None:
         return f"{NOT_APPLICABLE} ({kind}: only a SimpleRNN's kernel is set to norm 1)"
-    before = np.array(cell.recurrent_kernel.numpy(), np.float64)
-    left, values, right = np.linalg.svd(before)
-    if not values.size or values[0] >= 1 - SAME:
+    factor, norm = _polar(np.array(cell.recurrent_kernel.numpy(), np.float64))
+    if not factor.size or norm >= 1 - SAME:
         return f"{NOT_APPLICABLE}: its recurrent kernel's spectral norm is not below 1"
-    return [(cell.recurrent_kernel, left @ right)]
+    return [(cell.recurrent_kernel, factor)]
+
+
+def _polar(block: np.ndarray) -> tuple[np.ndarray, float]:
+    """A square block's polar factor (the nearest orthogonal matrix, W·Vᵀ of its SVD
+    W·S·Vᵀ) and its spectral norm (0 for an empty block)."""
+    left, values, right = np.linalg.svd(block)
+    return left @ right, float(values[0]) if values.size else 0.0
 
 
 #: A changed kernel within this much of the old one (relative to its largest entry, a few

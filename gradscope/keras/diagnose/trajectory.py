@@ -164,7 +164,7 @@ def _step(engine: Any, layer: Any, shapes: list[tuple[int, ...]] | None = None) 
             states = [tf.reshape(s, [-1, *shape]) for s, shape in zip(states, shapes,
                                                                        strict=True)]
         with cell_holding(cell, masks):
-            _, new = cell(x_t, cell_states(keras, cell, list(states)), **kwargs)
+            _, new = cell(x_t, cell_states(cell, list(states)), **kwargs)
         new = list(keras.tree.flatten(new))
         if shapes is not None:
             new = [tf.reshape(n, [tf.shape(n)[0], -1]) for n in new]
