@@ -11,6 +11,7 @@ Keras' own training-mode call.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -185,7 +186,7 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     assert entry.jacobian_norm.max == pytest.approx(truth.max(), rel=1e-4)
 
     engine = _real_engine(model, x)
-    power, method = step_norms(engine, _trajectory(engine, "lstm"), exact=False)
+    power, method, _ = step_norms(engine, _trajectory(engine, "lstm"), exact=False)
     assert method.startswith("Lanczos")
     np.testing.assert_allclose(power, truth, rtol=1e-4)
 
@@ -199,7 +200,7 @@ def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:
     x, _ = _batch()
     model = _linear_model(w)
     engine = _real_engine(model, x)
-    norms, method = step_norms(engine, _trajectory(engine, "linear"), exact=False)
+    norms, method, _ = step_norms(engine, _trajectory(engine, "linear"), exact=False)
     assert method.startswith("Lanczos") and "by hand" not in method
     np.testing.assert_allclose(norms, np.linalg.svd(w, compute_uv=False)[0], rtol=1e-5)
 
@@ -1055,7 +1056,7 @@ def test_every_wrapped_line_of_a_layer_is_indented_under_its_label(tf: Any, widt
     labels = ("▲ ", "Lyapunov exponents", "step Jacobian", "gates", "memory horizon",
               "with one change", "∂L/∂s_t grows")
     assert any("gradscope knows)" in line for line in lines)
-    assert any(line.lstrip().startswith("steps ") for line in lines)
+    assert any(re.search(r"(^|· )steps \d", line.lstrip()) for line in lines)
     for line in filter(None, lines):
         assert len(line) <= width, line
         assert line.startswith("  ") or line.startswith(labels), line
@@ -1316,3 +1317,23 @@ def test_a_floored_lambda_1_is_not_read_as_a_rate_by_the_verdict(tf: Any) -> Non
     entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
     assert 0 in entry.lyapunov_floored
     assert "but λ₁ here counts steps that took its direction to 0" in entry.verdict
+
+
+def test_a_long_calls_step_norms_are_read_at_256_steps_and_the_text_says_so(tf: Any) -> None:
+    """A call of more than 256 steps has ‖J_t‖₂ read at 256 of them, evenly spaced, first and
+    last included; the text said "> 1 on …% of steps" as if every step were read. The linear
+    recurrence's J_t is W at every step, so each norm read is ‖W‖₂ = ρ."""
+    steps = 300
+    x, y = _batch(steps=steps)
+    report = gradscope.diagnose(_linear_model(_orthogonal(6, 0.9), steps=steps), x=x, y=y,
+                                exponents=2, counterfactuals=False)
+    norms = report.layers[0].jacobian_norm
+    assert norms.steps_read == 256
+    read = [t for t, value in enumerate(norms.steps_max) if value is not None]
+    assert read == sorted(set(np.linspace(0, steps - 1, 256).round().astype(int).tolist()))
+    np.testing.assert_allclose([norms.steps_max[t] for t in read], 0.9, rtol=1e-5)
+    assert "(read at 256 of the 300, evenly spaced)" in " ".join(render_text(report, 80).split())
+    short = gradscope.diagnose(_linear_model(_orthogonal(6, 0.9), steps=20), x=x[:, :20],
+                               y=y[:, :20], exponents=2, counterfactuals=False)
+    assert short.layers[0].jacobian_norm.steps_read is None
+    assert "read at" not in render_text(short, 80)

@@ -385,3 +385,32 @@ def test_a_backward_directions_heading_wraps_under_itself(tf):
     at = next(k for k, line in enumerate(lines) if line.startswith(f"{name}/backward (GRU"))
     assert lines[at + 1] == "  (processing order: t = 0 is the last input step)", lines[at:at + 2]
     assert max(cell_len(line) for line in lines) <= 80
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_a_long_item_shares_its_lines_with_the_items_beside_it(width):
+    """Found tried as a new user would: an item wider than a line (a change's horizon with why
+    it stops) went to a line of its own and wrapped there, leaving short lines ("(every lag" /
+    "there is) ·") between full ones. Now every line but a block's last is full: what starts
+    the line after it (an item that fits on a line, else its first word) would not have
+    fitted on it."""
+    from gradscope.report.diagnose_text import _line
+
+    items = ["horizon > 16 → > 16 (measured to 16 lags only: a layer this wide reaches the "
+             "memory budget there)", "λ₁ -0.179 → -0.0983",
+             "carried ×0 (rounds to 0) → ×0 (rounds to 0)", "steps 16, 7, 27, 10, 14, 35, "
+             "30, 5, 1, 9, 24, 3, 13, 34, 25, 22, 29, 12, 36, 2 and 19 more"]
+    for label in ("  an orthogonal recurrent kernel at its spectral norm",
+                  "memory horizon (10⁻³), steps"):
+        lines = _line(label, items, width).plain.split("\n")
+        assert len(lines) > 1
+        for line, after in zip(lines[:-1], lines[1:], strict=True):
+            assert cell_len(line) <= width, line
+            start = after.strip()
+            following = next((item for item in items if start.startswith(item)
+                              and cell_len(item) <= width - 4), start.split()[0])
+            assert cell_len(line) + 3 + cell_len(following) + 2 > width - 2, (line, after)
+        assert cell_len(lines[-1]) <= width
+        # nothing lost or doubled
+        assert " ".join(" ".join(lines).split()) == " ".join(
+            f"{label.strip()}: {' · '.join(items)}".split())

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from gradscope.report.formats import number, share
 from gradscope.report.keras_text import header
-from gradscope.report.layout import hanging, pack, section, warning
+from gradscope.report.layout import hanging, section, warning
 from gradscope.report.models import DiagnosedLayer, DiagnoseReport
 from gradscope.report.tables import timings_lines
 
@@ -47,35 +47,44 @@ def _steps(value: float | None) -> str:
 def _line(label: str, items: list[str], width: int) -> Text:
     """``label: item · item · …``, wrapped between items where they fit, later lines
     indented; an item wider than a line (a long list of steps, a note) is wrapped at its own
-    spaces, indented too, so that no line passes ``width`` and none is left for the
-    terminal to wrap at its first column."""
+    spaces (:func:`_words`), its first words on the line before it where they fit and the
+    next item after its last, so that no line passes ``width``, none is left short in the
+    middle, and none is left for the terminal to wrap at its first column."""
+    limit = width - 2
     first, *rest = items or [""]
-    packed = pack([f"{label}: {first}", *rest], width - 2, " · ")
-    lines = [part for line in packed.plain.split("\n") for part in _fold(line, width - 2)]
-    return Text("\n  ".join(lines))
+    head = f"{label}: {first}"
+    lead = head[:len(head) - len(head.lstrip(" "))]
+    entries = [head.lstrip(" "), *rest]
+    lines: list[str] = []
+    current = ""
+    for index, item in enumerate(entries):
+        words = [item] if cell_len(item) <= limit - len(lead) else _words(item,
+                                                                         limit - len(lead))
+        for k, word in enumerate(words):
+            joiner = " · " if k == 0 and index else " "
+            # Room for the " ·" that ends the line where this word ends an item, and
+            # another follows.
+            tail = 2 if k == len(words) - 1 and index < len(entries) - 1 else 0
+            room = limit - (len(lead) if not lines else 0)
+            if not current:
+                current = word
+            elif cell_len(current) + len(joiner) + cell_len(word) + tail <= room:
+                current += joiner + word
+            else:
+                lines.append(current + joiner.rstrip())
+                current = word
+    lines.append(current)
+    return Text(lead + "\n  ".join(lines))
 
 
-def _fold(line: str, width: int) -> list[str]:
-    """``line`` in lines of at most ``width`` cells, broken after a list's commas where they
-    serve (an example stays beside its ratio), else at spaces (a word wider than ``width``
-    stays whole, on a line of its own)."""
-    if cell_len(line) <= width:
-        return [line]
-    lead = len(line) - len(line.lstrip(" "))
-    pieces = line[lead:].split(", ")
+def _words(item: str, width: int) -> list[str]:
+    """``item`` in the pieces a line may break between: after a list's commas where a piece
+    is short (at most half of ``width``: an example stays beside its ratio), else at spaces
+    (a word wider than ``width`` stays whole, on a line of its own)."""
+    pieces = item.split(", ")
     pieces = [piece + "," for piece in pieces[:-1]] + pieces[-1:]
-    words = [word for piece in pieces
-             for word in ([piece] if cell_len(piece) <= width - lead else piece.split(" "))]
-    folded: list[str] = []
-    current = line[:lead]
-    for word in words:
-        if current.strip() and cell_len(current) + 1 + cell_len(word) > width:
-            folded.append(current)
-            current = word
-        else:
-            current = f"{current} {word}" if current.strip() else current + word
-    folded.append(current)
-    return folded
+    return [word for piece in pieces
+            for word in ([piece] if cell_len(piece) <= width // 2 else piece.split(" "))]
 
 
 def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
@@ -104,7 +113,9 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     norm = layer.jacobian_norm
     parts.append(_line("step Jacobian ‖J_t‖₂", [
         f"median {number(norm.median)}", f"max {number(norm.max)}",
-        f"> 1 on {share(norm.share_above_1)} of steps"], width))
+        f"> 1 on {share(norm.share_above_1)} of steps" + (
+            "" if norm.steps_read is None else
+            f" (read at {norm.steps_read} of the {layer.steps}, evenly spaced)")], width))
     if layer.gates is None:
         note = _line("gates", [(layer.gates_note or "").removeprefix("gates ")], width)
         note.stylize("dim")

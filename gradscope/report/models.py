@@ -911,6 +911,10 @@ class JacobianNorm(_Report):
                     "256 steps is read at 256 of them, evenly spaced: method says so)")
     steps_max: list[float | None] = Field(description="per step: the largest over the "
                                           "examples")
+    steps_read: int | None = Field(None, description="at how many steps, evenly spaced, the "
+                                   "norms were taken, where fewer than the call has (the "
+                                   "median, the maximum and the share are over those); null: "
+                                   "at every step")
     method: str
 
 

@@ -334,13 +334,13 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                   if columns_hit[column]]
     first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
-    grid, method = step_norms(engine, path, seed=0)
+    grid, method, taken = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
         median=float(np.nanmedian(grid)), max=float(np.nanmax(grid)),
         share_above_1=float(np.mean(grid[path.ran & np.isfinite(grid)]
                                     > 1 + above_1_rounding(layer.cell.compute_dtype))),
         steps_median=_per_step(grid, np.nanmedian), steps_max=_per_step(grid, np.nanmax),
-        method=method)
+        steps_read=taken if taken < grid.shape[1] else None, method=method)
     say(f"{label}: gates")
     why_not = known_gates(layer)
     gates = timescales = None

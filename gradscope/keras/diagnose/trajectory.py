@@ -374,10 +374,10 @@ def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
 
 
 def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
-               seed: int = 0) -> tuple[np.ndarray, str]:
+               seed: int = 0) -> tuple[np.ndarray, str, int]:
     """The spectral norm ‖J_t‖₂ of every step that ran (at most :data:`NORM_STEPS` steps,
-    evenly spaced), (B, T), NaN where a step did not run or was not taken; and how it was
-    computed. ``exact`` (default: for states of at most
+    evenly spaced), (B, T), NaN where a step did not run or was not taken; how it was
+    computed; and at how many steps it was taken. ``exact`` (default: for states of at most
     :data:`EXACT_STATE` numbers): ``batch_jacobian`` and SVD; else Lanczos on JᵀJ
     (:func:`_lanczos`), :data:`POWER_STEPS` products, each a JVP then a VJP of one step: a
     Keras GRU, LSTM or SimpleRNN's step linearised by hand (:func:`_by_hand`: its values
@@ -427,7 +427,7 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
                   if unsettled else f", each settled to {POWER_RTOL:g}"))
     grid = np.full(path.ran.shape, np.nan)
     grid[rows[:, 0], rows[:, 1]] = norms
-    return grid, method
+    return grid, method, len(taken)
 
 
 def by_hand_kept(engine: Any, path: Trajectory) -> Any:
