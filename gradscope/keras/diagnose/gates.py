@@ -111,38 +111,45 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
     units = int(cell.units)
     x, previous, rows = folded_pairs(path)
     dtype = cell.compute_dtype
+    where = [name for _, name in gates].index(keep)
 
     def traced() -> Any:
         @tf.function(autograph=False, reduce_retracing=True)
-        def values(x: Any, h: Any, masks: Masks | None) -> Any:
+        def counted(x: Any, h: Any, masks: Masks | None) -> Any:
+            """Per gate, how many values are below LOW and above HIGH; per unit, the sum
+            of the keep gate and how many of its values are saturated: summed here, so that
+            only these few numbers leave the graph (in float64, as NumPy compared them)."""
             found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
                                                               tf.cast(h, dtype), masks))
-            return tf.stack([found[:, block * units:(block + 1) * units]
-                             for block, _ in gates], 0)
+            found = tf.cast(tf.stack([found[:, block * units:(block + 1) * units]
+                                      for block, _ in gates], 0), tf.float64)
+            low, high = found < LOW, found > HIGH
+            return (tf.reduce_sum(tf.cast(low, tf.float64), axis=[1, 2]),
+                    tf.reduce_sum(tf.cast(high, tf.float64), axis=[1, 2]),
+                    tf.reduce_sum(found[where], axis=0),
+                    tf.reduce_sum(tf.cast(low[where] | high[where], tf.float64), axis=0))
 
-        return values
+        return counted
 
-    values = engine_cached(engine, ("gates", id(cell)), traced)
+    counted = engine_cached(engine, ("gate counts", id(cell)), traced)
     below = np.zeros(len(gates))
     above = np.zeros(len(gates))
     keep_sum = np.zeros(units)
     saturated = np.zeros(units)
     count = 0
-    where = [name for _, name in gates].index(keep)
     from gradscope._tf import native_stderr_silenced, without_grappler
 
     with native_stderr_silenced(), without_grappler():
         for first in range(0, len(x), FOLD_ROWS):
             part = slice(first, first + FOLD_ROWS)
-            found = np.asarray(values(tf.convert_to_tensor(x[part]),
-                                      tf.convert_to_tensor(previous[0][part]),
-                                      masks_for_rows(tf, path.masks, rows[part, 0])),
-                               np.float64)
-            below += (found < LOW).sum(axis=(1, 2))
-            above += (found > HIGH).sum(axis=(1, 2))
-            keep_sum += found[where].sum(axis=0)
-            saturated += ((found[where] < LOW) | (found[where] > HIGH)).sum(axis=0)
-            count += found.shape[1]
+            low, high, kept, either = counted(tf.convert_to_tensor(x[part]),
+                                              tf.convert_to_tensor(previous[0][part]),
+                                              masks_for_rows(tf, path.masks, rows[part, 0]))
+            below += np.asarray(low)
+            above += np.asarray(high)
+            keep_sum += np.asarray(kept)
+            saturated += np.asarray(either)
+            count += len(x[part])
     total = max(count * units, 1)
     names = [name for _, name in gates]
     return GateReading(below={n: float(b / total) for n, b in zip(names, below, strict=True)},
