@@ -24,6 +24,8 @@ from gradscope.report.models import GateShares
 #: Per cell class: its gates by name, as (column block, name), and its keep gate.
 GATES = {"LSTMCell": ([(0, "input"), (1, "forget"), (3, "output")], "forget"),
          "GRUCell": ([(0, "update"), (1, "reset")], "update")}
+#: The most gate pre-activations one call computes (32 MB of them in float64).
+GATE_NUMBERS = 2**22
 
 
 @dataclass
@@ -42,6 +44,11 @@ class GateReading:
         """Each gate's shares, as the reports hold them."""
         return {name: GateShares(below_0_1=self.below[name], above_0_9=self.above[name])
                 for name in self.below}
+
+
+def _blocks(cell: Any) -> int:
+    """How many blocks of ``units`` pre-activations a step of ``cell`` computes."""
+    return 4 if class_label(cell) == "LSTMCell" else 2
 
 
 def known_gates(layer: Any) -> str | None:
@@ -88,7 +95,7 @@ def _preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None = No
 
     kernel, recurrent_kernel, bias = _weights(tf, cell, x.dtype)
     parts = []
-    for block in range(4 if kind == "LSTMCell" else 2):
+    for block in range(_blocks(cell)):
         columns = slice(block * units, (block + 1) * units)
         x_part = tf.matmul(times(x, inputs, block), kernel[:, columns])
         h_part = tf.matmul(times(h, recurrent, block), recurrent_kernel[:, columns])
@@ -139,9 +146,12 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
     count = 0
     from gradscope._tf import native_stderr_silenced, without_grappler
 
+    # As many rows at a time as GATE_NUMBERS pre-activations (every pair of a fit's small
+    # layer in one call: each call costs about a millisecond, whatever its size).
+    rows_at_once = max(FOLD_ROWS, GATE_NUMBERS // (_blocks(cell) * units))
     with native_stderr_silenced(), without_grappler():
-        for first in range(0, len(x), FOLD_ROWS):
-            part = slice(first, first + FOLD_ROWS)
+        for first in range(0, len(x), rows_at_once):
+            part = slice(first, first + rows_at_once)
             low, high, kept, either = counted(tf.convert_to_tensor(x[part]),
                                               tf.convert_to_tensor(previous[0][part]),
                                               masks_for_rows(tf, path.masks, rows[part, 0]))
