@@ -243,11 +243,14 @@ def test_a_model_with_no_recurrent_layer_says_so(tf):
         "the model", "it has no recurrent layer call: nothing to diagnose", [1])
 
 
-def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf):
+@pytest.mark.parametrize("per_execution", [1, 2])
+def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf, per_execution):
     """Found tried as a new user would: a stateful GRU's diagnosis during fit stepped its
     batch from the state the step left (after the batch), not the one the batch started
     from: λ₁ -0.44035 against -0.44091. The observation and the diagnosis now rerun the
-    batch from its own start; training keeps its state (the step's, given back after)."""
+    batch from its own start; training keeps its state (the step's, given back after).
+    With steps_per_execution 2, the start of an execution's last batch was not seen, and
+    the state after it was read: the steps before it now run first, as Keras runs them."""
     import keras
 
     from gradscope.keras import GradientFlow
@@ -262,12 +265,12 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf):
         def on_train_batch_begin(self, index, logs=None):
             self.seen.append(self.model.get_layer("gru").states[0].numpy().copy())
 
-    def trained(*callbacks):
+    def trained(*callbacks, per_execution=1):
         keras.utils.set_random_seed(3)
         model = keras.Sequential([keras.Input((steps, 2), batch_size=batch),
                                   keras.layers.GRU(4, stateful=True, name="gru"),
                                   keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse")
+        model.compile(optimizer="adam", loss="mse", steps_per_execution=per_execution)
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
                   callbacks=list(callbacks))
         return model
@@ -275,14 +278,17 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4 * batch, steps, 2)).astype("float32") + 1.0
     y = x[:, -2:, 0].sum(1, keepdims=True)
-    start, flow = Start(), GradientFlow(every=4, diagnose_every=4, diagnose_exponents=4)
-    model = trained(start, flow)
+    flow = GradientFlow(every=4, diagnose_every=4, diagnose_exponents=4)
+    model = trained(flow, per_execution=per_execution)
     assert flow.history.diagnosis_steps == [4]
     after = model.get_layer("gru").states[0].numpy().copy()
-    plain = trained()  # training itself is untouched: its weights and its carried state
+    # training itself is untouched: its weights and its carried state
+    plain = trained(per_execution=per_execution)
     assert np.array_equal(plain.get_layer("gru").states[0].numpy(), after)
     assert all(np.array_equal(a, b) for a, b in zip(plain.get_weights(), model.get_weights(),
                                                     strict=True))
+    start = Start()  # each batch's start, seen one step at a time
+    trained(start)
     recorded = flow.history.diagnoses[0].lyapunov[-1]
     import gradscope
 

@@ -276,11 +276,16 @@ class GradientFlow(keras.callbacks.Callback):
             if self.stop_on_nan:
                 self._held = [*self._held[-1:], (self._last_batch, snapshot(model))]
             # A stateful layer's carried state as this batch starts: an observation or a
-            # diagnosis reruns the batch from it, not from where the step leaves it. (With
-            # several steps per execution, the last batch's start is not seen.)
-            self._start_states = (moved_state_of(carried_state_variables(model))
-                                  if (self._pending or self._diagnosis_pending) and steps == 1
-                                  else None)
+            # diagnosis reruns the batch from it, not from where the step leaves it. With
+            # several steps per execution, the steps before the last run first, as Keras runs
+            # them, so that the last one's start is seen.
+            self._start_states = None
+            if self._pending or self._diagnosis_pending:
+                carried = carried_state_variables(model)
+                if carried and len(batches) > 1:
+                    original(_replay(iterator, batches[:-1], strategy))
+                    batches = batches[-1:]
+                self._start_states = moved_state_of(carried) if carried else None
             return original(_replay(iterator, batches, strategy))  # Keras' step, these tensors
 
         model.train_function = train_function
