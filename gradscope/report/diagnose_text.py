@@ -157,7 +157,7 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     return parts
 
 
-def _reach(horizon: int | None, window: int | None) -> str:
+def _horizon_words(horizon: int | None, window: int | None) -> str:
     return str(horizon) if horizon is not None else f"> {window}"
 
 
@@ -166,7 +166,7 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
     if not layer.counterfactuals:
         return []
     parts: list[RenderableType] = [Text("with one change (a copy of the model, run again):")]
-    before_h = _reach(layer.horizon.measured, layer.horizon.window)
+    before_h = _horizon_words(layer.horizon.measured, layer.horizon.window)
     before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"
     for change in layer.counterfactuals:
         if not change.applicable:
@@ -197,7 +197,7 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             before = (before_l if change.lyapunov_1_before is None
                       else _signed(change.lyapunov_1_before))
             whose = "λ₁ (first column)" if change.first_column else "λ₁"
-            after = _reach(change.horizon, change.horizon_window)
+            after = _horizon_words(change.horizon, change.horizon_window)
             if (change.horizon is None and change.horizon_window is not None
                     and (layer.horizon.measured is not None
                          or change.horizon_window != layer.horizon.window)):

@@ -544,7 +544,7 @@ class _WhatIf:
                                         "verdict": dynamics.verdict(evidence)})
 
 
-def _reach(horizon: int | None, window: int | None) -> float:
+def _horizon_number(horizon: int | None, window: int | None) -> float:
     """A measured horizon as a number to compare: beyond its window, half a step past it."""
     return float(horizon) if horizon is not None else float(window or 0) + 0.5
 
@@ -554,9 +554,9 @@ def _none_helps(changed: list[Counterfactual], before: float) -> str | None:
     change that would lengthen the horizon by half but make the layer explode, with both;
     else that none tried lengthens it by half (None where no change was run)."""
     exploding = [c for c in changed if _explodes(c)
-                 and _reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+                 and _horizon_number(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
     if exploding:
-        best = max(exploding, key=lambda c: _reach(c.horizon, c.horizon_window))
+        best = max(exploding, key=lambda c: _horizon_number(c.horizon, c.horizon_window))
         said = dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
                                best.lyapunov_1).removesuffix(" (measured)")
         why = ([f"λ₁ {best.lyapunov_1:+.3g} per step"]
@@ -594,11 +594,11 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
     if entry.mechanism == "vanishing":
         # A change that trades vanishing for exploding is no remedy.
         calm = [c for c in changed if not _explodes(c)]
-        before = _reach(entry.horizon.measured, entry.horizon.window)
+        before = _horizon_number(entry.horizon.measured, entry.horizon.window)
         longer = [c for c in calm
-                  if _reach(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+                  if _horizon_number(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
         if longer:
-            best = max(longer, key=lambda c: _reach(c.horizon, c.horizon_window))
+            best = max(longer, key=lambda c: _horizon_number(c.horizon, c.horizon_window))
             return dynamics.remedy("vanishing", best.change, best.horizon,
                                    best.horizon_window, best.lyapunov_1)
         if not entry.lyapunov:
