@@ -186,9 +186,11 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     assert entry.jacobian_norm.max == pytest.approx(truth.max(), rel=1e-4)
 
     engine = _real_engine(model, x)
-    power, method, _ = step_norms(engine, _trajectory(engine, "lstm"), exact=False)
-    assert method.startswith("Lanczos")
-    np.testing.assert_allclose(power, truth, rtol=1e-4)
+    for compiled in (False, True):  # a small layer's graph, and a wide layer's XLA
+        power, method, _ = step_norms(engine, _trajectory(engine, "lstm"), exact=False,
+                                      compiled=compiled)
+        assert method.startswith("Lanczos")
+        np.testing.assert_allclose(power, truth, rtol=1e-4)
 
 
 def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:

@@ -40,6 +40,11 @@ FOLD_ROWS = 1024
 NORM_STEPS = 256
 #: Exact norms (batch_jacobian and SVD) up to this many state numbers; Lanczos above.
 EXACT_STATE = 32
+#: The step norms of a step linearised by hand run under XLA where the pairs × the state's
+#: numbers² × the products reach this: its compilation (about 0.4 s a layer) then pays (on
+#: the LSTM 256 × 2 at 1000 steps, 5 × 10¹⁰: 1.1 s a layer instead of 2.0 s), and on a GRU
+#: 64 at 50 steps (1.6 × 10⁸) it did not (0.8 s a layer instead of 0.3 s).
+XLA_WORK = 10**9
 #: Lanczos takes this many products (JᵀJ·q); a norm that moved by more than POWER_RTOL,
 #: relatively, at the last is said to be a lower bound.
 POWER_RTOL, POWER_STEPS = 1e-4, 24
@@ -374,7 +379,7 @@ def folded_pairs(path: Trajectory, steps: np.ndarray | None = None
 
 
 def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
-               seed: int = 0) -> tuple[np.ndarray, str, int]:
+               seed: int = 0, compiled: bool | None = None) -> tuple[np.ndarray, str, int]:
     """The spectral norm ‖J_t‖₂ of every step that ran (at most :data:`NORM_STEPS` steps,
     evenly spaced), (B, T), NaN where a step did not run or was not taken; how it was
     computed; and at how many steps it was taken. ``exact`` (default: for states of at most
@@ -383,7 +388,8 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     Keras GRU, LSTM or SimpleRNN's step linearised by hand (:func:`_by_hand`: its values
     computed once per pair, each product two matmuls), else forward mode through the
     layer's own step and the tape back. Each pair (example, step) steps with its example's
-    dropout masks."""
+    dropout masks. ``compiled``: a step linearised by hand under XLA (default: where the work
+    reaches :data:`XLA_WORK`)."""
     tf = engine.tf
     widths, size = path.widths, path.size
     exact = size <= EXACT_STATE if exact is None else exact
@@ -392,17 +398,20 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
              np.unique(np.linspace(0, steps - 1, NORM_STEPS).round().astype(int)))
     x, previous, rows = folded_pairs(path, taken)
     by_hand = None if exact else by_hand_kept(engine, path)
+    products = min(POWER_STEPS, size)
+    # XLA where its compilation (about 0.4 s) pays: a wide layer's many products.
+    compiled = by_hand is not None and (len(rows) * size * size * products >= XLA_WORK
+                                        if compiled is None else compiled)
     key = ("step norms", id(path.layer), bool(engine.training), tuple(widths), exact,
-           by_hand is not None)
+           by_hand is not None, compiled)
     traced = engine_cached(engine, key, lambda: _norms_function(
-        engine, path.layer, widths, exact, by_hand, path.shapes))
+        engine, path.layer, widths, exact, by_hand, path.shapes, compiled))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
     norms = np.full(len(rows), np.nan)
     unsettled = 0
     generator = np.random.default_rng(seed)
-    products = min(POWER_STEPS, size)
     with native_stderr_silenced(), without_grappler():
         for first in range(0, len(rows), FOLD_ROWS):
             part = slice(first, first + FOLD_ROWS)
@@ -437,11 +446,12 @@ def by_hand_kept(engine: Any, path: Trajectory) -> Any:
 
 
 def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_hand: Any,
-                    shapes: list[tuple[int, ...]] | None) -> Any:
+                    shapes: list[tuple[int, ...]] | None, compiled: bool = False) -> Any:
     """The traced function of :func:`step_norms`: ``(x, previous, masks)`` → the step
     Jacobians (N, S, S) where ``exact``; else ``(x, previous, masks, start, products)`` →
     Lanczos' α and β (products, N) each, in float64. ``masks``: the dropout masks of each
-    row (None: none)."""
+    row (None: none). ``compiled``: a step linearised by hand, under XLA where it
+    compiles."""
     tf = engine.tf
     step = _step(engine, layer, shapes)
     dtype = layer.cell.compute_dtype
@@ -486,7 +496,7 @@ def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_
 
     from gradscope._tf import xla_or_graph
 
-    if by_hand is not None:
+    if compiled:
         # Gradscope's own step, linearised by hand: XLA fuses each product's elementwise ops
         # (on the LSTM 256 × 2 at 1000 steps, 1.1 s a layer instead of 2.0 s).
         return xla_or_graph(tf, tridiagonal, autograph=False, reduce_retracing=True)
