@@ -92,9 +92,10 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     from gradscope._tf import native_stderr_silenced, without_grappler
 
     window = min(FIRST_WINDOW, reach)
+    most = _widest(window, reach, budget)
     while True:
         with native_stderr_silenced(), without_grappler():
-            ratios = (_every_lag(tf, window_norms, path, examples, ts, window)
+            ratios = (_every_lag(tf, window_norms, path, examples, ts, window, most)
                       if by_hand is not None else
                       _each_window(tf, window_norms, path, mask, held, examples, ts, window))
         medians = median_ratios(ratios)
@@ -103,6 +104,14 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples, longest=reach)
         window = min(2 * window, reach)
+
+
+def _widest(window: int, reach: int, budget: int) -> int:
+    """The widest window :func:`measure` may try, from its first ``window``: each doubles
+    (up to ``reach``) while it is below ``reach`` and its double within ``budget``."""
+    while not (window >= reach or 2 * window > budget):
+        window = min(2 * window, reach)
+    return window
 
 
 def _each_window(tf: Any, window_norms: Any, path: Trajectory, mask: np.ndarray | None,
@@ -145,21 +154,25 @@ def _each_window(tf: Any, window_norms: Any, path: Trajectory, mask: np.ndarray 
 
 
 def _every_lag(tf: Any, lag_norms: Any, path: Trajectory, examples: list[int], ts: list[int],
-               window: int) -> np.ndarray:
+               window: int, most: int | None = None) -> np.ndarray:
     """The ratios ‖∂h_t/∂x_(t−k)‖ / ‖∂h_t/∂x_t‖ (len(ts)·len(examples), window + 1), rows
     t-major, lag 0 first, NaN where step t − k is before the window's start (step 0), did
     not run (masked), or where ‖∂h_t/∂x_t‖ is 0: every pair (t, example) at once, through
-    the step linearised by hand (:func:`_by_hand_norms`)."""
+    the step linearised by hand (:func:`_by_hand_norms`). ``most``: the widest window the
+    measure may try; each window's call is given that many lags (those past ``window``
+    unread), so that every window, and each change's, runs one compilation."""
+    lags = max(window, most or 0) + 1
     pairs = [(t, e) for t in ts for e in examples]
-    steps = np.array([[t - k for t, _ in pairs] for k in range(window + 1)])  # (K, P)
-    rows = np.array([e for _, e in pairs])[None, :].repeat(window + 1, axis=0)
+    steps = np.array([[t - k for t, _ in pairs] for k in range(lags)])  # (K, P)
+    rows = np.array([e for _, e in pairs])[None, :].repeat(lags, axis=0)
     inside = steps >= 0
     at = np.maximum(steps, 0)
     live = inside & path.ran[rows, at]
     norms = np.sqrt(np.asarray(lag_norms(
         tf.convert_to_tensor(path.x[rows, at]),
         [tf.convert_to_tensor(p[rows, at]) for p in path.previous],
-        tf.convert_to_tensor(live)), np.float64)).T  # (P, K)
+        tf.convert_to_tensor(live), tf.constant(window + 1)), np.float64)).T[:, :window + 1]
+    live = live[:window + 1]
     own = norms[:, :1]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = norms / own
@@ -171,17 +184,18 @@ def _every_lag(tf: Any, lag_norms: Any, path: Trajectory, examples: list[int], t
 def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any) -> Any:
     """The traced pass of :func:`measure` for a step linearised by hand
     (:func:`~gradscope.keras.diagnose.trajectory.by_hand_kept`): ``lag_norms(x, previous,
-    live)`` → ‖∂h_t/∂x_(t−k)‖² (K, P), where x (K, P, ·) and the states (K, P, w) are what
-    step t − k of each pair (t, example) ran on, and ``live`` (K, P) where it ran. Back from
-    h_t, one lag at a time: the cotangent of the state, every output unit of every pair
+    live, count)`` → ‖∂h_t/∂x_(t−k)‖² (K, P), where x (K, P, ·) and the states (K, P, w) are
+    what step t − k of each pair (t, example) ran on, and ``live`` (K, P) where it ran. Back
+    from h_t, one lag at a time: the cotangent of the state, every output unit of every pair
     folded into one block (units, P, ·), goes through Jᵀ of the step (the VJP of the step's
     linear map, the projected input's tangent included); a step that did not run passes it
-    on unchanged and reads no input. No step is run again: the trajectory's states are read,
-    and nothing is kept but the cotangent."""
+    on unchanged and reads no input. Only the first ``count`` lags are gone back through
+    (the rest read 0): one compilation serves every window. No step is run again: the
+    trajectory's states are read, and nothing is kept but the cotangent."""
     tf = engine.tf
     dtype = layer.cell.compute_dtype
 
-    def lag_norms(x: Any, previous: list[Any], live: Any) -> Any:
+    def lag_norms(x: Any, previous: list[Any], live: Any, count: Any) -> Any:
         weights = by_hand.weights()
         lags, pairs = tf.shape(x)[0], tf.shape(x)[1]
         first = tf.tile(tf.eye(units, dtype=dtype)[:, None, :], [1, pairs, 1])
@@ -212,13 +226,14 @@ def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any) -> Any:
             ran = live[k]
             squares = tf.where(ran, squares, tf.zeros_like(squares))
             g = [tf.where(ran[None, :, None], b, old) for b, old in zip(back, g, strict=True)]
-            return k + 1, g, written.write(k, squares)
+            at = tf.cast(tf.equal(tf.range(lags), k), tf.float64)[:, None]
+            return k + 1, g, written + at * squares[None, :]
 
+        # ``count`` lags of x's: a lag past them is not gone back to, and reads 0.
         _, _, written = tf.while_loop(
-            lambda k, g, written: k < lags, body,
-            (tf.constant(0), cotangent, tf.TensorArray(tf.float64, size=lags,
-                                                       element_shape=[None])))
-        return written.stack()
+            lambda k, g, written: k < tf.minimum(count, lags), body,
+            (tf.constant(0), cotangent, tf.zeros([lags, pairs], tf.float64)))
+        return written
 
     from gradscope._tf import xla_or_graph
 
