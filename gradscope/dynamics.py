@@ -189,6 +189,9 @@ class Evidence:
     #: λ₁ is a floored exponent (a step took its direction to 0: a mean of logs held at the
     #: scan's floor, not a rate), and so is a horizon predicted from it.
     floored: bool = False
+    #: The longest lag the steps measured have (None: T − 1): a window that reaches it
+    #: measured every lag there is, and the memory budget cut none.
+    longest: int | None = None
 
     @property
     def span(self) -> int:
@@ -212,13 +215,14 @@ class Evidence:
 def fades_within(evidence: Evidence) -> float | None:
     """Within how many steps an input's influence fades by :data:`HORIZON_FACTOR`: the
     measured horizon; where it is beyond the lags measured, the predicted one only if those
-    lags stop short of the sequence (the budget cut the window) and it lies beyond them, for
-    a measurement over every lag the sequence has (window T − 1) is the answer. None: it
+    lags stop short of the longest the steps measured have (the budget cut the window) and
+    it lies beyond them, for a measurement over every lag there is is the answer. None: it
     does not fade within what is known."""
     e = evidence
     if e.measured is not None:
         return e.measured
-    if e.predicted is not None and e.window < e.span - 1 and e.predicted > e.window:
+    longest = e.longest if e.longest is not None else e.span - 1
+    if e.predicted is not None and e.window < longest and e.predicted > e.window:
         return e.predicted
     return None
 

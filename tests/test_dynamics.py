@@ -53,6 +53,14 @@ def test_a_horizon_measured_over_every_lag_is_not_overruled_by_the_predicted_one
     below = dynamics.Evidence(name="lstm", steps=300, largest=-0.2, measured=None, window=64,
                               predicted=34.5, share_above_1=0.0)
     assert dynamics.fades_within(below) is None and dynamics.mechanism(below) == "holds"
+    # Found tried as a new user would: a padded batch whose steps measured have 18 lags, all
+    # of them measured, in a call of 20 steps: the prediction (19.4) did overrule them.
+    every = dynamics.Evidence(name="lstm", steps=20, largest=-0.356, measured=None,
+                              window=18, predicted=19.4, share_above_1=0.0, longest=18)
+    assert dynamics.fades_within(every) is None and dynamics.mechanism(every) == "holds"
+    budget = dynamics.Evidence(name="lstm", steps=20, largest=-0.356, measured=None,
+                               window=16, predicted=19.4, share_above_1=0.0, longest=19)
+    assert dynamics.fades_within(budget) == 19.4
 
 
 def test_one_fading_on_either_side_of_the_factor_is_said_so() -> None:

@@ -382,7 +382,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         reach=float(measured.medians[reached[-1]]) if reached.size else None,
         reach_lag=int(reached[-1]) if reached.size else None,
         per_example=tuple(float(v) for v in dynamics.example_exponents(logs, path.ran)),
-        ran=int(np.max(np.sum(path.ran, axis=1), initial=0)), floored=0 in floored_at)
+        ran=int(np.max(np.sum(path.ran, axis=1), initial=0)), floored=0 in floored_at,
+        longest=measured.longest)
     return DiagnosedLayer(
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,

@@ -69,8 +69,8 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     features = int(np.prod(path.x.shape[2:]))
     per_step = units * (2 * features + 10 * path.size)  # one example, one window step
     # as many examples (up to EXAMPLES) as the first window affords, at least one
-    examples = _evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (per_step *
-                                                                    (FIRST_WINDOW + 1)))))
+    examples = _with_longest(_evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (
+        per_step * (FIRST_WINDOW + 1))))), path.ran)
     # Steps in the second half of those the chosen examples ran: a padded batch's masked
     # tail reads no input, and steps there would measure nothing.
     live = np.nonzero(path.ran[examples].any(axis=0))[0]
@@ -104,6 +104,19 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples, longest=reach)
         window = min(2 * window, reach)
+
+
+def _with_longest(examples: list[int], ran: np.ndarray) -> list[int]:
+    """``examples`` with the example that ran the most steps among them (in place of the
+    nearest), so that the lags measured reach as far back as any example's do: a padded
+    batch's evenly spaced examples may all be shorter (found tried as a new user would: "every
+    lag there is" said of 18 lags where one example, not measured, had 19)."""
+    counts = np.sum(ran, axis=1)
+    longest = int(np.argmax(counts))
+    if counts[examples].max() >= counts[longest]:
+        return examples
+    nearest = min(examples, key=lambda e: abs(e - longest))
+    return sorted({*examples, longest} - {nearest})
 
 
 def _widest(window: int, reach: int, budget: int) -> int:
