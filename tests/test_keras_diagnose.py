@@ -1380,3 +1380,20 @@ def test_the_horizon_of_a_padded_batch_is_measured_back_as_far_as_its_longest_ex
     truth = np.nanmedian(np.concatenate(rows), axis=0)
     found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
     np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
+
+
+def test_an_orthogonal_recurrence_does_not_grow_by_rounding(tf: Any) -> None:
+    """Found tried as a new user would: a linear recurrence with an orthogonal kernel (every
+    exponent 0) read "∂L/∂s_t grows going back on 88.4% of pairs", from gains of 1.0000005 to
+    1.000001 in float32: rounding of the carried part, a difference. A gain within 32
+    roundoffs of 1 is no growth; at ρ = 1.05 every pair still grows."""
+    x, y = _batch(steps=40)
+    flat = gradscope.diagnose(_linear_model(_orthogonal(6, 1.0), steps=40), x=x, y=y,
+                              exponents=3, counterfactuals=False).layers[0]
+    assert flat.exploding is not None
+    assert flat.exploding.growing_share == 0.0 and flat.exploding.examples == []
+    assert flat.exploding.growing_steps == []
+    grows = gradscope.diagnose(_linear_model(_orthogonal(6, 1.05), steps=40), x=x, y=y,
+                               exponents=3, counterfactuals=False).layers[0]
+    assert grows.exploding is not None and grows.exploding.growing_share == 1.0
+    assert len(grows.exploding.examples) == B

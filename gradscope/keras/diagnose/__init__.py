@@ -366,7 +366,9 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
                       steps=measured.steps, examples=measured.examples)
     squares = step_squares(stepped, index)
-    exploding = _exploding(squares, path.ran)
+    exploding = _exploding(squares, path.ran,
+                           GROWTH_ULPS / ROUNDING_ULPS * above_1_rounding(
+                               layer.cell.compute_dtype))
     flow = state_flow(squares, path.ran, carried_back(stepped, index))
     reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
@@ -401,6 +403,11 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
 #: above 1: an orthogonal kernel behind a relu reads 1 + 1.4e-7 in float32 (J = D·W, with
 #: D a 0/1 diagonal, has norm at most ‖W‖ = 1), and "> 1 on 100% of steps" misled.
 ROUNDING_ULPS = 4
+#: A step's gain of the carried ∂L/∂s_t within this many units of roundoff above 1 is no
+#: growth: the carried part is the total less what arrives from above, a difference, whose
+#: rounding is larger (an orthogonal recurrence read gains up to 1 + 8.4 roundoffs in
+#: float32, and "grows on 88.4% of pairs" misled).
+GROWTH_ULPS = 32
 
 
 def above_1_rounding(dtype: Any) -> float:
@@ -450,13 +457,16 @@ def _per_step(grid: np.ndarray, reduce: Any) -> list[float | None]:
 
 
 def _exploding(squares: tuple[np.ndarray, np.ndarray] | None,
-               ran: np.ndarray) -> Exploding | None:
+               ran: np.ndarray, rounding: float = 0.0) -> Exploding | None:
     """Where the carried ∂L/∂s_t grows going back a step, from a direction's
     :func:`~gradscope.keras.stepped.step_squares` (None: no gradient reached the call) and
     where each example's steps ran (B, T), processing order: over the (example, step) pairs
     whose step t+1 ran (a masked step copies its state, and what reaches an example's last
     step that ran from its later, masked, outputs is not carried:
-    :func:`~gradscope.keras.probed_flow.carried_ratio_of`)."""
+    :func:`~gradscope.keras.probed_flow.carried_ratio_of`). A step grows where its gain
+    passes 1 by more than ``rounding`` (what rounding alone gives: an orthogonal recurrence
+    read 1.0000005–1.000001 in float32), an example where its ratio passes 1 by more than
+    that per step it carried."""
     if squares is None:
         return None
     whole, carried = squares
@@ -466,18 +476,19 @@ def _exploding(squares: tuple[np.ndarray, np.ndarray] | None,
     live = after > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(live, back / np.where(live, after, 1), np.nan)
-    share = float(np.mean(gains[live] > 1)) if live.any() else None
+    share = float(np.mean(gains[live] > 1 + rounding)) if live.any() else None
     batch_after = np.sqrt(np.sum(after ** 2, axis=0))
     batch_back = np.sqrt(np.sum(back ** 2, axis=0))
     with np.errstate(divide="ignore", invalid="ignore"):
         batch_gain = np.where(batch_after > 0, batch_back / batch_after, np.nan)
-    growing = np.nonzero(batch_gain > 1)[0]
+    growing = np.nonzero(batch_gain > 1 + rounding)[0]
     growing = growing[np.argsort(-batch_gain[growing], kind="stable")]
     with np.errstate(divide="ignore"):
         logs = np.where(live & (back > 0), np.log(np.where(live & (back > 0), gains, 1)),
                         np.where(live, -np.inf, 0.0))
     ratios = np.exp(np.clip(np.sum(logs, axis=1), -700, 700))
-    grown = [int(e) for e in np.argsort(-ratios, kind="stable") if ratios[e] > 1][:10]
+    bound = (1 + rounding) ** np.sum(live, axis=1)
+    grown = [int(e) for e in np.argsort(-ratios, kind="stable") if ratios[e] > bound[e]][:10]
     return Exploding(growing_share=share, growing_steps=[int(t) for t in growing[:20]],
                      growing_step_count=int(growing.size),
                      examples=[GrowingExample(example=e, ratio=float(ratios[e]))
