@@ -770,10 +770,21 @@ def test_steps_per_execution_numbers_the_steps_as_the_optimizer_counts_them(tf):
             self.seen.append(int(self.model.optimizer.iterations))
 
     flow, iterations = GradientFlow(every=1), Iterations()
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[flow, iterations])
+    # every=1 below 2 steps per execution: one observation per execution, and it says so
+    # (found tried as a new user would: diagnose_every=2 at 4 per execution gave as many as
+    # 4 did, under "one every 2 batches").
+    with pytest.warns(UserWarning, match=r"GradientFlow\(every=1\): the model runs 2 steps "
+                                         "per execution"):
+        model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[flow, iterations])
     assert iterations.seen == [2, 3, 5, 6]
     assert [o.step for o in flow.history.observations] == iterations.seen
+    # An epoch's last execution runs one batch: it is observed only where that batch is
+    # (found tried as a new user would: step 3 was observed for a 4 it never reached).
+    flow = GradientFlow(every=2)
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[flow])
+    assert [o.step for o in flow.history.observations] == [2, 5, 6]
 
 
 def test_watch_of_a_log_dir_written_twice_reads_the_newest_run_and_says_so(tf, tmp_path):

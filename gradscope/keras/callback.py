@@ -15,6 +15,7 @@ import functools
 import itertools
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -248,6 +249,16 @@ class GradientFlow(keras.callbacks.Callback):
         self._fit_spec = None  # read from this fit's first batches
         self._compiled = None  # decided at this fit's first diagnosis
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
+        for name, every, what in (("every", self.every, "observation"),
+                                  ("diagnose_every", self.diagnose_every, "diagnosis")):
+            if every is not None and every < steps:
+                # Found tried as a new user would: diagnose_every=2 at 4 steps per execution
+                # gave as many diagnoses as diagnose_every=4, and the report said "one
+                # every 2 batches".
+                warnings.warn(f"GradientFlow({name}={every}): the model runs {steps} steps "
+                              "per execution, and the callback sees the last batch of each: "
+                              f"at most one {what} per execution, of its last batch (as "
+                              f"{name}={steps} would take)", stacklevel=2)
         if self.stop_on_nan and steps > 1:
             raise ConfigError(f"GradientFlow(stop_on_nan=True): the model runs {steps} steps "
                               "per execution; the failing batch is rerun with the weights its "
@@ -305,9 +316,16 @@ class GradientFlow(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
         first = self._epoch_base + batch + 1
-        self._pending = any(n % self.every == 0 for n in range(first, first + steps))
+        # The batches this execution runs: an epoch's last may run fewer than
+        # steps_per_execution (found tried as a new user would: the last two of an epoch of
+        # 10 at 4 per execution were diagnosed, for the 12 they do not reach).
+        end = first + steps
+        epoch = (getattr(self, "params", None) or {}).get("steps")
+        if epoch:
+            end = min(end, self._epoch_base + int(epoch) + 1)
+        self._pending = any(n % self.every == 0 for n in range(first, end))
         self._diagnosis_pending = self.diagnose_every is not None and any(
-            n % self.diagnose_every == 0 for n in range(first, first + steps))
+            n % self.diagnose_every == 0 for n in range(first, end))
         self._last_batch = None
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
