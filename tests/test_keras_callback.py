@@ -813,3 +813,48 @@ def test_watch_of_a_log_dir_written_twice_reads_the_newest_run_and_says_so(tf, t
         assert ours.ratios == pytest.approx(theirs.ratios, rel=1e-6)
     assert read.source.endswith("(its newest run: 1 earlier run written to the same folder "
                                 "left out; give each run its own log_dir)")
+
+
+def test_a_train_step_of_its_own_with_no_compiled_loss_is_refused_before_training(tf):
+    """Found tried as a new user would: keras.io's "customizing fit" model, compiled with an
+    optimizer alone and its loss in its own train_step. GradientFlow ran the whole fit, then
+    raised from its end that "fit has nothing to minimise". It is refused before the first
+    step, naming GradientFlow(loss=...), with which it diagnoses."""
+    import keras
+
+    from gradscope.errors import ConfigError
+    from gradscope.keras import GradientFlow
+
+    class Own(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = keras.layers.GRU(3, name="gru")
+            self.out = keras.layers.Dense(1, name="d")
+            self.loss_fn = keras.losses.MeanSquaredError()
+
+        def call(self, x):
+            return self.out(self.rnn(x))
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.loss_fn(y, self(x, training=True))
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return {"loss": loss}
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 5, 2)).astype("float32")
+    y = x[:, :2, 0].sum(1, keepdims=True)
+    keras.utils.set_random_seed(1)
+    model = Own()
+    model.compile(optimizer="sgd")
+    model(x[:1])
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ConfigError, match=r"its own train_step .* GradientFlow\(loss=NAME\)"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[GradientFlow(every=1000, diagnose_every=1)])
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+    flow = GradientFlow(every=1000, diagnose_every=1, loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[flow])
+    assert flow.history.diagnosis_steps == [1, 2]

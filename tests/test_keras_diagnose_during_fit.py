@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_gradscope, run_without_tensorflow, tensorboard_events
+from conftest import render_text, run_gradscope, run_without_tensorflow, tensorboard_events
 
 from gradscope.errors import ConfigError
 
@@ -300,3 +300,24 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf, per_
     moved = gradscope.diagnose(model, x=x[-batch:], y=y[-batch:], exponents=4,
                                counterfactuals=False).layers[0].lyapunov
     assert not np.allclose(recorded, moved, rtol=1e-4)  # the state after it reads otherwise
+
+
+def test_a_fit_shorter_than_diagnose_every_says_why_it_has_no_diagnosis(tf):
+    """Found tried as a new user would: a fit of 4 batches at diagnose_every=100 printed the
+    section's title and nothing under it."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), keras.layers.GRU(3),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH * BATCHES, STEPS, FEATURES)).astype("float32")
+    flow = GradientFlow(every=2, diagnose_every=100)
+    model.fit(x, x[:, 0, :1], batch_size=BATCH, epochs=1, verbose=0, callbacks=[flow])
+    text = " ".join(render_text(flow.history, 80).split())
+    assert ("Dynamics across training (0 diagnoses, one every 100 batches) as gradscope "
+            "diagnose --exponents 1 reads them none yet: the first diagnosis is at batch 100 "
+            f"({BATCHES} trained so far)") in text

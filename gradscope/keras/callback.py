@@ -243,6 +243,16 @@ class GradientFlow(keras.callbacks.Callback):
                               "which GradientFlow does not serve: its extra pass runs on one "
                               "device, on the whole global batch; MirroredStrategy and one "
                               "device are served", where="GradientFlow")
+        if (self.loss_name is None and getattr(model, "compiled", False)
+                and getattr(model, "loss", None) is None and _own_train_step(model)):
+            # Found tried as a new user would: keras.io's "customizing fit" model, compiled
+            # with an optimizer alone, its loss in its own train_step: the whole fit ran,
+            # then its end raised "fit has nothing to minimise".
+            raise ConfigError(
+                f"GradientFlow: model '{model.name}' was compiled with no loss, and its own "
+                "train_step computes the loss fit minimises, which GradientFlow cannot read: "
+                "pass GradientFlow(loss=NAME), the Keras loss that train_step minimises",
+                where="loss")
         original = model.train_function
         self._original_train_function = original
         self._fit_first = self._batches
@@ -788,6 +798,13 @@ def _unread_targets(model: Any, engine: Any, inputs: dict[str, Any]) -> dict[str
             batch = int(next(iter(inputs.values())).shape[0])
             made[name] = np.zeros((batch, *spec.shape[1:]), "float32")
     return made
+
+
+def _own_train_step(model: Any) -> bool:
+    """Whether the model's class overrides Keras' ``train_step``."""
+    import keras
+
+    return type(model).train_step is not keras.Model.train_step
 
 
 def _loss_text(plan: Any) -> str:

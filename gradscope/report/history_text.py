@@ -173,6 +173,11 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     parts: list[RenderableType] = [
         section(f"Dynamics across training ({count}, {every})"),
         Text(f"as gradscope diagnose{asked} reads them", style="dim")]
+    if not steps:  # found tried as a new user would: a bare title said nothing of why
+        trained = (f" ({report.batches} trained so far)" if report.batches is not None
+                   else "")
+        parts.append(Text(f"none yet: the first diagnosis is at batch "
+                          f"{report.diagnose_every}{trained}", style="dim"))
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
         parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps, width)]
