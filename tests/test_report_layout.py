@@ -361,6 +361,13 @@ def test_a_keras_headers_inputs_line_wraps_under_its_first_name(tf):
     at = next(i for i, line in enumerate(lines) if line.startswith("inputs "))
     assert "next_character_logits" in lines[at] and lines[at + 1].startswith(" " * 7)
     assert lines[at + 1].strip() and max(cell_len(line) for line in lines) <= 80
+    # No shape is parted, at any width (found tried as a new user would: "outputs
+    # time_distributed (batch, 30," then "1)").
+    for width in range(60, 101):
+        lines = render_text(report, width).split("\n")
+        at = next(i for i, line in enumerate(lines) if line.startswith("inputs "))
+        for line in lines[at:at + 3]:
+            assert line.count("(") == line.count(")"), (width, line)
 
 
 def test_a_backward_directions_heading_wraps_under_itself(tf):

@@ -7,8 +7,10 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import Any
 
-from rich.console import RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -143,6 +145,24 @@ def _inputs(inputs: list[KerasTensorSpec]) -> str:
     return ", ".join(f"{i.name} {_dims(i.shape)} {i.dtype}" for i in inputs)
 
 
+@dataclass
+class _ShapesWhole:
+    """``hanging(mark, text, style)``, its text wrapped at the width it is drawn in with
+    every parenthesis kept whole (found tried as a new user would: "outputs
+    time_distributed (batch, 30," then "1)")."""
+
+    mark: str
+    text: str
+    style: str = ""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
+        room = max(1, options.max_width - cell_len(self.mark) - 1)
+        glued = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\u00a0"), self.text)
+        wrapped = textwrap.fill(glued, room, break_on_hyphens=False,
+                                break_long_words=False).replace("\u00a0", " ")
+        yield hanging(self.mark, wrapped, self.style)
+
+
 def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
            command: str = "explain") -> list[RenderableType]:
     model, loss = report.model, report.loss
@@ -158,8 +178,9 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
                 if model.dtype_policy else ""), style="dim"),
         Text(f"loss = {value}: {loss.name}", style="dim"),
         *loss_terms(loss),
-        # Wrapped lines hang under the first input's name, not at the first column.
-        hanging("inputs", f"{_inputs(model.inputs)} · outputs {outputs}", "dim"),
+        # Wrapped lines hang under the first input's name, not at the first column, and a
+        # shape is never parted.
+        _ShapesWhole("inputs", f"{_inputs(model.inputs)} · outputs {outputs}", "dim"),
         Text(f"data {model.data}", style="dim"),
     ]
 
