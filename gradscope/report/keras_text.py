@@ -170,13 +170,14 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
     outputs = ", ".join(f"{o.name} {_dims(o.shape)}" for o in model.outputs)
     return [
         _model_title(command, model),
-        Text(f"batch {model.batch_size} · {model.mode} mode"
-             + (" (dropout off, batch norm uses its moving statistics)"
-                if model.mode == "inference" else f" (seed {model.seed})")
-             + f" · {model.weight_count:,} trainable weights"
-             + (f" · dtype policy {model.dtype_policy} (computes in {model.compute_dtype})"
-                if model.dtype_policy else ""), style="dim"),
-        Text(f"loss = {value}: {loss.name}", style="dim"),
+        # Each line's wrapped lines hang under its first word's value.
+        hanging("batch", f"{model.batch_size} · {model.mode} mode"
+                + (" (dropout off, batch norm uses its moving statistics)"
+                   if model.mode == "inference" else f" (seed {model.seed})")
+                + f" · {model.weight_count:,} trainable weights"
+                + (f" · dtype policy {model.dtype_policy} (computes in {model.compute_dtype})"
+                   if model.dtype_policy else ""), "dim"),
+        hanging("loss", f"= {value}: {loss.name}", "dim"),
         *loss_terms(loss),
         # Wrapped lines hang under the first input's name, not at the first column, and a
         # shape is never parted.
