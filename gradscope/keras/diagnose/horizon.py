@@ -107,8 +107,8 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
 
 
 def _with_longest(examples: list[int], ran: np.ndarray) -> list[int]:
-    """``examples`` with the example that ran the most steps among them (in place of the
-    nearest), so that the lags measured reach as far back as any example's do: a padded
+    """``examples`` with the batch's example that ran the most steps among them (in place of
+    the nearest), so that the lags measured reach as far back as any example's do: a padded
     batch's evenly spaced examples may all be shorter (found tried as a new user would: "every
     lag there is" said of 18 lags where one example, not measured, had 19)."""
     counts = np.sum(ran, axis=1)
