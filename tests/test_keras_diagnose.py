@@ -1379,3 +1379,32 @@ def test_an_orthogonal_recurrence_does_not_grow_by_rounding(tf: Any) -> None:
                                exponents=3, counterfactuals=False).layers[0]
     assert grows.exploding is not None and grows.exploding.growing_share == 1.0
     assert len(grows.exploding.examples) == B
+
+
+def test_an_unsettled_largest_exponent_is_said_so_from_its_second_half(tf: Any) -> None:
+    """Found tried as a new user would: over 30 steps λ₁ read −0.217, its second half alone
+    −0.158, other starts −0.179 to −0.199, while "moved" said 0.021. The second half's λ₁ is
+    reported, and a warning says where it differs from λ₁ by more than a tenth. W = diag(0.9,
+    0.3, …): one random column's stretch reaches 0.9 only once the 0.3 directions decay, so
+    over 8 steps the start weighs; the second half's λ₁ is held to the same Benettin
+    recursion on W in float64."""
+    from gradscope.keras.diagnose.trajectory import drawn_start
+
+    w = np.diag([0.9, 0.3, 0.3, 0.3, 0.3, 0.3])
+    for steps, said in ((8, True), (200, False)):
+        x, y = _batch(steps=steps)
+        report = gradscope.diagnose(_linear_model(w, steps=steps), x=x, y=y, exponents=1,
+                                    counterfactuals=False)
+        entry = report.layers[0]
+        q = drawn_start(6, 1)[:, 0]
+        logs = []
+        for _ in range(steps):
+            moved = w @ q
+            logs.append(np.log(np.linalg.norm(moved)))
+            q = moved / np.linalg.norm(moved)
+        assert entry.lyapunov[0] == pytest.approx(np.mean(logs), rel=1e-5)
+        assert entry.lyapunov_1_later_half == pytest.approx(np.mean(logs[steps // 2:]),
+                                                            rel=1e-5)
+        warned = [line for line in report.warnings if "λ₁ has not settled" in line]
+        assert bool(warned) == said, report.warnings
+    assert warned == [] and entry.lyapunov_1_later_half == pytest.approx(np.log(0.9), rel=1e-4)

@@ -1055,6 +1055,11 @@ class DiagnosedLayer(_Report):
     lyapunov_change: float | None = Field(
         description="the largest change of an exponent over the last quarter of the steps "
                     "each example ran (how well they converged)")
+    lyapunov_1_later_half: float | None = Field(
+        default=None, description="λ₁ from the second half of the steps each example ran "
+                                  "alone, where the scan's start weighs less (null: fewer "
+                                  "than 4 steps); a warning says where it differs from λ₁ "
+                                  "by more than a tenth")
     lyapunov_floored: list[int] = Field(
         default_factory=list,
         description="the positions in lyapunov of the exponents whose direction some step "

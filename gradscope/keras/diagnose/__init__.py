@@ -332,6 +332,15 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     columns_hit = np.asarray(hit.any(axis=(0, 1)))
     floored_at = [i for i, column in enumerate(dynamics.column_order(logs, path.ran))
                   if columns_hit[column]]
+    later = dynamics.later_half_largest(logs, path.ran)
+    if (change is not None and 0 not in floored_at
+            and dynamics.unsettled(float(spectrum[0]) if len(spectrum) else None, later)):
+        warnings.append(
+            f"{label}: λ₁ has not settled over these {path.ran.shape[1]} steps: the second "
+            f"half of the steps alone reads {later:+.3g} per step, against "
+            f"{float(spectrum[0]):+.3g} from all of them (where the scan started still "
+            f"weighs, more than \"moved\" {change:.3g} says), and a horizon predicted from "
+            "λ₁ is no firmer")
     first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
     grid, method, taken = step_norms(engine, path, seed=0)
@@ -390,7 +399,8 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         layer=stepped.call.layer, call=label, class_name=class_label(layer),
         cell=class_label(layer.cell), steps=steps, state_size=size,
         backwards=direction.backwards, lyapunov=[float(v) for v in spectrum],
-        lyapunov_change=change, lyapunov_floored=floored_at, jacobian_norm=norms,
+        lyapunov_change=change, lyapunov_1_later_half=later,
+        lyapunov_floored=floored_at, jacobian_norm=norms,
         gates=gates, gates_note=why_not,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
         exploding=exploding, flow=flow,
