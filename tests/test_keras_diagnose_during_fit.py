@@ -321,3 +321,31 @@ def test_a_fit_shorter_than_diagnose_every_says_why_it_has_no_diagnosis(tf):
     assert ("Dynamics across training (0 diagnoses, one every 100 batches) as gradscope "
             "diagnose --exponents 1 reads them none yet: the first diagnosis is at batch 100 "
             f"({BATCHES} trained so far)") in text
+
+
+def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
+    """A fit of at least 50 diagnoses scans under XLA, which compiles for one batch size:
+    an epoch's last, shorter batch is read as a graph, traced once, and not compiled again
+    (found tried as a new user would: about 1 s more a fit). Its reading is diagnose's own,
+    to the last bits."""
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((5, 2)), keras.layers.GRU(3, name="gru"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8 * 50 + 3, 5, 2)).astype("float32")
+    y = rng.standard_normal((8 * 50 + 3, 1)).astype("float32")
+    flow = GradientFlow(every=1000, diagnose_every=1)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
+    assert flow.history.diagnosis_steps == list(range(1, 52))
+    scans = [key for key in flow._twin.engine._traces if key[0] == "lyapunov"]
+    assert sorted(key[-1] for key in scans) == [False, True]  # XLA's, and the last batch's
+    truth = gradscope.diagnose(model, x=x[-3:], y=y[-3:], exponents=1,
+                               counterfactuals=False).layers[0]
+    (series,) = flow.history.diagnoses
+    np.testing.assert_allclose(series.lyapunov[-1], truth.lyapunov, rtol=1e-9)
