@@ -119,3 +119,28 @@ def test_the_notebook_display_shows_mixed_precision_per_example_and_nonfinite(tf
     text = shown(broken)
     assert "Where the first NaN or Inf was born (forward pass)" in text
     assert broken.nonfinite.cause in text and "example 2" in text
+
+
+def test_per_example_norms_of_a_mixed_float16_gru_are_a_loop_of_tapes(tf: Any) -> None:
+    """Found tried as a new user would: a mixed_float16 GRU's --per-example was an internal
+    error ("the examples' gradients … do not add up to the tape's"): their sum was held to
+    the tape's at float32's tolerance, where the steps compute in float16. It is held at
+    float16's, and each example's norms to its own tape of Keras' loss."""
+    import keras
+    from test_keras_per_example import _one_tape_per_example
+
+    keras.utils.set_random_seed(3)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 12, 4)).astype("float32")
+    y = rng.integers(0, 3, 16).astype("int32")
+    inp = keras.Input((12, 4), name="x")
+    h = keras.layers.GRU(8, name="gru", dtype="mixed_float16")(inp)
+    h = keras.layers.Dense(8, activation="relu", name="hid", dtype="mixed_float16")(h)
+    model = keras.Model(inp, keras.layers.Dense(3, name="logits")(h))
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    found = gradscope.explain(model, x=x, y=y, per_example=True).per_example
+    assert found is not None
+    truth = _one_tape_per_example(model, x, y, np.ones(16, "float32"))
+    for name, norms in truth.items():
+        np.testing.assert_allclose(found.layers[name], norms, rtol=2e-2, err_msg=name)

@@ -64,7 +64,12 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
         found, method = _shares_and_jacobian(engine, variables, feed, y, weights, size,
                                              traced)
     loss, added, shares, squares, summed, gradient = found
-    dtype = engine.dtype_name
+    from gradscope.keras.mixed_precision import compute_dtype
+
+    # Under a mixed policy the examples' gradients are summed from float16 or bfloat16
+    # steps: their sum meets the tape's to that precision (found tried as a new user would:
+    # a mixed_float16 GRU's was refused as an internal error at float32's).
+    dtype = compute_dtype(model) or engine.dtype_name
     rule = tolerance("replay", dtype)
     if not np.isfinite(loss) or not np.isfinite(added):
         raise ConfigError(f"{engine.path}: {flag('per_example')}: the loss with every "
