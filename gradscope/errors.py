@@ -27,11 +27,12 @@ def first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = lines[0] if lines else type(exc).__name__
     for line in lines[1:3]:  # a sentence Keras wrapped onto the next line
-        if said.endswith((".", ":", ";", "!", "?")) or not line[:1].islower():
+        if said.endswith((".", ":", ";", "!", "?", "=")) or not line[:1].islower():
             break
         said = f"{said} {line}"
     if said.startswith("Exception encountered when calling") and len(lines) > 1:
         said = f"{said.removeprefix('Exception encountered when calling ').rstrip('.')}: {lines[1]}"
+    said = _unfinished(said)
     root = exc
     seen = {id(exc)}
     while (nested := root.__cause__ or root.__context__) is not None and id(nested) not in seen:
@@ -39,10 +40,17 @@ def first_line(exc: BaseException) -> str:
         root = nested
     if root is not exc:
         cause = _plain(str(root)).strip().splitlines()
-        told = cause[0].strip() if cause else ""
+        told = _unfinished(cause[0].strip()) if cause else ""
         if told and told not in said:
             said += f" (caused by {type(root).__name__}: {told})"
     return said
+
+
+def _unfinished(line: str) -> str:
+    """``line`` whose last value goes on over the next lines (a tf.Variable's repr stops at
+    "numpy="): its unfinished "name=" left out, and "…" to say it goes on (found tried as a
+    new user would: a line that stopped at "numpy=")."""
+    return re.sub(r",?\s*\w+=$", " …", line)
 
 
 def _plain(text: str) -> str:

@@ -170,3 +170,24 @@ def test_a_saved_model_given_as_data_is_named_a_model(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"gradscope: error: {archive}: is a saved Keras model (model.save), not arrays; "
         "expected an .npz archive with x and y (or use --x and --y), as np.savez writes it"]
+
+
+def test_an_error_whose_value_goes_on_over_lines_says_so():
+    """Found tried as a new user would: a custom gradient's TypeError ended its one line at
+    "numpy=", where the tf.Variable's repr goes on over the next lines; and its cause said it
+    again. The unfinished "numpy=" is left out and "…" says it goes on, once."""
+    from gradscope.errors import first_line
+
+    said = ("@tf.custom_gradient grad_fn must accept keyword argument 'variables', since "
+            "function uses variables: [<tf.Variable 'var_cell/r:0' shape=(4, 4) "
+            "dtype=float32, numpy=\narray([[1., 0.],\n       [0., 1.]], dtype=float32)>]")
+    try:
+        try:
+            raise TypeError(said)
+        except TypeError as inner:
+            raise ValueError("VarCell.call(): " + said) from inner
+    except ValueError as exc:
+        line = first_line(exc)
+    assert line == ("VarCell.call(): @tf.custom_gradient grad_fn must accept keyword "
+                    "argument 'variables', since function uses variables: [<tf.Variable "
+                    "'var_cell/r:0' shape=(4, 4) dtype=float32 …")
