@@ -43,7 +43,10 @@ def test_nan_in_one_example_s_input_stops_fit_with_the_diagnosis(tf, tmp_path, c
     assert (found.origin, found.layer, found.step, found.examples) == ("input", "x", 1, [4])
     assert found.cause.startswith("NaN in the input x: example 4, step 1, feature 2")
     assert len(history.history["loss"]) == 1  # stopped in the first epoch
-    assert "the loss of step 3 is not finite; training stops" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "the loss of step 3 is not finite; training stops" in said
+    # No line ends in spaces (found tried as a new user would: padded to 80 columns).
+    assert all(line == line.rstrip() for line in said.splitlines())
     written = json.loads((tmp_path / JSON_FILE).read_text())
     assert written["step"] == 3 and written["nonfinite"]["examples"] == [4]
     texts = [value for path in tmp_path.glob("events.out.tfevents.*")

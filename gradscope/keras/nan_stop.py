@@ -66,7 +66,9 @@ def text(found: NonFiniteEntry, step: int) -> str:
     console.print(f"GradientFlow: the loss of step {step} is not finite; training stops")
     for line in nonfinite_lines(found):
         console.print(line)
-    return buffer.getvalue()
+    # rich pads a table's lines to the full width: the spaces that end them are dropped
+    # (found tried as a new user would: the last lines on stderr ran on to 80 columns).
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
 
 def write(log_dir: Path, writer: Any, tf: Any, found: NonFiniteEntry, step: int,
