@@ -279,3 +279,24 @@ def test_notes_match_after_a_save_and_load(keras, tmp_path):
                            config=entry["config"], input_shapes=(shape,))
         assert_notes_match_variables(layer, facts)
         shape = tuple(layer.compute_output_shape(shape))
+
+
+@pytest.mark.parametrize(("build", "says_formula", "extra"), [
+    (lambda keras: keras.layers.SimpleRNN(4, activation="relu"),
+     "h_t = relu(x_t·W + h_{t−1}·U + b)", None),
+    (lambda keras: keras.layers.LSTM(4, activation="relu"),
+     "h_t = o∘relu(c_t)", None),
+    (lambda keras: keras.layers.GRU(4, activation="relu"),
+     "h_t = z∘h_{t−1} + (1−z)∘ĥ", "activation='relu'")])
+def test_a_recurrent_layers_formula_names_its_own_activation(keras, build, says_formula,
+                                                               extra):
+    """Found tried as a new user would: a relu SimpleRNN was written "h_t = tanh(…)", with
+    "(activation='relu')" after it. The formula names the layer's activation where it shows
+    one; where it shows none (a GRU's ĥ), the option is said after it, as before."""
+    layer = build(keras)
+    inputs = keras.Input((5, 3))
+    layer(inputs)
+    summary = explainer_for(type(layer).__name__).summary(facts_of(layer, [inputs],
+                                                                   ("input",)))
+    assert says_formula in summary and "tanh" not in summary.split(";")[0]
+    assert (extra in summary) if extra else ("activation=" not in summary)

@@ -34,15 +34,21 @@ class RecurrentExplainer(LayerExplainer):
     def summary(self, facts: LayerFacts) -> str:
         units = facts.config["units"]
         sequences = ("every step's h_t" if facts.option("return_sequences") else "the last h_T")
+        activation = str(facts.option("activation", "tanh"))
+        # The formula with the layer's own activation (found tried as a new user would: a
+        # relu SimpleRNN was written "h_t = tanh(…)", "(activation='relu')" after it).
+        formula = (self.formula if "tanh" not in self.formula or activation == "tanh"
+                   else self.formula.replace("tanh", activation))
         extras = [f"{key}={facts.option(key)!r}" for key, default in
                   {**DEFAULT_ACTIVATIONS, "go_backwards": False, "dropout": 0.0,
                    "recurrent_dropout": 0.0, "stateful": False}.items()
-                  if facts.option(key, default) != default]
+                  if facts.option(key, default) != default
+                  and not (key == "activation" and formula != self.formula)]
         if self.cell_kind == "lstm" and facts.option("unit_forget_bias", True) is False:
             extras.append("unit_forget_bias=False")
         tail = f" ({', '.join(extras)})" if extras else ""
         return (f"{facts.class_name} of {units} units on {facts.features} features: "
-                f"{self.formula}; returns {sequences}{tail}")
+                f"{formula}; returns {sequences}{tail}")
 
     def weights(self, facts: LayerFacts) -> list[WeightNote]:
         notes = []
