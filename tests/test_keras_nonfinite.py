@@ -110,6 +110,16 @@ def test_log_of_zero_in_a_custom_loss(tf):
     assert found.operation == "Log"
     assert found.cause == ("log of 0: the softmax output for example 5 at class 2 is "
                            "exactly 0")
+    # One output number is no class (found tried as a new user would: "at class 0" of a
+    # regression's single output).
+    single = keras.Model(inputs, keras.layers.Dense(1, name="pred")(
+        keras.layers.Flatten()(inputs)))
+    single.compile(loss=lambda y_true, y_pred: -keras.ops.log(y_pred) * y_true)
+    negative = int(np.nonzero(np.asarray(single(x))[:, 0] < 0)[0][0])  # the first
+    found = gradscope.explain(single, x=x, y=np.ones((6, 1), "float32")).nonfinite
+    assert found is not None and found.operation == "Log"
+    assert found.cause is not None and "class" not in found.cause
+    assert f"for example {negative} is " in found.cause
 
 
 def test_exp_overflow_in_a_custom_layer(tf):

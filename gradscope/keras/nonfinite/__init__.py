@@ -196,8 +196,11 @@ def _log_cause(engine: Any, birth: Birth, outputs: list[Any],
             named = _output_words(engine, name)
     value = float(argument[tuple(spot)])
     what = named or "the log's argument"
+    # A last axis of one number is no class (found tried as a new user would: "at class 0"
+    # of a regression's single output).
     place = (f"example {spot[0]}" + (f" at step {spot[1]}" if len(spot) > 2 else "")
-             + (f" at class {spot[-1]}" if len(spot) >= 2 else ""))
+             + (f" at class {spot[-1]}" if len(spot) >= 2 and argument.shape[-1] > 1
+                else ""))
     size = "exactly 0" if value == 0 else f"{value:.3g}"
     logits = [t.settings.get("from_logits") for t in result.loss_terms
               if t.settings and "from_logits" in t.settings]
