@@ -278,7 +278,10 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                 method = ("one Jacobian of the examples' losses under Keras' own call, "
                           + ("vectorised (pfor)" if pfor else "one backward pass per example "
                              "(a tf.while_loop; pfor could not vectorise this model)")
-                          + f" (not split by layer: {why})")
+                          # The norms are still grouped by layer: the words name the
+                          # route not taken (found tried as a new user would: "not split
+                          # by layer" under a table split by layer).
+                          + f" (not the batched pass split at each layer's call: {why})")
                 break
             except Exception as exc:  # noqa: BLE001  (pfor fails in many ways; loop next)
                 failure = first_line(exc)
