@@ -988,7 +988,7 @@ def _cell_advance(engine: Any, layer: Any) -> Any:
               if getattr(cell, "_call_has_training_arg", False) else {})
 
     def advance(weights: Any, states: list[Any], inputs_t: tuple[Any, ...]) -> list[Any]:
-        _, new = cell(inputs_t[0], list(states), **kwargs)
+        _, new = cell(inputs_t[0], cell_states(cell, list(states)), **kwargs)
         new = list(keras.tree.flatten(new))
         if len(inputs_t) > 1:
             keep = tf.reshape(inputs_t[1], [-1, 1])
