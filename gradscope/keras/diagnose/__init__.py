@@ -376,8 +376,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       steps=measured.steps, examples=measured.examples)
     squares = step_squares(stepped, index)
     exploding = _exploding(squares, path.ran,
-                           GROWTH_ULPS / ROUNDING_ULPS * above_1_rounding(
-                               layer.cell.compute_dtype))
+                           GROWTH_ULPS * roundoff(layer.cell.compute_dtype))
     flow = state_flow(squares, path.ran, carried_back(stepped, index))
     reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
@@ -423,10 +422,14 @@ GROWTH_ULPS = 32
 def above_1_rounding(dtype: Any) -> float:
     """How far above 1 a step Jacobian's norm, computed in ``dtype`` (the cell's), may read
     by rounding alone: :data:`ROUNDING_ULPS` units of its roundoff."""
+    return ROUNDING_ULPS * roundoff(dtype)
+
+
+def roundoff(dtype: Any) -> float:
+    """The machine epsilon of ``dtype`` (a name or a dtype)."""
     name = str(getattr(dtype, "name", dtype))
     # NumPy has no bfloat16 of its own: 8 bits of significand, 7 stored.
-    eps = 2.0 ** -7 if name == "bfloat16" else float(np.finfo(np.dtype(name)).eps)
-    return ROUNDING_ULPS * eps
+    return 2.0 ** -7 if name == "bfloat16" else float(np.finfo(np.dtype(name)).eps)
 
 
 def _floored(hit: np.ndarray, ran: np.ndarray, label: str) -> str | None:
