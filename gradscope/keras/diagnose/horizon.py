@@ -100,10 +100,11 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
                       _each_window(tf, window_norms, path, mask, held, examples, ts, window))
         medians = median_ratios(ratios)
         horizon = measured_horizon(medians)
-        if horizon is not None or window >= reach or 2 * window > budget:
+        wider = _wider(window, reach, budget)
+        if horizon is not None or wider is None:
             return Measured(medians=medians, horizon=horizon, window=window, steps=ts,
                             examples=examples, longest=reach)
-        window = min(2 * window, reach)
+        window = wider
 
 
 def _with_longest(examples: list[int], ran: np.ndarray) -> list[int]:
@@ -119,11 +120,17 @@ def _with_longest(examples: list[int], ran: np.ndarray) -> list[int]:
     return sorted({*examples, longest} - {nearest})
 
 
+def _wider(window: int, reach: int, budget: int) -> int | None:
+    """The window :func:`measure` tries after ``window``, where its horizon lies beyond it:
+    twice as wide (up to ``reach``, the longest lag there is); None where ``window`` already
+    reaches it, or twice it passes the memory ``budget``."""
+    return None if window >= reach or 2 * window > budget else min(2 * window, reach)
+
+
 def _widest(window: int, reach: int, budget: int) -> int:
-    """The widest window :func:`measure` may try, from its first ``window``: each doubles
-    (up to ``reach``) while it is below ``reach`` and its double within ``budget``."""
-    while not (window >= reach or 2 * window > budget):
-        window = min(2 * window, reach)
+    """The widest window :func:`measure` may try, from its first ``window``."""
+    while (wider := _wider(window, reach, budget)) is not None:
+        window = wider
     return window
 
 
