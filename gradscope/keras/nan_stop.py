@@ -59,16 +59,17 @@ def text(found: NonFiniteEntry, step: int) -> str:
     from rich.console import Console
 
     from gradscope.report.keras_text import nonfinite_lines
+    from gradscope.report.layout import Trimmed
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=80, color_system=None, no_color=True,
                       highlight=False, force_terminal=False)
     console.print(f"GradientFlow: the loss of step {step} is not finite; training stops")
     for line in nonfinite_lines(found):
-        console.print(line)
-    # rich pads a table's lines to the full width: the spaces that end them are dropped
-    # (found tried as a new user would: the last lines on stderr ran on to 80 columns).
-    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+        # Without the spaces rich pads a table's lines with (found tried as a new user
+        # would: the last lines on stderr ran on to 80 columns).
+        console.print(Trimmed(line))
+    return buffer.getvalue()
 
 
 def write(log_dir: Path, writer: Any, tf: Any, found: NonFiniteEntry, step: int,
