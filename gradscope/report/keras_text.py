@@ -115,13 +115,19 @@ def _named_table(width: int, left: str, right: str, rows: list[_Row]) -> Table:
 _GLUE = re.compile(r"([≤≥=×]) (?=\S)")
 
 
-def _wrapped(paragraph: str, width: int) -> str:
+def _wrapped(paragraph: str, width: int, whole: re.Pattern[str] | None = None) -> str:
     """``paragraph`` wrapped at ``width`` here, where glued words are kept whole: textwrap
     breaks at ASCII spaces only, so a glue is a no-break space while it wraps, and a plain
-    space again in the text shown (its lines fit, so rich does not wrap them again)."""
-    return "\n".join(textwrap.fill(_GLUE.sub("\\1\u00a0", line), width,
-                                    break_on_hyphens=False).replace("\u00a0", " ") or line
-                      for line in paragraph.split("\n"))
+    space again in the text shown (its lines fit, so rich does not wrap them again).
+    ``whole``: every match is kept whole too, never broken even where wider than ``width``."""
+    def glued(line: str) -> str:
+        line = _GLUE.sub("\\1\u00a0", line)
+        return line if whole is None else whole.sub(
+            lambda m: m.group(0).replace(" ", "\u00a0"), line)
+
+    return "\n".join(textwrap.fill(glued(line), width, break_on_hyphens=False,
+                                    break_long_words=whole is None).replace("\u00a0", " ")
+                      or line for line in paragraph.split("\n"))
 
 
 def _with_items(row: _Row, width: int) -> Text:
@@ -157,10 +163,11 @@ class _ShapesWhole:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
         room = max(1, options.max_width - cell_len(self.mark) - 1)
-        glued = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(" ", "\u00a0"), self.text)
-        wrapped = textwrap.fill(glued, room, break_on_hyphens=False,
-                                break_long_words=False).replace("\u00a0", " ")
-        yield hanging(self.mark, wrapped, self.style)
+        yield hanging(self.mark, _wrapped(self.text, room, _PARENTHESIS), self.style)
+
+
+#: A parenthesis and what it holds (a shape).
+_PARENTHESIS = re.compile(r"\([^()]*\)")
 
 
 def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
