@@ -126,6 +126,53 @@ def test_a_backward_wrong_in_the_first_steps_is_placed_in_time(tf):
     assert "first wrong step counting back: t=3" in diagnosis(report)
 
 
+def test_a_wrong_weight_gradient_is_blamed_on_that_weight_alone(tf):
+    """Tried as a new user would: a cell whose own gradient makes the recurrent kernel's 1.01×
+    too large, and nothing else. The cell steps name that weight, with its factor; the input
+    kernel, whose gradient is right, passes (one direction over every weight at once blamed
+    both, 'first wrong step t=0', with a factor 0.981 of neither)."""
+    import keras
+
+    class WrongRecurrentCell(keras.layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = self.state_size = self.output_size = units
+
+        def build(self, input_shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+            self.recurrent = self.add_weight(shape=(self.units, self.units),
+                                             name="recurrent_kernel")
+
+        def call(self, x: Any, states: Any) -> Any:
+            @tf.custom_gradient
+            def carried(h: Any, u: Any) -> Any:
+                return h @ u, lambda dy: (dy @ tf.transpose(u),
+                                          1.01 * tf.transpose(h) @ dy)
+
+            new = tf.tanh(x @ self.kernel + carried(states[0], tf.convert_to_tensor(
+                self.recurrent)))
+            return new, [new]
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((STEPS, FEATURES))
+    rnn = keras.layers.RNN(WrongRecurrentCell(UNITS), name="rnn")
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(rnn(inputs)))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype("float32")
+    report = gradscope.check(model, x=x, y=rng.standard_normal((BATCH, 2)).astype("float32"))
+    cell = "rnn/wrong_recurrent_cell"
+    assert report.summary.failed_tensors == [f"{cell}/recurrent_kernel"]
+    kernel = _entry(report, f"{cell}/kernel", "cell_steps")
+    recurrent = _entry(report, f"{cell}/recurrent_kernel", "cell_steps")
+    assert kernel.passed and not recurrent.passed
+    assert recurrent.error == pytest.approx(0.01, rel=0.05)
+    assert recurrent.first_bad_step is None
+    assert "into recurrent_kernel: wrong, off by a factor 1.01" in recurrent.detail
+    assert "into kernel: right" in recurrent.detail
+    assert "into h_(t−1): right at every step" in recurrent.detail
+
+
 def test_the_flow_over_a_cell_is_the_numpy_bptt_of_the_same_layer(tf):
     """RNN(GRUCell), run step by step under one tape, gives at every step the ‖∂L/∂h_t‖ that
     gradscope's NumPy BPTT gives the GRU layer with the same weights."""

@@ -29,10 +29,10 @@ WITNESS = "cell_steps"
 @dataclass(frozen=True)
 class Part:
     """What one part of the cell's backward does over time: the worst relative error at each
-    step (one number for the weights, which every step shares) and, where one factor explains
+    step (one number for a weight, which every step shares) and, where one factor explains
     the tape's numbers, that factor."""
 
-    name: str  # "x_t", "h_{t−1}", "the weights"
+    name: str  # "x_t", "h_(t−1)", or a weight's name
     errors: np.ndarray
     factor: float | None
 
@@ -81,41 +81,38 @@ def _one_call(probing: Probing, call: CapturedCall, weight_paths: list[str]
     mask = call.mask
     if mask is not None and not bool(np.all(np.asarray(mask))):
         return []
-    parts = _parts(engine, layer, call, engine.training,
-                   np.random.default_rng([probing.seed, 7]))
+    parts, weights = _parts(engine, layer, call, engine.training,
+                            np.random.default_rng([probing.seed, 7]))
     steps = len(parts[0].errors)
     names = state_names(layer)
-    state_parts = parts[1:-1]
+    state_parts = parts[1:]
     # The gradient into the state entering step t is what carries ∂L back to every earlier
-    # step: a step whose backward is wrong there spoils the total ∂L/∂h of every step before it.
+    # step: a step whose backward is wrong there spoils the total ∂L/∂h of every step before it,
+    # and the weights' gradients with it.
     last_wrong = max((t for part in state_parts for t in part.wrong(rtol)), default=None)
-    detail = _sentence(parts, steps, rtol)
+    detail = _sentence(parts, weights, steps, rtol)
     results = []
     for name, part in zip(names, state_parts, strict=True):
         error = float(np.max(part.errors))
         results.append(WitnessResult(WITNESS, f"{label}/{name}", error, rtol, error <= rtol,
                                      detail, first_bad_step=last_wrong))
-    weights = parts[-1]
-    every = max((t for part in parts for t in part.wrong(rtol)), default=None)
+    by_path = {v.path: part for v, part in zip(layer.cell.trainable_variables, weights,
+                                                strict=True)}
     for path in weight_paths:
-        error = float(np.max(weights.errors))
-        results.append(WitnessResult(
-            WITNESS, path, error, rtol, error <= rtol, detail,
-            first_bad_step=every if error > rtol or last_wrong is not None else None))
+        # Each weight's own backward, one number (every step shares it); wrong from a step
+        # back only through the state's.
+        error = float(np.max(by_path[path].errors))
+        results.append(WitnessResult(WITNESS, path, error, rtol, error <= rtol, detail,
+                                     first_bad_step=last_wrong))
     return results
 
 
-def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
+def _sentence(parts: list[Part], weights: list[Part], steps: int, rtol: float) -> str:
     said = []
     for part in parts:
         wrong = part.wrong(rtol)
         if not wrong:
-            said.append(f"into {part.name}: right" + (" at every step" if len(part.errors) > 1
-                                                        else ""))
-            continue
-        factor = (f", off by a factor {part.factor:.3g}" if part.factor is not None else "")
-        if len(part.errors) == 1:
-            said.append(f"into {part.name}: wrong{factor}")
+            said.append(f"into {part.name}: right at every step")
             continue
         last = max(wrong)
         if len(wrong) == steps:
@@ -125,19 +122,32 @@ def _sentence(parts: list[Part], steps: int, rtol: float) -> str:
                      f"({len(wrong)} of {last + 1} steps)")
         else:
             where = f"wrong at {len(wrong)} of {steps} steps, the last at t=T−1={steps - 1}"
-        said.append(f"into {part.name}: {where}{factor}")
+        said.append(f"into {part.name}: {where}{_factor(part)}")
+    right = [part.name for part in weights if not part.wrong(rtol)]
+    if len(right) == len(weights):
+        said.append("into the weights: right")
+    else:
+        said += [f"into {part.name}: wrong{_factor(part)}" for part in weights
+                 if part.wrong(rtol)]
+        if right:
+            said.append(f"into {', '.join(right)}: right")
     return ("each step of your cell on its own (its input and state at that step, time folded "
             "into the batch; tape against central differences): " + "; ".join(said))
 
 
+def _factor(part: Part) -> str:
+    return f", off by a factor {part.factor:.3g}" if part.factor is not None else ""
+
+
 def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
-           rng: np.random.Generator) -> list[Part]:
+           rng: np.random.Generator) -> tuple[list[Part], list[Part]]:
     """The cell run over the call's own input (``tf.scan``) gives the state entering every
     step; with time folded into the batch axis, the cell's backward is checked at every step at
     once: the tape's vector-Jacobian product of one step, for a random cotangent on its outputs
     and new states, against central differences of that same step along random directions of
-    its input x_t, of each state it receives, and of its weights. Rows are examples at steps,
-    so each step gets its own verdict."""
+    its input x_t, of each state it receives, and of each of its weights. Rows are examples at
+    steps, so each step gets its own verdict. Returned: the parts of x_t and of each state, and
+    one part per trainable weight of the cell (in its order)."""
     tf = engine.tf
     step, x_tm, initial = cell_run(engine, layer, call, training)
     steps, batch = int(x_tm.shape[0]), int(x_tm.shape[1])
@@ -190,26 +200,28 @@ def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,
                     if gradient is not None else np.zeros(steps * batch))
         parts.append(_part(_part_name(layer, k), numerical, analytic, at_rest, steps, batch,
                            delta, dtype))
-    # The weights: one direction over all of them; every step shares them, so one number.
-    deltas = [rng.standard_normal(v.shape) for v in variables]
-    values = [np.array(v.numpy()) for v in variables]
+    # Each weight along a direction of its own: every step shares it, so one number each,
+    # and a wrong one is named by itself.
+    weights = []
+    for k, variable in enumerate(variables):
+        shift = rng.standard_normal(variable.shape)
+        value = np.array(variable.numpy())
 
-    def with_weights(sign: float) -> float:
-        for v, value, shift in zip(variables, values, deltas, strict=True):
-            v.assign(value + sign * delta * shift)
-        try:
-            return float(np.sum(rows_of(xs, states).numpy()))
-        finally:
-            for v, value in zip(variables, values, strict=True):
-                v.assign(value)
+        def moved_by(sign: float, variable: Any = variable, value: Any = value,
+                     shift: Any = shift) -> float:
+            variable.assign(value + sign * delta * shift)
+            try:
+                return float(np.sum(rows_of(xs, states).numpy()))
+            finally:
+                variable.assign(value)
 
-    numerical = np.array([(with_weights(1.0) - with_weights(-1.0)) / (2 * delta)])
-    analytic = np.array([sum(float(np.sum(np.asarray(g) * d))
-                             for g, d in zip(grads[1 + len(states):], deltas, strict=True)
-                             if g is not None)])
-    parts.append(_part("the weights", numerical, analytic, np.array([np.sum(at_rest)]), 1, 1,
-                       delta, dtype))
-    return parts
+        gradient = grads[1 + len(states) + k]
+        numerical = np.array([(moved_by(1.0) - moved_by(-1.0)) / (2 * delta)])
+        analytic = np.array([float(np.sum(np.asarray(gradient) * shift))
+                             if gradient is not None else 0.0])
+        weights.append(_part(variable.name, numerical, analytic, np.array([np.sum(at_rest)]),
+                             1, 1, delta, dtype))
+    return parts, weights
 
 
 def _part_name(layer: Any, k: int) -> str:
