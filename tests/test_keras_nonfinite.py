@@ -274,3 +274,47 @@ def test_check_picks_the_example_that_holds_nan_and_numbers_it_in_the_batch(tf):
     found = report.nonfinite
     assert found is not None and (found.layer, found.step, found.examples) == ("x", 2, [37])
     assert found.cause.startswith("Inf in the input x: example 37, step 2, feature 0")
+
+
+def _linear_head(tf: Any, gain: float, loss: str) -> Any:
+    """The relu recurrence of :func:`_relu_rnn` under a linear head."""
+    import keras
+
+    model = _relu_rnn(tf, gain)
+    out = keras.layers.Dense(2, name="linear_head")(model.get_layer("rnn").output)
+    model = keras.Model(model.inputs, out)
+    model.compile(loss=loss)
+    return model
+
+
+def test_check_fails_a_model_whose_own_float32_loss_overflows(tf):
+    """Tried as a new user would: the relu state grows 3.5× a step, and its squared error is
+    finite in check's float64 copy (about 1e70) but not in float32, where fit computes it
+    (Keras' own call says inf). check said PASSED on the copy; it now fails (exit 1), says
+    where the float32 number was born, and what the copy computed."""
+    x = np.abs(_sequences(64))
+    y = np.zeros((B, 2), "float32")
+    model = _linear_head(tf, 3.5, "mse")
+    assert not np.isfinite(float(model.compute_loss(x=x, y=y, y_pred=model(x))))
+    report = gradscope.check(model, x=x, y=y)
+    assert not report.summary.passed and report.dtype == "float32"
+    found = report.nonfinite
+    assert found is not None and found.origin == "loss" and found.operation == "Square"
+    assert "A float64 copy with the same weights computes a loss of " in found.cause
+    assert "but float32, in which the model runs, cannot hold them" in found.cause
+
+
+def test_check_passes_a_model_near_float32_s_range_that_holds(tf):
+    """The same recurrence under a mean absolute error: gradients near 1e35 in the copy,
+    finite in float32 (Keras' own tape), so the model's own pass is run and check goes on to
+    pass on the copy: no false alarm."""
+    x = np.abs(_sequences(64))
+    y = np.zeros((B, 2), "float32")
+    model = _linear_head(tf, 3.5, "mae")
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x))
+    gradients = tape.gradient(loss, model.trainable_variables)
+    largest = max(float(np.max(np.abs(g))) for g in gradients)
+    assert np.isfinite(float(loss)) and 1e35 < largest < 3e38
+    report = gradscope.check(model, x=x, y=y)
+    assert report.nonfinite is None and report.summary.passed and report.dtype == "float64"

@@ -33,6 +33,7 @@ from gradscope.keras.check.precision import (
     coarse_loss,
     loss_along,
     measured_rounding,
+    near_range,
     not_in_dtype,
 )
 from gradscope.keras.check.probing import Probing, Witnessed
@@ -143,6 +144,12 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         say("a number is not finite: where it was born, on these examples")
         return _not_finite(job, engine, autodiff, chosen, inputs, targets, sample_weight,
                            clock, timings)
+    if copied and near_range(engine.user_model, autodiff):
+        say("the float64 copy's numbers near the model's own range: the model in its dtype")
+        overflowed = _overflows(job, chosen, inputs, targets, sample_weight, autodiff.loss,
+                                clock, timings)
+        if overflowed is not None:
+            return overflowed
     _refuse_all_zero(autodiff, sample_weight)
     if after_autodiff is not None:
         after_autodiff(model)
@@ -211,6 +218,30 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
         timings=clock.laps(timings))
+
+
+def _overflows(job: KerasJob, chosen: CheckedExamples, inputs: dict[str, np.ndarray],
+               targets: dict[str, np.ndarray], sample_weight: Any, copy_loss: float,
+               clock: Clock, timings: bool) -> KerasCheckReport | None:
+    """The model as the user runs it, in its own dtype, where the float64 copy's numbers come
+    near that dtype's range: where its loss or a gradient is not finite, that is the report
+    (exit 1; the copy's finite gradients are not the ones fit takes), the cause saying what
+    the copy computed. None where the model's own pass is finite."""
+    own = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
+    dtype = own.dtype_name
+    inputs, targets = ({name: value.astype(dtype) if value.dtype.kind == "f" else value
+                        for name, value in arrays.items()} for arrays in (inputs, targets))
+    result = own.run(inputs, targets, sample_weight=sample_weight)
+    if all_finite(result):
+        return None
+    report = _not_finite(job, own, result, chosen, inputs, targets, sample_weight, clock,
+                         timings)
+    assert report.nonfinite is not None
+    cause = (f"{report.nonfinite.cause}. A float64 copy with the same weights computes a loss "
+             f"of {copy_loss:.4g} and finite gradients, but {dtype}, in which the model runs, "
+             "cannot hold them: no gradient is compared")
+    return report.model_copy(update={"nonfinite": report.nonfinite.model_copy(
+        update={"cause": cause})})
 
 
 def _not_finite(job: KerasJob, engine: KerasEngine, autodiff: Any, chosen: CheckedExamples,
