@@ -370,6 +370,32 @@ def test_a_keras_headers_inputs_line_wraps_under_its_first_name(tf):
             assert line.count("(") == line.count(")"), (width, line)
 
 
+def test_an_attention_layers_text_keeps_its_shapes_and_indices_whole(tf):
+    """Found tried as a new user would: an Attention layer's text parted "(batch, Tq 1," from
+    "dim 8)" and "∂L/∂p[i," from "k])" at 80 columns. A short bracket is one word, at any
+    width."""
+    import keras
+    import numpy as np
+
+    import gradscope
+
+    query, values = keras.Input((1, 8)), keras.Input((12, 8))
+    attended = keras.layers.Attention(name="attn")([query, values])
+    model = keras.Model([query, values], keras.layers.Flatten()(attended))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    report = gradscope.explain(model, x=[rng.standard_normal((2, 1, 8)),
+                                         rng.standard_normal((2, 12, 8))],
+                               y=rng.standard_normal((2, 8)))
+    for width in (70, 80, 90, 100):
+        lines = render_text(report, width).split("\n")
+        start = next(i for i, line in enumerate(lines) if line.startswith("attn "))
+        for line in lines[start:start + 14]:
+            assert line.count("[") == line.count("]"), (width, line)
+            assert ("Tq 1," not in line or "(batch, Tq 1, dim 8)" in line) and \
+                not line.lstrip().startswith("dim 8)"), (width, line)
+
+
 def test_a_backward_directions_heading_wraps_under_itself(tf):
     """Found tried as a new user would: a Bidirectional's backward heading wrapped its
     "(processing order: …)" to the first column at 80 columns. It goes whole under the

@@ -114,16 +114,22 @@ def _named_table(width: int, left: str, right: str, rows: list[_Row]) -> Table:
 #: number.
 _GLUE = re.compile(r"([≤≥=×]) (?=\S)")
 
+#: A short bracket is one word too (a shape ``(batch, Tq 1, dim 8)``, an index ``p[i, k]``),
+#: found tried as a new user would: "(batch, Tq 1," then "dim 8)".
+_SHORT_GROUP = re.compile(r"\([^()\n]{1,20}\)|\[[^\[\]\n]{1,20}\]")
+
 
 def _wrapped(paragraph: str, width: int, whole: re.Pattern[str] | None = None) -> str:
     """``paragraph`` wrapped at ``width`` here, where glued words are kept whole: textwrap
     breaks at ASCII spaces only, so a glue is a no-break space while it wraps, and a plain
-    space again in the text shown (its lines fit, so rich does not wrap them again).
-    ``whole``: every match is kept whole too, never broken even where wider than ``width``."""
+    space again in the text shown (its lines fit, so rich does not wrap them again); so is
+    every space of a short bracket (:data:`_SHORT_GROUP`). ``whole``: every match is kept
+    whole too, never broken even where wider than ``width``."""
     def glued(line: str) -> str:
         line = _GLUE.sub("\\1\u00a0", line)
-        return line if whole is None else whole.sub(
-            lambda m: m.group(0).replace(" ", "\u00a0"), line)
+        for pattern in (_SHORT_GROUP, *([whole] if whole is not None else [])):
+            line = pattern.sub(lambda m: m.group(0).replace(" ", "\u00a0"), line)
+        return line
 
     return "\n".join(textwrap.fill(glued(line), width, break_on_hyphens=False,
                                     break_long_words=whole is None).replace("\u00a0", " ")
