@@ -5,6 +5,7 @@ still caught on the same models."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -268,7 +269,23 @@ def test_a_wrong_backward_in_a_layer_without_weights_is_named(tf):
     assert not _witness(report, "below/kernel", "finite_differences").passed
     assert _witness(report, "above/kernel", "finite_differences").passed
     assert [t.name for t in report.tensors if t.name.startswith("layer ")] == ["layer half"]
-    assert "0.5 times the differences'" in _witness(report, "layer half", "own_backward").detail
+    own = _witness(report, "layer half", "own_backward")
+    assert "0.5 times the differences'" in own.detail
+    # The error said is that of the two numbers beside it (tried as a new user would: a
+    # smaller retake's rounding allowance made it read 1.27e-01 beside 8.9e-01 and 6.0e-01).
+    tape, differences, *typical = (float(n) for n in re.findall(r"-?\d\.\d+e[-+]\d+",
+                                                                 own.detail))
+    assert own.error == pytest.approx(abs(tape - differences) / max(abs(tape), *typical),
+                                      rel=1e-3)
+    # A layer call is not counted as a tensor.
+    from conftest import render_text
+
+    text = " ".join(render_text(report, 200).split())
+    tensors = len(report.tensors) - 1
+    assert f"Gradients checked ({tensors} tensors and 1 layer call's own backward," in text
+    failed = len(report.summary.failed_tensors) - 1
+    assert f"FAILED: {failed} of {tensors} tensors disagree: " in text
+    assert text.endswith("; layer half's own backward disagrees too")
 
 
 @pytest.mark.parametrize("fixture", ["regularized", "bidirectional_lstm"])

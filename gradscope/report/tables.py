@@ -293,8 +293,16 @@ def checked_section(report: CheckReport | KerasCheckReport | LayerCheckReport,
                     width: int) -> list[RenderableType]:
     """The verdict per tensor and witness, under its title."""
     summary = report.summary
-    return [section(f"Gradients checked ({summary.checked_tensors} tensors, "
-                    f"{summary.comparisons} comparisons)"), check_table(report, width)]
+    layers = _own_backwards(report)
+    also = ("" if not layers else " and 1 layer call's own backward" if len(layers) == 1
+            else f" and {len(layers)} layer calls' own backwards")
+    return [section(f"Gradients checked ({summary.checked_tensors - len(layers)} tensors"
+                    f"{also}, {summary.comparisons} comparisons)"), check_table(report, width)]
+
+
+def _own_backwards(report: CheckReport | KerasCheckReport | LayerCheckReport) -> list[str]:
+    """The rows that are a layer call's own backward (``layer NAME``), not a tensor."""
+    return [t.name for t in report.tensors if t.name.startswith("layer ")]
 
 
 def failures_section(report: CheckReport | KerasCheckReport | LayerCheckReport
@@ -314,8 +322,17 @@ def all_agree(report: CheckReport | KerasCheckReport) -> Text:
 
 def failed_line(report: CheckReport | KerasCheckReport | LayerCheckReport) -> Text:
     summary = report.summary
-    return Text(f"\nFAILED: {len(summary.failed_tensors)} of {summary.checked_tensors} "
-                f"tensors disagree: {', '.join(summary.failed_tensors)}", style="bold red")
+    layers = _own_backwards(report)
+    tensors = [name for name in summary.failed_tensors if name not in layers]
+    wrong = [name for name in summary.failed_tensors if name in layers]
+    said = ([f"{len(tensors)} of {summary.checked_tensors - len(layers)} tensors disagree: "
+             f"{', '.join(tensors)}"] if tensors else [])
+    too = " too" if tensors else ""
+    if len(wrong) == 1:
+        said.append(f"{wrong[0]}'s own backward disagrees{too}")
+    elif wrong:
+        said.append(f"the own backwards of {', '.join(wrong)} disagree{too}")
+    return Text(f"\nFAILED: {'; '.join(said)}", style="bold red")
 
 
 def timings_lines(timings: dict[str, float] | None, lead: str = "") -> list[RenderableType]:

@@ -101,6 +101,7 @@ def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.rando
     probe = Probe("input", "a random direction", direction / np.linalg.norm(direction))
     analytic = float(np.sum(gradient * probe.direction))
     dtype = x.dtype.name
+    said: tuple[float, float] | None = None
     for step in (step_for(dtype), *retakes_for(dtype)):
         shift = tf.constant(step * probe.direction, x.dtype)
         plus, minus = at(x + shift), at(x - shift)
@@ -109,9 +110,17 @@ def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.rando
                                              rounding_of(dtype))
         if passed:
             return None
-    numerical = (plus - minus) / (2 * step)
+        # What is said is the first step's: a smaller step's rounding, which the error allows
+        # for, would make its error smaller than the numbers beside it show.
+        said = said or (error, (plus - minus) / (2 * step))
+    assert said is not None
+    error, numerical = said
     factor = (f"; the tape's is {analytic / numerical:.3g} times the differences'"
               if numerical != 0 else "")
+    typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
+    if typical > abs(analytic):  # as directional_error measures it
+        factor += (f" (the error is of ‖g‖/√n = {typical:.3e}, the typical size of such a "
+                   "derivative, larger than the tape's here)")
     return WitnessResult(
         WITNESS, name, error, rtol, False,
         f"this layer's own backward, on the input the call received and a random cotangent: "
