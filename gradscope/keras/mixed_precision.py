@@ -245,8 +245,8 @@ def _warnings(dtype: str, scale: float, optimizer: str, tensors: list[MixedPreci
                             "model's own dtype policy is mixed_float16; a saved model loaded "
                             "under another global policy is compiled without it), under "
                             "float16: fit does not scale the loss, and gradients below "
-                            "6e-8 are lost to 0")
-        if scale == 1:
+                            "6e-8 are lost to 0 and below 6.1e-5 keep few bits")
+        elif scale == 1:  # a LossScaleOptimizer at 1 (the unscaled case is said above)
             warnings.append("the loss scale is 1: float16 gradients below 6e-8 are lost to 0 "
                             "and below 6.1e-5 keep few bits")
     if scale_range is not None and scale_range[0] > scale_range[1]:
