@@ -676,10 +676,10 @@ class GradientFlow(keras.callbacks.Callback):
                 step: int, epoch: int | None) -> None:
         skipped = self._record_of.add(engine, inputs, result, step, epoch)
         if self.log_dir is not None:
-            size = int(next(iter(inputs.values())).shape[0])
-            self._write(step, epoch, size, skipped)
+            self._write(step, epoch, _rows(inputs), skipped)
 
-    def _write(self, step: int, epoch: int | None, size: int, skipped: list[Any]) -> None:
+    def _write(self, step: int, epoch: int | None, size: int | None,
+               skipped: list[Any]) -> None:
         from gradscope.keras.summaries import FlowSummaryWriter
 
         if self._writer is None:
