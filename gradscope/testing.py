@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.report.models import KerasCheckReport
-from gradscope.report.tables import failure_lines
+from gradscope.report.tables import disagreements, failure_lines
 
 
 def assert_gradients(model: Any, x: Any, y: Any = None, *, loss: str | None = None,
@@ -111,12 +111,12 @@ def diagnosis(report: KerasCheckReport) -> str:
         report: A check report.
 
     Returns:
-        A line saying how many tensors disagree, then each failing tensor with the witness,
-        its error against its tolerance, the step, and the witness's detail.
+        A line saying how many tensors disagree (and which layer calls' own backward), then
+        each failing tensor with the witness, its error against its tolerance, the step, and
+        the witness's detail.
     """
-    lines = [f"gradscope: {len(report.summary.failed_tensors)} of "
-             f"{report.summary.checked_tensors} tensors of model '{report.model.name}' "
-             "disagree with a witness:"]
+    lines = [f"gradscope: model '{report.model.name}': "
+             f"{disagreements(report, named=False)}:"]
     for tensor in report.tensors:
         for disagreement, detail in failure_lines(tensor):
             lines.append(f"  ✗ {disagreement}")

@@ -286,6 +286,11 @@ def test_a_wrong_backward_in_a_layer_without_weights_is_named(tf):
     failed = len(report.summary.failed_tensors) - 1
     assert f"FAILED: {failed} of {tensors} tensors disagree: " in text
     assert text.endswith("; layer half's own backward disagrees too")
+    from gradscope.testing import diagnosis
+
+    assert diagnosis(report).splitlines()[0] == (
+        f"gradscope: model '{model.name}': {failed} of {tensors} tensors disagree; layer "
+        "half's own backward disagrees too:")
 
 
 @pytest.mark.parametrize("fixture", ["regularized", "bidirectional_lstm"])

@@ -321,18 +321,25 @@ def all_agree(report: CheckReport | KerasCheckReport) -> Text:
 
 
 def failed_line(report: CheckReport | KerasCheckReport | LayerCheckReport) -> Text:
+    return Text(f"\nFAILED: {disagreements(report)}", style="bold red")
+
+
+def disagreements(report: CheckReport | KerasCheckReport | LayerCheckReport,
+                  named: bool = True) -> str:
+    """How many tensors disagree (``named``: which), and the layer calls whose own backward
+    does: a layer call is not counted as a tensor."""
     summary = report.summary
     layers = _own_backwards(report)
     tensors = [name for name in summary.failed_tensors if name not in layers]
     wrong = [name for name in summary.failed_tensors if name in layers]
-    said = ([f"{len(tensors)} of {summary.checked_tensors - len(layers)} tensors disagree: "
-             f"{', '.join(tensors)}"] if tensors else [])
+    said = ([f"{len(tensors)} of {summary.checked_tensors - len(layers)} tensors disagree"
+             + (f": {', '.join(tensors)}" if named else "")] if tensors else [])
     too = " too" if tensors else ""
     if len(wrong) == 1:
         said.append(f"{wrong[0]}'s own backward disagrees{too}")
     elif wrong:
         said.append(f"the own backwards of {', '.join(wrong)} disagree{too}")
-    return Text(f"\nFAILED: {'; '.join(said)}", style="bold red")
+    return "; ".join(said)
 
 
 def timings_lines(timings: dict[str, float] | None, lead: str = "") -> list[RenderableType]:
