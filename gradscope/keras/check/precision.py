@@ -36,7 +36,7 @@ def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
 
 
 #: A float64 copy's number within this power of the user's dtype's largest finite number
-#: (float32: about 4e34 of 3.4e38; float16: 2.2e4 of 65504) is near enough to its range that
+#: (float32: about 4.8e34 of 3.4e38; float16: 2.2e4 of 65504) is near enough to its range that
 #: the model, as the user runs it, may overflow where the copy does not (a square inside the
 #: loss, say): check then runs the model in its own dtype to see.
 NEAR_RANGE_POWER = 0.9
