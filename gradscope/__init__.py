@@ -201,8 +201,10 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
     ∂L/∂s_t grows, the optimizer's clipping, and a verdict in words (docs/diagnose.md).
 
     Args:
-        model: A Keras model: a saved ``model.keras`` path or the model object. (A YAML
-            config is not yet diagnosed.)
+        model: A Keras model (a saved ``model.keras`` path or the model object), or a YAML
+            spec (a path, a dict, a Spec, or None: the embedded seed model), whose model is
+            built from Keras' own layers with the spec's weights (held to the spec's NumPy
+            predictions) and diagnosed as such.
         data, x, y, sample_weight, max_memory, timings, progress, **keras_options: As for
             :func:`explain`.
         exponents: How many Lyapunov exponents (default 8; every one when the state has at
@@ -217,8 +219,7 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         document.
 
     Raises:
-        ConfigError: a YAML config, an option the model does not take, or a model gradscope
-            cannot read.
+        ConfigError: an option the model does not take, or a model gradscope cannot read.
         DataError: an array that does not fit the model.
 
     Example:
@@ -226,16 +227,37 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         >>> print(report.layers[0].verdict)  # doctest: +SKIP
         lstm: vanishing: 100% of forget-gate values below 0.1, median τ 0.2 steps, so …
     """
-    if not front.wing(model).__name__.startswith("gradscope.keras."):
-        from gradscope.errors import ConfigError
-
-        shown = "the seed model" if model is None else (
-            str(model) if isinstance(model, str | PathLike) else "a YAML spec")
-        raise ConfigError(f"{shown}: diagnose is not yet for YAML configs; give a saved "
-                          "MODEL.keras or a Keras model object", where=None)
     options = {"exponents": exponents, "counterfactuals": counterfactuals, **keras_options}
-    return front.run("diagnose", model, data, x, y, sample_weight, options, max_memory,
-                     progress, timings)
+    if front.wing(model).__name__.startswith("gradscope.keras."):
+        return front.run("diagnose", model, data, x, y, sample_weight, options, max_memory,
+                         progress, timings)
+    from gradscope.errors import ConfigError, flag
+
+    if x is not None or y is not None or sample_weight is not None:
+        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
+                          "pass data={'x': ..., 'y': ...}", where="x")
+    if keras_options:
+        name = sorted(keras_options)[0]
+        raise ConfigError(f"{flag(name)} is for a Keras model: a YAML spec gives its own "
+                          "batch, loss and weights", where=flag(name))
+    # The spec's model, built from Keras' own layers with its weights: its dynamics are read
+    # from Keras' cells, as a saved model's are.
+    if progress is not None:
+        progress("building the spec's model from Keras' layers")
+    from gradscope.yaml.keras_layers import BUILT
+
+    built = front.spec_as_keras(model, data)
+    report = front.run("diagnose", built.model, None, built.x, built.y, None, options,
+                       max_memory, progress, timings)
+    loss = report.loss
+    keras_loss = ", ".join(o.loss + (" from logits" if o.from_logits else "")
+                           for o in loss.outputs)
+    said = f"{built.loss}, the config's loss (Keras' {keras_loss})"
+    return report.model_copy(update={
+        "model": report.model.model_copy(update={"data": built.data}),
+        "loss": loss.model_copy(update={"name": said, "outputs": [
+            o.model_copy(update={"rule": "the config's loss"}) for o in loss.outputs]}),
+        "method": [BUILT, *report.method]})
 
 
 def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None, *,

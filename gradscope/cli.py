@@ -592,13 +592,13 @@ Exit codes:
      diagnosed; where it was born is said); with --fail-on, a layer whose
      verdict names that mechanism (one line on stderr says which); or
      gradscope disagreed with itself (an internal error)
-  2  usage, config or data error, or a YAML config (not yet diagnosed); with
-     --fail-on, a recurrent call that could not be diagnosed
+  2  usage, config or data error; with --fail-on, a recurrent call that
+     could not be diagnosed
 """
 
 
 @cli.command(epilog=DIAGNOSE_EPILOG)
-@click.argument("config", metavar="MODEL.keras", required=False,
+@click.argument("config", metavar="CONFIG|MODEL.keras", required=False,
                 shell_complete=_complete_path)
 @click.option("--exponents", type=click.IntRange(min=1), metavar="K",
               help="How many Lyapunov exponents, largest first (default 8; every one when "
@@ -626,25 +626,18 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
     along the batch's own trajectory: the spectral norm of each step Jacobian, the
     Lyapunov spectrum (QR along the trajectory), the gates and unit timescales (GRU,
     LSTM), the memory horizon (measured, and predicted from λ₁), where ∂L/∂s_t grows,
-    what the optimizer's clipping does to this batch, and a verdict in words. See
-    docs/diagnose.md for how to read it.
+    what the optimizer's clipping does to this batch, and a verdict in words. A YAML
+    CONFIG (or none: the seed model) is built from Keras' own layers with its weights
+    and diagnosed so. See docs/diagnose.md for how to read it.
 
     \b
     Example:
+      gradscope diagnose                       # the embedded seed model
       gradscope diagnose model.keras
       gradscope diagnose model.keras --data batch.npz --json
     """
     preflight.check_force(force, {"-o": output})
     preflight.check_output(output, force, as_json)
-    if config is None:
-        raise GradscopeError("gradscope diagnose needs a saved Keras model: gradscope diagnose "
-                             "MODEL.keras (model.save('model.keras')); the seed model and YAML "
-                             "configs are not diagnosed yet", where="MODEL")
-    if not str(config).endswith(".keras"):
-        said = ("diagnose is not yet for YAML configs" if str(config).endswith((".yaml", ".yml"))
-                else "diagnose reads a saved Keras model only")
-        raise GradscopeError(f"{config}: {said}; give a saved MODEL.keras "
-                             "(model.save('model.keras'))", where=config)
     source = _model_source(config, user_code)
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope diagnose", spinner="dots") as status:

@@ -6,8 +6,11 @@ command takes through that wing: job (options checked once, the batch loaded) â†
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from os import PathLike
 from typing import Any
+
+import numpy as np
 
 
 def wing(source: Any) -> Any:
@@ -49,6 +52,61 @@ def run(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight: Any
     chosen.guard(ready, memory_limit(max_memory))
     with tensorflow_logger_quieted():
         return drawn(chosen.run(ready, progress, timings))
+
+
+@dataclass(frozen=True)
+class SpecAsKeras:
+    """A YAML spec's model built from Keras' layers (:func:`spec_as_keras`), its batch, where
+    that came from, and the spec's loss by its name."""
+
+    model: Any
+    x: np.ndarray
+    y: np.ndarray
+    data: str
+    loss: str
+
+
+def spec_as_keras(source: Any, data: Any) -> SpecAsKeras:
+    """A YAML spec (a path, a dict, a Spec, or None: the embedded seed model) as a Keras model
+    of Keras' own layers with the spec's weights (:mod:`gradscope.yaml.keras_layers`), held to
+    the spec's own NumPy predictions; with the spec's batch (``data``, or its synthetic one):
+    what ``diagnose CONFIG`` runs on: the
+    dynamics are read from Keras' cells. A batch's non-zero initial states are refused (the
+    Keras model starts every layer from zeros)."""
+    from pathlib import Path
+
+    from gradscope.arrays import as_data_files
+    from gradscope.errors import ConfigError
+    from gradscope.yaml import job as yaml_job
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.data import initial_params, synthetic_batch
+    from gradscope.yaml.keras_layers import KERAS_LOSSES, keras_layers
+    from gradscope.yaml.reference import predictions
+
+    ready = yaml_job.prepare("explain", source, as_data_files(data), None, None, None, {})
+    spec = ready.spec
+    shapes = model_shapes(spec)
+    batch = ready.batch if ready.batch is not None else synthetic_batch(shapes)
+    given = sorted(name for name, value in batch.initial_states.items() if np.any(value))
+    if given:
+        raise ConfigError(f"{', '.join(given)}: diagnose starts every recurrent layer from "
+                          "zeros, and the data's own initial states are not diagnosed yet; "
+                          "leave them out of the data (explain and check take them)",
+                          where="--data")
+    params = initial_params(shapes)
+    if source is None:
+        name, label = "seed", "the seed model"
+    elif isinstance(source, str | PathLike):
+        name, label = Path(source).stem, str(source)
+    else:
+        name, label = "spec", "a YAML spec"
+    from gradscope.keras.from_layers import built  # imports TensorFlow
+
+    model = built(name, spec.time_steps, spec.input_size, keras_layers(shapes, params),
+                  KERAS_LOSSES[spec.loss], label, batch.x,
+                  predictions(shapes, params, batch.x), spec.dtype)
+    return SpecAsKeras(model, batch.x.astype(spec.dtype), batch.y.astype(spec.dtype),
+                       batch.source, spec.loss)
 
 
 def drawn(report: Any) -> Any:

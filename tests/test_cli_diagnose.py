@@ -1,5 +1,6 @@
 """``gradscope diagnose``: exit codes, the JSON document and its schema, the text at 80
-columns, and YAML configs refused before TensorFlow loads."""
+columns, and models refused before TensorFlow loads (YAML configs:
+test_yaml_diagnose.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import SAMPLES, render_text, run_gradscope, run_without_tensorflow
+from conftest import render_text, run_gradscope, run_without_tensorflow
 
 LAYER_KEYS = {"layer", "call", "lyapunov", "jacobian_norm", "verdict", "gates", "timescales",
               "horizon", "counterfactuals"}
-
-
-def test_a_yaml_config_is_refused_before_tensorflow_loads() -> None:
-    done = run_without_tensorflow("diagnose", str(SAMPLES / "seed.yaml"))
-    assert done.returncode == 2, done.stderr
-    assert "not yet for YAML configs" in done.stderr
 
 
 def test_a_saved_model_of_keras_layers_none_recurrent_is_refused_before_tensorflow_loads(

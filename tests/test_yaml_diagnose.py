@@ -1,0 +1,116 @@
+"""``gradscope diagnose CONFIG``: a YAML spec's model, built from Keras' own layers with the
+spec's weights, diagnosed as a saved model is.
+
+The truth is computed here, without Keras: the TF1 GRUCell written out in NumPy (float64), its
+step Jacobians by central differences along the batch's own trajectory, and Benettin's QR on
+them give the Lyapunov exponents; the loss is the YAML wing's own explain. A layout rearranged
+wrongly is a planted mutant that the build must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SAMPLES, run_gradscope, run_without_tensorflow
+
+import gradscope
+
+CONFIG = {"input_size": 3, "time_steps": 24, "batch_size": 4, "layout": "block",
+          "layers": [{"gru": 5}, {"lstm": 4}, {"simple_rnn": 3}, {"dense": 2}],
+          "loss": "softmax_cross_entropy", "seed": 2, "dtype": "float64"}
+
+
+def _tf1_gru_step(w_ru: np.ndarray, b_ru: np.ndarray, w_c: np.ndarray, b_c: np.ndarray,
+                  x: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """TF1's GRUCell: [r | u] = σ([x, h]·w_ru + b_ru), c = tanh([x, r∘h]·w_c + b_c),
+    h' = u∘h + (1 − u)∘c."""
+    units = h.shape[-1]
+    gates = 1 / (1 + np.exp(-(np.concatenate([x, h], -1) @ w_ru + b_ru)))
+    r, u = gates[..., :units], gates[..., units:]
+    c = np.tanh(np.concatenate([x, r * h], -1) @ w_c + b_c)
+    return u * h + (1 - u) * c
+
+
+def _benettin(step: Any, xs: np.ndarray, units: int) -> np.ndarray:
+    """Every exponent of one example's trajectory: J_t by central differences, QR each step."""
+    h, q, logs = np.zeros(units), np.eye(units), []
+    for x in xs:
+        jacobian = np.stack([(step(x, h + 1e-6 * e) - step(x, h - 1e-6 * e)) / 2e-6
+                             for e in np.eye(units)], axis=1)
+        q, r = np.linalg.qr(jacobian @ q)
+        logs.append(np.log(np.abs(np.diag(r))))
+        h = step(x, h)
+    return np.mean(logs, axis=0)
+
+
+def test_a_block_gru_s_exponents_are_tf1_s_own(tf: Any) -> None:
+    """The spec's first layer, a TF1 GRUCell, is diagnosed through Keras' GRU
+    (reset_after=False) with the weights rearranged: its exponents are those of TF1's own
+    equations, and the loss is the YAML wing's."""
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.data import initial_params, synthetic_batch
+
+    report = gradscope.diagnose(CONFIG, counterfactuals=False)
+    assert report.loss.value == pytest.approx(gradscope.explain(CONFIG).loss.value, rel=1e-12)
+    assert report.loss.name == ("softmax_cross_entropy, the config's loss (Keras' "
+                                "categorical_crossentropy from logits)")
+    assert [layer.call for layer in report.layers] == ["gru_1", "lstm_1", "simple_rnn_1"]
+    shapes = model_shapes(load_spec(CONFIG))
+    params, x = initial_params(shapes), synthetic_batch(shapes).x
+    weights = [params[f"gru_1/{name}"] for name in ("w_ru", "b_ru", "w_c", "b_c")]
+    truth = np.mean([_benettin(lambda x, h: _tf1_gru_step(*weights, x, h), example, 5)
+                     for example in x], axis=0)
+    assert report.layers[0].lyapunov == pytest.approx(sorted(truth, reverse=True), abs=1e-6)
+    assert report.model.data == "synthetic (seed 2)"
+    assert report.method[0].startswith("the YAML spec's model is built from Keras' own layers")
+
+
+def test_a_layout_rearranged_wrongly_is_refused(tf: Any, monkeypatch: Any) -> None:
+    """A planted mutant: the GRU's r and z columns swapped on the way to Keras. The model
+    would not be the spec's; its predictions differ from the spec's NumPy pass, and the
+    build says so (an internal error) rather than diagnose another model."""
+    from gradscope.errors import InternalError
+    from gradscope.yaml import keras_layers
+
+    right = keras_layers.gru_block_to_keras
+
+    def swapped(arrays: dict[str, np.ndarray], F: int, u: int) -> Any:
+        found = right(arrays, F, u)
+        kernel, how = found["kernel"]
+        found["kernel"] = (np.concatenate([kernel[:, u:2 * u], kernel[:, :u],
+                                           kernel[:, 2 * u:]], axis=1), how)
+        return found
+
+    monkeypatch.setattr(keras_layers, "gru_block_to_keras", swapped)
+    with pytest.raises(InternalError, match="do not predict what the spec's own NumPy pass"):
+        gradscope.diagnose(CONFIG, counterfactuals=False)
+
+
+def test_the_command_line_diagnoses_a_config_and_refuses_a_keras_option(
+        tmp_path: Path) -> None:
+    """`gradscope diagnose CONFIG --json`: one document, the config named as the model's file,
+    each change measured; a Keras model's option is refused before TensorFlow loads, and
+    so are an initial state the data gives."""
+    done = run_gradscope("diagnose", str(SAMPLES / "last_step.yaml"), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["model"]["file"] == str(SAMPLES / "last_step.yaml")
+    assert report["loss"]["outputs"][0]["rule"] == "the config's loss"
+    for layer in report["layers"]:
+        assert any(c["applicable"] and c["kind"] != "clipping"
+                   for c in layer["counterfactuals"]), layer["call"]
+    refused = run_without_tensorflow("diagnose", str(SAMPLES / "seed.yaml"), "--loss", "mse")
+    assert refused.returncode == 2 and "--loss is for a Keras model" in refused.stderr
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "batch.npz", x=rng.standard_normal((3, 5, 2)),
+             y=rng.standard_normal((3, 5, 1)), **{"gru_1/h0": np.ones((3, 4))})
+    (tmp_path / "small.yaml").write_text("input_size: 2\ntime_steps: 5\nbatch_size: 3\n"
+                                         "layers: [{gru: 4}, {dense: 1}]\nloss: mse\n")
+    given = run_without_tensorflow("diagnose", str(tmp_path / "small.yaml"), "--data",
+                                   str(tmp_path / "batch.npz"))
+    assert given.returncode == 2 and "gru_1/h0: diagnose starts every" in given.stderr
