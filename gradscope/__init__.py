@@ -189,8 +189,8 @@ def check(spec: Any = None, against: Any = None, chunks: int | None = None,
 
 def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
              sample_weight: Any = None, exponents: int | None = None,
-             counterfactuals: bool = True, max_memory: int | str | None = None,
-             timings: bool = False,
+             counterfactuals: bool = True, weights: Any = None,
+             max_memory: int | str | None = None, timings: bool = False,
              progress: Callable[[str], None] | None = None,
              **keras_options: Any) -> reports.DiagnoseReport:
     """Why the gradients of each recurrent call vanish or explode, measured on the batch.
@@ -212,6 +212,7 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         counterfactuals: Measure each change (keep-gate bias +1, an orthogonal recurrent
             kernel, the clipping the batch suggests) on a copy of the model, run again on the
             batch; False skips those reruns.
+        weights: For a YAML spec: its trained weights, as :func:`explain` reads them.
 
     Returns:
         The report: ``report.layers`` one entry per recurrent call (per direction of a
@@ -229,8 +230,10 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
     """
     options = {"exponents": exponents, "counterfactuals": counterfactuals, **keras_options}
     if front.wing(model).__name__.startswith("gradscope.keras."):
-        return front.run("diagnose", model, data, x, y, sample_weight, options, max_memory,
-                         progress, timings)
+        # weights= goes to the wing, which says why a Keras model takes none.
+        return front.run("diagnose", model, data, x, y, sample_weight,
+                         {**options, **({} if weights is None else {"weights": weights})},
+                         max_memory, progress, timings)
     from gradscope.errors import ConfigError, flag
 
     if x is not None or y is not None or sample_weight is not None:
@@ -246,7 +249,7 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         progress("building the spec's model from Keras' layers")
     from gradscope.yaml.keras_layers import BUILT
 
-    built = front.spec_as_keras(model, data)
+    built = front.spec_as_keras(model, data, weights, progress)
     report = front.run("diagnose", built.model, None, built.x, built.y, None, options,
                        max_memory, progress, timings)
     loss = report.loss
@@ -257,7 +260,7 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         "model": report.model.model_copy(update={"data": built.data}),
         "loss": loss.model_copy(update={"name": said, "outputs": [
             o.model_copy(update={"rule": "the config's loss"}) for o in loss.outputs]}),
-        "method": [BUILT, *report.method]})
+        "method": [BUILT.format(weights=built.weights), *report.method]})
 
 
 def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None, *,

@@ -610,13 +610,14 @@ Exit codes:
               help="Exit 1 where some layer's verdict names this mechanism (repeat the "
                    "option for both): for CI.")
 @keras_data_options
+@weights_option
 @keras_options
 @user_code_options
 @memory_option
 @output_options
 @click.option("--timings", is_flag=True, help="Add the seconds each phase took to the report.")
 def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool,
-             fail_on: tuple[str, ...], data_files: DataFiles,
+             fail_on: tuple[str, ...], data_files: DataFiles, weights: str | None,
              keras_run: dict[str, Any], max_memory: str | None, as_json: bool,
              output: Path | None, force: bool, quiet: bool, timings: bool,
              user_code: tuple[tuple[str, ...], bool]) -> int:
@@ -642,7 +643,7 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
     progress = _stderr_console(quiet=quiet)
     with progress.status("gradscope diagnose", spinner="dots") as status:
         report = gradscope.diagnose(source, data=data_files, exponents=exponents,
-                                    counterfactuals=not no_counterfactuals,
+                                    counterfactuals=not no_counterfactuals, weights=weights,
                                     max_memory=max_memory, timings=timings,
                                     progress=status.update, **keras_run)
     _emit(report, as_json, output, force)

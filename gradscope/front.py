@@ -64,9 +64,13 @@ class SpecAsKeras:
     y: np.ndarray
     data: str
     loss: str
+    #: Where the weights came from, in words: the seed's draw, or the ``weights`` file and how
+    #: its variables met the spec's layers.
+    weights: str
 
 
-def spec_as_keras(source: Any, data: Any) -> SpecAsKeras:
+def spec_as_keras(source: Any, data: Any, weights: Any = None,
+                  progress: Callable[[str], None] | None = None) -> SpecAsKeras:
     """A YAML spec (a path, a dict, a Spec, or None: the embedded seed model) as a Keras model
     of Keras' own layers with the spec's weights (:mod:`gradscope.yaml.keras_layers`), held to
     the spec's own NumPy predictions; with the spec's batch (``data``, or its synthetic one):
@@ -82,8 +86,12 @@ def spec_as_keras(source: Any, data: Any) -> SpecAsKeras:
     from gradscope.yaml.data import initial_params, synthetic_batch
     from gradscope.yaml.keras_layers import KERAS_LOSSES, keras_layers
     from gradscope.yaml.reference import predictions
+    from gradscope.yaml.weights import chosen_weights
 
-    ready = yaml_job.prepare("explain", source, as_data_files(data), None, None, None, {})
+    if is_keras_path(weights):
+        weights = SavedModelWeights(str(weights))
+    ready = yaml_job.prepare("explain", source, as_data_files(data), None, None, None,
+                             {} if weights is None else {"weights": weights})
     spec = ready.spec
     shapes = model_shapes(spec)
     batch = ready.batch if ready.batch is not None else synthetic_batch(shapes)
@@ -93,7 +101,11 @@ def spec_as_keras(source: Any, data: Any) -> SpecAsKeras:
                           "zeros, and the data's own initial states are not diagnosed yet; "
                           "leave them out of the data (explain and check take them)",
                           where="--data")
-    params = initial_params(shapes)
+    params, entry = chosen_weights(spec, weights, None, progress or (lambda message: None))
+    params = initial_params(shapes) if params is None else params
+    told = (f"drawn from the spec's seed {spec.seed}" if entry is None else
+            f"read from {entry.source} ({entry.format}; {len(entry.mapping)} weights, "
+            f"{entry.matched_by})")
     if source is None:
         name, label = "seed", "the seed model"
     elif isinstance(source, str | PathLike):
@@ -106,7 +118,7 @@ def spec_as_keras(source: Any, data: Any) -> SpecAsKeras:
                   KERAS_LOSSES[spec.loss], label, batch.x,
                   predictions(shapes, params, batch.x), spec.dtype)
     return SpecAsKeras(model, batch.x.astype(spec.dtype), batch.y.astype(spec.dtype),
-                       batch.source, spec.loss)
+                       batch.source, spec.loss, told)
 
 
 def drawn(report: Any) -> Any:

@@ -114,3 +114,30 @@ def test_the_command_line_diagnoses_a_config_and_refuses_a_keras_option(
     given = run_without_tensorflow("diagnose", str(tmp_path / "small.yaml"), "--data",
                                    str(tmp_path / "batch.npz"))
     assert given.returncode == 2 and "gru_1/h0: diagnose starts every" in given.stderr
+
+
+def test_trained_weights_are_diagnosed_where_they_are(tf: Any, tmp_path: Path) -> None:
+    """weights= (--weights): the spec's model at the weights of a file, as explain reads them
+    (the loss is explain's at those weights, not the seed's); a Keras model is refused it."""
+    import keras
+
+    from gradscope.errors import ConfigError
+    from gradscope.yaml.algebra import model_shapes
+    from gradscope.yaml.config import load_spec
+    from gradscope.yaml.data import initial_params
+
+    config = {**CONFIG, "layers": [{"gru": 5}, {"dense": 2}]}
+    trained = {name: 1.7 * value
+               for name, value in initial_params(model_shapes(load_spec(config))).items()}
+    np.savez(tmp_path / "trained.npz", **trained)
+    report = gradscope.diagnose(config, weights=tmp_path / "trained.npz",
+                                counterfactuals=False)
+    explained = gradscope.explain(config, weights=tmp_path / "trained.npz")
+    assert report.loss.value == pytest.approx(explained.loss.value, rel=1e-12)
+    assert report.loss.value != pytest.approx(gradscope.explain(config).loss.value, rel=1e-3)
+    assert f"read from {tmp_path / 'trained.npz'} (.npz archive; 6 weights" in report.method[0]
+    model = keras.Sequential([keras.Input((4, 2)), keras.layers.GRU(3), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    with pytest.raises(ConfigError, match="a Keras model carries its own weights"):
+        gradscope.diagnose(model, x=np.zeros((2, 4, 2)), y=np.zeros((2, 1)),
+                           weights=tmp_path / "trained.npz")

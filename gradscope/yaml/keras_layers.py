@@ -29,11 +29,13 @@ KERAS_CLASSES = {"gru": "GRU", "lstm": "LSTM", "simple_rnn": "SimpleRNN"}
 KERAS_LOSSES = {"softmax_cross_entropy": ("CategoricalCrossentropy", {"from_logits": True}),
                 "mse": ("MeanSquaredError", {})}
 
-#: What the diagnosis of a spec's model says of how it was built.
-BUILT = ("the YAML spec's model is built from Keras' own layers with the spec's weights (a "
-         "TF1 GRUCell as GRU(reset_after=False), a TF1 LSTMCell as LSTM with its forget bias "
-         "1 in the bias, a BasicRNNCell as a tanh SimpleRNN, the dense layers linear, the "
-         "loss as Keras computes it), its predictions held to the spec's own NumPy pass")
+#: What the diagnosis of a spec's model says of how it was built (with where its weights came
+#: from).
+BUILT = ("the YAML spec's model is built from Keras' own layers with the spec's weights, "
+         "{weights} (a TF1 GRUCell as GRU(reset_after=False), a TF1 LSTMCell as LSTM with its "
+         "forget bias 1 in the bias, a BasicRNNCell as a tanh SimpleRNN, the dense layers "
+         "linear, the loss as Keras computes it), its predictions held to the spec's own "
+         "NumPy pass")
 
 
 @dataclass(frozen=True)
