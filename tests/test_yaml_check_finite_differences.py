@@ -117,3 +117,39 @@ def test_the_witness_begun_before_autodiff_gives_what_the_whole_witness_gives(tf
     # Every probe evaluated once, + and −, and nothing else: an early random candidate that
     # turns out to be the largest |g| serves as that probe ("N probes; worst: …").
     assert len(early.losses) == 2 * sum(int(r.detail.split()[0]) for r in begun)
+
+
+def test_a_loss_that_curves_within_the_step_is_taken_again_at_smaller_ones(tf):
+    """Found tried as a new user would: a correct block GRU with weights drawn N(0, 0.5) and
+    non-zero initial states read gru_2/b_c 1.5e-5 off at the step 1e-3 (the loss curves
+    within it), above the tolerance 1e-5, and check failed it. A tensor that disagrees is
+    taken again at 1e-5 and 1e-7: it agrees there, and says so; the wrong gradients above
+    still fail at every step."""
+    from gradscope.yaml.data import Batch
+
+    spec = load_spec({"input_size": 5, "time_steps": 7, "batch_size": 3,
+                      "layers": [{"gru": 4}, {"gru": 3}, {"dense": 2}], "seed": 3,
+                      "dtype": "float64"})
+    algebra = model_shapes(spec)
+    rng = np.random.default_rng(42)
+    params, inputs = {}, 5
+    for layer, units in (("gru_1", 4), ("gru_2", 3)):
+        params[f"{layer}/w_ru"] = rng.normal(0, .5, (inputs + units, 2 * units))
+        params[f"{layer}/b_ru"] = rng.normal(0, .5, 2 * units)
+        params[f"{layer}/w_c"] = rng.normal(0, .5, (inputs + units, units))
+        params[f"{layer}/b_c"] = rng.normal(0, .5, units)
+        inputs = units
+    params["dense_1/kernel"] = rng.normal(0, .5, (3, 2))
+    params["dense_1/bias"] = rng.normal(0, .5, 2)
+    x = rng.normal(size=(3, 7, 5))
+    y = np.eye(2)[rng.integers(0, 2, (3, 7))]
+    states = {f"gru_{k}/h0": rng.normal(0, .3, (3, units)) for k, units in ((1, 4), (2, 3))}
+    batch = Batch(x=x, y=y, initial_states=states)
+    engine = Engine(algebra, dtype="float64")
+    ctx = CheckContext(algebra, params, batch, engine, engine.run(params, batch, per_step=True),
+                       directions=3)
+    results = {r.tensor: r for r in finite_difference_witness(ctx)}
+    assert all(r.passed for r in results.values()), [
+        (r.tensor, r.error) for r in results.values() if not r.passed]
+    assert "(at step 1e-05: at 0.001 the loss curves within the step" in \
+        results["gru_2/b_c"].detail
