@@ -10,8 +10,8 @@ import numpy as np
 from gradscope.dynamics import FLOW_FACTOR, flow_kind
 from gradscope.report.models import FlowFlag, PerExampleNorms, Stats
 
-__all__ = ["FLOW_FACTOR", "MAP_ROWS", "flow_flags", "map_rows", "per_example_norms",
-           "stats"]
+__all__ = ["FLOW_FACTOR", "MAP_ROWS", "carried_flag", "flow_flags", "map_rows",
+           "per_example_norms", "stats"]
 
 #: Rows t of the influence map (``--plot``): at most this many evenly spaced, beside ``--at``
 #: (a YAML spec's takes one backward pass per row and unit of its last layer).
@@ -47,6 +47,26 @@ def per_example_norms(gradient: np.ndarray) -> PerExampleNorms:
     norms = np.sqrt(np.sum(flat * flat, axis=1))
     return PerExampleNorms(min=float(np.min(norms)), median=float(np.median(norms)),
                            max=float(np.max(norms)))
+
+
+def carried_flag(what: str, ratio: float | None, span: str, joined: str = "",
+                 note: str = "") -> FlowFlag | None:
+    """A recurrent layer's flag, by how much of ∂L/∂h its recurrence carries back
+    (``ratio``) beyond FLOW_FACTOR either way (:func:`gradscope.dynamics.flow_kind`, the rule
+    diagnose reads its own flow by), as both wings say it: ``span`` the steps it is carried
+    over, ``joined`` the states it joins (" on h and c together"), ``note`` what the ratio
+    rests on; None where it is within the factor (or there is none)."""
+    kind = flow_kind(ratio)
+    if kind is None:
+        return None
+    assert ratio is not None
+    kept = (f"keeps {ratio:.2e} × its size" if ratio > 0 else
+            "keeps nothing of its size (it rounds to 0 on the way, below the smallest number "
+            "the layer's dtype holds)")
+    return FlowFlag(what=what, kind=kind, ratio=ratio,
+                    message=f"{what}: carried back through the recurrence {span}, the "
+                            f"gradient{joined} {kept}{note}: {kind} gradients (flagged beyond "
+                            f"a factor {FLOW_FACTOR:g}); gradscope diagnose says why")
 
 
 def flow_flags(sequences: dict[str, Any]) -> list[FlowFlag]:

@@ -414,28 +414,16 @@ def recurrence_flag(what: str, ratio: float | None, steps: int,
     where they are more than one (an LSTM's is of h and c together, where ``what`` names
     h). ``rests_on``: (how many examples, of how many that ran) the ratio rests on, said
     where not every one (:func:`~gradscope.keras.probed_flow.resting_on`)."""
-    from gradscope.dynamics import FLOW_FACTOR, flow_kind
+    from gradscope.gradient_stats import carried_flag
 
-    kind = flow_kind(ratio)
-    if kind is None:
-        return None
-    assert ratio is not None
-    kept = (f"keeps {ratio:.2e} × its size" if ratio > 0 else
-            "keeps nothing of its size (it rounds to 0 on the way, below the smallest number "
-            "the layer's dtype holds)")
     longest = steps if ran is None else int(np.max(np.sum(ran, axis=1), initial=0))
     span = (f"from t={steps - 1} to t=0 (the order the layer runs)" if longest >= steps else
             f"over the {longest} steps its longest example ran (each example's from its own "
             "last step)")
     joined = ("" if not states or len(states) < 2 else
               f" on {', '.join(states[:-1])} and {states[-1]} together")
-    if rests_on is not None:
-        kept += f" ({resting_words(rests_on)})"
-    return FlowFlag(what=what, kind=kind, ratio=ratio,
-                    message=f"{what}: carried back through the recurrence {span}, the "
-                            f"gradient{joined} {kept}: {kind} "
-                            f"gradients (flagged beyond a factor {FLOW_FACTOR:g}); gradscope "
-                            "diagnose says why")
+    note = "" if rests_on is None else f" ({resting_words(rests_on)})"
+    return carried_flag(what, ratio, span, joined, note)
 
 
 def resting_words(rests_on: tuple[int, int]) -> str:

@@ -55,6 +55,10 @@ class Dynamics:
     influence_step: int  # t
     influence: np.ndarray  # (T,) median over the batch of ‖∂h_t/∂x_s‖_F, zero for s > t
     influence_layer: str
+    #: Per recurrent layer: how much of ∂L/∂s its recurrence carries back from the last step
+    #: to the first (:func:`_back_ratio`), and the states s joins (["h", "c"] for an LSTM).
+    carried_ratios: dict[str, float | None]
+    joined: dict[str, list[str]]
 
 
 def layer_states(engine: Engine) -> dict[str, list[StateRef]]:
@@ -66,9 +70,10 @@ def layer_states(engine: Engine) -> dict[str, list[StateRef]]:
 
 def state_jacobians_and_influence(
     engine: Engine, params: dict[str, np.ndarray], batch: Batch, at: int,
-) -> tuple[list[JacobianBlock], np.ndarray, Pass]:
-    """The Jacobian blocks, ‖∂h_at/∂x_s‖ (B, T) of the last recurrent layer, and the ordinary
-    pass (loss, every gradient, total ∂L/∂h_t per step), all from one traced forward pass."""
+) -> tuple[list[JacobianBlock], np.ndarray, Pass, dict[str, np.ndarray]]:
+    """The Jacobian blocks, ‖∂h_at/∂x_s‖ (B, T) of the last recurrent layer, the ordinary
+    pass (loss, every gradient, total ∂L/∂h_t per step) and each layer's carried-back
+    squares (:func:`_carried_back`), all from one traced forward pass."""
     tf = engine.tf
     dtype = engine.dtype
     states_by_layer = layer_states(engine)
@@ -79,7 +84,7 @@ def state_jacobians_and_influence(
     def compute(params: dict[str, Any], x: Any, y: Any, states: dict[str, Any],
                 at: Any) -> tuple[list[Any], Any, dict[str, Any]]:
         probes = engine.probe_zeros(x)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=True) as tape:
             tape.watch([params, x, states, probes])
             sequences: dict[str, Any] = {}
             trajectories: dict[str, Any] = {}
@@ -95,6 +100,9 @@ def state_jacobians_and_influence(
             "sequence_gradients": {k: tf.transpose(v, [1, 0, 2])
                                    for k, v in probe_gradients.items()},
         }
+        ordinary["carried_back"] = _carried_back(engine, tape, sequences, probes,
+                                                 probe_gradients)
+        del tape
         groups, influence = _rows_backward(engine, params, x, states, trajectories, at,
                                            at_last)
         return groups, tf.sqrt(influence), ordinary
@@ -109,6 +117,8 @@ def state_jacobians_and_influence(
     def arrays(tensors: dict[str, Any]) -> dict[str, Any]:
         return {name: value.numpy() for name, value in tensors.items()}
 
+    carried = {name: value.numpy().astype(np.float64)
+               for name, value in ordinary["carried_back"].items()}
     ordinary_pass = Pass(
         loss=float(ordinary["loss"].numpy()), weight_gradients=arrays(ordinary["weights"]),
         state_gradients=arrays(ordinary["states"]), final_states=arrays(ordinary["finals"]),
@@ -130,7 +140,31 @@ def state_jacobians_and_influence(
                 largest_singular=singular[:, 0], smallest_singular=singular[:, -1],
                 blocks=block,
             ))
-    return blocks, influence.numpy().astype(np.float64), ordinary_pass
+    return blocks, influence.numpy().astype(np.float64), ordinary_pass, carried
+
+
+def _carried_back(engine: Engine, tape: Any, sequences: dict[str, Any], probes: dict[str, Any],
+                  totals: dict[str, Any]) -> dict[str, Any]:
+    """Per recurrent layer (by name), ‖v_t‖² (B, T) of every state joined, where v is what the
+    loss puts on the layer's state at the last step (its total there: nothing comes after
+    it), carried back through the layer's own recurrence alone: the gradient of ⟨h_(T−1),
+    g⟩ on each step's probes (the layers below do not depend on this one). What a Keras
+    layer's flow is flagged by (:func:`gradscope.keras.state_probes.carried_back`): a loss
+    at every step cannot make the total ∂L/∂h_t fade. (An LSTM's c part is BPTT's dc_t,
+    through h_t = o∘tanh(c_t) at the same step too, where Keras' probes hold h_t apart from
+    c_t: the two wings' ratios of an LSTM differ by a few percent.)"""
+    tf = engine.tf
+    found = {}
+    for cell in engine.shapes.cells:
+        output = sequences[f"{cell.name}/h"]  # time-major (T, B, u)
+        last = totals[f"{cell.name}/h"][-1]
+        seed = tf.concat([tf.zeros_like(output[:-1]), last[None]], axis=0)
+        names = [f"{cell.name}/{state[0]}" for state in cell.state_names]
+        carried = tape.gradient(output, [probes[n] for n in names], output_gradients=seed,
+                                unconnected_gradients="zero")
+        found[cell.name] = tf.transpose(tf.add_n([tf.reduce_sum(tf.square(v), axis=2)
+                                                  for v in carried]))
+    return found
 
 
 # Examples are independent, so a row's cotangent for every example is one block of the
@@ -298,8 +332,8 @@ def dynamics(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
     """The ordinary pass and everything across time, from one ``tf.function`` call."""
     steps = batch.x.shape[1]
     at = steps - 1 if at is None else at
-    jacobians, influence, per_step_pass = state_jacobians_and_influence(engine, params, batch,
-                                                                        at)
+    jacobians, influence, per_step_pass, carried = state_jacobians_and_influence(
+        engine, params, batch, at)
     assert per_step_pass.sequence_gradients is not None
     state_norms = {
         name: np.sqrt(np.sum(np.asarray(g, np.float64) ** 2, axis=(0, 2)))
@@ -314,7 +348,19 @@ def dynamics(engine: Engine, params: dict[str, np.ndarray], batch: Batch,
         influence_step=at,
         influence=np.median(influence, axis=0),
         influence_layer=engine.shapes.cells[-1].name,
+        carried_ratios={name: _back_ratio(squares) for name, squares in carried.items()},
+        joined={cell.name: [s[0] for s in cell.state_names] for cell in engine.shapes.cells},
     )
+
+
+def _back_ratio(squares: np.ndarray) -> float | None:
+    """‖v_0‖ / ‖v_(T−1)‖ over the batch (every example runs every step of a YAML spec): the
+    product of the gains back, as a Keras layer's is read
+    (:func:`gradscope.keras.probed_flow.back_ratio_of`); None where nothing arrives."""
+    last = float(np.sqrt(np.sum(squares[:, -1])))
+    if squares.shape[1] < 2 or not last > 0:
+        return None
+    return float(np.sqrt(np.sum(squares[:, 0]))) / last
 
 
 def influence_map(engine: Engine, params: dict[str, np.ndarray], batch: Batch,

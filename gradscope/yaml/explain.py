@@ -11,7 +11,7 @@ from gradscope.cells.base import TensorInfo
 from gradscope.chunks import CARRIED_SHARE_THRESHOLD, carried_weights
 from gradscope.dynamics import singular_summary
 from gradscope.errors import ConfigError, InternalError
-from gradscope.gradient_stats import flow_flags, per_example_norms, stats
+from gradscope.gradient_stats import carried_flag, flow_flags, per_example_norms, stats
 from gradscope.report.models import (
     CarryEntry,
     CarryPair,
@@ -254,9 +254,16 @@ def jacobian_entry(algebra: ModelShapes, block: JacobianBlock) -> JacobianEntry:
 
 
 def flow_entry(found: Dynamics) -> FlowSection:
-    sequences = {f"∂L/∂{name}_t": norms for name, norms in found.state_gradient_norms.items()}
-    sequences["∂L/∂x_t"] = found.input_gradient_norms
-    flags = flow_flags(sequences)
+    steps = len(found.input_gradient_norms)
+    # A recurrent layer is flagged by what its recurrence carries back (a loss at every step
+    # keeps the total ∂L/∂h_t from fading), as a Keras layer is; x_t by its total.
+    flags = [flag for layer, ratio in found.carried_ratios.items()
+             if (flag := carried_flag(
+                 f"∂L/∂{layer}/h_t", ratio, f"from t={steps - 1} to t=0",
+                 "" if len(found.joined[layer]) < 2 else
+                 f" on {', '.join(found.joined[layer][:-1])} and {found.joined[layer][-1]} "
+                 "together")) is not None]
+    flags += flow_flags({"∂L/∂x_t": found.input_gradient_norms})
     return FlowSection(
         steps=len(found.input_gradient_norms),
         state_gradient_norms={name: [float(v) for v in norms]
