@@ -413,7 +413,8 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
 
         write_flow_plot(report, plot, force)
     _emit(report, as_json, output, force)
-    if getattr(report, "nonfinite", None) is not None:
+    if (getattr(report, "nonfinite", None) is not None
+            or getattr(report, "not_finite", None) is not None):
         return EXIT_PROBLEM
     section = getattr(report, "gradient_flow", None)
     return _failed_on("explain", fail_on, [

@@ -78,6 +78,23 @@ def retakes_for(dtype: str) -> tuple[float, ...]:
     return (step / 100, step / 10_000) if dtype == "float64" else (step / 10,)
 
 
+#: A float64 number within this power of a dtype's largest finite number (float32: about
+#: 4.8e34 of 3.4e38; float16: 2.2e4 of 65504) is near enough to its range that the model, as
+#: the user runs it in that dtype, may overflow where a float64 copy does not (a square
+#: inside the loss, say): a check in float64 then runs the model in its own dtype to see.
+NEAR_RANGE_POWER = 0.9
+
+
+def near_range(values: Any, dtype: str) -> bool:
+    """Whether float ``values`` (from a float64 pass) come near ``dtype``'s range (never for
+    float64 itself)."""
+    kind = np.dtype(dtype) if dtype != "bfloat16" else np.dtype("float32")
+    array = np.asarray(values)
+    if kind.kind != "f" or kind.itemsize >= 8 or array.dtype.kind != "f" or not array.size:
+        return False
+    return float(np.max(np.abs(array))) > float(np.finfo(kind).max) ** NEAR_RANGE_POWER
+
+
 #: Random directions per tensor, unless the user asks for another number (``--directions``).
 PER_TENSOR_DIRECTIONS = 3
 #: Random single elements probed per tensor, beside the element of largest |g|.

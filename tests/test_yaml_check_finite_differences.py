@@ -153,3 +153,29 @@ def test_a_loss_that_curves_within_the_step_is_taken_again_at_smaller_ones(tf):
         (r.tensor, r.error) for r in results.values() if not r.passed]
     assert "(at step 1e-05: at 0.001 the loss curves within the step" in \
         results["gru_2/b_c"].detail
+
+
+def test_a_float32_config_whose_loss_overflows_fails_explain_and_check(tmp_path):
+    """Tried as a new user would: a float32 config whose logits reach 1e37 (its loss is inf
+    in float32, 1.6e37 in float64) was explained as "loss = n/a", exit 0, and check passed
+    it in float64. explain now says so (exit 1 on the command line), with what a float64
+    pass computes, and check fails; the same config at ordinary weights passes."""
+    import gradscope
+
+    config = {"input_size": 4, "time_steps": 6, "batch_size": 3,
+              "layers": [{"gru": 4}, {"dense": 2}], "seed": 1}
+    spec = load_spec(config)
+    params = initial_params(model_shapes(spec))
+    big = {**params, "dense_1/kernel": params["dense_1/kernel"] * 1e38}
+    np.savez(tmp_path / "big.npz", **big)
+    report = gradscope.explain(config, weights=tmp_path / "big.npz")
+    assert report.loss.value is None and report.not_finite is not None
+    assert report.not_finite.startswith("the loss is inf; a float64 pass of the same model "
+                                        "computes a loss of ")
+    assert "float32 (largest number 3.4e+38) cannot hold this model's numbers" in \
+        report.not_finite
+    checked = gradscope.check(config, weights=tmp_path / "big.npz")
+    assert not checked.summary.passed and checked.not_finite is not None
+    assert not checked.summary.failed_tensors  # every gradient agrees in float64
+    assert gradscope.explain(config).not_finite is None
+    assert gradscope.check(config).summary.passed

@@ -340,6 +340,9 @@ class ExplainReport(_YamlRun):
         default=None, description="with --jacobians: ∂h_T^(j)/∂h_0^(i) for i ≤ j")
     gradient_flow: FlowSection | None = Field(default=None, description="with --flow")
     weights: WeightsFrom = None
+    not_finite: str | None = Field(
+        default=None, description="where the loss or a gradient is not finite: what, in "
+        "words, with what a float64 pass of the same model computes (exit 1); null otherwise")
     timings: dict[str, float] | None = Field(
         default=None, description="seconds per phase; only with --timings"
     )
@@ -426,6 +429,10 @@ class CheckReport(_YamlRun):
         default=None,
         description="gradient names the --against function did not return: optional, so not "
                     "failures, but not checked by it (null without --against)")
+    not_finite: str | None = Field(
+        default=None, description="where the config's own dtype (float32) cannot hold the "
+        "model's numbers, which check computes in float64: its loss or a gradient is not "
+        "finite there, in words (the check fails); null otherwise")
     summary: CheckSummary
     weights: WeightsFrom = None
     timings: dict[str, float] | None = None

@@ -26,6 +26,7 @@ from gradscope.report.layout import (
     pack,
     section,
     title,
+    warning,
 )
 from gradscope.report.models import (
     CarryEntry,
@@ -221,6 +222,9 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
     ]
     if report.weights is not None:
         parts[1:1] = weights_section(report.weights, width)
+    if report.not_finite is not None:  # under the header, before anything else
+        parts[1:1] = [warning(f"{report.not_finite}: this run's gradients are not usable "
+                              "(exit 1)")]
     if report.carry.weights is not None:
         parts += [section(f"The carry in numbers: truncated BPTT in {report.carry.chunks} "
                           "chunks, with and without the carry"),
@@ -306,6 +310,8 @@ def render_check(report: CheckReport, width: int) -> list[RenderableType]:
     ]
     if report.weights is not None:
         parts[2:2] = weights_section(report.weights, width)
+    if report.not_finite is not None:
+        parts[1:1] = [warning(f"in {report.model.dtype}: {report.not_finite}")]
     if report.against_not_returned:
         parts.append(Text(f"not returned by --against (not checked by it): "
                           f"{', '.join(report.against_not_returned)}", style="yellow"))
@@ -324,7 +330,13 @@ def render_check(report: CheckReport, width: int) -> list[RenderableType]:
             parts.append(Text(
                 f"\nGRUBlockCellGrad documentation: {confirmed} of {len(report.errata)} errata "
                 "confirmed on this model (gradscope check --equations shows them)", style="dim"))
-    parts.append(all_agree(report))
+    if report.not_finite is not None and not report.summary.failed_tensors:
+        parts.append(Text(f"\nFAILED: all {report.summary.checked_tensors} tensors agree with "
+                          f"every witness in float64, but in {report.model.dtype}, as the "
+                          "config runs, the loss or a gradient is not finite",
+                          style="bold red"))
+    else:
+        parts.append(all_agree(report))
     return parts + timings_lines(report.timings)
 
 

@@ -122,6 +122,8 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
     return ExplainReport(
         model=model_entry(algebra, data=batch.source),
         loss=LossEntry(name=spec.loss, value=_finite_or_none(result.loss)),
+        not_finite=not_finite(algebra, params, batch, result.loss,
+                              {**weight_gradients, **state_gradients}),
         gradients=gradients,
         initial_state_gradients=state_entries,
         carry=carry,
@@ -274,6 +276,30 @@ def flow_entry(found: Dynamics) -> FlowSection:
         influence=[float(v) for v in found.influence],
         flags=flags,
     )
+
+
+def not_finite(algebra: ModelShapes, params: dict[str, np.ndarray], batch: Batch,
+               loss: float, gradients: dict[str, np.ndarray | None]) -> str | None:
+    """Where the loss or a gradient of a pass is not finite, in words (None: all finite),
+    with what a float64 pass of the same model computes (the NumPy reference): where that is
+    finite, the spec's dtype cannot hold the model's numbers."""
+    from gradscope.yaml.reference import reference_loss
+
+    bad = [name for name, g in gradients.items() if g is not None and not np.all(np.isfinite(g))]
+    if np.isfinite(loss) and not bad:
+        return None
+    dtype = algebra.spec.dtype
+    said = [f"the loss is {loss:g}" if not np.isfinite(loss) else "the loss is finite"]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        said.append(f"{len(bad)} of {len(gradients)} gradients hold NaN or Inf ({shown})")
+    with np.errstate(all="ignore"):
+        wide = reference_loss(algebra, params, batch)
+    if dtype != "float64" and np.isfinite(wide):
+        said.append(f"a float64 pass of the same model computes a loss of {wide:.4g}: "
+                    f"{dtype} (largest number {float(np.finfo(dtype).max):.3g}) cannot hold "
+                    "this model's numbers")
+    return "; ".join(said) + ("; the statistics count finite entries only" if bad else "")
 
 
 def _finite_or_none(value: float) -> float | None:

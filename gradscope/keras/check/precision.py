@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gradscope.gradcheck import near_range as near
 from gradscope.gradcheck import rounding_noise, step_for
 from gradscope.keras.check.probing import Probing
 
@@ -35,32 +36,16 @@ def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
     return f"in its {dtype} copy, {' and '.join(found)}" if found else None
 
 
-#: A float64 copy's number within this power of the user's dtype's largest finite number
-#: (float32: about 4.8e34 of 3.4e38; float16: 2.2e4 of 65504) is near enough to its range that
-#: the model, as the user runs it, may overflow where the copy does not (a square inside the
-#: loss, say): check then runs the model in its own dtype to see.
-NEAR_RANGE_POWER = 0.9
-
-
 def near_range(model: Any, result: Any) -> bool:
     """Whether a float64 copy's pass (``result``) reaches near the range of the user's
-    ``model``: its loss or a gradient near the variables' dtype's, a layer call's output near
-    the compute dtype's."""
+    ``model`` (:func:`~gradscope.gradcheck.near_range`): its loss or a gradient near the
+    variables' dtype's, a layer call's output near the compute dtype's."""
     policy = getattr(model, "dtype_policy", None)
-    limits = []
-    for name in (getattr(policy, "variable_dtype", None), getattr(policy, "compute_dtype", None)):
-        kind = np.dtype(name or "float32")
-        limits.append(float(np.finfo(kind).max) ** NEAR_RANGE_POWER
-                      if kind.kind == "f" and kind.itemsize < 8 else np.inf)
-    variables, compute = limits
-
-    def beyond(values: Any, limit: float) -> bool:
-        array = np.asarray(values)
-        return array.dtype.kind == "f" and array.size > 0 and float(np.max(np.abs(array))) > limit
-
-    return (abs(result.loss) > variables
-            or any(g is not None and beyond(g, variables) for g in result.gradients.values())
-            or any(beyond(tensor, compute) for call in result.calls for tensor in call.outputs))
+    variables = str(getattr(policy, "variable_dtype", None) or "float32")
+    compute = str(getattr(policy, "compute_dtype", None) or "float32")
+    return (near(np.array([result.loss]), variables)
+            or any(g is not None and near(g, variables) for g in result.gradients.values())
+            or any(near(tensor, compute) for call in result.calls for tensor in call.outputs))
 
 
 def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None:

@@ -84,6 +84,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     shapes = _shapes_by_name(ctx)
     tensors = checked_tensors(results, list(shapes), shapes)
     failed = [t.name for t in tensors if not t.passed]
+    overflows = _in_its_dtype(ctx, say)
     return CheckReport(
         model=model_entry(algebra, data=batch.source),
         loss=LossEntry(name=spec.loss, value=seen.loss),
@@ -95,8 +96,9 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
         against=against if isinstance(against, str) else (
             getattr(against, "__name__", "function") if against is not None else None),
         against_not_returned=seen.not_returned,
+        not_finite=overflows,
         summary=CheckSummary(
-            passed=not failed,
+            passed=not failed and overflows is None,
             checked_tensors=len(tensors),
             failed_tensors=failed,
             witnesses=witnesses,
@@ -215,6 +217,28 @@ def _carry(ctx: CheckContext, chunks: int) -> tuple[list[WitnessResult], CarryCh
             for b in outcome.boundaries
         ],
     )
+
+
+def _in_its_dtype(ctx: CheckContext, say: Progress) -> str | None:
+    """Where the spec's own dtype is not float64 and the float64 pass comes near its range
+    (:func:`~gradscope.gradcheck.near_range`), the model run in that dtype: where its loss or a
+    gradient is not finite there, in words (:func:`gradscope.yaml.explain.not_finite`);
+    else None."""
+    from gradscope.gradcheck import near_range
+    from gradscope.yaml.engine import Engine
+    from gradscope.yaml.explain import not_finite
+
+    dtype = ctx.shapes.spec.dtype
+    autodiff = ctx.autodiff
+    found = [*autodiff.weight_gradients.values(), *autodiff.state_gradients.values()]
+    if dtype == "float64" or not (near_range(np.array([autodiff.loss]), dtype) or any(
+            g is not None and near_range(g, dtype) for g in found)):
+        return None
+    say(f"the float64 numbers near {dtype}'s range: the model in {dtype}")
+    params = {name: value.astype(dtype) for name, value in ctx.params.items()}
+    own = Engine(ctx.shapes).run(params, ctx.batch.astype(dtype), watch_input=False)
+    return not_finite(ctx.shapes, ctx.params, ctx.batch, own.loss,
+                      {**own.weight_gradients, **own.state_gradients})
 
 
 def _shapes_by_name(ctx: CheckContext) -> dict[str, list[int]]:
