@@ -47,8 +47,11 @@ def test_every_sample_config_loads():
     ({**BASE, "batch_size": "2", "layers": [{"gru": 2}]}, "found '2'", "batch_size"),
     ({**BASE, "batch_size": True, "layers": [{"gru": 2}]}, "found true", "batch_size"),
     ({**BASE, "time_steps": 1.5, "layers": [{"gru": 2}]}, "found 1.5", "time_steps"),
-    ({**BASE, "time_steps": 0, "layers": [{"gru": 2}]}, "expected a positive integer, found 0",
-     "time_steps"),
+    ({**BASE, "time_steps": 0, "layers": [{"gru": 2}]},
+     "expected a positive integer of at most 2147483647, found 0", "time_steps"),
+    # Found tried as a new user would: a 20-digit size was an internal error (exit 1).
+    ({**BASE, "layers": [{"gru": 10**20}]}, "at most 2147483647, found 100000000000000000000",
+     "layers[0].units"),
     ({**BASE, "layers": [{"gru": -3}]}, "found -3", "layers[0].units"),
     ({**BASE, "layers": []}, "found an empty list", "layers"),
     ({**BASE, "layers": "gru"}, "expected a list of layers", "layers"),

@@ -2,7 +2,8 @@
 
 The keys are the public contract (see docs/config.md). Validation uses pydantic in strict mode, and
 every pydantic error is turned into one line that names the key, what was found and what was
-expected, e.g. ``key 'layers[0].units': expected a positive integer, found -3``.
+expected, e.g. ``key 'layers[0].units': expected a positive integer of at most 2147483647,
+found -3``.
 
 This module never imports TensorFlow.
 """
@@ -52,13 +53,18 @@ dtype: float32
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+#: The largest size a config may give (TensorFlow's shapes are int32 in places, and NumPy's
+#: shape arithmetic int64: a larger number is a typo, refused by name rather than overflowing).
+MOST = 2**31 - 1
+
+
 class LayerSpec(BaseModel):
     """One layer. After :class:`Spec` validation, ``name`` and ``layout`` are always set."""
 
     model_config = _STRICT
 
     type: LayerType
-    units: int = Field(gt=0)
+    units: int = Field(gt=0, le=MOST)
     name: str | None = None
     layout: Layout | None = None
     reset_after: bool | None = None
@@ -89,9 +95,9 @@ class Spec(BaseModel):
 
     model_config = _STRICT
 
-    input_size: int = Field(gt=0)
-    time_steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
+    input_size: int = Field(gt=0, le=MOST)
+    time_steps: int = Field(gt=0, le=MOST)
+    batch_size: int = Field(gt=0, le=MOST)
     layers: tuple[LayerSpec, ...] = Field(min_length=1)
     layout: Layout = "block"
     loss: Literal["softmax_cross_entropy", "mse"] = "softmax_cross_entropy"
@@ -334,10 +340,10 @@ def spec_from_dict(data: Any, origin: str = "<dict>") -> Spec:
 # -- error messages ---------------------------------------------------------------------------
 
 _EXPECTED = {
-    "input_size": "a positive integer (features per time step)",
-    "time_steps": "a positive integer",
-    "batch_size": "a positive integer",
-    "units": "a positive integer",
+    "input_size": f"a positive integer (features per time step) of at most {MOST}",
+    "time_steps": f"a positive integer of at most {MOST}",
+    "batch_size": f"a positive integer of at most {MOST}",
+    "units": f"a positive integer of at most {MOST}",
     "seed": "a non-negative integer",
     "name": "a string",
     "layers": "a list of layers such as [{gru: 64}, {dense: 3}]",
