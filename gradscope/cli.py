@@ -493,8 +493,8 @@ CHECK_EPILOG = _tolerance_help() + EXIT_CODES_HELP
               help="With --layer: arrays laid out (features, batch, time) and states "
                    "(units, batch), as in the classic course code; a SimpleRNN's params then "
                    "also hold Wax, Waa, ba.")
-@click.option("--chunks", type=click.IntRange(min=1), metavar="K",
-              help="Also run truncated BPTT in K chunks, carrying each chunk's initial-state "
+@click.option("--chunks", type=int, metavar="K",
+              help="Also run truncated BPTT in K ≥ 2 chunks, carrying each chunk's initial-state "
                    "gradients as grad_ys into the previous chunk, and compare the summed "
                    "weight gradients with full BPTT (on a Keras model: with Keras' own "
                    "tape).")

@@ -31,7 +31,9 @@ def configs(tmp_path):
     (["shapes", "--bogus"], "No such option"),
     (["explain", "{dir}/typo.yaml"], "did you mean 'input_size'"),
     (["check", "{dir}/dense_first.yaml"], "found a dense layer first"),
-    (["check", "--chunks", "0"], "0 is not in the range x>=1"),
+    (["check", "--chunks", "0"], "--chunks 0: expected K ≥ 2"),
+    # Tried as a new user would: one chunk has no boundary, and its check passed on nothing.
+    (["check", "--chunks", "1"], "--chunks 1: expected K ≥ 2"),
 ])
 def test_bad_input_exits_2_with_one_clear_line(configs, args, fragment):
     args = [a.replace("{dir}", str(configs)) for a in args]

@@ -138,7 +138,7 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
         whole(own, "at", smallest=0)
     if own.get("chunks") is not None:
         whole(own, "chunks", smallest=1)
-        if command == "explain" and own["chunks"] < 2:
+        if own["chunks"] < 2:  # one chunk has no boundary: a check of it cannot fail
             raise ConfigError(f"{given('chunks', own['chunks'])}: expected K ≥ 2 (the time "
                               "axis is cut into K chunks; with fewer there is no boundary to "
                               "carry gradients across)", where=flag("chunks"))

@@ -76,9 +76,8 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
     a :class:`~gradscope.arrays.DataFiles` or a dict of arrays."""
     own = {name: options[name] for name in OWN[command] if name in options}
     other = {name: value for name, value in options.items() if name not in own}
-    if command == "explain":
-        check_chunks(own.get("chunks"))
-    else:
+    check_chunks(own.get("chunks"))  # one chunk has no boundary: a check cannot fail
+    if command != "explain":
         check_layer_options(own.get("against"), own.get("layer"), own.get("time_last", False),
                             {name: own.get(name) for name in ("chunks", "atol", "equations")})
         check_witness_options(own.get("directions"), own.get("rtol"), own.get("atol"))
