@@ -346,7 +346,10 @@ def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
         clip = next(c for c in entry.counterfactuals if c.kind == "clipping")
         said[optimizer.clipnorm] = (clip, entry.verdict)
     clip, verdict = said[None]
-    assert clip.compiled is None and clip.clip_scale < 1 and clip.change in verdict
+    # A SimpleRNN's kernel above norm 1 is made orthogonal at 1 too: that lowers λ₁, and the
+    # verdict names it before any clipping (tried as a new user would: it offered clipping).
+    assert clip.compiled is None and clip.clip_scale < 1 and clip.change not in verdict
+    assert "with an orthogonal recurrent kernel at spectral norm 1, λ₁ would be" in verdict
     clip, verdict = said[1e-3]
     kept = keras.optimizers.SGD(clipnorm=1e-3)._clip_gradients(
         [tf.constant(g) for g in gradients.values()])
@@ -354,6 +357,42 @@ def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
     assert clip.compiled == "clipnorm=0.001"
     assert clip.compiled_norm == pytest.approx(left, rel=1e-4)
     assert clip.gradient_norm > clip.compiled_norm and clip.change not in verdict
+
+
+def test_an_exploding_cell_no_change_applies_to_is_offered_the_clipping(tf: Any) -> None:
+    """A linear cell of the user's own, its recurrent matrix orthogonal × 1.05: no change to
+    its dynamics is known for it, so the verdict offers the global_clipnorm the batch
+    suggests, with the scale Keras' rule gives this batch."""
+    import keras
+
+    class Linear(keras.layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = self.state_size = self.output_size = units
+
+        def build(self, input_shape: Any) -> None:
+            self.w = self.add_weight(shape=(input_shape[-1], self.units), name="w")
+            self.u = self.add_weight(shape=(self.units, self.units), name="u")
+
+        def call(self, x: Any, states: Any) -> Any:
+            new = x @ self.w + states[0] @ self.u
+            return new, [new]
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((T, F), name="x")
+    rnn = keras.layers.RNN(Linear(U), return_sequences=True, name="rnn")
+    model = keras.Model(inp, keras.layers.Dense(1, name="out")(rnn(inp)))
+    kernel = np.linalg.qr(np.random.default_rng(3).standard_normal((U, U)))[0]
+    rnn.cell.u.assign((1.05 * kernel).astype("float32"))
+    model.compile(optimizer=keras.optimizers.SGD(), loss="mse")
+    x, y = _batch()
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    assert entry.mechanism == "exploding"
+    clip = next(c for c in entry.counterfactuals if c.kind == "clipping")
+    assert not any(c.applicable for c in entry.counterfactuals if c.kind != "clipping")
+    assert clip.clip_scale is not None and clip.clip_scale < 1
+    assert entry.verdict.endswith(f"with {clip.change}, this batch's gradient would be scaled "
+                                  f"by ×{clip.clip_scale:.3g} (the dynamics unchanged)")
 
 
 def test_the_copys_pass_back_to_one_call_is_engine_runs_and_reads_changed_weights(

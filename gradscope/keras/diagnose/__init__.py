@@ -58,7 +58,7 @@ METHOD = [
     "counterfactuals: a copy of the model (gradscope's own load of the file, or the object "
     "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; an LSTM's "
     "forget biases below 1 raised to 1; each gate's block of the recurrent kernel made its "
-    "polar factor times its spectral norm; a SimpleRNN's kernel of norm below 1 made its "
+    "polar factor times its spectral norm; a SimpleRNN's kernel of norm other than 1 made its "
     "polar factor, at norm 1), run again "
     "on the batch and diagnosed as the layer: the horizon, the flow and λ₁ from the layer's "
     "own start (every column where the layer carries every exponent; else its first, random, "

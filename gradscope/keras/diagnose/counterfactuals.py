@@ -1,7 +1,7 @@
 """What one change would do to a recurrent call, measured on a copy of the user's model: the
 keep gate's bias +1 (an LSTM's forget gate, a Keras GRU's update gate z), an LSTM's shut
 forget biases raised to 1, the recurrent kernel made orthogonal at its spectral norm, and a
-SimpleRNN's kernel of norm below 1 made orthogonal at norm 1, each run again on the same
+SimpleRNN's kernel of norm other than 1 made orthogonal at norm 1, each run again on the same
 batch (λ₁, the horizon, ∂L/∂s_t through the recurrence); and the global_clipnorm the batch
 suggests, which changes the gradient, not the dynamics, so nothing is rerun for it.
 
@@ -110,14 +110,17 @@ def orthogonal_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     below 1, every step shrinks what it carries back by at least that much, and the change
     at its own norm (:func:`orthogonal`) keeps the shrinking: this is the fix the literature
     gives for a vanilla RNN (Saxe et al. 2014; Pascanu et al. 2013: ‖W‖ < 1 is sufficient for
-    vanishing). Run and listed only there (:data:`LISTED_ONLY_WHERE_APPLICABLE`); a gated
-    cell's blocks are the gates' business (the keep gate's bias)."""
+    vanishing). Where it is above 1, a linear or relu recurrence may stretch by that much a
+    step and explode, and the change at its own norm keeps that too (found tried as a new
+    user would: an orthogonal kernel × 1.1 was offered clipping alone). Run and listed only
+    where the norm is not 1 (:data:`LISTED_ONLY_WHERE_APPLICABLE`); a gated cell's blocks
+    are the gates' business (the keep gate's bias)."""
     kind = class_label(cell)
     if kind != "SimpleRNNCell" or getattr(cell, "recurrent_kernel", None) is None:
         return f"{NOT_APPLICABLE} ({kind}: only a SimpleRNN's kernel is set to norm 1)"
     factor, norm = _polar(np.array(cell.recurrent_kernel.numpy(), np.float64))
-    if not factor.size or norm >= 1 - SAME:
-        return f"{NOT_APPLICABLE}: its recurrent kernel's spectral norm is not below 1"
+    if not factor.size or abs(norm - 1) <= SAME:
+        return f"{NOT_APPLICABLE}: its recurrent kernel's spectral norm is already 1"
     return [(cell.recurrent_kernel, factor)]
 
 
