@@ -86,7 +86,45 @@ def _document(source: Any, role: str) -> tuple[dict[str, Any], str]:
     if document.get("schema_version") != "1":
         raise ConfigError(f"{name}: schema_version {document.get('schema_version')!r}; this "
                           "gradscope reads explain reports of schema version '1'", where=name)
+    _validated(document, name)
     return document, name
+
+
+def _validated(document: dict[str, Any], name: str) -> None:
+    """The document as gradscope explain --json writes it: its report model's fields and
+    types, and no NaN or Inf (the JSON writes null for a number that is not finite). Found
+    tried as a new user would: an l2 of NaN read "NO DRIFT", one of "abc" "no gradient
+    now"."""
+    from pydantic import ValidationError
+
+    from gradscope.report.models import ExplainReport, KerasExplainReport
+
+    model = KerasExplainReport if document.get("source") == "keras" else ExplainReport
+    try:
+        model.model_validate(document)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise ConfigError(f"{name}: {where}: {error['msg']}; expected an explain report as "
+                          "gradscope explain --json writes it", where=name) from None
+    found = _not_finite_at(document)
+    if found is not None:
+        raise ConfigError(f"{name}: {found} is not a finite number; expected an explain "
+                          "report as gradscope explain --json writes it (null for a number "
+                          "that is not finite)", where=name)
+
+
+def _not_finite_at(value: Any, path: str = "") -> str | None:
+    """Where the first NaN or Inf of a JSON document is (a dotted path), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the document"
+    items = (value.items() if isinstance(value, dict) else
+             enumerate(value) if isinstance(value, list) else ())
+    for key, item in items:
+        found = _not_finite_at(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _get(document: dict[str, Any], dotted: str) -> Any:
