@@ -224,6 +224,26 @@ def test_spec_of_an_npz_needs_no_tensorflow(small_npz):
                                                              {"dense": 3}]
 
 
+def test_spec_says_a_non_finite_weight_as_explain_does_and_hangs_its_lines(small_npz,
+                                                                           tmp_path):
+    """Tried as a new user would: spec on an .npz holding inf said "internal error: the
+    inferred spec does not take …" (explain --weights, a plain data error); and its reasons,
+    wrapped at 80 columns, left words alone at the first column."""
+    values = dict(np.load(small_npz["ours"]))
+    values["gru_1/b_c"] = values["gru_1/b_c"].copy()
+    values["gru_1/b_c"][0] = np.inf
+    np.savez(tmp_path / "inf.npz", **values)
+    result = run_without_tensorflow("spec", str(tmp_path / "inf.npz"))
+    assert result.returncode == 2
+    assert "internal error" not in result.stderr
+    assert "gru_1/b_c has a non-finite value (inf) at index (0,)" in result.stderr
+    shown = run_gradscope("spec", small_npz["ours"], env={"COLUMNS": "60"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stderr.splitlines()
+    assert lines[0].startswith("gradscope spec: ") and len(lines) > 4
+    assert all(line.startswith("  ") and line == line.rstrip() for line in lines[1:]), lines
+
+
 @pytest.mark.parametrize("command", ["explain", "check"])
 def test_a_misfitting_npz_is_refused_before_tensorflow_one_line_per_variable(small_npz, command):
     result = run_without_tensorflow(command, small_npz["config"], "--weights", small_npz["bad"])

@@ -20,9 +20,11 @@ from gradscope.report.layout import (
     WIDE,
     Column,
     Layout,
+    Trimmed,
     atom,
     column_width,
     fit,
+    hanging,
     pack,
     section,
     title,
@@ -392,13 +394,16 @@ def weights_section(entry: WeightsEntry, width: int) -> list[RenderableType]:
     return parts
 
 
-def inference_lines(report: SpecInference) -> Text:
-    """Why each value of an inferred spec is what it is (gradscope spec prints it on stderr)."""
-    lines = [f"gradscope spec: {report.source} ({report.format})"]
+def inference_lines(report: SpecInference) -> Trimmed:
+    """Why each value of an inferred spec is what it is (gradscope spec prints it on stderr):
+    each item's wrapped lines hang under its first word (found tried as a new user would:
+    "features" and "x" alone at the first column)."""
+    lines: list[RenderableType] = [hanging("gradscope spec:",
+                                           f"{report.source} ({report.format})")]
     for item in report.inferences:
         mark = "" if item.known else " (default)"
-        lines.append(f"  {item.key}{mark}: {item.reason}")
+        lines.append(hanging(" ", f"{item.key}{mark}: {item.reason}"))
     if report.ignored:
-        lines.append("  ignored, not model weights: "
-                     + ", ".join(f"{i.variable} ({i.reason})" for i in report.ignored))
-    return Text("\n".join(lines))
+        lines.append(hanging(" ", "ignored, not model weights: " + ", ".join(
+            f"{i.variable} ({i.reason})" for i in report.ignored)))
+    return Trimmed(Group(*lines))

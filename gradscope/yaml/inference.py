@@ -25,6 +25,7 @@ from gradscope.yaml.reference import predictions
 from gradscope.yaml.weights import (
     FORMATS,
     Group,
+    NonFiniteWeights,
     WeightsError,
     _shape,
     group_variables,
@@ -200,6 +201,8 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any],
     spec = spec_from_yaml(text, origin=f"the spec inferred from {origin}")
     try:
         loaded = load_weights(spec, source)
+    except NonFiniteWeights:
+        raise  # the file's numbers: as explain --weights says it
     except ConfigError as exc:
         raise ConfigError(f"internal error: the inferred spec does not take {origin}'s "
                           f"weights: {exc.message}", where="spec") from None

@@ -61,6 +61,11 @@ class WeightsError(ConfigError):
 # -- reading ----------------------------------------------------------------------------------
 
 
+class NonFiniteWeights(WeightsError):
+    """Every variable fits the spec, but some value is not finite: the file's numbers, not
+    its names or shapes. Exit 2."""
+
+
 @dataclass(frozen=True)
 class StoredVariable:
     """One variable of the file: its name without ``:0`` or TF2's attribute suffix."""
@@ -496,6 +501,7 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
 
     # The values are read (and checked to be finite) only for variables whose scope fits.
     values: list[dict[str, np.ndarray]] = []
+    unreadable = bool(problems)
     for _, group, _ in plans:
         arrays = {}
         for role, variable in group.members.items():
@@ -508,7 +514,7 @@ def load_weights(spec: Spec, source: str | os.PathLike[str] | Mapping[str, Any]
             arrays[role] = value
         values.append(arrays)
     if problems:
-        raise WeightsError(weight_file.origin, problems)
+        raise (WeightsError if unreadable else NonFiniteWeights)(weight_file.origin, problems)
 
     params: dict[str, np.ndarray] = {}
     mapping: list[WeightMapEntry] = []
