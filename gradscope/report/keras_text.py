@@ -306,7 +306,7 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     rows = {_norm_label(s.what) + (" (read backwards)" if s.backwards else ""): s.norms
             for s in flow.sequences if s.norms}
     for found in flow.influence:
-        rows[f"‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
+        rows[f"median ‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
     if rows:
         parts.append(norm_table(rows, width))
     else:
