@@ -117,6 +117,11 @@ def test_truncated_gradients_equal_a_program_with_stop_gradient(keras_tf: Any, b
     assert report.carry.matters
     assert [call.layer for call in report.carry.calls] == ["gru", "lstm"]
     assert report.carry.calls[0].chunk_lengths == [3, 3, 3]
+    # A go_backwards call's lengths are in time order: the text says it runs the last first.
+    from conftest import render_text
+
+    text = " ".join(render_text(report, 200).split())
+    assert ("gru 3 + 3 + 3 in time order, run from the last" in text) == backwards
 
 
 def test_the_carry_through_each_chunk_is_the_seed_product(keras_tf: Any) -> None:

@@ -475,7 +475,10 @@ def _median(values: list[float]) -> float:
 def carry_lines(carry: KerasCarry, width: int) -> list[RenderableType]:
     """``explain --chunks`` on a Keras model: full against truncated BPTT, per weight and
     chunk, as the YAML wing shows them, and how they were found."""
+    # In time order, as the JSON has them; a go_backwards call runs the last chunk first
+    # (found tried as a new user would: "4 + 3 + 3" read as the order it runs them).
     cut = "; ".join(f"{call.layer} {' + '.join(str(n) for n in call.chunk_lengths)}"
+                    + (" in time order, run from the last" if call.backwards else "")
                     for call in carry.calls)
     agree = ("bitwise" if carry.carried_error == 0 else
              f"to a relative {number(carry.carried_error)}")
