@@ -72,9 +72,9 @@ class SpecAsKeras:
 def spec_as_keras(source: Any, data: Any, weights: Any = None,
                   progress: Callable[[str], None] | None = None) -> SpecAsKeras:
     """A YAML spec (a path, a dict, a Spec, or None: the embedded seed model) as a Keras model
-    of Keras' own layers with the spec's weights (:mod:`gradscope.yaml.keras_layers`), held to
-    the spec's own NumPy predictions; with the spec's batch (``data``, or its synthetic one):
-    what ``diagnose CONFIG`` runs on: the
+    of Keras' own layers with the spec's weights (:mod:`gradscope.yaml.keras_layers`; the
+    seed's draw, or ``weights``), held to the spec's own NumPy predictions, with the spec's
+    batch (``data``, or its synthetic one). What ``diagnose CONFIG`` runs on, so that the
     dynamics are read from Keras' cells. A batch's non-zero initial states are refused (the
     Keras model starts every layer from zeros)."""
     from pathlib import Path

@@ -49,17 +49,20 @@ def per_example_norms(gradient: np.ndarray) -> PerExampleNorms:
                            max=float(np.max(norms)))
 
 
-def carried_flag(what: str, ratio: float | None, span: str, joined: str = "",
+def carried_flag(what: str, ratio: float | None, span: str, states: list[str] | None = None,
                  note: str = "") -> FlowFlag | None:
     """A recurrent layer's flag, by how much of ∂L/∂h its recurrence carries back
     (``ratio``) beyond FLOW_FACTOR either way (:func:`gradscope.dynamics.flow_kind`, the rule
     diagnose reads its own flow by), as both wings say it: ``span`` the steps it is carried
-    over, ``joined`` the states it joins (" on h and c together"), ``note`` what the ratio
-    rests on; None where it is within the factor (or there is none)."""
+    over, ``states`` the names of the states the ratio joins (said where more than one: an
+    LSTM's h and c), ``note`` what the ratio rests on; None where it is within the factor
+    (or there is none)."""
     kind = flow_kind(ratio)
     if kind is None:
         return None
     assert ratio is not None
+    joined = ("" if not states or len(states) < 2 else
+              f" on {', '.join(states[:-1])} and {states[-1]} together")
     kept = (f"keeps {ratio:.2e} × its size" if ratio > 0 else
             "keeps nothing of its size (it rounds to 0 on the way, below the smallest number "
             "the layer's dtype holds)")

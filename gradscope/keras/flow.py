@@ -420,10 +420,8 @@ def recurrence_flag(what: str, ratio: float | None, steps: int,
     span = (f"from t={steps - 1} to t=0 (the order the layer runs)" if longest >= steps else
             f"over the {longest} steps its longest example ran (each example's from its own "
             "last step)")
-    joined = ("" if not states or len(states) < 2 else
-              f" on {', '.join(states[:-1])} and {states[-1]} together")
     note = "" if rests_on is None else f" ({resting_words(rests_on)})"
-    return carried_flag(what, ratio, span, joined, note)
+    return carried_flag(what, ratio, span, states, note)
 
 
 def resting_words(rests_on: tuple[int, int]) -> str:

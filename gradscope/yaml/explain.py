@@ -260,11 +260,8 @@ def flow_entry(found: Dynamics) -> FlowSection:
     # A recurrent layer is flagged by what its recurrence carries back (a loss at every step
     # keeps the total ∂L/∂h_t from fading), as a Keras layer is; x_t by its total.
     flags = [flag for layer, ratio in found.carried_ratios.items()
-             if (flag := carried_flag(
-                 f"∂L/∂{layer}/h_t", ratio, f"from t={steps - 1} to t=0",
-                 "" if len(found.joined[layer]) < 2 else
-                 f" on {', '.join(found.joined[layer][:-1])} and {found.joined[layer][-1]} "
-                 "together")) is not None]
+             if (flag := carried_flag(f"∂L/∂{layer}/h_t", ratio, f"from t={steps - 1} to t=0",
+                                      found.joined[layer])) is not None]
     flags += flow_flags({"∂L/∂x_t": found.input_gradient_norms})
     return FlowSection(
         steps=len(found.input_gradient_norms),
