@@ -256,8 +256,15 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
     keras_loss = ", ".join(o.loss + (" from logits" if o.from_logits else "")
                            for o in loss.outputs)
     said = f"{built.loss}, the config's loss (Keras' {keras_loss})"
+    norm = "" if report.gradient_norm is None else f" (global norm {report.gradient_norm:.3g})"
     return report.model_copy(update={
-        "model": report.model.model_copy(update={"data": built.data}),
+        "model": report.model.model_copy(update={"data": built.data, "seed": built.seed}),
+        # The Keras model was compiled with a loss alone: its optimizer is Keras' default,
+        # no part of the config (found tried as a new user would: "RMSprop clips nothing").
+        "clipping": report.clipping.model_copy(update={
+            "optimizer": None, "setting": None,
+            "effect": "a YAML config names no optimizer, and so no clipping: the batch's "
+                      f"gradient as it is{norm}"}),
         "loss": loss.model_copy(update={"name": said, "outputs": [
             o.model_copy(update={"rule": "the config's loss"}) for o in loss.outputs]}),
         "method": [BUILT.format(weights=built.weights), *report.method]})

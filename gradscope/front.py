@@ -67,6 +67,8 @@ class SpecAsKeras:
     #: Where the weights came from, in words: the seed's draw, or the ``weights`` file and how
     #: its variables met the spec's layers.
     weights: str
+    #: The spec's seed (its weights' and synthetic batch's draws).
+    seed: int
 
 
 def spec_as_keras(source: Any, data: Any, weights: Any = None,
@@ -118,7 +120,7 @@ def spec_as_keras(source: Any, data: Any, weights: Any = None,
                   KERAS_LOSSES[spec.loss], label, batch.x,
                   predictions(shapes, params, batch.x), spec.dtype)
     return SpecAsKeras(model, batch.x.astype(spec.dtype), batch.y.astype(spec.dtype),
-                       batch.source, spec.loss, told)
+                       batch.source, spec.loss, told, spec.seed)
 
 
 def drawn(report: Any) -> Any:

@@ -42,8 +42,11 @@ def stats(values: np.ndarray) -> Stats:
 
 
 def per_example_norms(gradient: np.ndarray) -> PerExampleNorms:
-    """Min, median and max over the batch (axis 0) of each example's L2 norm."""
+    """Min, median and max over the batch (axis 0) of each example's L2 norm, over its finite
+    entries (as :func:`stats` counts them: a NaN made the three NaN, which JSON cannot
+    hold)."""
     flat = np.asarray(gradient, np.float64).reshape(len(gradient), -1)
+    flat = np.where(np.isfinite(flat), flat, 0.0)
     norms = np.sqrt(np.sum(flat * flat, axis=1))
     return PerExampleNorms(min=float(np.min(norms)), median=float(np.median(norms)),
                            max=float(np.max(norms)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -174,6 +175,12 @@ def test_a_float32_config_whose_loss_overflows_fails_explain_and_check(tmp_path)
                                         "computes a loss of ")
     assert "float32 (largest number 3.4e+38) cannot hold this model's numbers" in \
         report.not_finite
+    # With --flow: no norms of NaN (their sparklines and their JSON failed), and every
+    # number of the document finite (an initial state's per-example norms were NaN).
+    flowing = gradscope.explain(config, weights=tmp_path / "big.npz", flow=True)
+    assert flowing.gradient_flow is None
+    assert flowing.not_finite.endswith("--flow and --jacobians are left out")
+    json.dumps(flowing.to_dict(), allow_nan=False)
     checked = gradscope.check(config, weights=tmp_path / "big.npz")
     assert not checked.summary.passed and checked.not_finite is not None
     assert not checked.summary.failed_tensors  # every gradient agrees in float64

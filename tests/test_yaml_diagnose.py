@@ -166,3 +166,19 @@ def test_explain_flow_flags_a_config_s_layer_by_what_diagnose_reads(tf: Any) -> 
         assert flag.ratio == pytest.approx(layer.flow.ratio, rel=close), layer.call
     assert any(layer.flow.flag == "vanishing" for layer in diagnosed.layers)
     assert "on h and c together" in flags["∂L/∂lstm_1/h_t"].message
+
+
+def test_a_config_s_own_seed_no_optimizer_and_one_step(tf: Any) -> None:
+    """Tried as a new user would: a config of seed 1 was reported seed 0; the Keras model's
+    default optimizer was read as the config's ("RMSprop clips nothing"); and a call of one
+    step was an internal error of the horizon's loop. The seed is the config's, no optimizer
+    is named, and a one-step call is not diagnosed, with why."""
+    config = {**CONFIG, "seed": 1, "layers": [{"gru": 3}, {"dense": 2}]}
+    report = gradscope.diagnose(config, counterfactuals=False)
+    assert report.model.seed == 1 and report.model.data == "synthetic (seed 1)"
+    assert report.clipping.optimizer is None and report.clipping.setting is None
+    assert report.clipping.effect.startswith("a YAML config names no optimizer")
+    single = gradscope.diagnose({**config, "time_steps": 1}, counterfactuals=False)
+    assert not single.layers
+    assert [entry.reason for entry in single.not_diagnosed] == [
+        "a call of one step carries nothing from step to step: no recurrence to diagnose"]

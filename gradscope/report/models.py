@@ -115,6 +115,8 @@ class Stats(_Report):
 
 
 class PerExampleNorms(_Report):
+    """Each example's norm over its finite entries: min, median and max over the batch."""
+
     min: float
     median: float
     max: float

@@ -119,11 +119,17 @@ def explain(spec: Spec, data: Batch | None = None, progress: Progress | None = N
         lengths = chunk_lengths(int(batch.x.shape[1]), chunks)
         carry = carried_entry(carry, algebra, carry_numbers(algebra, params, batch, lengths))
         clock.lap("carry")
+    broken = not_finite(algebra, params, batch, result.loss,
+                        {**weight_gradients, **state_gradients})
+    if broken is not None and (gradient_flow is not None or state_jacobians is not None):
+        # Norms of NaN and Inf mean nothing (found tried as a new user would: the flow's
+        # sparklines and its JSON failed on them).
+        gradient_flow = state_jacobians = None
+        broken += "; --flow and --jacobians are left out"
     return ExplainReport(
         model=model_entry(algebra, data=batch.source),
         loss=LossEntry(name=spec.loss, value=_finite_or_none(result.loss)),
-        not_finite=not_finite(algebra, params, batch, result.loss,
-                              {**weight_gradients, **state_gradients}),
+        not_finite=broken,
         gradients=gradients,
         initial_state_gradients=state_entries,
         carry=carry,

@@ -306,6 +306,9 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     path = trajectory(stepped, index)
     if isinstance(path, str):
         return path
+    if path.ran.shape[1] < 2:
+        return ("a call of one step carries nothing from step to step: no recurrence to "
+                "diagnose")
     size = path.size
     label = direction.label
     room = exponent_room(path, label)
