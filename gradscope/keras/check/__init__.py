@@ -96,6 +96,12 @@ def _checked(job: KerasJob, directions: int | None, rtol: float | None, atol: fl
                   reason, chunks)
 
 
+def _floats_in(dtype: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with every float one in ``dtype`` (integer token ids left as they are)."""
+    return {name: value.astype(dtype) if value.dtype.kind == "f" else value
+            for name, value in arrays.items()}
+
+
 def _refuse_all_zero(autodiff: Any, sample_weight: Any) -> None:
     """A check of gradients that are all exactly 0 cannot fail: every witness agrees with 0.
     Refused (exit 2), with the likely cause, rather than passed."""
@@ -124,8 +130,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     # Drawn for the whole batch: the examples keep the targets explain uses.
     targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
                             job.seed)
-    inputs, targets = ({name: value.astype(dtype) if value.dtype.kind == "f" else value
-                        for name, value in take(arrays, chosen.indices, job.batch_size).items()}
+    inputs, targets = (_floats_in(dtype, take(arrays, chosen.indices, job.batch_size))
                        for arrays in (job.batch.inputs, targets))
     sample_weight = take(job.batch.sample_weight, chosen.indices, job.batch_size)
     clock.lap("load")
@@ -229,8 +234,7 @@ def _overflows(job: KerasJob, chosen: CheckedExamples, inputs: dict[str, np.ndar
     the copy computed. None where the model's own pass is finite."""
     own = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     dtype = own.dtype_name
-    inputs, targets = ({name: value.astype(dtype) if value.dtype.kind == "f" else value
-                        for name, value in arrays.items()} for arrays in (inputs, targets))
+    inputs, targets = _floats_in(dtype, inputs), _floats_in(dtype, targets)
     result = own.run(inputs, targets, sample_weight=sample_weight)
     if all_finite(result):
         return None
@@ -254,12 +258,10 @@ def _not_finite(job: KerasJob, engine: KerasEngine, autodiff: Any, chosen: Check
         # The whole batch, so that the examples (in the cause too) are numbered as the
         # user numbers them.
         dtype = engine.dtype_name
-        whole = {name: value.astype(dtype) if value.dtype.kind == "f" else value
-                 for name, value in job.batch.inputs.items()}
+        whole = _floats_in(dtype, job.batch.inputs)
         every = batch_targets(job.plan, job.batch.targets, engine.output_shapes(whole),
                               job.seed)
-        every = {name: value.astype(dtype) if value.dtype.kind == "f" else value
-                 for name, value in every.items()}
+        every = _floats_in(dtype, every)
         result = engine.run(whole, every, sample_weight=job.batch.sample_weight)
         found = diagnose(engine, whole, every, job.batch.sample_weight, result)
     if found is None:
