@@ -86,13 +86,18 @@ NEAR_RANGE_POWER = 0.9
 
 
 def near_range(values: Any, dtype: str) -> bool:
-    """Whether float ``values`` (from a float64 pass) come near ``dtype``'s range (never for
-    float64 itself)."""
+    """Whether any of ``values`` (numbers or arrays of a float64 pass, None left out: a loss
+    and its gradients, say) comes near ``dtype``'s range (never for float64 itself)."""
     kind = np.dtype(dtype) if dtype != "bfloat16" else np.dtype("float32")
-    array = np.asarray(values)
-    if kind.kind != "f" or kind.itemsize >= 8 or array.dtype.kind != "f" or not array.size:
+    if kind.kind != "f" or kind.itemsize >= 8:
         return False
-    return float(np.max(np.abs(array))) > float(np.finfo(kind).max) ** NEAR_RANGE_POWER
+    limit = float(np.finfo(kind).max) ** NEAR_RANGE_POWER
+    for value in values:
+        array = np.asarray(value)
+        if (value is not None and array.dtype.kind == "f" and array.size
+                and float(np.max(np.abs(array))) > limit):
+            return True
+    return False
 
 
 #: Random directions per tensor, unless the user asks for another number (``--directions``).

@@ -43,9 +43,8 @@ def near_range(model: Any, result: Any) -> bool:
     policy = getattr(model, "dtype_policy", None)
     variables = str(getattr(policy, "variable_dtype", None) or "float32")
     compute = str(getattr(policy, "compute_dtype", None) or "float32")
-    return (near(np.array([result.loss]), variables)
-            or any(g is not None and near(g, variables) for g in result.gradients.values())
-            or any(near(tensor, compute) for call in result.calls for tensor in call.outputs))
+    return (near([result.loss, *result.gradients.values()], variables)
+            or near([tensor for call in result.calls for tensor in call.outputs], compute))
 
 
 def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None:

@@ -230,10 +230,9 @@ def _in_its_dtype(ctx: CheckContext, say: Progress) -> str | None:
 
     dtype = ctx.shapes.spec.dtype
     autodiff = ctx.autodiff
-    found = [*autodiff.weight_gradients.values(), *autodiff.state_gradients.values()]
-    if dtype == "float64" or not (near_range(np.array([autodiff.loss]), dtype) or any(
-            g is not None and near_range(g, dtype) for g in found)):
-        return None
+    if not near_range([autodiff.loss, *autodiff.weight_gradients.values(),
+                       *autodiff.state_gradients.values()], dtype):
+        return None  # float64 itself never is
     say(f"the float64 numbers near {dtype}'s range: the model in {dtype}")
     params = {name: value.astype(dtype) for name, value in ctx.params.items()}
     own = Engine(ctx.shapes).run(params, ctx.batch.astype(dtype), watch_input=False)
