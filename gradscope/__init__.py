@@ -234,40 +234,8 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         return front.run("diagnose", model, data, x, y, sample_weight,
                          {**options, **({} if weights is None else {"weights": weights})},
                          max_memory, progress, timings)
-    from gradscope.errors import ConfigError, flag
-
-    if x is not None or y is not None or sample_weight is not None:
-        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
-                          "pass data={'x': ..., 'y': ...}", where="x")
-    if keras_options:
-        name = sorted(keras_options)[0]
-        raise ConfigError(f"{flag(name)} is for a Keras model: a YAML spec gives its own "
-                          "batch, loss and weights", where=flag(name))
-    # The spec's model, built from Keras' own layers with its weights: its dynamics are read
-    # from Keras' cells, as a saved model's are.
-    if progress is not None:
-        progress("building the spec's model from Keras' layers")
-    from gradscope.yaml.keras_layers import BUILT
-
-    built = front.spec_as_keras(model, data, weights, progress)
-    report = front.run("diagnose", built.model, None, built.x, built.y, None, options,
-                       max_memory, progress, timings)
-    loss = report.loss
-    keras_loss = ", ".join(o.loss + (" from logits" if o.from_logits else "")
-                           for o in loss.outputs)
-    said = f"{built.loss}, the config's loss (Keras' {keras_loss})"
-    norm = "" if report.gradient_norm is None else f" (global norm {report.gradient_norm:.3g})"
-    return report.model_copy(update={
-        "model": report.model.model_copy(update={"data": built.data, "seed": built.seed}),
-        # The Keras model was compiled with a loss alone: its optimizer is Keras' default,
-        # no part of the config (found tried as a new user would: "RMSprop clips nothing").
-        "clipping": report.clipping.model_copy(update={
-            "optimizer": None, "setting": None,
-            "effect": "a YAML config names no optimizer, and so no clipping: the batch's "
-                      f"gradient as it is{norm}"}),
-        "loss": loss.model_copy(update={"name": said, "outputs": [
-            o.model_copy(update={"rule": "the config's loss"}) for o in loss.outputs]}),
-        "method": [BUILT.format(weights=built.weights), *report.method]})
+    return front.diagnose_spec(model, data, x, y, sample_weight, weights, options,
+                               max_memory, progress, timings)
 
 
 def estimate_memory(spec: Any = None, command: str = "explain", data: Any = None, *,

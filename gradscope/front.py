@@ -123,6 +123,49 @@ def spec_as_keras(source: Any, data: Any, weights: Any = None,
                        batch.source, spec.loss, told, spec.seed)
 
 
+def diagnose_spec(source: Any, data: Any, x: Any, y: Any, sample_weight: Any, weights: Any,
+                  options: dict[str, Any], max_memory: int | str | None,
+                  progress: Callable[[str], None] | None, timings: bool) -> Any:
+    """``gradscope.diagnose`` of a YAML spec: its model built from Keras' own layers
+    (:func:`spec_as_keras`) and diagnosed as a Keras model is, the report then saying the
+    spec's own batch, seed, loss and weights (and no optimizer: the spec names none)."""
+    from gradscope.errors import ConfigError, flag
+
+    if x is not None or y is not None or sample_weight is not None:
+        raise ConfigError("x=, y= and sample_weight= are for a Keras model; for a YAML spec "
+                          "pass data={'x': ..., 'y': ...}", where="x")
+    keras_options = sorted(set(options) - {"exponents", "counterfactuals"})
+    if keras_options:
+        name = keras_options[0]
+        raise ConfigError(f"{flag(name)} is for a Keras model: a YAML spec gives its own "
+                          "batch, loss and weights", where=flag(name))
+    # The spec's model, built from Keras' own layers with its weights: its dynamics are read
+    # from Keras' cells, as a saved model's are.
+    if progress is not None:
+        progress("building the spec's model from Keras' layers")
+    from gradscope.yaml.keras_layers import BUILT
+
+    built = spec_as_keras(source, data, weights, progress)
+    report = run("diagnose", built.model, None, built.x, built.y, None, options, max_memory,
+                 progress, timings)
+    loss = report.loss
+    keras_loss = ", ".join(o.loss + (" from logits" if o.from_logits else "")
+                           for o in loss.outputs)
+    said = f"{built.loss}, the config's loss (Keras' {keras_loss})"
+    norm = "" if report.gradient_norm is None else f" (global norm {report.gradient_norm:.3g})"
+    return report.model_copy(update={
+        "model": report.model.model_copy(update={"data": built.data, "seed": built.seed}),
+        # The Keras model was compiled with a loss alone: its optimizer is Keras' default,
+        # no part of the config (found tried as a new user would: "RMSprop clips nothing").
+        "clipping": report.clipping.model_copy(update={
+            "optimizer": None, "setting": None,
+            "effect": "a YAML config names no optimizer, and so no clipping: the batch's "
+                      f"gradient as it is{norm}"}),
+        "loss": loss.model_copy(update={"name": said, "outputs": [
+            o.model_copy(update={"rule": "the config's loss"}) for o in loss.outputs]}),
+        "method": [BUILT.format(weights=built.weights), *report.method]})
+
+
 def drawn(report: Any) -> Any:
     """``report``, able to draw itself: the notebook's HTML and ``report.plot()`` come from
     renderers that register themselves when imported (the report models know nothing of
