@@ -67,14 +67,15 @@ def step_for(dtype: str, code: str = "any") -> float:
     return row.get(dtype, row.get("float32", row["float64"]))
 
 
-def retakes_for(dtype: str) -> tuple[float, ...]:
+def retakes_for(dtype: str, code: str = "any") -> tuple[float, ...]:
     """The smaller steps a disagreeing probe is taken again at, in turn (a kink, a loss that
     curves within the step, or a wrong gradient?): in float64 a hundredth of the step, then a
     ten-thousandth (a chaotic trajectory's loss curves within 1e-6 of the weights; its
     rounding, 1e-16 of the loss over 1e-9, is still far below a gradient), in float32 a
-    tenth, whose rounding would drown a hundredth. A wrong gradient disagrees at every step;
+    tenth, whose rounding would drown a hundredth; of the step for ``code``
+    (:func:`step_for`). A wrong gradient disagrees at every step;
     a kink's one-sided slopes stay apart at every step."""
-    step = step_for(dtype)
+    step = step_for(dtype, code)
     return (step / 100, step / 10_000) if dtype == "float64" else (step / 10,)
 
 

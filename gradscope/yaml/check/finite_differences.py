@@ -27,6 +27,7 @@ from gradscope.gradcheck import (
     element_probe,
     elements_for,
     random_probes,
+    retakes_for,
     step_for,
 )
 from gradscope.timing import Progress
@@ -40,7 +41,7 @@ SPEC_STEP = step_for("float64", "smooth")
 #: Smaller steps a tensor whose probes disagree is taken again at, in turn: smooth cells have
 #: no kink, but with large weights the loss curves within 1e-3 (a correct GRU's bias read
 #: 1.5e-5 > 1e-5 there, found tried as a new user would).
-RETAKES = (SPEC_STEP / 100, SPEC_STEP / 10_000)
+RETAKES = retakes_for("float64", "smooth")
 #: Perturbed copies of x or of an initial state folded into one forward pass (a copy of one
 #: example counts as 1/batch of a copy).
 COPIES_PER_CALL = 4
@@ -305,7 +306,7 @@ class FiniteDifferences:
                 if again[1]:
                     error, passed = again[0], True
                     detail = (f"{again[2]} (at step {step:g}: at {SPEC_STEP:g} the loss "
-                              f"curves within the step, {error_at(detail)})")
+                              f"curves within the step, {_error_at(detail)})")
                     break
             results.append(WitnessResult(WITNESS, name, error, rtol, passed, detail))
         return results
@@ -354,7 +355,7 @@ class FiniteDifferences:
         return perturbations
 
 
-def error_at(detail: str) -> str:
+def _error_at(detail: str) -> str:
     """What a probe's first difference read, from its detail ("worst: …"), for the line
     that says a smaller step agrees."""
     return detail.split("; worst: ", 1)[-1]
