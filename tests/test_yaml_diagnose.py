@@ -148,7 +148,8 @@ def test_explain_flow_flags_a_config_s_layer_by_what_diagnose_reads(tf: Any) -> 
     (the total ∂L/∂h_t cannot fade where the loss enters at every step) while diagnose read
     each GRU's recurrence carrying back ×9.5e-12 and ×2.9e-7. A YAML layer is now flagged
     by what its recurrence carries back, as a Keras layer is: the ratio is diagnose's, from
-    the other wing's engine (Keras' cells), for every layer, an LSTM's h and c together."""
+    the other wing's engine (Keras' cells), for every layer, an LSTM's h and c together
+    (Keras' state pair: each step's Jᵀ on (h, c), the same ratio)."""
     config = {**CONFIG, "time_steps": 60}
     flags = {flag.what: flag for flag in gradscope.explain(config, flow=True)
              .gradient_flow.flags}
@@ -160,10 +161,7 @@ def test_explain_flow_flags_a_config_s_layer_by_what_diagnose_reads(tf: Any) -> 
             assert flag is None, layer.call
             continue
         assert flag is not None and flag.kind == layer.flow.flag, layer.call
-        # An LSTM's c: the YAML wing's ∂L/∂c_t is BPTT's dc_t, through h_t = o∘tanh(c_t) at
-        # the same step too; Keras' state pair holds h_t apart from c_t. A few percent.
-        close = 0.05 if layer.class_name == "LSTM" else 1e-6
-        assert flag.ratio == pytest.approx(layer.flow.ratio, rel=close), layer.call
+        assert flag.ratio == pytest.approx(layer.flow.ratio, rel=1e-6), layer.call
     assert any(layer.flow.flag == "vanishing" for layer in diagnosed.layers)
     assert "on h and c together" in flags["∂L/∂lstm_1/h_t"].message
 

@@ -73,7 +73,7 @@ def state_jacobians_and_influence(
 ) -> tuple[list[JacobianBlock], np.ndarray, Pass, dict[str, np.ndarray]]:
     """The Jacobian blocks, ‖∂h_at/∂x_s‖ (B, T) of the last recurrent layer, the ordinary
     pass (loss, every gradient, total ∂L/∂h_t per step) and each layer's carried-back
-    squares (:func:`_carried_back`), all from one traced forward pass."""
+    squares (:func:`_rows_backward`), all from one traced forward pass."""
     tf = engine.tf
     dtype = engine.dtype
     states_by_layer = layer_states(engine)
@@ -84,7 +84,7 @@ def state_jacobians_and_influence(
     def compute(params: dict[str, Any], x: Any, y: Any, states: dict[str, Any],
                 at: Any) -> tuple[list[Any], Any, dict[str, Any]]:
         probes = engine.probe_zeros(x)
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:
             tape.watch([params, x, states, probes])
             sequences: dict[str, Any] = {}
             trajectories: dict[str, Any] = {}
@@ -100,11 +100,12 @@ def state_jacobians_and_influence(
             "sequence_gradients": {k: tf.transpose(v, [1, 0, 2])
                                    for k, v in probe_gradients.items()},
         }
-        ordinary["carried_back"] = _carried_back(engine, tape, sequences, probes,
-                                                 probe_gradients)
-        del tape
-        groups, influence = _rows_backward(engine, params, x, states, trajectories, at,
-                                           at_last)
+        # What the loss puts on each layer's h at the last step (time-major totals): where
+        # the carried-back vectors start (:func:`_rows_backward`).
+        lasts = [probe_gradients[f"{cell.name}/h"][-1] for cell in engine.shapes.cells]
+        groups, influence, carried = _rows_backward(engine, params, x, states, trajectories,
+                                                    at, at_last, lasts)
+        ordinary["carried_back"] = dict(zip(layers, carried, strict=True))
         return groups, tf.sqrt(influence), ordinary
 
     with native_stderr_silenced():
@@ -143,37 +144,14 @@ def state_jacobians_and_influence(
     return blocks, influence.numpy().astype(np.float64), ordinary_pass, carried
 
 
-def _carried_back(engine: Engine, tape: Any, sequences: dict[str, Any], probes: dict[str, Any],
-                  totals: dict[str, Any]) -> dict[str, Any]:
-    """Per recurrent layer (by name), ‖v_t‖² (B, T) of every state joined, where v is what the
-    loss puts on the layer's state at the last step (its total there: nothing comes after
-    it), carried back through the layer's own recurrence alone: the gradient of ⟨h_(T−1),
-    g⟩ on each step's probes (the layers below do not depend on this one). What a Keras
-    layer's flow is flagged by (:func:`gradscope.keras.state_probes.carried_back`): a loss
-    at every step cannot make the total ∂L/∂h_t fade. (An LSTM's c part is BPTT's dc_t,
-    through h_t = o∘tanh(c_t) at the same step too, where Keras' probes hold h_t apart from
-    c_t: the two wings' ratios of an LSTM differ by a few percent.)"""
-    tf = engine.tf
-    found = {}
-    for cell in engine.shapes.cells:
-        output = sequences[f"{cell.name}/h"]  # time-major (T, B, u)
-        last = totals[f"{cell.name}/h"][-1]
-        seed = tf.concat([tf.zeros_like(output[:-1]), last[None]], axis=0)
-        names = [f"{cell.name}/{state[0]}" for state in cell.state_names]
-        carried = tape.gradient(output, [probes[n] for n in names], output_gradients=seed,
-                                unconnected_gradients="zero")
-        found[cell.name] = tf.transpose(tf.add_n([tf.reduce_sum(tf.square(v), axis=2)
-                                                  for v in carried]))
-    return found
-
-
 # Examples are independent, so a row's cotangent for every example is one block of the
 # batch. One backward pass per row inside a ``tf.map_fn`` gives the same numbers (to float32
 # rounding), at a higher cost, most of it tracing and per-op overhead.
 def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[str, Any],
-                   trajectories: dict[str, Any], at: Any,
-                   at_last: bool) -> tuple[list[Any], Any]:
-    """Every Jacobian row at once, and ‖∂h_at/∂x_s‖² (B, T), by one backward scan over time.
+                   trajectories: dict[str, Any], at: Any, at_last: bool,
+                   lasts: list[Any]) -> tuple[list[Any], Any, list[Any]]:
+    """Every Jacobian row at once, ‖∂h_at/∂x_s‖² (B, T), and each layer's carried-back
+    squares (B, T), by one backward scan over time.
 
     A row is one unit of one layer's final state (h, then c for an LSTM), for every example.
     Rows are ordered by target layer, so the rows that reach layer n are a suffix of them: a
@@ -188,6 +166,14 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
     The influence rows are the last layer's h units at step ``at``: when ``at`` is the last
     step they are Jacobian rows already; otherwise they are extra rows whose cotangent starts
     at step ``at``.
+
+    Carried back: per layer, ‖v_t‖² of every state joined, where v starts as what the loss
+    puts on the layer's h at the last step (``lasts``, its total there: nothing comes after
+    it; nothing on an LSTM's c) and goes back through the layer's own recurrence alone, each
+    step's Jᵀ on the whole state: B more rows at the end of the layer's block, which are
+    never handed to the layer below. What a Keras layer's flow is flagged by
+    (:func:`gradscope.keras.state_probes.carried_back`, on Keras' state pair alike): a loss at
+    every step cannot make the total ∂L/∂h_t fade.
     """
     tf = engine.tf
     cells = engine.shapes.cells
@@ -226,9 +212,23 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
     seed = None if at_last else _one_hot_rows(tf, influence_start - reach[-1], last_units,
                                                rows - reach[-1], batch_size, x.dtype)
 
-    def backward_step(t: Any, carried: tuple[Any, ...]) -> tuple[list[Any], Any]:
-        """The cotangents on the states at t → at t−1, and this step's influence squares."""
-        cotangents = list(carried)
+    # v on each state at the last step: the loss's total on h, nothing on c.
+    start_carries = tuple(last if k == 0 else tf.zeros_like(last)
+                          for last, cell in zip(lasts, cells, strict=True)
+                          for k in range(len(cell.state_names)))
+
+    def backward_step(t: Any, carried: tuple[Any, ...], carries: tuple[Any, ...],
+                      ) -> tuple[list[Any], Any, list[Any], Any]:
+        """The cotangents and carried-back vectors on the states at t → at t−1, and this
+        step's influence and carried-back squares."""
+        cotangents, back = list(carried), list(carries)
+        back_squares = []
+        position = 0
+        for cell in cells:
+            count = len(cell.state_names)
+            back_squares.append(tf.add_n([tf.reduce_sum(tf.square(v), axis=1)
+                                          for v in back[position:position + count]]))
+            position += count
         x_t = x_major[t]
         before = [s[t] for s in previous]
         after = [s[t] for s in trajectory]
@@ -241,17 +241,17 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
             cell = cells[n]
             count = len(cell.state_names)
             position -= count
-            times = rows - reach[n]
-            prev = [repeat(s, times) for s in before[position:position + count]]
+            times = rows - reach[n]  # and one more: the carried-back rows
+            prev = [repeat(s, times + 1) for s in before[position:position + count]]
             layer_input = x_t if n == 0 else after[position - len(cells[n - 1].state_names)]
             with tf.GradientTape() as tape:
                 if n == 0:
                     # The input projection once, then repeated: x itself is not a source here.
-                    step_inputs = tuple(repeat(v[0], times) for v in
+                    step_inputs = tuple(repeat(v[0], times + 1) for v in
                                         cell.tf_inputs(tf, cell_params[n], layer_input[None]))
                     tape.watch([prev, step_inputs])
                 else:
-                    repeated_input = repeat(layer_input, times)
+                    repeated_input = repeat(layer_input, times + 1)
                     tape.watch([prev, repeated_input])
                     step_inputs = tuple(v[0] for v in cell.tf_inputs(
                         tf, cell_params[n], repeated_input[None]))
@@ -259,16 +259,25 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
             sources = [prev, step_inputs if n == 0 else repeated_input]
             d_prev, d_input = tape.gradient(
                 list(new), sources,
-                output_gradients=cotangents[position:position + count],
+                output_gradients=[tf.concat([c, v], axis=0) for c, v in zip(
+                    cotangents[position:position + count], back[position:position + count],
+                    strict=True)],
                 unconnected_gradients="zero")
-            cotangents[position:position + count] = d_prev
+            split = times * batch_size
+            cotangents[position:position + count] = [
+                tf.ensure_shape(d[:split], c.shape) for d, c in zip(
+                    d_prev, cotangents[position:position + count], strict=True)]
+            back[position:position + count] = [
+                tf.ensure_shape(d[split:], v.shape) for d, v in zip(
+                    d_prev, back[position:position + count], strict=True)]
             if n > 0:
                 # Layer n's rows are the tail of layer n−1's rows: add into that tail.
                 below = position - len(cells[n - 1].state_names)  # layer n−1's h
                 skip = (reach[n] - reach[n - 1]) * batch_size
                 head = cotangents[below][:skip]
-                cotangents[below] = tf.concat([head, cotangents[below][skip:] + d_input],
-                                              axis=0)
+                cotangents[below] = tf.ensure_shape(tf.concat(
+                    [head, cotangents[below][skip:] + d_input[:split]], axis=0),
+                    cotangents[below].shape)
             else:
                 # ∂h_at/∂x_t for the influence rows: through the input projection.
                 first = (influence_start - reach[0]) * batch_size
@@ -282,22 +291,31 @@ def _rows_backward(engine: Engine, params: dict[str, Any], x: Any, states: dict[
                                     output_gradients=chosen)
                 squares = tf.reduce_sum(tf.reshape(tf.reduce_sum(tf.square(d_x), axis=1),
                                                    [last_units, batch_size]), axis=0)
-        return cotangents, squares
+        return cotangents, squares, back, tf.stack(back_squares)
 
     # A while loop, not tf.scan: only the influence squares are kept per step, never the
     # cotangents, whose size is the number of rows times the batch. One step at a time: the
     # steps depend on each other anyway, and each one's repeated states are that large too.
-    def body(t: Any, squares: Any, *carried: Any) -> tuple[Any, ...]:
-        cotangents, step_squares = backward_step(t, carried)
-        return (t - 1, squares.write(t, step_squares), *cotangents)
+    held = len(initial)
+
+    def body(t: Any, squares: Any, back_squares: Any, *carried: Any) -> tuple[Any, ...]:
+        cotangents, step_squares, back, step_back = backward_step(t, carried[:held],
+                                                                  carried[held:])
+        return (t - 1, squares.write(t, step_squares), back_squares.write(t, step_back),
+                *cotangents, *back)
 
     per_step = tf.TensorArray(x.dtype, size=steps, element_shape=tf.TensorShape([None]))
-    _, per_step, *finals = tf.while_loop(
-        lambda t, *_: t >= 0, body, (steps - 1, per_step, *start_cotangents()),
+    per_back = tf.TensorArray(x.dtype, size=steps,
+                              element_shape=tf.TensorShape([len(cells), None]))
+    _, per_step, per_back, *finals = tf.while_loop(
+        lambda t, *_: t >= 0, body,
+        (steps - 1, per_step, per_back, *start_cotangents(), *start_carries),
         parallel_iterations=1)
     squares = tf.transpose(per_step.stack(), [1, 0])  # (B, T)
+    carried_squares = tf.transpose(per_back.stack(), [1, 2, 0])  # (layers, B, T)
 
-    return _by_target_layer(tf, finals, cells, offsets, batch_size, rows), squares
+    return (_by_target_layer(tf, finals[:held], cells, offsets, batch_size, rows), squares,
+            tf.unstack(carried_squares, num=len(cells)))
 
 
 def _one_hot_rows(tf: Any, first: int, units: int, reaching: int, batch_size: Any,
