@@ -110,6 +110,49 @@ def test_forget_bias_plus_1_against_a_copy_changed_by_hand(tf: Any) -> None:
         "no change tried lengthens the horizon by half or more (each one is below)")
 
 
+def test_a_batch_of_more_examples_than_the_horizon_reads_changes_on_those_alone(
+        tf: Any) -> None:
+    """Each change steps the call on the examples the horizon reads (8 of 12 here), before
+    and after read on the same: λ₁, the horizon and the flow equal a diagnosis of those
+    examples alone, of the copy changed by hand and of the model as it is. The copy's pass
+    is the whole batch's (the loss a mean over 12 examples, not 8): ∂L/∂s is 8/12 of the
+    8-example batch's, its ratio the same."""
+    model = _model("lstm")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((12, T, F)).astype("float32")
+    y = rng.standard_normal((12, T, 1)).astype("float32")
+    report = gradscope.diagnose(model, x=x, y=y)
+    entry = report.layers[0]
+    rows = entry.horizon.examples
+    assert len(rows) == 8
+    changed = {c.kind: c for c in entry.counterfactuals}["keep_bias"]
+    assert changed.examples == rows
+
+    def plus_one(cell: Any) -> None:
+        bias = cell.bias.numpy()
+        bias[U:2 * U] += 1
+        cell.bias.assign(bias)
+
+    for found, lyapunov, flow, copy in (
+            (changed.horizon, changed.lyapunov_1, changed.flow,
+             _changed_by_hand(model, plus_one)),
+            (entry.horizon.measured, changed.lyapunov_1_before, changed.flow_before, model)):
+        truth = gradscope.diagnose(copy, x=x[rows], y=y[rows],
+                                   counterfactuals=False).layers[0]
+        assert found == truth.horizon.measured
+        assert lyapunov == pytest.approx(truth.lyapunov[0], rel=1e-4, abs=1e-6)
+        assert flow is not None and truth.flow is not None
+        assert flow.ratio == pytest.approx(truth.flow.ratio, rel=1e-3)
+        assert flow.last == pytest.approx(truth.flow.last * 8 / 12, rel=1e-4)
+    # The layer's own λ₁ is the whole batch's: the change is compared with its 8 examples'.
+    assert changed.lyapunov_1_before != pytest.approx(entry.lyapunov[0], rel=1e-6)
+    from conftest import render_text
+
+    text = render_text(report, 80)
+    assert ("stepped on the 8 examples the horizon reads, 0, 2, 3, 5, 6, 8, 9 and 11, and "
+            "before read on them too" in " ".join(text.split()))
+
+
 def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
         tf: Any) -> None:
     """A large layer's horizon window stops at 16 lags: where the layer's horizon and every

@@ -161,11 +161,21 @@ def _horizon_words(horizon: int | None, window: int | None) -> str:
     return str(horizon) if horizon is not None else f"> {window}"
 
 
+def _examples(rows: list[int]) -> str:
+    """Example indices in words: ``0, 4, 9, 13, 18, 22, 27 and 31``."""
+    return ", ".join(str(r) for r in rows[:-1]) + f" and {rows[-1]}" if len(rows) > 1 else (
+        str(rows[0]))
+
+
 def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
     """Each change, before → after, as measured on the changed copy."""
     if not layer.counterfactuals:
         return []
-    parts: list[RenderableType] = [Text("with one change (a copy of the model, run again):")]
+    rows = next((c.examples for c in layer.counterfactuals if c.examples is not None), None)
+    parts: list[RenderableType] = [Text(
+        "with one change (a copy of the model, run again):" if rows is None else
+        f"with one change (a copy of the model, run again; stepped on the {len(rows)} "
+        f"examples the horizon reads, {_examples(rows)}, and before read on them too):")]
     before_h = _horizon_words(layer.horizon.measured, layer.horizon.window)
     before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"
     for change in layer.counterfactuals:
@@ -207,8 +217,9 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             items = [f"horizon {before_h} → {after}",
                      f"{whose} {before} → " + ("n/a" if change.lyapunov_1 is None
                                                  else _signed(change.lyapunov_1))]
-            if layer.flow is not None and change.flow is not None:
-                items.append(f"carried {_carried(layer.flow.ratio)} → "
+            flow = change.flow_before if change.flow_before is not None else layer.flow
+            if flow is not None and change.flow is not None:
+                items.append(f"carried {_carried(flow.ratio)} → "
                              f"{_carried(change.flow.ratio)}")
             parts.append(_line(f"  {change.change}", items, width))
     return parts

@@ -1029,13 +1029,21 @@ class Counterfactual(_Report):
                                      "start: with all its tangent columns where it carries "
                                      "every exponent, else with its first column alone")
     lyapunov_1_before: float | None = Field(
-        default=None, description="the layer's λ₁ taken as lyapunov_1 is (its first tangent "
-        "column alone, where that is how lyapunov_1 was taken): before, for after")
+        default=None, description="the layer's λ₁ taken as lyapunov_1 is (on the same "
+        "examples; its first tangent column alone, where that is how lyapunov_1 was taken): "
+        "before, for after")
     first_column: bool = Field(
         default=False, description="lyapunov_1 and lyapunov_1_before are of the layer's first "
         "tangent column alone, which reads otherwise (to 3 digits) than the layer's λ₁, the "
         "largest of its columns' means: the text says \"λ₁ (first column)\"")
+    examples: list[int] | None = Field(
+        default=None, description="the examples the changed call was stepped on, and the "
+        "before numbers read on (the horizon's: up to 8, evenly spaced); the copy's pass, "
+        "and its loss, are the whole batch's. null: the whole batch")
     flow: StateFlow | None = Field(default=None, description="∂L/∂s_t after the change")
+    flow_before: StateFlow | None = Field(
+        default=None, description="∂L/∂s_t before the change, on the same examples: before, "
+        "for flow")
     clip_norm: float | None = Field(default=None, description="clipping: the global_clipnorm "
                                     "the batch suggests")
     clip_scale: float | None = Field(default=None, description="clipping: the scale Keras' "

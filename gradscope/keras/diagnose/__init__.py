@@ -18,6 +18,7 @@ import numpy as np
 
 from gradscope import dynamics
 from gradscope.errors import ConfigError
+from gradscope.keras.diagnose.counterfactuals import Before
 from gradscope.keras.engine import call_label, class_label
 from gradscope.report.models import (
     Counterfactual,
@@ -60,9 +61,11 @@ METHOD = [
     "forget biases below 1 raised to 1; each gate's block of the recurrent kernel made its "
     "polar factor times its spectral norm; a SimpleRNN's kernel of norm other than 1 made its "
     "polar factor, at norm 1), run again "
-    "on the batch and diagnosed as the layer: the horizon, the flow and λ₁ from the layer's "
-    "own start (every column where the layer carries every exponent; else its first, random, "
-    "column alone, Benettin's λ₁, beside the layer's own first column as before); clipping "
+    "on the batch (the loss the whole batch's) and diagnosed as the layer, its call stepped "
+    "on the examples the horizon reads (in inference mode, where the batch has more): the "
+    "horizon, the flow and λ₁ from the layer's own start (every column where the layer "
+    "carries every exponent; else its first, random, column alone, Benettin's λ₁), each "
+    "beside the layer's own, read alike on the same examples as before; clipping "
     "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun",
 ]
 
@@ -214,10 +217,10 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
                 skipped.append(KerasNotAnalysed(layer=stepped.directions[index].label,
                                                 reason=found))
                 continue
-            entry, evidence, count, first = found
+            entry, evidence, count, before = found
             if whatif is not None:
                 say(f"{entry.call}: counterfactuals, each on a changed copy of the model")
-                entry = whatif.add(entry, evidence, stepped, index, count, first)
+                entry = whatif.add(entry, evidence, stepped, index, count, before)
             layers.append(entry)
         clock.lap(f"diagnose {label}")
     norm = global_norm(trained)
@@ -289,13 +292,17 @@ def exponent_room(path: Any, label: str) -> tuple[int, str | None] | str:
 
 
 def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
-               say: Progress, warnings: list[str]) -> tuple[DiagnosedLayer, dynamics.Evidence,
-                                                            int, float | None] | str:
+               say: Progress, warnings: list[str],
+               ) -> tuple[DiagnosedLayer, dynamics.Evidence, int, Before] | str:
     """One direction of a stepped call, diagnosed, with what its verdict rests on, how many
-    exponents it took and the exponent of its first tangent column alone (what a
-    counterfactual's λ₁ is compared with: it carries that column only); or why it cannot
-    be. What the reader must know of its numbers is added to ``warnings``."""
-    from gradscope.keras.diagnose.counterfactuals import state_flow
+    exponents it took and what a counterfactual's numbers are compared with (the layer's
+    own, on the examples the changes run on, λ₁ taken as theirs is: :class:`Before`); or why
+    it cannot be. What the reader must know of its numbers is added to ``warnings``."""
+    from gradscope.keras.diagnose.counterfactuals import (
+        changed_on,
+        first_column_only,
+        state_flow,
+    )
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms, trajectory
@@ -344,7 +351,6 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
             f"{float(spectrum[0]):+.3g} from all of them (where the scan started still "
             f"weighs, more than \"moved\" {change:.3g} says), and a horizon predicted from "
             "λ₁ is no firmer")
-    first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     say(f"{label}: the norm of every step Jacobian")
     grid, method, taken = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
@@ -380,7 +386,23 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     squares = step_squares(stepped, index)
     exploding = _exploding(squares, path.ran,
                            GROWTH_ULPS * roundoff(layer.cell.compute_dtype))
-    flow = state_flow(squares, path.ran, carried_back(stepped, index))
+    back = carried_back(stepped, index)
+    flow = state_flow(squares, path.ran, back)
+    # What a change's numbers are compared with: the same rows, λ₁ taken as a change's is.
+    examples = changed_on(engine, layer, stepped.call, measured.examples)
+    rows = slice(None) if examples is None else np.asarray(examples)
+    alone = first_column_only(count, size)
+    first, _ = dynamics.lyapunov_exponents(logs[rows][..., :1 if alone else count],
+                                           path.ran[rows])
+    whole_first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
+    before = Before(
+        examples=examples, lyapunov_1=float(first[0]) if len(first) else None,
+        flow=state_flow(None if squares is None else (squares[0][rows], squares[1][rows]),
+                        path.ran[rows], None if back is None else back[rows]),
+        # Whose λ₁ a change's is, where the layer's first column reads otherwise than its
+        # λ₁ (the largest of its columns' means): said once, for its line and the verdict.
+        first_column=alone and len(spectrum) > 0 and len(whole_first) > 0
+        and f"{whole_first[0]:+.3g}" != f"{spectrum[0]:+.3g}")
     reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
     keep = timescales.keep_gate if timescales is not None else None
@@ -407,8 +429,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         saturated_units=saturated, timescales=timescales, horizon=horizon,
         exploding=exploding, flow=flow,
         mechanism=dynamics.mechanism(evidence),  # type: ignore[arg-type]
-        verdict=dynamics.verdict(evidence)), evidence, count, (
-            float(first[0]) if len(first) else None)
+        verdict=dynamics.verdict(evidence)), evidence, count, before
 
 
 #: ‖J_t‖₂ within this many units of the cell dtype's roundoff above 1 does not count as
@@ -528,15 +549,14 @@ class _WhatIf:
         self.cache: dict[Any, Any] = {}  # the copy's traced pass, kept across the changes
 
     def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
-            index: int, count: int, first: float | None) -> DiagnosedLayer:
+            index: int, count: int, before: Before) -> DiagnosedLayer:
         """``entry`` with its counterfactuals, and its verdict naming the most effective
-        (``first``: the layer's λ₁ by its first tangent column, as a change's is taken)."""
+        (``before``: the layer's own numbers, read as a change's are)."""
         from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
             LISTED_ONLY_WHERE_APPLICABLE,
             Rerun,
             copy_engine,
-            first_column_only,
             measure_change,
             not_copied,
             suggested_clipping,
@@ -550,16 +570,14 @@ class _WhatIf:
                       index=call.index, label=stepped.label)
         cell = stepped.directions[index].layer.cell
         found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
-                 else measure_change(self.copy, rerun, index, kind, count, self.cache)
+                 else measure_change(self.copy, rerun, index, kind, count, self.cache,
+                                     before.examples)
                  for kind, _, _ in CHANGES]
-        found = [c for c in found
-                 if c.applicable or c.kind not in LISTED_ONLY_WHERE_APPLICABLE]
-        if first_column_only(count, entry.state_size) and first is not None:
-            # Whose λ₁ a change's is, where the layer's first column reads otherwise than its
-            # λ₁ (the largest of its columns' means): said once, for its line and the verdict.
-            other = bool(entry.lyapunov) and f"{first:+.3g}" != f"{entry.lyapunov[0]:+.3g}"
-            found = [c.model_copy(update={"lyapunov_1_before": first, "first_column": other})
-                     if c.applicable else c for c in found]
+        found = [c.model_copy(update={
+            "lyapunov_1_before": before.lyapunov_1, "flow_before": before.flow,
+            "examples": before.examples, "first_column": before.first_column})
+            if c.applicable else c for c in found
+            if c.applicable or c.kind not in LISTED_ONLY_WHERE_APPLICABLE]
         largest = entry.lyapunov[0] if entry.lyapunov else None
         clipped = suggested_clipping(self.gradients, largest, entry.horizon.measured,
                                      entry.horizon.window, self.compiled)

@@ -205,6 +205,70 @@ def first_column_only(count: int, size: int) -> bool:
     return count < size
 
 
+def changed_on(engine: Any, layer: Any, call: Any, examples: list[int]) -> list[int] | None:
+    """The examples a change is run on: those the layer's horizon is measured on (up to
+    :data:`~gradscope.keras.diagnose.horizon.EXAMPLES`, evenly spaced), where the batch has
+    more; None: the whole batch. The copy's pass runs on the whole batch (the loss is the
+    batch's, as ``fit`` computes it); only the stepping, λ₁ and the horizon take the rows,
+    and what a change's numbers are compared with is read on the same rows of the layer's
+    own (:class:`Before`). Each example steps on its own (the stepped rows must give Keras'
+    own outputs for them, or the change says why not). Not in training mode, whose dropout
+    masks are drawn for the whole batch, nor for a stateful layer, whose carried state is
+    the whole batch's, nor where the call's tensors are not the batch's rows
+    (:func:`at_rows`). On the LSTM 256 × 2 at 1000 steps, batch 32: 8.9 s of changes
+    become 4.6 s."""
+    if (not examples or len(examples) >= int(np.shape(call.args[0])[0]) or engine.training
+            or getattr(layer, "stateful", False) or at_rows(call, None, examples) is None):
+        return None
+    return sorted(examples)
+
+
+class _NotRows(Exception):
+    pass
+
+
+def at_rows(call: Any, upstream: list[Any] | None, examples: list[int],
+            ) -> tuple[Any, list[Any] | None] | None:
+    """``call`` and ∂L/∂(its outputs) at the batch rows ``examples`` alone: its input, mask,
+    initial states and outputs, each an array whose first axis is the batch; None where one
+    is not (the whole batch is run then)."""
+    from dataclasses import replace
+
+    batch = int(np.shape(call.args[0])[0])
+    rows = np.asarray(examples)
+
+    def take(value: Any) -> Any:
+        if value is None:
+            return None
+        array = np.asarray(value)
+        if array.ndim == 0 or array.shape[0] != batch:
+            raise _NotRows
+        return array[rows]
+
+    try:
+        return (replace(call, args=[take(call.args[0]), *call.args[1:]],
+                        outputs=[take(o) for o in call.outputs],
+                        states=[take(s) for s in call.states], mask=take(call.mask)),
+                None if upstream is None else [take(g) for g in upstream])
+    except _NotRows:
+        return None
+
+
+@dataclass
+class Before:
+    """What a change's numbers are compared with: the layer's own, read as a change's are,
+    on the examples it runs on (None: the whole batch; :func:`changed_on`)."""
+
+    examples: list[int] | None
+    #: λ₁ of the layer's first tangent column alone where a change carries that one only
+    #: (:func:`first_column_only`), else of every column; on those examples.
+    lyapunov_1: float | None
+    flow: StateFlow | None
+    #: λ₁ is the first column's, which reads otherwise (to 3 digits) than the layer's λ₁
+    #: (the largest of its columns' means) on the whole batch: the text says so.
+    first_column: bool
+
+
 @dataclass
 class Rerun:
     """What a counterfactual needs of the original run: the batch and the call."""
@@ -218,14 +282,16 @@ class Rerun:
 
 
 def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: int,
-                   cache: dict[Any, Any] | None = None) -> Counterfactual:
+                   cache: dict[Any, Any] | None = None,
+                   examples: list[int] | None = None) -> Counterfactual:
     """One change on ``copy`` (its weights restored after), the call run and stepped again:
     λ₁ (from the layer's own start of ``count`` tangent columns; where they are fewer than
     the state's numbers, so drawn at random, only the first is carried
     (:func:`first_column_only`)), the horizon and ∂L/∂s_t. The copy's pass is Keras' own
     call, back to each call's outputs only
     (:func:`~gradscope.keras.diagnose.captured.captured_pass`; ``cache`` keeps its trace
-    across the changes)."""
+    across the changes); the call is stepped at the rows ``examples`` alone (None: the
+    whole batch; :func:`changed_on`)."""
     from gradscope._heap import give_back_freed_memory
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.horizon import measure
@@ -253,10 +319,16 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
                     None)
         if call is None:
             return _not(kind, words, "the copy does not call the layer as the model does")
+        given = upstream.get(rerun.label)
+        if examples is not None:
+            # The copy calls the layer with tensors of the model's own call's shapes, whose
+            # rows changed_on has taken already.
+            taken = at_rows(call, given, examples)
+            assert taken is not None
+            call, given = taken
         give_back_freed_memory()
-        stepped = step_call(copy, call, upstream.get(rerun.label),
-                            copy.training, cell_dtype=True, reuse=True, read_inputs=False,
-                            squares=True)
+        stepped = step_call(copy, call, given, copy.training, cell_dtype=True, reuse=True,
+                            read_inputs=False, squares=True)
         if isinstance(stepped, str):
             return _not(kind, words, f"the changed copy could not be stepped: {stepped}")
         path = trajectory(stepped, direction)
