@@ -1321,20 +1321,20 @@ def test_a_floored_lambda_1_is_not_read_as_a_rate_by_the_verdict(tf: Any) -> Non
     assert "but λ₁ here counts steps that took its direction to 0" in entry.verdict
 
 
-def test_a_long_calls_step_norms_are_read_at_256_steps_and_the_text_says_so(tf: Any) -> None:
-    """A call of more than 256 steps has ‖J_t‖₂ read at 256 of them, evenly spaced, first and
+def test_a_long_calls_step_norms_are_read_at_128_steps_and_the_text_says_so(tf: Any) -> None:
+    """A call of more than 128 steps has ‖J_t‖₂ read at 128 of them, evenly spaced, first and
     last included; the text said "> 1 on …% of steps" as if every step were read. The linear
     recurrence's J_t is W at every step, so each norm read is ‖W‖₂ = ρ."""
-    steps = 300
+    steps = 200
     x, y = _batch(steps=steps)
     report = gradscope.diagnose(_linear_model(_orthogonal(6, 0.9), steps=steps), x=x, y=y,
                                 exponents=2, counterfactuals=False)
     norms = report.layers[0].jacobian_norm
-    assert norms.steps_read == 256
+    assert norms.steps_read == 128
     read = [t for t, value in enumerate(norms.steps_max) if value is not None]
-    assert read == sorted(set(np.linspace(0, steps - 1, 256).round().astype(int).tolist()))
+    assert read == sorted(set(np.linspace(0, steps - 1, 128).round().astype(int).tolist()))
     np.testing.assert_allclose([norms.steps_max[t] for t in read], 0.9, rtol=1e-5)
-    assert "(read at 256 of the 300, evenly spaced)" in " ".join(render_text(report, 80).split())
+    assert "(read at 128 of the 200, evenly spaced)" in " ".join(render_text(report, 80).split())
     short = gradscope.diagnose(_linear_model(_orthogonal(6, 0.9), steps=20), x=x[:, :20],
                                y=y[:, :20], exponents=2, counterfactuals=False)
     assert short.layers[0].jacobian_norm.steps_read is None

@@ -917,7 +917,7 @@ class JacobianNorm(_Report):
     steps_median: list[float | None] = Field(
         description="per step (processing order): the median over the examples; null where "
                     "no example ran the step, or the step was not taken (a call of more than "
-                    "256 steps is read at 256 of them, evenly spaced: method says so)")
+                    "128 steps is read at 128 of them, evenly spaced: method says so)")
     steps_max: list[float | None] = Field(description="per step: the largest over the "
                                           "examples")
     steps_read: int | None = Field(None, description="at how many steps, evenly spaced, the "

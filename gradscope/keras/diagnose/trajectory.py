@@ -37,7 +37,7 @@ from gradscope.keras.stepped import (
 FOLD_ROWS = 1024
 #: The step-Jacobian norms are taken at most at this many steps, evenly spaced (every step of
 #: a shorter call): their cost then does not grow with the length of the sequence.
-NORM_STEPS = 256
+NORM_STEPS = 128
 #: Exact norms (batch_jacobian and SVD) up to this many state numbers; Lanczos above.
 EXACT_STATE = 32
 #: The step norms of a step linearised by hand run under XLA where the pairs × the state's
