@@ -492,7 +492,8 @@ class KerasEngine:
 
     def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
             watch_outputs: bool = False, watch_inputs: bool = False,
-            sample_weight: Any = None, probe_states: bool = False) -> KerasPass:
+            sample_weight: Any = None, probe_states: bool = False,
+            carry_back: bool = True) -> KerasPass:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient.
 
@@ -503,7 +504,11 @@ class KerasEngine:
         and weight gradients returned are that call's, and the replay must agree with them
         (else :class:`InternalError`); where Keras' own call fails, that is said as such.
         ``probe_states``: every recurrent call's total ∂L/∂(each state after each step) too
-        (``KerasPass.state_totals``), from this same backward pass."""
+        (``KerasPass.state_totals``), from this same backward pass; and, with ``carry_back``,
+        where a call returns its sequence, what arrives at its last step carried back
+        (``StateTotals.carried_back``; a second backward through the loop, which keeps the
+        forward pass's intermediates alive for it: on the LSTM 256 × 2 at 1000 steps, 0.4 GB
+        more at the peak)."""
         self.stepped_calls = {}
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
@@ -518,20 +523,20 @@ class KerasEngine:
                 self.seeded = seed_random_draws(self.model, self.seed)
             try:
                 return self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
-                                 own=True, probe_states=probe_states)
+                                 own=True, probe_states=probe_states, carry_back=carry_back)
             except GradscopeError:
                 raise
             except Exception:  # noqa: BLE001  (NotObserved, or a failure the replay explains)
                 restore(before)
             return self._witnessed_replay(feed, y, inputs, watch_outputs, watch_inputs,
-                                          weights, eager, before, probe_states)
+                                          weights, eager, before, probe_states, carry_back)
         finally:
             restore(before)
 
     def _witnessed_replay(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
                           watch_outputs: bool, watch_inputs: bool, weights: Any, eager: bool,
                           before: list[tuple[Any, np.ndarray]],
-                          probe_states: bool = False) -> KerasPass:
+                          probe_states: bool = False, carry_back: bool = True) -> KerasPass:
         """The replay, witnessed by Keras' own call (see :meth:`run`)."""
         if self.training:
             seed_random_draws(self.model, self.seed)
@@ -559,7 +564,7 @@ class KerasEngine:
         if self.training:
             self.seeded = seed_random_draws(self.model, self.seed)
         replay = self._run(feed, y, inputs, watch_outputs, watch_inputs, weights, eager,
-                           probe_states=probe_states)
+                           probe_states=probe_states, carry_back=carry_back)
         confirm(replay.loss, replay.gradients, own, self.dtype_name, self.path)
         return replace(replay, loss=own.loss, gradients=own.gradients,
                        sparse_rows=own.sparse_rows, loss_terms=own.terms)
@@ -572,7 +577,8 @@ class KerasEngine:
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None,
-             eager: bool = False, own: bool = False, probe_states: bool = False) -> KerasPass:
+             eager: bool = False, own: bool = False, probe_states: bool = False,
+             carry_back: bool = True) -> KerasPass:
         """The pass under a tape (with ``own``, Keras' own call looked on; else the replay), as
         one ``tf.function`` (see :func:`~gradscope.keras.whole_model.traced_or_eager`); what
         each call received and returned comes back as eager tensors. Keras' own call also gives
@@ -590,7 +596,7 @@ class KerasEngine:
             watched_inputs = [feed[k] for k in floating]
             # What arrives at each example's last step is carried back once more
             # (:func:`carried_back`).
-            with tape_for(tf, probe_states) as tape:
+            with tape_for(tf, probe_states and carry_back) as tape:
                 tape.watch(watched_inputs)
                 loss, flat_outputs, calls = self.forward(feed, y, tape.watch,
                                                          watch_outputs=watch_outputs,
@@ -606,7 +612,8 @@ class KerasEngine:
             gradients = tape.gradient(loss, [variables, states, watched_outputs,
                                              watched_inputs, probed])
             gradients[-1] = filled(tf, probed, gradients[-1])
-            gradients.append([carried_back(tf, tape, call.probes, found) if found else []
+            gradients.append([carried_back(tf, tape, call.probes, found)
+                              if found and carry_back else None
                               for call, found in zip(calls, gradients[-1], strict=True)])
             traced["calls"] = calls
             traced["output_shapes"] = [tuple(int(d) for d in value.shape)
@@ -620,7 +627,7 @@ class KerasEngine:
             (loss, (grads, state_grads, output_grads, input_grads, probe_grads, back), captured,
              outputs, masks, added) = traced_or_eager(
                 step, feed, y, eager=eager,
-                optimised=probe_states and carries_back(self.model))
+                optimised=probe_states and carry_back and carries_back(self.model))
             for output, mask in zip(outputs, masks, strict=True):
                 if mask is not None:
                     set_keras_mask(output, mask)

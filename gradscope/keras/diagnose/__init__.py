@@ -149,14 +149,17 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     from gradscope._heap import give_back_freed_memory
     from gradscope.keras.diagnose.clipping import clipping, global_norm
     from gradscope.keras.explain import loaded, loss_entry, model_entry
-    from gradscope.keras.stepped import step_call
+    from gradscope.keras.stepped import last_totals, step_call, with_probed
 
     say = progress or (lambda message: None)
     clock = Clock()
     engine, targets = loaded(job, say, clock)
     say("running the model forward and backward under the tape")
+    # Probed: the pass's own backward gives every call's ∂L/∂s_t, so that each call is then
+    # stepped forward only (:func:`~gradscope.keras.stepped.with_probed`).
     result = engine.run(job.batch.inputs, targets, watch_outputs=True,
-                        sample_weight=job.batch.sample_weight)
+                        sample_weight=job.batch.sample_weight, probe_states=True,
+                        carry_back=False)
     clock.lap("forward_backward")
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
@@ -197,12 +200,16 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         # The stepping and its backward pass are the peak of a diagnosis: they start on
         # what the phases before freed, given back (gradscope/_heap.py).
         give_back_freed_memory()
-        upstream = result.output_gradients.get(label)
+        probed = result.state_totals.get(label)
+        upstream = None if probed else result.output_gradients.get(label)
         stepped = step_call(engine, call, upstream, engine.training, cell_dtype=True,
-                            reuse=True, read_inputs=False, squares=True)
+                            reuse=True, read_inputs=False, squares=True,
+                            at_last=last_totals(probed, call.mask) if probed else None)
         if isinstance(stepped, str):
             skipped.append(KerasNotAnalysed(layer=label, reason=stepped))
             continue
+        if probed:
+            stepped = with_probed(stepped, probed)
         dropped = dropped or any(m is not None for m in stepped.masks or [])
         carried = carried_state(engine, stepped)
         if carried is not None:
