@@ -662,6 +662,76 @@ def test_the_influence_of_each_direction_of_a_bidirectional_is_keras_own(tf, dat
         np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9, err_msg=name)
 
 
+def _masked_model(kind: str) -> tuple[Any, Any]:
+    """A masked Bidirectional LSTM returning its sequence, or a masked GRU run backwards
+    returning its last step, each called "rnn"; and the recurrent layer."""
+    import keras
+    from keras import layers as L
+
+    keras.utils.set_random_seed(6)
+    if kind == "bidirectional":
+        return _masked_bidirectional(L.LSTM(3, return_sequences=True), "rnn")
+    x_in = keras.Input((T, F), name="x")
+    layer = L.GRU(4, go_backwards=True, name="rnn")
+    model = keras.Model(x_in, L.Dense(2)(layer(L.Masking()(x_in))))
+    model.compile(loss="mse")
+    return model, layer
+
+
+def _engine_run(model: Any, x: Any, y: Any, **options: Any) -> tuple[Any, Any]:
+    """gradscope's engine of ``model`` and its pass on (x, y), every call's outputs watched."""
+    from gradscope.keras.data import batch_targets
+    from gradscope.keras.engine import KerasEngine
+    from gradscope.keras.explain import prepare
+
+    job = prepare(model, x=x, y=y)
+    engine = KerasEngine(job.source, job.outputs, job.plan)
+    targets = batch_targets(job.plan, job.batch.targets,
+                            engine.output_shapes(job.batch.inputs), 0)
+    return engine, engine.run(job.batch.inputs, targets, watch_outputs=True, **options)
+
+
+@pytest.mark.parametrize("kind", ["bidirectional", "backwards_last"])
+def test_a_probed_pass_gives_the_squares_of_the_steppings_own_backward(tf, data, kind):
+    """Diagnose's main pass: Keras' own backward, probed, and the call stepped forward only
+    (:func:`~gradscope.keras.stepped.with_probed`), carried back from each example's last
+    step by a backward by stretches; against the stepping's own backward from the gradient
+    on the call's outputs, in the tape: ‖∂L/∂s_t‖², its carried part, and what arrives at
+    the last step carried back, per example and step, behind a padding mask, both
+    directions, a layer run backwards."""
+    from gradscope.keras.probed_flow import processing_ran
+    from gradscope.keras.stepped import (
+        carried_back,
+        last_totals,
+        step_call,
+        step_squares,
+        with_probed,
+    )
+
+    x, _, y = data
+    model, _ = _masked_model(kind)
+    engine, result = _engine_run(model, x, y, probe_states=True, carry_back=False)
+    call = next(c for c in result.calls if c.layer == "rnn")
+    own = step_call(engine, call, result.output_gradients["rnn"], False)
+    probed = result.state_totals["rnn"]
+    forward = step_call(engine, call, None, False, at_last=last_totals(probed, call.mask))
+    assert not isinstance(own, str) and not isinstance(forward, str)
+    found = with_probed(forward, probed)
+    for index in range(len(own.directions)):
+        for mine, theirs in zip(step_squares(found, index), step_squares(own, index),
+                                strict=True):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-12)
+        back = carried_back(own, index)
+        assert (back is None) == (kind == "backwards_last")
+        if back is not None:
+            # At the steps each example ran: past its last, a masked step keeps the state,
+            # and the flow reads no step there (the tape's own pass carries v through them,
+            # the stretches start at the last step that ran).
+            ran = processing_ran(call.mask, T, own.directions[index].backwards)
+            np.testing.assert_allclose(carried_back(found, index)[ran], back[ran],
+                                       rtol=1e-4, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["bidirectional", "backwards_last"])
 def test_a_long_call_differentiated_by_stretches_gives_keras_own_gradients(tf, data, kind,
                                                                            monkeypatch):
@@ -670,28 +740,13 @@ def test_a_long_call_differentiated_by_stretches_gives_keras_own_gradients(tf, d
     its input equals Keras' own tape's, and the total ∂L/∂h_t the whole tape's (the
     unrolled cell, :func:`_unrolled`)."""
     import keras
-    from keras import layers as L
 
     import gradscope.keras.stepped as stepped_module
-    from gradscope.keras.data import batch_targets
-    from gradscope.keras.engine import KerasEngine
-    from gradscope.keras.explain import prepare
 
     x, mask, y = data
-    keras.utils.set_random_seed(6)
-    if kind == "bidirectional":
-        model, layer = _masked_bidirectional(L.LSTM(3, return_sequences=True), "rnn")
-    else:
-        x_in = keras.Input((T, F), name="x")
-        layer = L.GRU(4, go_backwards=True, name="rnn")
-        model = keras.Model(x_in, L.Dense(2)(layer(L.Masking()(x_in))))
-        model.compile(loss="mse")
+    model, layer = _masked_model(kind)
     monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
-    job = prepare(model, x=x, y=y)
-    engine = KerasEngine(job.source, job.outputs, job.plan)
-    targets = batch_targets(job.plan, job.batch.targets,
-                            engine.output_shapes(job.batch.inputs), 0)
-    result = engine.run(job.batch.inputs, targets, watch_outputs=True)
+    engine, result = _engine_run(model, x, y)
     call = next(c for c in result.calls if c.layer == "rnn")
     stepped = stepped_module.step_call(engine, call, result.output_gradients["rnn"], False)
     assert not isinstance(stepped, str), stepped
