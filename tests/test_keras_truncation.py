@@ -318,3 +318,28 @@ def test_chunks_on_a_saved_stateful_model_start_each_pass_from_its_carried_state
         assert a["name"] == b["name"]
         for key in ("l2_full", "l2_truncated"):
             assert a[key] == pytest.approx(b[key], rel=1e-5)
+
+
+def test_a_chain_from_one_loop_into_another_is_carried_to_its_end_in_float32(
+        keras_tf: Any) -> None:
+    """Found tried as a new user would: Embedding(mask_zero) → Bidirectional LSTM → LSTM run
+    backwards, 45 steps, float32. The carries were taken as settled when they moved by less
+    than the carry's tolerance (3.6e-5), and a carry that was 0 and no longer was counted by
+    its absolute size (2.2e-6): the chunks then gave a weight 8.8e-4 (2 chunks) and 3.6e-4
+    (3 chunks) away from Keras' own gradient, and explain refused a correct model. Carried
+    until nothing moves beyond rounding, they give Keras' own."""
+    keras, _ = keras_tf
+    keras.utils.set_random_seed(4)
+    rng = np.random.default_rng(5)
+    x = rng.integers(1, 40, size=(8, 45))
+    for i, length in enumerate(rng.integers(5, 46, size=8)):
+        x[i, length:] = 0
+    y = rng.integers(0, 2, size=(8, 1)).astype("float32")
+    model = keras.Sequential([
+        keras.Input((None,), dtype="int32"), keras.layers.Embedding(40, 6, mask_zero=True),
+        keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True)),
+        keras.layers.LSTM(4, go_backwards=True), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(loss="binary_crossentropy")
+    for chunks in (2, 3):
+        report = gradscope.explain(model, x=x.astype("int32"), y=y, chunks=chunks)
+        assert report.carry is not None and report.carry.chunks == chunks

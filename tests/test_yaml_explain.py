@@ -50,7 +50,7 @@ def stacks(draw):
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=stacks())
 def test_tf_gradient_shapes_equal_the_algebra(spec, tf):
     algebra = model_shapes(spec)
