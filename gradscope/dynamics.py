@@ -353,7 +353,8 @@ APART = 10.0
 
 def flow_note(evidence: Evidence) -> str | None:
     """Where ``explain --flow``'s flag and the verdict part on vanishing, why, with both
-    numbers (None where they agree, or nothing was carried).
+    numbers; where λ₁ grows but the flow is not flagged, how far the steps are from ×10³
+    (None where they agree, or nothing was carried).
 
     The flag reads ∂L/∂s carried back from the last step to the first; the horizon one
     input's influence on the state. Where the carried gradient ends more than :data:`APART`
@@ -385,6 +386,17 @@ def flow_note(evidence: Evidence) -> str | None:
         return (f"{said}: one fading at about λ₁'s rate (λ₁ = {e.largest:+.3g} per step "
                 f"leaves ×{kept:.3g} over those {back} steps), read two ways that fall on "
                 f"either side of 10³")
+    if (kind == "exploding" and flow_kind(e.carried) is None and e.largest is not None
+            and e.largest > EXPLODING_EXPONENT):
+        # Found tried as a new user would: an LSTM held open (forget bias +10) read
+        # "exploding" at λ₁ +0.0185 over 80 steps, with nothing to say how far that is from
+        # a gradient that blows up.
+        grown = float(np.exp(back * e.largest))
+        return (f"explain --flow does not flag it: {carried} ({rate:+.3g} per step), within "
+                f"its factor 10³; at λ₁'s rate those {back} steps grow a gradient "
+                f"×{grown:.3g}, and ×10³ takes about "
+                f"{_steps(float(np.log(FLOW_FACTOR)) / e.largest)}: a longer sequence would "
+                "explode")
     if kind == "vanishing" and flow_kind(e.carried) is None:
         fades = fades_within(e)
         assert fades is not None

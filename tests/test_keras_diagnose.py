@@ -609,6 +609,15 @@ def test_an_orthogonal_linear_recurrence(tf: Any, rho: float, mechanism: str) ->
     else:
         assert entry.horizon.predicted is None
         assert entry.jacobian_norm.share_above_1 == 1.0
+        # Carried back ×1.05³⁹ ≈ 6.7, within explain's 10³: the verdict says how far the 40
+        # steps are from a gradient that blows up (about 142 steps at this rate).
+        rate = entry.lyapunov[0]
+        assert entry.flow is not None and entry.flow.flag is None
+        assert entry.flow.ratio == pytest.approx(rho ** 39, rel=1e-4)
+        assert (f"within its factor 10³; at λ₁'s rate those 39 steps grow a gradient "
+                f"×{np.exp(39 * rate):.3g}, and ×10³ takes about "
+                f"{np.log(1e3) / rate:,.0f} steps: a longer sequence would explode"
+                in entry.verdict)
         # Beyond every lag the batch has: the window is the whole sequence, and says so.
         assert entry.horizon.measured is None
         assert entry.horizon.window == entry.horizon.longest_lag == max(entry.horizon.steps)
