@@ -137,8 +137,8 @@ def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def keras_data_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """:func:`data_options` of a command that reads a saved Keras model only: no --x/--y
-    (a Keras model takes its batch as --data)."""
+    """:func:`data_options` of a command that reads a saved Keras model first (diagnose, which
+    builds a YAML config as one): no --x/--y (a Keras model takes its batch as --data)."""
     return _data_options(func, yaml=False)
 
 
@@ -148,8 +148,8 @@ def _data_options(func: Callable[..., Any], yaml: bool) -> Callable[..., Any]:
                  "For a .keras model: arrays named after its inputs and outputs, and "
                  "optionally sample_weight (or sample_weight/OUTPUT)." if yaml else
                  "Use this batch: arrays named after the model's inputs and outputs, and "
-                 "optionally sample_weight (or sample_weight/OUTPUT). Batch and time sizes "
-                 "come from the data.")
+                 "optionally sample_weight (or sample_weight/OUTPUT); for a YAML config, x "
+                 "(B, T, F) and y. Batch and time sizes come from the data.")
     without = "without --data/--x" if yaml else "without --data"
     options = [
         click.option("--data", "data_file", metavar="FILE.npz", shell_complete=_complete_path,
