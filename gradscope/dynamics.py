@@ -312,12 +312,13 @@ def slower_fading(lyapunov_1: float, before: float) -> float | None:
 
 
 def remedy_by_rate(change: str, lyapunov_1: float, before: float, window: int | None,
-                   first_column: bool = False, measured: int | None = None) -> str:
+                   first_column: bool = False, measured: int | None = None,
+                   examples: int | None = None) -> str:
     """A counterfactual in the verdict's words where the changed copy's measured horizon
     lies beyond its ``window``: what λ₁ would be against ``before`` (the layer's, taken as
-    the change's is: its first tangent column's where ``first_column``), and the horizons
-    the two predict; ``measured``: the layer's own measured horizon (None: beyond its
-    window too)."""
+    the change's is: its first tangent column's where ``first_column``, on the ``examples``
+    the change ran on, None: the whole batch), and the horizons the two predict;
+    ``measured``: the layer's own measured horizon (None: beyond its window too)."""
     beyond = (f"the measured horizon is beyond {window} steps both ways" if measured is None
               else f"measured, {_steps(measured)} now and more than {window} with the change")
     old = predicted_horizon(before)
@@ -326,8 +327,11 @@ def remedy_by_rate(change: str, lyapunov_1: float, before: float, window: int | 
               if new is not None and old is not None else
               "so the slowest direction would no longer fade at that rate")
     rate = "λ₁ of the first tangent column" if first_column else "λ₁"
+    # Found tried as a new user would: "λ₁ = -0.243 … against -0.244 now", the second on
+    # the change's 8 examples, read as two values of one number.
+    now = "now" if examples is None else f"now on the same {examples} examples"
     return (f"with {change}, {rate} would be {lyapunov_1:+.3g} per step, against "
-            f"{before:+.3g} now (measured), {fading} (predicted; {beyond})")
+            f"{before:+.3g} {now} (measured), {fading} (predicted; {beyond})")
 
 
 def verdict(evidence: Evidence) -> str:

@@ -88,21 +88,28 @@ def test_json_then_text_at_80_columns(tmp_path: Path, tf: Any) -> None:
     bad = run_gradscope("diagnose", str(path), "--exponents", "0")
     assert bad.returncode == 2
     # A change's λ₁ is its first column's where the layer takes fewer columns than its state
-    # has numbers: its line names it so where the layer's λ₁ (the largest of its columns'
-    # means) is another column's, and only there.
+    # has numbers, and its line always names it so (found tried as a new user would: left
+    # unsaid where the layer's own first column read as its λ₁, the change's "λ₁" was not
+    # the changed copy's).
     from gradscope.report.models import DiagnoseReport
 
-    assert "λ₁ (first column)" not in render_text(DiagnoseReport.model_validate(report), 80)
+    fewer = len(layer["lyapunov"]) < layer["state_size"]
     for change in layer["counterfactuals"]:
-        before = change.get("lyapunov_1_before")
-        assert change.get("first_column", False) is (
-            before is not None and f"{before:+.3g}" != f"{layer['lyapunov'][0]:+.3g}")
-    change = next(c for c in layer["counterfactuals"] if c["kind"] == "keep_bias")
-    change["lyapunov_1_before"] = layer["lyapunov"][0] - 0.1
-    change["first_column"] = True
+        if change["applicable"] and change["kind"] != "clipping":
+            assert change["first_column"] is fewer
     lines = render_text(DiagnoseReport.model_validate(report), 80).splitlines()
     at = next(k for k, line in enumerate(lines) if "update-gate bias +1" in line)
-    assert "λ₁ (first column) " in lines[at] + lines[at + 1]
+    assert ("λ₁ (first column) " in lines[at] + lines[at + 1]) is fewer
+    # A ratio n/a both ways (no example's last step that ran gets a gradient) is left out.
+    change = next(c for c in layer["counterfactuals"] if c["kind"] == "keep_bias")
+    assert "carried" in lines[at] + lines[at + 1]
+    change["flow"]["ratio"] = change["flow_before"]["ratio"] = None
+    lines = render_text(DiagnoseReport.model_validate(report), 80).splitlines()
+    at = next(k for k, line in enumerate(lines) if "update-gate bias +1" in line)
+    assert "carried" not in lines[at] + lines[at + 1]
+    # With 2 of its exponents, the layer takes fewer columns than its state: always said.
+    assert "update-gate bias +1: horizon" in text.stdout
+    assert "λ₁ (first column)" in " ".join(text.stdout.split())
 
 
 def test_a_batch_whose_numbers_are_not_finite_says_where_the_first_was_born(

@@ -137,3 +137,16 @@ def test_a_vanishing_layer_whose_steps_stretch_says_how_both_hold() -> None:
         "of the 100 steps, though ‖J_t‖₂ > 1 on 100% of steps: what one step stretches, "
         "the steps after it shrink more")
     assert said(0.49).endswith("of the 100 steps")
+
+
+def test_a_change_run_on_some_examples_is_compared_on_them_in_words() -> None:
+    """Found tried as a new user would: "λ₁ = -0.243 per step … λ₁ would be -0.0734 per
+    step, against -0.244 now", the second on the change's 8 examples, read as two values of
+    one number. The verdict names the examples' count where the change ran on some."""
+    whole = dynamics.remedy_by_rate("forget-gate bias +1", -0.0734, -0.244, 36,
+                                    first_column=True, measured=31)
+    some = dynamics.remedy_by_rate("forget-gate bias +1", -0.0734, -0.244, 36,
+                                   first_column=True, measured=31, examples=8)
+    assert "λ₁ of the first tangent column would be -0.0734 per step, against -0.244 now " \
+        "(measured)" in whole
+    assert "against -0.244 now on the same 8 examples (measured)" in some

@@ -218,7 +218,9 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
                      f"{whose} {before} → " + ("n/a" if change.lyapunov_1 is None
                                                  else _signed(change.lyapunov_1))]
             flow = change.flow_before if change.flow_before is not None else layer.flow
-            if flow is not None and change.flow is not None:
+            # n/a both ways (no example's last step that ran gets a gradient) says nothing.
+            if (flow is not None and change.flow is not None
+                    and (flow.ratio is not None or change.flow.ratio is not None)):
                 items.append(f"carried {_carried(flow.ratio)} → "
                              f"{_carried(change.flow.ratio)}")
             parts.append(_line(f"  {change.change}", items, width))

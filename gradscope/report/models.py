@@ -1034,8 +1034,8 @@ class Counterfactual(_Report):
         "before, for after")
     first_column: bool = Field(
         default=False, description="lyapunov_1 and lyapunov_1_before are of the layer's first "
-        "tangent column alone, which reads otherwise (to 3 digits) than the layer's λ₁, the "
-        "largest of its columns' means: the text says \"λ₁ (first column)\"")
+        "tangent column alone (the layer takes fewer columns than its state has numbers; "
+        "the λ₁ of all of them may read otherwise): the text says \"λ₁ (first column)\"")
     examples: list[int] | None = Field(
         default=None, description="the examples the changed call was stepped on, and the "
         "before numbers read on (the horizon's: up to 8, evenly spaced); the copy's pass, "

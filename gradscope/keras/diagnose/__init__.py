@@ -401,15 +401,15 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     alone = first_column_only(count, size)
     first, _ = dynamics.lyapunov_exponents(logs[rows][..., :1 if alone else count],
                                            path.ran[rows])
-    whole_first, _ = dynamics.lyapunov_exponents(logs[..., :1], path.ran)
     before = Before(
         examples=examples, lyapunov_1=float(first[0]) if len(first) else None,
         flow=state_flow(None if squares is None else (squares[0][rows], squares[1][rows]),
                         path.ran[rows], None if back is None else back[rows]),
-        # Whose λ₁ a change's is, where the layer's first column reads otherwise than its
-        # λ₁ (the largest of its columns' means): said once, for its line and the verdict.
-        first_column=alone and len(spectrum) > 0 and len(whole_first) > 0
-        and f"{whole_first[0]:+.3g}" != f"{spectrum[0]:+.3g}")
+        # Whose λ₁ a change's is: said once, for its line and the verdict. Always where it is
+        # the first column's (found tried as a new user would: left unsaid where the layer's
+        # own first column read as its λ₁, a change's "λ₁ -0.123" was not the changed copy's
+        # λ₁, -0.121).
+        first_column=alone)
     reached = np.nonzero(np.isfinite(measured.medians))[0]
     steps = int(path.ran.shape[1])
     keep = timescales.keep_gate if timescales is not None else None
@@ -673,7 +673,8 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
         assert best.lyapunov_1 is not None
         return dynamics.remedy_by_rate(best.change, best.lyapunov_1, own, best.horizon_window,
                                        first_column=best.first_column,
-                                       measured=entry.horizon.measured)
+                                       measured=entry.horizon.measured,
+                                       examples=len(best.examples) if best.examples else None)
     if entry.mechanism == "exploding" and entry.lyapunov:
         lower = [c for c in changed if c.lyapunov_1 is not None and c.lyapunov_1 < (
             entry.lyapunov[0] if c.lyapunov_1_before is None else c.lyapunov_1_before)]

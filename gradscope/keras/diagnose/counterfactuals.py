@@ -264,8 +264,7 @@ class Before:
     #: (:func:`first_column_only`), else of every column; on those examples.
     lyapunov_1: float | None
     flow: StateFlow | None
-    #: λ₁ is the first column's, which reads otherwise (to 3 digits) than the layer's λ₁
-    #: (the largest of its columns' means) on the whole batch: the text says so.
+    #: λ₁ is the first column's (:func:`first_column_only`): the text says so.
     first_column: bool
 
 
