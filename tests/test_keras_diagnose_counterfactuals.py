@@ -153,6 +153,41 @@ def test_a_batch_of_more_examples_than_the_horizon_reads_changes_on_those_alone(
             "before read on them too" in " ".join(text.split()))
 
 
+def test_a_loss_that_mixes_the_examples_changes_on_the_whole_batchs_pass(tf: Any) -> None:
+    """Where a pass of the horizon's rows alone does not give the whole batch's ∂L/∂(the
+    call's outputs) at those rows times one number (a loss that mixes the examples: each
+    output times the batch's sum), the changes' pass is the whole batch's: ∂L/∂s at the
+    last step of a change equals a tape of the whole batch's loss on the changed copy."""
+    import keras
+    from keras import ops
+
+    def spread(y_true: Any, y_pred: Any) -> Any:
+        return ops.mean(y_pred * ops.sum(y_pred, axis=0) - y_true * y_pred)
+
+    model = _model("lstm")
+    model.compile(loss=spread)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((12, T, F)).astype("float32")
+    y = rng.standard_normal((12, T, 1)).astype("float32")
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    rows = entry.horizon.examples
+    changed = {c.kind: c for c in entry.counterfactuals}["keep_bias"]
+    assert changed.examples == rows and changed.flow is not None
+
+    copy = _model("lstm")
+    copy.set_weights(model.get_weights())
+    bias = copy.get_layer("rnn").cell.bias
+    bias.assign(bias.numpy() + np.r_[np.zeros(U), np.ones(U), np.zeros(2 * U)])
+    copy.compile(loss=spread)
+    both = keras.Model(copy.inputs, [copy.outputs[0], copy.get_layer("rnn").output])
+    with tf.GradientTape() as tape:
+        prediction, sequence = both(tf.constant(x))
+        loss = copy.compute_loss(x=x, y=y, y_pred=prediction)
+    upstream = np.asarray(tape.gradient(loss, sequence), np.float64)
+    assert changed.flow.last == pytest.approx(
+        float(np.sqrt(np.sum(upstream[rows, -1] ** 2))), rel=1e-4)
+
+
 def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
         tf: Any) -> None:
     """A large layer's horizon window stops at 16 lags: where the layer's horizon and every

@@ -1038,8 +1038,8 @@ class Counterfactual(_Report):
         "the λ₁ of all of them may read otherwise): the text says \"λ₁ (first column)\"")
     examples: list[int] | None = Field(
         default=None, description="the examples the changed call was stepped on, and the "
-        "before numbers read on (the horizon's: up to 8, evenly spaced); the copy's pass, "
-        "and its loss, are the whole batch's. null: the whole batch")
+        "before numbers read on (the horizon's: up to 8, evenly spaced); the gradients are of "
+        "the whole batch's loss. null: the whole batch")
     flow: StateFlow | None = Field(default=None, description="∂L/∂s_t after the change")
     flow_before: StateFlow | None = Field(
         default=None, description="∂L/∂s_t before the change, on the same examples: before, "

@@ -61,8 +61,10 @@ METHOD = [
     "forget biases below 1 raised to 1; each gate's block of the recurrent kernel made its "
     "polar factor times its spectral norm; a SimpleRNN's kernel of norm other than 1 made its "
     "polar factor, at norm 1), run again "
-    "on the batch (the loss the whole batch's) and diagnosed as the layer, its call stepped "
-    "on the examples the horizon reads (in inference mode, where the batch has more): the "
+    "on the batch and diagnosed as the layer, its call stepped on the examples the horizon "
+    "reads (in inference mode, where the batch has more; the copy's pass of them alone where "
+    "it gives the whole batch's ∂L/∂(the call's outputs) there times one number, scaled to "
+    "the whole batch's loss, else of the whole batch): the "
     "horizon, the flow and λ₁ from the layer's own start (every column where the layer "
     "carries every exponent; else its first, random, column alone, Benettin's λ₁), each "
     "beside the layer's own, read alike on the same examples as before; clipping "
@@ -227,7 +229,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             entry, evidence, count, before = found
             if whatif is not None:
                 say(f"{entry.call}: counterfactuals, each on a changed copy of the model")
-                entry = whatif.add(entry, evidence, stepped, index, count, before)
+                entry = whatif.add(entry, evidence, stepped, index, count, before,
+                                   result.output_gradients.get(label))
             layers.append(entry)
         clock.lap(f"diagnose {label}")
     norm = global_norm(trained)
@@ -556,9 +559,11 @@ class _WhatIf:
         self.cache: dict[Any, Any] = {}  # the copy's traced pass, kept across the changes
 
     def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
-            index: int, count: int, before: Before) -> DiagnosedLayer:
+            index: int, count: int, before: Before,
+            upstream: list[Any] | None) -> DiagnosedLayer:
         """``entry`` with its counterfactuals, and its verdict naming the most effective
-        (``before``: the layer's own numbers, read as a change's are)."""
+        (``before``: the layer's own numbers, read as a change's are; ``upstream``: the
+        whole batch's ∂L/∂(the call's outputs))."""
         from gradscope.keras.diagnose.counterfactuals import (
             CHANGES,
             LISTED_ONLY_WHERE_APPLICABLE,
@@ -566,6 +571,7 @@ class _WhatIf:
             copy_engine,
             measure_change,
             not_copied,
+            rows_rerun,
             suggested_clipping,
         )
 
@@ -576,9 +582,14 @@ class _WhatIf:
                       sample_weight=self.job.batch.sample_weight, layer=call.layer,
                       index=call.index, label=stepped.label)
         cell = stepped.directions[index].layer.cell
+        examples = before.examples
+        if examples is not None and not isinstance(self.copy, str):
+            # The rows alone, where a pass of them is the whole batch's there.
+            rows = rows_rerun(self.copy, rerun, examples, upstream, call, self.cache)
+            rerun, examples = (rerun, examples) if rows is None else (rows, None)
         found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
                  else measure_change(self.copy, rerun, index, kind, count, self.cache,
-                                     before.examples)
+                                     examples)
                  for kind, _, _ in CHANGES]
         found = [c.model_copy(update={
             "lyapunov_1_before": before.lyapunov_1, "flow_before": before.flow,
