@@ -189,6 +189,13 @@ def _loss_change(base: dict[str, Any], new: dict[str, Any], rtol: float) -> list
         changes.append(DiffChange(tensor="loss", kind="loss", base=a, new=b,
                                   relative=_relative(a, b),
                                   detail=f"relative change {_relative(a, b):.2e}"))
+    elif (a is None) != (b is None):
+        # A loss that became (or stopped being) n/a: not finite, in a report that says so.
+        def said(value: float | None) -> str:
+            return "n/a (not finite)" if value is None else f"{value:.6g}"
+
+        changes.append(DiffChange(tensor="loss", kind="loss", base=a, new=b,
+                                  detail=f"the loss was {said(a)}, is {said(b)}"))
     name_a, name_b = _get(base, "loss.name"), _get(new, "loss.name")
     if name_a != name_b:
         changes.append(DiffChange(tensor="loss", kind="loss", detail=f"the loss was {name_a}, "

@@ -83,6 +83,19 @@ def test_new_weights_drift_beyond_rtol_and_not_within_a_wide_one(tf, tmp_path):
     assert not gradscope.diff(base, base).drifted
 
 
+def test_a_loss_that_became_n_a_is_named(seed_json, tmp_path):
+    """Found tried as a new user would: a report whose loss is n/a (not finite: a float32
+    config that overflows) listed no loss change against one whose loss was a number."""
+    document = json.loads(seed_json.read_text())
+    edited = copy.deepcopy(document)
+    edited["loss"]["value"] = None
+    done = run_without_tensorflow("diff", str(seed_json),
+                                  str(_write(tmp_path, "new.json", edited)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"the loss was {document['loss']['value']:.6g}, is n/a (not finite)" in " ".join(
+        done.stdout.split())
+
+
 def test_values_that_became_nan_or_inf_and_flags_that_flip_are_named(seed_json, tmp_path):
     document = json.loads(seed_json.read_text())
     edited = copy.deepcopy(document)
