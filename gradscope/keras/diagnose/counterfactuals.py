@@ -13,7 +13,7 @@ same weights; the user's model is never changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -213,11 +213,10 @@ def changed_on(engine: Any, layer: Any, call: Any, examples: list[int]) -> list[
     (:class:`Before`); the copy's pass takes them too where it holds the whole batch's
     there (:func:`rows_rerun`), the loss always the whole batch's. Each example steps on
     its own (the stepped rows must give Keras' own outputs for them, or the change says
-    why not). Not in training mode, whose dropout
-    masks are drawn for the whole batch, nor for a stateful layer, whose carried state is
-    the whole batch's, nor where the call's tensors are not the batch's rows
-    (:func:`at_rows`). On the LSTM 256 × 2 at 1000 steps, batch 32: 8.9 s of changes
-    become about 4 s (with :func:`rows_rerun`)."""
+    why not). Not in training mode, whose dropout masks are drawn for the whole batch, nor
+    for a stateful layer, whose carried state is the whole batch's, nor where the call's
+    tensors are not the batch's rows (:func:`at_rows`). On the LSTM 256 × 2 at 1000 steps,
+    batch 32: 8.9 s of changes become about 4 s (with :func:`rows_rerun`)."""
     if (not examples or len(examples) >= int(np.shape(call.args[0])[0]) or engine.training
             or getattr(layer, "stateful", False) or at_rows(call, None, examples) is None):
         return None
@@ -233,8 +232,6 @@ def at_rows(call: Any, upstream: list[Any] | None, examples: list[int],
     """``call`` and ∂L/∂(its outputs) at the batch rows ``examples`` alone: its input, mask,
     initial states and outputs, each an array whose first axis is the batch; None where one
     is not (the whole batch is run then)."""
-    from dataclasses import replace
-
     batch = int(np.shape(call.args[0])[0])
     rows = np.asarray(examples)
 
@@ -307,7 +304,7 @@ def rows_rerun(copy: Any, rerun: Rerun, examples: list[int], upstream: list[Any]
     tolerance; that number then scales the changes' gradients back to the whole batch's
     loss. On the LSTM 256 × 2 at 1000 steps, a change's pass of the copy takes about a
     third of the time."""
-    from gradscope.gradcheck import tolerance
+    from gradscope.gradcheck import relative_error, tolerance
     from gradscope.keras.diagnose.captured import captured_pass
 
     if upstream is None:
@@ -325,8 +322,8 @@ def rows_rerun(copy: Any, rerun: Rerun, examples: list[int], upstream: list[Any]
     theirs = found.get(rerun.label)
     if mine is None or theirs is None or len(theirs) != len(upstream):
         return None
-    rtol = 10 * tolerance("replay", copy.dtype_name).rtol
-    if relative(np.asarray(mine.args[0]), np.asarray(call.args[0])[rows]) > rtol:
+    rtol = tolerance("replay", copy.dtype_name).rtol
+    if relative_error(mine.args[0], np.asarray(call.args[0])[rows]) > rtol:
         return None
     pairs = [(np.asarray(a, np.float64), np.asarray(b, np.float64)[rows])
              for a, b in zip(theirs, upstream, strict=True) if b is not None]
@@ -337,16 +334,9 @@ def rows_rerun(copy: Any, rerun: Rerun, examples: list[int], upstream: list[Any]
     if not np.any(ours):
         return None
     scale = float(ours @ whole) / float(ours @ ours)
-    if not (scale > 0 and relative(scale * ours, whole) <= rtol):
+    if not (scale > 0 and relative_error(scale * ours, whole) <= rtol):
         return None
-    taken.scale = scale
-    return taken
-
-
-def relative(value: np.ndarray, expected: np.ndarray) -> float:
-    from gradscope.gradcheck import relative_error
-
-    return relative_error(np.asarray(value, np.float64), np.asarray(expected, np.float64))
+    return replace(taken, scale=scale)
 
 
 def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: int,
