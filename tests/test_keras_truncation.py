@@ -343,3 +343,30 @@ def test_a_chain_from_one_loop_into_another_is_carried_to_its_end_in_float32(
     for chunks in (2, 3):
         report = gradscope.explain(model, x=x.astype("int32"), y=y, chunks=chunks)
         assert report.carry is not None and report.carry.chunks == chunks
+
+
+def test_a_call_shorter_than_the_chunks_is_refused_in_gradscopes_words(keras_tf: Any) -> None:
+    """Found tried as a new user would: an encoder of 12 steps whose final states start a
+    decoder of 3, under 4 chunks. The decoder's loop refuses it, and Keras wrapped that in
+    "Exception encountered when calling LSTM.call()" with its escapes; the refusal is now
+    gradscope's own, naming the call."""
+    keras, _ = keras_tf
+    keras.utils.set_random_seed(11)
+    encoder_in = keras.Input((12, 5), name="enc")
+    _, h, c = keras.layers.LSTM(6, return_state=True, name="encoder")(encoder_in)
+    decoder_in = keras.Input((3, 4), name="dec")
+    decoded = keras.layers.LSTM(6, return_sequences=True, name="decoder")(
+        decoder_in, initial_state=[h, c])
+    model = keras.Model([encoder_in, decoder_in], keras.layers.Dense(4, name="out")(decoded))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    x = {"enc": rng.normal(size=(2, 12, 5)).astype("float32"),
+         "dec": rng.normal(size=(2, 3, 4)).astype("float32")}
+    y = rng.normal(size=(2, 3, 4)).astype("float32")
+    from gradscope.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        gradscope.explain(model, x=x, y=y, chunks=4)
+    assert str(refused.value).startswith(
+        "--chunks 4 is more than the steps decoder runs: 3; expected at most 3 chunks")
+    assert "LSTM.call()" not in str(refused.value)

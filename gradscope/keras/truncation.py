@@ -97,11 +97,14 @@ def _owners(model: Any) -> dict[int, tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
-              watch: Any) -> Iterator[None]:
+def loops_cut(model: Any, chunks: int, loops: list[CutLoop], watch: Any,
+              refused: list[ConfigError] | None = None) -> Iterator[None]:
     """While inside, each recurrent layer's loop, run by this thread, steps its cell with the
     state held where each of ``chunks`` chunks of its own time axis begins; every call adds
-    its :class:`CutLoop` to ``loops`` and gives ``watch`` its edges."""
+    its :class:`CutLoop` to ``loops`` and gives ``watch`` its edges. A loop that cannot be
+    cut raises :class:`ConfigError`, kept in ``refused`` too: Keras wraps what a layer's call
+    raises in words of its own (found tried as a new user would: a decoder of 3 steps under
+    --chunks 4 printed "Exception encountered when calling LSTM.call()" and its escapes)."""
     import keras
     import tensorflow as tf
 
@@ -131,7 +134,7 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
                 raise ConfigError(f"--chunks: {label} runs over a time axis of no fixed "
                                   "length", where="--chunks")
             steps = int(steps)
-            starts = chunk_starts(chunk_lengths(steps, chunks, f"the {label}'s steps:"))
+            starts = chunk_starts(chunk_lengths(steps, chunks, f"the steps {label} runs:"))
             backwards = bool(getattr(layer, "go_backwards", False))
             positions = sorted([0, *((steps - s) if backwards else s for s in starts[1:])])
             flags = np.zeros(steps, np.float32)
@@ -155,7 +158,15 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop],
             return outs[-1], outputs, final if keras.tree.is_nested(initial_state) \
                 else final[0]
 
-        return inner_loop
+        def kept(*args: Any) -> Any:
+            try:
+                return inner_loop(*args)
+            except ConfigError as exc:
+                if refused is not None:
+                    refused.append(exc)
+                raise
+
+        return kept
 
     with inner_loops_replaced([(layer, cut(layer)) for layer in recurrent_layers(model)]):
         yield
@@ -183,7 +194,8 @@ def chunked(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.nd
         backward pass of the same run would keep every step's intermediates once more."""
         loops: list[CutLoop] = []
         with tf.GradientTape() as tape:
-            with loops_cut(engine.model, chunks, loops, tape.watch):
+            with loops_cut(engine.model, chunks, loops, tape.watch,
+                           seen.setdefault("refused", [])):
                 loss, _, _ = engine.forward(feed, y, lambda tensor: None,
                                             sample_weight=weights, own=own)
             leaving = [loop.states[k][p - 1] for loop in loops for p in loop.positions[1:]
@@ -206,7 +218,16 @@ def chunked(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.nd
 
     def run(carried: list[np.ndarray] | None) -> Any:
         """One pass, from the model's state as the tape saw it; the replay where Keras' own
-        call cannot be looked on."""
+        call cannot be looked on. A loop that cannot be cut is refused in gradscope's own
+        words, not Keras' wrapping of them."""
+        try:
+            return passed(carried)
+        except Exception:
+            if seen.get("refused"):
+                raise seen["refused"][0] from None
+            raise
+
+    def passed(carried: list[np.ndarray] | None) -> Any:
         with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
             if seen.get("own", True):
                 try:
