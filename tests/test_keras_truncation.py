@@ -8,6 +8,7 @@ states, xs=its initial states, output_gradients=the next chunk's ∂L/∂(initia
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -174,6 +175,29 @@ def test_check_holds_the_chunks_carried_against_the_tape(keras_tf: Any) -> None:
     def scaled(copy: Any) -> None:
         kernel = copy.get_layer("gru").cell.recurrent_kernel
         kernel.assign(kernel * 1.01)
+
+    # Found tried as a new user would: a Bidirectional layer's long state names cut the
+    # boundaries' table at 80 columns ("bound" / "ary", "(8," without its close); where
+    # they do not fit whole, each y stands over its grad_y, whole.
+    from rich.console import Console
+
+    from gradscope.report.tables import carry_check_section
+
+    def longer(named: Any) -> Any:
+        return named.model_copy(update={"name": named.name.replace(
+            "gru/", "a_rather_long_bidirectional_encoder/forward/")})
+
+    carry = report.carry.model_copy(update={"boundaries": [b.model_copy(update={
+        "ys": [longer(y) for y in b.ys], "grad_ys": [longer(g) for g in b.grad_ys]})
+        for b in report.carry.boundaries]})
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(carry_check_section(carry, 80))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for boundary in carry.boundaries:
+        for named in [*boundary.ys, *boundary.grad_ys]:
+            assert any(f"{named.name} ({', '.join(map(str, named.shape))})" in line
+                       for line in lines), named.name
 
     mutated = gradscope.check(model, x=x, y=y, chunks=3, examples=None,
                               after_autodiff=scaled)

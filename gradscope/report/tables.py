@@ -403,6 +403,11 @@ def carry_check_section(carry: CarryCheck, width: int) -> Group:
     one_line = Layout([Column("boundary"), Column(ys_title), Column(grad_ys_title)],
                       squeeze=False)
     two_lines = Layout([Column("boundary"), Column(ys_title), Column(grad_ys_title)])
+    # Found tried as a new user would: long state names (a Bidirectional layer's) cut the
+    # two-column table at 80 columns ("bound" / "ary", "(8," without its close): where its
+    # lines do not fit whole, stacked, each y over its grad_y.
+    stacked = Layout([Column("boundary · ys (earlier chunk's final states)\n"
+                             "  grad_ys (later chunk's ∂L/∂(initial states))")])
     for boundary in carry.boundaries:
         ys = [f"{y.name} {shape_text(y.shape)}" for y in boundary.ys]
         grad_ys = [(f"{g.name} {shape_text(g.shape)}", f"‖·‖ {number(g.norm)}")
@@ -412,6 +417,10 @@ def carry_check_section(carry: CarryCheck, width: int) -> Group:
                          atom("\n".join(f"{name} {norm}" for name, norm in grad_ys)))
         two_lines.add_row(step, atom("\n\n".join(ys)),
                           atom("\n".join(f"{name}\n  {norm}" for name, norm in grad_ys)))
+        stacked.add_row(atom("\n".join(
+            [f"t = {boundary.step}"]
+            + [f"{y}\n  {name}\n    {norm}" for y, (name, norm) in zip(ys, grad_ys,
+                                                                       strict=False)])))
     lengths = " + ".join(str(n) for n in carry.chunk_lengths)
     intro = Text(
         f"{carry.chunks} chunks of {lengths} steps, backpropagated last to first; each "
@@ -419,4 +428,10 @@ def carry_check_section(carry: CarryCheck, width: int) -> Group:
         "chunk's final states, one per y. The summed weight gradients are compared with "
         "full BPTT in the table above."
     )
-    return Group(intro, fit(width, one_line, two_lines))
+    longest = [column_width(cells) for cells in (
+        [Text("boundary")] + [Text(f"t = {b.step}") for b in carry.boundaries],
+        [Text(f"{y.name} {shape_text(y.shape)}") for b in carry.boundaries for y in b.ys],
+        [Text(f"{g.name} {shape_text(g.shape)}") for b in carry.boundaries
+         for g in b.grad_ys])]
+    whole = sum(longest) + GAP * (len(longest) - 1) <= width
+    return Group(intro, fit(width, one_line, two_lines) if whole else fit(width, stacked))
