@@ -408,10 +408,14 @@ def carry_check_section(carry: CarryCheck, width: int) -> Group:
     # lines do not fit whole, stacked, each y over its grad_y.
     stacked = Layout([Column("boundary · ys (earlier chunk's final states)\n"
                              "  grad_ys (later chunk's ∂L/∂(initial states))")])
+    columns: list[list[Text]] = [[Text("boundary")], [], []]  # each column's lines, whole
     for boundary in carry.boundaries:
         ys = [f"{y.name} {shape_text(y.shape)}" for y in boundary.ys]
         grad_ys = [(f"{g.name} {shape_text(g.shape)}", f"‖·‖ {number(g.norm)}")
                    for g in boundary.grad_ys]
+        columns[0].append(Text(f"t = {boundary.step}"))
+        columns[1] += [Text(y) for y in ys]
+        columns[2] += [Text(name) for name, _ in grad_ys]
         step = atom(f"t = {boundary.step}")
         one_line.add_row(step, atom("\n".join(ys)),
                          atom("\n".join(f"{name} {norm}" for name, norm in grad_ys)))
@@ -428,10 +432,6 @@ def carry_check_section(carry: CarryCheck, width: int) -> Group:
         "chunk's final states, one per y. The summed weight gradients are compared with "
         "full BPTT in the table above."
     )
-    longest = [column_width(cells) for cells in (
-        [Text("boundary")] + [Text(f"t = {b.step}") for b in carry.boundaries],
-        [Text(f"{y.name} {shape_text(y.shape)}") for b in carry.boundaries for y in b.ys],
-        [Text(f"{g.name} {shape_text(g.shape)}") for b in carry.boundaries
-         for g in b.grad_ys])]
+    longest = [column_width(cells) for cells in columns]
     whole = sum(longest) + GAP * (len(longest) - 1) <= width
     return Group(intro, fit(width, one_line, two_lines) if whole else fit(width, stacked))

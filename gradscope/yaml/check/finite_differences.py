@@ -331,7 +331,6 @@ class FiniteDifferences:
         tasks.sort(key=lambda task: -task[0])
         self._futures += [self._pool.submit(job) for _, job in tasks]
 
-
     def _perturbations(self, probes: list[Probe], step: float,
                        tag: tuple[Any, ...] = ()) -> list[Perturbation]:
         """Each probe at ±``step``, keyed ``probe.key + tag + (sign,)``; an element probe of
