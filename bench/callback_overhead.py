@@ -272,6 +272,11 @@ def main() -> None:
     print(f"the extra time per {WINDOW} batches (step medians; the first window holds the "
           "first step, fit's set-up): "
           + ", ".join(f"{extra:.0f} ms ({share:+.0%})" for extra, share in windows))
+    if len(windows) > 3:
+        # Once the first diagnosis has traced (and compiled) its functions beside training.
+        steady = statistics.median(share for _, share in windows[2:])
+        print(f"after the first {2 * WINDOW} batches (set-up, tracing): the median window "
+              f"{steady:+.1%}")
 
 
 if __name__ == "__main__":

@@ -285,7 +285,8 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
         record.add(*from_json(json.loads(diagnosed[step])), step)
     return FlowHistoryReport(
         diagnose_every=run.get("diagnose_every"),
-        diagnose_exponents=run.get("diagnose_exponents"), diagnosis_steps=record.steps,
+        diagnose_exponents=run.get("diagnose_exponents"),
+        diagnose_examples=run.get("diagnose_examples"), diagnosis_steps=record.steps,
         diagnoses=record.series(), not_diagnosed=record.not_diagnosed(),
         source=source, loss=run["loss"], mode=run["mode"], every=run.get("every"),
         flag_factor=run["flag_factor"], method=run["method"] + "; read back from the event "

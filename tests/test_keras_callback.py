@@ -683,6 +683,32 @@ def test_a_recurrent_dropout_fit_trains_as_without_the_callback(tf, diagnosed):
         assert [o.step for o in flow.history.observations] == [3, 6]
 
 
+def test_a_fit_that_replays_many_batches_hands_them_over_as_a_list_and_trains_the_same(tf):
+    """With stop_on_nan every batch is handed back to Keras' step: a fit of at least
+    LISTED_REPLAYS of them hands over the list itself (not a tf.data replay, 5–15 ms a
+    step), which Keras' one-step function runs as traced for fit: the weights end bit for
+    bit as a fit without the callback leaves them."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+    from gradscope.keras.callback import LISTED_REPLAYS
+
+    x, y = _data()
+    copies = -(-LISTED_REPLAYS * BATCH // len(x))
+    x, y = np.concatenate([x] * copies), np.concatenate([y] * copies)
+    ends = []
+    for watched in (False, True):
+        model = _model(keras)
+        flow = GradientFlow(every=7, stop_on_nan=True, diagnose_every=11)
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[flow] if watched else [])
+        ends.append(model.get_weights())
+    assert flow._listed
+    for plain, ours in zip(*ends, strict=True):
+        np.testing.assert_array_equal(plain, ours)
+    assert [o.step for o in flow.history.observations][:2] == [7, 14]
+
+
 def test_a_subclassed_model_is_observed_and_trained_as_without_the_callback(tf):
     """A subclassed keras.Model has no ``inputs``: the callback names its inputs from the
     graph explain reads (found tried as a new user would: fit raised AttributeError). Its

@@ -136,7 +136,9 @@ def test_watch_shows_the_diagnoses(fitted):
     assert f"λ₁ {gru.lyapunov[-1][0]:+.3g} nats/step" in lead
     # Each exponent by its name; and the diagnose that gives them, with as many columns.
     assert f"(λ₂ {gru.lyapunov[-1][1]:+.3g}, λ₃ {gru.lyapunov[-1][2]:+.3g})" in lead
-    assert "\nas gradscope diagnose --exponents 3 reads them\n" in text.stdout
+    assert read["diagnose_examples"] == 8
+    assert ("\nas gradscope diagnose --exponents 3 reads them, on up to 8 examples of each "
+            "batch, evenly spaced\n") in text.stdout
     assert f"at step 2 λ₁ was {gru.lyapunov[0][0]:+.3g}" in lead
     shares = gru.gates[-1]["update"]
     from gradscope.report.formats import share
@@ -147,7 +149,7 @@ def test_watch_shows_the_diagnoses(fitted):
     assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
     # Narrow, a wrapped line hangs under its first words, never at the first column.
     narrow = run_gradscope("watch", str(fitted["log_dir"]), env={"COLUMNS": "60"}).stdout
-    section = narrow.split("reads them\n")[1].split("\n\n")[0]
+    section = narrow.split("spaced\n")[1].split("\n\n")[0]
     for line in section.splitlines():
         assert len(line) <= 60 and (line.startswith((" ", "gru (", "simple (", "lstm ("))), line
 
@@ -319,7 +321,8 @@ def test_a_fit_shorter_than_diagnose_every_says_why_it_has_no_diagnosis(tf):
     model.fit(x, x[:, 0, :1], batch_size=BATCH, epochs=1, verbose=0, callbacks=[flow])
     text = " ".join(render_text(flow.history, 80).split())
     assert ("Dynamics across training (0 diagnoses, one every 100 batches) as gradscope "
-            "diagnose --exponents 1 reads them none yet: the first diagnosis is at batch 100 "
+            "diagnose --exponents 1 reads them, on up to 8 examples of each batch, evenly spaced "
+            "none yet: the first diagnosis is at batch 100 "
             f"({BATCHES} trained so far)") in text
 
 
@@ -349,3 +352,54 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
                                counterfactuals=False).layers[0]
     (series,) = flow.history.diagnoses
     np.testing.assert_allclose(series.lyapunov[-1], truth.lyapunov, rtol=1e-9)
+
+
+def test_a_diagnosis_reads_evenly_spaced_examples_and_later_ones_while_training_waits(tf):
+    """diagnose_examples=3 of batches of 10: each diagnosis is diagnose's own on rows 0, 4
+    and 9 of its batch, with the weights its step left. After the first (held here until it
+    ends), training waits for each diagnosis, which reads the model's weights as they are
+    (copied into the copy's variables in one traced function): a stale copy would read the
+    weights of the step before."""
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(6)
+    model = keras.Sequential([keras.Input((6, 2)),
+                              keras.layers.LSTM(3, return_sequences=True, name="lstm"),
+                              keras.layers.GRU(2, name="gru"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 6, 2)).astype("float32")
+    y = rng.standard_normal((40, 1)).astype("float32")
+    flow = GradientFlow(every=1000, diagnose_every=1, diagnose_examples=3)
+    weights, ready = {}, {}
+
+    class KeepWeights(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ready[batch + 1] = flow._twin.ready
+            weights[batch + 1] = self.model.get_weights()
+            flow.history  # noqa: B018  (waits for the first diagnosis, beside training)
+
+    model.fit(x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+              callbacks=[flow, KeepWeights()])
+    assert ready == {1: False, 2: True, 3: True, 4: True}
+    series = {s.call: s for s in flow.history.diagnoses}
+    for index, step in enumerate(flow.history.diagnosis_steps):
+        model.set_weights(weights[step])
+        rows = (step - 1) * 10 + np.array([0, 4, 9])
+        truth = gradscope.diagnose(model, x=x[rows], y=y[rows], exponents=1,
+                                   counterfactuals=False)
+        for layer in truth.layers:
+            np.testing.assert_allclose(series[layer.call].lyapunov[index], layer.lyapunov,
+                                       rtol=1e-9)
+            assert series[layer.call].gates[index] == layer.gates
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
+def test_invalid_diagnose_examples_is_a_clear_error(value):
+    from gradscope.keras import GradientFlow
+
+    with pytest.raises(ConfigError, match="diagnose_examples"):
+        GradientFlow(diagnose_every=4, diagnose_examples=value)

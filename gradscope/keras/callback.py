@@ -68,10 +68,22 @@ def _global(strategy: Any, batch: Any) -> Any:
     return tf.nest.map_structure(whole, batch)
 
 
-def _replay(iterator: Any, batches: list[Any], strategy: Any = None) -> Any:
+#: A fit that hands at least this many of its batches back to Keras' step (observed,
+#: diagnosed, or every one with ``stop_on_nan``) hands them over as a list (:func:`_replay`):
+#: on the GRU 64 → GRU 32 of bench/callback_overhead.py, the list's first step took about
+#: 0.18 s more (Keras' one-step function, traced inside its loop over the iterator, is then
+#: run on its own and made ready once; it is not traced again), and each step after it no
+#: more than fit's own, where a graph replay took 4.6 ms a step.
+LISTED_REPLAYS = 40
+
+
+def _replay(iterator: Any, batches: list[Any], strategy: Any = None,
+            listed: bool = False) -> Any:
     """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
-    takes fit's own: a ``tf.data`` iterator of the same element spec, so the function traced for
-    fit's iterator runs again as it is (a list would trace Keras' step function anew, ~1 s).
+    takes fit's own. ``listed`` (a fit that replays often, :data:`LISTED_REPLAYS`): the list
+    itself, which Keras' train function runs through the one-step function its loop over the
+    iterator calls, traced for fit's element spec. Else a ``tf.data`` iterator of the same
+    element spec, so the function traced for fit's iterator runs again as it is.
 
     A pure graph pipeline serves where its spec is fit's: the batches as they are, one element
     each (where fit's batch axis is static: 5 ms), or their rows batched again (where it is
@@ -91,7 +103,7 @@ def _replay(iterator: Any, batches: list[Any], strategy: Any = None) -> Any:
         return iter(strategy.experimental_distribute_dataset(
             dataset.with_options(_REPLAY_OPTIONS)))
     spec = getattr(iterator, "element_spec", None)
-    if not isinstance(iterator, tf.data.Iterator) or spec is None:
+    if listed or not isinstance(iterator, tf.data.Iterator) or spec is None:
         return batches
     for dataset in _graph_replays(batches):
         if dataset.element_spec == spec:
@@ -146,6 +158,10 @@ class GradientFlow(keras.callbacks.Callback):
             λ₁; each one more costs about as much again).
         diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
             diagnosis takes about twice as long).
+        diagnose_examples: each diagnosis reads this many of its batch's examples, evenly
+            spaced (all of a batch that has no more; None: every example). The cost of a
+            diagnosis grows with them; λ₁ is their mean. Every example where a layer is
+            stateful (its carried state is the whole batch's).
         per_example: at each observation, explain's per-example section too (each example's
             ‖∂L_i/∂θ‖ per layer and in total, the top share, the outliers and the gradient
             noise scale B_simple), on the observed batch with the weights the step left:
@@ -165,7 +181,8 @@ class GradientFlow(keras.callbacks.Callback):
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
                  loss: str | None = None, stop_on_nan: bool = False,
                  diagnose_every: int | None = None, diagnose_exponents: int = 1,
-                 diagnose_horizon: bool = False, per_example: bool = False) -> None:
+                 diagnose_horizon: bool = False, diagnose_examples: int | None = 8,
+                 per_example: bool = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
@@ -180,6 +197,12 @@ class GradientFlow(keras.callbacks.Callback):
                 or diagnose_exponents < 1):
             raise ConfigError(f"GradientFlow(diagnose_exponents={diagnose_exponents!r}): "
                               "expected a whole number ≥ 1", where="diagnose_exponents")
+        if diagnose_examples is not None and (isinstance(diagnose_examples, bool) or
+                                              not isinstance(diagnose_examples, int) or
+                                              diagnose_examples < 1):
+            raise ConfigError(f"GradientFlow(diagnose_examples={diagnose_examples!r}): "
+                              "expected a whole number of examples ≥ 1, or None (every "
+                              "example of the batch)", where="diagnose_examples")
         if log_dir is not None:
             from gradscope.training_log import require_tensorboard
 
@@ -193,8 +216,10 @@ class GradientFlow(keras.callbacks.Callback):
         self.diagnose_every = diagnose_every
         self.diagnose_exponents = diagnose_exponents
         self.diagnose_horizon = bool(diagnose_horizon)
+        self.diagnose_examples = diagnose_examples
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
+        self._listed = False  # this fit hands its batches back to Keras' step as a list
         self._diagnosis_functions: dict[Any, Any] = {}
         self._compiled: bool | None = None  # the diagnoses scan under XLA (at the first)
         self._compiled_rows: int | None = None  # the batch size they compile for
@@ -259,6 +284,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._fit_first = self._batches
         self._fit_spec = None  # read from this fit's first batches
         self._compiled = self._compiled_rows = None  # decided at this fit's first diagnosis
+        self._listed = self._replays() >= LISTED_REPLAYS
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
         for name, every, what in (("every", self.every, "observation"),
                                   ("diagnose_every", self.diagnose_every, "diagnosis")):
@@ -305,10 +331,11 @@ class GradientFlow(keras.callbacks.Callback):
             if self._pending or self._diagnosis_pending:
                 carried = carried_state_variables(model)
                 if carried and len(batches) > 1:
-                    original(_replay(iterator, batches[:-1], strategy))
+                    original(_replay(iterator, batches[:-1], strategy, self._listed))
                     batches = batches[-1:]
                 self._start_states = moved_state_of(carried) if carried else None
-            return original(_replay(iterator, batches, strategy))  # Keras' step, these tensors
+            # Keras' step, on these tensors.
+            return original(_replay(iterator, batches, strategy, self._listed))
 
         model.train_function = train_function
 
@@ -479,6 +506,20 @@ class GradientFlow(keras.callbacks.Callback):
         left = self._fit_first + int(steps) * int(epochs) - self._batches
         return left // self.diagnose_every + 1 >= COMPILED_DIAGNOSES
 
+    def _replays(self) -> float:
+        """How many batches this fit hands back to Keras' step: observed or diagnosed ones,
+        or every one (``stop_on_nan``); infinite where fit does not know its length and
+        replays every batch, 0 where it does not know it otherwise."""
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs:
+            return float("inf") if self.stop_on_nan else 0
+        batches = int(steps) * int(epochs)
+        if self.stop_on_nan:
+            return batches
+        return batches // self.every + (batches // self.diagnose_every
+                                        if self.diagnose_every is not None else 0)
+
     def _observes_later(self) -> bool:
         """Whether this fit reaches another observed batch (when fit knows its length)."""
         params = self.params or {}
@@ -620,6 +661,7 @@ class GradientFlow(keras.callbacks.Callback):
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         weighed = nan_stop.as_arrays(sample_weight)
+        inputs, targets, weighed = self._diagnosed_examples(inputs, targets, weighed)
         twin = (self._twin_for(inputs) if self._original_train_function is not None
                 else None)
         rows = _rows(inputs)
@@ -636,6 +678,16 @@ class GradientFlow(keras.callbacks.Callback):
             if self.log_dir is not None:
                 self._write_diagnosis(step, readings, skipped)
 
+        if twin is not None and twin.ready:
+            # Its functions traced (and compiled) by the first diagnosis: training waits for
+            # this one (beside training, a diagnosis cost fit about twice its own time: see
+            # diagnosis_twin), and nothing else runs on the copy meanwhile.
+            self._drain()
+            twin.take_weights(self.model)
+            found = twin.read(None, inputs, targets, weighed, self.diagnose_exponents,
+                              self.diagnose_horizon, compiled)
+            self._submit(record, *found)
+            return
         if twin is not None:
             weights = self.model.get_weights()  # copies, as the step left them
             self._submit(lambda: record(*twin.read(weights, inputs, targets, weighed,
@@ -652,6 +704,21 @@ class GradientFlow(keras.callbacks.Callback):
             record(*found)
         else:
             self._submit(record, *found)
+
+    def _diagnosed_examples(self, *parts: Any) -> tuple[Any, ...]:
+        """The batch's inputs, targets and sample weights at the examples a diagnosis reads
+        (``diagnose_examples``, evenly spaced)."""
+        from gradscope.keras.checked_examples import take
+        from gradscope.keras.diagnose.horizon import evenly
+
+        size = _rows(parts[0])
+        if (self.diagnose_examples is None or size is None or size <= self.diagnose_examples
+                or carried_state_variables(self.model)):
+            return parts
+        rows = evenly(size, self.diagnose_examples)
+        return tuple(None if part is None else
+                     keras.tree.map_structure(lambda v: take(v, rows, size), part)
+                     for part in parts)
 
     def _twin_for(self, inputs: dict[str, np.ndarray]) -> Any:
         """The copy of the model the diagnoses of fit run on (made at the first, witnessed on
@@ -696,6 +763,7 @@ class GradientFlow(keras.callbacks.Callback):
                 "every": history.every, "flag_factor": history.flag_factor,
                 "method": history.method, "diagnose_every": history.diagnose_every,
                 "diagnose_exponents": history.diagnose_exponents,
+                "diagnose_examples": history.diagnose_examples,
                 "weights": [{"weight": w.weight, "shape": w.shape} for w in history.weights],
                 "recurrent": [{"layer": r.layer, "class_name": r.class_name, "units": r.units,
                                "states": list(r.initial_state_norms),
@@ -724,6 +792,7 @@ class GradientFlow(keras.callbacks.Callback):
             report = report.model_copy(update={
                 "diagnose_every": self.diagnose_every,
                 "diagnose_exponents": self.diagnose_exponents,
+                "diagnose_examples": self.diagnose_examples,
                 "diagnosis_steps": list(self._diagnoses.steps),
                 "diagnoses": self._diagnoses.series(),
                 "not_diagnosed": self._diagnoses.not_diagnosed()})

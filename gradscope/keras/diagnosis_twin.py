@@ -25,21 +25,46 @@ class DiagnosisTwin:
         self.model = model
         self.engine = engine
         self.cache: dict[Any, Any] = {}
+        #: Whether a read has ended: its functions are traced (and compiled) then.
+        self.ready = False
+        self._copy: Any = None  # take_weights' traced function
 
-    def read(self, weights: list[np.ndarray], inputs: dict[str, np.ndarray],
+    def take_weights(self, model: Any) -> None:
+        """The model's weights as they are now, assigned to the copy's variables in one traced
+        function (no NumPy copy between them); under a distribution strategy, through NumPy."""
+        if model.distribute_strategy.num_replicas_in_sync > 1:
+            self.model.set_weights(model.get_weights())
+            return
+        if self._copy is None:
+            tf = self.engine.tf
+            pairs = list(zip(self.model.weights, model.weights, strict=True))
+
+            @tf.function(autograph=False)
+            def copy() -> None:
+                for mine, theirs in pairs:
+                    mine.assign(theirs.value)
+
+            self._copy = copy
+        self._copy()
+
+    def read(self, weights: list[np.ndarray] | None, inputs: dict[str, np.ndarray],
              targets: dict[str, np.ndarray], sample_weight: Any, exponents: int,
              measure_horizon: bool, compiled: bool = False
              ) -> tuple[list[CallReading], list[tuple[str, str]]]:
         """Every recurrent call read on this batch, the copy holding ``weights`` (the
-        model's ``get_weights()`` when the step ended); ``compiled``: see
+        model's ``get_weights()`` when the step ended; None: those :meth:`take_weights`
+        gave it); ``compiled``: see
         :func:`~gradscope.keras.diagnose.during_training.read_calls`."""
         from gradscope.keras.diagnose.during_training import read_calls
 
-        self.model.set_weights(weights)
+        if weights is not None:
+            self.model.set_weights(weights)
         # The copy's outputs in the model's order, whatever the copy's inputs are named.
         targets = dict(zip(self.engine.output_names, targets.values(), strict=True))
-        return read_calls(self.engine, inputs, targets, sample_weight, exponents,
-                          measure_horizon, self.cache, compiled)
+        found = read_calls(self.engine, inputs, targets, sample_weight, exponents,
+                           measure_horizon, self.cache, compiled)
+        self.ready = True
+        return found
 
 
 def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]

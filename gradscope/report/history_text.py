@@ -170,9 +170,11 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     asked = (f" --exponents {report.diagnose_exponents}" if report.diagnose_exponents
              else "")
     # The command on a line of its own: a wrapped title split it at 80 columns.
+    examples = (f", on up to {report.diagnose_examples} examples of each batch, evenly "
+                "spaced" if report.diagnose_examples else "")
     parts: list[RenderableType] = [
         section(f"Dynamics across training ({count}, {every})"),
-        Text(f"as gradscope diagnose{asked} reads them", style="dim")]
+        Text(f"as gradscope diagnose{asked} reads them{examples}", style="dim")]
     if not steps:  # found tried as a new user would: a bare title said nothing of why
         trained = (f" ({report.batches} trained so far)" if report.batches is not None
                    else "")

@@ -1232,6 +1232,9 @@ class FlowHistoryReport(_CommandReport):
                                   "many batches (null: none)")
     diagnose_exponents: int | None = Field(default=None, description="the Lyapunov exponents "
                                            "each diagnosis takes")
+    diagnose_examples: int | None = Field(default=None, description="the examples of its "
+                                          "batch each diagnosis reads at most, evenly spaced "
+                                          "(null: every one)")
     diagnosis_steps: list[int] = Field(default_factory=list, description="the steps "
                                        "(batches trained) of each diagnosis")
     diagnoses: list[DiagnosisSeries] = Field(default_factory=list, description="per "

@@ -17,7 +17,8 @@ import numpy as np
 
 def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                   sample_weight: Any = None, cache: dict[Any, Any] | None = None,
-                  upstream: str | None = None) -> tuple[list[Any], dict[str, list[Any]]]:
+                  upstream: str | None = None, compiled: bool = False
+                  ) -> tuple[list[Any], dict[str, list[Any]]]:
     """Every layer call of one pass, with the tensors it received and returned; and with
     ``upstream`` (a call's label), that call's ∂L/∂(outputs) (the loss Keras computes, with
     the sample weights), as ``engine.run(..., watch_outputs=True)`` gives it: the backward
@@ -31,7 +32,8 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     from gradscope.keras.engine import _eager_call, call_label
     from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
 
-    key = ("captured pass", upstream, sample_weight is None)  # a trace per call asked about
+    # A trace per call asked about.
+    key = ("captured pass", upstream, sample_weight is None, compiled)
     kept = None if cache is None else cache.get(key)
     if cache is None or kept is False or engine.training or runs_eagerly(engine.user_model):
         return _run(engine, inputs, targets, sample_weight)
@@ -41,7 +43,6 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     if kept is None:
         traced: dict[str, Any] = {}
 
-        @tf.function(autograph=False, reduce_retracing=True)
         def forward(feed: list[Any], ys: list[Any], weights: Any) -> Any:
             if upstream is not None:
                 with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -58,7 +59,10 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
             return [([a for a in c.args if tf.is_tensor(a)], c.outputs, c.states, c.mask)
                     for c in calls], gradients
 
-        kept = (forward, traced)
+        from gradscope._tf import xla_or_graph
+
+        kept = ((xla_or_graph(tf, forward, autograph=False, reduce_retracing=True) if compiled
+                 else tf.function(forward, autograph=False, reduce_retracing=True)), traced)
     forward, traced = kept
     from gradscope._tf import native_stderr_silenced, without_grappler
 

@@ -58,7 +58,8 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import step_call
 
-    calls, _ = captured_pass(engine, inputs, targets, sample_weight, cache)
+    calls, _ = captured_pass(engine, inputs, targets, sample_weight, cache,
+                             compiled=compiled)
     readings: list[CallReading] = []
     skipped: list[tuple[str, str]] = []
     for call in calls:

@@ -48,7 +48,8 @@ class Measured:
     longest: int = 0
 
 
-def _evenly(count: int, most: int, start: int = 0) -> list[int]:
+def evenly(count: int, most: int, start: int = 0) -> list[int]:
+    """Up to ``most`` of ``start`` … ``count`` − 1, evenly spaced, the last among them."""
     return sorted({int(round(v)) for v in np.linspace(start, count - 1, min(most, count - start))})
 
 
@@ -69,13 +70,13 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     features = int(np.prod(path.x.shape[2:]))
     per_step = units * (2 * features + 10 * path.size)  # one example, one window step
     # as many examples (up to EXAMPLES) as the first window affords, at least one
-    examples = _with_longest(_evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (
+    examples = _with_longest(evenly(batch, max(1, min(EXAMPLES, WINDOW_NUMBERS // (
         per_step * (FIRST_WINDOW + 1))))), path.ran)
     # Steps in the second half of those the chosen examples ran: a padded batch's masked
     # tail reads no input, and steps there would measure nothing.
     live = np.nonzero(path.ran[examples].any(axis=0))[0]
     live = live if live.size else np.arange(steps)
-    ts = [int(live[k]) for k in _evenly(len(live), STEPS, start=len(live) // 2)]
+    ts = [int(live[k]) for k in evenly(len(live), STEPS, start=len(live) // 2)]
     budget = max(1, WINDOW_NUMBERS // (per_step * len(examples)))
     # The longest lag any step t can have: back to the first step the examples ran (a batch
     # padded before its sequences reads no input before it: lags there are not measured).
