@@ -215,10 +215,10 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
         assert not skipped and readings[0].call == truth.call
         np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, **close)
         assert readings[0].gates == truth.gates
-    scans = [key for key in twin.engine._traces if key[0] == "lyapunov"]
-    assert sorted(key[-1] for key in scans) == [False, True]  # the graph's, then XLA's
-    steppings = [key for key in twin.engine._traces if key[0] == "stepped"]
-    assert sorted(key[-1] for key in steppings) == [False, True]
+    # The graph's stepping and scan, then XLA's one loop (one_loop.py).
+    traced = sorted((key[0], key[-1]) for key in twin.engine._traces
+                    if key[0] in ("lyapunov", "stepped", "one loop"))
+    assert traced == [("lyapunov", False), ("one loop", 1), ("stepped", False)]
 
 
 def test_a_model_with_no_recurrent_layer_says_so(tf):
@@ -346,8 +346,10 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
     flow = GradientFlow(every=1000, diagnose_every=1)
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert flow.history.diagnosis_steps == list(range(1, 52))
-    scans = [key for key in flow._twin.engine._traces if key[0] == "lyapunov"]
-    assert sorted(key[-1] for key in scans) == [False, True]  # XLA's, and the last batch's
+    # XLA's one loop (one_loop.py), and the last batch's scan as a graph.
+    traced = sorted(key[0] for key in flow._twin.engine._traces
+                    if key[0] in ("lyapunov", "one loop"))
+    assert traced == ["lyapunov", "one loop"]
     truth = gradscope.diagnose(model, x=x[-3:], y=y[-3:], exponents=1,
                                counterfactuals=False).layers[0]
     (series,) = flow.history.diagnoses
@@ -403,3 +405,79 @@ def test_invalid_diagnose_examples_is_a_clear_error(value):
 
     with pytest.raises(ConfigError, match="diagnose_examples"):
         GradientFlow(diagnose_every=4, diagnose_examples=value)
+
+
+def _three_cells(keras):
+    keras.utils.set_random_seed(8)
+    model = keras.Sequential([
+        keras.Input((7, 3)),
+        keras.layers.LSTM(4, return_sequences=True, go_backwards=True, name="lstm"),
+        keras.layers.GRU(3, return_sequences=True, reset_after=False, name="gru"),
+        keras.layers.SimpleRNN(2, name="simple"), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(8)
+    return (model, rng.standard_normal((5, 7, 3)).astype("float32"),
+            rng.standard_normal((5, 1)).astype("float32"))
+
+
+def test_a_fit_s_compiled_diagnosis_steps_and_scans_each_layer_in_one_loop(tf):
+    """Under XLA (a fit of many diagnoses), a Keras LSTM (go_backwards), GRU (reset_before)
+    and SimpleRNN are each read in one loop (one_loop.py): the step linearised by hand steps
+    the state and carries the columns at once. Their exponents are diagnose's to float32
+    rounding, their gates diagnose's exactly."""
+    import keras
+
+    import gradscope
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    model, x, y = _three_cells(keras)
+    twin = make_twin(model, None, {"x": x})
+    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 3, False,
+                                  True)
+    assert not skipped
+    assert sorted(key[0] for key in twin.engine._traces if key[0] == "one loop") == [
+        "one loop"] * 3
+    assert not [key for key in twin.engine._traces if key[0] in ("stepped", "lyapunov")]
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=3, counterfactuals=False)
+    for ours, theirs in zip(readings, truth.layers, strict=True):
+        assert ours.call == theirs.call
+        np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, **ROUNDING)
+        assert ours.gates == theirs.gates and ours.gates_note == theirs.gates_note
+
+
+def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general_path(
+        tf, monkeypatch):
+    """The one loop's trajectory is gradscope's algebra of the cell, held to Keras' own
+    output: a planted algebra that steps 1% off is caught, and the call is read the general
+    way (stepped through the layer's own cell), still diagnose's numbers."""
+    import keras
+
+    import gradscope
+    from gradscope.keras import stepped
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    made = stepped.linearised
+
+    def off(engine, layer, dtype="float64"):
+        found = made(engine, layer, dtype)
+        if found is None:
+            return None
+
+        def linear(states, x_t, weights=None):
+            after, apply = found.linear(states, x_t, weights)
+            return [1.01 * a for a in after], apply
+
+        return stepped.Linearised(linear, found.weights, found.project)
+
+    monkeypatch.setattr(stepped, "linearised", off)
+    model, x, y = _three_cells(keras)
+    twin = make_twin(model, None, {"x": x})
+    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
+                                  True)
+    assert not skipped
+    assert len([key for key in twin.engine._traces if key[0] == "stepped"]) == 3
+    monkeypatch.setattr(stepped, "linearised", made)
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False)
+    for ours, theirs in zip(readings, truth.layers, strict=True):
+        assert ours.gates == theirs.gates
+        np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, **ROUNDING)

@@ -152,8 +152,9 @@ class GradientFlow(keras.callbacks.Callback):
             on the batch fit has just trained on, with the weights its step left, as
             ``gradscope diagnose`` does: the top Lyapunov exponents (nats per step), the gate
             saturation shares (Keras GRU and LSTM) and the horizon predicted from λ₁
-            (docs/diagnose.md, "During training"). In fit it runs beside training, on a copy
-            of the model; in a custom loop, ``observe`` diagnoses at the steps it divides.
+            (docs/diagnose.md, "During training"). In fit it runs on a copy of the model: the
+            first beside training (its functions traced), each later one while training
+            waits; in a custom loop, ``observe`` diagnoses at the steps it divides.
         diagnose_exponents: how many Lyapunov exponents each diagnosis takes (default 1,
             λ₁; each one more costs about as much again).
         diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each

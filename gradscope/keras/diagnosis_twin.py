@@ -1,12 +1,16 @@
 """A copy of the model that ``GradientFlow(diagnose_every=N)`` diagnoses beside training.
 
 A diagnosis steps each recurrent layer's cell, which reads its weights as they are when it
-runs: on the model itself it must run between two steps, while training waits. On a copy
-(Keras' ``clone_model``: the same layers from their configs, so the same names but its
-input layers', and the same computation) given the weights the step left, it runs on the
-callback's worker while training goes on, and gives the same numbers: the tests hold them
-to ``gradscope.diagnose`` on the model itself. The copy keeps its own engine and its own
-traced functions (each traced once, at the first diagnosis).
+runs. On a copy (Keras' ``clone_model``: the same layers from their configs, so the same
+names but its input layers', and the same computation) given the weights the step left, it
+gives the same numbers: the tests hold them to ``gradscope.diagnose`` on the model itself.
+The copy keeps its own engine and its own traced functions, traced (and compiled) at the
+first diagnosis, which runs on the callback's worker while training goes on (about 0.7 s,
+2.4 s under XLA, on the GRU 64 → GRU 32 of bench/callback_overhead.py). Each later one runs
+while training waits: beside training, on 2 cores, every step of fit took about 5 ms longer
+while a diagnosis of 10 ms ran (at diagnose_every=4, 20 ms of fit's time a diagnosis), the
+step's small ops and the diagnosis's taking turns on the cores; waited for, it costs fit
+its own time (11 ms, the copy given the weights included).
 """
 
 from __future__ import annotations

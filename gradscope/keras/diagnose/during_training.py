@@ -55,6 +55,7 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.gates import known_gates, read_gates
     from gradscope.keras.diagnose.horizon import measure
+    from gradscope.keras.diagnose.one_loop import read_in_one_loop
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import step_call
 
@@ -64,6 +65,20 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     skipped: list[tuple[str, str]] = []
     for call in calls:
         if not is_recurrent(engine, call):
+            continue
+        fast = (read_in_one_loop(engine, call, exponents) if compiled and not measure_horizon
+                else None)
+        if fast is not None:
+            label, logs, ran, gates_read = fast
+            layer = engine.operation(call.layer)
+            spectrum, _ = dynamics.lyapunov_exponents(logs, ran)
+            largest = float(spectrum[0]) if len(spectrum) else None
+            readings.append(CallReading(
+                call=label, class_name=class_label(layer), cell=class_label(layer.cell),
+                lyapunov=[float(v) for v in spectrum],
+                gates=None if gates_read is None else gates_read.shares(),
+                gates_note=known_gates(layer), predicted=dynamics.predicted_horizon(largest),
+                measured=None, window=None))
             continue
         stepped = step_call(engine, call, None, engine.training, reuse=True,
                             compiled=compiled)

@@ -109,41 +109,56 @@ def _preactivations(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None = No
     return tf.concat(parts, axis=1)
 
 
+def gate_counts(tf: Any, cell: Any, x: Any, h: Any, masks: Masks | None) -> Any:
+    """Per gate, how many of its values on the pairs (x, h) (N rows each) are below
+    :data:`LOW` and above :data:`HIGH`; per unit, the sum of the keep gate and how many of its
+    values are saturated: summed in the graph, so that only these few numbers leave it (in
+    float64, as NumPy compared them)."""
+    gates, keep = GATES[class_label(cell)]
+    units = int(cell.units)
+    where = [name for _, name in gates].index(keep)
+    dtype = cell.compute_dtype
+    found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
+                                                      tf.cast(h, dtype), masks))
+    found = tf.cast(tf.stack([found[:, block * units:(block + 1) * units]
+                              for block, _ in gates], 0), tf.float64)
+    low, high = found < LOW, found > HIGH
+    return (tf.reduce_sum(tf.cast(low, tf.float64), axis=[1, 2]),
+            tf.reduce_sum(tf.cast(high, tf.float64), axis=[1, 2]),
+            tf.reduce_sum(found[where], axis=0),
+            tf.reduce_sum(tf.cast(low[where] | high[where], tf.float64), axis=0))
+
+
+def gate_reading(cell: Any, counts: list[Any], rows: int) -> GateReading:
+    """The :class:`GateReading` of :func:`gate_counts`' four sums over ``rows`` pairs."""
+    gates, keep = GATES[class_label(cell)]
+    units = int(cell.units)
+    below, above, keep_sum, saturated = (np.asarray(c, np.float64) for c in counts)
+    total = max(rows * units, 1)
+    names = [name for _, name in gates]
+    return GateReading(below={n: float(b / total) for n, b in zip(names, below, strict=True)},
+                       above={n: float(a / total) for n, a in zip(names, above, strict=True)},
+                       keep=keep, mean_keep=keep_sum / max(rows, 1),
+                       saturated=saturated / max(rows, 1))
+
+
 def read_gates(engine: Any, path: Trajectory) -> GateReading:
     """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None); the
     traced function is kept on ``engine`` (:func:`~gradscope.keras.stepped.engine_cached`)."""
     tf = engine.tf
     cell = path.layer.cell
-    gates, keep = GATES[class_label(cell)]
     units = int(cell.units)
     x, previous, rows = folded_pairs(path)
-    dtype = cell.compute_dtype
-    where = [name for _, name in gates].index(keep)
 
     def traced() -> Any:
         @tf.function(autograph=False, reduce_retracing=True)
         def counted(x: Any, h: Any, masks: Masks | None) -> Any:
-            """Per gate, how many values are below LOW and above HIGH; per unit, the sum
-            of the keep gate and how many of its values are saturated: summed here, so that
-            only these few numbers leave the graph (in float64, as NumPy compared them)."""
-            found = cell.recurrent_activation(_preactivations(tf, cell, tf.cast(x, dtype),
-                                                              tf.cast(h, dtype), masks))
-            found = tf.cast(tf.stack([found[:, block * units:(block + 1) * units]
-                                      for block, _ in gates], 0), tf.float64)
-            low, high = found < LOW, found > HIGH
-            return (tf.reduce_sum(tf.cast(low, tf.float64), axis=[1, 2]),
-                    tf.reduce_sum(tf.cast(high, tf.float64), axis=[1, 2]),
-                    tf.reduce_sum(found[where], axis=0),
-                    tf.reduce_sum(tf.cast(low[where] | high[where], tf.float64), axis=0))
+            return gate_counts(tf, cell, x, h, masks)
 
         return counted
 
     counted = engine_cached(engine, ("gate counts", id(cell)), traced)
-    below = np.zeros(len(gates))
-    above = np.zeros(len(gates))
-    keep_sum = np.zeros(units)
-    saturated = np.zeros(units)
-    count = 0
+    sums = [np.zeros(n) for n in (len(GATES[class_label(cell)][0]),) * 2 + (units, units)]
     from gradscope._tf import native_stderr_silenced, without_grappler
 
     # As many rows at a time as GATE_NUMBERS pre-activations (every pair of a fit's small
@@ -152,17 +167,8 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
     with native_stderr_silenced(), without_grappler():
         for first in range(0, len(x), rows_at_once):
             part = slice(first, first + rows_at_once)
-            low, high, kept, either = counted(tf.convert_to_tensor(x[part]),
-                                              tf.convert_to_tensor(previous[0][part]),
-                                              masks_for_rows(tf, path.masks, rows[part, 0]))
-            below += np.asarray(low)
-            above += np.asarray(high)
-            keep_sum += np.asarray(kept)
-            saturated += np.asarray(either)
-            count += len(x[part])
-    total = max(count * units, 1)
-    names = [name for _, name in gates]
-    return GateReading(below={n: float(b / total) for n, b in zip(names, below, strict=True)},
-                       above={n: float(a / total) for n, a in zip(names, above, strict=True)},
-                       keep=keep, mean_keep=keep_sum / max(count, 1),
-                       saturated=saturated / max(count, 1))
+            found = counted(tf.convert_to_tensor(x[part]),
+                            tf.convert_to_tensor(previous[0][part]),
+                            masks_for_rows(tf, path.masks, rows[part, 0]))
+            sums = [total + np.asarray(value) for total, value in zip(sums, found, strict=True)]
+    return gate_reading(cell, sums, len(x))
