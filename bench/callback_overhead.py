@@ -11,7 +11,9 @@ it waits for the next wake-up of tf.data's autotune thread (as measured here): 0
 depending on where fit ends between two wake-ups (a plain fit of 200 batches with a 1 s pause
 added ends 4 s later than with a 1.5 s pause). A fit that ends later, as one with a callback
 does, is more likely to wait long. That teardown is reported beside, and so is the ratio of
-the whole wall times: both belong in any figure quoted.
+the whole wall times: both belong in any figure quoted. So is the ratio of the fits' CPU
+time (user and system, every thread, from the call of ``fit`` to its return): the machine's
+other load moves it less than the wall time.
 
 Where the time goes: every fit's step times are kept too (from one batch's end to the next,
 and from the last to the end of ``on_train_end``), and the medians across repeats, step by
@@ -56,7 +58,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 
 FIT = """
-import json, os, sys, tempfile, time
+import json, os, resource, sys, tempfile, time
 sys.path.insert(0, {repo!r})
 from gradscope._tf import import_tensorflow
 tf = import_tensorflow()
@@ -104,15 +106,18 @@ with tempfile.TemporaryDirectory() as log_dir:
 
         callbacks = [GradientFlow(every=every, log_dir=log_dir, diagnose_every=diagnose_every,
                                   per_example=per_example)]
+    used = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
               callbacks=[*callbacks, Ended()])
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = (after.ru_utime + after.ru_stime) - (used.ru_utime + used.ru_stime)
 observations = len(callbacks[0].history.observations) if callbacks else 0
 diagnoses = len(callbacks[0].history.diagnosis_steps) if callbacks else 0
 times = [start, *marks, ended[0]]
 steps_ms = [1000 * (b - a) for a, b in zip(times, times[1:])]
-print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall,
+print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall, "cpu_s": cpu,
                   "teardown_s": wall - (ended[0] - start), "observations": observations,
                   "diagnoses": diagnoses,
                   "steps_ms": steps_ms}}))
@@ -234,6 +239,8 @@ def main() -> None:
         "median_pair_ratio_95": median_interval(pairs),
         "wall_ratio_of_medians": (statistics.median(series("callback", "wall_s"))
                                   / statistics.median(series("plain", "wall_s"))),
+        "cpu_ratio_of_medians": (statistics.median(series("callback", "cpu_s"))
+                                 / statistics.median(series("plain", "cpu_s"))),
         "plain_teardown_s": series("plain", "teardown_s"),
         "callback_teardown_s": series("callback", "teardown_s"),
         "plain_fit_s": plain, "callback_fit_s": watched,
@@ -259,6 +266,9 @@ def main() -> None:
           f"{args.repeats} runs each, alternating)")
     teardown = {kind: ", ".join(f"{s:.1f}" for s in series(kind, "teardown_s"))
                 for kind in runs}
+    print(f"CPU time (every thread, the whole fit with its teardown): "
+          f"{figures['cpu_ratio_of_medians']:.3f}× by medians (the machine's other load moves "
+          "it less than the wall time)")
     print(f"then TensorFlow's data-iterator teardown: {teardown['plain']} s plain, "
           f"{teardown['callback']} s with the callback; whole wall times "
           f"{figures['wall_ratio_of_medians']:.3f}× by medians")

@@ -250,3 +250,38 @@ def test_the_witnesses_tuning_is_checked_for_either_wing_before_anything_runs(mo
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         gradscope.check(model, **options)
+
+
+def test_the_header_says_what_inference_mode_changes_in_this_model(tf):
+    """Found tried as a new user would: every header said "dropout off, batch norm uses its
+    moving statistics", of models that have neither. It names what the model's layers do;
+    both where a layer of the user's own code may do anything."""
+    import keras
+    from conftest import render_text
+
+    from gradscope.keras.graph import mode_effects
+    from gradscope.keras.live import read_live_graph
+
+    def model(*layers):
+        built = keras.Sequential([keras.Input((5, 2)), *layers, keras.layers.Dense(1)])
+        built.compile(loss="mse")
+        return built
+
+    class Mine(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    assert mode_effects(read_live_graph(model(keras.layers.GRU(3)))) == []
+    assert mode_effects(read_live_graph(model(keras.layers.GRU(3, recurrent_dropout=0.1)))) == [
+        "dropout off"]
+    assert mode_effects(read_live_graph(model(
+        keras.layers.BatchNormalization(),
+        keras.layers.Bidirectional(keras.layers.LSTM(2, dropout=0.2))))) == [
+        "dropout off", "batch norm uses its moving statistics"]
+    assert mode_effects(read_live_graph(model(Mine(), keras.layers.GRU(3)))) is None
+    x, y = np.ones((2, 5, 2), "float32"), np.zeros((2, 1), "float32")
+    texts = [" ".join(render_text(gradscope.explain(m, x=x, y=y), 80).split())
+             for m in (model(keras.layers.GaussianNoise(0.1), keras.layers.GRU(3)),
+                       model(keras.layers.GRU(3)))]
+    assert "inference mode (dropout off) ·" in texts[0]
+    assert "inference mode · " in texts[1]

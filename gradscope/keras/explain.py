@@ -22,7 +22,7 @@ from gradscope.keras.data import (
     unused_targets,
 )
 from gradscope.keras.facts import layer_facts, no_derivation
-from gradscope.keras.graph import YOUR_CALL, LayerNode, ModelGraph
+from gradscope.keras.graph import YOUR_CALL, LayerNode, ModelGraph, mode_effects
 from gradscope.keras.layers import deriving_explainer
 from gradscope.keras.layers.base import StateNote, variable_key
 from gradscope.keras.live import LOADED_FROM
@@ -468,7 +468,8 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
                  for (name, shape), dtype in zip(result.output_shapes.items(), dtypes,
                                                  strict=True)],
         batch_size=job.batch_size, mode="training" if job.training else "inference",
-        seed=job.seed, weight_count=trainable_count, non_trainable_count=non_trainable,
+        seed=job.seed, mode_effects=mode_effects(job.graph),
+        weight_count=trainable_count, non_trainable_count=non_trainable,
         data=job.batch.source,
         dtype_policy=", ".join(name for name, _ in mixed) if mixed else None,
         compute_dtype=", ".join(sorted({dtype for _, dtype in mixed})) if mixed else None)

@@ -131,6 +131,31 @@ class ModelGraph:
             yield from _walk(layer)
 
 
+def mode_effects(graph: ModelGraph) -> list[str] | None:
+    """What inference mode changes in ``graph``'s layers: dropout (a dropout or noise layer,
+    a layer's ``dropout`` or ``recurrent_dropout`` above 0) and batch normalisation; None
+    where a layer is code of the user's (what it does in training mode is not known)."""
+    from gradscope.report.models import BATCH_NORM, DROPOUT
+
+    found = set()
+    for layer in graph.walk():
+        if layer.is_input or layer.class_name == YOUR_CALL:
+            continue
+        if not _is_keras_module(layer.module or "keras"):
+            return None
+        name, config = layer.class_name, layer.config
+        if ("Dropout" in name or "Noise" in name
+                or any(_positive(config.get(key)) for key in ("dropout", "recurrent_dropout"))):
+            found.add(DROPOUT)
+        if "BatchNormalization" in name:
+            found.add(BATCH_NORM)
+    return [effect for effect in (DROPOUT, BATCH_NORM) if effect in found]
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 def read_graph(path: str | Path) -> ModelGraph:
     """The graph of a saved model; ConfigError (exit 2) for what is not a Keras model."""
     return graph_from_config(read_config(path), str(path))

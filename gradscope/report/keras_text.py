@@ -30,6 +30,8 @@ from gradscope.report.layout import (
     warning,
 )
 from gradscope.report.models import (
+    BATCH_NORM,
+    DROPOUT,
     DiagnoseReport,
     KerasCarry,
     KerasCheckReport,
@@ -176,6 +178,14 @@ class _ShapesWhole:
 _PARENTHESIS = re.compile(r"\([^()]*\)")
 
 
+def _inference(effects: list[str] | None) -> str:
+    """What inference mode changes, as the header says it: what the model's layers do
+    (nothing said where none changes), or both where code of the user's may."""
+    if effects is None:
+        effects = [DROPOUT, BATCH_NORM]
+    return f" ({', '.join(effects)})" if effects else ""
+
+
 def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
            command: str = "explain") -> list[RenderableType]:
     model, loss = report.model, report.loss
@@ -185,8 +195,8 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
         _model_title(command, model),
         # Each line's wrapped lines hang under its first word's value.
         hanging("batch", f"{model.batch_size} · {model.mode} mode"
-                + (" (dropout off, batch norm uses its moving statistics)"
-                   if model.mode == "inference" else f" (seed {model.seed})")
+                + (_inference(model.mode_effects) if model.mode == "inference"
+                   else f" (seed {model.seed})")
                 + f" · {model.weight_count:,} trainable weights"
                 + (f" · dtype policy {model.dtype_policy} (computes in {model.compute_dtype})"
                    if model.dtype_policy else ""), "dim"),

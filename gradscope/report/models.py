@@ -492,6 +492,10 @@ class KerasTensorSpec(_Report):
     dtype: str | None = None
 
 
+#: What inference mode changes in Keras' own layers (``KerasModelEntry.mode_effects``).
+DROPOUT, BATCH_NORM = "dropout off", "batch norm uses its moving statistics"
+
+
 class KerasModelEntry(_Report):
     name: str
     file: str
@@ -504,6 +508,10 @@ class KerasModelEntry(_Report):
         description="inference: dropout off, batch norm with its moving statistics; training: "
                     "as in fit, with a fixed seed")
     seed: int
+    mode_effects: list[str] | None = Field(
+        default=None, description="what inference mode changes in this model's layers "
+        "(\"dropout off\", \"batch norm uses its moving statistics\"; empty: nothing); null "
+        "where a layer of the user's own code may change too")
     weight_count: int = Field(description="trainable weights (numbers)")
     non_trainable_count: int
     data: str

@@ -8,8 +8,9 @@ own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
 :func:`~gradscope.keras.diagnose.gates.read_gates`,
 :func:`~gradscope.keras.diagnose.horizon.measure` and :mod:`gradscope.dynamics`. So a number
 recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
-exponents=k)`` reports for the same weights (in a fit that diagnoses often, the exponents
-to the compute dtype's rounding: its steppings and Lyapunov scans run under XLA). What
+exponents=k)`` reports for the same weights, on the same examples (in a fit that diagnoses
+often, the exponents to the compute dtype's rounding: it reads under XLA, a Keras GRU, LSTM
+or SimpleRNN in one loop, :mod:`~gradscope.keras.diagnose.one_loop`). What
 ``diagnose`` reads besides (the norm of every step Jacobian, where ∂L/∂s_t grows, the
 counterfactuals) costs more than a pass of training and is left to it.
 """
@@ -28,10 +29,12 @@ from gradscope.keras.engine import call_label, class_label
 #: exponent, folded into the batch, and the scan costs about that many times as much (29 ms
 #: for λ₁, 83 ms for three, on the two GRU calls of bench/callback_overhead.py's model).
 EXPONENTS = 1
-#: A fit that will diagnose at least this many more times steps and scans under XLA
-#: (``read_calls(compiled=True)``): on a GRU 64 → GRU 32 at 50 steps, batch 32, the Lyapunov
-#: scans of a diagnosis took 4.4 ms of CPU instead of 12, after compiling for about 0.45 s a
-#: layer, and the steppings 2.5 ms instead of 6.5 (bench/diagnosis_parts.py).
+#: A fit that will diagnose at least this many more times reads under XLA
+#: (``read_calls(compiled=True)``): a Keras GRU, LSTM or SimpleRNN call in one loop
+#: (:mod:`~gradscope.keras.diagnose.one_loop`), others stepped and scanned so, and the copy's
+#: pass too. On a GRU 64 → GRU 32 at 50 steps, 8 examples, a diagnosis took 4.1 ms of CPU
+#: instead of 21.7 as graphs, after a first one of 1.5 s instead of 0.6 s
+#: (bench/diagnosis_parts.py).
 COMPILED_DIAGNOSES = 50
 
 
@@ -43,7 +46,9 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     weights; and the (call, reason) of those that cannot be. Keras' own call of the model
     captures each call's input, output, mask and initial state
     (:func:`~gradscope.keras.diagnose.captured.captured_pass`); then
-    each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read.
+    each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read; with
+    ``compiled``, a Keras GRU, LSTM or SimpleRNN call in one loop where it can be
+    (:func:`~gradscope.keras.diagnose.one_loop.read_in_one_loop`).
     ``measure_horizon``: also the measured horizon (about as long again as the rest).
     ``cache``: kept by the caller across calls with one engine: Keras' own call of the model
     is traced once, not at every diagnosis (each function that steps a cell is kept on the
