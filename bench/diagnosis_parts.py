@@ -1,16 +1,18 @@
 """What one diagnosis of ``GradientFlow(diagnose_every=N)`` costs, part by part, on the model
 of ``callback_overhead.py`` (input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps,
-batch 32): the CPU time (user + system, this process) of Keras' own call of the copy (the
-captured pass), the steppings, the Lyapunov scans and the gates, per diagnosis, medians over
-rounds of diagnoses on the copy with the model's weights, after a first diagnosis that traces
-(and compiles) them. With the Lyapunov scans as a graph, and under XLA (as a fit that will
-diagnose at least ``COMPILED_DIAGNOSES`` times scans them), with the first diagnosis of each.
+8 examples, as ``GradientFlow`` reads them by default): the CPU time (user + system, this
+process) of Keras' own call of the copy (the captured pass), the steppings, the Lyapunov scans
+and the gates, per diagnosis, medians over rounds of diagnoses on the copy with the model's
+weights, after a first diagnosis that traces (and compiles) them. As graphs, and under XLA
+(as a fit that will diagnose at least ``COMPILED_DIAGNOSES`` times reads them: each GRU call
+in one loop, whose time is the whole's less the captured pass), with the first diagnosis of
+each.
 
-Alone, with the machine's cores to itself: in ``fit`` the diagnosis runs on the callback's
-worker beside training, and its CPU time is what it takes from training (see
-``callback_overhead.py --diagnose-every N`` for the whole cost).
+Alone, with the machine's cores to itself: in ``fit`` each diagnosis after the first runs
+while training waits (see ``callback_overhead.py --diagnose-every N`` for the whole cost).
 
-    .venv/bin/python bench/diagnosis_parts.py [--rounds 5] [--diagnoses 20] [--json]
+    .venv/bin/python bench/diagnosis_parts.py [--rounds 5] [--diagnoses 20] [--examples 8]
+                                              [--json]
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--diagnoses", type=int, default=20, help="per round")
+    parser.add_argument("--examples", type=int, default=8,
+                        help="the examples a diagnosis reads (GradientFlow's "
+                             "diagnose_examples; default 8, as it)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -72,8 +77,8 @@ def main() -> None:
     model.compile(optimizer="adam",
                   loss=keras.losses.CategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(32, 50, 32)).astype("float32")
-    y = np.eye(3, dtype="float32")[rng.integers(0, 3, size=32)]
+    x = rng.normal(size=(args.examples, 50, 32)).astype("float32")
+    y = np.eye(3, dtype="float32")[rng.integers(0, 3, size=args.examples)]
     twin = make_twin(model, None, {"x": x})
     if twin is None:
         raise SystemExit("the model could not be copied")
