@@ -373,8 +373,8 @@ def test_a_diagnosis_reads_evenly_spaced_examples_and_later_ones_while_training_
                               keras.layers.GRU(2, name="gru"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
     rng = np.random.default_rng(6)
-    x = rng.standard_normal((40, 6, 2)).astype("float32")
-    y = rng.standard_normal((40, 1)).astype("float32")
+    x = rng.standard_normal((30, 6, 2)).astype("float32")
+    y = rng.standard_normal((30, 1)).astype("float32")
     flow = GradientFlow(every=1000, diagnose_every=1, diagnose_examples=3)
     weights, ready = {}, {}
 
@@ -386,9 +386,11 @@ def test_a_diagnosis_reads_evenly_spaced_examples_and_later_ones_while_training_
 
     model.fit(x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
               callbacks=[flow, KeepWeights()])
-    assert ready == {1: False, 2: True, 3: True, 4: True}
+    assert ready == {1: False, 2: True, 3: True}
     series = {s.call: s for s in flow.history.diagnoses}
     for index, step in enumerate(flow.history.diagnosis_steps):
+        if not ready[step]:
+            continue  # beside training, as the other tests of this file read it
         model.set_weights(weights[step])
         rows = (step - 1) * 10 + np.array([0, 4, 9])
         truth = gradscope.diagnose(model, x=x[rows], y=y[rows], exponents=1,
@@ -470,12 +472,17 @@ def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general
         return stepped.Linearised(linear, found.weights, found.project)
 
     monkeypatch.setattr(stepped, "linearised", off)
-    model, x, y = _three_cells(keras)
+    keras.utils.set_random_seed(8)
+    model = keras.Sequential([keras.Input((7, 3)), keras.layers.LSTM(4, name="lstm"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(8).standard_normal((5, 7, 3)).astype("float32")
+    y = np.zeros((5, 1), "float32")
     twin = make_twin(model, None, {"x": x})
     readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
                                   True)
     assert not skipped
-    assert len([key for key in twin.engine._traces if key[0] == "stepped"]) == 3
+    assert [key[0] for key in twin.engine._traces if key[0] == "stepped"] == ["stepped"]
     monkeypatch.setattr(stepped, "linearised", made)
     truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False)
     for ours, theirs in zip(readings, truth.layers, strict=True):
