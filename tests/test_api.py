@@ -279,6 +279,18 @@ def test_the_header_says_what_inference_mode_changes_in_this_model(tf):
         keras.layers.Bidirectional(keras.layers.LSTM(2, dropout=0.2))))) == [
         "dropout off", "batch norm uses its moving statistics"]
     assert mode_effects(read_live_graph(model(Mine(), keras.layers.GRU(3)))) is None
+
+    class Own(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.out = keras.layers.GRU(3), keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.rnn(x) * 2.0)
+
+    subclassed = Own()
+    subclassed(np.zeros((1, 5, 2), "float32"))
+    assert mode_effects(read_live_graph(subclassed)) is None  # its own call is its code
     x, y = np.ones((2, 5, 2), "float32"), np.zeros((2, 1), "float32")
     texts = [" ".join(render_text(gradscope.explain(m, x=x, y=y), 80).split())
              for m in (model(keras.layers.GaussianNoise(0.1), keras.layers.GRU(3)),

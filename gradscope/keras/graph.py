@@ -134,14 +134,15 @@ class ModelGraph:
 def mode_effects(graph: ModelGraph) -> list[str] | None:
     """What inference mode changes in ``graph``'s layers: dropout (a dropout or noise layer,
     a layer's ``dropout`` or ``recurrent_dropout`` above 0) and batch normalisation; None
-    where a layer is code of the user's (what it does in training mode is not known)."""
+    where a layer, or a subclassed model's own call, is code of the user's (what it does in
+    training mode is not known)."""
     from gradscope.report.models import BATCH_NORM, DROPOUT
 
     found = set()
     for layer in graph.walk():
-        if layer.is_input or layer.class_name == YOUR_CALL:
+        if layer.is_input:
             continue
-        if not _is_keras_module(layer.module or "keras"):
+        if layer.class_name == YOUR_CALL or not _is_keras_module(layer.module or "keras"):
             return None
         name, config = layer.class_name, layer.config
         if ("Dropout" in name or "Noise" in name
