@@ -709,6 +709,36 @@ def test_a_fit_that_replays_many_batches_hands_them_over_as_a_list_and_trains_th
     assert [o.step for o in flow.history.observations][:2] == [7, 14]
 
 
+def test_a_generator_s_end_of_data_is_keras_own_call_and_trains_the_same(tf):
+    """A dataset of unknown length ends with a call of Keras' step on the spent iterator,
+    which Keras counts (found tried as a new user would: where that call fell on an observed
+    step, here the 4th of an epoch of 3, the callback raised StopIteration itself, the
+    optimizer's count ended short, and Adam's steps of the next epoch moved)."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+
+    def batches():
+        for first in range(0, len(x), BATCH):
+            yield x[first:first + BATCH], y[first:first + BATCH]
+
+    spec = (tf.TensorSpec((None, STEPS, FEATURES), tf.float32), tf.TensorSpec((None, 2),
+                                                                              tf.float32))
+    ends = []
+    for watched in (False, True):
+        model = _model(keras)
+        model.compile(optimizer="adam", loss="mse")
+        data = tf.data.Dataset.from_generator(batches, output_signature=spec)
+        model.fit(data, epochs=2, verbose=0,
+                  callbacks=[GradientFlow(every=4)] if watched else [])
+        ends.append((int(model.optimizer.iterations.numpy()), model.get_weights()))
+    assert ends[0][0] == ends[1][0]
+    for plain, ours in zip(ends[0][1], ends[1][1], strict=True):
+        np.testing.assert_array_equal(plain, ours)
+
+
 def test_a_subclassed_model_is_observed_and_trained_as_without_the_callback(tf):
     """A subclassed keras.Model has no ``inputs``: the callback names its inputs from the
     graph explain reads (found tried as a new user would: fit raised AttributeError). Its

@@ -136,21 +136,24 @@ def mode_effects(graph: ModelGraph) -> list[str] | None:
     a layer's ``dropout`` or ``recurrent_dropout`` above 0) and batch normalisation; None
     where a layer, or a subclassed model's own call, is code of the user's (what it does in
     training mode is not known)."""
-    from gradscope.report.models import BATCH_NORM, DROPOUT
+    from gradscope.report.models import BATCH_NORM, DROPOUT, NOISE
 
     found = set()
     for layer in graph.walk():
         if layer.is_input:
             continue
-        if layer.class_name == YOUR_CALL or not _is_keras_module(layer.module or "keras"):
+        # Keras writes no module for a layer of the user's own script.
+        if layer.class_name == YOUR_CALL or not _is_keras_module(layer.module or ""):
             return None
         name, config = layer.class_name, layer.config
-        if ("Dropout" in name or "Noise" in name
+        if ("Dropout" in name
                 or any(_positive(config.get(key)) for key in ("dropout", "recurrent_dropout"))):
             found.add(DROPOUT)
+        if "Noise" in name:
+            found.add(NOISE)
         if "BatchNormalization" in name:
             found.add(BATCH_NORM)
-    return [effect for effect in (DROPOUT, BATCH_NORM) if effect in found]
+    return [effect for effect in (DROPOUT, NOISE, BATCH_NORM) if effect in found]
 
 
 def _positive(value: Any) -> bool:

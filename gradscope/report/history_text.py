@@ -171,7 +171,8 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
              else "")
     # The command on a line of its own: a wrapped title split it at 80 columns.
     examples = (f", on up to {report.diagnose_examples} examples of each batch, evenly "
-                "spaced" if report.diagnose_examples else "")
+                "spaced" if report.diagnose_examples
+                else ", on every example of each batch" if report.diagnose_every else "")
     parts: list[RenderableType] = [
         section(f"Dynamics across training ({count}, {every})"),
         Text(f"as gradscope diagnose{asked} reads them{examples}", style="dim")]

@@ -493,7 +493,8 @@ class KerasTensorSpec(_Report):
 
 
 #: What inference mode changes in Keras' own layers (``KerasModelEntry.mode_effects``).
-DROPOUT, BATCH_NORM = "dropout off", "batch norm uses its moving statistics"
+DROPOUT, NOISE, BATCH_NORM = ("dropout off", "noise off",
+                              "batch norm uses its moving statistics")
 
 
 class KerasModelEntry(_Report):
