@@ -75,15 +75,8 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                 else None)
         if fast is not None:
             label, logs, ran, gates_read = fast
-            layer = engine.operation(call.layer)
-            spectrum, _ = dynamics.lyapunov_exponents(logs, ran)
-            largest = float(spectrum[0]) if len(spectrum) else None
-            readings.append(CallReading(
-                call=label, class_name=class_label(layer), cell=class_label(layer.cell),
-                lyapunov=[float(v) for v in spectrum],
-                gates=None if gates_read is None else gates_read.shares(),
-                gates_note=known_gates(layer), predicted=dynamics.predicted_horizon(largest),
-                measured=None, window=None))
+            readings.append(_reading(label, engine.operation(call.layer), logs, ran,
+                                     gates_read, None))
             continue
         stepped = step_call(engine, call, None, engine.training, reuse=True,
                             compiled=compiled)
@@ -102,22 +95,29 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
                 skipped.append((direction.label, live))
                 continue
             count = min(exponents, live[0])
-            spectrum, _ = dynamics.lyapunov_exponents(
-                lyapunov_logs(engine, path, count, compiled=compiled), path.ran)
-            why_not = known_gates(layer)
-            gates = None
-            if why_not is None:
-                gates = read_gates(engine, path).shares()
-            largest = float(spectrum[0]) if len(spectrum) else None
+            logs = lyapunov_logs(engine, path, count, compiled=compiled)
+            gates = read_gates(engine, path) if known_gates(layer) is None else None
             measured = (measure(engine, path, stepped.call.mask) if measure_horizon
                         else None)
-            readings.append(CallReading(
-                call=direction.label, class_name=class_label(layer),
-                cell=class_label(layer.cell), lyapunov=[float(v) for v in spectrum],
-                gates=gates, gates_note=why_not,
-                predicted=dynamics.predicted_horizon(largest),
-                measured=None if measured is None else measured.horizon,
-                window=None if measured is None else measured.window))
+            readings.append(_reading(direction.label, layer, logs, path.ran, gates, measured))
     if not any(is_recurrent(engine, call) for call in calls):
         skipped.append(("the model", "it has no recurrent layer call: nothing to diagnose"))
     return readings, skipped
+
+
+def _reading(label: str, layer: Any, logs: np.ndarray, ran: np.ndarray, gates: Any,
+             measured: Any) -> CallReading:
+    """One call's (direction's) reading: the exponents of its Lyapunov ``logs``, the shares of
+    its :class:`~gradscope.keras.diagnose.gates.GateReading` (None: not known, and why), the
+    horizon predicted from λ₁, and the one measured (None: not measured)."""
+    from gradscope.keras.diagnose.gates import known_gates
+
+    spectrum, _ = dynamics.lyapunov_exponents(logs, ran)
+    largest = float(spectrum[0]) if len(spectrum) else None
+    return CallReading(
+        call=label, class_name=class_label(layer), cell=class_label(layer.cell),
+        lyapunov=[float(v) for v in spectrum],
+        gates=None if gates is None else gates.shares(), gates_note=known_gates(layer),
+        predicted=dynamics.predicted_horizon(largest),
+        measured=None if measured is None else measured.horizon,
+        window=None if measured is None else measured.window)

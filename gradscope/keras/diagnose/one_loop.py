@@ -90,7 +90,7 @@ def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int,
     gates), under XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`)."""
     from gradscope._tf import xla_or_graph
     from gradscope.keras.diagnose.gates import gate_counts
-    from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH, orthonormalised
+    from gradscope.keras.diagnose.trajectory import carried_step
 
     tf = engine.tf
     dtype = layer.cell.compute_dtype
@@ -102,12 +102,7 @@ def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int,
 
         def body(t: Any, states: list[Any], q: Any, logs: Any, sequence: Any,
                  before: Any) -> tuple[Any, ...]:
-            blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (count, B, w)
-            after, carried = by_hand(weights, states, (x[:, t],), blocks)
-            moved = tf.transpose(tf.concat(carried, axis=2), [1, 2, 0])
-            q, r = orthonormalised(tf, moved)
-            stretch = tf.math.log(tf.maximum(tf.linalg.diag_part(r),
-                                             tf.constant(SMALLEST_STRETCH, tf.float64)))
+            after, q, stretch = carried_step(tf, by_hand, weights, states, x[:, t], q, widths)
             return (t + 1, after, q, logs.write(t, stretch), sequence.write(t, after[0]),
                     before.write(t, states[0]))
 

@@ -288,9 +288,8 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
             x_t, ran_t, prev_t = x[:, t], ran[:, t], [p[:, t] for p in previous]
             if by_hand is not None:
-                blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (count, B, w)
-                _, carried = by_hand(weights, prev_t, (tf.cast(x_t, dtype),), blocks)
-                moved = tf.transpose(tf.concat(carried, axis=2), [1, 2, 0])
+                _, q_new, logs = carried_step(tf, by_hand, weights, prev_t,
+                                              tf.cast(x_t, dtype), q, widths)
             else:
                 columns = tf.reshape(tf.transpose(q, [2, 0, 1]), [-1, size])
                 tangents = tf.split(columns, widths, axis=1)
@@ -299,9 +298,7 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
                     new = step(tf.tile(x_t, repeats), primals, held)
                 moved = tf.concat([acc.jvp(n, unconnected_gradients="zero") for n in new], 1)
                 moved = tf.transpose(tf.reshape(moved, [count, batch, size]), [1, 2, 0])
-            q_new, r = orthonormalised(tf, moved)
-            logs = tf.math.log(tf.maximum(tf.linalg.diag_part(r),
-                                          tf.constant(SMALLEST_STRETCH, tf.float64)))
+                q_new, logs = stretched(tf, moved)
             q_new = tf.where(ran_t[:, None, None], q_new, q)
             logs = tf.where(ran_t[:, None], logs, tf.zeros_like(logs))
             return t + 1, q_new, written.write(t, logs)
@@ -317,6 +314,24 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
 
         return xla_or_graph(tf, scan, autograph=False, reduce_retracing=True)
     return tf.function(scan, autograph=False, reduce_retracing=True)
+
+
+def carried_step(tf: Any, by_hand: Any, weights: Any, states: list[Any], x_t: Any, q: Any,
+                 widths: list[int]) -> tuple[list[Any], Any, Any]:
+    """One step of the Lyapunov scan through a step linearised by hand: the new states, Q_t
+    and log|R_t[i, i]| of J_t·Q_(t−1) (``q``: (B, S, k), the states' ``widths`` making S)."""
+    blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (k, B, w)
+    after, carried = by_hand(weights, states, (x_t,), blocks)
+    q_new, logs = stretched(tf, tf.transpose(tf.concat(carried, axis=2), [1, 2, 0]))
+    return after, q_new, logs
+
+
+def stretched(tf: Any, moved: Any) -> tuple[Any, Any]:
+    """Q of ``moved`` (B, S, k) and the logs of R's diagonal (floored at
+    :data:`SMALLEST_STRETCH`)."""
+    q, r = orthonormalised(tf, moved)
+    return q, tf.math.log(tf.maximum(tf.linalg.diag_part(r),
+                                     tf.constant(SMALLEST_STRETCH, tf.float64)))
 
 
 def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
