@@ -355,8 +355,10 @@ def orthonormalised(tf: Any, moved: Any) -> tuple[Any, Any]:
     wide = tf.cast(moved, tf.float64)
     if moved.shape[-1] == 1:  # one column: its norm, where no column is 0
         norm = tf.norm(wide, axis=1, keepdims=True)  # (B, 1, 1)
-        return tf.cond(tf.reduce_all(norm > 0),
-                       lambda: (tf.cast(wide / norm, moved.dtype), norm), householder)
+        first = tf.one_hot(tf.zeros(tf.shape(wide)[:1], tf.int32), tf.shape(wide)[1],
+                           dtype=tf.float64)[:, :, None]
+        unit = tf.where(norm > 0, wide / tf.where(norm > 0, norm, 1.0), first)
+        return tf.cast(unit, moved.dtype), norm
     eye = tf.eye(tf.shape(wide)[-1], batch_shape=tf.shape(wide)[:1], dtype=tf.float64)
 
     def cholesky_qr(block: Any, gram: Any) -> tuple[Any, Any, Any]:
