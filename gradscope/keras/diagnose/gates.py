@@ -142,13 +142,19 @@ def gate_reading(cell: Any, counts: list[Any], rows: int) -> GateReading:
                        saturated=saturated / max(rows, 1))
 
 
-def read_gates(engine: Any, path: Trajectory) -> GateReading:
-    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None); the
-    traced function is kept on ``engine`` (:func:`~gradscope.keras.stepped.engine_cached`)."""
+def count_gates(engine: Any, cell: Any, x: np.ndarray, h: np.ndarray,
+                masks: Masks | None = None, examples: np.ndarray | None = None
+                ) -> GateReading:
+    """The :class:`GateReading` of ``cell`` (a Keras GRU or LSTM's) on the pairs (x, h),
+    N rows each, with the step's dropout ``masks`` (a row per example; ``examples``: each
+    pair's example) or None; counted by one traced function kept on ``engine``
+    (:func:`~gradscope.keras.stepped.engine_cached`), as many rows at a time as
+    :data:`GATE_NUMBERS` pre-activations (every pair of a fit's small layer in one call: each
+    call costs about a millisecond, whatever its size)."""
+    from gradscope._tf import native_stderr_silenced, without_grappler
+
     tf = engine.tf
-    cell = path.layer.cell
     units = int(cell.units)
-    x, previous, rows = folded_pairs(path)
 
     def traced() -> Any:
         @tf.function(autograph=False, reduce_retracing=True)
@@ -159,16 +165,19 @@ def read_gates(engine: Any, path: Trajectory) -> GateReading:
 
     counted = engine_cached(engine, ("gate counts", id(cell)), traced)
     sums = [np.zeros(n) for n in (len(GATES[class_label(cell)][0]),) * 2 + (units, units)]
-    from gradscope._tf import native_stderr_silenced, without_grappler
-
-    # As many rows at a time as GATE_NUMBERS pre-activations (every pair of a fit's small
-    # layer in one call: each call costs about a millisecond, whatever its size).
     rows_at_once = max(FOLD_ROWS, GATE_NUMBERS // (_blocks(cell) * units))
     with native_stderr_silenced(), without_grappler():
         for first in range(0, len(x), rows_at_once):
             part = slice(first, first + rows_at_once)
-            found = counted(tf.convert_to_tensor(x[part]),
-                            tf.convert_to_tensor(previous[0][part]),
-                            masks_for_rows(tf, path.masks, rows[part, 0]))
+            found = counted(tf.convert_to_tensor(x[part]), tf.convert_to_tensor(h[part]),
+                            masks_for_rows(tf, masks,
+                                           None if examples is None else examples[part]))
             sums = [total + np.asarray(value) for total, value in zip(sums, found, strict=True)]
     return gate_reading(cell, sums, len(x))
+
+
+def read_gates(engine: Any, path: Trajectory) -> GateReading:
+    """The gates of ``path``'s cell (a Keras GRU or LSTM: :func:`known_gates` is None) on
+    every pair (x_t, h_(t−1)) a step ran on."""
+    x, previous, rows = folded_pairs(path)
+    return count_gates(engine, path.layer.cell, x, previous[0], path.masks, rows[:, 0])

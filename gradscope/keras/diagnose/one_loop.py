@@ -1,7 +1,8 @@
 """A Keras GRU, LSTM or SimpleRNN call read in one loop, as a fit's diagnoses read it: the
 step linearised by hand (:func:`~gradscope.keras.stepped.linearised`) steps the state and
-carries the Lyapunov columns at once, and the gates are counted on the pairs it stepped
-through, in one function compiled by XLA.
+carries the Lyapunov columns at once, in one function compiled by XLA; the gates are then
+counted on the pairs it stepped through (in a graph: in the loop's function they doubled
+XLA's compilation).
 
 The general path (:func:`~gradscope.keras.diagnose.during_training.read_calls`) steps the call
 through the layer's own cell, then scans the Lyapunov columns along that trajectory, then
@@ -38,7 +39,7 @@ def read_in_one_loop(engine: Any, call: Any, exponents: int) -> tuple[
     gradscope's algebra does not model, or a trajectory that is not Keras' own)."""
     from gradscope._tf import native_stderr_silenced, without_grappler
     from gradscope.gradcheck import tolerance
-    from gradscope.keras.diagnose.gates import gate_reading, known_gates
+    from gradscope.keras.diagnose.gates import count_gates, known_gates
     from gradscope.keras.diagnose.trajectory import drawn_start
     from gradscope.keras.engine import call_label
     from gradscope.keras.stepped import engine_cached, linearised
@@ -56,40 +57,42 @@ def read_in_one_loop(engine: Any, call: Any, exponents: int) -> tuple[
     size = sum(widths)
     count = min(exponents, size)
     start = np.eye(size, count) if count >= size else drawn_start(size, count)
-    gates = known_gates(layer) is None
     loop = engine_cached(engine, ("one loop", id(layer), dtype, count),
-                         lambda: _loop(engine, layer, by_hand, widths, count, gates))
+                         lambda: _loop(engine, layer, by_hand, widths, count))
     tf = engine.tf
     x = np.asarray(call.args[0])
     if getattr(layer, "go_backwards", False):
         x = x[:, ::-1]
     try:
         with native_stderr_silenced(), without_grappler():
-            logs, outputs, counts = loop(tf.convert_to_tensor(x),
-                                         [tf.convert_to_tensor(s) for s in call.states],
-                                         tf.convert_to_tensor(start))
+            logs, sequence = loop(tf.convert_to_tensor(x),
+                                  [tf.convert_to_tensor(s) for s in call.states],
+                                  tf.convert_to_tensor(start))
     except Exception:  # noqa: BLE001  (anything XLA or the algebra refuses: the general path)
         return None
-    outputs = np.asarray(outputs)
+    sequence = np.asarray(sequence)
+    outputs = sequence if getattr(layer, "return_sequences", False) else sequence[:, -1]
     truth = np.asarray(call.outputs[0])
-    if not getattr(layer, "return_sequences", False):
-        outputs = outputs[:, -1]
     rtol, atol = tolerance("cross_check", dtype)
     if outputs.shape != truth.shape or not np.allclose(outputs, truth, rtol=rtol, atol=atol):
         return None
-    reading = (gate_reading(layer.cell, counts, x.shape[0] * x.shape[1]) if gates
-               else None)
+    reading = None
+    if known_gates(layer) is None:  # on every pair (x_t, h_(t−1)) the loop stepped through
+        before = np.concatenate([np.asarray(call.states[0], sequence.dtype)[:, None],
+                                 sequence[:, :-1]], axis=1)
+        reading = count_gates(engine, layer.cell, x.reshape(-1, x.shape[-1]),
+                              before.reshape(-1, before.shape[-1]))
     return (call_label(call.layer, call.index), np.asarray(logs, np.float64),
             np.ones(x.shape[:2], bool), reading)
 
 
-def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int,
-          gates: bool) -> Any:
+def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int) -> Any:
     """``loop(x, initial, start)`` → (the logs (B, T, count), the first state's sequence
-    (B, T, w), :func:`~gradscope.keras.diagnose.gates.gate_counts`' sums, or () without
-    gates), under XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`)."""
+    (B, T, w)), under XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`). The gates
+    are counted apart, in a graph (:func:`~gradscope.keras.diagnose.gates.count_gates`): in
+    the loop's function they made XLA's compilation about twice as long (0.57 s instead of
+    0.29 s for the first GRU of bench/callback_overhead.py's model), for 0.1 ms a diagnosis."""
     from gradscope._tf import xla_or_graph
-    from gradscope.keras.diagnose.gates import gate_counts
     from gradscope.keras.diagnose.trajectory import carried_step
 
     tf = engine.tf
@@ -100,25 +103,19 @@ def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int,
         weights = by_hand.weights()  # once, not per step
         x = tf.cast(x, dtype)
 
-        def body(t: Any, states: list[Any], q: Any, logs: Any, sequence: Any,
-                 before: Any) -> tuple[Any, ...]:
+        def body(t: Any, states: list[Any], q: Any, logs: Any, sequence: Any
+                 ) -> tuple[Any, ...]:
             after, q, stretch = carried_step(tf, by_hand, weights, states, x[:, t], q, widths)
-            return (t + 1, after, q, logs.write(t, stretch), sequence.write(t, after[0]),
-                    before.write(t, states[0]))
+            return t + 1, after, q, logs.write(t, stretch), sequence.write(t, after[0])
 
         first = [tf.cast(s, dtype) for s in initial]
-        _, _, _, logs, sequence, before = tf.while_loop(
+        _, _, _, logs, sequence = tf.while_loop(
             lambda t, *_: t < steps, body,
             (tf.constant(0), first, tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1]),
              tf.TensorArray(tf.float64, size=steps, element_shape=[None, count]),
-             tf.TensorArray(dtype, size=steps, element_shape=[None, widths[0]]),
              tf.TensorArray(dtype, size=steps, element_shape=[None, widths[0]])))
-        outputs = tf.transpose(sequence.stack(), [1, 0, 2])
-        counts = ()
-        if gates:  # every pair (x_t, h_(t−1)) at once, time folded into the batch
-            h = tf.reshape(tf.transpose(before.stack(), [1, 0, 2]), [batch * steps, -1])
-            counts = gate_counts(tf, layer.cell, tf.reshape(x, [batch * steps, -1]), h, None)
-        return tf.transpose(logs.stack(), [1, 0, 2]), outputs, counts
+        return (tf.transpose(logs.stack(), [1, 0, 2]),
+                tf.transpose(sequence.stack(), [1, 0, 2]))
 
     return xla_or_graph(tf, loop, autograph=False, reduce_retracing=True)
 
