@@ -11,6 +11,7 @@ where each of those happens.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import sys
@@ -35,6 +36,7 @@ tf = import_tensorflow(start=False)  # the runtime is the user's to configure
 import keras  # noqa: E402  (after TensorFlow's quiet import)
 
 from gradscope.diagnosis_record import DiagnosisRecord  # noqa: E402
+from gradscope.keras.diagnosis_twin import DiagnosisTwin  # noqa: E402
 from gradscope.keras.engine import KerasPass  # noqa: E402
 from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.mixed_precision_fit import MixedPrecisionRecord  # noqa: E402
@@ -42,10 +44,13 @@ from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.per_example_fit import PerExampleRecord  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 from gradscope.keras.whole_model import (  # noqa: E402
+    all_variables,
     carried_state_variables,
     moved_state_of,
+    stateful_layers,
     states_at,
 )
+from gradscope.keras.whole_model import snapshot as values_now  # noqa: E402
 
 
 def _replay_options() -> Any:
@@ -68,22 +73,60 @@ def _global(strategy: Any, batch: Any) -> Any:
     return tf.nest.map_structure(whole, batch)
 
 
-#: A fit that hands at least this many of its batches back to Keras' step (observed,
-#: diagnosed, or every one with ``stop_on_nan``) hands them over as a list (:func:`_replay`):
-#: on the GRU 64 → GRU 32 of bench/callback_overhead.py, the list's first step took about
-#: 0.18 s more (Keras' one-step function, traced inside its loop over the iterator, is then
-#: run on its own and made ready once; it is not traced again), and each step after it no
-#: more than fit's own, where a graph replay took 4.6 ms a step.
-LISTED_REPLAYS = 40
+class _Fed:
+    """One ``tf.data`` iterator of fit's element spec, fed through a queue: each replay
+    enqueues its batches (one per step of the execution) and hands Keras' train function this
+    iterator, which its loop over fit's iterator takes as it takes fit's own (the same spec:
+    the function traced for fit runs as it is, bit for bit). On the GRU 64 → GRU 32 of
+    bench/callback_overhead.py: made once in 0.06 s, then about 0.2 ms a replay, where a new
+    ``tf.data`` iterator took 5–15 ms a step, and the batches handed over as a list (Keras'
+    one-step function run on its own) took 0.18 s at the first (made ready on its own) and
+    rounded a GRU's step with recurrent dropout otherwise than fit (found tried as a new user
+    would).
+
+    Keras' loop takes exactly ``steps_per_execution`` elements from the iterator: fewer
+    batches (an epoch's last execution) go another way, and the queue must be empty before
+    each replay."""
+
+    def __init__(self, spec: Any, steps: int) -> None:
+        flat = tf.nest.flatten(spec, expand_composites=True)
+        self.steps = steps
+        self.iterator: Any = None
+        if not all(isinstance(s, tf.TensorSpec) for s in flat):
+            return
+        self.queue = tf.queue.FIFOQueue(steps, [s.dtype for s in flat])
+
+        def take(_: Any) -> Any:
+            values = self.queue.dequeue()
+            return tf.nest.pack_sequence_as(spec, [tf.ensure_shape(v, s.shape) for v, s in
+                                                   zip(values, flat, strict=True)])
+
+        # No element is taken before Keras asks for it: no prefetching, no autotune.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        options.experimental_optimization.inject_prefetch = False
+        dataset = tf.data.Dataset.from_tensors(0).repeat().map(take).with_options(options)
+        if dataset.element_spec == spec:
+            self.iterator = iter(dataset)
+
+    def __call__(self, batches: list[Any]) -> Any:
+        """The iterator, holding ``batches``; None where it cannot."""
+        if self.iterator is None or len(batches) != self.steps:
+            return None
+        if int(self.queue.size()) != 0:
+            raise RuntimeError("GradientFlow: Keras' step left a batch handed back to it "
+                               "untaken; nothing more is handed back so")
+        for batch in batches:
+            self.queue.enqueue(tf.nest.flatten(batch, expand_composites=True))
+        return self.iterator
 
 
 def _replay(iterator: Any, batches: list[Any], strategy: Any = None,
-            listed: bool = False) -> Any:
+            fed: _Fed | None = None) -> Any:
     """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
-    takes fit's own. ``listed`` (a fit that replays often, :data:`LISTED_REPLAYS`): the list
-    itself, which Keras' train function runs through the one-step function its loop over the
-    iterator calls, traced for fit's element spec. Else a ``tf.data`` iterator of the same
-    element spec, so the function traced for fit's iterator runs again as it is.
+    takes fit's own: ``fed`` (made at fit's first step) where it can; else a new ``tf.data``
+    iterator of the same element spec, so the function traced for fit's iterator runs again
+    as it is.
 
     A pure graph pipeline serves where its spec is fit's: the batches as they are, one element
     each (where fit's batch axis is static: 5 ms), or their rows batched again (where it is
@@ -103,8 +146,11 @@ def _replay(iterator: Any, batches: list[Any], strategy: Any = None,
         return iter(strategy.experimental_distribute_dataset(
             dataset.with_options(_REPLAY_OPTIONS)))
     spec = getattr(iterator, "element_spec", None)
-    if listed or not isinstance(iterator, tf.data.Iterator) or spec is None:
+    if not isinstance(iterator, tf.data.Iterator) or spec is None:
         return batches
+    held = fed(batches) if fed is not None else None
+    if held is not None:
+        return held
     for dataset in _graph_replays(batches):
         if dataset.element_spec == spec:
             return iter(dataset.with_options(_REPLAY_OPTIONS))
@@ -220,11 +266,15 @@ class GradientFlow(keras.callbacks.Callback):
         self.diagnose_examples = diagnose_examples
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
-        self._listed = False  # this fit hands its batches back to Keras' step as a list
+        self._fed: _Fed | None = None  # the iterator this fit's batches go back through
         self._diagnosis_functions: dict[Any, Any] = {}
         self._compiled: bool | None = None  # the diagnoses scan under XLA (at the first)
         self._compiled_rows: int | None = None  # the batch size they compile for
         self._twin: Any = None  # the copy of the model diagnosed in fit (False: none)
+        #: Diagnoses the worker could not read on the copy (none was made): the main thread
+        #: reads them on the model itself (``_read_on_the_model``'s arguments).
+        self._on_the_model: list[tuple[Any, ...]] = []
+        self._witnessing: Future[Any] | None = None  # the job witnessing the copy
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.loss_name = loss
         self._engine: Any = None
@@ -285,12 +335,8 @@ class GradientFlow(keras.callbacks.Callback):
         self._fit_first = self._batches
         self._fit_spec = None  # read from this fit's first batches
         self._compiled = self._compiled_rows = None  # decided at this fit's first diagnosis
-        # Not where a layer has recurrent dropout: there the one-step function, run on its own,
-        # rounded a GRU's step otherwise (1.5e-8 apart at the second step, found tried as a
-        # new user would); the graph replay trains bit for bit as fit does.
-        self._listed = (self._replays() >= LISTED_REPLAYS
-                        and not _recurrent_dropout(model))
         steps = int(getattr(model, "steps_per_execution", 1) or 1)
+        self._fed = None  # made at this fit's first replay
         for name, every, what in (("every", self.every, "observation"),
                                   ("diagnose_every", self.diagnose_every, "diagnosis")):
             if every is not None and every < steps:
@@ -329,6 +375,8 @@ class GradientFlow(keras.callbacks.Callback):
                 # ended with optimizer.iterations one short, and Adam's next steps moved).
                 return original(iterator)
             self._last_batch = _global(strategy, batches[-1])
+            if self._fed is None and isinstance(iterator, tf.data.Iterator):
+                self._fed = _Fed(iterator.element_spec, steps)
             if self.stop_on_nan:
                 self._held = [*self._held[-1:], (self._last_batch, snapshot(model))]
             # A stateful layer's carried state as this batch starts: an observation or a
@@ -339,11 +387,11 @@ class GradientFlow(keras.callbacks.Callback):
             if self._pending or self._diagnosis_pending:
                 carried = carried_state_variables(model)
                 if carried and len(batches) > 1:
-                    original(_replay(iterator, batches[:-1], strategy, self._listed))
+                    original(_replay(iterator, batches[:-1], strategy, self._fed))
                     batches = batches[-1:]
                 self._start_states = moved_state_of(carried) if carried else None
             # Keras' step, on these tensors.
-            return original(_replay(iterator, batches, strategy, self._listed))
+            return original(_replay(iterator, batches, strategy, self._fed))
 
         model.train_function = train_function
 
@@ -484,22 +532,31 @@ class GradientFlow(keras.callbacks.Callback):
     def _drain(self) -> None:
         """Wait for the recordings handed to the worker; an error raised there is raised
         here."""
-        pending, self._pending_work = self._pending_work, []
-        for future in pending:
-            future.result()
+        while self._pending_work or self._on_the_model:
+            pending, self._pending_work = self._pending_work, []
+            for future in pending:
+                future.result()
+            waiting, self._on_the_model = self._on_the_model, []
+            for job in waiting:
+                self._read_on_the_model(*job)
 
     def _settle_warm_up(self) -> None:
-        """Wait for the trace made beside training, if any. If it failed, the pass is traced
-        again where it is needed, on this thread, and raises its error there."""
+        """Wait for the trace made beside training, if any, and for the copy being made (its
+        witness calls the model): the model is this thread's then. If the trace failed, the
+        pass is traced again where it is needed, on this thread, and raises its error
+        there."""
         warm, self._warm = self._warm, None
-        if warm is None:
-            return
-        self._warm_up_released.set()  # a warm-up still at its gate traces now
-        try:
-            warm.result()
-        except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
-            if self._pass is not None:
-                self._pass.forget()
+        if warm is not None:
+            self._warm_up_released.set()  # a warm-up still at its gate traces now
+            try:
+                warm.result()
+            except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
+                if self._pass is not None:
+                    self._pass.forget()
+        for job in (self._twin, self._witnessing):  # the copy's witness calls the model
+            if isinstance(job, Future):
+                job.result()
+        self._witnessing = None
 
     def _compiles_diagnoses(self) -> bool:
         """Whether this fit's diagnoses scan under XLA: where fit knows its length and takes
@@ -513,20 +570,6 @@ class GradientFlow(keras.callbacks.Callback):
             return False
         left = self._fit_first + int(steps) * int(epochs) - self._batches
         return left // self.diagnose_every + 1 >= COMPILED_DIAGNOSES
-
-    def _replays(self) -> float:
-        """How many batches this fit hands back to Keras' step: observed or diagnosed ones,
-        or every one (``stop_on_nan``); infinite where fit does not know its length and
-        replays every batch, 0 where it does not know it otherwise."""
-        params = self.params or {}
-        steps, epochs = params.get("steps"), params.get("epochs")
-        if not steps or not epochs:
-            return float("inf") if self.stop_on_nan else 0
-        batches = int(steps) * int(epochs)
-        if self.stop_on_nan:
-            return batches
-        return batches // self.every + (batches // self.diagnose_every
-                                        if self.diagnose_every is not None else 0)
 
     def _observes_later(self) -> bool:
         """Whether this fit reaches another observed batch (when fit knows its length)."""
@@ -664,14 +707,11 @@ class GradientFlow(keras.callbacks.Callback):
         and in a custom loop, on the model itself, now (training waits). Recorded and written
         on the worker, after the observations before it."""
         from gradscope.keras import nan_stop
-        from gradscope.keras.diagnose.during_training import read_calls
 
         engine = self._engine_for()
         inputs, targets = self._names(engine, x, y)
         weighed = nan_stop.as_arrays(sample_weight)
         inputs, targets, weighed = self._diagnosed_examples(inputs, targets, weighed)
-        twin = (self._twin_for(inputs) if self._original_train_function is not None
-                else None)
         rows = _rows(inputs)
         if self._compiled is None:
             self._compiled = self._compiles_diagnoses()
@@ -686,7 +726,10 @@ class GradientFlow(keras.callbacks.Callback):
             if self.log_dir is not None:
                 self._write_diagnosis(step, readings, skipped)
 
-        if twin is not None and twin.ready:
+        if self._original_train_function is not None and self._twin is None:
+            self._make_twin_beside()  # this fit's first diagnosis
+        twin = self._twin
+        if isinstance(twin, DiagnosisTwin) and twin.ready and twin.witnessed:
             # Its functions traced (and compiled) by the first diagnosis: training waits for
             # this one (beside training, a diagnosis cost fit about twice its own time: see
             # diagnosis_twin), and nothing else runs on the copy meanwhile.
@@ -696,18 +739,82 @@ class GradientFlow(keras.callbacks.Callback):
                               self.diagnose_horizon, compiled)
             self._submit(record, *found)
             return
-        if twin is not None:
-            weights = self.model.get_weights()  # copies, as the step left them
-            self._submit(lambda: record(*twin.read(weights, inputs, targets, weighed,
-                                                   self.diagnose_exponents,
-                                                   self.diagnose_horizon, compiled)))
+        if twin is not None and twin is not False:  # being made, witnessed, or first read
+            variables = all_variables(self.model)
+            values = values_now(variables)
+            if not (isinstance(twin, DiagnosisTwin) and twin.witnessed):
+                # The witness calls the model: waited for where this thread may trace it.
+                self._witnessing = self._submit(self._witness_beside, inputs, variables,
+                                                values, pending=False)
+            self._submit(self._read_beside, engine, variables, values, inputs, targets,
+                         weighed, compiled, record)
             return
         # The model's own layers are traced here: nothing may trace them on the worker
-        # meanwhile (the warm-up, a first observation's witness).
+        # meanwhile (the warm-up, a first observation's witness, the copy's).
         self._drain()
         self._settle_warm_up()
-        found = read_calls(engine, inputs, targets, weighed, self.diagnose_exponents,
-                           self.diagnose_horizon, self._diagnosis_functions, compiled)
+        self._read_on_the_model(engine, None, inputs, targets, weighed, compiled, record)
+
+    def _make_twin_beside(self) -> None:
+        """Make the copy of the model (:func:`~gradscope.keras.diagnosis_twin.copy_of`) on the
+        worker, while training goes on; ``_twin`` is the job meanwhile, then the copy, or
+        False where there is none (a stateful layer's model at once: its diagnoses read the
+        state the step started from, on the model itself)."""
+        from gradscope.keras.diagnosis_twin import copy_of
+
+        if stateful_layers(self.model):
+            self._twin = False
+            return
+        model, loss = self.model, self.loss_name
+
+        def make() -> None:
+            twin: DiagnosisTwin | bool = False
+            try:
+                twin = copy_of(model, loss) or False
+            finally:
+                self._twin = twin
+
+        self._twin = self._submit(make, pending=False)
+
+    def _read_beside(self, engine: Any, variables: list[Any], values: list[Any],
+                     inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                     weighed: Any, compiled: bool, record: Any) -> None:
+        """On the worker: a diagnosis read on the copy holding ``values`` (the model's
+        variables as the step left them); where there is no copy (or its witness failed),
+        kept for the main thread, which reads it on the model itself holding those weights
+        (between two steps)."""
+        from gradscope.keras.diagnosis_twin import weights_of
+
+        twin = self._twin
+        if isinstance(twin, DiagnosisTwin) and twin.witnessed:
+            twin.hold(variables, values)
+            record(*twin.read(None, inputs, targets, weighed, self.diagnose_exponents,
+                              self.diagnose_horizon, compiled))
+            return
+        self._on_the_model.append((engine, weights_of(engine.user_model, variables, values),
+                                   inputs, targets, weighed, compiled, record))
+
+    def _witness_beside(self, inputs: dict[str, np.ndarray], variables: list[Any],
+                        values: list[Any]) -> None:
+        """On the worker: the copy witnessed on a diagnosis's batch (once); False where there
+        is none, or its witness fails."""
+        twin = self._twin
+        if isinstance(twin, DiagnosisTwin) and not twin.witnessed and not twin.witness(
+                inputs, variables, values):
+            self._twin = False
+
+    def _read_on_the_model(self, engine: Any, weights: list[np.ndarray] | None,
+                           inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                           weighed: Any, compiled: bool, record: Any) -> None:
+        """A diagnosis read on the model itself, now, holding ``weights`` (None: its own).
+        Recorded now in a custom loop, else on the worker."""
+        from gradscope.keras import nan_stop
+        from gradscope.keras.diagnose.during_training import read_calls
+
+        with (nan_stop.weights_held(engine.user_model, weights) if weights is not None
+              else contextlib.nullcontext()):
+            found = read_calls(engine, inputs, targets, weighed, self.diagnose_exponents,
+                               self.diagnose_horizon, self._diagnosis_functions, compiled)
         if self._original_train_function is None:
             record(*found)
         else:
@@ -727,17 +834,6 @@ class GradientFlow(keras.callbacks.Callback):
         return tuple(None if part is None else
                      keras.tree.map_structure(lambda v: take(v, rows, size), part)
                      for part in parts)
-
-    def _twin_for(self, inputs: dict[str, np.ndarray]) -> Any:
-        """The copy of the model the diagnoses of fit run on (made at the first, witnessed on
-        its batch; None where the model cannot be copied)."""
-        from gradscope.keras.diagnosis_twin import make_twin
-
-        if self._twin is None:
-            self._drain()  # the copy calls the model: nothing may trace it on the worker
-            self._settle_warm_up()
-            self._twin = make_twin(self.model, self.loss_name, inputs) or False
-        return self._twin or None
 
     def _write_diagnosis(self, step: int, readings: list[Any],
                          skipped: list[tuple[str, str]]) -> None:
@@ -881,12 +977,6 @@ def _unread_targets(model: Any, engine: Any, inputs: dict[str, Any]) -> dict[str
             batch = int(next(iter(inputs.values())).shape[0])
             made[name] = np.zeros((batch, *spec.shape[1:]), "float32")
     return made
-
-
-def _recurrent_dropout(model: Any) -> bool:
-    """Whether a layer of ``model`` has a recurrent dropout above 0."""
-    return any(float(getattr(getattr(layer, "cell", layer), "recurrent_dropout", 0) or 0) > 0
-               for layer in model._flatten_layers(include_self=False, recursive=True))
 
 
 def _rows(inputs: dict[str, Any]) -> int | None:

@@ -4,14 +4,16 @@ A diagnosis steps each recurrent layer's cell, which reads its weights as they a
 runs. On a copy (Keras' ``clone_model``: the same layers from their configs, so the same
 names but its input layers', and the same computation) given the weights the step left, it
 gives the same numbers: the tests hold them to ``gradscope.diagnose`` on the model itself.
-The copy keeps its own engine and its own traced functions, traced (and compiled) at the
-first diagnosis, which runs on the callback's worker while training goes on (about 0.7 s,
-2.4 s under XLA, on the GRU 64 → GRU 32 of bench/callback_overhead.py). Each later one runs
-while training waits: beside training, on 2 cores, every step of fit took about 5 ms longer
-while a diagnosis of 10 ms ran (at diagnose_every=4, 20 ms of fit's time a diagnosis), the
-step's small ops and the diagnosis's taking turns on the cores; waited for, it costs fit
-its own time (a diagnosed step about 6 ms more than another there, each GRU call read in one
-loop: :mod:`~gradscope.keras.diagnose.one_loop`).
+The copy is made on the callback's worker at the first diagnosis (:func:`copy_of`), and
+witnessed there on that diagnosis's batch (:meth:`DiagnosisTwin.witness`: the model's own
+call, from copies of its variables, under Keras' StatelessScope), while training goes on;
+no reading of a copy not witnessed is recorded. It keeps its own engine and its own traced
+functions, traced (and compiled) by the first diagnosis's read, beside training too. Each
+later one runs while training waits: beside training, on 2 cores, every step of fit took
+about 5 ms longer while a diagnosis of 10 ms ran (at diagnose_every=4, 20 ms of fit's time a
+diagnosis), the step's small ops and the diagnosis's taking turns on the cores; waited for,
+it costs fit its own time (each GRU call read in one loop:
+:mod:`~gradscope.keras.diagnose.one_loop`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,54 @@ from gradscope.diagnosis_record import CallReading
 class DiagnosisTwin:
     """The copy, its engine and its traced functions."""
 
-    def __init__(self, model: Any, engine: Any) -> None:
+    def __init__(self, model: Any, engine: Any, source: Any) -> None:
         self.model = model
         self.engine = engine
+        self.source = source  # the model copied
         self.cache: dict[Any, Any] = {}
         #: Whether a read has ended: its functions are traced (and compiled) then.
         self.ready = False
+        #: Whether its outputs have been held to the model's own (:meth:`witness`); no
+        #: reading of a copy not witnessed is recorded.
+        self.witnessed = False
         self._copy: Any = None  # take_weights' traced function
+
+    def hold(self, variables: list[Any], values: list[Any]) -> None:
+        """The copy's weights set to ``values`` (of ``variables``, the source's
+        :func:`~gradscope.keras.whole_model.all_variables` as
+        :func:`~gradscope.keras.whole_model.snapshot` copied them)."""
+        self.model.set_weights(weights_of(self.source, variables, values))
+
+    def witness(self, inputs: dict[str, np.ndarray], variables: list[Any],
+                values: list[Any]) -> bool:
+        """Hold ``values`` (see :meth:`hold`), and whether the copy's outputs on ``inputs`` (a
+        batch) are the source model's own from them (else: state the copy did not get,
+        another computation). The model's own call reads ``values`` under Keras'
+        StatelessScope, which neither reads nor moves its variables: GradientFlow witnesses
+        the copy on its worker while training goes on (on the GRU 64 → GRU 32 of
+        bench/callback_overhead.py, about 0.3 s: two eager calls)."""
+        import keras
+        from keras.src.backend.common.stateless_scope import StatelessScope
+
+        from gradscope.gradcheck import tolerance
+        from gradscope.keras.whole_model import model_outputs
+
+        model = self.source
+        self.hold(variables, values)
+        feed = [keras.ops.convert_to_tensor(v) for v in inputs.values()]
+        rtol, atol = tolerance("replay", str(model.dtype_policy.compute_dtype))
+        try:
+            # Even in inference mode a call moves what training reads next (a recurrent
+            # cell draws its dropout masks from its seed generator): in the scope, nothing.
+            with StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+                own = model_outputs(model, feed, False)
+            copied = model_outputs(self.model, feed, False)
+            self.witnessed = all(
+                np.allclose(np.asarray(theirs), np.asarray(ours), rtol=rtol, atol=atol)
+                for ours, theirs in zip(own, copied, strict=True))
+        except Exception:  # noqa: BLE001  (a copy that cannot be called so is no copy)
+            self.witnessed = False
+        return self.witnessed
 
     def take_weights(self, model: Any) -> None:
         """The model's weights as they are now, assigned to the copy's variables in one traced
@@ -57,9 +100,8 @@ class DiagnosisTwin:
              measure_horizon: bool, compiled: bool = False
              ) -> tuple[list[CallReading], list[tuple[str, str]]]:
         """Every recurrent call read on this batch, the copy holding ``weights`` (the
-        model's ``get_weights()`` when the step ended; None: those :meth:`take_weights`
-        gave it); ``compiled``: see
-        :func:`~gradscope.keras.diagnose.during_training.read_calls`."""
+        model's ``get_weights()`` when the step ended; None: those it holds); ``compiled``:
+        see :func:`~gradscope.keras.diagnose.during_training.read_calls`."""
         from gradscope.keras.diagnose.during_training import read_calls
 
         if weights is not None:
@@ -72,47 +114,55 @@ class DiagnosisTwin:
         return found
 
 
-def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
-              ) -> DiagnosisTwin | None:
-    """The copy of ``model``, compiled with its loss (or ``loss``), and its engine; None where
-    Keras cannot copy it so (a subclassed model without ``get_config``, a layer Keras cannot
-    rebuild), where the copy's weights differ in shape, where a layer is stateful (its
-    carried state is no weight: ``set_weights`` would not give it to the copy), or where the
-    copy's outputs on ``inputs`` (a batch) are not the model's own (state the copy did not
-    get, another computation): the diagnoses then run on the model itself, between two
-    steps."""
+def weights_of(model: Any, variables: list[Any], values: list[Any]) -> list[np.ndarray]:
+    """``model.get_weights()`` as ``values`` (of ``variables``, which hold its weights) give
+    them."""
+    held = {id(v): value for v, value in zip(variables, values, strict=True)}
+    return [np.asarray(held[id(w)]) for w in model.weights]
+
+
+def stateful(model: Any) -> bool:
+    """Whether a layer of ``model`` is stateful: its carried state is no weight, which
+    ``set_weights`` would not give a copy."""
+    return any(getattr(layer, "stateful", False)
+               for layer in model._flatten_layers(include_self=False, recursive=True))
+
+
+def copy_of(model: Any, loss: str | None) -> DiagnosisTwin | None:
+    """The copy of ``model``, compiled with its loss (or ``loss``), and its engine, not yet
+    witnessed (:meth:`DiagnosisTwin.witness`). None where Keras cannot copy it so (a
+    subclassed model without ``get_config``, a layer Keras cannot rebuild), where the copy's
+    weights differ in shape, or where a layer is :func:`stateful`: the diagnoses then run on
+    the model itself, between two steps."""
     import keras
 
-    from gradscope.gradcheck import tolerance
     from gradscope.keras.live_engine import make_engine
-    from gradscope.keras.whole_model import model_outputs, moved_state, restore
 
-    if any(getattr(layer, "stateful", False)
-           for layer in model._flatten_layers(include_self=False, recursive=True)):
+    if stateful(model):
         return None
     try:
         twin = keras.models.clone_model(model)
         shapes = [tuple(w.shape) for w in model.weights]
         if [tuple(w.shape) for w in twin.weights] != shapes or _names(twin) != _names(model):
             return None
-        twin.set_weights(model.get_weights())
-        feed = [keras.ops.convert_to_tensor(v) for v in inputs.values()]
-        rtol, atol = tolerance("replay", str(model.dtype_policy.compute_dtype))
-        # Even in inference mode a call moves what training reads next (a recurrent cell
-        # draws its dropout masks from its seed generator): put back after the model's call.
-        before = moved_state(model)
-        try:
-            own = model_outputs(model, feed, False)
-        finally:
-            restore(before)
-        for ours, theirs in zip(own, model_outputs(twin, feed, False), strict=True):
-            if not np.allclose(np.asarray(theirs), np.asarray(ours), rtol=rtol, atol=atol):
-                return None
         if loss is None:
             twin.compile(loss=model.loss)
-        return DiagnosisTwin(twin, make_engine(twin, loss))
+        return DiagnosisTwin(twin, make_engine(twin, loss), model)
     except Exception:  # noqa: BLE001  (many ways not to copy; the model itself still serves)
         return None
+
+
+def make_twin(model: Any, loss: str | None, inputs: dict[str, np.ndarray]
+              ) -> DiagnosisTwin | None:
+    """The copy of ``model`` (:func:`copy_of`), witnessed on ``inputs`` with the model's
+    variables as they are now; None where there is none or its witness fails."""
+    from gradscope.keras.whole_model import all_variables, snapshot
+
+    twin = copy_of(model, loss)
+    if twin is None:
+        return None
+    variables = all_variables(model)
+    return twin if twin.witness(inputs, variables, snapshot(variables)) else None
 
 
 def _names(model: Any) -> list[str]:
@@ -124,4 +174,4 @@ def _names(model: Any) -> list[str]:
     return [layer.name for layer in model.layers if class_label(layer) != "InputLayer"]
 
 
-__all__ = ["DiagnosisTwin", "make_twin"]
+__all__ = ["DiagnosisTwin", "copy_of", "make_twin", "stateful", "weights_of"]
