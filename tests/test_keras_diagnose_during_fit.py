@@ -401,6 +401,52 @@ def test_a_diagnosis_reads_evenly_spaced_examples_and_later_ones_while_training_
             assert series[layer.call].gates[index] == layer.gates
 
 
+def test_a_copy_whose_outputs_are_not_the_model_s_leaves_the_diagnoses_to_the_model(tf):
+    """A layer of the user's whose scale is set after it is made (not in its config): Keras'
+    copy computes otherwise, its witness on the worker fails, and each diagnosis is read on
+    the model itself, holding the weights its step left: diagnose's own, on the same rows."""
+    import keras
+
+    import gradscope
+    from gradscope.keras import GradientFlow
+
+    class Scaled(keras.layers.Layer):
+        scale = 1.0
+
+        def call(self, x):
+            return x * self.scale
+
+    keras.utils.set_random_seed(9)
+    scaled = Scaled(name="scaled")
+    scaled.scale = 3.0
+    model = keras.Sequential([keras.Input((5, 2)), scaled, keras.layers.GRU(3, name="gru"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((20, 5, 2)).astype("float32")
+    y = rng.standard_normal((20, 1)).astype("float32")
+    flow = GradientFlow(every=1000, diagnose_every=1, diagnose_examples=None)
+    weights = []
+
+    class KeepWeights(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            weights.append(self.model.get_weights())
+
+    model.fit(x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
+              callbacks=[flow, KeepWeights()])
+    assert flow._twin is False
+    series = {s.call: s for s in flow.history.diagnoses}
+    assert flow.history.diagnosis_steps == [1, 2]
+    for index, step in enumerate(flow.history.diagnosis_steps):
+        model.set_weights(weights[step - 1])
+        truth = gradscope.diagnose(model, x=x[(step - 1) * 10:step * 10],
+                                   y=y[(step - 1) * 10:step * 10], exponents=1,
+                                   counterfactuals=False)
+        (layer,) = truth.layers
+        np.testing.assert_allclose(series["gru"].lyapunov[index], layer.lyapunov, rtol=1e-9)
+        assert series["gru"].gates[index] == layer.gates
+
+
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
 def test_invalid_diagnose_examples_is_a_clear_error(value):
     from gradscope.keras import GradientFlow
