@@ -742,8 +742,10 @@ class GradientFlow(keras.callbacks.Callback):
         if twin is not None and twin is not False:  # being made, witnessed, or first read
             variables = all_variables(self.model)
             values = values_now(variables)
-            if not (isinstance(twin, DiagnosisTwin) and twin.witnessed):
-                # The witness calls the model: waited for where this thread may trace it.
+            if self._witnessing is None and not (isinstance(twin, DiagnosisTwin)
+                                                 and twin.witnessed):
+                # Once, on this batch. The witness calls the model: waited for where this
+                # thread may trace it (not behind the reads queued after it).
                 self._witnessing = self._submit(self._witness_beside, inputs, variables,
                                                 values, pending=False)
             self._submit(self._read_beside, engine, variables, values, inputs, targets,
@@ -841,7 +843,9 @@ class GradientFlow(keras.callbacks.Callback):
 
         if self._writer is None:
             self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
-        self._writer.write_diagnosis(step, readings, skipped, self._run(self._history()))
+        # The run's description only until it is written (the whole history is built for it).
+        run = None if self._writer.run_written else self._run(self._history())
+        self._writer.write_diagnosis(step, readings, skipped, run)
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,
                 step: int, epoch: int | None) -> None:

@@ -169,12 +169,13 @@ class FlowSummaryWriter:
         self.writer.flush()
 
     def write_diagnosis(self, step: int, readings: list[CallReading],
-                        skipped: list[tuple[str, str]], run: dict[str, Any]) -> None:
+                        skipped: list[tuple[str, str]], run: dict[str, Any] | None) -> None:
         """One diagnosis (``GradientFlow(diagnose_every=N)``) at ``step``: the scalars of
         :func:`~gradscope.training_log.diagnose_scalars` and the readings as JSON; the run's
-        description too until an observation has written it (a diagnosis may come first)."""
+        description too until an observation has written it (a diagnosis may come first;
+        ``run`` is None once it is written)."""
         summary = summary_pb2.Summary()
-        if not self.run_written:
+        if not self.run_written and run is not None:
             self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
         self._tensor(summary, DIAGNOSIS_TAG,
                      json.dumps(as_json(readings, skipped), ensure_ascii=False))
