@@ -32,8 +32,8 @@ EXPONENTS = 1
 #: A fit that will diagnose at least this many more times reads under XLA
 #: (``read_calls(compiled=True)``): a Keras GRU, LSTM or SimpleRNN call in one loop
 #: (:mod:`~gradscope.keras.diagnose.one_loop`), others stepped and scanned so, and the copy's
-#: pass too. On a GRU 64 → GRU 32 at 50 steps, 8 examples, a diagnosis took 4.1 ms of CPU
-#: instead of 21.7 as graphs, after a first one of 1.5 s instead of 0.6 s
+#: pass too. On a GRU 64 → GRU 32 at 50 steps, 8 examples, a diagnosis took 5.5 ms of CPU
+#: instead of 19 as graphs, after a first one of 0.9 s instead of 0.65 s
 #: (bench/diagnosis_parts.py).
 COMPILED_DIAGNOSES = 50
 
