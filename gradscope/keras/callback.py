@@ -124,7 +124,7 @@ class _Fed:
 def _replay(iterator: Any, batches: list[Any], strategy: Any = None,
             fed: _Fed | None = None) -> Any:
     """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
-    takes fit's own: ``fed`` (made at fit's first step) where it can; else a new ``tf.data``
+    takes fit's own: ``fed`` (made at fit's first replay) where it can; else a new ``tf.data``
     iterator of the same element spec, so the function traced for fit's iterator runs again
     as it is.
 
@@ -530,8 +530,8 @@ class GradientFlow(keras.callbacks.Callback):
         return future
 
     def _drain(self) -> None:
-        """Wait for the recordings handed to the worker; an error raised there is raised
-        here."""
+        """Wait for the recordings handed to the worker (an error raised there is raised
+        here), and read the diagnoses it left to this thread (``_read_on_the_model``)."""
         while self._pending_work or self._on_the_model:
             pending, self._pending_work = self._pending_work, []
             for future in pending:

@@ -31,7 +31,7 @@ class DiagnosisTwin:
     def __init__(self, model: Any, engine: Any, source: Any) -> None:
         self.model = model
         self.engine = engine
-        self.source = source  # the model copied
+        self.source = source  # the model copied, whose variables ``hold`` and ``witness`` take
         self.cache: dict[Any, Any] = {}
         #: Whether a read has ended: its functions are traced (and compiled) then.
         self.ready = False
@@ -121,24 +121,19 @@ def weights_of(model: Any, variables: list[Any], values: list[Any]) -> list[np.n
     return [np.asarray(held[id(w)]) for w in model.weights]
 
 
-def stateful(model: Any) -> bool:
-    """Whether a layer of ``model`` is stateful: its carried state is no weight, which
-    ``set_weights`` would not give a copy."""
-    return any(getattr(layer, "stateful", False)
-               for layer in model._flatten_layers(include_self=False, recursive=True))
-
-
 def copy_of(model: Any, loss: str | None) -> DiagnosisTwin | None:
     """The copy of ``model``, compiled with its loss (or ``loss``), and its engine, not yet
     witnessed (:meth:`DiagnosisTwin.witness`). None where Keras cannot copy it so (a
     subclassed model without ``get_config``, a layer Keras cannot rebuild), where the copy's
-    weights differ in shape, or where a layer is :func:`stateful`: the diagnoses then run on
-    the model itself, between two steps."""
+    weights differ in shape, or where a layer is stateful (its carried state is no weight,
+    which ``set_weights`` would not give the copy): the diagnoses then run on the model
+    itself, between two steps."""
     import keras
 
     from gradscope.keras.live_engine import make_engine
+    from gradscope.keras.whole_model import stateful_layers
 
-    if stateful(model):
+    if stateful_layers(model):
         return None
     try:
         twin = keras.models.clone_model(model)
@@ -174,4 +169,4 @@ def _names(model: Any) -> list[str]:
     return [layer.name for layer in model.layers if class_label(layer) != "InputLayer"]
 
 
-__all__ = ["DiagnosisTwin", "copy_of", "make_twin", "stateful", "weights_of"]
+__all__ = ["DiagnosisTwin", "copy_of", "make_twin", "weights_of"]
