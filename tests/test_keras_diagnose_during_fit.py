@@ -98,7 +98,7 @@ def test_each_diagnosis_equals_diagnose_on_the_same_weights_and_batch(fitted):
                 continue
             assert entry.gates[index] == expected.gates
             saturated = max(saturated, *(g.above_0_9 for g in expected.gates.values()))
-    assert series["simple"].gates_note == "gates not known for this cell (SimpleRNNCell)"
+    assert series["simple"].gates_note == "a SimpleRNN cell has no gates"
     assert saturated > 0.2  # the shares compared are not all zero
 
 
@@ -145,7 +145,7 @@ def test_watch_shows_the_diagnoses(fitted):
 
     assert (f"update {share(shares.below_0_1)} / {share(shares.above_0_9)}" in text.stdout
             and "gates (share < 0.1 / > 0.9)" in text.stdout)
-    assert "gates: not known for this cell (SimpleRNNCell)" in text.stdout
+    assert "gates: a SimpleRNN cell has no gates" in text.stdout
     assert f"horizon predicted from λ₁: {gru.horizon_predicted[-1]:.3g} steps" in text.stdout
     # Narrow, a wrapped line hangs under its first words, never at the first column.
     narrow = run_gradscope("watch", str(fitted["log_dir"]), env={"COLUMNS": "60"}).stdout

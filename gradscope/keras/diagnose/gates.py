@@ -55,6 +55,8 @@ def known_gates(layer: Any) -> str | None:
     """None when gradscope reads this layer's gates; else why not."""
     cell = layer.cell
     kind = class_label(cell)
+    if kind == "SimpleRNNCell":  # found tried as a new user would: "not known" of Keras' own
+        return "a SimpleRNN cell has no gates"
     if kind not in GATES:
         return f"gates not known for this cell ({kind})"
     return None
