@@ -23,26 +23,37 @@ from types import ModuleType
 from typing import Any
 
 _lock = threading.Lock()
-_depth = 0
+_depth = 0  # how many silenced regions are open, on any thread
+_saved: tuple[int | None, Any, Any] | None = None  # what the first one replaced
 
 
 @contextlib.contextmanager
 def native_stderr_silenced() -> Iterator[None]:
     """Send native (C/C++) writes to fd 2 to /dev/null; keep Python's ``sys.stderr`` working.
 
-    Re-entrant: nested uses share the outer redirection.
+    Re-entrant, across threads too: fd 2 stays silenced while any region is open, and the
+    last one to close restores it (found tried as a new user would: XLA's start-up lines of
+    a compilation on GradientFlow's worker reached the terminal when the training thread's
+    own region, opened first, closed first).
     """
-    global _depth
+    global _depth, _saved
     with _lock:
         _depth += 1
-        outer = _depth == 1
-    if not outer:
-        try:
-            yield
-        finally:
-            with _lock:
-                _depth -= 1
-        return
+        if _depth == 1:
+            _saved = _silence()
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                saved, _saved = _saved, None
+                _restore(saved)
+
+
+def _silence() -> tuple[int | None, Any, Any]:
+    """Point fd 2 at /dev/null and ``sys.stderr`` at a duplicate of the real one; what
+    :func:`_restore` gives back."""
     saved_stream = sys.stderr
     with contextlib.suppress(AttributeError, ValueError):
         sys.stderr.flush()
@@ -63,20 +74,22 @@ def native_stderr_silenced() -> Iterator[None]:
                 write_through=True,
             )
             sys.stderr = replacement
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-        if replacement is not None:
-            with contextlib.suppress(Exception):
-                replacement.flush()
-            sys.stderr = saved_stream
-            with contextlib.suppress(Exception):
-                replacement.close()
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
+    return saved_fd, saved_stream, replacement
+
+
+def _restore(saved: tuple[int | None, Any, Any] | None) -> None:
+    if saved is None:
+        return
+    saved_fd, saved_stream, replacement = saved
+    if replacement is not None:
+        with contextlib.suppress(Exception):
+            replacement.flush()
+        sys.stderr = saved_stream
+        with contextlib.suppress(Exception):
+            replacement.close()
+    if saved_fd is not None:
+        os.dup2(saved_fd, 2)
+        os.close(saved_fd)
 
 
 def _stream_is_fd2(stream: Any) -> bool:

@@ -267,3 +267,34 @@ def test_check_json_is_byte_identical_on_repeat(tmp_path):
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr
     assert first.stdout == second.stdout
     assert first.stderr == "" and second.stderr == ""
+
+
+def test_silenced_regions_on_two_threads_keep_native_stderr_silenced_until_the_last_closes(
+        capfd):
+    """GradientFlow's worker compiles under XLA in a silenced region that the training
+    thread's own, opened first, may outlast: found tried as a new user would, XLA's start-up
+    lines reached the terminal when the first region closed. A native write to fd 2 while any
+    region is open goes nowhere; after the last one closes, it is seen again."""
+    import os
+    import threading
+
+    from gradscope._tf import native_stderr_silenced
+
+    opened, first_closed = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with native_stderr_silenced():
+            opened.set()
+            first_closed.wait(10)
+            os.write(2, b"a native line of the worker\n")
+
+    with native_stderr_silenced():
+        thread = threading.Thread(target=worker)
+        thread.start()
+        opened.wait(10)
+    first_closed.set()
+    thread.join(10)
+    os.write(2, b"a native line after both\n")
+    err = capfd.readouterr().err
+    assert "a native line of the worker" not in err
+    assert "a native line after both" in err
