@@ -541,8 +541,8 @@ class GradientFlow(keras.callbacks.Callback):
                 self._read_on_the_model(*job)
 
     def _settle_warm_up(self) -> None:
-        """Wait for the trace made beside training, if any, and for the copy being made (its
-        witness calls the model): the model is this thread's then. If the trace failed, the
+        """Wait for the trace made beside training, if any, and for the copy's witness (it
+        calls the model): the model is this thread's then. If the trace failed, the
         pass is traced again where it is needed, on this thread, and raises its error
         there."""
         warm, self._warm = self._warm, None
@@ -553,9 +553,8 @@ class GradientFlow(keras.callbacks.Callback):
             except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
                 if self._pass is not None:
                     self._pass.forget()
-        for job in (self._twin, self._witnessing):  # the copy's witness calls the model
-            if isinstance(job, Future):
-                job.result()
+        if self._witnessing is not None:  # the copy's witness calls the model
+            self._witnessing.result()
         self._witnessing = None
 
     def _compiles_diagnoses(self) -> bool:
@@ -727,7 +726,7 @@ class GradientFlow(keras.callbacks.Callback):
                 self._write_diagnosis(step, readings, skipped)
 
         if self._original_train_function is not None and self._twin is None:
-            self._make_twin_beside()  # this fit's first diagnosis
+            self._make_twin()  # this fit's first diagnosis
         twin = self._twin
         if isinstance(twin, DiagnosisTwin) and twin.ready and twin.witnessed:
             # Its functions traced (and compiled) by the first diagnosis: training waits for
@@ -739,7 +738,7 @@ class GradientFlow(keras.callbacks.Callback):
                               self.diagnose_horizon, compiled)
             self._submit(record, *found)
             return
-        if twin is not None and twin is not False:  # being made, witnessed, or first read
+        if twin is not None and twin is not False:  # witnessed, or its first read
             variables = all_variables(self.model)
             values = values_now(variables)
             if self._witnessing is None and not (isinstance(twin, DiagnosisTwin)
@@ -757,26 +756,27 @@ class GradientFlow(keras.callbacks.Callback):
         self._settle_warm_up()
         self._read_on_the_model(engine, None, inputs, targets, weighed, compiled, record)
 
-    def _make_twin_beside(self) -> None:
-        """Make the copy of the model (:func:`~gradscope.keras.diagnosis_twin.copy_of`) on the
-        worker, while training goes on; ``_twin`` is the job meanwhile, then the copy, or
-        False where there is none (a stateful layer's model at once: its diagnoses read the
-        state the step started from, on the model itself)."""
+    def _make_twin(self) -> None:
+        """Make the copy of the model (:func:`~gradscope.keras.diagnosis_twin.copy_of`), or
+        False where there is none (a stateful layer's model: its diagnoses read the state
+        the step started from, on the model itself). Here, between two steps (about 0.04 s),
+        not on the worker: Keras' layers draw their seeds from Python's global generator as
+        they are made, whose state is put back, which only this thread may do while training
+        goes on (found tried as a new user would: a PyDataset, shuffled by Python's
+        generator at each epoch, trained in another order with diagnoses)."""
+        import random
+
         from gradscope.keras.diagnosis_twin import copy_of
 
         if stateful_layers(self.model):
             self._twin = False
             return
-        model, loss = self.model, self.loss_name
-
-        def make() -> None:
-            twin: DiagnosisTwin | bool = False
-            try:
-                twin = copy_of(model, loss) or False
-            finally:
-                self._twin = twin
-
-        self._twin = self._submit(make, pending=False)
+        python, numpy = random.getstate(), np.random.get_state()
+        try:
+            self._twin = copy_of(self.model, self.loss_name) or False
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
 
     def _read_beside(self, engine: Any, variables: list[Any], values: list[Any],
                      inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
