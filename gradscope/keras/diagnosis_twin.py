@@ -4,9 +4,10 @@ A diagnosis steps each recurrent layer's cell, which reads its weights as they a
 runs. On a copy (Keras' ``clone_model``: the same layers from their configs, so the same
 names but its input layers', and the same computation) given the weights the step left, it
 gives the same numbers: the tests hold them to ``gradscope.diagnose`` on the model itself.
-The copy is made on the callback's worker at the first diagnosis (:func:`copy_of`), and
-witnessed there on that diagnosis's batch (:meth:`DiagnosisTwin.witness`: the model's own
-call, from copies of its variables, under Keras' StatelessScope), while training goes on;
+The copy is made at the first diagnosis (:func:`copy_of`, on the training thread), and
+witnessed on the callback's worker on that diagnosis's batch (:meth:`DiagnosisTwin.witness`:
+the model's own call, from copies of its variables, under Keras' StatelessScope), while
+training goes on;
 no reading of a copy not witnessed is recorded. It keeps its own engine and its own traced
 functions, traced (and compiled) by the first diagnosis's read, beside training too. Each
 later one runs while training waits: beside training, on 2 cores, every step of fit took
