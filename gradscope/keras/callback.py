@@ -12,12 +12,10 @@ where each of those happens.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from gradscope.keras.flow_record import FlowRecord  # noqa: E402
 from gradscope.keras.mixed_precision_fit import MixedPrecisionRecord  # noqa: E402
 from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.per_example_fit import PerExampleRecord  # noqa: E402
+from gradscope.keras.replay import FedIterator, global_batch, replay  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
 from gradscope.keras.whole_model import (  # noqa: E402
     all_variables,
@@ -51,130 +50,6 @@ from gradscope.keras.whole_model import (  # noqa: E402
     states_at,
 )
 from gradscope.keras.whole_model import snapshot as values_now  # noqa: E402
-
-
-def _replay_options() -> Any:
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return options
-
-
-_REPLAY_OPTIONS = _replay_options()
-
-
-def _global(strategy: Any, batch: Any) -> Any:
-    """A batch of a distributed fit (each value split across the replicas) as the global batch
-    fit minimises its loss over: each value's replicas' parts, in order. Others as they are."""
-    def whole(value: Any) -> Any:
-        if isinstance(value, tf.distribute.DistributedValues):
-            return tf.concat(strategy.experimental_local_results(value), axis=0)
-        return value
-
-    return tf.nest.map_structure(whole, batch)
-
-
-class _Fed:
-    """One ``tf.data`` iterator of fit's element spec, fed through a queue: each replay
-    enqueues its batches (one per step of the execution) and hands Keras' train function this
-    iterator, which its loop over fit's iterator takes as it takes fit's own (the same spec:
-    the function traced for fit runs as it is, bit for bit). On the GRU 64 → GRU 32 of
-    bench/callback_overhead.py: made once in 0.06 s, then about 0.2 ms a replay, where a new
-    ``tf.data`` iterator took 5–15 ms a step, and the batches handed over as a list (Keras'
-    one-step function run on its own) took 0.18 s at the first (made ready on its own) and
-    rounded a GRU's step with recurrent dropout otherwise than fit (found tried as a new user
-    would).
-
-    Keras' loop takes exactly ``steps_per_execution`` elements from the iterator: fewer
-    batches (an epoch's last execution) go another way, and the queue must be empty before
-    each replay."""
-
-    def __init__(self, spec: Any, steps: int) -> None:
-        flat = tf.nest.flatten(spec, expand_composites=True)
-        self.steps = steps
-        self.iterator: Any = None
-        if not all(isinstance(s, tf.TensorSpec) for s in flat):
-            return
-        self.queue = tf.queue.FIFOQueue(steps, [s.dtype for s in flat])
-
-        def take(_: Any) -> Any:
-            values = self.queue.dequeue()
-            return tf.nest.pack_sequence_as(spec, [tf.ensure_shape(v, s.shape) for v, s in
-                                                   zip(values, flat, strict=True)])
-
-        # No element is taken before Keras asks for it: no prefetching, no autotune.
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        options.experimental_optimization.inject_prefetch = False
-        dataset = tf.data.Dataset.from_tensors(0).repeat().map(take).with_options(options)
-        if dataset.element_spec == spec:
-            self.iterator = iter(dataset)
-
-    def __call__(self, batches: list[Any]) -> Any:
-        """The iterator, holding ``batches``; None where it cannot."""
-        if self.iterator is None or len(batches) != self.steps:
-            return None
-        if int(self.queue.size()) != 0:
-            raise RuntimeError("GradientFlow: Keras' step left a batch handed back to it "
-                               "untaken; nothing more is handed back so")
-        for batch in batches:
-            self.queue.enqueue(tf.nest.flatten(batch, expand_composites=True))
-        return self.iterator
-
-
-def _replay(iterator: Any, batches: list[Any], strategy: Any = None,
-            fed: _Fed | None = None) -> Any:
-    """An iterator over exactly ``batches`` that Keras' compiled train function takes as it
-    takes fit's own: ``fed`` (made at fit's first replay) where it can; else a new ``tf.data``
-    iterator of the same element spec, so the function traced for fit's iterator runs again
-    as it is.
-
-    A pure graph pipeline serves where its spec is fit's: the batches as they are, one element
-    each (where fit's batch axis is static: 5 ms), or their rows batched again (where it is
-    free: 15 ms). Where the spec still differs (ragged or sparse parts, batches of unequal
-    size), a generator with fit's exact spec serves instead (a Python call per element: ~0.05 s
-    more). Anything else (an eager ``run_eagerly`` loop, another iterator type) gets the
-    list.
-
-    A distributed fit's iterator (MirroredStrategy) is replayed by distributing the global
-    batches again, which splits them across the replicas as fit's own dataset did: the same
-    spec, so Keras' traced step runs as it is."""
-    if isinstance(iterator, tf.distribute.DistributedIterator) and strategy is not None:
-        # One element per global batch; concatenated, not stacked: batches of unequal size
-        # (an epoch's last) replay too.
-        dataset = functools.reduce(lambda a, b: a.concatenate(b), [
-            tf.data.Dataset.from_tensors(_global(strategy, batch)) for batch in batches])
-        return iter(strategy.experimental_distribute_dataset(
-            dataset.with_options(_REPLAY_OPTIONS)))
-    spec = getattr(iterator, "element_spec", None)
-    if not isinstance(iterator, tf.data.Iterator) or spec is None:
-        return batches
-    held = fed(batches) if fed is not None else None
-    if held is not None:
-        return held
-    for dataset in _graph_replays(batches):
-        if dataset.element_spec == spec:
-            return iter(dataset.with_options(_REPLAY_OPTIONS))
-    dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
-    return iter(dataset.with_options(_REPLAY_OPTIONS))
-
-
-def _graph_replays(batches: list[Any]) -> Iterator[Any]:
-    """Graph-only datasets of exactly ``batches``, cheapest first: the batches themselves (a
-    static batch axis), then their rows batched again with a static and a free batch axis."""
-    sizes = {int(t.shape[0]) for t in tf.nest.flatten(batches)
-             if isinstance(t, tf.Tensor) and t.shape.rank}
-    if len(sizes) != 1:
-        return
-    try:
-        whole = tf.data.Dataset.from_tensor_slices(
-            tf.nest.map_structure(lambda *parts: tf.stack(parts), *batches))
-    except (TypeError, ValueError, tf.errors.OpError):
-        return  # parts that do not stack: the generator
-    yield whole
-    size = sizes.pop()
-    rows = whole.unbatch()
-    yield rows.batch(size, drop_remainder=True)
-    yield rows.batch(size)
 
 
 class GradientFlow(keras.callbacks.Callback):
@@ -266,7 +141,7 @@ class GradientFlow(keras.callbacks.Callback):
         self.diagnose_examples = diagnose_examples
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
-        self._fed: _Fed | None = None  # the iterator this fit's batches go back through
+        self._fed: FedIterator | None = None  # the iterator this fit's batches go back through
         self._diagnosis_functions: dict[Any, Any] = {}
         self._compiled: bool | None = None  # the diagnoses scan under XLA (at the first)
         self._compiled_rows: int | None = None  # the batch size they compile for
@@ -374,9 +249,9 @@ class GradientFlow(keras.callbacks.Callback):
                 # fit does (found tried as a new user would: raised here, a generator's fit
                 # ended with optimizer.iterations one short, and Adam's next steps moved).
                 return original(iterator)
-            self._last_batch = _global(strategy, batches[-1])
+            self._last_batch = global_batch(strategy, batches[-1])
             if self._fed is None and isinstance(iterator, tf.data.Iterator):
-                self._fed = _Fed(iterator.element_spec, steps)
+                self._fed = FedIterator(iterator.element_spec, steps)
             if self.stop_on_nan:
                 self._held = [*self._held[-1:], (self._last_batch, snapshot(model))]
             # A stateful layer's carried state as this batch starts: an observation or a
@@ -387,11 +262,11 @@ class GradientFlow(keras.callbacks.Callback):
             if self._pending or self._diagnosis_pending:
                 carried = carried_state_variables(model)
                 if carried and len(batches) > 1:
-                    original(_replay(iterator, batches[:-1], strategy, self._fed))
+                    original(replay(iterator, batches[:-1], strategy, self._fed))
                     batches = batches[-1:]
                 self._start_states = moved_state_of(carried) if carried else None
             # Keras' step, on these tensors.
-            return original(_replay(iterator, batches, strategy, self._fed))
+            return original(replay(iterator, batches, strategy, self._fed))
 
         model.train_function = train_function
 
@@ -701,10 +576,12 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
         """Diagnose every recurrent call on this batch with the weights fit has just updated.
-        In fit, on a copy of the model given those weights, on the worker, while training
-        goes on (:mod:`~gradscope.keras.diagnosis_twin`); where the model cannot be copied,
-        and in a custom loop, on the model itself, now (training waits). Recorded and written
-        on the worker, after the observations before it."""
+        In fit, on a copy of the model given those weights
+        (:mod:`~gradscope.keras.diagnosis_twin`): on the worker while training goes on until
+        the copy is witnessed and its functions traced, then here while training waits;
+        where the model cannot be copied, and in a custom loop, on the model itself, here
+        (training waits). Recorded and written on the worker, after the observations before
+        it."""
         from gradscope.keras import nan_stop
 
         engine = self._engine_for()
