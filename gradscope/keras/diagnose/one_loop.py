@@ -91,7 +91,7 @@ def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int) 
     (B, T, w)), under XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`). The gates
     are counted apart, in a graph (:func:`~gradscope.keras.diagnose.gates.count_gates`): in
     the loop's function they made XLA's compilation about twice as long (0.57 s instead of
-    0.29 s for the first GRU of bench/callback_overhead.py's model), for 0.1 ms a diagnosis."""
+    0.29 s for the first GRU of bench/callback_overhead.py's model), for about 0.8 ms a call."""
     from gradscope._tf import xla_or_graph
     from gradscope.keras.diagnose.trajectory import carried_step
 
