@@ -2,11 +2,11 @@
 of ``callback_overhead.py`` (input 32 → GRU 64 (sequences) → GRU 32 → Dense 3, 50 steps,
 8 examples, as ``GradientFlow`` reads them by default): the CPU time (user + system, this
 process) of Keras' own call of the copy (the captured pass), the steppings, the Lyapunov scans
-and the gates, per diagnosis, medians over rounds of diagnoses on the copy with the model's
-weights, after a first diagnosis that traces (and compiles) them. As graphs, and under XLA
-(as a fit that will diagnose at least ``COMPILED_DIAGNOSES`` times reads them: each GRU call
-in one loop, whose time is the whole's less the captured pass), with the first diagnosis of
-each.
+and the gates, per diagnosis, medians over rounds of diagnoses on the copy given the model's
+weights as fit gives them (``take_weights``), after a first diagnosis that traces (and
+compiles) them. As graphs, and under XLA (as a fit that will diagnose at least
+``COMPILED_DIAGNOSES`` times reads them: the whole diagnosis in one function,
+one_function.py), with the CPU time of the first diagnosis of each.
 
 Alone, with the machine's cores to itself: in ``fit`` each diagnosis after the first runs
 while training waits (see ``callback_overhead.py --diagnose-every N`` for the whole cost).
@@ -33,6 +33,7 @@ PARTS = {
     "steppings": ("gradscope.keras.stepped", "step_call"),
     "Lyapunov scans": ("gradscope.keras.diagnose.trajectory", "lyapunov_logs"),
     "gates": ("gradscope.keras.diagnose.gates", "read_gates"),
+    "one function": ("gradscope.keras.diagnose.one_function", "read_in_one_function"),
 }
 
 
@@ -82,18 +83,19 @@ def main() -> None:
     twin = make_twin(model, None, {"x": x})
     if twin is None:
         raise SystemExit("the model could not be copied")
-    weights = model.get_weights()
     rows = {}
     for compiled in (False, True):
-        start = time.perf_counter()
-        twin.read(weights, {"x": x}, {"y": y}, None, 1, False, compiled)
-        first = time.perf_counter() - start
+        start = time.process_time()
+        twin.take_weights(model)  # as fit gives the copy its weights
+        twin.read(None, {"x": x}, {"y": y}, None, 1, False, compiled)
+        first = time.process_time() - start
         totals: dict[str, list[float]] = collections.defaultdict(list)
         for _ in range(args.rounds):
             spent.clear()
             began = time.process_time()
             for _ in range(args.diagnoses):
-                twin.read(weights, {"x": x}, {"y": y}, None, 1, False, compiled)
+                twin.take_weights(model)
+                twin.read(None, {"x": x}, {"y": y}, None, 1, False, compiled)
             totals["whole"].append((time.process_time() - began) / args.diagnoses)
             for name in PARTS:
                 totals[name].append(spent[name] / args.diagnoses)

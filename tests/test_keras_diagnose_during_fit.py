@@ -215,10 +215,11 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
         assert not skipped and readings[0].call == truth.call
         np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, **close)
         assert readings[0].gates == truth.gates
-    # The graph's stepping and scan, then XLA's one loop (one_loop.py).
+    # The graph's stepping and scan, then XLA's one function (one_function.py).
     traced = sorted((key[0], key[-1]) for key in twin.engine._traces
                     if key[0] in ("lyapunov", "stepped", "one loop"))
-    assert traced == [("lyapunov", False), ("one loop", 1), ("stepped", False)]
+    assert traced == [("lyapunov", False), ("stepped", False)]
+    assert _in_one_function(twin.cache) == [truth.call]
 
 
 def test_a_model_with_no_recurrent_layer_says_so(tf):
@@ -346,10 +347,11 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
     flow = GradientFlow(every=1000, diagnose_every=1)
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert flow.history.diagnosis_steps == list(range(1, 52))
-    # XLA's one loop (one_loop.py), and the last batch's scan as a graph.
+    # XLA's one function (one_function.py), and the last batch's scan as a graph.
     traced = sorted(key[0] for key in flow._twin.engine._traces
                     if key[0] in ("lyapunov", "one loop"))
-    assert traced == ["lyapunov", "one loop"]
+    assert traced == ["lyapunov"]
+    assert _in_one_function(flow._twin.cache) == ["gru"]
     truth = gradscope.diagnose(model, x=x[-3:], y=y[-3:], exponents=1,
                                counterfactuals=False).layers[0]
     (series,) = flow.history.diagnoses
@@ -463,16 +465,19 @@ def _three_cells(keras):
         keras.layers.GRU(3, return_sequences=True, reset_after=False, name="gru"),
         keras.layers.SimpleRNN(2, name="simple"), keras.layers.Dense(1)])
     model.compile(loss="mse")
+    for layer in model.layers[:2]:  # gates spread to both ends: each pair (x_t, h_(t−1)) counts
+        layer.cell.recurrent_kernel.assign(3 * layer.cell.recurrent_kernel.numpy())
     rng = np.random.default_rng(8)
-    return (model, rng.standard_normal((5, 7, 3)).astype("float32"),
+    return (model, 2 * rng.standard_normal((5, 7, 3)).astype("float32"),
             rng.standard_normal((5, 1)).astype("float32"))
 
 
 def test_a_fit_s_compiled_diagnosis_steps_and_scans_each_layer_in_one_loop(tf):
     """Under XLA (a fit of many diagnoses), a Keras LSTM (go_backwards), GRU (reset_before)
     and SimpleRNN are each read in one loop (one_loop.py): the step linearised by hand steps
-    the state and carries the columns at once. Their exponents are diagnose's to float32
-    rounding, their gates diagnose's exactly."""
+    the state and carries the columns at once; the whole diagnosis is one function
+    (one_function.py). Their exponents are diagnose's to float32 rounding, their gates
+    diagnose's exactly."""
     import keras
 
     import gradscope
@@ -483,14 +488,43 @@ def test_a_fit_s_compiled_diagnosis_steps_and_scans_each_layer_in_one_loop(tf):
     readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 3, False,
                                   True)
     assert not skipped
-    assert sorted(key[0] for key in twin.engine._traces if key[0] == "one loop") == [
-        "one loop"] * 3
+    assert len(_in_one_function(twin.cache, exponents=3)) == 3
     assert not [key for key in twin.engine._traces if key[0] in ("stepped", "lyapunov")]
     truth = gradscope.diagnose(model, x=x, y=y, exponents=3, counterfactuals=False)
     for ours, theirs in zip(readings, truth.layers, strict=True):
         assert ours.call == theirs.call
         np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, **ROUNDING)
         assert ours.gates == theirs.gates and ours.gates_note == theirs.gates_note
+
+
+def test_a_model_not_read_in_one_function_is_read_call_by_call_each_gru_in_one_loop(tf):
+    """A Bidirectional's two directions are read the general way: the model is not read in
+    one function (one_function.py), and its GRU call is read in one loop of its own
+    (one_loop.py); every reading is still diagnose's."""
+    import keras
+
+    import gradscope
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    keras.utils.set_random_seed(9)
+    model = keras.Sequential([
+        keras.Input((6, 3)),
+        keras.layers.Bidirectional(keras.layers.GRU(3, return_sequences=True), name="both"),
+        keras.layers.GRU(4, name="gru"), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(9).standard_normal((5, 6, 3)).astype("float32")
+    y = np.zeros((5, 1), "float32")
+    twin = make_twin(model, None, {"x": x})
+    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
+                                  True)
+    assert not skipped
+    assert twin.cache[("one function", True, 1)] is False
+    assert [key[0] for key in twin.engine._traces if key[0] == "one loop"] == ["one loop"]
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False)
+    assert [r.call for r in readings] == [layer.call for layer in truth.layers]
+    for ours, theirs in zip(readings, truth.layers, strict=True):
+        assert ours.gates == theirs.gates
+        np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, **ROUNDING)
 
 
 def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general_path(
@@ -528,6 +562,7 @@ def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general
     readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
                                   True)
     assert not skipped
+    assert twin.cache[("one function", True, 1)] is False  # read the other way from now on
     assert [key[0] for key in twin.engine._traces if key[0] == "stepped"] == ["stepped"]
     monkeypatch.setattr(stepped, "linearised", made)
     truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False)
@@ -568,3 +603,10 @@ def test_a_shuffled_py_dataset_trains_in_the_same_order_with_diagnoses(tf):
     assert flow.history.diagnosis_steps == [2, 4, 6, 8]
     for plain, ours in zip(*ends, strict=True):
         np.testing.assert_array_equal(plain, ours)
+
+
+def _in_one_function(cache, exponents=1):
+    """The labels of the calls a fit's diagnosis read in one function (one_function.py)."""
+    kept = cache[("one function", True, exponents)]
+    assert kept is not False
+    return [label for label, _ in kept[1]["calls"]]

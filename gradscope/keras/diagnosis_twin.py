@@ -13,8 +13,8 @@ functions, traced (and compiled) by the first diagnosis's read, beside training 
 later one runs while training waits: beside training, on 2 cores, every step of fit took
 about 5 ms longer while a diagnosis of 10 ms ran (at diagnose_every=4, 20 ms of fit's time a
 diagnosis), the step's small ops and the diagnosis's taking turns on the cores; waited for,
-it costs fit its own time (each GRU call read in one loop:
-:mod:`~gradscope.keras.diagnose.one_loop`).
+it costs fit its own time (the whole diagnosis one function:
+:mod:`~gradscope.keras.diagnose.one_function`).
 """
 
 from __future__ import annotations

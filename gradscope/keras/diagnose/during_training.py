@@ -10,7 +10,8 @@ own): :func:`~gradscope.keras.diagnose.trajectory.lyapunov_logs`,
 recorded during training equals what ``gradscope.diagnose(model, x=batch, y=…,
 exponents=k)`` reports for the same weights, on the same examples (in a fit that diagnoses
 often, the exponents to the compute dtype's rounding: it reads under XLA, a Keras GRU, LSTM
-or SimpleRNN in one loop, :mod:`~gradscope.keras.diagnose.one_loop`). What
+or SimpleRNN in one loop, :mod:`~gradscope.keras.diagnose.one_loop`, the whole diagnosis in
+one function where it can, :mod:`~gradscope.keras.diagnose.one_function`). What
 ``diagnose`` reads besides (the norm of every step Jacobian, where ∂L/∂s_t grows, the
 counterfactuals) costs more than a pass of training and is left to it.
 """
@@ -30,10 +31,12 @@ from gradscope.keras.engine import call_label, class_label
 #: for λ₁, 83 ms for three, on the two GRU calls of bench/callback_overhead.py's model).
 EXPONENTS = 1
 #: A fit that will diagnose at least this many more times reads under XLA
-#: (``read_calls(compiled=True)``): a Keras GRU, LSTM or SimpleRNN call in one loop
+#: (``read_calls(compiled=True)``): where every recurrent call is a Keras GRU, LSTM or
+#: SimpleRNN call read in one loop, the whole diagnosis in one function
+#: (:mod:`~gradscope.keras.diagnose.one_function`); else each such call in one loop
 #: (:mod:`~gradscope.keras.diagnose.one_loop`), others stepped and scanned so, and the copy's
-#: pass too. On a GRU 64 → GRU 32 at 50 steps, 8 examples, a diagnosis took 5.5 ms of CPU
-#: instead of 19 as graphs, after a first one of 0.9 s instead of 0.65 s
+#: pass too. On a GRU 64 → GRU 32 at 50 steps, 8 examples, a diagnosis took 4.3 ms of CPU
+#: instead of 23 as graphs, after a first one of 1.3 s instead of 0.8 s
 #: (bench/diagnosis_parts.py).
 COMPILED_DIAGNOSES = 50
 
@@ -47,7 +50,9 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     captures each call's input, output, mask and initial state
     (:func:`~gradscope.keras.diagnose.captured.captured_pass`); then
     each call is stepped (without ∂L/∂s_t: nothing read here uses it) and read; with
-    ``compiled``, a Keras GRU, LSTM or SimpleRNN call in one loop where it can be
+    ``compiled``, the whole diagnosis in one function where it can be
+    (:func:`~gradscope.keras.diagnose.one_function.read_in_one_function`), else a Keras
+    GRU, LSTM or SimpleRNN call in one loop where it can be
     (:func:`~gradscope.keras.diagnose.one_loop.read_in_one_loop`).
     ``measure_horizon``: also the measured horizon (about as long again as the rest).
     ``cache``: kept by the caller across calls with one engine: Keras' own call of the model
@@ -64,6 +69,12 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, trajectory
     from gradscope.keras.stepped import step_call
 
+    if compiled and not measure_horizon and cache is not None:
+        from gradscope.keras.diagnose.one_function import read_in_one_function
+
+        whole = read_in_one_function(engine, inputs, targets, sample_weight, exponents, cache)
+        if whole is not None:
+            return whole, []
     calls, _ = captured_pass(engine, inputs, targets, sample_weight, cache,
                              compiled=compiled)
     readings: list[CallReading] = []

@@ -87,12 +87,21 @@ def read_in_one_loop(engine: Any, call: Any, exponents: int) -> tuple[
 
 
 def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int) -> Any:
-    """``loop(x, initial, start)`` → (the logs (B, T, count), the first state's sequence
-    (B, T, w)), under XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`). The gates
-    are counted apart, in a graph (:func:`~gradscope.keras.diagnose.gates.count_gates`): in
-    the loop's function they made XLA's compilation about twice as long (0.57 s instead of
-    0.29 s for the first GRU of bench/callback_overhead.py's model), for about 0.8 ms a call."""
+    """:func:`stepped_loop`, under XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`).
+    The gates are counted apart, in a graph
+    (:func:`~gradscope.keras.diagnose.gates.count_gates`): in the loop's function they made
+    XLA's compilation about twice as long (0.57 s instead of 0.29 s for the first GRU of
+    bench/callback_overhead.py's model), for about 0.8 ms a call."""
     from gradscope._tf import xla_or_graph
+
+    return xla_or_graph(engine.tf, stepped_loop(engine, layer, by_hand, widths, count),
+                        autograph=False, reduce_retracing=True)
+
+
+def stepped_loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int) -> Any:
+    """``loop(x, initial, start)`` → (the logs (B, T, count), the first state's sequence
+    (B, T, w)): the state stepped and the Lyapunov columns carried at once, in one
+    ``tf.while_loop`` (to be traced: the caller's function compiles it)."""
     from gradscope.keras.diagnose.trajectory import carried_step
 
     tf = engine.tf
@@ -117,7 +126,7 @@ def _loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count: int) 
         return (tf.transpose(logs.stack(), [1, 0, 2]),
                 tf.transpose(sequence.stack(), [1, 0, 2]))
 
-    return xla_or_graph(tf, loop, autograph=False, reduce_retracing=True)
+    return loop
 
 
-__all__ = ["KINDS", "read_in_one_loop"]
+__all__ = ["KINDS", "read_in_one_loop", "stepped_loop"]
