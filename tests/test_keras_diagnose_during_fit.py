@@ -358,12 +358,12 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
     np.testing.assert_allclose(series.lyapunov[-1], truth.lyapunov, rtol=1e-9)
 
 
-def test_a_diagnosis_reads_evenly_spaced_examples_and_later_ones_while_training_waits(tf):
+def test_a_diagnosis_reads_evenly_spaced_examples_with_the_weights_its_step_left(tf):
     """diagnose_examples=3 of batches of 10: each diagnosis is diagnose's own on rows 0, 4
     and 9 of its batch, with the weights its step left. After the first (held here until it
-    ends), training waits for each diagnosis, which reads the model's weights as they are
-    (copied into the copy's variables in one traced function): a stale copy would read the
-    weights of the step before."""
+    ends), each diagnosis reads the model's weights as its step left them (copied into the
+    copy's variables in one traced function, then read beside training): a stale copy would
+    read the weights of the step before."""
     import keras
 
     import gradscope

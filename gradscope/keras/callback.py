@@ -73,9 +73,9 @@ class GradientFlow(keras.callbacks.Callback):
             on the batch fit has just trained on, with the weights its step left, as
             ``gradscope diagnose`` does: the top Lyapunov exponents (nats per step), the gate
             saturation shares (Keras GRU and LSTM) and the horizon predicted from λ₁
-            (docs/diagnose.md, "During training"). In fit it runs on a copy of the model: the
-            first beside training (its functions traced), each later one while training
-            waits; in a custom loop, ``observe`` diagnoses at the steps it divides.
+            (docs/diagnose.md, "During training"). In fit it runs on a copy of the model,
+            given the weights the step left, beside training (the first traces its
+            functions); in a custom loop, ``observe`` diagnoses at the steps it divides.
         diagnose_exponents: how many Lyapunov exponents each diagnosis takes (default 1,
             λ₁; each one more costs about as much again).
         diagnose_horizon: with ``diagnose_every``, measure the memory horizon too (each
@@ -577,8 +577,9 @@ class GradientFlow(keras.callbacks.Callback):
     def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
         """Diagnose every recurrent call on this batch with the weights fit has just updated.
         In fit, on a copy of the model given those weights
-        (:mod:`~gradscope.keras.diagnosis_twin`): on the worker while training goes on until
-        the copy is witnessed and its functions traced, then here while training waits;
+        (:mod:`~gradscope.keras.diagnosis_twin`), on the worker while training goes on: from
+        copies of the variables until the copy is witnessed and its functions traced, then
+        from its own variables, given the model's here (training waits for that copy alone);
         where the model cannot be copied, and in a custom loop, on the model itself, here
         (training waits). Recorded and written on the worker, after the observations before
         it."""
@@ -606,14 +607,13 @@ class GradientFlow(keras.callbacks.Callback):
             self._make_twin()  # this fit's first diagnosis
         twin = self._twin
         if isinstance(twin, DiagnosisTwin) and twin.ready and twin.witnessed:
-            # Its functions traced (and compiled) by the first diagnosis: training waits for
-            # this one (beside training, a diagnosis cost fit about twice its own time: see
-            # diagnosis_twin), and nothing else runs on the copy meanwhile.
+            # Its functions traced (and compiled) by the first diagnosis. The reads before
+            # this one ended, the copy takes the weights this step left (one traced function,
+            # about 0.4 ms, training waiting), and is read on the worker while training goes
+            # on: nothing else runs on the copy until it has ended.
             self._drain()
             twin.take_weights(self.model)
-            found = twin.read(None, inputs, targets, weighed, self.diagnose_exponents,
-                              self.diagnose_horizon, compiled)
-            self._submit(record, *found)
+            self._submit(self._read_copy, twin, inputs, targets, weighed, compiled, record)
             return
         if twin is not None and twin is not False:  # witnessed, or its first read
             variables = all_variables(self.model)
@@ -654,6 +654,13 @@ class GradientFlow(keras.callbacks.Callback):
         finally:
             random.setstate(python)
             np.random.set_state(numpy)
+
+    def _read_copy(self, twin: DiagnosisTwin, inputs: dict[str, np.ndarray],
+                   targets: dict[str, np.ndarray], weighed: Any, compiled: bool,
+                   record: Any) -> None:
+        """On the worker: a diagnosis read on the copy as it holds its weights, recorded."""
+        record(*twin.read(None, inputs, targets, weighed, self.diagnose_exponents,
+                          self.diagnose_horizon, compiled))
 
     def _read_beside(self, engine: Any, variables: list[Any], values: list[Any],
                      inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],

@@ -10,11 +10,12 @@ the model's own call, from copies of its variables, under Keras' StatelessScope)
 training goes on;
 no reading of a copy not witnessed is recorded. It keeps its own engine and its own traced
 functions, traced (and compiled) by the first diagnosis's read, beside training too. Each
-later one runs while training waits: beside training, on 2 cores, every step of fit took
-about 5 ms longer while a diagnosis of 10 ms ran (at diagnose_every=4, 20 ms of fit's time a
-diagnosis), the step's small ops and the diagnosis's taking turns on the cores; waited for,
-it costs fit its own time (the whole diagnosis one function:
-:mod:`~gradscope.keras.diagnose.one_function`).
+later one is given the weights the step left in one traced function (:meth:`take_weights`,
+training waiting about 0.4 ms) and read beside training: the whole diagnosis is one function
+compiled by XLA (:mod:`~gradscope.keras.diagnose.one_function`), and the diagnosed step
+costs fit about 1 ms more than another, where waiting for it cost about 5 ms (at
+diagnose_every=4, on bench/callback_overhead.py's model). Read so as graphs of many small
+ops, an earlier diagnosis of 10 ms made every step beside it about 5 ms longer.
 """
 
 from __future__ import annotations
