@@ -39,7 +39,7 @@ def float32_models(draw):
     })
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+@settings(max_examples=9, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(spec=float32_models())
 def test_no_false_alarms_on_random_float32_models(spec, tf):
