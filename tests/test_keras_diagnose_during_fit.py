@@ -527,6 +527,38 @@ def test_a_model_not_read_in_one_function_is_read_call_by_call_each_gru_in_one_l
         np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, **ROUNDING)
 
 
+def test_a_batch_that_is_not_finite_says_so_and_leaves_the_one_function_to_the_next(tf):
+    """A batch whose own outputs are NaN (found tried as a new user would: weights a NaN had
+    reached read as "the stepped cell does not reproduce Keras' output (max |error| nan >
+    nan)") is not diagnosed, and says that Keras' own output is not finite; the next finite
+    batch is read in one function again (one_function.py), as diagnose reads it."""
+    import keras
+
+    import gradscope
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((5, 2)), keras.layers.GRU(3, name="gru"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 5, 2)).astype("float32")
+    y = np.zeros((4, 1), "float32")
+    twin = make_twin(model, None, {"x": x})
+    bad = x.copy()
+    bad[1, 2, 0] = np.nan
+    readings, skipped = twin.read(model.get_weights(), {"x": bad}, {"y": y}, None, 1, False,
+                                  True)
+    assert not readings
+    ((call, reason),) = skipped
+    assert call == "gru" and reason.startswith("Keras' own output 0 is not finite on this "
+                                               "batch (3 of 12 values NaN or Inf")
+    readings, skipped = twin.read(None, {"x": x}, {"y": y}, None, 1, False, True)
+    assert not skipped and _in_one_function(twin.cache) == ["gru"]
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False)
+    np.testing.assert_allclose(readings[0].lyapunov, truth.layers[0].lyapunov, **ROUNDING)
+
+
 def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general_path(
         tf, monkeypatch):
     """The one loop's trajectory is gradscope's algebra of the cell, held to Keras' own

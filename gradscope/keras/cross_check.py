@@ -203,6 +203,17 @@ def compared_outputs(ours: list[np.ndarray], outputs: list[Any], rtol: float, at
                     f"{theirs.shape}")
         if not mine.size:
             continue
+        if not np.all(np.isfinite(theirs)):
+            # Found tried as a new user would: weights a NaN had reached read as "the stepped
+            # cell does not reproduce Keras' output (max |error| nan > nan)", as if
+            # gradscope's cell were at fault.
+            bad = int(np.size(theirs) - np.count_nonzero(np.isfinite(theirs)))
+            return (f"Keras' own output {k} is not finite on this batch ({bad} of "
+                    f"{np.size(theirs)} values NaN or Inf: the weights or the inputs hold "
+                    "them), so there is nothing finite to read")
+        if not np.all(np.isfinite(mine)):
+            return (f"the outputs of {who} are not finite where Keras' output {k} is (a "
+                    "step's NaN or Inf that Keras' own call does not reach)")
         wide = np.result_type(mine.dtype, theirs.dtype, np.float32)
         error = float(np.max(np.abs(np.subtract(mine, theirs, dtype=wide))))
         allowed = atol + rtol * float(np.max(np.abs(theirs)))

@@ -64,6 +64,8 @@ def read_in_one_function(engine: Any, inputs: dict[str, np.ndarray],
     for (label, layer), (logs, outputs, truth, counts) in zip(traced["calls"], found,
                                                                    strict=True):
         outputs, truth = np.asarray(outputs), np.asarray(truth)
+        if not np.all(np.isfinite(truth)):
+            return None  # this batch read the other way, which says why; later ones so again
         rtol, atol = tolerance("cross_check", str(np.dtype(layer.cell.compute_dtype)))
         if outputs.shape != truth.shape or not np.allclose(outputs, truth, rtol=rtol,
                                                              atol=atol):
