@@ -74,7 +74,7 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
 
         whole = read_in_one_function(engine, inputs, targets, sample_weight, exponents, cache)
         if whole is not None:
-            return whole, []
+            return [_reading(*read, None) for read in whole], []
     calls, _ = captured_pass(engine, inputs, targets, sample_weight, cache,
                              compiled=compiled)
     readings: list[CallReading] = []

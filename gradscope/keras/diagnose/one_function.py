@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.diagnosis_record import CallReading
-
 
 class _NotInOne(Exception):
     """Raised while tracing: a call of the model is not read in one loop."""
@@ -31,13 +29,14 @@ class _NotInOne(Exception):
 
 def read_in_one_function(engine: Any, inputs: dict[str, np.ndarray],
                          targets: dict[str, np.ndarray], sample_weight: Any, exponents: int,
-                         cache: dict[Any, Any]) -> list[CallReading] | None:
-    """Every recurrent call's reading (as ``read_calls(compiled=True)`` gives it, none
-    skipped), or None where the model is read the other way (see the module's docstring).
-    ``cache``: as ``read_calls`` keeps it; the function is traced and compiled once."""
+                         cache: dict[Any, Any]) -> list[tuple[str, Any, np.ndarray, np.ndarray,
+                                                              Any]] | None:
+    """Every recurrent call's (label, layer, log|R_t[i, i]| (B, T, k), where each step ran
+    (B, T), gate reading or None), as ``read_calls(compiled=True)`` reads them, or None where
+    the model is read the other way (see the module's docstring). ``cache``: as
+    ``read_calls`` keeps it; the function is traced and compiled once."""
     from gradscope._tf import native_stderr_silenced, without_grappler
     from gradscope.gradcheck import tolerance
-    from gradscope.keras.diagnose.during_training import _reading
     from gradscope.keras.diagnose.gates import gate_reading
     from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
 
@@ -74,8 +73,7 @@ def read_in_one_function(engine: Any, inputs: dict[str, np.ndarray],
         logs = np.asarray(logs, np.float64)
         pairs = logs.shape[0] * logs.shape[1]
         gates = None if counts is None else gate_reading(layer.cell, counts, pairs)
-        readings.append(_reading(label, layer, logs, np.ones(logs.shape[:2], bool), gates,
-                                 None))
+        readings.append((label, layer, logs, np.ones(logs.shape[:2], bool), gates))
     return readings
 
 
