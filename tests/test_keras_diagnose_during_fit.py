@@ -527,6 +527,30 @@ def test_a_model_not_read_in_one_function_is_read_call_by_call_each_gru_in_one_l
         np.testing.assert_allclose(ours.lyapunov, theirs.lyapunov, **ROUNDING)
 
 
+def test_diagnoses_at_the_last_batch_of_each_execution_are_not_said_to_be_every_batch(tf):
+    """Found tried as a new user would: diagnose_every=1 at 2 steps per execution diagnosed
+    steps 2, 4 and 6 (fit shows the callback each execution's last batch; warned), and the
+    report said "every batch". It says what was asked and where they were taken."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(12)
+    model = keras.Sequential([keras.Input((4, 2)), keras.layers.GRU(3), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((24, 4, 2)).astype("float32")
+    flow = GradientFlow(every=100, diagnose_every=1)
+    with pytest.warns(UserWarning, match="diagnose_every=1"):
+        model.fit(x, x[:, 0, :1], batch_size=4, epochs=1, verbose=0, callbacks=[flow])
+    assert flow.history.diagnosis_steps == [2, 4, 6]
+    text = " ".join(render_text(flow.history, 80).split())
+    assert ("Dynamics across training (3 diagnoses, asked every batch)" in text
+            and "taken at steps 2, 4, 6 (with steps_per_execution above 1, fit shows the "
+            "callback the last batch of each execution)" in text)
+    assert "every batch)" not in text.replace("asked every batch)", "")
+
+
 def test_a_batch_that_is_not_finite_says_so_and_leaves_the_one_function_to_the_next(tf):
     """A batch whose own outputs are NaN (found tried as a new user would: weights a NaN had
     reached read as "the stepped cell does not reproduce Keras' output (max |error| nan >

@@ -156,6 +156,20 @@ def _subscript(number: int) -> str:
     return str(number).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
 
 
+def _taken_at(steps: list[int], every: int) -> str | None:
+    """Where the diagnoses were taken, when not at every multiple of ``every`` from the first
+    to the last (in fit with steps_per_execution above 1, the callback sees the last batch of
+    each execution only); None when they were."""
+    if not steps:
+        return None
+    asked = steps[-1] // every - (steps[0] - 1) // every
+    if len(set(steps)) >= asked:
+        return None
+    shown = ", ".join(str(s) for s in steps[:3]) + (", …" if len(steps) > 3 else "")
+    return (f"taken at steps {shown} (with steps_per_execution above 1, fit shows the "
+            "callback the last batch of each execution)")
+
+
 def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     """Each recurrent call as its last diagnosis read it (``diagnose_every``)."""
     if not report.diagnose_every:
@@ -164,6 +178,9 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     count = f"{len(steps)} diagnos{'es' if len(steps) != 1 else 'is'}"
     every = ("every batch" if report.diagnose_every == 1
              else f"one every {report.diagnose_every} batches")
+    taken = _taken_at(steps, report.diagnose_every)
+    if taken:  # found tried as a new user would: "every batch" of diagnoses at 2, 4, 6
+        every = f"asked {every}"
     # The exponents diagnose gives for these weights and this batch with as many columns:
     # with fewer than the state's numbers, they start from random columns, and its default
     # (8, or all where the state has 32 numbers or fewer) may read otherwise.
@@ -176,6 +193,8 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     parts: list[RenderableType] = [
         section(f"Dynamics across training ({count}, {every})"),
         Text(f"as gradscope diagnose{asked} reads them{examples}", style="dim")]
+    if taken:
+        parts.append(Text(taken, style="dim"))
     if not steps:  # found tried as a new user would: a bare title said nothing of why
         trained = (f" ({report.batches} trained so far)" if report.batches is not None
                    else "")
