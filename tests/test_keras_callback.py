@@ -282,6 +282,7 @@ def test_watch_reads_the_run_back_without_tensorflow(fitted):
     title = " ".join(line.strip() for line in lines[:summary])
     assert title.split() == ["gradient", "flow", "during", "training", str(fitted["log_dir"])]
     assert lines[summary].startswith("3 observations, steps 2–6 · one pass every 2 batches")
+    assert "each pass in inference mode" in " ".join(" ".join(lines).split())
     assert max(len(line) for line in lines) <= 80
     assert "\x1b[" not in text.stdout
     rows = [line for line in lines if line.startswith("gru_a ‖∂L/∂h0‖")]

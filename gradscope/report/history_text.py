@@ -49,8 +49,10 @@ def _steps(report: FlowHistoryReport) -> str:
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
     every = [f"one pass every {report.every} batches"] if report.every else []
-    details = pack([_steps(report), *every, f"loss {report.loss}", f"{report.mode} mode"],
-                   width)
+    # "each pass in": found tried as a new user would, a bare "inference mode" read as the
+    # training's mode.
+    details = pack([_steps(report), *every, f"loss {report.loss}",
+                    f"each pass in {report.mode} mode"], width)
     details.stylize("dim")
     return [title("gradient flow during training", report.source), details]
 
