@@ -481,12 +481,9 @@ def test_a_fit_s_compiled_diagnosis_steps_and_scans_each_layer_in_one_loop(tf):
     import keras
 
     import gradscope
-    from gradscope.keras.diagnosis_twin import make_twin
 
     model, x, y = _three_cells(keras)
-    twin = make_twin(model, None, {"x": x})
-    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 3, False,
-                                  True)
+    twin, readings, skipped = _read_compiled(model, x, y, 3)
     assert not skipped
     assert len(_in_one_function(twin.cache, exponents=3)) == 3
     assert not [key for key in twin.engine._traces if key[0] in ("stepped", "lyapunov")]
@@ -504,7 +501,6 @@ def test_a_model_not_read_in_one_function_is_read_call_by_call_each_gru_in_one_l
     import keras
 
     import gradscope
-    from gradscope.keras.diagnosis_twin import make_twin
 
     keras.utils.set_random_seed(9)
     model = keras.Sequential([
@@ -514,9 +510,7 @@ def test_a_model_not_read_in_one_function_is_read_call_by_call_each_gru_in_one_l
     model.compile(loss="mse")
     x = np.random.default_rng(9).standard_normal((5, 6, 3)).astype("float32")
     y = np.zeros((5, 1), "float32")
-    twin = make_twin(model, None, {"x": x})
-    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
-                                  True)
+    twin, readings, skipped = _read_compiled(model, x, y, 1)
     assert not skipped
     assert twin.cache[("one function", True, 1)] is False
     assert [key[0] for key in twin.engine._traces if key[0] == "one loop"] == ["one loop"]
@@ -592,7 +586,6 @@ def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general
 
     import gradscope
     from gradscope.keras import stepped
-    from gradscope.keras.diagnosis_twin import make_twin
 
     made = stepped.linearised
 
@@ -614,9 +607,7 @@ def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general
     model.compile(loss="mse")
     x = np.random.default_rng(8).standard_normal((5, 7, 3)).astype("float32")
     y = np.zeros((5, 1), "float32")
-    twin = make_twin(model, None, {"x": x})
-    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
-                                  True)
+    twin, readings, skipped = _read_compiled(model, x, y, 1)
     assert not skipped
     assert twin.cache[("one function", True, 1)] is False  # read the other way from now on
     assert [key[0] for key in twin.engine._traces if key[0] == "stepped"] == ["stepped"]
@@ -666,3 +657,14 @@ def _in_one_function(cache, exponents=1):
     kept = cache[("one function", True, exponents)]
     assert kept is not False
     return [label for label, _ in kept[1]["calls"]]
+
+
+def _read_compiled(model, x, y, exponents):
+    """The model's copy (witnessed on ``x``) and its reading of ``(x, y)`` under XLA, as a
+    fit of many diagnoses reads it."""
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    twin = make_twin(model, None, {"x": x})
+    readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, exponents,
+                                  False, True)
+    return twin, readings, skipped

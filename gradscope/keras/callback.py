@@ -674,8 +674,7 @@ class GradientFlow(keras.callbacks.Callback):
         twin = self._twin
         if isinstance(twin, DiagnosisTwin) and twin.witnessed:
             twin.hold(variables, values)
-            record(*twin.read(None, inputs, targets, weighed, self.diagnose_exponents,
-                              self.diagnose_horizon, compiled))
+            self._read_copy(twin, inputs, targets, weighed, compiled, record)
             return
         self._on_the_model.append((engine, weights_of(engine.user_model, variables, values),
                                    inputs, targets, weighed, compiled, record))
