@@ -560,6 +560,10 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                       callbacks=[idle])
     assert "thread" not in idle._pass.trace and idle.history.observations == []
+    # Said as what happened, not as if one were to come (found tried as a new user would).
+    text = " ".join(render_text(idle.history, 80).split())
+    assert "no observations in 3 batches trained (the first is taken at batch 5)" in text
+    assert "yet" not in text
 
 
 def test_the_warm_up_gate_opens_at_compiled_code_while_the_step_runs(tf):

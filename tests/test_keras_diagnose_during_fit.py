@@ -540,8 +540,9 @@ def test_diagnoses_at_the_last_batch_of_each_execution_are_not_said_to_be_every_
     assert flow.history.diagnosis_steps == [2, 4, 6]
     text = " ".join(render_text(flow.history, 80).split())
     assert ("Dynamics across training (3 diagnoses, asked every batch)" in text
-            and "taken at steps 2, 4, 6 (with steps_per_execution above 1, fit shows the "
-            "callback the last batch of each execution)" in text)
+            and "taken at steps 2, 4, 6, of those the callback was shown (with "
+            "steps_per_execution above 1, fit shows it the last batch of each execution)"
+            in text)
     assert "every batch)" not in text.replace("asked every batch)", "")
 
 

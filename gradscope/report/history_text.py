@@ -38,10 +38,11 @@ def _steps(report: FlowHistoryReport) -> str:
     steps = [o.step for o in report.observations]
     if not steps:
         if report.batches is not None and report.every:
-            # An every beyond what fit ran: say where the first observation would be.
-            return (f"no observations yet: {report.batches} batches trained, the first at "
-                    f"batch {report.every}")
-        return "no observations yet"
+            # An every beyond what fit ran: where the first observation is taken. Not "yet"
+            # (found tried as a new user would: after fit, it read as if one were to come).
+            return (f"no observations in {report.batches} batches trained (the first is "
+                    f"taken at batch {report.every})")
+        return "no observations"
     count = f"{len(steps)} observation{'s' if len(steps) != 1 else ''}"
     return f"{count}, step {steps[0]}" if len(steps) == 1 else \
         f"{count}, steps {steps[0]}–{steps[-1]}"
@@ -160,16 +161,19 @@ def _subscript(number: int) -> str:
 
 def _taken_at(steps: list[int], every: int) -> str | None:
     """Where the diagnoses were taken, when not at every multiple of ``every`` from the first
-    to the last (in fit with steps_per_execution above 1, the callback sees the last batch of
-    each execution only); None when they were."""
+    to the last: at the steps the callback was shown (fit with steps_per_execution above 1
+    shows it the last batch of each execution; a custom loop, the steps it observes); None
+    when they were."""
     if not steps:
         return None
     asked = steps[-1] // every - (steps[0] - 1) // every
     if len(set(steps)) >= asked:
         return None
     shown = ", ".join(str(s) for s in steps[:3]) + (", …" if len(steps) > 3 else "")
-    return (f"taken at steps {shown} (with steps_per_execution above 1, fit shows the "
-            "callback the last batch of each execution)")
+    # Found tried as a new user would: given as fit's reason for a custom loop's irregular
+    # steps too. The reason is the steps shown; fit's is said as the likely one.
+    return (f"taken at steps {shown}, of those the callback was shown (with "
+            "steps_per_execution above 1, fit shows it the last batch of each execution)")
 
 
 def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
