@@ -152,6 +152,17 @@ def test_watch_shows_the_diagnoses(fitted):
     section = narrow.split("spaced\n")[1].split("\n\n")[0]
     for line in section.splitlines():
         assert len(line) <= 60 and (line.startswith((" ", "gru (", "simple (", "lstm ("))), line
+    # A long call's label on a line of its own, its words under it (found tried as a new
+    # user would: they hung in a column of 20 under the label, "-0.486" alone on a line).
+    long = "decoder_gated_recurrent_unit_layer_number_two_long"
+    renamed = history.model_copy(update={"diagnoses": [
+        s.model_copy(update={"call": long}) if s.call == "gru" else s
+        for s in history.diagnoses]})
+    block = render_text(renamed, 80).split(f"{long} (GRUCell):\n")[1].split("\n\n")[0]
+    lines = block.split("\n  gates")[0].splitlines()
+    assert lines[0].startswith(f"  at step 4: λ₁ {gru.lyapunov[-1][0]:+.3g} nats/step"), lines
+    assert f"  at step 2 λ₁ was {gru.lyapunov[0][0]:+.3g}" in lines, lines  # whole, wrapped
+    assert lines[-1].startswith("  horizon predicted"), lines
 
 
 @pytest.mark.parametrize("value", [0, -2, 2.5, True, "4"])

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -122,21 +123,25 @@ def _last(values: list[Any], steps: list[int]) -> tuple[Any, int | None]:
 
 
 def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
-                     width: int) -> list[tuple[str, str]]:
+                     width: int) -> list[tuple[str | None, str]]:
     """One call's last diagnosis in words, each number with its unit, λ₁'s first beside it:
-    (what the line hangs from, the line), so that a wrapped line hangs under its words; the
-    gates' line breaks between gates, never inside one's pair of shares."""
+    (what the line hangs from, or None for a line of its own, the line), so that a wrapped
+    line hangs under its words; the gates' line breaks between gates, never inside one's
+    pair of shares."""
     lyapunov, at = _last(entry.lyapunov, steps)
     if lyapunov is None or at is None:
         return [(f"{entry.call}:", "not diagnosed")]
     first, first_at = next(((v, s) for v, s in zip(entry.lyapunov, steps, strict=True) if v),
                            (None, None))
-    lead = f"at step {at}: λ₁ {lyapunov[0]:+.3g} nats/step"
+    # Phrases that a wrap never splits: a number stays with its words.
+    lead = [f"at step {at}:", f"λ₁ {lyapunov[0]:+.3g} nats/step"]
     if len(lyapunov) > 1:
-        lead += " (" + ", ".join(f"λ{_subscript(i + 2)} {v:+.3g}"
-                                 for i, v in enumerate(lyapunov[1:])) + ")"
+        others = [f"λ{_subscript(i + 2)} {v:+.3g}" for i, v in enumerate(lyapunov[1:])]
+        lead += [f"{'(' if i == 0 else ''}{phrase}{',' if i < len(others) - 1 else ')'}"
+                 for i, phrase in enumerate(others)]
     if first is not None and first_at != at:
-        lead += f"; at step {first_at} λ₁ was {first[0]:+.3g}"
+        lead[-1] += ";"
+        lead.append(f"at step {first_at} λ₁ was {first[0]:+.3g}")
     index = steps.index(at)
     predicted = entry.horizon_predicted[index]
     measured, window = entry.horizon_measured[index], entry.horizon_window[index]
@@ -152,7 +157,14 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
                        for k, (name, shares) in enumerate(gates.items())], width - 2).plain
                  if gates is not None
                  else f"gates: {(entry.gates_note or 'not known').removeprefix('gates ')}")
-    return [(f"{entry.call} ({entry.cell})", lead), (" ", horizon), (" ", gate_text)]
+    label = f"{entry.call} ({entry.cell})"
+    if len(label) > width // 2:
+        # A long label on a line of its own (found tried as a new user would: the words hung
+        # under it in a column of 20, a number alone on its last line).
+        return [(None, label + ":"), (" ", pack(lead, width - 2, " ").plain), (" ", horizon),
+                (" ", gate_text)]
+    return [(label, pack(lead, width - cell_len(label) - 1, " ").plain), (" ", horizon),
+            (" ", gate_text)]
 
 
 def _subscript(number: int) -> str:
@@ -208,7 +220,8 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
                           f"{report.diagnose_every}{trained}", style="dim"))
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
-        parts += [hanging(mark, line) for mark, line in _diagnosis_lines(entry, steps, width)]
+        parts += [Text(line) if mark is None else hanging(mark, line)
+                  for mark, line in _diagnosis_lines(entry, steps, width)]
     for skipped in report.not_diagnosed:
         parts.append(Text(f"not diagnosed: {skipped.layer}: {skipped.reason} (at "
                           f"{len(skipped.steps)} of {len(steps)} diagnoses)", style="dim"))
