@@ -166,7 +166,7 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     path = tmp_path / "two_by_two.keras"
     model.save(path)
     data = tmp_path / "bad.npz"
-    np.savez(data, seq=np.zeros((3, 7, 6), np.float32), tokenz=np.zeros((3, 7), np.int32),
+    np.savez(data, seq=np.zeros((3, 8, 6), np.float32), tokenz=np.zeros((3, 7), np.int32),
              out_a=np.zeros((2, 7, 3), np.float32), y=np.zeros((3, 7, 3), np.float32),
              **{"sample_weight/out_c": np.ones(3, np.float32)})
     result = run_without_tensorflow("explain", str(path), "--data", str(data))
@@ -175,7 +175,9 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     lines = [line.strip() for line in result.stderr.strip().splitlines()]
     assert lines[0] == f"gradscope: error: {data}: 7 problems, one per line:"
     expected = [
-        "seq has 6 along axis 2 but the input 'seq' expects 5: (batch, 7, 5)",
+        # Every axis that differs (found tried as a new user would: the first alone).
+        "seq has 8 along axis 1 and 6 along axis 2 but the input 'seq' expects 7 and 5: "
+        "(batch, 7, 5)",
         "has no array for the input 'tokens' (found out_a, sample_weight/out_c, seq, tokenz, "
         "y); expected arrays named seq, tokens",
         "has no targets for the output 'out_b' (found out_a, sample_weight/out_c, seq, "

@@ -330,10 +330,16 @@ def _checked_input(spec: InputSpec, value: np.ndarray, key: str) -> np.ndarray:
         raise DataError(f"{key} has {value.ndim} dimensions {value.shape}; the input "
                         f"'{spec.name}' expects {len(spec.shape)}: {_shape_text(spec.shape)}",
                         where=key)
-    for axis, (found, wanted) in enumerate(zip(value.shape, spec.shape, strict=True)):
-        if wanted is not None and found != wanted:
-            raise DataError(f"{key} has {found} along axis {axis} but the input '{spec.name}' "
-                            f"expects {wanted}: {_shape_text(spec.shape)}", where=key)
+    # Every axis that differs, at once (found tried as a new user would: the first alone).
+    wrong = [f"{found} along axis {axis}" for axis, (found, wanted)
+             in enumerate(zip(value.shape, spec.shape, strict=True))
+             if wanted is not None and found != wanted]
+    if wrong:
+        expected = [f"{wanted}" for found, wanted in zip(value.shape, spec.shape, strict=True)
+                    if wanted is not None and found != wanted]
+        raise DataError(f"{key} has {' and '.join(wrong)} but the input '{spec.name}' "
+                        f"expects {' and '.join(expected)}: {_shape_text(spec.shape)}",
+                        where=key)
     if value.shape[0] == 0:
         raise DataError(f"{key} has no examples; expected at least one", where=key)
     if spec.vocabulary is not None:
