@@ -337,8 +337,15 @@ def test_a_stateful_layers_changes_start_from_the_state_it_carries(tf: Any) -> N
 
     copy = _changed_by_hand(model, plus_one)
     copy.get_layer("rnn").states[0].assign(carried)
-    _same(found["keep_bias"], gradscope.diagnose(copy, x=x, y=y,
-                                                 counterfactuals=False).layers[0])
+    alone = gradscope.diagnose(copy, x=x, y=y, counterfactuals=False)
+    _same(found["keep_bias"], alone.layers[0])
+    # Without counterfactuals, neither the warning nor "How" speaks of changes (found tried
+    # as a new user would: both described changes that never ran).
+    said = [w for w in report.warnings if w.startswith("rnn is stateful")]
+    assert said and all(w.endswith("; each change starts there too") for w in said)
+    assert any(m.startswith("counterfactuals:") for m in report.method)
+    assert not any("change" in w for w in alone.warnings if w.startswith("rnn is stateful"))
+    assert not any(m.startswith("counterfactuals:") for m in alone.method)
 
 
 def test_gru_update_bias_and_orthogonal_kernel_against_copies_changed_by_hand(

@@ -56,6 +56,10 @@ METHOD = [
     "ln(10³)/|λ₁| when λ₁ < 0",
     "growing: the carried part of ∂L/∂s_t (the total less what arrives from above at t) "
     "against ∂L/∂s_(t+1), per example and step, where step t+1 ran",
+]
+
+#: Added to :data:`METHOD` where the counterfactuals ran.
+COUNTERFACTUAL_METHOD = (
     "counterfactuals: a copy of the model (gradscope's own load of the file, or the object "
     "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; an LSTM's "
     "forget biases below 1 raised to 1; each gate's block of the recurrent kernel made its "
@@ -68,8 +72,7 @@ METHOD = [
     "horizon, the flow and λ₁ from the layer's own start (every column where the layer "
     "carries every exponent; else its first, random, column alone, Benettin's λ₁), each "
     "beside the layer's own, read alike on the same examples as before; clipping "
-    "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun",
-]
+    "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun")
 
 #: Added to :data:`METHOD` where a diagnosed call ran with dropout in training mode.
 DROPOUT_METHOD = (
@@ -213,7 +216,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         if probed:
             stepped = with_probed(stepped, probed)
         dropped = dropped or any(m is not None for m in stepped.masks or [])
-        carried = carried_state(engine, stepped)
+        carried = carried_state(engine, stepped, changes=counterfactuals)
         if carried is not None:
             warnings.append(carried)
         done = [_direction(engine, stepped, index, exponents, say, warnings)
@@ -245,17 +248,21 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         model=model_entry(job, engine, result), loss=loss_entry(job, result), layers=layers,
         not_diagnosed=skipped, gradient_norm=norm,
         clipping=clipping(job.graph.compile_config, trained, job.model),
-        method=[*METHOD, DROPOUT_METHOD] if dropped else METHOD,
+        # Without counterfactuals, their method is not said (found tried as a new user
+        # would: "How" described changes that never ran).
+        method=[*METHOD, *([COUNTERFACTUAL_METHOD] if counterfactuals else []),
+                *([DROPOUT_METHOD] if dropped else [])],
         warnings=warnings)
     if timings:
         report = report.model_copy(update={"timings": clock.laps()})
     return report
 
 
-def carried_state(engine: Any, stepped: Any) -> str | None:
+def carried_state(engine: Any, stepped: Any, changes: bool = True) -> str | None:
     """Where a stateful layer's call starts, in words (None: the layer is not stateful): from
     the state it carries, its last call's final state, or from zeros (a saved file keeps none;
-    an object reset, or never called). Its dynamics, and each change's, are read from there."""
+    an object reset, or never called). Its dynamics, and each change's (``changes``: the
+    counterfactuals run), are read from there."""
     layer = engine.operation(stepped.call.layer)
     if not getattr(layer, "stateful", False):
         return None
@@ -265,10 +272,10 @@ def carried_state(engine: Any, stepped: Any) -> str | None:
         why = ("a saved file keeps no carried state" if not engine.live else
                "it was reset, or never called")
         return (f"{stepped.label} is stateful: stepped from zeros ({why}), as a call after "
-                "reset_state() starts; each change starts there too")
+                "reset_state() starts" + ("; each change starts there too" if changes else ""))
     return (f"{stepped.label} is stateful: stepped from the state it carries, its last call's "
-            f"final state (norm {norm:.3g} over the batch), as its next call would start; each "
-            "change starts there too")
+            f"final state (norm {norm:.3g} over the batch), as its next call would start"
+            + ("; each change starts there too" if changes else ""))
 
 
 def trained_of(result: Any) -> dict[str, Any]:
