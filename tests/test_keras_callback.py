@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import REPO, render_text, run_gradscope, run_without_tensorflow, tensorboard_events
 
+import gradscope
 from gradscope.dynamics import FLOW_FACTOR
 from gradscope.errors import ConfigError
 
@@ -383,6 +384,17 @@ def test_custom_loop_with_observe(tf):
     flow.observe(x[:BATCH], y[:BATCH])
     assert flow.history.observations[-1].step == 31
     assert flow.history.loss.startswith("mean_squared_error")
+    # Found tried as a new user would: a step before the last was recorded after it (the
+    # report said "steps 10–5"; watch, ordering by step, put it elsewhere). Refused; and no
+    # fit ran, so no "one pass every 50 batches" (every is fit's).
+    with pytest.raises(ConfigError, match=r"observe\(step=5\): the steps observed go "
+                                          r"forward, and step 31 is recorded; expected a step "
+                                          r"after 31 \(or none: 32\)"):
+        flow.observe(x[:BATCH], y[:BATCH], step=5)
+    assert [o.step for o in flow.history.observations] == [10, 30, 31]
+    assert flow.history.every is None
+    text = " ".join(render_text(flow.history, 80).split())
+    assert "3 observations, steps 10–31" in text and "one pass every" not in text
 
 
 def test_masks_and_a_cell_of_your_own_are_recorded_as_the_stepped_cell_gives_them(tf):
@@ -562,8 +574,28 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     assert "thread" not in idle._pass.trace and idle.history.observations == []
     # Said as what happened, not as if one were to come (found tried as a new user would).
     text = " ".join(render_text(idle.history, 80).split())
-    assert "no observations in 3 batches trained (the first is taken at batch 5)" in text
+    assert "no observations: 3 batches trained, fewer than every=5" in text
     assert "yet" not in text
+
+
+def test_watch_reads_a_fit_that_observed_nothing(tf, tmp_path):
+    """Found tried as a new user would: a fit shorter than every wrote nothing, and watch said
+    "no such folder" of the log_dir it was given. The run's description is written at the end
+    of fit: watch reads a run with no observations."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+    flow = GradientFlow(every=5, log_dir=tmp_path / "idle")
+    _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                      callbacks=[flow])
+    watched = gradscope.watch(tmp_path / "idle")
+    assert watched.observations == [] and watched.every == 5
+    assert watched.loss == flow.history.loss
+    result = run_without_tensorflow("watch", str(tmp_path / "idle"))
+    assert result.returncode == 0, result.stderr
+    assert "no observations" in result.stdout and "one pass every 5 batches" in result.stdout
 
 
 def test_the_warm_up_gate_opens_at_compiled_code_while_the_step_runs(tf):

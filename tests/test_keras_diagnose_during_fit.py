@@ -551,10 +551,23 @@ def test_diagnoses_at_the_last_batch_of_each_execution_are_not_said_to_be_every_
     assert flow.history.diagnosis_steps == [2, 4, 6]
     text = " ".join(render_text(flow.history, 80).split())
     assert ("Dynamics across training (3 diagnoses, asked every batch)" in text
-            and "taken at steps 2, 4, 6, of those the callback was shown (with "
-            "steps_per_execution above 1, fit shows it the last batch of each execution)"
-            in text)
+            and "taken at steps 2, 4, 6 (with steps_per_execution above 1, fit shows the "
+            "callback the last batch of each execution)" in text)
     assert "every batch)" not in text.replace("asked every batch)", "")
+
+
+def test_diagnoses_off_the_multiples_are_said_whatever_their_count() -> None:
+    """Found tried as a new user would: at 2 steps per execution and diagnose_every=3, the
+    diagnoses at 4, 6, 10, 12 were as many as at 3, 6, 9, 12, and nothing was said; and a
+    custom loop's steps were given fit's reason."""
+    from gradscope.report.history_text import _taken_at
+
+    assert _taken_at([3, 6, 9, 12], 3, True) is None
+    assert _taken_at([4, 6, 10, 12], 3, True) == (
+        "taken at steps 4, 6, 10, … (with steps_per_execution above 1, fit shows the callback "
+        "the last batch of each execution)")
+    assert _taken_at([0, 3, 4, 11], 1, False) == (
+        "taken at steps 0, 3, 4, … (the steps observe() was given)")
 
 
 def test_a_batch_that_is_not_finite_says_so_and_leaves_the_one_function_to_the_next(tf):

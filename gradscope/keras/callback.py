@@ -174,6 +174,7 @@ class GradientFlow(keras.callbacks.Callback):
         self._first_step = threading.Event()  # set while fit's first step runs
         self._fit_spec: Any = None
         self._fit_first = 0  # batches watched before this fit
+        self._fitted = False  # a fit has run: ``every`` applies (not to a custom loop)
         self.stop_on_nan = bool(stop_on_nan)
         #: Where the first NaN of fit was born (``stop_on_nan``), and at which step.
         self.nonfinite: NonFiniteEntry | None = None
@@ -207,6 +208,7 @@ class GradientFlow(keras.callbacks.Callback):
                 where="loss")
         original = model.train_function
         self._original_train_function = original
+        self._fitted = True
         self._fit_first = self._batches
         self._fit_spec = None  # read from this fit's first batches
         self._compiled = self._compiled_rows = None  # decided at this fit's first diagnosis
@@ -275,6 +277,13 @@ class GradientFlow(keras.callbacks.Callback):
             self.model.train_function = self._original_train_function
             self._original_train_function = None
         self._drain()
+        if self.log_dir is not None and self._writer is None:
+            # Nothing observed or diagnosed: the run's description alone, so that watch reads
+            # a run with none (found tried as a new user would: "no such folder").
+            from gradscope.keras.summaries import FlowSummaryWriter
+
+            self._writer = FlowSummaryWriter(tf, self.log_dir)
+            self._writer.write_run(self._batches, self._run(self._history()))
         if self._writer is not None:
             self._writer.writer.flush()
 
@@ -387,6 +396,13 @@ class GradientFlow(keras.callbacks.Callback):
         self._drain()
         if step is None:
             step = self._record_of.next_step()
+        last = self._record_of.next_step() - 1
+        if self._record_of.observations and int(step) <= last:
+            # Found tried as a new user would: step 5 after 47 was recorded last, the report
+            # ended at step 5 ("steps 0–5") and watch, ordering by step, put it fourth.
+            raise ConfigError(f"GradientFlow.observe(step={step}): the steps observed go "
+                              f"forward, and step {last} is recorded; expected a step after "
+                              f"{last} (or none: {last + 1})", where="step")
         self._observe(x, y, int(step), None, sample_weight)
         if self.diagnose_every is not None and int(step) % self.diagnose_every == 0:
             self._diagnose(x, y, int(step), sample_weight)
@@ -774,8 +790,10 @@ class GradientFlow(keras.callbacks.Callback):
         source = f"model '{model.name}'" if model is not None else "no model yet"
         loss = _loss_text(engine.plan) if engine is not None else (self.loss_name or
                                                                    "the compiled loss")
-        report = self._mixed_precision.attached(self._record_of.report(source, loss,
-                                                                       self.every))
+        # every is fit's (found tried as a new user would: a custom loop's report said "one
+        # pass every 50 batches", the default, of steps observe() was given).
+        report = self._mixed_precision.attached(self._record_of.report(
+            source, loss, self.every if self._fitted else None))
         report = report.model_copy(update={"batches": self._batches})
         if self._per_example is not None:
             report = self._per_example.attached(report)

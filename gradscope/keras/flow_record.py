@@ -118,7 +118,7 @@ class FlowRecord:
             for norms in series["states"].values():
                 norms.extend([None] * (count - len(norms)))
 
-    def report(self, source: str, loss: str, every: int) -> FlowHistoryReport:
+    def report(self, source: str, loss: str, every: int | None) -> FlowHistoryReport:
         return FlowHistoryReport(
             source=source, loss=loss, mode="inference", every=every,
             flag_factor=FLOW_FACTOR, method=METHOD, observations=list(self.observations),

@@ -168,6 +168,16 @@ class FlowSummaryWriter:
         self.run_written = True
         self.writer.flush()
 
+    def write_run(self, step: int, run: dict[str, Any]) -> None:
+        """The run's description alone, at ``step``: a fit that neither observed nor
+        diagnosed (watch reads a run with none)."""
+        summary = summary_pb2.Summary()
+        self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
+        with self.writer.as_default():
+            self.tf.summary.experimental.write_raw_pb(
+                self.tf.constant([summary.SerializeToString()]), step=step)
+        self.writer.flush()
+
     def write_diagnosis(self, step: int, readings: list[CallReading],
                         skipped: list[tuple[str, str]], run: dict[str, Any] | None) -> None:
         """One diagnosis (``GradientFlow(diagnose_every=N)``) at ``step``: the scalars of

@@ -39,10 +39,11 @@ def _steps(report: FlowHistoryReport) -> str:
     steps = [o.step for o in report.observations]
     if not steps:
         if report.batches is not None and report.every:
-            # An every beyond what fit ran: where the first observation is taken. Not "yet"
-            # (found tried as a new user would: after fit, it read as if one were to come).
-            return (f"no observations in {report.batches} batches trained (the first is "
-                    f"taken at batch {report.every})")
+            # An every beyond what fit ran, said as what happened (found tried as a new user
+            # would: "yet", and then "is taken at batch 100", read as if one were to come).
+            fewer = (f", fewer than every={report.every}" if report.batches < report.every
+                     else "")
+            return f"no observations: {report.batches} batches trained{fewer}"
         return "no observations"
     count = f"{len(steps)} observation{'s' if len(steps) != 1 else ''}"
     return f"{count}, step {steps[0]}" if len(steps) == 1 else \
@@ -171,21 +172,23 @@ def _subscript(number: int) -> str:
     return str(number).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
 
 
-def _taken_at(steps: list[int], every: int) -> str | None:
-    """Where the diagnoses were taken, when not at every multiple of ``every`` from the first
-    to the last: at the steps the callback was shown (fit with steps_per_execution above 1
-    shows it the last batch of each execution; a custom loop, the steps it observes); None
-    when they were."""
+def _taken_at(steps: list[int], every: int, in_fit: bool) -> str | None:
+    """Where the diagnoses were taken, when not at the multiples of ``every`` from the first
+    to the last (``in_fit``: by fit, which with steps_per_execution above 1 shows the callback
+    the last batch of each execution; else by a custom loop's ``observe``, at the steps it
+    gave that ``every`` divides); None when they were."""
     if not steps:
         return None
-    asked = steps[-1] // every - (steps[0] - 1) // every
-    if len(set(steps)) >= asked:
+    # The steps themselves, not their count (found tried as a new user would: at 2 steps per
+    # execution and every 3, diagnoses at 4, 6, 10, 12 were as many as 3, 6, 9, 12).
+    first = -(-steps[0] // every) * every
+    if sorted(set(steps)) == list(range(first, steps[-1] + 1, every)):
         return None
     shown = ", ".join(str(s) for s in steps[:3]) + (", …" if len(steps) > 3 else "")
-    # Found tried as a new user would: given as fit's reason for a custom loop's irregular
-    # steps too. The reason is the steps shown; fit's is said as the likely one.
-    return (f"taken at steps {shown}, of those the callback was shown (with "
-            "steps_per_execution above 1, fit shows it the last batch of each execution)")
+    # Found tried as a new user would: fit's reason was given for a custom loop's steps.
+    why = ("with steps_per_execution above 1, fit shows the callback the last batch of each "
+           "execution" if in_fit else "the steps observe() was given")
+    return f"taken at steps {shown} ({why})"
 
 
 def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
@@ -196,7 +199,7 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     count = f"{len(steps)} diagnos{'es' if len(steps) != 1 else 'is'}"
     every = ("every batch" if report.diagnose_every == 1
              else f"one every {report.diagnose_every} batches")
-    taken = _taken_at(steps, report.diagnose_every)
+    taken = _taken_at(steps, report.diagnose_every, bool(report.every))
     if taken:  # found tried as a new user would: "every batch" of diagnoses at 2, 4, 6
         every = f"asked {every}"
     # The exponents diagnose gives for these weights and this batch with as many columns:
