@@ -282,6 +282,24 @@ def test_a_norm_table_below_60_columns_cuts_no_number_and_no_word(width):
     assert sum(any(mark in line for mark in "▁▂▃▄▅▆▇█") for line in lines) == 2, lines
 
 
+def test_a_long_layer_name_folds_after_an_underscore():
+    """Found tried as a new user would: a 50-character layer name, with no "/" to fold at,
+    was cut at the column's edge ("…_number_t" and "wo_long (step 8)")."""
+    from rich.console import Console
+
+    from gradscope.report.tables import norm_table
+
+    long = "decoder_gated_recurrent_unit_layer_number_two_long"
+    rows = {f"{long} (step 8)": [2.25e-04 * 1.4 ** k for k in range(12)]}
+    console = Console(width=80, record=True, color_system=None)
+    console.print(norm_table(rows, 80))
+    lines = console.export_text().splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    assert lines[2].startswith("decoder_gated_recurrent_unit_layer_number_ "), lines
+    assert lines[3].startswith("two_long (step 8)"), lines
+    assert number(rows[f"{long} (step 8)"][-1]) in lines[2], lines
+
+
 def test_a_trend_table_folds_a_path_only_where_its_sparkline_needs_the_room():
     """Found tried as a new user would: at 80 columns a 41-cell weight path was folded beside
     seven observations, for a sparkline of 16 marks the table kept room for. A sparkline

@@ -121,7 +121,8 @@ def spark_table(rows: dict[str, SparkRow], width: int,
 
 def folded(label: str, limit: int) -> str:
     """``label`` in lines of at most ``limit`` cells where it has a word longer than that,
-    broken after a "/" (else at the limit); a label that fits is left as it is."""
+    broken after a "/" (else after its last "_" that fits, else at the limit); a label that
+    fits is left as it is."""
     if all(cell_len(word) <= limit for word in label.split()):
         return label
     lines: list[str] = []
@@ -129,8 +130,11 @@ def folded(label: str, limit: int) -> str:
     for part in label.replace("/", "/\0").split("\0"):
         while cell_len(part) > limit:  # one part too long: broken where the line ends
             room = limit - cell_len(line)
-            lines.append(line + part[:room])
-            line, part = "", part[room:]
+            # After a "_" of a layer's name where one fits (found tried as a new user would:
+            # "…_number_t" and "wo_long" on the next line).
+            cut = part.rfind("_", 0, room) + 1 or room
+            lines.append(line + part[:cut])
+            line, part = "", part[cut:]
         if cell_len(line + part) > limit:
             lines.append(line)
             line = ""
