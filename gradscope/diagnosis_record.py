@@ -7,7 +7,7 @@ series from the event files with it (each diagnosis is written as JSON, :func:`a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gradscope.report.models import DiagnosisSeries, GateShares, NotAnalysedAt
@@ -34,7 +34,9 @@ def as_json(readings: list[CallReading], skipped: list[tuple[str, str]]) -> dict
     """One diagnosis as the JSON the event files hold (exact: not TensorBoard's float32)."""
     calls = []
     for reading in readings:
-        entry = asdict(reading)
+        # Field by field: asdict deep-copies the gates' models first (a fifth of a write).
+        entry = {field.name: getattr(reading, field.name) for field in fields(reading)}
+        entry["lyapunov"] = list(reading.lyapunov)
         entry["gates"] = (None if reading.gates is None else
                           {name: shares.to_dict() for name, shares in reading.gates.items()})
         calls.append(entry)
