@@ -3,6 +3,7 @@ options (activations, ``use_bias``, ``reset_after``, ``unit_forget_bias``) state
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from gradscope.cells import CELLS, Cell
@@ -76,10 +77,25 @@ class RecurrentExplainer(LayerExplainer):
             parts[0] = ("only the last state h_T is returned: ∂L/∂h_T flows back through the "
                         "recurrence to every earlier step and the initial state")
         activation = facts.option("activation", "tanh")
-        parts.append(f"the output activation {activation} {activation_note(activation)}")
+        parts.append(self.activation_path(activation))
         if facts.option("go_backwards"):
             parts.append("go_backwards: the steps are read from the last to the first")
         return "; ".join(parts)
+
+    def activation_path(self, activation: str) -> str:
+        """Where the cell's activation meets the gradient, and what it does there (its
+        argument ``a``: found tried as a new user would, a GRU's "output activation tanh
+        multiplies it by 1−tanh²(z)" named a tanh its output has not, with the update gate's
+        letter)."""
+        note = re.sub(r"\bz\b", "a", activation_note(activation))
+        if self.cell_kind == "gru":
+            return (f"on the path through the candidate ĥ = {activation}(a) the activation "
+                    f"{note}; the path through z∘h_(t−1) meets no activation, only the "
+                    "update gate")
+        if self.cell_kind == "lstm":
+            return (f"the activation {activation}, on the candidate c̃ and on c_t in "
+                    f"h_t = o∘{activation}(c_t), {note} (a its argument)")
+        return f"the activation {activation} {note} at every step (a = x_t·W + h_(t−1)·U + b)"
 
     def states(self, facts: LayerFacts) -> list[StateNote]:
         units = int(facts.config["units"])
