@@ -60,6 +60,10 @@ def test_every_sample_config_loads():
     ({**BASE, "layers": [{"gru": 2}, {"dense": 2}, {"gru": 2}]}, "comes before this recurrent",
      "layers[2]"),
     ({**BASE, "layers": [{"gur": 2}]}, "did you mean 'gru'", "layers[0]"),
+    # The case alone (found tried as a new user would: no hint for the likeliest slip).
+    ({**BASE, "layers": [{"type": "GRU", "units": 2}]}, "'GRU' (did you mean 'gru'?)",
+     "layers[0].type"),
+    ({**BASE, "layers": [{"LSTM": 2}]}, "'LSTM' (did you mean 'lstm'?)", "layers[0]"),
     ({**BASE, "layers": [{"type": "conv", "units": 2}]}, "unknown layer type 'conv'",
      "layers[0].type"),
     ({**BASE, "loss": "mes", "layers": [{"gru": 2}]}, "did you mean 'mse'", "loss"),

@@ -412,7 +412,11 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 def _did_you_mean(word: str | None, choices: Any) -> str:
     if not word:
         return ""
-    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    names = [str(c) for c in choices]
+    # The same but for case first (found tried as a new user would: 'GRU', the likeliest
+    # slip, had no hint, where 'grux' had one).
+    same = [name for name in names if name.lower() == str(word).lower()]
+    match = same or difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
