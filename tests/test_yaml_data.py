@@ -88,5 +88,7 @@ def test_cli_supplied_data_is_used_and_errors_exit_2(tmp_path):
     assert '"batch_size": 2' in ok.stdout and '"time_steps": 3' in ok.stdout
     failed = run_gradscope("explain", str(config), "--data", str(bad))
     assert failed.returncode == 2
-    assert "x has 7 features per step but the config says input_size 6" in failed.stderr
+    # The file named (found tried as a new user would: it was not, for this error).
+    assert (f"{bad}: x has 7 features per step but the config says input_size 6"
+            in failed.stderr)
     assert "Traceback" not in failed.stderr and len(failed.stderr.splitlines()) == 1

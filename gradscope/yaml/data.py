@@ -99,7 +99,19 @@ def load_batch(spec: Spec, data: str | os.PathLike[str] | None = None,
 
 def validate_batch(spec: Spec, arrays: dict[str, np.ndarray],
                    origin: str = "the data") -> tuple[Spec, Batch]:
-    """Check supplied arrays against the spec; return the spec resized to them and the batch."""
+    """Check supplied arrays against the spec; return the spec resized to them and the batch.
+    Each error names where the arrays came from (found tried as a new user would: "x has 4
+    features per step…" named no file, where a missing array's error did)."""
+    try:
+        return _validated(spec, arrays, origin)
+    except DataError as error:
+        if origin == "the data" or error.message.startswith(f"{origin}:"):
+            raise
+        raise DataError(f"{origin}: {error.message}", where=error.where) from None
+
+
+def _validated(spec: Spec, arrays: dict[str, np.ndarray],
+               origin: str) -> tuple[Spec, Batch]:
     for name in ("x", "y"):
         if name not in arrays:
             found = ", ".join(sorted(arrays)) or "no arrays"
