@@ -32,6 +32,15 @@ def first_line(exc: BaseException) -> str:
         said = f"{said} {line}"
     if said.startswith("Exception encountered when calling") and len(lines) > 1:
         said = f"{said.removeprefix('Exception encountered when calling ').rstrip('.')}: {lines[1]}"
+    inferred = re.match(r"Could not automatically infer the output shape / dtype of '([^']+)' "
+                        r"\(of type (\w+)\)", said)
+    after = text.split("Error encountered:", 1)[1].strip().splitlines() if (
+        inferred and "Error encountered:" in text) else []
+    if inferred and after:
+        # Keras' shape inference wraps the layer's own error in three sentences of advice
+        # (found tried as a new user would: a reason of six lines): the layer and its error.
+        return _unfinished(f"Keras cannot infer the output of '{inferred.group(1)}' "
+                           f"({inferred.group(2)}): {after[0].strip()}")
     said = _unfinished(said)
     root = exc
     seen = {id(exc)}

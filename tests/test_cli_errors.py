@@ -193,3 +193,26 @@ def test_an_error_whose_value_goes_on_over_lines_says_so():
     assert line == ("VarCell.call(): @tf.custom_gradient grad_fn must accept keyword "
                     "argument 'variables', since function uses variables: [<tf.Variable "
                     "'var_cell/r:0' shape=(4, 4) dtype=float32 …")
+
+
+def test_keras_shape_inference_s_advice_is_left_for_the_layer_and_its_error():
+    """Found tried as a new user would: a VAE's float64 copy failed in Keras' shape inference,
+    whose message wraps the layer's error in three sentences of advice; the reason check gave
+    ran to six lines. One clause: the layer, its class and its own error."""
+    from gradscope.errors import first_line
+
+    said = ("Could not automatically infer the output shape / dtype of 'sampling' (of type "
+            "Sampling). Either the `Sampling.call()` method is incorrect, or you need to "
+            "implement the `Sampling.compute_output_spec() / compute_output_shape()` method. "
+            "Error encountered:\n\nInput 'y' of 'Mul' Op has type float32 that does not match "
+            "type float64 of argument 'x'.")
+    try:
+        try:
+            raise ValueError("x: Tensor conversion requested dtype float32")
+        except ValueError as inner:
+            raise TypeError(said) from inner
+    except TypeError as exc:
+        line = first_line(exc)
+    assert line == ("Keras cannot infer the output of 'sampling' (Sampling): Input 'y' of "
+                    "'Mul' Op has type float32 that does not match type float64 of argument "
+                    "'x'.")

@@ -36,6 +36,19 @@ MODULE = textwrap.dedent('''
 
 
     @keras.saving.register_keras_serializable("own_code")
+    class Sampling(keras.layers.Layer):
+        # keras.io's VAE draw: its noise in float32 whatever the means' dtype.
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.seed_generator = keras.random.SeedGenerator(1337)
+
+        def call(self, inputs):
+            mean, log_var = inputs
+            noise = keras.random.normal(shape=keras.ops.shape(mean), seed=self.seed_generator)
+            return mean + keras.ops.exp(0.5 * log_var) * noise
+
+
+    @keras.saving.register_keras_serializable("own_code")
     class Penalty(keras.layers.Layer):
         """Adds the mean squared distance of its two inputs, and passes the first on."""
 
@@ -95,6 +108,14 @@ BUILD = textwrap.dedent('''
               "target": rng.standard_normal((5, 2)).astype("float32")}
     np.savez(sys.argv[2], **arrays)
     np.savez(sys.argv[3], **arrays, y=np.zeros((5, 2), "float32"))
+    keras.utils.set_random_seed(2)
+    h = keras.layers.GRU(5, name="gru")(x)
+    drawn = tracked_layers.Sampling(name="sampling")([keras.layers.Dense(2, name="mean")(h),
+                                                     keras.layers.Dense(2, name="log_var")(h)])
+    vae = keras.Model(x, keras.layers.Dense(2, name="head")(drawn))
+    vae.compile(loss="mse")
+    vae.save("vae.keras")
+    np.savez("vae.npz", x=arrays["x"], y=rng.standard_normal((5, 2)).astype("float32"))
 ''')
 
 
@@ -248,6 +269,19 @@ def test_cli_add_loss_model_and_training_mode_seeded_with_import(saved: Path) ->
     assert again.loss.value == pytest.approx(trained["loss"]["value"], rel=1e-12)
     assert [g.stats.l2 for g in again.gradients if g.stats] == pytest.approx(
         [g["stats"]["l2"] for g in trained["gradients"] if g["stats"]], rel=1e-12)
+
+
+def test_cli_a_copy_whose_shape_inference_fails_is_checked_in_the_models_dtype(
+        saved: Path) -> None:
+    """Found tried as a new user would: keras.io's VAE draw (its noise in float32 beside the
+    float64 copy's means) failed Keras' shape inference of the copy, an internal error
+    (exit 1), before the copy's call that falls back to the model's dtype and says why. Now
+    it falls back there too: checked in float32, the layer and its error named."""
+    report = _cli(saved, "check", "vae.keras", "--import", "tracked_layers", "--data",
+                  "vae.npz")
+    assert report["summary"]["passed"] and report["dtype"] == "float32"
+    assert ("Keras' shape inference of its float64 copy fails (Keras cannot infer the output "
+            "of 'sampling' (Sampling)") in report["dtype_reason"], report["dtype_reason"]
 
 
 def _in_process(folder: Path, module: str, model: str, data: str | None = None) -> Any:

@@ -400,7 +400,18 @@ class KerasEngine:
         specs = [self.keras.KerasTensor(value.shape, dtype=dtype if value.dtype.kind == "f"
                                         and dtype is not None else str(value.dtype))
                  for value, dtype in zip(inputs.values(), own, strict=True)]
-        result = self.model.compute_output_spec(specs if len(specs) > 1 else specs[0])
+        try:
+            result = self.model.compute_output_spec(specs if len(specs) > 1 else specs[0])
+        except Exception as exc:  # Keras and TensorFlow raise many kinds
+            if self.model is self.user_model:
+                raise
+            # Found tried as a new user would: a VAE's noise drawn in float32 beside its
+            # float64 copy's means failed here, an internal error, before the copy's call
+            # that says so and checks in the model's dtype.
+            first = first_line(exc)
+            raise CopyFails(f"{self.path}: Keras' shape inference of the {self.dtype_name} "
+                            f"copy fails: {first}", f"Keras' shape inference of its "
+                            f"{self.dtype_name} copy fails ({first})", where=self.path) from None
         flat = self.keras.tree.flatten(result)
         return {name: tuple(int(d) for d in spec.shape)
                 for name, spec in zip(self.output_names, flat, strict=True)}
