@@ -447,6 +447,22 @@ def test_check_runs_in_the_models_dtype_where_its_code_is_not_float64(tf: Any, k
         assert alone.summary.passed and alone.dtype == "float32"
 
 
+def test_integers_no_embedding_reads_are_not_drawn_for_check(tf: Any) -> None:
+    """Found tried as a new user would: a correct CTC model's labels, drawn 0–9 for a
+    synthetic batch (no Embedding says their range), gave a negative loss, said nowhere, and
+    check failed its correct gradients. explain says what it drew; check refuses, and passes
+    on the user's own labels."""
+    from gradscope.errors import DataError
+
+    model, x, _ = _not_float64("ctc")
+    drawn = gradscope.explain(model, batch_size=4)
+    assert "labels drawn 0–9: no Embedding gives its range" in drawn.model.data
+    with pytest.raises(DataError, match=r"input 'labels' holds integers that no Embedding "
+                                        r"reads: a synthetic batch draws them 0–9"):
+        gradscope.check(model, batch_size=4)
+    assert gradscope.check(model, x=x).summary.passed
+
+
 def test_check_in_float32_still_catches_a_wrong_gradient(tf: Any) -> None:
     """A planted wrong gradient in a layer of the user's own (its custom_gradient 1.5 times too
     large) fails check in float32, naming the weight below it, and the test helper raises."""

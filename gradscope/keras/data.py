@@ -102,6 +102,16 @@ def resolve_shape(spec: InputSpec, batch: int, steps: int | None) -> tuple[int, 
     return tuple(dims)
 
 
+#: The ids a synthetic batch draws for an integer input no Embedding reads.
+UNRANGED_IDS = 10
+
+
+def unranged(specs: list[InputSpec]) -> list[str]:
+    """The integer inputs no Embedding reads: nothing in the model says which values are
+    valid (a CTC loss's labels, an index a layer of the user's takes)."""
+    return [spec.name for spec in specs if spec.is_integer and spec.vocabulary is None]
+
+
 def synthetic_inputs(specs: list[InputSpec], batch: int, steps: int | None, pad: int,
                      seed: int) -> KerasBatch:
     rng = np.random.default_rng([seed, 1])
@@ -110,7 +120,7 @@ def synthetic_inputs(specs: list[InputSpec], batch: int, steps: int | None, pad:
         shape = resolve_shape(spec, batch, steps)
         if spec.is_integer:
             low = 1 if spec.pad_reader and pad else 0  # keep token 0 for the padding
-            high = spec.vocabulary if spec.vocabulary is not None else 10
+            high = spec.vocabulary if spec.vocabulary is not None else UNRANGED_IDS
             value = rng.integers(low, max(high, low + 1), size=shape)
             value = value.astype(spec.dtype if spec.dtype.startswith(("int", "uint"))
                                  else "int32")
@@ -123,7 +133,13 @@ def synthetic_inputs(specs: list[InputSpec], batch: int, steps: int | None, pad:
                                   "padded steps than steps", where="--pad")
             value[:, shape[1] - pad:] = spec.pad_value
         inputs[spec.name] = value
-    detail = f"synthetic (seed {seed}" + (f", last {pad} steps padded)" if pad else ")")
+    # Found tried as a new user would: a CTC model's labels drawn 0–9 for its 6 classes gave a
+    # negative loss, said nowhere.
+    guessed = unranged(specs)
+    drawn = (f"; {', '.join(guessed)} drawn 0–{UNRANGED_IDS - 1}: no Embedding gives "
+             f"{'their' if len(guessed) > 1 else 'its'} range" if guessed else "")
+    detail = (f"synthetic (seed {seed}" + (f", last {pad} steps padded" if pad else "")
+              + drawn + ")")
     return KerasBatch(inputs=inputs, targets=None, source=detail, pad=pad)
 
 

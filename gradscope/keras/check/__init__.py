@@ -38,7 +38,7 @@ from gradscope.keras.check.precision import (
 )
 from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
-from gradscope.keras.data import batch_targets
+from gradscope.keras.data import UNRANGED_IDS, batch_targets, unranged
 from gradscope.keras.engine import CopyFails, KerasEngine
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.nonfinite import all_finite, diagnose
@@ -81,6 +81,18 @@ def _checked(job: KerasJob, directions: int | None, rtol: float | None, atol: fl
              after_autodiff: Callable[[Any], None] | None, examples: int | None,
              chosen: CheckedExamples | None, chunks: int | None) -> KerasCheckReport:
     say = progress or (lambda message: None)
+    guessed = unranged(job.inputs)
+    if guessed and job.batch.source.startswith("synthetic"):
+        # Found tried as a new user would: a correct CTC model failed check on labels drawn
+        # 0–9 for its 6 classes (its loss negative), a false alarm.
+        names = ", ".join(f"'{name}'" for name in guessed)
+        raise DataError(f"input{'s' if len(guessed) > 1 else ''} {names} "
+                        f"hold{'' if len(guessed) > 1 else 's'} integers that no Embedding "
+                        "reads: a synthetic "
+                        f"batch draws them 0–{UNRANGED_IDS - 1}, which gradscope cannot tell "
+                        "are valid for the model (a CTC loss's labels, an index), and a check "
+                        "on values the model does not take can fail a correct gradient; "
+                        "supply the data (--data, or x= in Python)", where="--data")
     chosen = choose(job, examples) if chosen is None else chosen
     say("importing TensorFlow, loading the model and its float64 copy")
     try:
