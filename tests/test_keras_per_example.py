@@ -6,6 +6,7 @@ the examples interact, by the Jacobian, which says why."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -266,6 +267,11 @@ def test_interacting_examples_fall_back_to_the_jacobian_and_say_why(tf):
                                training=True)
     method = report.per_example.method
     assert "pfor" in method and "BatchNormalization in training mode" in method
+    # The reason alone (found tried as a new user would: Keras' own wrapping of an error
+    # raised in a call, bold escape codes and "Arguments received…" included).
+    assert re.search(r"\(not the batched pass split at each layer's call: batch_normalization"
+                     r"\w*: BatchNormalization in training mode mixes the examples\)$",
+                     method), method
     _assert_a_loop_of_tapes(report, model, x, y, weights, training=True)
 
 

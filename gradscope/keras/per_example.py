@@ -14,6 +14,7 @@ sum.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -264,7 +265,10 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
                 if method != SPLIT_METHOD:
                     found = None
             except split_by.NotSplit as exc:
-                why = str(exc)
+                # Keras wraps an error raised inside a call in its own words, bolded
+                # (found tried as a new user would: the method line held them, escape codes
+                # and "Arguments received by Functional.call()" too): the reason alone.
+                why = re.sub(r"^[\w.]+\.call\(\): ", "", first_line(exc))
             except Exception as exc:  # noqa: BLE001  (a cell or layer the split cannot run
                 # alone, or vectorized_map cannot convert: the Jacobian takes it)
                 why = f"it failed: {first_line(exc)}"
