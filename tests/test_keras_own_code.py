@@ -461,6 +461,12 @@ def test_integers_no_embedding_reads_are_not_drawn_for_check(tf: Any) -> None:
                                         r"reads: a synthetic batch draws them 0–9"):
         gradscope.check(model, batch_size=4)
     assert gradscope.check(model, x=x).summary.passed
+    # Its whole loss an add_loss term: no example has a share of it (found tried as a new
+    # user would: refused with "'str' object has no attribute '_type_enum'").
+    with pytest.raises(ConfigError, match=r"per_example=True: the model's loss is its added "
+                                          r"terms alone \(add_loss, regularizers\), which "
+                                          r"belong to no example"):
+        gradscope.explain(model, x=x, per_example=True)
 
 
 def test_check_in_float32_still_catches_a_wrong_gradient(tf: Any) -> None:

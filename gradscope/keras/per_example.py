@@ -56,6 +56,13 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
     """
     from gradscope.keras.whole_model import as_a_run_starts
 
+    if engine.added_only:
+        # Found tried as a new user would: a CTC model's whole loss an add_loss term, refused
+        # with "'str' object has no attribute '_type_enum'".
+        raise ConfigError(f"{engine.path}: {_asked()}: the model's loss is its "
+                          "added terms alone (add_loss, regularizers), which belong to no "
+                          "example: no example has a share of it to take the gradient of",
+                          where=flag("per_example"))
     model = engine.model
     variables = list(model.trainable_variables)
     feed, y = engine.tensors(inputs, targets)
@@ -73,14 +80,14 @@ def per_example(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, n
     dtype = compute_dtype(model) or engine.dtype_name
     rule = tolerance("replay", dtype)
     if not np.isfinite(loss) or not np.isfinite(added):
-        raise ConfigError(f"{engine.path}: {flag('per_example')}: the loss with every "
+        raise ConfigError(f"{engine.path}: {_asked()}: the loss with every "
                           "sample weight 0 is not finite: its reduction divides by the "
                           "weights (a mean weighted by them), so it is no sum of one share "
                           "per example",
                           where=flag("per_example"))
     scale = max(abs(loss), abs(added), float(np.sum(np.abs(shares))), 1e-30)
     if abs(float(np.sum(shares)) - (loss - added)) > rule.rtol * scale:
-        raise ConfigError(f"{engine.path}: {flag('per_example')}: the loss is not a sum of "
+        raise ConfigError(f"{engine.path}: {_asked()}: the loss is not a sum of "
                           f"one share per example: the shares add up to {np.sum(shares):.9g}, the "
                           f"loss less its added terms is {loss - added:.9g} (a reduction "
                           "that divides by the sample weights, or a loss of your own that "
@@ -290,7 +297,7 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
             except Exception as exc:  # noqa: BLE001  (pfor fails in many ways; loop next)
                 failure = first_line(exc)
                 if not pfor:
-                    raise ConfigError(f"{engine.path}: {flag('per_example')}: the Jacobian of the "
+                    raise ConfigError(f"{engine.path}: {_asked()}: the Jacobian of the "
                                       f"examples' losses fails: {failure}",
                                       where=flag("per_example")) from None
     assert found is not None
@@ -299,6 +306,12 @@ def _shares_and_jacobian(engine: Any, variables: list[Any], feed: list[Any], y: 
              [np.asarray(s, np.float64) for s in squares],
              [np.asarray(s, np.float64) for s in summed],
              [np.asarray(g, np.float64) for g in gradient]), method)
+
+
+def _asked() -> str:
+    """The option as the user gave it: ``--per-example`` or ``per_example=True``."""
+    option = flag("per_example")
+    return option + "True" if option.endswith("=") else option
 
 
 def _split_refused(engine: Any) -> str | None:
