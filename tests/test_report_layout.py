@@ -465,3 +465,14 @@ def test_a_long_item_shares_its_lines_with_the_items_beside_it(width):
         # nothing lost or doubled
         assert " ".join(" ".join(lines).split()) == " ".join(
             f"{label.strip()}: {' · '.join(items)}".split())
+
+
+def test_a_sparkline_of_one_level_is_drawn_at_mid_height():
+    """Found tried as a new user would: ``explain --at 0``'s influence row, one value and
+    zeros, drew that value (the largest) as the lowest mark. A single level (one value, or
+    all alike) is drawn at mid height; a zero is a blank, as before."""
+    from gradscope.report.layout import sparkline
+
+    assert sparkline([3.15, 0.0, 0.0, 0.0]) == "▄   "
+    assert sparkline([2.0, 2.0, 2.0]) == "▄▄▄"
+    assert sparkline([1.0, 10.0, 100.0]) == "▁▅█"

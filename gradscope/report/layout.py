@@ -183,7 +183,12 @@ def sparkline(values: list[float], width: int = 60) -> str:
     if not positive.any():
         return SPARKS[0] * len(means)
     low, high = logs[positive].min(), logs[positive].max()
-    span = high - low if high > low else 1.0
+    if high == low:
+        # One level (a single value, or all alike): drawn at mid height, not as the lowest
+        # mark (found tried as a new user would: the only value, the largest, drawn "▁").
+        level = SPARKS[(len(SPARKS) - 1) // 2]
+        return "".join(level if ok else " " for ok in positive)
+    span = high - low
     return "".join(
         SPARKS[int(round((value - low) / span * (len(SPARKS) - 1)))] if ok else " "
         for value, ok in zip(logs, positive, strict=True)
