@@ -231,9 +231,9 @@ def test_an_alias_wider_than_the_console_folds_after_a_slash():
     report = report.model_copy(update={"tensors": tensors})
     lines = render_text(report, 60).split("\n")
     assert max(cell_len(line) for line in lines) <= 60
-    start = next(i for i, line in enumerate(lines) if line.startswith("checkpoint "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("stored as "))
     folded = [line.rstrip() for line in lines[start:start + 3]]
-    assert "".join(folded) == f"checkpoint {long_name}"
+    assert "".join(folded) == f"stored as {long_name}"
     assert all(line.endswith("/") for line in folded[:-1])
 
 

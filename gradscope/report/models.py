@@ -133,7 +133,8 @@ class TensorEntry(_Report):
         default="tf1",
         description="tf1: the name the canonical TF1 program (MultiRNNCell, dynamic_rnn, "
                     "tf.layers.dense) creates; keras: the Keras 3 variable path; checkpoint: "
-                    "the variable the weights were read from")
+                    "the name the weights were read under (a checkpoint's variable or an "
+                    ".npz's array; the text says 'stored as')")
     layer: str
     shape: list[int]
     formula: str = Field(description="the shape's arithmetic with the model's numbers")

@@ -77,7 +77,9 @@ def _name_cell(name: str, shape: list[int]) -> Text:
 
 
 #: What each alias is, as the line under the formula says it.
-ALIAS_LABELS = {"tf1": "TF1", "keras": "Keras", "checkpoint": "checkpoint"}
+#: "stored as": the name the weights were read under, a checkpoint's variable or an .npz's
+#: array (found tried as a new user would: an .npz's arrays were said to be a checkpoint's).
+ALIAS_LABELS = {"tf1": "TF1", "keras": "Keras", "checkpoint": "stored as"}
 
 
 def alias_line(entry: TensorEntry, width: int | None = None) -> Text:
