@@ -176,8 +176,11 @@ def infer_spec(source: str | os.PathLike[str] | Mapping[str, Any],
     loss = "softmax_cross_entropy" if previous_units > 1 else "mse"
     defaults = [
         Inference(key="layout", value=layout, variables=[], known=True,
-                  reason=f"the first recurrent layer's weights are "
-                         f"{'TF1 (block) names' if layout == 'block' else 'Keras weights'}"),
+                  # Found tried as a new user would: gradscope's own names (gru_1/w_ru)
+                  # were said to be TF1's.
+                  reason="the first recurrent layer's weights are "
+                         + ("in blocks (gates and candidate apart)" if layout == "block"
+                            else "Keras weights (kernel, recurrent_kernel)")),
         Inference(key="time_steps", value=DEFAULT_TIME_STEPS, variables=[], known=False,
                   reason="no weight depends on it: a default; --data sets it from x"),
         Inference(key="batch_size", value=DEFAULT_BATCH_SIZE, variables=[], known=False,
