@@ -67,7 +67,12 @@ def header(command: str, model: ModelEntry, loss_line: str, width: int) -> Group
     details = pack([f"batch {model.batch_size} × time {model.time_steps}", loss_line,
                     model.dtype, f"{model.weight_count:,} weights"], width)
     details.stylize("dim")
-    source = pack([f"layout {model.layout}", f"data {model.data}"], width)
+    # The recurrent layers' own layouts (found tried as a new user would: "layout block" of a
+    # model whose one recurrent layer says layout: keras).
+    kinds = list(dict.fromkeys(layer.layout or model.layout for layer in model.layers
+                               if layer.type != "dense")) or [model.layout]
+    layout = f"layout {kinds[0]}" if len(kinds) == 1 else f"layouts {', '.join(kinds)}"
+    source = pack([layout, f"data {model.data}"], width)
     source.stylize("dim")
     return Group(heading, details, source)
 
