@@ -150,14 +150,17 @@ def _data_options(func: Callable[..., Any], yaml: bool) -> Callable[..., Any]:
                  "Use this batch: arrays named after the model's inputs and outputs, and "
                  "optionally sample_weight (or sample_weight/OUTPUT); for a YAML config, x "
                  "(B, T, F) and y. Batch and time sizes come from the data.")
-    without = "without --data/--x" if yaml else "without --data"
+    # --x/--y are a YAML config's (found tried as a new user would: "for a .keras model
+    # without --data/--x" read as if a .keras model took them; it refuses them).
+    without = "without --data"
     options = [
         click.option("--data", "data_file", metavar="FILE.npz", shell_complete=_complete_path,
                      help=data_help),
         *([click.option("--x", "x_file", metavar="FILE.npy", shell_complete=_complete_path,
-                        help="Inputs (B, T, F); with --y."),
+                        help="A YAML config's inputs (B, T, F); with --y (a .keras "
+                             "model takes --data)."),
            click.option("--y", "y_file", metavar="FILE.npy", shell_complete=_complete_path,
-                        help="Targets; with --x.")] if yaml else []),
+                        help="A YAML config's targets; with --x.")] if yaml else []),
         click.option("--batch-size", type=click.IntRange(min=1), metavar="B",
                      help=f"For a .keras model {without}: the batch size (default 32)."),
         click.option("--time-steps", type=click.IntRange(min=1), metavar="T",
