@@ -34,7 +34,8 @@ Exit codes:
   1  a check found a problem (or gradscope disagreed with itself), a NaN/Inf
      in a Keras model's loss or gradients (where it was born is said), or a
      flag that --fail-on names (explain --flow)
-  2  usage, config or data error
+  2  usage, config or data error, or a result gradscope cannot vouch for
+     and so refuses (one line says why)
 """
 
 MAIN_HELP = f"""Explain and verify the gradients of recurrent TensorFlow models.
@@ -596,8 +597,8 @@ Exit codes:
      diagnosed; where it was born is said); with --fail-on, a layer whose
      verdict names that mechanism (one line on stderr says which); or
      gradscope disagreed with itself (an internal error)
-  2  usage, config or data error; with --fail-on, a recurrent call that
-     could not be diagnosed
+  2  usage, config or data error, or a result gradscope cannot vouch for;
+     with --fail-on, a recurrent call that could not be diagnosed
 """
 
 
