@@ -100,7 +100,10 @@ def test_the_cli_round_trip_spec_then_explain_with_weights(saved):
     written = folder / "model.yaml"
     done = run_gradscope("spec", saved["path"], "-q", "-o", str(written))
     assert done.returncode == 0, done.stderr
-    assert "model.keras (saved Keras model)" in written.read_text()
+    # Its reasons are comments wrapped within 80 columns: read as one text.
+    comments = " ".join(line.split("# ", 1)[1] for line in written.read_text().splitlines()
+                        if "# " in line)
+    assert "model.keras (saved Keras model)" in comments
     explained = run_gradscope("explain", str(written), "--weights", saved["path"], "--data",
                               str(folder / "batch.npz"), "--json", "-q")
     assert explained.returncode == 0, explained.stderr

@@ -119,7 +119,14 @@ def test_spec_reads_the_seed_checkpoint_back(seed_files):
     said = " ".join(result.stderr.split())
     assert ("(264, 128) and (264, 64) under GRU_Layer1/rnn/gru_cell: a GRU with 64 units on "
             "200 inputs") in said
-    assert "time_steps: 100" in result.stdout and "--data sets it" in result.stdout
+    comments = " ".join(line.split("# ", 1)[1] for line in result.stdout.splitlines()
+                        if "# " in line)
+    assert "time_steps: 100" in result.stdout and "--data sets it from x" in comments
+    # The YAML too, its reasons on comment lines of their own (found tried as a new user
+    # would: lines of 91–155 columns).
+    assert max(cell_len(line) for line in result.stdout.splitlines()) <= 80
+    assert "\n                               # 200 inputs (TF1 GRUCell, block layout)\n" \
+        in result.stdout
     assert "global_step (optimizer or training state)" in said
     (seed_files["folder"] / "seed.yaml").write_text(result.stdout)
 

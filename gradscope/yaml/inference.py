@@ -401,33 +401,49 @@ def render_yaml(config: dict[str, Any], inferences: list[Inference], origin: str
     """The config as YAML, each value with its reason as a comment."""
     reasons = {item.key: item for item in inferences}
 
-    def line(key: str, value: Any) -> str:
+    def line(key: str, value: Any) -> list[str]:
         text = f"{key}: {_scalar(value)}"
         item = reasons.get(key)
-        if item is None:
-            return text
-        return f"{text:<30} # {item.reason}"
+        return [text] if item is None else _commented(text, item.reason)
 
-    lines = [f"# Inferred by `gradscope spec` from {origin} ({file_format}).",
-             "# Values the file cannot hold are defaults, said so below; --data sets the "
-             "batch and time sizes."]
+    lines = [*_commented("", f"Inferred by `gradscope spec` from {origin} ({file_format}). "
+                             "Values the file cannot hold are defaults, said so below; "
+                             "--data sets the batch and time sizes.")]
     for key in ("input_size", "time_steps", "batch_size", "layout"):
-        lines.append(line(key, config[key]))
+        lines += line(key, config[key])
     lines.append("layers:")
     for index, layer in enumerate(config["layers"]):
         flow = yaml.safe_dump(layer, default_flow_style=True, sort_keys=False).strip()
         if len(layer) == 1:
             flow = flow.strip("{}")
         item = reasons.get(f"layers[{index}]")
-        note = f"  # {item.reason}" if item is not None else ""
-        lines.append(f"  - {flow:<26}{note}")
+        lines += ([f"  - {flow}"] if item is None else _commented(f"  - {flow}", item.reason))
     for key in ("loss", "seed", "dtype"):
         if key == "seed":
-            lines.append(f"{'seed: 0':<30} # draws the synthetic batch (the weights come "
-                         "from --weights)")
+            lines += _commented("seed: 0", "draws the synthetic batch (the weights come from "
+                                           "--weights)")
             continue
-        lines.append(line(key, config[key]))
+        lines += line(key, config[key])
     return "\n".join(lines) + "\n"
+
+
+#: The column a value's comment starts at, and the width its lines keep within.
+COMMENT_COLUMN, YAML_WIDTH = 31, 80
+
+
+def _commented(text: str, reason: str) -> list[str]:
+    """``text`` with ``reason`` as its comment from :data:`COMMENT_COLUMN`, wrapped onto
+    comment lines of their own within :data:`YAML_WIDTH` columns (a name longer than that
+    stays whole). Found tried as a new user would: lines of 91–155 columns on stdout."""
+    import textwrap
+
+    column = COMMENT_COLUMN if text else 0
+    parts = textwrap.wrap(reason, YAML_WIDTH - column - 2, break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    first = f"{text:<{column - 1}} # {parts[0]}" if text else f"# {parts[0]}"
+    if text and len(text) >= column - 1:  # a long value: its comment on the next line
+        return [text, *(f"{'':<{column}}# {part}" for part in parts)]
+    return [first, *(f"{'':<{column}}# {part}" if text else f"# {part}" for part in parts[1:])]
 
 
 def _scalar(value: Any) -> str:
