@@ -162,21 +162,15 @@ class FlowSummaryWriter:
                          json.dumps(examples.to_dict(), ensure_ascii=False))
             for tag, value in per_example_scalars(examples).items():
                 scalar(tag, value)
-        with self.writer.as_default():
-            tf.summary.experimental.write_raw_pb(
-                tf.constant([summary.SerializeToString()]), step=step)
+        self._written(summary, step)
         self.run_written = True
-        self.writer.flush()
 
     def write_run(self, step: int, run: dict[str, Any]) -> None:
         """The run's description alone, at ``step``: a fit that neither observed nor
         diagnosed (watch reads a run with none)."""
         summary = summary_pb2.Summary()
         self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
-        with self.writer.as_default():
-            self.tf.summary.experimental.write_raw_pb(
-                self.tf.constant([summary.SerializeToString()]), step=step)
-        self.writer.flush()
+        self._written(summary, step)
 
     def write_diagnosis(self, step: int, readings: list[CallReading],
                         skipped: list[tuple[str, str]], run: dict[str, Any] | None) -> None:
@@ -191,6 +185,10 @@ class FlowSummaryWriter:
                      json.dumps(as_json(readings, skipped), ensure_ascii=False))
         for tag, value in diagnose_scalars(readings).items():
             summary.value.extend(scalar_pb(tag, value).value)
+        self._written(summary, step)
+
+    def _written(self, summary: Any, step: int) -> None:
+        """``summary`` written at ``step`` as one event, and flushed (watch reads it live)."""
         with self.writer.as_default():
             self.tf.summary.experimental.write_raw_pb(
                 self.tf.constant([summary.SerializeToString()]), step=step)
