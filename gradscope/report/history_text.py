@@ -38,16 +38,20 @@ def _first_last(series: list[float | None]) -> tuple[float | None, float | None]
 def _steps(report: FlowHistoryReport) -> str:
     steps = [o.step for o in report.observations]
     if not steps:
-        if report.batches is not None and report.every:
-            # An every beyond what fit ran, said as what happened (found tried as a new user
-            # would: "yet", and then "is taken at batch 100", read as if one were to come).
-            fewer = (f", fewer than every={report.every}" if report.batches < report.every
-                     else "")
-            return f"no observations: {report.batches} batches trained{fewer}"
-        return "no observations"
+        return "no observations" + _none_taken(report.batches, report.every, "every")
     count = f"{len(steps)} observation{'s' if len(steps) != 1 else ''}"
     return f"{count}, step {steps[0]}" if len(steps) == 1 else \
         f"{count}, steps {steps[0]}–{steps[-1]}"
+
+
+def _none_taken(batches: int | None, every: int | None, name: str) -> str:
+    """Why nothing was taken, said as what happened (found tried as a new user would: "yet",
+    and "the first is at batch 100", read after fit as if one were to come): ": 4 batches
+    trained, fewer than every=100"; "" where fit's batches are not known (watch)."""
+    if batches is None or not every:
+        return ""
+    return f": {batches} batches trained" + (f", fewer than {name}={every}"
+                                             if batches < every else "")
 
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
@@ -159,7 +163,7 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
                  if gates is not None
                  else f"gates: {(entry.gates_note or 'not known').removeprefix('gates ')}")
     label = f"{entry.call} ({entry.cell})"
-    if len(label) > width // 2:
+    if cell_len(label) > width // 2:
         # A long label on a line of its own (found tried as a new user would: the words hung
         # under it in a column of 20, a number alone on its last line).
         return [(None, label + ":"), (" ", pack(lead, width - 2, " ").plain), (" ", horizon),
@@ -217,10 +221,8 @@ def diagnosis_section(report: FlowHistoryReport, width: int) -> list[RenderableT
     if taken:
         parts.append(Text(taken, style="dim"))
     if not steps:  # found tried as a new user would: a bare title said nothing of why
-        trained = (f" ({report.batches} trained so far)" if report.batches is not None
-                   else "")
-        parts.append(Text(f"none yet: the first diagnosis is at batch "
-                          f"{report.diagnose_every}{trained}", style="dim"))
+        parts.append(Text("no diagnoses" + _none_taken(report.batches, report.diagnose_every,
+                                                       "diagnose_every"), style="dim"))
     for entry in report.diagnoses:
         # Wrapped lines hang under their first words, never at the first column.
         parts += [Text(line) if mark is None else hanging(mark, line)
