@@ -29,10 +29,14 @@ def map_rows(steps: int, at: int | None = None) -> list[int]:
 
 
 def stats(values: np.ndarray) -> Stats:
-    """L2 norm, mean |g| and max |g| over the finite entries, and the count of the others."""
+    """L2 norm, mean |g| and max |g| over the finite entries, and the count of the others;
+    None where no entry is finite (found tried as a new user would: a gradient all NaN read
+    ‖g‖₂ 0, as if it were zero)."""
     flat = np.asarray(values, dtype=np.float64).ravel()
     finite = np.isfinite(flat)
     kept = np.abs(flat[finite])
+    if flat.size and not kept.size:
+        return Stats(l2=None, mean_abs=None, max_abs=None, nonfinite=int(flat.size))
     return Stats(
         l2=float(np.sqrt(np.sum(kept * kept))),
         mean_abs=float(kept.mean()) if kept.size else 0.0,

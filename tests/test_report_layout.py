@@ -259,6 +259,19 @@ def test_a_trend_table_folds_a_long_weight_path_and_cuts_no_number(width):
     assert "".join(folded) == long and all(part.endswith("/") for part in folded[:-1])
 
 
+def test_a_trend_tables_last_column_is_the_last_observation():
+    """Found tried as a new user would: a kernel whose gradient norm was NaN at the last
+    observation (stored as None) read "last 0", the value of the observation before."""
+    from rich.console import Console
+
+    from gradscope.report.history_text import series_table
+
+    console = Console(width=80, record=True, color_system=None)
+    console.print(series_table({"gru/kernel": [1.62e3, 0.0, None]}, 80, "weight"))
+    row = [line for line in console.export_text().splitlines() if "gru/kernel" in line][0]
+    assert row.split()[-2:] == [number(1.62e3), "n/a"]
+
+
 @pytest.mark.parametrize("width", [30, 40, 48])
 def test_a_norm_table_below_60_columns_cuts_no_number_and_no_word(width):
     """Found at stop 47: ``gradscope watch`` at 40 columns drew ‖∂L/∂h_t‖'s table as

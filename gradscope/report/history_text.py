@@ -31,8 +31,10 @@ def _values(series: list[float | None]) -> list[float]:
 
 
 def _first_last(series: list[float | None]) -> tuple[float | None, float | None]:
-    present = [v for v in series if v is not None]
-    return (present[0], present[-1]) if present else (None, None)
+    """The first and the last observation's values (None, shown "n/a": not finite, or not
+    analysed there). Found tried as a new user would: a kernel's norm NaN at the last
+    observation read "last 0", the value of the one before."""
+    return (series[0], series[-1]) if series else (None, None)
 
 
 def _steps(report: FlowHistoryReport) -> str:

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 
 class _Report(BaseModel):
@@ -106,12 +106,22 @@ class LossEntry(_Report):
 
 
 class Stats(_Report):
-    """Statistics of one gradient tensor, over its finite entries."""
+    """Statistics of one gradient tensor, over its finite entries (null where none is: a
+    gradient every value of which is NaN or Inf has no norm, not a norm of 0)."""
 
-    l2: float = Field(description="L2 (Frobenius) norm")
-    mean_abs: float = Field(description="mean of |g|")
-    max_abs: float = Field(description="largest |g|")
+    l2: float | None = Field(description="L2 (Frobenius) norm of the finite entries; null "
+                                         "where none is finite")
+    mean_abs: float | None = Field(description="mean of |g| over the finite entries; null "
+                                               "where none is finite")
+    max_abs: float | None = Field(description="largest finite |g|; null where none is "
+                                              "finite")
     nonfinite: int = Field(description="count of NaN and ±Inf entries")
+
+    @model_validator(mode="after")
+    def _null_only_without_finite(self) -> Stats:
+        if self.nonfinite == 0 and None in (self.l2, self.mean_abs, self.max_abs):
+            raise ValueError("a statistic is null, yet no entry is NaN or Inf")
+        return self
 
 
 class PerExampleNorms(_Report):

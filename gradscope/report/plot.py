@@ -302,9 +302,11 @@ def _panels(report: Any) -> list[Panel]:
     return panels
 
 
-def _weight_norms(axes: Any, norms: dict[str, float]) -> None:
+def _weight_norms(axes: Any, norms: dict[str, float | None]) -> None:
     names = list(norms)
-    values = np.maximum(np.asarray([norms[n] for n in names], dtype=float), 1e-300)
+    # No bar where a gradient has no finite value (its norm None).
+    values = np.maximum(np.asarray([np.nan if norms[n] is None else norms[n] for n in names],
+                                   dtype=float), 1e-300)
     axes.barh(np.arange(len(names)), values, color="tab:blue")
     axes.set_yticks(np.arange(len(names)), names, fontsize=7)
     axes.invert_yaxis()
