@@ -156,8 +156,8 @@ def test_a_relu_simple_rnn_that_explodes(tf):
         "forward", "rnn", step, examples)
     assert found.cause.startswith("the recurrent state grows 4.4× a step with relu, "
                                   "reaching ")
-    assert found.cause.endswith(f"at step {step - 1}, and overflows at step {step} "
-                                f"(example {examples[0]})")
+    assert found.cause.endswith(f"at step {step - 1}, and overflows float32 (largest "
+                                f"3.4e+38) at step {step} (example {examples[0]})")
     text = render_text(report, 80)
     assert "Where the first NaN or Inf was born (forward pass)" in text
     assert "cause: the recurrent state grows 4.4×" in text
@@ -248,6 +248,14 @@ def test_backward_the_derivative_of_sqrt_at_zero(tf):
             found.operation) == ("backward", "layer", "norm", 2, [4], "SqrtGrad")
     assert found.cause == ("the derivative of sqrt at 0 is infinite: its argument is 0 at "
                            "step 2 (example 4); the value is finite, its gradient is not")
+    # A gradient every value of which is NaN has no norm (found tried as a new user would:
+    # "‖g‖₂ 0 · mean|g| 0 · max|g| 0", and "l2": 0.0 in the JSON, as if it were zero).
+    whole = [g for g in report.gradients if g.stats is not None
+             and g.stats.nonfinite == int(np.prod(g.shape))]
+    assert whole and all(g.stats.l2 is None and g.stats.max_abs is None for g in whole)
+    assert not np.isfinite(norms[whole[0].path])
+    assert "‖g‖₂ n/a · mean|g| n/a · max|g| n/a · NaN/Inf" in render_text(report, 200)
+    assert report.to_dict()["gradients"][report.gradients.index(whole[0])]["stats"]["l2"] is None
 
 
 @pytest.mark.parametrize("command", ["explain-keras", "check-keras"])
@@ -318,3 +326,67 @@ def test_check_passes_a_model_near_float32_s_range_that_holds(tf):
     assert np.isfinite(float(loss)) and 1e35 < largest < 3e38
     report = gradscope.check(model, x=x, y=y)
     assert report.nonfinite is None and report.summary.passed and report.dtype == "float64"
+
+
+def test_check_fails_a_model_whose_float32_softmax_underflows(tf):
+    """Tried as a new user would: a loss taking the log of a softmax whose float32 output
+    underflows to exactly 0 (the logits 150 apart) is inf where fit computes it, and finite
+    in check's float64 copy, whose numbers stay far from float64's range: check passed on
+    the copy. It now runs the model as fit does and fails (exit 1), where the float32 number
+    was born and what the copy computed."""
+    import keras
+
+    def log_loss(y_true: Any, y_pred: Any) -> Any:
+        return -keras.ops.sum(y_true * keras.ops.log(y_pred), axis=-1)
+
+    x = _sequences(5)
+    inputs = keras.Input((5, F), name="x")
+    probs = keras.layers.Dense(3, activation="softmax", name="probs")
+    model = keras.Model(inputs, probs(keras.layers.Flatten()(inputs)))
+    model.compile(loss=log_loss)
+    kernel, bias = probs.get_weights()
+    kernel[:] = 0.0
+    bias[:] = [0.0, 0.0, -150.0]  # class 2: exp(−150) is 0 in float32, 7e−66 in float64
+    probs.set_weights([kernel, bias])
+    y = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 0]]
+    assert not np.isfinite(float(model.compute_loss(x=x, y=y, y_pred=model(x))))
+    report = gradscope.check(model, x=x, y=y)
+    assert not report.summary.passed and report.summary.comparisons == 0
+    found = report.nonfinite
+    # Every example: 0·log(0) is NaN where class 2 is not the target.
+    assert found is not None and found.operation == "Log" and found.examples == list(range(B))
+    assert found.cause.startswith("log of 0: the softmax output for example 0 at class 2 is "
+                                  "exactly 0. A float64 copy with the same weights computes "
+                                  "a loss of ")
+    assert "but float32, in which the model runs, cannot hold them" in found.cause
+
+
+def test_check_fails_where_the_copy_saturates_and_the_model_overflows(tf):
+    """Tried as a new user would: a relu SimpleRNN under mixed_float16 whose state passes
+    65504, under a tanh head. In the float64 copy the head saturates, every gradient exactly
+    0, and check refused the model as having nothing to check (exit 2) where fit's loss is
+    NaN; the copy's numbers (about 1e7) are far from the model's float32 range, and the
+    layer's float16 was not looked at. check now fails (exit 1) with the step where the
+    float16 state overflows, and names float16."""
+    import keras
+
+    x = np.abs(_sequences(40))
+    inputs = keras.Input((40, F), name="x")
+    rnn = keras.layers.SimpleRNN(4, activation="relu", dtype="mixed_float16", name="rnn")
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="tanh", name="head")(
+        rnn(inputs)))
+    model.compile(loss="mse")
+    kernel, _, bias = rnn.get_weights()
+    rnn.set_weights([np.full_like(kernel, 0.3), 1.5 * np.eye(4, dtype="float32"), bias])
+    h = np.zeros((B, 4))  # by hand, in float64: where the state first passes float16's max
+    for t in range(40):
+        h = np.maximum(x[:, t] @ np.full((F, 4), 0.3) + 1.5 * h, 0)
+        if (h > 65504).any():
+            break
+    report = gradscope.check(model, x=x, y=np.zeros((B, 2), "float32"))
+    found = report.nonfinite
+    assert not report.summary.passed and found is not None
+    assert (found.layer, found.step) == ("rnn", t)
+    assert f"overflows float16 (largest 6.55e+04) at step {t}" in found.cause
+    assert "A float64 copy with the same weights computes a loss of 1 " in found.cause
+    assert "but float16, in which the model computes (" in found.cause

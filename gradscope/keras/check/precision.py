@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.gradcheck import near_range as near
 from gradscope.gradcheck import rounding_noise, step_for
 from gradscope.keras.check.probing import Probing
 
@@ -34,17 +33,6 @@ def not_in_dtype(model: Any, calls: list[Any], dtype: str) -> str | None:
         found.append(f"layer{'s' if len(outputs) > 1 else ''} {_listed(outputs)} "
                      f"return{'' if len(outputs) > 1 else 's'} another dtype")
     return f"in its {dtype} copy, {' and '.join(found)}" if found else None
-
-
-def near_range(model: Any, result: Any) -> bool:
-    """Whether a float64 copy's pass (``result``) reaches near the range of the user's
-    ``model`` (:func:`~gradscope.gradcheck.near_range`): its loss or a gradient near the
-    variables' dtype's, a layer call's output near the compute dtype's."""
-    policy = getattr(model, "dtype_policy", None)
-    variables = str(getattr(policy, "variable_dtype", None) or "float32")
-    compute = str(getattr(policy, "compute_dtype", None) or "float32")
-    return (near([result.loss, *result.gradients.values()], variables)
-            or near([tensor for call in result.calls for tensor in call.outputs], compute))
 
 
 def coarse_loss(loss_along: Callable[[float], float], loss: float) -> str | None:

@@ -124,7 +124,7 @@ def _layer_birth(engine: Any, call: CapturedCall, label: str) -> NonFiniteEntry:
     bad = next(np.asarray(o) for o in call.outputs if _is_float(o) and not finite(o))
     step, examples = positions(bad)
     _, birth = first_birth(lambda: layer_call(engine, layer, call))
-    cause = fully_masked(call.mask, examples) or op_cause(birth, step, examples)
+    cause = fully_masked(call.mask, examples, birth, step) or op_cause(birth, step, examples)
     return entry("forward", "layer", label, step, examples, cause, birth)
 
 

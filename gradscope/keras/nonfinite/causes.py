@@ -32,9 +32,13 @@ def where(step: int | None, examples: list[int]) -> str:
     return f"{at} ({noun} {shown})" if examples else at
 
 
-def fully_masked(mask: Any, examples: list[int]) -> str | None:
-    """'a fully masked example: …' where the call's mask keeps no step of an example that
-    holds the non-finite value."""
+def fully_masked(mask: Any, examples: list[int], birth: Birth | None = None,
+                 step: int | None = None) -> str | None:
+    """Where the call's mask keeps no step of an example that holds the non-finite value:
+    'a fully masked example: the mean over 0 steps …' where a division made it (or where no
+    operation could be named, what an average over no steps does); else the operation's own
+    cause (:func:`op_cause`), the empty mask said beside it. Found tried as a new user
+    would: a softmax over scores all masked to −inf was said to be a mean."""
     if mask is None:
         return None
     kept = np.asarray(mask, bool)
@@ -44,9 +48,15 @@ def fully_masked(mask: Any, examples: list[int]) -> str | None:
     if not empty:
         return None
     noun = "example" if len(empty) == 1 else "examples"
-    return (f"a fully masked example: the mean over 0 steps ({noun} "
-            f"{', '.join(map(str, empty[:8]))}: the mask keeps none of its {kept.shape[1]} "
-            "steps, and 0/0 is NaN)")
+    which = (f"{noun} {', '.join(map(str, empty[:8]))}: the mask keeps none of its "
+             f"{kept.shape[1]} steps")
+    if birth is not None and birth.op_type in DIVISIONS:
+        return f"a fully masked example: the mean over 0 steps ({which}, and 0/0 is NaN)"
+    if birth is None:
+        return (f"a fully masked example ({which}); no single operation could be named: an "
+                "average over no steps is 0/0 (a mean, or a softmax whose every score is "
+                "masked to −inf)")
+    return f"{op_cause(birth, step, examples)}; a fully masked example ({which})"
 
 
 def op_cause(birth: Birth | None, step: int | None, examples: list[int],
@@ -70,7 +80,9 @@ def op_cause(birth: Birth | None, step: int | None, examples: list[int],
         return (f"square root of a negative number ({low:.3g}){at}" if low < 0
                 else f"1/sqrt of 0{at}")
     if op in DIVISIONS and len(birth.inputs) >= 2:
-        zero = not np.any(birth.inputs[1])
+        # The denominators where the output is not finite (found tried as a new user would:
+        # x/‖x‖ with x all 0 in one place, 0/0 there, was "a division that overflows").
+        zero = not np.any(_where_bad(birth.inputs[1], bad))
         return (f"a division by 0{at}" + (" (0/0 is NaN)" if kind_of(birth.output) == "NaN"
                                           else "") if zero else
                 f"a division that overflows{at}: numerators up to "
@@ -79,6 +91,15 @@ def op_cause(birth: Birth | None, step: int | None, examples: list[int],
     if kind_of(birth.output) == "Inf":
         return f"{op} overflows float{birth.output.dtype.itemsize * 8}: inputs up to {top:.3g}{at}"
     return f"{op} makes NaN from finite inputs (up to {top:.3g}){at}"
+
+
+def _where_bad(value: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """``value``'s entries where the output is not finite (``bad``), broadcast to the
+    output's shape; all of them where it does not broadcast."""
+    try:
+        return np.broadcast_to(value, bad.shape)[bad]
+    except ValueError:
+        return np.asarray(value).reshape(-1)
 
 
 #: A state is said to grow when its size grows by at least this much a step, on average
@@ -125,8 +146,19 @@ def growth_cause(sequence: np.ndarray, example: int, step: int, backwards: bool,
     steps = sequence.shape[1]
     shown, previous = ((steps - 1 - step, steps - step) if backwards else (step, step - 1))
     return (f"the recurrent state grows {growth:.2g}× a step{_with_what(cell, training)}, "
-            f"reaching {last:.1e} at step {previous}, and overflows at step {shown} (example "
-            f"{example})")
+            f"reaching {last:.1e} at step {previous}, and overflows "
+            f"{_largest(getattr(cell, 'compute_dtype', None) or sequence.dtype)} at step "
+            f"{shown} (example {example})")
+
+
+def _largest(dtype: Any) -> str:
+    """'float16 (largest 6.55e+04)': the dtype a value overflows, and its largest number."""
+    import ml_dtypes
+
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" and dtype.name != "bfloat16":
+        return dtype.name
+    return f"{dtype.name} (largest {float(ml_dtypes.finfo(dtype).max):.3g})"
 
 
 def growing(sequence: np.ndarray, backwards: bool, cell: Any, training: bool) -> str | None:
