@@ -390,3 +390,44 @@ def test_check_fails_where_the_copy_saturates_and_the_model_overflows(tf):
     assert f"overflows float16 (largest 6.55e+04) at step {t}" in found.cause
     assert "A float64 copy with the same weights computes a loss of 1 " in found.cause
     assert "but float16, in which the model computes (" in found.cause
+
+
+def test_backward_in_a_custom_cell_names_the_step_whose_backward_made_it(tf):
+    """Tried as a new user would: a cell h_t = sqrt(pre_t²) on sequences padded with zeros
+    in front, where pre_t is exactly 0 at every padded step. Counting back, the first
+    backward that meets sqrt at 0 is the last padded step's: the gradient on the state
+    before it is the first that is not finite. It was said to be the step before."""
+    import keras
+
+    @keras.saving.register_keras_serializable("gradscope_tests")
+    class SqrtCell(keras.layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = self.state_size = self.output_size = units
+
+        def build(self, shape: Any) -> None:
+            self.w = self.add_weight(shape=(shape[-1], self.units), name="w")
+            self.u = self.add_weight(shape=(self.units, self.units), name="u")
+
+        def call(self, x: Any, states: Any) -> Any:
+            pre = keras.ops.matmul(x, self.w) + 0.5 * keras.ops.matmul(states[0], self.u)
+            h = keras.ops.sqrt(keras.ops.square(pre))
+            return h, [h]
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "units": self.units}
+
+    padded = 5  # example 2's steps 0–4 are zeros
+    x = _sequences(12)
+    x[2, :padded] = 0.0
+    model = keras.Sequential([keras.Input((12, F), name="x"),
+                              keras.layers.RNN(SqrtCell(4), name="sqrt_rnn"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    y = np.ones((B, 1), "float32")
+    loss, norms = keras_tape_norms(model, x, y)
+    assert np.isfinite(loss) and not all(np.isfinite(v) for v in norms.values())
+    found = gradscope.explain(model, x=x, y=y).nonfinite
+    assert found is not None and found.operation == "SqrtGrad"
+    assert (found.pass_, found.layer, found.step, found.examples) == (
+        "backward", "sqrt_rnn", padded - 1, [2])

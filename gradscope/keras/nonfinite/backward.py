@@ -100,9 +100,12 @@ def _call_backward(engine: Any, call: CapturedCall, upstream: list[Any]) -> NonF
 
 def _stepped_totals(engine: Any, call: CapturedCall,
                     upstream: list[Any]) -> tuple[int, list[int], str] | None:
-    """A recurrent call stepped with its ∂L/∂outputs: the step (input order) whose total
-    ∂L/∂h_t is the first not finite, counting back from the last, its examples, and the
-    direction; None where the call is not stepped or every total is finite."""
+    """A recurrent call stepped with its ∂L/∂outputs: the step (input order) whose backward
+    made the first total ∂L/∂h_t that is not finite, counting back from the last (the total
+    on the state after step t is carried back by step t + 1's backward, which is where it was
+    made: found tried as a new user would, a sqrt at 0 in step 10 was said to be step 9's),
+    its examples, and the direction; None where the call is not stepped or every total is
+    finite."""
     from gradscope.keras.stepped import step_call
 
     stepped = step_call(engine, call, upstream, engine.training, carry_back=False)
@@ -114,8 +117,9 @@ def _stepped_totals(engine: Any, call: CapturedCall,
         bad = ~np.isfinite(joined).all(axis=2)
         if not bad.any():
             continue
-        step = int(np.flatnonzero(bad.any(axis=0))[-1])  # processing order: the last
-        examples = [int(e) for e in np.flatnonzero(bad[:, step])]
+        last = int(np.flatnonzero(bad.any(axis=0))[-1])  # processing order: the last
+        examples = [int(e) for e in np.flatnonzero(bad[:, last])]
+        step = min(last + 1, joined.shape[1] - 1)  # whose backward carried it to last
         shown = joined.shape[1] - 1 - step if direction.backwards else step
         return shown, examples, direction.label
     return None
