@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import render_text
 
 import gradscope
 from gradscope.errors import ConfigError
@@ -165,6 +166,12 @@ def test_the_norms_are_a_loop_of_one_tape_per_example(tf, kind, dtype, rtol):
     assert found.l2[2] == 0.0  # sample weight 0: no share of the loss
     assert found.added_terms is not None and found.added_terms > 0
     assert found.method == SPLIT_METHOD
+    if kind == "lstm":  # a batch of fewer than 20: its top 10% is one example, said so
+        assert found.top_examples == 1
+        shares = np.sort(found.l2) ** 2
+        text = render_text(report, 200)
+        assert (f"the example with the largest norm carries {shares[-1] / shares.sum():.0%} "
+                f"of Σ_i ‖g_i‖² (of {len(shares)} examples)") in text
 
 
 def test_the_statistics_follow_their_definitions():

@@ -285,3 +285,12 @@ def test_arrays_under_other_names_are_said_once(tmp_path, tf):
     assert [line.split(" (found ")[0] for line in lines[1:]] == [
         "has no array for the input 'seq'", "has no targets for the output 'out'"]
     assert all("(found inputs, targets)" in line for line in lines[1:])
+    assert lines[1].endswith("expected arrays named seq (or x)")
+    # An input named x is not offered as "x (or x)" (found tried as a new user would).
+    named_x = keras.Sequential([keras.Input((5, 2), name="x"), keras.layers.GRU(3),
+                                keras.layers.Dense(1, name="y")])
+    named_x.compile(loss="mse")
+    named_x.save(path)
+    result = run_without_tensorflow("explain", str(path), "--data", str(data))
+    lines = [line.strip() for line in result.stderr.strip().splitlines()]
+    assert lines[1].endswith("expected arrays named x") and lines[2].endswith("named y")

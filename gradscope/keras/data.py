@@ -240,7 +240,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             problems.append((f"{path}: has no array for the input '{spec.name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(input_names)}"
-                             + (" (or x)" if len(specs) == 1 else ""), spec.name))
+                             + (" (or x)" if len(specs) == 1 and spec.name != "x" else ""),
+                             spec.name))
             continue
         used.add(key)
         labels[spec.name] = key
@@ -263,7 +264,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             problems.append((f"{path}: has no targets for the output '{name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(outputs)}"
-                             + (" (or y)" if len(outputs) == 1 else ""), name))
+                             + (" (or y)" if len(outputs) == 1 and name != "y" else ""), name))
             continue
         used.add(key)
         labels[name] = key

@@ -419,8 +419,11 @@ def per_example_lines(found: KerasPerExample, width: int) -> list[RenderableType
                  is not None else "") + ". largest: the example with the largest norm."),
         fit(width, layout)]
     if found.top_share is not None:
-        lines.append(hanging("·", f"the top {found.top_examples} of {count} examples by norm "
-                                  f"carry {found.top_share:.0%} of Σ_i ‖g_i‖²"))
+        top = ("the example with the largest norm carries" if found.top_examples == 1 else
+               f"the top {found.top_examples} of {count} examples by norm carry")
+        lines.append(hanging("·", f"{top} {found.top_share:.0%} of Σ_i ‖g_i‖²"
+                                  + (f" (of {count} examples)" if found.top_examples == 1
+                                     else "")))
     if found.outliers:
         shown = ", ".join(f"#{i}" for i in found.outliers[:10])
         more = f" and {len(found.outliers) - 10} more" if len(found.outliers) > 10 else ""

@@ -93,8 +93,9 @@ def _in_weights(engine: Any) -> NonFiniteEntry | None:
         count = int(np.sum(~np.isfinite(value)))
         return entry("forward", "weight", variable.path.split("/")[0], None, [],
                      f"the weight {variable.path} already holds {count} {kind_of(value)} "
-                     f"number(s) of {value.size}: an earlier update wrote them (the batch "
-                     "is not the cause)")
+                     f"{'number' if value.size == 1 else 'numbers'} "
+                     f"{'(every one)' if count == value.size else f'of {value.size}'}: an "
+                     "earlier update wrote them (the batch is not the cause)")
     return None
 
 
