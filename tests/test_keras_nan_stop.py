@@ -110,3 +110,45 @@ def test_a_nan_gradient_is_found_on_the_step_that_wrote_it(tf):
     assert found is not None and flow.nonfinite_step == 2
     assert (found.pass_, found.layer, found.step, found.examples, found.operation) == (
         "backward", "norm", 3, [2], "SqrtGrad")
+
+
+def test_weights_that_diverge_are_said_beside_the_overflow(tf):
+    """Tried as a new user would: SGD at a learning rate of 50 grows the weights about 300×
+    a step until the loss overflows; the cause stopped at the overflow. It now names the
+    weight the last update grew most, from the weights a plain fit of a copy holds at each
+    step (the truth, computed here)."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    def model_and_data() -> tuple[Any, np.ndarray, np.ndarray]:
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((T, F), name="x"), keras.layers.GRU(4),
+                                  keras.layers.Dense(1, name="out")])
+        model.compile(optimizer=keras.optimizers.SGD(50.0), loss="mse")
+        x = np.random.default_rng(0).normal(size=(12 * B, T, F)).astype("float32")
+        return model, x, 10 * x[:, :, :1].sum(axis=1)
+
+    model, x, y = model_and_data()
+    held: list[list[np.ndarray]] = []
+
+    class Held(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            held.append([np.array(v.numpy(), np.float64) for v in model.trainable_weights])
+
+    model.fit(x, y, batch_size=B, shuffle=False, verbose=0,
+              callbacks=[Held(), keras.callbacks.TerminateOnNaN()])
+    stop = len(held)  # the step whose loss is not finite (1-based)
+    growth = [np.linalg.norm(b) / np.linalg.norm(a) for a, b in zip(held[-2], held[-1],
+                                                                      strict=True)]
+    grown = int(np.argmax(growth))
+    model, x, y = model_and_data()
+    flow = GradientFlow(every=100, stop_on_nan=True)
+    model.fit(x, y, batch_size=B, shuffle=False, verbose=0, callbacks=[flow])
+    found = flow.nonfinite
+    assert found is not None and flow.nonfinite_step == stop and growth[grown] > 10
+    path = model.trainable_weights[grown].path
+    assert (f"; the update at step {stop - 1} grew ‖{path}‖ from "
+            f"{np.linalg.norm(held[-2][grown]):.2g} to {np.linalg.norm(held[-1][grown]):.2g} "
+            f"(×{growth[grown]:.2g}; learning rate 50): the weights are diverging") \
+        in found.cause

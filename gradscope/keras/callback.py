@@ -361,6 +361,11 @@ class GradientFlow(keras.callbacks.Callback):
                 "cause": "fit's loss is not finite at this step, but a rerun of its batch in "
                          "inference mode is finite: training mode differs (dropout, batch "
                          "norm's batch statistics)"})
+        if found.origin in ("loss", "layer") and at == step and len(self._held) == 2:
+            grown = nan_stop.diverging(self.model, self._held[0][1], self._held[1][1],
+                                       step - 1)
+            if grown is not None:
+                found = found.model_copy(update={"cause": f"{found.cause}; {grown}"})
         self.nonfinite, self.nonfinite_step = found, at
         self._held = []
         self.model.stop_training = True

@@ -45,6 +45,38 @@ def weights_held(model: Any, values: list[np.ndarray]) -> Iterator[None]:
             variable.assign(value)
 
 
+#: An update that grows a weight's norm at least this many times is said beside the cause of
+#: the NaN that follows it.
+DIVERGING = 10.0
+
+
+def diverging(model: Any, before: list[np.ndarray], after: list[np.ndarray],
+              step: int) -> str | None:
+    """'the update at step 8 grew ‖out/kernel‖ from 3.1e+02 to 4.5e+07 (×1.5e+05; learning
+    rate 50)': the trainable weight whose norm the update at ``step`` grew most (``before``
+    and ``after``: :func:`snapshot` at the start of that step and of the next), where it grew
+    at least :data:`DIVERGING` times; None otherwise. Found tried as a new user would: with
+    a learning rate of 50, the cause stopped at the loss's overflow."""
+    trainable = {id(v) for v in model.trainable_weights}
+    grown = None
+    for variable, old, new in zip(model.weights, before, after, strict=True):
+        if id(variable) not in trainable:
+            continue
+        # In float64: a float32 weight near 1e20 has a square past float32's range.
+        a, b = (float(np.linalg.norm(np.asarray(w, np.float64))) for w in (old, new))
+        if np.isfinite(a) and np.isfinite(b) and a > 0 and b >= DIVERGING * a and (
+                grown is None or b / a > grown[0]):
+            grown = (b / a, variable.path, a, b)
+    if grown is None:
+        return None
+    ratio, path, a, b = grown
+    rate = ""
+    with contextlib.suppress(AttributeError, TypeError, ValueError):  # no optimizer, a schedule
+        rate = f"; learning rate {float(np.asarray(model.optimizer.learning_rate)):.3g}"
+    return (f"the update at step {step} grew ‖{path}‖ from {a:.2g} to {b:.2g} "
+            f"(×{ratio:.2g}{rate}): the weights are diverging")
+
+
 def as_arrays(value: Any) -> Any:
     """Tensors of a batch's part (sample weights) as NumPy arrays, in the same structure."""
     import keras
