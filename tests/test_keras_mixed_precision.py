@@ -144,3 +144,27 @@ def test_per_example_norms_of_a_mixed_float16_gru_are_a_loop_of_tapes(tf: Any) -
     truth = _one_tape_per_example(model, x, y, np.ones(16, "float32"))
     for name, norms in truth.items():
         np.testing.assert_allclose(found.layers[name], norms, rtol=2e-2, err_msg=name)
+
+
+def test_an_inf_spread_in_the_backward_is_not_called_rounding():
+    """Found tried as a new user would: a GRU's kernel 100% not finite in the model's own
+    float16 backward, where the shadow's scaled gradients overflow at 24%, was said to be
+    rounding that "moved values across the limits"; an inf made inside the backward spread."""
+    from gradscope.keras.mixed_precision import _warnings
+    from gradscope.report.models import MixedPrecisionTensor
+
+    def tensor(path: str, overflow: float, mixed: list[float]) -> MixedPrecisionTensor:
+        return MixedPrecisionTensor(path=path, kind="weight", entries=100, underflow=0.0,
+                                    subnormal=0.0, overflow=overflow, mixed=mixed,
+                                    agrees=False)
+
+    said = _warnings("float16", 32768.0, "LossScaleOptimizer(Adam)",
+                     [tensor("gru/kernel", 0.24, [0.0, 0.0, 1.0]),
+                      tensor("dense/bias", 0.0, [0.05, 0.0, 0.0])], None)
+    spread = [w for w in said if "spreads" in w]
+    assert spread == ["the model's own float16 backward is not finite at more entries than "
+                      "the float32 shadow's gradients overflow when scaled: 100.0% against "
+                      "24.0% at gru/kernel. An inf made inside the backward spreads to every "
+                      "gradient it reaches (in a recurrent layer, to each earlier step)"]
+    assert any(w.endswith("more than 1% of the entries at dense/bias: rounding on the way "
+                          "back moved values across the limits") for w in said)
