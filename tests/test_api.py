@@ -294,6 +294,7 @@ def test_the_header_says_what_inference_mode_changes_in_this_model(tf):
     x, y = np.ones((2, 5, 2), "float32"), np.zeros((2, 1), "float32")
     texts = [" ".join(render_text(gradscope.explain(m, x=x, y=y), 80).split())
              for m in (model(keras.layers.GaussianNoise(0.1), keras.layers.GRU(3)),
-                       model(keras.layers.GRU(3)))]
+                       model(keras.layers.GRU(3)), model(Mine(), keras.layers.GRU(3)))]
     assert "inference mode (noise off) ·" in texts[0]
     assert "inference mode · " in texts[1]
+    assert "inference mode (your layers get training=False) · " in texts[2]

@@ -30,8 +30,6 @@ from gradscope.report.layout import (
     warning,
 )
 from gradscope.report.models import (
-    BATCH_NORM,
-    DROPOUT,
     DiagnoseReport,
     KerasCarry,
     KerasCheckReport,
@@ -180,9 +178,11 @@ _PARENTHESIS = re.compile(r"\([^()]*\)")
 
 def _inference(effects: list[str] | None) -> str:
     """What inference mode changes, as the header says it: what the model's layers do
-    (nothing said where none changes), or both where code of the user's may."""
+    (nothing said where none changes); where code of the user's may change anything, that
+    its layers are called with training=False (found tried as a new user would: "dropout
+    off, batch norm uses its moving statistics" of a model with neither)."""
     if effects is None:
-        effects = [DROPOUT, BATCH_NORM]
+        return " (your layers get training=False)"
     return f" ({', '.join(effects)})" if effects else ""
 
 
