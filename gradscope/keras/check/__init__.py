@@ -160,10 +160,10 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         say("a number is not finite: where it was born, on these examples")
         return _not_finite(job, engine, autodiff, chosen, inputs, targets, sample_weight,
                            clock, timings)
-    if copied or chosen.indices is not None:
-        say("the model as fit runs it: in its own dtype, on the whole batch")
-        overflowed = _own_not_finite(job, engine, chosen, autodiff.loss if copied else None,
-                                     clock, timings)
+    if copied:
+        say("the model as fit runs it, in its own dtype, on these examples")
+        overflowed = _overflows(job, chosen, inputs, targets, sample_weight, autodiff.loss,
+                                clock, timings)
         if overflowed is not None:
             return overflowed
     _refuse_all_zero(autodiff, sample_weight)
@@ -236,39 +236,35 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         timings=clock.laps(timings))
 
 
-def _own_not_finite(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
-                    copy_loss: float | None, clock: Clock,
-                    timings: bool) -> KerasCheckReport | None:
-    """The model as fit runs it, in its own dtype, on the whole batch (the float64 copy's
-    pass, or a pass on some of the examples, does not show what fit takes): where its loss or
-    a gradient is not finite, that is the report (exit 1: no witness can compare it), with
-    where the number was born, and, from a float64 copy (``copy_loss``), what the copy
-    computed. None where it is finite. Found tried as a new user would: a loss whose
-    softmax underflows in float32, and a float16 state past 65504, passed check on the
-    copy's finite numbers, and a tanh head saturated in float64 was refused as all zeros,
-    where fit's loss was NaN."""
-    own = (engine if engine.model is engine.user_model else
-           KerasEngine(job.source, job.outputs, job.plan, training=job.training,
-                       seed=job.seed))
+def _overflows(job: KerasJob, chosen: CheckedExamples, inputs: dict[str, np.ndarray],
+               targets: dict[str, np.ndarray], sample_weight: Any, copy_loss: float,
+               clock: Clock, timings: bool) -> KerasCheckReport | None:
+    """The model as fit runs it, in its own dtype, on the checked examples (the float64
+    copy's numbers do not show what fit takes): where its loss or a gradient is not finite,
+    that is the report (exit 1; the copy's finite gradients are not the ones fit takes), the
+    cause saying what the copy computed. None where the model's own pass is finite. Found
+    tried as a new user would, where this ran only for a copy's numbers near the model's
+    range: a float32 softmax underflowing to 0 under a log loss passed check, and a float16
+    state past 65504 under a tanh head was refused as all-zero gradients (saturated in the
+    copy), where fit's loss was NaN."""
+    own = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     dtype = own.dtype_name
-    inputs = _floats_in(dtype, job.batch.inputs)
-    targets = _floats_in(dtype, batch_targets(job.plan, job.batch.targets,
-                                              own.output_shapes(inputs), job.seed))
-    result = own.run(inputs, targets, sample_weight=job.batch.sample_weight)
+    inputs, targets = _floats_in(dtype, inputs), _floats_in(dtype, targets)
+    result = own.run(inputs, targets, sample_weight=sample_weight)
     if all_finite(result):
         return None
-    found = diagnose(own, inputs, targets, job.batch.sample_weight, result)
-    assert found is not None  # the pass is not all finite
-    if copy_loss is not None:
-        policy = _policy_where(own.user_model, found.layer)
-        compute = str(policy.compute_dtype)
-        runs = (f"{dtype}, in which the model runs" if compute == dtype else
-                f"{compute}, in which the model computes ({policy.name})")
-        found = found.model_copy(update={"cause": (
-            f"{found.cause}. A float64 copy with the same weights computes a loss of "
-            f"{copy_loss:.4g} and finite gradients on the checked examples, but {runs}, "
-            "cannot hold them: no gradient is compared")})
-    return _nonfinite_report(job, own, result, chosen, found, clock, timings)
+    report = _not_finite(job, own, result, chosen, inputs, targets, sample_weight, clock,
+                         timings)
+    found = report.nonfinite
+    assert found is not None
+    policy = _policy_where(own.user_model, found.layer)
+    compute = str(policy.compute_dtype)
+    runs = (f"{dtype}, in which the model runs" if compute == dtype else
+            f"{compute}, in which the model computes ({policy.name})")
+    cause = (f"{found.cause}. A float64 copy with the same weights computes a loss of "
+             f"{copy_loss:.4g} and finite gradients, but {runs}, cannot hold them: no "
+             "gradient is compared")
+    return report.model_copy(update={"nonfinite": found.model_copy(update={"cause": cause})})
 
 
 def _policy_where(model: Any, layer: str | None) -> Any:
@@ -302,14 +298,6 @@ def _not_finite(job: KerasJob, engine: KerasEngine, autodiff: Any, chosen: Check
         if chosen.indices is not None:
             found = found.model_copy(update={"examples": [chosen.indices[e]
                                                           for e in found.examples]})
-    return _nonfinite_report(job, engine, autodiff, chosen, found, clock, timings)
-
-
-def _nonfinite_report(job: KerasJob, engine: KerasEngine, autodiff: Any,
-                      chosen: CheckedExamples, found: Any, clock: Clock,
-                      timings: bool) -> KerasCheckReport:
-    """The report of a pass whose loss or a gradient is not finite: ``found``, where it was
-    born; nothing compared."""
     clock.lap("nonfinite")
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
