@@ -259,6 +259,40 @@ def test_a_trend_table_folds_a_long_weight_path_and_cuts_no_number(width):
     assert "".join(folded) == long and all(part.endswith("/") for part in folded[:-1])
 
 
+@pytest.mark.parametrize("width", [60, 64, 70])
+def test_the_carried_table_folds_long_weight_paths_and_cuts_no_number(width):
+    """``explain --chunks`` on a Bidirectional LSTM at 60 columns (found tried as a new user
+    would): "8.61e-" lost its exponent, "recurrent_ke" its end, and the headers split
+    mid-word. The paths fold after a "/"; every number and header is whole."""
+    from rich.console import Console
+
+    from gradscope.report.models import CarryProductEntry, CarryWeightEntry
+    from gradscope.report.tables import carried_tables
+
+    paths = ["embedding/embeddings", "bidirectional/forward_lstm/recurrent_kernel",
+             "bidirectional/backward_lstm/recurrent_kernel", "cls/bias"]
+    weights = [CarryWeightEntry(name=path, l2_full=4.70e-02 * (k + 1),
+                                l2_truncated=4.38e-02 * (k + 1), l2_carried=8.61e-03 * (k + 1),
+                                carried_share=0.183) for k, path in enumerate(paths)]
+    products = [CarryProductEntry(chunk=0, start=0, stop=10, layer="bidirectional",
+                                  x="bidirectional/backward/h0", y="bidirectional/backward/h_T",
+                                  l2_grad_y=3.47e-03, l2_product=1.40e-04)]
+    console = Console(width=width, record=True, color_system=None)
+    for part in carried_tables("intro", weights, products, 0.1, True, "verdict", width):
+        console.print(part)
+    lines = console.export_text().splitlines()
+    assert max(cell_len(line) for line in lines) <= width
+    words = " ".join(lines).split()
+    for entry in weights:
+        for value in (entry.l2_full, entry.l2_truncated, entry.l2_carried):
+            assert words.count(number(value)) == 1
+    for title in ("‖g_full‖", "‖g_truncated‖", "‖g_carried‖", "share"):
+        assert title in words
+    folded = "".join(line.split()[0] for line in lines
+                     if line.split() and line.split()[0] in paths[2])
+    assert paths[2] in folded
+
+
 def test_a_trend_tables_last_column_is_the_last_observation():
     """Found tried as a new user would: a kernel whose gradient norm was NaN at the last
     observation (stored as None) read "last 0", the value of the observation before."""

@@ -371,12 +371,21 @@ def carried_tables(intro: str, weights: list[CarryWeightEntry],
     weights_narrow = Layout([Column("weight", no_wrap=True),
                              Column("‖g_full‖\n‖g_truncated‖", "right"),
                              Column("‖g_carried‖\nshare", "right")])
+    # Narrow: a long weight path folded after a "/" beside the numbers, which are never cut
+    # (found tried as a new user would: a Bidirectional LSTM's paths at 60 columns cut
+    # "8.61e-" and split the headers mid-word).
+    numbers = max([cell_len(number(v)) for e in weights
+                   for v in (e.l2_full, e.l2_truncated, e.l2_carried)] + [0])
+    limit = max(cell_len("weight"), width - max(numbers, cell_len("‖g_truncated‖"))
+                - max(numbers, cell_len("‖g_carried‖")) - 2 * GAP)
     for entry in weights:
         share = percent(entry.carried_share)
         name = atom(entry.name, "bold" if entry.carried_share >= threshold else "")
         weights_wide.add_row(name, atom(number(entry.l2_full)), atom(number(entry.l2_truncated)),
                              atom(number(entry.l2_carried)), atom(share))
-        weights_narrow.add_row(name, atom(f"{number(entry.l2_full)}\n"
+        weights_narrow.add_row(atom(folded(entry.name, limit),
+                                    "bold" if entry.carried_share >= threshold else ""),
+                               atom(f"{number(entry.l2_full)}\n"
                                           f"{number(entry.l2_truncated)}"),
                                atom(f"{number(entry.l2_carried)}\n{share}"))
     products_wide = Layout([Column("chunk"), Column("xs ← ys"), Column("‖grad_y‖", "right"),
@@ -388,7 +397,8 @@ def carried_tables(intro: str, weights: list[CarryWeightEntry],
         pair = f"{product.x} ← {product.y}"
         products_wide.add_row(atom(chunk), atom(pair), atom(number(product.l2_grad_y)),
                               atom(number(product.l2_product)))
-        products_narrow.add_row(atom(f"{chunk}\n{product.x}\n  ← {product.y}"),
+        products_narrow.add_row(atom(f"{chunk}\n{folded(product.x, limit)}\n  ← "
+                                     f"{folded(product.y, limit - 4)}"),
                                 atom(f"{number(product.l2_grad_y)}\n{number(product.l2_product)}"))
     products_intro = Text(
         "The carry itself: tf.gradients(ys=a chunk's final states, xs=its initial states, "
