@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import render_text
 
 import gradscope
 
@@ -410,3 +411,40 @@ def test_check_from_python_writes_no_tensorflow_log_line() -> None:
     assert done.returncode == 0, done.stderr
     assert "passed False" in done.stdout
     assert "DT_DOUBLE" not in done.stderr and "W0000" not in done.stderr, done.stderr[-2000:]
+
+
+def test_what_the_loss_does_not_reach_is_said_not_checked(tf, tmp_path):
+    """Tried as a new user would: a cell whose call skips its recurrent term passed check,
+    its recurrent kernel and h0 (which get no gradient) left out of the table and of the
+    JUnit file without a word. They are said not checked, and are JUnit's skipped cases."""
+    import keras
+
+    from gradscope.report.junit import junit_xml
+
+    class NoRecurrence(keras.layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = self.state_size = units
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], self.units), name="kernel")
+            self.recurrent_kernel = self.add_weight(shape=(self.units, self.units),
+                                                    name="recurrent_kernel")
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = keras.ops.tanh(keras.ops.matmul(x, self.kernel))
+            return h, [h]
+
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.RNN(NoRecurrence(4), name="rnn"),
+                              keras.layers.Dense(2)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    report = gradscope.check(model, x=rng.standard_normal((4, 5, 3)),
+                             y=rng.standard_normal((4, 2)))
+    unreached = [s.layer for s in report.not_witnessed]
+    assert report.summary.passed
+    assert {path for path in unreached if "recurrent_kernel" in path} and "rnn/h0" in unreached
+    assert not any(t.name in unreached for t in report.tensors)
+    text = render_text(report, 120)
+    assert "not checked: rnn/h0: the loss does not reach it" in text
+    assert junit_xml(report, "model").count("<skipped") == len(unreached) == 2

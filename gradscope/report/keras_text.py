@@ -30,6 +30,7 @@ from gradscope.report.layout import (
     warning,
 )
 from gradscope.report.models import (
+    EVERY_WITNESS,
     DiagnoseReport,
     KerasCarry,
     KerasCheckReport,
@@ -599,8 +600,9 @@ def render_keras_check(report: KerasCheckReport, width: int) -> list[RenderableT
                           f"{', '.join(unresolved)} (they do not settle as the step shrinks: "
                           "the trajectory amplifies every perturbation)", style="yellow"))
     for skipped in report.not_witnessed:
-        parts.append(Text(f"{WITNESS_TITLES.get(skipped.witness, skipped.witness)} not run on "
-                          f"{skipped.layer}: {skipped.reason}", style="dim"))
+        who = ("not checked:" if skipped.witness == EVERY_WITNESS else
+               f"{WITNESS_TITLES.get(skipped.witness, skipped.witness)} not run on")
+        parts.append(Text(f"{who} {skipped.layer}: {skipped.reason}", style="dim"))
     if report.carry is not None:
         parts += [section("Truncated BPTT: carrying gradients across chunk boundaries"),
                   carry_check_section(report.carry, width)]

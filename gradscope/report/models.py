@@ -868,9 +868,16 @@ class KerasShapesReport(_KerasReport):
                                              "weights are listed with the stored shapes")
 
 
+#: ``NotWitnessed.witness`` where no witness can compare the tensor (the loss does not reach
+#: it).
+EVERY_WITNESS = "every witness"
+
+
 class NotWitnessed(_Report):
     """A layer call a witness could not stand in for, and why (it is then not compared: the
-    tensor keeps the other witnesses)."""
+    tensor keeps the other witnesses); or, with ``witness`` "every witness", a tensor no
+    witness compares (``layer`` its name: a weight or initial state the loss does not
+    reach)."""
 
     layer: str
     witness: str

@@ -38,11 +38,17 @@ from gradscope.keras.check.precision import (
 from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
 from gradscope.keras.data import UNRANGED_IDS, batch_targets, unranged
-from gradscope.keras.engine import CopyFails, KerasEngine
+from gradscope.keras.engine import CopyFails, KerasEngine, call_label, state_names
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.nonfinite import all_finite, diagnose
 from gradscope.keras.whole_model import moved_state, restore
-from gradscope.report.models import CheckedExamples, CheckSummary, KerasCheckReport
+from gradscope.report.models import (
+    EVERY_WITNESS,
+    CheckedExamples,
+    CheckSummary,
+    KerasCheckReport,
+    NotWitnessed,
+)
 from gradscope.timing import Clock, Progress
 
 #: The witnesses in the order of the report.
@@ -228,12 +234,33 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                     **({carry.WITNESS: carry_rtol} if chunks is not None else {}),
                     **{w: fd_rtol for w in WITNESSES[3:] if w in witnesses}},
         carry=carry_check,
-        tensors=tensors, not_witnessed=[n for w in witnessed for n in w.not_witnessed],
+        tensors=tensors,
+        not_witnessed=[*_unreached(engine, autodiff),
+                       *(n for w in witnessed for n in w.not_witnessed)],
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses)),
         timings=clock.laps(timings))
+
+
+def _unreached(engine: KerasEngine, autodiff: Any) -> list[NotWitnessed]:
+    """The trainable weights and initial states that the loss does not reach (TF autodiff
+    gives them no gradient): no witness compares them, and the report says so. Found tried
+    as a new user would: a cell whose call skips its recurrent term passed check, its
+    recurrent kernel and h0 left out of the table and the JUnit file without a word."""
+    names = [path for path, gradient in autodiff.gradients.items() if gradient is None]
+    for call in autodiff.calls:
+        label = call_label(call.layer, call.index)
+        gradients = autodiff.state_gradients.get(label)
+        if call.states and gradients is not None:
+            names += [f"{label}/{state}" for state, gradient in
+                      zip(state_names(engine.operation(call.layer)), gradients, strict=False)
+                      if gradient is None]
+    return [NotWitnessed(layer=name, witness=EVERY_WITNESS,
+                         reason="the loss does not reach it: TF autodiff gives it no "
+                                "gradient, so there is nothing to compare")
+            for name in names]
 
 
 def _overflows(job: KerasJob, chosen: CheckedExamples, inputs: dict[str, np.ndarray],
