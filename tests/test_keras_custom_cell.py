@@ -113,6 +113,16 @@ def test_a_backward_wrong_at_every_step_is_said_so_with_its_factor(tf):
     assert steps.first_bad_step == STEPS - 1
 
 
+def test_a_backward_that_drops_the_recurrence_has_an_error_of_order_one(tf):
+    """Found tried as a new user would: where the tape's ∂/∂h_(t−1) is exactly 0 (a custom
+    gradient that drops the recurrence), the cell steps' relative error read 1.32e+10, against
+    rounding; against what the differences find it is of order 1, and the factor says 0."""
+    model, x, y = _model(tf, wrong_by=0.0)
+    steps = _entry(gradscope.check(model, x=x, y=y), "rnn/h0", "cell_steps")
+    assert not steps.passed and steps.error is not None and 0.5 <= steps.error <= 10.0
+    assert "off by a factor 0" in steps.detail
+
+
 def test_a_backward_wrong_in_the_first_steps_is_placed_in_time(tf):
     """Wrong only where the marker is on (t = 0…3): the gradient matches from the last step
     back to t = 4, and is wrong from t = 3 backwards; the diagnosis says so."""
