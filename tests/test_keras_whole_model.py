@@ -198,6 +198,26 @@ def test_stateful_layer_starts_from_its_carried_state_and_reports_its_gradient(s
     cell.states[0].assign(carried)
     assert state.stats.l2 == pytest.approx(float(np.linalg.norm(tape.gradient(value, h0))),
                                            rel=RTOL)
+    assert state.source.startswith("carried: the state the previous batch left")
+
+
+def keras_load(path: Any) -> Any:
+    import keras
+
+    return keras.saving.load_model(path)
+
+
+def test_a_saved_stateful_model_is_said_to_load_with_zeros(stateful, tf, tmp_path):
+    """Found tried as a new user would: a saved stateful model's h0 was said to be "the state
+    the previous batch left"; Keras saves no state, and the file loads with zeros."""
+    model, x, y = stateful
+    path = tmp_path / "stateful.keras"
+    model.save(path)
+    loaded = keras_load(path)
+    assert not np.any(loaded.layers[0].states[0].numpy())  # Keras' own load: zeros
+    (state,) = gradscope.explain(str(path), x=x, y=y).initial_state_gradients
+    assert state.source.startswith("carried (stateful=True), but a saved file holds no "
+                                   "state: it loads with zeros")
 
 
 def test_check_on_a_stateful_layer_restores_the_state_before_every_probe(stateful, tf):

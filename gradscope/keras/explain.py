@@ -333,7 +333,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             states += _state_entries(graph, node, index, captured,
                                      (explainer.states(facts) if explainer else [])
                                      or _cell_states(keras_layer, captured),
-                                     result.state_gradients)
+                                     result.state_gradients, engine.live)
             if explainer is None:
                 continue
             from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -516,8 +516,10 @@ def _final(key: str) -> str:
 
 
 def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any,
-                   notes: list[StateNote],
-                   gradients: dict[str, list[np.ndarray | None]]) -> list[KerasStateEntry]:
+                   notes: list[StateNote], gradients: dict[str, list[np.ndarray | None]],
+                   live: bool = True) -> list[KerasStateEntry]:
+    """``live``: the model is the user's object, which holds the state its last batch left
+    (a file's model holds none: it loads with zeros)."""
     from gradscope.gradient_stats import per_example_norms, stats
     from gradscope.keras.engine import call_label
 
@@ -529,6 +531,12 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
         if captured.state_source == "carried":
             source = ("carried: the state the previous batch left (stateful=True); zeros "
                       "after reset_states()")
+            if not live:
+                # Found tried as a new user would: a saved stateful model was said to start
+                # from what the previous batch left; a file holds no state, and loads zeros.
+                source = ("carried (stateful=True), but a saved file holds no state: it "
+                          "loads with zeros; the state a previous batch left is on the model "
+                          "object (gradscope.explain(model, …) in Python)")
             flows_to = ("nowhere in this batch: fit stops the gradient at the batch's "
                         "start; with truncated BPTT it is the grad_y of the previous batch's "
                         f"{_final(note.key)}")
