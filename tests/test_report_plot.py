@@ -41,6 +41,20 @@ def test_every_recurrent_call_and_direction_has_its_own_heatmap(report, tmp_path
     labels = [axes.get_ylabel() for axes in figure.axes if "‖∂h_t/∂x_s‖" in axes.get_title()]
     assert labels == ["state step t", "state step t (processing order)", "state step t"]
     plt.close(figure)
+    # Whole steps only on the s axis (found tried as a new user would: 0.0, 2.5, 5.0, … over
+    # 20 steps).
+    from types import SimpleNamespace
+
+    from gradscope.report.plot import _heatmap
+
+    figure, axes = plt.subplots()
+    found = SimpleNamespace(values=np.ones((4, 20)), steps=[0, 5, 10, 19])
+    _heatmap(figure, axes, found, 20, "gru")
+    figure.canvas.draw()
+    low, high = axes.get_xlim()
+    ticks = [t for t in axes.get_xticks() if low <= t <= high]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    plt.close(figure)
     write_flow_plot(report, tmp_path / "flow.png")
     assert (tmp_path / "flow.png").read_bytes()[:4] == b"\x89PNG"
     # report.plot() (a notebook's figure) draws them all too.

@@ -218,6 +218,7 @@ def _heatmap(figure: Any, axes: Any, found: InfluenceMap, steps: int, layer: str
     axes.set_yticks(np.arange(len(found.steps)) + 0.5, [str(t) for t in found.steps],
                     fontsize=7)
     axes.set_xlabel("input step s")
+    axes.xaxis.set_major_locator(_integer_ticks())  # not 2.5 (found tried as a new user would)
     axes.set_ylabel("state step t" + (" (processing order)" if backwards else ""))
     axes.set_title(f"{layer}: log10 ‖∂h_t/∂x_s‖ (median over the batch)", fontsize=10)
     figure.colorbar(image, ax=axes)
