@@ -244,6 +244,9 @@ def test_at_and_plot_on_a_saved_keras_model(tmp_path):
     assert found["influence_map"]["steps"][0] == 0 and plot.stat().st_size > 1000
     result = run_gradscope("explain", str(tmp_path / "m.keras"), "--at", "9")
     assert result.returncode == 2 and "--at 9 is outside the 7 time steps" in result.stderr
+    # Spelled as the user wrote it (found tried as a new user would: "at=-1: expected …").
+    result = run_gradscope("explain", str(tmp_path / "m.keras"), "--at", "-1")
+    assert result.returncode == 2 and "--at -1: expected a whole number ≥ 0" in result.stderr
     # Over 20 steps the map's 16 evenly spaced rows miss t = 4: the --at step is added.
     long = keras.Model(x_in := keras.Input((20, F)), L.Dense(2)(L.GRU(3)(x_in)))
     long.compile(loss="mse")

@@ -74,7 +74,10 @@ def whole(options: dict[str, Any], name: str, smallest: int, optional: bool = Fa
     if value is None and (optional or name not in options):
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-        raise ConfigError(f"{name}={value!r}: expected a whole number ≥ {smallest}", where=name)
+        # As the user wrote it: --at -1 on the command line (found tried as a new user would:
+        # "at=-1"), at=-1 in Python.
+        raise ConfigError(f"{given(name, value)}: expected a whole number ≥ {smallest}",
+                          where=name)
 
 
 @dataclass(frozen=True)
