@@ -233,8 +233,14 @@ def _locate_in_time(value: np.ndarray, truth: np.ndarray, tolerance: float,
     first = max(bad)
     last = steps - 1
     if first == last - 1 and bad == list(range(last)) and steps > 1:
+        # Before the last step the gradient at t adds what arrives from above at t to what
+        # is carried from t+1; at the last step only the first. Either may be the one left
+        # out (found tried as a new user would: seed 004's second attempt, which keeps the
+        # carry and drops what arrives from above, was said to drop the carry).
         return first, (f"matches at t=T−1={last}, wrong from t=T−2={last - 1} backwards: "
-                       "the gradient carried from t+1 is not added (or not right)")
+                       "before the last step the gradient at t is what arrives from above "
+                       "at t plus what is carried from t+1, and one of them is not added "
+                       "(or not right)")
     if first == last and len(bad) == steps:
         return first, ("wrong at every step, including the last: the error is inside one "
                        "step, not in the carry")
