@@ -4,6 +4,8 @@ gradients, read from two explain reports (say, a pull request's base and head, i
 Read without TensorFlow. Two reports are compared only when they explain the same thing (the
 same source, data, batch size, seed, mode and model inputs): otherwise the comparison would
 measure the data, not the code, and is refused (exit 2) naming the first field that differs.
+The data is compared by its contents where both reports carry their digest
+(``model.data_digest``), else by its description.
 Within that, everything the model's code may change is reported: tensors added or removed,
 shapes, ‖g‖ and the loss beyond ``rtol``, new NaN/Inf, vanishing/exploding flags (docs/ci.md).
 """
@@ -143,9 +145,23 @@ def _number(document: dict[str, Any], dotted: str) -> float | None:
 
 def _refuse_other_inputs(base: dict[str, Any], new: dict[str, Any], base_name: str,
                          new_name: str) -> None:
-    fields = _SAME_KERAS if _get(base, "source") == "keras" else _SAME_YAML
+    fields: tuple[str, ...] = _SAME_KERAS if _get(base, "source") == "keras" else _SAME_YAML
+    digests = _get(base, "model.data_digest"), _get(new, "model.data_digest")
+    if None not in digests:
+        # The batches' contents, whatever their files are named (found tried as a new user
+        # would: the same batch under two names was refused, and another batch under the
+        # same name read as drift).
+        fields = tuple("model.data_digest" if f == "model.data" else f for f in fields)
     for dotted in fields:
         a, b = _get(base, dotted), _get(new, dotted)
+        if a != b and dotted == "model.data_digest":
+            raise ConfigError(
+                f"{new_name}: its batch's arrays differ from {base_name}'s (model.data "
+                f"{json.dumps(_get(new, 'model.data'), ensure_ascii=False)} and "
+                f"{json.dumps(_get(base, 'model.data'), ensure_ascii=False)}, "
+                f"model.data_digest {str(b)[:12]}… and {str(a)[:12]}…): the gradients would "
+                "measure the data, not the code; explain both with the same data",
+                where=new_name)
         if a != b:
             raise ConfigError(
                 f"{new_name}: {dotted} is {json.dumps(b, ensure_ascii=False)}, "

@@ -81,6 +81,19 @@ def test_new_weights_drift_beyond_rtol_and_not_within_a_wide_one(tf, tmp_path):
     assert ("gru/kernel", "norm") in kinds
     assert not gradscope.diff(base, new, rtol=0.5).drifted
     assert not gradscope.diff(base, base).drifted
+    # The data by its contents (found tried as a new user would): the same batch under two
+    # file names is the same data; another batch under the same name is refused, not drift.
+    from gradscope.errors import ConfigError
+
+    np.savez(tmp_path / "a.npz", x=x, y=y)
+    np.savez(tmp_path / "b.npz", x=x, y=y)
+    named = [gradscope.explain(model, data=str(tmp_path / name)) for name in ("a.npz", "b.npz")]
+    assert named[0].model.data != named[1].model.data
+    assert not gradscope.diff(*named).drifted
+    np.savez(tmp_path / "b.npz", x=1.5 * x, y=y)
+    with pytest.raises(ConfigError, match=r"its batch's arrays differ from the base report's "
+                                          r"\(model\.data \"supplied \(.*b\.npz\)\""):
+        gradscope.diff(named[0], gradscope.explain(model, data=str(tmp_path / "b.npz")))
 
 
 def test_a_loss_that_became_n_a_is_named(seed_json, tmp_path):

@@ -11,6 +11,7 @@ otherwise.
 from __future__ import annotations
 
 import difflib
+import hashlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,23 @@ class KerasBatch:
     pad: int = 0
     #: As fit takes them: None, one array for every output, or one per output (by name).
     sample_weight: SampleWeight = None
+
+    def digest(self) -> str:
+        """sha256 of the batch's arrays (each part's names, dtypes, shapes and bytes): the
+        same data gives the same digest under any file name (``gradscope diff`` compares
+        it). Synthetic targets, drawn later from the seed, are left out (the seed is
+        compared)."""
+        found = hashlib.sha256()
+        weights = self.sample_weight
+        if weights is not None and not isinstance(weights, dict):
+            weights = {"": weights}
+        for part, arrays in (("inputs", self.inputs), ("targets", self.targets),
+                             ("sample_weight", weights)):
+            for name, value in sorted((arrays or {}).items()):
+                value = np.ascontiguousarray(value)
+                found.update(f"{part}/{name}:{value.dtype.str}:{value.shape};".encode())
+                found.update(value.tobytes())
+        return found.hexdigest()
 
 
 

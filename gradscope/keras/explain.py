@@ -470,7 +470,7 @@ def model_entry(job: KerasJob, engine: Any, result: Any) -> KerasModelEntry:
         batch_size=job.batch_size, mode="training" if job.training else "inference",
         seed=job.seed, mode_effects=mode_effects(job.graph),
         weight_count=trainable_count, non_trainable_count=non_trainable,
-        data=job.batch.source,
+        data=job.batch.source, data_digest=job.batch.digest(),
         dtype_policy=", ".join(name for name, _ in mixed) if mixed else None,
         compute_dtype=", ".join(sorted({dtype for _, dtype in mixed})) if mixed else None)
 

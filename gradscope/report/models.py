@@ -527,6 +527,9 @@ class KerasModelEntry(_Report):
     weight_count: int = Field(description="trainable weights (numbers)")
     non_trainable_count: int
     data: str
+    data_digest: str | None = Field(
+        default=None, description="sha256 of the batch's arrays (names, dtypes, shapes and "
+        "bytes): the same data under any file name; gradscope diff compares it")
     dtype_policy: str | None = Field(
         default=None, description="the model's dtype policy where it computes in another "
         "dtype than its variables' (mixed_float16: float16 steps, float32 weights); null "
