@@ -168,8 +168,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                            clock, timings)
     if copied:
         say("the model as fit runs it, in its own dtype, on these examples")
-        overflowed = _overflows(job, chosen, inputs, targets, sample_weight, autodiff.loss,
-                                clock, timings)
+        overflowed = _overflows(job, engine, chosen, inputs, targets, sample_weight,
+                                autodiff.loss, clock, timings)
         if overflowed is not None:
             return overflowed
     _refuse_all_zero(autodiff, sample_weight)
@@ -263,9 +263,10 @@ def _unreached(engine: KerasEngine, autodiff: Any) -> list[NotWitnessed]:
             for name in names]
 
 
-def _overflows(job: KerasJob, chosen: CheckedExamples, inputs: dict[str, np.ndarray],
-               targets: dict[str, np.ndarray], sample_weight: Any, copy_loss: float,
-               clock: Clock, timings: bool) -> KerasCheckReport | None:
+def _overflows(job: KerasJob, copy: KerasEngine, chosen: CheckedExamples,
+               inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+               sample_weight: Any, copy_loss: float, clock: Clock,
+               timings: bool) -> KerasCheckReport | None:
     """The model as fit runs it, in its own dtype, on the checked examples (the float64
     copy's numbers do not show what fit takes): where its loss or a gradient is not finite,
     that is the report (exit 1; the copy's finite gradients are not the ones fit takes), the
@@ -273,8 +274,10 @@ def _overflows(job: KerasJob, chosen: CheckedExamples, inputs: dict[str, np.ndar
     tried as a new user would, where this ran only for a copy's numbers near the model's
     range: a float32 softmax underflowing to 0 under a log loss passed check, and a float16
     state past 65504 under a tanh head was refused as all-zero gradients (saturated in the
-    copy), where fit's loss was NaN."""
-    own = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
+    copy), where fit's loss was NaN. On the model the copy was made from (``copy``'s
+    ``user_model``, loaded once: a second load of a user-sized file cost more than the pass)."""
+    own = KerasEngine(copy.user_model, job.outputs, job.plan, training=job.training,
+                      seed=job.seed)
     dtype = own.dtype_name
     inputs, targets = _floats_in(dtype, inputs), _floats_in(dtype, targets)
     result = own.run(inputs, targets, sample_weight=sample_weight)
