@@ -448,3 +448,36 @@ def test_what_the_loss_does_not_reach_is_said_not_checked(tf, tmp_path):
     text = render_text(report, 120)
     assert "not checked: rnn/h0: the loss does not reach it" in text
     assert junit_xml(report, "model").count("<skipped") == len(unreached) == 2
+
+
+def test_tensors_no_witness_could_compare_are_not_counted_as_agreeing(tf):
+    """Tried as a new user would: a tanh SimpleRNN at 6× an orthogonal kernel over 40 steps
+    (chaotic: the finite differences of its weights do not settle as the step shrinks)
+    read "PASSED: all 4 tensors agree", the JSON and JUnit counting its unwitnessed weights
+    as passed, where a 1.5× too large bias gradient passed the same way. They are now said
+    not witnessed, listed in the summary, and skipped JUnit cases."""
+    import keras
+
+    from gradscope.report.junit import junit_xml
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((40, 4)), keras.layers.SimpleRNN(24, name="chaos"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(loss="mse")
+    kernel, _, bias = model.get_layer("chaos").get_weights()
+    q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((24, 24)))
+    model.get_layer("chaos").set_weights([kernel * 0.3, 6.0 * q, bias])
+    rng = np.random.default_rng(0)
+    report = gradscope.check(model, x=rng.standard_normal((4, 40, 4)),
+                             y=rng.standard_normal((4, 1)))
+    unwitnessed = report.summary.unwitnessed_tensors
+    assert report.summary.passed and unwitnessed
+    assert all("chaos" in name for name in unwitnessed)
+    text = " ".join(render_text(report, 200).split())
+    agree = report.summary.checked_tensors - len(unwitnessed)
+    assert (f"PASSED: {agree} of {report.summary.checked_tensors} tensors agree with every "
+            f"witness") in text
+    assert f"{len(unwitnessed)} not witnessed (finite differences not resolved)" in text
+    xml = junit_xml(report, "model")
+    assert xml.count("<skipped") == len(unwitnessed) + len(report.not_witnessed)
+    assert xml.count("no witness could compare it") == len(unwitnessed)

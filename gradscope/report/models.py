@@ -429,6 +429,12 @@ class CheckSummary(_Report):
     witnesses: list[str]
     comparisons: int
     failures: int
+    unwitnessed_tensors: list[str] = Field(
+        default_factory=list,
+        description="tensors no witness could compare (every probe at a kink, or finite "
+                    "differences that do not settle as the step shrinks, and no other "
+                    "witness): nothing contradicts them, and nothing confirms them; they are "
+                    "not counted among the tensors that agree")
 
 
 class CheckReport(_YamlRun):

@@ -240,7 +240,10 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         summary=CheckSummary(passed=not failed, checked_tensors=len(tensors),
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
-                             failures=sum(not e.passed for t in tensors for e in t.witnesses)),
+                             failures=sum(not e.passed for t in tensors for e in t.witnesses),
+                             unwitnessed_tensors=[
+                                 t.name for t in tensors if t.witnesses and all(
+                                     e.at_kink or e.unresolved for e in t.witnesses)]),
         timings=clock.laps(timings))
 
 
