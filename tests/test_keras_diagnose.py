@@ -551,7 +551,9 @@ def test_a_dead_direction_takes_householder_and_logs_the_floor(tf: Any) -> None:
     # The floor is said to be no rate: every step cut that direction.
     assert (f"linear: 1 of the directions followed was taken to 0 at some step, at {B * T} "
             f"of the {B * T} (example, step) pairs that ran") in " ".join(report.warnings)
-    assert "(−∞ in truth)" in " ".join(report.warnings)
+    # Named, in grammar (found tried as a new user would: "so its exponent is not rates",
+    # of an exponent the text did not show).
+    assert "(−∞ in truth), so its exponent (λ3) is not a rate" in " ".join(report.warnings)
     # Which exponent it is: the last (the JSON's position, the text's mark), not the others.
     assert entry.lyapunov_floored == [2]
     from conftest import render_text

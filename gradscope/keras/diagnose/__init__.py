@@ -353,12 +353,12 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
             "rates of these steps alone, from where the scan started, and a horizon "
             "predicted from λ₁ is no more than that")
     hit = _at_floor(logs, path.ran)
-    floored = _floored(hit, path.ran, label)
-    if floored is not None:
-        warnings.append(floored)
     columns_hit = np.asarray(hit.any(axis=(0, 1)))
     floored_at = [i for i, column in enumerate(dynamics.column_order(logs, path.ran))
                   if columns_hit[column]]
+    floored = _floored(hit, path.ran, label, floored_at)
+    if floored is not None:
+        warnings.append(floored)
     later = dynamics.later_half_largest(logs, path.ran)
     if (change is not None and 0 not in floored_at
             and dynamics.unsettled(float(spectrum[0]) if len(spectrum) else None, later)):
@@ -473,10 +473,13 @@ def roundoff(dtype: Any) -> float:
     return 2.0 ** -7 if name == "bfloat16" else float(np.finfo(np.dtype(name)).eps)
 
 
-def _floored(hit: np.ndarray, ran: np.ndarray, label: str) -> str | None:
+def _floored(hit: np.ndarray, ran: np.ndarray, label: str,
+             ranks: list[int]) -> str | None:
     """Where a step took a followed direction to 0 (``hit``: :func:`_at_floor`; |R_t[i, i]|
     at the scan's floor, a unit switched off, a zero row of J_t), that step's log is the
-    floor's, not a rate (−∞ in truth): how often, in words (None: never)."""
+    floor's, not a rate (−∞ in truth): how often, in words, and which exponents (``ranks``:
+    their places, largest first, from 0) (None: never). Found tried as a new user would:
+    "so its exponent is not rates", of λ16, which the text does not show."""
     from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH
 
     floor = float(np.log(SMALLEST_STRETCH))
@@ -486,11 +489,13 @@ def _floored(hit: np.ndarray, ran: np.ndarray, label: str) -> str | None:
     pairs = int(np.count_nonzero(hit.any(axis=2)))
     what = ("1 of the directions followed was" if columns == 1 else
             f"{columns} of the {hit.shape[2]} directions followed were")
-    those = "its exponent is" if columns == 1 else f"those {columns} exponents are"
+    named = ", ".join(f"λ{rank + 1}" for rank in ranks)
+    those = (f"its exponent ({named}) is not a rate" if columns == 1 else
+             f"those {columns} exponents ({named}) are not rates")
     return (f"{label}: {what} taken to 0 at some step, at {pairs} of the "
             f"{int(np.count_nonzero(ran))} (example, step) pairs that ran (|R_t[i, i]| below "
             f"{SMALLEST_STRETCH:g}: a unit switched off, J_t singular); each such step counts "
-            f"ln {SMALLEST_STRETCH:g} = {floor:.1f} (−∞ in truth), so {those} not rates")
+            f"ln {SMALLEST_STRETCH:g} = {floor:.1f} (−∞ in truth), so {those}")
 
 
 def _at_floor(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
