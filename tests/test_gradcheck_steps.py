@@ -54,6 +54,17 @@ def test_a_loss_curved_within_1e_4_resolves_float64_steps() -> None:
     assert coarse_loss(lambda h: float(np.sin(3e5 * h) / 3e5 + 2.0), 2.0) is None
 
 
+def test_a_loss_that_curves_at_every_step_is_no_low_precision() -> None:
+    """Found tried as a new user would: a cell at 6× an orthogonal kernel over 40 steps, its
+    slopes along a direction 1e3, 9e5 and 1e7 at 1e-4, 1e-6 and 1e-8, was checked in float32
+    as if it computed in a lower precision. Slopes that large are no float32 rounding (about
+    3 times the loss at 1e-8): a ripple at every scale, which rounding does not make."""
+    def chaotic(h: float) -> float:
+        return 2.0 + sum(np.sin(k * h) / k ** 0.1 for k in (1e4, 1e7, 1e10))
+
+    assert coarse_loss(chaotic, 2.0) is None
+
+
 def test_a_loss_computed_in_float32_does_not() -> None:
     """The same slope, linear, but each value rounded to float32: its slope at 1e-8 and 1e-9
     is that rounding."""

@@ -233,3 +233,48 @@ def test_a_backward_scaled_into_h_t_minus_1_is_a_change_of_slope_in_the_flow(tf)
     ratio = flow(mutant) / flow(honest)
     np.testing.assert_allclose(ratio[3:], 1.0, rtol=1e-5)
     np.testing.assert_allclose(ratio[:3], [0.125, 0.25, 0.5], rtol=1e-5)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.5])
+def test_a_chaotic_cell_is_witnessed_step_by_step(tf, factor):
+    """Found tried as a new user would: a cell at 6× an orthogonal kernel over 40 steps (the
+    whole sequence amplifies every perturbation: the finite differences of its weights do not
+    settle) passed check with a tanh derivative 1.5× too large, its weights unwitnessed (and
+    once fell to float32 as if it computed in a lower precision). Each step of the cell, on
+    its own, amplifies nothing: it witnesses the right cell and catches the wrong one."""
+    import keras
+
+    @tf.custom_gradient
+    def tanh(x: Any) -> Any:
+        y = tf.tanh(x)
+        return y, lambda dy: dy * (1 - y * y) * factor
+
+    class Chaotic(keras.layers.Layer):
+        def __init__(self, units: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.units = self.state_size = units
+
+        def build(self, shape: Any) -> None:
+            self.w = self.add_weight(shape=(shape[-1], self.units), name="w")
+            self.u = self.add_weight(shape=(self.units, self.units), name="u",
+                                     initializer=keras.initializers.Orthogonal(6.0, seed=3))
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = tanh(0.3 * keras.ops.matmul(x, self.w) + keras.ops.matmul(states[0], self.u))
+            return h, [h]
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((40, 4)), keras.layers.RNN(Chaotic(24), name="rnn"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(0)
+    report = gradscope.check(model, x=rng.standard_normal((4, 40, 4)),
+                             y=rng.standard_normal((4, 1)))
+    assert report.dtype == "float64"
+    by_steps = [e for t in report.tensors for e in t.witnesses if e.witness == "cell_steps"]
+    assert by_steps  # where the differences did not settle, or failed
+    if factor == 1.0:  # every tensor witnessed, the unsettled ones by the steps
+        assert report.summary.passed and not report.summary.unwitnessed_tensors
+        assert all(e.passed for e in by_steps)
+    else:
+        assert not report.summary.passed and not any(e.passed for e in by_steps)

@@ -214,12 +214,22 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
             coarse = coarse_loss(loss_along(probing), autodiff.loss)
         if coarse:
             raise CopyFails(coarse, coarse, engine.path)
+    unresolved = _unwitnessed(witnessed)
     if not all(w.passed for w in witnessed):
         say("each layer call, and each step of your cells, on its own")
         probing.restore()
         witnessed.append(own_backward.witness(probing, stops.places))
         named = {result.tensor for found in witnessed for result in found.results}
         witnessed.append(cell_steps.witness(probing, named))
+        clock.lap("layers_on_their_own")
+    elif unresolved:
+        # What the finite differences could not resolve (a chaotic trajectory amplifies
+        # every perturbation of the whole sequence), each step of your cell may still
+        # witness: one step amplifies nothing. Found tried as a new user would: a bias
+        # gradient 1.5× too large in such a cell passed, unwitnessed.
+        say("each step of your cells on its own, where the finite differences did not settle")
+        probing.restore()
+        witnessed.append(cell_steps.witness(probing, unresolved))
         clock.lap("layers_on_their_own")
     tensors = checked_tensors([r for w in witnessed for r in w.results],
                               shapes={n: s for w in witnessed for n, s in w.shapes.items()})
@@ -245,6 +255,16 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                                  t.name for t in tensors if t.witnesses and all(
                                      e.at_kink or e.unresolved for e in t.witnesses)]),
         timings=clock.laps(timings))
+
+
+def _unwitnessed(witnessed: list[Witnessed]) -> set[str]:
+    """The tensors every result of which left its probes out (at a kink, or not resolved)."""
+    left_out: dict[str, bool] = {}
+    for found in witnessed:
+        for result in found.results:
+            out = bool(result.at_kink or result.unresolved)
+            left_out[result.tensor] = left_out.get(result.tensor, True) and out
+    return {tensor for tensor, out in left_out.items() if out}
 
 
 def _unreached(engine: KerasEngine, autodiff: Any) -> list[NotWitnessed]:
