@@ -84,20 +84,30 @@ def test_a_fully_masked_example_under_a_masked_mean(tf):
     assert found.operation in {"RealDiv", "Div", "DivNoNan"}
 
 
-def test_log_of_zero_in_a_custom_loss(tf):
+def _log_loss_classifier() -> tuple[Any, Any, Any]:
+    """Flatten → Dense 3 softmax under −Σ y·log p (a loss of the user's own, no clipping),
+    its kernel zeroed: the model, its softmax layer and its input."""
     import keras
 
     def log_loss(y_true: Any, y_pred: Any) -> Any:
         return -keras.ops.sum(y_true * keras.ops.log(y_pred), axis=-1)
 
-    x = _sequences(5)
-    x[5] *= 40.0  # example 5's logits spread far enough for softmax to give an exact 0
     inputs = keras.Input((5, F), name="x")
     probs = keras.layers.Dense(3, activation="softmax", name="probs")
     model = keras.Model(inputs, probs(keras.layers.Flatten()(inputs)))
     model.compile(loss=log_loss)
     kernel, bias = probs.get_weights()
-    kernel[:] = 0.0
+    probs.set_weights([np.zeros_like(kernel), bias])
+    return model, probs, inputs
+
+
+def test_log_of_zero_in_a_custom_loss(tf):
+    import keras
+
+    x = _sequences(5)
+    x[5] *= 40.0  # example 5's logits spread far enough for softmax to give an exact 0
+    model, probs, inputs = _log_loss_classifier()
+    kernel, bias = probs.get_weights()
     kernel[:, 2] = -4.0 * np.sign(x[5].reshape(-1))  # class 2's logit: far below for 5
     probs.set_weights([kernel, bias])
     p = np.asarray(model(x))
@@ -334,18 +344,9 @@ def test_check_fails_a_model_whose_float32_softmax_underflows(tf):
     in check's float64 copy, whose numbers stay far from float64's range: check passed on
     the copy. It now runs the model as fit does and fails (exit 1), where the float32 number
     was born and what the copy computed."""
-    import keras
-
-    def log_loss(y_true: Any, y_pred: Any) -> Any:
-        return -keras.ops.sum(y_true * keras.ops.log(y_pred), axis=-1)
-
     x = _sequences(5)
-    inputs = keras.Input((5, F), name="x")
-    probs = keras.layers.Dense(3, activation="softmax", name="probs")
-    model = keras.Model(inputs, probs(keras.layers.Flatten()(inputs)))
-    model.compile(loss=log_loss)
+    model, probs, _ = _log_loss_classifier()
     kernel, bias = probs.get_weights()
-    kernel[:] = 0.0
     bias[:] = [0.0, 0.0, -150.0]  # class 2: exp(−150) is 0 in float32, 7e−66 in float64
     probs.set_weights([kernel, bias])
     y = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 0]]
