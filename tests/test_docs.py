@@ -59,6 +59,8 @@ SKIPPED = {
     "--repeats 3 --max-memory 20G": "a bench: minutes of whole processes",
     ".venv/bin/python bench/user_sized.py --steps 100 300 1000 --commands check --repeats 3":
         "a bench: minutes of whole processes",
+    ".venv/bin/python bench/user_sized.py --steps 100 300 --commands check --repeats 3":
+        "a bench: minutes of whole processes",
     ".venv/bin/python bench/user_sized.py --steps 1000 --units 64 512 --commands check "
     "--repeats 3": "a bench: minutes of whole processes",
     ".venv/bin/python bench/user_sized.py --steps 3000 --commands check --repeats 2 "
