@@ -168,8 +168,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                            clock, timings)
     if copied:
         say("the model as fit runs it, in its own dtype, on these examples")
-        overflowed = _overflows(job, engine, chosen, inputs, targets, sample_weight,
-                                autodiff.loss, clock, timings)
+        overflowed = _as_fit_runs_it(job, engine, chosen, inputs, targets, sample_weight,
+                                     autodiff.loss, clock, timings)
         if overflowed is not None:
             return overflowed
     _refuse_all_zero(autodiff, sample_weight)
@@ -234,6 +234,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     tensors = checked_tensors([r for w in witnessed for r in w.results],
                               shapes={n: s for w in witnessed for n, s in w.shapes.items()})
     failed = [t.name for t in tensors if not t.passed]
+    unwitnessed = _unwitnessed(witnessed)  # with every witness now, the steps' too
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses}, key=WITNESSES.index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
@@ -251,9 +252,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                              failed_tensors=failed, witnesses=witnesses,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses),
-                             unwitnessed_tensors=[
-                                 t.name for t in tensors if t.witnesses and all(
-                                     e.at_kink or e.unresolved for e in t.witnesses)]),
+                             unwitnessed_tensors=[t.name for t in tensors
+                                                  if t.name in unwitnessed]),
         timings=clock.laps(timings))
 
 
@@ -286,10 +286,10 @@ def _unreached(engine: KerasEngine, autodiff: Any) -> list[NotWitnessed]:
             for name in names]
 
 
-def _overflows(job: KerasJob, copy: KerasEngine, chosen: CheckedExamples,
-               inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-               sample_weight: Any, copy_loss: float, clock: Clock,
-               timings: bool) -> KerasCheckReport | None:
+def _as_fit_runs_it(job: KerasJob, copy: KerasEngine, chosen: CheckedExamples,
+                    inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                    sample_weight: Any, copy_loss: float, clock: Clock,
+                    timings: bool) -> KerasCheckReport | None:
     """The model as fit runs it, in its own dtype, on the checked examples (the float64
     copy's numbers do not show what fit takes): where its loss or a gradient is not finite,
     that is the report (exit 1; the copy's finite gradients are not the ones fit takes), the
