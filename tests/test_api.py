@@ -298,3 +298,18 @@ def test_the_header_says_what_inference_mode_changes_in_this_model(tf):
     assert "inference mode (noise off) ·" in texts[0]
     assert "inference mode · " in texts[1]
     assert "inference mode (your layers get training=False) · " in texts[2]
+
+
+def test_a_part_of_a_report_shows_its_fields_in_ipython_and_the_report_its_text(seed_reports):
+    """IPython (and a notebook's plain-text view) shows ``report.summary`` or ``report.carry``
+    as its fields, one to a line, not pydantic's one-line repr; a whole report as the
+    terminal's text."""
+    from IPython.lib.pretty import pretty
+
+    report = seed_reports["check"]
+    shown = pretty(report.summary)
+    assert shown.startswith("CheckSummary {") and "'passed': True" in shown
+    assert shown.count("\n") >= len(report.summary.to_dict()) - 1
+    carry = seed_reports["explain"].carry
+    assert carry is not None and pretty(carry).startswith(type(carry).__name__ + " {")
+    assert pretty(report) == str(report)

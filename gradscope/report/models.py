@@ -20,6 +20,15 @@ class _Report(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """In IPython and notebooks, a part of a report (``report.summary``, ``report.carry``)
+        shows its fields as the JSON has them, one to a line, under its class's name."""
+        printer.text(type(self).__name__ + " ")
+        if cycle:
+            printer.text("{...}")
+        else:
+            printer.pretty(self.to_dict())
+
 
 #: How a report draws itself: ``"html"`` (a notebook's rendering) and ``"figure"`` (a
 #: matplotlib Figure), each registered by its renderer module when it is imported
@@ -46,6 +55,10 @@ class _Displayed(_Report):
         are in ``repr(report)`` and ``to_dict()``."""
         draw = DRAWERS.get("text")
         return super().__str__() if draw is None else str(draw(self))
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """In IPython's terminal: the report as gradscope's terminal shows it."""
+        printer.text(str(self))
 
     def plot(self) -> Any:
         """A matplotlib Figure of the report's numbers (shown inline in a notebook); needs
