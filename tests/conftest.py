@@ -16,9 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_configs"
 
 
-def run_gradscope(*args: str, env: dict[str, str] | None = None,
-                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m gradscope ARGS`` as a user would, without a TTY."""
+def run_gradscope(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+                  process: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the CLI on ARGS as a user would, without a TTY: in this process (:func:`run_cli`),
+    or with ``process`` as ``python -m gradscope ARGS`` in a new one, for what only a process
+    shows (TensorFlow's C++ log lines, output that must not depend on what ran before)."""
+    if not process:
+        return run_cli(*args, cwd=REPO, env=env)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     full_env.pop("COLUMNS", None)
     full_env.update(env or {})
@@ -27,6 +31,57 @@ def run_gradscope(*args: str, env: dict[str, str] | None = None,
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI's ``main(ARGS)`` in this process, as :func:`run_gradscope` runs it in a
+    new one (stdin empty, no TTY, COLUMNS unset unless ``env`` sets it, in ``cwd``), without
+    paying a new process its TensorFlow import (about 3 s of CPU). Its exit code, stdout and
+    stderr. What the run imported from outside the environment (the user's modules, by
+    ``--import``), and the classes it registered with Keras, are forgotten after it, as a
+    process would forget them. Not for what only a process shows: TensorFlow's C++ log lines
+    (written to the file descriptor, not ``sys.stderr``), what a fresh process imports, or
+    output that must not depend on what ran before in the process."""
+    import warnings
+
+    from keras.src.saving import object_registration
+
+    from gradscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_path, saved_modules = dict(os.environ), list(sys.path), set(sys.modules)
+    registries = [(table, dict(table)) for table in (
+        object_registration.GLOBAL_CUSTOM_OBJECTS, object_registration.GLOBAL_CUSTOM_NAMES)]
+    saved = sys.stdin, sys.stdout, sys.stderr
+    here = Path.cwd()
+    code: Any = 0
+    try:
+        os.environ.pop("COLUMNS", None)
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdin, sys.stdout, sys.stderr = io.StringIO(""), out, err
+        with warnings.catch_warnings():
+            main(list(args))
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        kept = (sys.prefix, sys.base_prefix, str(REPO / "gradscope"))
+        for name in set(sys.modules) - saved_modules:
+            where = getattr(sys.modules[name], "__file__", None)
+            if where and not str(where).startswith(kept):  # the user's, by --import
+                del sys.modules[name]
+        for table, before in registries:
+            table.clear()
+            table.update(before)
+    return subprocess.CompletedProcess(["gradscope", *args], int(code or 0),
+                                       out.getvalue(), err.getvalue())
 
 
 #: Runs the CLI exactly as ``python -m gradscope`` does, then fails (exit 99) if TensorFlow,

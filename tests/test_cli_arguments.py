@@ -194,7 +194,7 @@ def test_no_arguments_prints_the_help_and_exits_0():
 def test_shell_completion_offers_file_names(words, cword):
     env = {"_GRADSCOPE_COMPLETE": "bash_complete", "COMP_WORDS": words,
            "COMP_CWORD": str(cword)}
-    result = run_gradscope(env=env)
+    result = run_gradscope(env=env, process=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].split(",")[0] == "file", result.stdout
 

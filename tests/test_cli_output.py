@@ -77,7 +77,8 @@ def _compare_golden(name: str, text: str) -> None:
 
 def test_explain_seed_golden_and_no_tf_log_lines():
     # The user's environment asks TF for every log line; none may reach either stream.
-    result = run_gradscope("explain", env={**PLAIN, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    result = run_gradscope("explain", env={**PLAIN, "TF_CPP_MIN_LOG_LEVEL": "0"},
+                           process=True)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert not TF_NOISE.search(result.stdout)
@@ -195,7 +196,7 @@ def test_seed_golden_at_120_columns_and_the_same_report_at_80(seed_reports, name
 
 
 def test_explain_json_is_one_valid_document_and_byte_identical_on_repeat():
-    first = run_gradscope("explain", "--json")
+    first = run_gradscope("explain", "--json", process=True)  # a fresh process, then this one
     second = run_gradscope("explain", "--json")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout == second.stdout
@@ -262,7 +263,7 @@ def test_check_json_is_byte_identical_on_repeat(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("input_size: 5\ntime_steps: 6\nbatch_size: 4\n"
                       "layers: [{gru: 4}, {lstm: 3, layout: keras}, {dense: 3}]\n")
-    first = run_gradscope("check", str(config), "--json", "--chunks", "2")
+    first = run_gradscope("check", str(config), "--json", "--chunks", "2", process=True)
     second = run_gradscope("check", str(config), "--json", "--chunks", "2")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr
     assert first.stdout == second.stdout

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_keras_numbers, keras_tape_norms, run_gradscope
+from conftest import assert_keras_numbers, keras_tape_norms, run_cli, run_gradscope
 
 import gradscope
 from gradscope.errors import ConfigError
@@ -245,9 +245,12 @@ def saved(tmp_path_factory: Any) -> Path:
     return folder
 
 
-def _cli(folder: Path, *args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "gradscope", *args, "--json"], cwd=folder,
-                          capture_output=True, text=True, timeout=600)
+def _cli(folder: Path, *args: str, process: bool = False) -> dict[str, Any]:
+    """The CLI's JSON in ``folder``: in this process, or with ``process`` in a new one (where
+    Keras names a subclassed model's unnamed layers afresh)."""
+    done = (subprocess.run([sys.executable, "-m", "gradscope", *args, "--json"], cwd=folder,
+                           capture_output=True, text=True, timeout=600) if process
+            else run_cli(*args, "--json", cwd=folder))
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
@@ -807,16 +810,14 @@ def test_cli_a_saved_subclassed_model_needs_its_code_and_is_explained_with_it(sa
     assert refused.returncode == 2
     assert "own class 'own_code>Tutorial'" in refused.stderr and "--import tutorial" in \
         refused.stderr
-    explained = _cli(saved, "explain", "tutorial.keras", "--import", "tutorial")
+    explained = _cli(saved, "explain", "tutorial.keras", "--import", "tutorial", process=True)
     assert explained["model"]["kind"] == "Subclassed"
     assert [layer["name"] for layer in explained["layers"]] == ["gru", "lstm", "dense"]
     trained = _cli(saved, "explain", "tutorial.keras", "--import", "tutorial", "--training")
     assert trained["loss"]["value"] != explained["loss"]["value"]
     again = _in_process(saved, "tutorial", "tutorial.keras")
     assert again.loss.value == pytest.approx(trained["loss"]["value"], rel=1e-12)
-    checked = subprocess.run([sys.executable, "-m", "gradscope", "check", "tutorial.keras",
-                              "--import", "tutorial", "--json"], cwd=saved, capture_output=True,
-                             text=True, timeout=600)
+    checked = run_cli("check", "tutorial.keras", "--import", "tutorial", "--json", cwd=saved)
     assert checked.returncode == 0, checked.stderr[-2000:]
     assert json.loads(checked.stdout)["summary"]["passed"]
 

@@ -227,7 +227,7 @@ def test_the_loss_hint_is_given_only_when_the_saved_loss_is_what_fails(tmp_path,
     model.compile(loss=my_loss)
     path = tmp_path / "own_loss.keras"
     model.save(path)
-    result = run_gradscope("explain", str(path), "-q")
+    result = run_gradscope("explain", str(path), "-q", process=True)  # its loss unregistered
     assert result.returncode == 2, result.stderr
     assert ("its saved loss cannot be rebuilt: add --import MODULE (the module that "
             "registers it), or pass --loss NAME") in result.stderr
@@ -237,7 +237,7 @@ def test_the_loss_hint_is_given_only_when_the_saved_loss_is_what_fails(tmp_path,
         for item in source.infolist():
             data = source.read(item)
             target.writestr(item, b"not hdf5" if item.filename.endswith(".h5") else data)
-    result = run_gradscope("explain", str(damaged), "-q")
+    result = run_gradscope("explain", str(damaged), "-q", process=True)  # as above
     assert result.returncode == 2 and "--loss" not in result.stderr, result.stderr
 
 

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 MODULE = textwrap.dedent('''
     import keras
@@ -99,7 +100,10 @@ def _python(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _gradscope(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _python(folder, "-m", "gradscope", *args)
+    """The CLI in ``folder``, in this process: the user's module is forgotten after each run,
+    and the models were saved by another process (``project``), so no class of theirs is
+    known here but by --import."""
+    return run_cli(*args, cwd=folder, env={"TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_gradscope, run_without_tensorflow
+from conftest import run_cli, run_gradscope, run_without_tensorflow
 
 
 def _save(model, path: Path) -> str:
@@ -223,11 +223,11 @@ def test_import_loads_a_class_of_your_own_that_the_spec_does_not_need(tmp_path):
                               stdin=subprocess.DEVNULL)
 
     assert run("build.py", "init.keras").returncode == 0
-    refused = run("-m", "gradscope", "spec", "init.keras")
+    refused = run_cli("spec", "init.keras", cwd=tmp_path)  # the class is not known here
     assert refused.returncode == 2
     assert "custom class 'my_init>Small'" in refused.stderr
     assert "add --import my_init" in refused.stderr
-    done = run("-m", "gradscope", "spec", "init.keras", "--import", "my_init", "-q")
+    done = run_cli("spec", "init.keras", "--import", "my_init", "-q", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "- {gru: 4, name: gru" in done.stdout and "loss: mse" in done.stdout
 

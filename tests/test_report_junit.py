@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_gradscope
+from conftest import REPO, run_cli, run_gradscope
 from junitparser import Failure, JUnitXml, Skipped
 
 AGAINST = "tests/against/user_gru_bptt.py"
@@ -151,9 +151,8 @@ def test_a_model_checked_in_float32_says_so_in_its_properties(tmp_path, tf):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     junit = tmp_path / "gradients.xml"
-    done = subprocess.run([sys.executable, "-m", "gradscope", "check", "blocks.keras",
-                           "--import", "blocks", "--junit", str(junit), "-q"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    done = run_cli("check", "blocks.keras", "--import", "blocks", "--junit", str(junit), "-q",
+                   cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     properties = {p.name: p.value for suite in JUnitXml.fromfile(str(junit))
                   for p in suite.properties()}
