@@ -310,3 +310,27 @@ def test_shapes_of_a_model_object_are_its_variables_and_its_saved_file(compiled_
     assert saved.pop("loss").replace("saved with the compiled model",
                                      "the model's compiled loss") == live.pop("loss")
     assert live == saved
+
+
+def test_a_backward_direction_s_initial_state_is_carried_from_its_first_step(tf: Any) -> None:
+    """With truncated BPTT, h0 of a direction that runs from the last step back is the grad_y
+    of the state that direction left after the previous batch's first step (Keras' stateful
+    go_backwards carries that one), not of h_T (said so of every direction before)."""
+    import keras
+
+    inputs = keras.Input((5, 3))
+    both = keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True),
+                                      name="both")(inputs)
+    last = keras.layers.GRU(3, go_backwards=True, name="last")(both)
+    model = keras.Model(inputs, keras.layers.Dense(2)(last))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(3)
+    report = gradscope.explain(model, x=rng.random((2, 5, 3), dtype=np.float32),
+                               y=np.zeros((2, 2), np.float32))
+    back = "(the one after its first step: this direction runs from the last step back)"
+    said = {s.name: s.flows_to for s in report.initial_state_gradients}
+    assert said["both/forward/h0"].endswith("previous batch's final h_T")
+    assert said["both/forward/c0"].endswith("previous batch's final c_T")
+    assert said["both/backward/h0"].endswith(f"previous batch's final h {back}")
+    assert said["both/backward/c0"].endswith(f"previous batch's final c {back}")
+    assert said["last/h0"].endswith(f"final h {back}")

@@ -509,10 +509,24 @@ def _cell_states(layer: Any, captured: Any) -> list[StateNote]:
             for name, state in zip(state_names(layer), captured.states, strict=False)]
 
 
-def _final(key: str) -> str:
-    """What an initial state is to the previous batch: ``h0`` → its final h_T."""
+def _final(key: str, backwards: bool = False) -> str:
+    """What an initial state is to the previous batch: ``h0`` → its final h_T; of a direction
+    that runs from the last step back, its final h, the one after the batch's first step."""
     name = key.split("/")[-1]
+    if backwards:
+        state = name[0] if name in ("h0", "c0") else name
+        return (f"final {state} (the one after its first step: this direction runs from the "
+                "last step back)")
     return f"final {name[0]}_T" if name in ("h0", "c0") else f"{name} at its last step"
+
+
+def _runs_backwards(node: LayerNode, key: str) -> bool:
+    """Whether the recurrence whose initial state is ``key`` runs from the last step back:
+    ``go_backwards``, or a Bidirectional's backward direction (Keras builds a Bidirectional
+    only of a layer that runs forward)."""
+    if node.class_name == "Bidirectional":
+        return key.split("/")[:-1][-1:] == ["backward"]
+    return bool(node.config.get("go_backwards", False))
 
 
 def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any,
@@ -539,11 +553,11 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
                           "object (gradscope.explain(model, …) in Python)")
             flows_to = ("nowhere in this batch: fit stops the gradient at the batch's "
                         "start; with truncated BPTT it is the grad_y of the previous batch's "
-                        f"{_final(note.key)}")
+                        f"{_final(note.key, _runs_backwards(node, note.key))}")
         elif captured.state_source == "zeros":
             source = "zeros (Keras' default, made explicit by gradscope)"
             flows_to = ("nowhere in this batch: with truncated BPTT it is the grad_y of the "
-                        f"previous batch's {_final(note.key)}")
+                        f"previous batch's {_final(note.key, _runs_backwards(node, note.key))}")
         else:
             origin = wired[k] if k < len(wired) else "another layer"
             source = f"wired from {origin}"
