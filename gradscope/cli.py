@@ -744,11 +744,11 @@ def diff(base: str, new: str, rtol: float | None, as_json: bool, output: Path | 
          force: bool, quiet: bool) -> int:
     """Compare the gradients of two explain reports (explain --json), e.g. of two commits.
 
-    Lists tensors added or removed, changed shapes, ‖g‖ drifting beyond --rtol, values that
-    became NaN or Inf, vanishing/exploding flags that flip (where both reports ran --flow),
-    and the loss. The reports must explain the same model inputs and data (batch size, seed,
-    data files): otherwise the difference would be the data's, and it is refused. No
-    TensorFlow.
+    Lists tensors added, removed or renamed, changed shapes, ‖g‖ drifting beyond --rtol,
+    values that became NaN or Inf, vanishing/exploding flags that flip (where both reports
+    ran --flow), and the loss. The reports must explain the same model inputs and data
+    (batch size, seed, data files): otherwise the difference would be the data's, and it is
+    refused. No TensorFlow.
 
     \b
     Example:

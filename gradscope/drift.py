@@ -6,8 +6,9 @@ same source, data, batch size, seed, mode and model inputs): otherwise the compa
 measure the data, not the code, and is refused (exit 2) naming the first field that differs.
 The data is compared by its contents where both reports carry their digest
 (``model.data_digest``), else by its description.
-Within that, everything the model's code may change is reported: tensors added or removed,
-shapes, ‖g‖ and the loss beyond ``rtol``, new NaN/Inf, vanishing/exploding flags (docs/ci.md).
+Within that, everything the model's code may change is reported: tensors added or removed
+(or renamed: the same layer's weight of the same shape under another path), shapes, ‖g‖ and
+the loss beyond ``rtol``, new NaN/Inf, vanishing/exploding flags (docs/ci.md).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def diff(base: Any, new: Any, rtol: float = DEFAULT_RTOL) -> DiffReport:
     changes += _loss_change(base_doc, new_doc, rtol)
     changes += _tensor_changes(base_doc, new_doc, rtol)
     changes += _flag_changes(base_doc, new_doc)
-    compared = len(_tensors(base_doc).keys() & _tensors(new_doc).keys())
+    before, after = _tensors(base_doc), _tensors(new_doc)
+    compared = len(before.keys() & after.keys()) + len(_renamed(before, after))
     return DiffReport(base=base_name, new=new_name, rtol=rtol,
                       source=str(base_doc.get("source", "yaml")),
                       loss_base=_number(base_doc, "loss.value"),
@@ -222,40 +224,77 @@ def _loss_change(base: dict[str, Any], new: dict[str, Any], rtol: float) -> list
 def _tensor_changes(base: dict[str, Any], new: dict[str, Any],
                     rtol: float) -> list[DiffChange]:
     before, after = _tensors(base), _tensors(new)
+    renamed = _renamed(before, after)
     changes = []
     for name, entry in before.items():
-        if name not in after:
+        if name in after:
+            changes.extend(_compared(name, entry, after[name], rtol))
+        elif name in renamed:
+            other = renamed[name]
+            changes.append(DiffChange(
+                tensor=other, kind="renamed", base_shape=entry.get("shape"),
+                new_shape=after[other].get("shape"),
+                detail=f"was {name}: the same layer's {name.split('/')[-1]} and shape "
+                       "(Keras' numbering, or a cell's name in the path); compared as one"))
+            changes.extend(_compared(other, entry, after[other], rtol))
+        else:
             changes.append(DiffChange(tensor=name, kind="removed", base_shape=entry.get("shape"),
                                       base=_norm(entry), detail="no longer in the model"))
-            continue
-        other = after[name]
-        shape_a, shape_b = entry.get("shape"), other.get("shape")
-        if shape_a != shape_b:
-            changes.append(DiffChange(tensor=name, kind="shape", base_shape=shape_a,
-                                      new_shape=shape_b, base=_norm(entry), new=_norm(other),
-                                      detail=f"shape {_shape(shape_a)} → {_shape(shape_b)}"))
-            continue
-        if _nonfinite(other) > _nonfinite(entry):
-            changes.append(DiffChange(
-                tensor=name, kind="nonfinite", base=_norm(entry), new=_norm(other),
-                detail=f"{_nonfinite(other)} values NaN or Inf (base: {_nonfinite(entry)})"))
-            continue
-        a, b = _norm(entry), _norm(other)
-        if a is None or b is None:
-            if (a is None) != (b is None):
-                changes.append(DiffChange(
-                    tensor=name, kind="norm", base=a, new=b,
-                    detail="no gradient now" if b is None else "a gradient now, none before"))
-            continue
-        if _relative(a, b) > rtol:
-            changes.append(DiffChange(tensor=name, kind="norm", base=a, new=b,
-                                      relative=_relative(a, b),
-                                      detail=f"‖g‖: relative change {_relative(a, b):.2e}"))
+    paired = set(renamed.values())
     for name, entry in after.items():
-        if name not in before:
+        if name not in before and name not in paired:
             changes.append(DiffChange(tensor=name, kind="added", new_shape=entry.get("shape"),
                                       new=_norm(entry), detail="new in the model"))
     return changes
+
+
+def _renamed(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+             ) -> dict[str, str]:
+    """Tensors under another name in ``after``: a name of ``before`` that ``after`` lacks, and
+    one of ``after`` that ``before`` lacks, paired where they alone share their layer (the
+    first part of the name), their last part (``kernel``, ``h0``) and their shape. Keras
+    numbers what it names as it makes it (``minimal_rnn_cell_1``), and a cell's weights may
+    carry the cell's name in their path (``rnn/kernel`` or ``rnn/minimal_rnn_cell_1/kernel``),
+    so that the same weight is named otherwise from one run to another."""
+    def key(name: str, entry: dict[str, Any]) -> tuple[str, str, str]:
+        parts = name.split("/")
+        return parts[0], parts[-1], json.dumps(entry.get("shape"))
+
+    gone: dict[tuple[str, str, str], list[str]] = {}
+    came: dict[tuple[str, str, str], list[str]] = {}
+    for name, entry in before.items():
+        if name not in after and "/" in name:
+            gone.setdefault(key(name, entry), []).append(name)
+    for name, entry in after.items():
+        if name not in before and "/" in name:
+            came.setdefault(key(name, entry), []).append(name)
+    return {gone[k][0]: came[k][0] for k in gone
+            if len(gone[k]) == 1 and len(came.get(k, [])) == 1}
+
+
+def _compared(name: str, entry: dict[str, Any], other: dict[str, Any],
+              rtol: float) -> list[DiffChange]:
+    """What changed of one tensor present in both reports (``other`` is its new entry)."""
+    shape_a, shape_b = entry.get("shape"), other.get("shape")
+    if shape_a != shape_b:
+        return [DiffChange(tensor=name, kind="shape", base_shape=shape_a, new_shape=shape_b,
+                           base=_norm(entry), new=_norm(other),
+                           detail=f"shape {_shape(shape_a)} → {_shape(shape_b)}")]
+    if _nonfinite(other) > _nonfinite(entry):
+        return [DiffChange(
+            tensor=name, kind="nonfinite", base=_norm(entry), new=_norm(other),
+            detail=f"{_nonfinite(other)} values NaN or Inf (base: {_nonfinite(entry)})")]
+    a, b = _norm(entry), _norm(other)
+    if a is None or b is None:
+        if (a is None) != (b is None):
+            return [DiffChange(
+                tensor=name, kind="norm", base=a, new=b,
+                detail="no gradient now" if b is None else "a gradient now, none before")]
+        return []
+    if _relative(a, b) > rtol:
+        return [DiffChange(tensor=name, kind="norm", base=a, new=b, relative=_relative(a, b),
+                           detail=f"‖g‖: relative change {_relative(a, b):.2e}")]
+    return []
 
 
 def _flags(document: dict[str, Any]) -> dict[str, str]:

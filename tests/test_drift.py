@@ -182,3 +182,46 @@ def test_a_scaled_norm_drifts_exactly_beyond_rtol(seed_json, factor, rtol):
     relative = abs(base * factor - base) / max(abs(base), abs(base * factor))
     assert report.drifted == (relative > rtol)
     assert [c.kind for c in report.changes] == (["norm"] if relative > rtol else [])
+
+
+def test_a_weight_keras_names_otherwise_is_paired_and_compared(tf):
+    """The same weight under another path (Keras numbers what it names, and a cell's weights
+    may carry the cell's name: ``rnn/kernel`` or ``rnn/minimal_rnn_cell_1/kernel``) is one
+    tensor renamed, its ‖g‖ compared; where the pairing is not the only one (two weights of a
+    layer with the same last part and shape), or the shape differs, it is removed + added."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.SimpleRNN(4, name="rnn"),
+                              keras.layers.Dense(2, name="head")])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(1)
+    base = gradscope.explain(model, x=rng.standard_normal((3, 6, 3)).astype("float32"),
+                             y=np.zeros((3, 2), "float32")).to_dict()
+    new = copy.deepcopy(base)
+    entry = next(g for g in new["gradients"] if g["name"] == "rnn/kernel")
+    entry["name"] = "rnn/simple_rnn_cell_1/kernel"
+    entry["stats"]["l2"] *= 1.01
+    report = gradscope.diff(base, new)
+    assert [(c.tensor, c.kind) for c in report.changes] == [
+        ("rnn/simple_rnn_cell_1/kernel", "renamed"), ("rnn/simple_rnn_cell_1/kernel", "norm")]
+    assert report.changes[0].detail.startswith("was rnn/kernel: the same layer's kernel and "
+                                               "shape")
+    assert report.compared_tensors == len(base["gradients"]) + len(
+        base["initial_state_gradients"])
+    assert report.drifted
+    # Two candidates of one kind: no guess.
+    twice = copy.deepcopy(new)
+    extra = copy.deepcopy(next(g for g in twice["gradients"] if g["name"].endswith("/kernel")
+                               and g["name"].startswith("rnn/")))
+    extra["name"] = "rnn/other_cell/kernel"
+    twice["gradients"].append(extra)
+    kinds = {(c.tensor, c.kind) for c in gradscope.diff(base, twice).changes}
+    assert {("rnn/kernel", "removed"), ("rnn/simple_rnn_cell_1/kernel", "added"),
+            ("rnn/other_cell/kernel", "added")} <= kinds
+    # Another shape: not the same weight.
+    reshaped = copy.deepcopy(new)
+    moved = next(g for g in reshaped["gradients"] if g["name"] == "rnn/simple_rnn_cell_1/kernel")
+    moved["shape"] = [moved["shape"][0] + 1, moved["shape"][1]]
+    kinds = {(c.tensor, c.kind) for c in gradscope.diff(base, reshaped).changes}
+    assert {("rnn/kernel", "removed"), ("rnn/simple_rnn_cell_1/kernel", "added")} <= kinds

@@ -1308,7 +1308,7 @@ class DiffChange(_Report):
     """One thing that changed between two explain reports."""
 
     tensor: str = Field(description="a gradient's name, 'loss', or the sequence a flag is on")
-    kind: Literal["loss", "added", "removed", "shape", "norm", "nonfinite", "flag"]
+    kind: Literal["loss", "added", "removed", "renamed", "shape", "norm", "nonfinite", "flag"]
     base: float | None = Field(default=None, description="‖g‖ (or the loss) in the base report")
     new: float | None = Field(default=None, description="‖g‖ (or the loss) in the new report")
     relative: float | None = Field(default=None, description="|new − base| / max(|base|, |new|)")
@@ -1328,7 +1328,8 @@ class DiffReport(_CommandReport):
     rtol: float = Field(description="relative tolerance of ‖g‖ and of the loss")
     loss_base: float | None
     loss_new: float | None
-    compared_tensors: int = Field(description="gradients present in both reports")
+    compared_tensors: int = Field(description="gradients present in both reports (a renamed "
+                                  "one counted once)")
     changes: list[DiffChange]
     drifted: bool = Field(description="anything changed: exit 1")
 
