@@ -298,6 +298,17 @@ STRETCHING = 0.5
 #: many times the layer's: a horizon of 4 steps taken to 5 is no remedy.
 LONGER = 1.5
 
+#: And, measured, at least this many steps longer: a horizon of 2 steps taken to 3 is no
+#: remedy either, though 1.5 times as long.
+LONGER_BY = 2
+
+
+def lengthens(horizon: float, before: float) -> bool:
+    """Whether a measured horizon (a number of steps, half a step past its window where it
+    lies beyond it) is long enough, against the layer's, for its change to be named a
+    remedy: :data:`LONGER` times as long and :data:`LONGER_BY` steps longer."""
+    return horizon >= LONGER * before and horizon >= before + LONGER_BY
+
 
 def slower_fading(lyapunov_1: float, before: float) -> float | None:
     """How many times longer the horizon predicted from a change's λ₁ is than the one

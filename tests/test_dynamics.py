@@ -150,3 +150,13 @@ def test_a_change_run_on_some_examples_is_compared_on_them_in_words() -> None:
     assert "λ₁ of the first tangent column would be -0.0734 per step, against -0.244 now " \
         "(measured)" in whole
     assert "against -0.244 now on the same 8 examples (measured)" in some
+
+
+@pytest.mark.parametrize(("horizon", "before", "named"), [
+    (3, 2, False),  # 1.5 times, but one step: found tried as a new user would (a GRU's)
+    (4, 2, True), (5, 4, False), (6, 4, True), (15.5, 10, True), (14, 10, False)])
+def test_a_change_is_a_remedy_only_where_it_lengthens_the_horizon_enough(horizon, before,
+                                                                         named):
+    """A measured horizon names its change for a vanishing layer at 1.5 times the layer's
+    and 2 steps more (a horizon beyond its window counts half a step past it)."""
+    assert dynamics.lengthens(horizon, before) is named

@@ -630,7 +630,7 @@ def _none_helps(changed: list[Counterfactual], before: float) -> str | None:
     change that would lengthen the horizon by half but make the layer explode, with both;
     else that none tried lengthens it by half (None where no change was run)."""
     exploding = [c for c in changed if _explodes(c)
-                 and _horizon_number(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+                 and dynamics.lengthens(_horizon_number(c.horizon, c.horizon_window), before)]
     if exploding:
         best = max(exploding, key=lambda c: _horizon_number(c.horizon, c.horizon_window))
         said = dynamics.remedy("vanishing", best.change, best.horizon, best.horizon_window,
@@ -645,6 +645,9 @@ def _none_helps(changed: list[Counterfactual], before: float) -> str | None:
                 + (f" ({', '.join(why)})" if why else ""))
     if not changed:
         return None
+    if before < 2 * dynamics.LONGER_BY:  # half of so short a horizon is less than LONGER_BY
+        return (f"no change tried lengthens the horizon by {dynamics.LONGER_BY} steps or more "
+                "(each one is below)")
     return "no change tried lengthens the horizon by half or more (each one is below)"
 
 
@@ -659,7 +662,8 @@ def _explodes(change: Counterfactual) -> bool:
 
 def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str | None:
     """The counterfactual the verdict names, in words: for a vanishing layer the change that
-    lengthens the measured horizon most, at least :data:`~gradscope.dynamics.LONGER` times,
+    lengthens the measured horizon most, enough to be named
+    (:func:`~gradscope.dynamics.lengthens`: 1.5 times and 2 steps),
     or, where no measured horizon shows that (a change's lies beyond the lags measured),
     the change whose λ₁ predicts the longest horizon, at least as many times the layer's
     (λ₁ taken alike); never a change that makes the layer explode (λ₁ above
@@ -672,7 +676,7 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
         calm = [c for c in changed if not _explodes(c)]
         before = _horizon_number(entry.horizon.measured, entry.horizon.window)
         longer = [c for c in calm
-                  if _horizon_number(c.horizon, c.horizon_window) >= dynamics.LONGER * before]
+                  if dynamics.lengthens(_horizon_number(c.horizon, c.horizon_window), before)]
         if longer:
             best = max(longer, key=lambda c: _horizon_number(c.horizon, c.horizon_window))
             return dynamics.remedy("vanishing", best.change, best.horizon,
