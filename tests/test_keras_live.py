@@ -334,3 +334,38 @@ def test_a_backward_direction_s_initial_state_is_carried_from_its_first_step(tf:
     assert said["both/backward/h0"].endswith(f"previous batch's final h {back}")
     assert said["both/backward/c0"].endswith(f"previous batch's final c {back}")
     assert said["last/h0"].endswith(f"final h {back}")
+
+
+def test_a_stateful_bidirectional_layer_s_carried_states_have_their_gradients(tf: Any) -> None:
+    """A stateful Bidirectional GRU starts the batch from what the previous one left, in each
+    direction: ∂L/∂h0 of both, as Keras' tape gives them with those states as the initial
+    ones (they were left out, with no word, while the loss used them), and the carried state
+    is as it was after explain."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(2)
+    series = rng.standard_normal((4, 13, 3)).astype("float32")
+    inputs = keras.Input(batch_shape=(4, 6, 3))
+    both = keras.layers.Bidirectional(
+        keras.layers.GRU(5, stateful=True, return_sequences=True), name="both")(inputs)
+    model = keras.Model(inputs, keras.layers.TimeDistributed(keras.layers.Dense(1))(both))
+    model.compile(loss="mse")
+    model.predict(series[:, :6], batch_size=4, verbose=0)  # the previous window
+    x, y = series[:, 6:12], series[:, 7:13, :1]
+    layer = model.get_layer("both")
+    held = [np.array(v.numpy()) for v in layer.states]
+    assert all(np.abs(h).max() > 0 for h in held)
+    report = gradscope.explain(model, x=x, y=y)
+    for before, variable in zip(held, layer.states, strict=True):
+        np.testing.assert_array_equal(before, variable.numpy())
+    starts = [tf.Variable(h) for h in held]
+    with tf.GradientTape() as tape:
+        sequence = layer(x, initial_state=starts)
+        loss = model.compute_loss(x=x, y=y, y_pred=model.layers[-1](sequence))
+    truth = tape.gradient(loss, starts)
+    said = {s.name: s for s in report.initial_state_gradients}
+    assert report.loss.value == pytest.approx(float(loss), rel=1e-5)
+    for name, grad in zip(["both/forward/h0", "both/backward/h0"], truth, strict=True):
+        assert said[name].source.startswith("carried")
+        assert said[name].stats.l2 == pytest.approx(float(tf.norm(grad)), rel=1e-5), name

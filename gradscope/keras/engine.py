@@ -911,9 +911,11 @@ def state_layers(operation: Any) -> list[Any]:
 
 
 def _carried_states(operation: Any) -> list[Any] | None:
-    """The state variables a stateful GRU, LSTM, SimpleRNN or ``RNN(cell)`` holds between
-    batches (None for any other layer, or before Keras has made them)."""
-    if (class_label(operation) not in RECURRENT | {"RNN"}
+    """The state variables a stateful GRU, LSTM, SimpleRNN, ``RNN(cell)`` or Bidirectional of
+    one holds between batches (a Bidirectional's: its forward direction's, then its backward
+    one's, as its call splits ``initial_state``; None for any other layer, or before Keras
+    has made them)."""
+    if (class_label(operation) not in RECURRENT | {"RNN", "Bidirectional"}
             or not getattr(operation, "stateful", False)):
         return None
     states = getattr(operation, "states", None)
