@@ -255,13 +255,17 @@ def _renamed(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
     first part of the name), their last part (``kernel``, ``h0``) and their shape. Keras
     numbers what it names as it makes it (``minimal_rnn_cell_1``), and a cell's weights may
     carry the cell's name in their path (``rnn/kernel`` or ``rnn/minimal_rnn_cell_1/kernel``),
-    so that the same weight is named otherwise from one run to another."""
-    def key(name: str, entry: dict[str, Any]) -> tuple[str, str, str]:
+    so that the same weight is named otherwise from one run to another. A Bidirectional's
+    directions are told apart (``both/forward_enc/kernel`` and ``both/backward_enc/kernel``
+    are two: the part that starts with ``forward`` or ``backward``)."""
+    def key(name: str, entry: dict[str, Any]) -> tuple[str, str, str, str]:
         parts = name.split("/")
-        return parts[0], parts[-1], json.dumps(entry.get("shape"))
+        direction = next((way for part in parts[1:-1] for way in ("forward", "backward")
+                          if part.startswith(way)), "")
+        return parts[0], direction, parts[-1], json.dumps(entry.get("shape"))
 
-    gone: dict[tuple[str, str, str], list[str]] = {}
-    came: dict[tuple[str, str, str], list[str]] = {}
+    gone: dict[tuple[str, str, str, str], list[str]] = {}
+    came: dict[tuple[str, str, str, str], list[str]] = {}
     for name, entry in before.items():
         if name not in after and "/" in name:
             gone.setdefault(key(name, entry), []).append(name)

@@ -225,3 +225,35 @@ def test_a_weight_keras_names_otherwise_is_paired_and_compared(tf):
     moved["shape"] = [moved["shape"][0] + 1, moved["shape"][1]]
     kinds = {(c.tensor, c.kind) for c in gradscope.diff(base, reshaped).changes}
     assert {("rnn/kernel", "removed"), ("rnn/simple_rnn_cell_1/kernel", "added")} <= kinds
+
+
+def test_a_bidirectional_s_renamed_inner_layer_pairs_each_direction_with_its_own(tf):
+    """The inner layer of a Bidirectional renamed (``LSTM(name="enc")`` → ``"encoder"``):
+    each direction's weights pair with that direction's (they share the layer, last part and
+    shape across directions, and were left unpaired)."""
+    import keras
+
+    def explained(name: str, input_name: str | None = "x") -> dict[str, Any]:
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([
+            keras.Input((5, 3), name=input_name),  # "x": as a fresh process names it
+            keras.layers.Bidirectional(keras.layers.LSTM(4, name=name), name="both"),
+            keras.layers.Dense(2, name="head")])
+        model.compile(loss="mse")
+        rng = np.random.default_rng(2)
+        return gradscope.explain(model, x=rng.standard_normal((3, 5, 3)).astype("float32"),
+                                 y=np.zeros((3, 2), "float32")).to_dict()
+
+    base, new = explained("enc"), explained("encoder")
+    report = gradscope.diff(base, new)
+    renamed = {c.tensor: c.detail for c in report.changes if c.kind == "renamed"}
+    assert {c.kind for c in report.changes} == {"renamed"}, report.changes
+    for way in ("forward", "backward"):
+        assert renamed[f"both/{way}_encoder/kernel"].startswith(f"was both/{way}_enc/kernel")
+    assert not any(c.kind in ("added", "removed") for c in report.changes)
+    # The same arrays given to an input Keras numbered otherwise are the same data: refused
+    # for the inputs' names, not as "its batch's arrays differ".
+    numbered = [explained("enc", input_name=None) for _ in range(2)]
+    assert numbered[0]["model"]["inputs"] != numbered[1]["model"]["inputs"]
+    with pytest.raises(ConfigError, match=r"model\.inputs is"):
+        gradscope.diff(*numbered)

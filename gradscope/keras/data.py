@@ -60,19 +60,20 @@ class KerasBatch:
     sample_weight: SampleWeight = None
 
     def digest(self) -> str:
-        """sha256 of the batch's arrays (each part's names, dtypes, shapes and bytes): the
-        same data gives the same digest under any file name (``gradscope diff`` compares
-        it). Synthetic targets, drawn later from the seed, are left out (the seed is
-        compared)."""
+        """sha256 of the batch's arrays (each part's dtypes, shapes and bytes, in the model's
+        order): the same data gives the same digest under any file name (``gradscope diff``
+        compares it). Not their names: Keras numbers an input it names (``input_layer_1``),
+        and ``diff`` compares the model's inputs apart, naming them. Synthetic targets, drawn
+        later from the seed, are left out (the seed is compared)."""
         found = hashlib.sha256()
         weights = self.sample_weight
         if weights is not None and not isinstance(weights, dict):
             weights = {"": weights}
         for part, arrays in (("inputs", self.inputs), ("targets", self.targets),
                              ("sample_weight", weights)):
-            for name, value in sorted((arrays or {}).items()):
+            for position, value in enumerate((arrays or {}).values()):
                 value = np.ascontiguousarray(value)
-                found.update(f"{part}/{name}:{value.dtype.str}:{value.shape};".encode())
+                found.update(f"{part}/{position}:{value.dtype.str}:{value.shape};".encode())
                 found.update(value.tobytes())
         return found.hexdigest()
 
