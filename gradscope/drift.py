@@ -83,9 +83,10 @@ def _document(source: Any, role: str) -> tuple[dict[str, Any], str]:
                           "path to an explain --json document, its dict, or an explain report",
                           where=role)
     if not isinstance(document, dict) or document.get("command") != "explain":
-        found = document.get("command") if isinstance(document, dict) else \
-            type(document).__name__
-        raise ConfigError(f"{name}: a {found!r} report; expected an explain report "
+        found = (f"a {type(document).__name__}" if not isinstance(document, dict)
+                 else "no command field (not a gradscope report)"
+                 if document.get("command") is None else f"a {document['command']!r} report")
+        raise ConfigError(f"{name}: {found}; expected an explain report "
                           "(gradscope explain --json)", where=name)
     if document.get("schema_version") != "1":
         raise ConfigError(f"{name}: schema_version {document.get('schema_version')!r}; this "

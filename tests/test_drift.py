@@ -169,6 +169,14 @@ def test_what_is_not_an_explain_report_is_refused(seed_json, tmp_path):
         assert words in done.stderr
     with pytest.raises(ConfigError, match="expected a number > 0"):
         gradscope.diff(seed_json, seed_json, rtol=0)
+    # Found tried as a new user would: an empty dict was "a None report".
+    with pytest.raises(ConfigError,
+                       match=r"new report: no command field \(not a gradscope report\)"):
+        gradscope.diff(seed_json, {})
+    listed = tmp_path / "list.json"
+    listed.write_text("[]", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"list\.json: a list; expected an explain report"):
+        gradscope.diff(seed_json, listed)
 
 
 @settings(max_examples=40, deadline=None)

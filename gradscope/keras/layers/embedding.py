@@ -29,7 +29,7 @@ class EmbeddingExplainer(LayerExplainer):
         vocab, dim = int(facts.config["input_dim"]), int(facts.config["output_dim"])
         text = (f"Embedding of {vocab} token ids into {dim} dimensions: each id i in "
                 f"0…{vocab - 1} is replaced by row i of the {vocab} × {dim} table "
-                f"({_positions(facts)}, each becomes a {dim}-vector)")
+                f"({_positions(facts)}, each becomes a vector of {dim})")
         if facts.option("mask_zero"):
             text += ("; mask_zero: id 0 is padding, and the mask it makes tells the layers "
                      "after it (an RNN, attention) to skip those positions")
