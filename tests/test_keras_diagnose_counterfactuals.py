@@ -557,3 +557,39 @@ def test_a_saved_file_changes_on_its_own_load_and_reports_as_the_object(
     changed.compile(loss="mse")
     truth = gradscope.diagnose(changed, x=x, y=y, counterfactuals=False).layers[1]
     _same(saved.layers[1].counterfactuals[0], truth)
+
+
+def test_a_shut_update_gate_raised_to_1_against_a_copy_changed_by_hand(tf: Any) -> None:
+    """A GRU whose update gate is shut (z biases −3, 90% of z below 0.1): +1 leaves it near
+    shut (horizon 6 → 7), and the update biases raised to 1 (their two rows' sum, with
+    reset_after) open it, as the same diagnosis of a copy changed by hand measures; the
+    verdict names that change (found tried as a new user would: the GRU was offered
+    nothing, where an LSTM is)."""
+    model = _model("gru")
+    cell = model.get_layer("rnn").cell
+    bias = cell.bias.numpy()
+    assert bias.shape == (2, 3 * U)  # reset_after: two rows, both adding to z
+    bias[0, :U], bias[1, :U] = -3.5, 0.5
+    cell.bias.assign(bias)
+    x, y = _batch()
+    entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+    found = {c.kind: c for c in entry.counterfactuals}
+    raised = found["update_bias_1"]
+    assert raised.applicable and raised.change == "every update-gate bias below 1 raised to 1"
+
+    def to_1(cell: Any) -> None:
+        bias = cell.bias.numpy()
+        bias[0, :U] = 0.5  # 0.5 + 0.5: the sum z's pre-activation takes is 1
+        cell.bias.assign(bias)
+
+    _same(raised, gradscope.diagnose(_changed_by_hand(model, to_1), x=x, y=y,
+                                     counterfactuals=False).layers[0])
+    before = entry.horizon.measured
+    assert before is not None and found["keep_bias"].horizon < 1.5 * before
+    assert raised.horizon is None or raised.horizon >= 1.5 * before + 2
+    assert "with every update-gate bias below 1 raised to 1" in entry.verdict
+    # An LSTM's list does not have it, nor a GRU whose update biases are not below 0.
+    assert "update_bias_1" not in {c.kind for c in gradscope.diagnose(
+        _model("lstm"), x=x, y=y).layers[0].counterfactuals}
+    assert "update_bias_1" not in {c.kind for c in gradscope.diagnose(
+        _model("gru"), x=x, y=y).layers[0].counterfactuals}

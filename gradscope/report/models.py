@@ -1058,10 +1058,12 @@ class Counterfactual(_Report):
     """A copy of the model with one change, run again on the same batch; every number is
     measured on the copy (clipping changes the gradient, not the dynamics: not rerun)."""
 
-    kind: Literal["keep_bias", "forget_bias_1", "orthogonal", "orthogonal_1",
-                  "clipping"] = Field(
+    kind: Literal["keep_bias", "forget_bias_1", "update_bias_1", "orthogonal",
+                  "orthogonal_1", "clipping"] = Field(
         description="keep_bias: +1 on the keep gate's bias; forget_bias_1: an LSTM's forget "
                     "biases below 1 raised to 1 (listed only where some is below 0); "
+                    "update_bias_1: a GRU's update-gate biases below 1 raised to 1 (listed "
+                    "only where some is below 0); "
                     "orthogonal: each gate's block of the recurrent kernel made orthogonal "
                     "at its spectral norm; orthogonal_1: a SimpleRNN's recurrent kernel made "
                     "orthogonal at spectral norm 1 (listed only where its norm is below 1); "

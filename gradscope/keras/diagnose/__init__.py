@@ -62,9 +62,9 @@ METHOD = [
 COUNTERFACTUAL_METHOD = (
     "counterfactuals: a copy of the model (gradscope's own load of the file, or the object "
     "rebuilt by Keras from its config), one change at a time (keep-gate bias +1; an LSTM's "
-    "forget biases below 1 raised to 1; each gate's block of the recurrent kernel made its "
-    "polar factor times its spectral norm; a SimpleRNN's kernel of norm other than 1 made its "
-    "polar factor, at norm 1), run again "
+    "forget or a GRU's update biases below 1 raised to 1; each gate's block of the "
+    "recurrent kernel made its polar factor times its spectral norm; a SimpleRNN's kernel of "
+    "norm other than 1 made its polar factor, at norm 1), run again "
     "on the batch and diagnosed as the layer, its call stepped on the examples the horizon "
     "reads (in inference mode, where the batch has more; the copy's pass of them alone where "
     "it gives the whole batch's ∂L/∂(the call's outputs) there times one number, scaled to "

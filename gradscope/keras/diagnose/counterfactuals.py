@@ -1,9 +1,10 @@
 """What one change would do to a recurrent call, measured on a copy of the user's model: the
 keep gate's bias +1 (an LSTM's forget gate, a Keras GRU's update gate z), an LSTM's shut
-forget biases raised to 1, the recurrent kernel made orthogonal at its spectral norm, and a
-SimpleRNN's kernel of norm other than 1 made orthogonal at norm 1, each run again on the same
-batch (λ₁, the horizon, ∂L/∂s_t through the recurrence); and the global_clipnorm the batch
-suggests, which changes the gradient, not the dynamics, so nothing is rerun for it.
+forget biases or a GRU's shut update biases raised to 1, the recurrent kernel made
+orthogonal at its spectral norm, and a SimpleRNN's kernel of norm other than 1 made
+orthogonal at norm 1, each run again on the same batch (λ₁, the horizon, ∂L/∂s_t through
+the recurrence); and the global_clipnorm the batch suggests, which changes the gradient, not
+the dynamics, so nothing is rerun for it.
 
 The copy is gradscope's own load of a saved file (the one the diagnosis ran on, each change
 undone after its run), or, for a model object, Keras' rebuild of it from its config with the
@@ -27,7 +28,8 @@ from gradscope.report.models import Counterfactual, StateFlow
 #: change has no meaning for this cell.
 Change = Callable[[Any], "list[tuple[Any, np.ndarray]] | str"]
 NOT_APPLICABLE = "not applicable to this cell"
-Kind = Literal["keep_bias", "forget_bias_1", "orthogonal", "orthogonal_1", "clipping"]
+Kind = Literal["keep_bias", "forget_bias_1", "update_bias_1", "orthogonal", "orthogonal_1",
+               "clipping"]
 
 
 def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
@@ -72,8 +74,31 @@ def forget_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     return [(cell.bias, bias)]
 
 
+def update_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
+    """A Keras GRU's update-gate biases below 1 raised to 1: the GRU's keep gate (h_t =
+    z·h_(t−1) + (1 − z)·ĥ_t) at rest where an LSTM's forget gate rests as Keras initialises
+    it, σ(1) ≈ 0.73 (found tried as a new user would: a GRU whose update gate was shut, a
+    bias of −3, was offered nothing that opened it, where an LSTM gets
+    :func:`forget_bias_1`). With ``reset_after`` both bias rows add to z: row 0 moves so
+    that their sum is raised to 1. Run and listed only where some update bias (that sum) is
+    below 0, as :func:`forget_bias_1`."""
+    kind = class_label(cell)
+    if kind != "GRUCell":
+        return f"{NOT_APPLICABLE} ({kind} has no update gate)"
+    if not cell.use_bias:
+        return f"{NOT_APPLICABLE} (use_bias=False: it has no bias)"
+    units = int(cell.units)
+    bias = np.array(cell.bias.numpy())
+    rows = bias.reshape(-1, bias.shape[-1])  # a view: one row, or reset_after's two
+    update = rows[:, :units].sum(axis=0)
+    if np.all(update >= 0):
+        return f"{NOT_APPLICABLE}: no update-gate bias is below 0"
+    rows[0, :units] += np.maximum(update, 1) - update
+    return [(cell.bias, bias)]
+
+
 #: The changes a layer's list leaves out where they do not apply.
-LISTED_ONLY_WHERE_APPLICABLE = frozenset({"forget_bias_1", "orthogonal_1"})
+LISTED_ONLY_WHERE_APPLICABLE = frozenset({"forget_bias_1", "update_bias_1", "orthogonal_1"})
 
 
 #: Column blocks of the recurrent kernel, per cell class (one per gate and the candidate).
@@ -139,6 +164,7 @@ SAME = 1e-5
 CHANGES: list[tuple[Kind, str, Change]] = [
     ("keep_bias", "", keep_bias),
     ("forget_bias_1", "every forget-gate bias below 1 raised to 1", forget_bias_1),
+    ("update_bias_1", "every update-gate bias below 1 raised to 1", update_bias_1),
     ("orthogonal", "an orthogonal recurrent kernel at its spectral norm", orthogonal),
     ("orthogonal_1", "an orthogonal recurrent kernel at spectral norm 1", orthogonal_1),
 ]
