@@ -60,18 +60,7 @@ def forget_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     bias is below 0 (a gate that rests more shut than open): a layer as Keras initialises
     it, or one trained a little away from 1, is not run again for it, and the change is
     then not listed (:data:`LISTED_ONLY_WHERE_APPLICABLE`)."""
-    kind = class_label(cell)
-    if kind != "LSTMCell":
-        return f"{NOT_APPLICABLE} ({kind} has no forget gate)"
-    if not cell.use_bias:
-        return f"{NOT_APPLICABLE} (use_bias=False: it has no bias)"
-    units = int(cell.units)
-    bias = np.array(cell.bias.numpy())
-    forget = bias[units:2 * units]
-    if np.all(forget >= 0):
-        return f"{NOT_APPLICABLE}: no forget-gate bias is below 0"
-    bias[units:2 * units] = np.maximum(forget, 1)
-    return [(cell.bias, bias)]
+    return _raised_to_1(cell, "LSTMCell", "forget", 1)  # Keras' columns [i | f | c | o]
 
 
 def update_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
@@ -82,18 +71,27 @@ def update_bias_1(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     :func:`forget_bias_1`). With ``reset_after`` both bias rows add to z: row 0 moves so
     that their sum is raised to 1. Run and listed only where some update bias (that sum) is
     below 0, as :func:`forget_bias_1`."""
+    return _raised_to_1(cell, "GRUCell", "update", 0)  # Keras' columns [z | r | h]
+
+
+def _raised_to_1(cell: Any, kind_of: str, gate: str, block: int
+                 ) -> list[tuple[Any, np.ndarray]] | str:
+    """The biases of ``gate`` (column block ``block`` of a ``kind_of`` cell; summed over the
+    rows of a GRU's reset_after bias, row 0 moved) below 1 raised to 1, where some is below
+    0."""
     kind = class_label(cell)
-    if kind != "GRUCell":
-        return f"{NOT_APPLICABLE} ({kind} has no update gate)"
+    if kind != kind_of:
+        return f"{NOT_APPLICABLE} ({kind} has no {gate} gate)"
     if not cell.use_bias:
         return f"{NOT_APPLICABLE} (use_bias=False: it has no bias)"
     units = int(cell.units)
+    columns = slice(block * units, (block + 1) * units)
     bias = np.array(cell.bias.numpy())
     rows = bias.reshape(-1, bias.shape[-1])  # a view: one row, or reset_after's two
-    update = rows[:, :units].sum(axis=0)
-    if np.all(update >= 0):
-        return f"{NOT_APPLICABLE}: no update-gate bias is below 0"
-    rows[0, :units] += np.maximum(update, 1) - update
+    summed = rows[:, columns].sum(axis=0)
+    if np.all(summed >= 0):
+        return f"{NOT_APPLICABLE}: no {gate}-gate bias is below 0"
+    rows[0, columns] = np.maximum(summed, 1) - rows[1:, columns].sum(axis=0)
     return [(cell.bias, bias)]
 
 
