@@ -44,11 +44,12 @@ def diff(base: Any, new: Any, rtol: float = DEFAULT_RTOL) -> DiffReport:
     new_doc, new_name = _document(new, "new")
     _refuse_other_inputs(base_doc, new_doc, base_name, new_name)
     changes: list[DiffChange] = []
-    changes += _loss_change(base_doc, new_doc, rtol)
-    changes += _tensor_changes(base_doc, new_doc, rtol)
-    changes += _flag_changes(base_doc, new_doc)
     before, after = _tensors(base_doc), _tensors(new_doc)
-    compared = len(before.keys() & after.keys()) + len(_renamed(before, after))
+    renamed = _renamed(before, after)
+    changes += _loss_change(base_doc, new_doc, rtol)
+    changes += _tensor_changes(before, after, renamed, rtol)
+    changes += _flag_changes(base_doc, new_doc)
+    compared = len(before.keys() & after.keys()) + len(renamed)
     return DiffReport(base=base_name, new=new_name, rtol=rtol,
                       source=str(base_doc.get("source", "yaml")),
                       loss_base=_number(base_doc, "loss.value"),
@@ -222,10 +223,10 @@ def _loss_change(base: dict[str, Any], new: dict[str, Any], rtol: float) -> list
     return changes
 
 
-def _tensor_changes(base: dict[str, Any], new: dict[str, Any],
-                    rtol: float) -> list[DiffChange]:
-    before, after = _tensors(base), _tensors(new)
-    renamed = _renamed(before, after)
+def _tensor_changes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
+                    renamed: dict[str, str], rtol: float) -> list[DiffChange]:
+    """What changed of each tensor (``before`` and ``after`` by :func:`_tensors`, ``renamed``
+    by :func:`_renamed`)."""
     changes = []
     for name, entry in before.items():
         if name in after:

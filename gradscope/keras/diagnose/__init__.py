@@ -645,7 +645,7 @@ def _none_helps(changed: list[Counterfactual], before: float) -> str | None:
                 + (f" ({', '.join(why)})" if why else ""))
     if not changed:
         return None
-    if before < 2 * dynamics.LONGER_BY:  # half of so short a horizon is less than LONGER_BY
+    if (dynamics.LONGER - 1) * before < dynamics.LONGER_BY:  # so short, the steps bind
         return (f"no change tried lengthens the horizon by {dynamics.LONGER_BY} steps or more "
                 "(each one is below)")
     return "no change tried lengthens the horizon by half or more (each one is below)"
