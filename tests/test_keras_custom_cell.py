@@ -171,7 +171,7 @@ def test_a_wrong_weight_gradient_is_blamed_on_that_weight_alone(tf):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((BATCH, STEPS, FEATURES)).astype("float32")
     report = gradscope.check(model, x=x, y=rng.standard_normal((BATCH, 2)).astype("float32"))
-    cell = "rnn/wrong_recurrent_cell"
+    cell = "rnn"  # explain's name; Keras' path rnn/wrong_recurrent_cell/… beside it
     assert report.summary.failed_tensors == [f"{cell}/recurrent_kernel"]
     kernel = _entry(report, f"{cell}/kernel", "cell_steps")
     recurrent = _entry(report, f"{cell}/recurrent_kernel", "cell_steps")

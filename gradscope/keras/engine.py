@@ -376,12 +376,15 @@ class KerasEngine:
             # Bidirectional under one and the same path), and reports name the user's.
             for mine, theirs in zip(copy.weights, self.model.weights, strict=True):
                 mine._path = theirs.path
-            # And each layer by its original's name (a subclassed model's sub-layers, made
-            # in __init__, get new ones when it is rebuilt): check names calls as explain does.
+            # And each layer by its original's name and path (a subclassed model's sub-layers,
+            # made in __init__, get new ones when it is rebuilt; a rebuilt layer's path leaves
+            # out the model's scope that its weights' paths, given above, keep): check names
+            # calls and weights as explain does.
             mine_layers, their_layers = _layers(copy), _layers(self.model)
             if [type(a) for a in mine_layers] == [type(b) for b in their_layers]:
                 for mine_layer, their_layer in zip(mine_layers, their_layers, strict=True):
                     mine_layer.name = their_layer.name
+                    mine_layer._path = their_layer.path
             _carried_states_copied(self.model, copy, dtype)
         except Exception as exc:  # the user's code, rebuilt from its config: anything
             first = first_line(exc)

@@ -24,9 +24,10 @@ from gradscope.keras.data import (
 from gradscope.keras.facts import layer_facts, no_derivation
 from gradscope.keras.graph import YOUR_CALL, LayerNode, ModelGraph, mode_effects
 from gradscope.keras.layers import deriving_explainer
-from gradscope.keras.layers.base import StateNote, variable_key
+from gradscope.keras.layers.base import StateNote
 from gradscope.keras.live import LOADED_FROM
 from gradscope.keras.loss import LossPlan, output_aliases, output_names
+from gradscope.keras.weight_names import weight_names
 from gradscope.report.models import (
     BlockEntry,
     CrossCheckEntry,
@@ -268,6 +269,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
     states: list[KerasStateEntry] = []
     witnesses: list[CrossCheckEntry] = []
     trainable_ids = {id(v) for v in model.trainable_variables}
+    names = weight_names(graph, engine.operation, model)
     seen: set[int] = set()
     for node in graph.computing_layers:
         call = calls.get((node.name, 0))
@@ -291,12 +293,11 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                            else no_derivation(node)),
             derivation=explainer is not None))
         keras_layer = engine.operation(node.name)
-        keys = _weight_keys(node.name, keras_layer)
         for variable in getattr(keras_layer, "weights", []):
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            key = keys[id(variable)]
+            key = names[id(variable)].key
             shape = [int(d) for d in variable.shape]
             note = notes.get(key)
             if explainer is not None and note is None:
@@ -359,7 +360,7 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                    + ("; it does not reach the loss: no gradient"
                       if trainable and gradient is None else ""))
         gradients.append(KerasGradientEntry(
-            name=f"{owner}/{variable.path.rsplit('/', 1)[-1]}", path=variable.path,
+            name=names[id(variable)].name, path=variable.path,
             layer=owner, class_name=YOUR_CALL, shape=[int(d) for d in variable.shape],
             formula=None, meaning=meaning, rows=[], columns=[], trainable=trainable,
             stats=None if gradient is None else stats(gradient), sparse=None))
@@ -398,19 +399,6 @@ def _own_loops(engine: Any, result: Any) -> list[str]:
                         "state) is not read (the run does not look inside that loop); --flow "
                         "steps its cell instead")
     return said
-
-
-def _weight_keys(name: str, layer: Any) -> dict[int, str]:
-    """Each weight's key inside its layer: cell scopes left out (``gru_cell/kernel`` →
-    ``kernel``), unless two weights would then share one (the cells of StackedRNNCells): their
-    layer's keys then keep every scope."""
-    weights = list(getattr(layer, "weights", []))
-    short = {id(v): variable_key(v.path, name, layer.path) for v in weights}
-    if len(set(short.values())) == len(short):
-        return short
-    prefix = (layer.path + "/") if layer.path else ""
-    return {id(v): v.path[len(prefix):] if v.path.startswith(prefix) else v.path
-            for v in weights}
 
 
 def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:

@@ -407,6 +407,9 @@ class CheckedTensor(_Report):
     shape: list[int] | None
     passed: bool
     witnesses: list[WitnessEntry]
+    path: str | None = Field(default=None, description="a Keras weight's own path "
+                             "(variable.path), where the name is the layer and the key "
+                             "explain names it by")
 
 
 class NamedShape(_Report):

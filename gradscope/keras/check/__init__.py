@@ -41,6 +41,7 @@ from gradscope.keras.data import UNRANGED_IDS, batch_targets, unranged
 from gradscope.keras.engine import CopyFails, KerasEngine, call_label, state_names
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.nonfinite import all_finite, diagnose
+from gradscope.keras.weight_names import weight_names
 from gradscope.keras.whole_model import moved_state, restore
 from gradscope.report.models import (
     EVERY_WITNESS,
@@ -231,10 +232,20 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         probing.restore()
         witnessed.append(cell_steps.witness(probing, unresolved))
         clock.lap("layers_on_their_own")
-    tensors = checked_tensors([r for w in witnessed for r in w.results],
-                              shapes={n: s for w in witnessed for n, s in w.shapes.items()})
+    # Each weight by explain's name for it, Keras' path beside it (the witnesses read paths).
+    names = weight_names(job.graph, engine.operation, engine.model)
+    as_explain = {v.path: names[id(v)].name for v in engine.model.weights}
+    if len(set(as_explain.values())) < len(as_explain):  # never two weights under one name
+        as_explain = {}
+    paths = {name: path for path, name in as_explain.items()}
+    tensors = checked_tensors(
+        [replace(r, tensor=as_explain.get(r.tensor, r.tensor))
+         for w in witnessed for r in w.results],
+        shapes={as_explain.get(n, n): s for w in witnessed for n, s in w.shapes.items()})
+    tensors = [t.model_copy(update={"path": paths.get(t.name)}) for t in tensors]
     failed = [t.name for t in tensors if not t.passed]
-    unwitnessed = _unwitnessed(witnessed)  # with every witness now, the steps' too
+    # With every witness now, the steps' too.
+    unwitnessed = {as_explain.get(n, n) for n in _unwitnessed(witnessed)}
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses}, key=WITNESSES.index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),

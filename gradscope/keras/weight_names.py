@@ -1,0 +1,58 @@
+"""The name a report gives each weight of a Keras model: its layer and its key inside that layer
+(``gru/kernel``, ``bilstm/forward_lstm/kernel``), where Keras' own path may leave the layer out
+(a saved file's cell weights are ``minimal_rnn_cell/kernel``, ``forward_lstm/lstm_cell/
+kernel``) or name the cell's scope (``gru/gru_cell/kernel``). explain and check name a weight
+alike; each report keeps Keras' path beside the name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gradscope.keras.graph import ModelGraph
+from gradscope.keras.layers.base import variable_key
+
+
+@dataclass(frozen=True)
+class WeightName:
+    """A weight's layer (the model's own call where no layer holds it) and its key there."""
+
+    layer: str
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.layer}/{self.key}"
+
+
+def weight_names(graph: ModelGraph, operation: Any, model: Any) -> dict[int, WeightName]:
+    """Each weight of ``model`` (by ``id``) as its report names it: the first computing layer of
+    ``graph`` that holds it (``operation(name)``: the model's layer of that name), else the
+    model's own call (a subclassed model's ``self.add_weight``)."""
+    found: dict[int, WeightName] = {}
+    for node in graph.computing_layers:
+        layer = operation(node.name)
+        keys = weight_keys(node.name, layer)
+        for variable in getattr(layer, "weights", []):
+            found.setdefault(id(variable), WeightName(node.name, keys[id(variable)]))
+    owner = graph.your_call or graph.name
+    for variable in model.weights:
+        found.setdefault(id(variable), WeightName(owner, variable.path.rsplit("/", 1)[-1]))
+    return found
+
+
+def weight_keys(name: str, layer: Any) -> dict[int, str]:
+    """Each weight's key inside its layer: cell scopes left out (``gru_cell/kernel`` →
+    ``kernel``), unless two weights would then share one (the cells of StackedRNNCells): their
+    layer's keys then keep every scope."""
+    weights = list(getattr(layer, "weights", []))
+    short = {id(v): variable_key(v.path, name, layer.path) for v in weights}
+    if len(set(short.values())) == len(short):
+        return short
+    prefix = (layer.path + "/") if layer.path else ""
+    return {id(v): v.path[len(prefix):] if v.path.startswith(prefix) else v.path
+            for v in weights}
+
+
+__all__ = ["WeightName", "weight_keys", "weight_names"]
