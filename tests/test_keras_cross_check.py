@@ -88,3 +88,24 @@ def test_an_exploding_call_whose_rounding_grows_is_not_witnessed_not_called_misr
     assert entry.detail.startswith("not witnessed: this trajectory amplifies rounding")
     assert [f.kind for f in report.gradient_flow.flags if "simple_rnn" in f.what][0] == \
         "exploding"
+
+
+def test_a_layer_that_reads_its_steps_backwards_is_witnessed(tf):
+    """go_backwards: Keras reads the steps from the last and returns the sequence in that
+    order; the cell reruns the steps in that order and must reproduce both a whole sequence
+    and a last state (it said "not witnessed (go_backwards)", where a Bidirectional's
+    backward direction, the same loop, was witnessed by check)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((12, 3)),
+        keras.layers.GRU(5, go_backwards=True, return_sequences=True, name="rev_gru"),
+        keras.layers.LSTM(4, go_backwards=True, name="rev_lstm"),
+        keras.layers.Dense(2)])
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((6, 12, 3)), rng.standard_normal((6, 2))
+    report = gradscope.explain(model, x=x, y=y)
+    assert [(w.layer, w.passed) for w in report.witnesses] == [("rev_gru", True),
+                                                              ("rev_lstm", True)]
+    assert all(w.max_abs_error <= w.allowed for w in report.witnesses)

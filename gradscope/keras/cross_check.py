@@ -57,6 +57,9 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
     params = cell_params(cell, weights)
     rows = sampled_examples(*np.shape(call.args[0])[:2])
     x = np.asarray(call.args[0], np.float64)[rows]
+    if facts.option("go_backwards"):
+        # Keras reads the steps from the last, and returns the sequence in that order.
+        x = x[:, ::-1]
     states = [np.asarray(s, np.float64)[rows] for s in call.states]
     with blas_beside_tensorflow():
         sequence, _ = forward(params, x, *states)
@@ -169,8 +172,6 @@ def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -
     if call.mask is not None:
         return "the input is masked (Keras skips masked steps; the cell does not model masks)"
     reasons = unmodelled(facts, training)
-    if facts.option("go_backwards"):
-        reasons.append("go_backwards")
     if not call.states:
         reasons.append("no initial state captured")
     if reasons:
