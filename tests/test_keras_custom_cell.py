@@ -91,6 +91,11 @@ def test_the_initial_state_gradient_is_keras_own(tf):
     truth = tape.gradient(loss, h0).numpy()
     assert state.stats.l2 == pytest.approx(float(np.linalg.norm(truth)), rel=1e-5)
     assert "your cell" in state.source or "zeros" in state.source
+    # The layer is said with its cell and its state (it read "RNN" alone).
+    layer = next(entry for entry in report.layers if entry.name == "rnn")
+    kind = type(model.get_layer("rnn").cell)
+    cell = f"{kind.__module__}.{kind.__name__}"
+    assert layer.summary == f"RNN over the cell {cell}, a state of {UNITS} numbers an example"
 
 
 def test_check_verifies_the_cell_and_its_initial_state(tf):

@@ -488,7 +488,8 @@ def _named(what: str, value: Any, names: list[str],
     if isinstance(value, list | tuple):
         if len(value) != len(names):
             raise DataError(f"{what} is a list of {len(value)} arrays; the model has "
-                            f"{len(names)} {kind}s ({listed})", where=what)
+                            f"{len(names)} {kind}{'' if len(names) == 1 else 's'} ({listed})",
+                            where=what)
         return {name: (f"{what}[{k}]", _array(f"{what}[{k}]", item, False))
                 for k, (name, item) in enumerate(zip(names, value, strict=True))}
     if len(names) != 1:

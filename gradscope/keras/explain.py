@@ -288,7 +288,8 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
             name=node.name, class_name=node.class_name, calls=len(node.calls),
             input_shapes=[list(s) for s in facts.input_shapes],
             output_shapes=[list(s) for s in facts.output_shapes],
-            summary=explainer.summary(facts) if explainer else node.class_name,
+            summary=(explainer.summary(facts) if explainer
+                     else _plain_summary(node.class_name, engine.operation(node.name))),
             gradient_note=(explainer.gradient_note(facts) if explainer
                            else no_derivation(node)),
             derivation=explainer is not None))
@@ -380,6 +381,29 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
         model=model_entry(job, engine, result), loss=loss_entry(job, result),
         layers=layers, gradients=gradients, initial_state_gradients=states,
         witnesses=witnesses, warnings=warnings)
+
+
+def _plain_summary(class_name: str, layer: Any) -> str:
+    """A layer gradscope has no algebra for, by its class; a recurrent one with its cell and
+    the numbers its state carries (a custom cell's RNN read "RNN" alone)."""
+    from keras.layers import RNN
+
+    from gradscope.keras.engine import class_label
+
+    cell = getattr(layer, "cell", None) if isinstance(layer, RNN) else None
+    if cell is None:
+        return class_name
+    size = getattr(cell, "state_size", None)
+    sizes = size if isinstance(size, list | tuple) else [size]
+    if all(isinstance(n, int) for n in sizes):
+        carried = sum(sizes)
+        state = f", a state of {carried} number{'' if carried == 1 else 's'} an example"
+    else:
+        state = ""
+    inner = getattr(cell, "cells", None)  # StackedRNNCells
+    named = (f"{class_label(cell)} of " + ", ".join(class_label(c) for c in inner)
+             if isinstance(inner, list | tuple) and inner else f"the cell {class_label(cell)}")
+    return f"{class_name} over {named}{state}"
 
 
 def _own_loops(engine: Any, result: Any) -> list[str]:
