@@ -9,12 +9,18 @@ against another (this machine steps some processes at 14 ms instead of 9 through
 ``callback_overhead.py`` sees as noise across its pairs). Observations come at the same
 batches in both kinds of window.
 
+``--whole``: in the windows without diagnoses the observations are left out too, so that the
+two kinds of window hold the whole callback's steady cost, its observations with their
+recording and its diagnoses, against training alone (a window of 100 holds two observations
+at ``every=50``).
+
 Not the whole overhead: the first 200 batches (the pass traced beside training, the copy
 made and witnessed, the first diagnosis traced and compiled) are left out, and so is
 everything a fit pays once; ``callback_overhead.py --diagnose-every N`` measures the whole.
 
     .venv/bin/python bench/diagnosis_steady.py [--diagnose-every 4] [--batches 1000]
-                                               [--window 50] [--repeats 3] [--json]
+                                               [--window 50] [--repeats 3] [--whole]
+                                               [--json]
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import numpy as np
 from gradscope.keras import GradientFlow
 
 every, batches, window = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+whole = sys.argv[4] == "1"
 
 
 class Alternating(GradientFlow):
@@ -46,6 +53,8 @@ class Alternating(GradientFlow):
         super().on_train_batch_begin(batch, logs)
         if batch >= 200 and (batch // window) % 2 == 1:
             self._diagnosis_pending = False
+            if whole:  # and no observation
+                self._pending = False
 
 
 class Marks(keras.callbacks.Callback):
@@ -88,6 +97,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--window", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--whole", action="store_true",
+                        help="the observations left out of the windows without diagnoses "
+                             "too: the whole callback's steady cost")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.batches < 200 + 2 * args.window:
@@ -96,7 +108,7 @@ def main() -> None:
     for _ in range(args.repeats):
         result = subprocess.run([sys.executable, "-c", FIT.format(repo=str(REPO)),
                                  str(args.diagnose_every), str(args.batches),
-                                 str(args.window)],
+                                 str(args.window), "1" if args.whole else "0"],
                                 capture_output=True, text=True, check=True)
         run = json.loads(result.stdout.strip().splitlines()[-1])
         # The extra time of the windows with diagnoses, per diagnosis taken in them.
@@ -105,6 +117,7 @@ def main() -> None:
         run["ms_per_diagnosis"] = extra / max(run["diagnoses"], 1)
         runs.append(run)
     figures = {"diagnose_every": args.diagnose_every, "batches": args.batches,
+               "whole": args.whole,
                "window": args.window, "runs": runs,
                "median_share": statistics.median(r["share"] for r in runs),
                "median_ms_per_diagnosis": statistics.median(r["ms_per_diagnosis"]
@@ -113,11 +126,14 @@ def main() -> None:
         print(json.dumps(figures, indent=2))
         return
     print(f"GradientFlow(every=50, diagnose_every={args.diagnose_every}, log_dir), "
-          f"{args.batches} batches; after batch 200, diagnoses in every other window of "
+          f"{args.batches} batches; after batch 200, diagnoses"
+          f"{' and observations' if args.whole else ''} in every other window of "
           f"{args.window}")
+    without = "without either" if args.whole else "without"
     for r in runs:
-        print(f"  steps {r['on_ms']:.2f} ms with diagnoses, {r['off_ms']:.2f} ms without: "
-              f"{r['share']:+.1%}, {r['ms_per_diagnosis']:.1f} ms of training per diagnosis")
+        print(f"  steps {r['on_ms']:.2f} ms with diagnoses, {r['off_ms']:.2f} ms {without}: "
+              f"{r['share']:+.1%}, {r['ms_per_diagnosis']:.1f} ms of training per diagnosis"
+              f"{' (with its share of the observations)' if args.whole else ''}")
     print(f"median: {figures['median_share']:+.1%} of the steps, "
           f"{figures['median_ms_per_diagnosis']:.1f} ms per diagnosis")
 
