@@ -313,3 +313,7 @@ def test_a_part_of_a_report_shows_its_fields_in_ipython_and_the_report_its_text(
     carry = seed_reports["explain"].carry
     assert carry is not None and pretty(carry).startswith(type(carry).__name__ + " {")
     assert pretty(report) == str(report)
+    # print(report.summary) in a script: the same fields, one to a line.
+    printed = str(report.summary)
+    assert printed.startswith("CheckSummary {") and "'passed': True" in printed
+    assert printed.count("\n") >= len(report.summary.to_dict()) - 1

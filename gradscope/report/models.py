@@ -29,6 +29,13 @@ class _Report(BaseModel):
         else:
             printer.pretty(self.to_dict())
 
+    def __str__(self) -> str:
+        """``print(report.summary)`` in a script: the same view, its fields one to a line (a
+        whole report prints as the terminal shows it)."""
+        import pprint
+
+        return type(self).__name__ + " " + pprint.pformat(self.to_dict(), sort_dicts=False)
+
 
 #: How a report draws itself: ``"html"`` (a notebook's rendering) and ``"figure"`` (a
 #: matplotlib Figure), each registered by its renderer module when it is imported
