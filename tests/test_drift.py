@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_gradscope, run_without_tensorflow
+from conftest import render_text, run_cli, run_gradscope, run_without_tensorflow
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +58,18 @@ def test_fewer_units_change_shapes_and_are_named(tf, seed_json, tmp_path):
     assert ("dense_1/kernel", "shape") in kinds
     assert ("gru_1/w_ru", "shape") not in kinds  # the first layer keeps its shapes
     assert report["drifted"] is True
+    # The verdict counts the changes by kind (it said "13 changes beyond rtol", most of them
+    # shapes), and at 80 columns, where the values go under the detail, they are labelled.
+    shapes = sum(c["kind"] == "shape" for c in report["changes"])
+    norms = sum(c["kind"] == "norm" for c in report["changes"])
+    text = run_cli("diff", str(seed_json), str(changed), env={"COLUMNS": "80"}).stdout
+    verdict = " ".join(text[text.index("DRIFT"):].split())
+    assert verdict == (f"DRIFT: {len(report['changes'])} changes: {shapes} of another shape; "
+                       f"{norms} ‖g‖ and the loss beyond rtol 0.0001 (exit 1)")
+    narrow = render_text(gradscope.diff(seed_json, changed), 60).splitlines()
+    values = [line.split() for line in narrow if line.startswith(" ") and "→" in line]
+    assert len(values) == len(report["changes"])
+    assert all(words[0] in ("loss", "‖g‖") for words in values), narrow
 
 
 def test_new_weights_drift_beyond_rtol_and_not_within_a_wide_one(tf, tmp_path):

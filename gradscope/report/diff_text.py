@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -32,13 +34,29 @@ def render_diff(report: DiffReport, width: int) -> list[RenderableType]:
         new = number(change.new) if change.new is not None else "–"
         wide.add_row(Text(change.tensor), atom(change.kind, "yellow"), atom(base), atom(new),
                      Text(change.detail))
-        values = f"\n{base} → {new}" if change.base is not None or change.new is not None \
-            else ""
+        # Labelled: under a shape's detail the values are its ‖g‖, not the shapes' numbers.
+        values = (f"\n{'loss' if change.kind == 'loss' else '‖g‖'} {base} → {new}"
+                  if change.base is not None or change.new is not None else "")
         narrow.add_row(Text(change.tensor), atom(change.kind, "yellow"),
                        Text(change.detail + values))
     count = len(report.changes)
     parts += [section(f"What changed ({count} change{'s' if count != 1 else ''})"),
               fit(width, wide, narrow),
-              Text(f"DRIFT: {count} change{'s' if count != 1 else ''} beyond rtol "
-                   f"{report.rtol:g} (exit 1)", style="bold red")]
+              Text(f"DRIFT: {_counted(report)} (exit 1)", style="bold red")]
     return parts
+
+
+def _counted(report: DiffReport) -> str:
+    """The changes by kind: "13 changes: 5 of another shape; 7 ‖g‖ and the loss beyond rtol
+    0.0001" (a shape change was counted as a change beyond rtol)."""
+    kinds = Counter(change.kind for change in report.changes)
+    count = len(report.changes)
+    said = [f"{kinds[kind]} {words}" for kind, words in (
+        ("added", "added"), ("removed", "removed"), ("renamed", "renamed"),
+        ("shape", "of another shape"), ("nonfinite", "no longer finite"),
+        ("flag", "flag" + ("s" if kinds["flag"] != 1 else "") + " changed")) if kinds[kind]]
+    moved = ([f"{kinds['norm']} ‖g‖"] if kinds["norm"] else []) + (
+        ["the loss"] if kinds["loss"] else [])
+    if moved:
+        said.append(" and ".join(moved) + f" beyond rtol {report.rtol:g}")
+    return f"{count} change{'s' if count != 1 else ''}: " + "; ".join(said)
