@@ -243,11 +243,32 @@ def _tensor_changes(before: dict[str, dict[str, Any]], after: dict[str, dict[str
             changes.append(DiffChange(tensor=name, kind="removed", base_shape=entry.get("shape"),
                                       base=_norm(entry), detail="no longer in the model"))
     paired = set(renamed.values())
+    gone = [(name, entry) for name, entry in before.items()
+            if name not in after and name not in renamed]
     for name, entry in after.items():
         if name not in before and name not in paired:
+            twin = _same_as(name, entry, gone, rtol)
+            detail = "new in the model" + (
+                f"; the shape and ‖g‖ of the removed {twin} (a layer renamed?)" if twin else "")
             changes.append(DiffChange(tensor=name, kind="added", new_shape=entry.get("shape"),
-                                      new=_norm(entry), detail="new in the model"))
+                                      new=_norm(entry), detail=detail))
     return changes
+
+
+def _same_as(name: str, entry: dict[str, Any], gone: list[tuple[str, dict[str, Any]]],
+             rtol: float) -> str | None:
+    """The one removed tensor of ``name``'s last part (``kernel``, ``h0``), ``entry``'s shape
+    and its ‖g‖ within ``rtol``: the same weight under a name the user gave its layer
+    (a renamed layer is not paired, its tensors' names sharing nothing), said as a hint."""
+    norm = _norm(entry)
+    if norm is None:
+        return None
+    last = name.split("/")[-1]
+    found = [other_name for other_name, other in gone
+             if other_name.split("/")[-1] == last and other.get("shape") == entry.get("shape")
+             and (value := _norm(other)) is not None
+             and abs(value - norm) <= rtol * max(abs(value), abs(norm))]
+    return found[0] if len(found) == 1 else None
 
 
 def _renamed(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]

@@ -121,6 +121,25 @@ def test_a_loss_that_became_n_a_is_named(seed_json, tmp_path):
         done.stdout.split())
 
 
+def test_a_layer_the_user_renamed_is_hinted_not_paired(seed_json):
+    """A layer renamed in the code (gru_1 → encoder): its tensors share nothing of their names,
+    so they are removed and added, each added one with the hint of the removed tensor of its
+    shape and ‖g‖ (found tried as a new user would: identical norms, unremarked). One whose
+    ‖g‖ moved beyond rtol gets no hint."""
+    document = json.loads(seed_json.read_text())
+    edited = copy.deepcopy(document)
+    for entry in edited["gradients"]:
+        entry["name"] = entry["name"].replace("gru_1/", "encoder/")
+    moved = next(e for e in edited["gradients"] if e["name"] == "encoder/b_c")
+    moved["stats"]["l2"] *= 1.01
+    report = gradscope.diff(document, edited)
+    added = {c.tensor: c.detail for c in report.changes if c.kind == "added"}
+    assert added["encoder/w_ru"].endswith("; the shape and ‖g‖ of the removed gru_1/w_ru "
+                                          "(a layer renamed?)")
+    assert added["encoder/b_c"] == "new in the model"
+    assert {c.tensor for c in report.changes if c.kind == "removed"} >= {"gru_1/w_ru"}
+
+
 def test_values_that_became_nan_or_inf_and_flags_that_flip_are_named(seed_json, tmp_path):
     document = json.loads(seed_json.read_text())
     edited = copy.deepcopy(document)
