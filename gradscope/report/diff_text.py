@@ -49,7 +49,7 @@ def render_diff(report: DiffReport, width: int) -> list[RenderableType]:
 def _counted(report: DiffReport) -> str:
     """The changes by kind: "13 changes: 5 of another shape; 7 ‖g‖ and the loss beyond rtol
     0.0001" (a shape change was counted as a change beyond rtol)."""
-    kinds = Counter(change.kind for change in report.changes)
+    kinds: Counter[str] = Counter(str(change.kind) for change in report.changes)
     count = len(report.changes)
     said = [f"{kinds[kind]} {words}" for kind, words in (
         ("added", "added"), ("removed", "removed"), ("renamed", "renamed"),
