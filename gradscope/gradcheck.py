@@ -399,6 +399,16 @@ def checked_tensors(results: list[WitnessResult], order: list[str] | None = None
     return rows
 
 
+def unwitnessed(results: list[WitnessResult]) -> set[str]:
+    """The tensors every result of which left its probes out (at a kink, or not resolved):
+    nothing contradicts them, and nothing confirms them."""
+    left_out: dict[str, bool] = {}
+    for result in results:
+        out = bool(result.at_kink or result.unresolved)
+        left_out[result.tensor] = left_out.get(result.tensor, True) and out
+    return {tensor for tensor, out in left_out.items() if out}
+
+
 def _entry(result: WitnessResult) -> WitnessEntry:
     error, passed, detail = result.error, result.passed, result.detail
     if error is not None and not np.isfinite(error):

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from gradscope.errors import ConfigError, DataError
-from gradscope.gradcheck import checked_tensors, rounding_noise, step_for, tolerance
+from gradscope.gradcheck import (
+    checked_tensors,
+    rounding_noise,
+    step_for,
+    tolerance,
+)
+from gradscope.gradcheck import unwitnessed as unwitnessed_in
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
 from gradscope.keras.check import (
@@ -215,7 +221,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
             coarse = coarse_loss(loss_along(probing), autodiff.loss)
         if coarse:
             raise CopyFails(coarse, coarse, engine.path)
-    unresolved = _unwitnessed(witnessed)
+    unresolved = unwitnessed_in([r for w in witnessed for r in w.results])
     if not all(w.passed for w in witnessed):
         say("each layer call, and each step of your cells, on its own")
         probing.restore()
@@ -245,7 +251,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     tensors = [t.model_copy(update={"path": paths.get(t.name)}) for t in tensors]
     failed = [t.name for t in tensors if not t.passed]
     # With every witness now, the steps' too.
-    unwitnessed = {as_explain.get(n, n) for n in _unwitnessed(witnessed)}
+    unwitnessed = {as_explain.get(n, n)
+                   for n in unwitnessed_in([r for w in witnessed for r in w.results])}
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses}, key=WITNESSES.index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
@@ -266,16 +273,6 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                              unwitnessed_tensors=[t.name for t in tensors
                                                   if t.name in unwitnessed]),
         timings=clock.laps(timings))
-
-
-def _unwitnessed(witnessed: list[Witnessed]) -> set[str]:
-    """The tensors every result of which left its probes out (at a kink, or not resolved)."""
-    left_out: dict[str, bool] = {}
-    for found in witnessed:
-        for result in found.results:
-            out = bool(result.at_kink or result.unresolved)
-            left_out[result.tensor] = left_out.get(result.tensor, True) and out
-    return {tensor for tensor, out in left_out.items() if out}
 
 
 def _unreached(engine: KerasEngine, autodiff: Any) -> list[NotWitnessed]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import native_stderr_silenced
-from gradscope.gradcheck import TOLERANCES, WitnessResult, checked_tensors
+from gradscope.gradcheck import TOLERANCES, WitnessResult, checked_tensors, unwitnessed
 from gradscope.report.models import (
     CarryBoundaryEntry,
     CarryCheck,
@@ -84,6 +84,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
     shapes = _shapes_by_name(ctx)
     tensors = checked_tensors(results, list(shapes), shapes)
     failed = [t.name for t in tensors if not t.passed]
+    left_out = unwitnessed(results)
     overflows = _in_its_dtype(ctx, say)
     return CheckReport(
         model=model_entry(algebra, data=batch.source),
@@ -104,6 +105,7 @@ def check(spec: Spec, against: str | Callable[..., Any] | None = None,
             witnesses=witnesses,
             comparisons=len(results),
             failures=sum(not r.passed for r in results),
+            unwitnessed_tensors=[t.name for t in tensors if t.name in left_out],
         ),
         weights=weights_entry,
         timings=clock.laps(timings),
