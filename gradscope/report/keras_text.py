@@ -198,7 +198,7 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
         hanging("batch", f"{model.batch_size} · {model.mode} mode"
                 + (_inference(model.mode_effects) if model.mode == "inference"
                    else f" (seed {model.seed})")
-                + f" · {model.weight_count:,} trainable weights"
+                + f" · {model.weight_count:,} trainable parameters"
                 + (f" · dtype policy {model.dtype_policy} (computes in {model.compute_dtype})"
                    if model.dtype_policy else ""), "dim"),
         hanging("loss", f"= {value}: {loss.name}", "dim"),

@@ -553,7 +553,7 @@ class KerasModelEntry(_Report):
         default=None, description="what inference mode changes in this model's layers "
         "(\"dropout off\", \"batch norm uses its moving statistics\"; empty: nothing); null "
         "where a layer of the user's own code may change too")
-    weight_count: int = Field(description="trainable weights (numbers)")
+    weight_count: int = Field(description="trainable parameters (numbers, as Keras counts them)")
     non_trainable_count: int
     data: str
     data_digest: str | None = Field(
