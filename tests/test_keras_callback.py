@@ -151,10 +151,11 @@ def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
     truth = fitted["truth"]
     assert [o.step for o in history.observations] == [2, 4, 6]
     assert [o.epoch for o in history.observations] == [0, 1, 1]
-    assert [w.weight.split("/", 1)[1] for w in history.weights] == [
-        "gru_a/gru_cell/kernel", "gru_a/gru_cell/recurrent_kernel", "gru_a/gru_cell/bias",
-        "gru_b/gru_cell/kernel", "gru_b/gru_cell/recurrent_kernel", "gru_b/gru_cell/bias",
-        "out/kernel", "out/bias"]
+    # Each weight named as explain and check name it (its Keras path was
+    # sequential/gru_a/gru_cell/kernel).
+    assert [w.weight for w in history.weights] == [
+        "gru_a/kernel", "gru_a/recurrent_kernel", "gru_a/bias",
+        "gru_b/kernel", "gru_b/recurrent_kernel", "gru_b/bias", "out/kernel", "out/bias"]
     assert [r.layer for r in history.recurrent] == ["gru_a", "gru_b"]
     for index, step in enumerate((2, 4, 6)):
         loss, weight_norms, h0_norms, profiles = truth[step]
@@ -179,7 +180,7 @@ def test_history_equals_keras_own_tape_at_each_observed_step(fitted):
 def test_event_files_hold_every_tag_with_the_tape_values(fitted, tf):
     values, plugins = tensorboard_events(tf, fitted["log_dir"])
     truth = fitted["truth"]
-    paths = [v.path for v in fitted["model"].trainable_variables]
+    paths = [w.weight for w in fitted["flow"].history.weights]  # explain's names
     for step in (2, 4, 6):
         loss, weight_norms, h0_norms, profiles = truth[step]
         assert values["gradscope/loss"][step] == pytest.approx(loss, rel=1e-5)
@@ -217,7 +218,7 @@ def test_tensorboard_own_reader_files_each_tag_under_its_dashboard(fitted):
     accumulator.Reload()
     scalars = set(accumulator.PluginTagToContent("scalars"))
     images = set(accumulator.PluginTagToContent("images"))
-    paths = [v.path for v in fitted["model"].trainable_variables]
+    paths = [w.weight for w in fitted["flow"].history.weights]  # explain's names
     assert {f"gradient_norm/{p}" for p in paths} | {"gradscope/loss"} <= scalars
     assert images == {"flow_profile/gru_a", "flow_profile/gru_b"}
     for tag in sorted(scalars):

@@ -72,7 +72,9 @@ loss, norms = tape(x[24:], y[24:])
 out["flow"] = {"steps": [o.step for o in history.observations],
                "batch_size": history.observations[-1].batch_size,
                "loss": history.observations[-1].loss, "tape_loss": loss,
-               "norms": {w.weight: w.norms[-1] for w in history.weights}, "tape_norms": norms}
+               "norms": {v.path: w.norms[-1] for v, w in zip(model.trainable_variables,
+                                                             history.weights, strict=True)},
+               "names": [w.weight for w in history.weights], "tape_norms": norms}
 # An epoch's last batch smaller than the others (4 = 2 + 2). (steps_per_execution > 1 under
 # MirroredStrategy fails in Keras 3.15 itself, with or without a callback.)
 uneven = GradientFlow(every=4)
@@ -82,13 +84,16 @@ plain.fit(x[:28], y[:28], batch_size=8, epochs=1, shuffle=False, verbose=0)
 loss, norms = tape(x[24:28], y[24:28])
 last = uneven.history.observations[-1]
 out["uneven"] = {"batch_size": last.batch_size, "loss": last.loss, "tape_loss": loss,
-                 "norms": {w.weight: w.norms[-1] for w in uneven.history.weights},
+                 "norms": {v.path: w.norms[-1] for v, w in zip(model.trainable_variables,
+                                                               uneven.history.weights,
+                                                               strict=True)},
                  "tape_norms": norms,
                  "trained_alike": max(float(np.max(np.abs(a.numpy() - b.numpy())))
                                       for a, b in zip(model.weights, plain.weights))}
 report = gradscope.explain(model, x=x[:8], y=y[:8])
 out["explain"] = {"loss": report.loss.value, "tape_loss": tape(x[:8], y[:8])[0],
                   "norms": {g.path: g.stats.l2 for g in report.gradients if g.stats},
+                  "names": [g.name for g in report.gradients if g.stats],
                   "tape_norms": tape(x[:8], y[:8])[1]}
 out["check"] = gradscope.check(model, x=x[:8], y=y[:8], directions=1).summary.passed
 try:
@@ -122,6 +127,8 @@ def test_mirrored_strategy_is_observed_on_the_global_batch_as_a_tape_sees_it():
     assert abs(flow["loss"] - flow["tape_loss"]) <= 1e-6 * abs(flow["tape_loss"])
     for path, norm in flow["tape_norms"].items():
         assert abs(flow["norms"][path] - norm) <= 1e-5 * norm, path
+    # The weights named as explain names them.
+    assert flow["names"] == out["explain"]["names"]
     uneven = out["uneven"]
     assert uneven["batch_size"] == 4 and uneven["trained_alike"] == 0.0
     assert abs(uneven["loss"] - uneven["tape_loss"]) <= 1e-6 * abs(uneven["tape_loss"])

@@ -534,6 +534,7 @@ class GradientFlow(keras.callbacks.Callback):
 
             self._engine = make_engine(self.model, self.loss_name)
             self._pass = TracedPass(self._engine)
+            self._record_of.names = _explain_names(self._engine)
             self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
             self._twin = None  # and its copy of the model
         return self._engine
@@ -887,6 +888,21 @@ def _unread_targets(model: Any, engine: Any, inputs: dict[str, Any]) -> dict[str
             batch = int(next(iter(inputs.values())).shape[0])
             made[name] = np.zeros((batch, *spec.shape[1:]), "float32")
     return made
+
+
+def _explain_names(engine: Any) -> dict[str, str]:
+    """Each weight's name by its Keras path, as explain and check name it (``lstm/kernel``,
+    not ``sequential/lstm/lstm_cell/kernel``); where the model's graph cannot be read, none:
+    the paths name them."""
+    from gradscope.keras.live import read_live_graph
+    from gradscope.keras.weight_names import weight_names
+
+    try:
+        names = weight_names(read_live_graph(engine.model), engine.operation, engine.model)
+    except Exception:  # noqa: BLE001  (the user's model: named by its paths instead)
+        return {}
+    found = {v.path: names[id(v)].name for v in engine.model.weights if id(v) in names}
+    return found if len(set(found.values())) == len(found) else {}
 
 
 def _rows(inputs: dict[str, Any]) -> int | None:

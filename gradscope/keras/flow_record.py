@@ -47,6 +47,9 @@ class FlowRecord:
         self._weights: dict[str, tuple[list[int], list[float | None]]] = {}
         self._recurrent: dict[str, dict[str, Any]] = {}
         self._skipped: dict[tuple[str, str], list[int]] = {}
+        #: Each weight's name by its Keras path, as explain names it (``lstm/kernel``); a path
+        #: not here is named by itself.
+        self.names: dict[str, str] = {}
 
     def next_step(self) -> int:
         """One more than the last recorded step (1 at first)."""
@@ -63,7 +66,8 @@ class FlowRecord:
             batch_size=size))
         for variable in engine.model.trainable_variables:
             shape, norms = self._weights.setdefault(
-                variable.path, ([int(d) for d in variable.shape], [None] * index))
+                self.names.get(variable.path, variable.path),
+                ([int(d) for d in variable.shape], [None] * index))
             norms.append(_norm(result.gradients.get(variable.path)))
         skipped: list[KerasNotAnalysed] = []
         for call in result.calls:
