@@ -895,14 +895,12 @@ def _explain_names(engine: Any) -> dict[str, str]:
     not ``sequential/lstm/lstm_cell/kernel``); where the model's graph cannot be read, none:
     the paths name them."""
     from gradscope.keras.live import read_live_graph
-    from gradscope.keras.weight_names import weight_names
+    from gradscope.keras.weight_names import names_by_path
 
     try:
-        names = weight_names(read_live_graph(engine.model), engine.operation, engine.model)
+        return names_by_path(read_live_graph(engine.model), engine.operation, engine.model)
     except Exception:  # noqa: BLE001  (the user's model: named by its paths instead)
         return {}
-    found = {v.path: names[id(v)].name for v in engine.model.weights if id(v) in names}
-    return found if len(set(found.values())) == len(found) else {}
 
 
 def _rows(inputs: dict[str, Any]) -> int | None:

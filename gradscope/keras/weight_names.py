@@ -1,8 +1,8 @@
 """The name a report gives each weight of a Keras model: its layer and its key inside that layer
 (``gru/kernel``, ``bilstm/forward_lstm/kernel``), where Keras' own path may leave the layer out
 (a saved file's cell weights are ``minimal_rnn_cell/kernel``, ``forward_lstm/lstm_cell/
-kernel``) or name the cell's scope (``gru/gru_cell/kernel``). explain and check name a weight
-alike; each report keeps Keras' path beside the name.
+kernel``) or name the cell's scope (``gru/gru_cell/kernel``). explain, check and GradientFlow
+name a weight alike; explain's and check's reports keep Keras' path beside the name.
 """
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ def weight_names(graph: ModelGraph, operation: Any, model: Any) -> dict[int, Wei
     return found
 
 
+def names_by_path(graph: ModelGraph, operation: Any, model: Any) -> dict[str, str]:
+    """Each weight's name (:func:`weight_names`) by its Keras path; none where two weights
+    would share a name (then the paths name them)."""
+    names = weight_names(graph, operation, model)
+    found = {v.path: names[id(v)].name for v in model.weights if id(v) in names}
+    return found if len(set(found.values())) == len(found) else {}
+
+
 def weight_keys(name: str, layer: Any) -> dict[int, str]:
     """Each weight's key inside its layer: cell scopes left out (``gru_cell/kernel`` →
     ``kernel``), unless two weights would then share one (the cells of StackedRNNCells): their
@@ -55,4 +63,4 @@ def weight_keys(name: str, layer: Any) -> dict[int, str]:
             for v in weights}
 
 
-__all__ = ["WeightName", "weight_keys", "weight_names"]
+__all__ = ["WeightName", "names_by_path", "weight_keys", "weight_names"]

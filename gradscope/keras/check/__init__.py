@@ -47,7 +47,7 @@ from gradscope.keras.data import UNRANGED_IDS, batch_targets, unranged
 from gradscope.keras.engine import CopyFails, KerasEngine, call_label, state_names
 from gradscope.keras.explain import KerasJob, loss_entry, model_entry
 from gradscope.keras.nonfinite import all_finite, diagnose
-from gradscope.keras.weight_names import weight_names
+from gradscope.keras.weight_names import names_by_path
 from gradscope.keras.whole_model import moved_state, restore
 from gradscope.report.models import (
     EVERY_WITNESS,
@@ -239,10 +239,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
         witnessed.append(cell_steps.witness(probing, unresolved))
         clock.lap("layers_on_their_own")
     # Each weight by explain's name for it, Keras' path beside it (the witnesses read paths).
-    names = weight_names(job.graph, engine.operation, engine.model)
-    as_explain = {v.path: names[id(v)].name for v in engine.model.weights}
-    if len(set(as_explain.values())) < len(as_explain):  # never two weights under one name
-        as_explain = {}
+    as_explain = names_by_path(job.graph, engine.operation, engine.model)
     paths = {name: path for path, name in as_explain.items()}
     tensors = checked_tensors(
         [replace(r, tensor=as_explain.get(r.tensor, r.tensor))
