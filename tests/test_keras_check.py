@@ -292,6 +292,16 @@ def test_a_wrong_backward_in_a_layer_without_weights_is_named(tf):
     assert diagnosis(report).splitlines()[0] == (
         f"gradscope: model '{model.name}': {failed} of {tensors} tensors disagree; layer "
         "half's own backward disagrees too:")
+    # In JUnit, the layer's own backward is a case of its layer's class (it was filed under
+    # gradscope.check.model, apart from its weights; found tried as a new user would).
+    import xml.etree.ElementTree as ET
+
+    from gradscope.report.junit import junit_xml
+
+    cases = {case.get("name"): case.get("classname")
+             for case in ET.fromstring(junit_xml(report, "model")).iter("testcase")}
+    assert cases["layer half"] == "gradscope.check.half"
+    assert cases["below/kernel"] == "gradscope.check.below"
 
 
 @pytest.mark.parametrize("fixture", ["regularized", "bidirectional_lstm"])

@@ -25,9 +25,12 @@ from gradscope.report.tables import WITNESS_TITLES, failure_lines
 
 def _layer(name: str) -> str:
     """The layer of a tensor name: ``gru_1/w_ru`` → ``gru_1``; the model's inputs (``x``,
-    ``input NAME``) → ``inputs``; another name without a layer (``loss``) → ``model``."""
+    ``input NAME``) → ``inputs``; a layer's own backward (``layer NAME``, ``layer NAME[1]``)
+    → its layer; another name without a layer (``loss``) → ``model``."""
     if name == "x" or name.startswith("input "):
         return "inputs"
+    if name.startswith("layer "):
+        return name[len("layer "):].split("[")[0]
     if "/" not in name:
         return "model"
     return name.split("/")[0].split("[")[0]
