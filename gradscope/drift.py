@@ -54,7 +54,10 @@ def diff(base: Any, new: Any, rtol: float = DEFAULT_RTOL) -> DiffReport:
                       source=str(base_doc.get("source", "yaml")),
                       loss_base=_number(base_doc, "loss.value"),
                       loss_new=_number(new_doc, "loss.value"),
-                      compared_tensors=compared, changes=changes, drifted=bool(changes))
+                      compared_tensors=compared, changes=changes,
+                      # A name Keras numbered otherwise is no drift: the tensor is compared
+                      # under its new name, and what changed of it is a change of its own.
+                      drifted=any(change.kind != "renamed" for change in changes))
 
 
 def _document(source: Any, role: str) -> tuple[dict[str, Any], str]:

@@ -287,6 +287,13 @@ def test_a_bidirectional_s_renamed_inner_layer_pairs_each_direction_with_its_own
     report = gradscope.diff(base, new)
     renamed = {c.tensor: c.detail for c in report.changes if c.kind == "renamed"}
     assert {c.kind for c in report.changes} == {"renamed"}, report.changes
+    # Names alone changed: no drift, exit 0, and said so (it read "DRIFT: 6 changes" and
+    # failed CI; found tried as a new user would).
+    assert not report.drifted
+    text = " ".join(render_text(report, 80).split())
+    assert text.endswith(f"NO DRIFT: every gradient, its shape and the loss agree within rtol "
+                         f"0.0001; {len(report.changes)} tensors under another name, compared "
+                         "as one")
     for way in ("forward", "backward"):
         assert renamed[f"both/{way}_encoder/kernel"].startswith(f"was both/{way}_enc/kernel")
     assert not any(c.kind in ("added", "removed") for c in report.changes)
