@@ -1343,7 +1343,8 @@ class DiffReport(_CommandReport):
     compared_tensors: int = Field(description="gradients present in both reports (a renamed "
                                   "one counted once)")
     changes: list[DiffChange]
-    drifted: bool = Field(description="anything changed but a name (a tensor renamed alone, its ‖g‖ within rtol, is no drift): exit 1")
+    drifted: bool = Field(description="anything changed but a name (a tensor renamed "
+                          "alone, its ‖g‖ within rtol, is no drift): exit 1")
 
 
 #: Every report a command or the API returns.
