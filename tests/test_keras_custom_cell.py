@@ -283,3 +283,34 @@ def test_a_chaotic_cell_is_witnessed_step_by_step(tf, factor):
         assert all(e.passed for e in by_steps)
     else:
         assert not report.summary.passed and not any(e.passed for e in by_steps)
+
+
+def test_the_cells_of_a_stack_are_named_by_their_place_whatever_keras_numbered(tf):
+    """RNN(StackedRNNCells([GRUCell, GRUCell])): each cell's weights by its place,
+    ``stacked/cells[1]/kernel``, in explain and check alike. Keras numbers the cells' scopes
+    as it makes them (gru_cell, gru_cell_1, and gru_cell_2 … when the model is built again in
+    the same notebook), and the first one's left out read ``stacked/kernel``, as if the whole
+    layer's (found tried as a new user would)."""
+    import keras
+
+    def build() -> Any:
+        keras.utils.set_random_seed(6)
+        stack = keras.layers.StackedRNNCells([keras.layers.GRUCell(3),
+                                              keras.layers.GRUCell(2)])
+        model = keras.Sequential([keras.Input((5, 2)), keras.layers.RNN(stack, name="stacked"),
+                                  keras.layers.Dense(1, name="head")])
+        model.compile(loss="mse")
+        return model
+
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((4, 5, 2)), rng.standard_normal((4, 1))
+    first, again = build(), build()
+    assert [v.path for v in first.weights] != [v.path for v in again.weights]  # Keras' numbers
+    names = [[g.name for g in gradscope.explain(model, x=x, y=y).gradients]
+             for model in (first, again)]
+    expected = [f"stacked/cells[{k}]/{part}" for k in (0, 1)
+                for part in ("kernel", "recurrent_kernel", "bias")] + ["head/kernel", "head/bias"]
+    assert names == [expected, expected]
+    checked = gradscope.check(again, x=x, y=y)
+    assert checked.summary.passed
+    assert [t.name for t in checked.tensors if t.path] == expected

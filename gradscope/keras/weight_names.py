@@ -52,15 +52,37 @@ def names_by_path(graph: ModelGraph, operation: Any, model: Any) -> dict[str, st
 
 def weight_keys(name: str, layer: Any) -> dict[int, str]:
     """Each weight's key inside its layer: cell scopes left out (``gru_cell/kernel`` →
-    ``kernel``), unless two weights would then share one (the cells of StackedRNNCells): their
-    layer's keys then keep every scope."""
+    ``kernel``), unless two weights would then share one: their layer's keys then keep every
+    scope. The cells of a StackedRNNCells by their place (``cells[0]/kernel``): Keras numbers
+    their scopes as it makes them (``gru_cell``, ``gru_cell_1``; ``gru_cell_2`` for the same
+    model built again), and the first one's scope left out read as the whole layer's kernel."""
     weights = list(getattr(layer, "weights", []))
+    stacked = _stacked_keys(layer)
+    if stacked is not None and set(stacked) == {id(v) for v in weights}:
+        return stacked
     short = {id(v): variable_key(v.path, name, layer.path) for v in weights}
     if len(set(short.values())) == len(short):
         return short
     prefix = (layer.path + "/") if layer.path else ""
     return {id(v): v.path[len(prefix):] if v.path.startswith(prefix) else v.path
             for v in weights}
+
+
+def _stacked_keys(layer: Any) -> dict[int, str] | None:
+    """An RNN over a StackedRNNCells: each weight by its cell's place and its own last part
+    (``cells[1]/recurrent_kernel``); None for another layer, or where two weights of a cell
+    share a last part."""
+    cells = getattr(getattr(layer, "cell", None), "cells", None)
+    if not isinstance(cells, list | tuple):
+        return None
+    keys: dict[int, str] = {}
+    for index, cell in enumerate(cells):
+        own = {id(v): f"cells[{index}]/{v.path.rsplit('/', 1)[-1]}"
+               for v in getattr(cell, "weights", [])}
+        if len(set(own.values())) < len(own):
+            return None
+        keys.update(own)
+    return keys
 
 
 __all__ = ["WeightName", "names_by_path", "weight_keys", "weight_names"]
