@@ -246,6 +246,13 @@ def test_a_weight_keras_names_otherwise_is_paired_and_compared(tf):
         ("rnn/simple_rnn_cell_1/kernel", "renamed"), ("rnn/simple_rnn_cell_1/kernel", "norm")]
     assert report.changes[0].detail.startswith("was rnn/kernel: the same layer's kernel and "
                                                "shape")
+    # Narrow: the kind whole on its line, a long name folded after a "/" (the column
+    # shrank to "re" for both removed and renamed, and names broke mid-word).
+    lines = render_text(report, 60).splitlines()
+    assert max(len(line) for line in lines) <= 60
+    at = next(k for k, line in enumerate(lines) if "renamed" in line.split())
+    assert lines[at].split()[0] == "rnn/simple_rnn_cell_1/"
+    assert lines[at + 1].split()[0] == "kernel", lines
     assert report.compared_tensors == len(base["gradients"]) + len(
         base["initial_state_gradients"])
     assert report.drifted

@@ -10,6 +10,7 @@ from rich.text import Text
 from gradscope.report.formats import number
 from gradscope.report.layout import Column, Layout, atom, fit, pack, section
 from gradscope.report.models import DiffReport
+from gradscope.report.tables import folded
 
 
 def render_diff(report: DiffReport, width: int) -> list[RenderableType]:
@@ -27,8 +28,11 @@ def render_diff(report: DiffReport, width: int) -> list[RenderableType]:
         return parts
     wide = Layout([Column("tensor"), Column("change"), Column("base", "right"),
                    Column("new", "right"), Column("detail")], squeeze=False)
-    # Narrower: the values join the detail, on lines of their own.
-    narrow = Layout([Column("tensor"), Column("change"), Column("detail")])
+    # Narrower: the values join the detail, on lines of their own; a long name folds after a
+    # "/" and the kind never wraps (found tried as a new user would: "ch/an/ge", "re" for
+    # both removed and renamed, "…recurrent_k" / "ernel").
+    narrow = Layout([Column("tensor"), Column("change", no_wrap=True), Column("detail")])
+    limit = max(12, (width - len("nonfinite") - 6) // 2)
     for change in report.changes:
         base = number(change.base) if change.base is not None else "–"
         new = number(change.new) if change.new is not None else "–"
@@ -37,8 +41,9 @@ def render_diff(report: DiffReport, width: int) -> list[RenderableType]:
         # Labelled: under a shape's detail the values are its ‖g‖, not the shapes' numbers.
         values = (f"\n{'loss' if change.kind == 'loss' else '‖g‖'} {base} → {new}"
                   if change.base is not None or change.new is not None else "")
-        narrow.add_row(Text(change.tensor), atom(change.kind, "yellow"),
-                       Text(change.detail + values))
+        narrow.add_row(atom(folded(change.tensor, limit)), atom(change.kind, "yellow"),
+                       Text(" ".join(folded(word, limit) for word in change.detail.split(" "))
+                            + values))
     count = len(report.changes)
     parts += [section(f"What changed ({count} change{'s' if count != 1 else ''})"),
               fit(width, wide, narrow)]
