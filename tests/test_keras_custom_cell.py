@@ -297,8 +297,10 @@ def test_the_cells_of_a_stack_are_named_by_their_place_whatever_keras_numbered(t
         keras.utils.set_random_seed(6)
         stack = keras.layers.StackedRNNCells([keras.layers.GRUCell(3),
                                               keras.layers.GRUCell(2)])
-        model = keras.Sequential([keras.Input((5, 2)), keras.layers.RNN(stack, name="stacked"),
-                                  keras.layers.Dense(1, name="head")])
+        model = keras.Sequential([
+            keras.Input((5, 2)), keras.layers.RNN(stack, return_sequences=True, name="stacked"),
+            keras.layers.RNN(keras.layers.SimpleRNNCell(2), name="plain"),
+            keras.layers.Dense(1, name="head")])
         model.compile(loss="mse")
         return model
 
@@ -308,8 +310,10 @@ def test_the_cells_of_a_stack_are_named_by_their_place_whatever_keras_numbered(t
     assert [v.path for v in first.weights] != [v.path for v in again.weights]  # Keras' numbers
     names = [[g.name for g in gradscope.explain(model, x=x, y=y).gradients]
              for model in (first, again)]
-    expected = [f"stacked/cells[{k}]/{part}" for k in (0, 1)
-                for part in ("kernel", "recurrent_kernel", "bias")] + ["head/kernel", "head/bias"]
+    # And a cell alone, numbered too (simple_rnn_cell_1 the second time): its scope left out.
+    parts = ("kernel", "recurrent_kernel", "bias")
+    expected = ([f"stacked/cells[{k}]/{part}" for k in (0, 1) for part in parts]
+                + [f"plain/{part}" for part in parts] + ["head/kernel", "head/bias"])
     assert names == [expected, expected]
     checked = gradscope.check(again, x=x, y=y)
     assert checked.summary.passed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
@@ -223,6 +224,10 @@ def batch_positions(facts: LayerFacts, excluded: set[int]) -> str:
             "positions")
 
 
+#: A cell's scope in a variable path: ``gru_cell``, ``minimal_rnn_cell_1``.
+CELL_SCOPE = re.compile(r".*_cell(_\d+)?")
+
+
 def variable_key(path: str, layer_name: str, layer_path: str | None = None) -> str:
     """A Keras variable path as a :class:`WeightNote` key: the owning layer's name and the cell
     scopes left out ("gru/gru_cell/kernel" → "kernel", "bidirectional/forward_gru/gru_cell/
@@ -236,4 +241,6 @@ def variable_key(path: str, layer_name: str, layer_path: str | None = None) -> s
     parts = path.split("/")
     if parts and parts[0] == layer_name:
         parts = parts[1:]
-    return "/".join(part for part in parts if not part.endswith("_cell"))
+    # A cell's scope, numbered or not (Keras numbers a cell of the user's as it makes it:
+    # minimal_rnn_cell_1 in one run, minimal_rnn_cell_2 when the model is built again).
+    return "/".join(part for part in parts if not CELL_SCOPE.fullmatch(part))

@@ -4,6 +4,7 @@ SimpleRNN layers (which wrap these very cells), with the variables under the cel
 from __future__ import annotations
 
 from gradscope.keras.layers.base import (
+    CELL_SCOPE,
     LayerExplainer,
     LayerFacts,
     StateNote,
@@ -49,11 +50,12 @@ class RNNExplainer(LayerExplainer):
         return self.equivalent(facts) is not None
 
     def _cell_scope(self, facts: LayerFacts) -> str:
-        """The cell's part of its variables' keys: none for "gru_cell" (``variable_key`` drops
-        scopes ending in "_cell"), the name itself for "gru_cell_1" or a chosen name."""
+        """The cell's part of its variables' keys: none for "gru_cell" or "gru_cell_1"
+        (``variable_key`` drops a cell's scope, numbered or not), the name itself for a
+        chosen one."""
         cell = cell_of(facts) or {}
         name = str(cell.get("config", {}).get("name", ""))
-        return "" if not name or name.endswith("_cell") else name
+        return "" if not name or CELL_SCOPE.fullmatch(name) else name
 
     def summary(self, facts: LayerFacts) -> str:
         cell = cell_of(facts) or {}
