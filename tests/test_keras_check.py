@@ -287,6 +287,10 @@ def test_a_wrong_backward_in_a_layer_without_weights_is_named(tf):
     failed = len(report.summary.failed_tensors) - 1
     assert f"FAILED: {failed} of {tensors} tensors disagree: " in text
     assert text.endswith("; layer half's own backward disagrees too")
+    # No recurrent layer: the NumPy reference compared nothing, and its tolerance is not
+    # listed as if it had (the JSON keeps it).
+    assert "numpy_reference" not in report.summary.witnesses
+    assert "NumPy ref." not in text and "numpy_reference" in report.tolerances
     from gradscope.testing import diagnosis
 
     assert diagnosis(report).splitlines()[0] == (
