@@ -123,6 +123,8 @@ def test_the_examples_are_named_in_the_json_and_the_text(masked, tmp_path):
     assert text.returncode == 0, text.stderr
     flat = " ".join(text.stdout.split())
     assert "checked on 5 of the 12 examples" in flat
+    # How to check every one, said for the command line and for Python alike.
+    assert 'every one: --examples all, or examples="all" in Python' in flat
     assert "(the fewest kept steps of input x)" in flat
     import xml.etree.ElementTree as ET
 

@@ -542,7 +542,8 @@ def examples_lines(report: KerasCheckReport) -> list[RenderableType]:
     drawn = examples.checked - len(examples.picked)
     chosen = [*examples.picked, *([f"{drawn} drawn with the seed"] if drawn else [])]
     return [Text(f"checked on {examples.checked} of the {examples.of} examples (the loss above "
-                 f"is theirs; --examples all for every one): {'; '.join(chosen)}",
+                 f"is theirs; every one: --examples all, or examples=\"all\" in Python): "
+                 f"{'; '.join(chosen)}",
                  style="dim"),
             Text(f"examples {_ranges(examples.indices)}", style="dim")]
 
