@@ -151,6 +151,12 @@ def test_a_batch_of_more_examples_than_the_horizon_reads_changes_on_those_alone(
     text = render_text(report, 80)
     assert ("stepped on the 8 examples the horizon reads, 0, 2, 3, 5, 6, 8, 9 and 11, and "
             "before read on them too" in " ".join(text.split()))
+    # The flow's ratio named as the verdict names it ("carried ×…" alone was undefined).
+    flat = " ".join(text.split())
+    from gradscope.report.formats import number
+
+    assert (f"∂L/∂s carried back ×{number(changed.flow_before.ratio)} → "
+            f"×{number(changed.flow.ratio)}") in flat
 
 
 def test_a_loss_that_mixes_the_examples_changes_on_the_whole_batchs_pass(tf: Any) -> None:

@@ -221,7 +221,9 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             # n/a both ways (no example's last step that ran gets a gradient) says nothing.
             if (flow is not None and change.flow is not None
                     and (flow.ratio is not None or change.flow.ratio is not None)):
-                items.append(f"carried {_carried(flow.ratio)} → "
+                # Named as the verdict names it (found tried as a new user would: "carried"
+                # alone, undefined near it).
+                items.append(f"∂L/∂s carried back {_carried(flow.ratio)} → "
                              f"{_carried(change.flow.ratio)}")
             parts.append(_line(f"  {change.change}", items, width))
     return parts
