@@ -99,7 +99,9 @@ def test_gradient_flow_applies_the_batch_sample_weights(classifier, tf):
     loss, truth = keras_tape_norms(trained, x, y, weights)
     (observation,) = flow.history.observations
     assert observation.loss == pytest.approx(loss, rel=RTOL)
-    for series in flow.history.weights:
-        assert series.norms[0] == pytest.approx(truth[series.weight], rel=RTOL)
+    # The series are in the model's order, named as explain names them (truth: by path).
+    for variable, series in zip(trained.trainable_variables, flow.history.weights,
+                                strict=True):
+        assert series.norms[0] == pytest.approx(truth[variable.path], rel=RTOL)
     flow.observe(x, y, step=5, sample_weight=weights)
     assert flow.history.observations[-1].loss == pytest.approx(loss, rel=RTOL)
