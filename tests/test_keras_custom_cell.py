@@ -55,12 +55,14 @@ def _cell_class() -> Any:
     return CarryCell
 
 
-def _model(tf: Any, wrong_by: float = 1.0, everywhere: bool = True) -> tuple[Any, Any, Any]:
+def _model(tf: Any, wrong_by: float = 1.0, everywhere: bool = True,
+           backwards: bool = False) -> tuple[Any, Any, Any]:
     import keras
 
     keras.utils.set_random_seed(5)
     inputs = keras.Input((STEPS, FEATURES))
-    rnn = keras.layers.RNN(_cell_class()(UNITS, wrong_by, everywhere), name="rnn")
+    rnn = keras.layers.RNN(_cell_class()(UNITS, wrong_by, everywhere), name="rnn",
+                           go_backwards=backwards)
     model = keras.Model(inputs, keras.layers.Dense(2, name="head")(rnn(inputs)))
     model.compile(loss="mse")
     rng = np.random.default_rng(2)
@@ -116,6 +118,15 @@ def test_a_backward_wrong_at_every_step_is_said_so_with_its_factor(tf):
     assert "off by a factor 0.5" in steps.detail
     assert "into x_t: right at every step" in steps.detail
     assert steps.first_bad_step == STEPS - 1
+    assert "go_backwards" not in steps.detail
+    # A layer that reads its steps from the last: which order t counts in is said (found
+    # tried as a new user would: "t=19" read either way).
+    model, x, y = _model(tf, wrong_by=0.5, backwards=True)
+    backwards = _entry(gradscope.check(model, x=x, y=y), "rnn/h0", "cell_steps")
+    assert not backwards.passed and backwards.first_bad_step == STEPS - 1
+    assert backwards.detail.endswith(
+        "; t counts the steps in the order the layer runs them (go_backwards: t=0 is the "
+        f"last input step, t={STEPS - 1} the first)")
 
 
 def test_a_backward_that_drops_the_recurrence_has_an_error_of_order_one(tf):

@@ -91,6 +91,10 @@ def _one_call(probing: Probing, call: CapturedCall, weight_paths: list[str]
     # and the weights' gradients with it.
     last_wrong = max((t for part in state_parts for t in part.wrong(rtol)), default=None)
     detail = _sentence(parts, weights, steps, rtol)
+    if getattr(layer, "go_backwards", False):
+        # Found tried as a new user would: "t=19" read in input order or in the layer's?
+        detail += ("; t counts the steps in the order the layer runs them (go_backwards: "
+                   f"t=0 is the last input step, t={steps - 1} the first)")
     results = []
     for name, part in zip(names, state_parts, strict=True):
         error = float(np.max(part.errors))
