@@ -24,8 +24,8 @@ from gradscope.gradcheck import (
     rounding_noise,
     step_for,
     tolerance,
+    unwitnessed,
 )
-from gradscope.gradcheck import unwitnessed as unwitnessed_in
 from gradscope.guard import give_back_freed_memory
 from gradscope.keras import stopped
 from gradscope.keras.check import (
@@ -221,7 +221,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
             coarse = coarse_loss(loss_along(probing), autodiff.loss)
         if coarse:
             raise CopyFails(coarse, coarse, engine.path)
-    unresolved = unwitnessed_in([r for w in witnessed for r in w.results])
+    unresolved = unwitnessed([r for w in witnessed for r in w.results])
     if not all(w.passed for w in witnessed):
         say("each layer call, and each step of your cells, on its own")
         probing.restore()
@@ -248,8 +248,8 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     tensors = [t.model_copy(update={"path": paths.get(t.name)}) for t in tensors]
     failed = [t.name for t in tensors if not t.passed]
     # With every witness now, the steps' too.
-    unwitnessed = {as_explain.get(n, n)
-                   for n in unwitnessed_in([r for w in witnessed for r in w.results])}
+    left_out = {as_explain.get(n, n)
+                for n in unwitnessed([r for w in witnessed for r in w.results])}
     witnesses = sorted({e.witness for t in tensors for e in t.witnesses}, key=WITNESSES.index)
     return KerasCheckReport(
         model=model_entry(job, engine, autodiff), loss=loss_entry(job, autodiff),
@@ -268,7 +268,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
                              comparisons=sum(len(t.witnesses) for t in tensors),
                              failures=sum(not e.passed for t in tensors for e in t.witnesses),
                              unwitnessed_tensors=[t.name for t in tensors
-                                                  if t.name in unwitnessed]),
+                                                  if t.name in left_out]),
         timings=clock.laps(timings))
 
 
