@@ -279,9 +279,10 @@ def _renamed(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
     """Tensors under another name in ``after``: a name of ``before`` that ``after`` lacks, and
     one of ``after`` that ``before`` lacks, paired where they alone share their layer (the
     first part of the name), their last part (``kernel``, ``h0``) and their shape. Keras
-    numbers what it names as it makes it (``minimal_rnn_cell_1``), and a cell's weights may
-    carry the cell's name in their path (``rnn/kernel`` or ``rnn/minimal_rnn_cell_1/kernel``),
-    so that the same weight is named otherwise from one run to another. A Bidirectional's
+    numbers what it names as it makes it (``both/forward_lstm/kernel``, then
+    ``both/forward_lstm_1/kernel``), and a report of an earlier gradscope kept a custom cell's
+    numbered scope (``rnn/minimal_rnn_cell_1/kernel``), so that the same weight is named
+    otherwise from one run to another. A Bidirectional's
     directions are told apart (``both/forward_enc/kernel`` and ``both/backward_enc/kernel``
     are two: the part that starts with ``forward`` or ``backward``)."""
     def key(name: str, entry: dict[str, Any]) -> tuple[str, str, str, str]:
