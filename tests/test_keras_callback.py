@@ -544,6 +544,87 @@ def test_steps_per_execution_and_a_short_last_batch_train_as_without_it(tf):
             assert series.profiles[index] == pytest.approx(profiles[series.layer], rel=1e-5)
 
 
+def test_an_observation_reads_the_weights_its_step_left_while_training_moves_them(tf):
+    """In fit the pass runs on the worker, beside training, from a copy of the weights its
+    step left. Held back until fit has trained every batch, each observation must still be
+    Keras' own tape on its own step's weights, not on those the last step left."""
+    import threading
+
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    x, y = _data()
+    flow = GradientFlow(every=EVERY)
+    model = _model(keras)
+    weights: dict[int, list[np.ndarray]] = {}
+    held = threading.Event()
+
+    class HoldTheWorker(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            weights[batch] = self.model.get_weights()
+            if batch == 0:  # after the warm-up: the worker waits until training has ended
+                flow._settle_warm_up()
+                flow._submit(held.wait, pending=False)
+
+        def on_train_end(self, logs=None):
+            held.set()
+
+    # Placed before the flow: its on_train_end opens the worker before the flow waits for it.
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[HoldTheWorker(), flow])
+    assert flow._pass.beside
+    assert [o.step for o in flow.history.observations] == [2]
+    loss, weight_norms, _, profiles = _direct(tf, keras, model, weights[1], x[8:16], y[8:16])
+    last, _, _, _ = _direct(tf, keras, model, weights[2], x[8:16], y[8:16])
+    assert loss != pytest.approx(last, rel=1e-5)  # the step after it moved the weights
+    assert flow.history.observations[0].loss == pytest.approx(loss, rel=1e-5)
+    assert [s.norms[0] for s in flow.history.weights] == pytest.approx(weight_norms, rel=1e-5)
+    for series in flow.history.recurrent:
+        assert series.profiles[0] == pytest.approx(profiles[series.layer], rel=1e-5)
+
+
+def test_a_layer_that_reads_its_variable_outside_keras_is_observed_between_two_steps(tf):
+    """A layer that reads its TensorFlow variable itself, past Keras (``kernel._value``),
+    would read training's moving weights from the worker: the trace shows it (the variable
+    captured), and that model's observations run between two steps, as Keras' tape has
+    them."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    class Raw(keras.layers.Layer):
+        def build(self, shape):
+            self.kernel = self.add_weight(shape=(shape[-1], 2), name="kernel")
+
+        def call(self, inputs):
+            return tf.matmul(inputs, tf.convert_to_tensor(self.kernel._value))
+
+    x, y = _data()
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), keras.layers.GRU(4), Raw()])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    taped: list[Any] = []
+
+    class Tape(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == EVERY - 1:  # the observed step's weights, by Keras' own tape
+                with tf.GradientTape() as tape:
+                    loss = keras.losses.mean_squared_error(
+                        y[8:16], self.model(x[8:16], training=False))
+                    loss = tf.reduce_mean(loss)
+                grads = tape.gradient(loss, self.model.trainable_weights)
+                taped.extend([float(loss), sorted(float(tf.norm(g)) for g in grads)])
+
+    flow = GradientFlow(every=EVERY)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[Tape(), flow])
+    assert flow._pass.function is not None and not flow._pass.beside
+    assert flow.history.observations[0].loss == pytest.approx(taped[0], rel=1e-5)
+    norms = sorted(s.norms[0] for s in flow.history.weights)
+    assert norms == pytest.approx(taped[1], rel=1e-5)
+
+
 def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows(tf):
     import keras
 
@@ -559,7 +640,10 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
     assert len(flow.history.observations) == 1
     # fit's batches all have BATCH rows, so its spec and the trace have a static batch axis;
     # a batch of another size is traced for again and gives the tape's numbers all the same.
-    assert flow._pass.concrete.structured_input_signature[0][0][0].shape[0] == BATCH
+    # The pass takes the weights first (it reads those, not the variables: it ran beside
+    # training), then the inputs.
+    assert flow._pass.beside
+    assert flow._pass.concrete.structured_input_signature[0][1][0].shape[0] == BATCH
     flow.observe(x[:2], y[:2])
     loss, weight_norms, _, profiles = _direct(tf, keras, model, model.get_weights(), x[:2],
                                               y[:2])

@@ -533,7 +533,10 @@ class GradientFlow(keras.callbacks.Callback):
             from gradscope.keras.live_engine import make_engine
 
             self._engine = make_engine(self.model, self.loss_name)
-            self._pass = TracedPass(self._engine)
+            # Stateless (it reads the weights it is given), so that an observation in fit
+            # runs beside training (``_observe``); not under a distribution strategy.
+            self._pass = TracedPass(
+                self._engine, stateless=self.model.distribute_strategy.num_replicas_in_sync == 1)
             self._record_of.names = _explain_names(self._engine)
             self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
             self._twin = None  # and its copy of the model
@@ -572,6 +575,9 @@ class GradientFlow(keras.callbacks.Callback):
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
         if failed:
             self._drain()  # an earlier recording failed: say so now
+        if self._observes_beside(inputs, targets, sample):
+            self._observe_beside(engine, inputs, targets, sample, step, epoch)
+            return
         self._settle_warm_up()
         assert self._pass is not None
         result = self._pass.run(inputs, targets, sample)
@@ -595,6 +601,46 @@ class GradientFlow(keras.callbacks.Callback):
             record()  # a custom loop's observe(): done when it returns
         else:
             self._submit(record)
+
+    def _observes_beside(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                         sample: Any) -> bool:
+        """Whether this observation runs on the worker, beside training: in fit, once the pass
+        is traced (beside training, at fit's first step), reads only the weights it is given
+        (``TracedPass.beside``) and takes this batch as traced: a batch it would trace again
+        for (an epoch's shorter last one, sample weights) is observed here, so that no other
+        thread traces the model's layers while this one may (a validation's first
+        evaluation). Not with ``per_example``, whose section reads the pass's result here."""
+        warm = self._warm
+        if warm is not None and warm.done():  # traced (or failed: traced again where needed)
+            self._warm = None
+            if warm.exception() is not None and self._pass is not None:
+                self._pass.forget()
+        return (self._original_train_function is not None and self._per_example is None
+                and self._warm is None and self._pass is not None and self._pass.beside
+                and self._pass.takes(inputs, targets, sample))
+
+    def _observe_beside(self, engine: Any, inputs: dict[str, np.ndarray],
+                        targets: dict[str, np.ndarray], sample: Any, step: int,
+                        epoch: int | None) -> None:
+        """The observation's pass run on the worker from a copy of the weights this step left
+        (about 2 ms here, where the pass itself took training about 25 ms on
+        bench/callback_overhead.py's model), then witnessed and recorded there."""
+        traced = self._pass
+        assert traced is not None and traced.variables is not None
+        values = values_now(traced.variables)
+        # Under a mixed policy: the shares lost at the loss scale, now (None otherwise).
+        mixed = self._mixed_precision.observe(engine, inputs, targets, sample)
+
+        def record() -> None:
+            result = traced.run(inputs, targets, sample, values)
+            witness = traced.witness(inputs, targets, result, sample, values)
+            if witness is not None:  # nothing is recorded that Keras' own call contradicts
+                witness()
+            if mixed is not None:
+                mixed(len(self._record_of.observations))
+            self._record(engine, inputs, result, step, epoch)
+
+        self._submit(record)
 
     def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
         """Diagnose every recurrent call on this batch with the weights fit has just updated.

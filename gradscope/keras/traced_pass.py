@@ -51,8 +51,16 @@ class TracedPass:
     """The pass of one engine. ``trace`` gets what tracing saw (the calls' names, the thread
     it ran on; GradientFlow adds when its warm-up began)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, stateless: bool = False) -> None:
         self.engine = engine
+        #: With ``stateless``, the variables whose values each run is given (one per
+        #: variable, as :func:`~gradscope.keras.whole_model.snapshot` copies them): the pass
+        #: reads those under Keras' StatelessScope, never the variables themselves.
+        self.variables = all_variables(engine.model) if stateless else None
+        #: Whether the traced pass reads no variable of the model itself (seen in what its
+        #: trace captured): it may then run while training moves them (on GradientFlow's
+        #: worker). False until traced, and wherever a read escaped the scope.
+        self.beside = False
         self.trace: dict[str, Any] = {}
         self.function: Any = None
         self.concrete: Any = None
@@ -85,7 +93,8 @@ class TracedPass:
             # could not be given its state back; the first observation builds it then.
             if not _moves_training_state(self.engine.model):
                 with contextlib.suppress(tf.errors.OpError), grappler_if(self.optimised):
-                    concrete(zeros[:len(inputs)], zeros[len(inputs):], None)
+                    concrete(*self._values(None), zeros[:len(inputs)], zeros[len(inputs):],
+                             None)
             self.function, self.concrete = function, concrete
             if not self.witnessed and not self.own:
                 self.witness_concrete = _trace_witness(self.engine, inputs, targets, zeros)
@@ -94,28 +103,66 @@ class TracedPass:
         """The pass's function and its concrete function for these specs: Keras' own call
         where it can be looked on, else (from then on) the replay."""
         if self.own:
-            function = _trace(self.engine, self.trace, own=True)
             try:
-                return function, function.get_concrete_function(inputs, targets)
+                return self._traced_as(True, inputs, targets)
             except NotObserved:
                 self.own = False
-        function = _trace(self.engine, self.trace, own=False)
-        return function, function.get_concrete_function(inputs, targets)
+        return self._traced_as(False, inputs, targets)
+
+    def _traced_as(self, own: bool, inputs: list[Any], targets: list[Any]) -> tuple[Any, Any]:
+        """:meth:`_traced` for ``own``. A stateless trace that captured a variable of the model
+        (a layer read it past Keras' StatelessScope, so that its gradient is not the given
+        value's) is dropped, and the pass reads the variables from then on."""
+        variables = self.variables
+        head = [] if variables is None else [[tf.TensorSpec(v.shape, v.dtype)
+                                              for v in variables]]
+        function = _trace(self.engine, self.trace, own, variables)
+        concrete = function.get_concrete_function(*head, inputs, targets)
+        self.beside = variables is not None and _reads_none(concrete)
+        if variables is not None and not self.beside:
+            self.variables = None
+            return self._traced_as(own, inputs, targets)
+        return function, concrete
 
     def forget(self) -> None:
         """Drop a trace made beside training that failed: the pass is traced again where it is
         needed, and raises its error there."""
         self.function = self.concrete = None
+        self.beside = False
+
+    def takes(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+              sample_weight: Any = None) -> bool:
+        """Whether the traced pass runs on this batch as it is traced (no trace again: another
+        batch size, or sample weights, would trace the model's layers once more)."""
+        if self.concrete is None or sample_weight is not None:
+            return False
+        signature = self.concrete.structured_input_signature[0]
+        first = 0 if self.variables is None else 1  # after the weights' values
+        specs = [*signature[first], *signature[first + 1]]
+        given = [*inputs.values(), *targets.values()]
+        return len(specs) == len(given) and all(
+            spec.shape.is_compatible_with(np.shape(value))
+            for spec, value in zip(specs, given, strict=True))
+
+    def _values(self, values: list[Any] | None) -> list[Any]:
+        """The head of a stateless pass's arguments: ``values``, or the variables' own now
+        (nothing for a pass that reads the variables)."""
+        if self.variables is None:
+            return []
+        return [snapshot(self.variables) if values is None else values]
 
     def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-            sample_weight: Any = None) -> KerasPass:
-        """One traced forward and backward pass; the same KerasPass engine.run gives."""
+            sample_weight: Any = None, values: list[Any] | None = None) -> KerasPass:
+        """One traced forward and backward pass; the same KerasPass engine.run gives.
+        ``values``: a stateless pass's weights (one per ``variables``; None: theirs now)."""
         engine = self.engine
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
+        head = self._values(values)
         # The pass calls the layers: a stateful one would carry this batch's state into the
-        # next training step. What the pass moves is put back.
-        before = moved_state(engine.model)
+        # next training step. What the pass moves is put back (a stateless pass moves none,
+        # and may run where training moves them).
+        before = moved_state(engine.model) if self.variables is None else []
         # TensorFlow's native log lines at a first op
         with native_stderr_silenced(), grappler_if(self.optimised):
             if self.function is None:
@@ -125,16 +172,16 @@ class TracedPass:
                     [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
             try:
                 if sample_weight is not None:  # weighed batches: traced for their weights
-                    loss, grads, captured = self.function(feed, ys, sample_weight)
+                    loss, grads, captured = self.function(*head, feed, ys, sample_weight)
                 else:
                     try:
-                        loss, grads, captured = self.concrete(feed, ys, None)
+                        loss, grads, captured = self.concrete(*head, feed, ys, None)
                     except (TypeError, ValueError):  # another batch size or time: trace for it
-                        loss, grads, captured = self.function(feed, ys)
+                        loss, grads, captured = self.function(*head, feed, ys)
             except NotObserved:  # traced again for this batch, and not looked on: the replay
                 self.own = False
                 self.forget()
-                return self.run(inputs, targets, sample_weight)
+                return self.run(inputs, targets, sample_weight, values)
         restore(before)
         calls, totals = [], {}
         for meta, loops, tensors in zip(self.trace["calls"], self.trace["loops"], captured,
@@ -155,21 +202,24 @@ class TracedPass:
             calls=[c for c, _ in calls], output_shapes={}, state_totals=totals)
 
     def witness(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-                result: KerasPass, sample_weight: Any = None) -> Callable[[], None] | None:
+                result: KerasPass, sample_weight: Any = None,
+                values: list[Any] | None = None) -> Callable[[], None] | None:
         """Where the pass is the replay, at its first observation (None afterwards, as the
         traced pass is the same function then), Keras' own call of the whole model on the same
         batch and weights must give the pass's loss and gradients: the witness outside the
-        engine. (None where the pass is Keras' own call.) The weights are copied now;
-        the returned job runs the call later, on the worker beside training, under Keras'
-        StatelessScope from the copies, before the observation is recorded (a trace takes
-        less from training than an eager call)."""
+        engine. (None where the pass is Keras' own call.) The weights are copied now (or
+        ``values`` are taken, those a stateless pass ran on); the returned job runs the call
+        later, on the worker beside training, under Keras' StatelessScope from the copies,
+        before the observation is recorded (a trace takes less from training than an eager
+        call)."""
         if self.witnessed or self.own:
             return None
         self.witnessed = True
         engine = self.engine
         feed, ys = engine.tensors(inputs, targets)
         variables = all_variables(engine.model)
-        values = snapshot(variables)
+        if values is None or self.variables is None:
+            values = snapshot(variables)
         label = f"GradientFlow on model '{engine.model.name}'"
         traced = self.witness_concrete if sample_weight is None else None
 
@@ -204,22 +254,27 @@ def _moves_training_state(model: Any) -> bool:
         for layer in model._flatten_layers(include_self=False, recursive=True))
 
 
-def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
+def _trace(engine: Any, trace: dict[str, Any], own: bool,
+           variables: list[Any] | None = None) -> Any:
     """One tf.function: the engine's forward (``own``: Keras' own call, looked on) under a
     tape, its recurrent loops probed, and the gradients of the loss with respect to every
     weight, every initial state and every probe. ``trace`` gets the calls' names and their
-    probed loops at tracing."""
+    probed loops at tracing. With ``variables``, the function takes their values first and
+    reads those, under Keras' StatelessScope (which neither reads nor moves the variables),
+    and the weights' gradients are with respect to them."""
 
-    @tf.function(autograph=False, reduce_retracing=True)
-    def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
+    def body(feed: list[Any], targets: list[Any], sample_weight: Any, weights: list[Any]
+             ) -> Any:
         with tape_for(tf, True) as tape:  # for carried_back
+            if variables is not None:
+                tape.watch(weights)
             loss, _, calls = engine.forward(feed, targets, tape.watch,
                                             sample_weight=sample_weight, own=own,
                                             probe_states=True)
         kept = [c for c in calls if c.states or c.probes]
         probed = [probe_targets(c.probes) for c in kept]
         grads, state_grads, probe_grads = tape.gradient(
-            loss, [engine.model.trainable_variables, [c.states for c in kept], probed])
+            loss, [weights, [c.states for c in kept], probed])
         trace["calls"] = [(c.layer, c.index, c.class_name, c.state_source) for c in kept]
         trace["loops"] = [c.probes for c in kept]
         trace["thread"] = threading.current_thread().name
@@ -232,7 +287,37 @@ def _trace(engine: Any, trace: dict[str, Any], own: bool) -> Any:
         return loss, grads, [(call.states, sg, pg, mask, cb) for call, sg, pg, mask, cb in zip(
             kept, state_grads, probe_grads, masks, back, strict=True)]
 
-    return run
+    if variables is None:
+        @tf.function(autograph=False, reduce_retracing=True)
+        def run(feed: list[Any], targets: list[Any], sample_weight: Any = None) -> Any:
+            return body(feed, targets, sample_weight, engine.model.trainable_variables)
+
+        return run
+
+    from keras.src.backend.common.stateless_scope import StatelessScope
+
+    positions = {id(v): k for k, v in enumerate(variables)}
+    trainable = [positions[id(v)] for v in engine.model.trainable_variables]
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def stateless(values: list[Any], feed: list[Any], targets: list[Any],
+                  sample_weight: Any = None) -> Any:
+        # collect_losses: in a StatelessScope, Keras keeps what layers add (activity
+        # regularizers, add_loss) in the scope, where model.losses reads it.
+        with StatelessScope(state_mapping=list(zip(variables, values, strict=True)),
+                            collect_losses=True):
+            return body(feed, targets, sample_weight, [values[k] for k in trainable])
+
+    return stateless
+
+
+def _reads_none(concrete: Any) -> bool:
+    """Whether the traced ``concrete`` function captured no TensorFlow resource: it reads every
+    weight from the values it is given. A read that escaped Keras' StatelessScope (a layer
+    that reads its TensorFlow variable itself, a variable made after the pass was set up)
+    captures that variable's handle, and so would a random generator or a table: each of
+    those is read (or moved) where training reads it, not beside it."""
+    return not any(t.dtype == tf.resource for t in concrete.graph.external_captures)
 
 
 def _trace_witness(engine: Any, inputs: list[Any], targets: list[Any],
