@@ -782,6 +782,37 @@ def test_a_subclassed_model_is_explained_from_its_own_call_and_checked(tf: Any) 
             & {v.path for v in wrong.trainable_variables})
 
 
+def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any) -> None:
+    """A subclassed model whose call one-hot encodes its int32 ids (``tf.one_hot`` takes no
+    float): its graph is read from a symbolic call with the data's dtype. Found tried as a new
+    user would: read from float32 ids, explain refused it (exit 2) and GradientFlow stopped
+    fit at its first observation."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    class OneHot(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = keras.layers.GRU(4, name="gru")
+            self.head = keras.layers.Dense(2, name="head")
+
+        def call(self, ids: Any) -> Any:
+            return self.head(self.gru(tf.one_hot(ids, 9)))
+
+    ids = np.random.default_rng(29).integers(0, 9, size=(16, 5)).astype("int32")
+    y = np.random.default_rng(30).normal(size=(16, 2)).astype("float32")
+    keras.utils.set_random_seed(29)
+    model = OneHot()
+    model(ids[:1])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    report = _explained_exactly(model, ids[:8], y[:8])
+    assert [layer.name for layer in report.layers] == ["gru", "head"]
+    flow = GradientFlow(every=2)
+    model.fit(ids, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
+    assert [o.step for o in flow.history.observations] == [2]
+
+
 def test_a_subclassed_models_own_compute_loss_is_the_loss(tf: Any) -> None:
     import keras
 

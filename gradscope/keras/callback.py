@@ -329,7 +329,7 @@ class GradientFlow(keras.callbacks.Callback):
                               "model.train_function was replaced after training began",
                               where="GradientFlow")
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if y is None and not self._engine_for().added_only:
+        if y is None and not self._engine_for(x).added_only:
             raise ConfigError("GradientFlow: the batches carry no targets y", where="y")
         start, self._start_states = self._start_states, None
         with states_at(start):
@@ -493,7 +493,7 @@ class GradientFlow(keras.callbacks.Callback):
             return  # a distributed fit's first observation traces the pass
         x, y, _ = keras.utils.unpack_x_y_sample_weight(spec)
         try:
-            engine = self._engine_for()  # a new model resets what was traced
+            engine = self._engine_for(x)  # a new model resets what was traced
             if self._warm_tried or not self._observes_later():
                 return
             self._warm_tried = True
@@ -518,7 +518,9 @@ class GradientFlow(keras.callbacks.Callback):
 
     # -- the pass ------------------------------------------------------------------------------
 
-    def _engine_for(self) -> Any:
+    def _engine_for(self, x: Any = None) -> Any:
+        """The engine of the model fit trains, made at its first need; ``x``: a batch of
+        fit's inputs (or their specs), whose dtypes read a subclassed model's graph."""
         if self._engine is not None and self._engine.model is not self.model:
             # Another model (set_model by a later fit): its own engine and trace.
             self._drain()
@@ -531,8 +533,9 @@ class GradientFlow(keras.callbacks.Callback):
                                   "GradientFlow(model=model) or callback.set_model(model)",
                                   where="model")
             from gradscope.keras.live_engine import make_engine
+            from gradscope.keras.subclassed import data_dtypes
 
-            self._engine = make_engine(self.model, self.loss_name)
+            self._engine = make_engine(self.model, self.loss_name, data_dtypes(x))
             # Stateless (it reads the weights it is given), so that an observation in fit
             # runs beside training (``_observe``); not under a distribution strategy.
             self._pass = TracedPass(
@@ -569,7 +572,7 @@ class GradientFlow(keras.callbacks.Callback):
 
     def _observe(self, x: Any, y: Any, step: int, epoch: int | None,
                  sample_weight: Any = None) -> None:
-        engine = self._engine_for()
+        engine = self._engine_for(x)
         inputs, targets = self._names(engine, x, y)
         sample = self._weights_of(engine, sample_weight)
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
@@ -653,7 +656,7 @@ class GradientFlow(keras.callbacks.Callback):
         it."""
         from gradscope.keras import nan_stop
 
-        engine = self._engine_for()
+        engine = self._engine_for(x)
         inputs, targets = self._names(engine, x, y)
         weighed = nan_stop.as_arrays(sample_weight)
         inputs, targets, weighed = self._diagnosed_examples(inputs, targets, weighed)

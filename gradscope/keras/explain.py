@@ -78,8 +78,9 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
     since it is the user's own code, already running. ``x``/``y``: arrays from Python (see
     :func:`~gradscope.keras.data.arrays_batch`) instead of ``data``."""
     from gradscope.keras.live import read_model
+    from gradscope.keras.subclassed import data_dtypes
 
-    graph, plan, path, model = read_model(path, loss)
+    graph, plan, path, model = read_model(path, loss, data_dtypes(x))
     specs = input_specs(graph)
     outputs = output_names(graph)
     fixed = _fixed_batch(specs)

@@ -87,25 +87,27 @@ def model_config(model: Any) -> dict[str, Any]:
     return config
 
 
-def read_live_graph(model: Any) -> ModelGraph:
+def read_live_graph(model: Any, data: list[str] | None = None) -> ModelGraph:
     """The graph of a model object; ConfigError (exit 2) when it cannot be read exactly. A
-    subclassed model's is read from one symbolic call (:mod:`~gradscope.keras.subclassed`)."""
+    subclassed model's is read from one symbolic call (:mod:`~gradscope.keras.subclassed`;
+    ``data``: the dtypes of the user's inputs, where known)."""
     from gradscope.keras.subclassed import is_subclassed, observed_graph
 
     if is_subclassed(model):
-        return observed_graph(model, model_label(model))
+        return observed_graph(model, model_label(model), data)
     config = model_config(model)
     return graph_from_config(config, model_label(model), what="its config")
 
 
-def read_model(source: Any, loss: str | None = None,
+def read_model(source: Any, loss: str | None = None, data: list[str] | None = None,
                ) -> tuple[ModelGraph, LossPlan, str, Any]:
     """A saved model's graph (its code refused, no TensorFlow) or a model object's, with the
     loss gradscope will use: ``(graph, plan, label, model)``, where ``label`` names the model
-    in reports and ``model`` is the object (None for a file)."""
+    in reports and ``model`` is the object (None for a file). ``data``: see
+    :func:`read_live_graph`."""
     model = source if is_live_model(source) else None
     if model is not None:
-        graph = read_live_graph(model)
+        graph = read_live_graph(model, data)
         label = model_label(model)
     else:
         graph = read_graph(source)

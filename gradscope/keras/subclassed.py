@@ -13,6 +13,7 @@ Layers appear in the order the call made them.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
 from gradscope.errors import ConfigError, first_line
@@ -36,16 +37,47 @@ def tracked_layers(model: Any) -> list[Any]:
     return list(model._flatten_layers(include_self=False, recursive=False))
 
 
-def observed_graph(model: Any, label: str) -> ModelGraph:
-    """The graph of a subclassed model, from one symbolic call (see the module)."""
+#: The dtypes of the data a subclassed model's graph was read with (:func:`observed_graph`'s
+#: ``data``): a later read of the same model takes them too.
+_DATA_DTYPES: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def data_dtypes(x: Any) -> list[str] | None:
+    """The dtype of each input of ``x`` (arrays, tensors or ``tf.TensorSpec``s: one, or a list
+    or tuple of them); None for anything else (a dict: such a model is refused anyway)."""
+    if x is None or isinstance(x, dict):
+        return None
+    items = list(x) if isinstance(x, list | tuple) else [x]
+    found = [getattr(getattr(item, "dtype", None), "name", getattr(item, "dtype", None))
+             for item in items]
+    return [str(d) for d in found] if all(d is not None for d in found) else None
+
+
+def _input_dtypes(model: Any, count: int, data: list[str] | None) -> list[str]:
+    """The dtype of each symbolic input: the model's (its policy's variable dtype), but the
+    data's own where that is whole numbers or booleans (token ids: a float would not index)."""
+    policy = str(getattr(getattr(model, "dtype_policy", None), "variable_dtype", "float32"))
+    data = data if data is not None and len(data) == count else _DATA_DTYPES.get(model)
+    if data is None or len(data) != count:
+        return [policy] * count
+    return [d if d.startswith(("int", "uint", "bool")) else policy for d in data]
+
+
+def observed_graph(model: Any, label: str, data: list[str] | None = None) -> ModelGraph:
+    """The graph of a subclassed model, from one symbolic call (see the module). ``data``: the
+    dtypes of the user's inputs (:func:`data_dtypes`), where known: an input of whole numbers
+    is traced as one (found tried as a new user would: a model whose call one-hot encodes
+    its int32 ids could not be read from float32 ones)."""
     import keras
 
     from gradscope.keras.observed_call import layers_wrapped
 
     shapes = _input_shapes(model, label)
-    dtype = str(getattr(getattr(model, "dtype_policy", None), "variable_dtype", "float32"))
+    dtypes = _input_dtypes(model, len(shapes), data)
     names = ["x"] if len(shapes) == 1 else [f"x_{k + 1}" for k in range(len(shapes))]
-    specs = [keras.KerasTensor(shape, dtype=dtype) for shape in shapes]
+    specs = [keras.KerasTensor(shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes,
+                                                                            strict=True)]
+    typed = dict(zip(names, dtypes, strict=True))
     produced: dict[int, Ref] = {}
     calls: dict[str, list[Call]] = {}
     order: list[Any] = []
@@ -57,7 +89,7 @@ def observed_graph(model: Any, label: str) -> ModelGraph:
         # The model's call, with the symbolic inputs Keras made: they are the graph's inputs.
         for name, tensor in zip(names, _flat(args[:1] if len(names) == 1 else args),
                                 strict=False):
-            produced[id(tensor)] = Ref(name, 0, 0, _shape(tensor), dtype)
+            produced[id(tensor)] = Ref(name, 0, 0, _shape(tensor), typed[name])
         returned[:] = [model_call(*args, **kwargs)]
         return returned[0]
 
@@ -88,13 +120,15 @@ def observed_graph(model: Any, label: str) -> ModelGraph:
                           where=label) from None
     finally:
         object.__delattr__(model, "call")
+    if data is not None and len(data) == len(shapes):
+        _DATA_DTYPES[model] = list(data)
     outputs = tuple(produced.get(id(t), Ref(yours, 0, k, _shape(t)))
                     for k, t in enumerate(_flat(returned[0] if returned else result)))
-    inputs = tuple(Ref(name, 0, 0, tuple(shape), dtype)
+    inputs = tuple(Ref(name, 0, 0, tuple(shape), typed[name])
                    for name, shape in zip(names, shapes, strict=True))
     layers = [LayerNode(name=name, class_name="InputLayer", module="keras.layers",
                         registered_name=None,
-                        config={"batch_shape": list(shape), "dtype": dtype, "name": name},
+                        config={"batch_shape": list(shape), "dtype": typed[name], "name": name},
                         calls=()) for name, shape in zip(names, shapes, strict=True)]
     for layer in order:
         entry = _serialised(layer)
