@@ -969,6 +969,18 @@ def test_steps_per_execution_numbers_the_steps_as_the_optimizer_counts_them(tf):
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
               callbacks=[flow])
     assert [o.step for o in flow.history.observations] == [2, 5, 6]
+    # every=3 at 2 steps per execution: the executions that hold 3 and 6 end at 4 and 6, and
+    # it says so (found tried as a new user would: neither fit nor the report said a word).
+    flow = GradientFlow(every=3)
+    with pytest.warns(UserWarning, match=r"GradientFlow\(every=3\): .* the last batch of an "
+                                         r"execution that holds a multiple of 3 \(batches 4, "
+                                         r"6, 10, 12, …\)"):
+        model.fit(np.concatenate([x, x]), np.concatenate([y, y]), batch_size=BATCH,
+                  epochs=1, shuffle=False, verbose=0, callbacks=[flow])
+    assert [o.step for o in flow.history.observations] == [4, 6]
+    text = " ".join(render_text(flow.history, 80).split())
+    assert "one pass asked every 3 batches · taken at steps 4, 6 (with steps_per_execution" \
+        in text
 
 
 def test_watch_of_a_log_dir_written_twice_reads_the_newest_run_and_says_so(tf, tmp_path):

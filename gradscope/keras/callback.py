@@ -96,8 +96,10 @@ class GradientFlow(keras.callbacks.Callback):
 
     The current batch, in ``fit``, is the batch the observed train step has just been given
     (the last of ``steps_per_execution``), read after that step's weight update, in inference
-    mode. After training, ``callback.history`` is the report (``to_dict()``, ``to_json()``)
-    and ``callback.report()`` prints it. In a custom loop, call ``callback.observe(x, y)``.
+    mode, with the weights as GradientFlow's ``on_train_batch_end`` finds them (a callback
+    placed before it in ``callbacks`` that changes them changes them here too). After
+    training, ``callback.history`` is the report (``to_dict()``, ``to_json()``) and
+    ``callback.report()`` prints it. In a custom loop, call ``callback.observe(x, y)``.
     """
 
     def __init__(self, every: int = 50, log_dir: str | Path | None = None, model: Any = None,
@@ -224,6 +226,18 @@ class GradientFlow(keras.callbacks.Callback):
                               "per execution, and the callback sees the last batch of each: "
                               f"at most one {what} per execution, of its last batch (as "
                               f"{name}={steps} would take)", stacklevel=2)
+            elif every is not None and steps > 1 and every % steps:
+                # Found tried as a new user would: every=3 at 2 steps per execution observed
+                # batches 4, 6, 10 and 12, without a word.
+                taken = sorted({-(-n // steps) * steps
+                                for n in range(every, every * 4 + 1, every)})[:4]
+                warnings.warn(f"GradientFlow({name}={every}): the model runs {steps} steps "
+                              "per execution, and the callback sees the last batch of each: "
+                              f"each {what} is of the last batch of an execution that holds "
+                              f"a multiple of {every} (batches {', '.join(map(str, taken))}, "
+                              f"…); a {name} that is a multiple of {steps} takes one at "
+                              "each of its multiples",
+                              stacklevel=2)
         if self.stop_on_nan and steps > 1:
             raise ConfigError(f"GradientFlow(stop_on_nan=True): the model runs {steps} steps "
                               "per execution; the failing batch is rerun with the weights its "

@@ -57,7 +57,12 @@ def _none_taken(batches: int | None, every: int | None, name: str) -> str:
 
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
-    every = [f"one pass every {report.every} batches"] if report.every else []
+    every = ([] if not report.every else ["one pass every batch"] if report.every == 1
+             else [f"one pass every {report.every} batches"])
+    taken = _taken_at([o.step for o in report.observations], report.every, True) if (
+        report.every) else None
+    if taken:  # found tried as a new user would: every=3 at 2 steps per execution, unsaid
+        every = [every[0].replace("one pass every", "one pass asked every"), taken]
     # "each pass in": found tried as a new user would, a bare "inference mode" read as the
     # training's mode.
     details = pack([_steps(report), *every, f"loss {report.loss}",
@@ -179,10 +184,10 @@ def _subscript(number: int) -> str:
 
 
 def _taken_at(steps: list[int], every: int, in_fit: bool) -> str | None:
-    """Where the diagnoses were taken, when not at the multiples of ``every`` from the first
-    to the last (``in_fit``: by fit, which with steps_per_execution above 1 shows the callback
-    the last batch of each execution; else by a custom loop's ``observe``, at the steps it
-    gave that ``every`` divides); None when they were."""
+    """Where the observations or diagnoses were taken, when not at the multiples of ``every``
+    from the first to the last (``in_fit``: by fit, which with steps_per_execution above 1
+    shows the callback the last batch of each execution; else by a custom loop's
+    ``observe``, at the steps it gave that ``every`` divides); None when they were."""
     if not steps:
         return None
     # The steps themselves, not their count (found tried as a new user would: at 2 steps per
