@@ -109,7 +109,12 @@ def test_the_notebook_display_shows_mixed_precision_per_example_and_nonfinite(tf
     for tensor in found.tensors:
         shares = " ".join("0" if v == 0 else f"{v:.1%}" for v in (
             tensor.underflow, tensor.subnormal, tensor.overflow))
-        assert f"{tensor.path} {shares}" in text
+        assert f"{tensor.name} {shares}" in text
+    # Each weight named as the report's gradients name it, its Keras path beside (found
+    # tried as a new user would: this section alone listed sequential/lstm/lstm_cell/kernel).
+    named = {g.path: g.name for g in report.gradients}
+    weights = [t for t in found.tensors if t.kind == "weight"]
+    assert weights and all(t.name == named[t.path] != t.path for t in weights)
     assert "the loss scale is 1" in text
     assert f"Per-example gradients ‖∂L_i/∂θ‖ ({BATCH} examples" in text
     assert f"all weights {number(min(report.per_example.l2))}" in text

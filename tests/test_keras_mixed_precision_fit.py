@@ -109,9 +109,12 @@ def test_tensorboard_holds_the_tags_and_watch_reads_them_back(fitted: Any, tf: A
     assert scalars["mixed_precision/in_range"][2] == float(last.in_range)
     assert scalars["mixed_precision/scale_range_low"][2] == pytest.approx(
         last.scale_range[0], rel=1e-6)  # TensorBoard's scalars are float32
+    # Each weight named as the flow's own series name it (lstm/kernel, not its Keras path).
+    weights = {t.name for t in last.tensors if t.kind == "weight"}
+    assert weights and weights <= {w.weight for w in history.weights}
     for tensor in last.tensors:
         for kind in ("underflow", "subnormal", "overflow"):
-            assert scalars[f"mixed_precision/{kind}/{tensor.path}"][2] == pytest.approx(
+            assert scalars[f"mixed_precision/{kind}/{tensor.name}"][2] == pytest.approx(
                 getattr(tensor, kind), rel=1e-6)
     assert scalars["mixed_precision/warnings"][2] == len(last.warnings)
 

@@ -42,6 +42,7 @@ from gradscope.keras.nan_stop import snapshot  # noqa: E402
 from gradscope.keras.per_example_fit import PerExampleRecord  # noqa: E402
 from gradscope.keras.replay import FedIterator, global_batch, replay  # noqa: E402
 from gradscope.keras.traced_pass import TracedPass  # noqa: E402
+from gradscope.keras.weight_names import live_names  # noqa: E402
 from gradscope.keras.whole_model import (  # noqa: E402
     all_variables,
     carried_state_variables,
@@ -554,7 +555,7 @@ class GradientFlow(keras.callbacks.Callback):
             # runs beside training (``_observe``); not under a distribution strategy.
             self._pass = TracedPass(
                 self._engine, stateless=self.model.distribute_strategy.num_replicas_in_sync == 1)
-            self._record_of.names = _explain_names(self._engine)
+            self._record_of.names = live_names(self._engine)
             self._diagnosis_functions = {}  # the diagnosis's traced functions, this engine's
             self._twin = None  # and its copy of the model
         return self._engine
@@ -951,19 +952,6 @@ def _unread_targets(model: Any, engine: Any, inputs: dict[str, Any]) -> dict[str
             batch = int(next(iter(inputs.values())).shape[0])
             made[name] = np.zeros((batch, *spec.shape[1:]), "float32")
     return made
-
-
-def _explain_names(engine: Any) -> dict[str, str]:
-    """Each weight's name by its Keras path, as explain and check name it (``lstm/kernel``,
-    not ``sequential/lstm/lstm_cell/kernel``); where the model's graph cannot be read, none:
-    the paths name them."""
-    from gradscope.keras.live import read_live_graph
-    from gradscope.keras.weight_names import names_by_path
-
-    try:
-        return names_by_path(read_live_graph(engine.model), engine.operation, engine.model)
-    except Exception:  # noqa: BLE001  (the user's model: named by its paths instead)
-        return {}
 
 
 def _rows(inputs: dict[str, Any]) -> int | None:

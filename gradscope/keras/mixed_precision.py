@@ -135,7 +135,9 @@ def mixed_precision(engine: Any, inputs: dict[str, np.ndarray], targets: dict[st
         scaled = engine.run(inputs, targets, sample_weight=sample_weight, probe_states=True)
     finally:
         engine.loss_scale = 1.0
-    return section(engine, dtype, scale, optimizer, scaled, shadow)
+    from gradscope.keras.weight_names import live_names
+
+    return section(engine, dtype, scale, optimizer, scaled, shadow, live_names(engine))
 
 
 def shadow_engine(engine: Any) -> Any:
@@ -149,11 +151,13 @@ def shadow_engine(engine: Any) -> Any:
 
 
 def section(engine: Any, dtype: str, scale: float, optimizer: str, scaled: Any,
-            shadow: Any) -> KerasMixedPrecision:
+            shadow: Any, names: dict[str, str] | None = None) -> KerasMixedPrecision:
     """The section from the two passes of one batch: ``scaled``, the mixed model's own with the
     loss times ``scale``, and ``shadow``, the float32 copy's (both KerasPass, their recurrent
     loops probed). explain runs them with the engine; GradientFlow with its traced passes
-    (:mod:`~gradscope.keras.mixed_precision_fit`)."""
+    (:mod:`~gradscope.keras.mixed_precision_fit`). ``names``: each weight's name by its
+    Keras path, as explain names it (:func:`~gradscope.keras.weight_names.live_names`)."""
+    names = names or {}
     half = _half_weights(engine.model, dtype)
     pairs: list[tuple[str, str, np.ndarray, np.ndarray]] = []
     for path, value in shadow.gradients.items():
@@ -161,7 +165,7 @@ def section(engine: Any, dtype: str, scale: float, optimizer: str, scaled: Any,
         if path in half and value is not None and mine is not None:
             pairs.append((path, "weight", value, mine))
     pairs += _state_pairs(engine, scaled, shadow)
-    tensors = [_tensor(path, kind, value, mine, scale, dtype)
+    tensors = [_tensor(path, names.get(path, path), kind, value, mine, scale, dtype)
                for path, kind, value, mine in pairs]
     sizes = np.concatenate([np.abs(value).ravel() for _, _, value, _ in pairs]
                            or [np.zeros(0)]).astype(np.float64)
@@ -218,14 +222,14 @@ def _state_pairs(engine: Any, scaled: Any, shadow: Any,
     return pairs
 
 
-def _tensor(path: str, kind: str, shadow: np.ndarray, mine: np.ndarray, scale: float,
-            dtype: str) -> MixedPrecisionTensor:
+def _tensor(path: str, name: str, kind: str, shadow: np.ndarray, mine: np.ndarray,
+            scale: float, dtype: str) -> MixedPrecisionTensor:
     size = max(shadow.size, 1)
     predicted = classify(shadow, scale, dtype)
     seen = observed(mine, shadow, dtype)
     allowed = max(AGREEMENT * size, 1)
     return MixedPrecisionTensor(
-        path=path, kind=kind, entries=int(shadow.size),
+        path=path, name=name, kind=kind, entries=int(shadow.size),
         underflow=predicted[0] / size, subnormal=predicted[1] / size,
         overflow=predicted[2] / size,
         mixed=[count / size for count in seen],
@@ -261,14 +265,14 @@ def _warnings(dtype: str, scale: float, optimizer: str, tensors: list[MixedPreci
     spread = [t for t in tensors if not t.agrees and t.mixed[2] - t.overflow > AGREEMENT]
     if spread:
         worst = max(spread, key=lambda t: t.mixed[2] - t.overflow)
-        others = [t.path for t in spread if t is not worst]
+        others = [t.label for t in spread if t is not worst]
         also = f"; also at {', '.join(others)}" if others else ""
         warnings.append(f"the model's own {dtype} backward is not finite at more entries than "
                         "the float32 shadow's gradients overflow when scaled: "
-                        f"{worst.mixed[2]:.1%} against {worst.overflow:.1%} at {worst.path}"
+                        f"{worst.mixed[2]:.1%} against {worst.overflow:.1%} at {worst.label}"
                         f"{also}. An inf made inside the backward spreads to every gradient "
                         "it reaches (in a recurrent layer, to each earlier step)")
-    differ = [t.path for t in tensors if not t.agrees and t not in spread]
+    differ = [t.label for t in tensors if not t.agrees and t not in spread]
     if differ:
         warnings.append(f"the model's own {dtype} backward differs from the float32 shadow by "
                         f"more than 1% of the entries at {', '.join(differ)}: rounding on the "

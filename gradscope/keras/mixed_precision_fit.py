@@ -28,6 +28,7 @@ import numpy as np
 
 from gradscope.keras.mixed_precision import compute_dtype, current_scale, section, shadow_engine
 from gradscope.keras.traced_pass import TracedPass
+from gradscope.keras.weight_names import live_names
 from gradscope.report.models import FlowHistoryReport, KerasMixedPrecision
 
 
@@ -46,6 +47,7 @@ class MixedPrecisionWatch:
         self.scaled = TracedPass(self.scaled_engine)
         self.shadow_engine = shadow_engine(engine)
         self.shadow = TracedPass(self.shadow_engine)
+        self.names = live_names(engine)  # each weight as explain names it, by its path
 
     def take(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
              sample_weight: Any) -> KerasMixedPrecision:
@@ -60,7 +62,8 @@ class MixedPrecisionWatch:
             self.scaled.forget()  # the scale is a constant of the trace
         shadow = _run(self.shadow, inputs, targets, sample_weight)
         scaled = _run(self.scaled, inputs, targets, sample_weight)
-        return section(self.scaled_engine, self.dtype, scale, optimizer, scaled, shadow)
+        return section(self.scaled_engine, self.dtype, scale, optimizer, scaled, shadow,
+                       self.names)
 
 
 def _run(traced: TracedPass, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],

@@ -208,7 +208,7 @@ def mixed_scalars(section: KerasMixedPrecision) -> dict[str, float]:
         values[f"{MIXED_PREFIX}in_range"] = float(bool(section.in_range))
     for tensor in section.tensors:
         for kind in ("underflow", "subnormal", "overflow"):
-            values[f"{MIXED_PREFIX}{kind}/{tensor.path}"] = getattr(tensor, kind)
+            values[f"{MIXED_PREFIX}{kind}/{tensor.label}"] = getattr(tensor, kind)
     return values
 
 

@@ -50,6 +50,17 @@ def names_by_path(graph: ModelGraph, operation: Any, model: Any) -> dict[str, st
     return found if len(set(found.values())) == len(found) else {}
 
 
+def live_names(engine: Any) -> dict[str, str]:
+    """Each weight's name (:func:`weight_names`) by its Keras path, for the live model of
+    ``engine``; where its graph cannot be read, none: the paths name them."""
+    from gradscope.keras.live import read_live_graph
+
+    try:
+        return names_by_path(read_live_graph(engine.model), engine.operation, engine.model)
+    except Exception:  # noqa: BLE001  (the user's model: named by its paths instead)
+        return {}
+
+
 def weight_keys(name: str, layer: Any) -> dict[int, str]:
     """Each weight's key inside its layer: cell scopes left out (``gru_cell/kernel`` →
     ``kernel``), unless two weights would then share one: their layer's keys then keep every

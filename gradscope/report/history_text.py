@@ -266,7 +266,7 @@ def mixed_precision_section(report: FlowHistoryReport, width: int) -> list[Rende
             shares = [None if m is None else _share_of(m, tensor.path, kind)
                       for m in report.mixed_precision or []]
             if any(shares):
-                rows[f"{tensor.path} {label}"] = shares
+                rows[f"{tensor.label} {label}"] = shares
     parts: list[RenderableType] = [
         section(f"Mixed precision across training ({sections[-1].policy}; log sparklines, "
                 "blank = 0)"),

@@ -450,7 +450,7 @@ def mixed_precision_lines(found: KerasMixedPrecision, width: int) -> list[Render
                      Column("mixed", "right", True)])
     for tensor in found.tensors:
         mixed = "/".join(_share(v) for v in tensor.mixed)
-        layout.add_row(atom(tensor.path), *(atom(_share(v)) for v in (
+        layout.add_row(atom(tensor.label), *(atom(_share(v)) for v in (
             tensor.underflow, tensor.subnormal, tensor.overflow)),
             atom(mixed if tensor.agrees else f"{mixed} ≠", "" if tensor.agrees else "bold"))
     lines: list[RenderableType] = [

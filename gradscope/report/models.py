@@ -825,6 +825,9 @@ class MixedPrecisionTensor(_Report):
 
     path: str = Field(description="a weight's path, or a recurrent call's state after every "
                                   "step (layer/h_t): ∂L/∂s_t as the backward carries it")
+    name: str | None = Field(default=None, description="what the report calls it: a weight "
+                             "as explain and check name it (lstm/kernel), a state as its "
+                             "path; null in a report of an earlier gradscope")
     kind: str = Field(description='"weight" or "state"')
     entries: int
     underflow: float = Field(description="the share whose shadow gradient g ≠ 0 becomes 0 as "
@@ -837,6 +840,11 @@ class MixedPrecisionTensor(_Report):
                                            "the shadow's is not; not finite)")
     agrees: bool = Field(description="mixed is within 1% of the entries (or one entry) of the "
                                      "shadow's shares")
+
+    @property
+    def label(self) -> str:
+        """The tensor as the report calls it (its name; its path in an earlier report)."""
+        return self.name or self.path
 
 
 class KerasMixedPrecision(_Report):
