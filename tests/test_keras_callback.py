@@ -623,6 +623,16 @@ def test_a_layer_that_reads_its_variable_outside_keras_is_observed_between_two_s
     assert flow.history.observations[0].loss == pytest.approx(taped[0], rel=1e-5)
     norms = sorted(s.norms[0] for s in flow.history.weights)
     assert norms == pytest.approx(taped[1], rel=1e-5)
+    # Traced at a custom loop's observe (no warm-up): the same, from the first pass on.
+    taped.clear()
+    tape = Tape()
+    tape.set_model(model)
+    tape.on_train_batch_end(EVERY - 1)
+    loop = GradientFlow(model=model)
+    loop.observe(x[8:16], y[8:16])
+    assert loop.history.observations[0].loss == pytest.approx(taped[0], rel=1e-5)
+    norms = sorted(s.norms[0] for s in loop.history.weights)
+    assert norms == pytest.approx(taped[1], rel=1e-5)
 
 
 def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows(tf):

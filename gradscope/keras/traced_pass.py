@@ -110,9 +110,10 @@ class TracedPass:
         return self._traced_as(False, inputs, targets)
 
     def _traced_as(self, own: bool, inputs: list[Any], targets: list[Any]) -> tuple[Any, Any]:
-        """:meth:`_traced` for ``own``. A stateless trace that captured a variable of the model
-        (a layer read it past Keras' StatelessScope, so that its gradient is not the given
-        value's) is dropped, and the pass reads the variables from then on."""
+        """:meth:`_traced` for ``own``. A stateless trace that captured a TensorFlow resource
+        (:func:`_reads_none`: a layer read its variable past Keras' StatelessScope, so that
+        its gradient is not the given value's) is dropped, and the pass reads the variables
+        from then on."""
         variables = self.variables
         head = [] if variables is None else [[tf.TensorSpec(v.shape, v.dtype)
                                               for v in variables]]
@@ -158,11 +159,6 @@ class TracedPass:
         engine = self.engine
         feed = [tf.convert_to_tensor(v) for v in inputs.values()]
         ys = [tf.convert_to_tensor(v) for v in targets.values()]
-        head = self._values(values)
-        # The pass calls the layers: a stateful one would carry this batch's state into the
-        # next training step. What the pass moves is put back (a stateless pass moves none,
-        # and may run where training moves them).
-        before = moved_state(engine.model) if self.variables is None else []
         # TensorFlow's native log lines at a first op
         with native_stderr_silenced(), grappler_if(self.optimised):
             if self.function is None:
@@ -170,6 +166,12 @@ class TracedPass:
                 # does not trace again.
                 self.function, self.concrete = self._traced(
                     [_free_batch(t) for t in feed], [_free_batch(t) for t in ys])
+            # After tracing, which may drop the stateless form. The pass calls the layers: a
+            # stateful one would carry this batch's state into the next training step. What
+            # the pass moves is put back (a stateless pass moves none, and may run where
+            # training moves them).
+            head = self._values(values)
+            before = moved_state(engine.model) if self.variables is None else []
             try:
                 if sample_weight is not None:  # weighed batches: traced for their weights
                     loss, grads, captured = self.function(*head, feed, ys, sample_weight)
