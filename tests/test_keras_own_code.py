@@ -782,7 +782,8 @@ def test_a_subclassed_model_is_explained_from_its_own_call_and_checked(tf: Any) 
             & {v.path for v in wrong.trainable_variables})
 
 
-def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any) -> None:
+def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any,
+                                                                   tmp_path: Path) -> None:
     """A subclassed model whose call one-hot encodes its int32 ids (``tf.one_hot`` takes no
     float): its graph is read from a symbolic call with the data's dtype. Found tried as a new
     user would: read from float32 ids, explain refused it (exit 2) and GradientFlow stopped
@@ -808,6 +809,14 @@ def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any) -> 
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
     report = _explained_exactly(model, ids[:8], y[:8])
     assert [layer.name for layer in report.layers] == ["gru", "head"]
+    # Its batch from a data file (as the CLI gives it, --data), on a model not read before.
+    fresh = OneHot()
+    fresh(ids[:1])
+    fresh.set_weights(model.get_weights())
+    fresh.compile(loss="mse")
+    np.savez(tmp_path / "ids.npz", x=ids[:8], y=y[:8])
+    assert gradscope.explain(fresh, str(tmp_path / "ids.npz")).loss.value == pytest.approx(
+        report.loss.value, rel=1e-6)
     flow = GradientFlow(every=2)
     model.fit(ids, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert [o.step for o in flow.history.observations] == [2]

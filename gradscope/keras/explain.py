@@ -77,10 +77,15 @@ def prepare(path: Any, batch_size: int | None = None, time_steps: int | None = N
     already): its graph is read from the config it would save, and its code is not refused,
     since it is the user's own code, already running. ``x``/``y``: arrays from Python (see
     :func:`~gradscope.keras.data.arrays_batch`) instead of ``data``."""
-    from gradscope.keras.live import read_model
-    from gradscope.keras.subclassed import data_dtypes
+    from gradscope.keras.live import is_live_model, read_model
+    from gradscope.keras.subclassed import data_dtypes, file_dtypes, is_subclassed
 
-    graph, plan, path, model = read_model(path, loss, data_dtypes(x))
+    # A subclassed model's graph is read from a symbolic call with its data's dtypes.
+    dtypes = data_dtypes(x)
+    if (dtypes is None and data is not None and is_live_model(path)
+            and is_subclassed(path)):
+        dtypes = file_dtypes(data)
+    graph, plan, path, model = read_model(path, loss, dtypes)
     specs = input_specs(graph)
     outputs = output_names(graph)
     fixed = _fixed_batch(specs)

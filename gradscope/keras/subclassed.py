@@ -53,6 +53,22 @@ def data_dtypes(x: Any) -> list[str] | None:
     return [str(d) for d in found] if all(d is not None for d in found) else None
 
 
+def file_dtypes(path: str) -> list[str] | None:
+    """:func:`data_dtypes` of a data file's inputs, as a subclassed model's are named there
+    (``x``; or ``x_1``, ``x_2``, …); None where the file is not such an .npz (its own errors
+    are said where the batch is read)."""
+    from gradscope.arrays import read_npz
+
+    try:
+        arrays = read_npz(path)
+    except Exception:  # noqa: BLE001  (said where the batch is read, with the model's names)
+        return None
+    if "x" in arrays:
+        return data_dtypes(arrays["x"])
+    numbered = [arrays[f"x_{k}"] for k in range(1, len(arrays) + 1) if f"x_{k}" in arrays]
+    return data_dtypes(numbered) if numbered else None
+
+
 def _input_dtypes(model: Any, count: int, data: list[str] | None) -> list[str]:
     """The dtype of each symbolic input: the model's (its policy's variable dtype), but the
     data's own where that is whole numbers or booleans (token ids: a float would not index)."""
