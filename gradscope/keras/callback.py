@@ -16,6 +16,7 @@ import itertools
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -459,14 +460,19 @@ class GradientFlow(keras.callbacks.Callback):
         warm, self._warm = self._warm, None
         if warm is not None:
             self._warm_up_released.set()  # a warm-up still at its gate traces now
-            try:
-                warm.result()
-            except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
-                if self._pass is not None:
-                    self._pass.forget()
+            self._warmed(warm)
         if self._witnessing is not None:  # the copy's witness calls the model
             self._witnessing.result()
         self._witnessing = None
+
+    def _warmed(self, warm: Future[Any]) -> None:
+        """The trace made beside training, waited for: if it failed, the pass is traced
+        again where it is needed, and raises its error there."""
+        try:
+            warm.result()
+        except Exception:  # noqa: BLE001  (traced again where needed; that error is raised)
+            if self._pass is not None:
+                self._pass.forget()
 
     def _compiles_diagnoses(self) -> bool:
         """Whether this fit's diagnoses scan under XLA: where fit knows its length and takes
@@ -593,20 +599,29 @@ class GradientFlow(keras.callbacks.Callback):
         failed = [f for f in self._pending_work if f.done() and f.exception() is not None]
         if failed:
             self._drain()  # an earlier recording failed: say so now
-        if self._observes_beside(inputs, targets, sample):
-            self._observe_beside(engine, inputs, targets, sample, step, epoch)
-            return
-        self._settle_warm_up()
-        assert self._pass is not None
-        result = self._pass.run(inputs, targets, sample)
-        witness = self._pass.witness(inputs, targets, result, sample)
+        beside = self._observes_beside(inputs, targets, sample)
+        if not beside:
+            self._settle_warm_up()
+        traced = self._pass
+        assert traced is not None
+        # Beside training, the pass runs on the worker from a copy of the weights this step
+        # left (about 2 ms here, where the pass itself took training about 25 ms on
+        # bench/callback_overhead.py's model); else now, here.
+        values = values_now(traced.variables) if beside and traced.variables else None
+
+        def passed() -> tuple[KerasPass, Callable[[], None] | None]:
+            result = traced.run(inputs, targets, sample, values)
+            return result, traced.witness(inputs, targets, result, sample, values)
+
+        now = None if beside else passed()
         # Under a mixed policy: the shares lost at the loss scale, now (None otherwise).
         mixed = self._mixed_precision.observe(engine, inputs, targets, sample)
-        # With per_example=True: explain's per-example section of this batch, now.
-        examples = (None if self._per_example is None else
-                    self._per_example.observe(engine, inputs, targets, sample, result))
+        # With per_example=True (never beside): explain's per-example section of this batch.
+        examples = (None if self._per_example is None or now is None else
+                    self._per_example.observe(engine, inputs, targets, sample, now[0]))
 
         def record() -> None:
+            result, witness = now if now is not None else passed()
             if witness is not None:  # nothing is recorded that Keras' own call contradicts
                 witness()
             if mixed is not None:
@@ -629,36 +644,12 @@ class GradientFlow(keras.callbacks.Callback):
         thread traces the model's layers while this one may (a validation's first
         evaluation). Not with ``per_example``, whose section reads the pass's result here."""
         warm = self._warm
-        if warm is not None and warm.done():  # traced (or failed: traced again where needed)
+        if warm is not None and warm.done():
             self._warm = None
-            if warm.exception() is not None and self._pass is not None:
-                self._pass.forget()
+            self._warmed(warm)
         return (self._original_train_function is not None and self._per_example is None
                 and self._warm is None and self._pass is not None and self._pass.beside
                 and self._pass.takes(inputs, targets, sample))
-
-    def _observe_beside(self, engine: Any, inputs: dict[str, np.ndarray],
-                        targets: dict[str, np.ndarray], sample: Any, step: int,
-                        epoch: int | None) -> None:
-        """The observation's pass run on the worker from a copy of the weights this step left
-        (about 2 ms here, where the pass itself took training about 25 ms on
-        bench/callback_overhead.py's model), then witnessed and recorded there."""
-        traced = self._pass
-        assert traced is not None and traced.variables is not None
-        values = values_now(traced.variables)
-        # Under a mixed policy: the shares lost at the loss scale, now (None otherwise).
-        mixed = self._mixed_precision.observe(engine, inputs, targets, sample)
-
-        def record() -> None:
-            result = traced.run(inputs, targets, sample, values)
-            witness = traced.witness(inputs, targets, result, sample, values)
-            if witness is not None:  # nothing is recorded that Keras' own call contradicts
-                witness()
-            if mixed is not None:
-                mixed(len(self._record_of.observations))
-            self._record(engine, inputs, result, step, epoch)
-
-        self._submit(record)
 
     def _diagnose(self, x: Any, y: Any, step: int, sample_weight: Any = None) -> None:
         """Diagnose every recurrent call on this batch with the weights fit has just updated.

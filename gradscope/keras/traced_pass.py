@@ -219,7 +219,7 @@ class TracedPass:
         self.witnessed = True
         engine = self.engine
         feed, ys = engine.tensors(inputs, targets)
-        variables = all_variables(engine.model)
+        variables = self.variables or all_variables(engine.model)
         if values is None or self.variables is None:
             values = snapshot(variables)
         label = f"GradientFlow on model '{engine.model.name}'"

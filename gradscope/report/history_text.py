@@ -57,12 +57,13 @@ def _none_taken(batches: int | None, every: int | None, name: str) -> str:
 
 
 def header(report: FlowHistoryReport, width: int) -> list[RenderableType]:
-    every = ([] if not report.every else ["one pass every batch"] if report.every == 1
-             else [f"one pass every {report.every} batches"])
-    taken = _taken_at([o.step for o in report.observations], report.every, True) if (
-        report.every) else None
-    if taken:  # found tried as a new user would: every=3 at 2 steps per execution, unsaid
-        every = [every[0].replace("one pass every", "one pass asked every"), taken]
+    every: list[str] = []
+    if report.every:
+        cadence = ("every batch" if report.every == 1
+                   else f"every {report.every} batches")
+        # Found tried as a new user would: every=3 at 2 steps per execution, unsaid.
+        taken = _taken_at([o.step for o in report.observations], report.every, True)
+        every = [f"one pass asked {cadence}", taken] if taken else [f"one pass {cadence}"]
     # "each pass in": found tried as a new user would, a bare "inference mode" read as the
     # training's mode.
     details = pack([_steps(report), *every, f"loss {report.loss}",
