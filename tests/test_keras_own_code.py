@@ -793,8 +793,8 @@ def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any,
     from gradscope.keras import GradientFlow
 
     class OneHot(keras.Model):
-        def __init__(self) -> None:
-            super().__init__()
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
             self.gru = keras.layers.GRU(4, name="gru")
             self.head = keras.layers.Dense(2, name="head")
 
@@ -817,6 +817,18 @@ def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any,
     np.savez(tmp_path / "ids.npz", x=ids[:8], y=y[:8])
     assert gradscope.explain(fresh, str(tmp_path / "ids.npz")).loss.value == pytest.approx(
         report.loss.value, rel=1e-6)
+    # check's float64 copy is built on int32 ids too (found tried as a new user would: built
+    # on float64 zeros, it failed, and check ran in float32).
+    checked = gradscope.check(fresh, x=ids[:8], y=y[:8])
+    assert checked.summary.passed and checked.dtype == "float64", checked.dtype_reason
+    # With no batch of the user's, a model not read before is read from float32 ids: refused,
+    # saying how to give their dtype.
+    unread = OneHot()
+    unread(ids[:1])
+    unread.compile(loss="mse")
+    with pytest.raises(ConfigError, match=r"its inputs read as float32, as no batch of yours "
+                                          r"gave their dtypes: given one, x=… in Python"):
+        gradscope.explain(unread)
     flow = GradientFlow(every=2)
     model.fit(ids, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert [o.step for o in flow.history.observations] == [2]

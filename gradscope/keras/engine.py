@@ -367,7 +367,7 @@ class KerasEngine:
                 warnings.simplefilter("ignore")
                 copy = keras.saving.deserialize_keras_object(config, safe_mode=not self.live)
                 if subclassed:
-                    _built_in(keras, copy, self.model.get_build_config(), dtype)
+                    _built_in(keras, copy, self.model.get_build_config(), dtype, self.model)
             _same_functions(self.model, copy)
             copy.set_weights([np.asarray(w, dtype=dtype) if np.asarray(w).dtype.kind == "f"
                               else w for w in self.model.get_weights()])
@@ -927,15 +927,24 @@ def _carried_states(operation: Any) -> list[Any] | None:
     return list(states)
 
 
-def _built_in(keras: Any, model: Any, build_config: Any, dtype: str) -> None:
+def _built_in(keras: Any, model: Any, build_config: Any, dtype: str, original: Any) -> None:
     """A subclassed model's copy built as its original was, by one call, on zeros of its
     build shape (batch 1) in ``dtype``: Keras' own build would give it float32 inputs, which a
-    call that mixes its input with a layer's output (``x + gru(x)``) cannot add up."""
+    call that mixes its input with a layer's output (``x + gru(x)``) cannot add up. An input
+    of whole numbers (token ids, as the user's data gave them when the ``original``'s graph
+    was read) stays one (found tried as a new user would: a call that one-hot encodes int32
+    ids failed on float64 zeros, and check ran in float32)."""
+    from gradscope.keras.subclassed import input_dtypes
+
     shape = (build_config or {}).get("input_shape")
     if shape is None:
         return
+    shapes: list[Any] = []
+    keras.tree.map_shape_structure(shapes.append, shape)
+    dtypes = iter(input_dtypes(original, len(shapes), None, floats=dtype))
     zeros = keras.tree.map_shape_structure(
-        lambda s: np.zeros([1, *(1 if d is None else int(d) for d in s[1:])], dtype), shape)
+        lambda s: np.zeros([1, *(1 if d is None else int(d) for d in s[1:])], next(dtypes)),
+        shape)
     model(zeros)
 
 

@@ -69,10 +69,14 @@ def file_dtypes(path: str) -> list[str] | None:
     return data_dtypes(numbered) if numbered else None
 
 
-def _input_dtypes(model: Any, count: int, data: list[str] | None) -> list[str]:
-    """The dtype of each symbolic input: the model's (its policy's variable dtype), but the
-    data's own where that is whole numbers or booleans (token ids: a float would not index)."""
-    policy = str(getattr(getattr(model, "dtype_policy", None), "variable_dtype", "float32"))
+def input_dtypes(model: Any, count: int, data: list[str] | None,
+                 floats: str | None = None) -> list[str]:
+    """The dtype of each of the ``count`` inputs of ``model``: ``floats`` (default: the model's
+    policy's variable dtype), but the data's own where that is whole numbers or booleans
+    (token ids: a float would not index); ``data``: the user's inputs' dtypes, else those a
+    read of the model's graph was given (:func:`observed_graph`)."""
+    policy = floats or str(getattr(getattr(model, "dtype_policy", None), "variable_dtype",
+                                   "float32"))
     data = data if data is not None and len(data) == count else _DATA_DTYPES.get(model)
     if data is None or len(data) != count:
         return [policy] * count
@@ -89,7 +93,7 @@ def observed_graph(model: Any, label: str, data: list[str] | None = None) -> Mod
     from gradscope.keras.observed_call import layers_wrapped
 
     shapes = _input_shapes(model, label)
-    dtypes = _input_dtypes(model, len(shapes), data)
+    dtypes = input_dtypes(model, len(shapes), data)
     names = ["x"] if len(shapes) == 1 else [f"x_{k + 1}" for k in range(len(shapes))]
     specs = [keras.KerasTensor(shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes,
                                                                             strict=True)]
@@ -131,8 +135,15 @@ def observed_graph(model: Any, label: str, data: list[str] | None = None) -> Mod
         with layers_wrapped(tracked_layers(model), wrap):
             result = model.compute_output_spec(specs if len(specs) > 1 else specs[0])
     except Exception as exc:  # the user's call, traced: anything
+        # Found tried as a new user would: a call that one-hot encodes int32 ids, explained
+        # with no batch, failed on float32 ones, and nothing said how to give their dtype.
+        unknown = (data is None and _DATA_DTYPES.get(model) is None
+                   and not all(d.startswith(("int", "uint", "bool")) for d in dtypes))
+        hint = (f" (its inputs read as {', '.join(sorted(set(dtypes)))}, as no batch of yours "
+                "gave their dtypes: given one, x=… in Python or --data on the command line, "
+                "they are read with its dtypes)" if unknown else "")
         raise ConfigError(f"{label}: gradscope reads a subclassed model's graph from one "
-                          f"symbolic call of it, which fails: {first_line(exc)}",
+                          f"symbolic call of it, which fails: {first_line(exc)}{hint}",
                           where=label) from None
     finally:
         object.__delattr__(model, "call")
