@@ -834,6 +834,53 @@ def test_a_subclassed_model_of_token_ids_is_read_with_whole_numbers(tf: Any,
     assert [o.step for o in flow.history.observations] == [2]
 
 
+TOKENS = textwrap.dedent('''
+    import keras
+
+
+    @keras.saving.register_keras_serializable("own_code")
+    class Tokens(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding = keras.layers.Embedding(20, 4)
+            self.lstm = keras.layers.LSTM(5)
+            self.head = keras.layers.Dense(3)
+
+        def call(self, ids):
+            return self.head(self.lstm(self.embedding(ids)))
+''')
+
+
+def test_shapes_of_a_subclassed_model_of_token_ids_gives_them_as_integers(
+        tf: Any, tmp_path: Path) -> None:
+    """A subclassed model declares no input dtype: an input its Embedding reads holds token
+    ids, as explain feeds it. Found tried as a new user would: ``shapes`` listed the ids of a
+    saved tokens model (``--import``) as float32, where explain said int32."""
+    import keras
+
+    (tmp_path / "tokens.py").write_text(TOKENS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import tokens  # type: ignore[import-not-found]
+
+        model = tokens.Tokens()
+        model(np.zeros((2, 7), "int32"))
+        model.compile(loss="sparse_categorical_crossentropy")
+        model.save(tmp_path / "tokens.keras")
+        assert [(i.name, i.dtype) for i in gradscope.shapes(model).inputs] == [("x", "int32")]
+        explained = gradscope.explain(model, batch_size=4)
+        assert [i.dtype for i in explained.model.inputs] == ["int32"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("tokens", None)
+    done = run_cli("shapes", "tokens.keras", "--import", "tokens", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["inputs"] == [
+        {"name": "x", "shape": [None, 7], "dtype": "int32"}]
+    # A subclassed model of floats keeps its policy's dtype.
+    assert gradscope.shapes(_subclassed(keras)).inputs[0].dtype == "float32"
+
+
 def test_a_subclassed_models_own_compute_loss_is_the_loss(tf: Any) -> None:
     import keras
 

@@ -87,13 +87,38 @@ def observed_graph(model: Any, label: str, data: list[str] | None = None) -> Mod
     """The graph of a subclassed model, from one symbolic call (see the module). ``data``: the
     dtypes of the user's inputs (:func:`data_dtypes`), where known: an input of whole numbers
     is traced as one (found tried as a new user would: a model whose call one-hot encodes
-    its int32 ids could not be read from float32 ones)."""
+    its int32 ids could not be read from float32 ones). Where they are not known, an input
+    only Embedding layers read is token ids, traced as int32, as explain feeds it (found
+    tried as a new user would: ``shapes`` listed such ids as float32)."""
+    known = data if data is not None and len(data) == len(_input_shapes(model, label)) \
+        else _DATA_DTYPES.get(model)
+    graph = _observed(model, label, known)
+    if known is not None:
+        if data is not None:
+            _DATA_DTYPES[model] = list(data)
+        return graph
+    embedded = [_embedded(graph, ref) for ref in graph.inputs]
+    if not any(embedded):
+        return graph
+    return _observed(model, label, ["int32" if ids else str(ref.dtype)
+                                    for ref, ids in zip(graph.inputs, embedded, strict=True)])
+
+
+def _embedded(graph: ModelGraph, ref: Ref) -> bool:
+    """Whether every layer that reads ``ref`` is an Embedding (and one does)."""
+    readers = graph.consumers(ref)
+    return bool(readers) and all(layer.class_name == "Embedding" for layer, _ in readers)
+
+
+def _observed(model: Any, label: str, known: list[str] | None) -> ModelGraph:
+    """:func:`observed_graph`, its inputs traced with ``known`` dtypes (see
+    :func:`input_dtypes`)."""
     import keras
 
     from gradscope.keras.observed_call import layers_wrapped
 
     shapes = _input_shapes(model, label)
-    dtypes = input_dtypes(model, len(shapes), data)
+    dtypes = input_dtypes(model, len(shapes), known)
     names = ["x"] if len(shapes) == 1 else [f"x_{k + 1}" for k in range(len(shapes))]
     specs = [keras.KerasTensor(shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes,
                                                                             strict=True)]
@@ -137,8 +162,7 @@ def observed_graph(model: Any, label: str, data: list[str] | None = None) -> Mod
     except Exception as exc:  # the user's call, traced: anything
         # Found tried as a new user would: a call that one-hot encodes int32 ids, explained
         # with no batch, failed on float32 ones, and nothing said how to give their dtype.
-        unknown = (data is None and _DATA_DTYPES.get(model) is None
-                   and not all(d.startswith(("int", "uint", "bool")) for d in dtypes))
+        unknown = (known is None and not all(d.startswith(("int", "uint", "bool")) for d in dtypes))
         hint = (f" (its inputs read as {', '.join(sorted(set(dtypes)))}, as no batch of yours "
                 "gave their dtypes: given one, x=… in Python or --data on the command line, "
                 "they are read with its dtypes)" if unknown else "")
@@ -147,8 +171,6 @@ def observed_graph(model: Any, label: str, data: list[str] | None = None) -> Mod
                           where=label) from None
     finally:
         object.__delattr__(model, "call")
-    if data is not None and len(data) == len(shapes):
-        _DATA_DTYPES[model] = list(data)
     outputs = tuple(produced.get(id(t), Ref(yours, 0, k, _shape(t)))
                     for k, t in enumerate(_flat(returned[0] if returned else result)))
     inputs = tuple(Ref(name, 0, 0, tuple(shape), typed[name])
