@@ -89,6 +89,26 @@ def test_a_masked_sequence_loss_says_what_the_mask_counts(tf):
     assert report.to_dict()["loss"]["terms"][0]["counted"] == term.counted
 
 
+def test_a_loss_of_one_term_is_said_as_that_term_not_a_sum(tf):
+    """One output's loss with a setting worth saying: its line stands alone (found tried as a
+    new user would: "the sum of:" above a single term)."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(44)
+    model = keras.Sequential([keras.Input((5, 3)), layers.GRU(4), layers.Dense(3, name="out")])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(9).standard_normal((4, 5, 3)).astype("float32")
+    report = gradscope.explain(model, x=x, y=np.array([0, 1, 2, 1]))
+    (term,) = report.loss.terms
+    lines = render_text(report, 80).splitlines()
+    assert not any("sum of" in line for line in lines)
+    (said,) = [line for line in lines if "out: sparse_categorical_crossentropy" in line]
+    assert said.split() == [f"{term.value:.6g}", "out:", "sparse_categorical_crossentropy", "·",
+                            "from_logits"]
+    assert said.startswith("  ")  # under the loss line, as the terms of a sum are
+
+
 def test_one_number_as_loss_weights_weighs_the_one_loss(tf):
     """``compile(loss="mse", loss_weights=0.5)``: Keras weighs its one loss by 0.5, and so do
     the header and the report's weight (they said 1 when the weights were a bare number)."""

@@ -217,7 +217,8 @@ _DEFAULT_SETTINGS = {"reduction": "sum_over_batch_size", "from_logits": False,
 
 def loss_terms(loss: KerasLossEntry) -> list[RenderableType]:
     """The terms of the loss, one per line, where there is more than the one output loss the
-    header names, or that loss has settings, a weight or a mask worth saying."""
+    header names (as their sum), or that loss has settings, a weight or a mask worth saying
+    (its line alone)."""
     said = [{key: value for key, value in (term.settings or {}).items()
              if _DEFAULT_SETTINGS.get(key, object()) != value} for term in loss.terms]
     plain = (len(loss.terms) == 1 and not said[0] and not loss.terms[0].counted
@@ -237,7 +238,9 @@ def loss_terms(loss: KerasLossEntry) -> list[RenderableType]:
         value = "n/a" if term.value is None else f"{term.value:.6g}"
         table.add_row(Text(value, style="dim"),
                       Text(f"{term.name}: {' · '.join(parts)}", style="dim"))
-    return [Text("  the sum of:", style="dim"), Padding(table, (0, 0, 0, 2))]
+    # One term is the loss itself: said alone, not as a sum of one.
+    return [*([Text("  the sum of:", style="dim")] if len(loss.terms) > 1 else []),
+            Padding(table, (0, 0, 0, 2))]
 
 
 def layer_table(layers: list[KerasLayerEntry], width: int) -> Table:
