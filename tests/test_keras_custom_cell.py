@@ -100,6 +100,24 @@ def test_the_initial_state_gradient_is_keras_own(tf):
     assert layer.summary == f"RNN over the cell {cell}, a state of {UNITS} numbers an example"
 
 
+def test_the_gradients_header_claims_a_shape_check_only_for_the_derived_shapes(tf):
+    """The cell's weights have no derivation, so no algebra checked their shapes: the header
+    says how many were checked (found tried as a new user would: it said "every shape
+    checked against gradscope's algebra" above "no derivation for this layer type")."""
+    from conftest import render_text
+
+    model, x, y = _model(tf)
+    report = gradscope.explain(model, x=x, y=y)
+    derived = [g for g in report.gradients if g.formula is not None]
+    assert 0 < len(derived) < len(report.gradients)
+    text = " ".join(render_text(report, 80).split())
+    assert "every shape checked" not in text
+    assert (f"Gradients of the loss ({len(report.gradients)} tensors; every value is Keras' "
+            f"own; the shapes of the {len(derived)} with a derivation checked against "
+            "gradscope's algebra)") in text
+    assert "no derivation for this layer type" in text
+
+
 def test_check_verifies_the_cell_and_its_initial_state(tf):
     model, x, y = _model(tf)
     report = gradscope.check(model, x=x, y=y)

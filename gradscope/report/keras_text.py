@@ -375,7 +375,7 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         section(f"Layers ({len(report.layers)})"),
         layer_table(report.layers, width),
         section(f"Gradients of the loss ({len(report.gradients)} tensors; every value is "
-                "Keras' own, every shape checked against gradscope's algebra)"),
+                f"Keras' own{_shapes_checked(report.gradients)})"),
         gradient_table(report.gradients, width),
     ]
     if report.initial_state_gradients:
@@ -399,6 +399,18 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         parts += mixed_precision_lines(report.mixed_precision, width)
     parts += timings_lines(report.timings, "\n")
     return parts
+
+
+def _shapes_checked(gradients: list[KerasGradientEntry]) -> str:
+    """Which shapes explain checked against the algebra: those of the weights of a layer with
+    a derivation (a formula); a layer of the user's has none."""
+    derived = sum(entry.formula is not None for entry in gradients)
+    if derived == len(gradients):
+        return ", every shape checked against gradscope's algebra"
+    if derived == 0:
+        return "; no layer has a derivation, so no shape was checked against gradscope's algebra"
+    return (f"; the shapes of the {derived} with a derivation checked against gradscope's "
+            "algebra")
 
 
 def per_example_lines(found: KerasPerExample, width: int) -> list[RenderableType]:
