@@ -125,6 +125,19 @@ def given(name: str, value: object) -> str:
     return f"{name}={value!r}"
 
 
+def imports_given(*sources: str) -> str:
+    """Code for a saved model to import, as the user gives it: ``--import my_layers`` on the
+    command line, ``imports=['my_layers']`` in Python (:func:`gradscope.load_model`'s)."""
+    if _ON_COMMAND_LINE.get():
+        return " ".join(f"--import {source}" for source in sources)
+    return f"imports={list(sources)!r}"
+
+
+def on_the_command_line() -> bool:
+    """Whether messages now spell options as flags (within :func:`on_command_line`)."""
+    return _ON_COMMAND_LINE.get()
+
+
 @contextmanager
 def on_command_line() -> Iterator[None]:
     """Within this block, messages spell options as flags (the CLI runs its commands here)."""

@@ -129,6 +129,48 @@ def test_without_import_the_refusal_names_the_class_and_the_option(project):
     assert "add --import my_layers" in lines[0]
 
 
+def test_from_python_the_refusals_name_the_python_form_of_the_option(project, tmp_path):
+    """The same refusals in Python name ``gradscope.load_model(…, imports=[…])`` (and
+    ``unsafe=True``), which Python takes, not the CLI's flags (found tried as a new user would:
+    ``gradscope.explain("right.keras")`` advised ``add --import my_layers``)."""
+    import gradscope
+    from gradscope.errors import ConfigError
+
+    for call in (gradscope.shapes, gradscope.explain, gradscope.check):
+        with pytest.raises(ConfigError) as refused:
+            call(str(project / "right.keras"))
+        message = str(refused.value)
+        assert "--import" not in message, message
+        assert (f"load it with gradscope.load_model('{project / 'right.keras'}', "
+                "imports=['my_layers']) (the module that defines it; or the path of its .py "
+                "file), and pass the model") in message, message
+    (project / "other.py").write_text("import keras\n")
+    with pytest.raises(ConfigError) as wrong:
+        gradscope.load_model(project / "right.keras", imports=[str(project / "other.py")])
+    assert str(wrong.value).endswith(
+        f"after imports=['{project / 'other.py'}']: import the module that defines and "
+        "registers it (imports=['my_layers'], or imports=['path/to/its_file.py'])")
+    with pytest.raises(ConfigError) as missing:
+        gradscope.load_model(project / "right.keras", imports=["no_such_module"])
+    assert str(missing.value).startswith("imports=['no_such_module']: no module named")
+    (tmp_path / "lam.py").write_text(LAMBDA)
+    assert _python(tmp_path, "lam.py", "lam.keras").returncode == 0
+    with pytest.raises(ConfigError) as code:
+        gradscope.explain(str(tmp_path / "lam.keras"))
+    assert "--unsafe" not in str(code.value)
+    assert (f"or load it with gradscope.load_model('{tmp_path / 'lam.keras'}', unsafe=True) "
+            "if you trust the file (it runs the code stored in it), and pass the model"
+            ) in str(code.value)
+    (tmp_path / "my_losses.py").write_text(LOSS)
+    assert _python(tmp_path, "my_losses.py", "m.keras").returncode == 0
+    with pytest.raises(ConfigError) as loss:
+        gradscope.explain(str(tmp_path / "m.keras"))
+    assert str(loss.value).endswith(
+        f"its saved loss cannot be rebuilt: load it with gradscope.load_model("
+        f"'{tmp_path / 'm.keras'}', imports=['MODULE']) (the module that registers it) and "
+        "pass the model, or pass loss=NAME to use another loss")
+
+
 @pytest.mark.parametrize("how", ["my_layers", "./my_layers.py"])
 def test_with_import_the_custom_layer_has_keras_own_gradient(project, how):
     done = _gradscope(project, "explain", "right.keras", "--import", how, "--data",

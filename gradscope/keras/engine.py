@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
-from gradscope.errors import ConfigError, GradscopeError, first_line
+from gradscope.errors import ConfigError, GradscopeError, first_line, on_the_command_line
 from gradscope.keras.data import time_steps
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
@@ -245,17 +245,22 @@ class KerasEngine:
         except Exception as exc:  # Keras raises many kinds; all mean "not loaded safely"
             first = first_line(exc)
         hint = ""
+        # The ways out as the user gives them: flags, or load_model's in Python.
+        cli = on_the_command_line()
+        importing = ("add --import MODULE (the module that registers it)" if cli else
+                     f"load it with gradscope.load_model({path!r}, imports=['MODULE']) (the "
+                     "module that registers it) and pass the model")
         if "Could not locate" in first:
             # Keras' own advice, and the whole config it prints, say less than the option.
             first = first.split(". Make sure custom")[0]
-            hint = "; if it is your code, add --import MODULE (the module that registers it)"
+            hint = f"; if it is your code, {importing}"
         if compile_saved:
             # Whether the saved loss is what Keras cannot rebuild: then --loss is the way out.
             try:
                 load(False)
-                hint = ("; its saved loss cannot be rebuilt: " + (
-                    "add --import MODULE (the module that registers it), or " if hint else "")
-                    + "pass --loss NAME to use another loss")
+                hint = ("; its saved loss cannot be rebuilt: "
+                        + (f"{importing}, or " if hint else "")
+                        + f"pass {'--loss NAME' if cli else 'loss=NAME'} to use another loss")
             except Exception:  # the model itself does not load: no loss would help
                 pass
         raise ConfigError(f"{path}: Keras cannot load it safely: {first}{hint}", where=path)

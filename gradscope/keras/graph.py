@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradscope.errors import ConfigError
+from gradscope.errors import ConfigError, on_the_command_line
 from gradscope.keras.archive import read_config
 
 #: Layers that hold Python code (bytecode or a function reference): never loaded.
@@ -183,15 +183,19 @@ def refuse_code(graph: ModelGraph) -> None:
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' is a {layer.class_name}: it holds Python "
                 "code, which gradscope never loads or runs unasked (Keras' safe_mode refuses "
-                "it too); replace it with built-in layers, or pass --unsafe if you trust the "
-                "file (it runs the code stored in it)", where=layer.name)
+                "it too); replace it with built-in layers, or "
+                + ("pass --unsafe if you trust the file (it runs the code stored in it)"
+                   if on_the_command_line() else
+                   f"load it with gradscope.load_model({graph.source!r}, unsafe=True) if you "
+                   "trust the file (it runs the code stored in it), and pass the model"),
+                where=layer.name)
         module = layer.module or ""
         if not _is_keras_module(module):
             raise ConfigError(
                 f"{graph.source}: layer '{layer.name}' is a custom class "
                 f"'{layer.registered_name or layer.class_name}' (module {module or 'unknown'}): "
                 "its code is not in the file, and gradscope imports no code unasked; "
-                f"{_import_hint(module)}", where=layer.name)
+                f"{_import_hint(module, graph.source)}", where=layer.name)
         for key, found in _custom_objects(layer.config, ()):
             name = found.get("registered_name") or found.get("class_name")
             module = found.get("module") or ""
@@ -200,7 +204,7 @@ def refuse_code(graph: ModelGraph) -> None:
                 f"{module or 'unknown'}) as its "
                 f"{'/'.join(part for part in key if part != 'config')}: its code is not "
                 "in the file, and gradscope imports no code unasked; "
-                f"{_import_hint(module)}", where=layer.name)
+                f"{_import_hint(module, graph.source)}", where=layer.name)
 
 
 def qualify_custom(config: Any) -> None:
@@ -220,13 +224,20 @@ def qualify_custom(config: Any) -> None:
             qualify_custom(item)
 
 
-def _import_hint(module: str) -> str:
+def _import_hint(module: str, source: str) -> str:
     """The option that brings a custom class's code: its module by name where the file says
-    it, else the file that defines it."""
-    if module and module not in ("__main__", "builtins"):
+    it, else the file that defines it; in Python, :func:`gradscope.load_model`'s
+    ``imports``."""
+    known = bool(module) and module not in ("__main__", "builtins")
+    if on_the_command_line():
         return (f"add --import {module} (the module that defines it; or --import "
-                "path/to/its_file.py)")
-    return "add --import path/to/the_file.py that defines and registers it"
+                "path/to/its_file.py)" if known
+                else "add --import path/to/the_file.py that defines and registers it")
+    return (f"load it with gradscope.load_model({source!r}, "
+            + (f"imports=[{module!r}]) (the module that defines it; or the path of its .py "
+               "file)" if known else
+               "imports=['path/to/the_file.py']) (the file that defines and registers it)")
+            + ", and pass the model")
 
 
 def _is_keras_module(module: str) -> bool:
@@ -270,7 +281,8 @@ def _graph(config: dict[str, Any], source: str) -> ModelGraph:
             raise ConfigError(
                 f"{source}: holds a model of your own class "
                 f"'{config.get('registered_name') or kind}' (module {module}): its code is not "
-                f"in the file, and gradscope imports no code unasked; {_import_hint(module)}",
+                f"in the file, and gradscope imports no code unasked; "
+                f"{_import_hint(module, source)}",
                 where=source)
         raise ConfigError(f"{source}: config.json holds a {kind}, not a model; expected a "
                           "Sequential or functional model", where=source)

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gradscope.errors import ConfigError, first_line
+from gradscope.errors import ConfigError, first_line, imports_given
 from gradscope.keras.live import LOADED_FROM
 
 
@@ -28,7 +28,7 @@ def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
     in order. ConfigError (exit 2) names the one that fails, and why."""
     modules = []
     for source in sources:
-        option = f"--import {source}"
+        option = imports_given(source)
         if source.endswith(".py") or "/" in source or "\\" in source:
             path = Path(source)
             if not path.is_file():
@@ -93,17 +93,18 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
     except Exception as exc:  # noqa: BLE001  (Keras raises many kinds; all mean "not loaded")
         missing = _class_not_found(exc)
         if missing is not None:
-            imported = " ".join(f"--import {source}" for source in imports)
+            imported = imports_given(*imports) if imports else ""
             module = _module_of(config, missing)
             raise ConfigError(
                 f"{path}: Keras could not find the class '{missing}'"
                 + (f" (module {module})" if module else "") + " the file names"
                 + (f", after {imported}" if imported else "")
                 + ": import the module that defines and registers it ("
-                + (f"--import {module}, or " if module else "--import MODULE, or ")
-                + "--import path/to/its_file.py)", where=str(path)) from None
+                + imports_given(module or "MODULE") + ", or "
+                + imports_given("path/to/its_file.py") + ")", where=str(path)) from None
         hint = "" if unsafe else (
-            "; a class it names may need --import MODULE (the module that registers it)")
+            f"; a class it names may need {imports_given('MODULE')} (the module that "
+            "registers it)")
         raise ConfigError(f"{path}: Keras cannot load it{'' if unsafe else ' safely'}: "
                           f"{first_line(exc)}{hint}", where=str(path)) from None
     # Reports name the file (a hook on the object, not its state: Keras does not track it).
