@@ -314,15 +314,16 @@ def test_shapes_of_a_model_object_are_its_variables_and_its_saved_file(compiled_
 
 
 def test_a_backward_direction_s_initial_state_is_carried_from_its_first_step(tf: Any) -> None:
-    """With truncated BPTT, h0 of a direction that runs from the last step back is the grad_y
-    of the state that direction left after the previous batch's first step (Keras' stateful
-    go_backwards carries that one), not of h_T (said so of every direction before)."""
+    """With truncated BPTT (stateful=True), h0 of a direction that runs from the last step
+    back is the grad_y of the state that direction left after the previous batch's first step
+    (Keras' stateful go_backwards carries that one), not of h_T (said so of every direction
+    before)."""
     import keras
 
-    inputs = keras.Input((5, 3))
-    both = keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True),
-                                      name="both")(inputs)
-    last = keras.layers.GRU(3, go_backwards=True, name="last")(both)
+    inputs = keras.Input(batch_shape=(2, 5, 3))
+    both = keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True,
+                                                        stateful=True), name="both")(inputs)
+    last = keras.layers.GRU(3, go_backwards=True, stateful=True, name="last")(both)
     model = keras.Model(inputs, keras.layers.Dense(2)(last))
     model.compile(loss="mse")
     rng = np.random.default_rng(3)
@@ -335,6 +336,38 @@ def test_a_backward_direction_s_initial_state_is_carried_from_its_first_step(tf:
     assert said["both/backward/h0"].endswith(f"previous batch's final h {back}")
     assert said["both/backward/c0"].endswith(f"previous batch's final c {back}")
     assert said["last/h0"].endswith(f"final h {back}")
+
+
+def test_a_zero_initial_state_is_said_a_constant_and_a_wired_one_its_source(tf: Any) -> None:
+    """A seq2seq model: the encoder starts from zeros, which no previous batch feeds, and its
+    final states start the decoder. The encoder's ∂L/∂h0 goes nowhere, with no word of
+    truncated BPTT (found tried as a new user would: it was said to be the grad_y of the
+    previous batch's final h_T, which never reaches an encoder that starts from zeros); the
+    decoder's goes back into the encoder's returned states."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    source, target = keras.Input((6, 3), name="source"), keras.Input((5, 4), name="target")
+    _, h, c = keras.layers.LSTM(8, return_state=True, name="encoder")(source)
+    decoded = keras.layers.LSTM(8, return_sequences=True, name="decoder")(
+        target, initial_state=[h, c])
+    model = keras.Model([source, target], keras.layers.Dense(4, name="head")(decoded))
+    model.compile(loss="mse")
+    rng = np.random.default_rng(4)
+    report = gradscope.explain(model, x=[rng.standard_normal((3, 6, 3)).astype("float32"),
+                                         rng.standard_normal((3, 5, 4)).astype("float32")],
+                               y=rng.standard_normal((3, 5, 4)).astype("float32"))
+    said = {s.name: s for s in report.initial_state_gradients}
+    for name in ("encoder/h0", "encoder/c0"):
+        assert said[name].source.startswith("zeros")
+        assert said[name].flows_to == ("nowhere: the zeros are a constant; a learned "
+                                       "initial state, shared by the examples, would "
+                                       "receive its sum over the batch")
+        assert said[name].stats is not None and said[name].stats.l2 > 0
+    for name, output in (("decoder/h0", 1), ("decoder/c0", 2)):
+        assert said[name].source == f"wired from encoder's returned state (its output {output})"
+        assert said[name].flows_to.startswith(
+            f"back into encoder's returned state (its output {output})")
 
 
 def test_a_stateful_bidirectional_layer_s_carried_states_have_their_gradients(tf: Any) -> None:

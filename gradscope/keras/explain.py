@@ -574,8 +574,11 @@ def _state_entries(graph: ModelGraph, node: LayerNode, index: int, captured: Any
                         f"{_final(note.key, _runs_backwards(node, note.key))}")
         elif captured.state_source == "zeros":
             source = "zeros (Keras' default, made explicit by gradscope)"
-            flows_to = ("nowhere in this batch: with truncated BPTT it is the grad_y of the "
-                        f"previous batch's {_final(note.key, _runs_backwards(node, note.key))}")
+            # No previous batch feeds a start of zeros (found tried as a new user would: a
+            # seq2seq encoder's h0 was said to be truncated BPTT's grad_y, which only a
+            # carried start, stateful=True, is).
+            flows_to = ("nowhere: the zeros are a constant; a learned initial state, shared "
+                        "by the examples, would receive its sum over the batch")
         else:
             origin = wired[k] if k < len(wired) else "another layer"
             source = f"wired from {origin}"
