@@ -65,72 +65,80 @@ tf = import_tensorflow()
 import keras
 import numpy as np
 
-with_callback, batches, every = sys.argv[1] == "callback", int(sys.argv[2]), int(sys.argv[3])
+kinds, batches, every = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
 kind, diagnose_every = sys.argv[4], int(sys.argv[5]) or None
 per_example = sys.argv[6] == "1"
-keras.utils.set_random_seed(0)
-if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
-    steps, features, classes = 100, 64, 10
-    layers = [keras.layers.LSTM(256, return_sequences=True), keras.layers.LSTM(256)]
-else:
-    steps, features, classes = 50, 32, 3
-    if kind == "mixed":  # compile wraps Adam in a LossScaleOptimizer under mixed_float16
-        keras.config.set_dtype_policy("mixed_float16")
-    layers = [keras.layers.GRU(64, return_sequences=True), keras.layers.GRU(32)]
+if kind == "mixed":  # compile wraps Adam in a LossScaleOptimizer under mixed_float16
+    keras.config.set_dtype_policy("mixed_float16")
+
+
+def fit(with_callback, batches):
+    keras.utils.set_random_seed(0)
+    if kind == "lstm256":  # the user-sized model of bench/user_sized.py, 100 steps
+        steps, features, classes = 100, 64, 10
+        layers = [keras.layers.LSTM(256, return_sequences=True), keras.layers.LSTM(256)]
+    else:
+        steps, features, classes = 50, 32, 3
+        layers = [keras.layers.GRU(64, return_sequences=True), keras.layers.GRU(32)]
+        if kind == "masked":
+            layers = [keras.layers.Masking(), *layers]
+    model = keras.Sequential([keras.Input((steps, features)), *layers,
+                              keras.layers.Dense(classes)])
+    model.compile(optimizer="adam",
+                  loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batches * 32, steps, features)).astype("float32")
     if kind == "masked":
-        layers = [keras.layers.Masking(), *layers]
-model = keras.Sequential([keras.Input((steps, features)), *layers,
-                          keras.layers.Dense(classes)])
-model.compile(optimizer="adam",
-              loss=keras.losses.CategoricalCrossentropy(from_logits=True))
-rng = np.random.default_rng(0)
-x = rng.normal(size=(batches * 32, steps, features)).astype("float32")
-if kind == "masked":
-    x[::2, -10:] = 0.0
-y = np.eye(classes, dtype="float32")[rng.integers(0, classes, size=batches * 32)]
-ended, marks = [], []
+        x[::2, -10:] = 0.0
+    y = np.eye(classes, dtype="float32")[rng.integers(0, classes, size=batches * 32)]
+    ended, marks = [], []
+
+    class Ended(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            marks.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            ended.append(time.perf_counter())
+
+    callbacks = []
+    with tempfile.TemporaryDirectory() as log_dir:
+        if with_callback:
+            from gradscope.keras import GradientFlow
+
+            callbacks = [GradientFlow(every=every, log_dir=log_dir,
+                                      diagnose_every=diagnose_every,
+                                      per_example=per_example)]
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[*callbacks, Ended()])
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime + after.ru_stime) - (used.ru_utime + used.ru_stime)
+    observations = len(callbacks[0].history.observations) if callbacks else 0
+    diagnoses = len(callbacks[0].history.diagnosis_steps) if callbacks else 0
+    times = [start, *marks, ended[0]]
+    steps_ms = [1000 * (b - a) for a, b in zip(times, times[1:])]
+    return {{"kind": "callback" if with_callback else "plain", "fit_s": ended[0] - start,
+             "wall_s": wall, "cpu_s": cpu, "teardown_s": wall - (ended[0] - start),
+             "observations": observations, "diagnoses": diagnoses, "steps_ms": steps_ms}}
 
 
-class Ended(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        marks.append(time.perf_counter())
-
-    def on_train_end(self, logs=None):
-        ended.append(time.perf_counter())
-
-
-callbacks = []
-with tempfile.TemporaryDirectory() as log_dir:
-    if with_callback:
-        from gradscope.keras import GradientFlow
-
-        callbacks = [GradientFlow(every=every, log_dir=log_dir, diagnose_every=diagnose_every,
-                                  per_example=per_example)]
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
-              callbacks=[*callbacks, Ended()])
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_SELF)
-cpu = (after.ru_utime + after.ru_stime) - (used.ru_utime + used.ru_stime)
-observations = len(callbacks[0].history.observations) if callbacks else 0
-diagnoses = len(callbacks[0].history.diagnosis_steps) if callbacks else 0
-times = [start, *marks, ended[0]]
-steps_ms = [1000 * (b - a) for a, b in zip(times, times[1:])]
-print(json.dumps({{"fit_s": ended[0] - start, "wall_s": wall, "cpu_s": cpu,
-                  "teardown_s": wall - (ended[0] - start), "observations": observations,
-                  "diagnoses": diagnoses,
-                  "steps_ms": steps_ms}}))
+if len(kinds) > 1:  # --paired: TensorFlow's first fit in a process pays its own set-up
+    fit(False, 20)
+print(json.dumps([fit(k == "callback", batches) for k in kinds]))
 """
 
 
-def run(kind: str, batches: int, every: int, model: str, diagnose_every: int = 0,
-        per_example: bool = False) -> dict[str, float]:
+def run(kinds: list[str], batches: int, every: int, model: str, diagnose_every: int = 0,
+        per_example: bool = False) -> list[dict[str, Any]]:
+    """The fits of ``kinds`` ("plain", "callback"), in that order, in one fresh process."""
     code = FIT.format(repo=str(REPO))
-    result = subprocess.run([sys.executable, "-c", code, kind, str(batches), str(every), model,
-                             str(diagnose_every), "1" if per_example else "0"],
+    result = subprocess.run([sys.executable, "-c", code, ",".join(kinds), str(batches),
+                             str(every), model, str(diagnose_every),
+                             "1" if per_example else "0"],
                             capture_output=True, text=True, check=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return list(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def median_interval(values: list[float], resamples: int = 4000) -> tuple[float, float]:
@@ -211,15 +219,23 @@ def main() -> None:
     parser.add_argument("--per-example", action="store_true",
                         help="GradientFlow(per_example=True): each observation takes explain's "
                              "per-example section too")
+    parser.add_argument("--paired", action="store_true",
+                        help="both fits of a repeat in one process (after a short plain fit "
+                             "that takes TensorFlow's first set-up), in turns first")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error("--repeats must be at least 3")
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "callback": []}
-    for _ in range(args.repeats):
-        for kind in runs:
-            runs[kind].append(run(kind, args.batches, args.every, args.model,
-                                  args.diagnose_every, args.per_example))
+    for repeat in range(args.repeats):
+        # --paired: both fits in one process, in turns first (each process's speed differs
+        # from the next one's by up to a quarter on this machine).
+        orders = ([["plain", "callback"] if repeat % 2 == 0 else ["callback", "plain"]]
+                  if args.paired else [["plain"], ["callback"]])
+        for order in orders:
+            for done in run(order, args.batches, args.every, args.model,
+                            args.diagnose_every, args.per_example):
+                runs[done["kind"]].append(done)
 
     def series(kind: str, key: str) -> list[Any]:
         return [r[key] for r in runs[kind]]
@@ -228,6 +244,7 @@ def main() -> None:
     pairs = [w / p for w, p in zip(watched, plain, strict=True)]
     figures = {
         "batches": args.batches, "every": args.every, "repeats": args.repeats,
+        "paired": args.paired,
         "observations": int(runs["callback"][-1]["observations"]),
         "diagnose_every": args.diagnose_every or None,
         "per_example": args.per_example,
@@ -263,7 +280,8 @@ def main() -> None:
     low, high = figures["median_pair_ratio_95"]
     print(f"ratio of medians {figures['ratio_of_medians']:.3f}, median of pair ratios "
           f"{figures['median_pair_ratio']:.3f} (95% bootstrap interval {low:.3f}–{high:.3f}; "
-          f"{args.repeats} runs each, alternating)")
+          f"{args.repeats} runs each, alternating"
+          f"{'; each pair in one process' if args.paired else ''})")
     teardown = {kind: ", ".join(f"{s:.1f}" for s in series(kind, "teardown_s"))
                 for kind in runs}
     print(f"CPU time (every thread, the whole fit with its teardown): "
