@@ -106,7 +106,7 @@ class InternalError(GradscopeError):
 _ON_COMMAND_LINE: ContextVar[bool] = ContextVar("gradscope_on_command_line", default=False)
 
 #: Options whose flag is not their Python name.
-FLAGS = {"heatmap": "--plot", "max_memory": "--max-memory"}
+FLAGS = {"heatmap": "--plot", "max_memory": "--max-memory", "imports": "--import"}
 
 
 def flag(name: str) -> str:

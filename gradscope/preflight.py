@@ -62,8 +62,9 @@ def check_plot(plot: Path | None, force: bool, output: Path | None = None) -> No
 
 
 def check_user_code(config: str | None, imports: tuple[str, ...], unsafe: bool) -> None:
-    """``--import`` and ``--unsafe`` bring code for a saved ``.keras`` model only."""
-    option = "--unsafe" if unsafe and not imports else "--import"
+    """``--import`` and ``--unsafe`` (``imports=`` and ``unsafe=`` in Python) bring code for a
+    saved ``.keras`` model only."""
+    option = flag("unsafe" if unsafe and not imports else "imports")
     if config is None or not str(config).endswith(".keras"):
         found = (f"{config} is not one (a YAML config or a weights file names no code)"
                  if config else "the embedded seed model is a YAML config, which names no code")
