@@ -311,6 +311,16 @@ def test_shapes_of_a_model_object_are_its_variables_and_its_saved_file(compiled_
     assert saved.pop("loss").replace("saved with the compiled model",
                                      "the model's compiled loss") == live.pop("loss")
     assert live == saved
+    # The title names the model once, as explain's does (found tried as a new user would:
+    # "m.keras (model 'x', loaded with your code) (Subclassed 'x')").
+    from conftest import render_text
+
+    kind = reports[model.name].kind
+    titles = {render_text(report, 100).splitlines()[0].split("  ", 1)[1]
+              for report in (reports[model.name], gradscope.explain(model),
+                             gradscope.shapes(gradscope.load_model(path)))}
+    assert titles == {f"in memory ({kind} '{model.name}')",
+                      f"gru.keras ({kind} '{model.name}')"}
 
 
 def test_a_backward_direction_s_initial_state_is_carried_from_its_first_step(tf: Any) -> None:

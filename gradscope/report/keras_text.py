@@ -150,7 +150,15 @@ def _with_items(row: _Row, width: int) -> Text:
 
 
 def _model_title(command: str, model: KerasModelEntry | KerasShapesReport) -> Text:
-    return title(f"gradscope {command}", f"{_file_name(model.file)} ({model.kind} "
+    # A model object's label names the model already ("model 'x' (in memory)", "m.keras
+    # (model 'x', loaded with your code)", as shapes' file gives it): the title names it once
+    # (found tried as a new user would: "m.keras (model 'x', loaded with your code)
+    # (Subclassed 'x')"), as explain's does.
+    shown = "in memory" if model.file == f"model '{model.name}' (in memory)" else model.file
+    loaded = f" (model '{model.name}', loaded with your code)"
+    if shown.endswith(loaded):
+        shown = shown[:-len(loaded)]
+    return title(f"gradscope {command}", f"{_file_name(shown)} ({model.kind} "
                                          f"'{model.name}')")
 
 
