@@ -80,7 +80,13 @@ def input_dtypes(model: Any, count: int, data: list[str] | None,
     data = data if data is not None and len(data) == count else _DATA_DTYPES.get(model)
     if data is None or len(data) != count:
         return [policy] * count
-    return [d if d.startswith(("int", "uint", "bool")) else policy for d in data]
+    return [d if _whole(d) else policy for d in data]
+
+
+def _whole(dtype: str) -> bool:
+    """Whether ``dtype`` holds whole numbers or booleans (token ids: a float would not
+    index)."""
+    return dtype.startswith(("int", "uint", "bool"))
 
 
 def observed_graph(model: Any, label: str, data: list[str] | None = None) -> ModelGraph:
@@ -162,7 +168,7 @@ def _observed(model: Any, label: str, known: list[str] | None) -> ModelGraph:
     except Exception as exc:  # the user's call, traced: anything
         # Found tried as a new user would: a call that one-hot encodes int32 ids, explained
         # with no batch, failed on float32 ones, and nothing said how to give their dtype.
-        unknown = (known is None and not all(d.startswith(("int", "uint", "bool")) for d in dtypes))
+        unknown = known is None and not all(_whole(d) for d in dtypes)
         hint = (f" (its inputs read as {', '.join(sorted(set(dtypes)))}, as no batch of yours "
                 "gave their dtypes: given one, x=… in Python or --data on the command line, "
                 "they are read with its dtypes)" if unknown else "")
