@@ -1026,7 +1026,11 @@ def test_a_subclassed_model_without_get_config_is_checked_in_its_own_dtype(tf: A
     x, y = _sequences(34)
     model(x)
     model.compile(loss="mse")
-    _explained_exactly(model, x, y)
+    explained = _explained_exactly(model, x, y)
+    # A call that only chains its layers is not said to compute anything between them.
+    said = " ".join(explained.warnings)
+    assert "NoConfig.call computed nothing outside them" in said
+    assert "has no explanation" not in said
     report = gradscope.check(model, x=x, y=y)
     assert report.summary.passed and report.dtype == "float32"
     assert "get_config" in (report.dtype_reason or "")

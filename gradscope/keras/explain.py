@@ -374,9 +374,15 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
     warnings = _warnings(result, gradients)
     warnings += _own_loops(engine, result)
     if graph.your_call is not None:
+        # Found tried as a new user would: a call that only chains its layers was said to
+        # compute something between them that has no explanation.
+        between = (f"what {graph.your_call} computes between them has no explanation"
+                   if graph.computes_between else
+                   f"{graph.your_call} computed nothing outside them: each layer read the "
+                   "inputs or another layer's output")
         warnings.append(f"a subclassed model: every number is Keras' own, and the layers are "
-                        f"read from one symbolic call, listed in the order it made them; what "
-                        f"{graph.your_call} computes between them has no explanation")
+                        f"read from one symbolic call, listed in the order it made them; "
+                        f"{between}")
     unused = unused_targets(job.plan, job.batch.targets)
     if unused:
         warnings.append(f"the targets given for {', '.join(unused)} are not used: the model "

@@ -116,6 +116,18 @@ class ModelGraph:
                     None)
 
     @property
+    def computes_between(self) -> bool:
+        """Whether a subclassed model's call computed a tensor outside its layers that a layer
+        received or the model returned (``x / 255``, a sum of two layers' outputs); False
+        where it only passed its inputs and each layer's output on, and for any other
+        model."""
+        yours = self.your_call
+        received = [ref for layer in self.layers for call in layer.calls
+                    for ref in call.refs()]
+        return yours is not None and any(ref.layer == yours
+                                         for ref in [*received, *self.outputs])
+
+    @property
     def computing_layers(self) -> list[LayerNode]:
         return [layer for layer in self.layers
                 if not layer.is_input and layer.class_name != YOUR_CALL]
