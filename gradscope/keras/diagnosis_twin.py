@@ -55,8 +55,8 @@ class DiagnosisTwin:
         another computation). The model's own call reads ``values`` under Keras'
         StatelessScope, which neither reads nor moves its variables: GradientFlow witnesses
         the copy on its worker while training goes on (on the GRU 64 → GRU 32 of
-        bench/callback_overhead.py, about 0.3 s of CPU: both calls traced in one function;
-        called eagerly where they cannot be traced)."""
+        bench/callback_overhead.py, about 0.4 s of CPU, the first in its process: both calls
+        traced in one function; called eagerly where they cannot be traced)."""
         import keras
         from keras.src.backend.common.stateless_scope import StatelessScope
 
@@ -77,8 +77,8 @@ class DiagnosisTwin:
 
         try:
             try:
-                # Both calls traced in one function: about a third of their CPU time called
-                # eagerly (0.28 s against 0.65 on bench/callback_overhead.py's model).
+                # Both calls traced in one function: 0.43 s of CPU where called eagerly they
+                # took 0.65 s (bench/callback_overhead.py's model, the first in its process).
                 own, copied = self.engine.tf.function(both, autograph=False)(list(values),
                                                                              feed)
             except Exception:  # noqa: BLE001  (a call that only runs eagerly: called so)
