@@ -316,6 +316,32 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf, per_
     assert not np.allclose(recorded, moved, rtol=1e-4)  # the state after it reads otherwise
 
 
+def test_a_fit_that_diagnoses_without_observing_describes_its_run_once(tmp_path, tf):
+    """Found measuring the callback's cost: a fit that diagnosed and never observed built the
+    whole history at every diagnosis, to write the run's description again (the same each
+    time, and longer to build each time). It is written once, and watch reads the run."""
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), keras.layers.GRU(3, name="gru"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).standard_normal((BATCH * 3, STEPS, FEATURES)).astype(
+        "float32")
+    flow = GradientFlow(every=100, diagnose_every=1, log_dir=tmp_path)
+    model.fit(x, x[:, 0, :1], batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[flow])
+    flow.close()
+    values, _ = tensorboard_events(tf, tmp_path)
+    assert set(values["gradscope/run"]) == {1}
+    assert set(values["diagnose/gru/lyapunov_1"]) == {1, 2, 3}
+    read = json.loads(run_without_tensorflow("watch", str(tmp_path), "--json").stdout)
+    assert read["diagnosis_steps"] == [1, 2, 3] and read["observations"] == []
+    assert read["diagnoses"] == flow.history.to_dict()["diagnoses"]
+
+
 def test_a_fit_shorter_than_diagnose_every_says_why_it_has_no_diagnosis(tf):
     """Found tried as a new user would: a fit of 4 batches at diagnose_every=100 printed the
     section's title and nothing under it."""

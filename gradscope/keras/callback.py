@@ -803,8 +803,12 @@ class GradientFlow(keras.callbacks.Callback):
 
         if self._writer is None:
             self._writer = FlowSummaryWriter(tf, self.log_dir)  # type: ignore[arg-type]
-        # The run's description only until it is written (the whole history is built for it).
-        run = None if self._writer.run_written else self._run(self._history())
+        # The run's description once before the first observation, which describes it whole
+        # (the whole history is built for it: a fit that diagnosed without observing built it
+        # at every diagnosis, and wrote it again, each time longer).
+        writer = self._writer
+        run = (None if writer.run_written or writer.run_described
+               else self._run(self._history()))
         self._writer.write_diagnosis(step, readings, skipped, run)
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,

@@ -95,7 +95,11 @@ class FlowSummaryWriter:
         metadata = summary_pb2.SummaryMetadata()
         metadata.plugin_data.plugin_name = PLUGIN
         self.metadata = metadata
+        #: Whether an observation has written the run's description (whole: written once).
         self.run_written = False
+        #: Whether a diagnosis has: before the first observation the description knows no
+        #: weight and no recurrent layer, and stays the same until one comes.
+        self.run_described = False
 
     def _tensor(self, summary: Any, tag: str, value: Any) -> None:
         """gradscope's own plugin tensor: JSON text, or a profile in float64."""
@@ -175,12 +179,12 @@ class FlowSummaryWriter:
     def write_diagnosis(self, step: int, readings: list[CallReading],
                         skipped: list[tuple[str, str]], run: dict[str, Any] | None) -> None:
         """One diagnosis (``GradientFlow(diagnose_every=N)``) at ``step``: the scalars of
-        :func:`~gradscope.training_log.diagnose_scalars` and the readings as JSON; the run's
-        description too until an observation has written it (a diagnosis may come first;
-        ``run`` is None once it is written)."""
+        :func:`~gradscope.training_log.diagnose_scalars` and the readings as JSON; with
+        ``run``, the run's description too (a diagnosis may come before any observation)."""
         summary = summary_pb2.Summary()
         if not self.run_written and run is not None:
             self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
+            self.run_described = True
         self._tensor(summary, DIAGNOSIS_TAG,
                      json.dumps(as_json(readings, skipped), ensure_ascii=False))
         for tag, value in diagnose_scalars(readings).items():
