@@ -133,6 +133,13 @@ def imports_given(*sources: str) -> str:
     return f"imports={list(sources)!r}"
 
 
+def load_it(source: str, argument: str, why: str) -> str:
+    """The way out in Python where the command line's is a flag: load the saved model with
+    :func:`gradscope.load_model`, ``argument`` given (``why``: what it brings), and pass the
+    model."""
+    return f"load it with gradscope.load_model({source!r}, {argument}) {why}, and pass the model"
+
+
 def on_the_command_line() -> bool:
     """Whether messages now spell options as flags (within :func:`on_command_line`)."""
     return _ON_COMMAND_LINE.get()

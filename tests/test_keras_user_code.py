@@ -167,7 +167,7 @@ def test_from_python_the_refusals_name_the_python_form_of_the_option(project, tm
         gradscope.explain(str(tmp_path / "m.keras"))
     assert str(loss.value).endswith(
         f"its saved loss cannot be rebuilt: load it with gradscope.load_model("
-        f"'{tmp_path / 'm.keras'}', imports=['MODULE']) (the module that registers it) and "
+        f"'{tmp_path / 'm.keras'}', imports=['MODULE']) (the module that registers it), and "
         "pass the model, or pass loss=NAME to use another loss")
 
 

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import import_tensorflow, native_stderr_silenced
-from gradscope.errors import ConfigError, GradscopeError, first_line, on_the_command_line
+from gradscope.errors import (
+    ConfigError,
+    GradscopeError,
+    first_line,
+    load_it,
+    on_the_command_line,
+)
 from gradscope.keras.data import time_steps
 from gradscope.keras.graph import INPUT_KEYWORDS
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
@@ -248,8 +254,7 @@ class KerasEngine:
         # The ways out as the user gives them: flags, or load_model's in Python.
         cli = on_the_command_line()
         importing = ("add --import MODULE (the module that registers it)" if cli else
-                     f"load it with gradscope.load_model({path!r}, imports=['MODULE']) (the "
-                     "module that registers it) and pass the model")
+                     load_it(path, "imports=['MODULE']", "(the module that registers it)"))
         if "Could not locate" in first:
             # Keras' own advice, and the whole config it prints, say less than the option.
             first = first.split(". Make sure custom")[0]

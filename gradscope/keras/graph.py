@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradscope.errors import ConfigError, on_the_command_line
+from gradscope.errors import ConfigError, load_it, on_the_command_line
 from gradscope.keras.archive import read_config
 
 #: Layers that hold Python code (bytecode or a function reference): never loaded.
@@ -198,8 +198,8 @@ def refuse_code(graph: ModelGraph) -> None:
                 "it too); replace it with built-in layers, or "
                 + ("pass --unsafe if you trust the file (it runs the code stored in it)"
                    if on_the_command_line() else
-                   f"load it with gradscope.load_model({graph.source!r}, unsafe=True) if you "
-                   "trust the file (it runs the code stored in it), and pass the model"),
+                   load_it(graph.source, "unsafe=True",
+                           "if you trust the file (it runs the code stored in it)")),
                 where=layer.name)
         module = layer.module or ""
         if not _is_keras_module(module):
@@ -245,11 +245,11 @@ def _import_hint(module: str, source: str) -> str:
         return (f"add --import {module} (the module that defines it; or --import "
                 "path/to/its_file.py)" if known
                 else "add --import path/to/the_file.py that defines and registers it")
-    return (f"load it with gradscope.load_model({source!r}, "
-            + (f"imports=[{module!r}]) (the module that defines it; or the path of its .py "
-               "file)" if known else
-               "imports=['path/to/the_file.py']) (the file that defines and registers it)")
-            + ", and pass the model")
+    if known:
+        return load_it(source, f"imports=[{module!r}]",
+                       "(the module that defines it; or the path of its .py file)")
+    return load_it(source, "imports=['path/to/the_file.py']",
+                   "(the file that defines and registers it)")
 
 
 def _is_keras_module(module: str) -> bool:
