@@ -30,6 +30,14 @@ user-sized model instead (input 64 → LSTM 256 → LSTM 256 → Dense 10, 100 s
 sequence zeros (masked); ``--model mixed``: the GRU model under ``mixed_float16`` (Adam in
 Keras' LossScaleOptimizer), whose observations take the mixed-precision section too.
 
+``--paired``: both fits of a repeat in one process, in turns first, after a short plain fit
+that takes TensorFlow's first set-up. The repeats are even, each order as often, and the
+ratio balanced by order is the geometric mean of the medians of the pair ratios with the
+callback's fit second and first: a fit's place in its process weighs as much for the
+callback as against it (four plain fits of 1000 batches in a row, in two processes on a
+quiet machine: 14.9, 14.2, 15.4, 14.3 s and 15.0, 13.3, 16.6, 14.6 s; no order is
+faster every time, and a pair moves by up to a tenth).
+
 ``--diagnose-every N``: the callback diagnoses every recurrent call every N batches too
 (``GradientFlow(diagnose_every=N)``); goals: at most 1.10× at N = 16, 1.2× at N = 4. The
 split then has the diagnosed steps apart.
@@ -39,6 +47,7 @@ split then has the diagnosed steps apart.
 goal is set.
 
     .venv/bin/python bench/callback_overhead.py [--repeats 5] [--batches 200] [--every 50]
+                                                [--paired]
                                                 [--model gru|lstm256|masked|mixed] [--json]
                                                 [--diagnose-every N] [--per-example]
 """
@@ -141,6 +150,15 @@ def run(kinds: list[str], batches: int, every: int, model: str, diagnose_every: 
     return list(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
+def balanced(pairs: list[float]) -> dict[str, float]:
+    """The pair ratios of ``--paired`` runs by order (even repeats: the callback's fit second
+    in its process, odd: first): each order's median, and the geometric mean of the two."""
+    second, first = statistics.median(pairs[0::2]), statistics.median(pairs[1::2])
+    return {"median_pair_ratio_callback_second": second,
+            "median_pair_ratio_callback_first": first,
+            "order_balanced_ratio": float(np.sqrt(second * first))}
+
+
 def median_interval(values: list[float], resamples: int = 4000) -> tuple[float, float]:
     """A 95% percentile-bootstrap interval of the median of ``values`` (a fixed seed: the same
     runs give the same interval)."""
@@ -226,6 +244,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 3:
         parser.error("--repeats must be at least 3")
+    if args.paired and args.repeats % 2:
+        # With an odd count one order has one pair more, and the median of the pair ratios
+        # leans its way wherever a fit's place in its process moves its time.
+        parser.error("--paired needs an even --repeats: each order as often")
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "callback": []}
     for repeat in range(args.repeats):
         # --paired: both fits in one process, in turns first (each process's speed differs
@@ -254,6 +276,9 @@ def main() -> None:
         "ratio_of_medians": statistics.median(watched) / statistics.median(plain),
         "median_pair_ratio": statistics.median(pairs),
         "median_pair_ratio_95": median_interval(pairs),
+        # --paired: the two orders' medians, and their geometric mean, in which a fit's
+        # place in its process weighs as much for the callback as against it.
+        **(balanced(pairs) if args.paired else {}),
         "wall_ratio_of_medians": (statistics.median(series("callback", "wall_s"))
                                   / statistics.median(series("plain", "wall_s"))),
         "cpu_ratio_of_medians": (statistics.median(series("callback", "cpu_s"))
@@ -282,6 +307,11 @@ def main() -> None:
           f"{figures['median_pair_ratio']:.3f} (95% bootstrap interval {low:.3f}–{high:.3f}; "
           f"{args.repeats} runs each, alternating"
           f"{'; each pair in one process' if args.paired else ''})")
+    if args.paired:
+        print(f"by order: the callback's fit second in its process "
+              f"{figures['median_pair_ratio_callback_second']:.3f}, first "
+              f"{figures['median_pair_ratio_callback_first']:.3f}; balanced (their geometric "
+              f"mean) {figures['order_balanced_ratio']:.3f}")
     teardown = {kind: ", ".join(f"{s:.1f}" for s in series(kind, "teardown_s"))
                 for kind in runs}
     print(f"CPU time (every thread, the whole fit with its teardown): "
