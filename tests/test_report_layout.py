@@ -523,3 +523,25 @@ def test_a_sparkline_of_one_level_is_drawn_at_mid_height():
     assert sparkline([3.15, 0.0, 0.0, 0.0]) == "▄   "
     assert sparkline([2.0, 2.0, 2.0]) == "▄▄▄"
     assert sparkline([1.0, 10.0, 100.0]) == "▁▅█"
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_a_backwards_calls_flow_row_keeps_its_qualifier_whole(width):
+    """Found tried as a new user would: at 80 columns a --flow row of a layer that reads its
+    input backwards wrapped "(read" from "backwards)". The qualifier is one word, Keras' own
+    argument: "(go_backwards)"."""
+    from rich.console import Console
+
+    from gradscope.report.keras_text import flow_lines
+    from gradscope.report.models import KerasFlowSection, KerasFlowSequence
+
+    what = "∂L/∂sentence_encoder_reading_right_to_left/h_t"
+    flow = KerasFlowSection(method="the tape", not_analysed=[], flags=[], sequences=[
+        KerasFlowSequence(what=what, kind="state", source="sentence_encoder_reading_right_to_"
+                          "left", norms=[1e-3 * 1.5 ** t for t in range(30)], backwards=True)])
+    console = Console(width=width, record=True, color_system=None)
+    for part in flow_lines(flow, width):
+        console.print(part)
+    text = console.export_text()
+    assert "(go_backwards)" in text, text
+    assert max(cell_len(line) for line in text.splitlines()) <= width

@@ -325,7 +325,9 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     parts: list[RenderableType] = [
         section("Gradient flow over time (log-scale sparklines, t = 0 … T−1; ∂L/∂h_t is the "
                 "total: from above at t plus what flows back from t+1)")]
-    rows = {_norm_label(s.what) + (" (read backwards)" if s.backwards else ""): s.norms
+    # A call that reads its input backwards says so in one word, Keras' own argument (found
+    # tried as a new user would: "(read backwards)" wrapped after "(read" at 80 columns).
+    rows = {_norm_label(s.what) + (" (go_backwards)" if s.backwards else ""): s.norms
             for s in flow.sequences if s.norms}
     for found in flow.influence:
         rows[f"median ‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
