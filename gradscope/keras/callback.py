@@ -806,9 +806,7 @@ class GradientFlow(keras.callbacks.Callback):
         # The run's description once before the first observation, which describes it whole
         # (the whole history is built for it: a fit that diagnosed without observing built it
         # at every diagnosis, and wrote it again, each time longer).
-        writer = self._writer
-        run = (None if writer.run_written or writer.run_described
-               else self._run(self._history()))
+        run = self._run(self._history()) if self._writer.wants_run else None
         self._writer.write_diagnosis(step, readings, skipped, run)
 
     def _record(self, engine: Any, inputs: dict[str, np.ndarray], result: KerasPass,

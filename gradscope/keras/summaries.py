@@ -101,6 +101,12 @@ class FlowSummaryWriter:
         #: weight and no recurrent layer, and stays the same until one comes.
         self.run_described = False
 
+    @property
+    def wants_run(self) -> bool:
+        """Whether a diagnosis written now should carry the run's description: until an
+        observation or a diagnosis has written it."""
+        return not (self.run_written or self.run_described)
+
     def _tensor(self, summary: Any, tag: str, value: Any) -> None:
         """gradscope's own plugin tensor: JSON text, or a profile in float64."""
         summary.value.add(tag=tag, metadata=self.metadata, tensor=make_tensor_proto(value))
@@ -182,7 +188,7 @@ class FlowSummaryWriter:
         :func:`~gradscope.training_log.diagnose_scalars` and the readings as JSON; with
         ``run``, the run's description too (a diagnosis may come before any observation)."""
         summary = summary_pb2.Summary()
-        if not self.run_written and run is not None:
+        if run is not None:
             self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
             self.run_described = True
         self._tensor(summary, DIAGNOSIS_TAG,
