@@ -233,6 +233,43 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
     assert _in_one_function(twin.cache) == [truth.call]
 
 
+def test_reads_of_a_copy_with_dropout_leave_its_moved_state_and_agree_each_time(tf):
+    """A cell with dropout draws its masks even in inference mode, moving its seed generator:
+    the copy's reads do not put that state back (nothing reads it), and each read still
+    reads what diagnose reads on the model; the model's own state is not touched."""
+    import keras
+
+    import gradscope
+    from gradscope.keras.diagnosis_twin import make_twin
+    from gradscope.keras.whole_model import moved_variables
+
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((6, 2)),
+                              keras.layers.GRU(4, dropout=0.3, recurrent_dropout=0.3,
+                                               name="gru"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 6, 2)).astype("float32")
+    y = rng.standard_normal((5, 1)).astype("float32")
+    twin = make_twin(model, None, {"x": x})
+    assert twin is not None
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
+    own = [np.array(v.numpy()) for v in moved_variables(model)]
+    copied = [np.array(v.numpy()) for v in moved_variables(twin.model)]
+    for _ in range(3):
+        readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1,
+                                      False, True)
+        assert not skipped
+        np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, **ROUNDING)
+        assert readings[0].gates == truth.gates
+    assert _in_one_function(twin.cache) == [truth.call]
+    for value, variable in zip(own, moved_variables(model), strict=True):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    assert any(not np.array_equal(variable.numpy(), value)
+               for value, variable in zip(copied, moved_variables(twin.model), strict=True))
+
+
 def test_a_model_with_no_recurrent_layer_says_so(tf):
     """Found tried as a new user would: diagnose exited 0 on a model with no recurrent layer
     (a CI job passed on nothing), and a fit's diagnoses recorded nothing, with no word. The

@@ -121,8 +121,10 @@ class DiagnosisTwin:
             self.model.set_weights(weights)
         # The copy's outputs in the model's order, whatever the copy's inputs are named.
         targets = dict(zip(self.engine.output_names, targets.values(), strict=True))
+        # Each read is given the model's weights (take_weights, hold): nothing reads the
+        # copy's own state, which its calls move (its cells' seed generators).
         found = read_calls(self.engine, inputs, targets, sample_weight, exponents,
-                           measure_horizon, self.cache, compiled)
+                           measure_horizon, self.cache, compiled, put_state_back=False)
         self.ready = True
         return found
 

@@ -17,8 +17,8 @@ import numpy as np
 
 def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                   sample_weight: Any = None, cache: dict[Any, Any] | None = None,
-                  upstream: str | None = None, compiled: bool = False
-                  ) -> tuple[list[Any], dict[str, list[Any]]]:
+                  upstream: str | None = None, compiled: bool = False,
+                  put_state_back: bool = True) -> tuple[list[Any], dict[str, list[Any]]]:
     """Every layer call of one pass, with the tensors it received and returned; and with
     ``upstream`` (a call's label), that call's ∂L/∂(outputs) (the loss Keras computes, with
     the sample weights), as ``engine.run(..., watch_outputs=True)`` gives it: the backward
@@ -28,7 +28,8 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     With ``cache`` (kept by the caller across passes on one engine): the traced function is
     made once and kept there. Where Keras' own call cannot be looked on or traced so (or
     without ``cache``, or in training mode, whose random draws ``engine.run`` seeds at every
-    pass), ``engine.run`` itself, whose replay is witnessed by Keras' own call."""
+    pass), ``engine.run`` itself, whose replay is witnessed by Keras' own call.
+    ``put_state_back``: see ``read_calls``."""
     from gradscope.keras.engine import _eager_call, call_label
     from gradscope.keras.whole_model import losses_kept, moved_state, restore, runs_eagerly
 
@@ -66,7 +67,8 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     forward, traced = kept
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    before = moved_state(engine.model)  # a stateful layer's state is put back
+    # A stateful layer's state is put back.
+    before = moved_state(engine.model) if put_state_back else []
     try:
         with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
             captured, gradients = forward(feed, ys, weights)

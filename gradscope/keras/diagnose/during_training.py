@@ -44,7 +44,8 @@ COMPILED_DIAGNOSES = 50
 def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
                sample_weight: Any = None, exponents: int = EXPONENTS,
                measure_horizon: bool = False, cache: dict[Any, Any] | None = None,
-               compiled: bool = False) -> tuple[list[CallReading], list[tuple[str, str]]]:
+               compiled: bool = False, put_state_back: bool = True,
+               ) -> tuple[list[CallReading], list[tuple[str, str]]]:
     """Every recurrent call of ``engine``'s model on this batch, read with the model's current
     weights; and the (call, reason) of those that cannot be. Keras' own call of the model
     captures each call's input, output, mask and initial state
@@ -60,7 +61,10 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     engine itself: :func:`~gradscope.keras.stepped.engine_cached`). ``compiled``: the
     steppings and the Lyapunov scans of a step linearised by hand run under XLA where they
     compile (``step_call(compiled=True)``, ``lyapunov_logs(compiled=True)``), the exponents
-    then diagnose's to the compute dtype's rounding."""
+    then diagnose's to the compute dtype's rounding. ``put_state_back``: what Keras' call of
+    the model moves (its cells' seed generators, even in inference mode) is given its value
+    back after it; False on GradientFlow's copy, whose state nothing reads (about 0.8 ms of
+    a diagnosis's 2.9 ms of Python on bench/callback_overhead.py's model)."""
     from gradscope.keras.diagnose import exponent_room, is_recurrent
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.gates import known_gates, read_gates
@@ -72,11 +76,12 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     if compiled and not measure_horizon and cache is not None:
         from gradscope.keras.diagnose.one_function import read_in_one_function
 
-        whole = read_in_one_function(engine, inputs, targets, sample_weight, exponents, cache)
+        whole = read_in_one_function(engine, inputs, targets, sample_weight, exponents, cache,
+                                     put_state_back)
         if whole is not None:
             return [_reading(*read, None) for read in whole], []
     calls, _ = captured_pass(engine, inputs, targets, sample_weight, cache,
-                             compiled=compiled)
+                             compiled=compiled, put_state_back=put_state_back)
     readings: list[CallReading] = []
     skipped: list[tuple[str, str]] = []
     for call in calls:

@@ -29,12 +29,13 @@ class _NotInOne(Exception):
 
 def read_in_one_function(engine: Any, inputs: dict[str, np.ndarray],
                          targets: dict[str, np.ndarray], sample_weight: Any, exponents: int,
-                         cache: dict[Any, Any]) -> list[tuple[str, Any, np.ndarray, np.ndarray,
-                                                              Any]] | None:
+                         cache: dict[Any, Any], put_state_back: bool = True,
+                         ) -> list[tuple[str, Any, np.ndarray, np.ndarray, Any]] | None:
     """Every recurrent call's (label, layer, log|R_t[i, i]| (B, T, k), where each step ran
     (B, T), gate reading or None), as ``read_calls(compiled=True)`` reads them, or None where
     the model is read the other way (see the module's docstring). ``cache``: as
-    ``read_calls`` keeps it; the function is traced and compiled once."""
+    ``read_calls`` keeps it; the function is traced and compiled once. ``put_state_back``:
+    see ``read_calls``."""
     from gradscope._tf import native_stderr_silenced, without_grappler
     from gradscope.gradcheck import tolerance
     from gradscope.keras.diagnose.gates import gate_reading
@@ -49,7 +50,8 @@ def read_in_one_function(engine: Any, inputs: dict[str, np.ndarray],
     function, traced = kept
     feed, ys = engine.tensors(inputs, targets)
     weights = engine.weight_tensors(sample_weight)
-    before = moved_state(engine.model)  # a stateful layer's state is put back
+    # A stateful layer's state is put back.
+    before = moved_state(engine.model) if put_state_back else []
     try:
         with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
             found = function(feed, ys, weights)
