@@ -26,7 +26,9 @@ def first_line(exc: BaseException) -> str:
     text = _plain(str(exc))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = lines[0] if lines else type(exc).__name__
-    for line in lines[1:3]:  # a sentence Keras wrapped onto the next line
+    # A sentence Keras wrapped onto the next lines (found tried as a new user would: Keras'
+    # "must override `get_config()` in" ended a reason, its sentence going on two lines more).
+    for line in lines[1:8]:
         if said.endswith((".", ":", ";", "!", "?", "=")) or not line[:1].islower():
             break
         said = f"{said} {line}"

@@ -195,6 +195,23 @@ def test_an_error_whose_value_goes_on_over_lines_says_so():
                     "'var_cell/r:0' shape=(4, 4) dtype=float32 …")
 
 
+def test_a_sentence_keras_wraps_over_several_lines_is_said_whole():
+    """Found tried as a new user would: the TensorFlow tutorial's subclassed text model, which
+    Keras cannot rebuild from its config: the reason stopped at "must override
+    `get_config()` in", Keras' sentence going on over two more lines; its example after it
+    is left out."""
+    from gradscope.errors import first_line
+
+    said = ("\nObject MyModel was created by passing\nnon-serializable argument values in "
+            "`__init__()`,\nand therefore the object must override `get_config()` in\norder "
+            "to be serializable. Please implement `get_config()`.\n\nExample:\n\n\n"
+            "class CustomLayer(keras.layers.Layer):\n    def __init__(self, arg1, **kwargs):\n")
+    assert first_line(TypeError(said)) == (
+        "Object MyModel was created by passing non-serializable argument values in "
+        "`__init__()`, and therefore the object must override `get_config()` in order to be "
+        "serializable. Please implement `get_config()`.")
+
+
 def test_keras_shape_inference_s_advice_is_left_for_the_layer_and_its_error():
     """Found tried as a new user would: a VAE's float64 copy failed in Keras' shape inference,
     whose message wraps the layer's error in three sentences of advice; the reason check gave
