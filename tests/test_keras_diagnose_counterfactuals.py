@@ -599,3 +599,39 @@ def test_a_shut_update_gate_raised_to_1_against_a_copy_changed_by_hand(tf: Any) 
         _model("lstm"), x=x, y=y).layers[0].counterfactuals}
     assert "update_bias_1" not in {c.kind for c in gradscope.diagnose(
         _model("gru"), x=x, y=y).layers[0].counterfactuals}
+
+
+def test_a_model_keras_cannot_copy_says_why_once_for_its_changes(tf: Any) -> None:
+    """Found tried as a new user would: the TensorFlow tutorial's subclassed text model takes
+    arguments Keras cannot serialise and has no get_config: no change can be run on a copy.
+    Each change says so, with Keras' whole sentence (it stopped at "must override
+    `get_config()` in"), and the text says it once for both."""
+    import keras
+    from conftest import render_text
+
+    class Text(keras.Model):
+        def __init__(self, sizes: Any) -> None:  # a dict: not serialisable as Keras asks
+            super().__init__()
+            self.gru = keras.layers.GRU(sizes["units"], return_sequences=True, name="gru")
+            self.out = keras.layers.Dense(1, name="out")
+
+        def call(self, x: Any) -> Any:
+            return self.out(self.gru(x))
+
+    keras.utils.set_random_seed(2)
+    model = Text({"units": 4})
+    model.compile(loss="mse")
+    x, y = _batch()
+    model(x[:1])
+    report = gradscope.diagnose(model, x=x, y=y)
+    changes = report.layers[0].counterfactuals
+    refused = [c for c in changes if not c.applicable]
+    assert [c.kind for c in changes if c.applicable] == ["clipping"] and len(refused) == 2
+    for change in refused:
+        assert change.note is not None
+        assert change.note.startswith("the model is not copied: Keras cannot rebuild it")
+        assert change.note.endswith("in order to be serializable. Please implement "
+                                    "`get_config()`.)")
+    text = " ".join(render_text(report, 80).split())
+    assert text.count("the model is not copied") == 1
+    assert f"{refused[0].change} · {refused[1].change}: the model is not copied" in text

@@ -178,9 +178,19 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
         f"examples the horizon reads, {_examples(rows)}, and before read on them too):")]
     before_h = _horizon_words(layer.horizon.measured, layer.horizon.window)
     before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"
+    said: set[str] = set()
     for change in layer.counterfactuals:
         if not change.applicable:
-            line = _line(f"  {change.change}", [change.note or ""], width)
+            # The changes not run for one reason are said with it once (found tried as a new
+            # user would: a model Keras cannot copy gave its reason twice, three lines each).
+            note = change.note or ""
+            if note in said:
+                continue
+            said.add(note)
+            alike = [c.change for c in layer.counterfactuals
+                     if not c.applicable and (c.note or "") == note]
+            line = _line(f"  {' · '.join(alike)}" if len(alike) > 1 else f"  {change.change}",
+                         [note], width)
             line.stylize("dim")
             parts.append(line)
         elif change.kind == "clipping":
