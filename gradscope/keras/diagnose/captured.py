@@ -67,7 +67,7 @@ def captured_pass(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str,
     forward, traced = kept
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    # A stateful layer's state is put back.
+    # What the call moves (a stateful layer's state, a cell's seed generator) is put back.
     before = moved_state(engine.model) if put_state_back else []
     try:
         with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):

@@ -63,8 +63,8 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
     compile (``step_call(compiled=True)``, ``lyapunov_logs(compiled=True)``), the exponents
     then diagnose's to the compute dtype's rounding. ``put_state_back``: what Keras' call of
     the model moves (its cells' seed generators, even in inference mode) is given its value
-    back after it; False on GradientFlow's copy, whose state nothing reads (about 0.8 ms of
-    a diagnosis's 2.9 ms of Python on bench/callback_overhead.py's model)."""
+    back after it; False on GradientFlow's copy, whose state nothing reads (about 1 ms of a
+    read's 2.9 ms of the worker's CPU on bench/callback_overhead.py's model)."""
     from gradscope.keras.diagnose import exponent_room, is_recurrent
     from gradscope.keras.diagnose.captured import captured_pass
     from gradscope.keras.diagnose.gates import known_gates, read_gates

@@ -50,7 +50,7 @@ def read_in_one_function(engine: Any, inputs: dict[str, np.ndarray],
     function, traced = kept
     feed, ys = engine.tensors(inputs, targets)
     weights = engine.weight_tensors(sample_weight)
-    # A stateful layer's state is put back.
+    # What the call moves (a stateful layer's state, a cell's seed generator) is put back.
     before = moved_state(engine.model) if put_state_back else []
     try:
         with native_stderr_silenced(), without_grappler(), losses_kept(engine.model):
