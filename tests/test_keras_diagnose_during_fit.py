@@ -199,27 +199,35 @@ def test_a_custom_loop_diagnoses_the_model_itself_at_the_steps_observe_divides(t
     assert history.diagnoses[0].gates == [truth.gates]
 
 
+def _twin_and_truth(model, seed):
+    """A batch of 5 sequences of (6, 2) for ``model`` (compiled here with mse), the model's
+    copy witnessed on it, and what diagnose reads of its first recurrent call."""
+    import gradscope
+    from gradscope.keras.diagnosis_twin import make_twin
+
+    model.compile(loss="mse")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((5, 6, 2)).astype("float32")
+    y = rng.standard_normal((5, 1)).astype("float32")
+    twin = make_twin(model, None, {"x": x})
+    assert twin is not None
+    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
+    return x, y, twin, truth
+
+
 def test_a_functional_model_is_diagnosed_on_its_copy(tf):
     """Keras' copy of a functional model renames its input layer: the copy still serves (the
     diagnoses of fit then run beside training), and reads what diagnose reads on the model,
     under XLA too (as a fit of many diagnoses scans)."""
     import keras
 
-    import gradscope
-    from gradscope.keras.diagnosis_twin import make_twin
 
     keras.utils.set_random_seed(3)
     inputs = keras.Input((6, 2))
     model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.GRU(4)(inputs)))
-    model.compile(loss="mse")
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((5, 6, 2)).astype("float32")
-    y = rng.standard_normal((5, 1)).astype("float32")
-    twin = make_twin(model, None, {"x": x})
-    assert twin is not None
+    x, y, twin, truth = _twin_and_truth(model, 2)
     assert [layer.name for layer in twin.model.layers][1:] == [
         layer.name for layer in model.layers][1:]
-    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
     for compiled, close in ((False, {"rtol": 1e-9}), (True, ROUNDING)):
         readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, 1, False,
                                       compiled)
@@ -239,8 +247,6 @@ def test_reads_of_a_copy_with_dropout_leave_its_moved_state_and_agree_each_time(
     reads what diagnose reads on the model; the model's own state is not touched."""
     import keras
 
-    import gradscope
-    from gradscope.keras.diagnosis_twin import make_twin
     from gradscope.keras.whole_model import moved_variables
 
     keras.utils.set_random_seed(4)
@@ -248,13 +254,7 @@ def test_reads_of_a_copy_with_dropout_leave_its_moved_state_and_agree_each_time(
                               keras.layers.GRU(4, dropout=0.3, recurrent_dropout=0.3,
                                                name="gru"),
                               keras.layers.Dense(1, name="out")])
-    model.compile(loss="mse")
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((5, 6, 2)).astype("float32")
-    y = rng.standard_normal((5, 1)).astype("float32")
-    twin = make_twin(model, None, {"x": x})
-    assert twin is not None
-    truth = gradscope.diagnose(model, x=x, y=y, exponents=1, counterfactuals=False).layers[0]
+    x, y, twin, truth = _twin_and_truth(model, 6)
     own = [np.array(v.numpy()) for v in moved_variables(model)]
     copied = [np.array(v.numpy()) for v in moved_variables(twin.model)]
     for _ in range(3):
