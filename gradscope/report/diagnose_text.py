@@ -189,8 +189,7 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             said.add(note)
             alike = [c.change for c in layer.counterfactuals
                      if not c.applicable and (c.note or "") == note]
-            line = _line(f"  {' · '.join(alike)}" if len(alike) > 1 else f"  {change.change}",
-                         [note], width)
+            line = _line(f"  {' · '.join(alike)}", [note], width)
             line.stylize("dim")
             parts.append(line)
         elif change.kind == "clipping":
