@@ -437,7 +437,11 @@ def test_a_diagnosis_reads_evenly_spaced_examples_with_the_weights_its_step_left
     and 9 of its batch, with the weights its step left. After the first (held here until it
     ends), each diagnosis reads the model's weights as its step left them (copied into the
     copy's variables in one traced function, then read beside training): a stale copy would
-    read the weights of the step before."""
+    read the weights of the step before. The third is taken while the worker is still busy
+    (a job of 0.5 s given to it after the second): it is queued with copies of the weights
+    its step left, and training does not wait."""
+    import time
+
     import keras
 
     import gradscope
@@ -459,6 +463,8 @@ def test_a_diagnosis_reads_evenly_spaced_examples_with_the_weights_its_step_left
             ready[batch + 1] = getattr(flow._twin, "ready", False)
             weights[batch + 1] = self.model.get_weights()
             flow.history  # noqa: B018  (waits for the first diagnosis, beside training)
+            if batch + 1 == 2:
+                flow._submit(time.sleep, 0.5)  # the worker busy at the third diagnosis
 
     model.fit(x, y, batch_size=10, epochs=1, shuffle=False, verbose=0,
               callbacks=[flow, KeepWeights()])
