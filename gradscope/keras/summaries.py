@@ -80,6 +80,21 @@ def profile_image(profiles: list[list[float] | None]) -> tuple[np.ndarray, str]:
     return np.round(image).astype(np.uint8)[None], description
 
 
+#: TensorBoard's own scalar entry (``scalar_pb``), each scalar written a copy of it with its
+#: tag and value: the same bytes, in about a fifth of the time (12 scalars a diagnosis).
+_SCALAR = scalar_pb("scalar", 0.0).value[0]
+
+
+def add_scalar(summary: Any, tag: str, value: float) -> None:
+    """``value`` added to ``summary`` under ``tag``, as ``scalar_pb(tag, value)`` builds it
+    (a float32 tensor of shape (), TensorBoard's scalar metadata; the protocol buffer rounds
+    the value to float32 as ``scalar_pb`` does)."""
+    entry = summary.value.add()
+    entry.CopyFrom(_SCALAR)
+    entry.tag = tag
+    entry.tensor.float_val[0] = float(value)
+
+
 class FlowSummaryWriter:
     """One ``tf.summary`` file writer in ``log_dir``; flushed after every observation, so that
     ``gradscope watch`` and TensorBoard see each one as it happens.
@@ -118,7 +133,7 @@ class FlowSummaryWriter:
         summary = summary_pb2.Summary()
 
         def scalar(tag: str, value: float) -> None:
-            summary.value.extend(scalar_pb(tag, value).value)
+            add_scalar(summary, tag, value)
 
         index = len(history.observations) - 1
         observation = history.observations[index]
@@ -194,7 +209,7 @@ class FlowSummaryWriter:
         self._tensor(summary, DIAGNOSIS_TAG,
                      json.dumps(as_json(readings, skipped), ensure_ascii=False))
         for tag, value in diagnose_scalars(readings).items():
-            summary.value.extend(scalar_pb(tag, value).value)
+            add_scalar(summary, tag, value)
         self._written(summary, step)
 
     def _written(self, summary: Any, step: int) -> None:
