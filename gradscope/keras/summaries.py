@@ -81,7 +81,8 @@ def profile_image(profiles: list[list[float] | None]) -> tuple[np.ndarray, str]:
 
 
 #: TensorBoard's own scalar entry (``scalar_pb``), each scalar written a copy of it with its
-#: tag and value: the same bytes, in about a fifth of the time (12 scalars a diagnosis).
+#: tag and value: the same bytes, without its metadata and tensor built anew for each (a
+#: diagnosis's 12 scalars and its write 1.61 -> 0.92 ms).
 _SCALAR = scalar_pb("scalar", 0.0).value[0]
 
 
