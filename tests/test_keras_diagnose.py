@@ -1,10 +1,12 @@
 """gradscope/keras/diagnose/ (with trajectory.py, gates.py, horizon.py): the dynamics of every
 recurrent call, each figure held to a computation written here.
 
-The truths never come from gradscope: the exponents from a float64 QR of ``batch_jacobian``s
-of Keras' own cell, stepped in an eager Python loop, and from the eigenvalues of a linear
-recurrence whose W is chosen; the gate shares from a NumPy forward pass of Keras' equations;
-the horizon from Keras' own layer under a tape; the step-Jacobian norms from an SVD. In
+The truths never come from gradscope: the exponents from a float64 QR of the step Jacobians
+of Keras' own cell, stepped in an eager Python loop, each Jacobian's rows from one tape's
+backward pass over copies of every example (a copy per row: ``_rows_by_copies``), and from
+the eigenvalues of a linear recurrence whose W is chosen; the gate shares from a NumPy
+forward pass of Keras' equations; the horizon from Keras' own layer under a tape (its rows
+so too); the step-Jacobian norms from an SVD. In
 training mode with dropout, the same truths with the masks Keras' own cells draw, held to
 Keras' own training-mode call.
 """
@@ -120,27 +122,51 @@ def _sequences(tf: Any, model: Any, name: str, x: np.ndarray) -> list[np.ndarray
     return pairs
 
 
+def _rows_by_copies(tf: Any, x: Any, size: int, f: Any) -> np.ndarray:
+    """∂f(x)[b, i]/∂x[b] (B, ``size``, *x's rest) for every example b and output i of ``f``,
+    by one tape and one backward pass: every example copied ``size`` times in a row, copy i's
+    output i summed. The examples of a Keras cell's or layer's call are independent, so copy
+    i's gradient is row i of its example's Jacobian, the rows a ``batch_jacobian`` of the
+    same call gives (a backward pass each). ``f`` takes the copies (B·size, ...) and returns
+    (B·size, size); what else it reads per example it copies as :func:`_copies` does."""
+    batch = int(x.shape[0])
+    copies = _copies(tf, x, size)
+    with tf.GradientTape() as tape:
+        tape.watch(copies)
+        out = tf.reshape(f(copies), [batch, size, size])
+        picked = tf.reduce_sum(tf.linalg.diag_part(out))
+    rows = np.asarray(tape.gradient(picked, copies), np.float64)
+    return rows.reshape(batch, size, *rows.shape[1:])
+
+
+def _copies(tf: Any, x: Any, size: int) -> Any:
+    """Every example of ``x`` ``size`` times in a row (example b's copies at b·size...)."""
+    return tf.repeat(tf.convert_to_tensor(x), size, axis=0)
+
+
 def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any],
               masks: tuple[Any, Any] | None = None) -> np.ndarray:
     """∂(new states)/∂(states) of one step of Keras' own cell, per example; with ``masks``
-    (a row per example), in training mode, the cell holding them."""
+    (a row per example), in training mode, the cell holding them (each row copied with its
+    example)."""
     import keras
 
     widths = [int(s.shape[1]) for s in states]
-    joined = tf.concat(states, 1)
+    size = sum(widths)
     if masks is not None:
-        cell._dropout_mask, cell._recurrent_dropout_mask = masks
+        cell._dropout_mask, cell._recurrent_dropout_mask = (
+            [_copies(tf, m, size) for m in held] for held in masks)
+
+    def step(joined: Any) -> Any:
+        _, new = cell(_copies(tf, x_t, size), list(tf.split(joined, widths, 1)),
+                      training=masks is not None)
+        return tf.concat(list(keras.tree.flatten(new)), 1)
+
     try:
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(joined)
-            _, new = cell(x_t, list(tf.split(joined, widths, 1)), training=masks is not None)
-            new = tf.concat(list(keras.tree.flatten(new)), 1)
-            columns = [new[:, i] for i in range(sum(widths))]
+        return _rows_by_copies(tf, tf.concat(states, 1), size, step)
     finally:
         cell.reset_dropout_mask()
         cell.reset_recurrent_dropout_mask()
-    rows = [tape.gradient(column, joined) for column in columns]
-    return np.stack([np.asarray(r, np.float64) for r in rows], axis=1)
 
 
 def _qr_logs(jacobians: list[np.ndarray], start: np.ndarray | None = None) -> np.ndarray:
@@ -311,15 +337,27 @@ def test_measured_horizon_against_a_tape(tf: Any, lstm_case: Any) -> None:
 
 
 def _assert_horizon_by_tape(tf: Any, entry: Any, layer: Any, inputs: Any,
-                            training: bool = False) -> None:
+                            drawn: tuple[Any, Any, Any] | None = None) -> None:
     """``entry``'s measured horizon and ratios against ‖∂h_t/∂x_s‖ per example from Keras'
-    own ``layer`` called on ``inputs`` under a tape, the whole sequence."""
+    own ``layer`` called on ``inputs`` under a tape, the whole sequence (its rows by
+    :func:`_rows_by_copies`). With ``drawn``, in training mode: the masks the layer's call
+    draws, held with each example's copies, and the outputs of that call, drawing them
+    itself, which the copies' outputs must equal."""
     steps = entry.horizon.steps
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        picked = tf.reshape(tf.gather(layer(inputs, training=training), steps, axis=1),
-                            [B, -1])
-    jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
+    size = len(steps) * int(layer.cell.units)
+    whole = []
+
+    def call(copies: Any) -> Any:
+        if drawn is not None:
+            layer.cell._dropout_mask, layer.cell._recurrent_dropout_mask = (
+                [_copies(tf, m, size) for m in held] for held in drawn[:2])
+        out = layer(copies, training=drawn is not None)
+        whole.append(out)
+        return tf.reshape(tf.gather(out, steps, axis=1), [-1, size])
+
+    jac = _rows_by_copies(tf, inputs, size, call)  # (B, t·u, T, F)
+    if drawn is not None:
+        np.testing.assert_allclose(whole[0][::size], drawn[2], rtol=1e-5, atol=1e-6)
     jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
     rows = []
     for k, t in enumerate(steps):
@@ -360,12 +398,14 @@ def test_a_masked_step_is_left_out_of_the_horizon_not_counted_as_no_influence(
     inputs = tf.convert_to_tensor(x)
     mask = np.any(x != 0, axis=-1)  # (B, T) input order
     steps = entry.horizon.steps  # processing order
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
+    size = len(steps) * 4
+
+    def call(copies: Any) -> Any:
         # go_backwards: Keras' sequence is in processing order, step t read input T−1−t
-        out = layer(inputs, mask=tf.convert_to_tensor(mask))
-        picked = tf.reshape(tf.gather(out, steps, axis=1), [B, -1])
-    jac = np.asarray(tape.batch_jacobian(picked, inputs), np.float64)  # (B, t·u, T, F)
+        out = layer(copies, mask=_copies(tf, mask, size))
+        return tf.reshape(tf.gather(out, steps, axis=1), [-1, size])
+
+    jac = _rows_by_copies(tf, inputs, size, call)  # (B, t·u, T, F)
     jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
     order = np.arange(T)[::-1] if backwards else np.arange(T)  # processing → input step
     rows, zeros = [], []
@@ -799,12 +839,16 @@ def test_a_conv_lstm_is_diagnosed_with_its_feature_maps_read_flat(tf: Any) -> No
     q = np.tile(np.eye(size), (3, 1, 1))
     for t in range(steps):
         joined = tf.concat([tf.reshape(s, (3, -1)) for s in states], 1)
-        with tf.GradientTape() as tape:
-            tape.watch(joined)
-            h, c = tf.split(joined, 2, axis=1)
-            _, new = conv.cell(x[:, t], [tf.reshape(h, (3, *shape)), tf.reshape(c, (3, *shape))])
-            flat = tf.concat([tf.reshape(n, (3, -1)) for n in keras.tree.flatten(new)], 1)
-        jacobian = np.asarray(tape.batch_jacobian(flat, joined), np.float64)
+
+        def step(copies: Any, t: int = t) -> Any:
+            h, c = tf.split(copies, 2, axis=1)
+            _, new = conv.cell(_copies(tf, x[:, t], size),
+                               [tf.reshape(h, (-1, *shape)), tf.reshape(c, (-1, *shape))])
+            return tf.concat([tf.reshape(n, (-1, size // 2)) for n in keras.tree.flatten(new)],
+                             1)
+
+        jacobian = _rows_by_copies(tf, joined, size, step)
+        _, new = conv.cell(x[:, t], states)
         for example in range(3):
             q[example], r = np.linalg.qr(jacobian[example] @ q[example])
             logs[example] += np.log(np.abs(np.diag(r)))
@@ -879,7 +923,7 @@ def dropped(tf: Any, dropout_case: Any) -> dict[str, Any]:
 def test_dropout_exponents_and_step_norms_against_keras_own_cell_with_its_masks(
         tf: Any, dropout_case: Any, dropped: dict[str, Any]) -> None:
     """Training mode, dropout and recurrent_dropout 0.3: the exponents against a float64 QR
-    of batch_jacobians of Keras' own cell holding the masks the call drew, the norm of every
+    of the step Jacobians of Keras' own cell holding the masks the call drew, the norm of every
     step Jacobian against their SVD (per step, and per pair by Lanczos and exactly). The
     LSTM's J_t is singular at every step (its output gate's recurrent mask drops units):
     as many exponents as the SVD finds singular values at rounding level are −∞, and only
@@ -991,7 +1035,8 @@ def test_dropout_gate_shares_against_a_numpy_pass_with_the_masks(
 def test_dropout_measured_horizon_against_a_tape_through_keras_own_training_call(
         tf: Any, dropout_case: Any) -> None:
     """‖∂h_t/∂x_s‖ per example from Keras' own layer called in training mode under a tape,
-    seeded as the diagnosis was: the layer draws its own masks, as the call did."""
+    seeded as the diagnosis was: the masks the layer draws itself, as the call did (its
+    outputs drawing them held to the copies' holding them)."""
     import keras
 
     from gradscope.keras.whole_model import seed_random_draws
@@ -1000,9 +1045,20 @@ def test_dropout_measured_horizon_against_a_tape_through_keras_own_training_call
     for name in ("lstm", "gru"):
         entry = next(e for e in report.layers if e.call == name)
         layer = model.get_layer(name)
+        upstream = keras.Model(model.inputs, layer.input)
         seed_random_draws(model, DROP_SEED)
-        inputs = tf.convert_to_tensor(keras.Model(model.inputs, layer.input)(x, training=True))
-        _assert_horizon_by_tape(tf, entry, layer, inputs, training=True)
+        inputs = tf.convert_to_tensor(upstream(x, training=True))
+        own = np.asarray(layer(inputs, training=True))  # drawing its masks itself
+        # The same draws again, as the layer's call makes them (Keras' RNN.call: the input
+        # mask from the first step's input, the recurrent one from the zero state).
+        seed_random_draws(model, DROP_SEED)
+        np.testing.assert_array_equal(upstream(x, training=True), inputs)
+        cell = layer.cell
+        masks = (cell.get_dropout_mask(inputs[:, 0]),
+                 cell.get_recurrent_dropout_mask(tf.zeros((B, cell.units))))
+        cell.reset_dropout_mask()
+        cell.reset_recurrent_dropout_mask()
+        _assert_horizon_by_tape(tf, entry, layer, inputs, (*masks, own))
 
 
 def test_during_training_reads_a_training_mode_call_with_dropout_as_diagnose_does(
@@ -1282,7 +1338,7 @@ def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> No
     """Found tried as a new user would: RNN(StackedRNNCells([LSTMCell, GRUCell])) was not
     diagnosed ("LSTMCell.call(): list index out of range": its states went to the stack flat,
     where it takes one entry per cell). Its exponents against a float64 QR of the
-    batch_jacobians of Keras' own stack, called here with its states nested: [[h, c], h]."""
+    step Jacobians of Keras' own stack, called here with its states nested: [[h, c], h]."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -1300,18 +1356,17 @@ def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> No
     def nested(flat: list[Any]) -> list[Any]:
         return [[flat[0], flat[1]], flat[2]]
 
+    def step(x_t: Any, joined: Any) -> Any:
+        _, new = cell(x_t, nested(list(tf.split(joined, [3, 3, 2], 1))))
+        return tf.concat(list(keras.tree.flatten(new)), 1)
+
     states = [tf.zeros((x.shape[0], n)) for n in (3, 3, 2)]
     jacobians = []
     for t in range(x.shape[1]):
         joined = tf.concat(states, 1)
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(joined)
-            _, new = cell(tf.constant(x[:, t]), nested(list(tf.split(joined, [3, 3, 2], 1))))
-            new = tf.concat(list(keras.tree.flatten(new)), 1)
-            columns = [new[:, i] for i in range(8)]
-        jacobians.append(np.stack([np.asarray(tape.gradient(c, joined), np.float64)
-                                   for c in columns], axis=1))
-        states = list(tf.split(new, [3, 3, 2], 1))
+        jacobians.append(_rows_by_copies(
+            tf, joined, 8, lambda copies, t=t: step(_copies(tf, x[:, t], 8), copies)))
+        states = list(tf.split(step(tf.constant(x[:, t]), joined), [3, 3, 2], 1))
     assert entry.state_size == 8 and entry.gates is None
     np.testing.assert_allclose(entry.lyapunov, _qr_exponents(jacobians), rtol=1e-4,
                                atol=1e-5)
