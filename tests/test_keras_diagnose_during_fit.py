@@ -4,7 +4,7 @@ TensorBoard's event files and in `gradscope watch`.
 The truth is the diagnose API run afterwards on the same weights (kept by a callback after
 GradientFlow at each diagnosed step) and the same batch (fit runs unshuffled, so batch k is
 rows 8k…8k+7): an independent path (its own engine, its own run), itself held to QR of
-batch_jacobians in test_keras_diagnose.py. (Its MirroredStrategy case is in
+Keras' own step Jacobians in test_keras_diagnose.py. (Its MirroredStrategy case is in
 test_keras_distributed.py.)
 """
 
@@ -294,8 +294,82 @@ def test_a_model_with_no_recurrent_layer_says_so(tf):
         "the model", "it has no recurrent layer call: nothing to diagnose", [1])
 
 
+_STATEFUL_BATCH, _STATEFUL_STEPS = 4, 9
+
+
+def _stateful_data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4 * _STATEFUL_BATCH, _STATEFUL_STEPS, 2)).astype("float32") + 1.0
+    return x, x[:, -2:, 0].sum(1, keepdims=True)
+
+
+def _stateful_trained(keras, *callbacks, per_execution=1):
+    """A stateful GRU fitted an epoch on :func:`_stateful_data` with ``callbacks``."""
+    x, y = _stateful_data()
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((_STATEFUL_STEPS, 2), batch_size=_STATEFUL_BATCH),
+                              keras.layers.GRU(4, stateful=True, name="gru"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=per_execution)
+    model.fit(x, y, batch_size=_STATEFUL_BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=list(callbacks))
+    return model
+
+
+@pytest.fixture(scope="module")
+def stateful_plain(tf):
+    """The fits without GradientFlow of :func:`_stateful_trained`, each fitted once for the
+    cases that share it: by steps_per_execution, its weights, its carried state after the
+    epoch, and the carried state as each batch started (seen one step at a time by a
+    callback that only reads it: with steps_per_execution 1, every batch's)."""
+    import keras
+
+    class Start(keras.callbacks.Callback):  # the carried state as each batch starts
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[np.ndarray] = []
+
+        def on_train_batch_begin(self, index, logs=None):
+            self.seen.append(self.model.get_layer("gru").states[0].numpy().copy())
+
+    fits = {}
+
+    def plain(per_execution):
+        if per_execution not in fits:
+            start = Start()
+            model = _stateful_trained(keras, start, per_execution=per_execution)
+            fits[per_execution] = (model.get_weights(),
+                                   model.get_layer("gru").states[0].numpy().copy(), start.seen)
+        return fits[per_execution]
+
+    return plain
+
+
+@pytest.fixture(scope="module")
+def stateful_diagnosed(tf):
+    """The exponents diagnose finds for a fitted :func:`_stateful_trained` on the last batch,
+    from a given carried state: each diagnosed once for the cases whose weights and state are
+    the same (bit for bit: keyed by their bytes)."""
+    import gradscope
+
+    found = {}
+
+    def lyapunov(model, state):
+        key = (state.tobytes(), *(w.tobytes() for w in model.get_weights()))
+        if key not in found:
+            model.get_layer("gru").states[0].assign(state)
+            x, y = _stateful_data()
+            found[key] = gradscope.diagnose(
+                model, x=x[-_STATEFUL_BATCH:], y=y[-_STATEFUL_BATCH:], exponents=4,
+                counterfactuals=False).layers[0].lyapunov
+        return found[key]
+
+    return lyapunov
+
+
 @pytest.mark.parametrize("per_execution", [1, 2])
-def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf, per_execution):
+def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(
+        tf, per_execution, stateful_plain, stateful_diagnosed):
     """Found tried as a new user would: a stateful GRU's diagnosis during fit stepped its
     batch from the state the step left (after the batch), not the one the batch started
     from: λ₁ -0.44035 against -0.44091. The observation and the diagnosis now rerun the
@@ -306,50 +380,20 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(tf, per_
 
     from gradscope.keras import GradientFlow
 
-    batch, steps = 4, 9
-
-    class Start(keras.callbacks.Callback):  # the carried state as each batch starts
-        def __init__(self) -> None:
-            super().__init__()
-            self.seen: list[np.ndarray] = []
-
-        def on_train_batch_begin(self, index, logs=None):
-            self.seen.append(self.model.get_layer("gru").states[0].numpy().copy())
-
-    def trained(*callbacks, per_execution=1):
-        keras.utils.set_random_seed(3)
-        model = keras.Sequential([keras.Input((steps, 2), batch_size=batch),
-                                  keras.layers.GRU(4, stateful=True, name="gru"),
-                                  keras.layers.Dense(1)])
-        model.compile(optimizer="adam", loss="mse", steps_per_execution=per_execution)
-        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
-                  callbacks=list(callbacks))
-        return model
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((4 * batch, steps, 2)).astype("float32") + 1.0
-    y = x[:, -2:, 0].sum(1, keepdims=True)
     flow = GradientFlow(every=4, diagnose_every=4, diagnose_exponents=4)
-    model = trained(flow, per_execution=per_execution)
+    model = _stateful_trained(keras, flow, per_execution=per_execution)
     assert flow.history.diagnosis_steps == [4]
     after = model.get_layer("gru").states[0].numpy().copy()
     # training itself is untouched: its weights and its carried state
-    plain = trained(per_execution=per_execution)
-    assert np.array_equal(plain.get_layer("gru").states[0].numpy(), after)
-    assert all(np.array_equal(a, b) for a, b in zip(plain.get_weights(), model.get_weights(),
+    plain_weights, plain_state, _ = stateful_plain(per_execution)
+    assert np.array_equal(plain_state, after)
+    assert all(np.array_equal(a, b) for a, b in zip(plain_weights, model.get_weights(),
                                                     strict=True))
-    start = Start()  # each batch's start, seen one step at a time
-    trained(start)
+    _, _, seen = stateful_plain(1)  # each batch's start, seen one step at a time
+    assert len(seen) == 4
     recorded = flow.history.diagnoses[0].lyapunov[-1]
-    import gradscope
-
-    model.get_layer("gru").states[0].assign(start.seen[3])
-    truth = gradscope.diagnose(model, x=x[-batch:], y=y[-batch:], exponents=4,
-                               counterfactuals=False).layers[0].lyapunov
-    np.testing.assert_allclose(recorded, truth, rtol=1e-6)
-    model.get_layer("gru").states[0].assign(after)
-    moved = gradscope.diagnose(model, x=x[-batch:], y=y[-batch:], exponents=4,
-                               counterfactuals=False).layers[0].lyapunov
+    np.testing.assert_allclose(recorded, stateful_diagnosed(model, seen[3]), rtol=1e-6)
+    moved = stateful_diagnosed(model, after)
     assert not np.allclose(recorded, moved, rtol=1e-4)  # the state after it reads otherwise
 
 
