@@ -230,6 +230,30 @@ def assert_jacobian_summary(entry: Any, truth: np.ndarray, rtol: float,
                                rtol=1e-4, atol=smallest_atol * float(np.median(singular[:, 0])))
 
 
+def rows_by_copies(tf: Any, x: Any, size: int, f: Any) -> np.ndarray:
+    """∂f(x)[b, i]/∂x[b] (B, ``size``, *x's rest) for every example b and output i of ``f``,
+    by one tape and one backward pass: every example copied ``size`` times in a row, copy i's
+    output i summed. The examples of a Keras cell's or layer's call are independent, so copy
+    i's gradient is row i of its example's Jacobian, the rows a ``batch_jacobian`` of the
+    same call gives (a backward pass each, and a pfor traced each call). ``f`` takes the
+    copies (B·size, ...) and returns (B·size, size); what else it reads per example (a mask,
+    an initial state, dropout masks) it copies by :func:`copied`."""
+    batch = int(x.shape[0])
+    copies = copied(tf, x, size)
+    with tf.GradientTape() as tape:
+        tape.watch(copies)
+        out = tf.reshape(f(copies), [batch, size, size])
+        picked = tf.reduce_sum(tf.linalg.diag_part(out))
+    rows = np.asarray(tape.gradient(picked, copies), np.float64)
+    return rows.reshape(batch, size, *rows.shape[1:])
+
+
+def copied(tf: Any, x: Any, size: int) -> Any:
+    """Every example of ``x`` ``size`` times in a row (example b's copies at b·size...), as
+    :func:`rows_by_copies` copies them."""
+    return tf.repeat(tf.convert_to_tensor(x), size, axis=0)
+
+
 def mixed_lstm(scale: float, steps: int, features: int, units: int,
                learning_rate: float = 0.01) -> Any:
     """A mixed_float16 LSTM → Dense(2), compiled with mse and a LossScaleOptimizer(SGD) at

@@ -3,10 +3,10 @@ recurrent call, each figure held to a computation written here.
 
 The truths never come from gradscope: the exponents from a float64 QR of the step Jacobians
 of Keras' own cell, stepped in an eager Python loop, each Jacobian's rows from one tape's
-backward pass over copies of every example (a copy per row: ``_rows_by_copies``), and from
-the eigenvalues of a linear recurrence whose W is chosen; the gate shares from a NumPy
-forward pass of Keras' equations; the horizon from Keras' own layer under a tape (its rows
-so too); the step-Jacobian norms from an SVD. In
+backward pass over copies of every example (a copy per row: conftest's ``rows_by_copies``),
+and from the eigenvalues of a linear recurrence whose W is chosen; the gate shares from a
+NumPy forward pass of Keras' equations; the horizon from Keras' own layer under a tape (its
+rows so too); the step-Jacobian norms from an SVD. In
 training mode with dropout, the same truths with the masks Keras' own cells draw, held to
 Keras' own training-mode call.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import render_text
+from conftest import copied, render_text, rows_by_copies
 
 import gradscope
 
@@ -122,28 +122,6 @@ def _sequences(tf: Any, model: Any, name: str, x: np.ndarray) -> list[np.ndarray
     return pairs
 
 
-def _rows_by_copies(tf: Any, x: Any, size: int, f: Any) -> np.ndarray:
-    """∂f(x)[b, i]/∂x[b] (B, ``size``, *x's rest) for every example b and output i of ``f``,
-    by one tape and one backward pass: every example copied ``size`` times in a row, copy i's
-    output i summed. The examples of a Keras cell's or layer's call are independent, so copy
-    i's gradient is row i of its example's Jacobian, the rows a ``batch_jacobian`` of the
-    same call gives (a backward pass each). ``f`` takes the copies (B·size, ...) and returns
-    (B·size, size); what else it reads per example it copies as :func:`_copies` does."""
-    batch = int(x.shape[0])
-    copies = _copies(tf, x, size)
-    with tf.GradientTape() as tape:
-        tape.watch(copies)
-        out = tf.reshape(f(copies), [batch, size, size])
-        picked = tf.reduce_sum(tf.linalg.diag_part(out))
-    rows = np.asarray(tape.gradient(picked, copies), np.float64)
-    return rows.reshape(batch, size, *rows.shape[1:])
-
-
-def _copies(tf: Any, x: Any, size: int) -> Any:
-    """Every example of ``x`` ``size`` times in a row (example b's copies at b·size...)."""
-    return tf.repeat(tf.convert_to_tensor(x), size, axis=0)
-
-
 def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any],
               masks: tuple[Any, Any] | None = None) -> np.ndarray:
     """∂(new states)/∂(states) of one step of Keras' own cell, per example; with ``masks``
@@ -155,15 +133,15 @@ def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any],
     size = sum(widths)
     if masks is not None:
         cell._dropout_mask, cell._recurrent_dropout_mask = (
-            [_copies(tf, m, size) for m in held] for held in masks)
+            [copied(tf, m, size) for m in held] for held in masks)
 
     def step(joined: Any) -> Any:
-        _, new = cell(_copies(tf, x_t, size), list(tf.split(joined, widths, 1)),
+        _, new = cell(copied(tf, x_t, size), list(tf.split(joined, widths, 1)),
                       training=masks is not None)
         return tf.concat(list(keras.tree.flatten(new)), 1)
 
     try:
-        return _rows_by_copies(tf, tf.concat(states, 1), size, step)
+        return rows_by_copies(tf, tf.concat(states, 1), size, step)
     finally:
         cell.reset_dropout_mask()
         cell.reset_recurrent_dropout_mask()
@@ -340,7 +318,7 @@ def _assert_horizon_by_tape(tf: Any, entry: Any, layer: Any, inputs: Any,
                             drawn: tuple[Any, Any, Any] | None = None) -> None:
     """``entry``'s measured horizon and ratios against ‖∂h_t/∂x_s‖ per example from Keras'
     own ``layer`` called on ``inputs`` under a tape, the whole sequence (its rows by
-    :func:`_rows_by_copies`). With ``drawn``, in training mode: the masks the layer's call
+    :func:`conftest.rows_by_copies`). With ``drawn``, in training mode: the masks the layer's call
     draws, held with each example's copies, and the outputs of that call, drawing them
     itself, which the copies' outputs must equal."""
     steps = entry.horizon.steps
@@ -350,12 +328,12 @@ def _assert_horizon_by_tape(tf: Any, entry: Any, layer: Any, inputs: Any,
     def call(copies: Any) -> Any:
         if drawn is not None:
             layer.cell._dropout_mask, layer.cell._recurrent_dropout_mask = (
-                [_copies(tf, m, size) for m in held] for held in drawn[:2])
+                [copied(tf, m, size) for m in held] for held in drawn[:2])
         out = layer(copies, training=drawn is not None)
         whole.append(out)
         return tf.reshape(tf.gather(out, steps, axis=1), [-1, size])
 
-    jac = _rows_by_copies(tf, inputs, size, call)  # (B, t·u, T, F)
+    jac = rows_by_copies(tf, inputs, size, call)  # (B, t·u, T, F)
     if drawn is not None:
         np.testing.assert_allclose(whole[0][::size], drawn[2], rtol=1e-5, atol=1e-6)
     jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
@@ -402,10 +380,10 @@ def test_a_masked_step_is_left_out_of_the_horizon_not_counted_as_no_influence(
 
     def call(copies: Any) -> Any:
         # go_backwards: Keras' sequence is in processing order, step t read input T−1−t
-        out = layer(copies, mask=_copies(tf, mask, size))
+        out = layer(copies, mask=copied(tf, mask, size))
         return tf.reshape(tf.gather(out, steps, axis=1), [-1, size])
 
-    jac = _rows_by_copies(tf, inputs, size, call)  # (B, t·u, T, F)
+    jac = rows_by_copies(tf, inputs, size, call)  # (B, t·u, T, F)
     jac = jac.reshape(B, len(steps), -1, *jac.shape[2:])
     order = np.arange(T)[::-1] if backwards else np.arange(T)  # processing → input step
     rows, zeros = [], []
@@ -842,12 +820,12 @@ def test_a_conv_lstm_is_diagnosed_with_its_feature_maps_read_flat(tf: Any) -> No
 
         def step(copies: Any, t: int = t) -> Any:
             h, c = tf.split(copies, 2, axis=1)
-            _, new = conv.cell(_copies(tf, x[:, t], size),
+            _, new = conv.cell(copied(tf, x[:, t], size),
                                [tf.reshape(h, (-1, *shape)), tf.reshape(c, (-1, *shape))])
             return tf.concat([tf.reshape(n, (-1, size // 2)) for n in keras.tree.flatten(new)],
                              1)
 
-        jacobian = _rows_by_copies(tf, joined, size, step)
+        jacobian = rows_by_copies(tf, joined, size, step)
         _, new = conv.cell(x[:, t], states)
         for example in range(3):
             q[example], r = np.linalg.qr(jacobian[example] @ q[example])
@@ -1364,8 +1342,8 @@ def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> No
     jacobians = []
     for t in range(x.shape[1]):
         joined = tf.concat(states, 1)
-        jacobians.append(_rows_by_copies(
-            tf, joined, 8, lambda copies, t=t: step(_copies(tf, x[:, t], 8), copies)))
+        jacobians.append(rows_by_copies(
+            tf, joined, 8, lambda copies, t=t: step(copied(tf, x[:, t], 8), copies)))
         states = list(tf.split(step(tf.constant(x[:, t]), joined), [3, 3, 2], 1))
     assert entry.state_size == 8 and entry.gates is None
     np.testing.assert_allclose(entry.lyapunov, _qr_exponents(jacobians), rtol=1e-4,

@@ -5,7 +5,10 @@ The truth is computed here and never by gradscope: Keras' own tape on the real m
 ∂L/∂(the layer's output); the layer's own cell is then unrolled in a Python loop, with
 Keras' masking written out (a masked step keeps the state and the last output) and a zero
 probe on h_t at every step, and one tape gives ∂⟨∂L/∂output, output⟩/∂probe_t: the total
-∂L/∂h_t. ∂h_T/∂h_0 is ``batch_jacobian`` over Keras' own layer called with an initial state.
+∂L/∂h_t. ∂h_T/∂h_0 is the Jacobian of Keras' own layer called with an initial state, and
+‖∂h_t/∂x_s‖ that of Keras' own layer through its input sequence: each Jacobian's rows from
+one tape's backward pass over copies of every example (a copy per row: conftest's
+``rows_by_copies``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_jacobian_summary, tuple_state_cell
+from conftest import assert_jacobian_summary, copied, rows_by_copies, tuple_state_cell
 
 import gradscope
 
@@ -69,9 +72,11 @@ def _unrolled_jacobian(tf: Any, layer: Any, x: Any, mask: Any,
                        widths: list[int]) -> np.ndarray:
     """∂(final states)/∂(initial states) per example, every state concatenated ([h, c]), of
     a layer's own cell unrolled by hand from zero states, a masked step keeping the states."""
-    joined = tf.zeros((x.shape[0], sum(widths)), x.dtype)
-    with tf.GradientTape() as tape:
-        tape.watch(joined)
+    size = sum(widths)
+    x = copied(tf, x, size)
+    mask = None if mask is None else np.asarray(copied(tf, mask, size))
+
+    def unrolled(joined: Any) -> Any:
         states = list(tf.split(joined, widths, axis=1))
         for t in range(x.shape[1]):
             _, new = layer.cell(x[:, t], states)
@@ -80,8 +85,9 @@ def _unrolled_jacobian(tf: Any, layer: Any, x: Any, mask: Any,
                 keep = tf.reshape(tf.constant(mask[:, t]), (-1, 1))
                 new = [tf.where(keep, n, s) for n, s in zip(new, states, strict=True)]
             states = new
-        final = tf.concat(states, axis=1)
-    return np.asarray(tape.batch_jacobian(final, joined), np.float64)
+        return tf.concat(states, axis=1)
+
+    return rows_by_copies(tf, tf.zeros((x.shape[0] // size, size), x.dtype), size, unrolled)
 
 
 def _assert_jacobian(entry: Any, truth: np.ndarray) -> None:
@@ -131,14 +137,16 @@ def test_a_call_the_cells_do_not_model_is_stepped_as_keras_runs_it(tf, data, kin
     # ∂h_T/∂h_0 of Keras' own layer, called with an initial state.
     states = [tf.zeros((B, n)) for n in ([3, 3] if kind == "masked_lstm" else [4])]
     joined = tf.concat(states, axis=1)
-    with tf.GradientTape() as tape:
-        tape.watch(joined)
-        parts = tf.split(joined, len(states), axis=1)
-        out = layer(tf.constant(x), initial_state=list(parts),
-                    mask=None if kind == "relu" else tf.constant(mask))
+    size = int(states[0].shape[1])  # the final h's
+
+    def final(copies: Any) -> Any:
+        parts = tf.split(copies, len(states), axis=1)
+        out = layer(copied(tf, x, size), initial_state=list(parts),
+                    mask=None if kind == "relu" else copied(tf, mask, size))
         # The last output is the final h (a masked step carries it): an LSTM returns h only.
-        final = out[:, -1] if layer.return_sequences else out
-    truth = np.asarray(tape.batch_jacobian(final, joined))
+        return out[:, -1] if layer.return_sequences else out
+
+    truth = rows_by_copies(tf, joined, size, final)
     entry = report.state_jacobians.entries[0]
     if kind == "masked_lstm":  # Keras' layer returns h alone: [h, c] is unrolled by hand
         assert entry.target == "rnn/[h_T, c_T]"
@@ -213,11 +221,9 @@ def test_the_influence_at_t_is_keras_own_jacobian(tf, data, kind):
     found = next(i for i in report.gradient_flow.influence if i.source == "rnn")
     assert found.step == at
     twin = _twin_sequences(layer)
-    inputs = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        out = twin(inputs, mask=tf.constant(mask) if masked else None)[:, at]
-    jacobian = np.asarray(tape.batch_jacobian(out, inputs))  # (B, units, T, F)
+    units = int(layer.cell.units)
+    jacobian = rows_by_copies(tf, tf.constant(x), units, lambda copies: twin(
+        copies, mask=copied(tf, mask, units) if masked else None)[:, at])  # (B, units, T, F)
     truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
 
@@ -460,12 +466,20 @@ def test_training_mode_influence_uses_the_masks_the_call_drew(tf, data):
     (found,) = report.gradient_flow.influence
     seed_random_draws(model, 4)
     inputs = tf.constant(x)
-    layer.cell.get_dropout_mask(inputs[:, 0])
-    layer.cell.get_recurrent_dropout_mask(tf.zeros((B, 4)))
-    with tf.GradientTape() as tape:  # Keras' call takes the masks drawn above
-        tape.watch(inputs)
-        out = layer(inputs, training=True)[:, 3]
-    jacobian = np.asarray(tape.batch_jacobian(out, inputs))
+    drawn = (layer.cell.get_dropout_mask(inputs[:, 0]),
+             layer.cell.get_recurrent_dropout_mask(tf.zeros((B, 4))))
+    own = np.asarray(layer(inputs, training=True))  # Keras' call takes the masks drawn above
+    whole = []
+
+    def call(copies: Any) -> Any:  # the same masks, copied with their examples
+        layer.cell._dropout_mask, layer.cell._recurrent_dropout_mask = (
+            [copied(tf, m, 4) for m in held] if isinstance(held, list) else
+            copied(tf, held, 4) for held in drawn)
+        whole.append(layer(copies, training=True))
+        return whole[-1][:, 3]
+
+    jacobian = rows_by_copies(tf, inputs, 4, call)
+    np.testing.assert_allclose(whole[0][::4], own, rtol=1e-5, atol=1e-6)
     truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
     assert found.influence_map is not None and 3 in found.influence_map.steps
@@ -508,24 +522,23 @@ def test_a_conv_lstm_call_is_stepped_from_keras_own_zero_states(tf):
                                     "return_sequences": True, "name": "twin"})
     twin.build((None, steps, width, channels))
     twin.set_weights(layer.get_weights())
-    joined = tf.zeros((batch, 2 * width * filters))
-    with tf.GradientTape() as tape:
-        tape.watch(joined)
-        h0, c0 = (tf.reshape(p, (batch, width, filters)) for p in tf.split(joined, 2, axis=1))
-        _, h_final, c_final = twin(tf.constant(x), initial_state=[h0, c0])
-        final = tf.concat([tf.reshape(h_final, (batch, -1)), tf.reshape(c_final, (batch, -1))],
-                          axis=1)
-    blocks = np.asarray(tape.batch_jacobian(final, joined))
+    size = 2 * width * filters
+
+    def final(copies: Any) -> Any:
+        h0, c0 = (tf.reshape(p, (-1, width, filters)) for p in tf.split(copies, 2, axis=1))
+        _, h_final, c_final = twin(copied(tf, x, size), initial_state=[h0, c0])
+        return tf.concat([tf.reshape(h_final, (-1, size // 2)),
+                          tf.reshape(c_final, (-1, size // 2))], axis=1)
+
+    blocks = rows_by_copies(tf, tf.zeros((batch, size)), size, final)
     (entry,) = report.state_jacobians.entries
     assert entry.target == "conv/[h_T, c_T]" and entry.shape == [20, 20]
     frobenius = np.sqrt(np.sum(blocks ** 2, axis=(1, 2)))
     assert entry.frobenius_median == pytest.approx(float(np.median(frobenius)), rel=1e-4)
     # ‖∂h_2/∂x_s‖: the tape through the twin's output sequence.
-    inputs = tf.constant(x)
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        out = twin(inputs)[0][:, 2]
-    jacobian = np.asarray(tape.batch_jacobian(out, inputs))  # (B, W, F, T, W, C)
+    jacobian = rows_by_copies(tf, tf.constant(x), width * filters, lambda copies: tf.reshape(
+        twin(copies)[0][:, 2], (-1, width * filters)))
+    jacobian = jacobian.reshape(batch, width, filters, *jacobian.shape[2:])  # (B, W, F, T, W, C)
     truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 2, 4, 5))), axis=0)
     (found,) = report.gradient_flow.influence
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
@@ -632,11 +645,10 @@ def test_the_influence_of_your_cell_a_carried_state_and_mask_zero_is_keras_own(t
     report = gradscope.explain(model, x=feed, y=y, at=at)
     found = next(i for i in report.gradient_flow.influence if i.source == "rnn")
     twin = L.RNN(layer.cell, return_sequences=True)  # the same cell, the same weights
-    with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        out = twin(inputs, initial_state=initial,
-                   mask=None if mask is None else tf.constant(mask))[:, at]
-    jacobian = np.asarray(tape.batch_jacobian(out, inputs))  # (B, units, T, F)
+    units = int(layer.output.shape[-1])
+    jacobian = rows_by_copies(tf, inputs, units, lambda copies: twin(
+        copies, initial_state=None if initial is None else [copied(tf, initial[0], units)],
+        mask=None if mask is None else copied(tf, mask, units))[:, at])  # (B, units, T, F)
     truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
     np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9)
 
@@ -657,10 +669,8 @@ def test_the_influence_of_each_direction_of_a_bidirectional_is_keras_own(tf, dat
     for name, sub in (("forward", both.forward_layer), ("backward", both.backward_layer)):
         found = next(i for i in report.gradient_flow.influence if i.source == f"rnn/{name}")
         twin = L.RNN(sub.cell, return_sequences=True, go_backwards=sub.go_backwards)
-        with tf.GradientTape() as tape:
-            tape.watch(inputs)
-            out = twin(inputs, mask=tf.constant(mask))[:, at]  # in processing order
-        jacobian = np.asarray(tape.batch_jacobian(out, inputs))
+        jacobian = rows_by_copies(tf, inputs, 3, lambda copies, twin=twin: twin(
+            copies, mask=copied(tf, mask, 3))[:, at])  # in processing order
         truth = np.median(np.sqrt(np.sum(jacobian ** 2, axis=(1, 3))), axis=0)
         np.testing.assert_allclose(found.influence, truth, rtol=1e-4, atol=1e-9, err_msg=name)
 
