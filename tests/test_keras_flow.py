@@ -4,8 +4,9 @@ Independent truth, computed here and never by gradscope:
 - ‖∂L/∂h_t‖ with the recurrence: each recurrent layer is unrolled step by step in a Python loop
   over Keras' own cells (float64 twins with the same weights), a zero probe is added to every
   h_t, and one tape gives ∂L/∂probe_t: the total gradient arriving at h_t.
-- ∂h_T/∂h_0: ``batch_jacobian`` over a float64 twin of the Keras layer itself,
-  ``layer(x, initial_state=h0)``, with return_state on.
+- ∂h_T/∂h_0: the Jacobian of a float64 twin of the Keras layer itself,
+  ``layer(x, initial_state=h0)``, with return_state on, its rows from one tape's backward
+  pass over copies of every example (a copy per row: conftest's ``rows_by_copies``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_jacobian_summary, run_gradscope
+from conftest import assert_jacobian_summary, copied, rows_by_copies, run_gradscope
 
 import gradscope
 
@@ -79,12 +80,13 @@ def _jacobian_truth(tf: Any, layer: Any, x: np.ndarray, states: list[np.ndarray]
     order: ∂(final states)/∂(initial states) per example."""
     twin = _twin(layer, (None, *x.shape[1:]), return_state=True, return_sequences=False)
     initial = tf.constant(np.concatenate(states, axis=1))
-    count = len(states)
-    with tf.GradientTape() as tape:
-        tape.watch(initial)
-        out = twin(tf.constant(x), initial_state=list(tf.split(initial, count, axis=1)))
-        final = tf.concat(list(out[1:]), axis=1)
-    return np.asarray(tape.batch_jacobian(final, initial))
+    size = int(initial.shape[1])
+
+    def final(copies: Any) -> Any:
+        out = twin(copied(tf, x, size), initial_state=list(tf.split(copies, len(states), axis=1)))
+        return tf.concat(list(out[1:]), axis=1)
+
+    return rows_by_copies(tf, initial, size, final)
 
 
 def _assert_jacobian(report: Any, target: str, truth: np.ndarray) -> None:
