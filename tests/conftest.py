@@ -254,6 +254,15 @@ def copied(tf: Any, x: Any, size: int) -> Any:
     return tf.repeat(tf.convert_to_tensor(x), size, axis=0)
 
 
+def hold_copied_masks(tf: Any, cell: Any, masks: Any, size: int) -> None:
+    """``cell`` holds ``masks`` (its dropout and recurrent dropout masks, as Keras' cell
+    draws them: a tensor, or a list of one per gate), each example's rows copied ``size``
+    times, as :func:`copied` copies the examples they go with."""
+    cell._dropout_mask, cell._recurrent_dropout_mask = (
+        [copied(tf, m, size) for m in held] if isinstance(held, (list, tuple))
+        else copied(tf, held, size) for held in masks)
+
+
 def mixed_lstm(scale: float, steps: int, features: int, units: int,
                learning_rate: float = 0.01) -> Any:
     """A mixed_float16 LSTM → Dense(2), compiled with mse and a LossScaleOptimizer(SGD) at

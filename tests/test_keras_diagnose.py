@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import copied, render_text, rows_by_copies
+from conftest import copied, hold_copied_masks, render_text, rows_by_copies
 
 import gradscope
 
@@ -132,8 +132,7 @@ def _jacobian(tf: Any, cell: Any, x_t: Any, states: list[Any],
     widths = [int(s.shape[1]) for s in states]
     size = sum(widths)
     if masks is not None:
-        cell._dropout_mask, cell._recurrent_dropout_mask = (
-            [copied(tf, m, size) for m in held] for held in masks)
+        hold_copied_masks(tf, cell, masks, size)
 
     def step(joined: Any) -> Any:
         _, new = cell(copied(tf, x_t, size), list(tf.split(joined, widths, 1)),
@@ -327,8 +326,7 @@ def _assert_horizon_by_tape(tf: Any, entry: Any, layer: Any, inputs: Any,
 
     def call(copies: Any) -> Any:
         if drawn is not None:
-            layer.cell._dropout_mask, layer.cell._recurrent_dropout_mask = (
-                [copied(tf, m, size) for m in held] for held in drawn[:2])
+            hold_copied_masks(tf, layer.cell, drawn[:2], size)
         out = layer(copies, training=drawn is not None)
         whole.append(out)
         return tf.reshape(tf.gather(out, steps, axis=1), [-1, size])

@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_jacobian_summary, copied, rows_by_copies, tuple_state_cell
+from conftest import (
+    assert_jacobian_summary,
+    copied,
+    hold_copied_masks,
+    rows_by_copies,
+    tuple_state_cell,
+)
 
 import gradscope
 
@@ -472,9 +478,7 @@ def test_training_mode_influence_uses_the_masks_the_call_drew(tf, data):
     whole = []
 
     def call(copies: Any) -> Any:  # the same masks, copied with their examples
-        layer.cell._dropout_mask, layer.cell._recurrent_dropout_mask = (
-            [copied(tf, m, 4) for m in held] if isinstance(held, list) else
-            copied(tf, held, 4) for held in drawn)
+        hold_copied_masks(tf, layer.cell, drawn, 4)
         whole.append(layer(copies, training=True))
         return whole[-1][:, 3]
 
