@@ -28,6 +28,10 @@ class CallReading:
     predicted: float | None
     measured: int | None
     window: int | None
+    #: Why λ₁ (and the horizon predicted from it) is no firmer than this call's steps make
+    #: it, as diagnose warns (too few steps, or not settled over them); None where it settled
+    #: (and in event files written before it was recorded).
+    lyapunov_note: str | None = None
 
 
 def as_json(readings: list[CallReading], skipped: list[tuple[str, str]]) -> dict[str, Any]:
@@ -77,6 +81,7 @@ class DiagnosisRecord:
             series["horizon_predicted"].append(reading.predicted)
             series["horizon_measured"].append(reading.measured)
             series["horizon_window"].append(reading.window)
+            series["lyapunov_note"].append(reading.lyapunov_note)
         for series in self._series.values():
             for key in _KEYS:
                 series[key].extend([None] * (index + 1 - len(series[key])))
@@ -94,7 +99,8 @@ class DiagnosisRecord:
                 for (call, reason), steps in self._skipped.items()]
 
 
-_KEYS = ("lyapunov", "gates", "horizon_predicted", "horizon_measured", "horizon_window")
+_KEYS = ("lyapunov", "gates", "horizon_predicted", "horizon_measured", "horizon_window",
+         "lyapunov_note")
 
 
 __all__ = ["CallReading", "DiagnosisRecord", "as_json", "from_json"]

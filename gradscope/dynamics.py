@@ -93,6 +93,22 @@ def unsettled(largest: float | None, later: float | None) -> bool:
     return gap > UNSETTLED_SHARE * abs(largest) and gap > UNSETTLED_NATS
 
 
+def settling(log_diagonals: np.ndarray, ran: np.ndarray, largest: float | None,
+             floored: bool) -> str | None:
+    """Why λ₁ (``largest``, of :func:`lyapunov_exponents`), and a horizon predicted from it,
+    is no firmer than these steps make it, in a few words, on the grounds diagnose warns of:
+    fewer than 4 steps, too few to tell; or λ₁ from the second half of the steps alone
+    differing from the whole run's (:func:`unsettled`). None where it settled, and where λ₁'s
+    direction reached the scan's floor (``floored``: said otherwise)."""
+    steps = int(np.shape(ran)[1])
+    if steps < 4:
+        return f"{steps} steps are too few to tell whether λ₁ has settled"
+    later = later_half_largest(log_diagonals, ran)
+    if floored or not unsettled(largest, later):
+        return None
+    return f"λ₁ has not settled over these {steps} steps: the second half reads {later:+.3g}"
+
+
 def column_order(log_diagonals: np.ndarray, ran: np.ndarray) -> np.ndarray:
     """The columns of ``log_diagonals`` in the order :func:`lyapunov_exponents` lists their
     exponents (largest first): entry i is the column of the i-th exponent."""

@@ -1294,8 +1294,13 @@ def test_a_batch_padded_before_its_sequences_measures_no_lag_before_its_first_st
 
 def test_a_run_too_short_to_settle_says_so(tf: Any) -> None:
     """Found tried as a new user would: over 3 steps the exponents were shown with no
-    "moved" (it needs 4 steps) and no word that 3 steps cannot settle them."""
+    "moved" (it needs 4 steps) and no word that 3 steps cannot settle them. Found again in
+    a fit's diagnoses (GradientFlow(diagnose_every=N)): a decoder's call of 4 steps showed a
+    horizon "predicted from λ₁: 242 steps" with no word of either; each diagnosis now notes
+    what diagnose warns of λ₁, and the training report shows it beside the horizon."""
     import keras
+
+    from gradscope.keras import GradientFlow
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
@@ -1303,11 +1308,21 @@ def test_a_run_too_short_to_settle_says_so(tf: Any) -> None:
         model = keras.Sequential([keras.Input((steps, 2)), keras.layers.LSTM(3, name="lstm"),
                                   keras.layers.Dense(1)])
         model.compile(loss="mse")
-        report = gradscope.diagnose(model, x=rng.standard_normal((2, steps, 2)),
-                                    y=rng.standard_normal((2, 1)), counterfactuals=False)
+        x, y = rng.standard_normal((2, steps, 2)), rng.standard_normal((2, 1))
+        report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
         assert (report.layers[0].lyapunov_change is None) is warned
         assert any(w.startswith(f"lstm: {steps} steps are too few to tell how far the "
                                 "exponents have settled") for w in report.warnings) is warned
+        flow = GradientFlow(model=model, diagnose_every=1)
+        flow.observe(x, y)
+        (note,) = flow.history.diagnoses[0].lyapunov_note
+        unsettled = any(w.startswith("lstm: λ₁ has not settled") for w in report.warnings)
+        if warned:
+            assert note == "3 steps are too few to tell whether λ₁ has settled"
+            text = " ".join(render_text(flow.history, 80).split())
+            assert f"steps ({note}) " in text or f"steps ({note})" in text
+        else:
+            assert (note is not None) == unsettled
 
 
 def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> None:
@@ -1437,7 +1452,9 @@ def test_an_unsettled_largest_exponent_is_said_so_from_its_second_half(tf: Any) 
     reported, and a warning says where it differs from λ₁ by more than a tenth. W = diag(0.9,
     0.3, …): one random column's stretch reaches 0.9 only once the 0.3 directions decay, so
     over 8 steps the start weighs; the second half's λ₁ is held to the same Benettin
-    recursion on W in float64."""
+    recursion on W in float64. A fit's diagnosis notes the same (GradientFlow, read so in a
+    custom loop)."""
+    from gradscope.keras import GradientFlow
     from gradscope.keras.diagnose.trajectory import drawn_start
 
     w = np.diag([0.9, 0.3, 0.3, 0.3, 0.3, 0.3])
@@ -1457,4 +1474,10 @@ def test_an_unsettled_largest_exponent_is_said_so_from_its_second_half(tf: Any) 
                                                             rel=1e-5)
         warned = [line for line in report.warnings if "λ₁ has not settled" in line]
         assert bool(warned) == said, report.warnings
+        # A fit's diagnosis of the same call notes it too, with the second half's λ₁.
+        flow = GradientFlow(model=_linear_model(w, steps=steps), diagnose_every=1)
+        flow.observe(x, y)
+        (note,) = flow.history.diagnoses[0].lyapunov_note
+        assert note == (f"λ₁ has not settled over these {steps} steps: the second half reads "
+                        f"{entry.lyapunov_1_later_half:+.3g}" if said else None)
     assert warned == [] and entry.lyapunov_1_later_half == pytest.approx(np.log(0.9), rel=1e-4)

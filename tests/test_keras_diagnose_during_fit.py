@@ -84,9 +84,13 @@ def test_each_diagnosis_equals_diagnose_on_the_same_weights_and_batch(fitted):
     assert list(series) == ["gru", "simple", "lstm"]
     saturated = 0.0
     for index, step in enumerate(history.diagnosis_steps):
-        truth = {layer.call: layer for layer in _truth(fitted, step).layers}
+        report = _truth(fitted, step)
+        truth = {layer.call: layer for layer in report.layers}
         for call, entry in series.items():
             expected = truth[call]
+            # The note says what diagnose warns of λ₁ (over 7 steps: whether it settled).
+            warned = [w for w in report.warnings if w.startswith(f"{call}: λ₁ has not settled")]
+            assert (entry.lyapunov_note[index] is not None) == bool(warned)
             np.testing.assert_allclose(entry.lyapunov[index], expected.lyapunov, rtol=1e-9)
             assert entry.horizon_predicted[index] == pytest.approx(expected.horizon.predicted,
                                                                    rel=1e-9)

@@ -160,6 +160,9 @@ def _diagnosis_lines(entry: DiagnosisSeries, steps: list[int],
     measured, window = entry.horizon_measured[index], entry.horizon_window[index]
     horizon = ("horizon predicted from λ₁: " + (f"{predicted:.3g} steps" if predicted is not None
                                                 else "none (λ₁ ≥ 0)"))
+    note = entry.lyapunov_note[index] if index < len(entry.lyapunov_note) else None
+    if note is not None:
+        horizon += f" ({note})"
     if window is not None:
         horizon += "; measured: " + (f"{measured} steps" if measured is not None
                                      else f"beyond {window} steps")

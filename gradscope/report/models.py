@@ -1272,6 +1272,11 @@ class DiagnosisSeries(_Report):
                     "horizon_window, or beyond the window)")
     horizon_window: list[int | None] = Field(
         description="per diagnosis: the lags measured (null: the horizon was not measured)")
+    lyapunov_note: list[str | None] = Field(
+        default_factory=list,
+        description="per diagnosis: why λ₁, and the horizon predicted from it, is no firmer "
+                    "than the call's steps make it, as diagnose warns (too few steps to tell, "
+                    "or not settled over them); null where it settled")
 
 
 class FlowHistoryReport(_CommandReport):

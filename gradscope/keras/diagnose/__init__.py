@@ -352,7 +352,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
             "have settled (\"moved\" compares the last quarter of at least 4): they are the "
             "rates of these steps alone, from where the scan started, and a horizon "
             "predicted from λ₁ is no more than that")
-    hit = _at_floor(logs, path.ran)
+    hit = at_floor(logs, path.ran)
     columns_hit = np.asarray(hit.any(axis=(0, 1)))
     floored_at = [i for i, column in enumerate(dynamics.column_order(logs, path.ran))
                   if columns_hit[column]]
@@ -475,7 +475,7 @@ def roundoff(dtype: Any) -> float:
 
 def _floored(hit: np.ndarray, ran: np.ndarray, label: str,
              ranks: list[int]) -> str | None:
-    """Where a step took a followed direction to 0 (``hit``: :func:`_at_floor`; |R_t[i, i]|
+    """Where a step took a followed direction to 0 (``hit``: :func:`at_floor`; |R_t[i, i]|
     at the scan's floor, a unit switched off, a zero row of J_t), that step's log is the
     floor's, not a rate (−∞ in truth): how often, in words, and which exponents (``ranks``:
     their places, largest first, from 0) (None: never). Found tried as a new user would:
@@ -498,7 +498,7 @@ def _floored(hit: np.ndarray, ran: np.ndarray, label: str,
             f"ln {SMALLEST_STRETCH:g} = {floor:.1f} (−∞ in truth), so {those}")
 
 
-def _at_floor(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
+def at_floor(logs: np.ndarray, ran: np.ndarray) -> np.ndarray:
     """(B, T, k): where a step that ran took column k's direction to 0 (its log at the
     scan's floor)."""
     from gradscope.keras.diagnose.trajectory import SMALLEST_STRETCH

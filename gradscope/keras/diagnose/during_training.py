@@ -125,15 +125,20 @@ def _reading(label: str, layer: Any, logs: np.ndarray, ran: np.ndarray, gates: A
              measured: Any) -> CallReading:
     """One call's (direction's) reading: the exponents of its Lyapunov ``logs``, the shares of
     its :class:`~gradscope.keras.diagnose.gates.GateReading` (None: not known, and why), the
-    horizon predicted from λ₁, and the one measured (None: not measured)."""
+    horizon predicted from λ₁, the one measured (None: not measured), and what diagnose would
+    warn of λ₁ (:func:`~gradscope.dynamics.settling`)."""
+    from gradscope.keras.diagnose import at_floor
     from gradscope.keras.diagnose.gates import known_gates
 
     spectrum, _ = dynamics.lyapunov_exponents(logs, ran)
     largest = float(spectrum[0]) if len(spectrum) else None
+    floored = bool(len(spectrum)) and bool(
+        at_floor(logs, ran)[..., dynamics.column_order(logs, ran)[0]].any())
     return CallReading(
         call=label, class_name=class_label(layer), cell=class_label(layer.cell),
         lyapunov=[float(v) for v in spectrum],
         gates=None if gates is None else gates.shares(), gates_note=known_gates(layer),
         predicted=dynamics.predicted_horizon(largest),
         measured=None if measured is None else measured.horizon,
-        window=None if measured is None else measured.window)
+        window=None if measured is None else measured.window,
+        lyapunov_note=dynamics.settling(logs, ran, largest, floored))
