@@ -5,6 +5,7 @@ The CLI decides exit codes in one place (``cli.py``); the library only raises th
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,6 +118,13 @@ def flag(name: str) -> str:
     if _ON_COMMAND_LINE.get():
         return FLAGS.get(name) or "--" + name.replace("_", "-")
     return f"{name}="
+
+
+def whole_number(value: object) -> bool:
+    """Whether ``value`` is a whole number as a user may give one: a Python int, or NumPy's
+    (``len(x) // 32 // 10`` is an ``np.int64``: found tried as a new user would, refused as
+    "expected a whole number"); never a bool, which Python counts as 1 or 0."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def given(name: str, value: object) -> str:

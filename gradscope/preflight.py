@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from gradscope.errors import ConfigError, GradscopeError, flag, given
+from gradscope.errors import ConfigError, GradscopeError, flag, given, whole_number
 
 #: The file types matplotlib's Agg backend writes, by extension.
 PLOT_EXTENSIONS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
@@ -142,8 +142,8 @@ def check_witness_options(directions: object, rtol: object, atol: object) -> Non
     """check's tuning of its witnesses, for either wing, each when given: ``directions`` a
     whole number ≥ 1 (none would leave the finite differences nothing to compare), ``rtol``
     positive and ``atol`` at least 0."""
-    if directions is not None and (isinstance(directions, bool)
-                                   or not isinstance(directions, int) or directions < 1):
+    if directions is not None and (not whole_number(directions)
+                                   or directions < 1):  # type: ignore[operator]
         raise ConfigError(f"{given('directions', directions)}: expected a whole number ≥ 1",
                           where=flag("directions"))
     for name, value, smallest in (("rtol", rtol, "positive number"),

@@ -137,6 +137,31 @@ def test_junk_options_for_a_keras_model_are_named(options, message, tf):
         function(model, **options)
 
 
+def test_numpy_whole_numbers_are_options_as_python_ints():
+    """Found tried as a new user would: diagnose(model, ..., exponents=np.int64(2)) was
+    refused as "expected a whole number ≥ 1". A NumPy integer is taken, as a Python int (the
+    reports' JSON holds it); a NumPy bool or float is not."""
+    import numpy as np
+
+    from gradscope.errors import ConfigError
+    from gradscope.keras.checked_examples import examples_option
+    from gradscope.keras.job import whole
+    from gradscope.preflight import check_witness_options
+
+    options = {"exponents": np.int64(2), "seed": np.uint16(0)}
+    whole(options, "exponents", smallest=1)
+    whole(options, "seed", smallest=0)
+    assert options == {"exponents": 2, "seed": 0}
+    assert all(type(value) is int for value in options.values())
+    assert examples_option(np.int32(3)) == 3
+    check_witness_options(np.int64(2), None, None)
+    for junk in (np.bool_(True), np.float64(2.0)):
+        with pytest.raises(ConfigError, match=r"exponents=.*: expected a whole number ≥ 1"):
+            whole({"exponents": junk}, "exponents", smallest=1)
+        with pytest.raises(ConfigError, match=r"directions=.*: expected a whole number ≥ 1"):
+            check_witness_options(junk, None, None)
+
+
 def test_the_report_models_stand_below_their_renderers():
     """The report models import no renderer (no circle in report/): a report from the API
     draws itself because the renderers register with the models when they are imported."""

@@ -181,6 +181,22 @@ def test_invalid_diagnose_every_is_a_clear_error(value):
         GradientFlow(diagnose_every=4, diagnose_exponents=value)
 
 
+def test_numpy_whole_numbers_are_taken_as_python_ints(tf):
+    """Found tried as a new user would: GradientFlow(diagnose_every=np.int64(8)), an N
+    computed with NumPy (len(x) // 32 // 10), was refused as "expected a whole number"; it
+    is taken, as a Python int (the history's JSON holds it). NumPy's bools and floats are
+    still refused."""
+    from gradscope.keras import GradientFlow
+
+    flow = GradientFlow(every=np.int64(50), diagnose_every=np.int64(8),
+                        diagnose_exponents=np.int32(2), diagnose_examples=np.uint8(4))
+    taken = (flow.every, flow.diagnose_every, flow.diagnose_exponents, flow.diagnose_examples)
+    assert taken == (50, 8, 2, 4) and all(type(v) is int for v in taken)
+    for value in (np.bool_(True), np.float64(8.0)):
+        with pytest.raises(ConfigError, match=r"diagnose_every=.*: expected a whole number"):
+            GradientFlow(diagnose_every=value)
+
+
 def test_a_custom_loop_diagnoses_the_model_itself_at_the_steps_observe_divides(tf):
     import keras
 

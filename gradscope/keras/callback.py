@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from gradscope._tf import import_tensorflow
-from gradscope.errors import ConfigError
+from gradscope.errors import ConfigError, whole_number
 
 # The history draws itself in a notebook and as a figure: those renderers register here.
 from gradscope.report import display as _display  # noqa: F401
@@ -110,22 +110,19 @@ class GradientFlow(keras.callbacks.Callback):
                  diagnose_horizon: bool = False, diagnose_examples: int | None = 8,
                  per_example: bool = False) -> None:
         super().__init__()
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        if not whole_number(every) or every < 1:
             raise ConfigError(f"GradientFlow(every={every!r}): expected a whole number of "
                               "batches ≥ 1", where="every")
-        if diagnose_every is not None and (isinstance(diagnose_every, bool) or
-                                           not isinstance(diagnose_every, int) or
-                                           diagnose_every < 1):
+        if diagnose_every is not None and (not whole_number(diagnose_every)
+                                           or diagnose_every < 1):
             raise ConfigError(f"GradientFlow(diagnose_every={diagnose_every!r}): expected a "
                               "whole number of batches ≥ 1, or None (no diagnosis)",
                               where="diagnose_every")
-        if (isinstance(diagnose_exponents, bool) or not isinstance(diagnose_exponents, int)
-                or diagnose_exponents < 1):
+        if not whole_number(diagnose_exponents) or diagnose_exponents < 1:
             raise ConfigError(f"GradientFlow(diagnose_exponents={diagnose_exponents!r}): "
                               "expected a whole number ≥ 1", where="diagnose_exponents")
-        if diagnose_examples is not None and (isinstance(diagnose_examples, bool) or
-                                              not isinstance(diagnose_examples, int) or
-                                              diagnose_examples < 1):
+        if diagnose_examples is not None and (not whole_number(diagnose_examples)
+                                              or diagnose_examples < 1):
             raise ConfigError(f"GradientFlow(diagnose_examples={diagnose_examples!r}): "
                               "expected a whole number of examples ≥ 1, or None (every "
                               "example of the batch)", where="diagnose_examples")
@@ -138,11 +135,12 @@ class GradientFlow(keras.callbacks.Callback):
             if Path(log_dir).exists() and not Path(log_dir).is_dir():
                 raise ConfigError(f"GradientFlow(log_dir={str(log_dir)!r}): is a file; expected "
                                   "a folder", where="log_dir")
-        self.every = every
-        self.diagnose_every = diagnose_every
-        self.diagnose_exponents = diagnose_exponents
+        # Python's own ints (a NumPy one would reach the reports' JSON).
+        self.every = int(every)
+        self.diagnose_every = None if diagnose_every is None else int(diagnose_every)
+        self.diagnose_exponents = int(diagnose_exponents)
         self.diagnose_horizon = bool(diagnose_horizon)
-        self.diagnose_examples = diagnose_examples
+        self.diagnose_examples = None if diagnose_examples is None else int(diagnose_examples)
         self._diagnoses = DiagnosisRecord()
         self._diagnosis_pending = False  # the train step about to run is diagnosed
         self._fed: FedIterator | None = None  # the iterator this fit's batches go back through

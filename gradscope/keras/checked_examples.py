@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.errors import ConfigError, flag, given
+from gradscope.errors import ConfigError, flag, given, whole_number
 from gradscope.report.models import CheckedExamples
 
 #: At most this many examples, unless asked (``--examples N`` or ``all``): room for the
@@ -39,7 +39,7 @@ def examples_option(value: Any) -> int | None:
             return None
         if text.isdigit():
             value = int(text)
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+    if not whole_number(value) or value < 1:
         raise ConfigError(f"{given('examples', value)}: expected a whole number of examples "
                           f"(1 or more) or '{ALL}'", where=flag("examples"))
     return int(value)

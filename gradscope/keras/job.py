@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from os import PathLike
 from typing import Any
 
-from gradscope.errors import ConfigError, GradscopeError, flag, given
+from gradscope.errors import ConfigError, GradscopeError, flag, given, whole_number
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, examples_option
 from gradscope.keras.data import time_steps
 from gradscope.keras.explain import KerasJob
@@ -73,11 +73,12 @@ def whole(options: dict[str, Any], name: str, smallest: int, optional: bool = Fa
     value = options.get(name)
     if value is None and (optional or name not in options):
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+    if not whole_number(value) or value < smallest:  # type: ignore[operator]
         # As the user wrote it: --at -1 on the command line (found tried as a new user would:
         # "at=-1"), at=-1 in Python.
         raise ConfigError(f"{given(name, value)}: expected a whole number ≥ {smallest}",
                           where=name)
+    options[name] = int(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
