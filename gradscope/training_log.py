@@ -289,6 +289,7 @@ def history_from_tags(tags: dict[str, dict[int, Any]], source: str) -> FlowHisto
         diagnose_examples=run.get("diagnose_examples"), diagnosis_steps=record.steps,
         diagnoses=record.series(), not_diagnosed=record.not_diagnosed(),
         source=source, loss=run["loss"], mode=run["mode"], every=run.get("every"),
+        batches=run.get("batches"),
         flag_factor=run["flag_factor"], method=run["method"] + "; read back from the event "
         "files (TensorBoard stores scalars in float32)", observations=observations,
         weights=weights, recurrent=recurrent,

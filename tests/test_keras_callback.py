@@ -676,7 +676,9 @@ def test_the_pass_is_traced_beside_training_and_only_when_an_observation_follows
 def test_watch_reads_a_fit_that_observed_nothing(tf, tmp_path):
     """Found tried as a new user would: a fit shorter than every wrote nothing, and watch said
     "no such folder" of the log_dir it was given. The run's description is written at the end
-    of fit: watch reads a run with no observations."""
+    of fit: watch reads a run with no observations. Found again: watch then said only "no
+    observations" where report() said why ("2 batches trained, fewer than every=5"); the
+    description written at fit's end holds the batches trained, and watch says the same."""
     import keras
 
     from gradscope.keras import GradientFlow
@@ -688,9 +690,13 @@ def test_watch_reads_a_fit_that_observed_nothing(tf, tmp_path):
     watched = gradscope.watch(tmp_path / "idle")
     assert watched.observations == [] and watched.every == 5
     assert watched.loss == flow.history.loss
+    assert watched.batches == flow.history.batches == ROWS // BATCH < 5
     result = run_without_tensorflow("watch", str(tmp_path / "idle"))
     assert result.returncode == 0, result.stderr
     assert "no observations" in result.stdout and "one pass every 5 batches" in result.stdout
+    said = f"no observations: {ROWS // BATCH} batches trained, fewer than every=5"
+    assert said in " ".join(result.stdout.split())
+    assert said in " ".join(render_text(flow.history, 80).split())
 
 
 def test_the_warm_up_gate_opens_at_compiled_code_while_the_step_runs(tf):

@@ -420,7 +420,8 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(
 def test_a_fit_that_diagnoses_without_observing_describes_its_run_once(tmp_path, tf):
     """Found measuring the callback's cost: a fit that diagnosed and never observed built the
     whole history at every diagnosis, to write the run's description again (the same each
-    time, and longer to build each time). It is written once, and watch reads the run."""
+    time, and longer to build each time). It is written at the first diagnosis, and again at
+    fit's end with the batches trained; watch reads the run."""
     import keras
 
     from gradscope.keras import GradientFlow
@@ -436,10 +437,11 @@ def test_a_fit_that_diagnoses_without_observing_describes_its_run_once(tmp_path,
               callbacks=[flow])
     flow.close()
     values, _ = tensorboard_events(tf, tmp_path)
-    assert set(values["gradscope/run"]) == {1}
+    assert set(values["gradscope/run"]) == {1, 3}
     assert set(values["diagnose/gru/lyapunov_1"]) == {1, 2, 3}
     read = json.loads(run_without_tensorflow("watch", str(tmp_path), "--json").stdout)
     assert read["diagnosis_steps"] == [1, 2, 3] and read["observations"] == []
+    assert read["batches"] == 3
     assert read["diagnoses"] == flow.history.to_dict()["diagnoses"]
 
 

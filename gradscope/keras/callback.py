@@ -291,15 +291,18 @@ class GradientFlow(keras.callbacks.Callback):
             self.model.train_function = self._original_train_function
             self._original_train_function = None
         self._drain()
-        if self.log_dir is not None and self._writer is None:
-            # Nothing observed or diagnosed: the run's description alone, so that watch reads
-            # a run with none (found tried as a new user would: "no such folder").
+        if self.log_dir is not None:
             from gradscope.keras.summaries import FlowSummaryWriter
 
-            self._writer = FlowSummaryWriter(tf, self.log_dir)
-            self._writer.write_run(self._batches, self._run(self._history()))
-        if self._writer is not None:
-            self._writer.writer.flush()
+            if self._writer is None:
+                self._writer = FlowSummaryWriter(tf, self.log_dir)
+            # The run's description at fit's last batch, with the batches trained: watch reads
+            # a run that observed nothing (found tried as a new user would: "no such
+            # folder"), and says why nothing was taken, as report() does ("2 batches trained,
+            # fewer than every=50": found tried as a new user would, watch said nothing).
+            history = self._history()
+            self._writer.write_run(self._batches, {**self._run(history),
+                                                   "batches": self._batches})
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch

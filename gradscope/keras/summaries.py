@@ -192,8 +192,8 @@ class FlowSummaryWriter:
         self.run_written = True
 
     def write_run(self, step: int, run: dict[str, Any]) -> None:
-        """The run's description alone, at ``step``: a fit that neither observed nor
-        diagnosed (watch reads a run with none)."""
+        """The run's description alone, at ``step``: at the end of every fit, with the
+        batches trained (watch reads a run that observed nothing, and says why)."""
         summary = summary_pb2.Summary()
         self._tensor(summary, RUN_TAG, json.dumps(run, ensure_ascii=False))
         self._written(summary, step)
