@@ -417,7 +417,8 @@ def test_a_stateful_layer_is_read_from_the_state_its_batch_started_from(
     assert not np.allclose(recorded, moved, rtol=1e-4)  # the state after it reads otherwise
 
 
-def test_a_fit_that_diagnoses_without_observing_describes_its_run_once(tmp_path, tf):
+def test_a_fit_that_diagnoses_without_observing_describes_its_run_first_and_last(tmp_path,
+                                                                                 tf):
     """Found measuring the callback's cost: a fit that diagnosed and never observed built the
     whole history at every diagnosis, to write the run's description again (the same each
     time, and longer to build each time). It is written at the first diagnosis, and again at
