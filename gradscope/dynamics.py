@@ -8,6 +8,7 @@ with these functions after its wing has stepped the layer's own cell along the b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -94,17 +95,18 @@ def unsettled(largest: float | None, later: float | None) -> bool:
 
 
 def settling(log_diagonals: np.ndarray, ran: np.ndarray, largest: float | None,
-             floored: bool) -> str | None:
+             floored: Callable[[], bool]) -> str | None:
     """Why λ₁ (``largest``, of :func:`lyapunov_exponents`), and a horizon predicted from it,
     is no firmer than these steps make it, in a few words, on the grounds diagnose warns of:
     fewer than 4 steps, too few to tell; or λ₁ from the second half of the steps alone
     differing from the whole run's (:func:`unsettled`). None where it settled, and where λ₁'s
-    direction reached the scan's floor (``floored``: said otherwise)."""
+    direction reached the scan's floor (``floored()``, asked only of an unsettled λ₁: said
+    otherwise)."""
     steps = int(np.shape(ran)[1])
     if steps < 4:
         return f"{steps} steps are too few to tell whether λ₁ has settled"
     later = later_half_largest(log_diagonals, ran)
-    if floored or not unsettled(largest, later):
+    if not unsettled(largest, later) or floored():
         return None
     return f"λ₁ has not settled over these {steps} steps: the second half reads {later:+.3g}"
 

@@ -132,8 +132,10 @@ def _reading(label: str, layer: Any, logs: np.ndarray, ran: np.ndarray, gates: A
 
     spectrum, _ = dynamics.lyapunov_exponents(logs, ran)
     largest = float(spectrum[0]) if len(spectrum) else None
-    floored = bool(len(spectrum)) and bool(
-        at_floor(logs, ran)[..., dynamics.column_order(logs, ran)[0]].any())
+
+    def floored() -> bool:  # λ₁'s direction at the scan's floor (asked of an unsettled λ₁)
+        return bool(at_floor(logs, ran)[..., dynamics.column_order(logs, ran)[0]].any())
+
     return CallReading(
         call=label, class_name=class_label(layer), cell=class_label(layer.cell),
         lyapunov=[float(v) for v in spectrum],
