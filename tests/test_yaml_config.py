@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import REPO, SAMPLES
 
@@ -110,6 +112,31 @@ def test_yaml_problems_are_config_errors(text, fragment, tmp_path):
     path.write_text(text)
     with pytest.raises(ConfigError, match=fragment):
         load_spec(str(path))
+
+
+@pytest.mark.parametrize(("name", "fragment"), [
+    ("train.py", "is Python source, which gradscope does not run as a model; save the model "
+                 "with model.save"),
+    ("Train.IPYNB", "is a notebook"),
+    ("model.h5", "is an HDF5 file; expected a YAML config or a whole Keras model saved as "
+                 ".keras"),
+    ("batch.npz", "is an array file; expected a YAML config or a .keras model, and the batch "
+                  "in --data"),
+])
+def test_files_that_are_no_config_are_named_for_what_they_are(name, fragment, tmp_path):
+    """Found tried as a new user would: `diagnose train.py` said "expected a mapping of keys
+    at the top level, found 'import keras …'" (the file read as YAML). A file whose content
+    would read as YAML is named by its suffix all the same."""
+    path = tmp_path / name
+    path.write_text("input_size: 4\n")
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_spec(str(path))
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is a TensorFlow SavedModel, which gradscope does "
+                                          "not read"):
+        load_spec(str(saved))
 
 
 def test_file_problems_are_config_errors(tmp_path):

@@ -257,13 +257,41 @@ def load_spec(source: str | os.PathLike[str] | dict[str, Any] | None = None) -> 
     return spec_from_yaml(read_config_text(Path(source)), origin=str(source))
 
 
+#: What a file of these suffixes is, given where a YAML config or a ``.keras`` model is
+#: expected, and what to pass instead.
+_SAVE_IT = ("save the model with model.save('model.keras') and pass that (with --import "
+            "FILE.py where its classes are your own), or give the model object to gradscope's "
+            "Python API, as in gradscope.diagnose(model, x=..., y=...)")
+_NOT_A_CONFIG = {
+    ".py": f"is Python source, which gradscope does not run as a model; {_SAVE_IT}",
+    ".ipynb": f"is a notebook, which gradscope does not run as a model; {_SAVE_IT}",
+    ".h5": ("is an HDF5 file; expected a YAML config or a whole Keras model saved as .keras "
+            "(keras.models.load_model reads a legacy .h5 model, and model.save('model.keras') "
+            "saves it so)"),
+    ".hdf5": ("is an HDF5 file; expected a YAML config or a whole Keras model saved as .keras "
+              "(keras.models.load_model reads a legacy .h5 model, and model.save('model.keras') "
+              "saves it so)"),
+    ".npz": "is an array file; expected a YAML config or a .keras model, and the batch in --data",
+    ".npy": "is an array file; expected a YAML config or a .keras model, and the batch in --data",
+}
+
+
 def read_config_text(path: Path) -> str:
     """Read a config file, turning every OS-level failure into a one-line ConfigError."""
     shown = str(path)
     if not path.exists():
         raise ConfigError(f"{shown}: file not found", where=shown)
     if path.is_dir():
+        if (path / "saved_model.pb").exists():
+            raise ConfigError(f"{shown}: is a TensorFlow SavedModel, which gradscope does not "
+                              "read; expected a YAML config or a Keras model saved with "
+                              "model.save('model.keras')", where=shown)
         raise ConfigError(f"{shown}: is a directory; expected a YAML config file", where=shown)
+    unread = _NOT_A_CONFIG.get(path.suffix.lower())
+    if unread is not None:
+        # Found tried as a new user would: `gradscope diagnose train.py` said "expected a
+        # mapping of keys at the top level, found 'import keras …'".
+        raise ConfigError(f"{shown}: {unread}", where=shown)
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_CONFIG_BYTES + 1)
