@@ -829,3 +829,45 @@ def _read_compiled(model, x, y, exponents):
     readings, skipped = twin.read(model.get_weights(), {"x": x}, {"y": y}, None, exponents,
                                   False, True)
     return twin, readings, skipped
+
+
+@pytest.mark.parametrize(("largest", "said"), [
+    # exp(39 × −0.0568) = 0.109, above 10 × the ratio 7.41e-4: the loss reads faster directions
+    (-0.0568, "reads λ₁ -0.0568 per step, a horizon predicted at 122 steps, past the 40 steps: "
+              "at λ₁'s rate they keep ×1.09e-01, and the loss reads the state along directions "
+              "that fade faster than its most lasting one"),
+    # exp(39 × −0.17) = 1.32e-3, within 10 × the ratio: one fading, read two ways
+    (-0.17, "reads λ₁ -0.17 per step, a horizon predicted at 40.6 steps, past the 40 steps: at "
+            "λ₁'s rate they keep ×1.32e-03, about the carried ratio: one fading, read two ways"),
+    # a horizon of 36.9 steps, within the 40: the two agree, and nothing is reconciled
+    (-0.187, "reads λ₁ -0.187 per step, a horizon predicted at 36.9 steps"),
+])
+def test_a_vanishing_flag_is_read_beside_the_diagnosis_nearest_it(largest, said):
+    """Found tried as a new user would: the training report flagged an LSTM vanishing at step
+    50 (∂L/∂s carried back over 40 steps keeps 7.41e-4) beside a horizon of 66.8 steps
+    predicted at step 96, and said nothing of how the two meet. The flag now names the
+    diagnosis nearest its step (48, of 8, 48 and 96), and where its horizon reaches past the
+    sequence, why the two part, as diagnose's note does."""
+    import math
+
+    from gradscope.report.models import FlowHistoryReport
+
+    predicted = math.log(1e3) / -largest
+    report = FlowHistoryReport.model_validate({
+        "source": "model 'm'", "loss": "mse", "mode": "inference", "every": 50,
+        "flag_factor": 1000.0, "method": "m", "weights": [], "not_analysed": [],
+        "observations": [{"step": 50, "loss": 1.0}, {"step": 100, "loss": 1.0}],
+        "recurrent": [{"layer": "lstm", "class_name": "LSTM", "units": 4,
+                       "initial_state_norms": {}, "profiles": [[1.0] * 40, [1.0] * 40],
+                       "ratios": [7.41e-4, 2e-3], "flags": ["vanishing", None]}],
+        "diagnose_every": 8, "diagnosis_steps": [8, 48, 96],
+        "diagnoses": [{"call": "lstm", "class_name": "LSTM", "cell": "LSTMCell",
+                       "lyapunov": [[-0.5], [largest], [-0.1]], "gates": [None] * 3,
+                       "horizon_predicted": [13.8, predicted, 69.1],
+                       "horizon_measured": [None] * 3, "horizon_window": [None] * 3}]})
+    text = " ".join(render_text(report, 80).split())
+    assert ("lstm: vanishing gradients at 1 of 2 observations, the last at step 50 (carried "
+            "back from each example's last step that ran to its first, ∂L/∂s, every state and "
+            "example joined, keeps 7.41e-04 × its size; flagged beyond a factor 1000); the "
+            f"diagnosis nearest it, at step 48, {said}") in text
+    assert ("past the" in said) == ("past the" in text)
