@@ -262,17 +262,14 @@ def load_spec(source: str | os.PathLike[str] | dict[str, Any] | None = None) -> 
 _SAVE_IT = ("save the model with model.save('model.keras') and pass that (with --import "
             "FILE.py where its classes are your own), or give the model object to gradscope's "
             "Python API, as in gradscope.diagnose(model, x=..., y=...)")
+_HDF5 = ("is an HDF5 file; expected a YAML config or a whole Keras model saved as .keras "
+         "(keras.models.load_model reads a legacy .h5 model, and model.save('model.keras') "
+         "saves it so)")
+_ARRAYS = "is an array file; expected a YAML config or a .keras model, and the batch in --data"
 _NOT_A_CONFIG = {
     ".py": f"is Python source, which gradscope does not run as a model; {_SAVE_IT}",
     ".ipynb": f"is a notebook, which gradscope does not run as a model; {_SAVE_IT}",
-    ".h5": ("is an HDF5 file; expected a YAML config or a whole Keras model saved as .keras "
-            "(keras.models.load_model reads a legacy .h5 model, and model.save('model.keras') "
-            "saves it so)"),
-    ".hdf5": ("is an HDF5 file; expected a YAML config or a whole Keras model saved as .keras "
-              "(keras.models.load_model reads a legacy .h5 model, and model.save('model.keras') "
-              "saves it so)"),
-    ".npz": "is an array file; expected a YAML config or a .keras model, and the batch in --data",
-    ".npy": "is an array file; expected a YAML config or a .keras model, and the batch in --data",
+    ".h5": _HDF5, ".hdf5": _HDF5, ".npz": _ARRAYS, ".npy": _ARRAYS,
 }
 
 
