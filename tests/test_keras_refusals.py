@@ -294,3 +294,12 @@ def test_arrays_under_other_names_are_said_once(tmp_path, tf):
     result = run_without_tensorflow("explain", str(path), "--data", str(data))
     lines = [line.strip() for line in result.stderr.strip().splitlines()]
     assert lines[1].endswith("expected arrays named x") and lines[2].endswith("named y")
+    # An array named as model.inputs[0].name names it in the user's session (found tried as
+    # a new user would: refused without a word of why).
+    np.savez(data, keras_tensor_3=np.zeros((2, 5, 2), np.float32),
+             y=np.zeros((2, 1), np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(data))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("keras_tensor… is the name Keras gives an input's tensor in "
+                               "one session (model.inputs[i].name), which the saved model "
+                               "does not keep: name each array after its input layer") == 1

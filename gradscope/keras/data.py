@@ -222,6 +222,17 @@ class DataProblems(DataError):
 SAMPLE_WEIGHT = "sample_weight"
 
 
+def _session_names(arrays: Collection[str]) -> str:
+    """Why arrays named ``keras_tensor…`` name no input: found tried as a new user would,
+    an .npz keyed by ``model.inputs[0].name`` ("keras_tensor") was refused without a word of
+    why."""
+    if not any(name.startswith("keras_tensor") for name in arrays):
+        return ""
+    return ("; keras_tensor… is the name Keras gives an input's tensor in one session "
+            "(model.inputs[i].name), which the saved model does not keep: name each array "
+            "after its input layer, as listed")
+
+
 def load_named(path: str, specs: list[InputSpec], outputs: list[str],
                aliases: dict[str, str] | None = None,
                read: Collection[str] | None = None) -> KerasBatch:
@@ -259,8 +270,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             problems.append((f"{path}: has no array for the input '{spec.name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(input_names)}"
-                             + (" (or x)" if len(specs) == 1 and spec.name != "x" else ""),
-                             spec.name))
+                             + (" (or x)" if len(specs) == 1 and spec.name != "x" else "")
+                             + _session_names(arrays), spec.name))
             continue
         used.add(key)
         labels[spec.name] = key
