@@ -125,7 +125,12 @@ def test_the_examples_are_named_in_the_json_and_the_text(masked, tmp_path):
     assert "checked on 5 of the 12 examples" in flat
     # How to check every one, said for the command line and for Python alike.
     assert 'every one: --examples all, or examples="all" in Python' in flat
-    assert "(the fewest kept steps of input x)" in flat
+    picked = examples["picked"]
+    # Indices and the count drawn told apart (found tried as a new user would).
+    assert ("in Python): " + "; ".join(f"example {p}" for p in picked)
+            + f"; {5 - len(picked)} others drawn with the seed") in flat
+    fewest = next(p for p in picked if "(the fewest kept steps of input x)" in p)
+    assert f"example {fewest}" in flat
     import xml.etree.ElementTree as ET
 
     (prop,) = [p for p in ET.parse(junit).iter("property") if p.get("name") == "examples"]

@@ -565,7 +565,11 @@ def examples_lines(report: KerasCheckReport) -> list[RenderableType]:
     if examples.indices is None:
         return []
     drawn = examples.checked - len(examples.picked)
-    chosen = [*examples.picked, *([f"{drawn} drawn with the seed"] if drawn else [])]
+    # "example 7 (…)", "14 others drawn": found tried as a new user would, "7 (the fewest
+    # kept steps …); 14 (the most …); 14 drawn with the seed" mixed indices with a count.
+    chosen = [*(f"example {picked}" for picked in examples.picked),
+              *([f"{drawn} {'others' if examples.picked else 'examples'} drawn with the "
+                 "seed"] if drawn else [])]
     return [Text(f"checked on {examples.checked} of the {examples.of} examples (the loss above "
                  f"is theirs; every one: --examples all, or examples=\"all\" in Python): "
                  f"{'; '.join(chosen)}",
