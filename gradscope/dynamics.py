@@ -288,10 +288,14 @@ def mechanism(evidence: Evidence) -> str:
     return "holds"
 
 
+def _count(value: float) -> str:
+    """A count of steps: two significant digits, whole steps from 10 on (not 2.9e+02)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
 def _steps(value: float) -> str:
-    """A count of steps in words: two significant digits, whole steps from 10 on (not
-    2.9e+02)."""
-    shown = f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+    """A count of steps in words (:func:`_count`)."""
+    shown = _count(value)
     return f"{shown} step" + ("" if shown == "1" else "s")
 
 
@@ -476,7 +480,9 @@ def _verdict(evidence: Evidence) -> str:
         gate = f"{e.keep_below:.0%} of {e.keep_gate}-gate values below {LOW}{tau}"
     horizon = (f"measured {e.measured}" if e.measured is not None
                else f"measured more than {e.window}")
-    horizon += f", predicted {e.predicted:.2g}" if e.predicted is not None else ""
+    # A count as _steps writes it, not 7.4e+02 (found tried as a new user would: the horizon
+    # line below the verdict said "predicted 739").
+    horizon += f", predicted {_count(e.predicted)}" if e.predicted is not None else ""
     if kind == "exploding":
         if e.largest is not None and e.largest > EXPLODING_EXPONENT:
             parts = [f"λ₁ = {e.largest:+.3g} per step, so a gradient grows about "

@@ -47,6 +47,11 @@ def test_a_horizon_measured_over_every_lag_is_not_overruled_by_the_predicted_one
     assert dynamics.fades_within(evidence) is None
     assert dynamics.mechanism(evidence) == "holds"
     assert "measured more than 29, predicted 26" in dynamics.verdict(evidence)
+    # A long horizon whole, as the horizon line below the verdict writes it (found tried as a
+    # new user would: "predicted 7.4e+02" above "predicted 739").
+    far = dynamics.Evidence(name="gru", steps=100, largest=-0.00934, measured=None,
+                            window=99, predicted=739.4, share_above_1=0.0)
+    assert "(measured more than 99, predicted 739)" in dynamics.verdict(far)
     cut = dynamics.Evidence(name="lstm", steps=300, largest=-0.05, measured=None, window=64,
                             predicted=138.0, share_above_1=0.0)
     assert dynamics.fades_within(cut) == 138.0 and dynamics.mechanism(cut) == "vanishing"
