@@ -833,12 +833,14 @@ def _read_compiled(model, x, y, exponents):
 
 @pytest.mark.parametrize(("largest", "said"), [
     # exp(39 × −0.0568) = 0.109, above 10 × the ratio 7.41e-4: the loss reads faster directions
-    (-0.0568, "reads λ₁ -0.0568 per step, a horizon predicted at 122 steps, past the 40 steps: "
-              "at λ₁'s rate they keep ×1.09e-01, and the loss reads the state along directions "
-              "that fade faster than its most lasting one"),
+    (-0.0568, "reads λ₁ -0.0568 per step, a horizon predicted at 122 steps (λ₁ has not settled "
+              "over these 40 steps: the second half reads -0.031), past the 40 steps: λ₁'s rate "
+              "keeps ×1.09e-01 over the 39 steps carried back, and the loss reads the state "
+              "along directions that fade faster than its most lasting one"),
     # exp(39 × −0.17) = 1.32e-3, within 10 × the ratio: one fading, read two ways
-    (-0.17, "reads λ₁ -0.17 per step, a horizon predicted at 40.6 steps, past the 40 steps: at "
-            "λ₁'s rate they keep ×1.32e-03, about the carried ratio: one fading, read two ways"),
+    (-0.17, "reads λ₁ -0.17 per step, a horizon predicted at 40.6 steps, past the 40 steps: "
+            "λ₁'s rate keeps ×1.32e-03 over the 39 steps carried back, about the flag's: one "
+            "fading, read two ways on either side of 10³"),
     # a horizon of 36.9 steps, within the 40: the two agree, and nothing is reconciled
     (-0.187, "reads λ₁ -0.187 per step, a horizon predicted at 36.9 steps"),
 ])
@@ -864,7 +866,11 @@ def test_a_vanishing_flag_is_read_beside_the_diagnosis_nearest_it(largest, said)
         "diagnoses": [{"call": "lstm", "class_name": "LSTM", "cell": "LSTMCell",
                        "lyapunov": [[-0.5], [largest], [-0.1]], "gates": [None] * 3,
                        "horizon_predicted": [13.8, predicted, 69.1],
-                       "horizon_measured": [None] * 3, "horizon_window": [None] * 3}]})
+                       "horizon_measured": [None] * 3, "horizon_window": [None] * 3,
+                       # the note diagnose gives an unsettled λ₁, carried with it
+                       "lyapunov_note": [None, None if largest != -0.0568 else
+                                         "λ₁ has not settled over these 40 steps: the "
+                                         "second half reads -0.031", None]}]})
     text = " ".join(render_text(report, 80).split())
     assert ("lstm: vanishing gradients at 1 of 2 observations, the last at step 50 (carried "
             "back from each example's last step that ran to its first, ∂L/∂s, every state and "

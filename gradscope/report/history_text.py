@@ -135,6 +135,12 @@ def _nearest_diagnosis(report: FlowHistoryReport, entry: RecurrentFlowSeries, fl
     said = f"; the diagnosis nearest it, at step {at}, reads λ₁ {largest:+.3g} per step"
     if predicted is not None:
         said += f", a horizon predicted at {predicted:.3g} steps"
+    notes = series.lyapunov_note
+    note = notes[index] if index < len(notes) else None
+    if note is not None:
+        # Found tried as a new user would: a reconciliation resting on a λ₁ of −0.00934 whose
+        # second half read −0.00255, unsaid here (the dynamics section below said it).
+        said += f" ({note})"
     profile = entry.profiles[flagged]
     ratio = entry.ratios[flagged]
     if (kind != "vanishing" or profile is None or ratio is None or not ratio > 0
@@ -142,13 +148,12 @@ def _nearest_diagnosis(report: FlowHistoryReport, entry: RecurrentFlowSeries, fl
         return said
     back = len(profile) - 1
     kept = math.exp(back * largest)
+    said += (f", past the {len(profile)} steps: λ₁'s rate keeps ×{number(kept)} over the "
+             f"{back} steps carried back")
     if ratio * APART < kept:
-        return (f"{said}, past the {len(profile)} steps: at λ₁'s rate they keep ×"
-                f"{number(kept)}, and the loss reads the state along directions that fade "
-                "faster than its most lasting one, which carries an input's influence")
-    return (f"{said}, past the {len(profile)} steps: at λ₁'s rate they keep ×{number(kept)}, "
-            "about the carried ratio: one fading, read two ways that fall on either side of "
-            "10³")
+        return (f"{said}, and the loss reads the state along directions that fade faster "
+                "than its most lasting one, which carries an input's influence")
+    return f"{said}, about the flag's: one fading, read two ways on either side of 10³"
 
 
 def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
