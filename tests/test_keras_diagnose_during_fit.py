@@ -871,6 +871,12 @@ def test_a_vanishing_flag_is_read_beside_the_diagnosis_nearest_it(largest, said)
                        "lyapunov_note": [None, None if largest != -0.0568 else
                                          "λ₁ has not settled over these 40 steps: the "
                                          "second half reads -0.031", None]}]})
+    if largest == -0.187:
+        # A λ₁ not finite at step 48 is passed over: the nearest finite one is step 8's.
+        nan = report.model_copy(deep=True)
+        nan.diagnoses[0].lyapunov[1] = [float("nan")]
+        assert ("the diagnosis nearest it, at step 8, reads λ₁ -0.5 per step" in
+                " ".join(render_text(nan, 80).split()))
     text = " ".join(render_text(report, 80).split())
     assert ("lstm: vanishing gradients at 1 of 2 observations, the last at step 50 (carried "
             "back from each example's last step that ran to its first, ∂L/∂s, every state and "

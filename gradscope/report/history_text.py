@@ -124,7 +124,7 @@ def _nearest_diagnosis(report: FlowHistoryReport, entry: RecurrentFlowSeries, fl
     step = report.observations[flagged].step
     read = [] if series is None else [
         (abs(at - step), at, index) for index, at in enumerate(report.diagnosis_steps)
-        if index < len(series.lyapunov) and series.lyapunov[index]]
+        if index < len(series.lyapunov) and _finite_first(series.lyapunov[index])]
     if series is None or not read:
         return ""
     _, at, index = min(read)
@@ -154,6 +154,11 @@ def _nearest_diagnosis(report: FlowHistoryReport, entry: RecurrentFlowSeries, fl
         return (f"{said}, and the loss reads the state along directions that fade faster "
                 "than its most lasting one, which carries an input's influence")
     return f"{said}, about the flag's: one fading, read two ways on either side of 10³"
+
+
+def _finite_first(exponents: list[float] | None) -> bool:
+    """Whether a diagnosis read a finite λ₁."""
+    return exponents is not None and len(exponents) > 0 and math.isfinite(exponents[0])
 
 
 def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
