@@ -883,3 +883,6 @@ def test_a_vanishing_flag_is_read_beside_the_diagnosis_nearest_it(largest, said)
             "example joined, keeps 7.41e-04 × its size; flagged beyond a factor 1000); the "
             f"diagnosis nearest it, at step 48, {said}") in text
     assert ("past the" in said) == ("past the" in text)
+    # ‖∂L/∂h0‖ and the profile's t=0 told apart (found tried as a new user would).
+    assert ("‖∂L/∂h_t‖ over the time steps, at the last observation h_t: the state after step "
+            "t (‖∂L/∂h0‖ above: the initial state, before t=0)") in text

@@ -174,7 +174,11 @@ def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableTyp
             rows[f"{entry.layer} (step {steps[last]})"] = profile
     if not rows:
         return []
-    return [section("‖∂L/∂h_t‖ over the time steps, at the last observation"),
+    # Found tried as a new user would: "‖∂L/∂h0‖ 1.72e-01" above beside "at t=0 1.66e-01"
+    # here read as one quantity twice.
+    said = Text("h_t: the state after step t (‖∂L/∂h0‖ above: the initial state, before "
+                "t=0)", style="dim")
+    return [section("‖∂L/∂h_t‖ over the time steps, at the last observation"), said,
             norm_table(rows, width)]
 
 
