@@ -388,6 +388,12 @@ def verdict(evidence: Evidence) -> str:
 APART = 10.0
 
 
+def apart(lower: float, upper: float) -> bool:
+    """Whether a fading that ends at ``lower`` and one that ends at ``upper`` over the same
+    steps are two fadings (``lower`` more than :data:`APART` below), not one read two ways."""
+    return lower * APART < upper
+
+
 def flow_note(evidence: Evidence) -> str | None:
     """Where ``explain --flow``'s flag and the verdict part on vanishing, why, with both
     numbers; where λ₁ grows but the flow is not flagged, how far the steps are from ×10³
@@ -416,7 +422,7 @@ def flow_note(evidence: Evidence) -> str | None:
         if e.largest is None:
             return said
         kept = float(np.exp(back * e.largest))
-        if e.carried * APART < kept:
+        if apart(e.carried, kept):
             return (f"{said}: the loss reads the state along directions that fade faster "
                     f"than its most lasting one (λ₁ = {e.largest:+.3g} per step: ×{kept:.3g} "
                     f"over those {back} steps), which carries an input's influence")
@@ -441,7 +447,7 @@ def flow_note(evidence: Evidence) -> str | None:
                 f"its factor 10³")
         influence = -float(np.log(HORIZON_FACTOR)) / fades
         left = float(np.exp(back * influence))
-        if left * APART < e.carried:
+        if apart(left, e.carried):
             return (f"{said}, while an input's influence fades by 10³ within about "
                     f"{_steps(fades)} ({influence:+.3g} per step): inputs enter the state "
                     f"along directions it forgets faster than those the loss reads")

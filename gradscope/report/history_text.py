@@ -118,19 +118,19 @@ def _nearest_diagnosis(report: FlowHistoryReport, entry: RecurrentFlowSeries, fl
     (:func:`~gradscope.dynamics.flow_note`; found tried as a new user would: an LSTM flagged
     vanishing at step 50 beside a horizon of 66.8 steps predicted at step 96, unreconciled).
     "" where the layer was not diagnosed."""
-    from gradscope.dynamics import APART
+    from gradscope.dynamics import apart
 
     series = next((s for s in report.diagnoses if s.call == entry.layer), None)
-    step = report.observations[flagged].step
-    read = [] if series is None else [
-        (abs(at - step), at, index) for index, at in enumerate(report.diagnosis_steps)
-        if index < len(series.lyapunov) and _finite_first(series.lyapunov[index])]
-    if series is None or not read:
+    if series is None:
         return ""
-    _, at, index = min(read)
-    exponents = series.lyapunov[index]
-    assert exponents
-    largest = exponents[0]
+    step = report.observations[flagged].step
+    read = [(abs(at - step), at, index, exponents[0])
+            for index, (at, exponents) in enumerate(zip(report.diagnosis_steps,
+                                                        series.lyapunov, strict=False))
+            if exponents and math.isfinite(exponents[0])]
+    if not read:
+        return ""
+    _, at, index, largest = min(read)
     predicted = series.horizon_predicted[index]
     said = f"; the diagnosis nearest it, at step {at}, reads λ₁ {largest:+.3g} per step"
     if predicted is not None:
@@ -150,15 +150,10 @@ def _nearest_diagnosis(report: FlowHistoryReport, entry: RecurrentFlowSeries, fl
     kept = math.exp(back * largest)
     said += (f", past the {len(profile)} steps: λ₁'s rate keeps ×{number(kept)} over the "
              f"{back} steps carried back")
-    if ratio * APART < kept:
+    if apart(ratio, kept):
         return (f"{said}, and the loss reads the state along directions that fade faster "
                 "than its most lasting one, which carries an input's influence")
     return f"{said}, about the flag's: one fading, read two ways on either side of 10³"
-
-
-def _finite_first(exponents: list[float] | None) -> bool:
-    """Whether a diagnosis read a finite λ₁."""
-    return exponents is not None and len(exponents) > 0 and math.isfinite(exponents[0])
 
 
 def profile_section(report: FlowHistoryReport, width: int) -> list[RenderableType]:
