@@ -468,10 +468,11 @@ def stepped_runner(engine: Any, layer: Any, directions: list[Direction], trainin
                                                                 directions, strict=True)]
         return outputs, [scan[0] for scan in scans], totals, direct, read, back
 
-    from gradscope._tf import xla_or_graph
+    from gradscope._tf import batch_free, xla_or_graph
 
     traced = (xla_or_graph(tf, stepping, autograph=False, reduce_retracing=True) if compiled
-              else tf.function(stepping, autograph=False, reduce_retracing=True))
+              else batch_free(tf, tf.function(stepping, autograph=False,
+                                              reduce_retracing=True)))
 
     @tf.function(autograph=False, reduce_retracing=True)
     def carried(x: Any, mask: Any, initial: list[Any], states: list[list[Any]],

@@ -313,7 +313,9 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
         from gradscope._tf import xla_or_graph
 
         return xla_or_graph(tf, scan, autograph=False, reduce_retracing=True)
-    return tf.function(scan, autograph=False, reduce_retracing=True)
+    from gradscope._tf import batch_free
+
+    return batch_free(tf, tf.function(scan, autograph=False, reduce_retracing=True))
 
 
 def carried_step(tf: Any, by_hand: Any, weights: Any, states: list[Any], x_t: Any, q: Any,
