@@ -192,10 +192,10 @@ def without_grappler() -> Iterator[None]:
 
 def batch_free(tf: Any, function: Any) -> Any:
     """``function`` (a ``tf.function``) traced at its first call with the first axis of every
-    tensor argument free (the batch's): a later call on another number of examples (a
-    diagnosis's changes step the 8 examples the horizon reads, of a batch of 16) takes the
-    same trace, where ``reduce_retracing`` would trace once more (about 0.9 s of a small
-    GRU's stepping, 0.4 s of its Lyapunov scan)."""
+    tensor argument free (the batch's): a later call on another number of examples takes the
+    same trace, where ``reduce_retracing`` would trace once more. A diagnosis's changes scan
+    the 8 examples the horizon reads (about 0.4 s of a small GRU's Lyapunov scan, of a batch
+    of 16), and a fit's diagnoses step an epoch's last, shorter batch."""
     traced: list[bool] = []
 
     def free(value: Any) -> Any:
