@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 
-from gradscope.errors import ConfigError, GradscopeError, flag, given, whole_number
+from gradscope.errors import ConfigError, GradscopeError, flag, given, imports_given, whole_number
 
 #: The file types matplotlib's Agg backend writes, by extension.
 PLOT_EXTENSIONS = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif",
@@ -63,13 +64,52 @@ def check_plot(plot: Path | None, force: bool, output: Path | None = None) -> No
 
 def check_user_code(config: str | None, imports: tuple[str, ...], unsafe: bool) -> None:
     """``--import`` and ``--unsafe`` (``imports=`` and ``unsafe=`` in Python) bring code for a
-    saved ``.keras`` model only."""
+    saved ``.keras`` model only; each ``--import`` must be found (:func:`missing_code`)."""
     option = flag("unsafe" if unsafe and not imports else "imports")
     if config is None or not str(config).endswith(".keras"):
         found = (f"{config} is not one (a YAML config or a weights file names no code)"
                  if config else "the embedded seed model is a YAML config, which names no code")
         raise GradscopeError(f"{option} is for a saved .keras model whose classes are your own "
                              f"code; {found}", where=option)
+    for source in imports:
+        missing = missing_code(source)
+        if missing is not None:
+            raise ConfigError(missing, where="--import")
+
+
+#: What ``--import`` takes, said where what it was given is not that.
+IMPORTABLE = "expected a dotted module name or a path to a .py file"
+
+
+def is_a_path(source: str) -> bool:
+    """Whether ``--import SOURCE`` names a file (else a dotted module name)."""
+    return source.endswith(".py") or "/" in source or "\\" in source
+
+
+def no_module(source: str, name: str) -> str:
+    """``--import SOURCE`` where Python finds no module ``name``."""
+    return (f"{imports_given(source)}: no module named {name!r} on the Python path (the "
+            f"current folder included); {IMPORTABLE}")
+
+
+def missing_code(source: str) -> str | None:
+    """Why ``--import SOURCE`` cannot be imported, seen without importing anything (so before
+    TensorFlow loads: found tried as a new user would, a misspelt module took 5.6 s to be
+    refused): a file that does not exist, or a top-level module that is not on the Python
+    path, the current folder included. None where it may be imported."""
+    if is_a_path(source):
+        return (None if Path(source).is_file() else
+                f"{imports_given(source)}: no such file; {IMPORTABLE}")
+    top = source.split(".")[0]
+    here = str(Path.cwd())
+    sys.path.insert(0, here)
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # a name Python refuses: the import says why
+        return None
+    finally:
+        sys.path.remove(here)
+    return None if found is not None else no_module(source, top)
 
 
 def check_junit(junit: Path | None, force: bool, output: Path | None) -> None:

@@ -264,3 +264,22 @@ def test_a_saved_loss_of_your_own_is_read_with_import_and_said_as_a_saved_one(tm
     assert done.returncode == 0, done.stderr
     assert "loss = " in done.stdout
     assert ": my_losses>doubled_mse (saved with the compiled model)\n" in done.stdout
+
+
+@pytest.mark.parametrize(("source", "said"), [
+    ("no_such_module", "no module named 'no_such_module' on the Python path"),
+    ("no_such_package.layers", "no module named 'no_such_package' on the Python path"),
+    ("no/such_file.py", "no such file"),
+])
+def test_an_import_python_cannot_find_is_refused_before_tensorflow_loads(source, said):
+    """Found tried as a new user would: a misspelt --import took 5.6 s to be refused, after
+    TensorFlow loaded. Python's finder sees it first, importing nothing."""
+    from conftest import run_without_tensorflow
+
+    refused = run_without_tensorflow("explain", "tests/bad_inputs/not_a_zip.keras",
+                                     "--import", source)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"gradscope: error: --import {source}: {said}"
+        + (" (the current folder included)" if "module" in said else "")
+        + "; expected a dotted module name or a path to a .py file"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from gradscope.errors import ConfigError, first_line, imports_given
 from gradscope.keras.live import LOADED_FROM
+from gradscope.preflight import is_a_path, missing_code, no_module
 
 
 def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
@@ -29,11 +30,11 @@ def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
     modules = []
     for source in sources:
         option = imports_given(source)
-        if source.endswith(".py") or "/" in source or "\\" in source:
+        missing = missing_code(source)
+        if missing is not None:
+            raise ConfigError(missing, where="--import")
+        if is_a_path(source):
             path = Path(source)
-            if not path.is_file():
-                raise ConfigError(f"{option}: no such file; expected a dotted module name or "
-                                  "a path to a .py file", where="--import")
             name = path.stem
             if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(
                     path.resolve()):
@@ -56,9 +57,7 @@ def import_user_code(sources: Iterable[str]) -> list[ModuleType]:
         try:
             modules.append(importlib.import_module(source))
         except ModuleNotFoundError as exc:
-            raise ConfigError(f"{option}: no module named {exc.name!r} on the Python path "
-                              f"(the current folder included); expected a dotted module name "
-                              "or a path to a .py file", where="--import") from None
+            raise ConfigError(no_module(source, str(exc.name)), where="--import") from None
         except Exception as exc:  # noqa: BLE001  (the user's code raises what it raises)
             raise ConfigError(f"{option}: importing it raised {type(exc).__name__}: "
                               f"{first_line(exc)}", where="--import") from None
