@@ -314,6 +314,17 @@ def test_watch_refuses_in_one_line(tmp_path):
     assert json.loads(foreign.stdout)["error"]["where"] == str(other)
 
 
+@pytest.mark.parametrize("folder", [123, ["runs"]])
+def test_a_log_dir_that_is_no_path_is_a_clear_error(folder, tf):
+    """Found tried as a new user would: GradientFlow(log_dir=123) raised Python's own
+    TypeError from pathlib."""
+    from gradscope.keras import GradientFlow
+
+    with pytest.raises(ConfigError, match=r"GradientFlow\(log_dir=.*\): expected a folder's "
+                                          r"path, a str or a pathlib.Path"):
+        GradientFlow(log_dir=folder)
+
+
 def test_without_tensorboard_a_clear_message(tmp_path, monkeypatch, tf):
     import subprocess
 

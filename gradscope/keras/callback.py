@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sys
 import threading
 import warnings
@@ -126,6 +127,10 @@ class GradientFlow(keras.callbacks.Callback):
             raise ConfigError(f"GradientFlow(diagnose_examples={diagnose_examples!r}): "
                               "expected a whole number of examples ≥ 1, or None (every "
                               "example of the batch)", where="diagnose_examples")
+        if log_dir is not None and not isinstance(log_dir, str | os.PathLike):
+            # Found tried as a new user would: log_dir=123 raised Python's own TypeError.
+            raise ConfigError(f"GradientFlow(log_dir={log_dir!r}): expected a folder's path, "
+                              "a str or a pathlib.Path", where="log_dir")
         if log_dir is not None:
             from gradscope.training_log import require_tensorboard
 
