@@ -303,3 +303,21 @@ def test_arrays_under_other_names_are_said_once(tmp_path, tf):
     assert result.stderr.count("keras_tensor… is the name Keras gives an input's tensor in "
                                "one session (model.inputs[i].name), which the saved model "
                                "does not keep: name each array after its input layer") == 1
+
+
+def test_an_input_of_other_dimensions_is_said_with_its_file(tmp_path, tf):
+    """Found tried as a new user would: of the errors in an .npz, the one of an input with
+    too few dimensions alone was said without the file's name."""
+    import keras
+
+    model = keras.Sequential([keras.Input((5, 2), name="seq"), keras.layers.GRU(3),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(loss="mse")
+    path = tmp_path / "model.keras"
+    model.save(path)
+    data = tmp_path / "batch.npz"
+    np.savez(data, seq=np.zeros((2, 5), np.float32), out=np.zeros((2, 1), np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(data))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"gradscope: error: {data}: seq has 2 dimensions (2, 5); "
+                                     "the input 'seq' expects 3: (batch, 5, 2)")

@@ -279,8 +279,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             continue
         try:
             inputs[spec.name] = _checked_input(spec, arrays[key], key)
-        except DataError as exc:
-            problems.append((exc.message, exc.where or key))
+        except DataError as exc:  # found tried as a new user would: the one said without
+            problems.append((f"{path}: {exc.message}", exc.where or key))  # its file
             inputs[spec.name] = arrays[key]  # still counted for the batch size
     for name in outputs:
         other = next((alias for alias, to in (aliases or {}).items()
