@@ -70,9 +70,9 @@ def carried_flag(what: str, ratio: float | None, span: str, states: list[str] | 
     assert ratio is not None
     joined = ("" if not states or len(states) < 2 else
               f" on {', '.join(states[:-1])} and {states[-1]} together")
-    kept = (f"keeps {ratio:.2e} × its size" if ratio > 0 else
-            "keeps nothing of its size (it rounds to 0 on the way, below the smallest number "
-            "the layer's dtype holds)")
+    kept = (f"keeps {ratio:.2e} × the norm it started with" if ratio > 0 else
+            "keeps nothing of the norm it started with (it rounds to 0 on the way, below the "
+            "smallest number the layer's dtype holds)")
     return FlowFlag(what=what, kind=kind, ratio=ratio,
                     message=f"{what}: carried back through the recurrence {span}, the "
                             f"gradient{joined} {kept}{note}: {kind} gradients (flagged beyond "

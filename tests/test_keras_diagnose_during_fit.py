@@ -880,7 +880,8 @@ def test_a_vanishing_flag_is_read_beside_the_diagnosis_nearest_it(largest, said)
     text = " ".join(render_text(report, 80).split())
     assert ("lstm: vanishing gradients at 1 of 2 observations, the last at step 50 (carried "
             "back from each example's last step that ran to its first, ∂L/∂s, every state and "
-            "example joined, keeps 7.41e-04 × its size; flagged beyond a factor 1000); the "
+            "example joined, keeps 7.41e-04 × the norm it started with; flagged beyond a "
+            "factor 1000); the "
             f"diagnosis nearest it, at step 48, {said}") in text
     assert ("past the" in said) == ("past the" in text)
     # ‖∂L/∂h0‖ and the profile's t=0 told apart (found tried as a new user would).

@@ -439,7 +439,7 @@ def test_a_gradient_rounded_to_zero_on_the_way_back_is_said_so() -> None:
 
     flag = recurrence_flag("∂L/∂encoder/h_t", 0.0, 300)
     assert flag is not None and flag.kind == "vanishing"
-    assert "keeps nothing of its size (it rounds to 0" in flag.message
+    assert "keeps nothing of the norm it started with (it rounds to 0" in flag.message
     assert "0.00e+00" not in flag.message
     assert _carried(0.0) == "×0 (rounds to 0)" and _carried(2e-5) == "×2.00e-05"
 
@@ -480,7 +480,8 @@ def test_a_padded_batch_s_flag_names_the_steps_its_longest_example_ran():
     assert flag is not None and flag.kind == "vanishing"
     assert flag.message.startswith("∂L/∂lstm/h_t: carried back through the recurrence over "
                                    "the 30 steps its longest example ran (each example's from "
-                                   "its own last step), the gradient keeps 1.00e-07 × its size")
+                                   "its own last step), the gradient keeps 1.00e-07 × the norm "
+                                   "it started with")
     whole = recurrence_flag("∂L/∂lstm/h_t", 1e-7, 40, np.ones((3, 40), bool))
     assert whole is not None and "from t=39 to t=0 (the order the layer runs)" in whole.message
 

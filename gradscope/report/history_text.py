@@ -103,7 +103,8 @@ def flag_lines(report: FlowHistoryReport) -> list[RenderableType]:
                 f"observations, the last at step {steps[last]} (carried back from each "
                 f"example's last step that ran to its first, ∂L/∂s, every state and example "
                 f"joined, keeps "
-                f"{number(entry.ratios[last])} × its size; flagged beyond a factor "
+                f"{number(entry.ratios[last])} × the norm it started with; flagged beyond "
+                f"a factor "
                 f"{report.flag_factor:g})" + _nearest_diagnosis(report, entry, last, kind)))
     if report.recurrent and not lines:
         lines.append(Text(f"{NO_FLAGS} (factor {report.flag_factor:g})", style="dim"))
