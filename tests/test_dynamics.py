@@ -165,3 +165,14 @@ def test_a_change_is_a_remedy_only_where_it_lengthens_the_horizon_enough(horizon
     """A measured horizon names its change for a vanishing layer at 1.5 times the layer's
     and 2 steps more (a horizon beyond its window counts half a step past it)."""
     assert dynamics.lengthens(horizon, before) is named
+
+
+@pytest.mark.parametrize(("largest", "later", "said"), [
+    (-0.003, 0.0131, "read alone, the second half would be exploding (λ₁ above 0.01)"),
+    (0.02, 0.004, "read alone, the second half would not be exploding (λ₁ at most 0.01)"),
+    (-0.3, -0.2, None), (0.03, 0.05, None), (0.01, 0.0100001, "read alone, the second half "
+                                            "would be exploding (λ₁ above 0.01)")])
+def test_a_second_half_read_otherwise_than_the_verdict_is_said(largest, later, said) -> None:
+    """Found tried as a new user would: λ₁'s unsettled second half read +0.0131 beside a
+    verdict "holds, … nor exploding", read from all the steps."""
+    assert dynamics.read_apart(largest, later) == said

@@ -1481,3 +1481,19 @@ def test_an_unsettled_largest_exponent_is_said_so_from_its_second_half(tf: Any) 
         assert note == (f"λ₁ has not settled over these {steps} steps: the second half reads "
                         f"{entry.lyapunov_1_later_half:+.3g}" if said else None)
     assert warned == [] and entry.lyapunov_1_later_half == pytest.approx(np.log(0.9), rel=1e-4)
+
+
+def test_an_unsettled_second_half_on_the_other_side_of_exploding_is_said_so(tf: Any) -> None:
+    """W = diag(1.05, 0.3, …) over 8 steps: λ₁ from all of them is below 0.01 (a random
+    start's first steps shrink with the 0.3 directions), its second half near ln 1.05 above
+    it. The warning says what the second half alone would read, as the verdict reads all."""
+    w = np.diag([1.05, 0.3, 0.3, 0.3, 0.3, 0.3])
+    x, y = _batch(steps=8)
+    report = gradscope.diagnose(_linear_model(w, steps=8), x=x, y=y, exponents=1,
+                                counterfactuals=False)
+    entry = report.layers[0]
+    assert entry.lyapunov[0] <= 0.01 < entry.lyapunov_1_later_half
+    assert entry.verdict.startswith("linear: holds")
+    (warned,) = [line for line in report.warnings if "λ₁ has not settled" in line]
+    assert warned.endswith("; read alone, the second half would be exploding (λ₁ above "
+                           "0.01), where the verdict reads all of them")

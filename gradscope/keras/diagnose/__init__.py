@@ -362,12 +362,15 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     later = dynamics.later_half_largest(logs, path.ran)
     if (change is not None and 0 not in floored_at
             and dynamics.unsettled(float(spectrum[0]) if len(spectrum) else None, later)):
+        assert later is not None
+        apart = dynamics.read_apart(float(spectrum[0]), later)
         warnings.append(
             f"{label}: λ₁ has not settled over these {path.ran.shape[1]} steps: the second "
             f"half of the steps alone reads {later:+.3g} per step, against "
             f"{float(spectrum[0]):+.3g} from all of them (where the scan started still "
             f"weighs, more than \"moved\" {change:.3g} says), and a horizon predicted from "
-            "λ₁ is no firmer")
+            "λ₁ is no firmer" + ("" if apart is None else
+                                 f"; {apart}, where the verdict reads all of them"))
     say(f"{label}: the norm of every step Jacobian")
     grid, method, taken = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
