@@ -549,6 +549,10 @@ def test_a_diagonal_linear_recurrence_has_the_logs_of_its_eigenvalues(tf: Any) -
         assert not change.applicable and change.note is not None
         assert change.note.startswith("not applicable to this cell")
         assert change.horizon is None and change.lyapunov_1 is None
+    # Its step is not one gradscope knows, whatever its attributes are named (found tried as
+    # a new user would: "no recurrent kernel gradscope knows" of a cell's recurrent_kernel).
+    orthogonal = next(c for c in entry.counterfactuals if c.kind == "orthogonal")
+    assert orthogonal.note is not None and "not how this cell's step does" in orthogonal.note
     np.testing.assert_allclose(entry.lyapunov, np.sort(np.log(np.abs(diagonal)))[::-1],
                                atol=1e-5)
 

@@ -110,8 +110,14 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     h_(t−1) by its own block through its own nonlinearity: the orthogonality of the whole
     (u, blocks·u) matrix (Keras' initializer) says nothing of any one block's spectrum."""
     kind = class_label(cell)
-    if kind not in BLOCKS or getattr(cell, "recurrent_kernel", None) is None:
-        return f"{NOT_APPLICABLE} ({kind}: no recurrent kernel gradscope knows)"
+    if kind not in BLOCKS:
+        # Found tried as a new user would: "no recurrent kernel gradscope knows" of a cell of
+        # the user's own with an attribute recurrent_kernel.
+        return (f"{NOT_APPLICABLE} ({kind}: gradscope knows how the gates of Keras' GRU, LSTM "
+                "and SimpleRNN cells read their recurrent kernel, not how this cell's step "
+                "does)")
+    if getattr(cell, "recurrent_kernel", None) is None:
+        return f"{NOT_APPLICABLE} ({kind}: it has no recurrent kernel)"
     before = np.array(cell.recurrent_kernel.numpy(), np.float64)
     kernel = before.copy()
     units = kernel.shape[0]
