@@ -25,6 +25,16 @@ def _saved(folder: Path, name: str, build) -> Path:
     return path
 
 
+def _seq_gru():
+    """Input 'seq' (5, 2) → GRU 3 → Dense 'out' 1, compiled with mse."""
+    import keras
+
+    model = keras.Sequential([keras.Input((5, 2), name="seq"), keras.layers.GRU(3),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(loss="mse")
+    return model
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tf):
     import keras
@@ -270,11 +280,7 @@ def test_arrays_under_other_names_are_said_once(tmp_path, tf):
     near is said once, in the lines that list what was found."""
     import keras
 
-    model = keras.Sequential([keras.Input((5, 2), name="seq"), keras.layers.GRU(3),
-                              keras.layers.Dense(1, name="out")])
-    model.compile(loss="mse")
-    path = tmp_path / "model.keras"
-    model.save(path)
+    path = _saved(tmp_path, "model", _seq_gru)
     data = tmp_path / "batch.npz"
     np.savez(data, inputs=np.zeros((2, 5, 2), np.float32),
              targets=np.zeros((2, 1), np.float32))
@@ -308,13 +314,7 @@ def test_arrays_under_other_names_are_said_once(tmp_path, tf):
 def test_an_input_of_other_dimensions_is_said_with_its_file(tmp_path, tf):
     """Found tried as a new user would: of the errors in an .npz, the one of an input with
     too few dimensions alone was said without the file's name."""
-    import keras
-
-    model = keras.Sequential([keras.Input((5, 2), name="seq"), keras.layers.GRU(3),
-                              keras.layers.Dense(1, name="out")])
-    model.compile(loss="mse")
-    path = tmp_path / "model.keras"
-    model.save(path)
+    path = _saved(tmp_path, "model", _seq_gru)
     data = tmp_path / "batch.npz"
     np.savez(data, seq=np.zeros((2, 5), np.float32), out=np.zeros((2, 1), np.float32))
     result = run_without_tensorflow("explain", str(path), "--data", str(data))
