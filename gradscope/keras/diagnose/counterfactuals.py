@@ -113,9 +113,8 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     if kind not in BLOCKS:
         # Found tried as a new user would: "no recurrent kernel gradscope knows" of a cell of
         # the user's own with an attribute recurrent_kernel.
-        return (f"{NOT_APPLICABLE} ({kind}: gradscope knows how the gates of Keras' GRU, LSTM "
-                "and SimpleRNN cells read their recurrent kernel, not how this cell's step "
-                "does)")
+        return (f"{NOT_APPLICABLE} ({kind}: gradscope does not know how its step reads a "
+                "recurrent kernel)")
     if getattr(cell, "recurrent_kernel", None) is None:
         return f"{NOT_APPLICABLE} ({kind}: it has no recurrent kernel)"
     before = np.array(cell.recurrent_kernel.numpy(), np.float64)
