@@ -210,8 +210,9 @@ def diagnose(model: Any, data: Any = None, *, x: Any = None, y: Any = None,
         exponents: How many Lyapunov exponents (default 8; every one when the state has at
             most 32 numbers).
         counterfactuals: Measure each change (keep-gate bias +1, an orthogonal recurrent
-            kernel, the clipping the batch suggests) on a copy of the model, run again on the
-            batch; False skips those reruns.
+            kernel, the clipping the batch suggests) on a copy of the model (the model
+            itself where Keras cannot copy it, each change undone after its run), run again
+            on the batch; False skips those reruns.
         weights: For a YAML spec: its trained weights, as :func:`explain` reads them.
 
     Returns:

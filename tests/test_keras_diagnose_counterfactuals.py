@@ -616,37 +616,75 @@ def test_a_shut_update_gate_raised_to_1_against_a_copy_changed_by_hand(
     assert "update_bias_1" not in {c.kind for c in gru_diagnosed[4].layers[0].counterfactuals}
 
 
-def test_a_model_keras_cannot_copy_says_why_once_for_its_changes(tf: Any) -> None:
-    """Found tried as a new user would: the TensorFlow tutorial's subclassed text model takes
-    arguments Keras cannot serialise and has no get_config: no change can be run on a copy.
-    Each change says so, with Keras' whole sentence (it stopped at "must override
-    `get_config()` in"), and the text says it once for both."""
+def _not_copyable(kind: str) -> Any:
+    """A model object Keras cannot copy as diagnose copies one, its forget gate near shut:
+    ``subclassed``, the TensorFlow tutorial's text model, which takes arguments Keras cannot
+    serialise and has no get_config; ``mixed``, a functional model built under the
+    mixed_float16 policy, which a copy rebuilt from its config would not keep."""
     import keras
-    from conftest import render_text
 
     class Text(keras.Model):
         def __init__(self, sizes: Any) -> None:  # a dict: not serialisable as Keras asks
             super().__init__()
-            self.gru = keras.layers.GRU(sizes["units"], return_sequences=True, name="gru")
+            self.rnn = keras.layers.LSTM(sizes["units"], return_sequences=True, name="rnn")
             self.out = keras.layers.Dense(1, name="out")
 
         def call(self, x: Any) -> Any:
-            return self.out(self.gru(x))
+            return self.out(self.rnn(x))
 
     keras.utils.set_random_seed(2)
-    model = Text({"units": 4})
+    if kind == "subclassed":
+        model = Text({"units": U})
+        model(np.zeros((1, T, F), "float32"))
+    else:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            inp = keras.Input((T, F), name="x")
+            h = keras.layers.LSTM(U, return_sequences=True, name="rnn")(inp)
+            model = keras.Model(inp, keras.layers.Dense(1, name="out", dtype="float32")(h))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
     model.compile(loss="mse")
+    model.get_layer("rnn").cell.bias.assign(
+        np.r_[np.zeros(U), -3 * np.ones(U), np.zeros(2 * U)].astype("float32"))
+    return model
+
+
+@pytest.mark.parametrize(("kind", "why"), [
+    ("subclassed", "Keras cannot rebuild it in float32 from its config (Object Text was "
+     "created by passing non-serializable argument values"),
+    ("mixed", "a copy would not keep its dtype policy mixed_float16")])
+def test_a_model_keras_cannot_copy_runs_its_changes_on_itself_and_gets_it_back(
+        tf: Any, kind: str, why: str) -> None:
+    """Found tried as a new user would: a model object Keras cannot copy got no
+    counterfactual (each said "the model is not copied"). Its changes run on the model
+    itself: each equals the diagnosis of the model changed by hand, the text and the JSON
+    say where they ran and why, and the model has every weight back, bit for bit."""
+    from conftest import render_text
+
+    model = _not_copyable(kind)
     x, y = _batch()
-    model(x[:1])
+    weights = [w.copy() for w in model.get_weights()]
     report = gradscope.diagnose(model, x=x, y=y)
-    changes = report.layers[0].counterfactuals
-    refused = [c for c in changes if not c.applicable]
-    assert [c.kind for c in changes if c.applicable] == ["clipping"] and len(refused) == 2
-    for change in refused:
-        assert change.note is not None
-        assert change.note.startswith("the model is not copied: Keras cannot rebuild it")
-        assert change.note.endswith("in order to be serializable. Please implement "
-                                    "`get_config()`.)")
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights(), strict=True))
+    found = {c.kind: c for c in report.layers[0].counterfactuals}
+    assert set(found) == {"keep_bias", "forget_bias_1", "orthogonal", "clipping"}
+    for change in ("keep_bias", "forget_bias_1", "orthogonal"):
+        assert found[change].on_model is not None
+        assert found[change].on_model.startswith(why)
+    assert found["clipping"].on_model is None  # not rerun
+
+    cell = model.get_layer("rnn").cell
+    bias = cell.bias.numpy()
+    bias[U:2 * U] += 1  # the change by hand, on the model itself
+    cell.bias.assign(bias)
+    try:
+        truth = gradscope.diagnose(model, x=x, y=y, counterfactuals=False).layers[0]
+    finally:
+        model.set_weights(weights)
+    _same(found["keep_bias"], truth)
     text = " ".join(render_text(report, 80).split())
-    assert text.count("the model is not copied") == 1
-    assert f"{refused[0].change} · {refused[1].change}: the model is not copied" in text
+    assert "with one change (the model itself, run again, each change undone after its run)" \
+        in text
+    assert ("the changes ran on the model itself, each undone after its run (the weights "
+            f"given back bit for bit, so the model is as it was), not on a copy: {why}") in text

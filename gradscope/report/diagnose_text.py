@@ -172,9 +172,13 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
     if not layer.counterfactuals:
         return []
     rows = next((c.examples for c in layer.counterfactuals if c.examples is not None), None)
+    # Where Keras cannot copy the model, the changes ran on it, each undone after its run.
+    on = ("the model itself, run again, each change undone after its run"
+          if any(c.on_model for c in layer.counterfactuals) else
+          "a copy of the model, run again")
     parts: list[RenderableType] = [Text(
-        "with one change (a copy of the model, run again):" if rows is None else
-        f"with one change (a copy of the model, run again; stepped on the {len(rows)} "
+        f"with one change ({on}):" if rows is None else
+        f"with one change ({on}; stepped on the {len(rows)} "
         f"examples the horizon reads, {_examples(rows)}, and before read on them too):")]
     before_h = _horizon_words(layer.horizon.measured, layer.horizon.window)
     before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"

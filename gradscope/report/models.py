@@ -1073,8 +1073,9 @@ class StateFlow(_Report):
 
 
 class Counterfactual(_Report):
-    """A copy of the model with one change, run again on the same batch; every number is
-    measured on the copy (clipping changes the gradient, not the dynamics: not rerun)."""
+    """A copy of the model with one change (the model itself, the change undone after, where
+    Keras cannot copy it: ``on_model``), run again on the same batch; every number is
+    measured on it (clipping changes the gradient, not the dynamics: not rerun)."""
 
     kind: Literal["keep_bias", "forget_bias_1", "update_bias_1", "orthogonal",
                   "orthogonal_1", "clipping"] = Field(
@@ -1087,8 +1088,12 @@ class Counterfactual(_Report):
                     "orthogonal at spectral norm 1 (listed only where its norm is below 1); "
                     "clipping: global_clipnorm at the norm the batch suggests")
     change: str = Field(description="the change, in words")
-    applicable: bool = Field(description="false: the change has no meaning for this cell, "
-                             "or the copy could not be made (note says why); no numbers")
+    applicable: bool = Field(description="false: the change has no meaning for this cell "
+                             "(note says why); no numbers")
+    on_model: str | None = Field(
+        default=None, description="where not null, why the change ran on the model itself, "
+        "not a copy (Keras could not copy it); it was undone after its run, the weights "
+        "given back bit for bit")
     note: str | None = None
     horizon: int | None = Field(description="the measured horizon after the change (null: "
                                 "beyond horizon_window, or not applicable)")

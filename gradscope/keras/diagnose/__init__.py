@@ -74,6 +74,12 @@ COUNTERFACTUAL_METHOD = (
     "beside the layer's own, read alike on the same examples as before; clipping "
     "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun")
 
+def on_model_method(why: str) -> str:
+    """Added to :data:`METHOD` where the counterfactuals ran on the user's model itself."""
+    return ("the changes ran on the model itself, each undone after its run (the weights "
+            f"given back bit for bit, so the model is as it was), not on a copy: {why}")
+
+
 #: Added to :data:`METHOD` where a diagnosed call ran with dropout in training mode.
 DROPOUT_METHOD = (
     "training mode with dropout: each step holds the masks the call drew (drawn again from "
@@ -251,6 +257,8 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
         # Without counterfactuals, their method is not said (found tried as a new user
         # would: "How" described changes that never ran).
         method=[*METHOD, *([COUNTERFACTUAL_METHOD] if counterfactuals else []),
+                *([on_model_method(whatif.on_model)]
+                  if whatif is not None and whatif.on_model else []),
                 *([DROPOUT_METHOD] if dropped else [])],
         warnings=warnings)
     if timings:
@@ -571,6 +579,9 @@ class _WhatIf:
         already, setting = after_clipping(job.graph.compile_config, gradients, job.model)
         self.compiled = None if setting is None else (setting, global_norm(already))
         self.copy: Any = None
+        #: Why the changes run on the user's model itself, not a copy (None: a copy, or
+        #: gradscope's own load of a file).
+        self.on_model: str | None = None
         self.cache: dict[Any, Any] = {}  # the copy's traced pass, kept across the changes
 
     def add(self, entry: DiagnosedLayer, evidence: dynamics.Evidence, stepped: Any,
@@ -585,30 +596,27 @@ class _WhatIf:
             Rerun,
             copy_engine,
             measure_change,
-            not_copied,
             rows_rerun,
             suggested_clipping,
         )
 
         if self.copy is None:
-            self.copy = copy_engine(self.job, self.engine)
+            self.copy, self.on_model = copy_engine(self.job, self.engine)
         call = stepped.call
         rerun = Rerun(inputs=self.job.batch.inputs, targets=self.targets,
                       sample_weight=self.job.batch.sample_weight, layer=call.layer,
                       index=call.index, label=stepped.label)
-        cell = stepped.directions[index].layer.cell
         examples = before.examples
-        if examples is not None and not isinstance(self.copy, str):
+        if examples is not None:
             # The rows alone, where a pass of them is the whole batch's there.
             rows = rows_rerun(self.copy, rerun, examples, upstream, call, self.cache)
             rerun, examples = (rerun, examples) if rows is None else (rows, None)
-        found = [not_copied(kind, cell, self.copy) if isinstance(self.copy, str)
-                 else measure_change(self.copy, rerun, index, kind, count, self.cache,
-                                     examples)
+        found = [measure_change(self.copy, rerun, index, kind, count, self.cache, examples)
                  for kind, _, _ in CHANGES]
         found = [c.model_copy(update={
             "lyapunov_1_before": before.lyapunov_1, "flow_before": before.flow,
-            "examples": before.examples, "first_column": before.first_column})
+            "examples": before.examples, "first_column": before.first_column,
+            "on_model": self.on_model})
             if c.applicable else c for c in found
             if c.applicable or c.kind not in LISTED_ONLY_WHERE_APPLICABLE]
         largest = entry.lyapunov[0] if entry.lyapunov else None

@@ -8,7 +8,8 @@ the dynamics, so nothing is rerun for it.
 
 The copy is gradscope's own load of a saved file (the one the diagnosis ran on, each change
 undone after its run), or, for a model object, Keras' rebuild of it from its config with the
-same weights; the user's model is never changed.
+same weights; where Keras cannot rebuild it, the model object itself, each change undone
+after its run, its weights given back bit for bit: the user's model is left as it was.
 """
 
 from __future__ import annotations
@@ -203,27 +204,32 @@ def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,
                      flag=dynamics.flow_kind(ratio))
 
 
-def copy_engine(job: Any, engine: Any) -> Any:
-    """The engine the changes run on, or why there is none: ``engine`` itself where its model
-    is gradscope's own load of a file (each change is undone after its run, and the traces
-    of the layer's diagnosis serve its changes too); for the user's model object, a second
-    engine on a copy Keras rebuilds from its config, with the same weights (the user's model
-    is never changed)."""
+def copy_engine(job: Any, engine: Any) -> tuple[Any, str | None]:
+    """The engine the changes run on, and, where that is the user's model itself, why (else
+    None): ``engine`` itself where its model is gradscope's own load of a file (each change
+    is undone after its run, and the traces of the layer's diagnosis serve its changes too);
+    for the user's model object, a second engine on a copy Keras rebuilds from its config,
+    with the same weights. Where Keras cannot copy it so (a subclassed model whose
+    ``__init__`` takes what Keras cannot serialise, a layer it cannot rebuild, a mixed dtype
+    policy the copy would not keep), the model itself, as a diagnosis during ``fit`` runs
+    on it then: each change is undone after its run, its weights given back bit for bit
+    (:func:`measure_change`). Found tried as a new user would: the TensorFlow tutorial's
+    subclassed text model got no counterfactual at all."""
     from gradscope.keras.engine import CopyFails, KerasEngine
 
     if not engine.live:
-        return engine
+        return engine, None
 
     policy = str(getattr(getattr(engine.model, "dtype_policy", None), "name", "float32"))
     if engine.live and policy != engine.dtype_name:
-        return f"a model of dtype policy {policy} is not copied (not yet)"
+        return engine, f"a copy would not keep its dtype policy {policy}"
     try:
         return KerasEngine(job.source, job.outputs, job.plan, training=job.training,
-                           seed=job.seed, dtype=engine.dtype_name if engine.live else None)
+                           seed=job.seed, dtype=engine.dtype_name if engine.live else None), None
     except CopyFails as exc:  # said for check, where the copy is what it compares against
-        return f"the model is not copied: {exc.reason}"
+        return engine, exc.reason
     except Exception as exc:  # noqa: BLE001  (the user's classes, rebuilt: anything)
-        return f"Keras could not copy the model: {first_line(exc)}"
+        return engine, f"Keras could not copy it: {first_line(exc)}"
 
 
 def first_column_only(count: int, size: int) -> bool:
@@ -436,11 +442,6 @@ def measure_change(copy: Any, rerun: Rerun, direction: int, kind: Kind, count: i
 def _not(kind: Kind, words: str, why: str) -> Counterfactual:
     return Counterfactual(kind=kind, change=words or kind, applicable=False, note=why,
                           horizon=None, lyapunov_1=None)
-
-
-def not_copied(kind: Kind, cell: Any, why: str) -> Counterfactual:
-    """A change that could not be measured because there is no copy."""
-    return _not(kind, change_words(kind, cell), why)
 
 
 def suggested_clipping(gradients: dict[str, Any], lyapunov_1: float | None,
