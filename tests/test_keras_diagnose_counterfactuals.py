@@ -435,6 +435,9 @@ def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
     (Keras' own ``_clip_gradients``). Found tried as a new user would: with clipnorm=1e-3
     compiled, the verdict still offered a global_clipnorm that would clip far less."""
     import keras
+    from conftest import render_text
+
+    from gradscope.report.formats import number
 
     keras.utils.set_random_seed(0)
     inp = keras.Input((T, F), name="x")
@@ -445,10 +448,11 @@ def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
     x, y = _batch()
     model.compile(loss="mse")
     _, gradients = keras_tape(model, x, y)
-    said = {}
+    said, reports = {}, {}
     for optimizer in (keras.optimizers.SGD(), keras.optimizers.SGD(clipnorm=1e-3)):
         model.compile(optimizer=optimizer, loss="mse")
-        entry = gradscope.diagnose(model, x=x, y=y).layers[0]
+        report = reports[optimizer.clipnorm] = gradscope.diagnose(model, x=x, y=y)
+        entry = report.layers[0]
         assert entry.mechanism == "exploding"
         clip = next(c for c in entry.counterfactuals if c.kind == "clipping")
         said[optimizer.clipnorm] = (clip, entry.verdict)
@@ -464,6 +468,18 @@ def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
     assert clip.compiled == "clipnorm=0.001"
     assert clip.compiled_norm == pytest.approx(left, rel=1e-4)
     assert clip.gradient_norm > clip.compiled_norm and clip.change not in verdict
+    # And the change's own line and note say it is looser (found tried as a new user would:
+    # a global_clipnorm of 1.24e+08 beside a compiled clipnorm=1 read as the fix).
+    assert clip.note is not None and clip.note.endswith(
+        f"which holds this batch's gradient tighter (norm {clip.compiled_norm:.3g} against "
+        f"{clip.gradient_norm:.3g}): not a fix")
+    text = " ".join(render_text(report, 80).split())
+    assert ("in place of the compiled clipnorm=0.001, which leaves norm "
+            f"{number(clip.compiled_norm)} · the dynamics unchanged (not rerun) · looser than "
+            "the compiled one on this batch: for comparison, not a fix") in text
+    said_none = " ".join(render_text(reports[None], 80).split())
+    assert "looser than the compiled" not in said_none and "tighter" not in (
+        said[None][0].note or "")
 
 
 def test_an_exploding_cell_no_change_applies_to_is_offered_the_clipping(tf: Any) -> None:

@@ -208,12 +208,18 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
             instead = ([] if change.compiled is None else
                        [f"in place of the compiled {change.compiled}, which leaves norm "
                         f"{number(change.compiled_norm)}"])
+            # Found tried as a new user would: on an exploding layer whose optimizer clips
+            # each tensor to 1, a global_clipnorm of 1.24e+08 read as the fix.
+            looser = (change.compiled_norm is not None and change.gradient_norm is not None
+                      and change.gradient_norm >= change.compiled_norm)
             line = _line(f"  {change.change}", [
                 "√n × the median tensor norm", scaled, *instead,
                 "the dynamics unchanged (not rerun)",
-                *(["nothing grows here: for comparison, not a fix"] if calm else [])],
+                *(["looser than the compiled one on this batch: for comparison, not a fix"]
+                  if looser else
+                  ["nothing grows here: for comparison, not a fix"] if calm else [])],
                 width)
-            if calm:
+            if calm or looser:
                 line.stylize("dim")
             parts.append(line)
         else:

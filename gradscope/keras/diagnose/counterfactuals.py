@@ -466,7 +466,10 @@ def suggested_clipping(gradients: dict[str, Any], lyapunov_1: float | None,
     scale = min(1.0, suggested / total) if total > 0 else 1.0
     instead = ("" if compiled is None else
                f"; Keras takes one clipping setting: it would replace the compiled "
-               f"{compiled[0]}")
+               f"{compiled[0]}" + (
+                   f", which holds this batch's gradient tighter (norm {compiled[1]:.3g} "
+                   f"against {total * scale:.3g}): not a fix"
+                   if compiled[1] is not None and total * scale >= compiled[1] else ""))
     return Counterfactual(
         kind="clipping", change=f"global_clipnorm={suggested:.3g}", applicable=True,
         note="the norm the batch suggests, √n × the median tensor norm; it changes the "
