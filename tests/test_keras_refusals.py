@@ -311,6 +311,26 @@ def test_arrays_under_other_names_are_said_once(tmp_path, tf):
                                "does not keep: name each array after its input layer") == 1
 
 
+def test_a_file_of_more_than_the_batch_says_what_it_read_and_where_the_rest_goes(tmp_path,
+                                                                                 tf):
+    """Found tried as a new user would: a file holding the batch as x and y and a validation
+    split beside it was told "expected the inputs seq and the outputs out", names it had not
+    used. Each unknown array says x and y are read too, and the last where the rest goes."""
+    path = _saved(tmp_path, "model", _seq_gru)
+    data = tmp_path / "dataset.npz"
+    np.savez(data, x=np.zeros((2, 5, 2), np.float32), y=np.zeros((2, 1), np.float32),
+             x_val=np.zeros((1, 5, 2), np.float32), y_val=np.zeros((1, 1), np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(data))
+    assert result.returncode == 2, result.stderr
+    lines = [line.strip() for line in result.stderr.strip().splitlines()]
+    assert lines == [
+        f"gradscope: error: {data}: 2 problems, one per line:",
+        "unknown array 'x_val'; expected the inputs seq (or x) and the outputs out (or y)",
+        "unknown array 'y_val'; expected the inputs seq (or x) and the outputs out (or y); "
+        "the file holds the one batch gradscope reads: keep other arrays (a validation "
+        "split, say) in another"]
+
+
 def test_an_input_of_other_dimensions_is_said_with_its_file(tmp_path, tf):
     """Found tried as a new user would: of the errors in an .npz, the one of an input with
     too few dimensions alone was said without the file's name."""

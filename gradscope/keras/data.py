@@ -27,6 +27,11 @@ from gradscope.keras.loss import LossPlan
 Shape = tuple[int | None, ...]
 
 
+def _or(names: list[str], shorthand: str) -> str:
+    """`` (or x)`` where a model's one input (``y``: output) may be given as ``shorthand``."""
+    return f" (or {shorthand})" if len(names) == 1 and names[0] != shorthand else ""
+
+
 def time_steps(inputs: dict[str, np.ndarray]) -> int:
     """The longest time axis (axis 1) among a batch's inputs; 0 for a batch without one."""
     return max((int(v.shape[1]) for v in inputs.values() if v.ndim >= 2), default=0)
@@ -270,7 +275,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             problems.append((f"{path}: has no array for the input '{spec.name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(input_names)}"
-                             + (" (or x)" if len(specs) == 1 and spec.name != "x" else "")
+                             + _or(input_names, "x")
                              + _session_names(arrays), spec.name))
             continue
         used.add(key)
@@ -294,7 +299,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
             problems.append((f"{path}: has no targets for the output '{name}' (found "
                              f"{', '.join(sorted(arrays)) or 'no arrays'}); expected arrays "
                              f"named {', '.join(outputs)}"
-                             + (" (or y)" if len(outputs) == 1 and name != "y" else ""), name))
+                             + _or(outputs, "y"), name))
             continue
         used.add(key)
         labels[name] = key
@@ -324,7 +329,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
                          SAMPLE_WEIGHT))
     # A line for an input or output without its array names every array found: one that
     # only repeats that (no name near it to suggest) is not said again.
-    for extra in sorted(set(arrays) - used):
+    extras = sorted(set(arrays) - used)
+    for extra in extras:
         hint = difflib.get_close_matches(extra, input_names + outputs, n=1)
         if missing and not hint and extra not in ("x", "y"):
             continue
@@ -332,8 +338,17 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         if extra in ("x", "y") and not hint:  # the shorthand of a model with one of them
             did_you_mean = (f" ({extra} names the {'input' if extra == 'x' else 'output'} "
                             f"of a model with one)")
-        problems.append((f"{path}: unknown array '{extra}'{did_you_mean}; expected the inputs "
-                         f"{', '.join(input_names)} and the outputs {', '.join(outputs)}", extra))
+        # Found tried as a new user would: a file that held the batch as x and y and a
+        # validation split beside it was told "expected the inputs input_layer and the
+        # outputs dense", names it had not used.
+        alone = (not missing and not hint and extra not in ("x", "y")
+                 and extra == extras[-1])  # said once, after the last
+        problems.append((
+            f"{path}: unknown array '{extra}'{did_you_mean}; expected the inputs "
+            f"{', '.join(input_names)}{_or(input_names, 'x')} and the outputs "
+            f"{', '.join(outputs)}{_or(outputs, 'y')}"
+            + ("; the file holds the one batch gradscope reads: keep other arrays (a "
+               "validation split, say) in another" if alone else ""), extra))
     weighed = {(f"{SAMPLE_WEIGHT}/{k}" if k else SAMPLE_WEIGHT): v for k, v in weights.items()}
     batches = {labels[name]: value.shape[0]
                for name, value in {**inputs, **targets, **weighed}.items() if value.ndim}
