@@ -118,6 +118,20 @@ def rounding_of(dtype: str) -> float:
 ROUNDING = rounding_of("float64")
 
 
+def underflow_scale(dtype: str) -> float:
+    """The magnitude below which a gradient computed in ``dtype`` is no longer held to a
+    relative tolerance: its smallest normal number over its epsilon (float32: 9.9e-32).
+    Below the smallest normal number a CPU's arithmetic flushes to 0, so each operation of
+    a long backward pass may lose up to that much; below this scale that loss exceeds the
+    value's own rounding, and a float64 reference of a gradient that fades through many
+    steps (an LSTM's shut forget gate) sits there while the tape reads 0. Found tried as a
+    new user would: a correct float32 check failed ∂L/∂h0 with a relative error of
+    5.6e+261 (reference 5.6e-39, tape 0). bfloat16 shares float32's exponent range."""
+    name = "float32" if dtype == "bfloat16" else dtype
+    info = np.finfo(name)
+    return float(info.tiny) / float(info.eps)
+
+
 def rounding_noise(loss: Any, step: float, rounding: float = ROUNDING) -> Any:
     """The loss's rounding (``rounding`` of max(|loss|, 1)), amplified by 1/(2·step): below it
     no disagreement of a central difference is real. ``loss``: a number or an array."""

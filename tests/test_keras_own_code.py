@@ -503,6 +503,52 @@ def test_check_in_float32_measures_the_losss_rounding_and_catches_a_wrong_gradie
     assert any(name.startswith("gru/") for name in weights)
 
 
+def test_a_state_gradient_that_underflows_in_float32_passes_and_a_lost_one_fails(
+        tf: Any) -> None:
+    """Found tried as a new user would: a subclassed model (checked in float32: Keras cannot
+    copy it) whose LSTM's forget gate is shut (bias −4) over 40 steps: the tape's ∂L/∂h0 is
+    exactly 0 (its backward pass underflows), the float64 NumPy reference's about 1e-39, and
+    the correct gradients failed with a relative error of 5.6e+261. Below float32's smallest
+    normal number over its epsilon the error is taken against that scale; a gradient lost
+    above it still fails."""
+    import keras
+
+    from gradscope.gradcheck import underflow_scale
+    from gradscope.keras.check.numpy_reference import _compare
+
+    class Shut(keras.Model):
+        def __init__(self, sizes: Any) -> None:  # a dict: Keras cannot copy it
+            super().__init__()
+            self.lstm = keras.layers.LSTM(sizes["units"], unit_forget_bias=False, name="lstm")
+            self.head = keras.layers.Dense(1, name="head")
+
+        def call(self, x: Any) -> Any:
+            return self.head(self.lstm(x))
+
+    keras.utils.set_random_seed(0)
+    model = Shut({"units": 4})
+    model.compile(loss="mse")
+    x = np.random.default_rng(0).standard_normal((4, 40, 3)).astype("float32")
+    model(x[:1])
+    kernel, recurrent, bias = model.lstm.get_weights()
+    bias[4:8] = -4.0  # Keras' columns [i | f | c | o]
+    model.lstm.set_weights([kernel, recurrent, bias])
+    report = gradscope.check(model, x=x, y=np.ones((4, 1), "float32"))
+    assert report.dtype == "float32"
+    assert report.summary.passed, report.summary.failed_tensors
+    found = {t.name: {w.witness: w for w in t.witnesses} for t in report.tensors}
+    for state in ("lstm/h0", "lstm/c0"):
+        reference = found[state]["numpy_reference"]
+        assert reference.passed and "flushes what underflows to 0" in reference.detail
+    # The scale holds a gradient the tape lost where float32 holds it: not hidden.
+    floor = underflow_scale("float32")
+    assert floor == pytest.approx(np.finfo(np.float32).tiny / np.finfo(np.float32).eps)
+    lost = _compare("h0", np.full(3, 1e-30), np.zeros(3, np.float32), 1e-4, dtype="float32")
+    assert not lost.passed and lost.error == pytest.approx(1e-30 / floor)
+    assert _compare("h0", np.full(3, 5e-39), np.zeros(3), 1e-4, dtype="float32").passed
+    assert not _compare("h0", np.full(3, 5e-39), np.zeros(3), 1e-4, dtype="float64").passed
+
+
 def test_a_wrong_gradient_on_the_float64_copy_is_not_taken_for_low_precision(tf: Any) -> None:
     """A model that does run in float64 and has a wrong gradient fails in float64: the
     precision probe compares two finite differences, no gradient, so it cannot be fooled."""

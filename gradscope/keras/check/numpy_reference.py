@@ -16,7 +16,7 @@ import numpy as np
 
 from gradscope._blas import blas_beside_tensorflow
 from gradscope.cells.numpy_bptt import Sketch
-from gradscope.gradcheck import WitnessResult
+from gradscope.gradcheck import WitnessResult, underflow_scale
 from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.flow import RecurrentCall, each_recurrent_call, upstream_gradients
@@ -105,7 +105,9 @@ def _reference(probing: Probing, rtol: float, sketch: Sketch) -> Witnessed:
         # One slice at a time: its NumPy caches (every gate at every step) go before the next
         # one is run.
         del recurrent
-    results = [_compare(name, np.concatenate(kept.reference), np.concatenate(kept.tape), rtol)
+    dtype = engine.dtype_name
+    results = [_compare(name, np.concatenate(kept.reference), np.concatenate(kept.tape), rtol,
+                        dtype=dtype)
                for name, kept in states.items() if kept.label not in skipped]
     variables = {v.path: v for v in engine.model.weights}
     for path, total in totals.items():
@@ -116,9 +118,9 @@ def _reference(probing: Probing, rtol: float, sketch: Sketch) -> Witnessed:
                                    np.asarray(probing.weights[path], np.float64))
         if total.shape != tape.shape:  # the reference kept it projected
             results.append(_compare(path, total + sketch.project(penalty),
-                                    sketch.project(tape), rtol, unprojected=tape))
+                                    sketch.project(tape), rtol, unprojected=tape, dtype=dtype))
         else:
-            results.append(_compare(path, total + penalty, tape, rtol))
+            results.append(_compare(path, total + penalty, tape, rtol, dtype=dtype))
     return Witnessed(results=results, not_witnessed=missing)
 
 
@@ -174,15 +176,23 @@ def _penalty_without_numpy_form(layer: Any, subs: list[Any]) -> str | None:
 
 
 def _compare(name: str, reference: np.ndarray, tape: np.ndarray, rtol: float,
-             unprojected: np.ndarray | None = None) -> WitnessResult:
-    """max |reference − tape| / max |tape|. ``unprojected``: the tape's gradient itself, where
-    ``reference`` and ``tape`` are both it times the same random signs (its max is the scale)."""
+             unprojected: np.ndarray | None = None, dtype: str = "float64") -> WitnessResult:
+    """max |reference − tape| / max |tape|, the scale no smaller than ``dtype``'s
+    :func:`~gradscope.gradcheck.underflow_scale` (the tape's dtype). ``unprojected``: the
+    tape's gradient itself, where ``reference`` and ``tape`` are both it times the same
+    random signs (its max is the scale)."""
     whole = tape if unprojected is None else unprojected
-    error = float(np.max(np.abs(reference - tape))) / max(float(np.max(np.abs(whole))), 1e-300)
+    largest = float(np.max(np.abs(whole))) if whole.size else 0.0
+    floor = underflow_scale(dtype)
+    error = float(np.max(np.abs(reference - tape), initial=0.0)) / max(largest, floor)
     detail = f"max |reference − tape| / max |tape| over {whole.size} elements"
     if unprojected is not None:
         columns = tape.shape[-1]
         detail = (f"max |(reference − tape)·S| / max |tape|, S: {whole.shape[-1]}×{columns} "
                   "random signs (never below the unprojected error but for a chance of "
                   f"2^-{columns})")
+    if largest < floor:
+        detail += (f"; max |tape| is {largest:.2g}, below {floor:.2g} ({dtype}'s smallest "
+                   "normal number over its epsilon, where its arithmetic, which flushes "
+                   "what underflows to 0, holds no relative tolerance): divided by that")
     return WitnessResult(WITNESS, name, error, rtol, error <= rtol, detail)
