@@ -369,7 +369,11 @@ def remedy_by_rate(change: str, lyapunov_1: float, before: float, window: int | 
               else f"measured, {_steps(measured)} now and more than {window} with the change")
     old = predicted_horizon(before)
     new = predicted_horizon(lyapunov_1)
-    fading = (f"so gradients would fade by 10³ within about {_steps(new)}, not {_steps(old)}"
+    # Found tried as a new user would: "(measured 38, predicted 30)", then "not 34 steps"
+    # from λ₁ on the change's 8 examples, read as two predictions of one horizon.
+    whose = (f" as {before:+.3g} gives" if examples is not None or first_column else "")
+    fading = (f"so gradients would fade by 10³ within about {_steps(new)}, not "
+              f"{_steps(old)}{whose}"
               if new is not None and old is not None else
               "so the slowest direction would no longer fade at that rate")
     rate = "λ₁ of the first tangent column" if first_column else "λ₁"

@@ -155,6 +155,11 @@ def test_a_change_run_on_some_examples_is_compared_on_them_in_words() -> None:
     assert "λ₁ of the first tangent column would be -0.0734 per step, against -0.244 now " \
         "(measured)" in whole
     assert "against -0.244 now on the same 8 examples (measured)" in some
+    # And the horizon it predicts is said to be that λ₁'s (found tried as a new user would:
+    # "(measured 38, predicted 30)", then "not 34 steps", read as two predictions of one).
+    assert "within about 94 steps, not 28 steps as -0.244 gives (predicted;" in some
+    plain = dynamics.remedy_by_rate("forget-gate bias +1", -0.0734, -0.244, 36, measured=31)
+    assert "within about 94 steps, not 28 steps (predicted;" in plain
 
 
 @pytest.mark.parametrize(("horizon", "before", "named"), [

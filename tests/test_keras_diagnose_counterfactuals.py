@@ -259,7 +259,8 @@ def test_beyond_the_window_both_ways_the_verdict_names_the_change_by_its_rate(
             f"{change.lyapunov_1:+.3g} per step, against {change.lyapunov_1_before:+.3g} now "
             f"(measured), so gradients would fade by 10³ within about "
             f"{predicted(change.lyapunov_1):.0f} steps, not "
-            f"{predicted(change.lyapunov_1_before):.0f} steps (predicted; the measured "
+            f"{predicted(change.lyapunov_1_before):.0f} steps as "
+            f"{change.lyapunov_1_before:+.3g} gives (predicted; the measured "
             "horizon is beyond 16 steps both ways)") in entry.verdict
 
 
