@@ -158,6 +158,13 @@ def test_a_file_that_is_not_a_model_is_refused_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (f"gradscope: error: {fake}: not a zip archive; expected a "
                                      "model saved by Keras 3 with model.save('model.keras')")
+    # What a model.save that raised leaves behind (found tried as a new user would).
+    fake.write_bytes(b"")
+    result = run_gradscope("explain", str(fake))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"gradscope: error: {fake}: the file is empty (0 bytes: did model.save raise while "
+        "writing it?); expected a model saved by Keras 3 with model.save('model.keras')")
 
 
 def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):

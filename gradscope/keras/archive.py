@@ -50,7 +50,13 @@ def read_config(path: str | Path) -> dict[str, Any]:
             raw = archive.read(info)
             names = archive.namelist()
     except zipfile.BadZipFile:
-        raise ConfigError(f"{path}: not a zip archive; expected a model saved by Keras 3 with "
+        # Found tried as a new user would: model.save of a model Keras cannot serialise
+        # raises, and leaves an empty file behind.
+        empty = file.stat().st_size == 0
+        raise ConfigError(f"{path}: " + ("the file is empty (0 bytes: did model.save raise "
+                                         "while writing it?)" if empty else
+                                         "not a zip archive")
+                          + "; expected a model saved by Keras 3 with "
                           "model.save('model.keras')", where=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}", where=str(path)) \
