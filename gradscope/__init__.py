@@ -84,7 +84,8 @@ def explain(spec: Any = None, data: Any = None, weights: Any = None, chunks: int
         chunks: K ≥ 2 adds truncated BPTT, with and without the carry, under
             ``report.carry`` (a Keras model: each recurrent call in K chunks of its steps).
         x: Keras models: the inputs, one array, a list in input order or a dict by name.
-        y: Keras models: the targets, likewise; None gives synthetic targets for the loss.
+        y: Keras models: the targets, likewise; None gives synthetic targets for the loss
+            (with x given, the report warns that its gradients are of them).
         sample_weight: Keras models: as ``fit`` takes it, weighed as ``compute_loss`` does.
         flow: ‖∂L/∂h_t‖ per step of every recurrent layer.
         jacobians: ∂h_T/∂h_0 of every recurrent layer.

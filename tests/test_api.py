@@ -68,6 +68,29 @@ def test_the_api_takes_a_saved_keras_model(tmp_path, tf):
     assert gradscope.check(str(path), batch_size=3, directions=1).summary.passed
 
 
+def test_x_without_y_warns_that_the_gradients_are_of_drawn_targets(tf):
+    """Found tried as a new user would: ``diagnose(model, x=x)`` with y forgotten ran on
+    targets drawn at random and said so only in the header's data line. explain and diagnose
+    warn; with y, or with no batch given at all (the synthetic batch, said as such), not."""
+    import keras
+
+    import gradscope
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 3)), keras.layers.GRU(2, name="gru"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(0).standard_normal((4, 6, 3)).astype("float32")
+    said = ("no targets were given (y): the loss and every gradient are of targets drawn at "
+            "random to match the loss, not of your data; give y for the gradients fit takes")
+    assert said in gradscope.explain(model, x=x).warnings
+    assert said not in gradscope.explain(model, x=x, y=np.zeros((4, 1), "float32")).warnings
+    assert said not in gradscope.explain(model, batch_size=4).warnings
+    report = gradscope.diagnose(model, x=x, counterfactuals=False)
+    assert f"{said}; the dynamics (λ, the step Jacobians, the gates, the horizon) read no " \
+        "target: they stand" in report.warnings
+
+
 def test_yaml_explain_takes_flow_jacobians_at_and_heatmap_and_refuses_keras_options(tf):
     import pytest
 

@@ -188,6 +188,20 @@ def unused_targets(plan: LossPlan, given: dict[str, np.ndarray] | None) -> list[
     return [name for name in given if name not in read]
 
 
+#: The batch's source where x came without y (the Python API).
+DRAWN_TARGETS = "supplied (x; synthetic targets)"
+
+
+def drawn_targets(plan: LossPlan, batch: KerasBatch) -> str | None:
+    """A warning where the user gave x and no y and the loss reads targets: its gradients are
+    of targets drawn at random, not of the user's data (found tried as a new user would: a
+    diagnose with y forgotten said so in the header's data line alone); else None."""
+    if batch.source != DRAWN_TARGETS or (plan.added_only and not plan.custom_compute_loss):
+        return None
+    return ("no targets were given (y): the loss and every gradient are of targets drawn at "
+            "random to match the loss, not of your data; give y for the gradients fit takes")
+
+
 def synthetic_targets(plan: LossPlan, output_shapes: dict[str, tuple[int, ...]],
                       seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, 2])
@@ -481,8 +495,7 @@ def arrays_batch(specs: list[InputSpec], outputs: list[str], x: Any, y: Any,
             raise DataError(f"{labels.get(key, 'sample_weight=')} {said}", where=key)
     return KerasBatch(inputs=inputs, targets=targets,
                       source=("supplied (x, y, sample_weight)" if weights is not None else
-                              "supplied (x, y)" if y is not None else
-                              "supplied (x; synthetic targets)"),
+                              "supplied (x, y)" if y is not None else DRAWN_TARGETS),
                       sample_weight=weights)
 
 

@@ -16,6 +16,7 @@ from gradscope.keras.data import (
     KerasBatch,
     arrays_batch,
     batch_targets,
+    drawn_targets,
     input_specs,
     load_named,
     synthetic_inputs,
@@ -383,6 +384,8 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
         warnings.append(f"a subclassed model: every number is Keras' own, and the layers are "
                         f"read from one symbolic call, listed in the order it made them; "
                         f"{between}")
+    drawn = drawn_targets(job.plan, job.batch)
+    warnings += [drawn] if drawn else []
     unused = unused_targets(job.plan, job.batch.targets)
     if unused:
         warnings.append(f"the targets given for {', '.join(unused)} are not used: the model "

@@ -174,7 +174,11 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     clock.lap("forward_backward")
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
-    warnings: list[str] = []
+    from gradscope.keras.data import drawn_targets
+
+    drawn = drawn_targets(job.plan, job.batch)
+    warnings: list[str] = [f"{drawn}; the dynamics (λ, the step Jacobians, the gates, the "
+                           "horizon) read no target: they stand"] if drawn else []
     if not any(is_recurrent(engine, c) for c in result.calls):
         # Nothing to read: a usage error (exit 2), not a report that passes in CI.
         raise nothing_recurrent(job.path)
