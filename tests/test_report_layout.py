@@ -545,3 +545,13 @@ def test_a_backwards_calls_flow_row_keeps_its_qualifier_whole(width):
     text = console.export_text()
     assert "(go_backwards)" in text, text
     assert max(cell_len(line) for line in text.splitlines()) <= width
+    # A Bidirectional's backward direction says "backward" in its label: no qualifier.
+    flow = KerasFlowSection(method="the tape", not_analysed=[], flags=[], sequences=[
+        KerasFlowSequence(what="∂L/∂bidirectional/backward/h_t", kind="state",
+                          source="bidirectional", norms=[1.5 ** t for t in range(30)],
+                          backwards=True)])
+    console = Console(width=width, record=True, color_system=None)
+    for part in flow_lines(flow, width):
+        console.print(part)
+    text = console.export_text()
+    assert "backward/h_t‖" in text and "(go_backwards)" not in text

@@ -327,7 +327,10 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
                 "total: from above at t plus what flows back from t+1)")]
     # A call that reads its input backwards says so in one word, Keras' own argument (found
     # tried as a new user would: "(read backwards)" wrapped after "(read" at 80 columns).
-    rows = {_norm_label(s.what) + (" (go_backwards)" if s.backwards else ""): s.norms
+    # A Bidirectional's backward direction says it in its label already (found tried as a
+    # new user would: "(go_backwards)" wrapped onto a line of its own beside it).
+    rows = {_norm_label(s.what) + (" (go_backwards)" if s.backwards
+                                   and "/backward/" not in s.what else ""): s.norms
             for s in flow.sequences if s.norms}
     for found in flow.influence:
         rows[f"median ‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
