@@ -74,6 +74,7 @@ COUNTERFACTUAL_METHOD = (
     "beside the layer's own, read alike on the same examples as before; clipping "
     "at √n × the median tensor norm changes the gradient, not the dynamics: not rerun")
 
+
 def on_model_method(why: str) -> str:
     """Added to :data:`METHOD` where the counterfactuals ran on the user's model itself."""
     return ("the changes ran on the model itself, each undone after its run (the weights "
@@ -158,6 +159,7 @@ def diagnose(job: Any, progress: Progress | None = None, timings: bool = False,
 def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int | None,
               counterfactuals: bool) -> DiagnoseReport:
     from gradscope._heap import give_back_freed_memory
+    from gradscope.keras.data import drawn_targets
     from gradscope.keras.diagnose.clipping import clipping, global_norm
     from gradscope.keras.explain import loaded, loss_entry, model_entry
     from gradscope.keras.stepped import last_totals, step_call, with_probed
@@ -174,8 +176,6 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     clock.lap("forward_backward")
     layers: list[DiagnosedLayer] = []
     skipped: list[KerasNotAnalysed] = []
-    from gradscope.keras.data import drawn_targets
-
     drawn = drawn_targets(job.plan, job.batch)
     warnings: list[str] = [f"{drawn}; the dynamics (λ, the step Jacobians, the gates, the "
                            "horizon) read no target: they stand"] if drawn else []
@@ -201,8 +201,9 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
             not_diagnosed=skipped, gradient_norm=global_norm(trained),
             clipping=clipping(job.graph.compile_config, trained, job.model),
             method=[],
-            warnings=["the loss or a gradient is not finite on this batch: no call is "
-                      "diagnosed; a diagnosis needs a batch on which every number is finite"],
+            warnings=[*warnings, "the loss or a gradient is not finite on this batch: no call "
+                      "is diagnosed; a diagnosis needs a batch on which every number is "
+                      "finite"],
             nonfinite=nonfinite)
         return report.model_copy(update={"timings": clock.laps()}) if timings else report
     dropped = False  # a call stepped with dropout masks
