@@ -210,8 +210,7 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
                         f"{number(change.compiled_norm)}"])
             # Found tried as a new user would: on an exploding layer whose optimizer clips
             # each tensor to 1, a global_clipnorm of 1.24e+08 read as the fix.
-            looser = (change.compiled_norm is not None and change.gradient_norm is not None
-                      and change.gradient_norm >= change.compiled_norm)
+            looser = change.looser_than_compiled()
             line = _line(f"  {change.change}", [
                 "√n × the median tensor norm", scaled, *instead,
                 "the dynamics unchanged (not rerun)",

@@ -1130,6 +1130,12 @@ class Counterfactual(_Report):
     compiled_norm: float | None = Field(default=None, description="clipping: the global "
                                         "gradient norm the compiled clipping leaves")
 
+    def looser_than_compiled(self) -> bool:
+        """Clipping: the suggestion would leave this batch's gradient no smaller than the
+        clipping the optimizer is compiled with does (it is then no fix)."""
+        return (self.compiled_norm is not None and self.gradient_norm is not None
+                and self.gradient_norm >= self.compiled_norm)
+
 
 class DiagnosedLayer(_Report):
     layer: str = Field(description="the Keras layer")

@@ -727,8 +727,7 @@ def _most_effective(entry: DiagnosedLayer, found: list[Counterfactual]) -> str |
                                    best.horizon_window, best.lyapunov_1)
         clip = next((c for c in found if c.kind == "clipping"), None)
         if (clip is not None and clip.clip_scale is not None and clip.clip_scale < 1
-                and (clip.compiled_norm is None or clip.gradient_norm is None
-                     or clip.gradient_norm < clip.compiled_norm)):
+                and not clip.looser_than_compiled()):
             return (f"with {clip.change}, this batch's gradient would be "
                     f"scaled by ×{clip.clip_scale:.3g} (the dynamics unchanged)")
     return None
