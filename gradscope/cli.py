@@ -93,6 +93,18 @@ def _stderr_console(quiet: bool = False) -> Console:
                    no_color=no_color, highlight=False)
 
 
+def _said(text: str) -> None:
+    """``text`` on stderr: wrapped at the terminal's width between words where stderr is a
+    terminal (:func:`~gradscope.report.layout.wrapped`), else one line per line as written,
+    for a log that is read with grep."""
+    console = _stderr_console()
+    if console.is_terminal:
+        from gradscope.report.layout import wrapped
+
+        text = wrapped(text, console.width)
+    console.print(text, markup=False, soft_wrap=True)
+
+
 def _complete_path(ctx: click.Context, param: click.Parameter,
                    incomplete: str) -> list[CompletionItem]:
     """Let the shell complete file names, while gradscope keeps its own messages for missing
@@ -438,11 +450,11 @@ def _failed_on(command: str, fail_on: tuple[str, ...], found: list[tuple[str, st
     failing = [f"{what} ({kind})" for what, kind in found if kind in fail_on]
     said = f"gradscope {command}: --fail-on {','.join(fail_on)}: "
     if failing:
-        _stderr_console().print(said + ", ".join(failing), soft_wrap=True)
+        _said(said + ", ".join(failing))
         return EXIT_PROBLEM
     if unread:
-        _stderr_console().print(said + "not read, so not known: " + "; ".join(
-            f"{what} ({why})" for what, why in unread), soft_wrap=True)
+        _said(said + "not read, so not known: " + "; ".join(
+            f"{what} ({why})" for what, why in unread))
         return EXIT_USAGE
     return EXIT_OK
 
@@ -781,7 +793,7 @@ def _fail(message: str, where: str | None, code: int) -> None:
     if _State.json_errors:
         sys.stdout.write(json_render.render_error(message, where))
         sys.stdout.flush()
-    _stderr_console().print(f"gradscope: error: {message}", markup=False, soft_wrap=True)
+    _said(f"gradscope: error: {message}")
     sys.exit(code)
 
 

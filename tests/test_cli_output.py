@@ -212,10 +212,12 @@ def test_explain_json_is_one_valid_document_and_byte_identical_on_repeat():
 
 
 def _run_in_pty(args: list[str], env: dict[str, str]) -> str:
-    """Run the CLI with stdout on a pseudo-terminal, as in an interactive shell."""
+    """Run the CLI with stdout on a pseudo-terminal, as in an interactive shell (COLUMNS
+    only where ``env`` gives it)."""
     main_fd, child_fd = pty.openpty()
     full_env = {**os.environ, **env}
-    full_env.pop("COLUMNS", None)
+    if "COLUMNS" not in env:
+        full_env.pop("COLUMNS", None)
     process = subprocess.Popen([sys.executable, "-m", "gradscope", *args], cwd=REPO,
                                stdout=child_fd, stderr=child_fd, env=full_env)
     os.close(child_fd)
@@ -240,6 +242,32 @@ def test_terminal_gets_colour_but_not_with_no_color():
     plain = _run_in_pty(["shapes"], {**env, "NO_COLOR": "1"})
     assert "gru_1/w_ru" in plain
     assert not ANSI.search(plain)
+
+
+def test_an_error_on_a_terminal_is_wrapped_at_its_width_between_words_and_one_line_in_a_log():
+    args = ["explain", "--flwo", "x"]
+    logged = run_gradscope(*args)
+    assert logged.returncode == 2
+    (line,) = logged.stderr.splitlines()  # a log keeps it on one line, for grep
+    assert len(line) > 100 and "'--flow'" in line
+    shown = _run_in_pty(args, {"NO_COLOR": "1", "COLUMNS": "80"}).replace("\r", "")
+    lines = [ANSI.sub("", x) for x in shown.splitlines() if x.strip()]
+    assert len(lines) > 1 and all(len(x) <= 80 for x in lines), lines
+    assert all(x.startswith("  ") for x in lines[1:])  # continued, indented
+    assert " ".join(x.strip() for x in lines) == line  # no word cut, none lost
+
+
+def test_wrapped_breaks_between_words_only():
+    from gradscope.report.layout import wrapped
+
+    text = ("gradscope: error: a.npz: 2 problems, one per line:\n  has 1.2345678901e-07 "
+            + "word " * 20 + "/a/path/" + "x" * 90 + ".npz end")
+    out = wrapped(text, 40).splitlines()
+    assert out[:2] == ["gradscope: error: a.npz: 2 problems, one", "  per line:"]
+    assert "    /a/path/" + "x" * 90 + ".npz" in out  # longer than the line, never cut
+    assert all(len(x) <= 40 for x in out if "/a/path/" not in x)
+    assert out[2].startswith("  has 1.2345678901e-07") and out[3].startswith("    word")
+    assert " ".join(x.strip() for x in out[2:]) == text.splitlines()[1].strip()
 
 
 def test_output_file_is_written_and_never_overwritten(tmp_path):

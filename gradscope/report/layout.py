@@ -5,6 +5,7 @@ reports themselves."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,6 +208,20 @@ def hanging(mark: str, text: str, style: str = "") -> Table:
     grid.add_column()
     grid.add_row(Text(mark, style=style), Text(text, style=style))
     return grid
+
+
+def wrapped(text: str, width: int) -> str:
+    """``text`` (an error or a refusal: one line, or lines of their own) wrapped at ``width``
+    columns between words, never inside one (a number, a path or a name stays whole, longer
+    than the line if it must), each line's continuation indented two more than the line:
+    what stderr gets on a terminal (found tried as a new user would: an .npz's problems on
+    lines of 104–109 columns)."""
+    out: list[str] = []
+    for line in text.splitlines() or [""]:
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(line, width=max(width, 20), subsequent_indent=indent + "  ",
+                             break_long_words=False, break_on_hyphens=False) or [line]
+    return "\n".join(out)
 
 
 def warning(text: str) -> Table:
