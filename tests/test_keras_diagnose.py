@@ -175,8 +175,11 @@ def test_exponents_against_a_float64_qr_of_keras_own_cell(tf: Any, lstm_case: An
         np.testing.assert_allclose(found.lyapunov, truth, rtol=1e-3, atol=1e-3)
 
 
-def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
-    """The exact route (SVD) and Lanczos both give the largest singular value."""
+def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact route (SVD) and Lanczos both give the largest singular value, in one fold
+    of pairs or in folds of one size, the last padded (:func:`even_folds`)."""
+    from gradscope.keras.diagnose import trajectory
     from gradscope.keras.diagnose.trajectory import step_norms
 
     model, x, _, report = lstm_case
@@ -189,11 +192,23 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any) -> None:
     assert entry.jacobian_norm.max == pytest.approx(truth.max(), rel=1e-4)
 
     engine = _real_engine(model, x)
+    pairs = truth.size
     for compiled in (False, True):  # a small layer's graph, and a wide layer's XLA
         power, method, _ = step_norms(engine, _trajectory(engine, "lstm"), exact=False,
                                       compiled=compiled)
         assert method.startswith("Lanczos")
         np.testing.assert_allclose(power, truth, rtol=1e-4)
+    fold = 20  # 96 pairs: five folds of 20, the last of 16 padded
+    folds = trajectory.even_folds(pairs, fold)
+    assert pairs == 96 and [len(t) for _, t in folds] == [fold] * 5
+    assert [p.stop - p.start for p, _ in folds] == [20, 20, 20, 20, 16]
+    monkeypatch.setattr(trajectory, "FOLD_ROWS", fold)
+    for exact in (False, True):
+        fresh = _real_engine(model, x)
+        folded, _, _ = step_norms(fresh, _trajectory(engine, "lstm"), exact=exact)
+        np.testing.assert_allclose(folded, truth, rtol=1e-4)
+        (traced,) = [f for key, f in fresh._traces.items() if key[0] == "step norms"]
+        assert traced.experimental_get_tracing_count() == 1  # the five folds, one trace
 
 
 def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:
