@@ -126,3 +126,40 @@ def test_differences_that_come_to_autodiff_on_a_curving_loss_are_left_out(off: f
         return
     (group, plus, minus, taken), = settled.groups
     assert not directional_error(gradient, group, plus, minus, 2.0, 1e-5, None, taken)[1]
+
+
+def test_a_small_gradient_3_percent_wrong_fails_where_a_smaller_steps_rounding_would_hide_it(
+        ) -> None:
+    """Found tried as a new user would: an initial state's gradient of 4.1e-05, 3% wrong (a
+    custom gradient's ×1.03 in a layer above), passed check, retaken at 1e-9, where the
+    loss's rounding allows 1e-05, more than the gradient itself. A retake is taken only
+    where its allowance is narrower than the disagreement: at 1e-7 it is (1e-7 against
+    1.2e-6), and the probe fails there; a probe 3% off a gradient of 3.5e-7 (1e-8 off) no
+    smaller step can see, and is left out, said not resolved, not passed."""
+    true = np.array([4.0e-5, -3.5e-7, 2.0e-6])
+
+    def linear(x: np.ndarray) -> float:
+        return float(1.4362 + true @ x)
+
+    wrong = 1.03 * true
+    base = np.zeros(3)
+    step = step_for("float64")
+    probes = [Probe("h0", f"element ({k},)", np.eye(3)[k], (k,)) for k in (0, 1)]
+    plus = np.array([linear(base + step * p.direction) for p in probes])
+    minus = np.array([linear(base - step * p.direction) for p in probes])
+    # What a retake at 1e-9 gives: it would pass the wrong gradient.
+    assert directional_error(wrong, probes[:1], np.array([linear(base + 1e-9 * np.eye(3)[0])]),
+                             np.array([linear(base - 1e-9 * np.eye(3)[0])]), 1.4362, 1e-5,
+                             None, 1e-9)[1]
+    settled = settle_kinks(wrong, probes, plus, minus, linear, base, 1.4362, 1e-5, None)
+    assert not settled.kinks and not settled.unresolved and not settled.approaching
+    assert [d[0] for d in settled.drowned] == ["element (1,)"] and settled.not_resolved
+    assert settled.left_out_detail(2).startswith("1 of 2 probes not resolved: they disagree")
+    (group, p, m, taken), = settled.groups
+    assert [g.label for g in group] == ["element (0,)"]
+    assert not directional_error(wrong, group, p, m, 1.4362, 1e-5, None, taken)[1]
+    # The right gradient still passes both.
+    right = settle_kinks(true, probes, plus, minus, linear, base, 1.4362, 1e-5, None)
+    (group, p, m, taken), = right.groups
+    assert len(group) == 2 and directional_error(true, group, p, m, 1.4362, 1e-5, None,
+                                                 taken)[1]

@@ -23,6 +23,7 @@ from gradscope.gradcheck import (
     RANDOM_ELEMENTS,
     Probe,
     WitnessResult,
+    can_tell,
     directional_error,
     element_probe,
     elements_for,
@@ -296,7 +297,11 @@ class FiniteDifferences:
                 SPEC_STEP)
             for step in () if passed else RETAKES:
                 # The loss may curve within the step (large weights): a right gradient agrees
-                # at a smaller one, a wrong one disagrees at every step.
+                # at a smaller one, a wrong one disagrees at every step; a step whose rounding
+                # would hide the disagreement is not taken (nor, then, any smaller one).
+                if not can_tell(gradients[name], tensor_probes, plus, minus,
+                                ctx.autodiff.loss, rtol, ctx.atol, SPEC_STEP, step):
+                    break
                 taken = self._taken_at(tensor_probes, step)
                 again = directional_error(
                     gradients[name], tensor_probes,
