@@ -60,7 +60,8 @@ def check_data_files(data: str | os.PathLike[str] | None = None,
     if data is not None and (x is not None or y is not None):
         raise DataError("give either --data FILE.npz or --x and --y, not both", where="--data")
     if data is None and (x is None or y is None):
-        raise DataError("--x and --y go together: give both", where="--x" if y is None else "--y")
+        raise DataError("--x and --y go together: give both (a YAML config's; a .keras model "
+                        "takes --data FILE.npz)", where="--x" if y is None else "--y")
     if data is not None:
         open_checked(Path(data), "an .npz file")
     for path in (x, y):
@@ -123,10 +124,13 @@ def read_npz(path: str | os.PathLike[str], shown: str | None = None,
             # NumPy would try it as a pickle and say so, which it is not (a text file, …)
             raise error(f"{shown}: not a readable .npz file: neither a zip archive of arrays "
                         "(np.savez) nor a NumPy array file", where=where or str(path))
-        with np.load(path, allow_pickle=False) as archive:
-            if not hasattr(archive, "files"):
-                raise error(f"{shown}: is a single array; expected {single}",
-                            where=where or str(path))
+        loaded = np.load(path, allow_pickle=False)
+        if not hasattr(loaded, "files"):
+            # An .npy file (np.save): one array, which no `with` takes (found tried as a new
+            # user would: "internal error: TypeError: … context manager protocol").
+            raise error(f"{shown}: is a single array (an .npy file, as np.save writes it); "
+                        f"expected {single}", where=where or str(path))
+        with loaded as archive:
             if {"config.json", "model.weights.h5"} <= set(archive.files):
                 raise error(f"{shown}: is a saved Keras model (model.save), not arrays; "
                             f"expected {single}, as np.savez writes it",

@@ -231,6 +231,21 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
         f"gradscope: error: {shaped}: sample_weight/out_b has shape (3, 5), which does not fit "
         "the targets out_b (3, 7, 2); expected one weight per example (3,), or the leading "
         "axes of the targets' shape (per example and step, for targets per step)"]
+    # One array saved by np.save (found tried as a new user would: "internal error:
+    # TypeError: … context manager protocol", exit 1), and --x alone, which a YAML config
+    # takes with --y: each said in one line, with what a .keras model takes.
+    single = tmp_path / "x_only.npy"
+    np.save(single, np.zeros((3, 7, 5), np.float32))
+    result = run_without_tensorflow("explain", str(path), "--data", str(single))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gradscope: error: {single}: is a single array (an .npy file, as np.save writes it); "
+        "expected an .npz archive of arrays named after the model's inputs and outputs (x and "
+        "y for one of each), as np.savez writes it"]
+    result = run_without_tensorflow("explain", str(path), "--x", str(single))
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "gradscope: error: --x and --y go together: give both (a YAML config's; a .keras "
+        "model takes --data FILE.npz)"]
 
 
 def test_time_steps_for_a_model_that_fixes_its_time_axis_is_refused_before_tensorflow(models):

@@ -264,7 +264,8 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
     single DataError. ``read``: the outputs whose targets the loss reads (None: every one); the
     others need none."""
     open_checked(Path(path), "an .npz file")
-    arrays = read_npz(path)
+    arrays = read_npz(path, single="an .npz archive of arrays named after the model's inputs "
+                      "and outputs (x and y for one of each), as np.savez writes it")
     problems: list[tuple[str, str]] = []  # (message, where)
 
     def numeric(key: str, finite: bool = True) -> bool:
