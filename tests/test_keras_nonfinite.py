@@ -229,6 +229,16 @@ def test_nan_in_one_example_s_input_from_the_command_line(tf, tmp_path):
                             str(tmp_path / "batch.npz"))
     assert checked.returncode == 1, checked.stderr
     assert "NaN in the input x: example 3, step 5, feature 1" in checked.stdout
+    # A NaN in the targets is the target's, by the output's name (found tried as a new user
+    # would: "✗ input y" above "cause: NaN in the target y").
+    y = np.zeros((B, 2), "float32")
+    y[4, 1] = np.nan
+    report = gradscope.explain(model, x=_sequences(8), y=y)
+    found = report.nonfinite
+    assert found is not None and (found.origin, found.layer, found.examples) == (
+        "target", "y", [4])
+    assert found.cause.startswith("NaN in the target y: example 4")
+    assert "✗ target y, example 4" in render_text(report, 80)
 
 
 def test_backward_the_derivative_of_sqrt_at_zero(tf):

@@ -769,11 +769,13 @@ class NonFiniteEntry(_Report):
     pass_: Literal["forward", "backward"] = Field(
         alias="pass", description="forward: a value of the model or its loss; backward: a "
                                   "gradient, the loss and every value being finite")
-    origin: Literal["input", "weight", "layer", "loss", "unknown"] = Field(
-        description="what holds the first non-finite value: the data, a weight, a layer call "
-                    "(or its backward), the loss (or its backward)")
-    layer: str | None = Field(description="the input's name, the layer call ('gru', "
-                                          "'dense[1]'), 'loss' or the loss term")
+    origin: Literal["input", "target", "weight", "layer", "loss", "unknown"] = Field(
+        description="what holds the first non-finite value: the data (an input or a "
+                    "target), a weight, a layer call (or its backward), the loss (or its "
+                    "backward)")
+    layer: str | None = Field(description="the input's name (or the output's, for a target), "
+                                          "the layer call ('gru', 'dense[1]'), 'loss' or the "
+                                          "loss term")
     step: int | None = Field(description="the first time step (input order, from 0) that "
                                          "holds it; null where the tensor has no time axis")
     examples: list[int] = Field(description="the examples of the batch that hold it at that "

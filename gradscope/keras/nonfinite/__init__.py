@@ -79,7 +79,7 @@ def _in_data(arrays: dict[str, np.ndarray], what: str) -> NonFiniteEntry | None:
         total = int(bad.shape[0])
         more = (f"; {total} non-finite numbers in "
                 f"{len({int(b[0]) for b in bad})} example(s)" if total > 1 else "")
-        return entry("forward", "input", name, step, examples,
+        return entry("forward", what, name, step, examples,
                      f"{kind_of(value)} in the {what} {name}: {spot}{more}; the data's "
                      "fault, not the model's")
     return None
