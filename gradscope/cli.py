@@ -18,6 +18,8 @@ from typing import Any, NoReturn
 import click
 from click.shell_completion import CompletionItem
 from rich.console import Console
+from rich.status import Status
+from rich.text import Text
 
 import gradscope
 from gradscope import __version__, preflight
@@ -91,6 +93,18 @@ def _stderr_console(quiet: bool = False) -> Console:
     no_color = bool(os.environ.get("NO_COLOR"))
     return Console(stderr=True, quiet=quiet, color_system=None if no_color else "auto",
                    no_color=no_color, highlight=False)
+
+
+def _one_line(status: Status) -> Callable[[str], None]:
+    """What a command says it is doing, on ``status``'s one line: cut with an ellipsis where
+    the terminal is narrower, never wrapped (found tried as a new user would: check's line of
+    82 columns put its last word alone on a second line, redrawn at every tick)."""
+    def update(text: str) -> None:
+        shown = Text(text)
+        shown.truncate(max(status.console.width - 2, 10), overflow="ellipsis")  # the spinner's 2
+        status.update(shown)
+
+    return update
 
 
 def _said(text: str) -> None:
@@ -423,7 +437,7 @@ def explain(config: str | None, data_files: DataFiles, jacobians: bool, flow: bo
                                    flow=flow, jacobians=jacobians, at=at,
                                    per_example=per_example, heatmap=plot is not None,
                                    max_memory=max_memory,
-                                   timings=timings, progress=status.update, **keras_run)
+                                   timings=timings, progress=_one_line(status), **keras_run)
     if plot is not None:
         from gradscope.report.plot import write_flow_plot
 
@@ -583,7 +597,7 @@ def check(config: str | None, against: str | None, layer: str | None, time_last:
                                      directions=directions, rtol=rtol, atol=atol,
                                      examples=examples, equations=equations,
                                      max_memory=max_memory, timings=timings,
-                                     progress=status.update, **keras_run)
+                                     progress=_one_line(status), **keras_run)
     except Exception as exc:
         if junit is not None:  # CI reads the file whatever the outcome: why check did not run
             from gradscope.report.junit import junit_error_xml
@@ -662,7 +676,7 @@ def diagnose(config: str | None, exponents: int | None, no_counterfactuals: bool
         report = gradscope.diagnose(source, data=data_files, exponents=exponents,
                                     counterfactuals=not no_counterfactuals, weights=weights,
                                     max_memory=max_memory, timings=timings,
-                                    progress=status.update, **keras_run)
+                                    progress=_one_line(status), **keras_run)
     _emit(report, as_json, output, force)
     if report.nonfinite is not None:
         return EXIT_PROBLEM

@@ -327,3 +327,20 @@ def test_silenced_regions_on_two_threads_keep_native_stderr_silenced_until_the_l
     err = capfd.readouterr().err
     assert "a native line of the worker" not in err
     assert "a native line after both" in err
+
+
+def test_what_a_command_is_doing_stays_on_one_line_of_a_narrow_terminal():
+    import io
+
+    from rich.console import Console
+    from rich.status import Status
+
+    from gradscope.cli import _one_line
+
+    console = Console(file=io.StringIO(), width=40, force_terminal=True)
+    status = Status("gradscope check", console=console)
+    _one_line(status)("finite differences, and the NumPy reference where it models a layer")
+    lines = console.render_lines(status.renderable, console.options, pad=False)
+    assert len(lines) == 1
+    shown = "".join(segment.text for segment in lines[0])
+    assert len(shown) <= 40 and shown.rstrip().endswith("…") and "finite differences" in shown

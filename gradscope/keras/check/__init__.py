@@ -197,7 +197,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     if dtype != "float64":  # the loss's rounding, measured on the model
         with stopped.held(engine.tf, stops):
             probing = replace(probing, rounding=measured_rounding(loss_along(probing), dtype))
-    say("finite differences, and the NumPy reference for the recurrent layers beside them")
+    say("finite differences, and the NumPy reference where it models a layer")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool, \
             stopped.held(engine.tf, stops):
         reference = pool.submit(clock.timed, "numpy_reference",
