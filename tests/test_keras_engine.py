@@ -243,3 +243,34 @@ def test_training_mode_is_seeded_and_differs_from_inference(saved):
     assert first.loss.value == again.loss.value
     assert [g.stats for g in first.gradients] == [g.stats for g in again.gradients]
     assert first.loss.value != inference.loss.value
+
+
+def test_an_embeddings_rows_are_counted_as_indexed_and_as_not_0_against_the_tape(tf):
+    """Behind Embedding(mask_zero), the padding token 0 is indexed and gets zeros: found
+    tried as a new user would, "50 of 50 rows received a gradient" where the tape's row 0 is
+    all 0."""
+    import keras
+    from conftest import render_text
+
+    import gradscope
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                              keras.layers.Embedding(12, 3, mask_zero=True, name="embed"),
+                              keras.layers.LSTM(4), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x = np.array([[3, 5, 7, 0, 0, 0], [1, 2, 4, 6, 0, 0]], "int32")
+    y = np.ones((2, 1), "float32")
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x))
+    slices = tape.gradient(loss, model.get_layer("embed").embeddings)
+    dense = np.asarray(tf.convert_to_tensor(slices))
+    indexed = int(np.unique(np.asarray(slices.indices)).size)
+    nonzero = int(np.count_nonzero(np.any(dense != 0, axis=1)))
+    assert (indexed, nonzero) == (8, 7)
+    report = gradscope.explain(model, x=x, y=y)
+    (entry,) = [g for g in report.gradients if g.sparse is not None]
+    assert (entry.sparse.rows_with_gradient, entry.sparse.rows, entry.sparse.rows_nonzero) == (
+        indexed, 12, nonzero)
+    assert ("IndexedSlices: 8 of 12 rows indexed by the batch's token ids, 7 of them a "
+            "gradient other than 0") in " ".join(render_text(report, 200).split())

@@ -97,7 +97,8 @@ class CapturedCall:
 class KerasPass:
     loss: float
     gradients: dict[str, np.ndarray | None]  # by variable path
-    sparse_rows: dict[str, tuple[int, int]]  # path → (rows that received a gradient, rows)
+    #: path → (rows the batch indexes, rows, rows whose gradient is not 0)
+    sparse_rows: dict[str, tuple[int, int, int]]
     state_gradients: dict[str, list[np.ndarray | None]]  # call label → per state
     calls: list[CapturedCall]
     output_shapes: dict[str, tuple[int, ...]]

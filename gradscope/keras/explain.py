@@ -333,7 +333,8 @@ def _report(job: KerasJob, engine: Any, result: Any) -> KerasExplainReport:
                 columns=[BlockEntry(start=b.start, stop=b.stop, label=b.label)
                          for b in (note.columns if note else ())],
                 trainable=trainable, stats=None if gradient is None else stats(gradient),
-                sparse=SparseRows(rows_with_gradient=sparse[0], rows=sparse[1])
+                sparse=SparseRows(rows_with_gradient=sparse[0], rows=sparse[1],
+                                  rows_nonzero=sparse[2])
                 if sparse else None))
         for index in range(len(node.calls)):
             captured = calls.get((node.name, index))

@@ -33,7 +33,8 @@ class WholeModelPass:
 
     loss: float
     gradients: dict[str, np.ndarray | None]  # by variable path
-    sparse_rows: dict[str, tuple[int, int]]  # path → (rows that received a gradient, rows)
+    #: path → (rows the batch indexes, rows, rows whose gradient is not 0)
+    sparse_rows: dict[str, tuple[int, int, int]]
     terms: list[LossTerm] = field(default_factory=list)
 
 
@@ -190,18 +191,21 @@ def pass_of(model: Any, loss: Any, grads: list[Any]) -> WholeModelPass:
 
 
 def dense_gradients(variables: list[Any], grads: list[Any]
-                    ) -> tuple[dict[str, np.ndarray | None], dict[str, tuple[int, int]]]:
+                    ) -> tuple[dict[str, np.ndarray | None], dict[str, tuple[int, int, int]]]:
     """Gradients by variable path as NumPy arrays. An ``IndexedSlices`` (an Embedding's) is
-    summed into a dense array, and the rows it touched are counted."""
+    summed into a dense array, and its rows counted: those it indexes, all, and those whose
+    gradient is not 0 (a masked token's, mask_zero's 0, is indexed and gets zeros)."""
     import tensorflow as tf
 
     gradients: dict[str, np.ndarray | None] = {}
-    sparse: dict[str, tuple[int, int]] = {}
+    sparse: dict[str, tuple[int, int, int]] = {}
     for variable, gradient in zip(variables, grads, strict=True):
         if isinstance(gradient, tf.IndexedSlices):
             rows = int(np.unique(gradient.indices.numpy()).size)
-            sparse[variable.path] = (rows, int(variable.shape[0]))
             gradient = tf.convert_to_tensor(gradient)
+            dense = gradient.numpy().reshape(int(variable.shape[0]), -1)
+            sparse[variable.path] = (rows, int(variable.shape[0]),
+                                     int(np.count_nonzero(np.any(dense != 0, axis=1))))
         gradients[variable.path] = None if gradient is None else gradient.numpy()
     return gradients, sparse
 

@@ -274,9 +274,13 @@ def gradient_table(gradients: list[KerasGradientEntry], width: int) -> Table:
     for entry in gradients:
         text = _formula_text(entry.formula, entry.meaning)
         if entry.sparse is not None:
-            text.append((f"IndexedSlices: {entry.sparse.rows_with_gradient} of "
-                         f"{entry.sparse.rows} rows received a gradient (the token ids in "
-                         "the batch)", ""))
+            sparse = entry.sparse
+            # A row indexed but masked (mask_zero's 0) gets zeros (found tried as a new user
+            # would: "50 of 50 rows received a gradient", the padding row's all 0).
+            zero = ("" if sparse.rows_nonzero in (None, sparse.rows_with_gradient) else
+                    f", {sparse.rows_nonzero} of them a gradient other than 0")
+            text.append((f"IndexedSlices: {sparse.rows_with_gradient} of {sparse.rows} rows "
+                         f"indexed by the batch's token ids{zero}", ""))
         rows.append(_Row([Text(entry.name, "bold"), Text(shape_text(entry.shape), "cyan")],
                          text, stats_items(entry.stats)))
     return _named_table(width, "tensor · shape", "formula · meaning · statistics", rows)

@@ -617,8 +617,11 @@ class KerasLayerEntry(_Report):
 
 
 class SparseRows(_Report):
-    rows_with_gradient: int
+    rows_with_gradient: int = Field(description="the rows the batch's token ids index: each "
+                                    "gets a slice of the gradient (zeros for a masked token)")
     rows: int
+    rows_nonzero: int | None = Field(default=None, description="the rows whose gradient is "
+                                     "not 0")
 
 
 class KerasGradientEntry(_Report):
