@@ -184,7 +184,7 @@ def test_a_custom_class_never_passes_for_the_built_in_layer_of_its_name(tf):
     assert not report.initial_state_gradients and not report.witnesses
 
 
-def test_bad_arrays_are_named_in_one_line(compiled_gru, two_inputs):
+def test_bad_arrays_are_named_in_one_line(compiled_gru, two_inputs, tmp_path):
     model, x, y = compiled_gru
     cases = [
         (dict(x=x[:, :, :2], y=y), "x has 2 along axis 2 but the input"),
@@ -195,11 +195,22 @@ def test_bad_arrays_are_named_in_one_line(compiled_gru, two_inputs):
         (dict(x=np.array(["a"] * 6), y=y), "x has dtype <U1"),
         (dict(y=y), "y= was given without x="),
         (dict(x=x, y=y, bogus=1), "bogus=: not an option for a Keras model"),
+        (dict(x=x, y=y, imports=["my_layers"]), "imports=: not an option for a Keras model; "
+         "expected .*; a saved model's code is given where it is loaded: "
+         r"gradscope.load_model\(path, imports=\[...\]\)"),
     ]
     for kwargs, message in cases:
         with pytest.raises((DataError, ConfigError), match=message) as caught:
             gradscope.explain(model, **kwargs)
         assert "\n" not in str(caught.value) and caught.value.exit_code == 2
+    # From a file, as every other problem of the file is said: its name first (found tried
+    # as a new user would: the class alone, after the file's other errors named it).
+    model.save(tmp_path / "model.keras")
+    np.savez(tmp_path / "labels.npz", x=x, y=np.full((6,), 9))
+    with pytest.raises(DataError) as caught:
+        gradscope.explain(str(tmp_path / "model.keras"), data=str(tmp_path / "labels.npz"))
+    assert str(caught.value).startswith(f"{tmp_path / 'labels.npz'}: the targets of the output "
+                                        "'dense' hold the class 9")
     functional, inputs, targets = two_inputs
     with pytest.raises(DataError, match=r"x\['sequnce'\]: .*did you mean 'sequence'"):
         gradscope.explain(functional, x={"sequnce": inputs["sequence"], "extra": 1}, y=targets)

@@ -63,6 +63,8 @@ class KerasBatch:
     pad: int = 0
     #: As fit takes them: None, one array for every output, or one per output (by name).
     sample_weight: SampleWeight = None
+    #: The .npz file it was read from (None: arrays, or drawn): what its errors start with.
+    path: str | None = None
 
     def digest(self) -> str:
         """sha256 of the batch's arrays (each part's dtypes, shapes and bytes, in the model's
@@ -168,13 +170,20 @@ def synthetic_inputs(specs: list[InputSpec], batch: int, steps: int | None, pad:
 
 
 def batch_targets(plan: LossPlan, given: dict[str, np.ndarray] | None,
-                  output_shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+                  output_shapes: dict[str, tuple[int, ...]], seed: int,
+                  path: str | None = None) -> dict[str, np.ndarray]:
     """A target for every output, as the engine feeds them: the given ones (checked against
-    the loss), and synthetic ones, matching the loss, for the outputs none was given for (an
-    output the loss does not read takes a synthetic one that nothing reads)."""
+    the loss; ``path``: the file they were read from, which the error then names), and
+    synthetic ones, matching the loss, for the outputs none was given for (an output the loss
+    does not read takes a synthetic one that nothing reads)."""
     targets = synthetic_targets(plan, output_shapes, seed)
     if given is not None:
-        check_targets(plan, given, output_shapes)
+        try:
+            check_targets(plan, given, output_shapes)
+        except DataError as exc:  # as every other problem of the file is said
+            if path is None:
+                raise
+            raise DataError(f"{path}: {exc.message}", where=exc.where) from None
         targets.update(given)
     return targets
 
@@ -378,7 +387,7 @@ def load_named(path: str, specs: list[InputSpec], outputs: list[str],
         raise DataProblems(path, problems)
     return KerasBatch(inputs=inputs, targets=targets, source=f"supplied ({path})",
                       sample_weight=weights.get("") if "" in weights else
-                      (weights or None))
+                      (weights or None), path=str(path))
 
 
 def _weights_against_targets(weights: dict[str, np.ndarray], targets: dict[str, np.ndarray],

@@ -151,7 +151,8 @@ def loaded(job: KerasJob, say: Progress, clock: Clock) -> tuple[Any, dict[str, n
     engine = KerasEngine(job.source, job.outputs, job.plan, training=job.training, seed=job.seed)
     clock.lap("load")
     return engine, batch_targets(job.plan, job.batch.targets,
-                                 engine.output_shapes(job.batch.inputs), job.seed)
+                                 engine.output_shapes(job.batch.inputs), job.seed,
+                                 job.batch.path)
 
 
 def explain(job: KerasJob, progress: Progress | None = None, timings: bool = False,

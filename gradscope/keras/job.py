@@ -51,8 +51,13 @@ class KerasOptions:
     def from_options(cls, options: dict[str, Any]) -> KerasOptions:
         unknown = sorted(set(options) - set(cls.names()))
         if unknown:
+            # The code a saved file needs is given where it is loaded (found tried as a new
+            # user would: imports= refused with no word of where it goes).
+            loading = ("; a saved model's code is given where it is loaded: "
+                       "gradscope.load_model(path, imports=[...]) (or unsafe=True), then pass "
+                       "the model" if unknown[0] in ("imports", "unsafe") else "")
             raise ConfigError(f"{unknown[0]}=: not an option for a Keras model; expected "
-                              f"{', '.join(cls.names())}", where=unknown[0])
+                              f"{', '.join(cls.names())}{loading}", where=unknown[0])
         for name in ("batch_size", "time_steps"):
             whole(options, name, smallest=1, optional=True)
         whole(options, "pad", smallest=0)

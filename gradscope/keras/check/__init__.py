@@ -153,7 +153,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     copied = engine.model is not engine.user_model
     # Drawn for the whole batch: the examples keep the targets explain uses.
     targets = batch_targets(job.plan, job.batch.targets, engine.output_shapes(job.batch.inputs),
-                            job.seed)
+                            job.seed, job.batch.path)
     inputs, targets = (_floats_in(dtype, take(arrays, chosen.indices, job.batch_size))
                        for arrays in (job.batch.inputs, targets))
     sample_weight = take(job.batch.sample_weight, chosen.indices, job.batch_size)
@@ -346,7 +346,7 @@ def _not_finite(job: KerasJob, engine: KerasEngine, autodiff: Any, chosen: Check
         dtype = engine.dtype_name
         whole = _floats_in(dtype, job.batch.inputs)
         every = batch_targets(job.plan, job.batch.targets, engine.output_shapes(whole),
-                              job.seed)
+                              job.seed, job.batch.path)
         every = _floats_in(dtype, every)
         result = engine.run(whole, every, sample_weight=job.batch.sample_weight)
         found = diagnose(engine, whole, every, job.batch.sample_weight, result)
