@@ -346,6 +346,39 @@ def test_a_mask_that_keeps_every_step_is_the_plain_recurrence(tmp_path: Path) ->
                                _norms(tape.gradient(loss, probes)), rtol=1e-5)
 
 
+def test_a_padded_batch_says_how_many_examples_ran_each_step_and_marks_one_none_ran(
+        ) -> None:
+    """Sequences of 1 to 3 steps of 5, padded after them: no example runs steps 3 and 4. Each
+    state norm is over the examples that ran its step (examples_ran, the mask's count), and
+    the text marks the last step "–", not 0 (found tried as a new user would: "at t=T−1 0"
+    where the loss reads each example's last state that ran)."""
+    import keras
+    from conftest import render_text
+    from keras import layers as L
+
+    keras.utils.set_random_seed(6)
+    model = keras.Sequential([keras.Input((T, F), name="x"), L.Masking(name="masking"),
+                              L.GRU(3, name="gru"), L.Dense(1, name="out")])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(B, T, F)).astype(np.float32) + 2.0  # no step is all zeros
+    lengths = np.array([2, 3, 3, 1])
+    x[np.arange(T)[None, :] >= lengths[:, None]] = 0.0
+    report = gradscope.explain(model, x=x, y=rng.normal(size=(B, 1)).astype(np.float32),
+                               flow=True)
+    assert report.gradient_flow is not None
+    (state,) = [s for s in report.gradient_flow.sequences if s.what == "∂L/∂gru/h_t"]
+    ran = (np.arange(T)[None, :] < lengths[:, None]).sum(axis=0)
+    assert state.examples_ran == ran.tolist() == [4, 3, 2, 0, 0]
+    assert state.norms[3] == state.norms[4] == 0 and state.norms[2] > 0
+    text = " ".join(render_text(report, 100).split())
+    assert "‖∂L/∂gru/h_t‖" in text and "a mask skips some examples' steps: a step's norm is " \
+        "over the examples that ran it, and – marks one that none ran" in text
+    row = next(line for line in render_text(report, 100).splitlines()
+               if line.startswith("‖∂L/∂gru/h_t‖"))
+    assert row.split()[-1] == "–" and row.split()[-2] != "–"
+
+
 def test_vanishing_gradient_is_flagged_through_the_cli(tmp_path: Path) -> None:
     """A SimpleRNN whose recurrent kernel shrinks the state tenfold per step, read at its last
     step only: ∂L/∂h_t vanishes towards t = 0, and the CLI says so at 80 columns."""

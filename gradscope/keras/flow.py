@@ -34,6 +34,7 @@ from gradscope.keras.probed_flow import (
     back_ratio_of,
     carried_ratio_of,
     example_squares,
+    examples_ran,
     loop_flows,
     processing_ran,
     resting_on,
@@ -515,12 +516,15 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
         output = loop.totals.output_state
         ratio = None if output is None else loop.carried()
         rests = None if ratio is None else loop.rests_on()
+        ran = (None if loop.ran is None or loop.ran.all()
+               else [int(n) for n in loop.ran.sum(axis=0)])
         for k in loop.shown:
             sequences.append(KerasFlowSequence(
                 what=loop.what(k), kind="state", source=loop.label,
                 norms=per_step_norms(loop.totals.totals[k]), backwards=loop.totals.backwards,
                 carried=ratio if k == output else None,
-                carried_examples=list(rests) if k == output and rests else None))
+                carried_examples=list(rests) if k == output and rests else None,
+                examples_ran=ran))
         steps = loop.totals.totals[0].shape[1]
         flag = (None if output is None
                 else recurrence_flag(loop.what(output), ratio, steps, loop.ran, loop.names,
@@ -531,7 +535,9 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
     if read and len(read) == len(loops):
         # Every direction reads the same sequence, in input order: its gradient is the sum.
         sequences.append(KerasFlowSequence(what=f"∂L/∂{label}/x_t", kind="input", source=label,
-                                           norms=per_step_norms(np.sum(read, axis=0))))
+                                           norms=per_step_norms(np.sum(read, axis=0)),
+                                           examples_ran=examples_ran(mask,
+                                                                     np.shape(read[0])[1])))
     return sequences, flags, any(loop.totals.backwards for loop in loops)
 
 
@@ -624,10 +630,14 @@ def _stepped_flow(engine: Any, call: CapturedCall, result: KerasPass, kind: str
             sequences.append(KerasFlowSequence(
                 what=what, kind="state", source=direction.label, norms=per_step_norms(total),
                 backwards=direction.backwards, carried=ratio,
-                carried_examples=list(rests) if rests else None))
+                carried_examples=list(rests) if rests else None,
+                examples_ran=examples_ran(stepped.call.mask, total.shape[1],
+                                          direction.backwards)))
     if stepped.inputs is not None:
-        sequences.append(KerasFlowSequence(what=f"∂L/∂{label}/x_t", kind="input", source=label,
-                                           norms=per_step_norms(stepped.inputs)))
+        sequences.append(KerasFlowSequence(
+            what=f"∂L/∂{label}/x_t", kind="input", source=label,
+            norms=per_step_norms(stepped.inputs),
+            examples_ran=examples_ran(stepped.call.mask, np.shape(stepped.inputs)[1])))
     return sequences, flags, any(d.backwards for d in stepped.directions)
 
 

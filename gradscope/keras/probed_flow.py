@@ -85,6 +85,13 @@ def processing_ran(mask: Any, steps: int, backwards: bool) -> np.ndarray | None:
     return ran[:, ::-1] if backwards else ran
 
 
+def examples_ran(mask: Any, steps: int, backwards: bool = False) -> list[int] | None:
+    """Per step (processing order), how many examples ran it, from a call's ``mask``; None
+    where every example ran every step."""
+    ran = processing_ran(mask, steps, backwards)
+    return None if ran is None or ran.all() else [int(n) for n in ran.sum(axis=0)]
+
+
 def loop_layers(layer: Any, label: str) -> list[tuple[str, Any]]:
     """The loops a call of ``layer`` runs, by label: both directions of a Bidirectional."""
     if class_label(layer) == "Bidirectional":
@@ -114,7 +121,7 @@ def _names(layer: Any, count: int) -> list[str]:
 
 
 __all__ = ["LoopFlow", "back_ratio_of", "carried_ratio_of", "example_squares", "loop_flows",
-           "loop_layers", "processing_ran", "ran_ends", "resting_on"]
+           "examples_ran", "loop_layers", "processing_ran", "ran_ends", "resting_on"]
 
 
 def _at_last_step(carried: np.ndarray, whole: np.ndarray, ran: np.ndarray

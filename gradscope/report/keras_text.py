@@ -52,6 +52,7 @@ from gradscope.report.models import (
 from gradscope.report.tables import (
     CARRIED_COLUMNS,
     NO_FLAGS,
+    NOT_RUN,
     WITNESS_TITLES,
     all_agree,
     carried_tables,
@@ -333,13 +334,24 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     # tried as a new user would: "(read backwards)" wrapped after "(read" at 80 columns).
     # A Bidirectional's backward direction says it in its label already (found tried as a
     # new user would: "(go_backwards)" wrapped onto a line of its own beside it).
-    rows = {_norm_label(s.what) + (" (go_backwards)" if s.backwards
-                                   and "/backward/" not in s.what else ""): s.norms
-            for s in flow.sequences if s.norms}
+    labels = {id(s): _norm_label(s.what) + (" (go_backwards)" if s.backwards
+                                            and "/backward/" not in s.what else "")
+              for s in flow.sequences if s.norms}
+    rows = {labels[id(s)]: s.norms for s in flow.sequences if s.norms}
+    ran = {labels[id(s)]: s.examples_ran for s in flow.sequences if s.norms}
     for found in flow.influence:
         rows[f"median ‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
     if rows:
-        parts.append(norm_table(rows, width))
+        parts.append(norm_table(rows, width, ran))
+        skipped = [counts for counts in ran.values() if counts is not None]
+        if skipped:
+            # Found tried as a new user would: "at t=T−1 0" under a padded batch, whose
+            # loss reads each example's last state that ran.
+            parts.append(Text(
+                "a mask skips some examples' steps: a step's norm is over the examples that "
+                "ran it" + (f", and {NOT_RUN} marks one that none ran"
+                            if any(0 in (c[0], c[-1]) for c in skipped) else ""),
+                style="dim"))
     else:
         parts.append(Text("no recurrent call or float sequence input to show", style="dim"))
     if not flow.flags and flow.not_analysed and rows:

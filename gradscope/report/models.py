@@ -679,6 +679,10 @@ class KerasFlowSequence(_Report):
     carried_examples: list[int] | None = Field(
         default=None, description="[how many examples, of how many that ran] the carried ratio "
         "is read on, where some get no gradient at their last step that ran (null: all)")
+    examples_ran: list[int] | None = Field(
+        default=None, description="per step t (the norms' order): how many examples ran it, "
+        "where a mask skips some (a masked step's gradient is not read: it adds 0 to the "
+        "norm); null where every example ran every step")
 
 
 class KerasNotAnalysed(_Report):

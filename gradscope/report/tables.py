@@ -75,8 +75,13 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
     return fit(width, wide, middle, narrow, narrowest)
 
 
-#: A sparkline row: the values drawn, and the first and the last number shown beside them.
-SparkRow = tuple[list[float], float | None, float | None]
+#: A sparkline row: the values drawn, and the first and the last number shown beside them
+#: (or a word in place of one).
+SparkRow = tuple[list[float], float | str | None, float | str | None]
+
+
+def _shown(value: float | str | None) -> str:
+    return value if isinstance(value, str) else number(value)
 
 
 def spark_table(rows: dict[str, SparkRow], width: int,
@@ -85,7 +90,7 @@ def spark_table(rows: dict[str, SparkRow], width: int,
     ``titles`` head the four columns."""
     label_title, spark_title, first_title, last_title = titles
     # What is left for the sparkline once the label and both numbers have their room.
-    numbers = max([len(number(value)) for _, *ends in rows.values() for value in ends]
+    numbers = max([len(_shown(value)) for _, *ends in rows.values() for value in ends]
                   + [len(first_title), len(last_title)])
     fixed = 2 * numbers + 3 * GAP
     # A label with no room beside the numbers and a short sparkline is folded after a "/"
@@ -112,10 +117,10 @@ def spark_table(rows: dict[str, SparkRow], width: int,
     below = max(1, min(SPARK_MIN, width - fixed + GAP))
     for label, (values, first, last) in rows.items():
         layout.add_row(Text(shown[label]), atom(sparkline(values, spark_width), "cyan"),
-                       atom(number(first)), atom(number(last)))
+                       atom(_shown(first)), atom(_shown(last)))
         stacked = Text(shown[label] + "\n")
         stacked.append(atom(sparkline(values, below), "cyan"))
-        under.add_row(stacked, atom(number(first)), atom(number(last)))
+        under.add_row(stacked, atom(_shown(first)), atom(_shown(last)))
     return fit(width, layout, under)
 
 
@@ -142,10 +147,21 @@ def folded(label: str, limit: int) -> str:
     return "\n".join(lines + ([line] if line else []))
 
 
-def norm_table(rows: dict[str, list[float]], width: int) -> Table:
+#: In place of a norm at a step no example ran (every example's masked there).
+NOT_RUN = "–"
+
+
+def norm_table(rows: dict[str, list[float]], width: int,
+               ran: dict[str, list[int] | None] | None = None) -> Table:
     """One row per sequence of norms over time: its label, a sparkline, the values at the
-    first and the last step."""
-    return spark_table({label: (norms, norms[0], norms[-1]) for label, norms in rows.items()},
+    first and the last step; :data:`NOT_RUN` at one that no example ran (``ran``: per label,
+    how many examples ran each step, or None where every one ran every step)."""
+    def end(label: str, norms: list[float], at: int) -> float | str:
+        counts = (ran or {}).get(label)
+        return NOT_RUN if counts is not None and counts[at] == 0 else norms[at]
+
+    return spark_table({label: (norms, end(label, norms, 0), end(label, norms, -1))
+                        for label, norms in rows.items()},
                        width, ("sequence", "t = 0 … T−1", "at t=0", "at t=T−1"))
 
 
