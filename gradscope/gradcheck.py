@@ -365,6 +365,20 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
         if agreeing is not None:
             retaken.setdefault(agreeing[0], []).append((probe, agreeing[1], agreeing[2]))
             continue
+        if len(taken) < len(retakes):
+            # The smaller steps that would tell a curving loss from a wrong gradient are lost
+            # to rounding: where the loss curves between the step and the last retake taken
+            # (their differences apart by CURVES of the scale), nothing tells which it is.
+            first = float((plus[k] - minus[k]) / (2 * step))
+            at, a, b = taken[-1]
+            analytic = float(np.sum(gradient * probe.direction))
+            typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
+            if abs(first - (a - b) / (2 * at)) > CURVES * max(abs(analytic), typical):
+                settled.drowned.append((
+                    probe.label, at, float((a - b) / (2 * at)), analytic, retakes[len(taken)],
+                    float(allowance(gradient, [probe], loss, rtol, atol, retakes[len(taken)],
+                                    rounding)[0])))
+                continue
         if len(taken) > 1:
             # The central differences do not converge: the two smallest steps disagree with
             # each other beyond rounding, and by more than a hundredth of what the two

@@ -163,3 +163,26 @@ def test_a_small_gradient_3_percent_wrong_fails_where_a_smaller_steps_rounding_w
     (group, p, m, taken), = right.groups
     assert len(group) == 2 and directional_error(true, group, p, m, 1.4362, 1e-5, None,
                                                  taken)[1]
+
+
+def test_a_small_right_gradient_on_a_loss_curving_at_every_step_taken_is_not_failed() -> None:
+    """10⁻⁶·sin(10⁷·⟨w, x⟩)/10⁷ beside a loss of 2: its slope, 10⁻⁶ in size, is off by far
+    more at 1e-5 and by 16% at 1e-7; only 1e-9 would resolve it, whose rounding (1.4e-5)
+    is larger than the slope. The difference moved between the steps taken (the loss
+    curves): nothing tells a wrong gradient from this one, so the probe is left out, said not
+    resolved, not failed (and not passed)."""
+    w = np.random.default_rng(0).standard_normal(6)
+    w /= np.linalg.norm(w)
+
+    def curving(x: np.ndarray) -> float:
+        return float(2.0 + 1e-6 * np.sin(1e7 * w @ x) / 1e7)
+
+    base = np.zeros(6)
+    probe = Probe("w", "direction 1", w)
+    gradient = 1e-6 * np.cos(1e7 * w @ base) * w
+    step = step_for("float64")
+    settled = settle_kinks(gradient, [probe], np.array([curving(base + step * w)]),
+                           np.array([curving(base - step * w)]), curving, base, 2.0, 1e-5,
+                           None)
+    assert not settled.groups and not settled.kinks and not settled.unresolved
+    assert [d[0] for d in settled.drowned] == ["direction 1"] and settled.not_resolved
