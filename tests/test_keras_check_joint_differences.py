@@ -6,7 +6,7 @@ defect; one that fails on the truth is one too)."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from gradscope.gradcheck import rounding_noise
@@ -41,6 +41,9 @@ problems = st.tuples(
 
 @settings(max_examples=60, deadline=None)
 @given(problems)
+# Found by hypothesis: 740 terms of up to 10 summing to 1.1 round as their sizes do, 2.1e-5
+# off at 1e-5; at 1e-4, 2.8e-7.
+@example(([16, 24, 240, 165, 294], [-4.0, 0.0, 1.0, 0.0, 0.25], 64))
 def test_the_true_gradients_pass(problem) -> None:
     sizes, exponents, seed = problem
     values, gradients, loss = _problem(sizes, [10.0 ** e for e in exponents], seed)

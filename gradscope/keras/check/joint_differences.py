@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradscope.gradcheck import ROUNDING, rounding_noise
+from gradscope.gradcheck import LARGER, ROUNDING, rounding_noise
 
 #: Joint directions, unless the user asks for another number (``--directions``): a relative
 #: error ε in one tensor's gradient escapes one direction with a chance of about 1.6·rtol/ε,
@@ -114,19 +114,31 @@ def joint_check(parts: list[Part], count: int, rng: np.random.Generator, loss: f
     the joint check: the tensors are probed one by one next, where a kink (relu's corner, a
     tie in a max) is told apart from a wrong gradient tensor by tensor."""
     m, drawn = directions(parts, count, rng, loss, rtol, step, rounding)
-    worst: tuple[float, int, float, float] | None = None
+    worst: tuple[float, int, float, float, bool] | None = None
     for k, direction in enumerate(drawn, start=1):
         error, numerical, analytic = compare(parts, direction, step, m, loss, rtol, atol,
                                              loss_at, rounding)
+        larger = False
+        if error > rtol:
+            # A loss whose terms cancel rounds as their sizes do, not as its own (found by
+            # hypothesis: 740 terms of up to 10 summing to 1.1, 2.1e-5 off at 1e-5 and
+            # 2.8e-7 at 1e-4): at ten times the step, whose rounding is a tenth, a right
+            # gradient agrees; a wrong one disagrees there too.
+            again = compare(parts, direction, LARGER * step, m, loss, rtol, atol, loss_at,
+                            rounding)
+            if again[0] <= rtol:
+                (error, numerical, analytic), larger = again, True
         if worst is None or error > worst[0]:
-            worst = (error, k, numerical, analytic)
+            worst = (error, k, numerical, analytic, larger)
         if error > rtol:
             break
     assert worst is not None
-    error, k, numerical, analytic = worst
+    error, k, numerical, analytic, larger = worst
     others = len(parts) - 1
     detail = (f"jointly with {others} other tensor{'s' if others != 1 else ''}: {count} random "
               f"direction{'s' if count != 1 else ''} moving every tensor at once, each "
               "tensor's part scaled to move the loss about as much as the others; worst: "
-              f"direction {k}, finite difference {numerical:.6e} vs autodiff {analytic:.6e}")
+              f"direction {k}, finite difference {numerical:.6e} vs autodiff {analytic:.6e}"
+              + (f" (at {LARGER * step:g}: at {step:g} the loss's rounding was larger)"
+                 if larger else ""))
     return JointResult(error=error, passed=error <= rtol, detail=detail)
