@@ -1041,6 +1041,33 @@ def test_each_kind_fails_a_planted_wrong_gradient_and_passes_without_it(tf: Any,
         assert not any(name.endswith("head/kernel") for name in failed), failed
 
 
+def test_a_small_loss_is_checked_as_closely_as_a_large_one(tf: Any) -> None:
+    """A loss weight of 1e-8: a gradient 1% wrong below a Tap failed no tensor, its
+    disagreement under 64 epsilons of 1 (found tried as a new user would: at a loss weight of
+    1e-6, a weight's gradient 5% wrong, exit 0). Its rounding is measured: the wrong
+    gradient fails, the right one passes."""
+    import keras
+    from keras import layers
+
+    rng = np.random.default_rng(33)
+    x = rng.standard_normal((4, 6, 3)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    for wrong_by in (1.0, 1.01):
+        keras.utils.set_random_seed(34)
+        inputs = keras.Input((6, 3), name="x")
+        h = _own_layers(keras, wrong_by)["Tap"](name="tap")(layers.GRU(5, name="rnn")(inputs))
+        model = keras.Model(inputs, layers.Dense(2, name="head")(h))
+        model.compile(loss="mse", loss_weights=[1e-8])
+        report = gradscope.check(model, x=x, y=y)
+        assert report.loss.value < 1e-7
+        failed = report.summary.failed_tensors
+        if wrong_by == 1.0:
+            assert report.summary.passed, failed
+            continue
+        assert any(name.startswith("rnn/") for name in failed), failed
+        assert not any(name.startswith("head/") for name in failed), failed
+
+
 def own_penalty(keras: Any) -> Any:
     """A layer whose loss is its add_loss: the mean squared distance of its two inputs."""
     from keras import ops

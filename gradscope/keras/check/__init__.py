@@ -40,6 +40,7 @@ from gradscope.keras.check.precision import (
     loss_along,
     measured_rounding,
     not_in_dtype,
+    small_loss_rounding,
 )
 from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
@@ -197,6 +198,9 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     if dtype != "float64":  # the loss's rounding, measured on the model
         with stopped.held(engine.tf, stops):
             probing = replace(probing, rounding=measured_rounding(loss_along(probing), dtype))
+    elif abs(autodiff.loss) < 1:  # 64 epsilons of 1 would hide a small loss's gradients
+        with stopped.held(engine.tf, stops):
+            probing = replace(probing, rounding=small_loss_rounding(loss_along(probing)))
     say("finite differences, and the NumPy reference where it models a layer")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool, \
             stopped.held(engine.tf, stops):

@@ -96,6 +96,23 @@ def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float
     return max(2 * max(residues) / scale, 4 * float(np.finfo(dtype).eps))
 
 
+def small_loss_rounding(loss_along: Callable[[float], float]) -> float:
+    """In float64, the rounding of a loss below 1, relative to 1 (max(|loss|, 1), as
+    :func:`~gradscope.gradcheck.rounding_noise` takes it): measured, where 64 epsilons of 1
+    would allow a loss of 8.5e-7 (a loss weight of 1e-6) a difference a hundred times its
+    gradient's tolerance (found tried as a new user would: a weight's gradient 5% wrong
+    passed). The loss taken at six points within 3e-8 along one direction of the weights,
+    where its curvature is below its rounding, less the line through its central difference
+    at 1e-6: twice the largest residue, and at least 64 epsilons of the loss itself."""
+    from gradscope.gradcheck import ROUNDING
+
+    base = loss_along(0.0)
+    slope = (loss_along(1e-6) - loss_along(-1e-6)) / 2e-6
+    residues = [abs(loss_along(h) - base - h * slope)
+                for h in (-3e-8, -2e-8, -1e-8, 1e-8, 2e-8, 3e-8)]
+    return min(ROUNDING, max(2 * max(residues), ROUNDING * abs(base)))
+
+
 def loss_along(probing: Probing) -> Callable[[float], float]:
     """The loss of Keras' own call with every trainable weight moved by ``h`` along one
     random unit direction (for :func:`coarse_loss` and :func:`measured_rounding`)."""
