@@ -101,16 +101,17 @@ def small_loss_rounding(loss_along: Callable[[float], float]) -> float:
     :func:`~gradscope.gradcheck.rounding_noise` takes it): measured, where 64 epsilons of 1
     would allow a loss of 8.5e-7 (a loss weight of 1e-6) a difference a hundred times its
     gradient's tolerance (found tried as a new user would: a weight's gradient 5% wrong
-    passed). The loss taken at six points within 3e-8 along one direction of the weights,
-    where its curvature is below its rounding, less the line through its central difference
-    at 1e-6: twice the largest residue, and at least 64 epsilons of the loss itself."""
+    passed). The loss taken at five points within 2e-8 along one direction of the weights,
+    where its curvature is far below its rounding, less the line that fits them best: four
+    times the largest residue, at least 64 epsilons of the loss itself and at most 64 of 1.
+    Five forward passes; no gradient enters."""
     from gradscope.gradcheck import ROUNDING
 
-    base = loss_along(0.0)
-    slope = (loss_along(1e-6) - loss_along(-1e-6)) / 2e-6
-    residues = [abs(loss_along(h) - base - h * slope)
-                for h in (-3e-8, -2e-8, -1e-8, 1e-8, 2e-8, 3e-8)]
-    return min(ROUNDING, max(2 * max(residues), ROUNDING * abs(base)))
+    steps = np.array([-2e-8, -1e-8, 0.0, 1e-8, 2e-8])
+    losses = np.array([loss_along(float(h)) for h in steps])
+    slope, intercept = np.polyfit(steps / 1e-8, losses - losses[2], 1)
+    residues = np.abs(losses - losses[2] - (slope * steps / 1e-8 + intercept))
+    return min(ROUNDING, max(4 * float(np.max(residues)), ROUNDING * abs(float(losses[2]))))
 
 
 def loss_along(probing: Probing) -> Callable[[float], float]:
