@@ -36,6 +36,7 @@ from gradscope.keras.check import (
     own_backward,
 )
 from gradscope.keras.check.precision import (
+    SMALL_LOSS,
     coarse_loss,
     loss_along,
     measured_rounding,
@@ -198,7 +199,7 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
     if dtype != "float64":  # the loss's rounding, measured on the model
         with stopped.held(engine.tf, stops):
             probing = replace(probing, rounding=measured_rounding(loss_along(probing), dtype))
-    elif abs(autodiff.loss) < 1:  # 64 epsilons of 1 would hide a small loss's gradients
+    elif abs(autodiff.loss) < SMALL_LOSS:  # 64 epsilons of 1 would hide its gradients
         with stopped.held(engine.tf, stops):
             probing = replace(probing, rounding=small_loss_rounding(loss_along(probing)))
     say("finite differences, and the NumPy reference where it models a layer")
