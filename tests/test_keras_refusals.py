@@ -214,38 +214,39 @@ def test_every_problem_of_a_data_file_is_listed_at_once(tmp_path, tf):
     np.savez(alone, seq=np.zeros((3, 7, 5), np.float32), tokens=np.zeros((3, 7), np.int32),
              out_a=np.zeros((3, 7, 3), np.float32), out_b=np.zeros((3, 7, 2), np.float32),
              sample_weight=np.ones(3, np.float32), **{"sample_weight/out_a": np.ones(3)})
-    result = run_without_tensorflow("explain", str(path), "--data", str(alone))
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [
+    assert _refused("explain", str(path), "--data", str(alone)) == (
         f"gradscope: error: {alone}: has both sample_weight (every output) and "
-        "sample_weight/NAME arrays; expected one or the other"]
+        "sample_weight/NAME arrays; expected one or the other")
     # Weights whose shape is not the leading axes of their targets': said before TensorFlow
     # loads (Keras' loss raised a 400-character TensorFlow error on them).
     shaped = tmp_path / "weights_shape.npz"
     np.savez(shaped, seq=np.zeros((3, 7, 5), np.float32), tokens=np.zeros((3, 7), np.int32),
              out_a=np.zeros((3, 7, 3), np.float32), out_b=np.zeros((3, 7, 2), np.float32),
              **{"sample_weight/out_b": np.ones((3, 5), np.float32)})
-    result = run_without_tensorflow("explain", str(path), "--data", str(shaped))
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [
+    assert _refused("explain", str(path), "--data", str(shaped)) == (
         f"gradscope: error: {shaped}: sample_weight/out_b has shape (3, 5), which does not fit "
         "the targets out_b (3, 7, 2); expected one weight per example (3,), or the leading "
-        "axes of the targets' shape (per example and step, for targets per step)"]
+        "axes of the targets' shape (per example and step, for targets per step)")
     # One array saved by np.save (found tried as a new user would: "internal error:
     # TypeError: … context manager protocol", exit 1), and --x alone, which a YAML config
     # takes with --y: each said in one line, with what a .keras model takes.
     single = tmp_path / "x_only.npy"
     np.save(single, np.zeros((3, 7, 5), np.float32))
-    result = run_without_tensorflow("explain", str(path), "--data", str(single))
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [
+    assert _refused("explain", str(path), "--data", str(single)) == (
         f"gradscope: error: {single}: is a single array (an .npy file, as np.save writes it); "
         "expected an .npz archive of arrays named after the model's inputs and outputs (x and "
-        "y for one of each), as np.savez writes it"]
-    result = run_without_tensorflow("explain", str(path), "--x", str(single))
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "y for one of each), as np.savez writes it")
+    assert _refused("explain", str(path), "--x", str(single)) == (
         "gradscope: error: --x and --y go together: give both (a YAML config's; a .keras "
-        "model takes --data FILE.npz)"]
+        "model takes --data FILE.npz)")
+
+
+def _refused(*args: str) -> str:
+    """The one line on stderr of a command refused with exit 2 before TensorFlow loads."""
+    result = run_without_tensorflow(*args)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    return line
 
 
 def test_time_steps_for_a_model_that_fixes_its_time_axis_is_refused_before_tensorflow(models):
