@@ -33,6 +33,7 @@ from gradscope.keras.layers.recurrent import RecurrentExplainer
 from gradscope.keras.probed_flow import (
     back_ratio_of,
     carried_ratio_of,
+    counted,
     example_squares,
     examples_ran,
     loop_flows,
@@ -516,8 +517,7 @@ def _probed_flow(layer: Any, label: str, probed: list[StateTotals], mask: Any = 
         output = loop.totals.output_state
         ratio = None if output is None else loop.carried()
         rests = None if ratio is None else loop.rests_on()
-        ran = (None if loop.ran is None or loop.ran.all()
-               else [int(n) for n in loop.ran.sum(axis=0)])
+        ran = counted(loop.ran)
         for k in loop.shown:
             sequences.append(KerasFlowSequence(
                 what=loop.what(k), kind="state", source=loop.label,

@@ -88,7 +88,12 @@ def processing_ran(mask: Any, steps: int, backwards: bool) -> np.ndarray | None:
 def examples_ran(mask: Any, steps: int, backwards: bool = False) -> list[int] | None:
     """Per step (processing order), how many examples ran it, from a call's ``mask``; None
     where every example ran every step."""
-    ran = processing_ran(mask, steps, backwards)
+    return counted(processing_ran(mask, steps, backwards))
+
+
+def counted(ran: np.ndarray | None) -> list[int] | None:
+    """Per step, how many examples ran it, from where each ran (B, T); None where every
+    example ran every step."""
     return None if ran is None or ran.all() else [int(n) for n in ran.sum(axis=0)]
 
 
@@ -121,7 +126,7 @@ def _names(layer: Any, count: int) -> list[str]:
 
 
 __all__ = ["LoopFlow", "back_ratio_of", "carried_ratio_of", "example_squares", "loop_flows",
-           "examples_ran", "loop_layers", "processing_ran", "ran_ends", "resting_on"]
+           "counted", "examples_ran", "loop_layers", "processing_ran", "ran_ends", "resting_on"]
 
 
 def _at_last_step(carried: np.ndarray, whole: np.ndarray, ran: np.ndarray
