@@ -213,3 +213,12 @@ def test_a_disagreement_that_is_the_losss_rounding_agrees_at_ten_times_the_step(
         (group, p, m, taken), = settled.groups
         assert taken == pytest.approx(1e-4 if passes else step)
         assert directional_error(claimed, group, p, m, 1.4362, 1e-5, None, taken)[1] == passes
+
+
+def test_a_factor_is_shown_in_as_many_digits_as_tell_it_from_1() -> None:
+    """Found tried as a new user would: a gradient 0.1% wrong, "the tape's is 1 times the
+    differences'"."""
+    from gradscope.gradcheck import factor_text
+
+    assert [factor_text(v) for v in (1.5, 1.02, 0.98039, 1.001, 0.9995, 1.0)] == [
+        "1.5", "1.02", "0.98", "1.001", "0.9995", "1"]

@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.gradcheck import WitnessResult, rounding_noise, rounding_of, step_for
+from gradscope.gradcheck import (
+    WitnessResult,
+    factor_text,
+    rounding_noise,
+    rounding_of,
+    step_for,
+)
 from gradscope.keras.cell_scan import cell_run, not_run
 from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.engine import CapturedCall, call_label, class_label, state_names
@@ -140,7 +146,7 @@ def _sentence(parts: list[Part], weights: list[Part], steps: int, rtol: float) -
 
 
 def _factor(part: Part) -> str:
-    return f", off by a factor {part.factor:.3g}" if part.factor is not None else ""
+    return f", off by a factor {factor_text(part.factor)}" if part.factor is not None else ""
 
 
 def _parts(engine: Any, layer: Any, call: CapturedCall, training: bool,

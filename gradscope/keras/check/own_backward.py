@@ -17,6 +17,7 @@ from gradscope.gradcheck import (
     Probe,
     WitnessResult,
     directional_error,
+    factor_text,
     retakes_for,
     rounding_of,
     step_for,
@@ -115,7 +116,7 @@ def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.rando
         said = said or (error, (plus - minus) / (2 * step))
     assert said is not None
     error, numerical = said
-    factor = (f"; the tape's is {analytic / numerical:.3g} times the differences'"
+    factor = (f"; the tape's is {factor_text(analytic / numerical)} times the differences'"
               if numerical != 0 else "")
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
     if typical > abs(analytic):  # as directional_error measures it
