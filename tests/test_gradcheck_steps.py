@@ -222,3 +222,45 @@ def test_a_factor_is_shown_in_as_many_digits_as_tell_it_from_1() -> None:
 
     assert [factor_text(v) for v in (1.5, 1.02, 0.98039, 1.001, 0.9995, 1.0)] == [
         "1.5", "1.02", "0.98", "1.001", "0.9995", "1"]
+
+
+def test_a_single_element_is_measured_against_an_elements_size_not_a_few_giants() -> None:
+    """An input's gradient on a near-chaotic RNN: a few early elements of 1e6, the rest
+    4.5e-2, so that ‖g‖/√n is 2.2e5, no element's size. A single element 2% wrong, measured
+    against it, passed (found tried as a new user would: an input's gradient 2% wrong read
+    ✓, its other probes left out as not resolved); against the median |g| it fails, and the
+    right one passes. A random direction keeps ‖g‖/√n, the typical size of its derivative."""
+    from gradscope.gradcheck import probe_scales
+
+    true = np.full(100, 4.5e-2)
+    true[:5] = 1e6
+    wrong = true.copy()
+    wrong[50] *= 1.02
+
+    def linear(x: np.ndarray) -> float:
+        return float(1.0 + true @ x)
+
+    element_probe = Probe("x", "element (50,) (random)", np.eye(100)[50], (50,))
+    step = step_for("float64")
+    plus = np.array([linear(step * element_probe.direction)])
+    minus = np.array([linear(-step * element_probe.direction)])
+    assert not directional_error(wrong, [element_probe], plus, minus, 1.0, 1e-5, None, step)[1]
+    assert directional_error(true, [element_probe], plus, minus, 1.0, 1e-5, None, step)[1]
+    direction = Probe("x", "direction 1", np.ones(100) / 10.0)
+    typical = float(np.linalg.norm(true)) / 10.0
+    assert probe_scales(true, [direction], np.array([0.0]))[0] == pytest.approx(typical)
+    assert probe_scales(true, [element_probe], np.array([0.0]))[0] == pytest.approx(4.5e-2)
+
+
+def test_a_layers_own_differences_that_do_not_settle_witness_nothing() -> None:
+    """Found tried as a new user would: Keras' own SimpleRNN at 4× an orthogonal kernel,
+    "the tape's is -205 times the differences'" (differences that change sign from one step
+    to the next), where a custom layer 2% wrong beside it was the fault. Differences that
+    settle, to another value than the tape's, still fail."""
+    from gradscope.keras.check.own_backward import _not_settled
+
+    gradient = np.array([3.0, -1.0, 2.0])
+    probe = Probe("input", "a random direction", np.array([1.0, 0.0, 0.0]))
+    assert _not_settled(gradient, probe, [1.9e4, -6.6e4, -1.2e5], 1.0, 1e-5, "float64")
+    assert not _not_settled(gradient, probe, [3.06, 3.0600001, 3.0600002], 1.0, 1e-5,
+                            "float64")
