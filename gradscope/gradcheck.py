@@ -275,6 +275,21 @@ def can_tell(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray, minus:
     return bool(np.all(there[disagreeing] < off[disagreeing]))
 
 
+def not_settling(first: float, at_larger: float, at_smaller: float, scale: float,
+                 loss: float, rtol: float, larger: float, smaller: float,
+                 rounding: float = ROUNDING) -> bool:
+    """Whether central differences at a step and at two smaller ones (``larger``,
+    ``smaller``) do not converge: the last two apart by more than ``rtol`` of ``scale`` and
+    their rounding (twice the smaller step's, once the larger's), and by more than a
+    hundredth of the first two. On a smooth loss, even one that curves within the step, the
+    error falls as the step squared; along a trajectory that amplifies every perturbation
+    the differences witness nothing."""
+    allowed = (rtol * scale + 2 * float(rounding_noise(loss, smaller, rounding))
+               + float(rounding_noise(loss, larger, rounding)))
+    apart = abs(at_larger - at_smaller)
+    return bool(apart > allowed and apart > 0.01 * abs(first - at_larger))
+
+
 @dataclass
 class Settled:
     """Probes after :func:`settle_kinks`: groups of (probes, plus, minus, step) to compare,
@@ -369,7 +384,8 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
     step, retakes = step_for(dtype), retakes_for(dtype)
     small = retakes[0]
 
-    def seen_again_larger(k: int) -> tuple[bool, tuple[float, float] | None]:
+    def seen_again_larger(k: int, first: float, analytic: float
+                          ) -> tuple[bool, tuple[float, float] | None]:
         """Probe ``k``, whose disagreement at the step no smaller step can see, taken again
         at ten times it, whose rounding is a tenth: whether the disagreement is seen again
         there (beyond the allowance, and its difference nearer the step's than half their
@@ -381,8 +397,7 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
         probe, larger = probes[k], LARGER * step
         a = evaluate_at((base + larger * probe.direction).astype(base.dtype))
         b = evaluate_at((base - larger * probe.direction).astype(base.dtype))
-        first = float((plus[k] - minus[k]) / (2 * step))
-        off = abs(first - float(np.sum(gradient * probe.direction)))
+        off = abs(first - analytic)
         agrees = directional_error(gradient, [probe], np.array([a]), np.array([b]), loss,
                                    rtol, atol, larger, rounding)[1]
         return (not agrees and abs((a - b) / (2 * larger) - first) <= 0.5 * off,
@@ -393,13 +408,16 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                              atol, step, rounding)[1]:
             kept.append(k)
             continue
+        first = float((plus[k] - minus[k]) / (2 * step))
+        analytic = float(np.sum(gradient * probe.direction))
+        scale = float(probe_scales(gradient, [probe], np.array([analytic]))[0])
         # Only the smaller steps whose rounding leaves the disagreement visible: at the
         # others a difference agrees whatever the gradient (they are the last of them).
         telling = [at for at in retakes if can_tell(
             gradient, [probe], plus[k:k + 1], minus[k:k + 1], loss, rtol, atol, step, at,
             rounding)]
         if not telling:
-            seen, agreed = seen_again_larger(k)
+            seen, agreed = seen_again_larger(k, first, analytic)
             if seen:
                 kept.append(k)  # a wrong gradient: it fails at the step
                 continue
@@ -407,8 +425,7 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
                 retaken.setdefault(LARGER * step, []).append((probe, *agreed))
                 continue
             settled.drowned.append((
-                probe.label, step, float((plus[k] - minus[k]) / (2 * step)),
-                float(np.sum(gradient * probe.direction)), small,
+                probe.label, step, first, analytic, small,
                 float(allowance(gradient, [probe], loss, rtol, atol, small, rounding)[0])))
             continue
         taken = [(at, evaluate_at((base + at * probe.direction).astype(base.dtype)),
@@ -424,10 +441,7 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
             # The smaller steps that would tell a curving loss from a wrong gradient are lost
             # to rounding: where the loss curves between the step and the last retake taken
             # (their differences apart by CURVES of the scale), nothing tells which it is.
-            first = float((plus[k] - minus[k]) / (2 * step))
             at, a, b = taken[-1]
-            analytic = float(np.sum(gradient * probe.direction))
-            scale = float(probe_scales(gradient, [probe], np.array([analytic]))[0])
             if abs(first - (a - b) / (2 * at)) > CURVES * scale:
                 settled.drowned.append((
                     probe.label, at, float((a - b) / (2 * at)), analytic, retakes[len(taken)],
@@ -441,16 +455,10 @@ def settle_kinks(gradient: np.ndarray, probes: list[Probe], plus: np.ndarray,
             # error falls as the step squared: 10⁴-fold from one retake to the next). Then
             # they witness nothing. A wrong gradient converges, to another value than
             # autodiff's, and fails.
-            fds = [(step, (plus[k] - minus[k]) / (2 * step)),
-                   *((at, (a - b) / (2 * at)) for at, a, b in taken)]
-            (_, first), (larger, at_larger), (smaller, at_smaller) = fds[-3:]
-            analytic = float(np.sum(gradient * probe.direction))
-            scale = float(probe_scales(gradient, [probe], np.array([analytic]))[0])
-            allowed = (rtol * scale
-                       + 2 * float(rounding_noise(loss, smaller, rounding))
-                       + float(rounding_noise(loss, larger, rounding)))
-            apart = abs(at_larger - at_smaller)
-            if apart > allowed and apart > 0.01 * abs(first - at_larger):
+            fds = [(step, first), *((at, (a - b) / (2 * at)) for at, a, b in taken)]
+            (larger, at_larger), (smaller, at_smaller) = fds[-2:]
+            if not_settling(first, at_larger, at_smaller, scale, loss, rtol, larger, smaller,
+                            rounding):
                 settled.unresolved.append((probe.label, larger, smaller, at_larger,
                                            at_smaller))
                 continue

@@ -202,10 +202,12 @@ def dense_gradients(variables: list[Any], grads: list[Any]
     for variable, gradient in zip(variables, grads, strict=True):
         if isinstance(gradient, tf.IndexedSlices):
             rows = int(np.unique(gradient.indices.numpy()).size)
-            gradient = tf.convert_to_tensor(gradient)
-            dense = gradient.numpy().reshape(int(variable.shape[0]), -1)
+            dense = tf.convert_to_tensor(gradient).numpy()
+            by_row = dense.reshape(int(variable.shape[0]), -1)
             sparse[variable.path] = (rows, int(variable.shape[0]),
-                                     int(np.count_nonzero(np.any(dense != 0, axis=1))))
+                                     int(np.count_nonzero(np.any(by_row != 0, axis=1))))
+            gradients[variable.path] = dense
+            continue
         gradients[variable.path] = None if gradient is None else gradient.numpy()
     return gradients, sparse
 

@@ -16,11 +16,11 @@ import numpy as np
 from gradscope.gradcheck import (
     Probe,
     WitnessResult,
-    allowance,
     directional_error,
     factor_text,
+    not_settling,
+    probe_scales,
     retakes_for,
-    rounding_noise,
     rounding_of,
     step_for,
 )
@@ -61,20 +61,18 @@ def witness(probing: Probing, stopping: list[str]) -> Witnessed:
 def _not_settled(gradient: np.ndarray, probe: Probe, differences: list[float], value: float,
                  rtol: float, dtype: str) -> bool:
     """Whether the differences at the step and its retakes do not settle as the step shrinks
-    (the last two further apart than their rounding allows, and than a hundredth of the
-    first two), as settle_kinks leaves a probe out: along a trajectory that amplifies every
-    perturbation they witness nothing (found tried as a new user would: Keras' own
-    SimpleRNN at 4× an orthogonal kernel, "the tape's is -205 times the differences'")."""
+    (:func:`~gradscope.gradcheck.not_settling`, as settle_kinks leaves a probe out): along a
+    trajectory that amplifies every perturbation they witness nothing (found tried as a new
+    user would: Keras' own SimpleRNN at 4× an orthogonal kernel, "the tape's is -205 times
+    the differences'")."""
     steps = (step_for(dtype), *retakes_for(dtype))
     if len(differences) < 3:
         return False
     first, at_larger, at_smaller = differences[-3:]
-    rounding = rounding_of(dtype)
-    allowed = (allowance(gradient, [probe], value, rtol, None, steps[-1], rounding)[0]
-               + rounding_noise(value, steps[-1], rounding)
-               + rounding_noise(value, steps[-2], rounding))
-    apart = abs(at_larger - at_smaller)
-    return bool(apart > allowed and apart > 0.01 * abs(first - at_larger))
+    analytic = np.array([float(np.sum(gradient * probe.direction))])
+    scale = float(probe_scales(gradient, [probe], analytic)[0])
+    return not_settling(first, at_larger, at_smaller, scale, value, rtol, steps[-2],
+                        steps[-1], rounding_of(dtype))
 
 
 def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.random.Generator,
@@ -123,7 +121,7 @@ def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.rando
     probe = Probe("input", "a random direction", direction / np.linalg.norm(direction))
     analytic = float(np.sum(gradient * probe.direction))
     dtype = x.dtype.name
-    said: tuple[float, float] | None = None
+    errors: list[float] = []
     differences: list[float] = []
     for step in (step_for(dtype), *retakes_for(dtype)):
         shift = tf.constant(step * probe.direction, x.dtype)
@@ -134,13 +132,12 @@ def _one(probing: Probing, layer: Any, call: CapturedCall, x: Any, rng: np.rando
                                              rounding_of(dtype))
         if passed:
             return None
-        # What is said is the first step's: a smaller step's rounding, which the error allows
-        # for, would make its error smaller than the numbers beside it show.
-        said = said or (error, (plus - minus) / (2 * step))
-    assert said is not None
+        errors.append(error)
     if _not_settled(gradient, probe, differences, float(value), rtol, dtype):
         return None
-    error, numerical = said
+    # What is said is the first step's: a smaller step's rounding, which the error allows
+    # for, would make its error smaller than the numbers beside it show.
+    error, numerical = errors[0], differences[0]
     factor = (f"; the tape's is {factor_text(analytic / numerical)} times the differences'"
               if numerical != 0 else "")
     typical = float(np.linalg.norm(gradient)) / np.sqrt(max(gradient.size, 1))
