@@ -264,3 +264,22 @@ def test_a_layers_own_differences_that_do_not_settle_witness_nothing() -> None:
     assert _not_settled(gradient, probe, [1.9e4, -6.6e4, -1.2e5], 1.0, 1e-5, "float64")
     assert not _not_settled(gradient, probe, [3.06, 3.0600001, 3.0600002], 1.0, 1e-5,
                             "float64")
+
+
+def test_a_small_losss_rounding_is_measured_apart_from_its_curvature() -> None:
+    """A loss of 6e-9 near its minimum (a model's outputs near their targets): over ±2e-8 its
+    curvature moves it by about 1e-16, far above its rounding (about 1e-24). A line through
+    the five points took that curvature for rounding, so a smaller step was not taken where
+    the loss curves within the step, and a right gradient failed. The parabola's residues
+    are the rounding's: the floor, 64 epsilons of the loss. A loss whose terms cancel, rounded
+    to 1e-18, keeps that rounding."""
+    from gradscope.gradcheck import ROUNDING, ROUNDING_STEPS, small_loss_rounding
+
+    def near_minimum(h: float) -> float:
+        return 6e-9 + 1e-4 * h + 0.4 * h * h + 3.0 * h ** 3
+
+    measured = small_loss_rounding([near_minimum(h) for h in ROUNDING_STEPS])
+    assert measured == pytest.approx(ROUNDING * 6e-9)
+    rng = np.random.default_rng(3)
+    noisy = [near_minimum(h) + 1e-18 * rng.uniform(-1, 1) for h in ROUNDING_STEPS]
+    assert 1e-18 < small_loss_rounding(noisy) < 1e-16

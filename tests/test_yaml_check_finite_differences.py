@@ -186,3 +186,29 @@ def test_a_float32_config_whose_loss_overflows_fails_explain_and_check(tmp_path)
     assert not checked.summary.failed_tensors  # every gradient agrees in float64
     assert gradscope.explain(config).not_finite is None
     assert gradscope.check(config).summary.passed
+
+
+def test_a_small_loss_near_its_targets_passes_right_gradients_and_fails_a_wrong_one(tf):
+    """A model whose outputs are near their targets (mse 6e-9): at the step 1e-3 its loss
+    curves within the step, and with 64 epsilons of 1 taken for its rounding no smaller
+    step could be taken: every right gradient failed (found tried as a new user would). Its
+    rounding is measured: the right ones pass at a smaller step, a recurrent kernel 1% wrong
+    fails, alone."""
+    from gradscope.yaml.data import Batch
+
+    ctx = _context("keras")
+    tf_ = ctx.engine.tf
+    predictions, _ = ctx.engine.forward(
+        {k: tf_.constant(v) for k, v in ctx.params.items()}, tf_.constant(ctx.batch.x),
+        {k: tf_.constant(v) for k, v in ctx.batch.initial_states.items()})
+    y = predictions.numpy() + 1e-4 * np.random.default_rng(0).standard_normal(predictions.shape)
+    batch = Batch(x=ctx.batch.x, y=y, initial_states=ctx.batch.initial_states)
+    run = ctx.engine.run(ctx.params, batch, per_step=True)
+    assert run.loss < 1e-7
+    for factor in (1.0, 1.01):
+        weights = dict(run.weight_gradients)
+        weights["gru_1/recurrent_kernel"] = weights["gru_1/recurrent_kernel"] * factor
+        ctx = CheckContext(ctx.shapes, ctx.params, batch, ctx.engine,
+                           dataclasses.replace(run, weight_gradients=weights), directions=3)
+        failed = [r.tensor for r in finite_difference_witness(ctx) if not r.passed]
+        assert failed == ([] if factor == 1.0 else ["gru_1/recurrent_kernel"])

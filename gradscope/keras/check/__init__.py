@@ -20,8 +20,11 @@ import numpy as np
 
 from gradscope.errors import ConfigError, DataError
 from gradscope.gradcheck import (
+    ROUNDING_STEPS,
+    SMALL_LOSS,
     checked_tensors,
     rounding_noise,
+    small_loss_rounding,
     step_for,
     tolerance,
     unwitnessed,
@@ -36,12 +39,10 @@ from gradscope.keras.check import (
     own_backward,
 )
 from gradscope.keras.check.precision import (
-    SMALL_LOSS,
     coarse_loss,
     loss_along,
     measured_rounding,
     not_in_dtype,
-    small_loss_rounding,
 )
 from gradscope.keras.check.probing import Probing, Witnessed
 from gradscope.keras.checked_examples import DEFAULT_EXAMPLES, choose, take
@@ -201,7 +202,9 @@ def _check(job: KerasJob, engine: KerasEngine, chosen: CheckedExamples,
             probing = replace(probing, rounding=measured_rounding(loss_along(probing), dtype))
     elif abs(autodiff.loss) < SMALL_LOSS:  # 64 epsilons of 1 would hide its gradients
         with stopped.held(engine.tf, stops):
-            probing = replace(probing, rounding=small_loss_rounding(loss_along(probing)))
+            along = loss_along(probing)
+            probing = replace(probing, rounding=small_loss_rounding(
+                [along(h) for h in ROUNDING_STEPS]))
     say("finite differences, and the NumPy reference where it models a layer")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradscope-reference") as pool, \
             stopped.held(engine.tf, stops):

@@ -96,34 +96,10 @@ def measured_rounding(loss_along: Callable[[float], float], dtype: str) -> float
     return max(2 * max(residues) / scale, 4 * float(np.finfo(dtype).eps))
 
 
-#: In float64 a loss below this has its rounding measured (:func:`small_loss_rounding`):
-#: 64 epsilons of 1 are then more than a hundred of the loss. Five forward passes; on the
-#: LSTM 256 × 2 at 1000 steps (a loss of 0.95, where it would gain nothing) they took 13 s.
-SMALL_LOSS = 1e-2
-
-
-def small_loss_rounding(loss_along: Callable[[float], float]) -> float:
-    """In float64, the rounding of a loss below :data:`SMALL_LOSS`, relative to 1
-    (max(|loss|, 1), as :func:`~gradscope.gradcheck.rounding_noise` takes it): measured,
-    where 64 epsilons of 1
-    would allow a loss of 8.5e-7 (a loss weight of 1e-6) a difference a hundred times its
-    gradient's tolerance (found tried as a new user would: a weight's gradient 5% wrong
-    passed). The loss taken at five points within 2e-8 along one direction of the weights,
-    where its curvature is far below its rounding, less the line that fits them best: four
-    times the largest residue, at least 64 epsilons of the loss itself and at most 64 of 1.
-    Five forward passes; no gradient enters."""
-    from gradscope.gradcheck import ROUNDING
-
-    steps = np.array([-2e-8, -1e-8, 0.0, 1e-8, 2e-8])
-    losses = np.array([loss_along(float(h)) for h in steps])
-    slope, intercept = np.polyfit(steps / 1e-8, losses - losses[2], 1)
-    residues = np.abs(losses - losses[2] - (slope * steps / 1e-8 + intercept))
-    return min(ROUNDING, max(4 * float(np.max(residues)), ROUNDING * abs(float(losses[2]))))
-
-
 def loss_along(probing: Probing) -> Callable[[float], float]:
     """The loss of Keras' own call with every trainable weight moved by ``h`` along one
-    random unit direction (for :func:`coarse_loss` and :func:`measured_rounding`)."""
+    random unit direction (for :func:`coarse_loss`, :func:`measured_rounding` and
+    :func:`~gradscope.gradcheck.small_loss_rounding`)."""
     tf, model = probing.tf, probing.engine.model
     feed, y = probing.tensors()
     variables = list(model.trainable_variables)

@@ -21,6 +21,9 @@ import numpy as np
 
 from gradscope.gradcheck import (
     RANDOM_ELEMENTS,
+    ROUNDING,
+    ROUNDING_STEPS,
+    SMALL_LOSS,
     Probe,
     WitnessResult,
     can_tell,
@@ -29,6 +32,7 @@ from gradscope.gradcheck import (
     elements_for,
     random_probes,
     retakes_for,
+    small_loss_rounding,
     step_for,
 )
 from gradscope.timing import Progress
@@ -212,6 +216,18 @@ class _Evaluator:
                                             self.states).numpy()
         return np.asarray(per_example.sum(axis=1))
 
+    def losses_along(self, seed: int, steps: tuple[float, ...]) -> np.ndarray:
+        """The loss with every weight moved by each of ``steps`` along one random unit
+        direction drawn from ``seed``, in one call."""
+        _, flat, _ = self._flat_weights(0)
+        direction = np.random.default_rng([seed, 5]).standard_normal(flat.shape)
+        direction /= np.linalg.norm(direction) or 1.0
+        rows = flat[None, :] + np.asarray(steps)[:, None] * direction[None, :]
+        tf = self.tf
+        per_example = self._function(0)(tf.constant(rows), self.inputs[0], self.y,
+                                        self.states).numpy()
+        return np.asarray(per_example.sum(axis=1))
+
     def _copies(self, perturbations: list[Perturbation], start: int) -> np.ndarray:
         """The loss with x or one initial state replaced, each copy a block of the batch axis
         (a single example's copy: that example's share of the loss)."""
@@ -288,26 +304,32 @@ class FiniteDifferences:
             self.close()
 
         rtol = ctx.tolerance(WITNESS)
+        loss = ctx.autodiff.loss
+        # 64 epsilons of 1 would hide a small loss's gradients, and keep a smaller step from
+        # seeing a right one agree: its rounding is measured.
+        rounding = (small_loss_rounding(self.evaluator.losses_along(ctx.shapes.spec.seed,
+                                                                    ROUNDING_STEPS))
+                    if abs(loss) < SMALL_LOSS else ROUNDING)
         results = []
         for name, tensor_probes in probes.items():
             plus = np.array([self.losses[p.key + (1.0,)] for p in tensor_probes])
             minus = np.array([self.losses[p.key + (-1.0,)] for p in tensor_probes])
             error, passed, detail = directional_error(
-                gradients[name], tensor_probes, plus, minus, ctx.autodiff.loss, rtol, ctx.atol,
-                SPEC_STEP)
+                gradients[name], tensor_probes, plus, minus, loss, rtol, ctx.atol, SPEC_STEP,
+                rounding)
             for step in () if passed else RETAKES:
                 # The loss may curve within the step (large weights): a right gradient agrees
                 # at a smaller one, a wrong one disagrees at every step; a step whose rounding
                 # would hide the disagreement is not taken (nor, then, any smaller one).
-                if not can_tell(gradients[name], tensor_probes, plus, minus,
-                                ctx.autodiff.loss, rtol, ctx.atol, SPEC_STEP, step):
+                if not can_tell(gradients[name], tensor_probes, plus, minus, loss, rtol,
+                                ctx.atol, SPEC_STEP, step, rounding):
                     break
                 taken = self._taken_at(tensor_probes, step)
                 again = directional_error(
                     gradients[name], tensor_probes,
                     np.array([taken[p.key + (step, 1.0)] for p in tensor_probes]),
                     np.array([taken[p.key + (step, -1.0)] for p in tensor_probes]),
-                    ctx.autodiff.loss, rtol, ctx.atol, step)
+                    loss, rtol, ctx.atol, step, rounding)
                 if again[1]:
                     error, passed = again[0], True
                     detail = (f"{again[2]} (at step {step:g}: at {SPEC_STEP:g} the loss "
