@@ -283,3 +283,32 @@ def test_a_small_losss_rounding_is_measured_apart_from_its_curvature() -> None:
     rng = np.random.default_rng(3)
     noisy = [near_minimum(h) + 1e-18 * rng.uniform(-1, 1) for h in ROUNDING_STEPS]
     assert 1e-18 < small_loss_rounding(noisy) < 1e-16
+
+
+def test_richardsons_extrapolation_resolves_what_no_smaller_step_can_see() -> None:
+    """A loss of 1.38 that curves within the step 1e-3 (a softmax LSTM's, in miniature: a
+    derivative of 6.26e-6, its central difference 1.15e-10 off, 1.8e-5 of it): at every
+    smaller step the rounding is wider than that disagreement, so no retake could tell, and
+    a right gradient failed (found tried as a new user would). Extrapolated from 1e-3 and
+    5e-4 it agrees; a gradient 0.01% wrong still fails."""
+    from gradscope.gradcheck import can_tell, extrapolated_error, retakes_for
+
+    slope, bend = 6.26e-6, 1.15e-4
+    direction = np.random.default_rng(5).standard_normal(4)
+    probe = Probe("w", "direction 1", direction / np.linalg.norm(direction))
+    right = slope * probe.direction
+
+    def loss(h: float) -> float:
+        return 1.38 + slope * h + bend * h ** 3
+
+    step = step_for("float64", "smooth")
+    plus, minus = np.array([loss(step)]), np.array([loss(-step)])
+    half = np.array([loss(step / 2)]), np.array([loss(-step / 2)])
+    assert not directional_error(right, [probe], plus, minus, 1.38, 1e-5, None, step)[1]
+    assert not any(can_tell(right, [probe], plus, minus, 1.38, 1e-5, None, step, smaller)
+                   for smaller in retakes_for("float64", "smooth"))
+    for claimed, passes in ((right, True), (1.0001 * right, False)):
+        error, passed, detail = extrapolated_error(claimed, [probe], plus, minus, *half, 1.38,
+                                                   1e-5, None, step)
+        assert passed == passes, (error, detail)
+    assert "Richardson" in detail

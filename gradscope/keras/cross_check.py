@@ -15,7 +15,7 @@ import numpy as np
 from gradscope._blas import blas_beside_tensorflow
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
-from gradscope.gradcheck import TOLERANCES, tolerance
+from gradscope.gradcheck import AMPLIFIED, TOLERANCES, tolerance
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
 from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -90,11 +90,6 @@ def cross_check_call(call: CapturedCall, facts: LayerFacts, explainer: Recurrent
                              detail=f"reproduces Keras' output to {error:.1e} "
                                     f"(allowed {allowed:.1e}){_of_batch(rows, call)}")
 
-
-#: A difference from Keras' output within this many times what one rounding of the inputs
-#: moves the cell's own output is rounding grown along the trajectory (an exploding layer's),
-#: which no cell can be held to: the call is not witnessed, rather than called misread.
-AMPLIFIED = 10.0
 
 #: One rounding, relative, in each dtype a call computes in.
 ROUNDING = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,

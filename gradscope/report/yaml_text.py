@@ -47,6 +47,7 @@ from gradscope.report.models import (
 )
 from gradscope.report.tables import (
     CARRIED_COLUMNS,
+    WITNESS_TITLES,
     all_agree,
     carried_tables,
     carry_check_section,
@@ -324,7 +325,7 @@ def render_check(report: CheckReport, width: int) -> list[RenderableType]:
     if report.against_not_returned:
         parts.append(Text(f"not returned by --against (not checked by it): "
                           f"{', '.join(report.against_not_returned)}", style="yellow"))
-    parts += failures_section(report)
+    parts += failures_section(report) + held_lines(report)
     if report.carry is not None:
         parts += [section("Truncated BPTT: carrying gradients across chunk boundaries"),
                   carry_check_section(report.carry, width)]
@@ -347,6 +348,31 @@ def render_check(report: CheckReport, width: int) -> list[RenderableType]:
     else:
         parts.append(all_agree(report))
     return parts + timings_lines(report.timings)
+
+
+def held_lines(report: CheckReport) -> list[RenderableType]:
+    """The tensors a witness passed at a wider tolerance than its own, or left unwitnessed,
+    and why (the NumPy reference's, where rounding grows along the model): a line for each
+    reason, the tensors and the tolerances they were held to."""
+    held: dict[tuple[str, str, bool], list[tuple[str, float]]] = {}
+    for tensor in report.tensors:
+        for entry in tensor.witnesses:
+            if entry.passed and entry.detail and (
+                    entry.unresolved
+                    or entry.tolerance > report.tolerances.get(entry.witness, entry.tolerance)):
+                held.setdefault((entry.witness, entry.detail, entry.unresolved), []).append(
+                    (tensor.name, entry.tolerance))
+    lines: list[RenderableType] = []
+    for (witness, detail, unresolved), tensors in held.items():
+        names = ", ".join(name for name, _ in tensors)
+        if unresolved:
+            lines.append(Text(f"{WITNESS_TITLES[witness]} on {names}: {detail}", style="dim"))
+            continue
+        low, high = min(t for _, t in tensors), max(t for _, t in tensors)
+        span = f"{low:.1e}" if low == high else f"between {low:.1e} and {high:.1e}"
+        lines.append(Text(f"{WITNESS_TITLES[witness]} held {names} to {span}, not "
+                          f"{report.tolerances[witness]:.0e}: {detail}", style="dim"))
+    return lines
 
 
 def render_layer_check(report: LayerCheckReport, width: int) -> list[RenderableType]:
