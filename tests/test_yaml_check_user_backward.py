@@ -351,3 +351,29 @@ def test_the_docs_lstm_worked_example_runs_from_the_clone(monkeypatch, tf, capsy
     document = json.loads(out)
     assert code == 0 and document["summary"]["passed"] is True
     assert document["against_not_returned"] == []
+
+
+def test_a_signature_of_zeros_is_not_matched_by_a_tiny_wrong_gradient():
+    """Found tried as a new user would: an initial state's gradient of about 1e-28 (faded
+    over 300 steps), returned under the other state's name, was named "the gradient with no
+    carry of the cell state c from t+1 (relative error 4e-28)": that signature is zeros, and
+    the difference from zeros was read as relative. A value of zeros still equals it."""
+    from gradscope.yaml.check.variants import Signature, identify
+
+    truth = 1e-28 * np.random.default_rng(0).standard_normal((4, 3))
+    other = 2.6 * np.random.default_rng(1).standard_normal((4, 3)) * 1e-28
+    no_carry = Signature("no_c_carry", "the gradient with no carry of the cell state c",
+                         {"lstm_1/c0": np.zeros((4, 3))})
+    assert identify("lstm_1/c0", other, truth, [no_carry], 1e-6) is None
+    match = identify("lstm_1/c0", np.zeros((4, 3)), truth, [no_carry], 1e-6)
+    assert match is not None and match[1] == 0.0
+
+
+def test_a_gradient_flushed_to_0_below_float32s_range_is_said_so():
+    """Found tried as a new user would: a backward that returned float32 had an initial
+    state's gradient of 2e-83 flushed to 0, and was said to leave out a carry."""
+    from gradscope.yaml.check.user_backward import _diagnose
+
+    truth = 2e-83 * np.ones((4, 3))
+    said = _diagnose(None, "lstm_2/h0", np.zeros((4, 3)), truth, {}, 1e-6)
+    assert "below float32's smallest normal number" in said and "2.0e-83" in said

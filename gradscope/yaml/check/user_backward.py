@@ -251,6 +251,14 @@ def _diagnose(ctx: CheckContext, name: str, value: np.ndarray, truth: np.ndarray
               everything: dict[str, np.ndarray], tolerance: float) -> str:
     """Name the known mistake ``value`` carries: a wrong BPTT (computed with the NumPy
     reference, see :mod:`gradscope.yaml.check.variants`), a scaling, a swap."""
+    tiny = float(np.finfo(np.float32).tiny)
+    largest = float(np.max(np.abs(truth))) if truth.size else 0.0
+    if not np.any(value) and 0 < largest < tiny:
+        # Found tried as a new user would: a backward that returned float32 had an initial
+        # state's gradient of 2e-83 flushed to 0, and was said to leave out a carry.
+        return (f"is 0 where the gradient's largest element is {largest:.1e}, below "
+                f"float32's smallest normal number ({tiny:.1e}): a float32 computation "
+                "flushes it to 0")
     match = variants.identify(name, value, truth, _signatures(ctx, everything),
                               max(tolerance, 1e-6))
     if match is not None:

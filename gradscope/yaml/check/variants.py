@@ -310,7 +310,11 @@ def scalings(truth: dict[str, np.ndarray],
 def identify(name: str, value: np.ndarray, truth: np.ndarray, signatures: list[Signature],
              tolerance: float) -> tuple[Signature, float] | None:
     """The signature ``value`` equals (the closest, within ``tolerance``), among those that
-    differ from the truth for this tensor; None when it equals none of them."""
+    differ from the truth for this tensor; None when it equals none of them. The difference
+    is relative to the larger of the signature's and the truth's norms: a signature of zeros
+    (no carry into an initial state) is not matched by any value smaller than 1 (found tried
+    as a new user would: two gradients of 1e-28, swapped, were named "no carry of the cell
+    state c from t+1 (relative error 4e-28)")."""
     best: tuple[Signature, float] | None = None
     for signature in signatures:
         candidate = signature.gradients.get(name)
@@ -318,7 +322,9 @@ def identify(name: str, value: np.ndarray, truth: np.ndarray, signatures: list[S
             continue
         if relative_error(candidate, truth) <= tolerance:  # the mistake leaves it right
             continue
-        error = relative_error(value, candidate)
+        scale = max(float(np.linalg.norm(candidate)), float(np.linalg.norm(truth)))
+        error = float(np.linalg.norm(np.asarray(value, np.float64) - candidate)) / (
+            scale or 1.0)
         if error <= tolerance and (best is None or error < best[1]):
             best = (signature, error)
     return best
