@@ -40,6 +40,7 @@ def folder(tmp_path_factory) -> Path:
     """small.yaml (3 steps), data with 5 steps, and files that already exist."""
     folder = tmp_path_factory.mktemp("arguments")
     (folder / "small.yaml").write_text(SMALL)
+    (folder / "lstm.yaml").write_text(SMALL.replace("gru", "lstm"))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 4))
     y = np.eye(3)[rng.integers(0, 3, size=(2, 5))]
@@ -118,6 +119,8 @@ CASES = [
     ("explain --force without -o", ["explain", "--force"], "with -o FILE or --plot FILE"),
     ("check --equations --json", ["check", "--equations", "--json"],
      "--equations prints text and does not go with --json"),
+    ("check --equations without a block GRU", ["check", "{dir}/lstm.yaml", "--equations"],
+     "go with block-layout GRU layers, and this spec has none"),
     ("explain YAML --time-steps", ["explain", "{dir}/small.yaml", "--time-steps", "4"],
      "--time-steps is for Keras models; set batch_size and time_steps in the YAML"),
     ("explain .keras --time-steps --data",

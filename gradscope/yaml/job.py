@@ -98,6 +98,11 @@ def prepare(command: str, source: Any, data: Any, x: Any, y: Any, sample_weight:
     check_time_steps(spec.time_steps, at=own.get("at"), chunks=own.get("chunks"))
     if own.get("layer") is not None:
         check_layer_name(spec, own["layer"])
+    if own.get("equations") and not any(layer.type == "gru" and layer.layout == "block"
+                                        for layer in spec.layers):
+        # Found tried as a new user would: an LSTM spec's --equations printed nothing.
+        raise ConfigError("--equations: the corrected GRUBlockCellGrad equations go with "
+                          "block-layout GRU layers, and this spec has none", where="--equations")
     if command == "explain":
         own["flow"] = bool(own.get("flow") or own.get("heatmap") or own.get("at") is not None)
     return YamlCommand(command, spec, batch, own)
