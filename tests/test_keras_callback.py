@@ -710,6 +710,61 @@ def test_watch_reads_a_fit_that_observed_nothing(tf, tmp_path):
     assert said in " ".join(render_text(flow.history, 80).split())
 
 
+def test_keras_and_the_worker_never_trace_the_model_at_once(tf):
+    """Keras' layers keep state from the start of a call to its end (a recurrent cell its
+    dropout masks), so Keras' trace of its step and the worker's trace beside it must not
+    be inside the model's call at once. Found in a loaded run of the suite: the warm-up's
+    gate opened on a long compiled call inside Keras' trace (here a layer's), the worker
+    traced the pass meanwhile, and Keras' trace took the worker's recurrent dropout mask: a
+    TypeError out of fit ("defined in FuncGraph(name=stateless), which is out of scope").
+    The model's call is one thread's at a time during fit, and is the model's own again
+    after it."""
+    import threading
+
+    import keras
+
+    from gradscope.keras import GradientFlow
+
+    main = threading.get_ident()
+    events: list[tuple[int, str]] = []
+
+    @tf.function
+    def slow(m):
+        return tf.while_loop(lambda i, a: i < 600, lambda i, a: (i + 1, tf.tanh(a @ a)),
+                             (tf.constant(0), m))[1]
+
+    start = tf.random.normal((200, 200), stddev=0.05)
+    slow(start)  # traced now: inside Keras' trace it runs compiled
+
+    class Marked(keras.layers.Layer):
+        def call(self, x):
+            events.append((threading.get_ident(), "in"))
+            if threading.get_ident() == main:
+                with tf.init_scope():  # a long compiled call, eagerly, inside Keras' trace
+                    slow(start)
+            events.append((threading.get_ident(), "out"))
+            return x
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((STEPS, FEATURES)), Marked(),
+                              keras.layers.GRU(5, recurrent_dropout=0.2), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    own = model.call
+    x, y = _data()
+    flow = GradientFlow(every=2)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
+    assert len({thread for thread, _ in events}) == 2  # Keras' trace and the worker's
+    inside: set[int] = set()
+    for thread, what in events:
+        if what == "in":
+            assert not inside - {thread}, events  # another thread is inside the call
+            inside.add(thread)
+        else:
+            inside.discard(thread)
+    assert "call" not in model.__dict__ and model.call == own
+    assert len(flow.history.observations) == 1
+
+
 def test_the_warm_up_gate_opens_at_compiled_code_while_the_step_runs(tf):
     """A thread traces a function that, in the middle of its trace, runs a short compiled call
     eagerly (as Keras does when it creates the optimizer's variables), then runs a slow

@@ -12,6 +12,7 @@ where each of those happens.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -179,6 +180,8 @@ class GradientFlow(keras.callbacks.Callback):
         self._warm_tried = False
         self._warm_up_released = threading.Event()  # opens the warm-up's gate: see _warm_up
         self._first_step = threading.Event()  # set while fit's first step runs
+        self._calls = threading.RLock()  # the model's call, one thread at a time: see _one_call
+        self._own_call: tuple[Any, Any] | None = None  # (model, its own call before) in a fit
         self._fit_spec: Any = None
         self._fit_first = 0  # batches watched before this fit
         self._fitted = False  # a fit has run: ``every`` applies (not to a custom loop)
@@ -290,12 +293,47 @@ class GradientFlow(keras.callbacks.Callback):
             return original(replay(iterator, batches, strategy, self._fed))
 
         model.train_function = train_function
+        if strategy.num_replicas_in_sync == 1:
+            self._one_call(model)
+
+    def _one_call(self, model: Any) -> None:
+        """The model's call, one thread at a time while this fit runs: Keras traces it on
+        the training thread (at the first step, and where a batch's signature is new), the
+        worker traces it beside (the observation's pass, the copy's witness), and Keras'
+        layers keep state from the start of a call to its end (a recurrent cell caches its
+        dropout masks there). Found in a loaded run of the suite: a GRU with recurrent
+        dropout, fit's first step; the warm-up's trace began while Keras still traced its
+        step, and Keras' trace took the worker's mask ("defined in FuncGraph(name=stateless),
+        which is out of scope"), a TypeError out of fit. Compiled steps do not call it: only
+        traces wait, and only for each other. Not under several replicas, whose threads
+        take turns inside a call (a lock held across a turn would never be given back)."""
+        inner = model.call
+        calls = self._calls
+
+        @functools.wraps(inner)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with calls:
+                return inner(*args, **kwargs)
+
+        self._own_call = (model, model.__dict__.get("call"))
+        object.__setattr__(model, "call", call)  # past Keras' attribute tracking
+
+    def _whole_call(self) -> None:
+        """The model's own call again (:meth:`_one_call`), as it was before this fit."""
+        if self._own_call is None:
+            return
+        (model, own), self._own_call = self._own_call, None
+        if own is None:
+            model.__dict__.pop("call", None)
+        else:
+            object.__setattr__(model, "call", own)
 
     def on_train_end(self, logs: Any = None) -> None:
         if self._original_train_function is not None:
             self.model.train_function = self._original_train_function
             self._original_train_function = None
         self._drain()
+        self._whole_call()
         if self.log_dir is not None:
             from gradscope.keras.summaries import FlowSummaryWriter
 
