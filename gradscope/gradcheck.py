@@ -150,6 +150,13 @@ def rounding_noise(loss: Any, step: float, rounding: float = ROUNDING) -> Any:
 #: is rounding, grown along it (a trajectory that amplifies, a loss's residual that cancels):
 #: a cell held to Keras' output, the YAML wing's NumPy reference held to autodiff.
 AMPLIFIED = 10.0
+def one_rounding_off(value: Any, rounding: float, rng: np.random.Generator) -> np.ndarray:
+    """``value`` with every number moved by one ``rounding`` (relative), its sign drawn from
+    ``rng``: what rounding the inputs of a computation is worth, to see how far the
+    computation grows it (:data:`AMPLIFIED`)."""
+    return value * (1 + rounding * rng.choice([-1.0, 1.0], size=np.shape(value)))
+
+
 #: In float64 a loss below this has its rounding measured (:func:`small_loss_rounding`):
 #: 64 epsilons of 1 are then more than a hundred of the loss. Five forward passes; on the
 #: LSTM 256 × 2 at 1000 steps (a loss of 0.95, where it would gain nothing) they took 13 s.

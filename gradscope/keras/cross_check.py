@@ -15,7 +15,7 @@ import numpy as np
 from gradscope._blas import blas_beside_tensorflow
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
-from gradscope.gradcheck import AMPLIFIED, TOLERANCES, tolerance
+from gradscope.gradcheck import AMPLIFIED, TOLERANCES, one_rounding_off, tolerance
 from gradscope.keras.engine import CapturedCall, call_label
 from gradscope.keras.layers.base import LayerFacts
 from gradscope.keras.layers.recurrent import RecurrentExplainer
@@ -103,8 +103,8 @@ def rounding_growth(forward: Any, params: dict[str, np.ndarray], x: np.ndarray,
     ``dtype`` (relative, signs from a fixed seed), in float64: a stable trajectory keeps it
     near that rounding, one whose λ₁ > 0 grows it step after step, as it grows the rounding
     of Keras' own float32 loop."""
-    signs = np.random.default_rng(0).choice([-1.0, 1.0], size=np.shape(x))
-    nudged = x * (1 + ROUNDING.get(dtype, ROUNDING["float32"]) * signs)
+    nudged = one_rounding_off(x, ROUNDING.get(dtype, ROUNDING["float32"]),
+                              np.random.default_rng(0))
     with blas_beside_tensorflow():
         sequence, _ = forward(params, nudged, *states)
     moved = sequence if facts.option("return_sequences") else sequence[:, -1]

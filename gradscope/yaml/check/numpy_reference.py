@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gradscope.gradcheck import AMPLIFIED, WitnessResult, relative_error
+from gradscope.gradcheck import AMPLIFIED, WitnessResult, one_rounding_off, relative_error
 from gradscope.yaml.algebra import ModelShapes
 from gradscope.yaml.check.context import CheckContext
 from gradscope.yaml.data import Batch
@@ -84,12 +84,10 @@ def rounding_moves(shapes: ModelShapes, params: dict[str, np.ndarray], batch: Ba
     the weights, x, y and the initial states moves by one float64 rounding (signs from a
     fixed seed): what rounding inside the model and its loss is worth, grown as the model
     grows it."""
-    from gradscope.yaml.data import Batch
-
     rng = np.random.default_rng(0)
 
     def nudged(value: np.ndarray) -> np.ndarray:
-        return value * (1 + 2.0 ** -53 * rng.choice([-1.0, 1.0], size=np.shape(value)))
+        return one_rounding_off(value, 2.0 ** -53, rng)
 
     again = reference_gradients(
         shapes, {name: nudged(value) for name, value in params.items()},
