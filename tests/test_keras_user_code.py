@@ -283,3 +283,73 @@ def test_an_import_python_cannot_find_is_refused_before_tensorflow_loads(source,
         f"gradscope: error: --import {source}: {said}"
         + (" (the current folder included)" if "module" in said else "")
         + "; expected a dotted module name or a path to a .py file"]
+
+
+UNNAMED = textwrap.dedent('''
+    import keras
+
+
+    @keras.saving.register_keras_serializable("unnamed")
+    class Gain(keras.layers.Layer):
+        """Its __init__ takes **kw, not **kwargs, and it has no get_config: Keras saves it
+        with no name, and names it anew as it loads it."""
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+
+        def build(self, shape):
+            self.gain = self.add_weight(shape=(shape[-1],), initializer="ones", name="gain")
+
+        def call(self, x):
+            return x * self.gain
+''')
+
+
+def test_a_sequential_layer_saved_without_a_name_is_named_as_keras_names_it(tmp_path):
+    """Found tried as a new user would: such a layer ended "internal error: KeyError:
+    'module.Passthrough'" (gradscope's graph named it by its class, Keras by its own counters,
+    which the user's process had moved). In Python (its names moved) and on the command line,
+    its gradient is Keras' tape's."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import gradscope
+
+    (tmp_path / "unnamed_layers.py").write_text(UNNAMED)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import unnamed_layers
+
+        for _ in range(3):  # the process's counters move on: the next is gain_3
+            unnamed_layers.Gain()
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((5, 2)), unnamed_layers.Gain(),
+                                  keras.layers.GRU(3), unnamed_layers.Gain(),
+                                  keras.layers.Dense(1)])
+        model.compile(loss="mse")
+        assert [layer.name for layer in model.layers[::2]] == ["gain_3", "gain_4"]
+        model.save(tmp_path / "m.keras")
+        x = np.random.default_rng(0).standard_normal((4, 5, 2)).astype("float32")
+        y = np.ones((4, 1), "float32")
+        np.savez(tmp_path / "m.npz", x=x, y=y)
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x))
+        truth = [float(np.linalg.norm(g)) for g in
+                 tape.gradient(loss, [model.layers[0].gain, model.layers[2].gain])]
+        live = gradscope.explain(model, x=x, y=y).to_dict()
+        norms = {g["path"]: g["stats"]["l2"] for g in live["gradients"]}
+        assert [norms["sequential/gain_3/gain"], norms["sequential/gain_4/gain"]
+                ] == pytest.approx(truth, rel=1e-5)
+        loaded = gradscope.explain(gradscope.load_model(tmp_path / "m.keras",
+                                                        imports=["unnamed_layers"]),
+                                   x=x, y=y).to_dict()
+        assert len(loaded["gradients"]) == len(live["gradients"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("unnamed_layers", None)
+    done = _gradscope(tmp_path, "explain", "m.keras", "--import", "unnamed_layers", "--data",
+                      "m.npz", "--json")
+    assert done.returncode == 0, done.stderr
+    norms = {g["path"]: g["stats"]["l2"] for g in json.loads(done.stdout)["gradients"]}
+    assert [norms["gain/gain"], norms["gain_1/gain"]] == pytest.approx(truth, rel=1e-5)

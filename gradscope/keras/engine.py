@@ -27,7 +27,7 @@ from gradscope.errors import (
     on_the_command_line,
 )
 from gradscope.keras.data import time_steps
-from gradscope.keras.graph import INPUT_KEYWORDS
+from gradscope.keras.graph import INPUT_KEYWORDS, fresh_names
 from gradscope.keras.loss import CROSS_ENTROPIES, LossPlan, OutputLoss
 from gradscope.keras.loss_terms import LossTerm, added_terms, output_terms
 from gradscope.keras.observed_call import (
@@ -245,7 +245,8 @@ class KerasEngine:
                 # says so; gradscope never uses the optimizer.
                 warnings.filterwarnings("ignore", message="Skipping variable loading for "
                                         "optimizer")
-                return keras.saving.load_model(path, compile=compile, safe_mode=True)
+                with fresh_names():
+                    return keras.saving.load_model(path, compile=compile, safe_mode=True)
 
         try:
             return load(compile_saved)

@@ -8,6 +8,8 @@ so that structural refusals happen before TensorFlow is imported.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,11 +325,13 @@ def _sequential(body: dict[str, Any], source: str, build_config: Any,
                           calls=())
     nodes.append(first)
     previous = Ref(first.name, 0, 0, _shape(first.config.get("batch_shape")))
+    named: dict[str, int] = {}
     for entry in entries:
         # A Sequential config keeps no inbound nodes: each layer's build_config has its input.
         shape = _shape((entry.get("build_config") or {}).get("input_shape"))
         received = Ref(previous.layer, previous.node, previous.index, shape or previous.shape)
-        node = _layer_node(entry, calls=(Call(args=(received,), kwargs={}),))
+        node = _layer_node(entry, calls=(Call(args=(received,), kwargs={}),),
+                           name=_unnamed(entry, named))
         nodes.append(node)
         previous = Ref(node.name, 0, 0)
     return ModelGraph(source=source, name=body.get("name", "sequential"), kind="Sequential",
@@ -335,14 +339,49 @@ def _sequential(body: dict[str, Any], source: str, build_config: Any,
                       outputs=(previous,), compile_config=compile_config)
 
 
-def _layer_node(entry: dict[str, Any], calls: tuple[Call, ...] | None = None) -> LayerNode:
+@contextlib.contextmanager
+def fresh_names() -> Iterator[None]:
+    """Keras' counters of automatic names as in a new process, for a load (Keras is
+    imported): a layer saved without a name (a Sequential's custom layer whose ``__init__``
+    takes ``**kw`` and has no ``get_config``) is then named as gradscope's graph names it
+    (:func:`_unnamed`), whatever the user's process made before."""
+    import collections
+
+    from keras.src.backend.common import global_state
+
+    kept = global_state.get_global_attribute("object_name_uids")
+    global_state.set_global_attribute("object_name_uids", collections.defaultdict(int))
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("object_name_uids", kept)
+
+
+def _unnamed(entry: dict[str, Any], named: dict[str, int]) -> str | None:
+    """The name Keras gives a layer of a Sequential saved without one, as it loads the file
+    (or None where the config names it): its class in snake case, numbered from the second of
+    that class on (``keras.src.utils.naming.auto_name``, its counters fresh:
+    :func:`fresh_names`). A custom layer whose ``__init__`` takes
+    ``**kw`` (any name but ``kwargs``) and has no ``get_config`` of its own is saved so."""
+    if entry.get("name") or (entry.get("config") or {}).get("name"):
+        return None
+    word = re.sub(r"\W+", "", str(entry["class_name"]).rsplit(".", 1)[-1])
+    word = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", word)
+    word = re.sub("([a-z])([A-Z])", r"\1_\2", word).lower()
+    count = named.get(word, 0)
+    named[word] = count + 1
+    return f"{word}_{count}" if count else word
+
+
+def _layer_node(entry: dict[str, Any], calls: tuple[Call, ...] | None = None,
+                name: str | None = None) -> LayerNode:
     config = entry.get("config") or {}
     if calls is None:
         calls = tuple(Call(args=tuple(_value(arg) for arg in node.get("args", [])),
                            kwargs={key: _value(value)
                                    for key, value in (node.get("kwargs") or {}).items()})
                       for node in entry.get("inbound_nodes", []))
-    name = entry.get("name") or config.get("name") or entry["class_name"]
+    name = name or entry.get("name") or config.get("name") or entry["class_name"]
     return LayerNode(name=str(name), class_name=str(entry["class_name"]),
                      module=entry.get("module"), registered_name=entry.get("registered_name"),
                      config=config, calls=calls,

@@ -79,12 +79,27 @@ def model_config(model: Any) -> dict[str, Any]:
                               "registered_name": None,
                               "config": Functional.get_config(functional)}
         config = json.loads(json.dumps(serialized))
+        _name_unnamed(model, config)
     except Exception as exc:  # get_config() of a custom layer may raise anything
         first = first_line(exc)
         raise ConfigError(f"{label}: Keras cannot serialise its config, so gradscope cannot "
                           f"read its graph exactly: {first}", where=label) from None
     qualify_custom(config)
     return config
+
+
+def _name_unnamed(model: Any, config: dict[str, Any]) -> None:
+    """A Sequential's layer saved without a name (its ``__init__`` takes ``**kw``, not
+    ``**kwargs``, and it has no ``get_config``) is named as the object is."""
+    if config.get("class_name") != "Sequential":
+        return
+    entries = config["config"].get("layers") or []
+    layers = list(getattr(model, "_layers", None) or [])  # with its InputLayer, as saved
+    if len(entries) != len(layers):
+        return
+    for entry, layer in zip(entries, layers, strict=True):
+        if not entry.get("name") and not (entry.get("config") or {}).get("name"):
+            entry["name"] = layer.name
 
 
 def read_live_graph(model: Any, data: list[str] | None = None) -> ModelGraph:

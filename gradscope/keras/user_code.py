@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from gradscope.errors import ConfigError, first_line, imports_given
+from gradscope.keras.graph import fresh_names
 from gradscope.keras.live import LOADED_FROM
 from gradscope.preflight import is_a_path, missing_code, no_module
 
@@ -88,7 +89,8 @@ def load_user_model(path: str | Path, imports: Iterable[str] = (), unsafe: bool 
     try:
         with native_stderr_silenced(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
-            model = keras.saving.load_model(str(path), compile=True, safe_mode=not unsafe)
+            with fresh_names():
+                model = keras.saving.load_model(str(path), compile=True, safe_mode=not unsafe)
     except Exception as exc:  # noqa: BLE001  (Keras raises many kinds; all mean "not loaded")
         missing = _class_not_found(exc)
         if missing is not None:
