@@ -849,9 +849,19 @@ def test_an_error_beside_training_is_raised_on_the_training_thread(tf):
             raise RuntimeError("recording failed")
 
     x, y = _data()
+    model = _model(keras)
+    own = model.call
     with pytest.raises(RuntimeError, match="recording failed"):
-        _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-                          callbacks=[Failing(every=2)])
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[Failing(every=2)])
+    # Keras calls no on_train_end after a fit that raised: the next fit, with another
+    # GradientFlow, takes the model's own call and train function back, not the wrappers.
+    assert "call" in model.__dict__
+    flow = GradientFlow(every=2)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
+    assert "call" not in model.__dict__ and model.call == own
+    assert not hasattr(model.train_function, "_gradscope_wraps")
+    assert len(flow.history.observations) == 1
 
 
 @pytest.mark.parametrize("diagnosed", [False, True])

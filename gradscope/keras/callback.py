@@ -217,6 +217,9 @@ class GradientFlow(keras.callbacks.Callback):
                 "pass GradientFlow(loss=NAME), the Keras loss that train_step minimises",
                 where="loss")
         original = model.train_function
+        # A fit that raised (Keras then calls no on_train_end) left this wrapper, or another
+        # GradientFlow's, in place: Keras keeps a made train function.
+        original = getattr(original, "_gradscope_wraps", original)
         self._original_train_function = original
         self._fitted = True
         self._fit_first = self._batches
@@ -292,6 +295,7 @@ class GradientFlow(keras.callbacks.Callback):
             # Keras' step, on these tensors.
             return original(replay(iterator, batches, strategy, self._fed))
 
+        train_function._gradscope_wraps = original  # type: ignore[attr-defined]
         model.train_function = train_function
         if strategy.num_replicas_in_sync == 1:
             self._one_call(model)
@@ -307,6 +311,10 @@ class GradientFlow(keras.callbacks.Callback):
         which is out of scope"), a TypeError out of fit. Compiled steps do not call it: only
         traces wait, and only for each other. Not under several replicas, whose threads
         take turns inside a call (a lock held across a turn would never be given back)."""
+        stale = model.__dict__.get("call")
+        if hasattr(stale, "_gradscope_own"):  # a fit that raised left its lock in place
+            self._own_call = (model, stale._gradscope_own)
+            self._whole_call()
         inner = model.call
         calls = self._calls
 
@@ -315,7 +323,8 @@ class GradientFlow(keras.callbacks.Callback):
             with calls:
                 return inner(*args, **kwargs)
 
-        self._own_call = (model, model.__dict__.get("call"))
+        call._gradscope_own = model.__dict__.get("call")  # type: ignore[attr-defined]
+        self._own_call = (model, call._gradscope_own)  # type: ignore[attr-defined]
         object.__setattr__(model, "call", call)  # past Keras' attribute tracking
 
     def _whole_call(self) -> None:
