@@ -451,7 +451,7 @@ def _both_directions(call: Any, engine: Any) -> CrossCheckEntry:
     from gradscope.keras.flow import output_error, rerun_call
 
     label = call_label(call.layer, call.index)
-    name = "gradscope's NumPy cells, one per direction"
+    name = "gradscope's NumPy cells of both directions"
     rtol = tolerance("cross_check", computed_in(call, engine.dtype_name)).rtol
     found = not_finite(call) or rerun_call(call, engine)
     if isinstance(found, str):

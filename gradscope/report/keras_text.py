@@ -414,7 +414,10 @@ def render_keras_explain(report: KerasExplainReport, width: int = 80) -> list[Re
         parts.append(section("Witnesses: gradscope's own cells rerun each recurrent layer"))
         for witness in report.witnesses:
             mark = "✓" if witness.passed else "·"
-            parts.append(hanging(mark, f"{witness.layer}: {witness.witness} {witness.detail}",
+            why = witness.detail.removeprefix("not witnessed: ")
+            said = (f"not witnessed by {witness.witness}: {why}" if why != witness.detail
+                    else f"{witness.witness} {witness.detail}")
+            parts.append(hanging(mark, f"{witness.layer}: {said}",
                                  "green" if witness.passed else "dim"))
     if report.state_jacobians is not None:
         parts += jacobian_lines(report.state_jacobians, width)
