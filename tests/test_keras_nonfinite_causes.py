@@ -59,6 +59,14 @@ def test_ops_say_their_cause_with_the_numbers():
     assert op_cause(large, None, [0]) == ("a division that overflows (example 0): numerators "
                                           "up to 3e+38")
     assert op_cause(None, None, []).startswith("no single operation could be named")
+    # The number quoted is the named step's (found tried as a new user would: step 0 named,
+    # the lowest over every step quoted).
+    features = np.full((2, 3, 2), 0.5)
+    features[0, 0, 1], features[1, 0, 0], features[1, 2, 1] = -0.630, -0.2, -0.723
+    with np.errstate(invalid="ignore"):
+        logs = Birth("Log", [features], np.log(features))
+    assert op_cause(logs, 0, [0, 1]) == ("log of a negative number (-0.63) at step 0 "
+                                         "(examples 0, 1)")
 
 
 def test_a_fully_masked_example_and_positions():

@@ -167,12 +167,17 @@ def unwitnessed(call: CapturedCall, facts: LayerFacts, training: bool = False) -
     if call.mask is not None:
         return "the input is masked (Keras skips masked steps; the cell does not model masks)"
     reasons = unmodelled(facts, training)
+    said = [not_modelled(reasons)] if reasons else []
     if not call.states:
-        reasons.append("no initial state captured")
-    if reasons:
-        return "the cell models the plain recurrence only (" + \
-            ", ".join(reasons) + ")"
-    return None
+        said.append("no initial state captured")
+    return "; ".join(said) or None
+
+
+def not_modelled(reasons: list[str]) -> str:
+    """What :func:`unmodelled` found, said (found tried as a new user would: "the cells model
+    the plain recurrence only (activation linear)" read as if the cells were linear)."""
+    return ("gradscope's NumPy cells model tanh, sigmoid gates and no dropout; this layer has "
+            + ", ".join(reasons))
 
 
 def weights_by_key(layer: Any, facts: LayerFacts) -> dict[str, np.ndarray]:

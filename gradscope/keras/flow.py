@@ -25,6 +25,7 @@ from gradscope.keras.cross_check import (
     cell_params,
     compared_outputs,
     computed_in,
+    not_modelled,
     unmodelled,
 )
 from gradscope.keras.engine import CapturedCall, KerasPass, call_label, class_label
@@ -243,8 +244,7 @@ def _prepare(call: CapturedCall, label: str, engine: Any,
                            input_shapes=((None, *x.shape[1:]),))
         reasons = unmodelled(facts, engine.training)
         if reasons:
-            return ("the cells model the plain recurrence only ("
-                    + ", ".join(reasons) + ")")
+            return not_modelled(reasons)
         explainer = explainer_for(class_name)
         if not isinstance(explainer, RecurrentExplainer):
             return f"no gradscope cell for {class_name}"

@@ -69,6 +69,16 @@ def op_cause(birth: Birth | None, step: int | None, examples: list[int],
     first = birth.inputs[0] if birth.inputs else np.zeros(0)
     at = where(step, examples)
     same = first.shape == birth.output.shape and first.size
+    if same and step is not None and bad.ndim >= 3 and step < bad.shape[1] \
+            and bad[:, :step].sum() == 0:
+        # The numbers quoted are those of the step (and examples) named, not of the whole
+        # tensor (found tried as a new user would: "log of a negative number (-0.723) at
+        # step 0", -0.723 being at step 9, step 0's lowest -0.630).
+        rows = [e for e in examples if e < bad.shape[0]] or list(range(bad.shape[0]))
+        here = np.zeros_like(bad)
+        here[rows, step] = bad[rows, step]
+        if here.any():
+            bad = here
     values = first[bad] if same else first.reshape(-1)
     if op in EXPONENTIALS and values.size:
         return f"exp overflow: {what} reached {float(np.max(values)):.4g}{at}"
