@@ -777,6 +777,16 @@ def cell_states(cell: Any, flat: list[Any]) -> Any:
     return nested
 
 
+def zero_output(tf: Any, layer: Any, x: Any, initial: list[Any], training: bool) -> Any:
+    """Zeros shaped as the layer's cell's output at a step (B, ·): the last output Keras'
+    masked loop carries before its first kept step (:func:`scan_cell`'s default)."""
+    cell = layer.cell
+    kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
+    states = [tf.cast(s, cell.compute_dtype) for s in initial]
+    out, _ = cell(x[:, 0], cell_states(cell, states), **kwargs)
+    return tf.zeros_like(out)
+
+
 def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
           probes: list[Any], training: bool, cuts: Any = None,
           edges: list[Any] | None = None, last_output: Any = None,
@@ -788,7 +798,9 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
     is the probed state, so that the gradient from above at t reaches the probe. With
     ``cuts`` (T,) and ``edges`` (one (T, B, ·) per state), the states entering step p are
     held (``tf.stop_gradient``) where ``cuts[p]`` is nonzero, then ``edges[p]`` is added:
-    truncated BPTT (:mod:`~gradscope.keras.truncation`). ``last_output``: the output before
+    truncated BPTT (:mod:`~gradscope.keras.truncation`); one edge more (behind a mask) holds
+    the last output the loop carries there too, as a masked step's output is that last
+    output, not a state. ``last_output``: the output before
     the first step (what a masked first step keeps; default zeros), for a stretch of a longer
     call. ``seen`` gets ``output_is_state`` at tracing: whether the cell's output is its first
     state itself. Returns every state's sequence and the outputs, time-major."""
@@ -821,7 +833,10 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
         if cut:
             cut_t, edges_t = cut
             states = [tf.where(cut_t > 0, tf.stop_gradient(s), s) + e
-                      for s, e in zip(states, edges_t, strict=True)]
+                      for s, e in zip(states, edges_t[:len(states)], strict=True)]
+            if len(edges_t) > len(states):
+                previous = tf.where(cut_t > 0, tf.stop_gradient(previous), previous) \
+                    + edges_t[-1]
         out, new = step(x_t, states)
         same = [k for k, n in enumerate(new) if n is out]
         if seen is not None:

@@ -109,7 +109,7 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop], watch: Any,
     import tensorflow as tf
 
     from gradscope.keras.observed_call import inner_loops_replaced
-    from gradscope.keras.stepped import scan_cell
+    from gradscope.keras.stepped import scan_cell, zero_output
 
     owners = _owners(model)
     counts: dict[int, int] = {}
@@ -142,17 +142,28 @@ def loops_cut(model: Any, chunks: int, loops: list[CutLoop], watch: Any,
             dtype = layer.cell.compute_dtype
             edges = [tf.zeros(tf.concat([[steps], tf.shape(state)], 0), dtype)
                      for state in given]
+            probes = [tf.zeros_like(edge) for edge in edges]
+            last = None
+            if mask is not None:
+                # Behind a mask a step's output may be the last output the loop carries, a
+                # path across a boundary beside the states: held there too (found tried as
+                # a new user would: a padded batch's truncated gradients crossed the
+                # boundaries by it, gru/bias 3.5e-3 against 8.0e-2 cut by hand).
+                last = zero_output(tf, layer, sequences, given, training)
+                edges.append(tf.zeros(tf.concat([[steps], tf.shape(last)], 0), last.dtype))
             for edge in edges:
                 watch(edge)
-            probes = [tf.zeros_like(edge) for edge in edges]
             states, outs = scan_cell(tf, keras, layer, sequences, mask, given, probes, training,
-                                 tf.constant(flags), edges)
+                                     tf.constant(flags), edges, last_output=last)
             names = state_names(layer)
             if len(names) != len(given):  # a layer whose states gradscope does not name
                 names = ["h0", "c0"] if len(given) == 2 and "LSTM" in class_label(layer) \
                     else [f"states[{k}]" for k in range(len(given))]
+            carried = list(states)
+            if last is not None:
+                names, carried = [*names, "output"], [*carried, outs]
             loops.append(CutLoop(label, names, steps, backwards, positions, starts, edges,
-                                 list(states)))
+                                 carried))
             final = [sequence[-1] for sequence in states]
             outputs = tf.transpose(outs, [1, 0, *range(2, len(outs.shape))])
             return outs[-1], outputs, final if keras.tree.is_nested(initial_state) \
@@ -351,7 +362,8 @@ def carried_error(result: Chunked, full: Mapping[str, np.ndarray | None]) -> dic
 #: How the numbers of ``explain --chunks`` on a Keras model are found, for the report.
 METHOD = ("each recurrent layer's own cell stepped in tf.scan inside Keras' own call of the "
           "model, its states held (tf.stop_gradient) where each chunk begins: the gradient "
-          "of that run is truncated BPTT; the carry is taken back boundary by boundary from "
+          "of that run is truncated BPTT (behind a mask, the last output Keras' loop carries "
+          "held there too); the carry is taken back boundary by boundary from "
           "the last, each chunk's ∂L/∂(initial states) the grad_ys of the chunk before's "
           "final states, and the chunks so carried must add up to Keras' own full gradient; "
           "only recurrent states are cut (a layer that mixes steps otherwise, such as Conv1D "
