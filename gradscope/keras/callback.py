@@ -235,8 +235,8 @@ class GradientFlow(keras.callbacks.Callback):
                 # every 2 batches".
                 warnings.warn(f"GradientFlow({name}={every}): the model runs {steps} steps "
                               "per execution, and the callback sees the last batch of each: "
-                              f"at most one {what} per execution, of its last batch (as "
-                              f"{name}={steps} would take)", stacklevel=2)
+                              f"at most one {what} per execution, of its last batch (an "
+                              "epoch's last execution may hold fewer batches)", stacklevel=2)
             elif every is not None and steps > 1 and every % steps:
                 # Found tried as a new user would: every=3 at 2 steps per execution observed
                 # batches 4, 6, 10 and 12, without a word.
