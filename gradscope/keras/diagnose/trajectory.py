@@ -179,7 +179,7 @@ def _step(engine: Any, layer: Any, shapes: list[tuple[int, ...]] | None = None) 
 
 
 def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
-                  carried: int | None = None, compiled: bool = False) -> np.ndarray:
+                  carried: int | None = None, compiled: bool | None = None) -> np.ndarray:
     """log|R_t[i, i]| (B, T, count) along the trajectory: Q_0 = I (with fewer columns than
     states: ``count`` orthonormal columns drawn from ``seed``, so that no column starts inside
     a subspace the steps keep to themselves); J_t·Q_{t−1} = Q_t·R_t, J_t applied by forward
@@ -194,15 +194,20 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
 
     ``compiled``: a step linearised by hand is scanned under XLA, which fuses each step's
     small ops (on a GRU 64 → GRU 32 at 50 steps, batch 32, one column: 4.4 ms of CPU instead
-    of 12 ms); its compilation (about a second on an LSTM 256) pays only for a scan run
-    again and again, as during ``fit``. The logs are the graph's to the rounding of the
-    cell's dtype."""
+    of 12 ms); its compilation (about a second on an LSTM 256) pays for a scan run again and
+    again, as during ``fit``, and for a long scan of a wide layer (default: where the rows ×
+    the steps × the columns × the state's numbers² reach :data:`XLA_WORK`; on the LSTM
+    256 × 2 at 1000 steps, 6.7 × 10¹⁰, 1.0–1.5 s a layer less). The logs are the graph's to
+    the rounding of the cell's dtype."""
     tf = engine.tf
     widths, size = path.widths, path.size
     start = np.eye(size, count) if count >= size else drawn_start(size, count, seed)
     if carried is not None:
         start = start[:, :max(1, min(carried, count))]
     by_hand = by_hand_kept(engine, path)
+    if compiled is None:
+        rows, steps = path.ran.shape
+        compiled = rows * steps * start.shape[1] * size * size >= XLA_WORK
     compiled = compiled and by_hand is not None
     scan = engine_cached(engine, ("lyapunov", id(path.layer), bool(engine.training),
                                   tuple(widths), start.shape[1], by_hand is not None, compiled),
