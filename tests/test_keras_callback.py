@@ -864,6 +864,29 @@ def test_an_error_beside_training_is_raised_on_the_training_thread(tf):
     assert len(flow.history.observations) == 1
 
 
+def test_a_train_function_replaced_during_fit_is_said_not_silently_unobserved(tf):
+    """The observations are taken in fit's train function (GradientFlow is async_safe, so
+    Keras does not wait for each step's logs): where something replaces it during fit, the
+    batch owed an observation was not seen, and fit says so at the next batch."""
+    import keras
+
+    from gradscope.errors import ConfigError
+    from gradscope.keras import GradientFlow
+
+    class Replacing(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 1:
+                self.model.train_function = self.model.train_function._gradscope_wraps
+
+    x, y = _data()
+    flow = GradientFlow(every=2)
+    assert flow.async_safe and not GradientFlow(every=2, stop_on_nan=True).async_safe
+    assert not GradientFlow(diagnose_every=4).async_safe
+    with pytest.raises(ConfigError, match="the batch fit trained on was not seen"):
+        _model(keras).fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                          callbacks=[flow, Replacing()])
+
+
 @pytest.mark.parametrize("diagnosed", [False, True])
 def test_a_recurrent_dropout_fit_trains_as_without_the_callback(tf, diagnosed):
     """A recurrent cell with dropout draws its masks from its seed generator at every call,
