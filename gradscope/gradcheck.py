@@ -235,7 +235,9 @@ def elements_for(name: str, gradient: np.ndarray, candidates: list[int]) -> list
     """The element of largest |g|, then the random candidates that are not it."""
     largest = int(np.argmax(np.abs(gradient)))
     chosen = [i for i in candidates if i != largest][:RANDOM_ELEMENTS]
-    return [element_probe(name, gradient.shape, largest, "largest |g|"),
+    # Where every element is 0 there is no largest: the first, said as what it is.
+    why = "largest |g|" if np.any(gradient) else "the first; every |g| is 0"
+    return [element_probe(name, gradient.shape, largest, why),
             *(element_probe(name, gradient.shape, i, "random") for i in chosen)]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradscope.gradcheck import Probe, directional_error, settle_kinks, step_for
+from gradscope.gradcheck import Probe, directional_error, elements_for, settle_kinks, step_for
 from gradscope.keras.check.precision import coarse_loss
 
 FREQUENCY = 1e6
@@ -312,3 +312,12 @@ def test_richardsons_extrapolation_resolves_what_no_smaller_step_can_see() -> No
                                                    1e-5, None, step)
         assert passed == passes, (error, detail)
     assert "Richardson" in detail
+
+
+def test_the_element_probed_of_a_gradient_of_zeros_is_not_called_largest():
+    """Every |g| 0 (a weight the loss does not move here): the first element is probed, and
+    its label says so, not "largest |g|"."""
+    zeros = elements_for("w", np.zeros((2, 3)), [4, 5])
+    assert zeros[0].label == "element (0, 0) (the first; every |g| is 0)"
+    some = elements_for("w", np.array([[0.0, -2.0, 1.0]]), [0])
+    assert some[0].label == "element (0, 1) (largest |g|)"
