@@ -147,6 +147,25 @@ def test_a_backward_wrong_at_every_step_is_said_so_with_its_factor(tf):
         f"last input step, t={STEPS - 1} the first)")
 
 
+def test_behind_a_mask_the_cell_steps_say_why_they_are_not_run(tf):
+    """Found tried as a new user would: a masked custom cell's report left the step-by-step
+    witness out without a word; the wrong backward is still caught by the others."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((STEPS, FEATURES))
+    masked = keras.layers.Masking()(inputs)
+    rnn = keras.layers.RNN(_cell_class()(UNITS, 0.5, True), name="rnn")
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(rnn(masked)))
+    model.compile(loss="mse")
+    _, x, y = _model(tf)
+    x[0, -3:] = 0.0  # the last three steps of the first example masked
+    report = gradscope.check(model, x=x, y=y)
+    assert not report.summary.passed
+    (said,) = [w for w in report.not_witnessed if w.witness == "cell_steps"]
+    assert said.layer == "rnn" and said.reason.startswith("the input is masked")
+
+
 def test_a_backward_that_drops_the_recurrence_has_an_error_of_order_one(tf):
     """Found tried as a new user would: where the tape's ∂/∂h_(t−1) is exactly 0 (a custom
     gradient that drops the recurrence), the cell steps' relative error read 1.32e+10, against

@@ -65,6 +65,8 @@ def test_the_header_says_each_term_with_its_settings(regularized_classifier, tf)
         assert not re.search(label + r"[ \u00a0]*\n", raw), f"{label} parts from its value"
     text = " ".join(raw.split())
     assert "the sum of:" in text
+    # The loss line says its value holds the added terms too, not the output losses alone.
+    assert re.search(r"loss = \S+: .* \+ 2 added terms \(below\)", text)
     assert "from_logits · reduction sum · label_smoothing 0.1" in text
     assert "delta 0.5" in text and "× loss weight 0.3" in text
     assert "gru/gru_cell/kernel: kernel regularizer L2(l2=0.05)" in text

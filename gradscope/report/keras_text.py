@@ -210,13 +210,23 @@ def header(report: KerasExplainReport | KerasCheckReport | DiagnoseReport,
                 + f" · {model.weight_count:,} trainable parameters"
                 + (f" · dtype policy {model.dtype_policy} (computes in {model.compute_dtype})"
                    if model.dtype_policy else ""), "dim"),
-        hanging("loss", f"= {value}: {loss.name}", "dim"),
+        hanging("loss", f"= {value}: {loss.name}{_added(loss)}", "dim"),
         *loss_terms(loss),
         # Wrapped lines hang under the first input's name, not at the first column, and a
         # shape is never parted.
         _ShapesWhole("inputs", f"{_inputs(model.inputs)} · outputs {outputs}", "dim"),
         Text(f"data {model.data}", style="dim"),
     ]
+
+
+def _added(loss: KerasLossEntry) -> str:
+    """' + 3 added terms (below)': what the loss line's value holds beyond the output losses
+    it names (found tried as a new user would: "loss = 2.24196: mean_squared_error", the
+    value the sum of it, two regularizers and an add_loss)."""
+    added = sum(1 for term in loss.terms if term.kind != "output")
+    if not added or not loss.outputs:
+        return ""
+    return f" + {added} added term{'s' if added > 1 else ''} (below)"
 
 
 #: Settings of a loss that are Keras' defaults for every loss, left unsaid.

@@ -464,7 +464,10 @@ def carry_check_section(carry: CarryCheck, width: int) -> Group:
         f"{carry.chunks} chunks of {lengths} steps, backpropagated last to first; each "
         "chunk's initial-state gradients are the output_gradients (grad_ys) of the earlier "
         "chunk's final states, one per y. The summed weight gradients are compared with "
-        "full BPTT in the table above."
+        "full BPTT in the table above. They come from the same autodiff as the tape's (a "
+        "custom gradient's error is in both): this witness shows that the carry adds the "
+        "chunks up to full BPTT, not that the backward is right; the other witnesses show "
+        "that."
     )
     longest = [column_width(cells) for cells in columns]
     whole = sum(longest) + GAP * (len(longest) - 1) <= width
