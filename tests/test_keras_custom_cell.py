@@ -97,7 +97,8 @@ def test_the_initial_state_gradient_is_keras_own(tf):
     layer = next(entry for entry in report.layers if entry.name == "rnn")
     kind = type(model.get_layer("rnn").cell)
     cell = f"{kind.__module__}.{kind.__name__}"
-    assert layer.summary == f"RNN over the cell {cell}, a state of {UNITS} numbers an example"
+    assert layer.summary == (f"RNN over the cell {cell}, a state of {UNITS} numbers an "
+                             "example; returns its last output")
 
 
 def test_the_gradients_header_claims_a_shape_check_only_for_the_derived_shapes(tf):

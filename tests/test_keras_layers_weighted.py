@@ -300,3 +300,51 @@ def test_a_recurrent_layers_formula_names_its_own_activation(keras, build, says_
                                                                    ("input",)))
     assert says_formula in summary and "tanh" not in summary.split(";")[0]
     assert (extra in summary) if extra else ("activation=" not in summary)
+
+
+def test_a_recurrent_layers_summary_says_the_final_states_it_returns(keras):
+    """Found tried as a new user would: an encoder LSTM with return_state=True read "returns
+    the last h_T", its final states (its decoder's start) unsaid; use_bias=False unsaid."""
+    inputs = keras.Input((5, 3))
+    encoder = keras.layers.LSTM(4, return_state=True, use_bias=False)
+    encoder(inputs)
+    explainer = explainer_for("LSTM")
+    facts = facts_of(encoder, [inputs], ("input",))
+    summary = explainer.summary(facts)
+    assert "returns the last h_T, then its final states h_T and c_T" in summary
+    assert "use_bias=False" in summary
+    assert "the final states returned (h_T and c_T) bring their own ∂L" in (
+        explainer.gradient_note(facts))
+
+
+def test_a_conv_lstm_summary_says_no_state_size_it_does_not_know(keras):
+    """A ConvLSTM cell's state_size is -1: not "a state of -1 numbers"; what it returns and
+    its order are said."""
+    from gradscope.keras.explain import _plain_summary
+
+    layer = keras.layers.ConvLSTM1D(2, 3, padding="same", go_backwards=True,
+                                    return_sequences=True)
+    layer(keras.Input((4, 6, 1)))
+    said = _plain_summary("ConvLSTM1D", layer)
+    assert "-1" not in said
+    assert said.endswith("returns its output at every step, reading the steps last to first "
+                         "(go_backwards)")
+
+
+def test_a_conv_lstm_without_initial_state_gradients_says_so(keras):
+    """Found tried as a new user would: a ConvLSTM's report had no initial-state gradients
+    and no word why."""
+    import numpy as np
+
+    import gradscope
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4, 6, 1)),
+                              keras.layers.ConvLSTM1D(2, 3, padding="same", name="conv"),
+                              keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x = np.random.default_rng(0).standard_normal((3, 4, 6, 1)).astype("float32")
+    report = gradscope.explain(model, x=x, y=np.ones((3, 1), "float32"))
+    assert not report.initial_state_gradients
+    (said,) = [w for w in report.warnings if w.startswith("conv: its ∂L/∂(initial state)")]
+    assert "ConvLSTMCell" in said and "feature maps" in said

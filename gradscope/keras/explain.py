@@ -412,7 +412,7 @@ def _plain_summary(class_name: str, layer: Any) -> str:
         return class_name
     size = getattr(cell, "state_size", None)
     sizes = size if isinstance(size, list | tuple) else [size]
-    if all(isinstance(n, int) for n in sizes):
+    if all(isinstance(n, int) and n > 0 for n in sizes):  # a ConvLSTM cell's is -1
         carried = sum(sizes)
         state = f", a state of {carried} number{'' if carried == 1 else 's'} an example"
     else:
@@ -420,25 +420,41 @@ def _plain_summary(class_name: str, layer: Any) -> str:
     inner = getattr(cell, "cells", None)  # StackedRNNCells
     named = (f"{class_label(cell)} of " + ", ".join(class_label(c) for c in inner)
              if isinstance(inner, list | tuple) and inner else f"the cell {class_label(cell)}")
-    return f"{class_name} over {named}{state}"
+    returns = ("its output at every step" if getattr(layer, "return_sequences", False)
+               else "its last output")
+    if getattr(layer, "return_state", False):
+        returns += " and its final states"
+    order = (", reading the steps last to first (go_backwards)"
+             if getattr(layer, "go_backwards", False) else "")
+    return f"{class_name} over {named}{state}; returns {returns}{order}"
 
 
 def _own_loops(engine: Any, result: Any) -> list[str]:
     """Why a recurrent call has no initial-state gradient: a subclass of ``RNN`` whose
-    ``inner_loop`` is its own, which the run does not look inside."""
+    ``inner_loop`` is its own, which the run does not look inside, or a cell whose states
+    gradscope does not probe (not vectors of a fixed size, or the cell's own)."""
     from keras.layers import RNN
 
-    from gradscope.keras.engine import call_label, class_label
+    from gradscope.keras.engine import _cell_state_units, call_label, class_label
 
     said = []
     for call in result.calls:
         layer = engine.operation(call.layer)
-        if (isinstance(layer, RNN) and not call.states
-                and type(layer).inner_loop is not RNN.inner_loop):
+        if not isinstance(layer, RNN) or call.states:
+            continue
+        if type(layer).inner_loop is not RNN.inner_loop:
             said.append(f"{call_label(call.layer, call.index)}: a subclass of RNN with a loop "
                         f"of its own ({class_label(layer)}.inner_loop): its ∂L/∂(initial "
                         "state) is not read (the run does not look inside that loop); --flow "
                         "steps its cell instead")
+        elif not all(size > 0 for size in _cell_state_units(layer.cell) or [0]):
+            # Found tried as a new user would: a ConvLSTM's report had no initial-state
+            # gradients and said nothing of it (its cell's state_size is -1).
+            said.append(f"{call_label(call.layer, call.index)}: its ∂L/∂(initial state) is "
+                        "not read: gradscope does not probe the states of its cell "
+                        f"({class_label(layer.cell)}), which are not vectors of a fixed size "
+                        "(a ConvLSTM's feature maps) or are made by the cell itself; --flow "
+                        "and --jacobians step its cell instead")
     return said
 
 

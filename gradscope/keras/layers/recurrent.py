@@ -35,6 +35,11 @@ class RecurrentExplainer(LayerExplainer):
     def summary(self, facts: LayerFacts) -> str:
         units = facts.config["units"]
         sequences = ("every step's h_t" if facts.option("return_sequences") else "the last h_T")
+        if facts.option("return_state"):
+            # Found tried as a new user would: an encoder's summary said "returns the last
+            # h_T", its final states, which its decoder starts from, unsaid.
+            sequences += (", then its final states h_T and c_T" if self.cell_kind == "lstm"
+                          else ", then its final state h_T")
         activation = str(facts.option("activation", "tanh"))
         # The formula with the layer's own activation (found tried as a new user would: a
         # relu SimpleRNN was written "h_t = tanh(…)", "(activation='relu')" after it).
@@ -45,7 +50,9 @@ class RecurrentExplainer(LayerExplainer):
                    "recurrent_dropout": 0.0, "stateful": False}.items()
                   if facts.option(key, default) != default
                   and not (key == "activation" and formula != self.formula)]
-        if self.cell_kind == "lstm" and facts.option("unit_forget_bias", True) is False:
+        if not facts.option("use_bias", True):
+            extras.append("use_bias=False")
+        elif self.cell_kind == "lstm" and facts.option("unit_forget_bias", True) is False:
             extras.append("unit_forget_bias=False")
         tail = f" ({', '.join(extras)})" if extras else ""
         return (f"{facts.class_name} of {units} units on {facts.features} features: "
@@ -76,6 +83,10 @@ class RecurrentExplainer(LayerExplainer):
         if not facts.option("return_sequences"):
             parts[0] = ("only the last state h_T is returned: ∂L/∂h_T flows back through the "
                         "recurrence to every earlier step and the initial state")
+        if facts.option("return_state"):
+            final = "h_T and c_T" if self.cell_kind == "lstm" else "h_T"
+            parts[0] += (f"; the final states returned ({final}) bring their own ∂L, "
+                         "added at the last step")
         activation = facts.option("activation", "tanh")
         parts.append(self.activation_path(activation))
         if facts.option("go_backwards"):
