@@ -272,6 +272,25 @@ def test_the_flow_over_your_cell_has_every_step(tf):
     assert not [n for n in flow.not_analysed if n.layer == "rnn"]
 
 
+def test_a_row_that_holds_only_what_step_t_plus_1_reads_is_said_in_the_heading(tf):
+    """Found tried as a new user would: a stack of cells' states read "(as step t+1 reads
+    it)" under a heading that called every row the total."""
+    import keras
+    from conftest import render_text
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((STEPS, FEATURES))
+    stacked = keras.layers.RNN([keras.layers.GRUCell(3), keras.layers.LSTMCell(2)],
+                               name="stacked")
+    model = keras.Model(inputs, keras.layers.Dense(2)(stacked(inputs)))
+    model.compile(loss="mse")
+    _, x, y = _model(tf)
+    report = gradscope.explain(model, x=x, y=y, flow=True)
+    assert any("(as step t+1 reads it)" in s.what for s in report.gradient_flow.sequences)
+    text = " ".join(render_text(report, 80).split())
+    assert "a row marked (as step t+1 reads it) holds only that part" in text
+
+
 def test_a_backward_scaled_into_h_t_minus_1_is_a_change_of_slope_in_the_flow(tf):
     """The flow runs the cell the model holds, its backward included: where the mutant
     halves the gradient into h_{t−1} (at t = 0…3), each step back from t = 3 halves the

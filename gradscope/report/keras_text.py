@@ -339,7 +339,10 @@ def _norm_label(what: str) -> str:
 def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     parts: list[RenderableType] = [
         section("Gradient flow over time (log-scale sparklines, t = 0 … T−1; ∂L/∂h_t is the "
-                "total: from above at t plus what flows back from t+1)")]
+                "total: from above at t plus what flows back from t+1"
+                + ("; a row marked (as step t+1 reads it) holds only that part"
+                   if any("(as step t+1 reads it)" in s.what for s in flow.sequences) else "")
+                + ")")]
     # A call that reads its input backwards says so in one word, Keras' own argument (found
     # tried as a new user would: "(read backwards)" wrapped after "(read" at 80 columns).
     # A Bidirectional's backward direction says it in its label already (found tried as a
