@@ -555,3 +555,25 @@ def test_a_backwards_calls_flow_row_keeps_its_qualifier_whole(width):
         console.print(part)
     text = console.export_text()
     assert "backward/h_t‖" in text and "(go_backwards)" not in text
+
+
+def test_a_jacobian_table_of_names_too_long_for_columns_cuts_no_name_and_no_number():
+    """Found tried as a new user would: a stack of cells' state names cut their own "]"
+    and the numbers ("1.99e-0") at 80 columns; each entry now goes on lines of its own."""
+    from rich.console import Console
+
+    from gradscope.report.models import JacobianEntry
+    from gradscope.report.tables import jacobian_table
+
+    entry = JacobianEntry(target="stacked/[states[0]_T, states[1]_T, states[2]_T]",
+                          source="stacked/[states[0], states[1], states[2]]", shape=[14, 14],
+                          frobenius_median=0.158, frobenius_min=0.102, frobenius_max=0.199,
+                          largest_singular_median=0.144, smallest_singular_median=2.4e-7,
+                          smallest_singular_below=True)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(jacobian_table([entry], 80))
+    text = console.export_text()
+    assert max(cell_len(line) for line in text.splitlines()) <= 80
+    for said in (entry.target, entry.source, "(14, 14)", number(0.158), number(0.199),
+                 number(0.144), "< " + number(2.4e-7)):
+        assert said in text, said

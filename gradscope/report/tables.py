@@ -57,6 +57,11 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
     narrowest = Layout([Column(pair_title + "\n· block"),
                         Column("‖J‖_F median\n(min … max)", "right"),
                         Column("σ_max\nσ_min", "right")])
+    # Names too long for any columns beside them (found tried as a new user would: a stack
+    # of cells' "[states[0]_T, states[1]_T, states[2]_T]" cut its own name and the numbers
+    # at 80 columns): each entry on lines of its own.
+    stacked = Layout([Column("∂ final / ∂ initial\n  block · ‖J‖_F median (min … max)\n"
+                             "  σ_max · σ_min")])
     for entry in entries:
         block = atom(shape_text(entry.shape))
         median = atom(number(entry.frobenius_median))
@@ -72,7 +77,13 @@ def jacobian_table(entries: list[JacobianEntry], width: int) -> Table:
         singular = atom(f"{largest}\n{smallest}")
         narrow.add_row(pair, block, spread_under, singular)
         narrowest.add_row(atom(f"{pair.plain}\n{block.plain}"), spread_under, singular)
-    return fit(width, wide, middle, narrow, narrowest)
+        stacked.add_row(atom(f"{entry.target}\n/ {entry.source}\n  {block.plain} · "
+                             f"{median.plain} ({spread})\n  {largest} · {smallest}"))
+    layouts = [wide, middle, narrow, narrowest]
+    ranges = narrowest.measure()
+    if sum(n for n, _ in ranges) + GAP * (len(ranges) - 1) > width:
+        layouts.append(stacked)  # not even the narrowest columns fit
+    return fit(width, *layouts)
 
 
 #: A sparkline row: the values drawn, and the first and the last number shown beside them
