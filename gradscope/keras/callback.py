@@ -319,7 +319,7 @@ class GradientFlow(keras.callbacks.Callback):
             logs = original(replay(iterator, batches, strategy, self._fed))
             if not self.stop_on_nan:  # else at the batch's end, once its loss is read
                 self._batches = self._through
-                self._take()
+                self._take(self._through)
             return logs
 
         train_function._gradscope_wraps = original  # type: ignore[attr-defined]
@@ -422,16 +422,18 @@ class GradientFlow(keras.callbacks.Callback):
             self._pending = False
             self._stop_for_nan(self._batches)
             return
-        self._take()
+        self._take(self._batches)
 
     def _not_seen(self) -> None:
         raise ConfigError("GradientFlow: the batch fit trained on was not seen: "
                           "model.train_function was replaced after training began",
                           where="GradientFlow")
 
-    def _take(self) -> None:
+    def _take(self, step: int) -> None:
         """The observation and the diagnosis the step that has just run owes, on fit's
-        thread, before the next step: its batch, its weights as it left them."""
+        thread, before the next step: its batch, its weights as it left them. ``step``: the
+        batches trained once it ran (given, not read from ``_batches``, which Keras' thread
+        of batch ends also writes)."""
         observed, diagnosed = self._pending, self._diagnosis_pending
         if not observed and not diagnosed:
             return
@@ -445,9 +447,9 @@ class GradientFlow(keras.callbacks.Callback):
         start, self._start_states = self._start_states, None
         with states_at(start):
             if observed:
-                self._observe(x, y, self._batches, self._epoch, sample_weight)
+                self._observe(x, y, step, self._epoch, sample_weight)
             if diagnosed:
-                self._diagnose(x, y, self._batches, sample_weight)
+                self._diagnose(x, y, step, sample_weight)
 
     def _stop_for_nan(self, step: int) -> None:
         """Where the NaN of this step was born; said, kept, written; training stops."""
