@@ -363,7 +363,7 @@ def _unnamed(entry: dict[str, Any], named: dict[str, int]) -> str | None:
     that class on (``keras.src.utils.naming.auto_name``, its counters fresh:
     :func:`fresh_names`). A custom layer whose ``__init__`` takes
     ``**kw`` (any name but ``kwargs``) and has no ``get_config`` of its own is saved so."""
-    if entry.get("name") or (entry.get("config") or {}).get("name"):
+    if saved_name(entry):
         return None
     word = re.sub(r"\W+", "", str(entry["class_name"]).rsplit(".", 1)[-1])
     word = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", word)
@@ -371,6 +371,11 @@ def _unnamed(entry: dict[str, Any], named: dict[str, int]) -> str | None:
     count = named.get(word, 0)
     named[word] = count + 1
     return f"{word}_{count}" if count else word
+
+
+def saved_name(entry: dict[str, Any]) -> str | None:
+    """A serialised layer's name, where its entry or its config holds one."""
+    return entry.get("name") or (entry.get("config") or {}).get("name") or None
 
 
 def _layer_node(entry: dict[str, Any], calls: tuple[Call, ...] | None = None,
@@ -381,7 +386,7 @@ def _layer_node(entry: dict[str, Any], calls: tuple[Call, ...] | None = None,
                            kwargs={key: _value(value)
                                    for key, value in (node.get("kwargs") or {}).items()})
                       for node in entry.get("inbound_nodes", []))
-    name = name or entry.get("name") or config.get("name") or entry["class_name"]
+    name = name or saved_name(entry) or entry["class_name"]
     return LayerNode(name=str(name), class_name=str(entry["class_name"]),
                      module=entry.get("module"), registered_name=entry.get("registered_name"),
                      config=config, calls=calls,

@@ -22,6 +22,7 @@ from gradscope.keras.graph import (
     qualify_custom,
     read_graph,
     refuse_code,
+    saved_name,
 )
 from gradscope.keras.loss import LossPlan, plan_loss
 
@@ -98,7 +99,7 @@ def _name_unnamed(model: Any, config: dict[str, Any]) -> None:
     if len(entries) != len(layers):
         return
     for entry, layer in zip(entries, layers, strict=True):
-        if not entry.get("name") and not (entry.get("config") or {}).get("name"):
+        if not saved_name(entry):
             entry["name"] = layer.name
 
 
