@@ -807,7 +807,7 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
     cell = layer.cell
     kwargs = {"training": training} if getattr(cell, "_call_has_training_arg", False) else {}
     backwards = bool(getattr(layer, "go_backwards", False))
-    zero_output = bool(getattr(layer, "zero_output_for_mask", False))
+    zeros_if_masked = bool(getattr(layer, "zero_output_for_mask", False))
     x_tm = tf.transpose(x, [1, 0, *range(2, len(x.shape))])
     m_tm = None if mask is None else tf.transpose(tf.cast(mask, tf.bool), [1, 0])
     if backwards:
@@ -820,8 +820,7 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
         return out, list(keras.tree.flatten(new))
 
     if last_output is None:
-        first, _ = step(x_tm[0], initial)
-        last_output = tf.zeros_like(first)
+        last_output = zero_output(tf, layer, x, initial, training)
 
     def kept(m_t: Any, value: Any, other: Any) -> Any:
         shape = [-1] + [1] * (len(value.shape) - 1)
@@ -843,14 +842,14 @@ def scan_cell(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[
             seen["output_is_state"] = 0 in same
         if m_t is not None:
             new = [kept(m_t, n, s) for n, s in zip(new, states, strict=True)]
-            out = kept(m_t, out, tf.zeros_like(out) if zero_output else previous)
+            out = kept(m_t, out, tf.zeros_like(out) if zeros_if_masked else previous)
         new = [n + p for n, p in zip(new, probes_t, strict=True)]
         if same:
             # A masked step's output is the last output (or zero), not the carried state:
             # Keras' loop chains its outputs apart from its states.
             probed = new[same[0]]
             out = probed if m_t is None else kept(
-                m_t, probed, tf.zeros_like(out) if zero_output else previous)
+                m_t, probed, tf.zeros_like(out) if zeros_if_masked else previous)
         return new, out
 
     cut = () if cuts is None else (cuts, edges)
