@@ -150,6 +150,8 @@ def rounding_noise(loss: Any, step: float, rounding: float = ROUNDING) -> Any:
 #: is rounding, grown along it (a trajectory that amplifies, a loss's residual that cancels):
 #: a cell held to Keras' output, the YAML wing's NumPy reference held to autodiff.
 AMPLIFIED = 10.0
+
+
 def one_rounding_off(value: Any, rounding: float, rng: np.random.Generator) -> np.ndarray:
     """``value`` with every number moved by one ``rounding`` (relative), its sign drawn from
     ``rng``: what rounding the inputs of a computation is worth, to see how far the

@@ -880,7 +880,7 @@ def _state_units(operation: Any) -> list[int]:
         units = int(operation.units)
         return [units, units] if kind == "LSTM" else [units]
     if kind == "RNN":
-        return _cell_state_units(operation.cell)
+        return cell_state_units(operation.cell)
     if kind == "Bidirectional":
         forward = _state_units(operation.forward_layer)
         backward = _state_units(operation.backward_layer)
@@ -891,7 +891,7 @@ def _state_units(operation: Any) -> list[int]:
     return []
 
 
-def _cell_state_units(cell: Any) -> list[int]:
+def cell_state_units(cell: Any) -> list[int]:
     """An RNN's cell's state sizes, flat, where its initial states are zeros: the cell has no
     ``get_initial_state`` or Keras' own (a cell of the user's that makes its own initial
     states, or states that are not vectors, such as a ConvLSTM cell's, keeps them unreported).

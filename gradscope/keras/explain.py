@@ -435,7 +435,7 @@ def _own_loops(engine: Any, result: Any) -> list[str]:
     gradscope does not probe (not vectors of a fixed size, or the cell's own)."""
     from keras.layers import RNN
 
-    from gradscope.keras.engine import _cell_state_units, call_label, class_label
+    from gradscope.keras.engine import call_label, cell_state_units, class_label
 
     said = []
     for call in result.calls:
@@ -447,7 +447,7 @@ def _own_loops(engine: Any, result: Any) -> list[str]:
                         f"of its own ({class_label(layer)}.inner_loop): its ∂L/∂(initial "
                         "state) is not read (the run does not look inside that loop); --flow "
                         "steps its cell instead")
-        elif not all(size > 0 for size in _cell_state_units(layer.cell) or [0]):
+        elif min(cell_state_units(layer.cell), default=0) <= 0:  # none, or not sizes
             # Found tried as a new user would: a ConvLSTM's report had no initial-state
             # gradients and said nothing of it (its cell's state_size is -1).
             said.append(f"{call_label(call.layer, call.index)}: its ∂L/∂(initial state) is "
