@@ -749,6 +749,91 @@ def test_a_probed_pass_gives_the_squares_of_the_steppings_own_backward(tf, data,
                                        rtol=1e-4, atol=1e-12)
 
 
+def _unmasked_model(kind: str) -> Any:
+    """A Bidirectional LSTM returning its sequence, a GRU run backwards returning its last
+    step, or a cell of the user's own whose output is not its state (2·h), each called
+    "rnn", without a mask."""
+    import keras
+    from keras import layers as L
+
+    class Doubled(L.Layer):
+        state_size = output_size = 3
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], 3))
+            self.recurrent = self.add_weight(shape=(3, 3))
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = keras.ops.tanh(x @ self.kernel + states[0] @ self.recurrent)
+            return 2.0 * h, [h]
+
+    keras.utils.set_random_seed(8)
+    x_in = keras.Input((T, F), name="x")
+    if kind == "bidirectional":
+        seen = L.GlobalAveragePooling1D()(
+            L.Bidirectional(L.LSTM(3, return_sequences=True), name="rnn")(x_in))
+    elif kind == "backwards_last":
+        seen = L.GRU(4, go_backwards=True, name="rnn")(x_in)
+    else:
+        seen = L.GlobalAveragePooling1D()(L.RNN(Doubled(), return_sequences=True,
+                                                name="rnn")(x_in))
+    model = keras.Model(x_in, L.Dense(2)(seen))
+    model.compile(loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("kind", ["bidirectional", "backwards_last", "own_cell"])
+def test_a_pass_probed_for_the_squares_alone_gives_the_steppings_own(tf, data, kind, traced,
+                                                                     monkeypatch):
+    """Diagnose's main pass without a mask probes for the squares alone
+    (``probe_states=SQUARES``: an identity whose backward hands out two numbers per example
+    and step in place of a probe of the whole state): ‖∂L/∂s_t‖² and its carried part per
+    example and step equal the stepping's own backward from the gradient on the call's
+    outputs, in the tape; each state's total after the last step equals a probed pass's
+    (real gradients of real probes). Eager and traced, both directions, a layer run
+    backwards, a cell whose output is not its state."""
+    from gradscope.keras import engine as engine_module
+    from gradscope.keras import stepped as stepped_module
+    from gradscope.keras.state_probes import SQUARES
+    from gradscope.keras.stepped import last_totals, step_call, step_squares, with_probed
+
+    if traced:
+        monkeypatch.setattr(engine_module, "TRACE_FROM_STEPS", 1)
+    x, _, y = data
+    x = np.where(x == 0, 0.5, x).astype(np.float32)  # no step a Masking layer would skip
+    model = _unmasked_model(kind)
+    engine, result = _engine_run(model, x, y, probe_states=SQUARES, carry_back=False)
+    _, whole = _engine_run(model, x, y, probe_states=True, carry_back=False)
+    call = next(c for c in result.calls if c.layer == "rnn")
+    probed = result.state_totals["rnn"]
+    assert all(p.squares is not None for p in probed)  # not the probes' fallback
+    for mine, theirs in zip(last_totals(probed, None), last_totals(whole.state_totals["rnn"],
+                                                                   None), strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9)
+    own = step_call(engine, call, result.output_gradients["rnn"], False)
+    forward = step_call(engine, call, None, False, at_last=last_totals(probed, None))
+    assert not isinstance(own, str) and not isinstance(forward, str)
+    found = with_probed(forward, probed)
+    for index in range(len(own.directions)):
+        truth = step_squares(own, index)
+        # Every step before the last reached (a check that can fail; the own cell's state
+        # after the last step reaches nothing: its output 2·h is not the state).
+        assert truth is not None and np.all(truth[0][:, :-1] > 0)
+        for mine, theirs in zip(step_squares(found, index), truth, strict=True):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-12)
+    # The stepping's backward by stretches (a long call, as a counterfactual's), which keeps
+    # the two squares alone: the same (7 steps in stretches of 2, 2, 2 and 1).
+    monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
+    stretched = step_call(engine, call, result.output_gradients["rnn"], False, squares=True)
+    assert not isinstance(stretched, str) and stretched.squares is not None
+    for index in range(len(own.directions)):
+        for mine, theirs in zip(step_squares(stretched, index), step_squares(own, index),
+                                strict=True):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["bidirectional", "backwards_last"])
 def test_a_long_call_differentiated_by_stretches_gives_keras_own_gradients(tf, data, kind,
                                                                            monkeypatch):

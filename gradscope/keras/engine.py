@@ -37,6 +37,8 @@ from gradscope.keras.observed_call import (
     zero_states_watched,
 )
 from gradscope.keras.state_probes import (
+    SQUARES,
+    Probing,
     StateTotals,
     carried_back,
     carries_back,
@@ -446,7 +448,7 @@ class KerasEngine:
                 watch_outputs: bool = False,
                 sample_weight: Any = None,
                 own: bool = False,
-                probe_states: bool = False,
+                probe_states: Probing = False,
                 probe_inputs: bool = False,
                 watch_only: str | None = None) -> tuple[Any, list[Any], list[CapturedCall]]:
         """The loss, the model's outputs and every layer call, from one run of the graph.
@@ -518,7 +520,7 @@ class KerasEngine:
 
     def run(self, inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray],
             watch_outputs: bool = False, watch_inputs: bool = False,
-            sample_weight: Any = None, probe_states: bool = False,
+            sample_weight: Any = None, probe_states: Probing = False,
             carry_back: bool = True) -> KerasPass:
         """One forward and backward pass: every weight, every initial state (and, on request,
         every float input and every call's outputs) gets its gradient.
@@ -534,7 +536,10 @@ class KerasEngine:
         where a call returns its sequence, what arrives at its last step carried back
         (``StateTotals.carried_back``; a second backward through the loop, which keeps the
         forward pass's intermediates alive for it: on the LSTM 256 × 2 at 1000 steps, 0.4 GB
-        more at the peak)."""
+        more at the peak). ``probe_states=SQUARES`` (with ``carry_back=False``): of a loop
+        without a mask, only what diagnose reads of its totals, per step ‖∂L/∂s_t‖² and ‖its
+        carried part‖², and the totals after the last step (``StateTotals.squares`` and
+        ``.last``; :func:`~gradscope.keras.state_probes.probed_loop`)."""
         self.stepped_calls = {}
         feed, y = self.tensors(inputs, targets)
         weights = self.weight_tensors(sample_weight)
@@ -562,7 +567,7 @@ class KerasEngine:
     def _witnessed_replay(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
                           watch_outputs: bool, watch_inputs: bool, weights: Any, eager: bool,
                           before: list[tuple[Any, np.ndarray]],
-                          probe_states: bool = False, carry_back: bool = True) -> KerasPass:
+                          probe_states: Probing = False, carry_back: bool = True) -> KerasPass:
         """The replay, witnessed by Keras' own call (see :meth:`run`)."""
         if self.training:
             seed_random_draws(self.model, self.seed)
@@ -603,7 +608,7 @@ class KerasEngine:
 
     def _run(self, feed: list[Any], y: list[Any], inputs: dict[str, np.ndarray],
              watch_outputs: bool, watch_inputs: bool, sample_weight: Any = None,
-             eager: bool = False, own: bool = False, probe_states: bool = False,
+             eager: bool = False, own: bool = False, probe_states: Probing = False,
              carry_back: bool = True) -> KerasPass:
         """The pass under a tape (with ``own``, Keras' own call looked on; else the replay), as
         one ``tf.function`` (see :func:`~gradscope.keras.whole_model.traced_or_eager`); what
@@ -737,7 +742,7 @@ class _Observer:
     watch: Callable[[Any], None]
     deltas: dict[str, list[Any]]
     watch_outputs: bool
-    probe_states: bool = False
+    probe_states: Probing = False
     probe_inputs: bool = False  # with probe_states: each loop's input sequence probed too
     watch_only: str | None = None  # only this call's outputs watched, no initial state
     calls: list[CapturedCall] = field(default_factory=list)
@@ -766,7 +771,8 @@ class _Observer:
                                                         self._state_watch))
             if any(probeable(layer) for layer in loops):
                 hooks.enter_context(states_probed(loops, captured.probes, self.watch,
-                                                  self.probe_inputs))
+                                                  self.probe_inputs,
+                                                  self.probe_states == SQUARES))
             out = run(*args, **kwargs)
         if asked is not None:
             if len(asked) != len(units):

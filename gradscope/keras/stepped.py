@@ -76,14 +76,15 @@ class Stepped:
 
 def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Direction ``index``'s total ∂L/∂s_t with every state joined (B, T, Σw), and the part
-    of it that arrives from above at each step (on the output state; zeros on the others);
+    of it that arrives from above at each step (on the output state; zeros on the others,
+    and on every state where the cell's output is not its first state: :func:`step_squares`);
     None where no gradient reached the call."""
     if stepped.totals is None or stepped.direct is None:
         return None
     totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
     direct = np.asarray(stepped.direct[index], np.float64)
     above = [np.zeros_like(t) for t in totals]
-    if direct.shape == totals[0].shape:
+    if _output_is_state(stepped, index) and direct.shape == totals[0].shape:
         above[0] = direct
     return np.concatenate(totals, axis=-1), np.concatenate(above, axis=-1)
 
@@ -92,7 +93,12 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
     """Per example and step (B, T), ‖∂L/∂s_t‖² and ‖its carried part‖² (the total less what
     arrives from above at t), every state joined, in float64: what :func:`joined_totals`
     holds, summed over the state as it is read, one example at a time (no float64 copy of
-    the whole sequences). None where no gradient reached the call."""
+    the whole sequences). None where no gradient reached the call. Where the cell's output
+    is not its first state itself (a cell of the user's returning, say, 2·h), nothing from
+    above arrives on a state at its own step (the state's total is what step t+1 reads),
+    and the carried part is the whole total (found tried as a new user would: a change's
+    carried flow took the output's gradient off a state it never reached, where the probed
+    pass, the layer's own numbers, did not)."""
     if stepped.squares is not None:
         return stepped.squares[index]
     if stepped.totals is None or stepped.direct is None:
@@ -100,6 +106,7 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
     totals = stepped.totals[index]
     direct = stepped.direct[index]
     first = totals[0]
+    subtract = _output_is_state(stepped, index) and direct.shape == first.shape
     whole = np.zeros(first.shape[:2])
     carried = np.zeros(first.shape[:2])
     axes = tuple(range(1, first.ndim - 1))  # an example's axes past time
@@ -107,10 +114,14 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
         others = sum((_squares(t[example], axes) for t in totals[1:]),
                      np.zeros(first.shape[1]))
         own = np.asarray(first[example], np.float64)
-        rest = own - direct[example] if direct.shape == first.shape else own
+        rest = own - direct[example] if subtract else own
         whole[example] = _squares(own, axes) + others
         carried[example] = _squares(rest, axes) + others
     return whole, carried
+
+
+def _output_is_state(stepped: Stepped, index: int) -> bool:
+    return stepped.output_is_state is None or bool(stepped.output_is_state[index])
 
 
 def last_totals(found: list[Any], mask: Any) -> list[list[np.ndarray]]:
@@ -122,6 +133,9 @@ def last_totals(found: list[Any], mask: Any) -> list[list[np.ndarray]]:
 
     found_last = []
     for totals in found:
+        if totals.last is not None:  # squares mode: no mask, its totals there already
+            found_last.append(totals.last)
+            continue
         batch, steps = totals.totals[0].shape[:2]
         ran = processing_ran(mask, steps, totals.backwards)
         last = (np.full(batch, steps - 1) if ran is None else
@@ -143,6 +157,9 @@ def with_probed(stepped: Stepped, found: list[Any]) -> Stepped:
 
     squares = []
     for totals in found:
+        if totals.squares is not None:  # squares mode: summed inside the pass
+            squares.append(totals.squares)
+            continue
         k = totals.output_state
         squares.append((
             np.sum([example_squares(t) for t in totals.totals], axis=0),
@@ -579,7 +596,7 @@ def _by_stretches(tf: Any, keras: Any, layer: Any, directions: list[Direction],
             total, read, found = _stretches_back(
                 tf, keras, d.layer, x, mask, part, sequences[k], outs[k], on_states[k],
                 direct[k], training, read_inputs, keep="squares" if squares else "totals",
-                last_ran=last)
+                last_ran=last, output_is_state=bool(seen[k].get("output_is_state", True)))
         totals.append(total)
         reads.append(read)
         at_last.append(found)
@@ -615,7 +632,8 @@ def _last_step_back(tf: Any, keras: Any, direction: Direction, x: Any, mask: Any
 def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial: list[Any],
                     sequences: list[Any], outs: Any, on_states: Any, on_outs: Any,
                     training: bool, read_inputs: bool, keep: str = "totals",
-                    last_ran: Any = None) -> tuple[list[Any], Any, list[Any] | None]:
+                    last_ran: Any = None, output_is_state: bool = True,
+                    ) -> tuple[list[Any], Any, list[Any] | None]:
     """One direction's backward pass by stretches (:func:`_by_stretches`), a loop in the
     graph: the total ∂L/∂ each state after every step (time-major, processing order) and,
     with ``read_inputs``, ∂L/∂x (batch-major, input order; else None).
@@ -625,7 +643,8 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
     stretch's worth of memory instead of the whole sequence's: ``keep="joined"``, instead of
     the totals, ``[Σ over every state of its total²]``; ``keep="squares"``, :func:`step_squares`'
     two, ``[‖∂L/∂s_t‖², ‖its carried part‖²]``, both (T, B) in float64, and, third, each
-    state's total at each example's step ``last_ran`` (B,) (else None)."""
+    state's total at each example's step ``last_ran`` (B,) (else None). ``output_is_state``:
+    the cell's output is its first state itself (:func:`step_squares`)."""
     steps = tf.shape(sequences[0])[0]
     count = (steps + STRETCH_STEPS - 1) // STRETCH_STEPS
     backwards = bool(getattr(layer, "go_backwards", False))
@@ -633,7 +652,8 @@ def _stretches_back(tf: Any, keras: Any, layer: Any, x: Any, mask: Any, initial:
     initial = [tf.cast(s, dtype) for s in initial]
     outputs = outs is not None
     # step_squares' carried part: the output's gradient is taken off the first state's
-    subtract = outputs and list(outs.shape[2:]) == list(sequences[0].shape[2:])
+    subtract = (outputs and output_is_state
+                and list(outs.shape[2:]) == list(sequences[0].shape[2:]))
 
     def kept(first: Any, end: Any, on_probes: list[Any], acc: list[Any]) -> tuple[
             list[Any], list[Any]]:

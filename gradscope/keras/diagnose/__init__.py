@@ -162,6 +162,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     from gradscope.keras.data import drawn_targets
     from gradscope.keras.diagnose.clipping import clipping, global_norm
     from gradscope.keras.explain import loaded, loss_entry, model_entry
+    from gradscope.keras.state_probes import SQUARES
     from gradscope.keras.stepped import last_totals, step_call, with_probed
 
     say = progress or (lambda message: None)
@@ -171,7 +172,7 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     # Probed: the pass's own backward gives every call's ∂L/∂s_t, so that each call is then
     # stepped forward only (:func:`~gradscope.keras.stepped.with_probed`).
     result = engine.run(job.batch.inputs, targets, watch_outputs=True,
-                        sample_weight=job.batch.sample_weight, probe_states=True,
+                        sample_weight=job.batch.sample_weight, probe_states=SQUARES,
                         carry_back=False)
     clock.lap("forward_backward")
     layers: list[DiagnosedLayer] = []
