@@ -209,6 +209,7 @@ def batch_free(tf: Any, function: Any) -> Any:
             traced.append(True)
         return function(*args)
 
+    run.__wrapped__ = function  # type: ignore[attr-defined]
     return run
 
 

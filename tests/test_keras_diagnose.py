@@ -207,8 +207,46 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any,
         fresh = _real_engine(model, x)
         folded, _, _ = step_norms(fresh, _trajectory(engine, "lstm"), exact=exact)
         np.testing.assert_allclose(folded, truth, rtol=1e-4)
-        (traced,) = [f for key, f in fresh._traces.items() if key[0] == "step norms"]
+        (traced,) = [f for key, f in fresh._traces.items()
+                     if key[0] in ("step norms", "step norms by hand")]
         assert traced.experimental_get_tracing_count() == 1  # the five folds, one trace
+
+
+def test_layers_of_one_algebra_share_their_traced_scans(tf: Any) -> None:
+    """An LSTM 5 (input 3) below an LSTM 5 of the same settings (input 5), both stepped by
+    hand: one traced Lyapunov scan and one traced step-norm function serve both, each given
+    its own projected inputs and weights; each layer's exponents and norms equal those of a
+    fresh engine that traced them for that layer alone (a shared function that read the
+    first layer's weights would not). A GRU of the same size has an algebra of its own."""
+    import keras
+
+    from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms
+
+    keras.utils.set_random_seed(12)
+    model = keras.Sequential([
+        keras.Input((9, 3)), keras.layers.LSTM(5, return_sequences=True, name="low"),
+        keras.layers.LSTM(5, return_sequences=True, name="high"),
+        keras.layers.GRU(5, name="gru"), keras.layers.Dense(1)])
+    x = np.random.default_rng(12).standard_normal((4, 9, 3)).astype("float32")
+    engine = _real_engine(model, x)
+    found = {}
+    for name in ("low", "high", "gru"):
+        path = _trajectory(engine, name)
+        found[name] = (lyapunov_logs(engine, path, 3),
+                       step_norms(engine, path, exact=False)[0])
+    scans = [f for key, f in engine._traces.items() if key[0] == "lyapunov scan"]
+    norms = [f for key, f in engine._traces.items() if key[0] == "step norms by hand"]
+    assert len(scans) == len(norms) == 2  # the LSTMs' and the GRU's
+    # batch_free's wrapper holds the tf.function as __wrapped__.
+    assert [(f if hasattr(f, "experimental_get_tracing_count") else f.__wrapped__)
+            .experimental_get_tracing_count() for f in scans + norms] == [1] * 4
+    for name in ("low", "high", "gru"):
+        alone = _real_engine(model, x)
+        path = _trajectory(alone, name)
+        np.testing.assert_allclose(found[name][0], lyapunov_logs(alone, path, 3), rtol=1e-6,
+                                   atol=1e-9, err_msg=name)
+        np.testing.assert_allclose(found[name][1], step_norms(alone, path, exact=False)[0],
+                                   rtol=1e-6, err_msg=name)
 
 
 def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:

@@ -256,8 +256,8 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
         assert readings[0].gates == truth.gates
     # The graph's stepping and scan, then XLA's one function (one_function.py).
     traced = sorted((key[0], key[-1]) for key in twin.engine._traces
-                    if key[0] in ("lyapunov", "stepped", "one loop"))
-    assert traced == [("lyapunov", False), ("stepped", False)]
+                    if key[0] in ("lyapunov scan", "stepped", "one loop"))
+    assert traced == [("lyapunov scan", False), ("stepped", False)]
     assert _in_one_function(twin.cache) == [truth.call]
 
 
@@ -490,8 +490,8 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
     assert flow.history.diagnosis_steps == list(range(1, 52))
     # XLA's one function (one_function.py), and the last batch's scan as a graph.
     traced = sorted(key[0] for key in flow._twin.engine._traces
-                    if key[0] in ("lyapunov", "one loop"))
-    assert traced == ["lyapunov"]
+                    if key[0] in ("lyapunov scan", "one loop"))
+    assert traced == ["lyapunov scan"]
     assert _in_one_function(flow._twin.cache) == ["gru"]
     truth = gradscope.diagnose(model, x=x[-3:], y=y[-3:], exponents=1,
                                counterfactuals=False).layers[0]
@@ -759,7 +759,12 @@ def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general
             after, apply = found.linear(states, x_t, weights)
             return [1.01 * a for a in after], apply
 
-        return stepped.Linearised(linear, found.weights, found.project)
+        def step_linear(states, projected_t, step_weights):
+            after, apply = found.step_linear(states, projected_t, step_weights)
+            return [1.01 * a for a in after], apply
+
+        return stepped.Linearised(linear, found.weights, found.project, found.projected,
+                                  step_linear, found.key + " off")
 
     monkeypatch.setattr(stepped, "linearised", off)
     keras.utils.set_random_seed(8)

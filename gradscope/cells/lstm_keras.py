@@ -60,6 +60,12 @@ class LSTMKeras(Cell):
     def tf_inputs(self, tf: Any, params: dict[str, Any], inputs: Any) -> tuple[Any, ...]:
         return (tf_project(tf, inputs, params["kernel"], params["bias"]),)
 
+    def tf_step_weights(self, tf: Any, params: dict[str, Any]) -> dict[str, Any]:
+        """The recurrent kernel alone: the input's kernel and the bias are read by
+        :meth:`tf_inputs` (a scan given the step weights then takes the same ones whatever
+        the input's width)."""
+        return {"recurrent_kernel": params["recurrent_kernel"]}
+
     def tf_step(self, tf: Any, params: dict[str, Any], states: tuple[Any, ...],
                 step_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         return self.tf_step_probed(tf, params, states, step_inputs, ())

@@ -1020,7 +1020,36 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
         params, _ = weights or read()
         return cell.tf_inputs(tf, params, x_t[None])[0][0]
 
-    return Linearised(linear, read, project)
+    def projected(x: Any, weights: Any) -> Any:
+        return cell.tf_inputs(tf, weights[0], x)[0]
+
+    def step_linear(states: list[Any], projected_t: Any, step_weights: Any
+                    ) -> tuple[list[Any], Any]:
+        after, apply = cell.tf_step_linear(tf, step_weights, tuple(states), (projected_t,))
+        return list(after), lambda tangents, inputs=None: list(apply(tuple(tangents), inputs))
+
+    return Linearised(linear, read, project, projected, step_linear,
+                      algebra_key(kind, layer.get_config(), dtype))
+
+
+#: Config keys of a Keras GRU, LSTM or SimpleRNN that do not change what its step computes
+#: from the projected input, the states and the recurrent weights.
+NOT_ALGEBRA = frozenset({"name", "trainable", "return_sequences", "return_state", "go_backwards",
+                         "stateful", "unroll", "seed", "dtype"})
+
+
+def algebra_key(kind: str, config: dict[str, Any], dtype: str) -> str:
+    """What makes two layers' steps linearised by hand the same function of (the projected
+    input, the states, the step weights): their class, the dtype the step runs in and every
+    setting of their config but their name, their loop's settings and how their weights
+    were drawn, held and limited. Layers that share it share the functions traced (and
+    compiled) for it, given their own weights: both directions of a Bidirectional, a stack
+    of layers of one size."""
+    import json
+
+    kept = {k: v for k, v in config.items() if k not in NOT_ALGEBRA
+            and not k.endswith(("_initializer", "_regularizer", "_constraint"))}
+    return json.dumps([kind, dtype, kept], sort_keys=True, default=str)
 
 
 @dataclass
@@ -1033,11 +1062,21 @@ class Linearised:
     the step's own values computed once for every block ``apply`` is given (a step that ran;
     ``inputs``: a block of tangents of the projected input, ``project(x_t)``, too).
     ``weights()`` reads the layer's weights as they are (in a traced loop: once, before it),
-    for ``linear`` and ``project``; without them, each reads them itself."""
+    for ``linear`` and ``project``; without them, each reads them itself: (the cell's
+    parameters, the step weights)."""
 
     linear: Callable[..., tuple[list[Any], Any]]
     weights: Callable[[], Any]
     project: Callable[..., Any]
+    #: ``projected(x, weights)``: the projected inputs of a whole sequence (its leading axes
+    #: kept: (B, T, ·) → (B, T, ·)), one matmul, outside a scan.
+    projected: Callable[..., Any]
+    #: ``step_linear(states, projected_t, step_weights)`` → ``linear``'s two, from the
+    #: projected input and the step weights alone (``weights()[1]``): a function of the
+    #: algebra (:func:`algebra_key`), not of the layer, which a scan shared by layers with
+    #: one key takes as its arguments.
+    step_linear: Callable[..., tuple[list[Any], Any]]
+    key: str
 
     def __call__(self, weights: Any, states: list[Any], inputs_t: tuple[Any, ...],
                  tangents: list[Any]) -> tuple[list[Any], list[Any]]:
