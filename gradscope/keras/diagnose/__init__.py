@@ -329,6 +329,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     exponents it took and what a counterfactual's numbers are compared with (the layer's
     own, on the examples the changes run on, λ₁ taken as theirs is: :class:`Before`); or why
     it cannot be. What the reader must know of its numbers is added to ``warnings``."""
+    from gradscope._heap import give_back_freed_memory
     from gradscope.keras.diagnose.counterfactuals import (
         changed_on,
         first_column_only,
@@ -386,6 +387,10 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
             "λ₁ is no firmer" + ("" if apart is None else
                                  f"; {apart}, where the verdict reads all of them"))
     say(f"{label}: the norm of every step Jacobian")
+    # Each phase starts on what the one before freed, given back: the Lyapunov scan's
+    # projected inputs and its XLA buffers (about 0.3 GB on the LSTM 256 × 2 at 1000 steps)
+    # would otherwise stay in malloc's arenas under every phase after it (gradscope/_heap.py).
+    give_back_freed_memory()
     grid, method, taken = step_norms(engine, path, seed=0)
     norms = JacobianNorm(
         median=float(np.nanmedian(grid)), max=float(np.nanmax(grid)),
@@ -394,6 +399,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
         steps_median=_per_step(grid, np.nanmedian), steps_max=_per_step(grid, np.nanmax),
         steps_read=taken if taken < grid.shape[1] else None, method=method)
     say(f"{label}: gates")
+    give_back_freed_memory()
     why_not = known_gates(layer)
     gates = timescales = None
     saturated: list[SaturatedUnit] = []
@@ -409,6 +415,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                                    mean_keep=float(reading.mean_keep[u]))
                      for u in order if reading.saturated[u] > 0]
     say(f"{label}: the memory horizon, measured")
+    give_back_freed_memory()
     measured = measure(engine, path, stepped.call.mask)
     largest = float(spectrum[0]) if len(spectrum) else None
     predicted = dynamics.predicted_horizon(largest)
