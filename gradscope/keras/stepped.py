@@ -96,9 +96,9 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
     the whole sequences). None where no gradient reached the call. Where the cell's output
     is not its first state itself (a cell of the user's returning, say, 2·h), nothing from
     above arrives on a state at its own step (the state's total is what step t+1 reads),
-    and the carried part is the whole total (found tried as a new user would: a change's
-    carried flow took the output's gradient off a state it never reached, where the probed
-    pass, the layer's own numbers, did not)."""
+    and the carried part is the whole total (found writing the test of diagnose's squares
+    alone: a change's carried flow took the output's gradient off a state it never
+    reached, where the probed pass, the layer's own numbers, did not)."""
     if stepped.squares is not None:
         return stepped.squares[index]
     if stepped.totals is None or stepped.direct is None:

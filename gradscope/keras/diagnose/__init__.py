@@ -169,8 +169,9 @@ def _diagnose(job: Any, progress: Progress | None, timings: bool, exponents: int
     clock = Clock()
     engine, targets = loaded(job, say, clock)
     say("running the model forward and backward under the tape")
-    # Probed: the pass's own backward gives every call's ∂L/∂s_t, so that each call is then
-    # stepped forward only (:func:`~gradscope.keras.stepped.with_probed`).
+    # Probed for the squares alone: the pass's own backward gives what diagnose reads of every
+    # call's ∂L/∂s_t, so that each call is then stepped forward only
+    # (:func:`~gradscope.keras.stepped.with_probed`; a loop behind a mask keeps its probes).
     result = engine.run(job.batch.inputs, targets, watch_outputs=True,
                         sample_weight=job.batch.sample_weight, probe_states=SQUARES,
                         carry_back=False)
