@@ -1397,10 +1397,16 @@ def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> No
     model.compile(loss="mse")
     x, _ = _batch()
     y = np.random.default_rng(1).standard_normal((x.shape[0], 1)).astype("float32")
-    report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
+    report = gradscope.diagnose(model, x=x, y=y)
     assert not report.not_diagnosed, report.not_diagnosed
     (entry,) = report.layers
     cell = model.get_layer("stk").cell
+    # Why its gates and its keep gate's change are not read, in words a reader can act on.
+    assert entry.gates_note is not None and "LSTMCell, GRUCell" in entry.gates_note
+    assert "RNN layer of its own" in entry.gates_note
+    for kind in ("keep_bias", "orthogonal"):
+        change = next(c for c in entry.counterfactuals if c.kind == kind)
+        assert not change.applicable and "RNN layer of its own" in (change.note or "")
 
     def nested(flat: list[Any]) -> list[Any]:
         return [[flat[0], flat[1]], flat[2]]

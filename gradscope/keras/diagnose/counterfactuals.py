@@ -33,12 +33,20 @@ Kind = Literal["keep_bias", "forget_bias_1", "update_bias_1", "orthogonal", "ort
                "clipping"]
 
 
+#: Why a change is not run on a stack of cells in one RNN (found tried as a new user would:
+#: "StackedRNNCells has no keep gate gradscope knows" of a stack of Keras' GRU and LSTM cells).
+STACKED = (f"{NOT_APPLICABLE} (a stack of cells in one RNN: each cell in an RNN layer of its "
+           "own gets this change)")
+
+
 def keep_bias(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     """+1 on the keep gate's bias: an LSTM's forget gate (Keras' columns [i | f | c | o]) or a
     Keras GRU's update gate z (columns [z | r | h]; h_t = z·h_(t−1) + (1 − z)·ĥ_t, so a larger
     z keeps more). With reset_after the GRU's bias has two rows that both add to z: the +1
     goes on row 0 alone, so that z's pre-activation moves by 1, as the LSTM's does."""
     kind = class_label(cell)
+    if kind == "StackedRNNCells":
+        return STACKED
     if kind not in ("LSTMCell", "GRUCell"):
         return f"{NOT_APPLICABLE} ({kind} has no keep gate gradscope knows)"
     if not cell.use_bias:
@@ -111,6 +119,8 @@ def orthogonal(cell: Any) -> list[tuple[Any, np.ndarray]] | str:
     h_(t−1) by its own block through its own nonlinearity: the orthogonality of the whole
     (u, blocks·u) matrix (Keras' initializer) says nothing of any one block's spectrum."""
     kind = class_label(cell)
+    if kind == "StackedRNNCells":
+        return STACKED
     if kind not in BLOCKS:
         # Found tried as a new user would: "no recurrent kernel gradscope knows" of a cell of
         # the user's own with an attribute recurrent_kernel.

@@ -57,6 +57,12 @@ def known_gates(layer: Any) -> str | None:
     kind = class_label(cell)
     if kind == "SimpleRNNCell":  # found tried as a new user would: "not known" of Keras' own
         return "a SimpleRNN cell has no gates"
+    if kind == "StackedRNNCells":
+        # Found tried as a new user would: "not known for this cell (StackedRNNCells)" of a
+        # stack of Keras' own GRU and LSTM cells.
+        inner = ", ".join(class_label(c) for c in getattr(cell, "cells", []))
+        return (f"not read for a stack of cells in one RNN ({inner}): its state joins every "
+                "cell's; each cell in an RNN layer of its own has its gates read")
     if kind not in GATES:
         return f"gates not known for this cell ({kind})"
     return None
