@@ -1427,6 +1427,47 @@ def test_a_stack_of_cells_against_a_float64_qr_of_keras_own_stack(tf: Any) -> No
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("doubled", [True, False])
+def test_a_cell_whose_output_is_not_its_state_reads_no_growth(tf: Any, doubled: bool) -> None:
+    """Found tried as a new user would: a cell of the user's returning (2·h, [h]) in an RNN
+    that returns its sequence read "∂L/∂s_t grows going back on 42.5% of pairs" where every
+    step Jacobian's norm was below 1: the gradient from above enters each step through the
+    cell, onto the state the next step reads, and counted as growth. Not read there (with
+    why); the same cell returning (h, [h]), its output its state, is read as a Keras
+    cell's is, and grows nowhere."""
+    import keras
+
+    class Cell(keras.layers.Layer):
+        state_size = output_size = 4
+
+        def build(self, shape: Any) -> None:
+            self.kernel = self.add_weight(shape=(shape[-1], 4))
+            self.recurrent = self.add_weight(shape=(4, 4), initializer="orthogonal")
+
+        def call(self, x: Any, states: Any) -> Any:
+            h = keras.ops.tanh(x @ self.kernel + states[0] @ (0.9 * self.recurrent))
+            return (2.0 * h if doubled else h), [h]
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((12, 3)),
+                              keras.layers.RNN(Cell(), return_sequences=True, name="own"),
+                              keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 12, 3)).astype("float32")
+    y = rng.standard_normal((8, 12, 1)).astype("float32")
+    report = gradscope.diagnose(model, x=x, y=y, counterfactuals=False)
+    (entry,) = report.layers
+    assert entry.jacobian_norm.max < 1  # nothing carried back can grow
+    said = [w for w in report.warnings if w.startswith("own: its cell's output is not")]
+    if doubled:
+        assert entry.exploding is None and entry.flow is not None
+        assert entry.flow.ratio is None and said
+    else:
+        assert entry.exploding is not None and entry.exploding.growing_share == 0
+        assert entry.flow is not None and entry.flow.ratio is not None and not said
+
+
 def test_a_floored_lambda_1_is_not_read_as_a_rate_by_the_verdict(tf: Any) -> None:
     """Found tried as a new user would: a relu SimpleRNN's exponents were all marked "not
     rates" (units switched off), yet its verdict read λ₁ as a rate and predicted a horizon

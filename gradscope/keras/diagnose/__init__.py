@@ -332,6 +332,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     it cannot be. What the reader must know of its numbers is added to ``warnings``."""
     from gradscope._heap import give_back_freed_memory
     from gradscope.keras.diagnose.counterfactuals import (
+        carry_unread,
         changed_on,
         first_column_only,
         state_flow,
@@ -426,10 +427,18 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
                       ratios=[float(v) if np.isfinite(v) else None for v in measured.medians],
                       steps=measured.steps, examples=measured.examples)
     squares = step_squares(stepped, index)
-    exploding = _exploding(squares, path.ran,
+    carry = not carry_unread(stepped, index)
+    exploding = _exploding(squares if carry else None, path.ran,
                            GROWTH_ULPS * roundoff(layer.cell.compute_dtype))
     back = carried_back(stepped, index)
-    flow = state_flow(squares, path.ran, back)
+    flow = state_flow(squares, path.ran, back, carry)
+    if not carry:
+        warnings.append(
+            f"{label}: its cell's output is not its state, and the call returns its sequence: "
+            "the gradient from above enters each step through the cell, onto the state the "
+            "next step reads, where it cannot be told apart from what the recurrence carries "
+            "back; where ∂L/∂s_t grows and the flow's ratio are not read (n/a), and "
+            "∂L/∂s_t is the state's as step t+1 reads it (0 after the last step)")
     # What a change's numbers are compared with: the same rows, λ₁ taken as a change's is.
     examples = changed_on(engine, layer, stepped.call, measured.examples)
     rows = slice(None) if examples is None else np.asarray(examples)
@@ -439,7 +448,7 @@ def _direction(engine: Any, stepped: Any, index: int, exponents: int | None,
     before = Before(
         examples=examples, lyapunov_1=float(first[0]) if len(first) else None,
         flow=state_flow(None if squares is None else (squares[0][rows], squares[1][rows]),
-                        path.ran[rows], None if back is None else back[rows]),
+                        path.ran[rows], None if back is None else back[rows], carry),
         # Whose λ₁ a change's is: said once, for its line and the verdict. Always where it is
         # the first column's (found tried as a new user would: left unsaid where the layer's
         # own first column read as its λ₁, a change's "λ₁ -0.123" was not the changed copy's
