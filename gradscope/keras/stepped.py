@@ -84,7 +84,7 @@ def joined_totals(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray]
     totals = [np.asarray(t, np.float64) for t in stepped.totals[index]]
     direct = np.asarray(stepped.direct[index], np.float64)
     above = [np.zeros_like(t) for t in totals]
-    if _output_is_state(stepped, index) and direct.shape == totals[0].shape:
+    if output_is_state(stepped, index) and direct.shape == totals[0].shape:
         above[0] = direct
     return np.concatenate(totals, axis=-1), np.concatenate(above, axis=-1)
 
@@ -106,7 +106,7 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
     totals = stepped.totals[index]
     direct = stepped.direct[index]
     first = totals[0]
-    subtract = _output_is_state(stepped, index) and direct.shape == first.shape
+    subtract = output_is_state(stepped, index) and direct.shape == first.shape
     whole = np.zeros(first.shape[:2])
     carried = np.zeros(first.shape[:2])
     axes = tuple(range(1, first.ndim - 1))  # an example's axes past time
@@ -120,7 +120,9 @@ def step_squares(stepped: Stepped, index: int) -> tuple[np.ndarray, np.ndarray] 
     return whole, carried
 
 
-def _output_is_state(stepped: Stepped, index: int) -> bool:
+def output_is_state(stepped: Stepped, index: int) -> bool:
+    """Whether direction ``index``'s cell returns its first state itself as its output (a
+    Keras cell; a cell of the user's may return something else)."""
     return stepped.output_is_state is None or bool(stepped.output_is_state[index])
 
 
@@ -1010,16 +1012,6 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
                       else tf.zeros(value.shape, dtype)) for k, value in shapes.items()}
         return params, cell.tf_step_weights(tf, params)
 
-    def linear(states: list[Any], x_t: Any, weights: Any = None) -> tuple[list[Any], Any]:
-        params, step_weights = weights or read()
-        (projected,) = cell.tf_inputs(tf, params, x_t[None])
-        after, apply = cell.tf_step_linear(tf, step_weights, tuple(states), (projected[0],))
-        return list(after), lambda tangents, inputs=None: list(apply(tuple(tangents), inputs))
-
-    def project(x_t: Any, weights: Any = None) -> Any:
-        params, _ = weights or read()
-        return cell.tf_inputs(tf, params, x_t[None])[0][0]
-
     def projected(x: Any, weights: Any) -> Any:
         return cell.tf_inputs(tf, weights[0], x)[0]
 
@@ -1027,6 +1019,13 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
                     ) -> tuple[list[Any], Any]:
         after, apply = cell.tf_step_linear(tf, step_weights, tuple(states), (projected_t,))
         return list(after), lambda tangents, inputs=None: list(apply(tuple(tangents), inputs))
+
+    def project(x_t: Any, weights: Any = None) -> Any:
+        return projected(x_t[None], weights or read())[0]
+
+    def linear(states: list[Any], x_t: Any, weights: Any = None) -> tuple[list[Any], Any]:
+        weights = weights or read()
+        return step_linear(states, project(x_t, weights), weights[1])
 
     return Linearised(linear, read, project, projected, step_linear,
                       algebra_key(kind, layer.get_config(), dtype))

@@ -200,10 +200,11 @@ def carry_unread(stepped: Any, index: int) -> bool:
     off it. Found tried as a new user would: such a cell read "∂L/∂s_t grows going back on
     42.5% of pairs" where every step Jacobian's norm was below 1 (each step's fresh gradient
     counted as growth)."""
-    same = stepped.output_is_state
-    output_is_state = same is None or bool(same[index])
+    from gradscope.keras.stepped import output_is_state
+
     layer = stepped.directions[index].layer
-    return not output_is_state and bool(getattr(layer, "return_sequences", False))
+    return (not output_is_state(stepped, index)
+            and bool(getattr(layer, "return_sequences", False)))
 
 
 def state_flow(squares: tuple[np.ndarray, np.ndarray] | None,

@@ -114,7 +114,8 @@ def stepped_loop(engine: Any, layer: Any, by_hand: Any, widths: list[int], count
 
         def body(t: Any, states: list[Any], q: Any, logs: Any, sequence: Any
                  ) -> tuple[Any, ...]:
-            after, q, stretch = carried_step(tf, by_hand, weights, states, x[:, t], q, widths)
+            after, q, stretch = carried_step(
+                tf, lambda blocks: by_hand(weights, states, (x[:, t],), blocks), q, widths)
             return t + 1, after, q, logs.write(t, stretch), sequence.write(t, after[0])
 
         first = [tf.cast(s, dtype) for s in initial]

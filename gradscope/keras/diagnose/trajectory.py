@@ -337,11 +337,12 @@ def _projected_scan(tf: Any, by_hand: Any, widths: list[int], count: int, dtype:
         q0 = tf.tile(tf.cast(start, dtype)[None], [batch, 1, 1])
 
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
-            blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (k, B, w)
-            _, apply = by_hand.step_linear([p[:, t] for p in previous], projected[:, t],
-                                           step_weights)
-            q_new, logs = stretched(tf, tf.transpose(tf.concat(apply(blocks), axis=2),
-                                                     [1, 2, 0]))
+            def step(blocks: list[Any]) -> tuple[list[Any], list[Any]]:
+                after, apply = by_hand.step_linear([p[:, t] for p in previous],
+                                                   projected[:, t], step_weights)
+                return after, apply(blocks)
+
+            _, q_new, logs = carried_step(tf, step, q, widths)
             return t + 1, *_kept_where_ran(tf, ran[:, t], q_new, q, logs, written, t)
 
         return _scanned(tf, steps, q0, count, body)
@@ -372,12 +373,13 @@ def _scanned(tf: Any, steps: Any, q0: Any, count: int, body: Any) -> Any:
     return tf.transpose(written.stack(), [1, 0, 2])
 
 
-def carried_step(tf: Any, by_hand: Any, weights: Any, states: list[Any], x_t: Any, q: Any,
-                 widths: list[int]) -> tuple[list[Any], Any, Any]:
-    """One step of the Lyapunov scan through a step linearised by hand: the new states, Q_t
-    and log|R_t[i, i]| of J_t·Q_(t−1) (``q``: (B, S, k), the states' ``widths`` making S)."""
+def carried_step(tf: Any, step: Any, q: Any, widths: list[int]) -> tuple[list[Any], Any, Any]:
+    """One step of the Lyapunov scan through a step linearised by hand, ``step(blocks)`` →
+    (the new states, J_t applied to the blocks of tangent columns (k, B, w) per state): the
+    new states, Q_t and log|R_t[i, i]| of J_t·Q_(t−1) (``q``: (B, S, k), the states'
+    ``widths`` making S)."""
     blocks = tf.split(tf.transpose(q, [2, 0, 1]), widths, axis=2)  # (k, B, w)
-    after, carried = by_hand(weights, states, (x_t,), blocks)
+    after, carried = step(blocks)
     q_new, logs = stretched(tf, tf.transpose(tf.concat(carried, axis=2), [1, 2, 0]))
     return after, q_new, logs
 
