@@ -113,8 +113,8 @@ def read_calls(engine: Any, inputs: dict[str, np.ndarray], targets: dict[str, np
             count = min(exponents, live[0])
             logs = lyapunov_logs(engine, path, count, compiled=compiled)
             gates = read_gates(engine, path) if known_gates(layer) is None else None
-            measured = (measure(engine, path, stepped.call.mask) if measure_horizon
-                        else None)
+            measured = (measure(engine, path, stepped.call.mask, compiled or None)
+                        if measure_horizon else None)
             readings.append(_reading(direction.label, layer, logs, path.ran, gates, measured))
     if not any(is_recurrent(engine, call) for call in calls):
         skipped.append(("the model", "it has no recurrent layer call: nothing to diagnose"))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
-from gradscope.keras.diagnose.trajectory import Trajectory, by_hand_kept
+from gradscope.keras.diagnose.trajectory import XLA_WORK, Trajectory, by_hand_kept
 from gradscope.keras.stepped import Masks, cell_holding, engine_cached, masks_for_rows, scan_cell
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
@@ -61,8 +61,14 @@ def output_width(layer: Any, path: Trajectory) -> int:
     return path.widths[0]
 
 
-def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
-    """The measured horizon of ``path`` (``mask``: the call's, input order, or None)."""
+def measure(engine: Any, path: Trajectory, mask: np.ndarray | None,
+            compiled: bool | None = None) -> Measured:
+    """The measured horizon of ``path`` (``mask``: the call's, input order, or None).
+    ``compiled``: a step linearised by hand goes back under XLA (default: where the widest
+    window's work, the lags × the pairs (t, example) × the output units × the state's
+    numbers², reaches :data:`~gradscope.keras.diagnose.trajectory.XLA_WORK`: on the LSTM
+    256 × 2 at 1000 steps, 1.8 × 10¹⁰; a small model's compilation, 0.15–0.3 s a layer and
+    again on each copy a change runs on, cost more than it saved)."""
     tf = engine.tf
     layer = path.layer
     batch, steps = path.ran.shape
@@ -83,17 +89,20 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None) -> Measured:
     reach = max(ts) - int(live[0])
 
     by_hand = by_hand_kept(engine, path) if units == path.widths[0] else None
+    window = min(FIRST_WINDOW, reach)
+    most = _widest(window, reach, budget)
+    if compiled is None:
+        compiled = ((most + 1) * len(ts) * len(examples) * units * path.size ** 2
+                    >= XLA_WORK)
     window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units,
-                                          by_hand is not None),
+                                          by_hand is not None, compiled),
                                  lambda: _window_norms(engine, layer, units) if by_hand is None
-                                 else _by_hand_norms(engine, layer, units, by_hand))
+                                 else _by_hand_norms(engine, layer, units, by_hand, compiled))
     # Row e·units + u of the fold is output unit u of example examples[e]: its masks.
     held = masks_for_rows(tf, path.masks, np.repeat(np.asarray(examples), units))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    window = min(FIRST_WINDOW, reach)
-    most = _widest(window, reach, budget)
     lags = (_LagReader(tf, window_norms, path, examples, ts, most, units)
             if by_hand is not None else None)
     while True:
@@ -222,7 +231,8 @@ class _LagReader:
         return ratios
 
 
-def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any) -> Any:
+def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any,
+                   compiled: bool = True) -> Any:
     """The traced pass of :func:`measure` for a step linearised by hand
     (:func:`~gradscope.keras.diagnose.trajectory.by_hand_kept`): ``lag_norms(x, previous,
     live, start, count, cotangent)`` → (‖∂h_t/∂x_(t−k)‖² (K, P), the cotangent after lag
@@ -234,7 +244,8 @@ def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any) -> Any:
     reads no input. Only lags ``start`` to ``count`` − 1 are gone back through, from the
     ``cotangent`` the lags before left (the rest read 0): one compilation serves every
     window, each going on from the last (:class:`_LagReader`). No step is run again: the
-    trajectory's states are read, and nothing is kept but the cotangent."""
+    trajectory's states are read, and nothing is kept but the cotangent. ``compiled``: under
+    XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`), else a graph."""
     tf = engine.tf
     dtype = layer.cell.compute_dtype
 
@@ -277,6 +288,8 @@ def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any) -> Any:
             (start, cotangent, tf.zeros([lags, pairs], tf.float64)))
         return written, g
 
+    if not compiled:
+        return tf.function(lag_norms, autograph=False, reduce_retracing=True)
     from gradscope._tf import xla_or_graph
 
     return xla_or_graph(tf, lag_norms, autograph=False, reduce_retracing=True)
