@@ -83,18 +83,15 @@ def _model(kind: str) -> Any:
 @pytest.mark.parametrize("kind", ["masked_lstm_state", "backwards_zero_output",
                                   "bidirectional", "tuple_cell", "relu_last", "unrolled",
                                   "dropout", "shared_wired"])
-@pytest.mark.parametrize("stretched", [False, True])
-def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind, stretched, monkeypatch):
+def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind, monkeypatch):
     """Every state of every direction, c included, and what arrives from above at each step:
-    the probes against the stepped scan fed the tape's ∂L/∂(the call's outputs); and, with
-    ``stretched``, against its backward pass by stretches of 2 steps (a long call's: the
-    gradient carried from each stretch into the one before, masked steps among them)."""
+    the probes against the stepped scan fed the tape's ∂L/∂(the call's outputs); and against
+    its backward pass by stretches of 2 steps (a long call's: the gradient carried from each
+    stretch into the one before, masked steps among them), from the same pass."""
     import gradscope.keras.stepped as stepped_module
     from gradscope.keras.engine import call_label
     from gradscope.keras.stepped import step_call
 
-    if stretched:
-        monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
     training = kind == "dropout"
     model = _model(kind)
     model.compile(loss="mse")
@@ -102,22 +99,26 @@ def test_the_probes_equal_the_stepped_cell_on_every_state(tf, kind, stretched, m
     engine, result = _pass(model, x, y, training=training)
     recurrent = [c for c in result.calls if c.states]
     assert len(recurrent) == (4 if kind == "shared_wired" else 1)
-    for call in recurrent:
-        label = call_label(call.layer, call.index)
-        probed = result.state_totals[label]
-        stepped = step_call(engine, call, result.output_gradients[label], training)
-        assert not isinstance(stepped, str), stepped
-        assert stepped.totals is not None and stepped.direct is not None
-        assert len(probed) == len(stepped.totals)
-        for loop, totals, direct in zip(probed, stepped.totals, stepped.direct, strict=True):
-            assert len(loop.totals) == len(totals) and loop.output_state == 0
-            for k, (mine, theirs) in enumerate(zip(loop.totals, totals, strict=True)):
-                scale = float(np.max(np.abs(theirs)))
-                assert scale > 0
-                np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6 * scale,
-                                           err_msg=f"{label} state {k}")
-            np.testing.assert_allclose(loop.direct, direct, rtol=1e-4,
-                                       atol=1e-6 * float(np.max(np.abs(direct))))
+    for stretched in (False, True):
+        if stretched:
+            monkeypatch.setattr(stepped_module, "STRETCH_STEPS", 2)
+        for call in recurrent:
+            label = call_label(call.layer, call.index)
+            probed = result.state_totals[label]
+            stepped = step_call(engine, call, result.output_gradients[label], training)
+            assert not isinstance(stepped, str), stepped
+            assert stepped.totals is not None and stepped.direct is not None
+            assert len(probed) == len(stepped.totals)
+            for loop, totals, direct in zip(probed, stepped.totals, stepped.direct,
+                                            strict=True):
+                assert len(loop.totals) == len(totals) and loop.output_state == 0
+                for k, (mine, theirs) in enumerate(zip(loop.totals, totals, strict=True)):
+                    scale = float(np.max(np.abs(theirs)))
+                    assert scale > 0
+                    np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6 * scale,
+                                               err_msg=f"{label} state {k} ({stretched=})")
+                np.testing.assert_allclose(loop.direct, direct, rtol=1e-4,
+                                           atol=1e-6 * float(np.max(np.abs(direct))))
 
 
 @pytest.mark.parametrize("backwards", [False, True])

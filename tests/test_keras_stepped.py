@@ -782,8 +782,8 @@ def _unmasked_model(kind: str) -> Any:
     return model
 
 
-@pytest.mark.parametrize("traced", [False, True])
-@pytest.mark.parametrize("kind", ["bidirectional", "backwards_last", "own_cell"])
+@pytest.mark.parametrize(("kind", "traced"), [("bidirectional", False), ("bidirectional", True),
+                                             ("backwards_last", False), ("own_cell", True)])
 def test_a_pass_probed_for_the_squares_alone_gives_the_steppings_own(tf, data, kind, traced,
                                                                      monkeypatch):
     """Diagnose's main pass without a mask probes for the squares alone
@@ -792,7 +792,8 @@ def test_a_pass_probed_for_the_squares_alone_gives_the_steppings_own(tf, data, k
     example and step equal the stepping's own backward from the gradient on the call's
     outputs, in the tape; each state's total after the last step equals a probed pass's
     (real gradients of real probes). Eager and traced, both directions, a layer run
-    backwards, a cell whose output is not its state."""
+    backwards, a cell whose output is not its state (each kind eager or traced, both for
+    the Bidirectional)."""
     from gradscope.keras import engine as engine_module
     from gradscope.keras import stepped as stepped_module
     from gradscope.keras.state_probes import SQUARES
