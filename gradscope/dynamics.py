@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gradscope.report.formats import share
+
 #: The factor the memory horizon is measured at: influence 10⁻³ of the step's own.
 HORIZON_FACTOR = 1e3
 #: ``explain --flow`` (and GradientFlow) flag a gradient whose size changes by more than this
@@ -494,13 +496,15 @@ def _explodes_in(e: Evidence) -> str:
 
 
 def _verdict(evidence: Evidence) -> str:
+    # Shares as the report's lines write them (found tried as a new user would: a verdict's
+    # "grows going back on 64%" above the line's "63.6%").
     kind = mechanism(evidence)
     e = evidence
     gate = ""
     if e.keep_gate is not None and e.keep_below is not None and e.keep_below >= BLAMED:
         tau = (f", median τ {_steps(e.median_tau)}" if e.median_tau is not None
                else ", median τ unbounded")
-        gate = f"{e.keep_below:.0%} of {e.keep_gate}-gate values below {LOW}{tau}"
+        gate = f"{share(e.keep_below)} of {e.keep_gate}-gate values below {LOW}{tau}"
     horizon = (f"measured {e.measured}" if e.measured is not None
                else f"measured more than {e.window}")
     # A count as _steps writes it, not 7.4e+02 (found tried as a new user would: the horizon
@@ -513,12 +517,12 @@ def _verdict(evidence: Evidence) -> str:
         else:
             parts = [_explodes_in(e)]
         if e.share_above_1 is not None:
-            parts.append(f"‖J_t‖ > 1 on {e.share_above_1:.0%} of steps")
+            parts.append(f"‖J_t‖ > 1 on {share(e.share_above_1)} of steps")
         if e.growing is not None:
-            parts.append(f"‖∂L/∂s_t‖ grows going back on {e.growing:.0%} of (example, step) "
+            parts.append(f"‖∂L/∂s_t‖ grows going back on {share(e.growing)} of (example, step) "
                          "pairs")
         if e.keep_above is not None and e.keep_above >= BLAMED:
-            parts.append(f"{e.keep_above:.0%} of {e.keep_gate}-gate values above {HIGH}")
+            parts.append(f"{share(e.keep_above)} of {e.keep_gate}-gate values above {HIGH}")
         return f"{e.name}: exploding: " + "; ".join(parts)
     if kind == "vanishing":
         fades = fades_within(e)
@@ -531,7 +535,7 @@ def _verdict(evidence: Evidence) -> str:
         if e.share_above_1 is not None and e.share_above_1 >= STRETCHING:
             # Pascanu et al.'s ‖J_t‖ < 1 is enough to vanish, not needed: the product of
             # steps that each stretch some direction may still shrink every one.
-            said += (f", though ‖J_t‖₂ > 1 on {e.share_above_1:.0%} of steps: what one step "
+            said += (f", though ‖J_t‖₂ > 1 on {share(e.share_above_1)} of steps: what one step "
                      "stretches, the steps after it shrink more")
         return said
     lead = f"λ₁ = {e.largest:+.3g} per step" if e.largest is not None else "λ₁ unknown"

@@ -34,7 +34,7 @@ def test_horizon_timescales_and_words() -> None:
                                  keep_below=0.91, keep_above=0.0, median_tau=0.4)
     assert dynamics.mechanism(evidence) == "vanishing"
     assert dynamics.verdict(evidence).startswith(
-        "lstm: vanishing: 91% of forget-gate values below 0.1, median τ 0.4 steps, so "
+        "lstm: vanishing: 91.0% of forget-gate values below 0.1, median τ 0.4 steps, so "
         "gradients fade by 10³ within about 3 steps (measured 3, predicted 3.5)")
 
 
