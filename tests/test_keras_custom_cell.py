@@ -289,6 +289,13 @@ def test_a_row_that_holds_only_what_step_t_plus_1_reads_is_said_in_the_heading(t
     assert any("(as step t+1 reads it)" in s.what for s in report.gradient_flow.sequences)
     text = " ".join(render_text(report, 80).split())
     assert "a row marked (as step t+1 reads it) holds only that part" in text
+    # Each state named by its cell, in Keras' flat order (found tried as a new user would:
+    # states[0] … states[2]), its initial state as its flow row is.
+    assert [s.what.split(" (")[0] for s in report.gradient_flow.sequences
+            if s.kind == "state"] == ["∂L/∂stacked/cells[0]/h_t", "∂L/∂stacked/cells[1]/h_t",
+                                      "∂L/∂stacked/cells[1]/c_t"]
+    assert [g.name for g in report.initial_state_gradients] == [
+        "stacked/cells[0]/h0", "stacked/cells[1]/h0", "stacked/cells[1]/c0"]
 
 
 def test_a_backward_scaled_into_h_t_minus_1_is_a_change_of_slope_in_the_flow(tf):

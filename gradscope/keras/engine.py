@@ -928,7 +928,26 @@ def state_names(operation: Any) -> list[str]:
     if kind in ("LSTM", "ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D") or (
             kind == "RNN" and class_label(operation.cell) == "LSTMCell"):
         return ["h0", "c0"]
+    if kind == "RNN" and class_label(operation.cell) == "StackedRNNCells":
+        stacked = _stacked_names(operation.cell, len(units))
+        if stacked is not None:
+            return stacked
     return ["h0"] if len(units) == 1 else [f"states[{k}]" for k in range(len(units))]
+
+
+def _stacked_names(stack: Any, count: int) -> list[str] | None:
+    """A stack of cells' states named by the cell each belongs to, in Keras' flat order:
+    ``cells[i]/h0`` (and ``cells[i]/c0`` for an LSTMCell), ``cells[i]/states[k]`` for a cell
+    of several other states (found tried as a new user would: ``RNN([GRUCell, LSTMCell])``'s
+    three states were ``states[0]`` … ``states[2]``, whose cell and kind went unsaid). None
+    where the cells' states do not make ``count``."""
+    names: list[str] = []
+    for index, cell in enumerate(getattr(stack, "cells", [])):
+        own = len(cell_state_units(cell))
+        inner = (["h0", "c0"] if class_label(cell) == "LSTMCell" and own == 2 else
+                 ["h0"] if own == 1 else [f"states[{k}]" for k in range(own)])
+        names += [f"cells[{index}]/{name}" for name in inner]
+    return names if len(names) == count and count > 0 else None
 
 
 def state_layers(operation: Any) -> list[Any]:

@@ -116,8 +116,10 @@ def loop_flows(layer: Any, label: str, found: list[StateTotals],
 
 
 def _names(layer: Any, count: int) -> list[str]:
-    """The states' names, as the initial states' (``h0`` → ``h``)."""
-    names = [n.removesuffix("0") if n in ("h0", "c0") else n for n in state_names(layer)]
+    """The states' names, as the initial states' (``h0`` → ``h``, ``cells[1]/c0`` →
+    ``cells[1]/c``)."""
+    names = [n.removesuffix("0") if n.rpartition("/")[2] in ("h0", "c0") else n
+             for n in state_names(layer)]
     if len(names) == count:
         return names
     if count == 2 and class_label(layer).startswith("ConvLSTM"):
