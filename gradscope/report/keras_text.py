@@ -353,7 +353,7 @@ def flow_lines(flow: KerasFlowSection, width: int) -> list[RenderableType]:
     rows = {labels[id(s)]: s.norms for s in flow.sequences if s.norms}
     ran = {labels[id(s)]: s.examples_ran for s in flow.sequences if s.norms}
     for found in flow.influence:
-        rows[f"median ‖∂{found.source}/h_{found.step}/∂x_s‖ (s = 0 … T−1)"] = found.influence
+        rows[f"‖∂{found.source}/h_{found.step}/∂x_s‖ median (s = 0 … T−1)"] = found.influence
     if rows:
         parts.append(norm_table(rows, width, ran))
         skipped = [counts for counts in ran.values() if counts is not None]

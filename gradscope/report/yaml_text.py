@@ -253,7 +253,7 @@ def render_explain(report: ExplainReport, width: int) -> list[RenderableType]:
 def flow_lines(flow: FlowSection, width: int) -> list[RenderableType]:
     rows = {f"‖∂L/∂{name}_t‖": norms for name, norms in flow.state_gradient_norms.items()}
     rows["‖∂L/∂x_t‖"] = flow.input_gradient_norms
-    rows[f"median ‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ (s = 0 … T−1)"] = \
+    rows[f"‖∂{flow.influence_layer}/h_{flow.influence_step}/∂x_s‖ median (s = 0 … T−1)"] = \
         flow.influence
     return [norm_table(rows, width), *flag_warnings(flow.flags)]
 
