@@ -434,7 +434,8 @@ def carried_tables(intro: str, weights: list[CarryWeightEntry],
     products_intro = Text(
         "The carry itself: tf.gradients(ys=a chunk's final states, xs=its initial states, "
         "grad_ys=the next chunk's ∂L/∂(initial states)); ‖product‖ is its result for x, "
-        "summed over every y."
+        "summed over every y: every call's final states, not the row's y alone (a call "
+        "above reads this one's outputs within the chunk)."
     )
     style = "bold yellow" if matters else "bold green"
     return [Text(intro), fit(width, weights_wide, weights_narrow), Text(""), products_intro,
