@@ -219,7 +219,13 @@ def _heatmap(figure: Any, axes: Any, found: InfluenceMap, steps: int, layer: str
                     fontsize=7)
     axes.set_xlabel("input step s")
     axes.xaxis.set_major_locator(_integer_ticks())  # not 2.5 (found tried as a new user would)
-    axes.set_ylabel("state step t" + (" (processing order)" if backwards else ""))
+    # A row per state step computed, drawn evenly: where they are fewer than the steps, the
+    # label says so (found tried as a new user would: rows t = 0, 1, 3, 5, … read as every
+    # step, unsaid).
+    shown = (f"{len(found.steps)} of {steps} steps" if len(found.steps) < steps else "")
+    order = "processing order" if backwards else ""
+    notes = "; ".join(part for part in (shown, order) if part)
+    axes.set_ylabel("state step t" + (f" ({notes})" if notes else ""))
     axes.set_title(f"{layer}: log10 ‖∂h_t/∂x_s‖ (median over the batch)", fontsize=10)
     figure.colorbar(image, ax=axes)
 
