@@ -13,6 +13,7 @@ Keras' own training-mode call.
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import Any
 
@@ -205,48 +206,81 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any,
     monkeypatch.setattr(trajectory, "FOLD_ROWS", fold)
     for exact in (False, True):
         fresh = _real_engine(model, x)
+        # A step linearised by hand's function is the process's (trajectory.shared_function).
+        monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
         folded, _, _ = step_norms(fresh, _trajectory(engine, "lstm"), exact=exact)
         np.testing.assert_allclose(folded, truth, rtol=1e-4)
-        (traced,) = [f for key, f in fresh._traces.items()
+        (traced,) = [f for key, f in [*fresh._traces.items(), *trajectory._shared.items()]
                      if key[0] in ("step norms", "step norms by hand")]
         assert traced.experimental_get_tracing_count() == 1  # the five folds, one trace
 
 
-def test_layers_of_one_algebra_share_their_traced_scans(tf: Any) -> None:
+def test_layers_of_one_algebra_share_their_traced_scans(tf: Any, monkeypatch: Any) -> None:
     """An LSTM 5 (input 3) below an LSTM 5 of the same settings (input 5), both stepped by
     hand: one traced Lyapunov scan and one traced step-norm function serve both, each given
     its own projected inputs and weights; each layer's exponents and norms equal those of a
     fresh engine that traced them for that layer alone (a shared function that read the
-    first layer's weights would not). A GRU of the same size has an algebra of its own."""
+    first layer's weights would not). A GRU of the same size has an algebra of its own. The
+    functions are the process's: another model's engine takes them as they are (a notebook's
+    next diagnosis compiles nothing again), and they keep no model alive."""
+    import collections
+    import gc
+    import weakref
+
     import keras
 
+    from gradscope.keras.diagnose import trajectory
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms
 
-    keras.utils.set_random_seed(12)
-    model = keras.Sequential([
-        keras.Input((9, 3)), keras.layers.LSTM(5, return_sequences=True, name="low"),
-        keras.layers.LSTM(5, return_sequences=True, name="high"),
-        keras.layers.GRU(5, name="gru"), keras.layers.Dense(1)])
+    def model_of(seed: int) -> Any:
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([
+            keras.Input((9, 3)), keras.layers.LSTM(5, return_sequences=True, name="low"),
+            keras.layers.LSTM(5, return_sequences=True, name="high"),
+            keras.layers.GRU(5, name="gru"), keras.layers.Dense(1)])
+
+    def read(engine: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+        path = _trajectory(engine, name)
+        return lyapunov_logs(engine, path, 3), step_norms(engine, path, exact=False)[0]
+
+    def traced(found: Any) -> list[int]:
+        # batch_free's wrapper holds the tf.function as __wrapped__.
+        return [(f if hasattr(f, "experimental_get_tracing_count") else f.__wrapped__)
+                .experimental_get_tracing_count() for f in found]
+
+    monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
+    model = model_of(12)
     x = np.random.default_rng(12).standard_normal((4, 9, 3)).astype("float32")
     engine = _real_engine(model, x)
-    found = {}
-    for name in ("low", "high", "gru"):
-        path = _trajectory(engine, name)
-        found[name] = (lyapunov_logs(engine, path, 3),
-                       step_norms(engine, path, exact=False)[0])
-    scans = [f for key, f in engine._traces.items() if key[0] == "lyapunov scan"]
-    norms = [f for key, f in engine._traces.items() if key[0] == "step norms by hand"]
+    found = {name: read(engine, name) for name in ("low", "high", "gru")}
+    kept = dict(trajectory._shared)
+    scans = [f for key, f in kept.items() if key[0] == "lyapunov scan"]
+    norms = [f for key, f in kept.items() if key[0] == "step norms by hand"]
     assert len(scans) == len(norms) == 2  # the LSTMs' and the GRU's
-    # batch_free's wrapper holds the tf.function as __wrapped__.
-    assert [(f if hasattr(f, "experimental_get_tracing_count") else f.__wrapped__)
-            .experimental_get_tracing_count() for f in scans + norms] == [1] * 4
+    assert traced(scans + norms) == [1] * 4
     for name in ("low", "high", "gru"):
-        alone = _real_engine(model, x)
-        path = _trajectory(alone, name)
-        np.testing.assert_allclose(found[name][0], lyapunov_logs(alone, path, 3), rtol=1e-6,
-                                   atol=1e-9, err_msg=name)
-        np.testing.assert_allclose(found[name][1], step_norms(alone, path, exact=False)[0],
-                                   rtol=1e-6, err_msg=name)
+        monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
+        alone = read(_real_engine(model, x), name)
+        np.testing.assert_allclose(found[name][0], alone[0], rtol=1e-6, atol=1e-9,
+                                   err_msg=name)
+        np.testing.assert_allclose(found[name][1], alone[1], rtol=1e-6, err_msg=name)
+    # Another model of the same layers, other weights: the same functions, its own numbers.
+    monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict(kept))
+    other = model_of(13)
+    again = {name: read(_real_engine(other, x), name) for name in ("low", "high", "gru")}
+    assert dict(trajectory._shared) == kept and traced(scans + norms) == [1] * 4
+    for name in ("low", "high", "gru"):
+        monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
+        alone = read(_real_engine(other, x), name)
+        assert not np.allclose(again[name][0], found[name][0])
+        np.testing.assert_allclose(again[name][0], alone[0], rtol=1e-6, atol=1e-9,
+                                   err_msg=name)
+        np.testing.assert_allclose(again[name][1], alone[1], rtol=1e-6, err_msg=name)
+    # The functions, still kept, hold no layer, nor weight, of the model they were built from.
+    gone = [weakref.ref(model), *(weakref.ref(v) for v in model.weights)]
+    del model, engine, other
+    gc.collect()
+    assert all(ref() is None for ref in gone) and traced(scans + norms) == [1] * 4
 
 
 def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:

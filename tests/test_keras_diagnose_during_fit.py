@@ -10,6 +10,7 @@ test_keras_distributed.py.)
 
 from __future__ import annotations
 
+import collections
 import json
 
 import numpy as np
@@ -235,12 +236,15 @@ def _twin_and_truth(model, seed):
     return x, y, twin, truth
 
 
-def test_a_functional_model_is_diagnosed_on_its_copy(tf):
+def test_a_functional_model_is_diagnosed_on_its_copy(tf, monkeypatch):
     """Keras' copy of a functional model renames its input layer: the copy still serves (the
     diagnoses of fit then run beside training), and reads what diagnose reads on the model,
     under XLA too (as a fit of many diagnoses scans)."""
     import keras
 
+    from gradscope.keras.diagnose import trajectory
+
+    monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
 
     keras.utils.set_random_seed(3)
     inputs = keras.Input((6, 2))
@@ -254,8 +258,9 @@ def test_a_functional_model_is_diagnosed_on_its_copy(tf):
         assert not skipped and readings[0].call == truth.call
         np.testing.assert_allclose(readings[0].lyapunov, truth.lyapunov, **close)
         assert readings[0].gates == truth.gates
-    # The graph's stepping and scan, then XLA's one function (one_function.py).
-    traced = sorted((key[0], key[-1]) for key in twin.engine._traces
+    # The graph's stepping and scan (the scan the process's: trajectory.shared_function),
+    # then XLA's one function (one_function.py).
+    traced = sorted((key[0], key[-1]) for key in [*twin.engine._traces, *trajectory._shared]
                     if key[0] in ("lyapunov scan", "stepped", "one loop"))
     assert traced == [("lyapunov scan", False), ("stepped", False)]
     assert _in_one_function(twin.cache) == [truth.call]
@@ -468,7 +473,7 @@ def test_a_fit_shorter_than_diagnose_every_says_why_it_has_no_diagnosis(tf):
     assert "yet" not in text
 
 
-def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
+def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf, monkeypatch):
     """A fit of at least 50 diagnoses scans under XLA, which compiles for one batch size:
     an epoch's last, shorter batch is read as a graph, traced once, and not compiled again
     (found tried as a new user would: about 1 s more a fit). Its reading is diagnose's own,
@@ -477,6 +482,9 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
 
     import gradscope
     from gradscope.keras import GradientFlow
+    from gradscope.keras.diagnose import trajectory
+
+    monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
 
     keras.utils.set_random_seed(4)
     model = keras.Sequential([keras.Input((5, 2)), keras.layers.GRU(3, name="gru"),
@@ -488,8 +496,9 @@ def test_a_fit_of_many_diagnoses_compiles_for_one_batch_size(tf):
     flow = GradientFlow(every=1000, diagnose_every=1)
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[flow])
     assert flow.history.diagnosis_steps == list(range(1, 52))
-    # XLA's one function (one_function.py), and the last batch's scan as a graph.
-    traced = sorted(key[0] for key in flow._twin.engine._traces
+    # XLA's one function (one_function.py), and the last batch's scan as a graph (the
+    # process's: trajectory.shared_function).
+    traced = sorted(key[0] for key in [*flow._twin.engine._traces, *trajectory._shared]
                     if key[0] in ("lyapunov scan", "one loop"))
     assert traced == ["lyapunov scan"]
     assert _in_one_function(flow._twin.cache) == ["gru"]

@@ -14,6 +14,8 @@ so that J_t is the Jacobian of the step that example really took.
 
 from __future__ import annotations
 
+import collections
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,11 +217,13 @@ def lyapunov_logs(engine: Any, path: Trajectory, count: int, seed: int = 0,
     if by_hand is not None:
         # One scan for every layer of one algebra (both directions of a Bidirectional, a
         # stack of layers of one size), given each its own projected inputs and weights: on
-        # the LSTM 256 × 2 at 1000 steps, the second layer's compilation (1.3 s) is gone.
-        scan = engine_cached(engine, ("lyapunov scan", by_hand.key, tuple(widths),
-                                      start.shape[1], compiled),
-                             lambda: _projected_scan(tf, by_hand, widths, start.shape[1],
-                                                     path.layer.cell.compute_dtype, compiled))
+        # the LSTM 256 × 2 at 1000 steps, the second layer's compilation (1.3 s) is gone;
+        # and for the process (shared_function): a notebook's next diagnosis compiles none.
+        scan = shared_function(("lyapunov scan", by_hand.key, tuple(widths), start.shape[1],
+                                compiled),
+                               lambda: _projected_scan(tf, by_hand.step_linear, widths,
+                                                       start.shape[1],
+                                                       path.layer.cell.compute_dtype, compiled))
         with native_stderr_silenced(), without_grappler():
             weights = by_hand.weights()
             projected = by_hand.projected(tf.cast(path.x, path.layer.cell.compute_dtype),
@@ -321,10 +325,11 @@ def _lyapunov_scan(engine: Any, layer: Any, widths: list[int], count: int,
     return batch_free(tf, tf.function(scan, autograph=False, reduce_retracing=True))
 
 
-def _projected_scan(tf: Any, by_hand: Any, widths: list[int], count: int, dtype: Any,
+def _projected_scan(tf: Any, step_linear: Any, widths: list[int], count: int, dtype: Any,
                     compiled: bool) -> Any:
     """The traced scan of :func:`lyapunov_logs` through a step linearised by hand
-    (:func:`_by_hand`), which carries the columns with the step's own values computed once:
+    (:func:`_by_hand`; ``step_linear``: its ``step_linear``, which holds no layer), which
+    carries the columns with the step's own values computed once:
     ``scan(projected, ran, previous, start, step_weights)`` → the logs (B, T, count), from
     the projected inputs (B, T, ·) and the step weights, its arguments: one trace (and one
     compilation) for every layer of the algebra ``by_hand.key``. ``compiled``: under XLA
@@ -338,8 +343,8 @@ def _projected_scan(tf: Any, by_hand: Any, widths: list[int], count: int, dtype:
 
         def body(t: Any, q: Any, written: Any) -> tuple[Any, Any, Any]:
             def step(blocks: list[Any]) -> tuple[list[Any], list[Any]]:
-                after, apply = by_hand.step_linear([p[:, t] for p in previous],
-                                                   projected[:, t], step_weights)
+                after, apply = step_linear([p[:, t] for p in previous], projected[:, t],
+                                           step_weights)
                 return after, apply(blocks)
 
             _, q_new, logs = carried_step(tf, step, q, widths)
@@ -480,10 +485,14 @@ def step_norms(engine: Any, path: Trajectory, exact: bool | None = None,
     dtype = path.layer.cell.compute_dtype
     # A step linearised by hand: one function for every layer of its algebra, given the
     # projected inputs and the step weights (:func:`_projected_scan`).
-    key = (("step norms by hand", by_hand.key, tuple(widths), compiled) if by_hand is not None
-           else ("step norms", id(path.layer), bool(engine.training), tuple(widths), exact))
-    traced = engine_cached(engine, key, lambda: _norms_function(
-        engine, path.layer, widths, exact, by_hand, path.shapes, compiled))
+    traced = (shared_function(("step norms by hand", by_hand.key, tuple(widths), compiled),
+                              lambda: _by_hand_norms_function(tf, by_hand.step_linear, widths,
+                                                              dtype, compiled))
+              if by_hand is not None else
+              engine_cached(engine, ("step norms", id(path.layer), bool(engine.training),
+                                     tuple(widths), exact),
+                            lambda: _norms_function(engine, path.layer, widths, exact,
+                                                    path.shapes)))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
@@ -546,14 +555,13 @@ def by_hand_kept(engine: Any, path: Trajectory) -> Any:
                          lambda: [_by_hand(engine, path)])[0]
 
 
-def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_hand: Any,
-                    shapes: list[tuple[int, ...]] | None, compiled: bool = False) -> Any:
-    """The traced function of :func:`step_norms`: ``(x, previous, masks)`` → the step
-    Jacobians (N, S, S) where ``exact``; else ``(x, previous, masks, start, products)`` →
-    Lanczos' α and β (products, N) each, in float64. ``masks``: the dropout masks of each
-    row (None: none). With ``by_hand``, ``x`` is (the projected inputs, the step weights),
-    so that the function serves every layer of its algebra. ``compiled``: a step linearised
-    by hand, under XLA where it compiles."""
+def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool,
+                    shapes: list[tuple[int, ...]] | None) -> Any:
+    """The traced function of :func:`step_norms` through the layer's own step:
+    ``(x, previous, masks)`` → the step Jacobians (N, S, S) where ``exact``; else
+    ``(x, previous, masks, start, products)`` → Lanczos' α and β (products, N) each, in
+    float64, each product forward mode through the step and the tape back. ``masks``: the
+    dropout masks of each row (None: none)."""
     tf = engine.tf
     step = _step(engine, layer, shapes)
     dtype = layer.cell.compute_dtype
@@ -571,38 +579,76 @@ def _norms_function(engine: Any, layer: Any, widths: list[int], exact: bool, by_
 
     def tridiagonal(x: Any, previous: list[Any], masks: Masks | None, start: Any,
                     products: Any) -> Any:
-        states = [tf.cast(p, dtype) for p in previous]
-        if by_hand is not None:  # x: the projected inputs and the step weights
-            _, apply = by_hand.step_linear(states, *x)
+        joined = tf.concat([tf.cast(p, dtype) for p in previous], 1)
 
-            def normal(q: Any) -> Any:
-                v = tf.cast(q, dtype)
-                with tf.GradientTape() as tape:
-                    tape.watch(v)
-                    moved = tf.concat(apply(tf.split(v[None], widths, axis=2)), axis=2)[0]
-                return tape.gradient(moved, v, output_gradients=moved)
-        else:
-            joined = tf.concat(states, 1)
-
-            def normal(q: Any) -> Any:
-                with tf.GradientTape() as tape:
-                    tape.watch(joined)
-                    with tf.autodiff.ForwardAccumulator(joined, tf.cast(q, dtype)) as acc:
-                        new = tf.concat(step(x, list(tf.split(joined, widths, axis=1)),
-                                             masks), 1)
-                    moved = acc.jvp(new, unconnected_gradients="zero")
-                return tape.gradient(new, joined, output_gradients=moved,
-                                     unconnected_gradients="zero")
+        def normal(q: Any) -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(joined)
+                with tf.autodiff.ForwardAccumulator(joined, tf.cast(q, dtype)) as acc:
+                    new = tf.concat(step(x, list(tf.split(joined, widths, axis=1)), masks), 1)
+                moved = acc.jvp(new, unconnected_gradients="zero")
+            return tape.gradient(new, joined, output_gradients=moved,
+                                 unconnected_gradients="zero")
 
         return _lanczos(tf, lambda q: tf.cast(normal(q), tf.float64), start, products)
 
-    from gradscope._tf import xla_or_graph
+    return tf.function(tridiagonal, autograph=False, reduce_retracing=True)
+
+
+def _by_hand_norms_function(tf: Any, step_linear: Any, widths: list[int], dtype: Any,
+                            compiled: bool) -> Any:
+    """The traced function of :func:`step_norms` through a step linearised by hand
+    (``step_linear``, which holds no layer): ``(x, previous, masks, start, products)`` →
+    Lanczos' α and β (products, N) each, in float64, ``x`` being (the projected inputs, the
+    step weights), so that it serves every layer of its algebra, in every engine; each
+    product two matmuls. ``masks`` is None (the step has none). ``compiled``: under XLA
+    where it compiles."""
+    def tridiagonal(x: Any, previous: list[Any], masks: Masks | None, start: Any,
+                    products: Any) -> Any:
+        _, apply = step_linear([tf.cast(p, dtype) for p in previous], *x)
+
+        def normal(q: Any) -> Any:
+            v = tf.cast(q, dtype)
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                moved = tf.concat(apply(tf.split(v[None], widths, axis=2)), axis=2)[0]
+            return tape.gradient(moved, v, output_gradients=moved)
+
+        return _lanczos(tf, lambda q: tf.cast(normal(q), tf.float64), start, products)
 
     if compiled:
-        # Gradscope's own step, linearised by hand: XLA fuses each product's elementwise ops
-        # (on the LSTM 256 × 2 at 1000 steps, 1.1 s a layer instead of 2.0 s).
+        from gradscope._tf import xla_or_graph
+
+        # XLA fuses each product's elementwise ops (on the LSTM 256 × 2 at 1000 steps, 1.1 s
+        # a layer instead of 2.0 s).
         return xla_or_graph(tf, tridiagonal, autograph=False, reduce_retracing=True)
     return tf.function(tridiagonal, autograph=False, reduce_retracing=True)
+
+
+#: How many functions of a step linearised by hand :func:`shared_function` keeps.
+SHARED_FUNCTIONS = 16
+_shared: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def shared_function(key: tuple[Any, ...], build: Any) -> Any:
+    """``build()`` (a traced function of a step linearised by hand, whose every value is
+    its arguments: the projected inputs, the states, the step weights), made once for the
+    process per ``key`` (its algebra, shapes and compilation) and kept for the next
+    diagnosis, of this model or another, as the engine keeps a layer's own: a notebook's
+    second ``gradscope.diagnose`` of the LSTM 256 × 2 at 1000 steps no longer compiles its
+    Lyapunov scan and step norms again (about 2 s). The last :data:`SHARED_FUNCTIONS`."""
+    with _shared_lock:
+        if key in _shared:
+            _shared.move_to_end(key)
+            return _shared[key]
+    function = build()
+    with _shared_lock:
+        function = _shared.setdefault(key, function)
+        _shared.move_to_end(key)
+        while len(_shared) > SHARED_FUNCTIONS:
+            _shared.popitem(last=False)
+    return function
 
 
 def _lanczos(tf: Any, normal: Any, start: Any, products: Any) -> tuple[Any, Any]:
