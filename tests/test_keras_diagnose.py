@@ -217,7 +217,7 @@ def test_step_jacobian_norms_against_an_svd(tf: Any, lstm_case: Any,
 
 def test_layers_of_one_algebra_share_their_traced_scans(tf: Any, monkeypatch: Any) -> None:
     """An LSTM 5 (input 3) below an LSTM 5 of the same settings (input 5), both stepped by
-    hand: one traced Lyapunov scan and one traced step-norm function serve both, each given
+    hand: one traced Lyapunov scan, step-norm function and horizon serve both, each given
     its own projected inputs and weights; each layer's exponents and norms equal those of a
     fresh engine that traced them for that layer alone (a shared function that read the
     first layer's weights would not). A GRU of the same size has an algebra of its own. The
@@ -230,6 +230,7 @@ def test_layers_of_one_algebra_share_their_traced_scans(tf: Any, monkeypatch: An
     import keras
 
     from gradscope.keras.diagnose import trajectory
+    from gradscope.keras.diagnose.horizon import measure
     from gradscope.keras.diagnose.trajectory import lyapunov_logs, step_norms
 
     def model_of(seed: int) -> Any:
@@ -239,9 +240,10 @@ def test_layers_of_one_algebra_share_their_traced_scans(tf: Any, monkeypatch: An
             keras.layers.LSTM(5, return_sequences=True, name="high"),
             keras.layers.GRU(5, name="gru"), keras.layers.Dense(1)])
 
-    def read(engine: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def read(engine: Any, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         path = _trajectory(engine, name)
-        return lyapunov_logs(engine, path, 3), step_norms(engine, path, exact=False)[0]
+        return (lyapunov_logs(engine, path, 3), step_norms(engine, path, exact=False)[0],
+                measure(engine, path, None).medians)
 
     def traced(found: Any) -> list[int]:
         # batch_free's wrapper holds the tf.function as __wrapped__.
@@ -255,20 +257,27 @@ def test_layers_of_one_algebra_share_their_traced_scans(tf: Any, monkeypatch: An
     found = {name: read(engine, name) for name in ("low", "high", "gru")}
     kept = dict(trajectory._shared)
     scans = [f for key, f in kept.items() if key[0] == "lyapunov scan"]
-    norms = [f for key, f in kept.items() if key[0] == "step norms by hand"]
-    assert len(scans) == len(norms) == 2  # the LSTMs' and the GRU's
-    assert traced(scans + norms) == [1] * 4
+    norms = [f for key, f in kept.items() if key[0] in ("step norms by hand",
+                                                         "horizon by hand")]
+    assert len(scans) == 2 and len(norms) == 4  # the LSTMs' and the GRU's
+    # Once each; the LSTMs' horizon twice, for their inputs of two widths (the second trace
+    # takes any width).
+    counts = [1, 1, 1, 2, 1, 1]
+    assert [key[0] for key in kept] == ["lyapunov scan", "step norms by hand",
+                                        "horizon by hand"] * 2
+    assert traced(scans + norms) == counts
     for name in ("low", "high", "gru"):
         monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
         alone = read(_real_engine(model, x), name)
         np.testing.assert_allclose(found[name][0], alone[0], rtol=1e-6, atol=1e-9,
                                    err_msg=name)
         np.testing.assert_allclose(found[name][1], alone[1], rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(found[name][2], alone[2], rtol=1e-6, err_msg=name)
     # Another model of the same layers, other weights: the same functions, its own numbers.
     monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict(kept))
     other = model_of(13)
     again = {name: read(_real_engine(other, x), name) for name in ("low", "high", "gru")}
-    assert dict(trajectory._shared) == kept and traced(scans + norms) == [1] * 4
+    assert dict(trajectory._shared) == kept and traced(scans + norms) == counts
     for name in ("low", "high", "gru"):
         monkeypatch.setattr(trajectory, "_shared", collections.OrderedDict())
         alone = read(_real_engine(other, x), name)
@@ -276,11 +285,12 @@ def test_layers_of_one_algebra_share_their_traced_scans(tf: Any, monkeypatch: An
         np.testing.assert_allclose(again[name][0], alone[0], rtol=1e-6, atol=1e-9,
                                    err_msg=name)
         np.testing.assert_allclose(again[name][1], alone[1], rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(again[name][2], alone[2], rtol=1e-6, err_msg=name)
     # The functions, still kept, hold no layer, nor weight, of the model they were built from.
     gone = [weakref.ref(model), *(weakref.ref(v) for v in model.weights)]
     del model, engine, other
     gc.collect()
-    assert all(ref() is None for ref in gone) and traced(scans + norms) == [1] * 4
+    assert all(ref() is None for ref in gone) and traced(scans + norms) == counts
 
 
 def test_step_jacobian_norms_of_a_cell_of_the_users_by_lanczos(tf: Any) -> None:

@@ -22,7 +22,12 @@ from typing import Any
 import numpy as np
 
 from gradscope.dynamics import measured_horizon, median_ratios
-from gradscope.keras.diagnose.trajectory import XLA_WORK, Trajectory, by_hand_kept
+from gradscope.keras.diagnose.trajectory import (
+    XLA_WORK,
+    Trajectory,
+    by_hand_kept,
+    shared_function,
+)
 from gradscope.keras.stepped import Masks, cell_holding, engine_cached, masks_for_rows, scan_cell
 
 #: At most this many steps t, and examples, are measured (evenly spaced).
@@ -94,16 +99,21 @@ def measure(engine: Any, path: Trajectory, mask: np.ndarray | None,
     if compiled is None:
         compiled = ((most + 1) * len(ts) * len(examples) * units * path.size ** 2
                     >= XLA_WORK)
-    window_norms = engine_cached(engine, ("horizon", id(layer), bool(engine.training), units,
-                                          by_hand is not None, compiled),
-                                 lambda: _window_norms(engine, layer, units) if by_hand is None
-                                 else _by_hand_norms(engine, layer, units, by_hand, compiled))
+    dtype = layer.cell.compute_dtype
+    # A step linearised by hand: the process's function of its algebra, given the layer's
+    # weights (trajectory.shared_function).
+    window_norms = (
+        engine_cached(engine, ("horizon", id(layer), bool(engine.training), units),
+                      lambda: _window_norms(engine, layer, units)) if by_hand is None else
+        shared_function(("horizon by hand", by_hand.key, units, compiled),
+                        lambda: _by_hand_norms(tf, units, by_hand.projected,
+                                               by_hand.step_linear, dtype, compiled)))
     # Row e·units + u of the fold is output unit u of example examples[e]: its masks.
     held = masks_for_rows(tf, path.masks, np.repeat(np.asarray(examples), units))
 
     from gradscope._tf import native_stderr_silenced, without_grappler
 
-    lags = (_LagReader(tf, window_norms, path, examples, ts, most, units)
+    lags = (_LagReader(tf, window_norms, path, examples, ts, most, units, by_hand.weights())
             if by_hand is not None else None)
     while True:
         with native_stderr_silenced(), without_grappler():
@@ -193,8 +203,8 @@ class _LagReader:
     each lag's pairs read (K = ``most`` + 1 lags) is gathered once."""
 
     def __init__(self, tf: Any, lag_norms: Any, path: Trajectory, examples: list[int],
-                 ts: list[int], most: int, units: int) -> None:
-        self.tf, self.lag_norms = tf, lag_norms
+                 ts: list[int], most: int, units: int, weights: Any) -> None:
+        self.tf, self.lag_norms, self.weights = tf, lag_norms, weights
         lags = most + 1
         pairs = [(t, e) for t in ts for e in examples]
         steps = np.array([[t - k for t, _ in pairs] for k in range(lags)])  # (K, P)
@@ -218,7 +228,7 @@ class _LagReader:
         if window + 1 > self.done:
             written, self.cotangent = self.lag_norms(
                 self.x, self.previous, tf.convert_to_tensor(self.live),
-                tf.constant(self.done), tf.constant(window + 1), self.cotangent)
+                tf.constant(self.done), tf.constant(window + 1), self.cotangent, self.weights)
             self.squares += np.asarray(written, np.float64)
             self.done = window + 1
         norms = np.sqrt(self.squares).T[:, :window + 1]
@@ -231,12 +241,14 @@ class _LagReader:
         return ratios
 
 
-def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any,
+def _by_hand_norms(tf: Any, units: int, projected: Any, step_linear: Any, dtype: Any,
                    compiled: bool = True) -> Any:
     """The traced pass of :func:`measure` for a step linearised by hand
-    (:func:`~gradscope.keras.diagnose.trajectory.by_hand_kept`): ``lag_norms(x, previous,
-    live, start, count, cotangent)`` → (‖∂h_t/∂x_(t−k)‖² (K, P), the cotangent after lag
-    ``count`` − 1), where x (K, P, ·) and the states (K, P, w) are what step t − k of each
+    (:func:`~gradscope.keras.diagnose.trajectory.by_hand_kept`; its ``projected`` and
+    ``step_linear``, which hold no layer): ``lag_norms(x, previous, live, start, count,
+    cotangent, weights)`` → (‖∂h_t/∂x_(t−k)‖² (K, P), the cotangent after lag ``count`` −
+    1), ``weights`` the layer's (``weights()``: its cell's parameters and step weights),
+    where x (K, P, ·) and the states (K, P, w) are what step t − k of each
     pair (t, example) ran on, and ``live`` (K, P) where it ran. Back from h_t, one lag at a
     time: the cotangent of the state, every output unit of every pair folded into one block
     (units, P, ·), goes through Jᵀ of the step (the VJP of the step's linear map, the
@@ -246,18 +258,17 @@ def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any,
     window, each going on from the last (:class:`_LagReader`). No step is run again: the
     trajectory's states are read, and nothing is kept but the cotangent. ``compiled``: under
     XLA where it compiles (:func:`~gradscope._tf.xla_or_graph`), else a graph."""
-    tf = engine.tf
-    dtype = layer.cell.compute_dtype
+    def project(x: Any, weights: Any) -> Any:
+        return projected(x[None], weights)[0]
 
     def lag_norms(x: Any, previous: list[Any], live: Any, start: Any, count: Any,
-                  cotangent: list[Any]) -> Any:
-        weights = by_hand.weights()
+                  cotangent: list[Any], weights: Any) -> Any:
         lags, pairs = tf.shape(x)[0], tf.shape(x)[1]
 
         def body(k: Any, g: list[Any], written: Any) -> tuple[Any, list[Any], Any]:
-            x_k = tf.cast(x[k], dtype)
-            _, apply = by_hand.linear([tf.cast(p[k], dtype) for p in previous], x_k, weights)
-            width = tf.shape(by_hand.project(x_k, weights))[-1]
+            x_k = project(tf.cast(x[k], dtype), weights)
+            _, apply = step_linear([tf.cast(p[k], dtype) for p in previous], x_k, weights[1])
+            width = tf.shape(x_k)[-1]
             # J is linear: its VJP read at zero tangents (under XLA the forward products,
             # unused, are not computed).
             along = [tf.zeros_like(part) for part in g]
@@ -270,8 +281,8 @@ def _by_hand_norms(engine: Any, layer: Any, units: int, by_hand: Any,
             anywhere = tf.zeros([units * pairs, tf.shape(x)[2]], dtype)  # the projection is
             with tf.GradientTape() as tape:  # affine: its VJP is the same at every x
                 tape.watch(anywhere)
-                projected = by_hand.project(anywhere, weights)
-            to_x = tape.gradient(projected, anywhere,
+                moved_in = project(anywhere, weights)
+            to_x = tape.gradient(moved_in, anywhere,
                                  output_gradients=tf.reshape(to_input, [units * pairs, -1]))
             squares = tf.reduce_sum(tf.reshape(tf.cast(to_x, tf.float64) ** 2,
                                                [units, pairs, -1]), axis=[0, 2])
