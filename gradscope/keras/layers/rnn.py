@@ -46,8 +46,39 @@ class RNNExplainer(LayerExplainer):
                           input_shapes=facts.input_shapes, input_labels=facts.input_labels,
                           output_shapes=facts.output_shapes), explainer
 
+    def stacked(self, facts: LayerFacts) -> list[tuple[LayerFacts, LayerExplainer]] | None:
+        """A StackedRNNCells of GRU, LSTM and SimpleRNN cells: each cell as the layer that
+        computes what it computes, reading the input (the first) or the cell below's h (each
+        after it, as Keras' stack passes it on); None for any other cell, or a stack with a
+        cell gradscope does not derive. Found tried as a new user would: a TF1 user's
+        MultiRNNCell written ``RNN([GRUCell, GRUCell])`` had no weight derived."""
+        from gradscope.keras.layers import explainer_for
+
+        cell = cell_of(facts)
+        if cell is None or cell.get("class_name") != "StackedRNNCells":
+            return None
+        cells = cell.get("config", {}).get("cells")
+        if not isinstance(cells, list) or not cells:
+            return None
+        shape = facts.input_shape
+        width, label = facts.features, facts.input_label
+        found = []
+        for index, entry in enumerate(cells):
+            if not isinstance(entry, dict) or entry.get("class_name") not in CELL_LAYERS:
+                return None
+            layer = CELL_LAYERS[str(entry["class_name"])]
+            explainer = explainer_for(layer)
+            config = dict(entry.get("config", {}))
+            if explainer is None or "units" not in config:
+                return None
+            found.append((LayerFacts(name=facts.name, class_name=layer, config=config,
+                                     input_shapes=((*shape[:-1], width),) if shape else (),
+                                     input_labels=(label,)), explainer))
+            width, label = int(config["units"]), f"cells[{index}] h"
+        return found
+
     def derives(self, facts: LayerFacts) -> bool:
-        return self.equivalent(facts) is not None
+        return self.equivalent(facts) is not None or self.stacked(facts) is not None
 
     def _cell_scope(self, facts: LayerFacts) -> str:
         """The cell's part of its variables' keys: none for "gru_cell" or "gru_cell_1"
@@ -59,6 +90,16 @@ class RNNExplainer(LayerExplainer):
 
     def summary(self, facts: LayerFacts) -> str:
         cell = cell_of(facts) or {}
+        stack = self.stacked(facts)
+        if stack is not None:
+            cells = "; ".join(f"cells[{index}] {inner.class_name}Cell of "
+                              f"{inner.config['units']} units on {inner.input_label} "
+                              f"({inner.features})" for index, (inner, _) in enumerate(stack))
+            sequences = ("h_t at every step" if facts.option("return_sequences")
+                         else "h_T")
+            return (f"RNN over StackedRNNCells, each step running the cells in turn, each "
+                    f"cell's h_t the next one's input: {cells}; returns the last cell's "
+                    f"{sequences}")
         found = self.equivalent(facts)
         if found is None:
             return (f"RNN over a {cell.get('class_name', 'custom')} cell: gradscope does not "
@@ -68,6 +109,10 @@ class RNNExplainer(LayerExplainer):
                 f"computes: {explainer.summary(inner)}")
 
     def weights(self, facts: LayerFacts) -> list[WeightNote]:
+        stack = self.stacked(facts)
+        if stack is not None:  # each cell's weights by its place: cells[0]/kernel, …
+            return [note.prefixed(f"cells[{index}]") for index, (inner, explainer)
+                    in enumerate(stack) for note in explainer.weights(inner)]
         found = self.equivalent(facts)
         if found is None:
             return []
@@ -77,6 +122,14 @@ class RNNExplainer(LayerExplainer):
         return [note.prefixed(scope) for note in notes] if scope else notes
 
     def gradient_note(self, facts: LayerFacts) -> str:
+        stack = self.stacked(facts)
+        if stack is not None:
+            arrives = ("at every returned step" if facts.option("return_sequences")
+                       else "at the last step")
+            return (f"∂L/∂h_t of the last cell arrives from above {arrives}; within a step "
+                    "it flows down the stack, each cell's input gradient the h_t gradient "
+                    "of the cell below, and back through every cell's own recurrence to "
+                    "t−1, …, 0 and into its initial states")
         found = self.equivalent(facts)
         if found is None:
             return ""
