@@ -149,6 +149,18 @@ def test_a_stack_of_cells_derives_each_cells_weights_from_the_cell_below(saved):
         "rnn/cells[1]/bias": ([12], "4·units 3")}
     assert [tuple(v.shape) for v in model.layers[0].weights] == [
         (3, 12), (4, 12), (2, 12), (4, 12), (3, 12), (12,)]
+    # In a Bidirectional, a stack's weights keep Keras' scopes: listed as before, not derived
+    # (derived, their names were not the algebra's: an internal error).
+    import keras
+
+    both = keras.Sequential([keras.Input((6, 3)), keras.layers.Bidirectional(keras.layers.RNN(
+        [keras.layers.GRUCell(4), keras.layers.LSTMCell(3)])), keras.layers.Dense(2)])
+    both.compile(loss="mse")
+    x, y = _batch(both, "stacked_cells")
+    listed = gradscope.explain(both, x=x, y=y).gradients
+    assert len(listed) == len(both.trainable_variables)
+    assert all("no derivation for this layer type" in g.meaning for g in listed
+               if g.name.startswith("bidirectional/"))
 
 
 @pytest.mark.parametrize("name", ["time_distributed_conv", "stacked_cells"])

@@ -58,6 +58,12 @@ class BidirectionalExplainer(LayerExplainer):
             explainer = self._explainer(direction)
             if explainer is None or not explainer.derives(direction):
                 return False
+            stacked = getattr(explainer, "stacked", None)
+            if stacked is not None and stacked(direction) is not None:
+                # A stack of cells in each direction: its weights keep Keras' own scopes
+                # there (forward_rnn/stacked_rnn_cells/gru_cell/kernel), not the places a
+                # stack of its own is named by; listed with its real gradients.
+                return False
         return True
 
     def _explainer(self, facts: LayerFacts) -> LayerExplainer | None:
