@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gradscope.errors import ConfigError
-from gradscope.report.formats import percent
+from gradscope.formats import percent
 from gradscope.report.models import CarryWeightEntry
 
 #: Carrying "matters" when, for some weight, the carried gradients are at least this share of

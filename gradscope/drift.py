@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gradscope.errors import ConfigError
-from gradscope.report.formats import shape_text
+from gradscope.formats import shape_text
 from gradscope.report.models import DiffChange, DiffReport
 
 #: Default relative tolerance of ‖g‖ and of the loss: float32 rounding (threaded reductions on

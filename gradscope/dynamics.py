@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gradscope.report.formats import share
+from gradscope.formats import share
 
 #: The factor the memory horizon is measured at: influence 10⁻³ of the step's own.
 HORIZON_FACTOR = 1e3

@@ -172,7 +172,7 @@ def test_a_batch_of_more_examples_than_the_horizon_reads_changes_on_those_alone(
             "before read on them too" in " ".join(text.split()))
     # The flow's ratio named as the verdict names it ("carried ×…" alone was undefined).
     flat = " ".join(text.split())
-    from gradscope.report.formats import number
+    from gradscope.formats import number
 
     assert (f"∂L/∂s carried back ×{number(changed.flow_before.ratio)} → "
             f"×{number(changed.flow.ratio)}") in flat
@@ -438,7 +438,7 @@ def test_suggested_clipping_against_the_clipping_compiled(tf: Any) -> None:
     import keras
     from conftest import render_text
 
-    from gradscope.report.formats import number
+    from gradscope.formats import number
 
     keras.utils.set_random_seed(0)
     inp = keras.Input((T, F), name="x")

@@ -146,7 +146,7 @@ def test_watch_shows_the_diagnoses(fitted):
             "batch, evenly spaced\n") in text.stdout
     assert f"at step 2 λ₁ was {gru.lyapunov[0][0]:+.3g}" in lead
     shares = gru.gates[-1]["update"]
-    from gradscope.report.formats import share
+    from gradscope.formats import share
 
     assert (f"update {share(shares.below_0_1)} / {share(shares.above_0_9)}" in text.stdout
             and "gates (share < 0.1 / > 0.9)" in text.stdout)

@@ -86,7 +86,7 @@ def test_the_notebook_display_shows_mixed_precision_per_example_and_nonfinite(tf
     import html
     import re
 
-    from gradscope.report.formats import number
+    from gradscope.formats import number
 
     def shown(report: Any) -> str:
         page = report._repr_html_()

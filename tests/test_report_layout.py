@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from gradscope.report.formats import number, percent, shape_text
+from gradscope.formats import number, percent, shape_text
 from gradscope.report.models import (
     CheckReport,
     ExplainReport,

@@ -20,6 +20,7 @@ import numpy as np
 
 from gradscope.cells.base import Cell
 from gradscope.errors import InternalError
+from gradscope.formats import read_on
 from gradscope.gradcheck import tolerance
 from gradscope.keras.cross_check import (
     cell_params,
@@ -42,7 +43,6 @@ from gradscope.keras.probed_flow import (
     resting_on,
 )
 from gradscope.keras.state_probes import StateTotals
-from gradscope.report.formats import read_on
 from gradscope.report.models import (
     FlowFlag,
     InfluenceMap,

@@ -8,7 +8,7 @@ from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.text import Text
 
-from gradscope.report.formats import number, share
+from gradscope.formats import number, share
 from gradscope.report.keras_text import header
 from gradscope.report.layout import hanging, section, warning
 from gradscope.report.models import DiagnosedLayer, DiagnoseReport

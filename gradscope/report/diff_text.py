@@ -7,7 +7,7 @@ from collections import Counter
 from rich.console import RenderableType
 from rich.text import Text
 
-from gradscope.report.formats import number
+from gradscope.formats import number
 from gradscope.report.layout import Column, Layout, atom, fit, pack, section
 from gradscope.report.models import DiffReport
 from gradscope.report.tables import folded

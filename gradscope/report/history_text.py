@@ -13,7 +13,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.formats import number, share
+from gradscope.formats import number, share
 from gradscope.report.layout import hanging, pack, section, title, warning
 from gradscope.report.models import (
     DiagnosisSeries,

@@ -15,7 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.formats import number, read_on, shape_text
+from gradscope.formats import number, read_on, shape_text
 from gradscope.report.layout import (
     GAP,
     Column,

@@ -11,7 +11,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gradscope.report.formats import (
+from gradscope.formats import (
     number,
     shape_text,
 )

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gradscope.report.formats import number
+from gradscope.formats import number
 from gradscope.report.models import Clipping
 
 SETTINGS = ("clipnorm", "global_clipnorm", "clipvalue")
