@@ -1209,7 +1209,7 @@ def test_every_wrapped_line_of_a_layer_is_indented_under_its_label(tf: Any, widt
     text = render_text(report, width)
     lines = text.split("linear (", 1)[1].split("The batch's gradient", 1)[0].splitlines()[1:]
     labels = ("▲ ", "Lyapunov exponents", "step Jacobian", "gates", "memory horizon",
-              "with one change", "∂L/∂s_t grows")
+              "with one change", "∂L/∂s_t grows", "∂L/∂s carried back")
     assert any("kernel)" in line for line in lines)  # a change not applicable
     assert any(re.search(r"(^|· )steps \d", line.lstrip()) for line in lines)
     for line in filter(None, lines):

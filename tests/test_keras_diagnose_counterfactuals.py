@@ -176,6 +176,13 @@ def test_a_batch_of_more_examples_than_the_horizon_reads_changes_on_those_alone(
 
     assert (f"∂L/∂s carried back ×{number(changed.flow_before.ratio)} → "
             f"×{number(changed.flow.ratio)}") in flat
+    # Beside it, the whole batch's, as explain --flow reads it (found tried as a new user
+    # would: only the examples' before was shown, beside explain's other number).
+    assert entry.flow is not None and entry.flow.ratio != pytest.approx(
+        changed.flow_before.ratio, rel=1e-3, abs=0)
+    assert (f"∂L/∂s carried back, last step to first: ×{number(entry.flow.ratio)} over the "
+            "batch, as explain --flow reads it") in flat
+    assert "and before read on them too, not on the whole batch as above" in flat
 
 
 def test_a_loss_that_mixes_the_examples_changes_on_the_whole_batchs_pass(tf: Any) -> None:

@@ -142,6 +142,14 @@ def layer_lines(layer: DiagnosedLayer, width: int) -> list[RenderableType]:
         "predicted " + ("n/a (λ₁ ≥ 0)" if horizon.predicted is None
                         else f"{horizon.predicted:.3g}"),
         *([horizon.agreement] if horizon.agreement else [])], width))
+    flow = layer.flow
+    if flow is not None and flow.ratio is not None:
+        # The batch's own, as explain --flow reads it (found tried as a new user would: only
+        # the changes' before, read on the horizon's examples, was shown: ×5.82e-12 here
+        # beside explain's ×9.51e-12 for the same layer).
+        parts.append(_line("∂L/∂s carried back, last step to first", [
+            f"{_carried(flow.ratio)} over the batch, as explain --flow reads it"
+            + (f" ({flow.flag})" if flow.flag else "")], width))
     parts += _counterfactual_lines(layer, width)
     found = layer.exploding
     if found is not None and found.growing_share is not None:
@@ -179,7 +187,8 @@ def _counterfactual_lines(layer: DiagnosedLayer, width: int) -> list[RenderableT
     parts: list[RenderableType] = [Text(
         f"with one change ({on}):" if rows is None else
         f"with one change ({on}; stepped on the {len(rows)} "
-        f"examples the horizon reads, {_examples(rows)}, and before read on them too):")]
+        f"examples the horizon reads, {_examples(rows)}, and before read on them too, "
+        "not on the whole batch as above):")]
     before_h = _horizon_words(layer.horizon.measured, layer.horizon.window)
     before_l = _signed(layer.lyapunov[0]) if layer.lyapunov else "n/a"
     said: set[str] = set()
