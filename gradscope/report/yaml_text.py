@@ -169,7 +169,10 @@ def gradient_table(gradients: list[GradientEntry], width: int) -> Table:
 
 def state_table(states: list[StateGradientEntry], width: int) -> Table:
     name_title = "∂L/∂ initial state"
-    names = [atom(Text.assemble((e.name, "bold"), "\n", (e.alias, "dim"))) for e in states]
+    # The argument each state is passed as, said so (found tried as a new user would: a bare
+    # "initial_state" under the name read as a row of its own).
+    names = [atom(Text.assemble((e.name, "bold"), "\n", (f"as {e.alias}", "dim")))
+             for e in states]
     wide = Layout([Column(name_title), Column("shape = formula"), Column("‖g‖₂", "right"),
                    Column("per-example ‖g‖ min", "right"), Column("median", "right"),
                    Column("max", "right"), Column("NaN/Inf", "right")], squeeze=False)
