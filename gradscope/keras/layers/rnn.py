@@ -50,8 +50,9 @@ class RNNExplainer(LayerExplainer):
         """A StackedRNNCells of GRU, LSTM and SimpleRNN cells: each cell as the layer that
         computes what it computes, reading the input (the first) or the cell below's h (each
         after it, as Keras' stack passes it on); None for any other cell, or a stack with a
-        cell gradscope does not derive. Found tried as a new user would: a TF1 user's
-        MultiRNNCell written ``RNN([GRUCell, GRUCell])`` had no weight derived."""
+        cell gradscope does not derive. Found tried as a new user would: a stack of Keras'
+        own cells (``RNN([GRUCell, LSTMCell])``, as TF1's MultiRNNCell is written in Keras)
+        had no weight derived."""
         from gradscope.keras.layers import explainer_for
 
         cell = cell_of(facts)
