@@ -772,8 +772,8 @@ def test_a_loop_whose_trajectory_is_not_keras_own_leaves_the_call_to_the_general
             after, apply = found.step_linear(states, projected_t, step_weights)
             return [1.01 * a for a in after], apply
 
-        return stepped.Linearised(linear, found.weights, found.project, found.projected,
-                                  step_linear, found.key + " off")
+        return stepped.Linearised(linear, found.weights, found.projected, step_linear,
+                                  found.key + " off")
 
     monkeypatch.setattr(stepped, "linearised", off)
     keras.utils.set_random_seed(8)

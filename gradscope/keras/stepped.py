@@ -1020,14 +1020,11 @@ def linearised(engine: Any, layer: Any, dtype: str = "float64") -> Any:
         after, apply = cell.tf_step_linear(tf, step_weights, tuple(states), (projected_t,))
         return list(after), lambda tangents, inputs=None: list(apply(tuple(tangents), inputs))
 
-    def project(x_t: Any, weights: Any = None) -> Any:
-        return projected(x_t[None], weights or read())[0]
-
     def linear(states: list[Any], x_t: Any, weights: Any = None) -> tuple[list[Any], Any]:
         weights = weights or read()
-        return step_linear(states, project(x_t, weights), weights[1])
+        return step_linear(states, projected(x_t[None], weights)[0], weights[1])
 
-    return Linearised(linear, read, project, projected, step_linear,
+    return Linearised(linear, read, projected, step_linear,
                       algebra_key(kind, layer.get_config(), dtype))
 
 
@@ -1059,14 +1056,13 @@ class Linearised:
     :func:`~gradscope.keras.state_tangents.jacobian_function` takes a tangent;
     ``linear(states, x_t, weights)`` → (the new states, ``apply(tangents, inputs=None)``):
     the step's own values computed once for every block ``apply`` is given (a step that ran;
-    ``inputs``: a block of tangents of the projected input, ``project(x_t)``, too).
+    ``inputs``: a block of tangents of the projected input, too).
     ``weights()`` reads the layer's weights as they are (in a traced loop: once, before it),
-    for ``linear`` and ``project``; without them, each reads them itself: (the cell's
+    for ``linear`` and ``projected``; without them, ``linear`` reads them itself: (the cell's
     parameters, the step weights)."""
 
     linear: Callable[..., tuple[list[Any], Any]]
     weights: Callable[[], Any]
-    project: Callable[..., Any]
     #: ``projected(x, weights)``: the projected inputs of a whole sequence (its leading axes
     #: kept: (B, T, ·) → (B, T, ·)), one matmul, outside a scan.
     projected: Callable[..., Any]
